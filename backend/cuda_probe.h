@@ -1,0 +1,30 @@
+// Asks whether the CUDA backend is compiled in and whether a usable GPU is
+// present. Implemented by backend/cuda/cuda_probe.cu when castor is built
+// with CUDA, and by backend/no_cuda.cc otherwise, so callers never need
+// #ifdefs. Without a GPU every CUDA call returns an error code; the probe
+// turns it into `usable == false` with the reason, never a crash.
+#pragma once
+
+#include <string>
+
+namespace castor {
+
+struct CudaProbe {
+  bool compiled = false;  // built with the CUDA backend
+  bool usable = false;    // a device can be used now
+  std::string reason;     // why not usable (driver/runtime error text)
+  int device_count = 0;
+  std::string device_name;           // of device 0
+  int compute_capability_major = 0;  // of device 0
+  int compute_capability_minor = 0;
+  int runtime_version = 0;  // e.g. 13000
+  int driver_version = 0;   // 0 when no driver is installed
+};
+
+CudaProbe ProbeCuda();
+
+// One line for `castor --version` and logs, e.g.
+// "CUDA backend: compiled, no usable GPU (no CUDA-capable device is detected)".
+std::string DescribeCudaProbe(const CudaProbe& probe);
+
+}  // namespace castor

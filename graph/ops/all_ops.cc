@@ -1,0 +1,23 @@
+// Registers every op family with the registry (see all_ops.h).
+#include "graph/ops/all_ops.h"
+
+#include "graph/op_registry.h"
+
+namespace castor {
+
+void RegisterAllOps(OpRegistry& registry) {
+  RegisterElementwiseOps(registry);
+  RegisterMatMulOps(registry);
+  RegisterConvOps(registry);
+  RegisterPoolOps(registry);
+  RegisterNormalizationOps(registry);
+  RegisterSoftmaxOps(registry);
+  RegisterLossOps(registry);
+  RegisterTrainingOps(registry);
+  RegisterReduceOps(registry);
+  RegisterShapeOps(registry);
+  RegisterDataMovementOps(registry);
+  RegisterMiscOps(registry);
+}
+
+}  // namespace castor

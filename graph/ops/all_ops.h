@@ -1,0 +1,24 @@
+// The list of op families: each graph/ops/<family>.cc defines one
+// Register<Family>Ops function; RegisterAllOps calls them all.
+#pragma once
+
+namespace castor {
+
+class OpRegistry;
+
+void RegisterElementwiseOps(OpRegistry& registry);   // elementwise.cc
+void RegisterMatMulOps(OpRegistry& registry);        // matmul.cc
+void RegisterConvOps(OpRegistry& registry);          // conv.cc
+void RegisterPoolOps(OpRegistry& registry);          // pool.cc
+void RegisterNormalizationOps(OpRegistry& registry); // normalization.cc
+void RegisterSoftmaxOps(OpRegistry& registry);       // softmax.cc
+void RegisterLossOps(OpRegistry& registry);          // losses.cc
+void RegisterTrainingOps(OpRegistry& registry);      // training.cc (ai.onnx.preview.training)
+void RegisterReduceOps(OpRegistry& registry);        // reduce.cc
+void RegisterShapeOps(OpRegistry& registry);         // shape_ops.cc
+void RegisterDataMovementOps(OpRegistry& registry);  // data_movement.cc
+void RegisterMiscOps(OpRegistry& registry);          // misc.cc (Cast, Constant, Identity, Dropout)
+
+void RegisterAllOps(OpRegistry& registry);
+
+}  // namespace castor
