@@ -97,7 +97,9 @@ std::string Attribute::ToString() const {
     case AttrKind::kString: return absl::StrCat("\"", s, "\"");
     case AttrKind::kFloats: return absl::StrCat("[", absl::StrJoin(floats, ","), "]");
     case AttrKind::kInts: return absl::StrCat("[", absl::StrJoin(ints, ","), "]");
-    case AttrKind::kStrings: return absl::StrCat("[\"", absl::StrJoin(strings, "\",\""), "\"]");
+    case AttrKind::kStrings:
+      if (strings.empty()) return "[]";
+      return absl::StrCat("[\"", absl::StrJoin(strings, "\",\""), "\"]");
     case AttrKind::kTensor:
       return absl::StrCat("<tensor ", DTypeName(t.dtype()), " ", t.shape().ToString(), ">");
     case AttrKind::kTensors: return absl::StrCat("<", tensors.size(), " tensors>");

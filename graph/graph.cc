@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace castor {
@@ -138,13 +139,27 @@ absl::StatusOr<Node*> Graph::AddNode(const std::string& op_type,
                                      const std::vector<std::string>& output_names,
                                      const std::string& node_name, const std::string& domain) {
   std::vector<std::string> names = output_names;
-  for (std::string& name : names) {
-    if (name.empty()) {
-      name = UniqueName(absl::StrCat(node_name.empty() ? op_type : node_name, "_out"));
-    } else if (absl::Status s = CheckNameFree(name); !s.ok()) {
+  // Explicit names must be free and distinct from each other; fresh names
+  // ("") must also avoid the explicit names of this same node.
+  absl::flat_hash_set<std::string> explicit_names;
+  for (const std::string& name : names) {
+    if (name.empty()) continue;
+    absl::Status s = CheckNameFree(name);
+    if (s.ok() && !explicit_names.insert(name).second) {
+      s = absl::AlreadyExistsError(
+          absl::StrCat("value '", name, "' is named twice among one node's outputs"));
+    }
+    if (!s.ok()) {
       return absl::AlreadyExistsError(absl::StrCat(s.message(), " (output of ", op_type,
                                                     " node '", node_name, "')"));
     }
+  }
+  for (std::string& name : names) {
+    if (!name.empty()) continue;
+    const std::string prefix = absl::StrCat(node_name.empty() ? op_type : node_name, "_out");
+    do {
+      name = UniqueName(prefix);
+    } while (explicit_names.contains(name));
   }
   nodes_.push_back(std::unique_ptr<Node>(new Node()));
   Node* node = nodes_.back().get();
@@ -193,7 +208,10 @@ Node* Graph::FindNode(const std::string& name) const {
 }
 
 std::string Graph::UniqueName(const std::string& prefix) {
-  if (!values_by_name_.contains(prefix) && !name_counters_.contains(prefix)) {
+  auto taken = [&](const std::string& name) {
+    return values_by_name_.contains(name) || FindNode(name) != nullptr;
+  };
+  if (!taken(prefix) && !name_counters_.contains(prefix)) {
     name_counters_[prefix] = 0;
     return prefix;
   }
@@ -201,11 +219,12 @@ std::string Graph::UniqueName(const std::string& prefix) {
   std::string candidate;
   do {
     candidate = absl::StrCat(prefix, "_", ++counter);
-  } while (values_by_name_.contains(candidate));
+  } while (taken(candidate));
   return candidate;
 }
 
 void Graph::ReplaceAllUsesWith(Value* from, Value* to) {
+  if (from == to) return;
   const std::vector<Use> uses = from->uses_;
   for (const Use& use : uses) {
     if (use.index >= 0) {
@@ -304,13 +323,38 @@ absl::Status Graph::TopologicalSort() {
     }
   }
   if (order.size() != node_order_.size()) {
-    for (Node* node : node_order_) {
-      if (pending[node] > 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("graph has a cycle through node '", node->name_, "' (", node->op_type_,
-                         ")"));
+    // Every unplaced node waits on an unplaced producer, so walking back
+    // through unplaced producers from any of them must revisit a node: that
+    // node is on a cycle (a node merely downstream of a cycle is not named).
+    Node* node = nullptr;
+    for (Node* n : node_order_) {
+      if (pending[n] > 0) {
+        node = n;
+        break;
       }
     }
+    absl::flat_hash_set<const Node*> visited;
+    while (visited.insert(node).second) {
+      Node* next = nullptr;
+      const Value* foreign = nullptr;  // produced by a node not in this graph
+      for_each_input(node, [&](Value* v) {
+        if (!v->producer_ || next) return;
+        auto it = pending.find(v->producer_);
+        if (it == pending.end()) {
+          foreign = v;
+        } else if (it->second > 0) {
+          next = v->producer_;
+        }
+      });
+      if (!next) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "node '", node->name_, "' (", node->op_type_, ") reads value '",
+            foreign ? foreign->name_ : std::string("?"), "' that no node of this graph defines"));
+      }
+      node = next;
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "graph has a cycle through node '", node->name_, "' (", node->op_type_, ")"));
   }
   node_order_ = std::move(order);
   return absl::OkStatus();

@@ -1,6 +1,10 @@
 // Tensor storage and element access for graph-build-time reads.
 #include "graph/tensor.h"
 
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/strings/str_join.h"
 #include "graph/half.h"
 
 namespace castor {
@@ -14,6 +18,15 @@ Tensor::Tensor(DType dtype, std::vector<int64_t> dims)
   } else {
     bytes_.assign(static_cast<size_t>(num_elements_) * DTypeSize(dtype_), 0);
   }
+}
+
+void Tensor::FromVectorMismatch(const Tensor& t, size_t value_count, size_t value_size) {
+  std::fprintf(stderr,
+               "Tensor::FromVector: %zu values of %zu-byte type for a %s tensor of dims [%s] "
+               "(%lld elements of %zu bytes)\n",
+               value_count, value_size, DTypeName(t.dtype_), absl::StrJoin(t.dims_, ",").c_str(),
+               static_cast<long long>(t.num_elements_), DTypeSize(t.dtype_));
+  std::abort();
 }
 
 Tensor Tensor::Scalar(float value) {

@@ -20,10 +20,14 @@ class Tensor {
   // A zero-filled tensor.
   Tensor(DType dtype, std::vector<int64_t> dims);
 
-  // Copies `values` (element type must match `dtype`'s storage type).
+  // Copies `values` (element type must match `dtype`'s storage type, one
+  // value per element; a mismatch is a programming error and aborts).
   template <typename T>
   static Tensor FromVector(DType dtype, std::vector<int64_t> dims, const std::vector<T>& values) {
     Tensor t(dtype, std::move(dims));
+    if (sizeof(T) != DTypeSize(dtype) || static_cast<int64_t>(values.size()) != t.num_elements_) {
+      FromVectorMismatch(t, values.size(), sizeof(T));
+    }
     std::memcpy(t.bytes_.data(), values.data(), t.bytes_.size());
     return t;
   }
@@ -58,6 +62,10 @@ class Tensor {
   bool operator!=(const Tensor& other) const { return !(*this == other); }
 
  private:
+  // Prints what FromVector was given versus what `t` needs, then aborts.
+  [[noreturn]] static void FromVectorMismatch(const Tensor& t, size_t value_count,
+                                              size_t value_size);
+
   DType dtype_ = DType::kUndefined;
   std::vector<int64_t> dims_;
   int64_t num_elements_ = 0;

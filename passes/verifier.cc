@@ -94,7 +94,11 @@ absl::Status VerifyModel(const Model& model, const VerifyOptions& options) {
   absl::flat_hash_set<std::string> node_names;
   for (const Node* node : graph.nodes()) {
     if (node->name().empty()) {
-      problems.Add(absl::StrCat(node->op_type(), " node without a name"));
+      // Name its first output so the node can be found.
+      problems.Add(absl::StrCat(node->op_type(), " node without a name",
+                                node->num_outputs() > 0
+                                    ? absl::StrCat(" (output '", node->output(0)->name(), "')")
+                                    : std::string()));
     } else if (!node_names.insert(node->name()).second) {
       problems.Add(absl::StrCat("node name '", node->name(), "' is used more than once"));
     }

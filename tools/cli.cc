@@ -1,6 +1,117 @@
-// PLACEHOLDER until the CLI is written.
+// The `castor` program's top level: the subcommand table, global flags
+// (--help, --version), and the error line + exit code for bad invocations.
 #include "tools/cli.h"
 
+#include <algorithm>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "backend/cuda_probe.h"
+#include "tools/args.h"
+#include "tools/inspect.h"
+
+#ifndef CASTOR_VERSION
+#define CASTOR_VERSION "unknown"
+#endif
+
 namespace castor::tools {
-int Main(int, char**) { return kExitOk; }
+
+const std::vector<Subcommand>& Subcommands() {
+  // One line per subcommand; `castor --help` lists them in this order.
+  static const std::vector<Subcommand> kSubcommands = {
+      {"inspect", "show a model's graph: nodes, dtypes, shapes, parameters (text, json or dot)",
+       RunInspect},
+  };
+  return kSubcommands;
+}
+
+namespace {
+
+const Subcommand* FindSubcommand(const std::string& name) {
+  for (const Subcommand& sub : Subcommands()) {
+    if (name == sub.name) return &sub;
+  }
+  return nullptr;
+}
+
+int UnknownSubcommand(const std::string& name, std::ostream& err) {
+  std::vector<std::string> names;
+  for (const Subcommand& sub : Subcommands()) names.push_back(sub.name);
+  err << "castor: error: unknown command '" << name << "'";
+  if (std::string suggestion = ClosestMatch(name, names); !suggestion.empty()) {
+    err << " (did you mean '" << suggestion << "'?)";
+  }
+  err << "; run 'castor --help' for the list of commands\n";
+  return kExitBadInput;
+}
+
+}  // namespace
+
+std::string TopLevelHelp() {
+  std::string help = absl::StrCat(
+      "castor ", CASTOR_VERSION, ": trains ONNX models in mixed precision\n\n",
+      "usage: castor COMMAND [arguments] [flags]\n",
+      "       castor help COMMAND      (or castor COMMAND --help)\n\n",
+      "commands:\n");
+  size_t width = 0;
+  for (const Subcommand& sub : Subcommands()) width = std::max(width, std::string(sub.name).size());
+  for (const Subcommand& sub : Subcommands()) {
+    const std::string name = sub.name;
+    absl::StrAppend(&help, "  ", name, std::string(width - name.size() + 3, ' '), sub.summary,
+                    "\n");
+  }
+  absl::StrAppend(
+      &help,
+      "\nglobal flags:\n"
+      "  -h, --help   show this help; after a command, that command's help\n"
+      "  --version    print castor's version and whether the CUDA backend is usable\n"
+      "\nexit codes:\n"
+      "  0  success\n"
+      "  1  the command ran and a check it performs failed\n"
+      "  2  bad input: a missing or invalid file, an unknown command or flag, a bad flag value\n"
+      "\nexample:\n"
+      "  castor inspect models/cnn_opset13.onnx --format dot --output cnn.dot\n");
+  return help;
+}
+
+int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    out << TopLevelHelp();
+    return kExitOk;
+  }
+  const std::string& first = args[0];
+  if (first == "help") {
+    if (args.size() == 1) {
+      out << TopLevelHelp();
+      return kExitOk;
+    }
+    const Subcommand* sub = FindSubcommand(args[1]);
+    if (!sub) return UnknownSubcommand(args[1], err);
+    return sub->run({"--help"}, out, err);
+  }
+  if (first == "--version") {
+    out << "castor " << CASTOR_VERSION << "\n" << DescribeCudaProbe(ProbeCuda()) << "\n";
+    return kExitOk;
+  }
+  if (first.size() > 1 && first[0] == '-') {
+    err << "castor: error: unknown flag '" << first << "'";
+    if (std::string suggestion = ClosestMatch(first, {"--help", "--version"});
+        !suggestion.empty()) {
+      err << " (did you mean '" << suggestion << "'?)";
+    }
+    err << "; run 'castor --help' for usage\n";
+    return kExitBadInput;
+  }
+  const Subcommand* sub = FindSubcommand(first);
+  if (!sub) return UnknownSubcommand(first, err);
+  return sub->run(std::vector<std::string>(args.begin() + 1, args.end()), out, err);
+}
+
+int Main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  const int code = RunCli(args, std::cout, std::cerr);
+  std::cout.flush();
+  return code;
+}
+
 }  // namespace castor::tools

@@ -1,7 +1,167 @@
-// PLACEHOLDER: op family normalization, being written.
+// Normalization op definitions.
+//
+// BatchNormalization over X [N, C, D1, ...] with per-channel scale, B, mean
+// and var [C]. Its outputs changed with the opset:
+//   - opset 7-8:  `spatial` attribute (0: params are [C, D1, ...]);
+//   - opset 7-13: Y plus up to four optional outputs (mean, var,
+//                 saved_mean, saved_var), all of X's dtype;
+//   - opset 14+:  `training_mode`; in training Y, running_mean, running_var
+//                 (the latter of the mean/var inputs' dtype U), else Y only;
+//   - opset 15+:  scale/B (T1) and mean/var (T2) may differ from X's dtype.
+// LayerNormalization (opset 17): normalizes over the axes from `axis` on;
+// the optional Mean and InvStdDev outputs have dtype `stash_type` (float32
+// by default) and X's shape with the normalized axes set to 1.
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 #include "graph/op_registry.h"
 #include "graph/ops/all_ops.h"
+#include "graph/ops/op_helpers.h"
+#include "graph/status.h"
 
 namespace castor {
-void RegisterNormalizationOps(OpRegistry&) {}
+namespace {
+
+const std::vector<DType> kFloats = {DType::kFloat16, DType::kFloat32, DType::kFloat64};
+const std::vector<DType> kFloatsAndBFloat16 = {DType::kFloat16, DType::kFloat32, DType::kFloat64,
+                                               DType::kBFloat16};
+
+const char* const kBatchNormInputNames[] = {"X", "scale", "B", "mean", "var"};
+
+absl::Status CheckBatchNormDTypes(const InferenceContext& ctx) {
+  if (ctx.opset() < 14) {  // one T for everything
+    CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 0, kFloats));
+    return ops::RequireSameDType(ctx, 0, 4);
+  }
+  CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 0, kFloatsAndBFloat16));
+  if (ctx.opset() == 14) {  // X, scale, B: T; mean, var: U
+    CASTOR_RETURN_IF_ERROR(ops::RequireSameDType(ctx, 0, 2));
+  } else {  // X: T; scale, B: T1; mean, var: T2
+    CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 1, kFloatsAndBFloat16));
+    CASTOR_RETURN_IF_ERROR(ops::RequireSameDType(ctx, 1, 2));
+  }
+  CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 3, kFloatsAndBFloat16));
+  return ops::RequireSameDType(ctx, 3, 4);
+}
+
+absl::Status InferBatchNormalization(InferenceContext& ctx) {
+  CASTOR_RETURN_IF_ERROR(ops::CheckAttributeOpsets(ctx, "spatial", 1, 8));
+  CASTOR_RETURN_IF_ERROR(ops::CheckAttributeOpsets(ctx, "training_mode", 14));
+  CASTOR_RETURN_IF_ERROR(CheckBatchNormDTypes(ctx));
+  const bool training = ctx.GetInt("training_mode", 0) != 0;
+  if (ctx.opset() >= 14) {
+    if (!training && ctx.num_outputs() > 1) {
+      return ctx.Error(absl::StrCat("has ", ctx.num_outputs(),
+                                    " outputs but training_mode is 0; only Y is valid in "
+                                    "inference mode (opset 14+)"));
+    }
+    if (ctx.num_outputs() > 3) {
+      return ctx.Error(absl::StrCat("has ", ctx.num_outputs(),
+                                    " outputs; from opset 14 there are at most 3 (Y, "
+                                    "running_mean, running_var)"));
+    }
+  }
+
+  const Shape& x = ctx.input_shape(0);
+  if (x.rank_known() && x.rank() < 2) {
+    return ctx.Error(
+        absl::StrCat("input X must have rank >= 2 ([N, C, ...]); its shape is ", x.ToString()));
+  }
+  const bool spatial = ctx.GetInt("spatial", 1) != 0;
+  Dim channels = x.rank_known() ? x[1] : Dim::Unknown();
+  if (spatial) {
+    for (int i = 1; i <= 4; ++i) {
+      const Shape& p = ctx.input_shape(i);
+      if (!p.rank_known()) continue;
+      if (p.rank() != 1) {
+        return ctx.Error(absl::StrCat("input ", i, " (", kBatchNormInputNames[i],
+                                      ") must be 1-D [C]; its shape is ", p.ToString()));
+      }
+      if (channels.is_static() && p[0].is_static() && p[0].value() != channels.value()) {
+        return ctx.Error(absl::StrCat("input ", i, " (", kBatchNormInputNames[i], ") has ",
+                                      p[0].value(), " entries but X ", x.ToString(), " has ",
+                                      channels.value(), " channels"));
+      }
+      if (!channels.is_static() && !p[0].is_unknown()) channels = p[0];
+    }
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), x);
+  // The statistics outputs: [C] (the params' shape when spatial = 0).
+  const Shape stats_shape = spatial ? Shape({channels}) : ctx.input_shape(3);
+  const DType stats_dtype = ctx.input_dtype(3);
+  for (int i = 1; i < ctx.num_outputs(); ++i) ctx.SetOutput(i, stats_dtype, stats_shape);
+  return absl::OkStatus();
+}
+
+absl::Status InferLayerNormalization(InferenceContext& ctx) {
+  CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 0, kFloatsAndBFloat16));
+  CASTOR_RETURN_IF_ERROR(ops::RequireSameDType(ctx, 0, 2));
+  const int64_t stash_code = ctx.GetInt("stash_type", 1);
+  absl::StatusOr<DType> stash = DTypeFromOnnx(static_cast<int32_t>(stash_code));
+  if (!stash.ok() || (*stash != DType::kFloat32 && *stash != DType::kBFloat16)) {
+    return ctx.Error(absl::StrCat("attribute 'stash_type' is ", stash_code,
+                                  "; expected 1 (float32) or 16 (bfloat16)"));
+  }
+  const Shape& x = ctx.input_shape(0);
+  const char* const names[] = {"X", "Scale", "B"};
+  for (int i = 1; i <= 2; ++i) {
+    if (ctx.has_input(i) && !ops::UnidirectionalBroadcastable(ctx.input_shape(i), x)) {
+      return ctx.Error(absl::StrCat("input ", i, " (", names[i], ") shape ",
+                                    ctx.input_shape(i).ToString(), " does not broadcast to X ",
+                                    x.ToString()));
+    }
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), x);
+  if (!x.rank_known()) {
+    ctx.SetOutput(1, *stash, Shape::Unknown());
+    ctx.SetOutput(2, *stash, Shape::Unknown());
+    return absl::OkStatus();
+  }
+  CASTOR_ASSIGN_OR_RETURN(int64_t axis, ops::NormalizeAxis(ctx, ctx.GetInt("axis", -1), x.rank()));
+  std::vector<Dim> stats_dims = x.dims();
+  for (int k = static_cast<int>(axis); k < x.rank(); ++k) stats_dims[k] = Dim(1);
+  ctx.SetOutput(1, *stash, Shape(stats_dims));
+  ctx.SetOutput(2, *stash, Shape(stats_dims));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void RegisterNormalizationOps(OpRegistry& registry) {
+  {
+    OpDef def;
+    def.op_type = "BatchNormalization";
+    def.min_opset = kMinOnnxOpset;
+    def.max_opset = kMaxOnnxOpset;
+    def.min_inputs = 5;
+    def.max_inputs = 5;
+    def.min_outputs = 1;
+    def.max_outputs = 5;  // 3 from opset 14 (checked by inference)
+    def.attributes = {{"epsilon", AttrKind::kFloat, false},       // default 1e-5
+                      {"momentum", AttrKind::kFloat, false},      // default 0.9
+                      {"spatial", AttrKind::kInt, false},         // opset 7-8, default 1
+                      {"training_mode", AttrKind::kInt, false}};  // opset 14+, default 0
+    def.infer = InferBatchNormalization;
+    def.summary = "per-channel normalization of X [N,C,...] by mean/var (batch stats in training)";
+    registry.Register(std::move(def));
+  }
+  {
+    OpDef def;
+    def.op_type = "LayerNormalization";
+    def.min_opset = 17;
+    def.max_opset = kMaxOnnxOpset;
+    def.min_inputs = 2;
+    def.max_inputs = 3;
+    def.min_outputs = 1;
+    def.max_outputs = 3;
+    def.attributes = {{"axis", AttrKind::kInt, false},         // default -1
+                      {"epsilon", AttrKind::kFloat, false},    // default 1e-5
+                      {"stash_type", AttrKind::kInt, false}};  // default 1 (float32)
+    def.infer = InferLayerNormalization;
+    def.summary = "normalizes X over the axes from `axis` on, then Y = norm * Scale + B";
+    registry.Register(std::move(def));
+  }
+}
+
 }  // namespace castor
