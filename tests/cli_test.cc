@@ -29,9 +29,8 @@
 
 extern char** environ;
 
-#ifndef CASTOR_VERSION  // CMake defines it; builds without it print "unknown"
-#define CASTOR_VERSION "unknown"
-#endif
+#include "graph/version.h"
+#define CASTOR_VERSION CASTOR_VERSION_STRING
 
 namespace castor::tools {
 namespace {

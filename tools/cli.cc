@@ -2,6 +2,8 @@
 // (--help, --version), and the error line + exit code for bad invocations.
 #include "tools/cli.h"
 
+#include "graph/version.h"
+
 #include <algorithm>
 #include <iostream>
 
@@ -10,9 +12,7 @@
 #include "tools/args.h"
 #include "tools/inspect.h"
 
-#ifndef CASTOR_VERSION
-#define CASTOR_VERSION "unknown"
-#endif
+#define CASTOR_VERSION CASTOR_VERSION_STRING
 
 namespace castor::tools {
 
