@@ -108,6 +108,20 @@ absl::Status RequireSameDType(const InferenceContext& ctx, int first, int last) 
   return absl::OkStatus();
 }
 
+OpDef MakeDef(const std::string& op_type, int64_t min_opset, int min_inputs, int max_inputs,
+              std::vector<AttrSpec> attributes, InferFn infer, const std::string& summary) {
+  OpDef def;
+  def.op_type = op_type;
+  def.min_opset = min_opset;
+  def.max_opset = kMaxOnnxOpset;
+  def.min_inputs = min_inputs;
+  def.max_inputs = max_inputs;
+  def.attributes = std::move(attributes);
+  def.infer = std::move(infer);
+  def.summary = summary;
+  return def;
+}
+
 const std::vector<DType>& FloatTypes() {
   static const std::vector<DType> kTypes = {DType::kFloat16, DType::kBFloat16, DType::kFloat32,
                                             DType::kFloat64};

@@ -42,6 +42,10 @@ absl::Status RequireDType(const InferenceContext& ctx, int i, const std::vector<
 // Checks inputs `first..last` (inclusive, present ones) share one dtype.
 absl::Status RequireSameDType(const InferenceContext& ctx, int first, int last);
 
+// An ai.onnx OpDef handling opsets min_opset..kMaxOnnxOpset with one output.
+OpDef MakeDef(const std::string& op_type, int64_t min_opset, int min_inputs, int max_inputs,
+              std::vector<AttrSpec> attributes, InferFn infer, const std::string& summary);
+
 // The float dtypes ONNX float ops accept and castor carries.
 const std::vector<DType>& FloatTypes();  // float16, bfloat16, float32, float64
 // Float + int32/int64 (arithmetic ops), and everything numeric.
