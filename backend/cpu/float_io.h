@@ -1,0 +1,56 @@
+// Reading and writing float tensors of any float dtype as float32, the way
+// every CPU kernel does its arithmetic: 16-bit inputs widen exactly to
+// float32, results round once on store (round-to-nearest-even).
+//
+//   DispatchFloat(view.dtype, [&](auto tag) {
+//     using T = typename decltype(tag)::type;   // float, Half or BFloat16
+//     const T* x = view.as<T>();
+//     float v = LoadF(x[i]); ... StoreF(&y[i], v);
+//   });
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include "graph/dtype.h"
+#include "graph/half.h"
+
+namespace castor::cpu {
+
+// Storage types of the 16-bit floats (distinct types so overloads pick the
+// right conversion).
+struct Half { uint16_t bits; };
+struct BFloat16 { uint16_t bits; };
+static_assert(sizeof(Half) == 2 && sizeof(BFloat16) == 2);
+
+inline float LoadF(float v) { return v; }
+inline float LoadF(double v) { return static_cast<float>(v); }
+inline float LoadF(Half v) { return HalfBitsToFloat(v.bits); }
+inline float LoadF(BFloat16 v) { return BFloat16BitsToFloat(v.bits); }
+
+inline void StoreF(float* p, float v) { *p = v; }
+inline void StoreF(double* p, float v) { *p = v; }
+inline void StoreF(Half* p, float v) { p->bits = FloatToHalfBits(v); }
+inline void StoreF(BFloat16* p, float v) { p->bits = FloatToBFloat16Bits(v); }
+
+template <typename T>
+struct TypeTag { using type = T; };
+
+// Calls fn(TypeTag<T>{}) for T the storage type of float dtype `dtype`
+// (float32, float16, bfloat16, float64). Returns false for other dtypes.
+template <typename Fn>
+bool DispatchFloat(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kFloat32: fn(TypeTag<float>{}); return true;
+    case DType::kFloat16: fn(TypeTag<Half>{}); return true;
+    case DType::kBFloat16: fn(TypeTag<BFloat16>{}); return true;
+    case DType::kFloat64: fn(TypeTag<double>{}); return true;
+    default: return false;
+  }
+}
+
+// Converts n elements of float dtype `dtype` at `src` to float32 (and back).
+void ToFloat32(DType dtype, const void* src, float* dst, int64_t n);
+void FromFloat32(DType dtype, const float* src, void* dst, int64_t n);
+
+}  // namespace castor::cpu

@@ -1,0 +1,115 @@
+// A small fork-join thread pool for ParallelFor (see parallel.h).
+#include "backend/cpu/parallel.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace castor::cpu {
+namespace {
+
+class Pool {
+ public:
+  static Pool& Get() {
+    static Pool* pool = new Pool();  // never destroyed: workers may outlive main's statics
+    return *pool;
+  }
+
+  int threads() const { return threads_; }
+  void SetThreads(int n) {
+    std::lock_guard<std::mutex> lock(run_mutex_);
+    threads_ = std::max(1, n);
+    while (static_cast<int>(workers_.size()) < threads_ - 1) {
+      workers_.emplace_back([this, id = static_cast<int>(workers_.size())] { Work(id); });
+      workers_.back().detach();
+    }
+  }
+
+  void Run(int64_t begin, int64_t end, int64_t grain,
+           const std::function<void(int64_t, int64_t)>& fn) {
+    const int64_t n = end - begin;
+    if (n <= 0) return;
+    grain = std::max<int64_t>(grain, 1);
+    int chunks = static_cast<int>(std::min<int64_t>(threads_, (n + grain - 1) / grain));
+    if (chunks <= 1 || in_parallel_) {
+      fn(begin, end);
+      return;
+    }
+    std::lock_guard<std::mutex> run_lock(run_mutex_);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      fn_ = &fn;
+      begin_ = begin;
+      end_ = end;
+      chunks_ = chunks;
+      next_chunk_ = 1;  // chunk 0 runs on the caller
+      pending_ = chunks - 1;
+      ++generation_;
+    }
+    cv_.notify_all();
+    in_parallel_ = true;
+    RunChunk(0);
+    in_parallel_ = false;
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [this] { return pending_ == 0; });
+    fn_ = nullptr;
+  }
+
+ private:
+  Pool() { SetThreads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))); }
+
+  void RunChunk(int chunk) {
+    const int64_t n = end_ - begin_;
+    int64_t lo = begin_ + n * chunk / chunks_;
+    int64_t hi = begin_ + n * (chunk + 1) / chunks_;
+    (*fn_)(lo, hi);
+  }
+
+  void Work(int) {
+    uint64_t seen = 0;
+    in_parallel_ = true;
+    for (;;) {
+      int chunk;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [&] { return generation_ != seen && next_chunk_ < chunks_; });
+        chunk = next_chunk_++;
+        if (next_chunk_ >= chunks_) seen = generation_;
+      }
+      RunChunk(chunk);
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (--pending_ == 0) done_cv_.notify_one();
+    }
+  }
+
+  int threads_ = 1;
+  std::vector<std::thread> workers_;
+  std::mutex run_mutex_;  // one parallel region at a time
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::condition_variable done_cv_;
+  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
+  int64_t begin_ = 0, end_ = 0;
+  int chunks_ = 0;
+  int next_chunk_ = 0;
+  int pending_ = 0;
+  uint64_t generation_ = 0;
+  static thread_local bool in_parallel_;
+};
+
+thread_local bool Pool::in_parallel_ = false;
+
+}  // namespace
+
+int NumThreads() { return Pool::Get().threads(); }
+void SetNumThreads(int threads) { Pool::Get().SetThreads(threads); }
+
+void ParallelFor(int64_t begin, int64_t end, int64_t grain,
+                 const std::function<void(int64_t, int64_t)>& fn) {
+  Pool::Get().Run(begin, end, grain, fn);
+}
+
+}  // namespace castor::cpu

@@ -1,0 +1,20 @@
+// Data-parallel loops for CPU kernels on a persistent thread pool.
+// ParallelFor splits [begin, end) into contiguous chunks of at least `grain`
+// iterations, runs them on up to NumThreads() threads (the caller is one of
+// them) and returns when all are done. Nested calls run serially.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace castor::cpu {
+
+// Threads used by kernels: CASTOR_NUM_THREADS is not read; the CPU backend
+// sets this from its options (default: hardware concurrency).
+int NumThreads();
+void SetNumThreads(int threads);
+
+void ParallelFor(int64_t begin, int64_t end, int64_t grain,
+                 const std::function<void(int64_t chunk_begin, int64_t chunk_end)>& fn);
+
+}  // namespace castor::cpu
