@@ -1,8 +1,377 @@
 // CPU kernels: elementwise family (ops of graph/ops/elementwise.cc).
+//
+// Unary math/activations (Neg Abs Relu LeakyRelu Sigmoid Tanh Gelu Erf Exp
+// Log Sqrt Reciprocal), binary arithmetic with numpy broadcasting (Add Sub
+// Mul Div, Pow with a base and exponent of different dtypes), Equal (bool
+// out), the variadic Max/Min/Sum, Where and Clip. The scalar arithmetic of
+// each op lives in backend/cpu/elementwise_math.h (shared with CUDA); this
+// file loads, broadcasts and stores. 16-bit floats compute in float32 and
+// round once on store; float64 computes in double; integers in their own
+// type (wrapping). Broadcast iteration is backend/cpu/broadcast.h, split
+// across threads in chunks of kElementwiseGrain elements; a run where an
+// input is dense or a single broadcast value gets its own tight loop.
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/elementwise_math.h"
+#include "backend/cpu/float_io.h"
+#include "backend/cpu/parallel.h"
 
 namespace castor::cpu {
+namespace {
 
-void RegisterElementwiseKernels(KernelTable& table) { (void)table; }
+const std::vector<DType> kFloatTypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16,
+                                        DType::kFloat64};
+const std::vector<DType> kIntTypes = {DType::kInt8,  DType::kInt16,  DType::kInt32,
+                                      DType::kInt64, DType::kUInt8,  DType::kUInt16,
+                                      DType::kUInt32, DType::kUInt64};
+
+std::vector<DType> Join(std::vector<DType> a, const std::vector<DType>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+absl::Status UnsupportedDType(const KernelContext& ctx, int input, DType dtype) {
+  return ctx.Unimplemented(
+      absl::StrCat("input ", input, " has dtype ", DTypeName(dtype), ", which this kernel lacks"));
+}
+
+// ---- unary ----
+
+// y[i] = op(x[i]); floats always, integers when kIntegers.
+template <bool kIntegers, typename Op>
+absl::Status RunUnary(KernelContext& ctx, const Op& op) {
+  const TensorView& x = ctx.input(0);
+  absl::StatusOr<TensorView*> y = ctx.Output(0, x.dtype, x.dims);
+  if (!y.ok()) return y.status();
+  const int64_t n = x.num_elements();
+  auto body = [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* xp = x.as<T>();
+    T* yp = (*y)->as<T>();
+    ParallelFor(0, n, kElementwiseGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) Store(&yp[i], op(Load(xp[i])));
+    });
+  };
+  bool ok = DispatchFloat(x.dtype, body);
+  if constexpr (kIntegers) ok = ok || DispatchInteger(x.dtype, body);
+  return ok ? absl::OkStatus() : UnsupportedDType(ctx, 0, x.dtype);
+}
+
+template <typename Op, bool kIntegers>
+absl::Status UnaryKernel(KernelContext& ctx) {
+  return RunUnary<kIntegers>(ctx, Op{});
+}
+
+absl::Status LeakyReluKernel(KernelContext& ctx) {
+  return RunUnary<false>(ctx, math::LeakyReluOp{ctx.GetFloat("alpha", 0.01f)});
+}
+
+absl::Status GeluKernel(KernelContext& ctx) {
+  const std::string approximate = ctx.GetString("approximate", "none");
+  if (approximate != "none" && approximate != "tanh") {
+    return ctx.Error(absl::StrCat("attribute 'approximate' is \"", approximate,
+                                  "\"; expected \"none\" or \"tanh\""));
+  }
+  return RunUnary<false>(ctx, math::GeluOp{approximate == "tanh"});
+}
+
+// Clip: bounds from the float attributes min/max before opset 11, from the
+// optional scalar inputs 1 and 2 (x's dtype) after; absent bounds are the
+// dtype's extremes (+-inf for floats).
+absl::Status ClipKernel(KernelContext& ctx) {
+  const TensorView& x = ctx.input(0);
+  for (int i = 1; i <= 2; ++i) {
+    if (!ctx.has_input(i)) continue;
+    const TensorView& bound = ctx.input(i);
+    if (bound.dtype != x.dtype) {
+      return ctx.Error(absl::StrCat("input ", i, " (", i == 1 ? "min" : "max", ") is ",
+                                    DTypeName(bound.dtype), "; expected input 0's dtype ",
+                                    DTypeName(x.dtype)));
+    }
+    if (bound.num_elements() != 1) {
+      return ctx.Error(absl::StrCat("input ", i, " (", i == 1 ? "min" : "max",
+                                    ") must hold one value; its shape is ",
+                                    DimsToString(bound.dims)));
+    }
+  }
+  absl::Status status;
+  auto body = [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using V = ComputeType<T>;
+    V low = std::numeric_limits<V>::lowest();
+    V high = std::numeric_limits<V>::max();
+    if constexpr (std::is_floating_point_v<V>) {
+      low = -std::numeric_limits<V>::infinity();
+      high = std::numeric_limits<V>::infinity();
+    }
+    if (ctx.opset() < 11) {
+      if (ctx.node().has_attribute("min")) low = static_cast<V>(ctx.GetFloat("min", 0.0f));
+      if (ctx.node().has_attribute("max")) high = static_cast<V>(ctx.GetFloat("max", 0.0f));
+    } else {
+      if (ctx.has_input(1)) low = Load(ctx.input(1).as<T>()[0]);
+      if (ctx.has_input(2)) high = Load(ctx.input(2).as<T>()[0]);
+    }
+    status = RunUnary<true>(ctx, math::ClipOp<V>{low, high});
+  };
+  if (!DispatchNumeric(x.dtype, body)) return UnsupportedDType(ctx, 0, x.dtype);
+  return status;
+}
+
+// ---- binary ----
+
+// out = fn(a, b) over a two-input broadcast plan. Within a run each input's
+// step is 1 (dense) or 0 (one broadcast value).
+template <typename TA, typename TB, typename TO, typename Fn>
+void BinaryLoop(const BroadcastPlan& plan, const TA* a, const TB* b, TO* out, const Fn& fn) {
+  ParallelForEachRun(plan, [&](int64_t o, const int64_t* in, int64_t count, const int64_t* step) {
+    const TA* pa = a + in[0];
+    const TB* pb = b + in[1];
+    TO* po = out + o;
+    if (step[0] == 1 && step[1] == 1) {
+      for (int64_t j = 0; j < count; ++j) Store(&po[j], fn(Load(pa[j]), Load(pb[j])));
+    } else if (step[0] == 1) {
+      const auto vb = Load(*pb);
+      for (int64_t j = 0; j < count; ++j) Store(&po[j], fn(Load(pa[j]), vb));
+    } else if (step[1] == 1) {
+      const auto va = Load(*pa);
+      for (int64_t j = 0; j < count; ++j) Store(&po[j], fn(va, Load(pb[j])));
+    } else {
+      const auto v = fn(Load(*pa), Load(*pb));
+      for (int64_t j = 0; j < count; ++j) Store(&po[j], v);
+    }
+  });
+}
+
+absl::StatusOr<BroadcastPlan> PlanInputs(const KernelContext& ctx, int first, int count) {
+  std::vector<std::vector<int64_t>> dims;
+  for (int i = first; i < first + count; ++i) dims.push_back(ctx.input(i).dims);
+  absl::StatusOr<BroadcastPlan> plan = MakeBroadcastPlan(dims);
+  if (!plan.ok()) return ctx.Error(std::string(plan.status().message()));
+  return plan;
+}
+
+absl::Status RequireSameDType(const KernelContext& ctx, int first, int last) {
+  for (int i = first + 1; i <= last; ++i) {
+    if (ctx.input(i).dtype != ctx.input(first).dtype) {
+      return ctx.Error(absl::StrCat("input ", i, " is ", DTypeName(ctx.input(i).dtype),
+                                    " but input ", first, " is ",
+                                    DTypeName(ctx.input(first).dtype), "; they must match"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Add, Sub, Mul, Div: floats and integers, output the inputs' dtype.
+template <typename Op>
+absl::Status ArithmeticKernel(KernelContext& ctx) {
+  if (absl::Status s = RequireSameDType(ctx, 0, 1); !s.ok()) return s;
+  absl::StatusOr<BroadcastPlan> plan = PlanInputs(ctx, 0, 2);
+  if (!plan.ok()) return plan.status();
+  const TensorView& a = ctx.input(0);
+  absl::StatusOr<TensorView*> out = ctx.Output(0, a.dtype, plan->out_dims);
+  if (!out.ok()) return out.status();
+  const bool ok = DispatchNumeric(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    BinaryLoop(*plan, a.as<T>(), ctx.input(1).as<T>(), (*out)->as<T>(), Op{});
+  });
+  return ok ? absl::OkStatus() : UnsupportedDType(ctx, 0, a.dtype);
+}
+
+// Equal: any numeric dtype or bool in, bool out. Floats compare by value
+// (+0 == -0, NaN != NaN).
+absl::Status EqualKernel(KernelContext& ctx) {
+  if (absl::Status s = RequireSameDType(ctx, 0, 1); !s.ok()) return s;
+  absl::StatusOr<BroadcastPlan> plan = PlanInputs(ctx, 0, 2);
+  if (!plan.ok()) return plan.status();
+  const TensorView& a = ctx.input(0);
+  absl::StatusOr<TensorView*> out = ctx.Output(0, DType::kBool, plan->out_dims);
+  if (!out.ok()) return out.status();
+  const bool ok = DispatchNumericOrBool(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    BinaryLoop(*plan, a.as<T>(), ctx.input(1).as<T>(), (*out)->as<bool>(), math::EqualOp{});
+  });
+  return ok ? absl::OkStatus() : UnsupportedDType(ctx, 0, a.dtype);
+}
+
+// Pow: base float or int32/int64, exponent any numeric dtype; output the
+// base's dtype.
+absl::Status PowKernel(KernelContext& ctx) {
+  absl::StatusOr<BroadcastPlan> plan = PlanInputs(ctx, 0, 2);
+  if (!plan.ok()) return plan.status();
+  const TensorView& base = ctx.input(0);
+  const TensorView& exponent = ctx.input(1);
+  absl::StatusOr<TensorView*> out = ctx.Output(0, base.dtype, plan->out_dims);
+  if (!out.ok()) return out.status();
+  bool exponent_ok = true;
+  auto with_base = [&](auto base_tag) {
+    using TB = typename decltype(base_tag)::type;
+    exponent_ok = DispatchNumeric(exponent.dtype, [&](auto exponent_tag) {
+      using TE = typename decltype(exponent_tag)::type;
+      BinaryLoop(*plan, base.as<TB>(), exponent.as<TE>(), (*out)->as<TB>(), math::PowOp{});
+    });
+  };
+  bool base_ok = DispatchFloat(base.dtype, with_base);
+  if (!base_ok && base.dtype == DType::kInt32) {
+    with_base(TypeTag<int32_t>{});
+    base_ok = true;
+  } else if (!base_ok && base.dtype == DType::kInt64) {
+    with_base(TypeTag<int64_t>{});
+    base_ok = true;
+  }
+  if (!base_ok) return UnsupportedDType(ctx, 0, base.dtype);
+  if (!exponent_ok) return UnsupportedDType(ctx, 1, exponent.dtype);
+  return absl::OkStatus();
+}
+
+// ---- variadic ----
+
+// Max, Min, Sum of one or more broadcast inputs; accumulates in the compute
+// type and rounds once.
+template <typename Op>
+absl::Status VariadicKernel(KernelContext& ctx) {
+  const int n = ctx.num_inputs();
+  if (n < 1) return ctx.Error("needs at least one input");
+  for (int i = 0; i < n; ++i) {
+    if (!ctx.has_input(i)) return ctx.Error(absl::StrCat("input ", i, " is missing"));
+  }
+  if (absl::Status s = RequireSameDType(ctx, 0, n - 1); !s.ok()) return s;
+  absl::StatusOr<BroadcastPlan> plan = PlanInputs(ctx, 0, n);
+  if (!plan.ok()) return plan.status();
+  const DType dtype = ctx.input(0).dtype;
+  absl::StatusOr<TensorView*> out = ctx.Output(0, dtype, plan->out_dims);
+  if (!out.ok()) return out.status();
+  const bool ok = DispatchNumeric(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* y = (*out)->as<T>();
+    if (n == 1) {
+      const T* x = ctx.input(0).as<T>();
+      if (x != y) std::memmove(y, x, (*out)->byte_size());
+      return;
+    }
+    if (n == 2) {
+      BinaryLoop(*plan, ctx.input(0).as<T>(), ctx.input(1).as<T>(), y, Op{});
+      return;
+    }
+    std::vector<const T*> x(n);
+    for (int i = 0; i < n; ++i) x[i] = ctx.input(i).as<T>();
+    const Op op;
+    ParallelForEachRun(*plan, [&](int64_t o, const int64_t* in, int64_t count,
+                                  const int64_t* step) {
+      for (int64_t j = 0; j < count; ++j) {
+        auto acc = Load(x[0][in[0] + j * step[0]]);
+        for (int i = 1; i < n; ++i) acc = op(acc, Load(x[i][in[i] + j * step[i]]));
+        Store(&y[o + j], acc);
+      }
+    });
+  });
+  return ok ? absl::OkStatus() : UnsupportedDType(ctx, 0, dtype);
+}
+
+// ---- Where ----
+
+// out = condition ? X : Y with three-way broadcasting; X and Y are copied
+// as raw elements of their size, so every dtype but string works.
+template <typename Raw>
+void WhereLoop(const BroadcastPlan& plan, const bool* cond, const Raw* x, const Raw* y, Raw* out) {
+  ParallelForEachRun(plan, [&](int64_t o, const int64_t* in, int64_t count, const int64_t* step) {
+    const bool* c = cond + in[0];
+    const Raw* px = x + in[1];
+    const Raw* py = y + in[2];
+    Raw* po = out + o;
+    for (int64_t j = 0; j < count; ++j) {
+      po[j] = c[j * step[0]] ? px[j * step[1]] : py[j * step[2]];
+    }
+  });
+}
+
+absl::Status WhereKernel(KernelContext& ctx) {
+  const TensorView& cond = ctx.input(0);
+  if (cond.dtype != DType::kBool) {
+    return ctx.Error(absl::StrCat("input 0 (condition) is ", DTypeName(cond.dtype),
+                                  "; expected bool"));
+  }
+  if (absl::Status s = RequireSameDType(ctx, 1, 2); !s.ok()) return s;
+  absl::StatusOr<BroadcastPlan> plan = PlanInputs(ctx, 0, 3);
+  if (!plan.ok()) return plan.status();
+  const DType dtype = ctx.input(1).dtype;
+  absl::StatusOr<TensorView*> out = ctx.Output(0, dtype, plan->out_dims);
+  if (!out.ok()) return out.status();
+  const void* x = ctx.input(1).data;
+  const void* y = ctx.input(2).data;
+  void* o = (*out)->data;
+  switch (DTypeSize(dtype)) {
+    case 1:
+      WhereLoop(*plan, cond.as<bool>(), static_cast<const uint8_t*>(x),
+                static_cast<const uint8_t*>(y), static_cast<uint8_t*>(o));
+      return absl::OkStatus();
+    case 2:
+      WhereLoop(*plan, cond.as<bool>(), static_cast<const uint16_t*>(x),
+                static_cast<const uint16_t*>(y), static_cast<uint16_t*>(o));
+      return absl::OkStatus();
+    case 4:
+      WhereLoop(*plan, cond.as<bool>(), static_cast<const uint32_t*>(x),
+                static_cast<const uint32_t*>(y), static_cast<uint32_t*>(o));
+      return absl::OkStatus();
+    case 8:
+      WhereLoop(*plan, cond.as<bool>(), static_cast<const uint64_t*>(x),
+                static_cast<const uint64_t*>(y), static_cast<uint64_t*>(o));
+      return absl::OkStatus();
+    default:
+      return UnsupportedDType(ctx, 1, dtype);
+  }
+}
+
+void Add(KernelTable& table, const std::string& op, std::vector<DType> dtypes, KernelFn run,
+         bool in_place_ok = true, int checked_input = 0) {
+  KernelDef def;
+  def.op_type = op;
+  def.supports = InputDTypeIn(checked_input, std::move(dtypes));
+  def.run = run;
+  def.in_place_ok = in_place_ok;
+  table.Register(std::move(def));
+}
+
+}  // namespace
+
+void RegisterElementwiseKernels(KernelTable& table) {
+  using namespace math;  // NOLINT: the functor names read best unqualified here
+  const std::vector<DType> numeric = Join(kFloatTypes, kIntTypes);
+  const std::vector<DType> floats = kFloatTypes;
+
+  Add(table, "Add", numeric, &ArithmeticKernel<AddOp>);
+  Add(table, "Sub", numeric, &ArithmeticKernel<SubOp>);
+  Add(table, "Mul", numeric, &ArithmeticKernel<MulOp>);
+  Add(table, "Div", numeric, &ArithmeticKernel<DivOp>);
+  Add(table, "Pow", Join(floats, {DType::kInt32, DType::kInt64}), &PowKernel);
+  Add(table, "Equal", Join(numeric, {DType::kBool}), &EqualKernel);
+
+  Add(table, "Neg", numeric, &UnaryKernel<NegOp, true>);
+  Add(table, "Abs", numeric, &UnaryKernel<AbsOp, true>);
+  Add(table, "Relu", numeric, &UnaryKernel<ReluOp, true>);
+  Add(table, "Erf", numeric, &UnaryKernel<ErfOp, true>);
+  Add(table, "LeakyRelu", floats, &LeakyReluKernel);
+  Add(table, "Gelu", floats, &GeluKernel);
+  Add(table, "Sigmoid", floats, &UnaryKernel<SigmoidOp, false>);
+  Add(table, "Tanh", floats, &UnaryKernel<TanhOp, false>);
+  Add(table, "Exp", floats, &UnaryKernel<ExpOp, false>);
+  Add(table, "Log", floats, &UnaryKernel<LogOp, false>);
+  Add(table, "Sqrt", floats, &UnaryKernel<SqrtOp, false>);
+  Add(table, "Reciprocal", floats, &UnaryKernel<ReciprocalOp, false>);
+  Add(table, "Clip", numeric, &ClipKernel);
+
+  Add(table, "Max", numeric, &VariadicKernel<MaxOp>);
+  Add(table, "Min", numeric, &VariadicKernel<MinOp>);
+  Add(table, "Sum", floats, &VariadicKernel<AddOp>);
+
+  std::vector<DType> where_values = Join(numeric, {DType::kBool});
+  Add(table, "Where", where_values, &WhereKernel, /*in_place_ok=*/false, /*checked_input=*/1);
+}
 
 }  // namespace castor::cpu

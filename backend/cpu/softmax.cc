@@ -1,8 +1,128 @@
 // CPU kernels: softmax family (ops of graph/ops/softmax.cc).
+//
+// Softmax and LogSoftmax. Before opset 13 the input is coerced to 2-D
+// [prod(dims[:axis]), prod(dims[axis:])] (axis default 1) and each row is
+// normalised as a whole; from opset 13 the normalisation runs along the one
+// axis `axis` (default -1). Both become (outer, n, inner): `n` values with
+// stride `inner`. Each line subtracts its maximum before exp (no overflow for
+// large inputs), computes in float32 (float64 for float64 inputs) and rounds
+// once on store.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/elementwise_math.h"
+#include "backend/cpu/float_io.h"
+#include "backend/cpu/parallel.h"
 
 namespace castor::cpu {
+namespace {
 
-void RegisterSoftmaxKernels(KernelTable& table) { (void)table; }
+// Columns of the inner dimension one task handles at a time.
+constexpr int64_t kColumnBlock = 64;
+
+template <bool kLog>
+absl::Status SoftmaxKernel(KernelContext& ctx) {
+  const TensorView& x = ctx.input(0);
+  const int64_t rank = static_cast<int64_t>(x.dims.size());
+  const bool coerce_2d = ctx.opset() < 13;
+  const int64_t axis_attr = ctx.GetInt("axis", coerce_2d ? 1 : -1);
+  const int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
+  // Opset < 13 allows axis == rank (rows of one element); a scalar input is
+  // one line of one element either way.
+  const bool axis_ok = rank == 0 ? (axis_attr == 0 || axis_attr == -1 || axis_attr == 1)
+                                 : (axis >= 0 && (axis < rank || (coerce_2d && axis == rank)));
+  if (!axis_ok) {
+    return ctx.Error(absl::StrCat("axis ", axis_attr, " is out of range for input of rank ",
+                                  rank, " ", DimsToString(x.dims)));
+  }
+  int64_t outer = 1, n = 1, inner = 1;
+  for (int64_t i = 0; i < rank; ++i) {
+    if (i < axis) {
+      outer *= x.dims[i];
+    } else if (coerce_2d || i == axis) {
+      n *= x.dims[i];
+    } else {
+      inner *= x.dims[i];
+    }
+  }
+  absl::StatusOr<TensorView*> y = ctx.Output(0, x.dtype, x.dims);
+  if (!y.ok()) return y.status();
+  if (outer * n * inner == 0) return absl::OkStatus();
+
+  const bool ok = DispatchFloat(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using V = ComputeType<T>;
+    const T* xp = x.as<T>();
+    T* yp = (*y)->as<T>();
+    const int64_t blocks_per_outer = (inner + kColumnBlock - 1) / kColumnBlock;
+    const int64_t tasks = outer * blocks_per_outer;
+    const int64_t work_per_task = n * std::min(inner, kColumnBlock);
+    ParallelFor(0, tasks, std::max<int64_t>(1, kElementwiseGrain / work_per_task),
+                [&](int64_t lo, int64_t hi) {
+                  std::vector<V> shifted;  // x - max, then exp(x - max) for Softmax
+                  std::vector<V> line_max, line_sum;
+                  for (int64_t task = lo; task < hi; ++task) {
+                    const int64_t o = task / blocks_per_outer;
+                    const int64_t k0 = (task % blocks_per_outer) * kColumnBlock;
+                    const int64_t width = std::min(kColumnBlock, inner - k0);
+                    const T* in = xp + o * n * inner + k0;
+                    T* out = yp + o * n * inner + k0;
+                    line_max.assign(width, -std::numeric_limits<V>::infinity());
+                    line_sum.assign(width, V(0));
+                    shifted.resize(static_cast<size_t>(n * width));
+                    for (int64_t i = 0; i < n; ++i) {
+                      for (int64_t k = 0; k < width; ++k) {
+                        line_max[k] = math::MaxOp()(line_max[k], Load(in[i * inner + k]));
+                      }
+                    }
+                    for (int64_t i = 0; i < n; ++i) {
+                      for (int64_t k = 0; k < width; ++k) {
+                        const V e = std::exp(Load(in[i * inner + k]) - line_max[k]);
+                        shifted[i * width + k] = e;
+                        line_sum[k] += e;
+                      }
+                    }
+                    for (int64_t i = 0; i < n; ++i) {
+                      for (int64_t k = 0; k < width; ++k) {
+                        if constexpr (kLog) {
+                          Store(&out[i * inner + k],
+                                math::LogSoftmaxValue(Load(in[i * inner + k]), line_max[k],
+                                                      line_sum[k]));
+                        } else {
+                          Store(&out[i * inner + k], shifted[i * width + k] / line_sum[k]);
+                        }
+                      }
+                    }
+                  }
+                });
+  });
+  if (!ok) {
+    return ctx.Unimplemented(absl::StrCat("input 0 has dtype ", DTypeName(x.dtype),
+                                          ", which this kernel lacks"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void RegisterSoftmaxKernels(KernelTable& table) {
+  const std::vector<DType> floats = {DType::kFloat32, DType::kFloat16, DType::kBFloat16,
+                                     DType::kFloat64};
+  for (const char* op : {"Softmax", "LogSoftmax"}) {
+    KernelDef def;
+    def.op_type = op;
+    def.supports = InputDTypeIn(0, floats);
+    def.run = std::string(op) == "Softmax" ? &SoftmaxKernel<false> : &SoftmaxKernel<true>;
+    // Each line is read completely before any of it is written.
+    def.in_place_ok = true;
+    table.Register(std::move(def));
+  }
+}
 
 }  // namespace castor::cpu

@@ -1,0 +1,368 @@
+// The scalar arithmetic of the elementwise, reduction and softmax kernels:
+// one small functor per op, templated on the compute type V (float for
+// float32/float16/bfloat16 storage, double for float64, the integer type
+// itself for integers, bool for bool). Header-only and CASTOR_HOST_DEVICE so
+// the CUDA backend can call exactly the arithmetic the CPU backend runs;
+// only <cmath>, <cstdint>, <limits>, <type_traits> and graph/half.h here.
+//
+// Conventions (from the ONNX operator spec and its numpy reference):
+// - integer Add/Sub/Mul/Neg/Abs wrap around (two's complement), never UB;
+// - integer Div truncates toward zero; x / 0 gives 0 and MIN / -1 gives MIN;
+// - Max/Min/Clip propagate NaN (np.maximum / np.minimum / np.clip);
+// - a float result stored into an integer saturates, NaN becomes 0.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "graph/half.h"
+
+namespace castor::math {
+
+template <typename V>
+inline constexpr bool kIsInt = std::is_integral_v<V> && !std::is_same_v<V, bool>;
+
+// The unsigned type integer arithmetic of V wraps in: at least 32 bits wide,
+// so uint16 * uint16 does not promote to a signed int that overflows.
+template <typename V>
+using WrapType = std::conditional_t<(sizeof(V) < 4), uint32_t, std::make_unsigned_t<V>>;
+
+template <typename V>
+CASTOR_HOST_DEVICE inline bool IsNan(V v) {
+  if constexpr (std::is_floating_point_v<V>) {
+    return v != v;
+  } else {
+    return false;
+  }
+}
+
+// A floating value converted to integer type I: truncation toward zero,
+// saturating at I's range, NaN -> 0 (what numpy's astype does on x86 for
+// in-range values, without its undefined out-of-range behaviour).
+template <typename I, typename F>
+CASTOR_HOST_DEVICE inline I SaturatingCast(F value) {
+  if constexpr (std::is_same_v<I, bool>) {
+    return value != 0;
+  } else if constexpr (std::is_floating_point_v<I>) {
+    return static_cast<I>(value);
+  } else {
+    const double v = static_cast<double>(value);
+    if (v != v) return 0;
+    if (v <= static_cast<double>(std::numeric_limits<I>::lowest())) {
+      return std::numeric_limits<I>::lowest();
+    }
+    if (v >= static_cast<double>(std::numeric_limits<I>::max())) return std::numeric_limits<I>::max();
+    return static_cast<I>(v);
+  }
+}
+
+// ---- binary arithmetic ----
+
+struct AddOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V a, V b) const {
+    if constexpr (kIsInt<V>) {
+      return static_cast<V>(static_cast<WrapType<V>>(a) + static_cast<WrapType<V>>(b));
+    } else {
+      return a + b;
+    }
+  }
+};
+
+struct SubOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V a, V b) const {
+    if constexpr (kIsInt<V>) {
+      return static_cast<V>(static_cast<WrapType<V>>(a) - static_cast<WrapType<V>>(b));
+    } else {
+      return a - b;
+    }
+  }
+};
+
+struct MulOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V a, V b) const {
+    if constexpr (kIsInt<V>) {
+      return static_cast<V>(static_cast<WrapType<V>>(a) * static_cast<WrapType<V>>(b));
+    } else {
+      return a * b;
+    }
+  }
+};
+
+struct DivOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V a, V b) const {
+    if constexpr (kIsInt<V>) {
+      if (b == 0) return 0;
+      if constexpr (std::is_signed_v<V>) {
+        if (b == -1) return static_cast<V>(static_cast<WrapType<V>>(0) - static_cast<WrapType<V>>(a));
+      }
+      return static_cast<V>(a / b);  // C++ truncates toward zero, as ONNX asks
+    } else {
+      return a / b;
+    }
+  }
+};
+
+// Integer power by squaring (wrapping); negative exponents give 1/x^n
+// truncated: 1 for x = 1, +-1 for x = -1, else 0.
+template <typename V, typename E>
+CASTOR_HOST_DEVICE inline V IntegerPow(V base, E exponent) {
+  if (exponent < 0) {
+    if (base == 1) return 1;
+    if constexpr (std::is_signed_v<V>) {
+      if (base == -1) return (exponent % 2 == 0) ? V(1) : V(-1);
+    }
+    return 0;
+  }
+  WrapType<V> result = 1;
+  WrapType<V> square = static_cast<WrapType<V>>(base);
+  uint64_t e = static_cast<uint64_t>(exponent);
+  while (e != 0) {
+    if (e & 1u) result = static_cast<WrapType<V>>(result * square);
+    square = static_cast<WrapType<V>>(square * square);
+    e >>= 1;
+  }
+  return static_cast<V>(result);
+}
+
+// Pow: base compute type V, exponent compute type E (may differ, opset 12+).
+// Float bases compute in V; integer bases with float exponents compute in
+// double and truncate (numpy: power in float64, then astype(base dtype)).
+struct PowOp {
+  template <typename V, typename E>
+  CASTOR_HOST_DEVICE V operator()(V base, E exponent) const {
+    if constexpr (std::is_floating_point_v<V>) {
+      return std::pow(base, static_cast<V>(exponent));
+    } else if constexpr (kIsInt<E>) {
+      return IntegerPow(base, exponent);
+    } else {
+      return SaturatingCast<V>(std::pow(static_cast<double>(base), static_cast<double>(exponent)));
+    }
+  }
+};
+
+// NaN-propagating maximum and minimum.
+struct MaxOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V a, V b) const {
+    if (IsNan(a)) return a;
+    if (IsNan(b)) return b;
+    return a < b ? b : a;
+  }
+};
+
+struct MinOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V a, V b) const {
+    if (IsNan(a)) return a;
+    if (IsNan(b)) return b;
+    return b < a ? b : a;
+  }
+};
+
+struct EqualOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE bool operator()(V a, V b) const {
+    return a == b;
+  }
+};
+
+// ---- unary ----
+
+struct NegOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    if constexpr (kIsInt<V>) {
+      return static_cast<V>(static_cast<WrapType<V>>(0) - static_cast<WrapType<V>>(x));
+    } else {
+      return -x;
+    }
+  }
+};
+
+struct AbsOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    if constexpr (std::is_floating_point_v<V>) {
+      return std::fabs(x);
+    } else if constexpr (std::is_signed_v<V>) {
+      return x < 0 ? NegOp()(x) : x;
+    } else {
+      return x;
+    }
+  }
+};
+
+struct ReluOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return x < V(0) ? V(0) : x;  // NaN stays NaN
+  }
+};
+
+struct LeakyReluOp {
+  float alpha = 0.01f;
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return x < V(0) ? static_cast<V>(alpha) * x : x;
+  }
+};
+
+// 1 / (1 + e^-x), evaluated so that neither branch overflows.
+struct SigmoidOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    if (x >= V(0)) return V(1) / (V(1) + std::exp(-x));
+    const V e = std::exp(x);
+    return e / (V(1) + e);
+  }
+};
+
+struct TanhOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return std::tanh(x);
+  }
+};
+
+// Gelu-20: 0.5 x (1 + erf(x / sqrt 2)), or with approximate = "tanh"
+// 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
+struct GeluOp {
+  bool tanh_approximation = false;
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    if (tanh_approximation) {
+      const V k = static_cast<V>(0.7978845608028654);  // sqrt(2 / pi)
+      return V(0.5) * x * (V(1) + std::tanh(k * (x + static_cast<V>(0.044715) * x * x * x)));
+    }
+    return V(0.5) * x * (V(1) + std::erf(x * static_cast<V>(0.7071067811865476)));
+  }
+};
+
+// erf; integer inputs compute in double and truncate (so 0 except for
+// |x| >= 6 or so, where erf rounds to +-1).
+struct ErfOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    if constexpr (std::is_floating_point_v<V>) {
+      return std::erf(x);
+    } else {
+      return SaturatingCast<V>(std::erf(static_cast<double>(x)));
+    }
+  }
+};
+
+struct ExpOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return std::exp(x);
+  }
+};
+
+struct LogOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return std::log(x);
+  }
+};
+
+struct SqrtOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return std::sqrt(x);
+  }
+};
+
+struct ReciprocalOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return V(1) / x;
+  }
+};
+
+// Clip: min(max(x, low), high); NaN stays NaN; low > high gives high.
+template <typename V>
+struct ClipOp {
+  V low;
+  V high;
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    if (IsNan(x)) return x;
+    const V raised = x < low ? low : x;
+    return high < raised ? high : raised;
+  }
+};
+
+// ---- reductions: the accumulator's start value and combine step ----
+
+struct SumReduce {
+  template <typename A>
+  CASTOR_HOST_DEVICE static A Init() { return A(0); }
+  template <typename A>
+  CASTOR_HOST_DEVICE static A Combine(A acc, A x) { return AddOp()(acc, x); }
+};
+
+struct ProdReduce {
+  template <typename A>
+  CASTOR_HOST_DEVICE static A Init() { return A(1); }
+  template <typename A>
+  CASTOR_HOST_DEVICE static A Combine(A acc, A x) { return MulOp()(acc, x); }
+};
+
+struct MaxReduce {
+  template <typename A>
+  CASTOR_HOST_DEVICE static A Init() {
+    if constexpr (std::is_same_v<A, bool>) {
+      return false;
+    } else if constexpr (std::is_floating_point_v<A>) {
+      return -std::numeric_limits<A>::infinity();
+    } else {
+      return std::numeric_limits<A>::lowest();
+    }
+  }
+  template <typename A>
+  CASTOR_HOST_DEVICE static A Combine(A acc, A x) {
+    if constexpr (std::is_same_v<A, bool>) {
+      return acc || x;
+    } else {
+      return MaxOp()(acc, x);
+    }
+  }
+};
+
+struct MinReduce {
+  template <typename A>
+  CASTOR_HOST_DEVICE static A Init() {
+    if constexpr (std::is_same_v<A, bool>) {
+      return true;
+    } else if constexpr (std::is_floating_point_v<A>) {
+      return std::numeric_limits<A>::infinity();
+    } else {
+      return std::numeric_limits<A>::max();
+    }
+  }
+  template <typename A>
+  CASTOR_HOST_DEVICE static A Combine(A acc, A x) {
+    if constexpr (std::is_same_v<A, bool>) {
+      return acc && x;
+    } else {
+      return MinOp()(acc, x);
+    }
+  }
+};
+
+// Softmax of one row element given the row's max and sum of exp(x - max).
+template <typename V>
+CASTOR_HOST_DEVICE inline V SoftmaxValue(V x, V row_max, V row_sum) {
+  return std::exp(x - row_max) / row_sum;
+}
+template <typename V>
+CASTOR_HOST_DEVICE inline V LogSoftmaxValue(V x, V row_max, V row_sum) {
+  return x - row_max - std::log(row_sum);
+}
+
+}  // namespace castor::math

@@ -1,0 +1,622 @@
+// Tests of the CPU elementwise kernels (backend/cpu/elementwise.cc,
+// broadcast.h, elementwise_math.h): values against float64 references
+// computed here, 16-bit results equal to the float32 result rounded once,
+// broadcasting (scalar, row, column, rank mismatch), integer semantics,
+// mixed-type Pow, Equal/Where/Clip/variadic ops, in-place execution, and
+// every ONNX conformance case whose model uses only elementwise ops.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "backend/cpu/broadcast.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/kernel.h"
+#include "graph/half.h"
+#include "graph/onnx_io.h"
+#include "graph/shape_inference.h"
+#include "gtest/gtest.h"
+#include "tests/kernel_test_util.h"
+
+namespace castor {
+namespace {
+
+using testing::SingleNode;
+
+CpuBackend& Cpu() {
+  static CpuBackend* backend = new CpuBackend();
+  return *backend;
+}
+
+Tensor F32(std::vector<int64_t> dims, std::vector<float> v) {
+  return Tensor::FromVector(DType::kFloat32, std::move(dims), v);
+}
+Tensor F64(std::vector<int64_t> dims, std::vector<double> v) {
+  return Tensor::FromVector(DType::kFloat64, std::move(dims), v);
+}
+Tensor F16(std::vector<int64_t> dims, const std::vector<float>& v) {
+  std::vector<uint16_t> bits;
+  for (float f : v) bits.push_back(FloatToHalfBits(f));
+  return Tensor::FromVector(DType::kFloat16, std::move(dims), bits);
+}
+Tensor BF16(std::vector<int64_t> dims, const std::vector<float>& v) {
+  std::vector<uint16_t> bits;
+  for (float f : v) bits.push_back(FloatToBFloat16Bits(f));
+  return Tensor::FromVector(DType::kBFloat16, std::move(dims), bits);
+}
+Tensor I32(std::vector<int64_t> dims, std::vector<int32_t> v) {
+  return Tensor::FromVector(DType::kInt32, std::move(dims), v);
+}
+Tensor I64(std::vector<int64_t> dims, std::vector<int64_t> v) {
+  return Tensor::FromVector(DType::kInt64, std::move(dims), v);
+}
+Tensor I8(std::vector<int64_t> dims, std::vector<int8_t> v) {
+  return Tensor::FromVector(DType::kInt8, std::move(dims), v);
+}
+Tensor U8(std::vector<int64_t> dims, std::vector<uint8_t> v) {
+  return Tensor::FromVector(DType::kUInt8, std::move(dims), v);
+}
+Tensor Bool(std::vector<int64_t> dims, std::vector<uint8_t> v) {
+  return Tensor::FromVector(DType::kBool, std::move(dims), v);
+}
+Tensor Omitted() { return Tensor(); }
+
+std::vector<double> Values(const Tensor& t) {
+  std::vector<double> v;
+  for (int64_t i = 0; i < t.num_elements(); ++i) v.push_back(t.GetDouble(i));
+  return v;
+}
+std::vector<uint16_t> Bits(const Tensor& t) {
+  return std::vector<uint16_t>(t.data<uint16_t>(), t.data<uint16_t>() + t.num_elements());
+}
+
+// Runs a one-node model on the CPU backend; returns output 0 (an empty
+// tensor after reporting a failure).
+Tensor RunOp(const std::string& op, std::vector<Tensor> inputs, std::vector<Attribute> attrs = {},
+           int64_t opset = 17) {
+  SingleNode node(op, std::move(inputs), std::move(attrs), opset);
+  EXPECT_TRUE(node.status().ok()) << op << ": " << node.status();
+  absl::StatusOr<std::vector<Tensor>> out = node.Run(Cpu());
+  EXPECT_TRUE(out.ok()) << op << ": " << out.status();
+  if (!out.ok() || out->empty()) return Tensor();
+  return (*out)[0];
+}
+
+// Row-major index of `out_index` (in out_dims) inside a tensor of `dims`
+// broadcast to out_dims: the test's own broadcasting, independent of the
+// kernels' collapsed plans.
+int64_t BroadcastSource(const std::vector<int64_t>& dims, const std::vector<int64_t>& out_dims,
+                        int64_t out_index) {
+  const size_t pad = out_dims.size() - dims.size();
+  std::vector<int64_t> index(out_dims.size());
+  for (size_t d = out_dims.size(); d-- > 0;) {
+    index[d] = out_index % out_dims[d];
+    out_index /= out_dims[d];
+  }
+  int64_t source = 0;
+  for (size_t d = 0; d < dims.size(); ++d) {
+    source = source * dims[d] + (dims[d] == 1 ? 0 : index[pad + d]);
+  }
+  return source;
+}
+
+std::vector<float> Ramp(int64_t n, float scale, float offset) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    v[i] = offset + scale * static_cast<float>((i * 37) % 101 - 50) / 50.0f;
+  }
+  return v;
+}
+
+int64_t Count(const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+// ---------------- unary ----------------
+
+struct UnaryCase {
+  UnaryCase(std::string op, std::function<double(double)> reference, std::vector<float> inputs,
+            std::vector<Attribute> attrs = {}, int64_t opset = 17)
+      : op(std::move(op)),
+        reference(std::move(reference)),
+        inputs(std::move(inputs)),
+        attrs(std::move(attrs)),
+        opset(opset) {}
+  std::string op;
+  std::function<double(double)> reference;
+  std::vector<float> inputs;
+  std::vector<Attribute> attrs;
+  int64_t opset;
+};
+
+TEST(CpuElementwiseTest, UnaryFloat32MatchesFloat64Reference) {
+  const std::vector<float> mixed = {-3.5f, -1.0f, -0.25f, 0.0f, 0.5f, 1.0f, 2.75f, 10.0f};
+  const std::vector<float> positive = {0.01f, 0.5f, 1.0f, 2.0f, 3.0f, 100.0f};
+  const double kPi = 3.14159265358979323846;
+  std::vector<UnaryCase> cases = {
+      {"Neg", [](double x) { return -x; }, mixed},
+      {"Abs", [](double x) { return std::fabs(x); }, mixed},
+      {"Relu", [](double x) { return x > 0 ? x : 0.0; }, mixed},
+      {"LeakyRelu", [](double x) { return x >= 0 ? x : static_cast<double>(0.01f) * x; }, mixed},
+      {"LeakyRelu", [](double x) { return x >= 0 ? x : static_cast<double>(0.2f) * x; }, mixed,
+       {Attribute::Float("alpha", 0.2f)}},
+      {"Sigmoid", [](double x) { return 1.0 / (1.0 + std::exp(-x)); },
+       {-100.0f, -3.0f, -0.5f, 0.0f, 0.5f, 3.0f, 100.0f}},
+      {"Tanh", [](double x) { return std::tanh(x); }, mixed},
+      {"Erf", [](double x) { return std::erf(x); }, mixed},
+      {"Exp", [](double x) { return std::exp(x); }, mixed},
+      {"Log", [](double x) { return std::log(x); }, positive},
+      {"Sqrt", [](double x) { return std::sqrt(x); }, positive},
+      {"Reciprocal", [](double x) { return 1.0 / x; }, {-4.0f, -0.5f, 0.3f, 3.0f, 7.0f}},
+      {"Gelu", [](double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }, mixed,
+       {}, 20},
+      {"Gelu",
+       [&](double x) {
+         return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / kPi) * (x + 0.044715 * x * x * x)));
+       },
+       mixed, {Attribute::String("approximate", "tanh")}, 20},
+  };
+  for (const UnaryCase& c : cases) {
+    const int64_t n = static_cast<int64_t>(c.inputs.size());
+    Tensor y = RunOp(c.op, {F32({n}, c.inputs)}, c.attrs, c.opset);
+    ASSERT_EQ(y.dtype(), DType::kFloat32) << c.op;
+    ASSERT_EQ(y.num_elements(), n) << c.op;
+    for (int64_t i = 0; i < n; ++i) {
+      const double expected = c.reference(c.inputs[i]);
+      EXPECT_NEAR(y.data<float>()[i], expected, 2e-6 * std::fabs(expected) + 1e-7)
+          << c.op << "(" << c.inputs[i] << ")";
+    }
+    // float64 computes in double.
+    std::vector<double> doubles(c.inputs.begin(), c.inputs.end());
+    Tensor yd = RunOp(c.op, {F64({n}, doubles)}, c.attrs, c.opset);
+    ASSERT_EQ(yd.dtype(), DType::kFloat64) << c.op;
+    for (int64_t i = 0; i < n; ++i) {
+      const double expected = c.reference(c.inputs[i]);
+      EXPECT_NEAR(yd.data<double>()[i], expected, 1e-12 * std::fabs(expected) + 1e-15)
+          << c.op << " float64 (" << c.inputs[i] << ")";
+    }
+  }
+}
+
+// A 16-bit input gives exactly the float32 result rounded once.
+TEST(CpuElementwiseTest, Unary16BitIsFloat32RoundedOnce) {
+  struct Case {
+    std::string op;
+    float (*f)(float);
+  };
+  const std::vector<Case> cases = {
+      {"Exp", [](float x) { return std::exp(x); }},
+      {"Sqrt", [](float x) { return std::sqrt(x); }},
+      {"Log", [](float x) { return std::log(x); }},
+      {"Tanh", [](float x) { return std::tanh(x); }},
+      {"Reciprocal", [](float x) { return 1.0f / x; }},
+      {"Erf", [](float x) { return std::erf(x); }},
+  };
+  const std::vector<float> inputs = {0.1f, 0.3f, 0.7f, 1.1f, 1.7f, 2.3f, 3.1f, 5.9f};
+  for (const Case& c : cases) {
+    Tensor h = F16({8}, inputs);
+    Tensor b = BF16({8}, inputs);
+    Tensor yh = RunOp(c.op, {h});
+    Tensor yb = RunOp(c.op, {b});
+    ASSERT_EQ(yh.dtype(), DType::kFloat16);
+    ASSERT_EQ(yb.dtype(), DType::kBFloat16);
+    for (int i = 0; i < 8; ++i) {
+      const float xh = HalfBitsToFloat(h.data<uint16_t>()[i]);
+      const float xb = BFloat16BitsToFloat(b.data<uint16_t>()[i]);
+      EXPECT_EQ(yh.data<uint16_t>()[i], FloatToHalfBits(c.f(xh))) << c.op << " half " << xh;
+      EXPECT_EQ(yb.data<uint16_t>()[i], FloatToBFloat16Bits(c.f(xb))) << c.op << " bf16 " << xb;
+    }
+  }
+}
+
+TEST(CpuElementwiseTest, UnaryIntegers) {
+  EXPECT_EQ(Values(RunOp("Abs", {I32({4}, {-5, 0, 7, std::numeric_limits<int32_t>::min() + 1})})),
+            (std::vector<double>{5, 0, 7, 2147483647.0}));
+  EXPECT_EQ(Values(RunOp("Neg", {I64({3}, {-5, 0, 1LL << 40})})),
+            (std::vector<double>{5, 0, -1099511627776.0}));
+  EXPECT_EQ(Values(RunOp("Neg", {I8({3}, {-5, 0, 127})})), (std::vector<double>{5, 0, -127}));
+  EXPECT_EQ(Values(RunOp("Relu", {I32({4}, {-5, 0, 3, -1})}, {}, 14)),
+            (std::vector<double>{0, 0, 3, 0}));
+  EXPECT_EQ(Values(RunOp("Abs", {U8({2}, {0, 200})})), (std::vector<double>{0, 200}));
+  // Erf of integers truncates: 0 near zero, +-1 far out.
+  EXPECT_EQ(Values(RunOp("Erf", {I32({4}, {0, 1, -9, 9})})), (std::vector<double>{0, 0, -1, 1}));
+}
+
+TEST(CpuElementwiseTest, ReluKeepsNanAndSigmoidSaturates) {
+  Tensor y = RunOp("Relu", {F32({3}, {std::nanf(""), -2.0f, 2.0f})});
+  EXPECT_TRUE(std::isnan(y.data<float>()[0]));
+  EXPECT_EQ(y.data<float>()[1], 0.0f);
+  Tensor s = RunOp("Sigmoid", {F32({2}, {-1000.0f, 1000.0f})});
+  EXPECT_EQ(s.data<float>()[0], 0.0f);
+  EXPECT_EQ(s.data<float>()[1], 1.0f);
+}
+
+// ---------------- binary ----------------
+
+struct BinaryOpRef {
+  std::string op;
+  std::function<double(double, double)> f;
+};
+
+const std::vector<BinaryOpRef>& ArithmeticOps() {
+  static const std::vector<BinaryOpRef> ops = {
+      {"Add", [](double a, double b) { return a + b; }},
+      {"Sub", [](double a, double b) { return a - b; }},
+      {"Mul", [](double a, double b) { return a * b; }},
+      {"Div", [](double a, double b) { return a / b; }},
+  };
+  return ops;
+}
+
+// Broadcast shapes: scalar, row, column, rank mismatch, both sides broadcast,
+// same shape, large (threaded) and empty.
+TEST(CpuElementwiseTest, ArithmeticBroadcastingFloat32) {
+  const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> shapes = {
+      {{2, 3}, {}},        {{}, {2, 3}},          {{2, 3}, {3}},       {{2, 3}, {2, 1}},
+      {{4, 1, 3}, {2, 1}}, {{2, 1, 3}, {1, 4, 1}}, {{2, 3, 4}, {2, 3, 4}}, {{1}, {5, 1, 1}},
+      {{300, 1000}, {1000}}, {{257, 129}, {257, 1}}, {{100000}, {100000}}, {{0, 3}, {3}},
+      {{3, 1, 2, 1}, {1, 4, 1, 5}},
+  };
+  for (const auto& [da, db] : shapes) {
+    const std::vector<int64_t> out_dims = *cpu::BroadcastDims({da, db});
+    const std::vector<float> a = Ramp(Count(da), 3.0f, 0.1f);
+    std::vector<float> b = Ramp(Count(db), 2.0f, 4.5f);  // stays away from 0 for Div
+    for (const BinaryOpRef& op : ArithmeticOps()) {
+      Tensor y = RunOp(op.op, {F32(da, a), F32(db, b)});
+      ASSERT_EQ(y.dims(), out_dims) << op.op;
+      int mismatches = 0;
+      for (int64_t i = 0; i < y.num_elements() && mismatches < 5; ++i) {
+        const float x0 = a[BroadcastSource(da, out_dims, i)];
+        const float x1 = b[BroadcastSource(db, out_dims, i)];
+        // One correctly rounded float operation equals the double result rounded.
+        const float expected = static_cast<float>(op.f(x0, x1));
+        if (y.data<float>()[i] != expected) {
+          ++mismatches;
+          ADD_FAILURE() << op.op << " " << cpu::DimsToString(da) << " " << cpu::DimsToString(db)
+                        << " element " << i << ": " << y.data<float>()[i] << " vs " << expected;
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuElementwiseTest, AddOfHalvesRoundsOnceToEven) {
+  // 1 + 2^-11 lies exactly between two halves: ties to even (1.0);
+  // (1 + 2^-10) + 2^-11 ties up to 1 + 2^-9.
+  const float lsb = std::ldexp(1.0f, -10);
+  Tensor y = RunOp("Add", {F16({3}, {1.0f, 1.0f + lsb, 1.0f}),
+                         F16({3}, {lsb / 2, lsb / 2, lsb / 2 + lsb / 4})});
+  ASSERT_EQ(y.dtype(), DType::kFloat16);
+  EXPECT_EQ(Bits(y), (std::vector<uint16_t>{FloatToHalfBits(1.0f), FloatToHalfBits(1.0f + 2 * lsb),
+                                            FloatToHalfBits(1.0f + lsb)}));
+  EXPECT_EQ(Bits(y)[0], 0x3c00);
+  // bfloat16: 1 + 2^-8 ties to even 1.0; 1 + 2^-8 + 2^-9 rounds up.
+  const float blsb = std::ldexp(1.0f, -7);
+  Tensor z = RunOp("Add", {BF16({2}, {1.0f, 1.0f}), BF16({2}, {blsb / 2, blsb / 2 + blsb / 4})});
+  EXPECT_EQ(Bits(z), (std::vector<uint16_t>{0x3f80, FloatToBFloat16Bits(1.0f + blsb)}));
+}
+
+TEST(CpuElementwiseTest, ArithmeticHalfMatchesFloat32RoundedOnce) {
+  const std::vector<float> a = Ramp(64, 5.0f, 0.3f), b = Ramp(8, 3.0f, 4.1f);
+  for (const BinaryOpRef& op : ArithmeticOps()) {
+    Tensor ha = F16({8, 8}, a), hb = F16({8}, b);
+    Tensor y = RunOp(op.op, {ha, hb});
+    for (int i = 0; i < 64; ++i) {
+      const float x0 = HalfBitsToFloat(ha.data<uint16_t>()[i]);
+      const float x1 = HalfBitsToFloat(hb.data<uint16_t>()[i % 8]);
+      EXPECT_EQ(y.data<uint16_t>()[i],
+                FloatToHalfBits(static_cast<float>(op.f(x0, x1))))
+          << op.op << " " << x0 << ", " << x1;
+    }
+  }
+}
+
+TEST(CpuElementwiseTest, IntegerArithmetic) {
+  // Div truncates toward zero.
+  EXPECT_EQ(Values(RunOp("Div", {I32({4}, {-7, 7, -7, 7}), I32({4}, {2, 2, -2, -2})})),
+            (std::vector<double>{-3, 3, 3, -3}));
+  EXPECT_EQ(Values(RunOp("Div", {I64({3}, {9, -9, 100}), I64({}, {4})})),
+            (std::vector<double>{2, -2, 25}));
+  EXPECT_EQ(Values(RunOp("Add", {I64({2}, {1LL << 40, -5}), I64({1}, {3})})),
+            (std::vector<double>{1099511627779.0, -2}));
+  EXPECT_EQ(Values(RunOp("Mul", {I32({2, 1}, {3, -4}), I32({3}, {1, 2, 3})})),
+            (std::vector<double>{3, 6, 9, -4, -8, -12}));
+  EXPECT_EQ(Values(RunOp("Sub", {I8({2}, {-100, 5}), I8({2}, {100, 10})}, {}, 14)),
+            (std::vector<double>{56, -5}));  // -200 wraps to 56 in int8
+  EXPECT_EQ(Values(RunOp("Add", {U8({2}, {250, 1}), U8({2}, {10, 2})}, {}, 14)),
+            (std::vector<double>{4, 3}));
+}
+
+TEST(CpuElementwiseTest, PowMixedTypes) {
+  // float32 base, int32 / int64 exponents.
+  Tensor y = RunOp("Pow", {F32({3}, {2.0f, -3.0f, 0.5f}), I32({3}, {3, 2, -2})}, {}, 15);
+  EXPECT_EQ(y.dtype(), DType::kFloat32);
+  EXPECT_EQ(Values(y), (std::vector<double>{8, 9, 4}));
+  y = RunOp("Pow", {F32({2, 2}, {1.5f, 2.0f, 3.0f, 4.0f}), I64({2}, {2, 3})}, {}, 15);
+  EXPECT_EQ(Values(y), (std::vector<double>{2.25, 8, 9, 64}));
+  // int64 base, float32 exponent: computed in double, truncated.
+  y = RunOp("Pow", {I64({3}, {2, 3, 10}), F32({3}, {0.5f, 2.0f, -1.0f})}, {}, 15);
+  EXPECT_EQ(y.dtype(), DType::kInt64);
+  EXPECT_EQ(Values(y), (std::vector<double>{1, 9, 0}));
+  // int32 base, int32 exponent.
+  y = RunOp("Pow", {I32({4}, {2, -3, 7, 1}), I32({4}, {10, 3, 0, -5})}, {}, 15);
+  EXPECT_EQ(Values(y), (std::vector<double>{1024, -27, 1, 1}));
+  // float32 ** float32 with a scalar exponent, opset 7 (same types).
+  y = RunOp("Pow", {F32({3}, {4.0f, 9.0f, 2.0f}), F32({}, {0.5f})}, {}, 7);
+  EXPECT_NEAR(y.data<float>()[0], 2.0f, 1e-6);
+  EXPECT_NEAR(y.data<float>()[1], 3.0f, 1e-6);
+  EXPECT_NEAR(y.data<float>()[2], std::sqrt(2.0f), 1e-6);
+  // float16 base, float32 exponent: float32 power rounded once.
+  Tensor h = F16({2}, {1.1f, 3.3f});
+  y = RunOp("Pow", {h, F32({2}, {2.5f, 1.7f})}, {}, 15);
+  ASSERT_EQ(y.dtype(), DType::kFloat16);
+  EXPECT_EQ(y.data<uint16_t>()[0],
+            FloatToHalfBits(std::pow(HalfBitsToFloat(h.data<uint16_t>()[0]), 2.5f)));
+  EXPECT_EQ(y.data<uint16_t>()[1],
+            FloatToHalfBits(std::pow(HalfBitsToFloat(h.data<uint16_t>()[1]), 1.7f)));
+}
+
+TEST(CpuElementwiseTest, EqualReturnsBoolOnEveryDtype) {
+  Tensor y = RunOp("Equal", {F32({2, 3}, {1, 2, 3, 4, 5, 6}), F32({3}, {1, 5, 6})}, {}, 13);
+  ASSERT_EQ(y.dtype(), DType::kBool);
+  EXPECT_EQ(Values(y), (std::vector<double>{1, 0, 0, 0, 1, 1}));
+  y = RunOp("Equal", {I64({3}, {7, -1, 3}), I64({}, {7})});
+  EXPECT_EQ(Values(y), (std::vector<double>{1, 0, 0}));
+  y = RunOp("Equal", {Bool({4}, {1, 1, 0, 0}), Bool({4}, {1, 0, 1, 0})});
+  EXPECT_EQ(Values(y), (std::vector<double>{1, 0, 0, 1}));
+  y = RunOp("Equal", {I32({2, 1}, {1, 2}), I32({1, 2}, {2, 1})});
+  EXPECT_EQ(Values(y), (std::vector<double>{0, 1, 1, 0}));
+  // Floats compare by value: +0 == -0, NaN != NaN.
+  y = RunOp("Equal", {F16({3}, {0.0f, std::nanf(""), 1.5f}), F16({3}, {-0.0f, std::nanf(""), 1.5f})});
+  EXPECT_EQ(Values(y), (std::vector<double>{1, 0, 1}));
+  y = RunOp("Equal", {U8({2}, {3, 4}), U8({2}, {3, 5})});
+  EXPECT_EQ(Values(y), (std::vector<double>{1, 0}));
+}
+
+TEST(CpuElementwiseTest, WhereBroadcastsThreeWays) {
+  Tensor cond = Bool({2, 1}, {1, 0});
+  Tensor y = RunOp("Where", {cond, F32({1, 3}, {1, 2, 3}), F32({}, {-1})}, {}, 16);
+  EXPECT_EQ(y.dims(), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(Values(y), (std::vector<double>{1, 2, 3, -1, -1, -1}));
+  y = RunOp("Where", {Bool({3}, {0, 1, 0}), I64({2, 1}, {10, 20}), I64({2, 3}, {1, 2, 3, 4, 5, 6})},
+          {}, 16);
+  EXPECT_EQ(Values(y), (std::vector<double>{1, 10, 3, 4, 20, 6}));
+  Tensor h = RunOp("Where", {Bool({2}, {1, 0}), F16({2}, {0.1f, 0.2f}), F16({2}, {0.3f, 0.4f})});
+  EXPECT_EQ(Bits(h), (std::vector<uint16_t>{FloatToHalfBits(0.1f), FloatToHalfBits(0.4f)}));
+  Tensor b = RunOp("Where", {Bool({2}, {1, 0}), Bool({2}, {1, 1}), Bool({2}, {0, 0})});
+  EXPECT_EQ(Values(b), (std::vector<double>{1, 0}));
+}
+
+TEST(CpuElementwiseTest, VariadicMaxMinSum) {
+  // Three inputs with broadcasting: [3], [2,1], [].
+  Tensor a = F32({3}, {1, 5, -2}), b = F32({2, 1}, {0, 4}), c = F32({}, {2});
+  EXPECT_EQ(Values(RunOp("Max", {a, b, c}, {}, 13)), (std::vector<double>{2, 5, 2, 4, 5, 4}));
+  EXPECT_EQ(Values(RunOp("Min", {a, b, c}, {}, 13)), (std::vector<double>{0, 0, -2, 1, 2, -2}));
+  EXPECT_EQ(Values(RunOp("Sum", {a, b, c}, {}, 13)), (std::vector<double>{3, 7, 0, 7, 11, 4}));
+  // One input: a copy.
+  EXPECT_EQ(Values(RunOp("Sum", {a}, {}, 13)), (std::vector<double>{1, 5, -2}));
+  EXPECT_EQ(Values(RunOp("Max", {I32({2}, {3, -3})}, {}, 13)), (std::vector<double>{3, -3}));
+  // Integers, two inputs.
+  EXPECT_EQ(Values(RunOp("Max", {I64({3}, {1, 9, -4}), I64({3}, {2, 3, -5})}, {}, 13)),
+            (std::vector<double>{2, 9, -4}));
+  EXPECT_EQ(Values(RunOp("Min", {I32({3}, {1, 9, -4}), I32({1}, {2})}, {}, 13)),
+            (std::vector<double>{1, 2, -4}));
+  // NaN propagates through Max and Min.
+  Tensor y = RunOp("Max", {F32({2}, {std::nanf(""), 1}), F32({2}, {3, std::nanf("")})}, {}, 13);
+  EXPECT_TRUE(std::isnan(y.data<float>()[0]));
+  EXPECT_TRUE(std::isnan(y.data<float>()[1]));
+}
+
+TEST(CpuElementwiseTest, HalfSumOfThreeRoundsOnce) {
+  // 1 + 2^-11 + 2^-20 in float32 is just above the midpoint between 1 and
+  // 1 + 2^-10: rounded once it is 1 + 2^-10; pairwise half rounding gives 1.
+  Tensor y = RunOp("Sum",
+                 {F16({1}, {1.0f}), F16({1}, {std::ldexp(1.0f, -11)}),
+                  F16({1}, {std::ldexp(1.0f, -20)})},
+                 {}, 13);
+  ASSERT_EQ(y.dtype(), DType::kFloat16);
+  EXPECT_EQ(Bits(y)[0], FloatToHalfBits(1.0f + std::ldexp(1.0f, -10)));
+}
+
+TEST(CpuElementwiseTest, ClipAttributesAndInputs) {
+  const Tensor x = F32({5}, {-3, -1, 0, 2, 7});
+  // Opset 7: attributes.
+  EXPECT_EQ(Values(RunOp("Clip", {x}, {Attribute::Float("min", -1.5f), Attribute::Float("max", 2.5f)},
+                       7)),
+            (std::vector<double>{-1.5, -1, 0, 2, 2.5}));
+  EXPECT_EQ(Values(RunOp("Clip", {x}, {Attribute::Float("max", 1.0f)}, 7)),
+            (std::vector<double>{-3, -1, 0, 1, 1}));
+  // Opset 13: scalar inputs, either may be omitted.
+  EXPECT_EQ(Values(RunOp("Clip", {x, F32({}, {-2}), F32({}, {1})}, {}, 13)),
+            (std::vector<double>{-2, -1, 0, 1, 1}));
+  EXPECT_EQ(Values(RunOp("Clip", {x, Omitted(), F32({}, {0})}, {}, 13)),
+            (std::vector<double>{-3, -1, 0, 0, 0}));
+  EXPECT_EQ(Values(RunOp("Clip", {x, F32({}, {0})}, {}, 13)), (std::vector<double>{0, 0, 0, 2, 7}));
+  EXPECT_EQ(Values(RunOp("Clip", {x}, {}, 13)), Values(x));
+  // min > max: everything becomes max.
+  EXPECT_EQ(Values(RunOp("Clip", {x, F32({}, {3}), F32({}, {1})}, {}, 13)),
+            (std::vector<double>{1, 1, 1, 1, 1}));
+  // Integers.
+  EXPECT_EQ(Values(RunOp("Clip", {I32({4}, {-9, 0, 5, 100}), I32({}, {-1}), I32({}, {10})}, {}, 13)),
+            (std::vector<double>{-1, 0, 5, 10}));
+  EXPECT_EQ(Values(RunOp("Clip", {I64({2}, {-9, 100}), Omitted(), I64({}, {10})}, {}, 13)),
+            (std::vector<double>{-9, 10}));
+  // NaN stays NaN.
+  Tensor y = RunOp("Clip", {F32({1}, {std::nanf("")}), F32({}, {0}), F32({}, {1})}, {}, 13);
+  EXPECT_TRUE(std::isnan(y.data<float>()[0]));
+  // float16 bounds.
+  Tensor h = RunOp("Clip", {F16({3}, {-5, 0.3f, 5}), F16({}, {-1}), F16({}, {1})}, {}, 13);
+  EXPECT_EQ(Bits(h), (std::vector<uint16_t>{FloatToHalfBits(-1), FloatToHalfBits(0.3f),
+                                            FloatToHalfBits(1)}));
+}
+
+TEST(CpuElementwiseTest, KernelReportsShapesThatDoNotBroadcast) {
+  SingleNode node("Add", {F32({2, 3}, Ramp(6, 1, 0)), F32({3}, {1, 2, 3})}, {}, 17);
+  ASSERT_TRUE(node.status().ok()) << node.status();
+  const Tensor a = F32({2, 3}, Ramp(6, 1, 0)), b = F32({4}, {1, 2, 3, 4});
+  absl::StatusOr<std::vector<Tensor>> out = RunNode(Cpu(), node.node(), 17, {&a, &b});
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("do not broadcast"), std::string::npos) << out.status();
+  EXPECT_NE(out.status().message().find("Add node"), std::string::npos) << out.status();
+}
+
+// ---------------- in place ----------------
+
+// Hands out input 0's buffer as output 0, as the executor does when it
+// reuses an input in place.
+class AliasingAllocator : public OutputAllocator {
+ public:
+  explicit AliasingAllocator(void* input0) : input0_(input0) {}
+  absl::StatusOr<void*> AllocateOutput(int index, DType, const std::vector<int64_t>&) override {
+    if (index != 0) return absl::InternalError("only output 0");
+    return input0_;
+  }
+  absl::StatusOr<void*> AllocateScratch(size_t bytes) override {
+    scratch_.emplace_back(bytes);
+    return scratch_.back().data();
+  }
+
+ private:
+  void* input0_;
+  std::vector<std::vector<uint8_t>> scratch_;
+};
+
+// Runs the node's kernel with output 0 sharing input 0's buffer; returns
+// input 0's tensor after the run.
+Tensor RunInPlace(const std::string& op, std::vector<Tensor> inputs, int64_t opset = 17) {
+  SingleNode node(op, inputs, {}, opset);
+  EXPECT_TRUE(node.status().ok()) << node.status();
+  absl::StatusOr<const KernelDef*> kernel = Cpu().kernels().Find(node.node());
+  EXPECT_TRUE(kernel.ok()) << kernel.status();
+  if (!kernel.ok()) return Tensor();
+  EXPECT_TRUE((*kernel)->in_place_ok) << op;
+  std::vector<TensorView> views;
+  for (Tensor& t : inputs) views.push_back(TensorView{t.raw(), t.dtype(), t.dims()});
+  std::vector<const TensorView*> ptrs;
+  for (const TensorView& v : views) ptrs.push_back(&v);
+  AliasingAllocator allocator(inputs[0].raw());
+  KernelContext ctx(node.node(), opset, Cpu(), ptrs, allocator);
+  absl::Status s = (*kernel)->run(ctx);
+  EXPECT_TRUE(s.ok()) << s;
+  return inputs[0];
+}
+
+TEST(CpuElementwiseTest, InPlaceKernelsReadBeforeWriting) {
+  const std::vector<int64_t> big = {70, 1000};
+  const std::vector<float> a = Ramp(70000, 2.0f, 0.5f), b = Ramp(1000, 1.0f, 3.0f);
+  Tensor y = RunInPlace("Mul", {F32(big, a), F32({1000}, b)});
+  for (int64_t i = 0; i < 70000; i += 997) {
+    EXPECT_EQ(y.data<float>()[i], a[i] * b[i % 1000]) << i;
+  }
+  y = RunInPlace("Sub", {F32({3, 2}, {1, 2, 3, 4, 5, 6}), F32({3, 1}, {1, 2, 3})});
+  EXPECT_EQ(Values(y), (std::vector<double>{0, 1, 1, 2, 2, 3}));
+  y = RunInPlace("Relu", {F32({4}, {-1, 2, -3, 4})});
+  EXPECT_EQ(Values(y), (std::vector<double>{0, 2, 0, 4}));
+  y = RunInPlace("Sum", {F32({2, 2}, {1, 2, 3, 4}), F32({2}, {10, 20}), F32({}, {100})}, 13);
+  EXPECT_EQ(Values(y), (std::vector<double>{111, 122, 113, 124}));
+  y = RunInPlace("Pow", {F32({3}, {2, 3, 4}), I64({}, {2})}, 15);
+  EXPECT_EQ(Values(y), (std::vector<double>{4, 9, 16}));
+}
+
+// ---------------- conformance ----------------
+
+// Runs one ONNX node conformance case (single-node model, .pb inputs and
+// outputs); returns "" when every output matches (rtol 1e-3, atol 1e-7).
+std::string RunConformanceCase(const std::filesystem::path& dir) {
+  absl::StatusOr<Model> model = LoadModel((dir / "model.onnx").string());
+  if (!model.ok()) return std::string(model.status().message());
+  if (absl::Status s = InferTypes(*model); !s.ok()) return std::string(s.message());
+  Graph& g = *model->graph;
+  if (g.nodes().size() != 1) return "not a single-node model";
+  const Node& node = *g.nodes()[0];
+  const std::filesystem::path data = dir / "test_data_set_0";
+  std::vector<Tensor> graph_inputs;
+  for (size_t i = 0; i < g.inputs().size(); ++i) {
+    absl::StatusOr<Tensor> t =
+        LoadTensorProtoFile((data / absl::StrCat("input_", i, ".pb")).string());
+    if (!t.ok()) return std::string(t.status().message());
+    graph_inputs.push_back(*std::move(t));
+  }
+  std::vector<const Tensor*> inputs;
+  for (const Value* v : node.inputs()) {
+    const Tensor* found = nullptr;
+    for (size_t i = 0; v != nullptr && i < g.inputs().size(); ++i) {
+      if (g.inputs()[i] == v) found = &graph_inputs[i];
+    }
+    if (v != nullptr && found == nullptr) found = v->initializer();
+    inputs.push_back(found);
+  }
+  absl::StatusOr<std::vector<Tensor>> outputs =
+      RunNode(Cpu(), node, model->OpsetVersion(node.domain()), inputs);
+  if (!outputs.ok()) return std::string(outputs.status().message());
+  for (size_t k = 0; k < g.outputs().size(); ++k) {
+    absl::StatusOr<Tensor> expected =
+        LoadTensorProtoFile((data / absl::StrCat("output_", k, ".pb")).string());
+    if (!expected.ok()) return std::string(expected.status().message());
+    const Tensor* got = nullptr;
+    for (int i = 0; i < node.num_outputs(); ++i) {
+      if (node.output(i) == g.outputs()[k]) got = &(*outputs)[i];
+    }
+    if (got == nullptr) return absl::StrCat("output ", k, " not produced by the node");
+    if (got->dtype() != expected->dtype()) {
+      return absl::StrCat("output ", k, " dtype ", DTypeName(got->dtype()), " expected ",
+                          DTypeName(expected->dtype()));
+    }
+    if (got->dims() != expected->dims()) {
+      return absl::StrCat("output ", k, " dims ", cpu::DimsToString(got->dims()), " expected ",
+                          cpu::DimsToString(expected->dims()));
+    }
+    for (int64_t i = 0; i < got->num_elements(); ++i) {
+      const double a = got->GetDouble(i), e = expected->GetDouble(i);
+      if (std::isnan(e) && std::isnan(a)) continue;
+      if (a == e) continue;
+      if (!(std::fabs(a - e) <= 1e-7 + 1e-3 * std::fabs(e))) {
+        return absl::StrCat("output ", k, " element ", i, ": got ", a, " expected ", e);
+      }
+    }
+  }
+  return "";
+}
+
+TEST(CpuElementwiseTest, ConformanceCasesOfElementwiseOps) {
+  const std::filesystem::path root =
+      std::filesystem::path(CASTOR_SHARED_DIR) / "conformance" / "onnx-node";
+  if (!std::filesystem::exists(root)) GTEST_SKIP() << "no conformance data at " << root;
+  const std::vector<std::string> ops = {
+      "Abs",  "Add", "Clip", "Div",     "Equal",      "Erf",     "Exp",  "Gelu",
+      "LeakyRelu", "Log", "Max", "Min", "Mul",        "Neg",     "Pow",  "Reciprocal",
+      "Relu", "Sigmoid", "Sqrt", "Sub", "Sum", "Tanh", "Where"};
+  std::vector<std::filesystem::path> dirs;
+  for (const auto& entry : std::filesystem::directory_iterator(root)) dirs.push_back(entry.path());
+  std::sort(dirs.begin(), dirs.end());
+  int ran = 0, passed = 0;
+  for (const auto& dir : dirs) {
+    absl::StatusOr<Model> model = LoadModel((dir / "model.onnx").string());
+    if (!model.ok() || model->graph->nodes().empty()) continue;
+    bool mine = true;
+    for (const Node* n : model->graph->nodes()) {
+      mine = mine && std::find(ops.begin(), ops.end(), n->op_type()) != ops.end();
+    }
+    if (!mine) continue;
+    ++ran;
+    const std::string failure = RunConformanceCase(dir);
+    if (failure.empty()) {
+      ++passed;
+    } else {
+      ADD_FAILURE() << dir.filename().string() << ": " << failure;
+    }
+  }
+  std::cout << "elementwise conformance: " << passed << "/" << ran << " passed\n";
+  EXPECT_GT(ran, 50);
+}
+
+}  // namespace
+}  // namespace castor
