@@ -1,8 +1,329 @@
-// CPU kernels: matmul family (ops of graph/ops/matmul.cc).
+// CPU kernels: matmul family (ops of graph/ops/matmul.cc): MatMul (numpy
+// matmul: 1-D operands, broadcast batch dims) and Gemm (transA/transB,
+// alpha/beta, C unidirectionally broadcast to [M, N], optional C).
+// Float GEMMs go through gemm.h (OpenBLAS; 16-bit operands widened to float32
+// and the float32 result rounded once on store); the 32/64-bit integer types
+// use a plain loop with wrap-around arithmetic.
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/float_io.h"
+#include "backend/cpu/gemm.h"
+#include "backend/cpu/parallel.h"
 
 namespace castor::cpu {
+namespace {
 
-void RegisterMatMulKernels(KernelTable& table) { (void)table; }
+const std::vector<DType> kMatrixDTypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16,
+                                          DType::kFloat64, DType::kInt32,   DType::kInt64,
+                                          DType::kUInt32,  DType::kUInt64};
+
+std::string DimsString(const std::vector<int64_t>& dims) {
+  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
+}
+
+// Calls fn(T{}) for the integer dtypes MatMul/Gemm accept.
+template <typename Fn>
+bool DispatchMatrixInt(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kInt32: fn(int32_t{}); return true;
+    case DType::kInt64: fn(int64_t{}); return true;
+    case DType::kUInt32: fn(uint32_t{}); return true;
+    case DType::kUInt64: fn(uint64_t{}); return true;
+    default: return false;
+  }
+}
+
+// C[m,n] (+)= A[m,k] * B[k,n] for integers, wrapping on overflow.
+template <typename T>
+void IntMatMul(const T* a, const T* b, T* c, int64_t m, int64_t n, int64_t k) {
+  using U = std::make_unsigned_t<T>;
+  std::vector<U> row(static_cast<size_t>(n));
+  for (int64_t i = 0; i < m; ++i) {
+    std::fill(row.begin(), row.end(), U(0));
+    for (int64_t p = 0; p < k; ++p) {
+      const U av = static_cast<U>(a[i * k + p]);
+      const T* brow = b + p * n;
+      for (int64_t j = 0; j < n; ++j) row[j] += av * static_cast<U>(brow[j]);
+    }
+    for (int64_t j = 0; j < n; ++j) c[i * n + j] = static_cast<T>(row[j]);
+  }
+}
+
+// One float GEMM of MatMul: c[m,n] = a[m,k] * b[k,n] for storage type T,
+// rounding the float32 product once on store for 16-bit T.
+template <typename T>
+void FloatMatMul(DType dtype, const T* a, const T* b, T* c, int64_t m, int64_t n, int64_t k) {
+  if constexpr (std::is_same_v<T, double>) {
+    Dgemm(false, false, m, n, k, 1.0, a, k, b, n, 0.0, c, n);
+  } else if constexpr (std::is_same_v<T, float>) {
+    Sgemm(false, false, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
+  } else {
+    thread_local std::vector<float> product;
+    product.resize(static_cast<size_t>(m * n));
+    GemmFloat32Accumulate(dtype, false, false, m, n, k, 1.0f, a, k, b, n, 0.0f, product.data(), n);
+    FromFloat32(dtype, product.data(), c, m * n);
+  }
+}
+
+absl::Status MatMulKernel(KernelContext& ctx) {
+  const TensorView& a = ctx.input(0);
+  const TensorView& b = ctx.input(1);
+  if (a.dtype != b.dtype) {
+    return ctx.Error(absl::StrCat("A is ", DTypeName(a.dtype), " but B is ", DTypeName(b.dtype)));
+  }
+  if (a.dims.empty() || b.dims.empty()) {
+    return ctx.Error(absl::StrCat("operands must have rank >= 1; A is ", DimsString(a.dims),
+                                  ", B is ", DimsString(b.dims)));
+  }
+  const bool a_vector = a.dims.size() == 1;
+  const bool b_vector = b.dims.size() == 1;
+  const int64_t m = a_vector ? 1 : a.dims[a.dims.size() - 2];
+  const int64_t k = a.dims.back();
+  const int64_t k_b = b_vector ? b.dims[0] : b.dims[b.dims.size() - 2];
+  const int64_t n = b_vector ? 1 : b.dims.back();
+  if (k != k_b) {
+    return ctx.Error(absl::StrCat("inner dimensions differ: A ", DimsString(a.dims), ", B ",
+                                  DimsString(b.dims)));
+  }
+  // Batch dims, right-aligned and broadcast.
+  const std::vector<int64_t> a_batch(a.dims.begin(), a.dims.end() - (a_vector ? 1 : 2));
+  const std::vector<int64_t> b_batch(b.dims.begin(), b.dims.end() - (b_vector ? 1 : 2));
+  const size_t rank = std::max(a_batch.size(), b_batch.size());
+  std::vector<int64_t> batch(rank), a_stride(rank, 0), b_stride(rank, 0);
+  {
+    int64_t a_step = 1, b_step = 1;
+    for (size_t r = rank; r-- > 0;) {
+      const size_t from_end = rank - 1 - r;
+      const int64_t ad = from_end < a_batch.size() ? a_batch[a_batch.size() - 1 - from_end] : 1;
+      const int64_t bd = from_end < b_batch.size() ? b_batch[b_batch.size() - 1 - from_end] : 1;
+      if (ad != bd && ad != 1 && bd != 1) {
+        return ctx.Error(absl::StrCat("batch dimensions of A ", DimsString(a.dims), " and B ",
+                                      DimsString(b.dims), " do not broadcast"));
+      }
+      batch[r] = std::max(ad, bd);
+      if (ad == 0 || bd == 0) batch[r] = 0;
+      a_stride[r] = ad == 1 ? 0 : a_step;
+      b_stride[r] = bd == 1 ? 0 : b_step;
+      a_step *= ad;
+      b_step *= bd;
+    }
+  }
+  std::vector<int64_t> out_dims = batch;
+  if (!a_vector) out_dims.push_back(m);
+  if (!b_vector) out_dims.push_back(n);
+  TensorView* y;
+  {
+    absl::StatusOr<TensorView*> out = ctx.Output(0, a.dtype, out_dims);
+    if (!out.ok()) return out.status();
+    y = *out;
+  }
+  int64_t batch_count = 1;
+  for (int64_t d : batch) batch_count *= d;
+  if (y->num_elements() == 0) return absl::OkStatus();
+  if (k == 0) {
+    std::memset(y->data, 0, y->byte_size());
+    return absl::OkStatus();
+  }
+  // Offsets (in matrices) of A and B for output batch index `i`.
+  auto offsets = [&](int64_t i, int64_t& a_off, int64_t& b_off) {
+    a_off = b_off = 0;
+    for (size_t r = rank; r-- > 0;) {
+      const int64_t idx = i % batch[r];
+      i /= batch[r];
+      a_off += idx * a_stride[r];
+      b_off += idx * b_stride[r];
+    }
+  };
+  bool b_shared = true;  // every batch reads the same B matrix
+  bool a_dense = true;   // A's batches are the output's, in order
+  for (size_t r = 0; r < rank; ++r) {
+    b_shared &= b_stride[r] == 0;
+    a_dense &= (a_stride[r] != 0 || batch[r] == 1);
+  }
+  a_dense &= static_cast<int64_t>(a.num_elements()) == batch_count * m * k;
+
+  auto run_typed = [&](auto tag) {
+    using T = decltype(tag);
+    const T* ap = a.as<T>();
+    const T* bp = b.as<T>();
+    T* cp = y->as<T>();
+    if (b_shared && a_dense) {  // one GEMM with the batch folded into M
+      FloatMatMul<T>(a.dtype, ap, bp, cp, batch_count * m, n, k);
+      return;
+    }
+    auto run_batches = [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        int64_t a_off, b_off;
+        offsets(i, a_off, b_off);
+        FloatMatMul<T>(a.dtype, ap + a_off * m * k, bp + b_off * k * n, cp + i * m * n, m, n, k);
+      }
+    };
+    if (IsSmallGemm(m, n, k)) {
+      ParallelFor(0, batch_count, 1, run_batches);
+    } else {
+      run_batches(0, batch_count);
+    }
+  };
+  const bool is_float = DispatchFloat(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    run_typed(T{});
+  });
+  if (is_float) return absl::OkStatus();
+  const bool is_int = DispatchMatrixInt(a.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const T* ap = a.as<T>();
+    const T* bp = b.as<T>();
+    T* cp = y->as<T>();
+    ParallelFor(0, batch_count, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        int64_t a_off, b_off;
+        offsets(i, a_off, b_off);
+        IntMatMul<T>(ap + a_off * m * k, bp + b_off * k * n, cp + i * m * n, m, n, k);
+      }
+    });
+  });
+  if (!is_int) return ctx.Unimplemented(absl::StrCat("dtype ", DTypeName(a.dtype)));
+  return absl::OkStatus();
+}
+
+absl::Status GemmKernel(KernelContext& ctx) {
+  const TensorView& a = ctx.input(0);
+  const TensorView& b = ctx.input(1);
+  if (a.dims.size() != 2 || b.dims.size() != 2) {
+    return ctx.Error(absl::StrCat("A and B must be 2-D; they are ", DimsString(a.dims), " and ",
+                                  DimsString(b.dims)));
+  }
+  if (a.dtype != b.dtype) {
+    return ctx.Error(absl::StrCat("A is ", DTypeName(a.dtype), " but B is ", DTypeName(b.dtype)));
+  }
+  const bool trans_a = ctx.GetInt("transA", 0) != 0;
+  const bool trans_b = ctx.GetInt("transB", 0) != 0;
+  const float alpha = ctx.GetFloat("alpha", 1.0f);
+  const float beta = ctx.GetFloat("beta", 1.0f);
+  const int64_t m = a.dims[trans_a ? 1 : 0];
+  const int64_t k = a.dims[trans_a ? 0 : 1];
+  const int64_t k_b = b.dims[trans_b ? 1 : 0];
+  const int64_t n = b.dims[trans_b ? 0 : 1];
+  if (k != k_b) {
+    return ctx.Error(absl::StrCat("inner dimensions differ: A ", DimsString(a.dims),
+                                  trans_a ? " (transposed)" : "", ", B ", DimsString(b.dims),
+                                  trans_b ? " (transposed)" : ""));
+  }
+  // C broadcast to [m, n]: c_rows x c_cols with 1 meaning broadcast.
+  const TensorView* c = ctx.has_input(2) ? &ctx.input(2) : nullptr;
+  int64_t c_rows = 1, c_cols = 1;
+  if (c != nullptr) {
+    if (c->dtype != a.dtype) {
+      return ctx.Error(
+          absl::StrCat("C is ", DTypeName(c->dtype), " but A is ", DTypeName(a.dtype)));
+    }
+    if (c->dims.size() > 2) {
+      return ctx.Error(absl::StrCat("C ", DimsString(c->dims), " has rank above 2"));
+    }
+    if (c->dims.size() >= 1) c_cols = c->dims.back();
+    if (c->dims.size() == 2) c_rows = c->dims[0];
+    if ((c_rows != 1 && c_rows != m) || (c_cols != 1 && c_cols != n)) {
+      return ctx.Error(absl::StrCat("C ", DimsString(c->dims), " does not broadcast to [", m,
+                                    ",", n, "]"));
+    }
+  }
+  const bool use_c = c != nullptr && beta != 0.0f && c->num_elements() > 0;
+  absl::StatusOr<TensorView*> out = ctx.Output(0, a.dtype, {m, n});
+  if (!out.ok()) return out.status();
+  TensorView* y = *out;
+  if (m == 0 || n == 0) return absl::OkStatus();
+  auto c_index = [&](int64_t i, int64_t j) {
+    return (c_rows == 1 ? 0 : i * c_cols) + (c_cols == 1 ? 0 : j);
+  };
+  // Fills acc[m, n] with broadcast C (when used).
+  auto fill_c = [&](auto* acc) {
+    using Acc = std::remove_pointer_t<decltype(acc)>;
+    DispatchFloat(c->dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const T* cp = c->as<T>();
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          if constexpr (std::is_same_v<T, double>) {
+            acc[i * n + j] = static_cast<Acc>(cp[c_index(i, j)]);
+          } else {
+            acc[i * n + j] = static_cast<Acc>(LoadF(cp[c_index(i, j)]));
+          }
+        }
+      }
+    });
+  };
+  switch (a.dtype) {
+    case DType::kFloat64: {
+      double* yp = y->as<double>();
+      if (use_c) fill_c(yp);
+      Dgemm(trans_a, trans_b, m, n, k, alpha, a.as<double>(), a.dims[1], b.as<double>(),
+            b.dims[1], use_c ? beta : 0.0, yp, n);
+      return absl::OkStatus();
+    }
+    case DType::kFloat32:
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      float* acc;
+      std::vector<float> scratch;
+      if (a.dtype == DType::kFloat32) {
+        acc = y->as<float>();
+      } else {
+        scratch.resize(static_cast<size_t>(m * n));
+        acc = scratch.data();
+      }
+      if (use_c) fill_c(acc);
+      GemmFloat32Accumulate(a.dtype, trans_a, trans_b, m, n, k, alpha, a.data, a.dims[1], b.data,
+                            b.dims[1], use_c ? beta : 0.0f, acc, n);
+      if (a.dtype != DType::kFloat32) FromFloat32(a.dtype, acc, y->data, m * n);
+      return absl::OkStatus();
+    }
+    default:
+      break;
+  }
+  const bool is_int = DispatchMatrixInt(a.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const T* ap = a.as<T>();
+    const T* bp = b.as<T>();
+    const T* cp = use_c ? c->as<T>() : nullptr;
+    T* yp = y->as<T>();
+    const int64_t lda = a.dims[1], ldb = b.dims[1];
+    ParallelFor(0, m, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          using U = std::make_unsigned_t<T>;
+          U sum = 0;
+          for (int64_t p = 0; p < k; ++p) {
+            const T av = trans_a ? ap[p * lda + i] : ap[i * lda + p];
+            const T bv = trans_b ? bp[j * ldb + p] : bp[p * ldb + j];
+            sum += static_cast<U>(av) * static_cast<U>(bv);
+          }
+          if (alpha == 1.0f && (cp == nullptr || beta == 1.0f)) {  // exact, wrapping
+            if (cp != nullptr) sum += static_cast<U>(cp[c_index(i, j)]);
+            yp[i * n + j] = static_cast<T>(sum);
+            continue;
+          }
+          double v = static_cast<double>(alpha) * static_cast<double>(static_cast<T>(sum));
+          if (cp != nullptr) v += static_cast<double>(beta) * static_cast<double>(cp[c_index(i, j)]);
+          yp[i * n + j] = static_cast<T>(v);
+        }
+      }
+    });
+  });
+  if (!is_int) return ctx.Unimplemented(absl::StrCat("dtype ", DTypeName(a.dtype)));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void RegisterMatMulKernels(KernelTable& table) {
+  table.Register({"", "MatMul", InputDTypeIn(0, kMatrixDTypes), MatMulKernel});
+  table.Register({"", "Gemm", InputDTypeIn(0, kMatrixDTypes), GemmKernel});
+}
 
 }  // namespace castor::cpu

@@ -1,8 +1,315 @@
 // CPU kernels: normalization family (ops of graph/ops/normalization.cc).
+//
+// BatchNormalization: inference (running statistics) and training (batch
+// statistics: opset 14+ training_mode=1 outputs running_mean/running_var;
+// opsets below 14 train when the optional outputs mean, var, saved_mean,
+// saved_var are requested). As the ONNX spec and its reference: the batch
+// variance is the biased one (divided by N * spatial), used both to
+// normalise and in the running-variance update
+//   running = input * momentum + batch * (1 - momentum).
+// X (T), scale/B (T1) and mean/var (T2) may have different float dtypes
+// (opset 15). `spatial` = 0 (opsets 7-8) normalises per [C, D1, ...] entry.
+// LayerNormalization: statistics over the axes from `axis` on; Scale and B
+// broadcast to X; optional Mean and InvStdDev outputs in stash_type's dtype.
+// Statistics accumulate in float64; elementwise math is float32 (float64 for
+// float64 inputs); 16-bit results round once on store.
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/float_io.h"
+#include "backend/cpu/parallel.h"
 
 namespace castor::cpu {
+namespace {
 
-void RegisterNormalizationKernels(KernelTable& table) { (void)table; }
+const std::vector<DType> kNormDTypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16,
+                                        DType::kFloat64};
+
+std::string DimsString(const std::vector<int64_t>& dims) {
+  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
+}
+
+template <typename T>
+double LoadD(T v) {
+  if constexpr (std::is_same_v<T, double>) {
+    return v;
+  } else {
+    return LoadF(v);
+  }
+}
+
+template <typename T>
+void StoreD(T* p, double v) {
+  if constexpr (std::is_same_v<T, double>) {
+    *p = v;
+  } else {
+    StoreF(p, static_cast<float>(v));
+  }
+}
+
+// Any float tensor as float64 values.
+std::vector<double> ReadDoubles(const TensorView& t) {
+  std::vector<double> out(static_cast<size_t>(t.num_elements()));
+  DispatchFloat(t.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* p = t.as<T>();
+    for (size_t i = 0; i < out.size(); ++i) out[i] = LoadD(p[i]);
+  });
+  return out;
+}
+
+// Writes `values` to a new output `index` (its inferred dtype) of `dims`.
+absl::Status WriteDoubles(KernelContext& ctx, int index, const std::vector<int64_t>& dims,
+                          const std::vector<double>& values) {
+  absl::StatusOr<TensorView*> out = ctx.Output(index, dims);
+  if (!out.ok()) return out.status();
+  const bool ok = DispatchFloat((*out)->dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* p = (*out)->as<T>();
+    for (size_t i = 0; i < values.size(); ++i) StoreD(&p[i], values[i]);
+  });
+  if (!ok) {
+    return ctx.Unimplemented(
+        absl::StrCat("output ", index, " has dtype ", DTypeName((*out)->dtype)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BatchNormKernel(KernelContext& ctx) {
+  const TensorView& x = ctx.input(0);
+  if (x.dims.size() < 2) {
+    return ctx.Error(absl::StrCat("input X must have rank >= 2; it is ", DimsString(x.dims)));
+  }
+  const bool training = ctx.opset() >= 14
+                            ? ctx.GetInt("training_mode", 0) != 0
+                            : (ctx.num_outputs() > 1 && ctx.has_output(1));
+  const bool spatial = ctx.GetInt("spatial", 1) != 0;
+  const float epsilon = ctx.GetFloat("epsilon", 1e-5f);
+  const float momentum = ctx.GetFloat("momentum", 0.9f);
+  const int64_t batch = x.dims[0];
+  int64_t features = x.dims[1];
+  int64_t inner = 1;  // elements per (image, feature)
+  for (size_t d = 2; d < x.dims.size(); ++d) (spatial ? inner : features) *= x.dims[d];
+  const char* const names[] = {"X", "scale", "B", "mean", "var"};
+  for (int i = 1; i <= 4; ++i) {
+    if (ctx.input(i).num_elements() != features) {
+      return ctx.Error(absl::StrCat("input ", i, " (", names[i], ") ",
+                                    DimsString(ctx.input(i).dims), " must have ", features,
+                                    " entries for X ", DimsString(x.dims)));
+    }
+  }
+  const std::vector<double> scale = ReadDoubles(ctx.input(1));
+  const std::vector<double> shift = ReadDoubles(ctx.input(2));
+  const std::vector<double> input_mean = ReadDoubles(ctx.input(3));
+  const std::vector<double> input_var = ReadDoubles(ctx.input(4));
+  std::vector<double> mean = input_mean, var = input_var;
+
+  absl::StatusOr<TensorView*> y = ctx.Output(0, x.dtype, x.dims);
+  if (!y.ok()) return y.status();
+  bool ok = true;
+  if (training) {
+    // Batch statistics per feature (two passes, float64).
+    const double count = static_cast<double>(batch * inner);
+    ok = DispatchFloat(x.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const T* xp = x.as<T>();
+      ParallelFor(0, features, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t f = lo; f < hi; ++f) {
+          double sum = 0;
+          for (int64_t n = 0; n < batch; ++n) {
+            const T* row = xp + (n * features + f) * inner;
+            for (int64_t i = 0; i < inner; ++i) sum += LoadD(row[i]);
+          }
+          const double m = count > 0 ? sum / count : 0.0;
+          double sq = 0;
+          for (int64_t n = 0; n < batch; ++n) {
+            const T* row = xp + (n * features + f) * inner;
+            for (int64_t i = 0; i < inner; ++i) {
+              const double dv = LoadD(row[i]) - m;
+              sq += dv * dv;
+            }
+          }
+          mean[f] = m;
+          var[f] = count > 0 ? sq / count : 0.0;
+        }
+      });
+    });
+  }
+  // y = x * a + b per feature.
+  std::vector<double> a(static_cast<size_t>(features)), b(static_cast<size_t>(features));
+  for (int64_t f = 0; f < features; ++f) {
+    a[f] = scale[f] / std::sqrt(var[f] + static_cast<double>(epsilon));
+    b[f] = shift[f] - mean[f] * a[f];
+  }
+  ok = ok && DispatchFloat(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using V = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    const T* xp = x.as<T>();
+    T* yp = (*y)->as<T>();
+    ParallelFor(0, batch * features, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const int64_t f = r % features;
+        const V av = static_cast<V>(a[f]), bv = static_cast<V>(b[f]);
+        const T* src = xp + r * inner;
+        T* dst = yp + r * inner;
+        for (int64_t i = 0; i < inner; ++i) {
+          StoreD(&dst[i], static_cast<V>(LoadD(src[i])) * av + bv);
+        }
+      }
+    });
+  });
+  if (!ok) return ctx.Unimplemented(absl::StrCat("dtype ", DTypeName(x.dtype)));
+  if (!training) return absl::OkStatus();
+
+  std::vector<double> running_mean(static_cast<size_t>(features)),
+      running_var(static_cast<size_t>(features));
+  for (int64_t f = 0; f < features; ++f) {
+    running_mean[f] = input_mean[f] * momentum + mean[f] * (1.0 - momentum);
+    running_var[f] = input_var[f] * momentum + var[f] * (1.0 - momentum);
+  }
+  const std::vector<int64_t>& stats_dims = ctx.input(3).dims;
+  // Opset 14+: (running_mean, running_var); before: (mean, var, saved_mean,
+  // saved_var), the saved ones being the batch statistics.
+  const std::vector<double>* outputs[] = {&running_mean, &running_var, &mean, &var};
+  for (int i = 1; i < ctx.num_outputs() && i <= 4; ++i) {
+    if (!ctx.has_output(i)) continue;
+    if (absl::Status s = WriteDoubles(ctx, i, stats_dims, *outputs[i - 1]); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// Offsets into a tensor of `dims` broadcast (right-aligned) to X's `x_dims`,
+// split into the part from the outer axes [0, axis) and the inner ones.
+struct BroadcastOffsets {
+  std::vector<int64_t> outer, inner;
+};
+
+BroadcastOffsets BroadcastTo(const std::vector<int64_t>& dims, const std::vector<int64_t>& x_dims,
+                             int64_t axis) {
+  const int64_t xr = static_cast<int64_t>(x_dims.size());
+  const int64_t pr = static_cast<int64_t>(dims.size());
+  std::vector<int64_t> stride(xr, 0);
+  int64_t step = 1;
+  for (int64_t d = xr - 1; d >= 0; --d) {
+    const int64_t pd = d - (xr - pr);
+    if (pd < 0) continue;
+    if (dims[pd] != 1) stride[d] = step;
+    step *= dims[pd];
+  }
+  auto offsets = [&](int64_t from, int64_t to) {
+    std::vector<int64_t> out(1, 0);
+    for (int64_t d = from; d < to; ++d) {
+      std::vector<int64_t> next;
+      next.reserve(out.size() * x_dims[d]);
+      for (int64_t base : out) {
+        for (int64_t i = 0; i < x_dims[d]; ++i) next.push_back(base + i * stride[d]);
+      }
+      out = std::move(next);
+    }
+    return out;
+  };
+  return {offsets(0, axis), offsets(axis, xr)};
+}
+
+// Whether `dims` broadcasts one way (right-aligned) to `x_dims`.
+bool Broadcastable(const std::vector<int64_t>& dims, const std::vector<int64_t>& x_dims) {
+  if (dims.size() > x_dims.size()) return false;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const int64_t d = dims[dims.size() - 1 - i];
+    if (d != 1 && d != x_dims[x_dims.size() - 1 - i]) return false;
+  }
+  return true;
+}
+
+absl::Status LayerNormKernel(KernelContext& ctx) {
+  const TensorView& x = ctx.input(0);
+  const int64_t rank = static_cast<int64_t>(x.dims.size());
+  int64_t axis = ctx.GetInt("axis", -1);
+  if (axis < -rank || axis >= rank) {
+    return ctx.Error(absl::StrCat("attribute 'axis' is ", axis, "; X ", DimsString(x.dims),
+                                  " has rank ", rank));
+  }
+  if (axis < 0) axis += rank;
+  const float epsilon = ctx.GetFloat("epsilon", 1e-5f);
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < rank; ++d) (d < axis ? outer : inner) *= x.dims[d];
+  const char* const names[] = {"X", "Scale", "B"};
+  for (int i = 1; i <= 2; ++i) {
+    if (!ctx.has_input(i)) continue;
+    if (ctx.input(i).dtype != x.dtype) {
+      return ctx.Error(absl::StrCat("input ", i, " (", names[i], ") is ",
+                                    DTypeName(ctx.input(i).dtype), "; X is ",
+                                    DTypeName(x.dtype)));
+    }
+    if (!Broadcastable(ctx.input(i).dims, x.dims)) {
+      return ctx.Error(absl::StrCat("input ", i, " (", names[i], ") ",
+                                    DimsString(ctx.input(i).dims), " does not broadcast to X ",
+                                    DimsString(x.dims)));
+    }
+  }
+  const BroadcastOffsets scale_at = BroadcastTo(ctx.input(1).dims, x.dims, axis);
+  const bool has_bias = ctx.has_input(2);
+  const BroadcastOffsets bias_at =
+      has_bias ? BroadcastTo(ctx.input(2).dims, x.dims, axis) : BroadcastOffsets{};
+  absl::StatusOr<TensorView*> y = ctx.Output(0, x.dtype, x.dims);
+  if (!y.ok()) return y.status();
+  std::vector<double> row_mean(static_cast<size_t>(outer)), row_inv_std(static_cast<size_t>(outer));
+  const bool ok = DispatchFloat(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using V = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    const T* xp = x.as<T>();
+    const T* sp = ctx.input(1).as<T>();
+    const T* bp = has_bias ? ctx.input(2).as<T>() : nullptr;
+    T* yp = (*y)->as<T>();
+    ParallelFor(0, outer, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const T* src = xp + r * inner;
+        double sum = 0;
+        for (int64_t i = 0; i < inner; ++i) sum += LoadD(src[i]);
+        const double m = inner > 0 ? sum / static_cast<double>(inner) : 0.0;
+        double sq = 0;
+        for (int64_t i = 0; i < inner; ++i) {
+          const double dv = LoadD(src[i]) - m;
+          sq += dv * dv;
+        }
+        const double var = inner > 0 ? sq / static_cast<double>(inner) : 0.0;
+        const double inv_std = 1.0 / std::sqrt(var + static_cast<double>(epsilon));
+        row_mean[r] = m;
+        row_inv_std[r] = inv_std;
+        const V mv = static_cast<V>(m), iv = static_cast<V>(inv_std);
+        const T* s_row = sp + scale_at.outer[r];
+        const T* b_row = has_bias ? bp + bias_at.outer[r] : nullptr;
+        T* dst = yp + r * inner;
+        for (int64_t i = 0; i < inner; ++i) {
+          V v = (static_cast<V>(LoadD(src[i])) - mv) * iv *
+                static_cast<V>(LoadD(s_row[scale_at.inner[i]]));
+          if (b_row != nullptr) v += static_cast<V>(LoadD(b_row[bias_at.inner[i]]));
+          StoreD(&dst[i], v);
+        }
+      }
+    });
+  });
+  if (!ok) return ctx.Unimplemented(absl::StrCat("dtype ", DTypeName(x.dtype)));
+  std::vector<int64_t> stats_dims = x.dims;
+  for (int64_t d = axis; d < rank; ++d) stats_dims[d] = 1;
+  if (ctx.num_outputs() > 1 && ctx.has_output(1)) {
+    if (absl::Status s = WriteDoubles(ctx, 1, stats_dims, row_mean); !s.ok()) return s;
+  }
+  if (ctx.num_outputs() > 2 && ctx.has_output(2)) {
+    if (absl::Status s = WriteDoubles(ctx, 2, stats_dims, row_inv_std); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void RegisterNormalizationKernels(KernelTable& table) {
+  table.Register({"", "BatchNormalization", InputDTypeIn(0, kNormDTypes), BatchNormKernel});
+  table.Register({"", "LayerNormalization", InputDTypeIn(0, kNormDTypes), LayerNormKernel});
+}
 
 }  // namespace castor::cpu

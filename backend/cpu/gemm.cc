@@ -1,0 +1,126 @@
+// GEMM through OpenBLAS for every float dtype (see gemm.h).
+#include "backend/cpu/gemm.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "backend/cpu/float_io.h"
+#include "backend/cpu/parallel.h"
+
+namespace castor::cpu {
+namespace {
+
+// OpenBLAS's interface runs GEMMs with m*n*k at or below
+// SMP_THRESHOLD_MIN (65536) * GEMM_MULTITHREAD_THRESHOLD (4) on one thread.
+constexpr double kSingleThreadedGemmWork = 65536.0 * 4.0;
+
+// Largest float32 scratch (elements) for one pair of widened 16-bit panels.
+constexpr int64_t kPanelScratchElements = int64_t{8} << 20;  // 32 MiB
+
+// Widens `rows` rows of `cols` elements (source row stride `src_ld`) to a
+// dense float32 block with row stride `cols`.
+void WidenRows(DType dtype, const void* src, int64_t src_ld, int64_t rows, int64_t cols,
+               float* dst) {
+  const size_t elem = DTypeSize(dtype);
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
+  ParallelFor(0, rows, grain, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      ToFloat32(dtype, static_cast<const char*>(src) + static_cast<size_t>(r * src_ld) * elem,
+                dst + r * cols, cols);
+    }
+  });
+}
+
+template <typename T>
+void ScaleC(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+  }
+}
+
+}  // namespace
+
+bool IsSmallGemm(int64_t m, int64_t n, int64_t k) {
+  return static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) <=
+         kSingleThreadedGemmWork;
+}
+
+void Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+           int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    ScaleC(m, n, beta, c, ldc);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(std::max<int64_t>(1, lda)), b,
+              static_cast<blasint>(std::max<int64_t>(1, ldb)), beta, c,
+              static_cast<blasint>(std::max<int64_t>(1, ldc)));
+}
+
+void Dgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+           const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
+           int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    ScaleC(m, n, beta, c, ldc);
+    return;
+  }
+  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(std::max<int64_t>(1, lda)), b,
+              static_cast<blasint>(std::max<int64_t>(1, ldb)), beta, c,
+              static_cast<blasint>(std::max<int64_t>(1, ldc)));
+}
+
+void GemmFloat32Accumulate(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                           int64_t k, float alpha, const void* a, int64_t lda, const void* b,
+                           int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (dtype == DType::kFloat32) {
+    Sgemm(trans_a, trans_b, m, n, k, alpha, static_cast<const float*>(a), lda,
+          static_cast<const float*>(b), ldb, beta, c, ldc);
+    return;
+  }
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    ScaleC(m, n, beta, c, ldc);
+    return;
+  }
+  // One panel covers all of K unless the widened operands would be large;
+  // then K is split and each panel's product is added to C in float32.
+  const int64_t panel =
+      std::clamp<int64_t>(kPanelScratchElements / (m + n), std::min<int64_t>(k, 256), k);
+  thread_local std::vector<float> a_panel, b_panel;
+  a_panel.resize(static_cast<size_t>(m * panel));
+  b_panel.resize(static_cast<size_t>(n * panel));
+  const size_t elem = DTypeSize(dtype);
+  const char* a_bytes = static_cast<const char*>(a);
+  const char* b_bytes = static_cast<const char*>(b);
+  for (int64_t k0 = 0; k0 < k; k0 += panel) {
+    const int64_t kb = std::min(panel, k - k0);
+    // op(A)[:, k0:k0+kb]: stored [m, k] -> [m, kb]; stored [k, m] -> [kb, m].
+    if (!trans_a) {
+      WidenRows(dtype, a_bytes + static_cast<size_t>(k0) * elem, lda, m, kb, a_panel.data());
+    } else {
+      WidenRows(dtype, a_bytes + static_cast<size_t>(k0 * lda) * elem, lda, kb, m,
+                a_panel.data());
+    }
+    // op(B)[k0:k0+kb, :]: stored [k, n] -> [kb, n]; stored [n, k] -> [n, kb].
+    if (!trans_b) {
+      WidenRows(dtype, b_bytes + static_cast<size_t>(k0 * ldb) * elem, ldb, kb, n,
+                b_panel.data());
+    } else {
+      WidenRows(dtype, b_bytes + static_cast<size_t>(k0) * elem, ldb, n, kb, b_panel.data());
+    }
+    Sgemm(trans_a, trans_b, m, n, kb, alpha, a_panel.data(), trans_a ? m : kb, b_panel.data(),
+          trans_b ? kb : n, k0 == 0 ? beta : 1.0f, c, ldc);
+  }
+}
+
+}  // namespace castor::cpu

@@ -1,0 +1,550 @@
+// CPU kernels of the pool and normalization families (backend/cpu/pool.cc,
+// normalization.cc) against naive float64 references written here: direct
+// windowed max/average (ceil_mode, pads, count_include_pad, dilations,
+// auto_pad, MaxPool Indices in both storage orders), global pools,
+// BatchNormalization in inference and training mode, LayerNormalization over
+// every axis with its Mean/InvStdDev outputs. Also runs the ONNX conformance
+// cases of these ops.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/run_node.h"
+#include "graph/half.h"
+#include "graph/onnx_io.h"
+#include "graph/shape_inference.h"
+#include "gtest/gtest.h"
+#include "tests/kernel_test_util.h"
+
+namespace castor {
+namespace {
+
+using testing::SingleNode;
+
+CpuBackend& Backend() {
+  static CpuBackend* backend = new CpuBackend();
+  return *backend;
+}
+
+int64_t Count(const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+// A tensor of `dtype` holding `values` (rounded to the dtype).
+Tensor Make(DType dtype, const std::vector<int64_t>& dims, const std::vector<double>& values) {
+  Tensor t(dtype, dims);
+  for (int64_t i = 0; i < t.num_elements(); ++i) {
+    const double v = values[i];
+    switch (dtype) {
+      case DType::kFloat32: t.data<float>()[i] = static_cast<float>(v); break;
+      case DType::kFloat64: t.data<double>()[i] = v; break;
+      case DType::kFloat16: t.data<uint16_t>()[i] = FloatToHalfBits(static_cast<float>(v)); break;
+      case DType::kBFloat16:
+        t.data<uint16_t>()[i] = FloatToBFloat16Bits(static_cast<float>(v));
+        break;
+      case DType::kInt32: t.data<int32_t>()[i] = static_cast<int32_t>(v); break;
+      case DType::kInt64: t.data<int64_t>()[i] = static_cast<int64_t>(v); break;
+      default: ADD_FAILURE() << "Make: unsupported dtype"; break;
+    }
+  }
+  return t;
+}
+
+std::vector<double> Values(const Tensor& t) {
+  std::vector<double> v(static_cast<size_t>(t.num_elements()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = t.GetDouble(static_cast<int64_t>(i));
+  return v;
+}
+
+// Uniform in [-1, 1), or small integers in [-3, 3] when `integers`.
+std::vector<double> Random(int64_t n, unsigned seed, bool integers = false) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> real(-1.0, 1.0);
+  std::uniform_int_distribution<int> small(-3, 3);
+  std::vector<double> v(static_cast<size_t>(n));
+  for (double& x : v) x = integers ? small(rng) : real(rng);
+  return v;
+}
+
+// The values as float32 would store them after one rounding to `dtype`.
+std::vector<double> RoundTo(DType dtype, const std::vector<double>& v) {
+  return Values(Make(dtype, {static_cast<int64_t>(v.size())}, v));
+}
+
+void ExpectNear(const std::vector<double>& expected, const Tensor& actual, double rtol,
+                double atol, const std::string& what) {
+  ASSERT_EQ(static_cast<int64_t>(expected.size()), actual.num_elements()) << what;
+  int bad = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const double a = actual.GetDouble(static_cast<int64_t>(i));
+    if (!(std::fabs(a - expected[i]) <= atol + rtol * std::fabs(expected[i]))) {
+      if (++bad <= 5) ADD_FAILURE() << what << ": element " << i << " is " << a << ", expected " << expected[i];
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+std::vector<Tensor> RunOk(const std::string& op, std::vector<Tensor> inputs,
+                          std::vector<Attribute> attrs, int64_t opset = 17, int outputs = 1) {
+  SingleNode node(op, std::move(inputs), std::move(attrs), opset, outputs);
+  EXPECT_TRUE(node.status().ok()) << node.status();
+  absl::StatusOr<std::vector<Tensor>> out = node.Run(Backend());
+  EXPECT_TRUE(out.ok()) << out.status();
+  if (!out.ok()) return {};
+  return *out;
+}
+
+std::vector<int64_t> Unravel(int64_t flat, const std::vector<int64_t>& dims) {
+  std::vector<int64_t> idx(dims.size());
+  for (size_t d = dims.size(); d-- > 0;) {
+    idx[d] = flat % dims[d];
+    flat /= dims[d];
+  }
+  return idx;
+}
+
+
+// ---- Pools --------------------------------------------------------------------
+
+struct PoolSpec {
+  std::vector<int64_t> x_dims, kernel, strides, dilations, pads;
+  std::string auto_pad = "NOTSET";
+  bool ceil_mode = false;
+  bool count_include_pad = false;
+};
+
+// Direct pooling in float64. `max` selects MaxPool (indices filled, storage
+// order 0 and 1) or AveragePool.
+std::vector<double> RefPool(const PoolSpec& s, const std::vector<double>& x, bool max,
+                            std::vector<int64_t>* out_dims, std::vector<int64_t>* idx_row,
+                            std::vector<int64_t>* idx_col) {
+  const size_t nd = s.x_dims.size() - 2;
+  std::vector<int64_t> in(s.x_dims.begin() + 2, s.x_dims.end());
+  auto or_fill = [&](const std::vector<int64_t>& v, size_t n, int64_t f) {
+    return v.empty() ? std::vector<int64_t>(n, f) : v;
+  };
+  const auto st = or_fill(s.strides, nd, 1), dl = or_fill(s.dilations, nd, 1);
+  auto pads = or_fill(s.pads, 2 * nd, 0);
+  std::vector<int64_t> out(nd);
+  for (size_t d = 0; d < nd; ++d) {
+    const int64_t win = (s.kernel[d] - 1) * dl[d] + 1;
+    if (s.auto_pad == "SAME_UPPER" || s.auto_pad == "SAME_LOWER") {
+      const int64_t o = (in[d] + st[d] - 1) / st[d];
+      const int64_t total = std::max<int64_t>(0, (o - 1) * st[d] + win - in[d]);
+      pads[d] = s.auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
+      pads[d + nd] = total - pads[d];
+    } else if (s.auto_pad == "VALID") {
+      pads[d] = pads[d + nd] = 0;
+    }
+    const int64_t span = in[d] + pads[d] + pads[d + nd] - win;
+    out[d] = (s.ceil_mode ? (span + st[d] - 1) / st[d] : span / st[d]) + 1;
+    if (s.ceil_mode && (out[d] - 1) * st[d] >= in[d] + pads[d]) --out[d];
+  }
+  *out_dims = {s.x_dims[0], s.x_dims[1]};
+  out_dims->insert(out_dims->end(), out.begin(), out.end());
+  const int64_t planes = s.x_dims[0] * s.x_dims[1], isz = Count(in), osz = Count(out);
+  const int64_t ksz = Count(s.kernel);
+  std::vector<double> y(static_cast<size_t>(planes * osz));
+  idx_row->assign(y.size(), -1);
+  idx_col->assign(y.size(), -1);
+  for (int64_t p = 0; p < planes; ++p)
+    for (int64_t q = 0; q < osz; ++q) {
+      const auto o = Unravel(q, out);
+      double best = -std::numeric_limits<double>::infinity(), sum = 0;
+      int64_t count = 0, padded = 0;
+      for (int64_t kq = 0; kq < ksz; ++kq) {
+        const auto k = Unravel(kq, s.kernel);
+        bool inside = true, in_padded = true;
+        int64_t row = 0, col = 0, step = 1;
+        for (size_t d = 0; d < nd; ++d) {
+          const int64_t i = o[d] * st[d] - pads[d] + k[d] * dl[d];
+          if (i < 0 || i >= in[d]) inside = false;
+          if (i < -pads[d] || i >= in[d] + pads[d + nd]) in_padded = false;
+          row = row * in[d] + i;
+        }
+        for (size_t d = 0; d < nd; ++d) {
+          col += (o[d] * st[d] - pads[d] + k[d] * dl[d]) * step;
+          step *= in[d];
+        }
+        padded += in_padded;
+        if (!inside) continue;
+        const double v = x[p * isz + row];
+        ++count;
+        sum += v;
+        if (v > best) {
+          best = v;
+          (*idx_row)[p * osz + q] = p * isz + row;
+          (*idx_col)[p * osz + q] = p * isz + col;
+        }
+      }
+      y[p * osz + q] = max ? best : sum / static_cast<double>(s.count_include_pad ? padded : count);
+    }
+  return y;
+}
+
+std::vector<Attribute> PoolAttrs(const PoolSpec& s, bool max) {
+  std::vector<Attribute> attrs = {Attribute::Ints("kernel_shape", s.kernel)};
+  if (!s.strides.empty()) attrs.push_back(Attribute::Ints("strides", s.strides));
+  if (!s.dilations.empty()) attrs.push_back(Attribute::Ints("dilations", s.dilations));
+  if (!s.pads.empty()) attrs.push_back(Attribute::Ints("pads", s.pads));
+  if (s.auto_pad != "NOTSET") attrs.push_back(Attribute::String("auto_pad", s.auto_pad));
+  if (s.ceil_mode) attrs.push_back(Attribute::Int("ceil_mode", 1));
+  if (!max) attrs.push_back(Attribute::Int("count_include_pad", s.count_include_pad));
+  return attrs;
+}
+
+const std::vector<PoolSpec>& PoolSpecs() {
+  static const std::vector<PoolSpec> specs = {
+      {{2, 3, 6, 6}, {2, 2}, {2, 2}, {}, {}, "NOTSET", false, false},
+      {{1, 2, 7, 8}, {3, 3}, {2, 2}, {}, {1, 1, 1, 1}, "NOTSET", false, false},
+      {{1, 2, 7, 8}, {3, 3}, {2, 2}, {}, {1, 1, 1, 1}, "NOTSET", false, true},
+      {{1, 2, 7, 8}, {3, 2}, {2, 3}, {}, {1, 0, 0, 1}, "NOTSET", true, false},
+      {{1, 2, 7, 8}, {3, 2}, {2, 3}, {}, {1, 0, 0, 1}, "NOTSET", true, true},
+      {{1, 1, 4, 4}, {3, 3}, {2, 2}, {}, {}, "NOTSET", true, false},
+      {{1, 2, 9, 9}, {2, 3}, {1, 2}, {2, 2}, {1, 1, 1, 1}, "NOTSET", false, true},
+      {{1, 2, 9, 9}, {2, 3}, {2, 1}, {2, 2}, {}, "NOTSET", true, false},
+      {{2, 2, 7, 6}, {3, 2}, {2, 2}, {}, {}, "SAME_UPPER", false, false},
+      {{2, 2, 7, 6}, {3, 2}, {2, 2}, {}, {}, "SAME_LOWER", false, true},
+      {{2, 2, 7, 6}, {3, 2}, {2, 2}, {}, {}, "VALID", false, false},
+      {{2, 3, 11}, {3}, {2}, {}, {1, 2}, "NOTSET", false, true},
+      {{1, 2, 5, 6, 7}, {2, 3, 2}, {2, 1, 2}, {1, 2, 2}, {1, 0, 1, 0, 1, 1}, "NOTSET", true, true},
+  };
+  return specs;
+}
+
+TEST(CpuPool, MaxPoolWithIndices) {
+  unsigned seed = 10;
+  for (const PoolSpec& s : PoolSpecs()) {
+    const auto x = RoundTo(DType::kFloat32, Random(Count(s.x_dims), seed++));
+    std::vector<int64_t> dims, idx_row, idx_col;
+    const auto expected = RefPool(s, x, true, &dims, &idx_row, &idx_col);
+    for (int64_t order : {0, 1}) {
+      auto attrs = PoolAttrs(s, true);
+      attrs.push_back(Attribute::Int("storage_order", order));
+      auto out = RunOk("MaxPool", {Make(DType::kFloat32, s.x_dims, x)}, attrs, 12, 2);
+      ASSERT_EQ(out.size(), 2u);
+      ASSERT_EQ(out[0].dims(), dims);
+      ExpectNear(expected, out[0], 0, 0, "MaxPool");
+      ASSERT_EQ(out[1].dtype(), DType::kInt64);
+      const auto& idx = order == 0 ? idx_row : idx_col;
+      for (size_t i = 0; i < idx.size(); ++i) {
+        EXPECT_EQ(out[1].data<int64_t>()[i], idx[i]) << "Indices element " << i << " order " << order;
+      }
+    }
+    for (DType dt : {DType::kFloat16, DType::kBFloat16, DType::kFloat64}) {
+      const auto xr = RoundTo(dt, x);
+      std::vector<int64_t> d2, r2, c2;
+      const auto e2 = RefPool(s, xr, true, &d2, &r2, &c2);
+      auto out = RunOk("MaxPool", {Make(dt, s.x_dims, xr)}, PoolAttrs(s, true), 22);
+      ASSERT_EQ(out.size(), 1u);
+      ASSERT_EQ(out[0].dtype(), dt);
+      ExpectNear(e2, out[0], 0, 0, "MaxPool 16/64-bit");
+    }
+  }
+}
+
+TEST(CpuPool, MaxPoolInt8) {
+  const PoolSpec& s = PoolSpecs()[1];
+  std::vector<double> x = Random(Count(s.x_dims), 77);
+  for (double& v : x) v = std::round(v * 100);
+  std::vector<int64_t> dims, r, c;
+  const auto expected = RefPool(s, x, true, &dims, &r, &c);
+  Tensor t(DType::kInt8, s.x_dims);
+  for (int64_t i = 0; i < t.num_elements(); ++i) t.data<int8_t>()[i] = static_cast<int8_t>(x[i]);
+  auto out = RunOk("MaxPool", {t}, PoolAttrs(s, true), 12);
+  ASSERT_EQ(out.size(), 1u);
+  ASSERT_EQ(out[0].dtype(), DType::kInt8);
+  ExpectNear(expected, out[0], 0, 0, "MaxPool int8");
+}
+
+TEST(CpuPool, AveragePool) {
+  unsigned seed = 50;
+  for (const PoolSpec& s : PoolSpecs()) {
+    SCOPED_TRACE(::testing::Message() << "pool spec kernel[0]=" << s.kernel[0] << " ceil "
+                                      << s.ceil_mode << " include_pad " << s.count_include_pad
+                                      << " auto_pad " << s.auto_pad);
+    const auto x = Random(Count(s.x_dims), seed++);
+    std::vector<int64_t> dims, r, c;
+    const auto expected = RefPool(s, x, false, &dims, &r, &c);
+    auto out = RunOk("AveragePool", {Make(DType::kFloat32, s.x_dims, x)}, PoolAttrs(s, false), 19);
+    ASSERT_EQ(out.size(), 1u);
+    ASSERT_EQ(out[0].dims(), dims);
+    ExpectNear(expected, out[0], 1e-6, 1e-6, "AveragePool");
+    const auto xh = RoundTo(DType::kFloat16, x);
+    const auto eh = RefPool(s, xh, false, &dims, &r, &c);
+    auto outh = RunOk("AveragePool", {Make(DType::kFloat16, s.x_dims, xh)}, PoolAttrs(s, false), 19);
+    ExpectNear(RoundTo(DType::kFloat16, eh), outh[0], 1e-3, 1e-4, "AveragePool f16");
+  }
+}
+
+TEST(CpuPool, GlobalPools) {
+  const std::vector<int64_t> xd = {2, 3, 4, 5};
+  const auto x = Random(Count(xd), 90);
+  std::vector<double> avg(6), mx(6);
+  for (int p = 0; p < 6; ++p) {
+    double s = 0, m = -1e9;
+    for (int i = 0; i < 20; ++i) {
+      s += x[p * 20 + i];
+      m = std::max(m, x[p * 20 + i]);
+    }
+    avg[p] = s / 20;
+    mx[p] = m;
+  }
+  for (DType dt : {DType::kFloat32, DType::kFloat64}) {
+    auto a = RunOk("GlobalAveragePool", {Make(dt, xd, x)}, {});
+    ASSERT_EQ(a[0].dims(), (std::vector<int64_t>{2, 3, 1, 1}));
+    ExpectNear(avg, a[0], 1e-6, 1e-7, "GlobalAveragePool");
+    auto m = RunOk("GlobalMaxPool", {Make(dt, xd, x)}, {});
+    ASSERT_EQ(m[0].dims(), (std::vector<int64_t>{2, 3, 1, 1}));
+    ExpectNear(mx, m[0], 1e-7, 0, "GlobalMaxPool");
+  }
+}
+
+// ---- Normalization ---------------------------------------------------------------
+
+TEST(CpuBatchNorm, InferenceMode) {
+  const std::vector<int64_t> xd = {2, 3, 4, 2};
+  const auto x = Random(Count(xd), 1), scale = Random(3, 2), bias = Random(3, 3), mean = Random(3, 4);
+  std::vector<double> var = Random(3, 5);
+  for (double& v : var) v = std::fabs(v) + 0.1;
+  const double eps = 1e-3;
+  std::vector<double> expected(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const int c = static_cast<int>((i / 8) % 3);
+    expected[i] = (x[i] - mean[c]) / std::sqrt(var[c] + eps) * scale[c] + bias[c];
+  }
+  for (DType dt : {DType::kFloat32, DType::kFloat64}) {
+    auto out = RunOk("BatchNormalization",
+                     {Make(dt, xd, x), Make(dt, {3}, scale), Make(dt, {3}, bias), Make(dt, {3}, mean),
+                      Make(dt, {3}, var)},
+                     {Attribute::Float("epsilon", static_cast<float>(eps))}, 15);
+    ASSERT_EQ(out.size(), 1u);
+    ExpectNear(expected, out[0], 1e-5, 1e-6, "BatchNorm inference");
+  }
+  // float16 X with float32 parameters (opset 15 T != T1/T2).
+  const auto xh = RoundTo(DType::kFloat16, x);
+  std::vector<double> eh(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const int c = static_cast<int>((i / 8) % 3);
+    eh[i] = (xh[i] - mean[c]) / std::sqrt(var[c] + eps) * scale[c] + bias[c];
+  }
+  auto out = RunOk("BatchNormalization",
+                   {Make(DType::kFloat16, xd, xh), Make(DType::kFloat32, {3}, scale),
+                    Make(DType::kFloat32, {3}, bias), Make(DType::kFloat32, {3}, mean),
+                    Make(DType::kFloat32, {3}, var)},
+                   {Attribute::Float("epsilon", static_cast<float>(eps))}, 15);
+  ASSERT_EQ(out[0].dtype(), DType::kFloat16);
+  ExpectNear(RoundTo(DType::kFloat16, eh), out[0], 1e-3, 1e-3, "BatchNorm f16 X, f32 params");
+}
+
+TEST(CpuBatchNorm, TrainingModeOutputs) {
+  const std::vector<int64_t> xd = {3, 2, 5};
+  const auto x = Random(Count(xd), 21), scale = Random(2, 22), bias = Random(2, 23),
+             mean = Random(2, 24);
+  std::vector<double> var = Random(2, 25);
+  for (double& v : var) v = std::fabs(v) + 0.5;
+  const double eps = 1e-2, momentum = 0.8;
+  std::vector<double> bmean(2, 0), bvar(2, 0);
+  for (int c = 0; c < 2; ++c) {
+    for (int n = 0; n < 3; ++n)
+      for (int i = 0; i < 5; ++i) bmean[c] += x[(n * 2 + c) * 5 + i] / 15.0;
+    for (int n = 0; n < 3; ++n)
+      for (int i = 0; i < 5; ++i) bvar[c] += std::pow(x[(n * 2 + c) * 5 + i] - bmean[c], 2) / 15.0;
+  }
+  std::vector<double> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const int c = static_cast<int>((i / 5) % 2);
+    y[i] = (x[i] - bmean[c]) / std::sqrt(bvar[c] + eps) * scale[c] + bias[c];
+  }
+  std::vector<double> rmean(2), rvar(2);
+  for (int c = 0; c < 2; ++c) {
+    rmean[c] = mean[c] * momentum + bmean[c] * (1 - momentum);
+    rvar[c] = var[c] * momentum + bvar[c] * (1 - momentum);  // biased batch variance
+  }
+  for (DType dt : {DType::kFloat32, DType::kFloat64}) {
+    auto out = RunOk("BatchNormalization",
+                     {Make(dt, xd, x), Make(dt, {2}, scale), Make(dt, {2}, bias), Make(dt, {2}, mean),
+                      Make(dt, {2}, var)},
+                     {Attribute::Float("epsilon", static_cast<float>(eps)),
+                      Attribute::Float("momentum", static_cast<float>(momentum)),
+                      Attribute::Int("training_mode", 1)},
+                     15, 3);
+    ASSERT_EQ(out.size(), 3u);
+    ExpectNear(y, out[0], 1e-5, 1e-6, "BatchNorm training Y");
+    ExpectNear(rmean, out[1], 1e-5, 1e-6, "running_mean");
+    ExpectNear(rvar, out[2], 1e-5, 1e-6, "running_var");
+  }
+  // float16 X, float32 statistics: running stats stay float32.
+  auto out = RunOk("BatchNormalization",
+                   {Make(DType::kFloat16, xd, RoundTo(DType::kFloat16, x)),
+                    Make(DType::kFloat32, {2}, scale), Make(DType::kFloat32, {2}, bias),
+                    Make(DType::kFloat32, {2}, mean), Make(DType::kFloat32, {2}, var)},
+                   {Attribute::Float("epsilon", static_cast<float>(eps)),
+                    Attribute::Float("momentum", static_cast<float>(momentum)),
+                    Attribute::Int("training_mode", 1)},
+                   15, 3);
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].dtype(), DType::kFloat16);
+  EXPECT_EQ(out[1].dtype(), DType::kFloat32);
+  ExpectNear(y, out[0], 5e-3, 5e-3, "BatchNorm training Y f16");
+  ExpectNear(rmean, out[1], 1e-3, 1e-3, "running_mean f16 X");
+  ExpectNear(rvar, out[2], 1e-3, 1e-3, "running_var f16 X");
+}
+
+TEST(CpuLayerNorm, AxesAndStatisticsOutputs) {
+  const std::vector<int64_t> xd = {2, 3, 4};
+  const auto x = Random(Count(xd), 31);
+  const double eps = 1e-4;
+  for (int64_t axis : {-3, -2, -1, 0, 1, 2}) {
+    const int64_t a = axis < 0 ? axis + 3 : axis;
+    std::vector<int64_t> sd(xd.begin() + a, xd.end());
+    const int64_t inner = Count(sd), outer = Count(xd) / inner;
+    const auto scale = Random(inner, 32 + a), bias = Random(inner, 40 + a);
+    std::vector<double> y(x.size()), mean(outer), inv(outer);
+    for (int64_t r = 0; r < outer; ++r) {
+      double m = 0, v = 0;
+      for (int64_t i = 0; i < inner; ++i) m += x[r * inner + i] / inner;
+      for (int64_t i = 0; i < inner; ++i) v += std::pow(x[r * inner + i] - m, 2) / inner;
+      mean[r] = m;
+      inv[r] = 1 / std::sqrt(v + eps);
+      for (int64_t i = 0; i < inner; ++i) y[r * inner + i] = (x[r * inner + i] - m) * inv[r] * scale[i] + bias[i];
+    }
+    std::vector<int64_t> stats_dims = xd;
+    for (int64_t d = a; d < 3; ++d) stats_dims[d] = 1;
+    for (DType dt : {DType::kFloat32, DType::kFloat64}) {
+      auto out = RunOk("LayerNormalization", {Make(dt, xd, x), Make(dt, sd, scale), Make(dt, sd, bias)},
+                       {Attribute::Int("axis", axis), Attribute::Float("epsilon", static_cast<float>(eps))},
+                       17, 3);
+      ASSERT_EQ(out.size(), 3u);
+      ExpectNear(y, out[0], 1e-5, 1e-6, "LayerNorm Y");
+      EXPECT_EQ(out[1].dtype(), DType::kFloat32);
+      EXPECT_EQ(out[1].dims(), stats_dims);
+      ExpectNear(mean, out[1], 1e-5, 1e-6, "LayerNorm Mean");
+      ExpectNear(inv, out[2], 1e-5, 1e-6, "LayerNorm InvStdDev");
+    }
+    // bfloat16 X: statistics in float32 and a float32 Mean output.
+    const auto xb = RoundTo(DType::kBFloat16, x);
+    auto out = RunOk("LayerNormalization",
+                     {Make(DType::kBFloat16, xd, xb), Make(DType::kBFloat16, sd, RoundTo(DType::kBFloat16, scale))},
+                     {Attribute::Int("axis", axis)}, 17, 2);
+    ASSERT_EQ(out.size(), 2u);
+    EXPECT_EQ(out[0].dtype(), DType::kBFloat16);
+    EXPECT_EQ(out[1].dtype(), DType::kFloat32);
+    std::vector<double> bm(outer, 0);
+    for (int64_t r = 0; r < outer; ++r)
+      for (int64_t i = 0; i < inner; ++i) bm[r] += xb[r * inner + i] / inner;
+    ExpectNear(bm, out[1], 1e-5, 1e-6, "LayerNorm Mean bf16");
+  }
+  // Scale broadcast from a [1, 4] tensor; no bias.
+  const auto scale = Random(4, 60);
+  auto out = RunOk("LayerNormalization", {Make(DType::kFloat32, xd, x), Make(DType::kFloat32, {1, 4}, scale)},
+                   {Attribute::Int("axis", 1)}, 17);
+  ASSERT_EQ(out.size(), 1u);
+  for (int64_t r = 0; r < 2; ++r) {
+    double m = 0, v = 0;
+    for (int i = 0; i < 12; ++i) m += x[r * 12 + i] / 12;
+    for (int i = 0; i < 12; ++i) v += std::pow(x[r * 12 + i] - m, 2) / 12;
+    for (int i = 0; i < 12; ++i) {
+      const double e = (x[r * 12 + i] - m) / std::sqrt(v + 1e-5) * scale[i % 4];
+      EXPECT_NEAR(out[0].GetDouble(r * 12 + i), e, 1e-5);
+    }
+  }
+}
+
+// ---- Conformance cases -------------------------------------------------------
+
+// Runs the single node of conformance case `dir` and compares every output
+// (rtol 1e-3, atol 1e-7). Returns "" when it passes, else why not.
+std::string RunConformanceCase(const std::filesystem::path& dir) {
+  absl::StatusOr<Model> model = LoadModel((dir / "model.onnx").string());
+  if (!model.ok()) return std::string(model.status().message());
+  if (absl::Status s = InferTypes(*model); !s.ok()) return "InferTypes: " + std::string(s.message());
+  const Graph& g = *model->graph;
+  if (g.num_nodes() != 1) return "not a single-node model";
+  std::vector<Tensor> inputs;
+  for (size_t i = 0; i < g.inputs().size(); ++i) {
+    absl::StatusOr<Tensor> t = LoadTensorProtoFile(
+        (dir / "test_data_set_0" / ("input_" + std::to_string(i) + ".pb")).string());
+    if (!t.ok()) return std::string(t.status().message());
+    inputs.push_back(std::move(*t));
+  }
+  const Node& node = *g.nodes()[0];
+  std::vector<const Tensor*> ptrs;
+  for (const Value* v : node.inputs()) {
+    const Tensor* p = nullptr;
+    for (size_t i = 0; i < g.inputs().size(); ++i) {
+      if (g.inputs()[i] == v) p = &inputs[i];
+    }
+    ptrs.push_back(p);
+  }
+  absl::StatusOr<std::vector<Tensor>> out =
+      RunNode(Backend(), node, model->OpsetVersion(""), ptrs);
+  if (!out.ok()) return std::string(out.status().message());
+  for (size_t k = 0; k < g.outputs().size(); ++k) {
+    absl::StatusOr<Tensor> expected = LoadTensorProtoFile(
+        (dir / "test_data_set_0" / ("output_" + std::to_string(k) + ".pb")).string());
+    if (!expected.ok()) return std::string(expected.status().message());
+    int slot = -1;
+    for (int o = 0; o < node.num_outputs(); ++o) {
+      if (node.output(o) == g.outputs()[k]) slot = o;
+    }
+    if (slot < 0 || slot >= static_cast<int>(out->size())) return "output not produced";
+    const Tensor& actual = (*out)[slot];
+    if (actual.dtype() != expected->dtype()) return "output " + std::to_string(k) + " dtype differs";
+    if (actual.dims() != expected->dims()) return "output " + std::to_string(k) + " dims differ";
+    for (int64_t i = 0; i < actual.num_elements(); ++i) {
+      const double a = actual.GetDouble(i), e = expected->GetDouble(i);
+      if (std::isnan(e) && std::isnan(a)) continue;
+      if (!(std::fabs(a - e) <= 1e-7 + 1e-3 * std::fabs(e))) {
+        return "output " + std::to_string(k) + " element " + std::to_string(i) + ": " +
+               std::to_string(a) + " vs expected " + std::to_string(e);
+      }
+    }
+  }
+  return "";
+}
+
+// The conformance cases whose single node is one of `ops`.
+std::vector<std::filesystem::path> ConformanceCases(const std::set<std::string>& ops) {
+  std::vector<std::filesystem::path> cases;
+  const std::filesystem::path root = std::filesystem::path(CASTOR_SHARED_DIR) / "conformance" / "onnx-node";
+  if (!std::filesystem::exists(root)) return cases;
+  for (const auto& entry : std::filesystem::directory_iterator(root)) {
+    absl::StatusOr<Model> model = LoadModel((entry.path() / "model.onnx").string());
+    if (!model.ok() || model->graph->num_nodes() != 1) continue;
+    if (ops.count(model->graph->nodes()[0]->op_type())) cases.push_back(entry.path());
+  }
+  std::sort(cases.begin(), cases.end());
+  return cases;
+}
+
+TEST(CpuPoolNormConformance, AllCasesPass) {
+  const auto cases = ConformanceCases({"MaxPool", "AveragePool", "GlobalAveragePool",
+                                       "GlobalMaxPool", "BatchNormalization",
+                                       "LayerNormalization"});
+  if (cases.empty()) GTEST_SKIP() << "no conformance data under " << CASTOR_SHARED_DIR;
+  int passed = 0;
+  for (const auto& dir : cases) {
+    const std::string error = RunConformanceCase(dir);
+    if (error.empty()) {
+      ++passed;
+    } else {
+      ADD_FAILURE() << dir.filename().string() << ": " << error;
+    }
+  }
+  std::printf("conformance (pools, BatchNormalization, LayerNormalization): %d of %zu pass\n",
+              passed, cases.size());
+  EXPECT_GE(cases.size(), 40u);
+}
+
+}  // namespace
+}  // namespace castor
