@@ -690,6 +690,21 @@ TEST(DataMovementOps, TileAndPad) {
   EXPECT_EQ(ShapeOf(axes.Out(pa)), "[2,3,7]");
 }
 
+TEST(DataMovementOps, PadConstantValueMatchesDataNotPads) {
+  ModelBuilder b(13);
+  Value* x = b.Input("x", DType::kFloat32, Dims({2, 3}));
+  b.Add("Pad", {x, b.Ints("pads", {0, 1, 0, 1}), b.Initializer("v", Tensor::Scalar(2.5f))}, {},
+        "pad");
+  EXPECT_TRUE(b.Infer().ok()) << b.Infer();  // int64 pads must not be compared with data
+
+  ModelBuilder bad(13);
+  Value* y = bad.Input("y", DType::kFloat32, Dims({2, 3}));
+  bad.Add("Pad", {y, bad.Ints("pads", {0, 1, 0, 1}), bad.ScalarInt("v", 2)}, {}, "pad");
+  const absl::Status status = bad.Infer();
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(std::string(status.message()).find("constant_value"), std::string::npos) << status;
+}
+
 // ---- Cast --------------------------------------------------------------------
 
 TEST(MiscOps, CastToHalfTypes) {
@@ -927,7 +942,7 @@ TEST(OpsBRegistry, SchemasAndOpsetRanges) {
     EXPECT_EQ(def->max_opset, kMaxOnnxOpset) << op;
     EXPECT_GE(def->min_opset, kMinOnnxOpset) << op;
     EXPECT_FALSE(def->summary.empty()) << op;
-    EXPECT_EQ(def->autocast, AutocastCategory::kUnset) << op;
+    EXPECT_NE(def->autocast, AutocastCategory::kUnset) << op;  // autocast_table.cc covers all
   }
   const OpDef* concat = registry.Find("", "Concat");
   EXPECT_EQ(concat->max_inputs, INT_MAX);

@@ -1,8 +1,443 @@
-// CPU kernels: data_movement family (ops of graph/ops/data_movement.cc).
+// CPU kernels: data_movement family (ops of graph/ops/data_movement.cc):
+// Concat, Split, Slice, Gather, Tile and Pad. All are dtype-agnostic (they
+// move elements of DTypeSize bytes) and compute their output dims from the
+// input values. Opset forms: Split's sizes are an attribute before 13, an
+// input from 13, or `num_outputs` chunks from 18; Slice's starts/ends/axes
+// are attributes before 10 and inputs (with steps) from 10; Pad's pads are
+// an attribute before 11, an input from 11, with an `axes` input from 18.
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/float_io.h"
+#include "backend/cpu/parallel.h"
+#include "backend/cpu/strided_copy.h"
+#include "graph/status.h"
 
 namespace castor::cpu {
+namespace {
 
-void RegisterDataMovementKernels(KernelTable& table) { (void)table; }
+int64_t Product(const std::vector<int64_t>& dims, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t i = begin; i < end && i < dims.size(); ++i) p *= dims[i];
+  return p;
+}
+
+absl::StatusOr<int64_t> NormalizeAxis(const KernelContext& ctx, int64_t axis, int64_t rank,
+                                      const char* what) {
+  if (axis < -rank || axis >= rank) {
+    return ctx.Error(absl::StrCat(what, " ", axis, " is out of range [", -rank, ", ", rank - 1,
+                                  "] for rank ", rank));
+  }
+  return axis < 0 ? axis + rank : axis;
+}
+
+// ---- Concat --------------------------------------------------------------------
+
+absl::Status RunConcat(KernelContext& ctx) {
+  const TensorView& first = ctx.input(0);
+  const int64_t rank = static_cast<int64_t>(first.dims.size());
+  if (rank == 0) return ctx.Error("cannot concatenate scalars (inputs must have rank >= 1)");
+  CASTOR_ASSIGN_OR_RETURN(const int64_t axis,
+                          NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank, "axis"));
+  std::vector<int64_t> dims = first.dims;
+  dims[axis] = 0;
+  for (int i = 0; i < ctx.num_inputs(); ++i) {
+    if (!ctx.has_input(i)) return ctx.Error(absl::StrCat("input ", i, " is missing"));
+    const TensorView& in = ctx.input(i);
+    bool same = static_cast<int64_t>(in.dims.size()) == rank && in.dtype == first.dtype;
+    for (int64_t k = 0; same && k < rank; ++k) same = k == axis || in.dims[k] == first.dims[k];
+    if (!same) {
+      return ctx.Error(absl::StrCat("input ", i, " ", FormatDims(in.dims),
+                                    " does not match input 0 ", FormatDims(first.dims),
+                                    " off axis ", axis));
+    }
+    dims[axis] += in.dims[axis];
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, first.dtype, dims));
+  const size_t element_size = DTypeSize(first.dtype);
+  const int64_t outer = Product(dims, 0, axis);
+  const int64_t inner = Product(dims, axis + 1, dims.size());
+  const int64_t out_row = dims[axis] * inner;
+  int64_t offset = 0;  // elements into an output row
+  for (int i = 0; i < ctx.num_inputs(); ++i) {
+    const TensorView& in = ctx.input(i);
+    const int64_t row = in.dims[axis] * inner;
+    // The input as [outer, row] written into columns offset.. of [outer, out_row].
+    StridedCopy({outer, row}, element_size, in.data, {row, 1},
+                static_cast<char*>(out->data) + offset * element_size, {out_row, 1});
+    offset += row;
+  }
+  return absl::OkStatus();
+}
+
+// ---- Split ---------------------------------------------------------------------
+
+absl::Status RunSplit(KernelContext& ctx) {
+  const TensorView& in = ctx.input(0);
+  const int64_t rank = static_cast<int64_t>(in.dims.size());
+  CASTOR_ASSIGN_OR_RETURN(const int64_t axis,
+                          NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank, "axis"));
+  const int outputs = ctx.num_outputs();
+  const int64_t n = in.dims[axis];
+  std::vector<int64_t> sizes;
+  if (ctx.opset() < 13 && ctx.node().has_attribute("split")) {
+    sizes = ctx.GetInts("split");
+  } else if (ctx.opset() >= 13 && ctx.has_input(1)) {
+    sizes = ReadInts(ctx.input(1));
+  } else if (ctx.node().has_attribute("num_outputs")) {
+    const int64_t parts = ctx.GetInt("num_outputs", outputs);
+    if (parts != outputs || parts <= 0) {
+      return ctx.Error(
+          absl::StrCat("num_outputs is ", parts, " but the node has ", outputs, " outputs"));
+    }
+    // Chunks of ceil(n / parts); the last takes what is left.
+    const int64_t chunk = (n + parts - 1) / parts;
+    for (int64_t i = 0; i < parts; ++i)
+      sizes.push_back(std::min(chunk, n - std::min(n, i * chunk)));
+    if (n - chunk * (parts - 1) < 0) {
+      return ctx.Error(absl::StrCat("cannot split axis ", axis, " of size ", n, " into ", parts,
+                                    " chunks of ", chunk));
+    }
+  } else {
+    if (n % outputs != 0) {
+      return ctx.Error(absl::StrCat("axis ", axis, " of input ", FormatDims(in.dims),
+                                    " does not split evenly into ", outputs, " outputs"));
+    }
+    sizes.assign(outputs, n / outputs);
+  }
+  int64_t total = 0;
+  for (int64_t s : sizes) {
+    if (s < 0)
+      return ctx.Error(
+          absl::StrCat("split [", absl::StrJoin(sizes, ","), "] has a negative entry"));
+    total += s;
+  }
+  if (static_cast<int>(sizes.size()) != outputs || total != n) {
+    return ctx.Error(absl::StrCat("split [", absl::StrJoin(sizes, ","), "] (sum ", total,
+                                  ") does not cut axis ", axis, " of input ", FormatDims(in.dims),
+                                  " into the node's ", outputs, " outputs"));
+  }
+  const size_t element_size = DTypeSize(in.dtype);
+  const int64_t outer = Product(in.dims, 0, axis);
+  const int64_t inner = Product(in.dims, axis + 1, in.dims.size());
+  const int64_t in_row = n * inner;
+  int64_t offset = 0;
+  for (int i = 0; i < outputs; ++i) {
+    std::vector<int64_t> dims = in.dims;
+    dims[axis] = sizes[i];
+    const int64_t row = sizes[i] * inner;
+    if (ctx.has_output(i)) {
+      CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(i, in.dtype, dims));
+      StridedCopy({outer, row}, element_size,
+                  static_cast<const char*>(in.data) + offset * element_size, {in_row, 1}, out->data,
+                  {row, 1});
+    }
+    offset += row;
+  }
+  return absl::OkStatus();
+}
+
+// ---- Slice ---------------------------------------------------------------------
+
+absl::Status RunSlice(KernelContext& ctx) {
+  const TensorView& in = ctx.input(0);
+  const int64_t rank = static_cast<int64_t>(in.dims.size());
+  std::vector<int64_t> starts, ends, axes, steps;
+  bool has_axes;
+  if (ctx.opset() < 10) {
+    starts = ctx.GetInts("starts");
+    ends = ctx.GetInts("ends");
+    has_axes = ctx.node().has_attribute("axes");
+    if (has_axes) axes = ctx.GetInts("axes");
+  } else {
+    if (!ctx.has_input(1) || !ctx.has_input(2)) {
+      return ctx.Error("inputs 'starts' and 'ends' are required from opset 10");
+    }
+    starts = ReadInts(ctx.input(1));
+    ends = ReadInts(ctx.input(2));
+    has_axes = ctx.has_input(3);
+    if (has_axes) axes = ReadInts(ctx.input(3));
+    if (ctx.has_input(4)) steps = ReadInts(ctx.input(4));
+  }
+  const size_t count = starts.size();
+  if (!has_axes) {
+    for (size_t k = 0; k < count; ++k) axes.push_back(static_cast<int64_t>(k));
+  }
+  if (steps.empty()) steps.assign(count, 1);
+  if (ends.size() != count || axes.size() != count || steps.size() != count) {
+    return ctx.Error(
+        absl::StrCat("starts, ends, axes and steps must have one entry per sliced "
+                     "axis; got ",
+                     count, ", ", ends.size(), ", ", axes.size(), ", ", steps.size()));
+  }
+  std::vector<int64_t> first(rank, 0), step_of(rank, 1), dims = in.dims;
+  std::vector<bool> sliced(rank, false);
+  for (size_t k = 0; k < count; ++k) {
+    CASTOR_ASSIGN_OR_RETURN(const int64_t a, NormalizeAxis(ctx, axes[k], rank, "axis"));
+    if (sliced[a]) {
+      return ctx.Error(
+          absl::StrCat("axes [", absl::StrJoin(axes, ","), "] list axis ", a, " twice"));
+    }
+    sliced[a] = true;
+    const int64_t dim = in.dims[a];
+    const int64_t step = steps[k];
+    if (step == 0) return ctx.Error(absl::StrCat("steps entry ", k, " (axis ", a, ") is 0"));
+    int64_t start = starts[k], end = ends[k];
+    // Negative indices count from the end; then starts clamp to [0, dim]
+    // (positive steps) or [0, dim-1] (negative steps), and ends to [0, dim]
+    // or [-1, dim-1].
+    if (start < 0) start += dim;
+    if (end < 0) end += dim;
+    int64_t length;
+    if (step > 0) {
+      start = std::clamp<int64_t>(start, 0, dim);
+      end = std::clamp<int64_t>(end, 0, dim);
+      length = end > start ? (end - start - 1) / step + 1 : 0;
+    } else if (dim == 0) {
+      length = 0;
+    } else {
+      start = std::clamp<int64_t>(start, 0, dim - 1);
+      end = std::clamp<int64_t>(end, -1, dim - 1);
+      length = start > end ? (start - end - 1) / -step + 1 : 0;
+    }
+    dims[a] = length;
+    first[a] = length > 0 ? start : 0;
+    step_of[a] = step;
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, in.dtype, dims));
+  if (out->num_elements() == 0) return absl::OkStatus();
+  const std::vector<int64_t> in_strides = ContiguousStrides(in.dims);
+  std::vector<int64_t> src_strides(rank);
+  int64_t offset = 0;
+  for (int64_t a = 0; a < rank; ++a) {
+    offset += first[a] * in_strides[a];
+    src_strides[a] = step_of[a] * in_strides[a];
+  }
+  const size_t element_size = DTypeSize(in.dtype);
+  StridedCopy(dims, element_size, static_cast<const char*>(in.data) + offset * element_size,
+              src_strides, out->data, ContiguousStrides(dims));
+  return absl::OkStatus();
+}
+
+// ---- Gather --------------------------------------------------------------------
+
+absl::Status RunGather(KernelContext& ctx) {
+  const TensorView& data = ctx.input(0);
+  const TensorView& indices = ctx.input(1);
+  const int64_t rank = static_cast<int64_t>(data.dims.size());
+  if (rank == 0) return ctx.Error("input 0 (data) must have rank >= 1; got a scalar");
+  CASTOR_ASSIGN_OR_RETURN(const int64_t axis,
+                          NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank, "axis"));
+  const int64_t axis_size = data.dims[axis];
+  std::vector<int64_t> index_values = ReadInts(indices);
+  for (int64_t& index : index_values) {
+    if (index < -axis_size || index >= axis_size) {
+      return ctx.Error(absl::StrCat("index ", index, " is out of range for axis ", axis,
+                                    " of size ", axis_size, " (data ", FormatDims(data.dims), ")"));
+    }
+    if (index < 0) index += axis_size;
+  }
+  std::vector<int64_t> dims(data.dims.begin(), data.dims.begin() + axis);
+  dims.insert(dims.end(), indices.dims.begin(), indices.dims.end());
+  dims.insert(dims.end(), data.dims.begin() + axis + 1, data.dims.end());
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, dims));
+  const size_t element_size = DTypeSize(data.dtype);
+  const int64_t outer = Product(data.dims, 0, axis);
+  const int64_t inner = Product(data.dims, axis + 1, data.dims.size());
+  const int64_t count = static_cast<int64_t>(index_values.size());
+  const size_t block = static_cast<size_t>(inner) * element_size;
+  if (block == 0 || outer * count == 0) return absl::OkStatus();
+  const char* src = static_cast<const char*>(data.data);
+  char* dst = static_cast<char*>(out->data);
+  const int64_t grain = std::max<int64_t>(1, 65536 / static_cast<int64_t>(block));
+  ParallelFor(0, outer * count, grain, [&](int64_t lo, int64_t hi) {
+    for (int64_t j = lo; j < hi; ++j) {
+      const int64_t o = j / count, k = j % count;
+      std::memcpy(dst + j * block, src + (o * axis_size + index_values[k]) * block, block);
+    }
+  });
+  return absl::OkStatus();
+}
+
+// ---- Tile ----------------------------------------------------------------------
+
+absl::Status RunTile(KernelContext& ctx) {
+  const TensorView& in = ctx.input(0);
+  const std::vector<int64_t> repeats = ReadInts(ctx.input(1));
+  const size_t rank = in.dims.size();
+  if (repeats.size() != rank) {
+    return ctx.Error(absl::StrCat("repeats [", absl::StrJoin(repeats, ","), "] has ",
+                                  repeats.size(), " entries but the input ", FormatDims(in.dims),
+                                  " has rank ", rank));
+  }
+  // Output [r0*d0, r1*d1, ...] is laid out as [r0, d0, r1, d1, ...]: a copy
+  // with stride 0 over each repeat axis.
+  const std::vector<int64_t> in_strides = ContiguousStrides(in.dims);
+  std::vector<int64_t> dims, space, src_strides;
+  for (size_t i = 0; i < rank; ++i) {
+    if (repeats[i] < 0) {
+      return ctx.Error(
+          absl::StrCat("repeats [", absl::StrJoin(repeats, ","), "] has a negative entry"));
+    }
+    dims.push_back(in.dims[i] * repeats[i]);
+    space.push_back(repeats[i]);
+    space.push_back(in.dims[i]);
+    src_strides.push_back(0);
+    src_strides.push_back(in_strides[i]);
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, in.dtype, dims));
+  StridedCopy(space, DTypeSize(in.dtype), in.data, src_strides, out->data,
+              ContiguousStrides(space));
+  return absl::OkStatus();
+}
+
+// ---- Pad -----------------------------------------------------------------------
+
+// The input index read for output index `o` along an axis of size `n` padded
+// by `before`, or -1 for the constant value.
+int64_t PadSource(int64_t o, int64_t n, int64_t before, const std::string& mode) {
+  const int64_t i = o - before;
+  if (i >= 0 && i < n) return i;
+  if (mode == "constant") return -1;
+  if (mode == "edge") return i < 0 ? 0 : n - 1;
+  if (mode == "wrap") return ((i % n) + n) % n;
+  // reflect: mirror without repeating the edge, period 2 * (n - 1).
+  if (n == 1) return 0;
+  const int64_t period = 2 * (n - 1);
+  int64_t r = ((i % period) + period) % period;
+  return r < n ? r : period - r;
+}
+
+// The constant fill value as one element of `dtype` (`bytes` has 8 bytes).
+void PadValueBytes(const KernelContext& ctx, DType dtype, unsigned char* bytes) {
+  std::memset(bytes, 0, 8);
+  const size_t element_size = DTypeSize(dtype);
+  if (ctx.opset() >= 11) {
+    if (ctx.has_input(2) && ctx.input(2).num_elements() > 0) {
+      std::memcpy(bytes, ctx.input(2).data, element_size);
+    }
+    return;
+  }
+  const float value = ctx.GetFloat("value", 0.0f);
+  DispatchFloat(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T v;
+    StoreF(&v, value);
+    std::memcpy(bytes, &v, sizeof(T));
+  });
+}
+
+absl::Status RunPad(KernelContext& ctx) {
+  const TensorView& in = ctx.input(0);
+  const int64_t rank = static_cast<int64_t>(in.dims.size());
+  const std::string mode = ctx.GetString("mode", "constant");
+  if (mode != "constant" && mode != "reflect" && mode != "edge" && mode != "wrap") {
+    return ctx.Error(absl::StrCat("mode '", mode, "' is not constant, reflect, edge or wrap"));
+  }
+  std::vector<int64_t> pads;
+  std::vector<int64_t> axes;
+  if (ctx.opset() < 11) {
+    pads = ctx.GetInts("pads");
+  } else {
+    if (!ctx.has_input(1)) return ctx.Error("input 1 (pads) is required from opset 11");
+    pads = ReadInts(ctx.input(1));
+    if (ctx.has_input(3)) {
+      for (int64_t axis : ReadInts(ctx.input(3))) {
+        CASTOR_ASSIGN_OR_RETURN(const int64_t a, NormalizeAxis(ctx, axis, rank, "axis"));
+        axes.push_back(a);
+      }
+    }
+  }
+  if (axes.empty() && !(ctx.opset() >= 11 && ctx.has_input(3))) {
+    for (int64_t a = 0; a < rank; ++a) axes.push_back(a);
+  }
+  const int64_t n = static_cast<int64_t>(axes.size());
+  if (static_cast<int64_t>(pads.size()) != 2 * n) {
+    return ctx.Error(absl::StrCat("pads [", absl::StrJoin(pads, ","), "] has ", pads.size(),
+                                  " entries; expected ", 2 * n, " (begin and end for each of ", n,
+                                  " axes) for input ", FormatDims(in.dims)));
+  }
+  std::vector<int64_t> before(rank, 0), after(rank, 0);
+  for (int64_t k = 0; k < n; ++k) {
+    before[axes[k]] += pads[k];
+    after[axes[k]] += pads[k + n];
+  }
+  std::vector<int64_t> dims(rank);
+  for (int64_t a = 0; a < rank; ++a) {
+    dims[a] = in.dims[a] + before[a] + after[a];
+    if (dims[a] < 0) {
+      return ctx.Error(absl::StrCat("pads [", absl::StrJoin(pads, ","), "] make axis ", a,
+                                    " of input ", FormatDims(in.dims), " negative"));
+    }
+    if (mode != "constant" && in.dims[a] == 0 && dims[a] > 0) {
+      return ctx.Error(absl::StrCat("cannot ", mode, "-pad axis ", a, " of input ",
+                                    FormatDims(in.dims), ": it is empty"));
+    }
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, in.dtype, dims));
+  const int64_t total = out->num_elements();
+  if (total == 0) return absl::OkStatus();
+  if (rank == 0) {
+    std::memcpy(out->data, in.data, DTypeSize(in.dtype));
+    return absl::OkStatus();
+  }
+  // Per axis: output index -> input index (-1: the constant).
+  std::vector<std::vector<int64_t>> source(rank);
+  for (int64_t a = 0; a < rank; ++a) {
+    source[a].resize(dims[a]);
+    for (int64_t o = 0; o < dims[a]; ++o) source[a][o] = PadSource(o, in.dims[a], before[a], mode);
+  }
+  unsigned char value[8];
+  PadValueBytes(ctx, in.dtype, value);
+  const size_t element_size = DTypeSize(in.dtype);
+  const std::vector<int64_t> in_strides = ContiguousStrides(in.dims);
+  const int64_t row_length = dims[rank - 1];
+  const int64_t rows = total / row_length;
+  const char* src = static_cast<const char*>(in.data);
+  char* dst = static_cast<char*>(out->data);
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, row_length));
+  ParallelFor(0, rows, grain, [&](int64_t lo, int64_t hi) {
+    for (int64_t row = lo; row < hi; ++row) {
+      // The input row this output row reads, or none (constant row).
+      int64_t in_offset = 0;
+      bool constant_row = false;
+      for (int64_t a = rank - 2, rest = row; a >= 0; --a) {
+        const int64_t s = source[a][rest % dims[a]];
+        rest /= dims[a];
+        if (s < 0) constant_row = true;
+        in_offset += s * in_strides[a];
+      }
+      char* out_row = dst + row * row_length * element_size;
+      const std::vector<int64_t>& inner = source[rank - 1];
+      for (int64_t o = 0; o < row_length; ++o) {
+        const int64_t s = constant_row ? -1 : inner[o];
+        std::memcpy(out_row + o * element_size,
+                    s < 0 ? static_cast<const void*>(value)
+                          : static_cast<const void*>(src + (in_offset + s) * element_size),
+                    element_size);
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void RegisterDataMovementKernels(KernelTable& table) {
+  for (auto [op_type, run] : std::vector<std::pair<const char*, KernelFn>>{{"Concat", RunConcat},
+                                                                           {"Split", RunSplit},
+                                                                           {"Slice", RunSlice},
+                                                                           {"Gather", RunGather},
+                                                                           {"Tile", RunTile},
+                                                                           {"Pad", RunPad}}) {
+    table.Register(KernelDef{"", op_type, NoStringTensors, run, /*in_place_ok=*/false});
+  }
+}
 
 }  // namespace castor::cpu

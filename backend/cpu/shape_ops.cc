@@ -1,8 +1,260 @@
-// CPU kernels: shape_ops family (ops of graph/ops/shape_ops.cc).
+// CPU kernels: shape_ops family (ops of graph/ops/shape_ops.cc): Reshape,
+// Flatten, Squeeze, Unsqueeze (a copy with new dims, aliasable in place),
+// Transpose and Expand (strided copies), Shape and Size (int64 readers).
+// Every kernel is dtype-agnostic: it moves elements of DTypeSize bytes.
+// Output dims are computed from the input values at run time (the inferred
+// shapes may be symbolic), and the checks name both shapes when they clash.
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/strided_copy.h"
+#include "graph/status.h"
 
 namespace castor::cpu {
+namespace {
 
-void RegisterShapeKernels(KernelTable& table) { (void)table; }
+int64_t Product(const std::vector<int64_t>& dims, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t i = begin; i < end; ++i) p *= dims[i];
+  return p;
+}
+
+// Normalizes `axis` into [0, rank); `what` names it in the error.
+absl::StatusOr<int64_t> NormalizeAxis(const KernelContext& ctx, int64_t axis, int64_t rank,
+                                      const char* what) {
+  if (axis < -rank || axis >= rank) {
+    return ctx.Error(absl::StrCat(what, " ", axis, " is out of range [", -rank, ", ", rank - 1,
+                                  "] for rank ", rank));
+  }
+  return axis < 0 ? axis + rank : axis;
+}
+
+// ---- Reshape -----------------------------------------------------------------
+
+absl::Status RunReshape(KernelContext& ctx) {
+  const TensorView& data = ctx.input(0);
+  const std::vector<int64_t> target = ReadInts(ctx.input(1));
+  const bool allowzero = ctx.GetInt("allowzero", 0) != 0;
+  const int64_t total = data.num_elements();
+  std::vector<int64_t> dims(target.size());
+  int minus_one_at = -1;
+  for (int i = 0; i < static_cast<int>(target.size()); ++i) {
+    const int64_t v = target[i];
+    if (v == 0 && !allowzero) {
+      if (i >= static_cast<int>(data.dims.size())) {
+        return ctx.Error(absl::StrCat("shape ", FormatDims(target), " entry ", i,
+                                      " is 0 (copy the input dim) but the input ",
+                                      FormatDims(data.dims), " has rank ", data.dims.size()));
+      }
+      dims[i] = data.dims[i];
+    } else if (v == -1) {
+      if (minus_one_at >= 0) {
+        return ctx.Error(absl::StrCat("shape ", FormatDims(target), " has more than one -1"));
+      }
+      minus_one_at = i;
+      dims[i] = 1;
+    } else if (v < -1) {
+      return ctx.Error(
+          absl::StrCat("shape ", FormatDims(target), " has entry ", v, "; entries must be >= -1"));
+    } else {
+      dims[i] = v;
+    }
+  }
+  if (minus_one_at >= 0) {
+    const int64_t others = Product(dims, 0, dims.size());
+    if (others == 0 || total % others != 0) {
+      return ctx.Error(absl::StrCat("cannot reshape input ", FormatDims(data.dims), " (", total,
+                                    " elements) to ", FormatDims(target),
+                                    ": the -1 entry cannot be inferred"));
+    }
+    dims[minus_one_at] = total / others;
+  }
+  if (Product(dims, 0, dims.size()) != total) {
+    return ctx.Error(absl::StrCat("cannot reshape input ", FormatDims(data.dims), " (", total,
+                                  " elements) to ", FormatDims(target), " = ", FormatDims(dims),
+                                  " (", Product(dims, 0, dims.size()), " elements)"));
+  }
+  return CopyInputToOutput(ctx, std::move(dims));
+}
+
+// ---- Flatten -----------------------------------------------------------------
+
+absl::Status RunFlatten(KernelContext& ctx) {
+  const std::vector<int64_t>& in = ctx.input(0).dims;
+  const int64_t rank = static_cast<int64_t>(in.size());
+  int64_t axis = ctx.GetInt("axis", 1);
+  if (axis < -rank || axis > rank) {
+    return ctx.Error(absl::StrCat("axis ", axis, " is out of range [", -rank, ", ", rank,
+                                  "] for input ", FormatDims(in)));
+  }
+  if (axis < 0) axis += rank;
+  return CopyInputToOutput(ctx, {Product(in, 0, axis), Product(in, axis, in.size())});
+}
+
+// ---- Squeeze / Unsqueeze -------------------------------------------------------
+
+// The axes of Squeeze/Unsqueeze: attribute before opset 13, optional input 1
+// from then on. Returns nullopt when none are given.
+std::optional<std::vector<int64_t>> SqueezeAxes(const KernelContext& ctx) {
+  if (ctx.opset() < 13) {
+    if (!ctx.node().has_attribute("axes")) return std::nullopt;
+    return ctx.GetInts("axes");
+  }
+  if (!ctx.has_input(1)) return std::nullopt;
+  return ReadInts(ctx.input(1));
+}
+
+absl::Status RunSqueeze(KernelContext& ctx) {
+  const std::vector<int64_t>& in = ctx.input(0).dims;
+  const int64_t rank = static_cast<int64_t>(in.size());
+  std::vector<bool> squeezed(rank, false);
+  if (std::optional<std::vector<int64_t>> axes = SqueezeAxes(ctx); axes && !axes->empty()) {
+    for (int64_t axis : *axes) {
+      CASTOR_ASSIGN_OR_RETURN(int64_t a, NormalizeAxis(ctx, axis, rank, "axis"));
+      if (in[a] != 1) {
+        return ctx.Error(absl::StrCat("cannot squeeze axis ", axis, " of input ", FormatDims(in),
+                                      ": its size is ", in[a], ", not 1"));
+      }
+      squeezed[a] = true;
+    }
+  } else {
+    for (int64_t a = 0; a < rank; ++a) squeezed[a] = in[a] == 1;
+  }
+  std::vector<int64_t> dims;
+  for (int64_t a = 0; a < rank; ++a) {
+    if (!squeezed[a]) dims.push_back(in[a]);
+  }
+  return CopyInputToOutput(ctx, std::move(dims));
+}
+
+absl::Status RunUnsqueeze(KernelContext& ctx) {
+  const std::vector<int64_t>& in = ctx.input(0).dims;
+  std::optional<std::vector<int64_t>> axes = SqueezeAxes(ctx);
+  if (!axes) {
+    return ctx.Error(ctx.opset() < 13 ? "attribute 'axes' is required before opset 13"
+                                      : "input 1 (axes) is required from opset 13");
+  }
+  const int64_t out_rank = static_cast<int64_t>(in.size() + axes->size());
+  std::vector<bool> inserted(out_rank, false);
+  for (int64_t axis : *axes) {
+    CASTOR_ASSIGN_OR_RETURN(int64_t a, NormalizeAxis(ctx, axis, out_rank, "axis"));
+    if (inserted[a]) {
+      return ctx.Error(
+          absl::StrCat("axes [", absl::StrJoin(*axes, ","), "] list axis ", axis, " twice"));
+    }
+    inserted[a] = true;
+  }
+  std::vector<int64_t> dims;
+  size_t next = 0;
+  for (int64_t a = 0; a < out_rank; ++a) dims.push_back(inserted[a] ? 1 : in[next++]);
+  return CopyInputToOutput(ctx, std::move(dims));
+}
+
+// ---- Transpose -----------------------------------------------------------------
+
+absl::Status RunTranspose(KernelContext& ctx) {
+  const TensorView& data = ctx.input(0);
+  const int64_t rank = static_cast<int64_t>(data.dims.size());
+  std::vector<int64_t> perm = ctx.GetInts("perm");
+  if (!ctx.node().has_attribute("perm")) {
+    for (int64_t i = rank - 1; i >= 0; --i) perm.push_back(i);
+  }
+  std::vector<bool> seen(rank, false);
+  bool valid = static_cast<int64_t>(perm.size()) == rank;
+  for (int64_t p : perm) {
+    valid = valid && p >= 0 && p < rank && !seen[p];
+    if (valid) seen[p] = true;
+  }
+  if (!valid) {
+    return ctx.Error(absl::StrCat("perm [", absl::StrJoin(perm, ","),
+                                  "] is not a permutation of the axes of input ",
+                                  FormatDims(data.dims)));
+  }
+  const std::vector<int64_t> in_strides = ContiguousStrides(data.dims);
+  std::vector<int64_t> dims(rank), src_strides(rank);
+  for (int64_t i = 0; i < rank; ++i) {
+    dims[i] = data.dims[perm[i]];
+    src_strides[i] = in_strides[perm[i]];
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, dims));
+  StridedCopy(dims, DTypeSize(data.dtype), data.data, src_strides, out->data,
+              ContiguousStrides(dims));
+  return absl::OkStatus();
+}
+
+// ---- Expand --------------------------------------------------------------------
+
+absl::Status RunExpand(KernelContext& ctx) {
+  const TensorView& data = ctx.input(0);
+  const std::vector<int64_t> shape = ReadInts(ctx.input(1));
+  const size_t rank = std::max(data.dims.size(), shape.size());
+  const std::vector<int64_t> in_strides = ContiguousStrides(data.dims);
+  std::vector<int64_t> dims(rank), src_strides(rank, 0);
+  for (size_t i = 0; i < rank; ++i) {
+    const size_t from_end = rank - 1 - i;
+    const bool has_in = from_end < data.dims.size();
+    const bool has_shape = from_end < shape.size();
+    const int64_t d = has_in ? data.dims[data.dims.size() - 1 - from_end] : 1;
+    const int64_t t = has_shape ? shape[shape.size() - 1 - from_end] : 1;
+    if (d != t && d != 1 && t != 1) {
+      return ctx.Error(absl::StrCat("cannot expand input ", FormatDims(data.dims), " to shape ",
+                                    FormatDims(shape), ": dim ", d, " vs ", t));
+    }
+    if (t < 0) {
+      return ctx.Error(absl::StrCat("shape ", FormatDims(shape), " has a negative entry"));
+    }
+    dims[i] = d == 1 ? t : d;
+    if (has_in && d != 1) src_strides[i] = in_strides[data.dims.size() - 1 - from_end];
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, dims));
+  StridedCopy(dims, DTypeSize(data.dtype), data.data, src_strides, out->data,
+              ContiguousStrides(dims));
+  return absl::OkStatus();
+}
+
+// ---- Shape / Size ----------------------------------------------------------------
+
+absl::Status RunShape(KernelContext& ctx) {
+  const std::vector<int64_t>& in = ctx.input(0).dims;
+  const int64_t rank = static_cast<int64_t>(in.size());
+  auto clamp = [rank](int64_t index) {
+    if (index < 0) index += rank;
+    return std::clamp<int64_t>(index, 0, rank);
+  };
+  const int64_t start = clamp(ctx.GetInt("start", 0));
+  const int64_t end = clamp(ctx.GetInt("end", rank));
+  const int64_t count = std::max<int64_t>(0, end - start);
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, DType::kInt64, {count}));
+  for (int64_t i = 0; i < count; ++i) out->as<int64_t>()[i] = in[start + i];
+  return absl::OkStatus();
+}
+
+absl::Status RunSize(KernelContext& ctx) {
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, DType::kInt64, {}));
+  *out->as<int64_t>() = ctx.input(0).num_elements();
+  return absl::OkStatus();
+}
+
+void Add(KernelTable& table, const char* op_type, KernelFn run, bool in_place_ok) {
+  table.Register(KernelDef{"", op_type, NoStringTensors, run, in_place_ok});
+}
+
+}  // namespace
+
+void RegisterShapeKernels(KernelTable& table) {
+  Add(table, "Reshape", RunReshape, /*in_place_ok=*/true);
+  Add(table, "Flatten", RunFlatten, /*in_place_ok=*/true);
+  Add(table, "Squeeze", RunSqueeze, /*in_place_ok=*/true);
+  Add(table, "Unsqueeze", RunUnsqueeze, /*in_place_ok=*/true);
+  Add(table, "Transpose", RunTranspose, /*in_place_ok=*/false);
+  Add(table, "Expand", RunExpand, /*in_place_ok=*/false);
+  Add(table, "Shape", RunShape, /*in_place_ok=*/false);
+  Add(table, "Size", RunSize, /*in_place_ok=*/false);
+}
 
 }  // namespace castor::cpu

@@ -509,8 +509,10 @@ absl::Status InferPad(InferenceContext& ctx) {
     if (!ctx.has_input(1)) return ctx.Error("input 1 (pads) is required from opset 11");
     CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 1, {DType::kInt64}));
     CASTOR_RETURN_IF_ERROR(Require1D(ctx, 1, "pads"));
-    if (ctx.has_input(2)) {
-      CASTOR_RETURN_IF_ERROR(ops::RequireSameDType(ctx, 0, 2));
+    if (ctx.has_input(2) && ctx.input_dtype(2) != ctx.input_dtype(0)) {
+      return ctx.Error(absl::StrCat("input 2 (constant_value) has dtype ",
+                                    DTypeName(ctx.input_dtype(2)), " but input 0 has ",
+                                    DTypeName(ctx.input_dtype(0)), "; they must match"));
     }
     if (ctx.has_input(3)) {
       if (opset < 18) return ctx.Error("input 3 (axes) exists from opset 18");

@@ -1,0 +1,197 @@
+// StridedCopy and ParallelMemcpy (see strided_copy.h).
+#include "backend/cpu/strided_copy.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "backend/cpu/parallel.h"
+
+namespace castor::cpu {
+namespace {
+
+// Bytes one parallel chunk should move at least (below this threads cost
+// more than they save).
+constexpr int64_t kBytesPerChunk = 64 * 1024;
+
+struct Axis {
+  int64_t size;
+  int64_t src_stride;
+  int64_t dst_stride;
+};
+
+// Copies `count` elements of one inner row with element strides.
+template <typename Word>
+void CopyRow(const char* src, int64_t src_stride, char* dst, int64_t dst_stride, int64_t count) {
+  const Word* s = reinterpret_cast<const Word*>(src);
+  Word* d = reinterpret_cast<Word*>(dst);
+  for (int64_t i = 0; i < count; ++i) d[i * dst_stride] = s[i * src_stride];
+}
+
+void CopyRowBytes(const char* src, int64_t src_stride, char* dst, int64_t dst_stride, int64_t count,
+                  size_t element_size) {
+  if (src_stride == 1 && dst_stride == 1) {
+    std::memcpy(dst, src, static_cast<size_t>(count) * element_size);
+    return;
+  }
+  switch (element_size) {
+    case 1: CopyRow<uint8_t>(src, src_stride, dst, dst_stride, count); return;
+    case 2: CopyRow<uint16_t>(src, src_stride, dst, dst_stride, count); return;
+    case 4: CopyRow<uint32_t>(src, src_stride, dst, dst_stride, count); return;
+    case 8: CopyRow<uint64_t>(src, src_stride, dst, dst_stride, count); return;
+    default:
+      for (int64_t i = 0; i < count; ++i) {
+        std::memcpy(dst + i * dst_stride * static_cast<int64_t>(element_size),
+                    src + i * src_stride * static_cast<int64_t>(element_size), element_size);
+      }
+  }
+}
+
+}  // namespace
+
+std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& dims) {
+  std::vector<int64_t> strides(dims.size(), 1);
+  for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) {
+    strides[i] = strides[i + 1] * dims[i + 1];
+  }
+  return strides;
+}
+
+void ParallelMemcpy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  if (static_cast<int64_t>(bytes) < 4 * kBytesPerChunk) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  ParallelFor(0, static_cast<int64_t>(bytes), kBytesPerChunk, [&](int64_t lo, int64_t hi) {
+    std::memcpy(static_cast<char*>(dst) + lo, static_cast<const char*>(src) + lo,
+                static_cast<size_t>(hi - lo));
+  });
+}
+
+void StridedCopy(const std::vector<int64_t>& dims, size_t element_size, const void* src,
+                 const std::vector<int64_t>& src_strides, void* dst,
+                 const std::vector<int64_t>& dst_strides) {
+  // Drop size-1 axes, then merge each axis into the next inner one when both
+  // views are contiguous across them.
+  std::vector<Axis> axes;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] == 0) return;
+    if (dims[i] != 1) axes.push_back({dims[i], src_strides[i], dst_strides[i]});
+  }
+  std::vector<Axis> merged;
+  for (const Axis& a : axes) {
+    if (!merged.empty()) {
+      Axis& outer = merged.back();
+      // `outer` precedes `a`; they merge when outer's stride spans a.
+      if (outer.src_stride == a.size * a.src_stride && outer.dst_stride == a.size * a.dst_stride) {
+        outer = {outer.size * a.size, a.src_stride, a.dst_stride};
+        continue;
+      }
+    }
+    merged.push_back(a);
+  }
+  const char* src_bytes = static_cast<const char*>(src);
+  char* dst_bytes = static_cast<char*>(dst);
+  if (merged.empty()) {
+    std::memcpy(dst_bytes, src_bytes, element_size);
+    return;
+  }
+  const Axis inner = merged.back();
+  merged.pop_back();
+  const int outer_rank = static_cast<int>(merged.size());
+  int64_t rows = 1;
+  for (const Axis& a : merged) rows *= a.size;
+  const int64_t element_bytes = static_cast<int64_t>(element_size);
+  if (rows == 1 && inner.src_stride == 1 && inner.dst_stride == 1) {
+    ParallelMemcpy(dst_bytes, src_bytes, static_cast<size_t>(inner.size * element_bytes));
+    return;
+  }
+  const int64_t row_bytes = std::max<int64_t>(1, inner.size * element_bytes);
+  const int64_t grain = std::max<int64_t>(1, kBytesPerChunk / row_bytes);
+  ParallelFor(0, rows, grain, [&](int64_t lo, int64_t hi) {
+    // Odometer over the outer axes, starting at row `lo`.
+    std::vector<int64_t> index(outer_rank, 0);
+    int64_t src_offset = 0, dst_offset = 0;
+    for (int64_t k = outer_rank - 1, rest = lo; k >= 0; --k) {
+      index[k] = rest % merged[k].size;
+      rest /= merged[k].size;
+      src_offset += index[k] * merged[k].src_stride;
+      dst_offset += index[k] * merged[k].dst_stride;
+    }
+    for (int64_t row = lo; row < hi; ++row) {
+      CopyRowBytes(src_bytes + src_offset * element_bytes, inner.src_stride,
+                   dst_bytes + dst_offset * element_bytes, inner.dst_stride, inner.size,
+                   element_size);
+      for (int k = outer_rank - 1; k >= 0; --k) {
+        src_offset += merged[k].src_stride;
+        dst_offset += merged[k].dst_stride;
+        if (++index[k] < merged[k].size) break;
+        src_offset -= merged[k].size * merged[k].src_stride;
+        dst_offset -= merged[k].size * merged[k].dst_stride;
+        index[k] = 0;
+      }
+    }
+  });
+}
+
+}  // namespace castor::cpu
+
+namespace castor::cpu {
+
+std::vector<int64_t> ReadInts(const TensorView& view) {
+  const int64_t n = view.num_elements();
+  std::vector<int64_t> values(n);
+  for (int64_t i = 0; i < n; ++i) {
+    switch (view.dtype) {
+      case DType::kInt64: values[i] = view.as<int64_t>()[i]; break;
+      case DType::kInt32: values[i] = view.as<int32_t>()[i]; break;
+      case DType::kInt16: values[i] = view.as<int16_t>()[i]; break;
+      case DType::kInt8: values[i] = view.as<int8_t>()[i]; break;
+      case DType::kUInt8: values[i] = view.as<uint8_t>()[i]; break;
+      case DType::kUInt16: values[i] = view.as<uint16_t>()[i]; break;
+      case DType::kUInt32: values[i] = view.as<uint32_t>()[i]; break;
+      case DType::kUInt64: values[i] = static_cast<int64_t>(view.as<uint64_t>()[i]); break;
+      default: values[i] = 0; break;
+    }
+  }
+  return values;
+}
+
+std::string FormatDims(const std::vector<int64_t>& dims) {
+  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
+}
+
+absl::Status NoStringTensors(const Node& node) {
+  auto check = [](const Value* v) -> absl::Status {
+    if (v != nullptr && v->dtype() == DType::kString) {
+      return absl::UnimplementedError(
+          absl::StrCat("'", v->name(),
+                       "' is a string tensor; CPU kernels move fixed-size "
+                       "elements only"));
+    }
+    return absl::OkStatus();
+  };
+  for (const Value* v : node.inputs()) {
+    if (absl::Status s = check(v); !s.ok()) return s;
+  }
+  for (const Value* v : node.outputs()) {
+    if (absl::Status s = check(v); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CopyInputToOutput(KernelContext& ctx, std::vector<int64_t> dims) {
+  const TensorView& input = ctx.input(0);
+  absl::StatusOr<TensorView*> output = ctx.Output(0, input.dtype, std::move(dims));
+  if (!output.ok()) return output.status();
+  if ((*output)->num_elements() != input.num_elements()) {
+    return ctx.Error(absl::StrCat("internal: output ", FormatDims((*output)->dims), " and input ",
+                                  FormatDims(input.dims), " differ in element count"));
+  }
+  ParallelMemcpy((*output)->data, input.data, input.byte_size());
+  return absl::OkStatus();
+}
+
+}  // namespace castor::cpu
