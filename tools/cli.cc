@@ -10,7 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "backend/cuda_probe.h"
 #include "tools/args.h"
+#include "tools/conformance_command.h"
 #include "tools/inspect.h"
+#include "tools/run_command.h"
 
 #define CASTOR_VERSION CASTOR_VERSION_STRING
 
@@ -21,6 +23,10 @@ const std::vector<Subcommand>& Subcommands() {
   static const std::vector<Subcommand> kSubcommands = {
       {"inspect", "show a model's graph: nodes, dtypes, shapes, parameters (text, json or dot)",
        RunInspect},
+      {"run", "run inference on the CPU backend: inputs from .npy/.pb files, outputs to .npy",
+       RunRun},
+      {"conformance", "run ONNX backend node test cases and compare as ONNX's test runner does",
+       RunConformance},
   };
   return kSubcommands;
 }

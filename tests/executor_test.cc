@@ -1,0 +1,364 @@
+// Executor tests on a FakeBackend: host memory with its own tiny kernel
+// table (Relu, Neg, Add; float32), so they do not depend on the CPU kernels.
+// They check outputs, plan caching per shape signature, buffer reuse and
+// in-place decisions (taken only when safe), resident/kept tensors, the
+// feed and missing-kernel error messages, and that every buffer is freed.
+#include "backend/executor.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <set>
+
+#include "graph/shape_inference.h"
+
+namespace castor {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+absl::Status Unary(KernelContext& ctx, float (*fn)(float)) {
+  const TensorView& x = ctx.input(0);
+  absl::StatusOr<TensorView*> y = ctx.Output(0, x.dims);
+  if (!y.ok()) return y.status();
+  for (int64_t i = 0; i < x.num_elements(); ++i) (*y)->as<float>()[i] = fn(x.as<float>()[i]);
+  return absl::OkStatus();
+}
+absl::Status ReluKernel(KernelContext& ctx) {
+  return Unary(ctx, [](float v) { return v > 0 ? v : 0.0f; });
+}
+absl::Status NegKernel(KernelContext& ctx) {
+  return Unary(ctx, [](float v) { return -v; });
+}
+// Same-shape Add only (enough for these tests).
+absl::Status AddKernel(KernelContext& ctx) {
+  const TensorView& a = ctx.input(0);
+  const TensorView& b = ctx.input(1);
+  if (a.dims != b.dims) return ctx.Error("fake Add needs equal shapes");
+  absl::StatusOr<TensorView*> y = ctx.Output(0, a.dims);
+  if (!y.ok()) return y.status();
+  for (int64_t i = 0; i < a.num_elements(); ++i) {
+    (*y)->as<float>()[i] = a.as<float>()[i] + b.as<float>()[i];
+  }
+  return absl::OkStatus();
+}
+
+// Host memory; counts live allocations so tests can check nothing leaks.
+class FakeBackend : public Backend {
+ public:
+  explicit FakeBackend(bool in_place_ok) {
+    for (auto [op, fn] : {std::pair{"Relu", &ReluKernel}, std::pair{"Neg", &NegKernel},
+                          std::pair{"Add", &AddKernel}}) {
+      table_.Register(KernelDef{"", op, FloatDTypesIn({DType::kFloat32}), fn, in_place_ok});
+    }
+  }
+  std::string name() const override { return "fake"; }
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    live_.insert(p);
+    return p;
+  }
+  void Free(void* data) override {
+    live_.erase(data);
+    std::free(data);
+  }
+  absl::Status CopyFromHost(void* dst, const void* src, size_t n) override {
+    std::memcpy(dst, src, n);
+    return absl::OkStatus();
+  }
+  absl::Status CopyToHost(void* dst, const void* src, size_t n) override {
+    std::memcpy(dst, src, n);
+    return absl::OkStatus();
+  }
+  absl::Status CopyWithin(void* dst, const void* src, size_t n) override {
+    std::memmove(dst, src, n);
+    return absl::OkStatus();
+  }
+  const KernelTable& kernels() const override { return table_; }
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+  size_t live_allocations() const { return live_.size(); }
+
+ private:
+  KernelTable table_;
+  std::set<void*> live_;
+};
+
+// A model builder: `x` float32[N,4] input, nodes appended by name.
+class ModelBuilder {
+ public:
+  ModelBuilder() {
+    model_.ir_version = 8;
+    model_.opset_imports.push_back({"", 17});
+    x_ = *model_.graph->AddInput("x", DType::kFloat32, Shape{Dim::Symbol("N"), Dim(4)});
+  }
+  Value* x() { return x_; }
+  Value* Add(const std::string& op, std::vector<Value*> inputs, const std::string& out) {
+    return (*model_.graph->AddNode(op, inputs, {out}, out + "_node"))->output(0);
+  }
+  Model& Finish(std::vector<Value*> outputs) {
+    for (Value* v : outputs) model_.graph->AddOutput(v);
+    absl::Status s = InferTypes(model_);
+    EXPECT_TRUE(s.ok()) << s;
+    return model_;
+  }
+  Model& model() { return model_; }
+
+ private:
+  Model model_;
+  Value* x_;
+};
+
+Tensor Input(int64_t rows, float start = 1.0f) {
+  std::vector<float> values(rows * 4);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = start + static_cast<float>(i);
+  return Tensor::FromVector<float>(DType::kFloat32, {rows, 4}, values);
+}
+
+// x -> Relu -> Neg -> Relu -> Neg -> y: each value is read only by the next node.
+Model& Chain(ModelBuilder& b) {
+  Value* a = b.Add("Relu", {b.x()}, "a");
+  Value* c = b.Add("Neg", {a}, "c");
+  Value* d = b.Add("Relu", {c}, "d");
+  return b.Finish({b.Add("Neg", {d}, "y")});
+}
+
+TEST(ExecutorTest, ChainComputesAndReusesBuffers) {
+  FakeBackend backend(/*in_place_ok=*/false);
+  ModelBuilder builder;
+  auto executor = Executor::Create(Chain(builder), backend);
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  // 64 rows x 4 floats = 1024 bytes per activation; x = 1..256, so Relu(x) = x,
+  // Neg -> -x, Relu -> 0, Neg -> -0.
+  auto out = (*executor)->Run({{"x", Input(64)}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->size(), 1u);
+  EXPECT_EQ((*out)[0].dims(), (std::vector<int64_t>{64, 4}));
+  EXPECT_EQ((*out)[0].data<float>()[5], 0.0f);
+
+  const PlanStats& stats = (*executor)->last_stats();
+  EXPECT_EQ(stats.num_nodes, 4);
+  EXPECT_EQ(stats.total_activation_bytes, 4 * 1024);
+  EXPECT_EQ(stats.peak_activation_bytes, 2 * 1024);  // producer and consumer
+  EXPECT_LT(stats.peak_activation_bytes, stats.total_activation_bytes);
+  EXPECT_EQ(stats.buffer_reuses, 2);  // d takes a's buffer, y takes c's
+  EXPECT_EQ(stats.in_place_reuses, 0);
+  EXPECT_EQ(stats.backend_allocated_bytes, 3 * 1024);  // the feed plus two activations
+}
+
+TEST(ExecutorTest, PlansAreCachedPerShapeSignature) {
+  FakeBackend backend(false);
+  ModelBuilder builder;
+  auto executor = Executor::Create(Chain(builder), backend);
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  ASSERT_TRUE((*executor)->Run({{"x", Input(64)}}).ok());
+  EXPECT_EQ((*executor)->num_plans(), 1);
+  ASSERT_TRUE((*executor)->Run({{"x", Input(64, -3.0f)}}).ok());
+  EXPECT_EQ((*executor)->num_plans(), 1);
+  EXPECT_EQ((*executor)->last_stats().backend_allocated_bytes, 0);  // all from the pool
+  auto out = (*executor)->Run({{"x", Input(2, -3.0f)}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*executor)->num_plans(), 2);
+  EXPECT_EQ((*out)[0].dims(), (std::vector<int64_t>{2, 4}));
+  // x = -3..4: Relu -> 0,0,0,0,0,1,2,3; Neg; Relu -> 0; Neg -> -0.
+  EXPECT_EQ((*out)[0].data<float>()[7], 0.0f);
+}
+
+TEST(ExecutorTest, InPlaceTakenAlongChainButNeverOnGraphInput) {
+  FakeBackend backend(/*in_place_ok=*/true);
+  ModelBuilder builder;
+  auto executor = Executor::Create(Chain(builder), backend);
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  auto out = (*executor)->Run({{"x", Input(64, -10.0f)}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  const PlanStats& stats = (*executor)->last_stats();
+  EXPECT_EQ(stats.in_place_reuses, 3);  // all but the first node, which reads x
+  EXPECT_EQ(stats.peak_activation_bytes, 1024);
+  // x[0] = -10 -> 0 -> -0 -> 0 -> -0; x[20] = 10 -> 10 -> -10 -> 0 -> -0.
+  EXPECT_EQ((*out)[0].data<float>()[20], 0.0f);
+}
+
+TEST(ExecutorTest, InPlaceNotTakenWhileInputIsReadLater) {
+  FakeBackend backend(true);
+  ModelBuilder builder;
+  Value* a = builder.Add("Relu", {builder.x()}, "a");
+  Value* b = builder.Add("Neg", {a}, "b");  // a is still read by Add
+  Value* c = builder.Add("Add", {b, a}, "c");
+  Value* d = builder.Add("Add", {c, a}, "d");
+  auto executor = Executor::Create(builder.Finish({d}), backend);
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  auto out = (*executor)->Run({{"x", Input(1)}});  // x = 1,2,3,4
+  ASSERT_TRUE(out.ok()) << out.status();
+  // d = (-a + a) + a = a; had Neg overwritten a, d would be -a.
+  EXPECT_EQ((*out)[0].data<float>()[0], 1.0f);
+  EXPECT_EQ((*out)[0].data<float>()[3], 4.0f);
+  EXPECT_EQ((*executor)->last_stats().in_place_reuses, 2);  // c takes b, d takes c
+}
+
+TEST(ExecutorTest, GraphOutputIsNeitherReusedNorOverwritten) {
+  FakeBackend backend(true);
+  ModelBuilder builder;
+  Value* a = builder.Add("Relu", {builder.x()}, "a");
+  Value* b = builder.Add("Neg", {a}, "b");
+  auto executor = Executor::Create(builder.Finish({a, b}), backend);
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  auto out = (*executor)->Run({{"x", Input(1)}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*out)[0].data<float>()[1], 2.0f);
+  EXPECT_EQ((*out)[1].data<float>()[1], -2.0f);
+  EXPECT_EQ((*executor)->last_stats().in_place_reuses, 0);
+  EXPECT_EQ((*executor)->last_stats().buffer_reuses, 0);
+}
+
+TEST(ExecutorTest, InitializersAreResidentUpdatableAndOverridable) {
+  FakeBackend backend(false);
+  ModelBuilder builder;
+  Tensor w = Tensor::FromVector<float>(DType::kFloat32, {1, 4}, {10, 20, 30, 40});
+  Value* weight = *builder.model().graph->AddInitializer("w", w);
+  Value* bias = *builder.model().graph->AddInput("bias", DType::kFloat32, Shape{1, 4});
+  builder.model().graph->SetInitializerOfInput(bias, Tensor(DType::kFloat32, {1, 4}));
+  Value* y = builder.Add("Add", {builder.Add("Add", {builder.x(), weight}, "s"), bias}, "y");
+  auto executor = Executor::Create(builder.Finish({y}), backend);
+  ASSERT_TRUE(executor.ok()) << executor.status();
+
+  auto view = (*executor)->ResidentTensor("w");
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->dims, (std::vector<int64_t>{1, 4}));
+  EXPECT_EQ(view->as<float>()[2], 30.0f);
+  EXPECT_FALSE((*executor)->ResidentTensor("s").ok());
+
+  auto out = (*executor)->Run({{"x", Input(1)}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*out)[0].data<float>()[0], 11.0f);
+
+  Tensor w2 = Tensor::FromVector<float>(DType::kFloat32, {1, 4}, {1, 1, 1, 1});
+  ASSERT_TRUE((*executor)->UpdateResident("w", w2).ok());
+  EXPECT_THAT((*executor)->UpdateResident("w", Tensor(DType::kFloat32, {4})).message(),
+              HasSubstr("resident tensor 'w' is float32[1,4], update is float32[4]"));
+  Tensor b2 = Tensor::FromVector<float>(DType::kFloat32, {1, 4}, {100, 100, 100, 100});
+  out = (*executor)->Run({{"x", Input(1)}, {"bias", b2}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*out)[0].data<float>()[3], 4.0f + 1.0f + 100.0f);
+}
+
+TEST(ExecutorTest, KeptValuesSurviveTheRunAndConstantsFold) {
+  FakeBackend backend(true);
+  ModelBuilder builder;
+  Node* constant = *builder.model().graph->AddNode("Constant", {}, {"k"}, "k_node");
+  constant->SetAttribute(Attribute::TensorValue(
+      "value", Tensor::FromVector<float>(DType::kFloat32, {1, 4}, {0.5f, 0.5f, 0.5f, 0.5f})));
+  Value* a = builder.Add("Relu", {builder.x()}, "a");
+  Value* b = builder.Add("Add", {a, constant->output(0)}, "b");
+  Value* y = builder.Add("Neg", {b}, "y");
+  ExecutorOptions options;
+  options.keep_values = {"b"};
+  auto executor = Executor::Create(builder.Finish({y}), backend, options);
+  ASSERT_TRUE(executor.ok()) << executor.status();  // no Constant kernel needed
+  auto out = (*executor)->Run({{"x", Input(1)}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*out)[0].data<float>()[0], -1.5f);
+  auto kept = (*executor)->KeptValueToHost("b");
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->data<float>()[0], 1.5f);                  // Neg did not overwrite it in place
+  EXPECT_EQ((*executor)->last_stats().in_place_reuses, 1);  // b takes a's buffer only
+  EXPECT_THAT(std::string((*executor)->KeptValue("a").status().message()),
+              HasSubstr("not in ExecutorOptions::keep_values"));
+}
+
+TEST(ExecutorTest, FeedErrorsNameTheInputAndTheExpectation) {
+  FakeBackend backend(false);
+  ModelBuilder builder;
+  Value* x2 = *builder.model().graph->AddInput("x2", DType::kFloat32, Shape{Dim(2), Dim(4)});
+  Value* y = builder.Add("Add", {builder.Add("Relu", {builder.x()}, "a"), x2}, "y");
+  auto executor = Executor::Create(builder.Finish({y}), backend);
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  Executor& e = **executor;
+  auto message = [&](std::vector<std::pair<std::string, Tensor>> feeds) {
+    absl::StatusOr<std::vector<Tensor>> r = e.Run(feeds);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(r.status().message());
+  };
+  EXPECT_THAT(message({{"x", Input(2)}}),
+              HasSubstr("missing feed for graph input 'x2' (float32[2,4])"));
+  EXPECT_THAT(message({{"x", Input(2)}, {"x2", Input(2)}, {"z", Input(2)}}),
+              HasSubstr("unknown feed 'z': the graph inputs are x, x2"));
+  EXPECT_THAT(message({{"x", Tensor(DType::kInt64, {2, 4})}, {"x2", Input(2)}}),
+              HasSubstr("input 'x': fed int64, the model expects float32"));
+  EXPECT_THAT(message({{"x", Tensor(DType::kFloat32, {8})}, {"x2", Input(2)}}),
+              HasSubstr("input 'x': fed rank 1 [8], the model expects rank 2 [N,4]"));
+  EXPECT_THAT(message({{"x", Input(2)}, {"x2", Input(3)}}),
+              HasSubstr("input 'x2': dim 0 is 3, the model expects 2"));
+  EXPECT_THAT(message({{"x", Input(2)}, {"x", Input(2)}, {"x2", Input(2)}}),
+              HasSubstr("input 'x' is fed twice"));
+  EXPECT_TRUE(e.Run({{"x", Input(2)}, {"x2", Input(2)}}).ok());
+}
+
+TEST(ExecutorTest, AllMissingKernelsAreListedAtOnce) {
+  FakeBackend backend(false);
+  ModelBuilder builder;
+  Value* a = builder.Add("Sigmoid", {builder.x()}, "a");
+  Value* b = builder.Add("Relu", {a}, "b");
+  Value* c = builder.Add("Tanh", {b}, "c");
+  Value* d = builder.Add("Sigmoid", {c}, "d");
+  auto executor = Executor::Create(builder.Finish({d}), backend);
+  ASSERT_FALSE(executor.ok());
+  EXPECT_EQ(executor.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(executor.status().message()),
+              AllOf(HasSubstr("backend 'fake' has no kernel for 3 nodes (ops Sigmoid, Tanh)"),
+                    HasSubstr("Sigmoid node 'a_node' (float32) -> (float32)"),
+                    HasSubstr("Tanh node 'c_node'"), HasSubstr("Sigmoid node 'd_node'")));
+}
+
+TEST(ExecutorTest, SubgraphNodesAreRejected) {
+  FakeBackend backend(false);
+  ModelBuilder builder;
+  Value* a = builder.Add("Relu", {builder.x()}, "a");
+  Model& model = builder.Finish({a});
+  Attribute body;
+  body.name = "body";
+  body.kind = AttrKind::kGraph;
+  body.serialized = {""};
+  a->producer()->SetAttribute(body);
+  auto executor = Executor::Create(model, backend);
+  ASSERT_FALSE(executor.ok());
+  EXPECT_THAT(std::string(executor.status().message()),
+              HasSubstr("Relu node 'a_node': ops with subgraphs (If, Loop, Scan) are not "
+                        "supported"));
+}
+
+TEST(ExecutorTest, KernelErrorsPropagateAndNothingLeaks) {
+  FakeBackend backend(true);
+  {
+    ModelBuilder builder;
+    Value* w = *builder.model().graph->AddInput("w", DType::kFloat32, Shape{Dim::Symbol("M"), 4});
+    Value* y = builder.Add("Add", {builder.Add("Relu", {builder.x()}, "a"), w}, "y");
+    auto executor = Executor::Create(builder.Finish({y}), backend);
+    ASSERT_TRUE(executor.ok()) << executor.status();
+    auto out = (*executor)->Run({{"x", Input(2)}, {"w", Input(3)}});
+    EXPECT_THAT(std::string(out.status().message()),
+                HasSubstr("Add node 'y_node': fake Add needs equal shapes"));
+    ASSERT_TRUE((*executor)->Run({{"x", Input(3)}, {"w", Input(3)}}).ok());
+    EXPECT_GT(backend.live_allocations(), 0u);
+  }
+  EXPECT_EQ(backend.live_allocations(), 0u);
+}
+
+TEST(ExecutorTest, DescribePlanStatsReadsWell) {
+  PlanStats stats;
+  stats.num_nodes = 4;
+  stats.peak_activation_bytes = 2048;
+  stats.total_activation_bytes = 3 * 1024 * 1024;
+  stats.backend_allocated_bytes = 512;
+  stats.buffer_reuses = 2;
+  stats.in_place_reuses = 1;
+  EXPECT_EQ(DescribePlanStats(stats),
+            "peak activations 2.0 KiB (3.0 MiB without reuse), 512 B allocated from the "
+            "backend, 2 buffer reuses, 1 in place, 4 nodes");
+}
+
+}  // namespace
+}  // namespace castor
