@@ -101,4 +101,15 @@ void OpRegistry::Register(OpDef def) {
   ops_.emplace(std::move(key), std::move(def));
 }
 
+void OpRegistry::SetAutocastCategory(const std::string& domain, const std::string& op_type,
+                                     AutocastCategory category, std::string source) {
+  auto it = ops_.find({CanonicalDomain(domain), op_type});
+  if (it == ops_.end()) {
+    std::fprintf(stderr, "castor: autocast table names unregistered op %s\n", op_type.c_str());
+    std::abort();
+  }
+  it->second.autocast = category;
+  it->second.autocast_source = std::move(source);
+}
+
 }  // namespace castor

@@ -132,6 +132,9 @@ struct OpDef {
   std::vector<AttrSpec> attributes;
   InferFn infer;
   AutocastCategory autocast = AutocastCategory::kUnset;
+  // Where the category comes from (PyTorch/TensorFlow list entries), shown
+  // by `castor inspect --why`; set with the category by autocast_table.cc.
+  std::string autocast_source;
   GradientFn gradient;
   std::string no_gradient_reason;  // set when the op deliberately has none
   std::string summary;             // one line, for `castor ops` and docs
@@ -148,6 +151,10 @@ class OpRegistry {
   // Registration, used by graph/ops/*.cc. Re-registering an op aborts
   // with a message: it is a programming error caught by every test run.
   void Register(OpDef def);
+  // Sets an op's default autocast category (graph/ops/autocast_table.cc).
+  // An unknown op aborts: the table and the registry must agree.
+  void SetAutocastCategory(const std::string& domain, const std::string& op_type,
+                           AutocastCategory category, std::string source);
 
  private:
   std::map<std::pair<std::string, std::string>, OpDef> ops_;

@@ -206,12 +206,12 @@ TEST(Elementwise, GeluApproximateAttribute) {
   EXPECT_EQ(def->min_opset, 20);
 }
 
-TEST(Elementwise, EqualGivesBoolAndIsNotAnAutocastOp) {
+TEST(Elementwise, EqualGivesBoolAndFollowsItsInputs) {
   Bench b(19);
   Node* eq =
       b.Op("Equal", {b.In("a", DType::kInt64, {Sym("N"), 1}), b.In("b", DType::kInt64, {1, 6})});
   EXPECT_EQ(InferOutputs(b, eq), Strings{"bool [N,6]"});
-  EXPECT_EQ(OpRegistry::Global().Find("", "Equal")->autocast, AutocastCategory::kNone);
+  EXPECT_EQ(OpRegistry::Global().Find("", "Equal")->autocast, AutocastCategory::kFollow);
 }
 
 TEST(Elementwise, EqualOnFloatsNeedsOpset11) {
@@ -964,7 +964,7 @@ TEST(Training, AdamOutputsNewXThenVThenH) {
                                             "float32 [7]", "float32 [3,4]", "float32 [7]"}));
   const OpDef* def = OpRegistry::Global().Find(kTrainingDomain, "Adam");
   ASSERT_NE(def, nullptr);
-  EXPECT_EQ(def->autocast, AutocastCategory::kNone);
+  EXPECT_EQ(def->autocast, AutocastCategory::kDeny);  // master weights stay float32
   EXPECT_EQ(def->min_opset, 1);
   EXPECT_EQ(def->max_opset, 1);
 }
@@ -1080,7 +1080,7 @@ TEST(Registry, SchemasOfThisFamily) {
   EXPECT_EQ(registry.Find("", "Sum")->max_inputs, INT_MAX);
   EXPECT_EQ(registry.Find("", "SoftmaxCrossEntropyLoss")->min_opset, 12);
   EXPECT_EQ(registry.Find("", "Conv")->max_opset, kMaxOnnxOpset);
-  EXPECT_EQ(registry.Find("", "Conv")->autocast, AutocastCategory::kUnset);
+  EXPECT_EQ(registry.Find("", "Conv")->autocast, AutocastCategory::kAllow);
 }
 
 }  // namespace

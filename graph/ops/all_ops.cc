@@ -18,6 +18,7 @@ void RegisterAllOps(OpRegistry& registry) {
   RegisterShapeOps(registry);
   RegisterDataMovementOps(registry);
   RegisterMiscOps(registry);
+  AssignAutocastCategories(registry);
 }
 
 }  // namespace castor

@@ -19,6 +19,10 @@ void RegisterShapeOps(OpRegistry& registry);         // shape_ops.cc
 void RegisterDataMovementOps(OpRegistry& registry);  // data_movement.cc
 void RegisterMiscOps(OpRegistry& registry);          // misc.cc (Cast, Constant, Identity, Dropout)
 
+// The default autocast category of every op (autocast_table.cc), applied
+// after all families are registered.
+void AssignAutocastCategories(OpRegistry& registry);
+
 void RegisterAllOps(OpRegistry& registry);
 
 }  // namespace castor

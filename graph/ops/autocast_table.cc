@@ -1,0 +1,127 @@
+// The autocast op lists: the default category of every registered op, in
+// one table (DESIGN.md "The autocast pass"). A Policy starts from these and
+// may override them per op or per node.
+//
+// Mapping from the lists people know:
+//   PyTorch autocast (torch/csrc/autocast_mode.cpp): `lower_precision_fp`
+//     ops -> allow; `fp32` ops -> deny; `promote` ops and everything not
+//     listed (runs in its inputs' type) -> follow.
+//   TensorFlow grappler (auto_mixed_precision_lists.h): AllowList -> allow;
+//     DenyList -> deny; InferList and ClearList -> follow.
+// Where the two disagree we take the safer (float32) side for ops that sum
+// many terms, and follow for ops that are exact or elementwise.
+#include <string>
+
+#include "graph/op_registry.h"
+#include "graph/ops/all_ops.h"
+
+namespace castor {
+namespace {
+
+struct Entry {
+  const char* domain;
+  const char* op_type;
+  AutocastCategory category;
+  const char* source;
+};
+
+constexpr AutocastCategory kAllow = AutocastCategory::kAllow;
+constexpr AutocastCategory kDeny = AutocastCategory::kDeny;
+constexpr AutocastCategory kFollow = AutocastCategory::kFollow;
+constexpr AutocastCategory kNone = AutocastCategory::kNone;
+
+constexpr Entry kTable[] = {
+    // --- allow: tensor-core work -------------------------------------------
+    {"", "MatMul", kAllow, "PyTorch matmul/bmm: lower_precision_fp; TF MatMul/BatchMatMul: allow"},
+    {"", "Gemm", kAllow, "PyTorch linear/addmm: lower_precision_fp; TF MatMul: allow"},
+    {"", "Conv", kAllow, "PyTorch conv1d/2d/3d: lower_precision_fp; TF Conv2D/Conv3D: allow"},
+    {"", "ConvTranspose", kAllow,
+     "PyTorch conv_transpose*: lower_precision_fp; TF Conv2DBackpropInput: allow"},
+
+    // --- deny: numerically sensitive, kept float32 ---------------------------
+    {"", "Exp", kDeny, "PyTorch exp: fp32; TF Exp: deny"},
+    {"", "Log", kDeny, "PyTorch log: fp32; TF Log: deny"},
+    {"", "Pow", kDeny, "PyTorch pow: fp32; TF Pow: deny"},
+    {"", "Reciprocal", kDeny, "PyTorch reciprocal: fp32"},
+    {"", "Softmax", kDeny, "PyTorch softmax: fp32; TF Softmax: deny"},
+    {"", "LogSoftmax", kDeny, "PyTorch log_softmax: fp32; TF LogSoftmax: deny"},
+    {"", "ReduceSum", kDeny, "PyTorch sum: fp32; TF Sum: deny (long sum)"},
+    {"", "ReduceMean", kDeny, "PyTorch mean via sum: fp32; TF Mean: deny (long sum)"},
+    {"", "ReduceL1", kDeny, "PyTorch norm: fp32 (long sum)"},
+    {"", "ReduceL2", kDeny, "PyTorch norm: fp32; TF L2Loss: deny (long sum)"},
+    {"", "ReduceSumSquare", kDeny, "PyTorch norm: fp32 (long sum of squares)"},
+    {"", "ReduceLogSumExp", kDeny, "PyTorch logsumexp: fp32"},
+    {"", "ReduceProd", kDeny, "PyTorch prod: fp32"},
+    {"", "CumSum", kDeny, "PyTorch cumsum: fp32 (long sum)"},
+    {"", "LayerNormalization", kDeny, "PyTorch layer_norm: fp32"},
+    {"", "BatchNormalization", kDeny,
+     "DESIGN.md rule 2: statistics and parameters float32 (Keras keeps BN float32)"},
+    {"", "SoftmaxCrossEntropyLoss", kDeny, "PyTorch cross_entropy: fp32; TF "
+     "SoftmaxCrossEntropyWithLogits: deny"},
+    {"", "NegativeLogLikelihoodLoss", kDeny, "PyTorch nll_loss: fp32"},
+    {"", "Range", kDeny, "index arithmetic: float16 cannot count past 2048"},
+    {kTrainingDomain, "Adam", kDeny, "optimizer on float32 master weights"},
+    {kTrainingDomain, "Adagrad", kDeny, "optimizer on float32 master weights"},
+    {kTrainingDomain, "Momentum", kDeny, "optimizer on float32 master weights"},
+
+    // --- follow: elementwise, pooling, data movement -------------------------
+    {"", "Add", kFollow, "PyTorch add: promote; TF AddV2: infer"},
+    {"", "Sub", kFollow, "PyTorch sub: promote; TF Sub: infer"},
+    {"", "Mul", kFollow, "PyTorch mul: promote; TF Mul: infer"},
+    {"", "Div", kFollow, "PyTorch div: promote; TF RealDiv: infer"},
+    {"", "Sum", kFollow, "PyTorch stack/add: promote; TF AddN: infer"},
+    {"", "Max", kFollow, "PyTorch maximum: promote; TF Maximum: infer"},
+    {"", "Min", kFollow, "PyTorch minimum: promote; TF Minimum: infer"},
+    {"", "Where", kFollow, "PyTorch where: promote; TF Select: infer"},
+    {"", "Equal", kFollow, "PyTorch eq: promote; TF Equal: infer"},
+    {"", "Abs", kFollow, "TF Abs: infer"},
+    {"", "Neg", kFollow, "TF Neg: infer"},
+    {"", "Relu", kFollow, "TF Relu: clear"},
+    {"", "LeakyRelu", kFollow, "TF LeakyRelu: infer"},
+    {"", "Clip", kFollow, "TF ClipByValue: infer"},
+    {"", "Sigmoid", kFollow, "TF Sigmoid: infer"},
+    {"", "Tanh", kFollow, "TF Tanh: infer"},
+    {"", "Erf", kFollow, "TF Erf: infer (bounded output)"},
+    {"", "Gelu", kFollow, "PyTorch gelu: runs in input type; TF Gelu: infer"},
+    {"", "Sqrt", kFollow,
+     "TF Sqrt: infer; the pass keeps a Sqrt that feeds a normalisation float32"},
+    {"", "MaxPool", kFollow, "TF MaxPool: clear"},
+    {"", "AveragePool", kFollow, "TF AvgPool: infer"},
+    {"", "GlobalAveragePool", kFollow, "TF Mean over spatial dims of pooled maps: infer"},
+    {"", "GlobalMaxPool", kFollow, "TF Max: clear"},
+    {"", "ReduceMax", kFollow, "TF Max: clear (no accumulation)"},
+    {"", "ReduceMin", kFollow, "TF Min: clear (no accumulation)"},
+    {"", "ArgMax", kFollow, "TF ArgMax: clear"},
+    {"", "ArgMin", kFollow, "TF ArgMin: clear"},
+    {"", "Reshape", kFollow, "TF Reshape: clear"},
+    {"", "Flatten", kFollow, "TF Reshape: clear"},
+    {"", "Squeeze", kFollow, "TF Squeeze: clear"},
+    {"", "Unsqueeze", kFollow, "TF ExpandDims: clear"},
+    {"", "Transpose", kFollow, "TF Transpose: clear"},
+    {"", "Expand", kFollow, "TF BroadcastTo: clear"},
+    {"", "Concat", kFollow, "TF ConcatV2: clear"},
+    {"", "Split", kFollow, "TF Split: clear"},
+    {"", "Slice", kFollow, "TF Slice: clear"},
+    {"", "Gather", kFollow, "TF GatherV2: clear"},
+    {"", "Pad", kFollow, "TF Pad: clear"},
+    {"", "Tile", kFollow, "TF Tile: clear"},
+    {"", "Identity", kFollow, "TF Identity: clear"},
+    {"", "Dropout", kFollow, "PyTorch dropout: runs in input type"},
+
+    // --- none: not a float computation ---------------------------------------
+    {"", "Shape", kNone, "produces int64 dims"},
+    {"", "Size", kNone, "produces an int64 count"},
+    {"", "Cast", kNone, "Casts in the model are respected as written"},
+    {"", "Constant", kNone, "a constant is cast where used, like a weight"},
+    {"", "ConstantOfShape", kNone, "its dtype is an attribute"},
+};
+
+}  // namespace
+
+void AssignAutocastCategories(OpRegistry& registry) {
+  for (const Entry& e : kTable) {
+    registry.SetAutocastCategory(e.domain, e.op_type, e.category, e.source);
+  }
+}
+
+}  // namespace castor
