@@ -92,6 +92,10 @@ const std::string* Node::FindMetadata(const std::string& key) const {
   return nullptr;
 }
 
+void Node::RemoveMetadata(const std::string& key) {
+  std::erase_if(metadata_, [&](const auto& entry) { return entry.first == key; });
+}
+
 // ---------------------------------------------------------------- Graph
 
 Value* Graph::NewValue(const std::string& name) {
@@ -278,6 +282,24 @@ absl::Status Graph::RemoveInitializer(Value* value) {
   values_by_name_.erase(value->name_);
   values_.erase(std::find_if(values_.begin(), values_.end(),
                              [&](const auto& p) { return p.get() == value; }));
+  return absl::OkStatus();
+}
+
+absl::Status Graph::ReorderNodes(std::vector<Node*> order) {
+  if (order.size() != node_order_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("ReorderNodes: ", order.size(),
+                                                   " nodes given, the graph has ",
+                                                   node_order_.size()));
+  }
+  absl::flat_hash_set<const Node*> seen;
+  for (const Node* node : order) {
+    if (node == nullptr || node->graph_ != this || !seen.insert(node).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ReorderNodes: node '", node ? node->name_ : "(null)",
+          "' is repeated or not in this graph"));
+    }
+  }
+  node_order_ = std::move(order);
   return absl::OkStatus();
 }
 

@@ -124,6 +124,7 @@ class Node {
   const std::vector<std::pair<std::string, std::string>>& metadata() const { return metadata_; }
   void SetMetadata(const std::string& key, const std::string& value);
   const std::string* FindMetadata(const std::string& key) const;
+  void RemoveMetadata(const std::string& key);
 
   Graph* graph() const { return graph_; }
 
@@ -194,6 +195,10 @@ class Graph {
   // valid). Fails, naming a node on the cycle, if the graph has a cycle or a
   // node reads a value that nothing defines.
   absl::Status TopologicalSort();
+  // Replaces the node order by `order`, which must hold every node exactly
+  // once (a pass that builds a topological order itself, placing inserted
+  // nodes next to their readers, uses this instead of TopologicalSort).
+  absl::Status ReorderNodes(std::vector<Node*> order);
 
  private:
   Value* NewValue(const std::string& name);

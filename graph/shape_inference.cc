@@ -131,6 +131,24 @@ absl::Status InferTypes(Model& model, const InferenceOptions& options) {
   return absl::OkStatus();
 }
 
+absl::Status CheckNodeInference(const Model& model, const Node& node) {
+  const OpDef* def = OpRegistry::Global().Find(node.domain(), node.op_type());
+  if (!def || !def->infer) {
+    return absl::UnimplementedError(absl::StrCat("no inference for op ", node.op_type(),
+                                                 " (node '", node.name(), "')"));
+  }
+  std::vector<const Tensor*> constants;
+  std::vector<std::optional<InferenceContext::ShapeValue>> shape_inputs;
+  for (Value* in : node.inputs()) {
+    const Tensor* constant = in ? ConstantValue(in) : nullptr;
+    constants.push_back(constant);
+    shape_inputs.push_back(ShapeValueOfConstant(constant));
+  }
+  InferenceContext ctx(node, model.OpsetVersion(node.domain()), std::move(constants),
+                       std::move(shape_inputs));
+  return def->infer(ctx);
+}
+
 absl::Status CheckTypes(const Model& model, bool allow_unknown_ops) {
   InferenceOptions options;
   options.allow_unknown_ops = allow_unknown_ops;

@@ -25,6 +25,12 @@ struct InferenceOptions {
 // equal, ranks equal, static dims equal; a declared symbolic or static dim
 // fills an inferred unknown one. Errors name the node and value.
 absl::Status InferTypes(Model& model, const InferenceOptions& options = {});
+// Runs the registry inference of one node against the current types of its
+// inputs (constant inputs are read; shape values are not propagated) and
+// discards the result: OK when the op accepts those types at the model's
+// opset. Used by passes to ask "would this node accept float16 inputs?".
+absl::Status CheckNodeInference(const Model& model, const Node& node);
+
 // The check_only form on a const model.
 absl::Status CheckTypes(const Model& model, bool allow_unknown_ops = false);
 

@@ -43,6 +43,21 @@ else
   echo "setup: all ${#PACKAGES[@]} Debian packages present"
 fi
 
+# Python packages for tests and benchmarks (ONNX Runtime as the reference
+# runtime, onnxconverter-common as the converter castor is compared with) go
+# into .venv/, which still sees Debian's torch and onnx. numpy stays below 2
+# because Debian's torch is built against numpy 1.
+VENV_PACKAGES=("numpy<2" "onnxruntime==1.32.0" "onnxconverter-common==1.16.0")
+VENV_STAMP=".venv/castor-packages"
+if [[ ! -f "$VENV_STAMP" || "$(cat "$VENV_STAMP")" != "${VENV_PACKAGES[*]}" ]]; then
+  echo "setup: creating .venv/ with ${VENV_PACKAGES[*]}"
+  /usr/bin/python3 -m venv --system-site-packages .venv
+  .venv/bin/pip install --quiet --disable-pip-version-check "${VENV_PACKAGES[@]}"
+  echo "${VENV_PACKAGES[*]}" > "$VENV_STAMP"
+else
+  echo "setup: .venv/ up to date"
+fi
+
 if [[ "${1:-}" == "--no-build" ]]; then exit 0; fi
 
 echo "setup: configuring and building in ${BUILD_DIR}/"

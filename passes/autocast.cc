@@ -1,0 +1,521 @@
+// The autocast pass (see autocast.h for what a converted model records).
+//
+// Algorithm, one walk over the nodes in topological order after the
+// decisions of steps 1-2 (linear in graph size):
+//
+//   1. Policy record. A model whose castor.policy_digest equals the policy's
+//      is returned unchanged (converting twice adds nothing). A model
+//      converted under another policy is refused, naming both, unless
+//      restart_from_float32: then castor's Casts and records are stripped
+//      and the float32 graph is converted again.
+//   2. Category of every node: Policy::CategoryOf (node override, then op
+//      override, then the op lists), then the contextual rules, which only
+//      ever force float32:
+//        a. a Sqrt whose output is the divisor of a Div, or feeds a
+//           Reciprocal, is a normalisation (x / sqrt(var + eps)): deny;
+//        b. a node with a subgraph (If, Loop, Scan) or an op castor does not
+//           know stays float32, noted; the producer of any value read
+//           inside a subgraph stays float32 (the body expects float32);
+//        c. keep_io_types: the node producing a graph output runs in
+//           float32 (DESIGN rule 4, the Keras float32 final layer).
+//   3. Paint (DESIGN rules 1-3), node by node:
+//        allow  -> compute dtype, if the op accepts it at the model's opset
+//                  (registry inference with 16-bit inputs), else float32
+//                  with the op's reason;
+//        deny   -> float32;
+//        follow -> compute dtype iff every voting input is 16-bit; voting
+//                  inputs are the float inputs that are neither weights nor
+//                  constants (those are cast to whatever the node needs)
+//                  nor pinned. Inputs that disagree promote to float32, as
+//                  PyTorch promotes. So chains of follow ops between allow
+//                  ops stay 16-bit with no Cast, as grappler paints them;
+//        none   -> untouched (Shape, Cast, ...; no float computation).
+//      A node painted 16-bit has its float32 outputs retyped.
+//   4. Casts (DESIGN rules 5-6): every float input of a painted node whose
+//      dtype differs from the node's (float32 for a pinned input) reads a
+//      Cast of its source, one per (source, dtype) shared by all readers and
+//      placed before the first. A weight is a float32 initializer and keeps
+//      being one: its uses in 16-bit share one Cast. A value that a model
+//      Cast widened exactly (float16 -> float32) is read from the Cast's
+//      16-bit input instead of being cast back, so no Cast chain arises.
+//      Model Casts are kept; one that became a no-op is removed and noted.
+//   5. Records (DESIGN rule 7): each painted node gets castor.autocast.dtype
+//      and .why; each inserted Cast also .cast; the model gets the policy's
+//      name, digest and JSON.
+//   6. Node order (each inserted Cast just before its first reader) and type
+//      inference over the whole graph, which checks every Cast's `to`
+//      against its readers (DESIGN rule 8).
+#include "passes/autocast.h"
+
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "graph/shape_inference.h"
+#include "graph/status.h"
+#include "graph/version.h"
+
+namespace castor {
+namespace {
+
+// The float dtypes the pass moves between; float64 values are left alone.
+bool IsAutocastFloat(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16;
+}
+
+bool HasSubgraph(const Node& node) {
+  for (const Attribute& a : node.attributes()) {
+    if (a.kind == AttrKind::kGraph || a.kind == AttrKind::kGraphs) return true;
+  }
+  return false;
+}
+
+// A weight (non-overridable initializer) or a Constant node's output: cast
+// to whatever its reader needs, never a vote in rule 3.
+enum class SourceKind { kWeight, kConstant, kActivation };
+SourceKind KindOf(const Value* value) {
+  if (value->initializer() && !value->is_graph_input()) return SourceKind::kWeight;
+  const Node* producer = value->producer();
+  if (producer && producer->op_type() == "Constant" && producer->domain().empty()) {
+    return SourceKind::kConstant;
+  }
+  return SourceKind::kActivation;
+}
+const char* KindName(SourceKind kind) {
+  switch (kind) {
+    case SourceKind::kWeight: return "weight";
+    case SourceKind::kConstant: return "constant";
+    case SourceKind::kActivation: return "activation";
+  }
+  return "activation";
+}
+
+bool IsInsertedCast(const Node& node) { return node.FindMetadata(kInsertedCastKey) != nullptr; }
+
+std::string Quoted(const std::string& name) { return absl::StrCat("'", name, "'"); }
+
+// A node's decision: its dtype (kUndefined: untouched) and why.
+struct Decision {
+  DType dtype = DType::kUndefined;
+  std::string why;
+};
+
+class AutocastPass {
+ public:
+  AutocastPass(Model& model, const Policy& policy)
+      : model_(model), graph_(*model.graph), policy_(policy), lowp_(policy.compute_dtype()) {}
+
+  absl::StatusOr<AutocastReport> Run() {
+    CASTOR_RETURN_IF_ERROR(DecideForcedFloat32());
+    if (!policy_.keep_io_types() && policy_.is_mixed()) LowerGraphInputs();
+    const std::vector<Node*> original_order = graph_.nodes();
+    std::vector<Node*> new_order;
+    new_order.reserve(original_order.size() * 2);
+    for (Node* node : original_order) {
+      CASTOR_ASSIGN_OR_RETURN(Decision decision, Paint(*node));
+      if (decision.dtype == DType::kUndefined) {
+        CASTOR_RETURN_IF_ERROR(HandleUntouched(*node));
+        new_order.push_back(node);
+        ++report_.nodes_per_dtype["none"];
+        continue;
+      }
+      CASTOR_RETURN_IF_ERROR(InsertInputCasts(*node, decision.dtype, new_order));
+      Record(*node, decision);
+      if (decision.dtype != DType::kFloat32) {
+        for (Value* out : node->outputs()) {
+          if (out->dtype() == DType::kFloat32) out->set_dtype(decision.dtype);
+        }
+      }
+      new_order.push_back(node);
+      ++report_.nodes_per_dtype[DTypeName(decision.dtype)];
+    }
+    // Nodes removed as no-op Casts are not in the graph any more.
+    std::vector<Node*> kept;
+    kept.reserve(new_order.size());
+    for (Node* node : new_order) {
+      if (!removed_.contains(node)) kept.push_back(node);
+    }
+    CASTOR_RETURN_IF_ERROR(graph_.ReorderNodes(std::move(kept)));
+    CountWeightBytes();
+    RecordPolicy();
+    InferenceOptions inference;
+    inference.allow_unknown_ops = true;  // noted in step 2b, left as declared
+    absl::Status inferred = InferTypes(model_, inference);
+    if (!inferred.ok()) {
+      return absl::InternalError(absl::StrCat(
+          "autocast produced a graph whose types do not check (a castor bug; please report "
+          "it with the model): ",
+          inferred.message()));
+    }
+    return std::move(report_);
+  }
+
+ private:
+  // Step 2: rules a-c, recorded as float32 reasons keyed by node.
+  absl::Status DecideForcedFloat32() {
+    const OpRegistry& registry = OpRegistry::Global();
+    for (Node* node : graph_.nodes()) {
+      if (HasSubgraph(*node)) {
+        forced_[node] = "rule 2b: its subgraph is left in float32 (castor does not convert "
+                        "If/Loop/Scan bodies)";
+        report_.notes.push_back(absl::StrCat(node->op_type(), " node ", Quoted(node->name()),
+                                             ": subgraph left in float32"));
+        for (Value* in : node->implicit_inputs()) {
+          if (Node* producer = in->producer(); producer && !forced_.contains(producer)) {
+            forced_[producer] = absl::StrCat("rule 2b: its output ", Quoted(in->name()),
+                                             " is read inside the float32 subgraph of node ",
+                                             Quoted(node->name()));
+          }
+        }
+      } else if (!registry.Find(node->domain(), node->op_type())) {
+        forced_[node] = "rule 2b: op unknown to castor; left in float32";
+        report_.notes.push_back(absl::StrCat(OpListKey(node->domain(), node->op_type()),
+                                             " node ", Quoted(node->name()),
+                                             ": unknown op, left in float32"));
+      }
+    }
+    for (Node* node : graph_.nodes()) {
+      if (node->op_type() != "Sqrt" || !node->domain().empty() || forced_.contains(node)) {
+        continue;
+      }
+      for (const Use& use : node->output(0)->uses()) {
+        const std::string& op = use.node->op_type();
+        if (use.node->domain().empty() &&
+            ((op == "Div" && use.index == 1) || op == "Reciprocal")) {
+          forced_[node] = absl::StrCat(
+              "rule 2a (deny): Sqrt feeding a normalisation (", op, " node ",
+              Quoted(use.node->name()), ") stays float32, as grappler keeps it");
+          break;
+        }
+      }
+    }
+    if (policy_.keep_io_types()) {
+      for (Value* out : graph_.outputs()) {
+        Node* producer = out->producer();
+        if (!producer || forced_.contains(producer)) continue;
+        forced_[producer] = absl::StrCat(
+            "rule 4: produces graph output ", Quoted(out->name()),
+            ", which stays float32 (the float32 final layer; keep_io_types)");
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // --no-keep-io-types: float32 graph inputs become compute-dtype inputs.
+  void LowerGraphInputs() {
+    std::vector<std::string> lowered;
+    for (Value* in : graph_.inputs()) {
+      if (in->initializer() || in->dtype() != DType::kFloat32) continue;
+      in->set_dtype(lowp_);
+      lowered.push_back(in->name());
+    }
+    if (!lowered.empty()) model_.SetMetadata(kLoweredInputsKey, absl::StrJoin(lowered, ","));
+  }
+
+  // Step 3 for one node.
+  absl::StatusOr<Decision> Paint(Node& node) {
+    CASTOR_ASSIGN_OR_RETURN(CategoryReason reason, policy_.CategoryOf(node));
+    const bool has_float_input_or_output = HasFloatInputOrOutput(node);
+    if (auto it = forced_.find(&node); it != forced_.end()) {
+      // Rule 4 does not apply to nodes doing no float work (a Shape output).
+      if (reason.category == AutocastCategory::kNone || !has_float_input_or_output) {
+        return Decision{};
+      }
+      return Decision{DType::kFloat32, it->second};
+    }
+    switch (reason.category) {
+      case AutocastCategory::kNone:
+      case AutocastCategory::kUnset:
+        return Decision{};
+      case AutocastCategory::kDeny:
+        if (!has_float_input_or_output) return Decision{};
+        return Decision{DType::kFloat32, absl::StrCat("rule 2 (deny): ", reason.rule, ": ",
+                                                      reason.entry)};
+      case AutocastCategory::kAllow: {
+        if (!has_float_input_or_output) return Decision{};
+        std::string why = absl::StrCat("rule 1 (allow): ", reason.rule, ": ", reason.entry);
+        if (!policy_.is_mixed()) return Decision{DType::kFloat32, why + "; policy computes in float32"};
+        return LowpIfAccepted(node, std::move(why));
+      }
+      case AutocastCategory::kFollow:
+        return PaintFollow(node, reason);
+    }
+    return Decision{};
+  }
+
+  bool HasFloatInputOrOutput(const Node& node) const {
+    for (const Value* in : node.inputs()) {
+      if (in && IsAutocastFloat(in->dtype())) return true;
+    }
+    for (const Value* out : node.outputs()) {
+      if (IsAutocastFloat(out->dtype())) return true;
+    }
+    return false;
+  }
+
+  absl::StatusOr<Decision> PaintFollow(Node& node, const CategoryReason& reason) {
+    const std::string entry = absl::StrCat(reason.rule, ": ", reason.entry);
+    int voters = 0;
+    const Value* float32_voter = nullptr;
+    for (int i = 0; i < node.num_inputs(); ++i) {
+      const Value* in = node.input(i);
+      if (!in || !IsAutocastFloat(in->dtype()) || KindOf(in) != SourceKind::kActivation ||
+          policy_.IsPinned(node, i)) {
+        continue;
+      }
+      ++voters;
+      if (in->dtype() != lowp_ && !float32_voter) float32_voter = in;
+    }
+    if (voters == 0) {
+      if (!HasFloatInputOrOutput(node)) return Decision{};
+      return Decision{DType::kFloat32,
+                      absl::StrCat("rule 3 (follow): ", entry,
+                                   "; no computed float input to follow (only weights or "
+                                   "constants), so float32")};
+    }
+    if (!policy_.is_mixed()) {
+      return Decision{DType::kFloat32,
+                      absl::StrCat("rule 3 (follow): ", entry, "; policy computes in float32")};
+    }
+    if (float32_voter) {
+      return Decision{DType::kFloat32,
+                      absl::StrCat("rule 3 (follow): ", entry, "; input ",
+                                   Quoted(float32_voter->name()), " is ",
+                                   DTypeName(float32_voter->dtype()),
+                                   ", so the inputs do not all agree on ", DTypeName(lowp_),
+                                   " and the node promotes to float32")};
+    }
+    return LowpIfAccepted(node, absl::StrCat("rule 3 (follow): ", entry, "; all ", voters,
+                                             " computed float input(s) are ",
+                                             DTypeName(lowp_)));
+  }
+
+  // The compute dtype when the op's inference accepts 16-bit inputs at the
+  // model's opset; float32 (with the op's objection) otherwise. Inputs are
+  // retyped for the probe and restored.
+  absl::StatusOr<Decision> LowpIfAccepted(Node& node, std::string why) {
+    std::vector<std::pair<Value*, DType>> saved;
+    for (int i = 0; i < node.num_inputs(); ++i) {
+      Value* in = node.input(i);
+      if (!in || !IsAutocastFloat(in->dtype())) continue;
+      const DType target = policy_.IsPinned(node, i) ? DType::kFloat32 : lowp_;
+      if (in->dtype() == target) continue;
+      saved.emplace_back(in, in->dtype());
+      in->set_dtype(target);
+    }
+    absl::Status as_lowp = CheckNodeInference(model_, node);
+    for (auto it = saved.rbegin(); it != saved.rend(); ++it) it->first->set_dtype(it->second);
+    if (as_lowp.ok()) return Decision{lowp_, std::move(why)};
+    // An objection that float32 inputs share is not about the dtype (a
+    // shape input the probe cannot see); the final inference decides.
+    if (!CheckNodeInference(model_, node).ok()) return Decision{lowp_, std::move(why)};
+    return Decision{DType::kFloat32,
+                    absl::StrCat(why, "; but the op does not accept ", DTypeName(lowp_),
+                                 " at opset ", model_.OpsetVersion(node.domain()), " (",
+                                 as_lowp.message(), "), so float32")};
+  }
+
+  // A node left as it is: only a model Cast that became a no-op changes.
+  absl::Status HandleUntouched(Node& node) {
+    if (node.op_type() != "Cast" || !node.domain().empty() || !node.input(0)) {
+      return absl::OkStatus();
+    }
+    Value* in = node.input(0);
+    Value* out = node.output(0);
+    auto to = DTypeFromOnnx(static_cast<int32_t>(node.GetInt("to", 0)));
+    if (!to.ok() || *to != in->dtype() || out->is_graph_output()) return absl::OkStatus();
+    report_.notes.push_back(absl::StrCat("model Cast ", Quoted(node.name()), " to ",
+                                         DTypeName(*to), " became a no-op (its input is now ",
+                                         DTypeName(in->dtype()), ") and was removed"));
+    graph_.ReplaceAllUsesWith(out, in);
+    CASTOR_RETURN_IF_ERROR(graph_.RemoveNode(&node));
+    removed_.insert(&node);
+    return absl::OkStatus();
+  }
+
+  // Step 4 for one node computing in `dtype`.
+  absl::Status InsertInputCasts(Node& node, DType dtype, std::vector<Node*>& order) {
+    for (int i = 0; i < node.num_inputs(); ++i) {
+      Value* in = node.input(i);
+      if (!in || !IsAutocastFloat(in->dtype())) continue;
+      const DType target = policy_.IsPinned(node, i) ? DType::kFloat32 : dtype;
+      if (in->dtype() == target) continue;
+      CASTOR_ASSIGN_OR_RETURN(Value * cast, CastOf(in, target, node, order));
+      node.SetInput(i, cast);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Value*> CastOf(Value* source, DType target, const Node& first_reader,
+                                std::vector<Node*>& order) {
+    // A model Cast that widened a `target` value exactly: read its input.
+    if (const Node* producer = source->producer();
+        producer && producer->op_type() == "Cast" && producer->domain().empty() &&
+        producer->input(0) && producer->input(0)->dtype() == target &&
+        IsLowPrecisionFloat(target) && source->dtype() == DType::kFloat32) {
+      return producer->input(0);
+    }
+    auto key = std::make_pair(source, target);
+    if (auto it = casts_.find(key); it != casts_.end()) return it->second;
+    const std::string suffix = absl::StrCat("_to_", DTypeName(target));
+    const std::string value_name = graph_.UniqueName(absl::StrCat(source->name(), suffix));
+    const std::string node_name = graph_.UniqueName(absl::StrCat("Cast_", value_name));
+    CASTOR_ASSIGN_OR_RETURN(Node * cast, graph_.AddNode("Cast", {source}, {value_name}, node_name));
+    cast->SetAttribute(Attribute::Int("to", DTypeToOnnx(target)));
+    cast->output(0)->set_dtype(target);
+    cast->output(0)->set_shape(source->shape());
+    const SourceKind kind = KindOf(source);
+    switch (kind) {
+      case SourceKind::kWeight: ++report_.weight_casts; break;
+      case SourceKind::kConstant: ++report_.constant_casts; break;
+      case SourceKind::kActivation: ++report_.activation_casts; break;
+    }
+    std::string why;
+    if (kind == SourceKind::kWeight) {
+      why = absl::StrCat("rule 5: weight ", Quoted(source->name()),
+                         " stays a float32 master copy; this one Cast feeds every reader that "
+                         "computes in ", DTypeName(target), " (first: node ",
+                         Quoted(first_reader.name()), ")");
+    } else {
+      why = absl::StrCat("rule 6: ", KindName(kind), " ", Quoted(source->name()), " is ",
+                         DTypeName(source->dtype()), " and node ", Quoted(first_reader.name()),
+                         " (and any later reader needing ", DTypeName(target),
+                         ") computes in ", DTypeName(target));
+    }
+    cast->SetMetadata(kNodeDTypeKey, DTypeName(target));
+    cast->SetMetadata(kNodeWhyKey, why);
+    cast->SetMetadata(kInsertedCastKey, KindName(kind));
+    cast->set_doc_string(absl::StrCat("inserted by castor autocast: ", why));
+    ++report_.nodes_per_dtype[DTypeName(target)];
+    casts_.emplace(key, cast->output(0));
+    order.push_back(cast);
+    return cast->output(0);
+  }
+
+  void Record(Node& node, const Decision& decision) {
+    node.SetMetadata(kNodeDTypeKey, DTypeName(decision.dtype));
+    node.SetMetadata(kNodeWhyKey, decision.why);
+  }
+
+  void CountWeightBytes() {
+    for (const Value* weight : graph_.initializers()) {
+      if (!IsAutocastFloat(weight->dtype()) || weight->is_graph_input()) continue;
+      const int64_t elements = weight->initializer()->num_elements();
+      const int64_t stored = elements * static_cast<int64_t>(DTypeSize(weight->dtype()));
+      report_.weight_bytes_stored += stored;
+      bool read_directly = false;
+      for (const Use& use : weight->uses()) {
+        if (!IsInsertedCast(*use.node)) read_directly = true;
+      }
+      if (read_directly) report_.weight_bytes_computed += stored;
+      for (DType target : {DType::kFloat16, DType::kBFloat16, DType::kFloat32}) {
+        if (casts_.contains(std::make_pair(const_cast<Value*>(weight), target))) {
+          report_.weight_bytes_computed += elements * static_cast<int64_t>(DTypeSize(target));
+        }
+      }
+    }
+  }
+
+  void RecordPolicy() {
+    model_.SetMetadata(kPolicyNameKey, policy_.name());
+    model_.SetMetadata(kPolicyDigestKey, policy_.Digest());
+    model_.SetMetadata(kPolicyJsonKey, policy_.ToJson().Dump());
+    model_.SetMetadata(kComputeDTypeKey, DTypeName(policy_.compute_dtype()));
+  }
+
+  Model& model_;
+  Graph& graph_;
+  const Policy& policy_;
+  const DType lowp_;
+  AutocastReport report_;
+  absl::flat_hash_map<const Node*, std::string> forced_;
+  absl::flat_hash_map<std::pair<Value*, DType>, Value*> casts_;
+  absl::flat_hash_set<const Node*> removed_;
+};
+
+void EraseModelMetadata(Model& model, const std::string& key) {
+  auto& props = model.metadata_props;
+  for (auto it = props.begin(); it != props.end();) {
+    it = it->first == key ? props.erase(it) : it + 1;
+  }
+}
+
+}  // namespace
+
+AutocastRecord ReadAutocastRecord(const Node& node) {
+  AutocastRecord record;
+  if (const std::string* dtype = node.FindMetadata(kNodeDTypeKey)) record.dtype = *dtype;
+  if (const std::string* why = node.FindMetadata(kNodeWhyKey)) record.why = *why;
+  if (const std::string* cast = node.FindMetadata(kInsertedCastKey)) record.inserted_cast = *cast;
+  return record;
+}
+
+absl::StatusOr<int> StripAutocast(Model& model) {
+  Graph& graph = *model.graph;
+  int removed = 0;
+  const std::vector<Node*> nodes = graph.nodes();
+  for (Node* node : nodes) {
+    if (!IsInsertedCast(*node)) continue;
+    graph.ReplaceAllUsesWith(node->output(0), node->input(0));
+    CASTOR_RETURN_IF_ERROR(graph.RemoveNode(node));
+    ++removed;
+  }
+  for (Node* node : graph.nodes()) {
+    node->RemoveMetadata(kNodeDTypeKey);
+    node->RemoveMetadata(kNodeWhyKey);
+    // Outputs are re-inferred from float32 inputs below.
+    for (Value* out : node->outputs()) {
+      if (IsLowPrecisionFloat(out->dtype())) out->set_dtype(DType::kUndefined);
+    }
+  }
+  if (const std::string* lowered = model.FindMetadata(kLoweredInputsKey)) {
+    for (absl::string_view name : absl::StrSplit(*lowered, ',')) {
+      if (Value* in = graph.FindValue(std::string(name)); in && in->is_graph_input()) {
+        in->set_dtype(DType::kFloat32);
+      }
+    }
+  }
+  for (const char* key : {kPolicyNameKey, kPolicyDigestKey, kPolicyJsonKey, kComputeDTypeKey,
+                          kLoweredInputsKey}) {
+    EraseModelMetadata(model, key);
+  }
+  InferenceOptions inference;
+  inference.allow_unknown_ops = true;
+  CASTOR_RETURN_IF_ERROR(InferTypes(model, inference));
+  return removed;
+}
+
+absl::StatusOr<AutocastReport> RunAutocast(Model& model, const Policy& policy,
+                                           const AutocastOptions& options) {
+  int casts_removed = 0;
+  if (const std::string* digest = model.FindMetadata(kPolicyDigestKey)) {
+    const std::string* name = model.FindMetadata(kPolicyNameKey);
+    const std::string old_name = name ? *name : "(unnamed)";
+    if (*digest == policy.Digest()) {
+      AutocastReport report;
+      report.unchanged = true;
+      report.notes.push_back(absl::StrCat("already converted under policy '", policy.name(),
+                                          "' (", *digest, "); nothing to do"));
+      return report;
+    }
+    if (!options.restart_from_float32) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the model was already converted under policy '", old_name, "' (", *digest,
+          "); refusing to convert it under policy '", policy.name(), "' (", policy.Digest(),
+          "): its nodes already carry the first policy's dtypes. Ask to start again from the "
+          "float32 graph (castor convert --restart-from-float32) to strip castor's Casts and "
+          "convert under '",
+          policy.name(), "'"));
+    }
+    CASTOR_ASSIGN_OR_RETURN(casts_removed, StripAutocast(model));
+  }
+  AutocastPass pass(model, policy);
+  CASTOR_ASSIGN_OR_RETURN(AutocastReport report, pass.Run());
+  report.casts_removed = casts_removed;
+  return report;
+}
+
+}  // namespace castor
