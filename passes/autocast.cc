@@ -56,7 +56,6 @@
 #include "absl/strings/str_split.h"
 #include "graph/shape_inference.h"
 #include "graph/status.h"
-#include "graph/version.h"
 
 namespace castor {
 namespace {
