@@ -47,6 +47,7 @@
 //      against its readers (DESIGN rule 8).
 #include "passes/autocast.h"
 
+#include <map>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -139,6 +140,7 @@ class AutocastPass {
     }
     CASTOR_RETURN_IF_ERROR(graph_.ReorderNodes(std::move(kept)));
     CountWeightBytes();
+    NoteOpsetRefusals();
     RecordPolicy();
     InferenceOptions inference;
     inference.allow_unknown_ops = true;  // noted in step 2b, left as declared
@@ -311,6 +313,8 @@ class AutocastPass {
     // An objection that float32 inputs share is not about the dtype (a
     // shape input the probe cannot see); the final inference decides.
     if (!CheckNodeInference(model_, node).ok()) return Decision{lowp_, std::move(why)};
+    ++refused_by_opset_[{OpListKey(node.domain(), node.op_type()),
+                         model_.OpsetVersion(node.domain())}];
     return Decision{DType::kFloat32,
                     absl::StrCat(why, "; but the op does not accept ", DTypeName(lowp_),
                                  " at opset ", model_.OpsetVersion(node.domain()), " (",
@@ -388,7 +392,6 @@ class AutocastPass {
     cast->SetMetadata(kNodeWhyKey, why);
     cast->SetMetadata(kInsertedCastKey, KindName(kind));
     cast->set_doc_string(absl::StrCat("inserted by castor autocast: ", why));
-    ++report_.nodes_per_dtype[DTypeName(target)];
     casts_.emplace(key, cast->output(0));
     order.push_back(cast);
     return cast->output(0);
@@ -418,6 +421,19 @@ class AutocastPass {
     }
   }
 
+  // One note per op that stayed float32 because its schema at the model's
+  // opset has no 16-bit type (e.g. Conv takes bfloat16 only from opset 22).
+  void NoteOpsetRefusals() {
+    for (const auto& [op_and_opset, count] : refused_by_opset_) {
+      const auto& [op, opset] = op_and_opset;
+      report_.notes.push_back(absl::StrCat(
+          count, " ", op, " node", count == 1 ? "" : "s", " stay", count == 1 ? "s" : "",
+          " float32: ", op, " does not accept ", DTypeName(lowp_), " at opset ",
+          opset, " (a later opset may; 'castor inspect --why NODE' shows the "
+          "check)"));
+    }
+  }
+
   void RecordPolicy() {
     model_.SetMetadata(kPolicyNameKey, policy_.name());
     model_.SetMetadata(kPolicyDigestKey, policy_.Digest());
@@ -433,6 +449,8 @@ class AutocastPass {
   absl::flat_hash_map<const Node*, std::string> forced_;
   absl::flat_hash_map<std::pair<Value*, DType>, Value*> casts_;
   absl::flat_hash_set<const Node*> removed_;
+  // Ops (OpListKey) painted 16-bit but refused by their schema, with counts.
+  std::map<std::pair<std::string, int64_t>, int> refused_by_opset_;
 };
 
 void EraseModelMetadata(Model& model, const std::string& key) {

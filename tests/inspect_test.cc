@@ -369,11 +369,17 @@ TEST(InspectDotTest, ColoursByDtypeAndCastsStandOut) {
   report.graph_name = "g \"quoted\"";
   report.inputs = {{"x", DType::kFloat32, Shape({4}), true, false}};
   NodeRow cast{0, "to_half", "Cast", "", DType::kFloat32, {report.inputs[0]},
-               {{"x_half", DType::kFloat16, Shape({4}), true, false}}, {}};
+               {{"x_half", DType::kFloat16, Shape({4}), true, false}}, {}, "", ""};
   NodeRow relu{1, "relu", "Relu", "", DType::kFloat16, {cast.outputs[0]},
-               {{"y", DType::kFloat16, Shape({4}), true, false}}, {}};
-  NodeRow bf{2, "bf", "Relu", "", DType::kBFloat16, {}, {{"z", DType::kBFloat16, Shape({4}), true, false}}, {}};
-  report.nodes = {cast, relu, bf};
+               {{"y", DType::kFloat16, Shape({4}), true, false}}, {}, "", ""};
+  NodeRow bf{2, "bf", "Relu", "", DType::kBFloat16, {},
+             {{"z", DType::kBFloat16, Shape({4}), true, false}}, {}, "", ""};
+  NodeRow inserted = cast;
+  inserted.index = 3;
+  inserted.outputs[0].name = "x_half_inserted";
+  inserted.autocast_why = "rule 6: activation 'x' is float32";
+  inserted.inserted_cast = "activation";
+  report.nodes = {cast, relu, bf, inserted};
   const std::string dot = RenderInspectDot(report);
   EXPECT_THAT(dot, HasSubstr("digraph \"g \\\"quoted\\\"\""));
   EXPECT_THAT(dot, HasSubstr("n0 [shape=box, style=\"filled,bold\", color=\"#cb181d\", "
@@ -381,6 +387,11 @@ TEST(InspectDotTest, ColoursByDtypeAndCastsStandOut) {
   EXPECT_THAT(dot, HasSubstr("n1 [shape=box, fillcolor=\"#fdd0a2\""));  // float16
   EXPECT_THAT(dot, HasSubstr("n2 [shape=box, fillcolor=\"#c7e9c0\""));  // bfloat16
   EXPECT_THAT(dot, HasSubstr("n0 -> n1 [label=\"float16[4]\", tooltip=\"x_half\", color=\"#d94801\"]"));
+  // A Cast the autocast pass inserted: double border and its reason as tooltip.
+  EXPECT_THAT(dot, HasSubstr("fillcolor=\"#fcbba1\", peripheries=2, tooltip=\"rule 6: activation "
+                             "'x' is float32\", label=\"Cast\\nto_half"));
+  EXPECT_THAT(dot, Not(HasSubstr("n0 [shape=box, style=\"filled,bold\", color=\"#cb181d\", "
+                                 "fillcolor=\"#fcbba1\", peripheries")));
 }
 
 TEST_F(InspectBinaryTest, DotRendersWithGraphviz) {

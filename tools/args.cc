@@ -235,6 +235,17 @@ absl::Status ArgParser::SetValue(Flag& flag, const std::string& value) {
   return absl::InternalError("unhandled flag kind");
 }
 
+ArgParser& ArgParser::WithShortName(char letter) {
+  if (flags_.empty()) SpecError(absl::StrCat(command_, ": WithShortName before any flag"));
+  for (const Flag& flag : flags_) {
+    if (flag.short_name == letter || letter == 'h') {
+      SpecError(absl::StrCat(command_, ": short flag -", std::string(1, letter), " used twice"));
+    }
+  }
+  flags_.back().short_name = letter;
+  return *this;
+}
+
 absl::StatusOr<ParseOutcome> ArgParser::Parse(const std::vector<std::string>& args) {
   // Help wins over every other problem on the line.
   for (const std::string& arg : args) {
@@ -246,7 +257,12 @@ absl::StatusOr<ParseOutcome> ArgParser::Parse(const std::vector<std::string>& ar
   std::vector<std::string> positional_values;
   bool flags_ended = false;
   for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
+    std::string arg = args[i];
+    if (!flags_ended && arg.size() == 2 && arg[0] == '-' && arg[1] != '-') {
+      for (const Flag& flag : flags_) {
+        if (flag.short_name == arg[1]) arg = absl::StrCat("--", flag.name);
+      }
+    }
     if (flags_ended || !LooksLikeFlag(arg)) {
       positional_values.push_back(arg);
       continue;
@@ -336,6 +352,7 @@ std::string ArgParser::Help() const {
   for (const Flag& f : flags_) {
     std::string left = f.kind == FlagKind::kSwitch ? absl::StrCat("--[no-]", f.name)
                                                    : absl::StrCat("--", f.name, " ", f.value_name);
+    if (f.short_name != 0) left = absl::StrCat("-", std::string(1, f.short_name), ", ", left);
     flag_rows.emplace_back(std::move(left), f.help);
     flag_rows.emplace_back("", absl::StrCat("(", FlagKindName(f.kind), "; default: ",
                                             f.default_text, ")"));

@@ -11,7 +11,8 @@
 //       .AddEnum("format", {"text", "json", "dot"}, "output format", &options.format);
 //   CASTOR_ASSIGN_OR_RETURN(ParseOutcome outcome, parser.Parse(args));
 //
-// Accepted forms: `--flag value` and `--flag=value`; switches `--x` and
+// Accepted forms: `--flag value` and `--flag=value` (and `-o value` for a
+// flag given a short name); switches `--x` and
 // `--no-x` (or `--x=true|false`); repeated flags `--input A --input B`
 // (each adds one element; given values replace the default list); `--`
 // ends the flags (later arguments are positional); `-h`/`--help` anywhere
@@ -56,6 +57,8 @@ class ArgParser {
                      std::string* target);
   ArgParser& AddRepeated(std::string name, std::string value_name, std::string help,
                          std::vector<std::string>* target);
+  // Gives the flag added last a one-letter form: `-o FILE` for `--output FILE`.
+  ArgParser& WithShortName(char letter);
   // A usage example shown at the end of --help.
   ArgParser& AddExample(std::string command_line);
 
@@ -88,6 +91,7 @@ class ArgParser {
     std::string default_text;          // for --help
     void* target;
     bool given = false;
+    char short_name = 0;  // 'o' for -o; 0 when none
   };
 
   Flag& AddFlag(std::string name, FlagKind kind, std::string value_name, std::string help,

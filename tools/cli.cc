@@ -11,6 +11,7 @@
 #include "backend/cuda_probe.h"
 #include "tools/args.h"
 #include "tools/conformance_command.h"
+#include "tools/convert_command.h"
 #include "tools/inspect.h"
 #include "tools/run_command.h"
 
@@ -23,6 +24,8 @@ const std::vector<Subcommand>& Subcommands() {
   static const std::vector<Subcommand> kSubcommands = {
       {"inspect", "show a model's graph: nodes, dtypes, shapes, parameters (text, json or dot)",
        RunInspect},
+      {"convert", "rewrite a model for mixed precision under a policy (the autocast pass)",
+       RunConvert},
       {"run", "run inference on the CPU backend: inputs from .npy/.pb files, outputs to .npy",
        RunRun},
       {"conformance", "run ONNX backend node test cases and compare as ONNX's test runner does",

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "graph/onnx_io.h"
 #include "graph/shape_inference.h"
+#include "passes/autocast.h"
 #include "passes/verifier.h"
 #include "tools/args.h"
 #include "tools/cli.h"
@@ -51,6 +52,9 @@ ValueRow MakeValueRow(const Value* value) {
 }
 
 DType ComputeDType(const Node& node) {
+  if (const std::string* recorded = node.FindMetadata(kNodeDTypeKey)) {
+    if (absl::StatusOr<DType> dtype = DTypeFromName(*recorded); dtype.ok()) return *dtype;
+  }
   for (const Value* in : node.inputs()) {
     if (in && IsFloatingPoint(in->dtype())) return in->dtype();
   }
@@ -285,6 +289,10 @@ InspectReport BuildInspectReport(const Model& model, const std::string& file) {
   report.opsets = model.opset_imports;
   report.graph_name = graph.name();
   report.description = model.doc_string.substr(0, model.doc_string.find('\n'));
+  if (const std::string* name = model.FindMetadata(kPolicyNameKey)) report.policy_name = *name;
+  if (const std::string* digest = model.FindMetadata(kPolicyDigestKey)) {
+    report.policy_digest = *digest;
+  }
 
   for (const Value* input : graph.inputs()) report.inputs.push_back(MakeValueRow(input));
   for (const Value* output : graph.outputs()) report.outputs.push_back(MakeValueRow(output));
@@ -311,6 +319,7 @@ InspectReport BuildInspectReport(const Model& model, const std::string& file) {
   for (const auto& [dtype, totals] : by_dtype) summary.parameters_by_dtype.push_back(totals);
 
   std::map<std::string, int> op_counts;
+  std::map<std::string, int> autocast_counts;
   int index = 0;
   for (const Node* node : graph.nodes()) {
     NodeRow row;
@@ -319,6 +328,14 @@ InspectReport BuildInspectReport(const Model& model, const std::string& file) {
     row.op_type = node->op_type();
     row.domain = node->domain();
     row.compute_dtype = ComputeDType(*node);
+    const AutocastRecord record = ReadAutocastRecord(*node);
+    row.autocast_why = record.why;
+    row.inserted_cast = record.inserted_cast;
+    if (!record.inserted_cast.empty()) {
+      ++summary.inserted_casts;
+    } else if (!record.dtype.empty()) {
+      ++autocast_counts[record.dtype];
+    }
     for (const Value* in : node->inputs()) row.inputs.push_back(MakeValueRow(in));
     for (const Value* out : node->outputs()) row.outputs.push_back(MakeValueRow(out));
     for (const Attribute& attribute : node->attributes()) row.attributes.push_back(&attribute);
@@ -326,6 +343,7 @@ InspectReport BuildInspectReport(const Model& model, const std::string& file) {
     report.nodes.push_back(std::move(row));
   }
   summary.node_count = index;
+  summary.autocast_nodes_per_dtype.assign(autocast_counts.begin(), autocast_counts.end());
   summary.op_histogram.assign(op_counts.begin(), op_counts.end());
   std::stable_sort(summary.op_histogram.begin(), summary.op_histogram.end(),
                    [](const auto& a, const auto& b) { return a.second > b.second; });
@@ -343,9 +361,18 @@ std::string RenderInspectText(const InspectReport& report) {
       {"opsets:", OpsetsText(report.opsets)},
       {"graph:", report.graph_name}};
   if (!report.description.empty()) header.push_back({"description:", report.description});
+  const bool converted = !report.policy_name.empty();
+  if (converted) {
+    header.push_back({"policy:", absl::StrCat(report.policy_name, " (", report.policy_digest,
+                                              ")")});
+  }
   absl::StrAppend(&text, RenderTable(header, 0));
 
-  absl::StrAppend(&text, "\nnodes (", report.nodes.size(), "):\n");
+  absl::StrAppend(&text, "\nnodes (", report.nodes.size(), "):", converted
+                             ? "  (+ Cast inserted by castor autocast; dtype as recorded, "
+                               "'castor inspect MODEL --why NODE' says why)"
+                             : "",
+                  "\n");
   std::vector<std::vector<std::string>> node_table = {
       {"#", "name", "op", "dtype", "inputs", "outputs", "attributes"}};
   for (const NodeRow& node : report.nodes) {
@@ -356,7 +383,8 @@ std::string RenderInspectText(const InspectReport& report) {
       attributes.push_back(CompactAttribute(*attribute));
     }
     node_table.push_back({absl::StrCat(node.index), node.name,
-                          QualifiedOpName(node.domain, node.op_type),
+                          absl::StrCat(QualifiedOpName(node.domain, node.op_type),
+                                       node.inserted_cast.empty() ? "" : " +"),
                           DTypeName(node.compute_dtype), absl::StrJoin(inputs, ", "),
                           absl::StrJoin(outputs, ", "), absl::StrJoin(attributes, " ")});
   }
@@ -400,6 +428,14 @@ std::string RenderInspectText(const InspectReport& report) {
     absl::StrAppend(&text, "  overridable inputs with defaults (not counted): ",
                     summary.overridable_inputs, "\n");
   }
+  if (converted) {
+    std::vector<std::string> per_dtype_text;
+    for (const auto& [dtype, count] : summary.autocast_nodes_per_dtype) {
+      per_dtype_text.push_back(absl::StrCat(dtype, " ", count));
+    }
+    absl::StrAppend(&text, "  autocast: ", summary.inserted_casts, " Casts inserted; nodes per dtype: ",
+                    per_dtype_text.empty() ? "none" : absl::StrJoin(per_dtype_text, ", "), "\n");
+  }
   absl::StrAppend(&text, "  opsets: ", OpsetsText(report.opsets), "\n");
   return text;
 }
@@ -424,6 +460,10 @@ std::string RenderInspectJson(const InspectReport& report) {
   write_opsets();
   json.Key("graph").String(report.graph_name);
   json.Key("description").String(report.description);
+  if (!report.policy_name.empty()) {
+    json.Key("policy").BeginObject().Key("name").String(report.policy_name);
+    json.Key("digest").String(report.policy_digest).EndObject();
+  }
 
   json.Key("inputs").BeginArray();
   for (const ValueRow& input : report.inputs) {
@@ -453,6 +493,10 @@ std::string RenderInspectJson(const InspectReport& report) {
     json.Key("index").Int(node.index).Key("name").String(node.name);
     json.Key("op_type").String(node.op_type).Key("domain").String(DomainName(node.domain));
     json.Key("compute_dtype").String(DTypeName(node.compute_dtype));
+    if (!node.autocast_why.empty()) {
+      json.Key("autocast").BeginObject().Key("why").String(node.autocast_why);
+      json.Key("inserted_cast").String(node.inserted_cast).EndObject();
+    }
     json.Key("inputs").BeginArray();
     for (const ValueRow& in : node.inputs) WriteValue(json, in);
     json.EndArray();
@@ -487,6 +531,12 @@ std::string RenderInspectJson(const InspectReport& report) {
   json.EndArray();
   json.EndObject();
   json.Key("overridable_inputs").Int(summary.overridable_inputs);
+  if (!report.policy_name.empty()) {
+    json.Key("autocast").BeginObject().Key("inserted_casts").Int(summary.inserted_casts);
+    json.Key("nodes_per_dtype").BeginObject();
+    for (const auto& [dtype, count] : summary.autocast_nodes_per_dtype) json.Key(dtype).Int(count);
+    json.EndObject().EndObject();
+  }
   json.Key("opsets");
   write_opsets();
   json.EndObject();
@@ -501,7 +551,7 @@ std::string RenderInspectDot(const InspectReport& report) {
       &dot, "  graph [rankdir=TB, fontname=\"Helvetica\", fontsize=11, labelloc=t, label=\"",
       DotEscape(report.file),
       "\\nfill by compute dtype: float32 blue, float16 orange, bfloat16 green, other grey; "
-      "Cast nodes red\"];\n",
+      "Cast nodes red (inserted by autocast: double border)\"];\n",
       "  node [fontname=\"Helvetica\", fontsize=10, style=filled];\n",
       "  edge [fontname=\"Helvetica\", fontsize=8];\n");
 
@@ -530,10 +580,15 @@ std::string RenderInspectDot(const InspectReport& report) {
     const bool is_cast = node.op_type == "Cast" && node.domain.empty();
     absl::StrAppend(&dot, "  ", id, " [shape=box, ");
     if (is_cast) {
+      // Casts castor inserted get a double border; model Casts a single one.
       absl::StrAppend(&dot, "style=\"filled,bold\", color=\"", kCastBorderColor,
-                      "\", fillcolor=\"", kCastFillColor, "\"");
+                      "\", fillcolor=\"", kCastFillColor, "\"",
+                      node.inserted_cast.empty() ? "" : ", peripheries=2");
     } else {
       absl::StrAppend(&dot, "fillcolor=\"", DTypeFillColor(node.compute_dtype), "\"");
+    }
+    if (!node.autocast_why.empty()) {
+      absl::StrAppend(&dot, ", tooltip=\"", DotEscape(node.autocast_why), "\"");
     }
     absl::StrAppend(&dot, ", label=\"", label, "\"];\n");
   }
@@ -582,9 +637,83 @@ std::string RenderInspectDot(const InspectReport& report) {
   return dot;
 }
 
+namespace {
+
+// Where a node input comes from, for --why.
+std::string SourceText(const Value& value) {
+  if (value.initializer() && !value.is_graph_input()) return "weight (float32 initializer)";
+  if (value.is_graph_input()) return "graph input";
+  const Node* producer = value.producer();
+  if (!producer) return "no producer";
+  std::string text = absl::StrCat("output of ", producer->op_type(), " '", producer->name(), "'");
+  const AutocastRecord record = ReadAutocastRecord(*producer);
+  if (!record.inserted_cast.empty()) {
+    absl::StrAppend(&text, ", a Cast castor inserted (it casts a ", record.inserted_cast, " value)");
+  }
+  return text;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ExplainNode(const Model& model, const std::string& node_name) {
+  const Node* node = nullptr;
+  std::vector<std::string> names;
+  for (const Node* candidate : model.graph->nodes()) {
+    if (candidate->name() == node_name) node = candidate;
+    names.push_back(candidate->name());
+  }
+  if (!node) {
+    std::string message = absl::StrCat("--why: no node named '", node_name, "'");
+    if (std::string close = ClosestMatch(node_name, names); !close.empty()) {
+      absl::StrAppend(&message, " (did you mean '", close, "'?)");
+    }
+    absl::StrAppend(&message, "; 'castor inspect MODEL' lists the node names");
+    return absl::NotFoundError(message);
+  }
+  const AutocastRecord record = ReadAutocastRecord(*node);
+  const std::string* policy = model.FindMetadata(kPolicyNameKey);
+  const std::string* digest = model.FindMetadata(kPolicyDigestKey);
+  std::string why = record.why;
+  if (why.empty() && !policy) {
+    why = "no autocast record: the model was not converted by 'castor convert' (no "
+          "castor.policy in its metadata_props); the dtype shown is that of the node's first "
+          "floating-point input (or first output)";
+  } else if (why.empty()) {
+    why = "untouched by autocast: the node does no floating-point computation (op list "
+          "'none', e.g. Shape, or no float inputs or outputs), or is a Cast from the model";
+  }
+  std::vector<std::vector<std::string>> rows = {
+      {"node", node->name()},
+      {"op", absl::StrCat(QualifiedOpName(node->domain(), node->op_type()), " (opset ",
+                          model.OpsetVersion(node->domain()), ")")},
+      {"dtype", DTypeName(ComputeDType(*node))},
+      {"why", why},
+      {"policy", policy ? absl::StrCat(*policy, " (", digest ? *digest : "no digest", ")")
+                        : "none recorded"}};
+  for (int i = 0; i < node->num_inputs(); ++i) {
+    const Value* in = node->input(i);
+    rows.push_back({i == 0 ? "inputs" : "",
+                    in ? absl::StrCat(i, ": ", in->name(), " ", TypeString(in->dtype(), in->shape()),
+                                      "  ", SourceText(*in))
+                       : absl::StrCat(i, ": (omitted)")});
+  }
+  for (int i = 0; i < node->num_outputs(); ++i) {
+    const Value* out = node->output(i);
+    rows.push_back({i == 0 ? "outputs" : "",
+                    absl::StrCat(i, ": ", out->name(), " ", TypeString(out->dtype(), out->shape()),
+                                 out->is_graph_output() ? "  graph output" : "")});
+  }
+  return RenderTable(rows, 0);
+}
+
 absl::StatusOr<std::string> InspectModel(const InspectOptions& options) {
   absl::StatusOr<Model> model = LoadAndCheckModel(options.model_path);
   if (!model.ok()) return model.status();
+  if (!options.why_node.empty()) {
+    absl::StatusOr<std::string> explained = ExplainNode(*model, options.why_node);
+    if (!explained.ok()) return NameFile(explained.status(), options.model_path);
+    return explained;
+  }
   const InspectReport report = BuildInspectReport(*model, options.model_path);
   if (options.format == "json") return RenderInspectJson(report);
   if (options.format == "dot") return RenderInspectDot(report);
@@ -598,14 +727,21 @@ int RunInspect(const std::vector<std::string>& args, std::ostream& out, std::ost
       "Loads MODEL, checks it (opset range, supported ops, type inference, graph verifier)\n"
       "and shows its graph: a header, every node with its compute dtype, inputs, typed\n"
       "outputs and attributes, the graph inputs and outputs, the initializers, and a\n"
-      "summary (op histogram, parameters and bytes per dtype).");
+      "summary (op histogram, parameters and bytes per dtype). On a model written by\n"
+      "'castor convert' it shows the recorded policy, each node's autocast dtype, and marks\n"
+      "the Casts castor inserted with '+'.");
   parser.AddPositional("MODEL", "the ONNX model file", &options.model_path)
       .AddEnum("format", {"text", "json", "dot"},
                "text: aligned tables; json: one JSON document; dot: a Graphviz digraph",
                &options.format)
       .AddString("output", "FILE", "write the report to FILE (atomically) instead of stdout",
                  &options.output_path)
+      .AddString("why", "NODE",
+                 "explain the dtype of node NODE: the autocast rule and list entry behind it, "
+                 "its inputs and where they come from",
+                 &options.why_node)
       .AddExample("castor inspect models/cnn_opset13.onnx")
+      .AddExample("castor inspect cnn_fp16.onnx --why /fc2/Gemm")
       .AddExample("castor inspect model.onnx --format dot --output model.dot && dot -Tsvg "
                   "model.dot -o model.svg");
 

@@ -23,6 +23,7 @@ struct InspectOptions {
   std::string model_path;
   std::string format = "text";  // text | json | dot
   std::string output_path;      // "" = stdout
+  std::string why_node;         // --why NODE: explain that node's dtype instead
 };
 
 // A value as the report shows it: `input float32[N,1,28,28]`.
@@ -39,13 +40,18 @@ struct NodeRow {
   std::string name;
   std::string op_type;
   std::string domain;  // "" for ai.onnx
-  // The dtype the node computes in: its first floating-point input's dtype,
-  // else its first output's.
+  // The dtype the node computes in: castor's autocast record when the model
+  // was converted by castor (a Cast's target dtype), else its first
+  // floating-point input's dtype, else its first output's.
   DType compute_dtype = DType::kUndefined;
   std::vector<ValueRow> inputs;
   std::vector<ValueRow> outputs;
   // Borrowed from the Model the report was built from.
   std::vector<const Attribute*> attributes;
+  // The autocast record's reason ("" when none) and, for a Cast castor
+  // inserted, what it reads: "weight", "constant" or "activation".
+  std::string autocast_why;
+  std::string inserted_cast;
 };
 
 struct InitializerRow {
@@ -73,6 +79,10 @@ struct InspectSummary {
   int64_t parameter_count = 0;
   int64_t parameter_bytes = 0;
   int overridable_inputs = 0;
+  // Casts the autocast pass inserted, and nodes per recorded dtype (both
+  // empty for a model castor did not convert).
+  int inserted_casts = 0;
+  std::vector<std::pair<std::string, int>> autocast_nodes_per_dtype;
 };
 
 struct InspectReport {
@@ -83,6 +93,9 @@ struct InspectReport {
   std::vector<OpsetImport> opsets;
   std::string graph_name;
   std::string description;  // first line of the model's doc_string
+  // The autocast policy recorded by `castor convert` ("" when none).
+  std::string policy_name;
+  std::string policy_digest;
   std::vector<ValueRow> inputs;  // graph inputs (overridable ones included)
   std::vector<ValueRow> outputs;
   std::vector<InitializerRow> initializers;
@@ -108,7 +121,12 @@ std::string RenderInspectText(const InspectReport& report);
 std::string RenderInspectJson(const InspectReport& report);
 std::string RenderInspectDot(const InspectReport& report);
 
-// Load, check and render in `options.format`.
+// `--why NODE`: the node's op, compute dtype, inputs, and the rule behind
+// its dtype from the autocast record; NotFound (with a "did you mean")
+// when no node has that name.
+absl::StatusOr<std::string> ExplainNode(const Model& model, const std::string& node_name);
+
+// Load, check and render in `options.format` (or explain --why NODE).
 absl::StatusOr<std::string> InspectModel(const InspectOptions& options);
 
 // The subcommand: parses flags, writes the report to stdout or --output.
