@@ -38,7 +38,10 @@
 //      being one: its uses in 16-bit share one Cast. A value that a model
 //      Cast widened exactly (float16 -> float32) is read from the Cast's
 //      16-bit input instead of being cast back, so no Cast chain arises.
-//      Model Casts are kept; one that became a no-op is removed and noted.
+//      Model Casts are kept and shared like castor's own; one that became
+//      a no-op, duplicates castor's Cast of the same value and dtype, or is
+//      no longer read because its readers took its 16-bit input is removed
+//      and noted (no Cast to the same type, no orphan).
 //   5. Records (DESIGN rule 7): each painted node gets castor.autocast.dtype
 //      and .why; each inserted Cast also .cast; the model gets the policy's
 //      name, digest and JSON.
@@ -47,6 +50,7 @@
 //      against its readers (DESIGN rule 8).
 #include "passes/autocast.h"
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -55,6 +59,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "graph/onnx_io.h"
 #include "graph/shape_inference.h"
 #include "graph/status.h"
 
@@ -117,28 +122,19 @@ class AutocastPass {
     for (Node* node : original_order) {
       CASTOR_ASSIGN_OR_RETURN(Decision decision, Paint(*node));
       if (decision.dtype == DType::kUndefined) {
-        CASTOR_RETURN_IF_ERROR(HandleUntouched(*node));
-        new_order.push_back(node);
+        CASTOR_ASSIGN_OR_RETURN(const bool kept, HandleUntouched(*node));
+        if (kept) new_order.push_back(node);
         ++report_.nodes_per_dtype["none"];
         continue;
       }
       CASTOR_RETURN_IF_ERROR(InsertInputCasts(*node, decision.dtype, new_order));
       Record(*node, decision);
-      if (decision.dtype != DType::kFloat32) {
-        for (Value* out : node->outputs()) {
-          if (out->dtype() == DType::kFloat32) out->set_dtype(decision.dtype);
-        }
-      }
+      RetypeOutputs(*node, decision.dtype);
       new_order.push_back(node);
       ++report_.nodes_per_dtype[DTypeName(decision.dtype)];
     }
-    // Nodes removed as no-op Casts are not in the graph any more.
-    std::vector<Node*> kept;
-    kept.reserve(new_order.size());
-    for (Node* node : new_order) {
-      if (!removed_.contains(node)) kept.push_back(node);
-    }
-    CASTOR_RETURN_IF_ERROR(graph_.ReorderNodes(std::move(kept)));
+    CASTOR_RETURN_IF_ERROR(RemoveBypassedModelCasts(new_order));
+    CASTOR_RETURN_IF_ERROR(graph_.ReorderNodes(std::move(new_order)));
     CountWeightBytes();
     NoteOpsetRefusals();
     RecordPolicy();
@@ -247,6 +243,24 @@ class AutocastPass {
     return Decision{};
   }
 
+  // A node painted 16-bit makes 16-bit values; one painted float32 in a
+  // model that computed it 16-bit makes float32 ones (a graph output among
+  // them changes its declared type, noted).
+  void RetypeOutputs(Node& node, DType dtype) {
+    for (Value* out : node.outputs()) {
+      if (!IsAutocastFloat(out->dtype()) || out->dtype() == dtype) continue;
+      if (dtype != DType::kFloat32 && out->dtype() != DType::kFloat32) continue;
+      if (out->is_graph_output()) {
+        report_.notes.push_back(absl::StrCat("graph output ", Quoted(out->name()), " was ",
+                                             DTypeName(out->dtype()), " in the model and is now ",
+                                             DTypeName(dtype), " (its producer ",
+                                             Quoted(node.name()), " computes in ",
+                                             DTypeName(dtype), ")"));
+      }
+      out->set_dtype(dtype);
+    }
+  }
+
   bool HasFloatInputOrOutput(const Node& node) const {
     for (const Value* in : node.inputs()) {
       if (in && IsAutocastFloat(in->dtype())) return true;
@@ -321,21 +335,56 @@ class AutocastPass {
                                  as_lowp.message(), "), so float32")};
   }
 
-  // A node left as it is: only a model Cast that became a no-op changes.
-  absl::Status HandleUntouched(Node& node) {
+  // A node left as it is; only a model Cast may change. Returns false when
+  // the node was removed (a Cast that became a no-op, or a duplicate of
+  // castor's own Cast of the same value and dtype).
+  absl::StatusOr<bool> HandleUntouched(Node& node) {
     if (node.op_type() != "Cast" || !node.domain().empty() || !node.input(0)) {
-      return absl::OkStatus();
+      return true;
     }
     Value* in = node.input(0);
     Value* out = node.output(0);
     auto to = DTypeFromOnnx(static_cast<int32_t>(node.GetInt("to", 0)));
-    if (!to.ok() || *to != in->dtype() || out->is_graph_output()) return absl::OkStatus();
-    report_.notes.push_back(absl::StrCat("model Cast ", Quoted(node.name()), " to ",
-                                         DTypeName(*to), " became a no-op (its input is now ",
-                                         DTypeName(in->dtype()), ") and was removed"));
-    graph_.ReplaceAllUsesWith(out, in);
-    CASTOR_RETURN_IF_ERROR(graph_.RemoveNode(&node));
-    removed_.insert(&node);
+    if (!to.ok() || out->is_graph_output()) return true;
+    if (*to == in->dtype()) {
+      report_.notes.push_back(absl::StrCat("model Cast ", Quoted(node.name()), " to ",
+                                           DTypeName(*to), " became a no-op (its input is now ",
+                                           DTypeName(in->dtype()), ") and was removed"));
+      CASTOR_RETURN_IF_ERROR(RemoveModelCast(node, in));
+      return false;
+    }
+    if (!IsAutocastFloat(in->dtype()) || !IsAutocastFloat(*to)) return true;
+    // The model's Cast is the one Cast of (input, dtype) later readers share,
+    // unless castor already cast that value for an earlier reader.
+    auto [shared, first] = casts_.emplace(std::make_pair(in, *to), out);
+    if (first) return true;
+    report_.notes.push_back(absl::StrCat("model Cast ", Quoted(node.name()),
+                                         " duplicated castor's Cast of ", Quoted(in->name()),
+                                         " to ", DTypeName(*to),
+                                         " and was removed; its readers share castor's"));
+    CASTOR_RETURN_IF_ERROR(RemoveModelCast(node, shared->second));
+    return false;
+  }
+
+  // The node is destroyed: callers must drop every pointer to it.
+  absl::Status RemoveModelCast(Node& cast, Value* replacement) {
+    graph_.ReplaceAllUsesWith(cast.output(0), replacement);
+    return graph_.RemoveNode(&cast);
+  }
+
+  // Model Casts whose readers all moved to the Cast's 16-bit input (step 4)
+  // would be orphans: removed and noted.
+  // Runs after the walk (no node is created after it), so dropping the
+  // removed nodes from `order` leaves no dangling pointer.
+  absl::Status RemoveBypassedModelCasts(std::vector<Node*>& order) {
+    for (Node* cast : bypassed_) {
+      if (!cast->output(0)->uses().empty() || cast->output(0)->is_graph_output()) continue;
+      report_.notes.push_back(absl::StrCat(
+          "model Cast ", Quoted(cast->name()), " is no longer read (its readers take its ",
+          DTypeName(cast->input(0)->dtype()), " input directly) and was removed"));
+      order.erase(std::find(order.begin(), order.end(), cast));
+      CASTOR_RETURN_IF_ERROR(graph_.RemoveNode(cast));
+    }
     return absl::OkStatus();
   }
 
@@ -355,10 +404,11 @@ class AutocastPass {
   absl::StatusOr<Value*> CastOf(Value* source, DType target, const Node& first_reader,
                                 std::vector<Node*>& order) {
     // A model Cast that widened a `target` value exactly: read its input.
-    if (const Node* producer = source->producer();
+    if (Node* producer = source->producer();
         producer && producer->op_type() == "Cast" && producer->domain().empty() &&
         producer->input(0) && producer->input(0)->dtype() == target &&
         IsLowPrecisionFloat(target) && source->dtype() == DType::kFloat32) {
+      if (!std::count(bypassed_.begin(), bypassed_.end(), producer)) bypassed_.push_back(producer);
       return producer->input(0);
     }
     auto key = std::make_pair(source, target);
@@ -448,7 +498,8 @@ class AutocastPass {
   AutocastReport report_;
   absl::flat_hash_map<const Node*, std::string> forced_;
   absl::flat_hash_map<std::pair<Value*, DType>, Value*> casts_;
-  absl::flat_hash_set<const Node*> removed_;
+  // Model Casts that step 4 read through, in the order met.
+  std::vector<Node*> bypassed_;
   // Ops (OpListKey) painted 16-bit but refused by their schema, with counts.
   std::map<std::pair<std::string, int64_t>, int> refused_by_opset_;
 };
@@ -528,6 +579,14 @@ absl::StatusOr<AutocastReport> RunAutocast(Model& model, const Policy& policy,
           policy.name(), "'"));
     }
     CASTOR_ASSIGN_OR_RETURN(casts_removed, StripAutocast(model));
+    // Export and import the float32 graph so the conversion starts from the
+    // state a file gives (names castor used before are free again): the
+    // result equals converting the original float32 model.
+    CASTOR_ASSIGN_OR_RETURN(onnx::ModelProto float32_graph, ExportModel(model));
+    CASTOR_ASSIGN_OR_RETURN(model, ImportModel(float32_graph, "", "the float32 graph"));
+    InferenceOptions inference;
+    inference.allow_unknown_ops = true;
+    CASTOR_RETURN_IF_ERROR(InferTypes(model, inference));
   }
   AutocastPass pass(model, policy);
   CASTOR_ASSIGN_OR_RETURN(AutocastReport report, pass.Run());

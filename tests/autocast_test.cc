@@ -1,0 +1,730 @@
+// Tests for passes/autocast.h: one structure test per rule of the pass on
+// small hand-built graphs (allow, deny, follow painting and promotion, the
+// contextual float32 rules, shared weight and activation Casts, model Casts
+// respected, opset refusals, pins and overrides), the policy record
+// (idempotence, refusal naming both policies, restart from float32,
+// StripAutocast), provenance surviving an export/import, and the structural
+// invariants (no Cast to the same type, no chain, no orphan, one Cast per
+// value and dtype, float32 masters and outputs) on every sample model under
+// both mixed policies.
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "graph/onnx_io.h"
+#include "graph/shape_inference.h"
+#include "gtest/gtest.h"
+#include "onnx/onnx_pb.h"
+#include "passes/autocast.h"
+#include "passes/verifier.h"
+
+namespace castor {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+template <typename T>
+T ValueOrDie(absl::StatusOr<T> result) {
+  EXPECT_TRUE(result.ok()) << result.status();
+  if (!result.ok()) std::abort();
+  return *std::move(result);
+}
+
+Policy BuiltinPolicy(const std::string& name) { return ValueOrDie(Policy::Builtin(name)); }
+
+// Builds small float32 models: inputs, weights (initializers), Constant
+// nodes, op nodes and outputs by value name.
+class ModelBuilder {
+ public:
+  explicit ModelBuilder(int64_t opset = 17) { model_.opset_imports = {{"", opset}}; }
+
+  ModelBuilder& Input(const std::string& name, std::vector<int64_t> dims) {
+    ValueOrDie(graph().AddInput(name, DType::kFloat32, Shape::FromDims(dims)));
+    return *this;
+  }
+  ModelBuilder& Weight(const std::string& name, std::vector<int64_t> dims) {
+    Tensor tensor(DType::kFloat32, dims);
+    for (int64_t i = 0; i < tensor.num_elements(); ++i) tensor.data<float>()[i] = 0.01f * i;
+    ValueOrDie(graph().AddInitializer(name, std::move(tensor)));
+    return *this;
+  }
+  ModelBuilder& Constant(const std::string& name, float value) {
+    Node* node = ValueOrDie(graph().AddNode("Constant", {}, {name}, name + "_node"));
+    node->SetAttribute(Attribute::TensorValue("value", Tensor::Scalar(value)));
+    return *this;
+  }
+  ModelBuilder& Op(const std::string& op_type, const std::vector<std::string>& inputs,
+                   const std::string& output, std::vector<Attribute> attributes = {}) {
+    std::vector<Value*> values;
+    for (const std::string& name : inputs) {
+      Value* value = graph().FindValue(name);
+      EXPECT_NE(value, nullptr) << name;
+      values.push_back(value);
+    }
+    Node* node = ValueOrDie(graph().AddNode(op_type, values, {output}, output));
+    for (Attribute& attribute : attributes) node->SetAttribute(std::move(attribute));
+    return *this;
+  }
+  ModelBuilder& Output(const std::string& name) {
+    graph().AddOutput(graph().FindValue(name));
+    return *this;
+  }
+  Model Build() {
+    absl::Status inferred = InferTypes(model_);
+    EXPECT_TRUE(inferred.ok()) << inferred;
+    return std::move(model_);
+  }
+
+ private:
+  Graph& graph() { return *model_.graph; }
+  Model model_;
+};
+
+const Node& NodeNamed(const Model& model, const std::string& name) {
+  for (const Node* node : model.graph->nodes()) {
+    if (node->name() == name) return *node;
+  }
+  ADD_FAILURE() << "no node " << name;
+  std::abort();
+}
+
+std::string RecordedDType(const Model& model, const std::string& node) {
+  return ReadAutocastRecord(NodeNamed(model, node)).dtype;
+}
+
+std::vector<const Node*> InsertedCasts(const Model& model) {
+  std::vector<const Node*> casts;
+  for (const Node* node : model.graph->nodes()) {
+    if (!ReadAutocastRecord(*node).inserted_cast.empty()) casts.push_back(node);
+  }
+  return casts;
+}
+
+// "source->dtype" for every inserted Cast, in graph order.
+std::vector<std::string> CastSummary(const Model& model) {
+  std::vector<std::string> summary;
+  for (const Node* cast : InsertedCasts(model)) {
+    summary.push_back(absl::StrCat(cast->input(0)->name(), "->",
+                                   DTypeName(cast->output(0)->dtype())));
+  }
+  return summary;
+}
+
+AutocastReport Convert(Model& model, const std::string& policy_name,
+                       const AutocastOptions& options = {}) {
+  AutocastReport report = ValueOrDie(RunAutocast(model, BuiltinPolicy(policy_name), options));
+  absl::Status verified = VerifyModel(model);
+  EXPECT_TRUE(verified.ok()) << verified;
+  return report;
+}
+
+std::string Serialized(const Model& model) {
+  return ValueOrDie(ExportModel(model)).SerializeAsString();
+}
+
+Model RoundTrip(const Model& model) {
+  onnx::ModelProto proto;
+  EXPECT_TRUE(proto.ParseFromString(Serialized(model)));
+  Model imported = ValueOrDie(ImportModel(proto, "", "round trip"));
+  EXPECT_TRUE(InferTypes(imported).ok());
+  return imported;
+}
+
+// The structural invariants every converted model keeps; one message per
+// violation.
+std::vector<std::string> InvariantViolations(const Model& model) {
+  std::vector<std::string> violations;
+  std::set<std::pair<const Value*, DType>> cast_keys;
+  for (const Node* node : model.graph->nodes()) {
+    if (node->op_type() != "Cast") continue;
+    const Value* in = node->input(0);
+    const Value* out = node->output(0);
+    if (in->dtype() == out->dtype()) {
+      violations.push_back(absl::StrCat("Cast ", node->name(), " to its own type"));
+    }
+    if (out->uses().empty() && !out->is_graph_output()) {
+      violations.push_back(absl::StrCat("orphan Cast ", node->name()));
+    }
+    const bool inserted = !ReadAutocastRecord(*node).inserted_cast.empty();
+    if (inserted && in->producer() && in->producer()->op_type() == "Cast") {
+      violations.push_back(absl::StrCat("Cast chain: ", in->producer()->name(), " -> ",
+                                        node->name()));
+    }
+    if (!cast_keys.insert({in, out->dtype()}).second) {
+      violations.push_back(absl::StrCat("second Cast of ", in->name(), " to ",
+                                        DTypeName(out->dtype())));
+    }
+    if (inserted && ReadAutocastRecord(*node).why.empty()) {
+      violations.push_back(absl::StrCat("inserted Cast ", node->name(), " without a reason"));
+    }
+  }
+  for (const Value* weight : model.graph->initializers()) {
+    if (IsFloatingPoint(weight->dtype()) && weight->dtype() != DType::kFloat32) {
+      violations.push_back(absl::StrCat("weight ", weight->name(), " is not float32"));
+    }
+  }
+  for (const Value* output : model.graph->outputs()) {
+    if (IsFloatingPoint(output->dtype()) && output->dtype() != DType::kFloat32) {
+      violations.push_back(absl::StrCat("graph output ", output->name(), " is not float32"));
+    }
+  }
+  return violations;
+}
+
+// x -> MatMul(w) -> Relu -> MatMul(w2) -> Softmax -> MatMul(w3) -> out.
+Model MlpWithSoftmax() {
+  return ModelBuilder()
+      .Input("x", {4, 8})
+      .Weight("w", {8, 8})
+      .Weight("w2", {8, 8})
+      .Weight("w3", {8, 8})
+      .Op("MatMul", {"x", "w"}, "mm1")
+      .Op("Relu", {"mm1"}, "relu")
+      .Op("MatMul", {"relu", "w2"}, "mm2")
+      .Op("Softmax", {"mm2"}, "softmax")
+      .Op("MatMul", {"softmax", "w3"}, "out")
+      .Output("out")
+      .Build();
+}
+
+// ---- rules 1-3: allow, deny, follow ----------------------------------------
+
+TEST(AutocastRulesTest, AllowOpsComputeInFloat16AndDenyOpsInFloat32) {
+  Model model = MlpWithSoftmax();
+  const AutocastReport report = Convert(model, "mixed_float16");
+  EXPECT_EQ(RecordedDType(model, "mm1"), "float16");
+  EXPECT_EQ(RecordedDType(model, "relu"), "float16");  // follows mm1, no Cast between
+  EXPECT_EQ(RecordedDType(model, "mm2"), "float16");
+  EXPECT_EQ(RecordedDType(model, "softmax"), "float32");
+  EXPECT_EQ(RecordedDType(model, "out"), "float32");  // rule 4: produces the graph output
+  EXPECT_THAT(ReadAutocastRecord(NodeNamed(model, "softmax")).why,
+              HasSubstr("rule 2 (deny): op list: deny list: Softmax"));
+  EXPECT_THAT(ReadAutocastRecord(NodeNamed(model, "out")).why, HasSubstr("rule 4"));
+  EXPECT_THAT(CastSummary(model),
+              ElementsAre("x->float16", "w->float16", "w2->float16", "mm2->float32"));
+  EXPECT_EQ(report.weight_casts, 2);
+  EXPECT_EQ(report.activation_casts, 2);
+  EXPECT_EQ(report.constant_casts, 0);
+  EXPECT_EQ(report.nodes_per_dtype.at("float16"), 3);
+  EXPECT_EQ(report.nodes_per_dtype.at("float32"), 2);
+  // Masters stay float32: 3 weights of 64 floats, two of them computed 16-bit.
+  EXPECT_EQ(report.weight_bytes_stored, 3 * 64 * 4);
+  EXPECT_EQ(report.weight_bytes_computed, 2 * 64 * 2 + 64 * 4);
+  EXPECT_THAT(InvariantViolations(model), IsEmpty());
+}
+
+TEST(AutocastRulesTest, Float32PolicyChangesNoDtypeAndInsertsNothing) {
+  Model model = MlpWithSoftmax();
+  const AutocastReport report = Convert(model, "float32");
+  EXPECT_EQ(report.casts_inserted(), 0);
+  for (const Node* node : model.graph->nodes()) {
+    EXPECT_EQ(ReadAutocastRecord(*node).dtype, "float32") << node->name();
+  }
+  EXPECT_EQ(*model.FindMetadata(kPolicyNameKey), "float32");
+}
+
+TEST(AutocastRulesTest, EachWeightGetsOneCastSharedByAllItsReaders) {
+  Model model = ModelBuilder()
+                    .Input("x", {4, 8})
+                    .Weight("w", {8, 8})
+                    .Op("MatMul", {"x", "w"}, "a")
+                    .Op("MatMul", {"a", "w"}, "b")
+                    .Op("MatMul", {"b", "w"}, "c")
+                    .Op("Softmax", {"c"}, "out")
+                    .Output("out")
+                    .Build();
+  Convert(model, "mixed_float16");
+  EXPECT_THAT(CastSummary(model), ElementsAre("x->float16", "w->float16", "c->float32"));
+  const Value* w = model.graph->FindValue("w");
+  ASSERT_NE(w->initializer(), nullptr);
+  EXPECT_EQ(w->dtype(), DType::kFloat32);
+  ASSERT_EQ(w->uses().size(), 1u);  // only the Cast reads the master
+  EXPECT_EQ(w->uses()[0].node->output(0)->uses().size(), 3u);
+  EXPECT_EQ(ReadAutocastRecord(*w->uses()[0].node).inserted_cast, "weight");
+  EXPECT_THAT(InvariantViolations(model), IsEmpty());
+}
+
+TEST(AutocastRulesTest, OneCastPerValueAndDtypeSharedByAllConsumers) {
+  // One float16 value read by three float32 (deny) consumers: one Cast.
+  Model model = ModelBuilder()
+                    .Input("x", {4, 8})
+                    .Weight("w", {8, 8})
+                    .Op("MatMul", {"x", "w"}, "h")
+                    .Op("Exp", {"h"}, "e")
+                    .Op("Softmax", {"h"}, "s")
+                    .Op("Log", {"h"}, "l")
+                    .Op("Sum", {"e", "s", "l"}, "out")
+                    .Output("out")
+                    .Build();
+  Convert(model, "mixed_float16");
+  EXPECT_THAT(CastSummary(model), ElementsAre("x->float16", "w->float16", "h->float32"));
+  const Node& cast = *model.graph->FindValue("h")->uses()[0].node;
+  EXPECT_EQ(cast.output(0)->uses().size(), 3u);
+  // Placed just before its first reader.
+  const auto& nodes = model.graph->nodes();
+  const auto cast_at = std::find(nodes.begin(), nodes.end(), &cast) - nodes.begin();
+  EXPECT_EQ(nodes[cast_at + 1]->name(), "e");
+  EXPECT_THAT(InvariantViolations(model), IsEmpty());
+}
+
+TEST(AutocastRulesTest, FollowChainsBetweenAllowOpsStayLowPrecisionWithoutCasts) {
+  Model model = ModelBuilder()
+                    .Input("x", {4, 8})
+                    .Weight("w", {8, 8})
+                    .Weight("b", {8})
+                    .Op("MatMul", {"x", "w"}, "mm1")
+                    .Op("Add", {"mm1", "b"}, "biased")  // weight does not vote
+                    .Op("Relu", {"biased"}, "relu")
+                    .Op("Transpose", {"relu"}, "t")
+                    .Op("Transpose", {"t"}, "tt")
+                    .Op("MatMul", {"tt", "w"}, "mm2")
+                    .Op("Softmax", {"mm2"}, "out")
+                    .Output("out")
+                    .Build();
+  Convert(model, "mixed_bfloat16");
+  for (const char* node : {"mm1", "biased", "relu", "t", "tt", "mm2"}) {
+    EXPECT_EQ(RecordedDType(model, node), "bfloat16") << node;
+  }
+  EXPECT_THAT(ReadAutocastRecord(NodeNamed(model, "relu")).why,
+              HasSubstr("rule 3 (follow): op list: follow list: Relu"));
+  EXPECT_THAT(CastSummary(model), ElementsAre("x->bfloat16", "w->bfloat16", "b->bfloat16",
+                                              "mm2->float32"));
+  EXPECT_THAT(InvariantViolations(model), IsEmpty());
+}
+
+TEST(AutocastRulesTest, FollowOpWithDisagreeingInputsPromotesToFloat32) {
+  // Add(float16 MatMul output, float32 graph input) runs in float32, as
+  // PyTorch promotes; the MatMul output is cast up once.
+  Model model = ModelBuilder()
+                    .Input("x", {4, 8})
+                    .Input("skip", {4, 8})
+                    .Weight("w", {8, 8})
+                    .Op("MatMul", {"x", "w"}, "mm")
+                    .Op("Add", {"mm", "skip"}, "sum")
+                    .Op("Relu", {"sum"}, "relu")
+                    .Op("MatMul", {"relu", "w"}, "out")
+                    .Output("out")
+                    .Build();
+  Convert(model, "mixed_float16");
+  EXPECT_EQ(RecordedDType(model, "mm"), "float16");
+  EXPECT_EQ(RecordedDType(model, "sum"), "float32");
+  EXPECT_THAT(ReadAutocastRecord(NodeNamed(model, "sum")).why,
+              HasSubstr("input 'skip' is float32, so the inputs do not all agree"));
+  EXPECT_EQ(RecordedDType(model, "relu"), "float32");  // follows the float32 Add
+  EXPECT_THAT(CastSummary(model), ElementsAre("x->float16", "w->float16", "mm->float32"));
+  EXPECT_THAT(InvariantViolations(model), IsEmpty());
+}
+
+TEST(AutocastRulesTest, FollowOpReadingOnlyWeightsAndConstantsStaysFloat32) {
+  Model model = ModelBuilder()
+                    .Input("x", {4, 8})
+                    .Weight("w", {8, 8})
+                    .Constant("two", 2.0f)
+                    .Op("Mul", {"w", "two"}, "w2")  // no computed input to follow
+                    .Op("MatMul", {"x", "w2"}, "mm")
+                    .Op("Softmax", {"mm"}, "out")
+                    .Output("out")
+                    .Build();
+  Convert(model, "mixed_float16");
+  EXPECT_EQ(RecordedDType(model, "w2"), "float32");
+  EXPECT_THAT(ReadAutocastRecord(NodeNamed(model, "w2")).why,
+              HasSubstr("no computed float input to follow"));
+  EXPECT_EQ(RecordedDType(model, "mm"), "float16");
+  EXPECT_THAT(CastSummary(model), ElementsAre("x->float16", "w2->float16", "mm->float32"));
+}
+
+TEST(AutocastRulesTest, ConstantsAreCastLikeWeightsAndDoNotVote) {
+  Model model = ModelBuilder()
+                    .Input("x", {4, 8})
+                    .Weight("w", {8, 8})
+                    .Constant("scale", 0.25f)
+                    .Op("MatMul", {"x", "w"}, "mm")
+                    .Op("Mul", {"mm", "scale"}, "scaled")
+                    .Op("MatMul", {"scaled", "w"}, "mm2")
+                    .Op("Softmax", {"mm2"}, "out")
+                    .Output("out")
+                    .Build();
+  const AutocastReport report = Convert(model, "mixed_float16");
+  EXPECT_EQ(RecordedDType(model, "scaled"), "float16");
+  EXPECT_EQ(report.constant_casts, 1);
+  EXPECT_EQ(ReadAutocastRecord(*model.graph->FindValue("scale")->uses()[0].node).inserted_cast,
+            "constant");
+}
+
+// ---- contextual rules 2a-2c and rule 4 --------------------------------------
+
+TEST(AutocastRulesTest, SqrtFeedingADivisorIsANormalisationAndStaysFloat32) {
+  Model model = ModelBuilder()
+                    .Input("x", {4, 8})
+                    .Weight("w", {8, 8})
+                    .Op("MatMul", {"x", "w"}, "mm")
+                    .Op("Relu", {"mm"}, "r")
+                    .Op("Sqrt", {"r"}, "root")
+                    .Op("Div", {"mm", "root"}, "normed")
+                    .Op("Sqrt", {"r"}, "root_plain")  // feeds no divisor: follows
+                    .Op("Add", {"normed", "root_plain"}, "sum")
+                    .Op("Softmax", {"sum"}, "out")
+                    .Output("out")
+                    .Build();
+  Convert(model, "mixed_float16");
+  EXPECT_EQ(RecordedDType(model, "root"), "float32");
+  EXPECT_THAT(ReadAutocastRecord(NodeNamed(model, "root")).why,
+              HasSubstr("rule 2a (deny): Sqrt feeding a normalisation (Div node 'normed')"));
+  EXPECT_EQ(RecordedDType(model, "root_plain"), "float16");
+  EXPECT_EQ(RecordedDType(model, "normed"), "float32");  // its divisor is float32
+  EXPECT_THAT(InvariantViolations(model), IsEmpty());
+}
+
+TEST(AutocastRulesTest, OutputProducerStaysFloat32UnlessIoTypesAreNotKept) {
+  Model kept = MlpWithSoftmax();
+  Convert(kept, "mixed_float16");
+  EXPECT_EQ(RecordedDType(kept, "out"), "float32");
+  EXPECT_EQ(kept.graph->outputs()[0]->dtype(), DType::kFloat32);
+  EXPECT_EQ(kept.graph->inputs()[0]->dtype(), DType::kFloat32);
+
+  Model lowered = MlpWithSoftmax();
+  Policy policy = BuiltinPolicy("mixed_float16");
+  policy.set_keep_io_types(false);
+  ValueOrDie(RunAutocast(lowered, policy));
+  EXPECT_EQ(RecordedDType(lowered, "out"), "float16");
+  EXPECT_EQ(lowered.graph->outputs()[0]->dtype(), DType::kFloat16);
+  EXPECT_EQ(lowered.graph->inputs()[0]->dtype(), DType::kFloat16);
+  EXPECT_EQ(*lowered.FindMetadata(kLoweredInputsKey), "x");
+  EXPECT_THAT(CastSummary(lowered), ElementsAre("w->float16", "w2->float16", "mm2->float32",
+                                                "softmax->float16", "w3->float16"));
+}
+
+TEST(AutocastRulesTest, OpRefusingTheDtypeAtTheModelsOpsetStaysFloat32WithANote) {
+  // Conv accepts bfloat16 only from opset 22; castor's models are opset <= 17.
+  Model model = ModelBuilder(17)
+                    .Input("x", {1, 2, 6, 6})
+                    .Weight("k", {3, 2, 3, 3})
+                    .Op("Conv", {"x", "k"}, "conv")
+                    .Op("Relu", {"conv"}, "out")
+                    .Output("out")
+                    .Build();
+  const AutocastReport report = Convert(model, "mixed_bfloat16");
+  EXPECT_EQ(RecordedDType(model, "conv"), "float32");
+  EXPECT_THAT(ReadAutocastRecord(NodeNamed(model, "conv")).why,
+              HasSubstr("but the op does not accept bfloat16 at opset 17"));
+  EXPECT_THAT(report.notes, ElementsAre(HasSubstr("1 Conv node stays float32: Conv does not "
+                                                  "accept bfloat16 at opset 17")));
+  EXPECT_EQ(report.casts_inserted(), 0);
+
+  Model float16 = ModelBuilder(17)
+                      .Input("x", {1, 2, 6, 6})
+                      .Weight("k", {3, 2, 3, 3})
+                      .Op("Conv", {"x", "k"}, "conv")
+                      .Op("Relu", {"conv"}, "out")
+                      .Output("out")
+                      .Build();
+  Convert(float16, "mixed_float16");
+  EXPECT_EQ(RecordedDType(float16, "conv"), "float16");
+}
+
+TEST(AutocastRulesTest, UnknownOpsStayFloat32AndAreNoted) {
+  Model model;
+  model.opset_imports = {{"", 17}, {"com.example", 1}};
+  Graph& graph = *model.graph;
+  Value* x = ValueOrDie(graph.AddInput("x", DType::kFloat32, Shape({4, 8})));
+  ValueOrDie(graph.AddInitializer("w", Tensor(DType::kFloat32, {8, 8})));
+  Node* mm = ValueOrDie(graph.AddNode("MatMul", {x, graph.FindValue("w")}, {"mm"}, "mm"));
+  Node* custom = ValueOrDie(graph.AddNode("Mystery", {mm->output(0)}, {"m"}, "mystery",
+                                          "com.example"));
+  Node* relu = ValueOrDie(graph.AddNode("Relu", {custom->output(0)}, {"out"}, "out"));
+  graph.AddOutput(relu->output(0));
+  custom->output(0)->set_dtype(DType::kFloat32);  // as a value_info would declare it
+  custom->output(0)->set_shape(Shape({4, 8}));
+  InferenceOptions inference;
+  inference.allow_unknown_ops = true;
+  absl::Status inferred = InferTypes(model, inference);
+  ASSERT_TRUE(inferred.ok()) << inferred;
+
+  const AutocastReport report = ValueOrDie(RunAutocast(model, BuiltinPolicy("mixed_float16")));
+  EXPECT_EQ(RecordedDType(model, "mystery"), "float32");
+  EXPECT_EQ(RecordedDType(model, "mm"), "float16");
+  EXPECT_THAT(report.notes,
+              ElementsAre(HasSubstr("com.example:Mystery node 'mystery': unknown op")));
+  EXPECT_EQ(custom->input(0)->dtype(), DType::kFloat32);  // reads a Cast back to float32
+}
+
+// ---- overrides and pins ------------------------------------------------------
+
+TEST(AutocastRulesTest, NodeAndOpOverridesDecide) {
+  Model model = MlpWithSoftmax();
+  Policy policy = BuiltinPolicy("mixed_float16");
+  NodeOverride keep_mm1;
+  keep_mm1.regex = "mm[1]";
+  keep_mm1.category = AutocastCategory::kDeny;
+  ASSERT_TRUE(policy.OverrideNode(keep_mm1).ok());
+  ASSERT_TRUE(policy.OverrideOp("Softmax", AutocastCategory::kAllow).ok());
+  ValueOrDie(RunAutocast(model, policy));
+  EXPECT_EQ(RecordedDType(model, "mm1"), "float32");
+  EXPECT_THAT(ReadAutocastRecord(NodeNamed(model, "mm1")).why,
+              HasSubstr("node override: node regex \"mm[1]\" -> deny"));
+  EXPECT_EQ(RecordedDType(model, "relu"), "float32");  // follows mm1
+  EXPECT_EQ(RecordedDType(model, "mm2"), "float16");
+  EXPECT_EQ(RecordedDType(model, "softmax"), "float16");
+  EXPECT_THAT(ReadAutocastRecord(NodeNamed(model, "softmax")).why,
+              HasSubstr("op override: op_overrides Softmax -> allow"));
+  EXPECT_THAT(CastSummary(model), ElementsAre("relu->float16", "w2->float16", "softmax->float32"));
+  EXPECT_THAT(InvariantViolations(model), IsEmpty());
+}
+
+TEST(AutocastRulesTest, PinnedInputStaysFloat32) {
+  // Pow's exponent has its own type constraint: pinned, it stays float32
+  // while the base is float16; unpinned, the constant is cast down.
+  auto build = [] {
+    return ModelBuilder()
+        .Input("x", {4, 8})
+        .Weight("w", {8, 8})
+        .Constant("two", 2.0f)
+        .Op("MatMul", {"x", "w"}, "mm")
+        .Op("Pow", {"mm", "two"}, "squared")
+        .Op("MatMul", {"squared", "w"}, "mm2")
+        .Op("Softmax", {"mm2"}, "out")
+        .Output("out")
+        .Build();
+  };
+  Policy policy = BuiltinPolicy("mixed_float16");
+  ASSERT_TRUE(policy.OverrideOp("Pow", AutocastCategory::kFollow).ok());
+  Model unpinned = build();
+  ValueOrDie(RunAutocast(unpinned, policy));
+  EXPECT_EQ(RecordedDType(unpinned, "squared"), "float16");
+  EXPECT_THAT(CastSummary(unpinned),
+              ElementsAre("x->float16", "w->float16", "two->float16", "mm2->float32"));
+
+  ASSERT_TRUE(policy.PinInput("Pow", 1).ok());
+  Model pinned = build();
+  ValueOrDie(RunAutocast(pinned, policy));
+  EXPECT_EQ(RecordedDType(pinned, "squared"), "float16");
+  EXPECT_EQ(NodeNamed(pinned, "squared").input(1)->name(), "two");
+  EXPECT_EQ(NodeNamed(pinned, "squared").input(1)->dtype(), DType::kFloat32);
+  EXPECT_THAT(CastSummary(pinned), ElementsAre("x->float16", "w->float16", "mm2->float32"));
+  EXPECT_THAT(InvariantViolations(pinned), IsEmpty());
+}
+
+// ---- model Casts --------------------------------------------------------------
+
+TEST(AutocastRulesTest, ModelCastsAreRespectedAndNeverChained) {
+  // The model already computes mm in float16 and widens it exactly; a
+  // float16 reader takes the Cast's input instead of casting back.
+  Model model = ModelBuilder()
+                    .Input("x", {4, 8})
+                    .Weight("w", {8, 8})
+                    .Op("Cast", {"x"}, "x16", {Attribute::Int("to", 10)})
+                    .Op("Cast", {"w"}, "w16", {Attribute::Int("to", 10)})
+                    .Op("MatMul", {"x16", "w16"}, "mm16")
+                    .Op("Cast", {"mm16"}, "mm32", {Attribute::Int("to", 1)})
+                    .Op("MatMul", {"mm32", "w"}, "mm2")
+                    .Op("Softmax", {"mm2"}, "out")
+                    .Output("out")
+                    .Build();
+  const AutocastReport report = Convert(model, "mixed_float16");
+  EXPECT_EQ(NodeNamed(model, "mm2").input(0)->name(), "mm16");  // not Cast(mm32)
+  EXPECT_EQ(NodeNamed(model, "mm2").input(1)->name(), "w16");    // the model's Cast of w
+  EXPECT_THAT(CastSummary(model), ElementsAre("mm2->float32"));
+  EXPECT_EQ(NodeNamed(model, "x16").op_type(), "Cast");  // the model's Casts stay
+  EXPECT_EQ(model.graph->FindValue("mm32"), nullptr);    // but not one left unread
+  EXPECT_THAT(report.notes, ElementsAre(HasSubstr("model Cast 'mm32' is no longer read")));
+  EXPECT_THAT(InvariantViolations(model), IsEmpty());
+}
+
+TEST(AutocastRulesTest, ModelCastDuplicatingCastorsCastIsShared) {
+  // castor casts w for mm1 first; the model's own later Cast of w to
+  // float16 would be a second Cast of (w, float16): its reader shares castor's.
+  Model model = ModelBuilder()
+                    .Input("x", {4, 8})
+                    .Weight("w", {8, 8})
+                    .Op("MatMul", {"x", "w"}, "mm1")
+                    .Op("Cast", {"w"}, "w16", {Attribute::Int("to", 10)})
+                    .Op("Cast", {"mm1"}, "mm1_32", {Attribute::Int("to", 1)})
+                    .Op("Cast", {"mm1_32"}, "mm1_16", {Attribute::Int("to", 10)})
+                    .Op("MatMul", {"mm1_16", "w16"}, "mm2")
+                    .Op("Softmax", {"mm2"}, "out")
+                    .Output("out")
+                    .Build();
+  const AutocastReport report = Convert(model, "mixed_float16");
+  EXPECT_EQ(model.graph->FindValue("w16"), nullptr);
+  EXPECT_EQ(NodeNamed(model, "mm2").input(1)->name(), "w_to_float16");
+  EXPECT_THAT(report.notes, ::testing::Contains(HasSubstr("model Cast 'w16' duplicated castor's "
+                                                          "Cast of 'w' to float16")));
+  // The model computed `out` in float16; Softmax is on the deny list.
+  EXPECT_EQ(model.graph->outputs()[0]->dtype(), DType::kFloat32);
+  EXPECT_THAT(report.notes, ::testing::Contains(HasSubstr("graph output 'out' was float16 in the "
+                                                          "model and is now float32")));
+  EXPECT_THAT(InvariantViolations(model), IsEmpty());
+}
+
+TEST(AutocastRulesTest, ModelCastThatBecomesANoOpIsRemovedAndNoted) {
+  Model model = ModelBuilder()
+                    .Input("x", {4, 8})
+                    .Weight("w", {8, 8})
+                    .Op("MatMul", {"x", "w"}, "mm")
+                    .Op("Relu", {"mm"}, "r")
+                    .Op("Cast", {"r"}, "r16", {Attribute::Int("to", 10)})
+                    .Op("Cast", {"r16"}, "r32", {Attribute::Int("to", 1)})
+                    .Op("Softmax", {"r32"}, "out")
+                    .Output("out")
+                    .Build();
+  const AutocastReport report = Convert(model, "mixed_float16");
+  EXPECT_THAT(report.notes, ElementsAre(HasSubstr("model Cast 'r16' to float16 became a no-op")));
+  EXPECT_EQ(model.graph->FindValue("r16"), nullptr);
+  EXPECT_THAT(InvariantViolations(model), IsEmpty());
+}
+
+// ---- the policy record ---------------------------------------------------------
+
+TEST(AutocastRecordTest, ConvertingTwiceUnderThePolicyChangesNothing) {
+  Model model = MlpWithSoftmax();
+  Convert(model, "mixed_float16");
+  const std::string once = Serialized(model);
+  const AutocastReport again = Convert(model, "mixed_float16");
+  EXPECT_TRUE(again.unchanged);
+  EXPECT_EQ(again.casts_inserted(), 0);
+  EXPECT_TRUE(Serialized(model) == once);
+
+  // The same after a save and load: the record lives in the file.
+  Model loaded = RoundTrip(model);
+  EXPECT_TRUE(Convert(loaded, "mixed_float16").unchanged);
+  EXPECT_TRUE(Serialized(loaded) == once);
+}
+
+TEST(AutocastRecordTest, OutputIsDeterministic) {
+  Model a = MlpWithSoftmax();
+  Model b = MlpWithSoftmax();
+  Convert(a, "mixed_bfloat16");
+  Convert(b, "mixed_bfloat16");
+  EXPECT_TRUE(Serialized(a) == Serialized(b));
+}
+
+TEST(AutocastRecordTest, ModelRecordsPolicyNameDigestAndJson) {
+  Model model = MlpWithSoftmax();
+  Convert(model, "mixed_bfloat16");
+  const Policy policy = BuiltinPolicy("mixed_bfloat16");
+  Model loaded = RoundTrip(model);
+  EXPECT_EQ(*loaded.FindMetadata(kPolicyNameKey), "mixed_bfloat16");
+  EXPECT_EQ(*loaded.FindMetadata(kPolicyDigestKey), policy.Digest());
+  EXPECT_EQ(*loaded.FindMetadata(kComputeDTypeKey), "bfloat16");
+  const Policy recorded = ValueOrDie(
+      Policy::FromJson(ValueOrDie(Json::Parse(*loaded.FindMetadata(kPolicyJsonKey))), "model"));
+  EXPECT_EQ(recorded.Digest(), policy.Digest());
+  // Provenance survives the save and load, on nodes and inserted Casts.
+  EXPECT_THAT(ReadAutocastRecord(NodeNamed(loaded, "softmax")).why, HasSubstr("rule 2 (deny)"));
+  const std::vector<const Node*> casts = InsertedCasts(loaded);
+  ASSERT_EQ(casts.size(), 4u);
+  EXPECT_EQ(ReadAutocastRecord(*casts[1]).inserted_cast, "weight");
+  EXPECT_THAT(ReadAutocastRecord(*casts[1]).why, HasSubstr("rule 5: weight 'w'"));
+  EXPECT_THAT(casts[1]->doc_string(), HasSubstr("inserted by castor autocast: rule 5"));
+}
+
+TEST(AutocastRecordTest, AnotherPolicyIsRefusedNamingBothUnlessRestarted) {
+  Model model = MlpWithSoftmax();
+  Convert(model, "mixed_float16");
+  const std::string float16_form = Serialized(model);
+  absl::StatusOr<AutocastReport> refused =
+      RunAutocast(model, BuiltinPolicy("mixed_bfloat16"));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("'mixed_float16'"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("'mixed_bfloat16'"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("--restart-from-float32"));
+  EXPECT_TRUE(Serialized(model) == float16_form);  // a refusal changes nothing
+
+  AutocastOptions restart;
+  restart.restart_from_float32 = true;
+  const AutocastReport report = Convert(model, "mixed_bfloat16", restart);
+  EXPECT_EQ(report.casts_removed, 4);
+  Model fresh = MlpWithSoftmax();
+  Convert(fresh, "mixed_bfloat16");
+  EXPECT_TRUE(Serialized(model) == Serialized(fresh));
+}
+
+TEST(AutocastRecordTest, StripAutocastGivesTheFloat32GraphBack) {
+  const std::string original = Serialized(MlpWithSoftmax());
+  Model model = MlpWithSoftmax();
+  Convert(model, "mixed_float16");
+  EXPECT_EQ(ValueOrDie(StripAutocast(model)), 4);
+  EXPECT_EQ(model.FindMetadata(kPolicyNameKey), nullptr);
+  EXPECT_TRUE(Serialized(model) == original);
+}
+
+// ---- every sample model ----------------------------------------------------------
+
+struct SampleCase {
+  std::string model;
+  std::string policy;
+};
+
+class AutocastSampleTest : public ::testing::TestWithParam<SampleCase> {};
+
+TEST_P(AutocastSampleTest, InvariantsIdempotenceAndRecords) {
+  const fs::path path = fs::path(CASTOR_SOURCE_DIR) / "models" / (GetParam().model + ".onnx");
+  Model model = ValueOrDie(LoadModel(path.string()));
+  ASSERT_TRUE(InferTypes(model).ok());
+  const int original_nodes = model.graph->num_nodes();
+  const AutocastReport report = Convert(model, GetParam().policy);
+  EXPECT_THAT(InvariantViolations(model), IsEmpty());
+  EXPECT_EQ(model.graph->num_nodes(), original_nodes + report.casts_inserted());
+  EXPECT_EQ(static_cast<int>(InsertedCasts(model).size()), report.casts_inserted());
+  int recorded = 0;
+  for (const Node* node : model.graph->nodes()) {
+    if (!ReadAutocastRecord(*node).dtype.empty()) ++recorded;
+    // Every float computation is recorded with a reason.
+    if (!ReadAutocastRecord(*node).dtype.empty()) {
+      EXPECT_FALSE(ReadAutocastRecord(*node).why.empty()) << node->name();
+    }
+  }
+  int counted = 0;
+  for (const auto& [dtype, count] : report.nodes_per_dtype) {
+    if (dtype != "none") counted += count;
+  }
+  EXPECT_EQ(recorded, counted + report.casts_inserted());
+
+  Model loaded = RoundTrip(model);
+  const std::string once = Serialized(loaded);
+  EXPECT_TRUE(Convert(loaded, GetParam().policy).unchanged);
+  EXPECT_TRUE(Serialized(loaded) == once);
+}
+
+std::vector<SampleCase> SampleCases() {
+  std::vector<SampleCase> cases;
+  for (const char* model : {"cnn", "mlp", "resnet", "transformer"}) {
+    for (const char* opset : {"13", "17"}) {
+      for (const char* policy : {"mixed_float16", "mixed_bfloat16", "float32"}) {
+        cases.push_back({absl::StrCat(model, "_opset", opset), policy});
+      }
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, AutocastSampleTest, ::testing::ValuesIn(SampleCases()),
+                         [](const ::testing::TestParamInfo<SampleCase>& info) {
+                           return absl::StrCat(info.param.model, "_", info.param.policy);
+                         });
+
+TEST(AutocastSampleTest, CnnUnderMixedFloat16HasTheExpectedStructure) {
+  Model model = ValueOrDie(LoadModel(std::string(CASTOR_SOURCE_DIR) + "/models/cnn_opset17.onnx"));
+  ASSERT_TRUE(InferTypes(model).ok());
+  const AutocastReport report = Convert(model, "mixed_float16");
+  EXPECT_THAT(CastSummary(model),
+              ElementsAre("input->float16", "conv.weight->float16", "conv.bias->float16",
+                          "fc1.weight->float16", "fc1.bias->float16",
+                          "/Relu_1_output_0->float32"));
+  EXPECT_EQ(RecordedDType(model, "/pool/MaxPool"), "float16");
+  EXPECT_EQ(RecordedDType(model, "/fc2/Gemm"), "float32");
+  EXPECT_EQ(report.weight_bytes_stored, 693962 * 4);
+  EXPECT_EQ(report.weight_bytes_computed, (288 + 32 + 692224 + 128) * 2 + (1280 + 10) * 4);
+}
+
+}  // namespace
+}  // namespace castor
