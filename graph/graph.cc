@@ -12,7 +12,25 @@ std::string CanonicalDomain(const std::string& domain) {
   return domain == "ai.onnx" ? std::string() : domain;
 }
 
+namespace {
+
+// Drops one node named `name` from a Graph's node-name counts.
+void ForgetNodeName(absl::flat_hash_map<std::string, int>& counts, const std::string& name) {
+  auto it = counts.find(name);
+  if (it != counts.end() && --it->second <= 0) counts.erase(it);
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------- Node
+
+void Node::set_name(std::string name) {
+  if (graph_ != nullptr) {
+    ForgetNodeName(graph_->node_name_counts_, name_);
+    ++graph_->node_name_counts_[name];
+  }
+  name_ = std::move(name);
+}
 
 void Node::SetInput(int i, Value* value) {
   if (i >= num_inputs()) inputs_.resize(i + 1, nullptr);
@@ -149,7 +167,8 @@ absl::StatusOr<Node*> Graph::AddNode(const std::string& op_type,
   for (const std::string& name : names) {
     if (name.empty()) continue;
     absl::Status s = CheckNameFree(name);
-    if (s.ok() && !explicit_names.insert(name).second) {
+    // One name cannot clash with itself: the set is only built for several.
+    if (s.ok() && names.size() > 1 && !explicit_names.insert(name).second) {
       s = absl::AlreadyExistsError(
           absl::StrCat("value '", name, "' is named twice among one node's outputs"));
     }
@@ -171,6 +190,7 @@ absl::StatusOr<Node*> Graph::AddNode(const std::string& op_type,
   node->op_type_ = op_type;
   node->domain_ = CanonicalDomain(domain);
   node->name_ = node_name;
+  ++node_name_counts_[node_name];
   for (Value* input : inputs) node->AddInput(input);
   for (size_t k = 0; k < names.size(); ++k) {
     Value* out = NewValue(names[k]);
@@ -205,6 +225,7 @@ Value* Graph::FindValue(const std::string& name) const {
 }
 
 Node* Graph::FindNode(const std::string& name) const {
+  if (!node_name_counts_.contains(name)) return nullptr;
   for (Node* node : node_order_) {
     if (node->name() == name) return node;
   }
@@ -213,13 +234,12 @@ Node* Graph::FindNode(const std::string& name) const {
 
 std::string Graph::UniqueName(const std::string& prefix) {
   auto taken = [&](const std::string& name) {
-    return values_by_name_.contains(name) || FindNode(name) != nullptr;
+    return values_by_name_.contains(name) || node_name_counts_.contains(name);
   };
-  if (!taken(prefix) && !name_counters_.contains(prefix)) {
-    name_counters_[prefix] = 0;
-    return prefix;
-  }
-  int& counter = name_counters_[prefix];
+  // A prefix asked for the first time is itself the answer when free.
+  auto [entry, first_time] = name_counters_.try_emplace(prefix, 0);
+  if (first_time && !taken(prefix)) return prefix;
+  int& counter = entry->second;
   std::string candidate;
   do {
     candidate = absl::StrCat(prefix, "_", ++counter);
@@ -265,6 +285,7 @@ absl::Status Graph::RemoveNode(Node* node) {
     values_.erase(std::find_if(values_.begin(), values_.end(),
                                [&](const auto& p) { return p.get() == out; }));
   }
+  ForgetNodeName(node_name_counts_, node->name_);
   node_order_.erase(std::find(node_order_.begin(), node_order_.end(), node));
   nodes_.erase(std::find_if(nodes_.begin(), nodes_.end(),
                             [&](const auto& p) { return p.get() == node; }));

@@ -90,7 +90,7 @@ class Node {
   // "" for the default ai.onnx domain.
   const std::string& domain() const { return domain_; }
   const std::string& doc_string() const { return doc_string_; }
-  void set_name(std::string name) { name_ = std::move(name); }
+  void set_name(std::string name);  // also updates the graph's node-name index
   void set_doc_string(std::string doc) { doc_string_ = std::move(doc); }
 
   const std::vector<Value*>& inputs() const { return inputs_; }
@@ -201,6 +201,7 @@ class Graph {
   absl::Status ReorderNodes(std::vector<Node*> order);
 
  private:
+  friend class Node;  // Node::set_name keeps node_name_counts_
   Value* NewValue(const std::string& name);
   absl::Status CheckNameFree(const std::string& name) const;
 
@@ -214,6 +215,9 @@ class Graph {
   std::vector<Value*> initializers_;
   absl::flat_hash_map<std::string, Value*> values_by_name_;
   absl::flat_hash_map<std::string, int> name_counters_;
+  // Node name -> number of nodes with that name, so UniqueName is O(1)
+  // (kept by AddNode, RemoveNode and Node::set_name).
+  absl::flat_hash_map<std::string, int> node_name_counts_;
   int64_t next_node_id_ = 0;
 };
 

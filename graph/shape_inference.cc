@@ -110,18 +110,23 @@ absl::Status InferTypes(Model& model, const InferenceOptions& options) {
         return ctx.Error(absl::StrCat("inference left output ", i, " ('", out->name(),
                                       "') without a type"));
       }
-      const std::string what = absl::StrCat(node->op_type(), " node '", node->name(),
-                                            "' output '", out->name(), "'");
+      // Built only for an error message (this loop runs for every output).
+      auto what = [&] {
+        return absl::StrCat(node->op_type(), " node '", node->name(), "' output '",
+                            out->name(), "'");
+      };
       if (options.check_only && out->dtype() == DType::kUndefined) {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": has no dtype recorded"));
+        return absl::InvalidArgumentError(absl::StrCat(what(), ": has no dtype recorded"));
       }
       if (out->dtype() != DType::kUndefined && out->dtype() != ctx.output_dtype(i)) {
         return absl::InvalidArgumentError(
-            absl::StrCat(what, ": declared dtype ", DTypeName(out->dtype()), " but inferred ",
+            absl::StrCat(what(), ": declared dtype ", DTypeName(out->dtype()), " but inferred ",
                          DTypeName(ctx.output_dtype(i))));
       }
       Shape merged;
-      CASTOR_RETURN_IF_ERROR(MergeShape(out->shape(), ctx.output_shape(i), what, &merged));
+      if (!MergeShape(out->shape(), ctx.output_shape(i), "", &merged).ok()) {
+        CASTOR_RETURN_IF_ERROR(MergeShape(out->shape(), ctx.output_shape(i), what(), &merged));
+      }
       if (ctx.output_shape_value(i)) shape_values[out] = *ctx.output_shape_value(i);
       if (options.check_only) continue;
       out->set_dtype(ctx.output_dtype(i));
