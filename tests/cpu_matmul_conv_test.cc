@@ -385,9 +385,24 @@ const std::vector<ConvSpec>& ConvSpecs() {
       // 1-D and 3-D.
       {{3, 2, 17}, {4, 2, 5}, 1, {2}, {2}, {3, 1}, "NOTSET", true},
       {{2, 4, 5, 6, 7}, {6, 2, 3, 2, 3}, 2, {1, 2, 1}, {1, 1, 2}, {1, 0, 1, 1, 1, 0}, "NOTSET", true},
-      // Large per-image GEMM (the batched-columns path) and the sample CNN shape.
+      // Larger per-image GEMMs and the sample CNN shape.
       {{3, 8, 20, 20}, {16, 8, 3, 3}, 1, {}, {}, {1, 1, 1, 1}, "NOTSET", true},
       {{4, 1, 28, 28}, {32, 1, 3, 3}, 1, {}, {}, {}, "NOTSET", true},
+      // Pointwise (1x1, stride 1, no pads: X is the column matrix), also
+      // grouped; a 1x1 with stride 2 and one with pads go through im2col.
+      {{3, 8, 5, 6}, {4, 8, 1, 1}, 1, {}, {}, {}, "NOTSET", true},
+      {{2, 6, 4, 5}, {6, 3, 1, 1}, 2, {}, {}, {}, "NOTSET", true},
+      {{2, 6, 7, 5}, {4, 6, 1, 1}, 1, {2, 2}, {}, {}, "NOTSET", false},
+      {{2, 3, 4, 5}, {4, 3, 1, 1}, 1, {}, {}, {1, 0, 0, 1}, "NOTSET", true},
+      // 2-D stride 1 (the padded-grid path): grouped, dilated, uneven pads.
+      {{2, 4, 9, 8}, {6, 2, 3, 2}, 2, {1, 1}, {1, 2}, {1, 0, 2, 1}, "NOTSET", true},
+      // One image, one group: tasks run one at a time, unrolling split across
+      // threads (grid and im2col).
+      {{1, 3, 12, 11}, {5, 3, 3, 3}, 1, {}, {}, {1, 1, 1, 1}, "NOTSET", true},
+      {{1, 3, 12, 11}, {5, 3, 3, 3}, 1, {2, 2}, {}, {1, 1, 1, 1}, "NOTSET", true},
+      // Several tiles of output lines per image (grid and im2col).
+      {{2, 8, 48, 48}, {4, 8, 3, 3}, 1, {}, {}, {1, 1, 1, 1}, "NOTSET", true},
+      {{2, 8, 100, 100}, {4, 8, 3, 3}, 1, {2, 2}, {}, {1, 1, 1, 1}, "NOTSET", true},
   };
   return specs;
 }

@@ -1,10 +1,11 @@
 // CPU kernels of the pool and normalization families (backend/cpu/pool.cc,
 // normalization.cc) against naive float64 references written here: direct
 // windowed max/average (ceil_mode, pads, count_include_pad, dilations,
-// auto_pad, MaxPool Indices in both storage orders), global pools,
-// BatchNormalization in inference and training mode, LayerNormalization over
-// every axis with its Mean/InvStdDev outputs. Also runs the ONNX conformance
-// cases of these ops.
+// auto_pad, MaxPool Indices in both storage orders; the direct 2-D MaxPool
+// path against the reference and the generic path, NaN and infinities),
+// global pools, BatchNormalization in inference and training mode,
+// LayerNormalization over every axis with its Mean/InvStdDev outputs. Also
+// runs the ONNX conformance cases of these ops.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -249,6 +250,78 @@ TEST(CpuPool, MaxPoolWithIndices) {
       ASSERT_EQ(out[0].dtype(), dt);
       ExpectNear(e2, out[0], 0, 0, "MaxPool 16/64-bit");
     }
+  }
+}
+
+// The direct 2-D MaxPool path (no Indices output) against the float64
+// reference and against the generic N-d path (taken when Indices is
+// requested), on batches of several planes (so planes run in parallel),
+// with pads, strides, dilations, ceil_mode and auto_pad, in every dtype.
+TEST(CpuPool, MaxPool2DFastPathMatchesReferenceAndGenericPath) {
+  const std::vector<PoolSpec> specs = {
+      {{3, 5, 26, 26}, {2, 2}, {2, 2}, {}, {}, "NOTSET", false, false},  // the sample CNN's pool
+      {{2, 3, 13, 14}, {3, 3}, {2, 2}, {}, {1, 1, 1, 1}, "NOTSET", true, false},
+      {{2, 4, 11, 9}, {2, 3}, {1, 2}, {2, 2}, {1, 2, 1, 0}, "NOTSET", false, false},
+      {{2, 2, 10, 7}, {3, 2}, {3, 1}, {}, {}, "SAME_LOWER", true, false},
+      {{1, 3, 6, 6}, {6, 6}, {1, 1}, {}, {}, "VALID", false, false},  // one window per plane
+  };
+  unsigned seed = 700;
+  for (const PoolSpec& s : specs) {
+    SCOPED_TRACE(::testing::Message() << "kernel " << s.kernel[0] << "x" << s.kernel[1]
+                                      << " ceil " << s.ceil_mode << " auto_pad " << s.auto_pad);
+    const auto x = Random(Count(s.x_dims), seed++);
+    for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64}) {
+      const auto xr = RoundTo(dt, x);
+      std::vector<int64_t> dims, r, c;
+      const auto expected = RefPool(s, xr, true, &dims, &r, &c);
+      auto fast = RunOk("MaxPool", {Make(dt, s.x_dims, xr)}, PoolAttrs(s, true), 22, 1);
+      auto generic = RunOk("MaxPool", {Make(dt, s.x_dims, xr)}, PoolAttrs(s, true), 22, 2);
+      ASSERT_EQ(fast.size(), 1u);
+      ASSERT_EQ(generic.size(), 2u);
+      ASSERT_EQ(fast[0].dims(), dims);
+      ExpectNear(expected, fast[0], 0, 0, "MaxPool 2-D fast path vs reference");
+      ExpectNear(Values(generic[0]), fast[0], 0, 0, "MaxPool 2-D fast path vs generic path");
+    }
+  }
+}
+
+// NaN and infinities: a window holding a NaN gives NaN on both paths, -inf
+// loses to everything, +inf wins; other windows are unaffected.
+TEST(CpuPool, MaxPool2DFastPathNanAndInfinity) {
+  const PoolSpec s = {{2, 2, 9, 9}, {3, 3}, {2, 2}, {}, {1, 1, 1, 1}, "NOTSET", false, false};
+  std::vector<double> x = Random(Count(s.x_dims), 811);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  x[0 * 81 + 4 * 9 + 4] = nan;   // plane 0, centre
+  x[1 * 81 + 0 * 9 + 8] = inf;   // plane 1, top-right corner
+  x[2 * 81 + 8 * 9 + 0] = -inf;  // plane 2, bottom-left corner
+  std::vector<double> finite = x;
+  for (double& v : finite) {
+    if (std::isnan(v)) v = -1e300;  // stands in for "not the max" in the reference
+  }
+  std::vector<int64_t> dims, r, c;
+  const auto reference = RefPool(s, finite, true, &dims, &r, &c);  // dims [2, 2, 5, 5]
+  for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kFloat64}) {
+    auto fast = RunOk("MaxPool", {Make(dt, s.x_dims, x)}, PoolAttrs(s, true), 12, 1);
+    auto generic = RunOk("MaxPool", {Make(dt, s.x_dims, x)}, PoolAttrs(s, true), 12, 2);
+    ASSERT_EQ(fast.size(), 1u);
+    ASSERT_EQ(generic.size(), 2u);
+    for (int64_t i = 0; i < fast[0].num_elements(); ++i) {
+      const int64_t plane = i / 25, oh = i % 25 / 5, ow = i % 5;
+      // Output (oh, ow) covers input rows/cols [2 o - 1, 2 o + 1].
+      const bool sees_nan = plane == 0 && std::abs(2 * oh - 4) <= 1 && std::abs(2 * ow - 4) <= 1;
+      const double got = fast[0].GetDouble(i);
+      const double generic_value = generic[0].GetDouble(i);
+      if (sees_nan) {
+        EXPECT_TRUE(std::isnan(got)) << "element " << i;
+        EXPECT_TRUE(std::isnan(generic_value)) << "element " << i;
+      } else {
+        EXPECT_EQ(got, static_cast<double>(Values(Make(dt, {1}, {reference[i]}))[0]))
+            << "element " << i;
+        EXPECT_EQ(got, generic_value) << "element " << i;
+      }
+    }
+    EXPECT_EQ(fast[0].GetDouble(1 * 25 + 0 * 5 + 4), inf);  // plane 1's corner window
   }
 }
 

@@ -1,18 +1,22 @@
 // CPU kernels: conv family (ops of graph/ops/conv.cc).
 //
 // Conv: N-d (1-D, 2-D, 3-D, ...) with groups, strides, dilations, pads,
-// auto_pad and optional bias, as im2col + GEMM per (image, group). When one
-// image's GEMM is small (OpenBLAS would run it on one thread) the images run
-// in parallel, each writing its output directly; otherwise several images'
-// columns are laid side by side so one large GEMM (threaded by OpenBLAS)
-// covers them, and the result is scattered to [N, M, ...].
+// auto_pad and optional bias, as column unrolling + GEMM per (image, group)
+// in cache-sized tiles with reused per-thread scratch; the images run in
+// parallel with OpenBLAS single-threaded inside. Pointwise convs skip the
+// unrolling and 2-D stride-1 convs unroll with contiguous copies from a
+// padded image (see RunConv).
 // ConvTranspose: GEMM W^T * X per (image, group), then col2im scatter-adds
 // the columns into the output (output_shape, output_padding, pads, auto_pad).
 // 16-bit inputs are widened to float32 for the GEMM; each output is rounded
 // once on store. float64 runs in float64 (dgemm).
+#include <cblas.h>
+
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -53,21 +57,40 @@ void StoreAcc(T* dst, Acc v) {
   }
 }
 
-// `n` elements of `src` (storage T) widened to Acc (a copy; a view when the
-// types match is handled by the callers).
+// What Conv and ConvTranspose read and write: X and Y in storage type T, W
+// as Acc (a view when T is Acc, else a widened copy), and the bias [M] as
+// Acc (zeros when absent).
 template <typename T, typename Acc>
-std::vector<Acc> WidenAll(const T* src, int64_t n) {
-  std::vector<Acc> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) out[i] = WidenTo<Acc>(src[i]);
-  return out;
-}
+class ConvOperands {
+ public:
+  ConvOperands(const KernelContext& ctx, TensorView* y, int64_t out_channels)
+      : x(ctx.input(0).as<T>()), y(y->as<T>()) {
+    const TensorView& w_view = ctx.input(1);
+    if constexpr (std::is_same_v<T, Acc>) {
+      w = w_view.as<Acc>();
+    } else {
+      w_widened_ = Widen(w_view.as<T>(), w_view.num_elements());
+      w = w_widened_.data();
+    }
+    bias = ctx.has_input(2) ? Widen(ctx.input(2).as<T>(), out_channels)
+                            : std::vector<Acc>(static_cast<size_t>(out_channels), Acc(0));
+  }
+  ConvOperands(const ConvOperands&) = delete;
+  ConvOperands& operator=(const ConvOperands&) = delete;
 
-// The optional bias [M] widened to Acc (zeros when absent).
-template <typename T, typename Acc>
-std::vector<Acc> ReadBias(const KernelContext& ctx, int64_t m) {
-  if (!ctx.has_input(2)) return std::vector<Acc>(static_cast<size_t>(m), Acc(0));
-  return WidenAll<T, Acc>(ctx.input(2).as<T>(), m);
-}
+  const T* x;
+  T* y;
+  const Acc* w = nullptr;
+  std::vector<Acc> bias;
+
+ private:
+  static std::vector<Acc> Widen(const T* src, int64_t n) {
+    std::vector<Acc> out(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) out[i] = WidenTo<Acc>(src[i]);
+    return out;
+  }
+  std::vector<Acc> w_widened_;
+};
 
 // Shared input checks of Conv and ConvTranspose: ranks, dtypes, group, bias.
 absl::Status CheckConvInputs(const KernelContext& ctx, int64_t group, int64_t bias_size) {
@@ -99,100 +122,195 @@ absl::Status CheckConvInputs(const KernelContext& ctx, int64_t group, int64_t bi
 
 // ---- Conv ------------------------------------------------------------------
 
+// Column-scratch budget (elements) of one task when tasks run in parallel:
+// about the size of a core's L2 cache.
+constexpr int64_t kTileColumnElements = int64_t{1} << 17;
+// Column-scratch budget (elements) of one tile when tiles run one at a time
+// with the GEMM threaded by OpenBLAS.
+constexpr int64_t kLargeTileColumnElements = int64_t{4} << 20;
+
+// While alive, OpenBLAS runs every GEMM on its calling thread, so GEMMs
+// issued from all ParallelFor threads at once do not compete for OpenBLAS's
+// own thread pool; restores the previous thread count. (Kernels run one at
+// a time, so nothing else changes the count meanwhile.)
+class SingleThreadedBlas {
+ public:
+  SingleThreadedBlas() : previous_(openblas_get_num_threads()) {
+    if (previous_ != 1) openblas_set_num_threads(1);
+  }
+  ~SingleThreadedBlas() {
+    if (previous_ != 1) openblas_set_num_threads(previous_);
+  }
+  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
+  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
+
+ private:
+  int previous_;
+};
+
+// Copies channels [channel_lo, channel_hi) of one image x [channels, in_h,
+// in_w] (storage T) into `padded` [channels, rows, cols] as Acc, with `top`
+// zero rows and `left` zero columns before the data and zeros after it.
+template <typename T, typename Acc>
+void PadImage(const T* x, int64_t channel_lo, int64_t channel_hi, int64_t in_h, int64_t in_w,
+              int64_t top, int64_t left, int64_t rows, int64_t cols, Acc* padded) {
+  for (int64_t c = channel_lo; c < channel_hi; ++c) {
+    const T* src = x + c * in_h * in_w;
+    Acc* dst = padded + c * rows * cols;
+    for (int64_t r = 0; r < rows; ++r, dst += cols) {
+      const int64_t ih = r - top;
+      if (ih < 0 || ih >= in_h) {
+        std::fill(dst, dst + cols, Acc(0));
+        continue;
+      }
+      const int64_t copy = std::clamp<int64_t>(in_w, 0, cols - left);
+      std::fill(dst, dst + left, Acc(0));
+      for (int64_t i = 0; i < copy; ++i) dst[left + i] = WidenTo<Acc>(src[ih * in_w + i]);
+      std::fill(dst + left + copy, dst + cols, Acc(0));
+    }
+  }
+}
+
+// Y = Conv(X, W) + B per (image, group) task, in tiles of output lines (an
+// output line: the positions along the last spatial axis). For each tile,
+// the columns are unrolled into a per-thread scratch, W_g [mg, kg] times them
+// goes straight into Y (16-bit: into a float32 scratch) and the bias is
+// added. Three ways to get the columns:
+// - pointwise (1x1 kernel, stride 1, no pads; float32/float64): X [cg, p]
+//   is the column matrix itself;
+// - 2-D stride 1 ("padded grid"): X is copied once into a zero-padded image
+//   [cg, Hp, Wp]; the output is computed on the Wp-wide grid, so each column
+//   row (c, kh, kw) is one contiguous slice of that image; the Wp - OW extra
+//   columns per line are dropped when storing;
+// - otherwise im2col.h's Im2Col.
+// With at least as many tasks as threads, the tasks run in parallel with
+// cache-sized tiles and single-threaded GEMMs; otherwise one after another
+// with larger tiles, the unrolling split across threads and each GEMM
+// threaded by OpenBLAS.
 template <typename T, typename Acc>
 void RunConv(const KernelContext& ctx, const WindowGeometry& g, int64_t batch, int64_t channels,
              int64_t out_channels, int64_t group, TensorView* y) {
-  const TensorView& x = ctx.input(0);
-  const TensorView& w = ctx.input(1);
+  const ConvOperands<T, Acc> ops(ctx, y, out_channels);
   const int64_t cg = channels / group;
   const int64_t mg = out_channels / group;
   const int64_t kg = cg * g.kernel_size();
   const int64_t p = g.output_size();
   const int64_t in_size = g.input_size();
-  const T* xp = x.as<T>();
-  T* yp = y->as<T>();
-  std::vector<Acc> w_widened;
-  const Acc* wp;
-  if constexpr (std::is_same_v<T, Acc>) {
-    wp = w.as<Acc>();
-  } else {
-    w_widened = WidenAll<T, Acc>(w.as<T>(), w.num_elements());
-    wp = w_widened.data();
+  const int nd = g.num_spatial;
+  const int64_t line = g.output[nd - 1];
+  const int64_t lines = p / line;
+  bool unit_strides = true, no_pads = true, unit_kernel = true;
+  for (int d = 0; d < nd; ++d) {
+    unit_strides = unit_strides && g.strides[d] == 1;
+    no_pads = no_pads && g.pad_begin[d] == 0 && g.pad_end[d] == 0;
+    unit_kernel = unit_kernel && g.kernel[d] == 1;
   }
-  const std::vector<Acc> bias = ReadBias<T, Acc>(ctx, out_channels);
+  const bool pointwise = std::is_same_v<T, Acc> && unit_kernel && unit_strides && no_pads;
+  const bool grid = !pointwise && nd == 2 && unit_strides;
+  // Padded grid geometry: grid_rows x grid_cols per channel; a column row
+  // reads up to `slack` elements past the last channel.
+  const int64_t grid_rows = grid ? g.output[0] + (g.kernel[0] - 1) * g.dilations[0] : 0;
+  const int64_t grid_cols = grid ? line + (g.kernel[1] - 1) * g.dilations[1] : line;
+  const int64_t slack = grid ? (g.kernel[1] - 1) * g.dilations[1] : 0;
+  const bool parallel_tasks = batch * group >= NumThreads();
+  const int64_t budget = parallel_tasks ? kTileColumnElements : kLargeTileColumnElements;
+  int64_t tile_lines =
+      std::clamp<int64_t>(budget / std::max<int64_t>(1, kg * grid_cols), 1, lines);
+  const int64_t tiles = (lines + tile_lines - 1) / tile_lines;
+  tile_lines = (lines + tiles - 1) / tiles;  // even tiles
 
-  if (IsSmallGemm(mg, p, kg) || batch == 1) {
-    // One task per (image, group); small GEMMs run on the calling thread.
-    const bool parallel_images = IsSmallGemm(mg, p, kg);
-    auto task = [&](int64_t t) {
-      const int64_t n = t / group, gi = t % group;
-      thread_local std::vector<Acc> col, product;
-      col.resize(static_cast<size_t>(kg * p));
-      const T* xg = xp + (n * channels + gi * cg) * in_size;
-      // (thread_local buffers are named through pointers inside nested
-      // ParallelFor lambdas, which run on other threads.)
-      Acc* col_data = col.data();
-      if (parallel_images) {
-        Im2Col<T, Acc>(xg, cg, g, col_data, p, 0, kg);
-      } else {
-        ParallelFor(0, kg, 1, [&](int64_t lo, int64_t hi) {
-          Im2Col<T, Acc>(xg, cg, g, col_data, p, lo, hi);
-        });
-      }
-      T* yg = yp + (n * out_channels + gi * mg) * p;
-      Acc* dst;
-      if constexpr (std::is_same_v<T, Acc>) {
-        dst = yg;
-      } else {
-        product.resize(static_cast<size_t>(mg * p));
-        dst = product.data();
-      }
-      GemmAcc<Acc>(false, false, mg, p, kg, wp + gi * mg * kg, kg, col.data(), p, dst, p);
-      for (int64_t m = 0; m < mg; ++m) {
-        const Acc b = bias[gi * mg + m];
-        for (int64_t i = 0; i < p; ++i) StoreAcc(&yg[m * p + i], dst[m * p + i] + b);
-      }
-    };
-    if (parallel_images) {
-      ParallelFor(0, batch * group, 1, [&](int64_t lo, int64_t hi) {
-        for (int64_t t = lo; t < hi; ++t) task(t);
-      });
+  // Runs fn(lo, hi) over [0, n): split across threads when the tasks run
+  // one at a time, else on this thread.
+  auto maybe_parallel = [&](int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+    if (parallel_tasks) {
+      fn(0, n);
     } else {
-      for (int64_t t = 0; t < batch * group; ++t) task(t);
+      ParallelFor(0, n, 1, fn);
     }
-    return;
-  }
-
-  // Large GEMMs: images of a chunk side by side, col [kg, chunk * p].
-  constexpr int64_t kBudget = int64_t{16} << 20;  // elements of col + product
-  const int64_t chunk = std::clamp<int64_t>(kBudget / ((kg + mg) * p), 1, batch);
-  std::vector<Acc> col(static_cast<size_t>(kg * chunk * p));
-  std::vector<Acc> product(static_cast<size_t>(mg * chunk * p));
-  for (int64_t n0 = 0; n0 < batch; n0 += chunk) {
-    const int64_t images = std::min(chunk, batch - n0);
-    const int64_t ld = images * p;
-    for (int64_t gi = 0; gi < group; ++gi) {
-      ParallelFor(0, images * kg, std::max<int64_t>(1, kg / 4), [&](int64_t lo, int64_t hi) {
-        while (lo < hi) {
-          const int64_t b = lo / kg, row = lo % kg;
-          const int64_t end_row = std::min(kg, row + (hi - lo));
-          const T* xg = xp + ((n0 + b) * channels + gi * cg) * in_size;
-          Im2Col<T, Acc>(xg, cg, g, col.data() + b * p, ld, row, end_row);
-          lo += end_row - row;
-        }
+  };
+  auto run_image = [&](int64_t task) {
+    const int64_t n = task / group, gi = task % group;
+    const T* xg = ops.x + (n * channels + gi * cg) * in_size;
+    T* yg = ops.y + (n * out_channels + gi * mg) * p;
+    thread_local std::vector<Acc> padded_scratch, col_scratch, product_scratch;
+    // (Named through pointers: nested ParallelFor bodies run on other
+    // threads, whose thread_local buffers are others.)
+    Acc* padded = nullptr;
+    if (grid) {
+      padded_scratch.resize(static_cast<size_t>(cg * grid_rows * grid_cols + slack));
+      padded = padded_scratch.data();
+      maybe_parallel(cg, [&](int64_t lo, int64_t hi) {
+        PadImage<T, Acc>(xg, lo, hi, g.input[0], g.input[1], g.pad_begin[0], g.pad_begin[1],
+                         grid_rows, grid_cols, padded);
       });
-      GemmAcc<Acc>(false, false, mg, ld, kg, wp + gi * mg * kg, kg, col.data(), ld,
-                   product.data(), ld);
-      ParallelFor(0, images * mg, 4, [&](int64_t lo, int64_t hi) {
-        for (int64_t t = lo; t < hi; ++t) {
-          const int64_t b = t / mg, m = t % mg;
-          const Acc bv = bias[gi * mg + m];
-          const Acc* src = product.data() + m * ld + b * p;
-          T* dst = yp + ((n0 + b) * out_channels + gi * mg + m) * p;
-          for (int64_t i = 0; i < p; ++i) StoreAcc(&dst[i], src[i] + bv);
-        }
-      });
+      std::fill(padded + cg * grid_rows * grid_cols, padded + cg * grid_rows * grid_cols + slack,
+                Acc(0));
     }
+    for (int64_t l0 = 0; l0 < lines; l0 += tile_lines) {
+      const int64_t l1 = std::min(lines, l0 + tile_lines);
+      const int64_t q0 = l0 * line;
+      const int64_t cols = (l1 - l0) * grid_cols;  // GEMM columns
+      const Acc* b = nullptr;
+      int64_t ldb = cols;
+      if constexpr (std::is_same_v<T, Acc>) {
+        if (pointwise) {
+          b = xg + q0;
+          ldb = in_size;
+        }
+      }
+      if (b == nullptr) {
+        col_scratch.resize(static_cast<size_t>(kg * cols));
+        Acc* col = col_scratch.data();
+        if (grid) {
+          const int64_t ksize = g.kernel_size(), kw = g.kernel[1];
+          maybe_parallel(kg, [&](int64_t lo, int64_t hi) {
+            for (int64_t row = lo; row < hi; ++row) {
+              const int64_t c = row / ksize, k = row % ksize;
+              const Acc* src = padded + c * grid_rows * grid_cols +
+                               (l0 + k / kw * g.dilations[0]) * grid_cols +
+                               k % kw * g.dilations[1];
+              std::copy(src, src + cols, col + row * cols);
+            }
+          });
+        } else {
+          maybe_parallel(kg, [&](int64_t lo, int64_t hi) {
+            Im2Col<T, Acc>(xg, g, lo, hi, l0, l1, col, cols);
+          });
+        }
+        b = col;
+      }
+      Acc* c = nullptr;
+      int64_t ldc = cols;
+      if constexpr (std::is_same_v<T, Acc>) {
+        if (!grid) {
+          c = yg + q0;
+          ldc = p;
+        }
+      }
+      if (c == nullptr) {
+        product_scratch.resize(static_cast<size_t>(mg * cols));
+        c = product_scratch.data();
+      }
+      GemmAcc<Acc>(false, false, mg, cols, kg, ops.w + gi * mg * kg, kg, b, ldb, c, ldc);
+      // Bias and store (dropping the grid's extra columns).
+      for (int64_t m = 0; m < mg; ++m) {
+        const Acc bias = ops.bias[gi * mg + m];
+        for (int64_t l = l0; l < l1; ++l) {
+          const Acc* src = c + m * ldc + (l - l0) * grid_cols;
+          T* dst = yg + m * p + l * line;
+          for (int64_t i = 0; i < line; ++i) StoreAcc(&dst[i], src[i] + bias);
+        }
+      }
+    }
+  };
+  const int64_t tasks = batch * group;
+  if (parallel_tasks) {
+    const SingleThreadedBlas single_threaded_blas;
+    ParallelFor(0, tasks, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t t = lo; t < hi; ++t) run_image(t);
+    });
+  } else {
+    for (int64_t t = 0; t < tasks; ++t) run_image(t);
   }
 }
 
@@ -317,7 +435,8 @@ absl::StatusOr<WindowGeometry> TransposeGeometry(const KernelContext& ctx,
 }
 
 // Scatter-adds col [mg * kernel_size, input_size] into out [mg, output_size]
-// for output channels [m_lo, m_hi).
+// for output channels [m_lo, m_hi): im2col's transpose, with the roles of
+// the input and output axes swapped (the window index runs over the input).
 template <typename Acc>
 void Col2Im(const Acc* col, const WindowGeometry& g, Acc* out, int64_t m_lo, int64_t m_hi) {
   const int nd = g.num_spatial;
@@ -325,46 +444,21 @@ void Col2Im(const Acc* col, const WindowGeometry& g, Acc* out, int64_t m_lo, int
   const int64_t in_size = g.input_size();
   const int64_t out_size = g.output_size();
   const int64_t in_last = g.input[nd - 1];
-  const int64_t out_last = g.output[nd - 1];
   const int64_t outer_count = in_size / std::max<int64_t>(in_last, 1);
+  const int64_t s = g.strides[nd - 1];
   std::vector<int64_t> kidx(nd), iidx(nd);
   for (int64_t row = m_lo * ksize; row < m_hi * ksize; ++row) {
-    const int64_t m = row / ksize;
-    int64_t rem = row % ksize;
-    for (int d = nd - 1; d >= 0; --d) {
-      kidx[d] = rem % g.kernel[d];
-      rem /= g.kernel[d];
-    }
-    const Acc* src_row = col + row * in_size;
+    const int64_t m = DecodeKernelRow(g, row, kidx.data());
+    const Acc* src = col + row * in_size;
     Acc* dst_plane = out + m * out_size;
-    // Last axis: output = i * stride + shift; valid i in [lo, hi).
-    const int64_t s = g.strides[nd - 1];
-    const int64_t shift = kidx[nd - 1] * g.dilations[nd - 1] - g.pad_begin[nd - 1];
-    int64_t lo = shift >= 0 ? 0 : (-shift + s - 1) / s;
-    int64_t hi = out_last - shift <= 0 ? 0 : (out_last - 1 - shift) / s + 1;
-    lo = std::min(lo, in_last);
-    hi = std::clamp(hi, lo, in_last);
-    for (int64_t outer = 0; outer < outer_count; ++outer) {
-      int64_t rest = outer;
-      for (int d = nd - 2; d >= 0; --d) {
-        iidx[d] = rest % g.input[d];
-        rest /= g.input[d];
-      }
-      int64_t offset = 0, step = out_last;
-      bool inside = true;
-      for (int d = nd - 2; d >= 0; --d) {
-        const int64_t o = iidx[d] * g.strides[d] - g.pad_begin[d] + kidx[d] * g.dilations[d];
-        if (o < 0 || o >= g.output[d]) {
-          inside = false;
-          break;
-        }
-        offset += o * step;
-        step *= g.output[d];
-      }
-      if (!inside) continue;
-      const Acc* src = src_row + outer * in_last;
-      Acc* dst = dst_plane + offset + shift;
-      for (int64_t i = lo; i < hi; ++i) dst[i * s] += src[i];
+    const LastAxisSpan span = LastAxisSpanOf(g, kidx[nd - 1], in_last, g.output[nd - 1]);
+    UnravelOuter(g.input, 0, iidx.data());
+    for (int64_t outer = 0; outer < outer_count; ++outer, src += in_last) {
+      const int64_t offset = OuterOffset(g, iidx.data(), kidx.data(), g.output);
+      NextOuter(g.input, iidx.data());
+      if (offset < 0) continue;
+      Acc* dst = dst_plane + offset + span.shift;
+      for (int64_t i = span.lo; i < span.hi; ++i) dst[i * s] += src[i];
     }
   }
 }
@@ -372,29 +466,17 @@ void Col2Im(const Acc* col, const WindowGeometry& g, Acc* out, int64_t m_lo, int
 template <typename T, typename Acc>
 void RunConvTranspose(const KernelContext& ctx, const WindowGeometry& g, int64_t batch,
                       int64_t channels, int64_t out_channels, int64_t group, TensorView* y) {
-  const TensorView& x = ctx.input(0);
-  const TensorView& w = ctx.input(1);
+  const ConvOperands<T, Acc> ops(ctx, y, out_channels);
   const int64_t cg = channels / group;
   const int64_t mg = out_channels / group;
   const int64_t rows = mg * g.kernel_size();
   const int64_t in_size = g.input_size();
   const int64_t out_size = g.output_size();
-  const T* xp = x.as<T>();
-  T* yp = y->as<T>();
-  std::vector<Acc> w_widened;
-  const Acc* wp;
-  if constexpr (std::is_same_v<T, Acc>) {
-    wp = w.as<Acc>();
-  } else {
-    w_widened = WidenAll<T, Acc>(w.as<T>(), w.num_elements());
-    wp = w_widened.data();
-  }
-  const std::vector<Acc> bias = ReadBias<T, Acc>(ctx, out_channels);
   const bool parallel_tasks = IsSmallGemm(rows, in_size, cg);
   auto task = [&](int64_t t) {
     const int64_t n = t / group, gi = t % group;
     thread_local std::vector<Acc> x_widened, col, acc;
-    const T* xg = xp + (n * channels + gi * cg) * in_size;
+    const T* xg = ops.x + (n * channels + gi * cg) * in_size;
     const Acc* xa;
     if constexpr (std::is_same_v<T, Acc>) {
       xa = xg;
@@ -405,13 +487,14 @@ void RunConvTranspose(const KernelContext& ctx, const WindowGeometry& g, int64_t
     }
     col.resize(static_cast<size_t>(rows * in_size));
     // col [mg*k, in] = W_g^T, W_g stored [cg, mg*k].
-    GemmAcc<Acc>(true, false, rows, in_size, cg, wp + gi * cg * rows, rows, xa, in_size,
+    GemmAcc<Acc>(true, false, rows, in_size, cg, ops.w + gi * cg * rows, rows, xa, in_size,
                  col.data(), in_size);
     acc.resize(static_cast<size_t>(mg * out_size));
     for (int64_t m = 0; m < mg; ++m) {
-      std::fill(acc.begin() + m * out_size, acc.begin() + (m + 1) * out_size, bias[gi * mg + m]);
+      std::fill(acc.begin() + m * out_size, acc.begin() + (m + 1) * out_size,
+                ops.bias[gi * mg + m]);
     }
-    T* yg = yp + (n * out_channels + gi * mg) * out_size;
+    T* yg = ops.y + (n * out_channels + gi * mg) * out_size;
     auto scatter = [&](int64_t lo, int64_t hi) {
       Col2Im<Acc>(col.data(), g, acc.data(), lo, hi);
       for (int64_t i = lo * out_size; i < hi * out_size; ++i) StoreAcc(&yg[i], acc[i]);

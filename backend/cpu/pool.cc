@@ -7,6 +7,9 @@
 // from the divisor unless count_include_pad, which counts the window
 // positions inside the padded input (not the overhang of ceil_mode).
 // Arithmetic is in float32 (float64 for float64), rounded once on store.
+// 2-D MaxPool without the Indices output (the common inference case) takes
+// a direct separable path (MaxPool2D); everything else walks the windows
+// with the generic N-d visitor ForEachWindow.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -99,9 +102,11 @@ std::vector<AxisWindows> BuildAxisWindows(const WindowGeometry& g) {
   return axes;
 }
 
-// Calls fn(output_flat, visit) for every output position of one plane, where
-// visit(cb) calls cb(row_major_offset, column_major_offset) for each input
-// position of the window that lies inside the input.
+// Calls fn(output_flat, o, visit) for every output position q (row-major;
+// o its per-axis index) of one plane, where visit(cb) calls
+// cb(row_major_offset, column_major_offset) for each input position of the
+// window that lies inside the input, in row-major window order. The output
+// index advances as an odometer (no division per position).
 template <typename Fn>
 void ForEachWindow(const WindowGeometry& g, const std::vector<AxisWindows>& axes, Fn&& fn) {
   const int nd = g.num_spatial;
@@ -118,11 +123,8 @@ void ForEachWindow(const WindowGeometry& g, const std::vector<AxisWindows>& axes
   std::vector<int64_t> o(nd, 0), lo(nd), hi(nd), cur(nd);
   const int64_t out_size = g.output_size();
   for (int64_t q = 0; q < out_size; ++q) {
-    int64_t rest = q;
     bool empty = false;
-    for (int d = nd - 1; d >= 0; --d) {
-      o[d] = rest % g.output[d];
-      rest /= g.output[d];
+    for (int d = 0; d < nd; ++d) {
       lo[d] = axes[d].begin[o[d]];
       hi[d] = axes[d].begin[o[d] + 1];
       empty |= lo[d] == hi[d];
@@ -147,7 +149,110 @@ void ForEachWindow(const WindowGeometry& g, const std::vector<AxisWindows>& axes
       }
     };
     fn(q, o, visit);
+    for (int d = nd - 1; d >= 0 && ++o[d] == g.output[d]; --d) o[d] = 0;
   }
+}
+
+// NaN-propagating max (b when b > a or b is NaN, else a; once a NaN is in,
+// it stays) and the plain max for data known to hold no NaN, which compiles
+// to one branch-free max instruction.
+template <typename V>
+inline V NanMax(V a, V b) {
+  if constexpr (std::is_floating_point_v<V>) {
+    return (b > a) | (b != b) ? b : a;
+  } else {
+    return b > a ? b : a;
+  }
+}
+template <typename V>
+inline V PlainMax(V a, V b) {
+  return b > a ? b : a;
+}
+
+// The max over one window along the last axis of `line` (count positions
+// from `first`, `step` apart); the lowest value for an empty window.
+template <typename V, bool kNanSafe>
+inline V WindowMax(const V* line, int64_t first, int64_t count, int64_t step) {
+  if (count == 0) return std::numeric_limits<V>::lowest();
+  const V* c = line + first;
+  V best = c[0];
+  for (int64_t k = 1; k < count; ++k) {
+    best = kNanSafe ? NanMax(best, c[k * step]) : PlainMax(best, c[k * step]);
+  }
+  return best;
+}
+
+// Y = MaxPool(X) for X [N, C, H, W] without the Indices output: any
+// attributes (pads, strides, dilations, ceil_mode, auto_pad). The window
+// max is separable: per output row, a vertical max over the window's input
+// rows for every column (a vectorizable elementwise loop), then per output
+// column a max over the window's columns of that row; windows wholly inside
+// the row are indexed directly, the clipped ones at the edges through the
+// window tables. Empty windows give the lowest value and a NaN anywhere in a
+// window gives NaN, as the generic path does. Planes run in parallel.
+template <typename T>
+void MaxPool2D(const WindowGeometry& g, const std::vector<AxisWindows>& axes, int64_t planes,
+               const T* xp, T* yp) {
+  using V = ValueOf<T>;
+  const int64_t in_h = g.input[0], in_w = g.input[1];
+  const int64_t out_h = g.output[0], out_w = g.output[1];
+  const int64_t step_h = g.dilations[0], step_w = g.dilations[1];
+  const int64_t stride_w = g.strides[1], pad_w = g.pad_begin[1], kernel_w = g.kernel[1];
+  const AxisWindows& rows = axes[0];
+  const AxisWindows& cols = axes[1];
+  // Output columns [full_lo, full_hi) have their whole window inside the row.
+  int64_t full_lo = 0;
+  while (full_lo < out_w && cols.begin[full_lo + 1] - cols.begin[full_lo] != kernel_w) ++full_lo;
+  int64_t full_hi = full_lo;
+  while (full_hi < out_w && cols.begin[full_hi + 1] - cols.begin[full_hi] == kernel_w) ++full_hi;
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, in_h * in_w));
+  ParallelFor(0, planes, grain, [&](int64_t lo, int64_t hi) {
+    std::vector<V> column_max(static_cast<size_t>(in_w));
+    V* cm = column_max.data();
+    // The window max of output column ow of the current row.
+    auto edge_max = [&](int64_t ow, auto nan_safe) {
+      const int64_t first = cols.begin[ow];
+      const int64_t count = cols.begin[ow + 1] - first;
+      return WindowMax<V, decltype(nan_safe)::value>(cm, count > 0 ? cols.idx[first] : 0, count,
+                                                     step_w);
+    };
+    auto row_pass = [&](T* yrow, auto nan_safe) {
+      for (int64_t ow = 0; ow < full_lo; ++ow) Store(&yrow[ow], edge_max(ow, nan_safe));
+      for (int64_t ow = full_lo; ow < full_hi; ++ow) {
+        Store(&yrow[ow], WindowMax<V, decltype(nan_safe)::value>(cm, ow * stride_w - pad_w,
+                                                                 kernel_w, step_w));
+      }
+      for (int64_t ow = full_hi; ow < out_w; ++ow) Store(&yrow[ow], edge_max(ow, nan_safe));
+    };
+    for (int64_t plane = lo; plane < hi; ++plane) {
+      const T* xs = xp + plane * in_h * in_w;
+      T* ys = yp + plane * out_h * out_w;
+      for (int64_t oh = 0; oh < out_h; ++oh) {
+        const int64_t row_count = rows.begin[oh + 1] - rows.begin[oh];
+        bool has_nan = false;
+        if (row_count == 0) {
+          std::fill(cm, cm + in_w, std::numeric_limits<V>::lowest());
+        } else {
+          const T* first = xs + rows.idx[rows.begin[oh]] * in_w;
+          for (int64_t w = 0; w < in_w; ++w) cm[w] = Load(first[w]);
+          for (int64_t r = 1; r < row_count; ++r) {
+            const T* row = first + r * step_h * in_w;
+            for (int64_t w = 0; w < in_w; ++w) cm[w] = NanMax(cm[w], Load(row[w]));
+          }
+          if constexpr (std::is_floating_point_v<V>) {
+            int nan_count = 0;
+            for (int64_t w = 0; w < in_w; ++w) nan_count += cm[w] != cm[w];
+            has_nan = nan_count != 0;
+          }
+        }
+        if (has_nan) {
+          row_pass(ys + oh * out_w, std::true_type{});
+        } else {
+          row_pass(ys + oh * out_w, std::false_type{});
+        }
+      }
+    }
+  });
 }
 
 absl::Status CheckPoolInput(const KernelContext& ctx) {
@@ -159,50 +264,74 @@ absl::Status CheckPoolInput(const KernelContext& ctx) {
   return absl::OkStatus();
 }
 
-// The geometry of a windowed pool over X (kernel_shape required).
-absl::StatusOr<WindowGeometry> PoolGeometry(const KernelContext& ctx) {
+// What MaxPool and AveragePool share: X's checks, the window geometry
+// (kernel_shape required), Y [N, C, output...] in X's dtype, and the
+// per-axis window tables.
+struct WindowedPool {
+  WindowGeometry g;
+  std::vector<int64_t> out_dims;
+  TensorView* y = nullptr;
+  int64_t planes = 0;    // N * C
+  int64_t in_size = 0;   // elements of one input plane
+  int64_t out_size = 0;  // elements of one output plane
+  std::vector<AxisWindows> axes;
+};
+
+absl::StatusOr<WindowedPool> SetUpWindowedPool(KernelContext& ctx) {
+  if (absl::Status s = CheckPoolInput(ctx); !s.ok()) return s;
   if (!ctx.node().has_attribute("kernel_shape")) {
     return ctx.Error("attribute 'kernel_shape' is required");
   }
   const TensorView& x = ctx.input(0);
   const std::vector<int64_t> spatial(x.dims.begin() + 2, x.dims.end());
   const int64_t ceil_mode = ctx.GetInt("ceil_mode", 0);
-  return ForwardWindowGeometry(ctx, spatial, ctx.GetInts("kernel_shape"), ceil_mode != 0);
+  absl::StatusOr<WindowGeometry> g =
+      ForwardWindowGeometry(ctx, spatial, ctx.GetInts("kernel_shape"), ceil_mode != 0);
+  if (!g.ok()) return g.status();
+  WindowedPool pool;
+  pool.g = *std::move(g);
+  pool.out_dims = {x.dims[0], x.dims[1]};
+  pool.out_dims.insert(pool.out_dims.end(), pool.g.output.begin(), pool.g.output.end());
+  absl::StatusOr<TensorView*> y = ctx.Output(0, x.dtype, pool.out_dims);
+  if (!y.ok()) return y.status();
+  pool.y = *y;
+  pool.planes = x.dims[0] * x.dims[1];
+  pool.in_size = pool.g.input_size();
+  pool.out_size = pool.g.output_size();
+  pool.axes = BuildAxisWindows(pool.g);
+  return pool;
 }
 
 absl::Status MaxPoolKernel(KernelContext& ctx) {
-  if (absl::Status s = CheckPoolInput(ctx); !s.ok()) return s;
-  absl::StatusOr<WindowGeometry> g = PoolGeometry(ctx);
-  if (!g.ok()) return g.status();
   const int64_t storage_order = ctx.GetInt("storage_order", 0);
   if (storage_order != 0 && storage_order != 1) {
     return ctx.Error(absl::StrCat("attribute 'storage_order' is ", storage_order,
                                   "; expected 0 or 1"));
   }
+  absl::StatusOr<WindowedPool> pool = SetUpWindowedPool(ctx);
+  if (!pool.ok()) return pool.status();
+  const WindowGeometry& g = pool->g;
   const TensorView& x = ctx.input(0);
-  std::vector<int64_t> out_dims = {x.dims[0], x.dims[1]};
-  out_dims.insert(out_dims.end(), g->output.begin(), g->output.end());
-  absl::StatusOr<TensorView*> y = ctx.Output(0, x.dtype, out_dims);
-  if (!y.ok()) return y.status();
   int64_t* indices = nullptr;
   if (ctx.num_outputs() > 1 && ctx.has_output(1)) {
-    absl::StatusOr<TensorView*> ind = ctx.Output(1, DType::kInt64, out_dims);
+    absl::StatusOr<TensorView*> ind = ctx.Output(1, DType::kInt64, pool->out_dims);
     if (!ind.ok()) return ind.status();
     indices = (*ind)->as<int64_t>();
   }
-  const int64_t planes = x.dims[0] * x.dims[1];
-  const int64_t in_size = g->input_size();
-  const int64_t out_size = g->output_size();
-  const std::vector<AxisWindows> axes = BuildAxisWindows(*g);
+  const int64_t planes = pool->planes, in_size = pool->in_size, out_size = pool->out_size;
   const bool ok = DispatchPool(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     using V = ValueOf<T>;
     const T* xp = x.as<T>();
-    T* yp = (*y)->as<T>();
+    T* yp = pool->y->as<T>();
+    if (g.num_spatial == 2 && indices == nullptr) {
+      MaxPool2D<T>(g, pool->axes, planes, xp, yp);
+      return;
+    }
     ParallelFor(0, planes, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t plane = lo; plane < hi; ++plane) {
         const T* xs = xp + plane * in_size;
-        ForEachWindow(*g, axes, [&](int64_t q, const std::vector<int64_t>&, auto&& visit) {
+        ForEachWindow(g, pool->axes, [&](int64_t q, const std::vector<int64_t>&, auto&& visit) {
           V best = std::numeric_limits<V>::lowest();
           int64_t best_row = -1, best_col = -1;
           visit([&](int64_t row, int64_t col) {
@@ -228,29 +357,23 @@ absl::Status MaxPoolKernel(KernelContext& ctx) {
 }
 
 absl::Status AveragePoolKernel(KernelContext& ctx) {
-  if (absl::Status s = CheckPoolInput(ctx); !s.ok()) return s;
-  absl::StatusOr<WindowGeometry> g = PoolGeometry(ctx);
-  if (!g.ok()) return g.status();
+  absl::StatusOr<WindowedPool> pool = SetUpWindowedPool(ctx);
+  if (!pool.ok()) return pool.status();
+  const WindowGeometry& g = pool->g;
   const bool count_include_pad = ctx.GetInt("count_include_pad", 0) != 0;
   const TensorView& x = ctx.input(0);
-  std::vector<int64_t> out_dims = {x.dims[0], x.dims[1]};
-  out_dims.insert(out_dims.end(), g->output.begin(), g->output.end());
-  absl::StatusOr<TensorView*> y = ctx.Output(0, x.dtype, out_dims);
-  if (!y.ok()) return y.status();
-  const int64_t planes = x.dims[0] * x.dims[1];
-  const int64_t in_size = g->input_size();
-  const int64_t out_size = g->output_size();
-  const std::vector<AxisWindows> axes = BuildAxisWindows(*g);
-  const int nd = g->num_spatial;
+  const int64_t planes = pool->planes, in_size = pool->in_size, out_size = pool->out_size;
+  const std::vector<AxisWindows>& axes = pool->axes;
+  const int nd = g.num_spatial;
   const bool ok = DispatchFloat(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     using V = ValueOf<T>;
     const T* xp = x.as<T>();
-    T* yp = (*y)->as<T>();
+    T* yp = pool->y->as<T>();
     ParallelFor(0, planes, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t plane = lo; plane < hi; ++plane) {
         const T* xs = xp + plane * in_size;
-        ForEachWindow(*g, axes, [&](int64_t q, const std::vector<int64_t>& o, auto&& visit) {
+        ForEachWindow(g, axes, [&](int64_t q, const std::vector<int64_t>& o, auto&& visit) {
           V sum = 0;
           int64_t count = 0;
           visit([&](int64_t row, int64_t) {

@@ -6,11 +6,13 @@
 // axis `axis` (default -1). Both become (outer, n, inner): `n` values with
 // stride `inner`. Each line subtracts its maximum before exp (no overflow for
 // large inputs), computes in float32 (float64 for float64 inputs) and rounds
-// once on store.
+// once on store. float32 exp is elementwise_math.h's vectorizable ExpFloat;
+// lines along the last axis (inner == 1) get their own contiguous loops.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -25,6 +27,48 @@ namespace {
 
 // Columns of the inner dimension one task handles at a time.
 constexpr int64_t kColumnBlock = 64;
+
+// e^x in the compute type: the vectorizable float32 exp of
+// elementwise_math.h, std::exp for float64.
+template <typename V>
+inline V ExpOf(V x) {
+  if constexpr (std::is_same_v<V, float>) {
+    return math::ExpFloat(x);
+  } else {
+    return std::exp(x);
+  }
+}
+
+// Softmax / LogSoftmax of `count` lines of n contiguous values (inner == 1,
+// the common last-axis case). Each line: max, then e = exp(x - max) into
+// `scratch` and its sum (four partial sums), then the normalised values.
+// The max may skip a NaN, but the NaN then reaches the sum, so the line is
+// NaN either way, as with a NaN-propagating max.
+template <bool kLog, typename T, typename V>
+void SoftmaxLines(const T* in, T* out, int64_t count, int64_t n, std::vector<V>& scratch) {
+  scratch.resize(static_cast<size_t>(n));
+  V* e = scratch.data();
+  for (int64_t line = 0; line < count; ++line, in += n, out += n) {
+    for (int64_t i = 0; i < n; ++i) e[i] = Load(in[i]);
+    V line_max = e[0];
+    for (int64_t i = 1; i < n; ++i) line_max = e[i] > line_max ? e[i] : line_max;
+    for (int64_t i = 0; i < n; ++i) e[i] = ExpOf(e[i] - line_max);
+    V partial[4] = {0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+      for (int j = 0; j < 4; ++j) partial[j] += e[i + j];
+    }
+    for (; i < n; ++i) partial[0] += e[i];
+    const V sum = (partial[0] + partial[1]) + (partial[2] + partial[3]);
+    if constexpr (kLog) {
+      for (int64_t k = 0; k < n; ++k) {
+        Store(&out[k], math::LogSoftmaxValue(Load(in[k]), line_max, sum));
+      }
+    } else {
+      for (int64_t k = 0; k < n; ++k) Store(&out[k], e[k] / sum);
+    }
+  }
+}
 
 template <bool kLog>
 absl::Status SoftmaxKernel(KernelContext& ctx) {
@@ -60,6 +104,14 @@ absl::Status SoftmaxKernel(KernelContext& ctx) {
     using V = ComputeType<T>;
     const T* xp = x.as<T>();
     T* yp = (*y)->as<T>();
+    if (inner == 1) {
+      ParallelFor(0, outer, std::max<int64_t>(1, kElementwiseGrain / n),
+                  [&](int64_t lo, int64_t hi) {
+                    std::vector<V> scratch;
+                    SoftmaxLines<kLog>(xp + lo * n, yp + lo * n, hi - lo, n, scratch);
+                  });
+      return;
+    }
     const int64_t blocks_per_outer = (inner + kColumnBlock - 1) / kColumnBlock;
     const int64_t tasks = outer * blocks_per_outer;
     const int64_t work_per_task = n * std::min(inner, kColumnBlock);
@@ -83,7 +135,7 @@ absl::Status SoftmaxKernel(KernelContext& ctx) {
                     }
                     for (int64_t i = 0; i < n; ++i) {
                       for (int64_t k = 0; k < width; ++k) {
-                        const V e = std::exp(Load(in[i * inner + k]) - line_max[k]);
+                        const V e = ExpOf(Load(in[i * inner + k]) - line_max[k]);
                         shifted[i * width + k] = e;
                         line_sum[k] += e;
                       }
