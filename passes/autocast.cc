@@ -1,7 +1,8 @@
 // The autocast pass (see autocast.h for what a converted model records).
 //
-// Algorithm, one walk over the nodes in topological order after the
-// decisions of steps 1-2 (linear in graph size):
+// Algorithm: after the decisions of steps 1-2, one walk over the nodes in
+// topological order paints them (step 3) and a second inserts the Casts
+// (step 4); linear in graph size:
 //
 //   1. Policy record. A model whose castor.policy_digest equals the policy's
 //      is returned unchanged (converting twice adds nothing). A model
@@ -34,7 +35,9 @@
 //   4. Casts (DESIGN rules 5-6): every float input of a painted node whose
 //      dtype differs from the node's (float32 for a pinned input) reads a
 //      Cast of its source, one per (source, dtype) shared by all readers and
-//      placed before the first. A weight is a float32 initializer and keeps
+//      placed before the first. A Constant node every reader needs in the
+//      same 16-bit dtype is stored in it instead (no Cast; it is no master
+//      weight). A weight is a float32 initializer and keeps
 //      being one: its uses in 16-bit share one Cast. A value that a model
 //      Cast widened exactly (float16 -> float32) is read from the Cast's
 //      16-bit input instead of being cast back, so no Cast chain arises.
@@ -58,7 +61,10 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "graph/half.h"
 #include "graph/onnx_io.h"
 #include "graph/shape_inference.h"
 #include "graph/status.h"
@@ -117,21 +123,31 @@ class AutocastPass {
     CASTOR_RETURN_IF_ERROR(DecideForcedFloat32());
     if (!policy_.keep_io_types() && policy_.is_mixed()) LowerGraphInputs();
     const std::vector<Node*> original_order = graph_.nodes();
-    std::vector<Node*> new_order;
-    new_order.reserve(original_order.size() * 2);
+    // Step 3 for every node first: a node's decision depends only on its
+    // producers' decisions, never on Casts, and step 4 then knows what
+    // every reader of a value needs.
     for (Node* node : original_order) {
       CASTOR_ASSIGN_OR_RETURN(Decision decision, Paint(*node));
       if (decision.dtype == DType::kUndefined) {
-        CASTOR_ASSIGN_OR_RETURN(const bool kept, HandleUntouched(*node));
-        if (kept) new_order.push_back(node);
         ++report_.nodes_per_dtype["none"];
         continue;
       }
-      CASTOR_RETURN_IF_ERROR(InsertInputCasts(*node, decision.dtype, new_order));
       Record(*node, decision);
       RetypeOutputs(*node, decision.dtype);
-      new_order.push_back(node);
       ++report_.nodes_per_dtype[DTypeName(decision.dtype)];
+      decisions_.emplace(node, decision.dtype);
+    }
+    std::vector<Node*> new_order;
+    new_order.reserve(original_order.size() * 2);
+    for (Node* node : original_order) {
+      auto decided = decisions_.find(node);
+      if (decided == decisions_.end()) {
+        CASTOR_ASSIGN_OR_RETURN(const bool kept, HandleUntouched(*node));
+        if (kept) new_order.push_back(node);
+        continue;
+      }
+      CASTOR_RETURN_IF_ERROR(InsertInputCasts(*node, decided->second, new_order));
+      new_order.push_back(node);
     }
     CASTOR_RETURN_IF_ERROR(RemoveBypassedModelCasts(new_order));
     CASTOR_RETURN_IF_ERROR(graph_.ReorderNodes(std::move(new_order)));
@@ -413,6 +429,7 @@ class AutocastPass {
     }
     auto key = std::make_pair(source, target);
     if (auto it = casts_.find(key); it != casts_.end()) return it->second;
+    if (LowerConstantInPlace(source, target)) return source;
     const std::string suffix = absl::StrCat("_to_", DTypeName(target));
     const std::string value_name = graph_.UniqueName(absl::StrCat(source->name(), suffix));
     const std::string node_name = graph_.UniqueName(absl::StrCat("Cast_", value_name));
@@ -445,6 +462,58 @@ class AutocastPass {
     casts_.emplace(key, cast->output(0));
     order.push_back(cast);
     return cast->output(0);
+  }
+
+  // The dtype reader `node` needs at input `index`: its decision (float32
+  // when pinned), or the value's own dtype for a node left untouched.
+  DType NeededBy(const Node& node, int index, const Value& value) const {
+    auto decided = decisions_.find(&node);
+    if (decided == decisions_.end()) return value.dtype();
+    return policy_.IsPinned(node, index) ? DType::kFloat32 : decided->second;
+  }
+
+  // A Constant node's float32 tensor that every reader needs in `target`
+  // (and that is no graph output) is stored in `target` instead of being
+  // cast: a Constant is not a master weight.
+  bool LowerConstantInPlace(Value* source, DType target) {
+    Node* constant = source->producer();
+    if (KindOf(source) != SourceKind::kConstant || source->is_graph_output() ||
+        !IsLowPrecisionFloat(target)) {
+      return false;
+    }
+    const Attribute* value = constant->attribute("value");
+    if (value == nullptr || value->kind != AttrKind::kTensor ||
+        value->t.dtype() != DType::kFloat32) {
+      return false;
+    }
+    for (const Use& use : source->uses()) {
+      if (use.index < 0 || NeededBy(*use.node, use.index, *source) != target) return false;
+    }
+    const Tensor& wide = value->t;
+    // StripAutocast restores the exact float32 values from the record, so
+    // only small constants (scales, epsilons) are lowered.
+    constexpr int64_t kMaxLoweredElements = 64;
+    if (wide.num_elements() > kMaxLoweredElements) return false;
+    std::vector<std::string> original;
+    for (int64_t i = 0; i < wide.num_elements(); ++i) {
+      original.push_back(absl::StrFormat("%.9g", wide.data<float>()[i]));
+    }
+    constant->SetMetadata(kLoweredConstantKey, absl::StrJoin(original, ","));
+    Tensor narrow(target, wide.dims());
+    for (int64_t i = 0; i < wide.num_elements(); ++i) {
+      const float x = wide.data<float>()[i];
+      narrow.data<uint16_t>()[i] =
+          target == DType::kFloat16 ? FloatToHalfBits(x) : FloatToBFloat16Bits(x);
+    }
+    constant->SetAttribute(Attribute::TensorValue("value", std::move(narrow)));
+    source->set_dtype(target);
+    ++report_.constants_lowered;
+    const std::string why = absl::StrCat(
+        "rule 5: constant ", Quoted(source->name()), " is read only in ", DTypeName(target),
+        ", so it is stored in ", DTypeName(target), " instead of being cast (not a master weight)");
+    constant->SetMetadata(kNodeDTypeKey, DTypeName(target));
+    constant->SetMetadata(kNodeWhyKey, why);
+    return true;
   }
 
   void Record(Node& node, const Decision& decision) {
@@ -498,6 +567,8 @@ class AutocastPass {
   AutocastReport report_;
   absl::flat_hash_map<const Node*, std::string> forced_;
   absl::flat_hash_map<std::pair<Value*, DType>, Value*> casts_;
+  // Step 3's dtype of every painted node.
+  absl::flat_hash_map<const Node*, DType> decisions_;
   // Model Casts that step 4 read through, in the order met.
   std::vector<Node*> bypassed_;
   // Ops (OpListKey) painted 16-bit but refused by their schema, with counts.
@@ -521,6 +592,32 @@ AutocastRecord ReadAutocastRecord(const Node& node) {
   return record;
 }
 
+namespace {
+
+// A Constant the pass stored in 16 bits gets its float32 values back.
+absl::Status RestoreLoweredConstant(Node& constant, const std::string& original) {
+  const Attribute* value = constant.attribute("value");
+  std::vector<float> values;
+  for (absl::string_view text : absl::StrSplit(original, ',')) {
+    float x = 0;
+    if (!absl::SimpleAtof(text, &x)) {
+      return absl::DataLossError(absl::StrCat("Constant node '", constant.name(), "': ",
+                                              kLoweredConstantKey, " is not a list of numbers"));
+    }
+    values.push_back(x);
+  }
+  if (value == nullptr || value->kind != AttrKind::kTensor ||
+      value->t.num_elements() != static_cast<int64_t>(values.size())) {
+    return absl::DataLossError(absl::StrCat("Constant node '", constant.name(), "': ",
+                                            kLoweredConstantKey, " does not match its value"));
+  }
+  constant.SetAttribute(Attribute::TensorValue(
+      "value", Tensor::FromVector<float>(DType::kFloat32, value->t.dims(), values)));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<int> StripAutocast(Model& model) {
   Graph& graph = *model.graph;
   int removed = 0;
@@ -532,6 +629,10 @@ absl::StatusOr<int> StripAutocast(Model& model) {
     ++removed;
   }
   for (Node* node : graph.nodes()) {
+    if (const std::string* original = node->FindMetadata(kLoweredConstantKey)) {
+      CASTOR_RETURN_IF_ERROR(RestoreLoweredConstant(*node, *original));
+      node->RemoveMetadata(kLoweredConstantKey);
+    }
     node->RemoveMetadata(kNodeDTypeKey);
     node->RemoveMetadata(kNodeWhyKey);
     // Outputs are re-inferred from float32 inputs below.

@@ -17,6 +17,10 @@
 //     castor.autocast.why     the rule and list entry behind it
 //     castor.autocast.cast    on Casts castor inserted: "weight", "constant"
 //                             or "activation" (what the Cast reads)
+//     castor.autocast.float32_value
+//                             on a Constant stored in 16 bits because every
+//                             reader needs it so: its float32 values, %.9g,
+//                             comma-separated (StripAutocast restores them)
 #pragma once
 
 #include <map>
@@ -38,6 +42,7 @@ inline constexpr const char* kLoweredInputsKey = "castor.lowered_inputs";
 inline constexpr const char* kNodeDTypeKey = "castor.autocast.dtype";
 inline constexpr const char* kNodeWhyKey = "castor.autocast.why";
 inline constexpr const char* kInsertedCastKey = "castor.autocast.cast";
+inline constexpr const char* kLoweredConstantKey = "castor.autocast.float32_value";
 
 struct AutocastOptions {
   // A model already converted under a different policy is refused unless
@@ -54,6 +59,9 @@ struct AutocastReport {
   int weight_casts = 0;      // Casts of float32 initializers (master weights)
   int constant_casts = 0;    // Casts of Constant node outputs
   int activation_casts = 0;  // Casts of computed values and graph inputs
+  // Constant nodes stored in the compute dtype because every reader needs
+  // it there (no Cast inserted for them).
+  int constants_lowered = 0;
   int casts_inserted() const { return weight_casts + constant_casts + activation_casts; }
   // Nodes per compute dtype name ("float16", "float32", ...); nodes that do
   // no float computation (Shape, Cast, ...) are counted under "none".

@@ -354,9 +354,40 @@ TEST(AutocastRulesTest, ConstantsAreCastLikeWeightsAndDoNotVote) {
                     .Build();
   const AutocastReport report = Convert(model, "mixed_float16");
   EXPECT_EQ(RecordedDType(model, "scaled"), "float16");
+  // Read only in float16: stored in float16, no Cast; its float32 value is
+  // recorded, and StripAutocast restores it exactly.
+  EXPECT_EQ(report.constant_casts, 0);
+  EXPECT_EQ(report.constants_lowered, 1);
+  EXPECT_EQ(model.graph->FindValue("scale")->dtype(), DType::kFloat16);
+  EXPECT_EQ(RecordedDType(model, "scale_node"), "float16");
+  EXPECT_THAT(ReadAutocastRecord(NodeNamed(model, "scale_node")).why,
+              HasSubstr("is read only in float16, so it is stored in float16"));
+  EXPECT_THAT(CastSummary(model), ElementsAre("x->float16", "w->float16", "mm2->float32"));
+  ASSERT_TRUE(StripAutocast(model).ok());
+  EXPECT_EQ(model.graph->FindValue("scale")->dtype(), DType::kFloat32);
+  EXPECT_EQ(NodeNamed(model, "scale_node").attribute("value")->t.data<float>()[0], 0.25f);
+}
+
+TEST(AutocastRulesTest, ConstantReadInTwoDtypesIsCastNotLowered) {
+  Model model = ModelBuilder()
+                    .Input("x", {4, 8})
+                    .Weight("w", {8, 8})
+                    .Constant("scale", 0.1f)
+                    .Op("MatMul", {"x", "w"}, "mm")
+                    .Op("Mul", {"mm", "scale"}, "scaled")      // float16
+                    .Op("Softmax", {"scaled"}, "soft")
+                    .Op("Mul", {"soft", "scale"}, "out")        // float32
+                    .Output("out")
+                    .Build();
+  const AutocastReport report = Convert(model, "mixed_float16");
   EXPECT_EQ(report.constant_casts, 1);
-  EXPECT_EQ(ReadAutocastRecord(*model.graph->FindValue("scale")->uses()[0].node).inserted_cast,
-            "constant");
+  EXPECT_EQ(report.constants_lowered, 0);
+  EXPECT_EQ(model.graph->FindValue("scale")->dtype(), DType::kFloat32);
+  int constant_casts = 0;
+  for (const Use& use : model.graph->FindValue("scale")->uses()) {
+    if (ReadAutocastRecord(*use.node).inserted_cast == "constant") ++constant_casts;
+  }
+  EXPECT_EQ(constant_casts, 1);
 }
 
 // ---- contextual rules 2a-2c and rule 4 --------------------------------------
@@ -499,8 +530,8 @@ TEST(AutocastRulesTest, PinnedInputStaysFloat32) {
   Model unpinned = build();
   ValueOrDie(RunAutocast(unpinned, policy));
   EXPECT_EQ(RecordedDType(unpinned, "squared"), "float16");
-  EXPECT_THAT(CastSummary(unpinned),
-              ElementsAre("x->float16", "w->float16", "two->float16", "mm2->float32"));
+  EXPECT_THAT(CastSummary(unpinned), ElementsAre("x->float16", "w->float16", "mm2->float32"));
+  EXPECT_EQ(unpinned.graph->FindValue("two")->dtype(), DType::kFloat16);  // stored 16-bit
 
   ASSERT_TRUE(policy.PinInput("Pow", 1).ok());
   Model pinned = build();
@@ -687,7 +718,8 @@ TEST_P(AutocastSampleTest, InvariantsIdempotenceAndRecords) {
   for (const auto& [dtype, count] : report.nodes_per_dtype) {
     if (dtype != "none") counted += count;
   }
-  EXPECT_EQ(recorded, counted + report.casts_inserted());
+  // Lowered Constants carry a record too (counted under "none").
+  EXPECT_EQ(recorded, counted + report.casts_inserted() + report.constants_lowered);
 
   Model loaded = RoundTrip(model);
   const std::string once = Serialized(loaded);

@@ -99,6 +99,10 @@ std::string RenderConvertSummary(const ConvertOptions& options, const Policy& po
     absl::StrAppend(&text, "  casts     ", report.casts_inserted(), " inserted (",
                     report.weight_casts, " weight, ", report.constant_casts, " constant, ",
                     report.activation_casts, " activation)");
+    if (report.constants_lowered > 0) {
+      absl::StrAppend(&text, "; ", report.constants_lowered,
+                      " Constant(s) stored in the compute dtype instead");
+    }
     if (report.casts_removed > 0) {
       absl::StrAppend(&text, "; ", report.casts_removed,
                       " removed first (restart from the float32 graph)");

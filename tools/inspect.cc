@@ -648,7 +648,9 @@ std::string SourceText(const Value& value) {
   std::string text = absl::StrCat("output of ", producer->op_type(), " '", producer->name(), "'");
   const AutocastRecord record = ReadAutocastRecord(*producer);
   if (!record.inserted_cast.empty()) {
-    absl::StrAppend(&text, ", a Cast castor inserted (it casts a ", record.inserted_cast, " value)");
+    absl::StrAppend(&text, ", a Cast castor inserted (of ",
+                    record.inserted_cast == "activation" ? "an " : "a ", record.inserted_cast,
+                    ")");
   }
   return text;
 }
