@@ -112,4 +112,28 @@ void OpRegistry::SetAutocastCategory(const std::string& domain, const std::strin
   it->second.autocast_source = std::move(source);
 }
 
+namespace {
+
+OpDef& FindForGradient(std::map<std::pair<std::string, std::string>, OpDef>& ops,
+                       const std::string& domain, const std::string& op_type) {
+  auto it = ops.find({CanonicalDomain(domain), op_type});
+  if (it == ops.end()) {
+    std::fprintf(stderr, "castor: gradient rules name unregistered op %s\n", op_type.c_str());
+    std::abort();
+  }
+  return it->second;
+}
+
+}  // namespace
+
+void OpRegistry::SetGradient(const std::string& domain, const std::string& op_type,
+                             GradientFn gradient) {
+  FindForGradient(ops_, domain, op_type).gradient = std::move(gradient);
+}
+
+void OpRegistry::SetNoGradient(const std::string& domain, const std::string& op_type,
+                               std::string reason) {
+  FindForGradient(ops_, domain, op_type).no_gradient_reason = std::move(reason);
+}
+
 }  // namespace castor

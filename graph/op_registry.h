@@ -114,8 +114,8 @@ class InferenceContext {
 
 using InferFn = std::function<absl::Status(InferenceContext&)>;
 
-// Filled in by the autodiff work; declared here so each op's file can hold
-// its gradient rule next to its inference.
+// The gradient rules (graph/ops/gradient_rules.cc) build backward nodes
+// through a GradientBuilder (graph/gradient_builder.h).
 class GradientBuilder;
 using GradientFn = std::function<absl::Status(GradientBuilder&)>;
 
@@ -155,6 +155,10 @@ class OpRegistry {
   // An unknown op aborts: the table and the registry must agree.
   void SetAutocastCategory(const std::string& domain, const std::string& op_type,
                            AutocastCategory category, std::string source);
+  // Sets an op's gradient rule, or the reason it deliberately has none
+  // (graph/ops/gradient_rules.cc). An unknown op aborts.
+  void SetGradient(const std::string& domain, const std::string& op_type, GradientFn gradient);
+  void SetNoGradient(const std::string& domain, const std::string& op_type, std::string reason);
 
  private:
   std::map<std::pair<std::string, std::string>, OpDef> ops_;

@@ -62,6 +62,7 @@ const KernelTable& CpuBackend::kernels() const {
     cpu::RegisterShapeKernels(*t);
     cpu::RegisterDataMovementKernels(*t);
     cpu::RegisterMiscKernels(*t);
+    cpu::RegisterGradientKernels(*t);
     return t;
   }();
   return *table;

@@ -18,5 +18,6 @@ void RegisterReduceKernels(KernelTable& table);
 void RegisterShapeKernels(KernelTable& table);
 void RegisterDataMovementKernels(KernelTable& table);
 void RegisterMiscKernels(KernelTable& table);
+void RegisterGradientKernels(KernelTable& table);  // com.castor gradient ops
 
 }  // namespace castor::cpu

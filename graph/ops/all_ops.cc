@@ -18,7 +18,10 @@ void RegisterAllOps(OpRegistry& registry) {
   RegisterShapeOps(registry);
   RegisterDataMovementOps(registry);
   RegisterMiscOps(registry);
+  RegisterControlFlowOps(registry);
+  RegisterGradientOps(registry);
   AssignAutocastCategories(registry);
+  AssignGradientRules(registry);
 }
 
 }  // namespace castor

@@ -18,10 +18,14 @@ void RegisterReduceOps(OpRegistry& registry);        // reduce.cc
 void RegisterShapeOps(OpRegistry& registry);         // shape_ops.cc
 void RegisterDataMovementOps(OpRegistry& registry);  // data_movement.cc
 void RegisterMiscOps(OpRegistry& registry);          // misc.cc (Cast, Constant, Identity, Dropout)
+void RegisterControlFlowOps(OpRegistry& registry);   // control_flow.cc (If, Loop)
+void RegisterGradientOps(OpRegistry& registry);     // gradient_ops.cc (com.castor)
 
 // The default autocast category of every op (autocast_table.cc), applied
 // after all families are registered.
 void AssignAutocastCategories(OpRegistry& registry);
+// The gradient rules and no-gradient reasons (gradient_rules.cc).
+void AssignGradientRules(OpRegistry& registry);
 
 void RegisterAllOps(OpRegistry& registry);
 

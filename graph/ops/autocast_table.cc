@@ -63,6 +63,8 @@ constexpr Entry kTable[] = {
     {kTrainingDomain, "Adam", kDeny, "optimizer on float32 master weights"},
     {kTrainingDomain, "Adagrad", kDeny, "optimizer on float32 master weights"},
     {kTrainingDomain, "Momentum", kDeny, "optimizer on float32 master weights"},
+    {"", "If", kDeny, "subgraph op: bodies stay float32 (rule 2b); deny casts its float inputs"},
+    {"", "Loop", kDeny, "subgraph op: body stays float32 (rule 2b); deny casts v_initial"},
 
     // --- follow: elementwise, pooling, data movement -------------------------
     {"", "Add", kFollow, "PyTorch add: promote; TF AddV2: infer"},
@@ -114,6 +116,21 @@ constexpr Entry kTable[] = {
     {"", "Cast", kNone, "Casts in the model are respected as written"},
     {"", "Constant", kNone, "a constant is cast where used, like a weight"},
     {"", "ConstantOfShape", kNone, "its dtype is an attribute"},
+
+    // --- castor's gradient ops (graph/ops/gradient_ops.cc) -------------------
+    {"com.castor", "ConvGrad", kFollow, "castor gradient op"},
+    {"com.castor", "MaxPoolGrad", kFollow, "castor gradient op"},
+    {"com.castor", "AveragePoolGrad", kFollow, "castor gradient op"},
+    {"com.castor", "GlobalAveragePoolGrad", kFollow, "castor gradient op"},
+    {"com.castor", "ReluGrad", kFollow, "castor gradient op"},
+    {"com.castor", "ReduceToShapeOf", kFollow, "castor gradient op"},
+    {"com.castor", "GatherGrad", kFollow, "castor gradient op"},
+    {"com.castor", "BatchNormalizationGrad", kDeny, "castor gradient op (deny like BatchNormalization)"},
+    {"com.castor", "LayerNormalizationGrad", kDeny, "castor gradient op (deny like LayerNormalization)"},
+    {"com.castor", "SoftmaxGrad", kDeny, "castor gradient op (deny like Softmax)"},
+    {"com.castor", "LogSoftmaxGrad", kDeny, "castor gradient op (deny like LogSoftmax)"},
+    {"com.castor", "SoftmaxCrossEntropyLossGrad", kDeny,
+     "castor gradient op (deny like SoftmaxCrossEntropyLoss)"},
 };
 
 }  // namespace

@@ -1,0 +1,1077 @@
+// CPU kernels: castor's gradient ops (domain com.castor, graph/ops/gradient_ops.cc).
+//
+// ConvGrad: per (image, group), dW += dY_g * im2col(X_g)^T and dX_g =
+// col2im(W_g^T * dY_g) with im2col.h's geometry and gemm.h's Sgemm; the
+// images run in slices on the thread pool (OpenBLAS single-threaded inside,
+// a partial dW per slice), or one after another with threaded GEMMs when
+// there is a single image.
+// MaxPoolGrad / AveragePoolGrad walk each plane's windows (the forward
+// window tables: ForwardWindowGeometry, ceil_mode, pads, dilations);
+// MaxPoolGrad routes dY to the first maximum of each window in row-major
+// window order (the forward kernel's and PyTorch's tie rule), overlapping
+// windows accumulate. GlobalAveragePoolGrad spreads dY / size.
+// BatchNormalizationGrad (training mode: batch statistics recomputed from
+// X over all axes but 1, biased variance) and LayerNormalizationGrad
+// (statistics over the axes from `axis` on) accumulate their statistics and
+// parameter gradients in float64.
+// SoftmaxGrad, LogSoftmaxGrad, SoftmaxCrossEntropyLossGrad, ReluGrad,
+// ReduceToShapeOf and GatherGrad follow their formulas in
+// graph/ops/gradient_ops.cc.
+// All arithmetic is float32 (sums in float64 where noted); 16-bit inputs
+// widen exactly and every output rounds once on store. Planes, rows or
+// lines run in parallel on backend/cpu/parallel.h.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/float_io.h"
+#include "backend/cpu/gemm.h"
+#include "backend/cpu/im2col.h"
+#include "backend/cpu/parallel.h"
+#include "graph/gradient_builder.h"
+#include "graph/status.h"
+
+namespace castor::cpu {
+namespace {
+
+const std::vector<DType> kGradDTypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+constexpr int64_t kElementGrain = int64_t{1} << 14;
+
+std::string DimsString(const std::vector<int64_t>& dims) {
+  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
+}
+
+int64_t Product(const std::vector<int64_t>& dims, size_t from = 0, size_t to = SIZE_MAX) {
+  int64_t p = 1;
+  for (size_t i = from; i < std::min(to, dims.size()); ++i) p *= dims[i];
+  return p;
+}
+
+// A float tensor read as float32: the tensor itself when float32, else a
+// widened copy (exact for 16-bit).
+class Float32In {
+ public:
+  explicit Float32In(const TensorView& t) {
+    if (t.dtype == DType::kFloat32) {
+      data_ = t.as<float>();
+      return;
+    }
+    const int64_t n = t.num_elements();
+    copy_.resize(static_cast<size_t>(n));
+    float* dst = copy_.data();
+    ParallelFor(0, n, kElementGrain, [&](int64_t lo, int64_t hi) {
+      ToFloat32(t.dtype, static_cast<const char*>(t.data) + lo * DTypeSize(t.dtype), dst + lo,
+                hi - lo);
+    });
+    data_ = copy_.data();
+  }
+  Float32In(const Float32In&) = delete;
+  Float32In& operator=(const Float32In&) = delete;
+  const float* data() const { return data_; }
+
+ private:
+  const float* data_ = nullptr;
+  std::vector<float> copy_;
+};
+
+// An output computed in float32 and zero-initialised: written in place when
+// float32, else in a buffer that Finish() rounds into the output once.
+class Float32Out {
+ public:
+  explicit Float32Out(TensorView* t) : view_(t) {
+    const int64_t n = t->num_elements();
+    if (t->dtype == DType::kFloat32) {
+      data_ = t->as<float>();
+    } else {
+      buffer_.resize(static_cast<size_t>(n));
+      data_ = buffer_.data();
+    }
+    std::fill(data_, data_ + n, 0.0f);
+  }
+  Float32Out(const Float32Out&) = delete;
+  Float32Out& operator=(const Float32Out&) = delete;
+  float* data() const { return data_; }
+  void Finish() const {
+    if (view_->dtype == DType::kFloat32) return;
+    const DType dtype = view_->dtype;
+    char* dst = static_cast<char*>(view_->data);
+    const float* src = data_;
+    ParallelFor(0, view_->num_elements(), kElementGrain, [&](int64_t lo, int64_t hi) {
+      FromFloat32(dtype, src + lo, dst + lo * DTypeSize(dtype), hi - lo);
+    });
+  }
+
+ private:
+  TensorView* view_;
+  float* data_ = nullptr;
+  std::vector<float> buffer_;
+};
+
+// Writes float64 values to a new output `index` with `dtype` and `dims`.
+absl::Status WriteDoubles(KernelContext& ctx, int index, DType dtype,
+                          const std::vector<int64_t>& dims, const std::vector<double>& values) {
+  absl::StatusOr<TensorView*> out = ctx.Output(index, dtype, dims);
+  if (!out.ok()) return out.status();
+  std::vector<float> narrowed(values.begin(), values.end());
+  FromFloat32(dtype, narrowed.data(), (*out)->data, static_cast<int64_t>(narrowed.size()));
+  return absl::OkStatus();
+}
+
+bool WantsOutput(const KernelContext& ctx, int i) {
+  return i < ctx.num_outputs() && ctx.has_output(i);
+}
+
+// Input i must have `expected` dims.
+absl::Status RequireDims(const KernelContext& ctx, int i, const char* name,
+                         const std::vector<int64_t>& expected, const char* why) {
+  if (ctx.input(i).dims != expected) {
+    return ctx.Error(absl::StrCat("input ", i, " (", name, ") is ", DimsString(ctx.input(i).dims),
+                                  "; expected ", DimsString(expected), " (", why, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RequireSameDType(const KernelContext& ctx, int i, const char* name, int j,
+                              const char* other) {
+  if (ctx.input(i).dtype != ctx.input(j).dtype) {
+    return ctx.Error(absl::StrCat("input ", i, " (", name, ") is ",
+                                  DTypeName(ctx.input(i).dtype), " but input ", j, " (", other,
+                                  ") is ", DTypeName(ctx.input(j).dtype), "; they must match"));
+  }
+  return absl::OkStatus();
+}
+
+// Splits [0, count) into at most NumThreads() contiguous slices.
+int64_t SliceCount(int64_t count) { return std::clamp<int64_t>(NumThreads(), 1, count); }
+int64_t SliceBegin(int64_t slice, int64_t slices, int64_t count) {
+  return slice * count / slices;
+}
+
+// While alive, OpenBLAS runs every GEMM on its calling thread (GEMMs issued
+// from all pool threads at once); restores the previous thread count.
+class SingleThreadedBlas {
+ public:
+  SingleThreadedBlas() : previous_(openblas_get_num_threads()) {
+    if (previous_ != 1) openblas_set_num_threads(1);
+  }
+  ~SingleThreadedBlas() {
+    if (previous_ != 1) openblas_set_num_threads(previous_);
+  }
+  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
+  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
+
+ private:
+  int previous_;
+};
+
+// ---- ConvGrad ----------------------------------------------------------------
+
+// Scatter-adds col [channels * kernel_size, output_size] (Im2Col's layout)
+// into the image x [channels, input...]: Im2Col's transpose.
+void Col2ImAdd(const float* col, const WindowGeometry& g, int64_t rows, float* x) {
+  const int nd = g.num_spatial;
+  const int64_t in_size = g.input_size();
+  const int64_t out_size = g.output_size();
+  const int64_t out_last = g.output[nd - 1];
+  const int64_t in_last = g.input[nd - 1];
+  const int64_t outer_count = out_size / out_last;
+  const int64_t s = g.strides[nd - 1];
+  std::vector<int64_t> kidx(nd), oidx(nd);
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t c = DecodeKernelRow(g, row, kidx.data());
+    float* plane = x + c * in_size;
+    const LastAxisSpan span = LastAxisSpanOf(g, kidx[nd - 1], out_last, in_last);
+    UnravelOuter(g.output, 0, oidx.data());
+    for (int64_t outer = 0; outer < outer_count; ++outer) {
+      const int64_t offset = OuterOffset(g, oidx.data(), kidx.data(), g.input);
+      NextOuter(g.output, oidx.data());
+      if (offset < 0) continue;
+      const float* src = col + row * out_size + outer * out_last;
+      float* dst = plane + offset + span.shift;
+      for (int64_t o = span.lo; o < span.hi; ++o) dst[o * s] += src[o];
+    }
+  }
+}
+
+struct ConvGradShapes {
+  int64_t batch, channels, out_channels, group;
+};
+
+template <typename T>
+void RunConvGrad(const WindowGeometry& g, const ConvGradShapes& s, const T* x, const float* dy,
+                 const float* w, float* dx, float* dw, float* db) {
+  const int64_t cg = s.channels / s.group;
+  const int64_t mg = s.out_channels / s.group;
+  const int64_t kg = cg * g.kernel_size();
+  const int64_t p = g.output_size();
+  const int64_t in_size = g.input_size();
+  const int64_t lines = p / g.output[g.num_spatial - 1];
+  const int64_t w_size = s.out_channels * kg;
+  const int64_t slices = SliceCount(s.batch);
+  // Per slice: partial dW and dB (slice 0 writes the outputs directly).
+  std::vector<std::vector<float>> dw_parts(static_cast<size_t>(slices)),
+      db_parts(static_cast<size_t>(slices));
+  auto run_slice = [&](int64_t slice) {
+    float* dw_acc = dw;
+    float* db_acc = db;
+    if (slice > 0) {
+      if (dw != nullptr) {
+        dw_parts[slice].assign(static_cast<size_t>(w_size), 0.0f);
+        dw_acc = dw_parts[slice].data();
+      }
+      if (db != nullptr) {
+        db_parts[slice].assign(static_cast<size_t>(s.out_channels), 0.0f);
+        db_acc = db_parts[slice].data();
+      }
+    }
+    std::vector<float> col, dcol;
+    for (int64_t n = SliceBegin(slice, slices, s.batch);
+         n < SliceBegin(slice + 1, slices, s.batch); ++n) {
+      for (int64_t gi = 0; gi < s.group; ++gi) {
+        const float* dy_g = dy + (n * s.out_channels + gi * mg) * p;
+        if (dw_acc != nullptr) {
+          col.resize(static_cast<size_t>(kg * p));
+          Im2Col<T, float>(x + (n * s.channels + gi * cg) * in_size, g, 0, kg, 0, lines,
+                           col.data(), p);
+          // dW_g [mg, kg] += dY_g [mg, p] * col^T [p, kg]
+          Sgemm(false, true, mg, kg, p, 1.0f, dy_g, p, col.data(), p, 1.0f,
+                dw_acc + gi * mg * kg, kg);
+        }
+        if (dx != nullptr) {
+          dcol.resize(static_cast<size_t>(kg * p));
+          // dcol [kg, p] = W_g^T [kg, mg] * dY_g [mg, p]
+          Sgemm(true, false, kg, p, mg, 1.0f, w + gi * mg * kg, kg, dy_g, p, 0.0f, dcol.data(),
+                p);
+          Col2ImAdd(dcol.data(), g, kg, dx + (n * s.channels + gi * cg) * in_size);
+        }
+        if (db_acc != nullptr) {
+          for (int64_t m = 0; m < mg; ++m) {
+            double sum = 0;
+            for (int64_t i = 0; i < p; ++i) sum += dy_g[m * p + i];
+            db_acc[gi * mg + m] += static_cast<float>(sum);
+          }
+        }
+      }
+    }
+  };
+  if (slices > 1) {
+    const SingleThreadedBlas single_threaded_blas;
+    ParallelFor(0, slices, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t slice = lo; slice < hi; ++slice) run_slice(slice);
+    });
+  } else {
+    run_slice(0);
+  }
+  for (int64_t slice = 1; slice < slices; ++slice) {
+    if (dw != nullptr) {
+      for (int64_t i = 0; i < w_size; ++i) dw[i] += dw_parts[slice][i];
+    }
+    if (db != nullptr) {
+      for (int64_t m = 0; m < s.out_channels; ++m) db[m] += db_parts[slice][m];
+    }
+  }
+}
+
+absl::Status ConvGradKernel(KernelContext& ctx) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& x = ctx.input(1);
+  const TensorView& w = ctx.input(2);
+  const int64_t group = ctx.GetInt("group", 1);
+  if (x.dims.size() < 3 || w.dims.size() != x.dims.size()) {
+    return ctx.Error(absl::StrCat("input 1 (X) ", DimsString(x.dims), " and input 2 (W) ",
+                                  DimsString(w.dims), " must have the same rank >= 3"));
+  }
+  if (absl::Status st = RequireSameDType(ctx, 0, "dY", 1, "X"); !st.ok()) return st;
+  if (absl::Status st = RequireSameDType(ctx, 2, "W", 1, "X"); !st.ok()) return st;
+  if (group < 1) return ctx.Error(absl::StrCat("attribute 'group' is ", group, "; expected >= 1"));
+  const ConvGradShapes s{x.dims[0], x.dims[1], w.dims[0], group};
+  if (w.dims[1] * group != s.channels || s.out_channels % group != 0) {
+    return ctx.Error(absl::StrCat("input 2 (W) ", DimsString(w.dims), " does not fit X ",
+                                  DimsString(x.dims), " with group ", group,
+                                  " (W.dim(1) * group must be C; W.dim(0) divisible by group)"));
+  }
+  const std::vector<int64_t> spatial(x.dims.begin() + 2, x.dims.end());
+  const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
+  if (ctx.node().has_attribute("kernel_shape") && ctx.GetInts("kernel_shape") != kernel) {
+    return ctx.Error(absl::StrCat("attribute 'kernel_shape' ",
+                                  DimsString(ctx.GetInts("kernel_shape")),
+                                  " does not match W's spatial dims ", DimsString(kernel)));
+  }
+  absl::StatusOr<WindowGeometry> g = ForwardWindowGeometry(ctx, spatial, kernel, false);
+  if (!g.ok()) return g.status();
+  std::vector<int64_t> y_dims = {s.batch, s.out_channels};
+  y_dims.insert(y_dims.end(), g->output.begin(), g->output.end());
+  if (absl::Status st = RequireDims(ctx, 0, "dY", y_dims, "Conv's output for X and W"); !st.ok()) {
+    return st;
+  }
+  TensorView* dx = nullptr;
+  TensorView* dw = nullptr;
+  TensorView* db = nullptr;
+  if (WantsOutput(ctx, 0)) {
+    CASTOR_ASSIGN_OR_RETURN(dx, ctx.Output(0, x.dtype, x.dims));
+  }
+  if (WantsOutput(ctx, 1)) {
+    CASTOR_ASSIGN_OR_RETURN(dw, ctx.Output(1, x.dtype, w.dims));
+  }
+  if (WantsOutput(ctx, 2)) {
+    CASTOR_ASSIGN_OR_RETURN(db, ctx.Output(2, x.dtype, {s.out_channels}));
+  }
+  std::optional<Float32Out> dx_out, dw_out, db_out;
+  if (dx) dx_out.emplace(dx);
+  if (dw) dw_out.emplace(dw);
+  if (db) db_out.emplace(db);
+  if (dy.num_elements() > 0 && x.num_elements() > 0) {
+    const Float32In dy_f(dy);
+    const Float32In w_f(w);
+    DispatchFloat(x.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      RunConvGrad<T>(*g, s, x.as<T>(), dy_f.data(), w_f.data(), dx ? dx_out->data() : nullptr,
+                     dw ? dw_out->data() : nullptr, db ? db_out->data() : nullptr);
+    });
+  }
+  for (auto* out : {&dx_out, &dw_out, &db_out}) {
+    if (out->has_value()) (*out)->Finish();
+  }
+  return absl::OkStatus();
+}
+
+// ---- pools -------------------------------------------------------------------
+
+// Per spatial axis and output index: the input indices the window reads
+// (inside the input) and the window positions inside the padded input.
+struct AxisWindows {
+  std::vector<int64_t> begin;  // output o reads idx[begin[o] .. begin[o + 1])
+  std::vector<int64_t> idx;
+  std::vector<int64_t> padded_count;
+};
+
+std::vector<AxisWindows> BuildAxisWindows(const WindowGeometry& g) {
+  std::vector<AxisWindows> axes(g.num_spatial);
+  for (int d = 0; d < g.num_spatial; ++d) {
+    AxisWindows& a = axes[d];
+    a.begin.push_back(0);
+    for (int64_t o = 0; o < g.output[d]; ++o) {
+      const int64_t start = o * g.strides[d] - g.pad_begin[d];
+      int64_t padded = 0;
+      for (int64_t k = 0; k < g.kernel[d]; ++k) {
+        const int64_t i = start + k * g.dilations[d];
+        if (i >= 0 && i < g.input[d]) a.idx.push_back(i);
+        if (i >= -g.pad_begin[d] && i < g.input[d] + g.pad_end[d]) ++padded;
+      }
+      a.begin.push_back(static_cast<int64_t>(a.idx.size()));
+      a.padded_count.push_back(padded);
+    }
+  }
+  return axes;
+}
+
+// Calls fn(q, o, offsets) for each output position q of one plane (o: its
+// per-axis index), `offsets` being the row-major input offsets its window
+// reads inside the input, in row-major window order.
+template <typename Fn>
+void ForEachWindow(const WindowGeometry& g, const std::vector<AxisWindows>& axes, Fn&& fn) {
+  const int nd = g.num_spatial;
+  std::vector<int64_t> stride(nd);
+  int64_t step = 1;
+  for (int d = nd - 1; d >= 0; --d) {
+    stride[d] = step;
+    step *= g.input[d];
+  }
+  std::vector<int64_t> o(nd, 0), cur(nd), offsets;
+  const int64_t out_size = g.output_size();
+  for (int64_t q = 0; q < out_size; ++q) {
+    offsets.clear();
+    bool empty = false;
+    for (int d = 0; d < nd; ++d) {
+      cur[d] = axes[d].begin[o[d]];
+      empty |= cur[d] == axes[d].begin[o[d] + 1];
+    }
+    while (!empty) {
+      int64_t offset = 0;
+      for (int d = 0; d < nd; ++d) offset += axes[d].idx[cur[d]] * stride[d];
+      offsets.push_back(offset);
+      int d = nd - 1;
+      while (d >= 0 && ++cur[d] == axes[d].begin[o[d] + 1]) {
+        cur[d] = axes[d].begin[o[d]];
+        --d;
+      }
+      if (d < 0) break;
+    }
+    fn(q, o, offsets);
+    for (int d = nd - 1; d >= 0 && ++o[d] == g.output[d]; --d) o[d] = 0;
+  }
+}
+
+// Shared set-up of MaxPoolGrad and AveragePoolGrad: checks, geometry, dX.
+struct PoolGradSetUp {
+  WindowGeometry g;
+  std::vector<AxisWindows> axes;
+  int64_t planes = 0;
+  TensorView* dx = nullptr;
+};
+
+absl::StatusOr<PoolGradSetUp> SetUpPoolGrad(KernelContext& ctx) {
+  const TensorView& x = ctx.input(1);
+  if (x.dims.size() < 3) {
+    return ctx.Error(absl::StrCat("input 1 (X) must have rank >= 3 ([N, C, D1, ...]); it is ",
+                                  DimsString(x.dims)));
+  }
+  if (absl::Status st = RequireSameDType(ctx, 0, "dY", 1, "X"); !st.ok()) return st;
+  if (!ctx.node().has_attribute("kernel_shape")) {
+    return ctx.Error("attribute 'kernel_shape' is required");
+  }
+  const std::vector<int64_t> spatial(x.dims.begin() + 2, x.dims.end());
+  PoolGradSetUp setup;
+  CASTOR_ASSIGN_OR_RETURN(setup.g, ForwardWindowGeometry(ctx, spatial, ctx.GetInts("kernel_shape"),
+                                                         ctx.GetInt("ceil_mode", 0) != 0));
+  std::vector<int64_t> y_dims = {x.dims[0], x.dims[1]};
+  y_dims.insert(y_dims.end(), setup.g.output.begin(), setup.g.output.end());
+  if (absl::Status st = RequireDims(ctx, 0, "dY", y_dims, "the pool's output for X"); !st.ok()) {
+    return st;
+  }
+  setup.axes = BuildAxisWindows(setup.g);
+  setup.planes = x.dims[0] * x.dims[1];
+  CASTOR_ASSIGN_OR_RETURN(setup.dx, ctx.Output(0, x.dtype, x.dims));
+  return setup;
+}
+
+template <bool kMax>
+absl::Status PoolGradKernel(KernelContext& ctx) {
+  if (kMax) {
+    const int64_t storage_order = ctx.GetInt("storage_order", 0);
+    if (storage_order != 0 && storage_order != 1) {
+      return ctx.Error(absl::StrCat("attribute 'storage_order' is ", storage_order,
+                                    "; expected 0 or 1"));
+    }
+  }
+  CASTOR_ASSIGN_OR_RETURN(PoolGradSetUp setup, SetUpPoolGrad(ctx));
+  const WindowGeometry& g = setup.g;
+  const TensorView& x = ctx.input(1);
+  const Float32In dy(ctx.input(0));
+  const Float32Out dx(setup.dx);
+  const bool count_include_pad = ctx.GetInt("count_include_pad", 0) != 0;
+  const int64_t in_size = g.input_size(), out_size = g.output_size();
+  DispatchFloat(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* xp = x.as<T>();
+    ParallelFor(0, setup.planes, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t plane = lo; plane < hi; ++plane) {
+        const T* xs = xp + plane * in_size;
+        const float* dys = dy.data() + plane * out_size;
+        float* dxs = dx.data() + plane * in_size;
+        ForEachWindow(g, setup.axes, [&](int64_t q, const std::vector<int64_t>& o,
+                                         const std::vector<int64_t>& offsets) {
+          if (offsets.empty()) return;
+          if constexpr (kMax) {
+            // The first maximum (a NaN wins over numbers, as in the forward).
+            int64_t best = offsets[0];
+            float best_value = LoadF(xs[best]);
+            for (size_t k = 1; k < offsets.size(); ++k) {
+              const float v = LoadF(xs[offsets[k]]);
+              if (v > best_value || (std::isnan(v) && !std::isnan(best_value))) {
+                best_value = v;
+                best = offsets[k];
+              }
+            }
+            dxs[best] += dys[q];
+          } else {
+            int64_t count = static_cast<int64_t>(offsets.size());
+            if (count_include_pad) {
+              count = 1;
+              for (int d = 0; d < g.num_spatial; ++d) count *= setup.axes[d].padded_count[o[d]];
+            }
+            const float share = dys[q] / static_cast<float>(count);
+            for (int64_t offset : offsets) dxs[offset] += share;
+          }
+        });
+      }
+    });
+  });
+  dx.Finish();
+  return absl::OkStatus();
+}
+
+absl::Status GlobalAveragePoolGradKernel(KernelContext& ctx) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& x = ctx.input(1);
+  if (x.dims.size() < 3) {
+    return ctx.Error(absl::StrCat("input 1 (X) must have rank >= 3 ([N, C, D1, ...]); it is ",
+                                  DimsString(x.dims)));
+  }
+  if (absl::Status st = RequireSameDType(ctx, 0, "dY", 1, "X"); !st.ok()) return st;
+  std::vector<int64_t> y_dims(x.dims.size(), 1);
+  y_dims[0] = x.dims[0];
+  y_dims[1] = x.dims[1];
+  if (absl::Status st = RequireDims(ctx, 0, "dY", y_dims, "GlobalAveragePool's output for X");
+      !st.ok()) {
+    return st;
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, x.dtype, x.dims));
+  const int64_t planes = x.dims[0] * x.dims[1];
+  const int64_t size = Product(x.dims, 2);
+  DispatchFloat(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* dyp = dy.as<T>();
+    T* dxp = dx->as<T>();
+    ParallelFor(0, planes, std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, size)),
+                [&](int64_t lo, int64_t hi) {
+                  for (int64_t plane = lo; plane < hi; ++plane) {
+                    const float share = LoadF(dyp[plane]) / static_cast<float>(size);
+                    T* dst = dxp + plane * size;
+                    for (int64_t i = 0; i < size; ++i) StoreF(&dst[i], share);
+                  }
+                });
+  });
+  return absl::OkStatus();
+}
+
+// ---- BatchNormalizationGrad --------------------------------------------------
+
+absl::Status BatchNormGradKernel(KernelContext& ctx) {
+  const TensorView& x = ctx.input(1);
+  const TensorView& scale_view = ctx.input(2);
+  if (x.dims.size() < 2) {
+    return ctx.Error(absl::StrCat("input 1 (X) must have rank >= 2 ([N, C, ...]); it is ",
+                                  DimsString(x.dims)));
+  }
+  if (absl::Status st = RequireSameDType(ctx, 0, "dY", 1, "X"); !st.ok()) return st;
+  if (absl::Status st = RequireDims(ctx, 0, "dY", x.dims, "X's shape"); !st.ok()) return st;
+  const int64_t batch = x.dims[0], channels = x.dims[1];
+  const int64_t inner = Product(x.dims, 2);
+  if (scale_view.dims.size() != 1 || scale_view.dims[0] != channels) {
+    return ctx.Error(absl::StrCat("input 2 (scale) is ", DimsString(scale_view.dims),
+                                  "; expected [", channels, "] (C of X ", DimsString(x.dims),
+                                  ")"));
+  }
+  const double epsilon = ctx.GetFloat("epsilon", 1e-5f);
+  const Float32In xf(x);
+  const Float32In dyf(ctx.input(0));
+  const Float32In scale(scale_view);
+  const double count = static_cast<double>(batch * inner);
+  std::vector<double> mean(channels), inv_std(channels), d_scale(channels), d_bias(channels);
+  ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t c = lo; c < hi; ++c) {
+      double sum = 0;
+      for (int64_t n = 0; n < batch; ++n) {
+        const float* row = xf.data() + (n * channels + c) * inner;
+        for (int64_t i = 0; i < inner; ++i) sum += row[i];
+      }
+      const double m = count > 0 ? sum / count : 0.0;
+      double sq = 0, dsum = 0, dxsum = 0;
+      for (int64_t n = 0; n < batch; ++n) {
+        const float* row = xf.data() + (n * channels + c) * inner;
+        const float* drow = dyf.data() + (n * channels + c) * inner;
+        for (int64_t i = 0; i < inner; ++i) {
+          const double centred = row[i] - m;
+          sq += centred * centred;
+          dsum += drow[i];
+          dxsum += drow[i] * centred;
+        }
+      }
+      const double var = count > 0 ? sq / count : 0.0;
+      mean[c] = m;
+      inv_std[c] = 1.0 / std::sqrt(var + epsilon);
+      d_bias[c] = dsum;
+      d_scale[c] = dxsum * inv_std[c];  // sum(dY * x_hat)
+    }
+  });
+  if (WantsOutput(ctx, 0)) {
+    CASTOR_ASSIGN_OR_RETURN(TensorView * dx_view, ctx.Output(0, x.dtype, x.dims));
+    const Float32Out dx(dx_view);
+    // dX = scale * inv_std * (dY - dBias / M - x_hat * dScale / M)
+    ParallelFor(0, batch * channels, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const int64_t c = r % channels;
+        const float a = static_cast<float>(scale.data()[c] * inv_std[c]);
+        const float m = static_cast<float>(mean[c]);
+        const float is = static_cast<float>(inv_std[c]);
+        const float mean_dy = static_cast<float>(d_bias[c] / count);
+        const float mean_dy_xhat = static_cast<float>(d_scale[c] / count);
+        const float* xr = xf.data() + r * inner;
+        const float* dyr = dyf.data() + r * inner;
+        float* dxr = dx.data() + r * inner;
+        for (int64_t i = 0; i < inner; ++i) {
+          const float x_hat = (xr[i] - m) * is;
+          dxr[i] = a * (dyr[i] - mean_dy - x_hat * mean_dy_xhat);
+        }
+      }
+    });
+    dx.Finish();
+  }
+  if (WantsOutput(ctx, 1)) {
+    if (absl::Status st = WriteDoubles(ctx, 1, scale_view.dtype, scale_view.dims, d_scale);
+        !st.ok()) {
+      return st;
+    }
+  }
+  if (WantsOutput(ctx, 2)) {
+    if (absl::Status st = WriteDoubles(ctx, 2, scale_view.dtype, scale_view.dims, d_bias);
+        !st.ok()) {
+      return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---- LayerNormalizationGrad ----------------------------------------------------
+
+absl::Status LayerNormGradKernel(KernelContext& ctx) {
+  const TensorView& x = ctx.input(1);
+  const TensorView& scale_view = ctx.input(2);
+  if (absl::Status st = RequireSameDType(ctx, 0, "dY", 1, "X"); !st.ok()) return st;
+  if (absl::Status st = RequireDims(ctx, 0, "dY", x.dims, "X's shape"); !st.ok()) return st;
+  const int64_t rank = static_cast<int64_t>(x.dims.size());
+  const int64_t axis_attr = ctx.GetInt("axis", -1);
+  const int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
+  if (axis < 0 || axis >= rank) {
+    return ctx.Error(absl::StrCat("attribute 'axis' ", axis_attr,
+                                  " is out of range for input 1 (X) ", DimsString(x.dims)));
+  }
+  const int64_t outer = Product(x.dims, 0, axis);
+  const int64_t inner = Product(x.dims, axis);
+  // scale (right-aligned against X's axes from `axis` on, 1 = broadcast):
+  // the scale element of each of the `inner` positions.
+  const std::vector<int64_t>& sd = scale_view.dims;
+  const int64_t norm_rank = rank - axis;
+  bool scale_ok = static_cast<int64_t>(sd.size()) <= norm_rank;
+  for (size_t i = 0; scale_ok && i < sd.size(); ++i) {
+    const int64_t xd = x.dims[rank - sd.size() + i];
+    scale_ok = sd[i] == xd || sd[i] == 1;
+  }
+  if (!scale_ok) {
+    return ctx.Error(absl::StrCat("input 2 (scale) ", DimsString(sd),
+                                  " does not broadcast to X's normalised axes ",
+                                  DimsString(std::vector<int64_t>(x.dims.begin() + axis,
+                                                                  x.dims.end()))));
+  }
+  std::vector<int64_t> scale_index(static_cast<size_t>(inner));
+  for (int64_t j = 0; j < inner; ++j) {
+    int64_t rem = j, index = 0, step = 1;
+    for (int64_t d = rank - 1, k = static_cast<int64_t>(sd.size()) - 1; d >= axis; --d, --k) {
+      const int64_t pos = rem % x.dims[d];
+      rem /= x.dims[d];
+      if (k >= 0) {
+        if (sd[k] != 1) index += pos * step;
+        step *= sd[k];
+      }
+    }
+    scale_index[j] = index;
+  }
+  const int64_t scale_size = scale_view.num_elements();
+  const double epsilon = ctx.GetFloat("epsilon", 1e-5f);
+  const Float32In xf(x);
+  const Float32In dyf(ctx.input(0));
+  const Float32In scale(scale_view);
+  TensorView* dx_view = nullptr;
+  if (WantsOutput(ctx, 0)) {
+    CASTOR_ASSIGN_OR_RETURN(dx_view, ctx.Output(0, x.dtype, x.dims));
+  }
+  std::optional<Float32Out> dx;
+  if (dx_view) dx.emplace(dx_view);
+  const int64_t slices = SliceCount(std::max<int64_t>(outer, 1));
+  std::vector<std::vector<double>> d_scale(static_cast<size_t>(slices)),
+      d_bias(static_cast<size_t>(slices));
+  ParallelFor(0, slices, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<double> x_hat(static_cast<size_t>(inner)), g(static_cast<size_t>(inner));
+    for (int64_t slice = lo; slice < hi; ++slice) {
+      std::vector<double>& ds = d_scale[slice];
+      std::vector<double>& db = d_bias[slice];
+      ds.assign(static_cast<size_t>(scale_size), 0.0);
+      db.assign(static_cast<size_t>(scale_size), 0.0);
+      for (int64_t r = SliceBegin(slice, slices, outer); r < SliceBegin(slice + 1, slices, outer);
+           ++r) {
+        const float* xr = xf.data() + r * inner;
+        const float* dyr = dyf.data() + r * inner;
+        double sum = 0;
+        for (int64_t j = 0; j < inner; ++j) sum += xr[j];
+        const double m = inner > 0 ? sum / inner : 0.0;
+        double sq = 0;
+        for (int64_t j = 0; j < inner; ++j) sq += (xr[j] - m) * (xr[j] - m);
+        const double inv_std = 1.0 / std::sqrt((inner > 0 ? sq / inner : 0.0) + epsilon);
+        double g_mean = 0, g_xhat_mean = 0;
+        for (int64_t j = 0; j < inner; ++j) {
+          x_hat[j] = (xr[j] - m) * inv_std;
+          g[j] = static_cast<double>(dyr[j]) * scale.data()[scale_index[j]];
+          g_mean += g[j];
+          g_xhat_mean += g[j] * x_hat[j];
+          ds[scale_index[j]] += dyr[j] * x_hat[j];
+          db[scale_index[j]] += dyr[j];
+        }
+        if (!dx) continue;
+        g_mean /= static_cast<double>(inner);
+        g_xhat_mean /= static_cast<double>(inner);
+        float* dxr = dx->data() + r * inner;
+        for (int64_t j = 0; j < inner; ++j) {
+          dxr[j] = static_cast<float>(inv_std * (g[j] - g_mean - x_hat[j] * g_xhat_mean));
+        }
+      }
+    }
+  });
+  if (dx) dx->Finish();
+  for (int64_t slice = 1; slice < slices; ++slice) {
+    for (int64_t i = 0; i < scale_size; ++i) {
+      d_scale[0][i] += d_scale[slice][i];
+      d_bias[0][i] += d_bias[slice][i];
+    }
+  }
+  if (WantsOutput(ctx, 1)) {
+    if (absl::Status st = WriteDoubles(ctx, 1, scale_view.dtype, sd, d_scale[0]); !st.ok()) {
+      return st;
+    }
+  }
+  if (WantsOutput(ctx, 2)) {
+    if (absl::Status st = WriteDoubles(ctx, 2, scale_view.dtype, sd, d_bias[0]); !st.ok()) {
+      return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---- SoftmaxGrad / LogSoftmaxGrad --------------------------------------------
+
+template <bool kLog>
+absl::Status SoftmaxGradKernel(KernelContext& ctx) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& y = ctx.input(1);
+  if (absl::Status st = RequireSameDType(ctx, 0, "dY", 1, "Y"); !st.ok()) return st;
+  if (absl::Status st = RequireDims(ctx, 0, "dY", y.dims, "Y's shape"); !st.ok()) return st;
+  const int64_t rank = static_cast<int64_t>(y.dims.size());
+  const int64_t axis_attr = ctx.GetInt("axis", -1);
+  const int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
+  if (rank == 0 || axis < 0 || axis >= rank) {
+    return ctx.Error(absl::StrCat("attribute 'axis' ", axis_attr,
+                                  " is out of range for input 1 (Y) ", DimsString(y.dims)));
+  }
+  const int64_t outer = Product(y.dims, 0, axis);
+  const int64_t n = y.dims[axis];
+  const int64_t inner = Product(y.dims, axis + 1);
+  CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, y.dtype, y.dims));
+  DispatchFloat(y.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* dyp = dy.as<T>();
+    const T* yp = y.as<T>();
+    T* dxp = dx->as<T>();
+    const int64_t lines = outer * inner;
+    ParallelFor(0, lines, std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, n)),
+                [&](int64_t lo, int64_t hi) {
+                  for (int64_t line = lo; line < hi; ++line) {
+                    const int64_t base = (line / inner) * n * inner + line % inner;
+                    float sum = 0;
+                    for (int64_t k = 0; k < n; ++k) {
+                      const int64_t i = base + k * inner;
+                      sum += kLog ? LoadF(dyp[i]) : LoadF(dyp[i]) * LoadF(yp[i]);
+                    }
+                    for (int64_t k = 0; k < n; ++k) {
+                      const int64_t i = base + k * inner;
+                      const float yv = LoadF(yp[i]);
+                      const float g = LoadF(dyp[i]);
+                      StoreF(&dxp[i], kLog ? g - std::exp(yv) * sum : yv * (g - sum));
+                    }
+                  }
+                });
+  });
+  return absl::OkStatus();
+}
+
+// ---- SoftmaxCrossEntropyLossGrad ---------------------------------------------
+
+int64_t LabelAt(const TensorView& labels, int64_t i) {
+  return labels.dtype == DType::kInt32 ? labels.as<int32_t>()[i] : labels.as<int64_t>()[i];
+}
+
+absl::Status SoftmaxCrossEntropyLossGradKernel(KernelContext& ctx) {
+  const TensorView& d_loss = ctx.input(0);
+  const TensorView& scores = ctx.input(1);
+  const TensorView& labels = ctx.input(2);
+  const TensorView* weights = ctx.has_input(3) ? &ctx.input(3) : nullptr;
+  const std::string reduction = ctx.GetString("reduction", "mean");
+  const bool has_ignore = ctx.node().has_attribute("ignore_index");
+  const int64_t ignore_index = ctx.GetInt("ignore_index", 0);
+  if (reduction != "none" && reduction != "sum" && reduction != "mean") {
+    return ctx.Error(absl::StrCat("attribute 'reduction' is \"", reduction,
+                                  "\"; expected \"mean\", \"sum\" or \"none\""));
+  }
+  if (scores.dims.size() < 2) {
+    return ctx.Error(absl::StrCat("input 1 (scores) must have rank >= 2 ([N, C, d1, ...]); it is ",
+                                  DimsString(scores.dims)));
+  }
+  if (absl::Status st = RequireSameDType(ctx, 0, "dLoss", 1, "scores"); !st.ok()) return st;
+  if (labels.dtype != DType::kInt32 && labels.dtype != DType::kInt64) {
+    return ctx.Error(absl::StrCat("input 2 (labels) is ", DTypeName(labels.dtype),
+                                  "; expected int32 or int64"));
+  }
+  const int64_t batch = scores.dims[0], classes = scores.dims[1];
+  const int64_t inner = Product(scores.dims, 2);
+  std::vector<int64_t> label_dims = {batch};
+  label_dims.insert(label_dims.end(), scores.dims.begin() + 2, scores.dims.end());
+  if (absl::Status st = RequireDims(ctx, 2, "labels", label_dims, "scores without C"); !st.ok()) {
+    return st;
+  }
+  if (weights != nullptr) {
+    if (absl::Status st = RequireSameDType(ctx, 3, "weights", 1, "scores"); !st.ok()) return st;
+    if (absl::Status st = RequireDims(ctx, 3, "weights", {classes}, "one per class"); !st.ok()) {
+      return st;
+    }
+  }
+  if (reduction == "none") {
+    if (absl::Status st = RequireDims(ctx, 0, "dLoss", label_dims, "labels' shape for 'none'");
+        !st.ok()) {
+      return st;
+    }
+  } else if (d_loss.num_elements() != 1) {
+    return ctx.Error(absl::StrCat("input 0 (dLoss) is ", DimsString(d_loss.dims),
+                                  "; expected a scalar for reduction \"", reduction, "\""));
+  }
+  const int64_t positions = batch * inner;
+  std::optional<Float32In> w;
+  if (weights != nullptr) w.emplace(*weights);
+  const Float32In dl(d_loss);
+  double weight_total = 0;
+  for (int64_t p = 0; p < positions; ++p) {
+    const int64_t label = LabelAt(labels, p);
+    if (has_ignore && label == ignore_index) continue;
+    if (label < 0 || label >= classes) {
+      return ctx.Error(absl::StrCat(
+          "input 2 (labels): label ", label, " at position ", p, " is out of range [0, ",
+          classes, ")",
+          has_ignore ? absl::StrCat(" and is not ignore_index ", ignore_index) : std::string()));
+    }
+    weight_total += weights != nullptr ? w->data()[label] : 1.0;
+  }
+  const float scale =
+      reduction == "mean" ? static_cast<float>(1.0 / weight_total) : 1.0f;  // 0 / 0: NaN
+  CASTOR_ASSIGN_OR_RETURN(TensorView * ds, ctx.Output(0, scores.dtype, scores.dims));
+  DispatchFloat(scores.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* x = scores.as<T>();
+    T* out = ds->as<T>();
+    const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, classes));
+    ParallelFor(0, positions, grain, [&](int64_t lo, int64_t hi) {
+      std::vector<float> e(static_cast<size_t>(classes));
+      for (int64_t p = lo; p < hi; ++p) {
+        const int64_t n = p / inner, d = p % inner;
+        const T* column = x + n * classes * inner + d;
+        T* out_column = out + n * classes * inner + d;
+        const int64_t label = LabelAt(labels, p);
+        if (has_ignore && label == ignore_index) {
+          for (int64_t c = 0; c < classes; ++c) StoreF(&out_column[c * inner], 0.0f);
+          continue;
+        }
+        const float upstream = reduction == "none" ? dl.data()[p] : dl.data()[0];
+        const float factor = (weights != nullptr ? w->data()[label] : 1.0f) * upstream * scale;
+        float max_value = -std::numeric_limits<float>::infinity();
+        for (int64_t c = 0; c < classes; ++c) {
+          max_value = std::max(max_value, LoadF(column[c * inner]));
+        }
+        float sum = 0;
+        for (int64_t c = 0; c < classes; ++c) {
+          e[c] = std::exp(LoadF(column[c * inner]) - max_value);
+          sum += e[c];
+        }
+        for (int64_t c = 0; c < classes; ++c) {
+          const float prob = e[c] / sum;
+          StoreF(&out_column[c * inner], (prob - (c == label ? 1.0f : 0.0f)) * factor);
+        }
+      }
+    });
+  });
+  return absl::OkStatus();
+}
+
+// ---- ReluGrad ------------------------------------------------------------------
+
+absl::Status ReluGradKernel(KernelContext& ctx) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& y = ctx.input(1);
+  if (absl::Status st = RequireSameDType(ctx, 0, "dY", 1, "Y"); !st.ok()) return st;
+  if (absl::Status st = RequireDims(ctx, 0, "dY", y.dims, "Y's shape"); !st.ok()) return st;
+  CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, y.dtype, y.dims));
+  DispatchFloat(y.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* dyp = dy.as<T>();
+    const T* yp = y.as<T>();
+    T* dxp = dx->as<T>();
+    ParallelFor(0, y.num_elements(), kElementGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        if (LoadF(yp[i]) > 0.0f) {
+          dxp[i] = dyp[i];
+        } else {
+          StoreF(&dxp[i], 0.0f);
+        }
+      }
+    });
+  });
+  return absl::OkStatus();
+}
+
+// ---- ReduceToShapeOf -----------------------------------------------------------
+
+absl::Status ReduceToShapeOfKernel(KernelContext& ctx) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& x = ctx.input(1);
+  const size_t rank = dy.dims.size();
+  if (x.dims.size() > rank) {
+    return ctx.Error(absl::StrCat("input 1 (X) ", DimsString(x.dims),
+                                  " has more axes than input 0 (dY) ", DimsString(dy.dims)));
+  }
+  // Axes of dY, merged where neighbours are both kept or both summed.
+  std::vector<int64_t> sizes;
+  std::vector<bool> summed;
+  for (size_t d = 0; d < rank; ++d) {
+    const size_t offset = rank - x.dims.size();
+    const int64_t xd = d < offset ? 1 : x.dims[d - offset];
+    if (xd != dy.dims[d] && xd != 1) {
+      return ctx.Error(absl::StrCat("input 1 (X) ", DimsString(x.dims),
+                                    " does not broadcast to input 0 (dY) ", DimsString(dy.dims)));
+    }
+    if (dy.dims[d] == 1) continue;
+    const bool sum_axis = xd == 1;
+    if (!sizes.empty() && summed.back() == sum_axis) {
+      sizes.back() *= dy.dims[d];
+    } else {
+      sizes.push_back(dy.dims[d]);
+      summed.push_back(sum_axis);
+    }
+  }
+  const int axes = static_cast<int>(sizes.size());
+  std::vector<int64_t> strides(axes);
+  int64_t step = 1;
+  for (int d = axes - 1; d >= 0; --d) {
+    strides[d] = step;
+    step *= sizes[d];
+  }
+  std::vector<int> kept, reduced;
+  for (int d = 0; d < axes; ++d) (summed[d] ? reduced : kept).push_back(d);
+  CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, dy.dtype, x.dims));
+  const int64_t out_count = dx->num_elements();
+  int64_t reduce_count = 1;
+  for (int d : reduced) reduce_count *= sizes[d];
+  if (dy.num_elements() == 0) reduce_count = 0;
+  // The innermost summed axis runs as a plain strided loop.
+  const int64_t last_size = reduced.empty() ? 1 : sizes[reduced.back()];
+  const int64_t last_stride = reduced.empty() ? 0 : strides[reduced.back()];
+  const int64_t outer_count = last_size > 0 ? reduce_count / last_size : 0;
+  DispatchFloat(dy.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* dyp = dy.as<T>();
+    T* dxp = dx->as<T>();
+    const int64_t grain = std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, reduce_count));
+    ParallelFor(0, out_count, grain, [&](int64_t lo, int64_t hi) {
+      for (int64_t o = lo; o < hi; ++o) {
+        int64_t base = 0, rem = o;
+        for (int k = static_cast<int>(kept.size()) - 1; k >= 0; --k) {
+          base += rem % sizes[kept[k]] * strides[kept[k]];
+          rem /= sizes[kept[k]];
+        }
+        double sum = 0;
+        for (int64_t r = 0; r < outer_count; ++r) {
+          int64_t offset = base, rr = r;
+          for (int k = static_cast<int>(reduced.size()) - 2; k >= 0; --k) {
+            offset += rr % sizes[reduced[k]] * strides[reduced[k]];
+            rr /= sizes[reduced[k]];
+          }
+          const T* src = dyp + offset;
+          float partial = 0;
+          for (int64_t i = 0; i < last_size; ++i) partial += LoadF(src[i * last_stride]);
+          sum += partial;
+        }
+        StoreF(&dxp[o], static_cast<float>(sum));
+      }
+    });
+  });
+  return absl::OkStatus();
+}
+
+// ---- GatherGrad ------------------------------------------------------------------
+
+absl::Status GatherGradKernel(KernelContext& ctx) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& indices = ctx.input(1);
+  const TensorView& data = ctx.input(2);
+  if (absl::Status st = RequireSameDType(ctx, 0, "dY", 2, "data"); !st.ok()) return st;
+  if (indices.dtype != DType::kInt32 && indices.dtype != DType::kInt64) {
+    return ctx.Error(absl::StrCat("input 1 (indices) is ", DTypeName(indices.dtype),
+                                  "; expected int32 or int64"));
+  }
+  const int64_t rank = static_cast<int64_t>(data.dims.size());
+  const int64_t axis_attr = ctx.GetInt("axis", 0);
+  const int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
+  if (axis < 0 || axis >= rank) {
+    return ctx.Error(absl::StrCat("attribute 'axis' ", axis_attr,
+                                  " is out of range for input 2 (data) ", DimsString(data.dims)));
+  }
+  std::vector<int64_t> y_dims(data.dims.begin(), data.dims.begin() + axis);
+  y_dims.insert(y_dims.end(), indices.dims.begin(), indices.dims.end());
+  y_dims.insert(y_dims.end(), data.dims.begin() + axis + 1, data.dims.end());
+  if (absl::Status st = RequireDims(ctx, 0, "dY", y_dims, "Gather's output for data and indices");
+      !st.ok()) {
+    return st;
+  }
+  const int64_t outer = Product(data.dims, 0, axis);
+  const int64_t axis_dim = data.dims[axis];
+  const int64_t inner = Product(data.dims, axis + 1);
+  const int64_t count = indices.num_elements();
+  std::vector<int64_t> wrapped(static_cast<size_t>(count));
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t index = LabelAt(indices, k);
+    if (index < -axis_dim || index >= axis_dim) {
+      return ctx.Error(absl::StrCat("input 1 (indices): index ", index, " at position ", k,
+                                    " is out of range [", -axis_dim, ", ", axis_dim, ")"));
+    }
+    wrapped[k] = index < 0 ? index + axis_dim : index;
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * dd, ctx.Output(0, data.dtype, data.dims));
+  const Float32Out out(dd);
+  constexpr int64_t kBlock = 256;
+  const int64_t blocks = (inner + kBlock - 1) / kBlock;
+  DispatchFloat(dy.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* dyp = dy.as<T>();
+    float* acc = out.data();
+    ParallelFor(0, outer * blocks, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t task = lo; task < hi; ++task) {
+        const int64_t o = task / blocks;
+        const int64_t i0 = task % blocks * kBlock;
+        const int64_t i1 = std::min(inner, i0 + kBlock);
+        for (int64_t k = 0; k < count; ++k) {
+          const T* src = dyp + (o * count + k) * inner;
+          float* dst = acc + (o * axis_dim + wrapped[k]) * inner;
+          for (int64_t i = i0; i < i1; ++i) dst[i] += LoadF(src[i]);
+        }
+      }
+    });
+  });
+  out.Finish();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void RegisterGradientKernels(KernelTable& table) {
+  auto add = [&](const char* op, KernelFn fn) {
+    table.Register({kCastorDomain, op, FloatDTypesIn(kGradDTypes), fn});
+  };
+  add("ConvGrad", ConvGradKernel);
+  add("MaxPoolGrad", PoolGradKernel<true>);
+  add("AveragePoolGrad", PoolGradKernel<false>);
+  add("GlobalAveragePoolGrad", GlobalAveragePoolGradKernel);
+  add("BatchNormalizationGrad", BatchNormGradKernel);
+  add("LayerNormalizationGrad", LayerNormGradKernel);
+  add("SoftmaxGrad", SoftmaxGradKernel<false>);
+  add("LogSoftmaxGrad", SoftmaxGradKernel<true>);
+  add("SoftmaxCrossEntropyLossGrad", SoftmaxCrossEntropyLossGradKernel);
+  add("ReluGrad", ReluGradKernel);
+  add("ReduceToShapeOf", ReduceToShapeOfKernel);
+  add("GatherGrad", GatherGradKernel);
+}
+
+}  // namespace castor::cpu

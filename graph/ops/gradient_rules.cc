@@ -1,0 +1,546 @@
+// The gradient rules: for each differentiable op, how the autodiff pass
+// (passes/autodiff.h) turns the gradients of its outputs into gradients of
+// its inputs, written with ONNX ops and castor's gradient ops (domain
+// com.castor, graph/ops/gradient_ops.cc); and, for each op that has no
+// gradient on purpose, the reason. Rules keep dtypes: every input gradient
+// has its input's dtype (a Cast's gradient casts back).
+//
+// Conventions: `dy` is the gradient of output 0; Unbroadcast() sums a
+// gradient down to an input that numpy broadcasting expanded. Backward
+// values have no types until the pass infers them at the end, so dtypes are
+// read from forward values (a gradient has its value's dtype).
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "graph/gradient_builder.h"
+#include "graph/op_registry.h"
+#include "graph/ops/all_ops.h"
+#include "graph/status.h"
+
+namespace castor {
+namespace {
+
+using Rule = absl::Status (*)(GradientBuilder&);
+
+// `grad` (shaped like the node's output) summed down to `input`'s shape;
+// equal (possibly symbolic) shapes mean nothing was broadcast.
+absl::StatusOr<Value*> Unbroadcast(GradientBuilder& g, Value* grad, Value* input) {
+  const Shape& out = g.output(0)->shape();
+  if (out.rank_known() && out == input->shape()) return grad;
+  return g.Emit1("ReduceToShapeOf", {grad, input}, {}, kCastorDomain);
+}
+
+absl::Status SetUnbroadcast(GradientBuilder& g, int i, Value* grad) {
+  if (!g.wants_input_grad(i)) return absl::OkStatus();
+  CASTOR_ASSIGN_OR_RETURN(Value * reduced, Unbroadcast(g, grad, g.input(i)));
+  g.SetInputGrad(i, reduced);
+  return absl::OkStatus();
+}
+
+// ---- elementwise -------------------------------------------------------------
+
+absl::Status AddGradient(GradientBuilder& g) {
+  CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, 0, g.output_grad(0)));
+  return SetUnbroadcast(g, 1, g.output_grad(0));
+}
+
+absl::Status SumGradient(GradientBuilder& g) {
+  for (int i = 0; i < g.node().num_inputs(); ++i) {
+    CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, i, g.output_grad(0)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SubGradient(GradientBuilder& g) {
+  CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, 0, g.output_grad(0)));
+  if (!g.wants_input_grad(1)) return absl::OkStatus();
+  CASTOR_ASSIGN_OR_RETURN(Value * negated, g.Emit1("Neg", {g.output_grad(0)}));
+  return SetUnbroadcast(g, 1, negated);
+}
+
+absl::Status MulGradient(GradientBuilder& g) {
+  for (int i : {0, 1}) {
+    if (!g.wants_input_grad(i)) continue;
+    CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Mul", {g.output_grad(0), g.input(1 - i)}));
+    CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, i, grad));
+  }
+  return absl::OkStatus();
+}
+
+// Y = A / B: dA = dY / B, dB = -dY * Y / B.
+absl::Status DivGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * over_b, g.Emit1("Div", {g.output_grad(0), g.input(1)}));
+  CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, 0, over_b));
+  if (!g.wants_input_grad(1)) return absl::OkStatus();
+  CASTOR_ASSIGN_OR_RETURN(Value * scaled, g.Emit1("Mul", {over_b, g.output(0)}));
+  CASTOR_ASSIGN_OR_RETURN(Value * negated, g.Emit1("Neg", {scaled}));
+  return SetUnbroadcast(g, 1, negated);
+}
+
+absl::Status NegGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Neg", {g.output_grad(0)}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+absl::Status IdentityGradient(GradientBuilder& g) {
+  g.SetInputGrad(0, g.output_grad(0));
+  return absl::OkStatus();
+}
+
+// Y = Cast(X): dX = Cast(dY) back to X's dtype.
+absl::Status CastGradient(GradientBuilder& g) {
+  Value* x = g.input(0);
+  if (x->dtype() == g.output(0)->dtype()) return IdentityGradient(g);
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Cast", {g.output_grad(0)},
+                                                {Attribute::Int("to", DTypeToOnnx(x->dtype()))}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+absl::Status ReluGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("ReluGrad", {g.output_grad(0), g.output(0)}, {},
+                                                kCastorDomain));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// dX = dY * f(X, Y) for unary ops whose derivative is one product.
+absl::Status TimesDerivative(GradientBuilder& g, Value* derivative) {
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Mul", {g.output_grad(0), derivative}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = exp(X): dX = dY * Y.
+absl::Status ExpGradient(GradientBuilder& g) { return TimesDerivative(g, g.output(0)); }
+
+// Y = log(X): dX = dY / X.
+absl::Status LogGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Div", {g.output_grad(0), g.input(0)}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = sqrt(X): dX = dY / (2 Y).
+absl::Status SqrtGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * two, g.Scalar(2.0, g.output(0)->dtype()));
+  CASTOR_ASSIGN_OR_RETURN(Value * twice, g.Emit1("Mul", {g.output(0), two}));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Div", {g.output_grad(0), twice}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = tanh(X): dX = dY * (1 - Y^2).
+absl::Status TanhGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * one, g.Scalar(1.0, g.output(0)->dtype()));
+  CASTOR_ASSIGN_OR_RETURN(Value * square, g.Emit1("Mul", {g.output(0), g.output(0)}));
+  CASTOR_ASSIGN_OR_RETURN(Value * derivative, g.Emit1("Sub", {one, square}));
+  return TimesDerivative(g, derivative);
+}
+
+// Y = sigmoid(X): dX = dY * Y * (1 - Y).
+absl::Status SigmoidGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * one, g.Scalar(1.0, g.output(0)->dtype()));
+  CASTOR_ASSIGN_OR_RETURN(Value * complement, g.Emit1("Sub", {one, g.output(0)}));
+  CASTOR_ASSIGN_OR_RETURN(Value * derivative, g.Emit1("Mul", {g.output(0), complement}));
+  return TimesDerivative(g, derivative);
+}
+
+// Y = erf(X): dX = dY * 2/sqrt(pi) * exp(-X^2).
+absl::Status ErfGradient(GradientBuilder& g) {
+  const DType dtype = g.input(0)->dtype();
+  CASTOR_ASSIGN_OR_RETURN(Value * square, g.Emit1("Mul", {g.input(0), g.input(0)}));
+  CASTOR_ASSIGN_OR_RETURN(Value * negated, g.Emit1("Neg", {square}));
+  CASTOR_ASSIGN_OR_RETURN(Value * gauss, g.Emit1("Exp", {negated}));
+  CASTOR_ASSIGN_OR_RETURN(Value * scale, g.Scalar(2.0 / std::sqrt(M_PI), dtype));
+  CASTOR_ASSIGN_OR_RETURN(Value * derivative, g.Emit1("Mul", {gauss, scale}));
+  return TimesDerivative(g, derivative);
+}
+
+// Y = A ^ B: dA = dY * B * A^(B-1); dB = dY * Y * log(A).
+absl::Status PowGradient(GradientBuilder& g) {
+  Value* a = g.input(0);
+  Value* b = g.input(1);
+  Value* dy = g.output_grad(0);
+  if (g.wants_input_grad(0)) {
+    Value* b_as_a = b;
+    if (b->dtype() != a->dtype()) {
+      CASTOR_ASSIGN_OR_RETURN(b_as_a, g.Emit1("Cast", {b}, {Attribute::Int("to", DTypeToOnnx(a->dtype()))}));
+    }
+    CASTOR_ASSIGN_OR_RETURN(Value * one, g.Scalar(1.0, a->dtype()));
+    CASTOR_ASSIGN_OR_RETURN(Value * b_minus_one, g.Emit1("Sub", {b_as_a, one}));
+    CASTOR_ASSIGN_OR_RETURN(Value * power, g.Emit1("Pow", {a, b_minus_one}));
+    CASTOR_ASSIGN_OR_RETURN(Value * derivative, g.Emit1("Mul", {power, b_as_a}));
+    CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Mul", {dy, derivative}));
+    CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, 0, grad));
+  }
+  if (g.wants_input_grad(1)) {
+    CASTOR_ASSIGN_OR_RETURN(Value * log_a, g.Emit1("Log", {a}));
+    CASTOR_ASSIGN_OR_RETURN(Value * scaled, g.Emit1("Mul", {g.output(0), log_a}));
+    CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Mul", {dy, scaled}));
+    if (b->dtype() != a->dtype()) {
+      CASTOR_ASSIGN_OR_RETURN(grad, g.Emit1("Cast", {grad}, {Attribute::Int("to", DTypeToOnnx(b->dtype()))}));
+    }
+    CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, 1, grad));
+  }
+  return absl::OkStatus();
+}
+
+// ---- matrix products -----------------------------------------------------------
+
+// `value` with its last two axes swapped.
+absl::StatusOr<Value*> SwapLastAxes(GradientBuilder& g, Value* value) {
+  const int rank = value->shape().rank();
+  std::vector<int64_t> perm(rank);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::swap(perm[rank - 1], perm[rank - 2]);
+  return g.Emit1("Transpose", {value}, {Attribute::Ints("perm", perm)});
+}
+
+// Y = A @ B (rank >= 2, batch dims broadcast): dA = dY @ B^T, dB = A^T @ dY.
+absl::Status MatMulGradient(GradientBuilder& g) {
+  Value* a = g.input(0);
+  Value* b = g.input(1);
+  if (a->shape().rank() < 2 || b->shape().rank() < 2) {
+    return absl::UnimplementedError(absl::StrCat(
+        "MatMul with a 1-D input (ranks ", a->shape().rank(), " and ", b->shape().rank(),
+        ") has no gradient rule yet; reshape the vector to a matrix"));
+  }
+  if (g.wants_input_grad(0)) {
+    CASTOR_ASSIGN_OR_RETURN(Value * b_t, SwapLastAxes(g, b));
+    CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("MatMul", {g.output_grad(0), b_t}));
+    CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, 0, grad));
+  }
+  if (g.wants_input_grad(1)) {
+    CASTOR_ASSIGN_OR_RETURN(Value * a_t, SwapLastAxes(g, a));
+    CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("MatMul", {a_t, g.output_grad(0)}));
+    CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, 1, grad));
+  }
+  return absl::OkStatus();
+}
+
+// Y = alpha * op(A) @ op(B) + beta * C, op = optional transpose. Each input
+// gradient is one Gemm with the transposes arranged so no Transpose node is
+// needed.
+absl::Status GemmGradient(GradientBuilder& g) {
+  const Node& node = g.node();
+  const bool trans_a = node.GetInt("transA", 0) != 0;
+  const bool trans_b = node.GetInt("transB", 0) != 0;
+  const float alpha = node.GetFloat("alpha", 1.0f);
+  const float beta = node.GetFloat("beta", 1.0f);
+  Value* a = g.input(0);
+  Value* b = g.input(1);
+  Value* dy = g.output_grad(0);
+  auto gemm = [&](Value* left, Value* right, bool t_left, bool t_right) {
+    return g.Emit1("Gemm", {left, right},
+                   {Attribute::Float("alpha", alpha), Attribute::Int("transA", t_left),
+                    Attribute::Int("transB", t_right)});
+  };
+  if (g.wants_input_grad(0)) {
+    // dA = dY B^T (no transposes), with op(B) and op(A) folded in.
+    absl::StatusOr<Value*> grad = trans_a ? (trans_b ? gemm(b, dy, true, true)
+                                                     : gemm(b, dy, false, true))
+                                          : (trans_b ? gemm(dy, b, false, false)
+                                                     : gemm(dy, b, false, true));
+    CASTOR_RETURN_IF_ERROR(grad.status());
+    g.SetInputGrad(0, *grad);
+  }
+  if (g.wants_input_grad(1)) {
+    absl::StatusOr<Value*> grad = trans_b ? (trans_a ? gemm(dy, a, true, true)
+                                                     : gemm(dy, a, true, false))
+                                          : (trans_a ? gemm(a, dy, false, false)
+                                                     : gemm(a, dy, true, false));
+    CASTOR_RETURN_IF_ERROR(grad.status());
+    g.SetInputGrad(1, *grad);
+  }
+  if (g.wants_input_grad(2)) {
+    Value* grad = dy;
+    if (beta != 1.0f) {
+      CASTOR_ASSIGN_OR_RETURN(Value * scale, g.Scalar(beta, g.output(0)->dtype()));
+      CASTOR_ASSIGN_OR_RETURN(grad, g.Emit1("Mul", {dy, scale}));
+    }
+    CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, 2, grad));
+  }
+  return absl::OkStatus();
+}
+
+// ---- shape and data movement -------------------------------------------------------
+
+// Reshape, Flatten, Squeeze, Unsqueeze: dX = Reshape(dY, Shape(X)).
+absl::Status ReshapeLikeInputGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * shape, g.ShapeOf(g.input(0)));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Reshape", {g.output_grad(0), shape}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+absl::Status TransposeGradient(GradientBuilder& g) {
+  const int rank = g.input(0)->shape().rank();
+  std::vector<int64_t> perm = g.node().GetInts("perm", {});
+  if (perm.empty()) {  // default: reverse the axes
+    for (int i = rank - 1; i >= 0; --i) perm.push_back(i);
+  }
+  std::vector<int64_t> inverse(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) inverse[perm[i]] = static_cast<int64_t>(i);
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Transpose", {g.output_grad(0)},
+                                                {Attribute::Ints("perm", inverse)}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// ---- reductions ------------------------------------------------------------------------
+
+// ReduceSum / ReduceMean: dY (with the reduced axes restored) expanded to X,
+// divided by the number of reduced elements for the mean.
+absl::Status ReduceGradient(GradientBuilder& g, bool mean) {
+  const Node& node = g.node();
+  Value* x = g.input(0);
+  Value* dy = g.output_grad(0);
+  const bool keepdims = node.GetInt("keepdims", 1) != 0;
+  if (!keepdims) {
+    std::vector<int64_t> axes = node.GetInts("axes", {});
+    Value* axes_value = nullptr;
+    if (axes.empty() && node.input(1) != nullptr) {
+      axes_value = node.input(1);  // axes as an input (ReduceSum 13+, ReduceMean 18+)
+    } else if (axes.empty()) {
+      for (int i = 0; i < x->shape().rank(); ++i) axes.push_back(i);
+    }
+    if (axes_value == nullptr) {
+      CASTOR_ASSIGN_OR_RETURN(axes_value, g.Int64s(axes));
+    }
+    CASTOR_ASSIGN_OR_RETURN(dy, g.Emit1("Unsqueeze", {dy, axes_value}));
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * shape, g.ShapeOf(x));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Expand", {dy, shape}));
+  if (mean) {
+    // count = Size(X) / Size(Y), as a scalar of X's dtype.
+    CASTOR_ASSIGN_OR_RETURN(Value * x_size, g.Emit1("Size", {x}));
+    CASTOR_ASSIGN_OR_RETURN(Value * y_size, g.Emit1("Size", {g.output(0)}));
+    const auto to = Attribute::Int("to", DTypeToOnnx(DType::kFloat32));
+    CASTOR_ASSIGN_OR_RETURN(Value * x_count, g.Emit1("Cast", {x_size}, {to}));
+    CASTOR_ASSIGN_OR_RETURN(Value * y_count, g.Emit1("Cast", {y_size}, {to}));
+    CASTOR_ASSIGN_OR_RETURN(Value * fraction, g.Emit1("Div", {y_count, x_count}));
+    if (x->dtype() != DType::kFloat32) {
+      CASTOR_ASSIGN_OR_RETURN(fraction, g.Emit1("Cast", {fraction},
+                                                {Attribute::Int("to", DTypeToOnnx(x->dtype()))}));
+    }
+    CASTOR_ASSIGN_OR_RETURN(grad, g.Emit1("Mul", {grad, fraction}));
+  }
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+absl::Status ReduceSumGradient(GradientBuilder& g) { return ReduceGradient(g, false); }
+absl::Status ReduceMeanGradient(GradientBuilder& g) { return ReduceGradient(g, true); }
+
+// ---- ops with a castor gradient op ------------------------------------------------------
+
+// Copies the forward node's attributes (those the gradient op shares).
+std::vector<Attribute> SharedAttributes(const Node& node, const std::vector<std::string>& names) {
+  std::vector<Attribute> attributes;
+  for (const std::string& name : names) {
+    if (const Attribute* attribute = node.attribute(name)) attributes.push_back(*attribute);
+  }
+  return attributes;
+}
+
+absl::Status ConvGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(
+      std::vector<Value*> grads,
+      g.Emit("ConvGrad", {g.output_grad(0), g.input(0), g.input(1)}, 3,
+             SharedAttributes(g.node(), {"auto_pad", "dilations", "group", "kernel_shape", "pads",
+                                         "strides"}),
+             kCastorDomain));
+  for (int i = 0; i < 3; ++i) g.SetInputGrad(i, grads[i]);
+  return absl::OkStatus();
+}
+
+absl::Status MaxPoolGradient(GradientBuilder& g) {
+  if (g.output_grad(1) != nullptr) {
+    return absl::UnimplementedError("a gradient through MaxPool's Indices output");
+  }
+  CASTOR_ASSIGN_OR_RETURN(
+      Value * grad,
+      g.Emit1("MaxPoolGrad", {g.output_grad(0), g.input(0)},
+              SharedAttributes(g.node(), {"auto_pad", "ceil_mode", "dilations", "kernel_shape",
+                                          "pads", "storage_order", "strides"}),
+              kCastorDomain));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+absl::Status AveragePoolGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(
+      Value * grad,
+      g.Emit1("AveragePoolGrad", {g.output_grad(0), g.input(0)},
+              SharedAttributes(g.node(), {"auto_pad", "ceil_mode", "count_include_pad",
+                                          "kernel_shape", "pads", "strides"}),
+              kCastorDomain));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+absl::Status GlobalAveragePoolGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("GlobalAveragePoolGrad",
+                                                {g.output_grad(0), g.input(0)}, {}, kCastorDomain));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Training-mode BatchNormalization: gradients of X, scale and B; the running
+// statistics (inputs 3 and 4) are state, not parameters.
+absl::Status BatchNormalizationGradient(GradientBuilder& g) {
+  const Node& node = g.node();
+  if (node.GetInt("training_mode", 0) == 0 && node.num_outputs() == 1) {
+    return absl::FailedPreconditionError(
+        "BatchNormalization in inference mode (training_mode=0) is not differentiated; the "
+        "training graph builder switches it to training mode first");
+  }
+  if (g.wants_input_grad(3) || g.wants_input_grad(4)) {
+    return absl::InvalidArgumentError(
+        "its running mean/variance (inputs 3 and 4) are training state, not parameters");
+  }
+  CASTOR_ASSIGN_OR_RETURN(
+      std::vector<Value*> grads,
+      g.Emit("BatchNormalizationGrad", {g.output_grad(0), g.input(0), g.input(1)}, 3,
+             SharedAttributes(node, {"epsilon"}), kCastorDomain));
+  for (int i = 0; i < 3; ++i) g.SetInputGrad(i, grads[i]);
+  return absl::OkStatus();
+}
+
+absl::Status LayerNormalizationGradient(GradientBuilder& g) {
+  if (g.output_grad(1) != nullptr || g.output_grad(2) != nullptr) {
+    return absl::UnimplementedError("a gradient through LayerNormalization's Mean/InvStdDev");
+  }
+  CASTOR_ASSIGN_OR_RETURN(
+      std::vector<Value*> grads,
+      g.Emit("LayerNormalizationGrad", {g.output_grad(0), g.input(0), g.input(1)}, 3,
+             SharedAttributes(g.node(), {"axis", "epsilon"}), kCastorDomain));
+  for (int i = 0; i < 3; ++i) g.SetInputGrad(i, grads[i]);
+  return absl::OkStatus();
+}
+
+absl::Status SoftmaxGradient(GradientBuilder& g) {
+  if (g.opset() < 13) {
+    return absl::UnimplementedError("Softmax before opset 13 (coerced 2-D semantics)");
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * grad,
+                          g.Emit1("SoftmaxGrad", {g.output_grad(0), g.output(0)},
+                                  SharedAttributes(g.node(), {"axis"}), kCastorDomain));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+absl::Status LogSoftmaxGradient(GradientBuilder& g) {
+  if (g.opset() < 13) {
+    return absl::UnimplementedError("LogSoftmax before opset 13 (coerced 2-D semantics)");
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * grad,
+                          g.Emit1("LogSoftmaxGrad", {g.output_grad(0), g.output(0)},
+                                  SharedAttributes(g.node(), {"axis"}), kCastorDomain));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+absl::Status SoftmaxCrossEntropyLossGradient(GradientBuilder& g) {
+  if (g.output_grad(1) != nullptr) {
+    return absl::UnimplementedError("a gradient through SoftmaxCrossEntropyLoss's log_prob");
+  }
+  if (g.wants_input_grad(2)) {
+    return absl::InvalidArgumentError("class weights (input 2) are not trainable");
+  }
+  std::vector<Value*> inputs = {g.output_grad(0), g.input(0), g.input(1)};
+  if (g.input(2) != nullptr) inputs.push_back(g.input(2));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad,
+                          g.Emit1("SoftmaxCrossEntropyLossGrad", inputs,
+                                  SharedAttributes(g.node(), {"reduction", "ignore_index"}),
+                                  kCastorDomain));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+absl::Status GatherGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * grad,
+                          g.Emit1("GatherGrad", {g.output_grad(0), g.input(1), g.input(0)},
+                                  SharedAttributes(g.node(), {"axis"}), kCastorDomain));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+struct RuleEntry {
+  const char* op_type;
+  Rule rule;
+};
+
+constexpr RuleEntry kRules[] = {
+    {"Add", AddGradient},
+    {"Sub", SubGradient},
+    {"Mul", MulGradient},
+    {"Div", DivGradient},
+    {"Sum", SumGradient},
+    {"Neg", NegGradient},
+    {"Identity", IdentityGradient},
+    {"Cast", CastGradient},
+    {"Relu", ReluGradient},
+    {"Exp", ExpGradient},
+    {"Log", LogGradient},
+    {"Sqrt", SqrtGradient},
+    {"Tanh", TanhGradient},
+    {"Sigmoid", SigmoidGradient},
+    {"Erf", ErfGradient},
+    {"Pow", PowGradient},
+    {"MatMul", MatMulGradient},
+    {"Gemm", GemmGradient},
+    {"Reshape", ReshapeLikeInputGradient},
+    {"Flatten", ReshapeLikeInputGradient},
+    {"Squeeze", ReshapeLikeInputGradient},
+    {"Unsqueeze", ReshapeLikeInputGradient},
+    {"Transpose", TransposeGradient},
+    {"ReduceSum", ReduceSumGradient},
+    {"ReduceMean", ReduceMeanGradient},
+    {"Conv", ConvGradient},
+    {"MaxPool", MaxPoolGradient},
+    {"AveragePool", AveragePoolGradient},
+    {"GlobalAveragePool", GlobalAveragePoolGradient},
+    {"BatchNormalization", BatchNormalizationGradient},
+    {"LayerNormalization", LayerNormalizationGradient},
+    {"Softmax", SoftmaxGradient},
+    {"LogSoftmax", LogSoftmaxGradient},
+    {"SoftmaxCrossEntropyLoss", SoftmaxCrossEntropyLossGradient},
+    {"Gather", GatherGradient},
+};
+
+struct NoGradientEntry {
+  const char* domain;
+  const char* op_type;
+  const char* reason;
+};
+
+constexpr NoGradientEntry kNoGradient[] = {
+    {"", "Shape", "its output is an integer shape"},
+    {"", "Size", "its output is an integer count"},
+    {"", "Constant", "it has no inputs"},
+    {"", "ConstantOfShape", "its only input is an integer shape"},
+    {"", "Range", "its output does not depend smoothly on its inputs (integer steps)"},
+    {"", "Equal", "its output is boolean"},
+    {"", "ArgMax", "its output is an integer index"},
+    {"", "ArgMin", "its output is an integer index"},
+    {kTrainingDomain, "Adam", "an optimizer update is not differentiated"},
+    {kTrainingDomain, "Adagrad", "an optimizer update is not differentiated"},
+    {kTrainingDomain, "Momentum", "an optimizer update is not differentiated"},
+};
+
+}  // namespace
+
+void AssignGradientRules(OpRegistry& registry) {
+  for (const RuleEntry& entry : kRules) registry.SetGradient("", entry.op_type, entry.rule);
+  for (const NoGradientEntry& entry : kNoGradient) {
+    registry.SetNoGradient(entry.domain, entry.op_type, entry.reason);
+  }
+}
+
+}  // namespace castor

@@ -1,0 +1,308 @@
+// Tests for passes/autodiff.h and the gradient rules (graph/ops/
+// gradient_rules.cc): for each rule, a finite-difference check. A small model
+// computes Y from parameters given as graph inputs; the loss is
+// L = ReduceSum(Y * R) for a fixed random R; the autodiff pass appends the
+// backward graph; the CPU backend runs it; every gradient element is
+// compared with the central difference (L(p + h) - L(p - h)) / 2h
+// accumulated in double. Inputs avoid kinks (no value within 2h of one).
+// Plus: 16-bit activations get 16-bit gradients and the Cast rule casts
+// back, contributions of a value used twice are summed, and the errors
+// (an op without a gradient, a parameter that does not reach the loss, a
+// non-scalar loss) name what is wrong.
+#include <cmath>
+#include <functional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/executor.h"
+#include "gmock/gmock.h"
+#include "graph/shape_inference.h"
+#include "gtest/gtest.h"
+#include "passes/autodiff.h"
+#include "passes/verifier.h"
+
+namespace castor {
+namespace {
+
+using ::testing::HasSubstr;
+
+template <typename T>
+T ValueOrDie(absl::StatusOr<T> result) {
+  EXPECT_TRUE(result.ok()) << result.status();
+  if (!result.ok()) std::abort();
+  return *std::move(result);
+}
+
+CpuBackend& Cpu() {
+  static CpuBackend* backend = new CpuBackend();
+  return *backend;
+}
+
+// Values spread over [lo, hi] avoiding |x| < gap (kinks at 0, FD steps).
+Tensor RandomTensor(std::vector<int64_t> dims, std::mt19937& rng, float lo = -1.0f,
+                    float hi = 1.0f, float gap = 0.05f) {
+  Tensor tensor(DType::kFloat32, dims);
+  std::uniform_real_distribution<float> uniform(lo, hi);
+  for (int64_t i = 0; i < tensor.num_elements(); ++i) {
+    float v = uniform(rng);
+    while (std::fabs(v) < gap) v = uniform(rng);
+    tensor.data<float>()[i] = v;
+  }
+  return tensor;
+}
+
+// Builds: parameters (graph inputs) -> body -> Y; L = ReduceSum(Y * R).
+class GradCheck {
+ public:
+  explicit GradCheck(int64_t opset = 17) : rng_(1234) { model_.opset_imports = {{"", opset}}; }
+
+  Graph& graph() { return *model_.graph; }
+  std::mt19937& rng() { return rng_; }
+
+  // A parameter with random values (or given ones).
+  Value* Parameter(const std::string& name, std::vector<int64_t> dims, float lo = -1.0f,
+                   float hi = 1.0f) {
+    Tensor value = RandomTensor(dims, rng_, lo, hi);
+    Value* input = ValueOrDie(graph().AddInput(name, DType::kFloat32, Shape::FromDims(dims)));
+    feeds_.emplace_back(name, std::move(value));
+    parameters_.push_back(name);
+    return input;
+  }
+  Value* Constant(const std::string& name, Tensor value) {
+    return ValueOrDie(graph().AddInitializer(name, std::move(value)));
+  }
+  Value* Op(const std::string& op_type, const std::vector<Value*>& inputs,
+            std::vector<Attribute> attributes = {}, int num_outputs = 1) {
+    std::vector<std::string> names;
+    for (int k = 0; k < num_outputs; ++k) names.push_back(absl::StrCat(op_type, "_", count_, "_", k));
+    Node* node = ValueOrDie(graph().AddNode(op_type, inputs, names, absl::StrCat(op_type, "_", count_++)));
+    for (Attribute& attribute : attributes) node->SetAttribute(std::move(attribute));
+    return node->output(0);
+  }
+
+  // Finishes the model with the loss and the backward graph; checks every
+  // gradient against central differences.
+  void Check(Value* y, double rtol = 2e-3, double atol = 2e-4, double step = 1e-3) {
+    ASSERT_TRUE(InferTypes(model_).ok());
+    Value* r = Constant("R", RandomTensor(ValueOrDie(ToDims(y)), rng_));
+    Value* weighted = Op("Mul", {y, r});
+    Value* loss = Op("ReduceSum", {weighted}, {Attribute::Int("keepdims", 0)});
+    graph().AddOutput(loss);
+    absl::Status inferred = InferTypes(model_);
+    ASSERT_TRUE(inferred.ok()) << inferred;
+    AutodiffResult result =
+        ValueOrDie(BuildGradients(model_, AutodiffRequest{loss->name(), parameters_, ""}));
+    for (const auto& [parameter, gradient] : result.gradients) {
+      graph().AddOutput(graph().FindValue(gradient));
+    }
+    absl::Status verified = VerifyModel(model_);
+    ASSERT_TRUE(verified.ok()) << verified;
+    auto executor = ValueOrDie(Executor::Create(model_, Cpu()));
+    const std::vector<Tensor> outputs = ValueOrDie(executor->Run(feeds_));
+    for (size_t p = 0; p < parameters_.size(); ++p) {
+      const Tensor& analytic = outputs[1 + p];
+      ASSERT_EQ(analytic.dtype(), DType::kFloat32);
+      Tensor& value = feeds_[p].second;
+      ASSERT_EQ(analytic.num_elements(), value.num_elements()) << parameters_[p];
+      for (int64_t i = 0; i < value.num_elements(); ++i) {
+        const float saved = value.data<float>()[i];
+        value.data<float>()[i] = saved + static_cast<float>(step);
+        const double up = ValueOrDie(executor->Run(feeds_))[0].data<float>()[0];
+        value.data<float>()[i] = saved - static_cast<float>(step);
+        const double down = ValueOrDie(executor->Run(feeds_))[0].data<float>()[0];
+        value.data<float>()[i] = saved;
+        const double numeric = (up - down) / (2 * step);
+        const double got = analytic.data<float>()[i];
+        EXPECT_NEAR(got, numeric, atol + rtol * std::fabs(numeric))
+            << "d loss / d " << parameters_[p] << "[" << i << "]";
+      }
+    }
+  }
+
+  Model& model() { return model_; }
+
+ private:
+  static absl::StatusOr<std::vector<int64_t>> ToDims(const Value* value) {
+    std::optional<std::vector<int64_t>> dims = value->shape().StaticDims();
+    if (!dims) return absl::InvalidArgumentError("Y needs a static shape");
+    return *dims;
+  }
+
+  Model model_;
+  std::mt19937 rng_;
+  std::vector<std::pair<std::string, Tensor>> feeds_;
+  std::vector<std::string> parameters_;
+  int count_ = 0;
+};
+
+TEST(GradientRuleTest, AddSubMulDivSameShapes) {
+  for (const char* op : {"Add", "Sub", "Mul", "Div"}) {
+    SCOPED_TRACE(op);
+    GradCheck check;
+    Value* a = check.Parameter("a", {2, 3});
+    Value* b = check.Parameter("b", {2, 3}, 0.5f, 1.5f);
+    check.Check(check.Op(op, {a, b}));
+  }
+}
+
+TEST(GradientRuleTest, ValueUsedTwiceSumsItsContributions) {
+  GradCheck check;
+  Value* a = check.Parameter("a", {3, 2});
+  Value* square = check.Op("Mul", {a, a});
+  check.Check(check.Op("Add", {square, a}));
+}
+
+TEST(GradientRuleTest, UnaryOps) {
+  struct Case {
+    const char* op;
+    float lo, hi;
+  };
+  for (const Case& c : std::vector<Case>{{"Neg", -1, 1},
+                                         {"Identity", -1, 1},
+                                         {"Exp", -1, 1},
+                                         {"Log", 0.5f, 2},
+                                         {"Sqrt", 0.5f, 2},
+                                         {"Tanh", -1, 1},
+                                         {"Sigmoid", -2, 2},
+                                         {"Erf", -1.5f, 1.5f}}) {
+    SCOPED_TRACE(c.op);
+    GradCheck check;
+    Value* x = check.Parameter("x", {2, 5}, c.lo, c.hi);
+    check.Check(check.Op(c.op, {x}));
+  }
+}
+
+TEST(GradientRuleTest, PowBaseAndExponent) {
+  GradCheck check;
+  Value* a = check.Parameter("a", {2, 3}, 0.5f, 1.5f);
+  Value* b = check.Parameter("b", {2, 3}, 1.0f, 3.0f);
+  check.Check(check.Op("Pow", {a, b}));
+}
+
+TEST(GradientRuleTest, MatMulTwoDimensionalAndBatched) {
+  {
+    GradCheck check;
+    Value* a = check.Parameter("a", {3, 4});
+    Value* b = check.Parameter("b", {4, 2});
+    check.Check(check.Op("MatMul", {a, b}));
+  }
+  {
+    GradCheck check;
+    Value* a = check.Parameter("a", {2, 3, 4});
+    Value* b = check.Parameter("b", {2, 4, 2});
+    check.Check(check.Op("MatMul", {a, b}));
+  }
+}
+
+TEST(GradientRuleTest, GemmEveryTransposeCombinationAlphaBeta) {
+  for (int trans_a : {0, 1}) {
+    for (int trans_b : {0, 1}) {
+      SCOPED_TRACE(absl::StrCat("transA=", trans_a, " transB=", trans_b));
+      GradCheck check;
+      Value* a = check.Parameter("a", trans_a ? std::vector<int64_t>{4, 3} : std::vector<int64_t>{3, 4});
+      Value* b = check.Parameter("b", trans_b ? std::vector<int64_t>{2, 4} : std::vector<int64_t>{4, 2});
+      Value* c = check.Parameter("c", {3, 2});
+      check.Check(check.Op("Gemm", {a, b, c},
+                           {Attribute::Int("transA", trans_a), Attribute::Int("transB", trans_b),
+                            Attribute::Float("alpha", 0.75f), Attribute::Float("beta", 1.5f)}));
+    }
+  }
+}
+
+TEST(GradientRuleTest, ReshapeFlattenTranspose) {
+  {
+    GradCheck check;
+    Value* x = check.Parameter("x", {2, 3, 4});
+    Value* shape = check.Constant("shape", Tensor::Int64s({4, 6}));
+    check.Check(check.Op("Reshape", {x, shape}));
+  }
+  {
+    GradCheck check;
+    Value* x = check.Parameter("x", {2, 3, 2});
+    check.Check(check.Op("Flatten", {x}, {Attribute::Int("axis", 1)}));
+  }
+  {
+    GradCheck check;
+    Value* x = check.Parameter("x", {2, 3, 4});
+    check.Check(check.Op("Transpose", {x}, {Attribute::Ints("perm", {1, 2, 0})}));
+  }
+}
+
+TEST(GradientRuleTest, ReduceSumAndMeanWithAndWithoutKeepdims) {
+  for (int keepdims : {0, 1}) {
+    SCOPED_TRACE(absl::StrCat("keepdims=", keepdims));
+    GradCheck sum;
+    Value* x = sum.Parameter("x", {2, 3, 4});
+    Value* axes = sum.Constant("axes", Tensor::Int64s({1}));
+    sum.Check(sum.Op("ReduceSum", {x, axes}, {Attribute::Int("keepdims", keepdims)}));
+    GradCheck mean;
+    Value* y = mean.Parameter("x", {2, 3, 4});
+    mean.Check(mean.Op("ReduceMean", {y}, {Attribute::Ints("axes", {0, 2}),
+                                          Attribute::Int("keepdims", keepdims)}));
+  }
+}
+
+TEST(GradientRuleTest, CastToFloat16AndBackGivesFloat32Gradients) {
+  // x (float32 master) -> Cast float16 -> Mul float16 -> Cast float32: the
+  // gradient of x is float32; the 16-bit path rounds, so the tolerance is
+  // float16's.
+  GradCheck check;
+  Value* x = check.Parameter("x", {2, 4});
+  Value* w = check.Parameter("w", {2, 4});
+  Value* x16 = check.Op("Cast", {x}, {Attribute::Int("to", 10)});
+  Value* w16 = check.Op("Cast", {w}, {Attribute::Int("to", 10)});
+  Value* product = check.Op("Mul", {x16, w16});
+  check.Check(check.Op("Cast", {product}, {Attribute::Int("to", 1)}), /*rtol=*/2e-2,
+              /*atol=*/2e-2, /*step=*/5e-2);
+  // The backward graph kept the 16-bit gradients 16-bit.
+  for (const Node* node : check.model().graph->nodes()) {
+    if (node->name().rfind("Mul_2/grad/", 0) == 0 && node->op_type() == "Mul") {
+      EXPECT_EQ(node->output(0)->dtype(), DType::kFloat16) << node->name();
+    }
+  }
+}
+
+TEST(AutodiffTest, ErrorsNameTheNodeTheParameterAndTheLoss) {
+  {
+    GradCheck check;
+    Value* x = check.Parameter("x", {2, 3});
+    Value* arg = check.Op("ArgMax", {x});
+    Value* as_float = check.Op("Cast", {arg}, {Attribute::Int("to", 1)});
+    Value* loss = check.Op("ReduceSum", {as_float}, {Attribute::Int("keepdims", 0)});
+    ASSERT_TRUE(InferTypes(check.model()).ok());
+    absl::StatusOr<AutodiffResult> result =
+        BuildGradients(check.model(), AutodiffRequest{loss->name(), {"x"}, ""});
+    ASSERT_FALSE(result.ok());
+    EXPECT_THAT(result.status().message(), HasSubstr("parameter 'x' does not affect the loss"));
+  }
+  {
+    GradCheck check;
+    Value* x = check.Parameter("x", {2, 3});
+    Value* cumsum_axis = check.Constant("axis", Tensor::Int64s({1}));
+    Value* y = check.Op("CumSum", {x, cumsum_axis});
+    Value* loss = check.Op("ReduceSum", {y}, {Attribute::Int("keepdims", 0)});
+    ASSERT_TRUE(InferTypes(check.model()).ok());
+    absl::StatusOr<AutodiffResult> result =
+        BuildGradients(check.model(), AutodiffRequest{loss->name(), {"x"}, ""});
+    ASSERT_FALSE(result.ok());
+    EXPECT_THAT(result.status().message(),
+                HasSubstr("cannot train through node 'CumSum_0' (CumSum)"));
+  }
+  {
+    GradCheck check;
+    Value* x = check.Parameter("x", {2, 3});
+    Value* y = check.Op("Neg", {x});
+    ASSERT_TRUE(InferTypes(check.model()).ok());
+    absl::StatusOr<AutodiffResult> result =
+        BuildGradients(check.model(), AutodiffRequest{y->name(), {"x"}, ""});
+    ASSERT_FALSE(result.ok());
+    EXPECT_THAT(result.status().message(), HasSubstr("expected a single element"));
+  }
+}
+
+}  // namespace
+}  // namespace castor

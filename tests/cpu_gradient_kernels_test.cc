@@ -1,0 +1,707 @@
+// castor's gradient ops (graph/ops/gradient_ops.cc, backend/cpu/gradient_kernels.cc)
+// against finite differences of their forward ONNX ops on the CPU backend:
+// for float32 inputs x and a random upstream gradient dY, each kernel's
+// gradient is compared with central differences of L(x) = sum(forward(x) *
+// dY) (the forward runs in float64 on the same values, h = 1e-3). Also: one
+// float16 and one bfloat16 case per op family against the float32 kernel on
+// the same (rounded) inputs, MaxPoolGrad's tie rule, SoftmaxCrossEntropyLossGrad's
+// ignore_index and weights, the registry entries, and error messages for
+// bad inputs.
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "graph/gradient_builder.h"
+#include "graph/half.h"
+#include "graph/op_registry.h"
+#include "gtest/gtest.h"
+#include "tests/kernel_test_util.h"
+
+namespace castor {
+namespace {
+
+using testing::SingleNode;
+
+constexpr double kStep = 1e-3;
+constexpr double kRelTol = 1e-2;
+constexpr double kAbsTol = 1e-3;
+
+CpuBackend& Backend() {
+  static CpuBackend* backend = new CpuBackend();
+  return *backend;
+}
+
+int64_t Count(const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+// A tensor of `dtype` holding `values` (rounded to the dtype).
+Tensor Make(DType dtype, const std::vector<int64_t>& dims, const std::vector<double>& values) {
+  Tensor t(dtype, dims);
+  EXPECT_EQ(static_cast<int64_t>(values.size()), t.num_elements());
+  for (int64_t i = 0; i < t.num_elements(); ++i) {
+    const double v = values[i];
+    switch (dtype) {
+      case DType::kFloat32: t.data<float>()[i] = static_cast<float>(v); break;
+      case DType::kFloat64: t.data<double>()[i] = v; break;
+      case DType::kFloat16: t.data<uint16_t>()[i] = FloatToHalfBits(static_cast<float>(v)); break;
+      case DType::kBFloat16:
+        t.data<uint16_t>()[i] = FloatToBFloat16Bits(static_cast<float>(v));
+        break;
+      case DType::kInt32: t.data<int32_t>()[i] = static_cast<int32_t>(v); break;
+      case DType::kInt64: t.data<int64_t>()[i] = static_cast<int64_t>(v); break;
+      default: ADD_FAILURE() << "Make: unsupported dtype"; break;
+    }
+  }
+  return t;
+}
+
+std::vector<double> Values(const Tensor& t) {
+  std::vector<double> v(static_cast<size_t>(t.num_elements()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = t.GetDouble(static_cast<int64_t>(i));
+  return v;
+}
+
+Tensor Convert(const Tensor& t, DType dtype) { return Make(dtype, t.dims(), Values(t)); }
+
+// Uniform in [lo, hi), float32-exact.
+std::vector<double> Random(int64_t n, unsigned seed, double lo = -1.0, double hi = 1.0) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> real(lo, hi);
+  std::vector<double> v(static_cast<size_t>(n));
+  for (double& x : v) x = static_cast<float>(real(rng));
+  return v;
+}
+
+Tensor RandomTensor(const std::vector<int64_t>& dims, unsigned seed, double lo = -1.0,
+                    double hi = 1.0) {
+  return Make(DType::kFloat32, dims, Random(Count(dims), seed, lo, hi));
+}
+
+// Runs one node; a failure is reported and gives no outputs.
+std::vector<Tensor> RunOp(const std::string& op, std::vector<Tensor> inputs,
+                        std::vector<Attribute> attrs, int num_outputs = 1,
+                        const std::string& domain = kCastorDomain, int64_t opset = 1,
+                        std::vector<int> constant_inputs = {}) {
+  SingleNode node(op, std::move(inputs), std::move(attrs), opset, num_outputs, domain,
+                  std::move(constant_inputs));
+  absl::StatusOr<std::vector<Tensor>> out = node.Run(Backend());
+  if (!out.ok()) {
+    ADD_FAILURE() << op << ": " << out.status();
+    return {};
+  }
+  return *std::move(out);
+}
+
+// The status of building and running one node.
+absl::Status RunStatus(const std::string& op, std::vector<Tensor> inputs,
+                       std::vector<Attribute> attrs, int num_outputs = 1) {
+  SingleNode node(op, std::move(inputs), std::move(attrs), 1, num_outputs, kCastorDomain);
+  return node.Run(Backend()).status();
+}
+
+// Output 0 of the forward op for `inputs` (float64 where they are float).
+using Forward = std::function<Tensor(const std::vector<Tensor>&)>;
+
+Forward OnnxForward(const std::string& op, std::vector<Attribute> attrs, int64_t opset,
+                    int num_outputs = 1, std::vector<int> constant_inputs = {}) {
+  return [=](const std::vector<Tensor>& inputs) {
+    std::vector<Tensor> out = RunOp(op, inputs, attrs, num_outputs, "", opset, constant_inputs);
+    return out.empty() ? Tensor() : out[0];
+  };
+}
+
+// d/d inputs[wrt] of sum(forward(inputs) * dy) by central differences. Float
+// inputs run as float64.
+std::vector<double> NumericGradient(const Forward& forward, std::vector<Tensor> inputs, int wrt,
+                                    const std::vector<double>& dy, double h = kStep) {
+  for (Tensor& t : inputs) {
+    if (t.dtype() == DType::kFloat32) t = Convert(t, DType::kFloat64);
+  }
+  std::vector<double> grad(static_cast<size_t>(inputs[wrt].num_elements()));
+  for (size_t i = 0; i < grad.size(); ++i) {
+    std::vector<Tensor> plus = inputs, minus = inputs;
+    plus[wrt].data<double>()[i] += h;
+    minus[wrt].data<double>()[i] -= h;
+    const Tensor yp = forward(plus);
+    const Tensor ym = forward(minus);
+    if (yp.num_elements() != static_cast<int64_t>(dy.size()) ||
+        ym.num_elements() != static_cast<int64_t>(dy.size())) {
+      ADD_FAILURE() << "forward output has " << yp.num_elements() << " elements; dY has "
+                    << dy.size();
+      return grad;
+    }
+    double sum = 0;
+    for (size_t j = 0; j < dy.size(); ++j) {
+      sum += (yp.GetDouble(static_cast<int64_t>(j)) - ym.GetDouble(static_cast<int64_t>(j))) *
+             dy[j];
+    }
+    grad[i] = sum / (2 * h);
+  }
+  return grad;
+}
+
+void ExpectNear(const std::vector<double>& expected, const Tensor& actual, double rtol,
+                double atol, const std::string& what) {
+  ASSERT_EQ(static_cast<int64_t>(expected.size()), actual.num_elements()) << what;
+  int bad = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const double a = actual.GetDouble(static_cast<int64_t>(i));
+    if (!(std::fabs(a - expected[i]) <= atol + rtol * std::fabs(expected[i]))) {
+      if (++bad <= 5) {
+        ADD_FAILURE() << what << ": element " << i << " is " << a << ", expected "
+                      << expected[i];
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+// The gradient `grad` (a kernel output) against finite differences over
+// forward input `wrt`.
+void ExpectMatchesFiniteDifference(const Tensor& grad, const Forward& forward,
+                                   const std::vector<Tensor>& forward_inputs, int wrt,
+                                   const std::vector<double>& dy, const std::string& what) {
+  ExpectNear(NumericGradient(forward, forward_inputs, wrt, dy), grad, kRelTol, kAbsTol, what);
+}
+
+// Runs the gradient op on inputs converted to `dtype` (the indices in
+// `float_inputs`; the others as given) and on the same rounded values in
+// float32, and compares every output within one 16-bit rounding.
+void ExpectLowPrecisionMatches(const std::string& op, const std::vector<Tensor>& inputs,
+                               const std::vector<int>& float_inputs, std::vector<Attribute> attrs,
+                               int num_outputs, DType dtype) {
+  std::vector<Tensor> low = inputs, rounded = inputs;
+  for (int i : float_inputs) {
+    low[i] = Convert(inputs[i], dtype);
+    rounded[i] = Convert(low[i], DType::kFloat32);
+  }
+  const std::vector<Tensor> expected = RunOp(op, rounded, attrs, num_outputs);
+  const std::vector<Tensor> actual = RunOp(op, low, attrs, num_outputs);
+  ASSERT_EQ(expected.size(), static_cast<size_t>(num_outputs)) << op;
+  ASSERT_EQ(actual.size(), static_cast<size_t>(num_outputs)) << op;
+  const double rtol = dtype == DType::kFloat16 ? 1.0 / 1024 : 1.0 / 128;
+  for (int i = 0; i < num_outputs; ++i) {
+    const std::string what = op + " " + DTypeName(dtype) + " output " + std::to_string(i);
+    EXPECT_EQ(actual[i].dims(), expected[i].dims()) << what;
+    ExpectNear(Values(expected[i]), actual[i], rtol, 1e-6, what);
+  }
+}
+
+void ExpectLowPrecisionMatchesBoth(const std::string& op, const std::vector<Tensor>& inputs,
+                                   const std::vector<int>& float_inputs,
+                                   const std::vector<Attribute>& attrs, int num_outputs = 1) {
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    ExpectLowPrecisionMatches(op, inputs, float_inputs, attrs, num_outputs, dtype);
+  }
+}
+
+// ---- registry ----------------------------------------------------------------
+
+TEST(GradientOps, RegisteredWithCategoryAndNoSecondOrderGradient) {
+  const char* follow[] = {"ConvGrad", "MaxPoolGrad",     "AveragePoolGrad", "GlobalAveragePoolGrad",
+                          "ReluGrad", "ReduceToShapeOf", "GatherGrad"};
+  const char* deny[] = {"BatchNormalizationGrad", "LayerNormalizationGrad", "SoftmaxGrad",
+                        "LogSoftmaxGrad", "SoftmaxCrossEntropyLossGrad"};
+  auto check = [](const char* op, AutocastCategory category) {
+    const OpDef* def = OpRegistry::Global().Find(kCastorDomain, op);
+    ASSERT_NE(def, nullptr) << op;
+    EXPECT_EQ(def->autocast, category) << op;
+    EXPECT_EQ(def->no_gradient_reason, "second-order gradients are not supported") << op;
+    EXPECT_TRUE(Backend().kernels().HasOp(kCastorDomain, op)) << op;
+  };
+  for (const char* op : follow) check(op, AutocastCategory::kFollow);
+  for (const char* op : deny) check(op, AutocastCategory::kDeny);
+}
+
+// ---- ConvGrad ----------------------------------------------------------------
+
+void CheckConvGrad(const std::vector<int64_t>& x_dims, const std::vector<int64_t>& w_dims,
+                   const std::vector<Attribute>& attrs, unsigned seed) {
+  const Tensor x = RandomTensor(x_dims, seed);
+  const Tensor w = RandomTensor(w_dims, seed + 1);
+  const Tensor b = RandomTensor({w_dims[0]}, seed + 2);
+  const Forward conv = OnnxForward("Conv", attrs, 17);
+  const Tensor y = conv({Convert(x, DType::kFloat64), Convert(w, DType::kFloat64),
+                         Convert(b, DType::kFloat64)});
+  const Tensor dy = RandomTensor(y.dims(), seed + 3);
+  const std::vector<Tensor> out = RunOp("ConvGrad", {dy, x, w}, attrs, 3);
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].dims(), x_dims);
+  EXPECT_EQ(out[1].dims(), w_dims);
+  EXPECT_EQ(out[2].dims(), std::vector<int64_t>{w_dims[0]});
+  const std::vector<double> dyv = Values(dy);
+  ExpectMatchesFiniteDifference(out[0], conv, {x, w, b}, 0, dyv, "ConvGrad dX");
+  ExpectMatchesFiniteDifference(out[1], conv, {x, w, b}, 1, dyv, "ConvGrad dW");
+  ExpectMatchesFiniteDifference(out[2], conv, {x, w, b}, 2, dyv, "ConvGrad dB");
+}
+
+TEST(ConvGrad, MatchesFiniteDifferences2DGroupsStridesPadsDilations) {
+  CheckConvGrad({2, 4, 5, 6}, {6, 2, 3, 3},
+                {Attribute::Int("group", 2), Attribute::Ints("strides", {2, 1}),
+                 Attribute::Ints("pads", {1, 0, 1, 1}), Attribute::Ints("dilations", {1, 2})},
+                11);
+}
+
+TEST(ConvGrad, MatchesFiniteDifferences2DSingleImage) {
+  CheckConvGrad({1, 3, 4, 4}, {2, 3, 3, 3}, {Attribute::Ints("pads", {1, 1, 1, 1})}, 21);
+}
+
+TEST(ConvGrad, MatchesFiniteDifferences1D) {
+  CheckConvGrad({3, 3, 7}, {4, 3, 3}, {Attribute::Ints("strides", {2}),
+                                       Attribute::Ints("pads", {1, 1})},
+                31);
+}
+
+TEST(ConvGrad, MatchesFiniteDifferences3DSameUpper) {
+  CheckConvGrad({1, 2, 4, 3, 3}, {3, 2, 2, 2, 2},
+                {Attribute::String("auto_pad", "SAME_UPPER"), Attribute::Ints("strides", {2, 1, 1})},
+                41);
+}
+
+TEST(ConvGrad, OnlyRequestedOutputs) {
+  const Tensor x = RandomTensor({2, 2, 4, 4}, 51);
+  const Tensor w = RandomTensor({3, 2, 3, 3}, 52);
+  const Tensor dy = RandomTensor({2, 3, 2, 2}, 53);
+  const std::vector<Tensor> all = RunOp("ConvGrad", {dy, x, w}, {}, 3);
+  const std::vector<Tensor> dx_only = RunOp("ConvGrad", {dy, x, w}, {}, 1);
+  ASSERT_EQ(all.size(), 3u);
+  ASSERT_EQ(dx_only.size(), 1u);
+  EXPECT_EQ(Values(dx_only[0]), Values(all[0]));
+}
+
+TEST(ConvGrad, Float16AndBFloat16MatchFloat32) {
+  const Tensor x = RandomTensor({2, 4, 6, 6}, 61);
+  const Tensor w = RandomTensor({4, 2, 3, 3}, 62);
+  const Tensor dy = RandomTensor({2, 4, 3, 3}, 63);
+  ExpectLowPrecisionMatchesBoth(
+      "ConvGrad", {dy, x, w}, {0, 1, 2},
+      {Attribute::Int("group", 2), Attribute::Ints("strides", {2, 2}),
+       Attribute::Ints("pads", {1, 1, 0, 0})},
+      3);
+}
+
+// ---- pools -------------------------------------------------------------------
+
+// Distinct values 0.01 apart (more than 2h), shuffled: no ties, no kinks.
+Tensor DistinctTensor(const std::vector<int64_t>& dims, unsigned seed) {
+  std::vector<double> v(static_cast<size_t>(Count(dims)));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(0.01 * (i - v.size() / 2.0));
+  std::shuffle(v.begin(), v.end(), std::mt19937(seed));
+  return Make(DType::kFloat32, dims, v);
+}
+
+void CheckPoolGrad(const std::string& forward_op, const Tensor& x,
+                   const std::vector<Attribute>& attrs, int64_t opset, unsigned seed) {
+  const Forward pool = OnnxForward(forward_op, attrs, opset);
+  const Tensor y = pool({Convert(x, DType::kFloat64)});
+  const Tensor dy = RandomTensor(y.dims(), seed);
+  const std::vector<Tensor> out = RunOp(forward_op + "Grad", {dy, x}, attrs);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].dims(), x.dims());
+  ExpectMatchesFiniteDifference(out[0], pool, {x}, 0, Values(dy), forward_op + "Grad dX");
+}
+
+TEST(MaxPoolGrad, MatchesFiniteDifferencesOverlappingPadded) {
+  CheckPoolGrad("MaxPool", DistinctTensor({2, 2, 5, 5}, 71),
+                {Attribute::Ints("kernel_shape", {3, 3}), Attribute::Ints("strides", {2, 1}),
+                 Attribute::Ints("pads", {1, 1, 1, 1})},
+                17, 72);
+}
+
+TEST(MaxPoolGrad, MatchesFiniteDifferencesCeilModeDilations1DAnd3D) {
+  CheckPoolGrad("MaxPool", DistinctTensor({1, 3, 6, 7}, 73),
+                {Attribute::Ints("kernel_shape", {2, 2}), Attribute::Ints("strides", {2, 2}),
+                 Attribute::Ints("dilations", {2, 1}), Attribute::Int("ceil_mode", 1)},
+                17, 74);
+  CheckPoolGrad("MaxPool", DistinctTensor({2, 2, 9}, 75),
+                {Attribute::Ints("kernel_shape", {3}), Attribute::String("auto_pad", "SAME_UPPER")},
+                17, 76);
+  CheckPoolGrad("MaxPool", DistinctTensor({1, 2, 3, 4, 4}, 77),
+                {Attribute::Ints("kernel_shape", {2, 2, 2}), Attribute::Ints("strides", {1, 2, 1})},
+                17, 78);
+}
+
+TEST(MaxPoolGrad, TiesGoToTheFirstMaximumAndOverlapsAccumulate) {
+  // X = [[0, 0, 0], [0, 0, 0]], 2x2 windows at columns 0 and 1: each window's
+  // gradient goes to its first (top-left) element.
+  const Tensor zeros = Make(DType::kFloat32, {1, 1, 2, 3}, {0, 0, 0, 0, 0, 0});
+  const std::vector<Tensor> tie =
+      RunOp("MaxPoolGrad", {Make(DType::kFloat32, {1, 1, 1, 2}, {1, 2}), zeros},
+          {Attribute::Ints("kernel_shape", {2, 2})});
+  ASSERT_EQ(tie.size(), 1u);
+  EXPECT_EQ(Values(tie[0]), (std::vector<double>{1, 2, 0, 0, 0, 0}));
+  // X = [1, 5, 5, 2], windows of 2 with stride 1: window 0 and 1 both pick
+  // index 1 (the first 5), window 2 picks index 2.
+  const std::vector<Tensor> overlap =
+      RunOp("MaxPoolGrad",
+          {Make(DType::kFloat32, {1, 1, 3}, {1, 10, 100}),
+           Make(DType::kFloat32, {1, 1, 4}, {1, 5, 5, 2})},
+          {Attribute::Ints("kernel_shape", {2})});
+  ASSERT_EQ(overlap.size(), 1u);
+  EXPECT_EQ(Values(overlap[0]), (std::vector<double>{0, 11, 100, 0}));
+}
+
+TEST(MaxPoolGrad, Float16AndBFloat16MatchFloat32) {
+  ExpectLowPrecisionMatchesBoth(
+      "MaxPoolGrad", {RandomTensor({2, 3, 3, 3}, 81), DistinctTensor({2, 3, 6, 6}, 82)}, {0, 1},
+      {Attribute::Ints("kernel_shape", {3, 3}), Attribute::Ints("strides", {2, 2}),
+       Attribute::Ints("pads", {1, 1, 1, 1})});
+}
+
+TEST(AveragePoolGrad, MatchesFiniteDifferences) {
+  const std::vector<Attribute> base = {Attribute::Ints("kernel_shape", {3, 2}),
+                                       Attribute::Ints("strides", {2, 2}),
+                                       Attribute::Ints("pads", {1, 0, 1, 1})};
+  for (int include_pad : {0, 1}) {
+    for (int ceil_mode : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << "count_include_pad " << include_pad << " ceil_mode "
+                                      << ceil_mode);
+      std::vector<Attribute> attrs = base;
+      attrs.push_back(Attribute::Int("count_include_pad", include_pad));
+      attrs.push_back(Attribute::Int("ceil_mode", ceil_mode));
+      CheckPoolGrad("AveragePool", RandomTensor({2, 2, 6, 5}, 91), attrs, 17, 92);
+    }
+  }
+  CheckPoolGrad("AveragePool", RandomTensor({2, 3, 7}, 93),
+                {Attribute::Ints("kernel_shape", {3}), Attribute::String("auto_pad", "SAME_LOWER"),
+                 Attribute::Ints("strides", {2})},
+                17, 94);
+  CheckPoolGrad("AveragePool", RandomTensor({1, 2, 5, 5}, 95),
+                {Attribute::Ints("kernel_shape", {2, 2}), Attribute::Ints("dilations", {2, 2})},
+                19, 96);
+}
+
+TEST(AveragePoolGrad, Float16AndBFloat16MatchFloat32) {
+  ExpectLowPrecisionMatchesBoth(
+      "AveragePoolGrad", {RandomTensor({2, 3, 3, 3}, 101), RandomTensor({2, 3, 6, 6}, 102)},
+      {0, 1},
+      {Attribute::Ints("kernel_shape", {3, 3}), Attribute::Ints("strides", {2, 2}),
+       Attribute::Ints("pads", {1, 1, 1, 1}), Attribute::Int("count_include_pad", 1)});
+}
+
+TEST(GlobalAveragePoolGrad, MatchesFiniteDifferences) {
+  CheckPoolGrad("GlobalAveragePool", RandomTensor({2, 3, 4, 5}, 111), {}, 17, 112);
+  CheckPoolGrad("GlobalAveragePool", RandomTensor({3, 2, 5}, 113), {}, 17, 114);
+}
+
+TEST(GlobalAveragePoolGrad, Float16AndBFloat16MatchFloat32) {
+  ExpectLowPrecisionMatchesBoth("GlobalAveragePoolGrad",
+                                {RandomTensor({2, 3, 1, 1}, 121), RandomTensor({2, 3, 5, 3}, 122)},
+                                {0, 1}, {});
+}
+
+// ---- normalisation -------------------------------------------------------------
+
+TEST(BatchNormalizationGrad, MatchesFiniteDifferences) {
+  for (const std::vector<int64_t>& dims :
+       {std::vector<int64_t>{4, 3, 2, 3}, std::vector<int64_t>{6, 4}}) {
+    const int64_t c = dims[1];
+    const Tensor x = RandomTensor(dims, 131, -2.0, 2.0);
+    const Tensor scale = RandomTensor({c}, 132, 0.5, 1.5);
+    const Tensor bias = RandomTensor({c}, 133);
+    const Tensor mean = RandomTensor({c}, 134);
+    const Tensor var = RandomTensor({c}, 135, 0.5, 1.5);
+    const std::vector<Attribute> attrs = {Attribute::Float("epsilon", 1e-3f)};
+    std::vector<Attribute> forward_attrs = attrs;
+    forward_attrs.push_back(Attribute::Int("training_mode", 1));
+    const Forward bn = OnnxForward("BatchNormalization", forward_attrs, 15, 3);
+    const Tensor dy = RandomTensor(dims, 136);
+    const std::vector<Tensor> out = RunOp("BatchNormalizationGrad", {dy, x, scale}, attrs, 3);
+    ASSERT_EQ(out.size(), 3u);
+    const std::vector<Tensor> inputs = {x, scale, bias, mean, var};
+    ExpectMatchesFiniteDifference(out[0], bn, inputs, 0, Values(dy), "BN dX");
+    ExpectMatchesFiniteDifference(out[1], bn, inputs, 1, Values(dy), "BN dScale");
+    ExpectMatchesFiniteDifference(out[2], bn, inputs, 2, Values(dy), "BN dBias");
+  }
+}
+
+TEST(BatchNormalizationGrad, Float16AndBFloat16ActivationsWithFloat32Parameters) {
+  const Tensor x = RandomTensor({4, 3, 2, 2}, 141, -2.0, 2.0);
+  const Tensor dy = RandomTensor({4, 3, 2, 2}, 142);
+  const Tensor scale = RandomTensor({3}, 143, 0.5, 1.5);
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    const std::vector<Tensor> out =
+        RunOp("BatchNormalizationGrad", {Convert(dy, dtype), Convert(x, dtype), scale}, {}, 3);
+    ASSERT_EQ(out.size(), 3u);
+    EXPECT_EQ(out[0].dtype(), dtype);
+    EXPECT_EQ(out[1].dtype(), DType::kFloat32);
+    EXPECT_EQ(out[2].dtype(), DType::kFloat32);
+  }
+  ExpectLowPrecisionMatchesBoth("BatchNormalizationGrad", {dy, x, scale}, {0, 1}, {}, 3);
+}
+
+TEST(LayerNormalizationGrad, MatchesFiniteDifferences) {
+  const std::vector<int64_t> dims = {3, 4, 5};
+  for (int64_t axis : {-1, 1}) {
+    SCOPED_TRACE(::testing::Message() << "axis " << axis);
+    const std::vector<int64_t> norm_dims =
+        axis == -1 ? std::vector<int64_t>{5} : std::vector<int64_t>{4, 5};
+    const Tensor x = RandomTensor(dims, 151, -2.0, 2.0);
+    const Tensor scale = RandomTensor(norm_dims, 152, 0.5, 1.5);
+    const Tensor bias = RandomTensor(norm_dims, 153);
+    const std::vector<Attribute> attrs = {Attribute::Int("axis", axis),
+                                          Attribute::Float("epsilon", 1e-3f)};
+    const Forward ln = OnnxForward("LayerNormalization", attrs, 17);
+    const Tensor dy = RandomTensor(dims, 154);
+    const std::vector<Tensor> out = RunOp("LayerNormalizationGrad", {dy, x, scale}, attrs, 3);
+    ASSERT_EQ(out.size(), 3u);
+    EXPECT_EQ(out[1].dims(), norm_dims);
+    const std::vector<Tensor> inputs = {x, scale, bias};
+    ExpectMatchesFiniteDifference(out[0], ln, inputs, 0, Values(dy), "LN dX");
+    ExpectMatchesFiniteDifference(out[1], ln, inputs, 1, Values(dy), "LN dScale");
+    ExpectMatchesFiniteDifference(out[2], ln, inputs, 2, Values(dy), "LN dBias");
+  }
+}
+
+TEST(LayerNormalizationGrad, Float16AndBFloat16MatchFloat32) {
+  const Tensor x = RandomTensor({4, 8}, 161, -2.0, 2.0);
+  const Tensor dy = RandomTensor({4, 8}, 162);
+  const Tensor scale = RandomTensor({8}, 163, 0.5, 1.5);
+  // 16-bit X with float32 parameters, and all 16-bit.
+  ExpectLowPrecisionMatchesBoth("LayerNormalizationGrad", {dy, x, scale}, {0, 1}, {}, 3);
+  ExpectLowPrecisionMatchesBoth("LayerNormalizationGrad", {dy, x, scale}, {0, 1, 2}, {}, 3);
+}
+
+// ---- softmax -------------------------------------------------------------------
+
+void CheckSoftmaxGrad(const std::string& forward_op, int64_t axis, unsigned seed) {
+  const std::vector<int64_t> dims = {2, 3, 4};
+  const Tensor x = RandomTensor(dims, seed, -2.0, 2.0);
+  const std::vector<Attribute> attrs = {Attribute::Int("axis", axis)};
+  const Forward softmax = OnnxForward(forward_op, attrs, 13);
+  const Tensor y = Convert(softmax({Convert(x, DType::kFloat64)}), DType::kFloat32);
+  const Tensor dy = RandomTensor(dims, seed + 1);
+  const std::vector<Tensor> out = RunOp(forward_op + "Grad", {dy, y}, attrs);
+  ASSERT_EQ(out.size(), 1u);
+  ExpectMatchesFiniteDifference(out[0], softmax, {x}, 0, Values(dy), forward_op + "Grad dX");
+}
+
+TEST(SoftmaxGrad, MatchesFiniteDifferences) {
+  for (int64_t axis : {-1, 1, 0}) {
+    SCOPED_TRACE(::testing::Message() << "axis " << axis);
+    CheckSoftmaxGrad("Softmax", axis, 171);
+  }
+}
+
+TEST(LogSoftmaxGrad, MatchesFiniteDifferences) {
+  for (int64_t axis : {-1, 1, 0}) {
+    SCOPED_TRACE(::testing::Message() << "axis " << axis);
+    CheckSoftmaxGrad("LogSoftmax", axis, 181);
+  }
+}
+
+TEST(SoftmaxGrad, Float16AndBFloat16MatchFloat32) {
+  const Tensor dy = RandomTensor({3, 5}, 191);
+  const Tensor y = RandomTensor({3, 5}, 192, 0.0, 0.5);
+  ExpectLowPrecisionMatchesBoth("SoftmaxGrad", {dy, y}, {0, 1}, {});
+  ExpectLowPrecisionMatchesBoth("LogSoftmaxGrad", {dy, RandomTensor({3, 5}, 193, -3.0, -0.1)},
+                                {0, 1}, {Attribute::Int("axis", 0)});
+}
+
+// ---- SoftmaxCrossEntropyLossGrad ---------------------------------------------
+
+void CheckCrossEntropyGrad(const std::vector<int64_t>& score_dims,
+                           const std::vector<double>& labels, bool with_weights,
+                           std::vector<Attribute> attrs, unsigned seed) {
+  std::vector<int64_t> label_dims = {score_dims[0]};
+  label_dims.insert(label_dims.end(), score_dims.begin() + 2, score_dims.end());
+  const Tensor scores = RandomTensor(score_dims, seed, -2.0, 2.0);
+  const Tensor label_tensor = Make(DType::kInt64, label_dims, labels);
+  std::vector<Tensor> inputs = {scores, label_tensor};
+  if (with_weights) inputs.push_back(RandomTensor({score_dims[1]}, seed + 1, 0.2, 2.0));
+  const Forward loss = OnnxForward("SoftmaxCrossEntropyLoss", attrs, 13);
+  const Tensor y = loss({Convert(scores, DType::kFloat64), inputs[1],
+                         with_weights ? Convert(inputs[2], DType::kFloat64) : Tensor()});
+  const Tensor d_loss = RandomTensor(y.dims(), seed + 2, 0.5, 2.0);
+  std::vector<Tensor> grad_inputs = {d_loss, scores, label_tensor};
+  if (with_weights) grad_inputs.push_back(inputs[2]);
+  const std::vector<Tensor> out = RunOp("SoftmaxCrossEntropyLossGrad", grad_inputs, attrs);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].dims(), score_dims);
+  ExpectMatchesFiniteDifference(out[0], loss, inputs, 0, Values(d_loss), "SCE dScores");
+}
+
+TEST(SoftmaxCrossEntropyLossGrad, MatchesFiniteDifferencesEachReduction) {
+  for (const char* reduction : {"mean", "sum", "none"}) {
+    for (bool weights : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << reduction << (weights ? " weighted" : ""));
+      CheckCrossEntropyGrad({4, 3}, {0, 2, 1, 2}, weights,
+                            {Attribute::String("reduction", reduction)}, 201);
+      CheckCrossEntropyGrad({2, 3, 2, 2}, {0, 2, 1, 1, 2, 0, 0, 1}, weights,
+                            {Attribute::String("reduction", reduction)}, 202);
+    }
+  }
+}
+
+TEST(SoftmaxCrossEntropyLossGrad, IgnoreIndexGivesZeroRowsAndIsLeftOutOfTheMean) {
+  for (bool weights : {false, true}) {
+    SCOPED_TRACE(weights ? "weighted" : "unweighted");
+    CheckCrossEntropyGrad({5, 3}, {0, -1, 2, -1, 1}, weights,
+                          {Attribute::Int("ignore_index", -1)}, 211);
+  }
+  // Exact values: scores 0 give softmax 1/3; labels {1, ignored}; mean over
+  // one position with weight 2: dScores row 0 = (1/3 - onehot(1)) * 2 / 2.
+  const std::vector<Tensor> out = RunOp(
+      "SoftmaxCrossEntropyLossGrad",
+      {Make(DType::kFloat32, {}, {1.0}), Make(DType::kFloat32, {2, 3}, {0, 0, 0, 0, 0, 0}),
+       Make(DType::kInt32, {2}, {1, 4}), Make(DType::kFloat32, {3}, {1, 2, 3})},
+      {Attribute::Int("ignore_index", 4)});
+  ASSERT_EQ(out.size(), 1u);
+  ExpectNear({1.0 / 3, 1.0 / 3 - 1, 1.0 / 3, 0, 0, 0}, out[0], 1e-6, 1e-7, "SCE ignore exact");
+}
+
+TEST(SoftmaxCrossEntropyLossGrad, Float16AndBFloat16MatchFloat32) {
+  const Tensor scores = RandomTensor({4, 5}, 221, -2.0, 2.0);
+  const Tensor labels = Make(DType::kInt64, {4}, {0, 4, 2, 2});
+  ExpectLowPrecisionMatchesBoth("SoftmaxCrossEntropyLossGrad",
+                                {Make(DType::kFloat32, {}, {0.75}), scores, labels,
+                                 RandomTensor({5}, 222, 0.5, 1.5)},
+                                {0, 1, 3}, {});
+}
+
+// ---- ReluGrad ------------------------------------------------------------------
+
+TEST(ReluGrad, MatchesFiniteDifferences) {
+  std::vector<double> xv = Random(60, 231);
+  for (double& v : xv) v = static_cast<float>(v + (v >= 0 ? 0.01 : -0.01));  // |x| > 2h
+  const Tensor x = Make(DType::kFloat32, {3, 4, 5}, xv);
+  const Forward relu = OnnxForward("Relu", {}, 17);
+  const Tensor y = Convert(relu({Convert(x, DType::kFloat64)}), DType::kFloat32);
+  const Tensor dy = RandomTensor({3, 4, 5}, 232);
+  const std::vector<Tensor> out = RunOp("ReluGrad", {dy, y}, {});
+  ASSERT_EQ(out.size(), 1u);
+  ExpectMatchesFiniteDifference(out[0], relu, {x}, 0, Values(dy), "ReluGrad dX");
+}
+
+TEST(ReluGrad, Float16AndBFloat16MatchFloat32) {
+  ExpectLowPrecisionMatchesBoth("ReluGrad", {RandomTensor({7, 3}, 241), RandomTensor({7, 3}, 242)},
+                                {0, 1}, {});
+}
+
+// ---- ReduceToShapeOf -----------------------------------------------------------
+
+void CheckReduceToShapeOf(const std::vector<int64_t>& x_dims, const std::vector<int64_t>& y_dims,
+                          unsigned seed) {
+  const Tensor x = RandomTensor(x_dims, seed);
+  const Tensor shape = Tensor::Int64s(y_dims);
+  const Forward expand = OnnxForward("Expand", {}, 13, 1, {1});
+  const Tensor dy = RandomTensor(y_dims, seed + 1);
+  const std::vector<Tensor> out = RunOp("ReduceToShapeOf", {dy, x}, {});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].dims(), x_dims);
+  ExpectMatchesFiniteDifference(out[0], expand, {x, shape}, 0, Values(dy), "ReduceToShapeOf");
+}
+
+TEST(ReduceToShapeOf, MatchesFiniteDifferences) {
+  CheckReduceToShapeOf({3, 1, 4}, {2, 3, 5, 4}, 251);
+  CheckReduceToShapeOf({4}, {3, 2, 4}, 252);
+  CheckReduceToShapeOf({1, 3, 1, 1}, {2, 3, 4, 5}, 253);
+  CheckReduceToShapeOf({2, 3}, {2, 3}, 254);
+  CheckReduceToShapeOf({}, {3, 2}, 255);
+  CheckReduceToShapeOf({2, 1}, {2, 6}, 256);
+}
+
+TEST(ReduceToShapeOf, Float16AndBFloat16MatchFloat32) {
+  ExpectLowPrecisionMatchesBoth("ReduceToShapeOf",
+                                {RandomTensor({4, 3, 5}, 261), RandomTensor({3, 1}, 262)}, {0},
+                                {});
+}
+
+// ---- GatherGrad ----------------------------------------------------------------
+
+TEST(GatherGrad, MatchesFiniteDifferencesWithNegativeAndRepeatedIndices) {
+  for (int64_t axis : {0, 1, -1}) {
+    SCOPED_TRACE(::testing::Message() << "axis " << axis);
+    const Tensor data = RandomTensor({3, 4, 2}, 271);
+    const int64_t axis_dim = data.dims()[axis < 0 ? axis + 3 : axis];
+    const Tensor indices =
+        Make(DType::kInt64, {3, 2}, {0, -1, static_cast<double>(axis_dim - 1), 0, 1, 1});
+    const std::vector<Attribute> attrs = {Attribute::Int("axis", axis)};
+    const Forward gather = OnnxForward("Gather", attrs, 13);
+    const Tensor y = gather({Convert(data, DType::kFloat64), indices});
+    const Tensor dy = RandomTensor(y.dims(), 272);
+    const std::vector<Tensor> out = RunOp("GatherGrad", {dy, indices, data}, attrs);
+    ASSERT_EQ(out.size(), 1u);
+    EXPECT_EQ(out[0].dims(), data.dims());
+    ExpectMatchesFiniteDifference(out[0], gather, {data, indices}, 0, Values(dy), "GatherGrad");
+  }
+}
+
+TEST(GatherGrad, Float16AndBFloat16MatchFloat32) {
+  ExpectLowPrecisionMatchesBoth(
+      "GatherGrad",
+      {RandomTensor({5, 3}, 281), Make(DType::kInt32, {5}, {1, 1, 0, -1, 3}),
+       RandomTensor({4, 3}, 282)},
+      {0, 2}, {});
+}
+
+// ---- errors ----------------------------------------------------------------------
+
+void ExpectErrorMentions(const absl::Status& status, const std::vector<std::string>& parts) {
+  ASSERT_FALSE(status.ok());
+  for (const std::string& part : parts) {
+    EXPECT_NE(std::string(status.message()).find(part), std::string::npos)
+        << "'" << status.message() << "' does not mention '" << part << "'";
+  }
+}
+
+TEST(GradientOpErrors, NameTheNodeAndInput) {
+  // Inference: ranks and dtypes.
+  ExpectErrorMentions(RunStatus("ConvGrad", {RandomTensor({2, 3}, 1), RandomTensor({2, 3}, 2),
+                                             RandomTensor({3, 3, 1}, 3)},
+                                {}),
+                      {"ConvGrad node 'node'", "input 1 (X)", "rank >= 3"});
+  ExpectErrorMentions(RunStatus("MaxPoolGrad",
+                                {Make(DType::kInt32, {1, 1, 2, 2}, {1, 2, 3, 4}),
+                                 RandomTensor({1, 1, 3, 3}, 4)},
+                                {Attribute::Ints("kernel_shape", {2, 2})}),
+                      {"MaxPoolGrad node 'node'", "input 0 (dY)", "int32"});
+  ExpectErrorMentions(RunStatus("SoftmaxCrossEntropyLossGrad",
+                                {Make(DType::kFloat32, {}, {1}), RandomTensor({2, 3}, 5),
+                                 RandomTensor({2}, 6)},
+                                {}),
+                      {"SoftmaxCrossEntropyLossGrad node 'node'", "input 2 (labels)", "int64"});
+  ExpectErrorMentions(RunStatus("BatchNormalizationGrad",
+                                {RandomTensor({2, 3, 2}, 7), RandomTensor({2, 3, 2}, 8),
+                                 RandomTensor({4}, 9)},
+                                {}),
+                      {"BatchNormalizationGrad node 'node'", "input 2 (scale)"});
+  ExpectErrorMentions(
+      RunStatus("ReduceToShapeOf", {RandomTensor({2, 3}, 10), RandomTensor({4}, 11)}, {}),
+      {"ReduceToShapeOf node 'node'", "input 1 (X)", "does not broadcast"});
+  ExpectErrorMentions(
+      RunStatus("SoftmaxGrad", {RandomTensor({2, 3}, 12), RandomTensor({2, 3}, 13)},
+                {Attribute::Int("axis", 2)}),
+      {"SoftmaxGrad node 'node'", "axis"});
+  // Kernel: shapes only known at run time, and data-dependent checks.
+  ExpectErrorMentions(RunStatus("ConvGrad", {RandomTensor({1, 2, 3, 3}, 14),
+                                             RandomTensor({1, 1, 4, 4}, 15),
+                                             RandomTensor({2, 1, 3, 3}, 16)},
+                                {}),
+                      {"ConvGrad node 'node'", "input 0 (dY)", "[1,2,2,2]"});
+  ExpectErrorMentions(RunStatus("SoftmaxCrossEntropyLossGrad",
+                                {Make(DType::kFloat32, {}, {1}), RandomTensor({2, 3}, 17),
+                                 Make(DType::kInt64, {2}, {0, 7})},
+                                {}),
+                      {"SoftmaxCrossEntropyLossGrad node 'node'", "label 7", "out of range"});
+  ExpectErrorMentions(RunStatus("GatherGrad",
+                                {RandomTensor({2}, 18), Make(DType::kInt64, {2}, {0, 5}),
+                                 RandomTensor({3}, 19)},
+                                {}),
+                      {"GatherGrad node 'node'", "input 1 (indices)", "index 5"});
+  ExpectErrorMentions(RunStatus("AveragePoolGrad",
+                                {RandomTensor({1, 1, 2, 2}, 20), RandomTensor({1, 1, 5, 5}, 21)},
+                                {Attribute::Ints("kernel_shape", {3, 3})}),
+                      {"AveragePoolGrad node 'node'", "input 0 (dY)"});
+}
+
+}  // namespace
+}  // namespace castor
