@@ -266,6 +266,80 @@ TEST(GradientRuleTest, CastToFloat16AndBackGivesFloat32Gradients) {
   }
 }
 
+TEST(GradientRuleTest, BroadcastingElementwiseSumsBackToTheInputShape) {
+  GradCheck check;
+  Value* a = check.Parameter("a", {2, 3, 4});
+  Value* bias = check.Parameter("bias", {4});
+  Value* scale = check.Parameter("scale", {3, 1}, 0.5f, 1.5f);
+  Value* shifted = check.Op("Add", {a, bias});
+  check.Check(check.Op("Div", {shifted, scale}));
+}
+
+TEST(GradientRuleTest, ReluSoftmaxLogSoftmax) {
+  {
+    GradCheck check;
+    Value* x = check.Parameter("x", {3, 4});
+    check.Check(check.Op("Relu", {x}));
+  }
+  for (const char* op : {"Softmax", "LogSoftmax"}) {
+    SCOPED_TRACE(op);
+    GradCheck check;
+    Value* x = check.Parameter("x", {2, 3, 4});
+    check.Check(check.Op(op, {x}, {Attribute::Int("axis", 1)}));
+  }
+}
+
+TEST(GradientRuleTest, ConvWithBiasAndPooling) {
+  GradCheck check;
+  Value* x = check.Parameter("x", {2, 2, 5, 5});
+  Value* w = check.Parameter("w", {3, 2, 3, 3});
+  Value* b = check.Parameter("b", {3});
+  Value* conv = check.Op("Conv", {x, w, b},
+                         {Attribute::Ints("pads", {1, 1, 1, 1}), Attribute::Ints("strides", {1, 1})});
+  Value* pooled = check.Op("MaxPool", {conv}, {Attribute::Ints("kernel_shape", {2, 2}),
+                                               Attribute::Ints("strides", {2, 2})});
+  Value* averaged = check.Op("AveragePool", {pooled}, {Attribute::Ints("kernel_shape", {2, 2})});
+  check.Check(check.Op("GlobalAveragePool", {averaged}), /*rtol=*/5e-3, /*atol=*/5e-4);
+}
+
+TEST(GradientRuleTest, NormalizationsInTrainingForm) {
+  {
+    GradCheck check;
+    Value* x = check.Parameter("x", {4, 3, 2, 2});
+    Value* scale = check.Parameter("scale", {3}, 0.5f, 1.5f);
+    Value* bias = check.Parameter("bias", {3});
+    Value* mean = check.Constant("mean", Tensor(DType::kFloat32, {3}));
+    Tensor ones(DType::kFloat32, {3});
+    for (int i = 0; i < 3; ++i) ones.data<float>()[i] = 1.0f;
+    Value* var = check.Constant("var", std::move(ones));
+    check.Check(check.Op("BatchNormalization", {x, scale, bias, mean, var},
+                         {Attribute::Int("training_mode", 1)}, /*num_outputs=*/3),
+                /*rtol=*/5e-3, /*atol=*/5e-4);
+  }
+  {
+    GradCheck check;
+    Value* x = check.Parameter("x", {2, 3, 4});
+    Value* scale = check.Parameter("scale", {4}, 0.5f, 1.5f);
+    Value* bias = check.Parameter("bias", {4});
+    check.Check(check.Op("LayerNormalization", {x, scale, bias}), /*rtol=*/5e-3, /*atol=*/5e-4);
+  }
+}
+
+TEST(GradientRuleTest, SoftmaxCrossEntropyLossAndGather) {
+  {
+    GradCheck check;
+    Value* scores = check.Parameter("scores", {4, 5});
+    Value* labels = check.Constant("labels", Tensor::Int64s({0, 3, 4, 1}));
+    check.Check(check.Op("SoftmaxCrossEntropyLoss", {scores, labels}));
+  }
+  {
+    GradCheck check;
+    Value* table = check.Parameter("table", {5, 3});
+    Value* indices = check.Constant("indices", Tensor::Int64s({4, 0, 4, 2}));
+    check.Check(check.Op("Gather", {table, indices}));
+  }
+}
+
 TEST(AutodiffTest, ErrorsNameTheNodeTheParameterAndTheLoss) {
   {
     GradCheck check;
