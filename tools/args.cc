@@ -239,7 +239,8 @@ ArgParser& ArgParser::WithShortName(char letter) {
   if (flags_.empty()) SpecError(absl::StrCat(command_, ": WithShortName before any flag"));
   for (const Flag& flag : flags_) {
     if (flag.short_name == letter || letter == 'h') {
-      SpecError(absl::StrCat(command_, ": short flag -", std::string(1, letter), " used twice"));
+      SpecError(absl::StrCat(command_, ": short flag -", std::string(1, letter),
+                             " is already taken (-h is --help)"));
     }
   }
   flags_.back().short_name = letter;
