@@ -129,24 +129,6 @@ constexpr int64_t kTileColumnElements = int64_t{1} << 17;
 // with the GEMM threaded by OpenBLAS.
 constexpr int64_t kLargeTileColumnElements = int64_t{4} << 20;
 
-// While alive, OpenBLAS runs every GEMM on its calling thread, so GEMMs
-// issued from all ParallelFor threads at once do not compete for OpenBLAS's
-// own thread pool; restores the previous thread count. (Kernels run one at
-// a time, so nothing else changes the count meanwhile.)
-class SingleThreadedBlas {
- public:
-  SingleThreadedBlas() : previous_(openblas_get_num_threads()) {
-    if (previous_ != 1) openblas_set_num_threads(1);
-  }
-  ~SingleThreadedBlas() {
-    if (previous_ != 1) openblas_set_num_threads(previous_);
-  }
-  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
-  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
-
- private:
-  int previous_;
-};
 
 // Copies channels [channel_lo, channel_hi) of one image x [channels, in_h,
 // in_w] (storage T) into `padded` [channels, rows, cols] as Acc, with `top`

@@ -123,4 +123,12 @@ void GemmFloat32Accumulate(DType dtype, bool trans_a, bool trans_b, int64_t m, i
   }
 }
 
+SingleThreadedBlas::SingleThreadedBlas() : previous_(openblas_get_num_threads()) {
+  if (previous_ != 1) openblas_set_num_threads(1);
+}
+
+SingleThreadedBlas::~SingleThreadedBlas() {
+  if (previous_ != 1) openblas_set_num_threads(previous_);
+}
+
 }  // namespace castor::cpu

@@ -38,4 +38,19 @@ void GemmFloat32Accumulate(DType dtype, bool trans_a, bool trans_b, int64_t m, i
 // this size should run them in parallel itself (ParallelFor).
 bool IsSmallGemm(int64_t m, int64_t n, int64_t k);
 
+// While alive, OpenBLAS runs every GEMM on its calling thread, so GEMMs
+// issued from all ParallelFor threads at once do not compete for OpenBLAS's
+// own thread pool; restores the previous thread count. (Kernels run one at
+// a time, so nothing else changes the count meanwhile.)
+class SingleThreadedBlas {
+ public:
+  SingleThreadedBlas();
+  ~SingleThreadedBlas();
+  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
+  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
+
+ private:
+  int previous_;
+};
+
 }  // namespace castor::cpu

@@ -156,22 +156,6 @@ int64_t SliceBegin(int64_t slice, int64_t slices, int64_t count) {
   return slice * count / slices;
 }
 
-// While alive, OpenBLAS runs every GEMM on its calling thread (GEMMs issued
-// from all pool threads at once); restores the previous thread count.
-class SingleThreadedBlas {
- public:
-  SingleThreadedBlas() : previous_(openblas_get_num_threads()) {
-    if (previous_ != 1) openblas_set_num_threads(1);
-  }
-  ~SingleThreadedBlas() {
-    if (previous_ != 1) openblas_set_num_threads(previous_);
-  }
-  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
-  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
-
- private:
-  int previous_;
-};
 
 // ---- ConvGrad ----------------------------------------------------------------
 
@@ -345,34 +329,6 @@ absl::Status ConvGradKernel(KernelContext& ctx) {
 }
 
 // ---- pools -------------------------------------------------------------------
-
-// Per spatial axis and output index: the input indices the window reads
-// (inside the input) and the window positions inside the padded input.
-struct AxisWindows {
-  std::vector<int64_t> begin;  // output o reads idx[begin[o] .. begin[o + 1])
-  std::vector<int64_t> idx;
-  std::vector<int64_t> padded_count;
-};
-
-std::vector<AxisWindows> BuildAxisWindows(const WindowGeometry& g) {
-  std::vector<AxisWindows> axes(g.num_spatial);
-  for (int d = 0; d < g.num_spatial; ++d) {
-    AxisWindows& a = axes[d];
-    a.begin.push_back(0);
-    for (int64_t o = 0; o < g.output[d]; ++o) {
-      const int64_t start = o * g.strides[d] - g.pad_begin[d];
-      int64_t padded = 0;
-      for (int64_t k = 0; k < g.kernel[d]; ++k) {
-        const int64_t i = start + k * g.dilations[d];
-        if (i >= 0 && i < g.input[d]) a.idx.push_back(i);
-        if (i >= -g.pad_begin[d] && i < g.input[d] + g.pad_end[d]) ++padded;
-      }
-      a.begin.push_back(static_cast<int64_t>(a.idx.size()));
-      a.padded_count.push_back(padded);
-    }
-  }
-  return axes;
-}
 
 // Calls fn(q, o, offsets) for each output position q of one plane (o: its
 // per-axis index), `offsets` being the row-major input offsets its window

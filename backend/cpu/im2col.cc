@@ -30,6 +30,26 @@ absl::StatusOr<std::vector<int64_t>> WindowInts(const KernelContext& ctx, const 
   return values;
 }
 
+std::vector<AxisWindows> BuildAxisWindows(const WindowGeometry& g) {
+  std::vector<AxisWindows> axes(g.num_spatial);
+  for (int d = 0; d < g.num_spatial; ++d) {
+    AxisWindows& a = axes[d];
+    a.begin.push_back(0);
+    for (int64_t o = 0; o < g.output[d]; ++o) {
+      const int64_t start = o * g.strides[d] - g.pad_begin[d];
+      int64_t padded = 0;
+      for (int64_t k = 0; k < g.kernel[d]; ++k) {
+        const int64_t i = start + k * g.dilations[d];
+        if (i >= 0 && i < g.input[d]) a.idx.push_back(i);
+        if (i >= -g.pad_begin[d] && i < g.input[d] + g.pad_end[d]) ++padded;
+      }
+      a.begin.push_back(static_cast<int64_t>(a.idx.size()));
+      a.padded_count.push_back(padded);
+    }
+  }
+  return axes;
+}
+
 absl::StatusOr<WindowGeometry> ForwardWindowGeometry(const KernelContext& ctx,
                                                      const std::vector<int64_t>& input,
                                                      const std::vector<int64_t>& kernel,

@@ -26,6 +26,16 @@ struct WindowGeometry {
   int64_t output_size() const;  // prod(output)
 };
 
+// For one spatial axis and each output index: the input indices its window
+// reads (inside the input) and how many window positions lie inside the
+// padded input (the pooling kernels and their gradients walk these).
+struct AxisWindows {
+  std::vector<int64_t> begin;  // output index o reads idx[begin[o] .. begin[o + 1])
+  std::vector<int64_t> idx;
+  std::vector<int64_t> padded_count;
+};
+std::vector<AxisWindows> BuildAxisWindows(const WindowGeometry& g);
+
 // Reads strides, dilations, pads and auto_pad of `ctx`'s node for a forward
 // window op (Conv and the pools) over `input` spatial dims with `kernel`, and
 // computes the output dims as ONNX does (SAME_UPPER/SAME_LOWER: output =

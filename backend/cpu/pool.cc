@@ -73,34 +73,6 @@ std::string DimsString(const std::vector<int64_t>& dims) {
   return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
 }
 
-// For one spatial axis and each output index: the input indices its window
-// reads (inside the input) and how many window positions lie inside the
-// padded input.
-struct AxisWindows {
-  std::vector<int64_t> begin;  // output index o reads idx[begin[o] .. begin[o + 1])
-  std::vector<int64_t> idx;
-  std::vector<int64_t> padded_count;
-};
-
-std::vector<AxisWindows> BuildAxisWindows(const WindowGeometry& g) {
-  std::vector<AxisWindows> axes(g.num_spatial);
-  for (int d = 0; d < g.num_spatial; ++d) {
-    AxisWindows& a = axes[d];
-    a.begin.push_back(0);
-    for (int64_t o = 0; o < g.output[d]; ++o) {
-      const int64_t start = o * g.strides[d] - g.pad_begin[d];
-      int64_t padded = 0;
-      for (int64_t k = 0; k < g.kernel[d]; ++k) {
-        const int64_t i = start + k * g.dilations[d];
-        if (i >= 0 && i < g.input[d]) a.idx.push_back(i);
-        if (i >= -g.pad_begin[d] && i < g.input[d] + g.pad_end[d]) ++padded;
-      }
-      a.begin.push_back(static_cast<int64_t>(a.idx.size()));
-      a.padded_count.push_back(padded);
-    }
-  }
-  return axes;
-}
 
 // Calls fn(output_flat, o, visit) for every output position q (row-major;
 // o its per-axis index) of one plane, where visit(cb) calls
