@@ -1,0 +1,184 @@
+// BuildTrainingGraph (see training_graph.h): loss, BatchNormalization in
+// training mode, parameters, autodiff seeded with the loss scale.
+#include "passes/training_graph.h"
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "graph/shape_inference.h"
+#include "graph/status.h"
+#include "passes/autodiff.h"
+
+namespace castor {
+namespace {
+
+std::string Quoted(const std::string& name) { return absl::StrCat("'", name, "'"); }
+
+// The loss, float32: computed from `output` (cast up if 16-bit).
+absl::StatusOr<Value*> AttachLoss(Graph& graph, Value* output, LossKind kind) {
+  Value* prediction = output;
+  if (output->dtype() != DType::kFloat32) {
+    CASTOR_ASSIGN_OR_RETURN(Node * cast,
+                            graph.AddNode("Cast", {output}, {"castor.loss/prediction_float32"},
+                                          "castor.loss/Cast"));
+    cast->SetAttribute(Attribute::Int("to", DTypeToOnnx(DType::kFloat32)));
+    prediction = cast->output(0);
+  }
+  const Dim batch = output->shape().rank() > 0 ? output->shape()[0] : Dim::Symbol("N");
+  switch (kind) {
+    case LossKind::kSoftmaxCrossEntropy: {
+      if (output->shape().rank() < 2) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cross-entropy loss needs logits [N, C, ...]; output ", Quoted(output->name()),
+            " has shape ", output->shape().ToString()));
+      }
+      CASTOR_ASSIGN_OR_RETURN(Value * labels,
+                              graph.AddInput(kLabelsInput, DType::kInt64, Shape({batch})));
+      CASTOR_ASSIGN_OR_RETURN(Node * loss, graph.AddNode("SoftmaxCrossEntropyLoss",
+                                                         {prediction, labels}, {kLossOutput},
+                                                         "castor.loss/SoftmaxCrossEntropyLoss"));
+      loss->SetAttribute(Attribute::String("reduction", "mean"));
+      return loss->output(0);
+    }
+    case LossKind::kMeanSquaredError: {
+      CASTOR_ASSIGN_OR_RETURN(Value * targets,
+                              graph.AddInput(kLabelsInput, DType::kFloat32, output->shape()));
+      CASTOR_ASSIGN_OR_RETURN(Node * diff, graph.AddNode("Sub", {prediction, targets},
+                                                         {"castor.loss/error"}, "castor.loss/Sub"));
+      CASTOR_ASSIGN_OR_RETURN(Node * square,
+                              graph.AddNode("Mul", {diff->output(0), diff->output(0)},
+                                            {"castor.loss/squared"}, "castor.loss/Mul"));
+      CASTOR_ASSIGN_OR_RETURN(Node * mean, graph.AddNode("ReduceMean", {square->output(0)},
+                                                         {kLossOutput}, "castor.loss/ReduceMean"));
+      mean->SetAttribute(Attribute::Int("keepdims", 0));
+      return mean->output(0);
+    }
+    case LossKind::kModelOutput: {
+      if (output->dtype() != DType::kFloat32 && output->dtype() != DType::kFloat16 &&
+          output->dtype() != DType::kBFloat16) {
+        return absl::InvalidArgumentError(absl::StrCat("output ", Quoted(output->name()),
+                                                       " is not a float loss"));
+      }
+      CASTOR_ASSIGN_OR_RETURN(Node * identity, graph.AddNode("Identity", {prediction},
+                                                             {kLossOutput}, "castor.loss/Identity"));
+      return identity->output(0);
+    }
+  }
+  return absl::InternalError("unhandled loss kind");
+}
+
+// Inference-form BatchNormalization -> training mode with running-stat
+// outputs. Returns (initializer, new value) pairs.
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SwitchBatchNormToTraining(
+    Model& model) {
+  std::vector<std::pair<std::string, std::string>> stats;
+  Graph& graph = *model.graph;
+  const std::vector<Node*> nodes = graph.nodes();
+  bool replaced = false;
+  for (Node* node : nodes) {
+    if (node->op_type() != "BatchNormalization" || !node->domain().empty()) continue;
+    if (model.OpsetVersion("") < 14) {
+      return absl::UnimplementedError(absl::StrCat(
+          "BatchNormalization node ", Quoted(node->name()), " is at opset ",
+          model.OpsetVersion(""), "; training it needs opset 14 or later (training_mode), "
+          "e.g. the model exported at opset 17"));
+    }
+    if (node->num_outputs() > 1) continue;  // already in training form
+    std::vector<std::string> outputs = {
+        graph.UniqueName(absl::StrCat(node->output(0)->name(), "/training"))};
+    for (int k : {3, 4}) {
+      Value* state = node->input(k);
+      if (state == nullptr || state->initializer() == nullptr || state->is_graph_input()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "BatchNormalization node ", Quoted(node->name()), ": running ",
+            k == 3 ? "mean" : "variance", " (input ", k, ") must be an initializer to train"));
+      }
+      outputs.push_back(graph.UniqueName(absl::StrCat(state->name(), "/updated")));
+      stats.emplace_back(state->name(), outputs.back());
+    }
+    // The same node with the two running-statistic outputs, in training mode.
+    CASTOR_ASSIGN_OR_RETURN(Node * training,
+                            graph.AddNode("BatchNormalization", node->inputs(), outputs,
+                                          graph.UniqueName(node->name() + "/training")));
+    for (const Attribute& attribute : node->attributes()) training->SetAttribute(attribute);
+    training->SetAttribute(Attribute::Int("training_mode", 1));
+    for (const auto& [key, value] : node->metadata()) training->SetMetadata(key, value);
+    if (node->output(0)->is_graph_output()) {
+      return absl::UnimplementedError(absl::StrCat(
+          "BatchNormalization node ", Quoted(node->name()), " produces a graph output"));
+    }
+    graph.ReplaceAllUsesWith(node->output(0), training->output(0));
+    CASTOR_RETURN_IF_ERROR(graph.RemoveNode(node));
+    replaced = true;
+  }
+  if (replaced) CASTOR_RETURN_IF_ERROR(graph.TopologicalSort());
+  return stats;
+}
+
+}  // namespace
+
+absl::StatusOr<LossKind> ParseLossKind(const std::string& name) {
+  if (name == "cross-entropy" || name == "softmax-cross-entropy" || name == "sce") {
+    return LossKind::kSoftmaxCrossEntropy;
+  }
+  if (name == "mse") return LossKind::kMeanSquaredError;
+  if (name == "output") return LossKind::kModelOutput;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown loss '", name, "'; expected cross-entropy, mse or output"));
+}
+
+absl::StatusOr<TrainingGraph> BuildTrainingGraph(Model& model,
+                                                 const TrainingGraphOptions& options) {
+  Graph& graph = *model.graph;
+  Value* output = nullptr;
+  std::vector<std::string> output_names;
+  for (Value* candidate : graph.outputs()) {
+    output_names.push_back(candidate->name());
+    if (candidate->name() == options.output) output = candidate;
+  }
+  if (output == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("--output ", Quoted(options.output),
+                                                   " is not a model output; the outputs are: ",
+                                                   absl::StrJoin(output_names, ", ")));
+  }
+  TrainingGraph result;
+  result.model_output = output->name();
+  CASTOR_ASSIGN_OR_RETURN(result.running_stats, SwitchBatchNormToTraining(model));
+  absl::flat_hash_set<std::string> state_names;
+  for (const auto& [state, updated] : result.running_stats) state_names.insert(state);
+
+  CASTOR_ASSIGN_OR_RETURN(Value * loss, AttachLoss(graph, output, options.loss));
+  CASTOR_ASSIGN_OR_RETURN(Value * scale,
+                          graph.AddInput(kLossScaleInput, DType::kFloat32, Shape::Scalar()));
+  CASTOR_RETURN_IF_ERROR(InferTypes(model));
+
+  AutodiffRequest request;
+  request.loss = loss->name();
+  request.loss_seed = scale->name();
+  for (const Value* initializer : graph.initializers()) {
+    if (initializer->dtype() != DType::kFloat32 || initializer->is_graph_input() ||
+        initializer->uses().empty() || state_names.contains(initializer->name())) {
+      continue;
+    }
+    request.parameters.push_back(initializer->name());
+  }
+  if (request.parameters.empty()) {
+    return absl::InvalidArgumentError("the model has no float32 initializers to train");
+  }
+  CASTOR_ASSIGN_OR_RETURN(AutodiffResult gradients, BuildGradients(model, request));
+  result.gradients = gradients.gradients;
+  result.backward_nodes = gradients.backward_nodes;
+
+  graph.ClearOutputs();
+  graph.AddOutput(loss);
+  graph.AddOutput(output);
+  for (const auto& [parameter, gradient] : result.gradients) {
+    graph.AddOutput(graph.FindValue(gradient));
+  }
+  for (const auto& [state, updated] : result.running_stats) {
+    graph.AddOutput(graph.FindValue(updated));
+  }
+  return result;
+}
+
+}  // namespace castor

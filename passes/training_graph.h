@@ -1,0 +1,60 @@
+// Builds the training graph of a (converted) model: the loss attached to a
+// named output, BatchNormalization switched to training mode, and the
+// backward graph from the autodiff pass seeded with the loss scale.
+//
+// The result is one ONNX graph a backend runs per step:
+//   inputs   the model's inputs, the labels (castor.labels), the loss scale
+//            (castor.loss_scale, float32 scalar; 1 when scaling is off)
+//   outputs  the loss (castor.loss, float32 scalar, unscaled), the model
+//            output it is attached to, the gradient of every parameter
+//            (scaled by the loss scale: the trainer unscales and checks
+//            them in one pass), and each BatchNormalization's new running
+//            mean/variance (the trainer writes them back only on steps it
+//            does not skip).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "graph/graph.h"
+
+namespace castor {
+
+inline constexpr const char* kLabelsInput = "castor.labels";
+inline constexpr const char* kLossScaleInput = "castor.loss_scale";
+inline constexpr const char* kLossOutput = "castor.loss";
+
+enum class LossKind {
+  kSoftmaxCrossEntropy,  // integer labels [N] against logits [N, C] (mean)
+  kMeanSquaredError,     // float targets shaped like the output (mean)
+  kModelOutput,          // the named output already is a scalar loss
+};
+
+// "cross-entropy" (also "softmax-cross-entropy", "sce"), "mse", "output".
+absl::StatusOr<LossKind> ParseLossKind(const std::string& name);
+
+struct TrainingGraphOptions {
+  std::string output = "logits";  // the model output the loss is attached to
+  LossKind loss = LossKind::kSoftmaxCrossEntropy;
+};
+
+struct TrainingGraph {
+  // Parameters (float32 initializers) and their gradient outputs, in
+  // initializer order.
+  std::vector<std::pair<std::string, std::string>> gradients;
+  // BatchNormalization running statistics: (initializer, output holding
+  // its value after the step).
+  std::vector<std::pair<std::string, std::string>> running_stats;
+  std::string model_output;  // the output the loss is attached to
+  int backward_nodes = 0;
+};
+
+// Rewrites `model` (types inferred) into its training graph. Errors name the
+// output, the node or the op (e.g. a BatchNormalization below opset 14, an
+// op without a gradient on the way to a parameter).
+absl::StatusOr<TrainingGraph> BuildTrainingGraph(Model& model,
+                                                 const TrainingGraphOptions& options);
+
+}  // namespace castor

@@ -1,0 +1,159 @@
+// Tests for passes/training_graph.h and tools/trainer.h on the sample
+// models: the training graph's interface, training that lowers the loss on
+// a fixed batch in float32 and both mixed policies (float32 master weights
+// throughout), BatchNormalization running statistics updated by a step, an
+// injected overflow that skips the step leaving weights, moments and
+// statistics bit-identical while the scale halves, and the errors.
+#include "tools/trainer.h"
+
+#include <cstring>
+#include <random>
+
+#include "backend/cpu/cpu_backend.h"
+#include "gmock/gmock.h"
+#include "graph/onnx_io.h"
+#include "graph/shape_inference.h"
+#include "gtest/gtest.h"
+#include "passes/autocast.h"
+#include "passes/verifier.h"
+
+namespace castor::tools {
+namespace {
+
+using ::testing::HasSubstr;
+
+CpuBackend& Cpu() {
+  static CpuBackend* backend = new CpuBackend();
+  return *backend;
+}
+
+Model LoadSample(const std::string& name, const std::string& policy) {
+  absl::StatusOr<Model> model =
+      LoadModel(std::string(CASTOR_SOURCE_DIR) + "/models/" + name + ".onnx");
+  EXPECT_TRUE(model.ok()) << model.status();
+  EXPECT_TRUE(InferTypes(*model).ok());
+  if (policy != "float32") {
+    absl::StatusOr<AutocastReport> report = RunAutocast(*model, *Policy::Builtin(policy));
+    EXPECT_TRUE(report.ok()) << report.status();
+  }
+  return std::move(*model);
+}
+
+// A fixed batch: 16 images in [0, 1) and labels 0..9.
+std::pair<Tensor, Tensor> Batch(int64_t n = 16) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+  Tensor images(DType::kFloat32, {n, 1, 28, 28});
+  for (int64_t i = 0; i < images.num_elements(); ++i) images.data<float>()[i] = pixel(rng);
+  Tensor labels(DType::kInt64, {n});
+  for (int64_t i = 0; i < n; ++i) labels.data<int64_t>()[i] = i % 10;
+  return {std::move(images), std::move(labels)};
+}
+
+std::unique_ptr<Trainer> MakeTrainer(Model model, TrainerOptions options = {}) {
+  absl::StatusOr<TrainingGraph> graph = BuildTrainingGraph(model, TrainingGraphOptions{});
+  EXPECT_TRUE(graph.ok()) << graph.status();
+  absl::Status verified = VerifyModel(model);
+  EXPECT_TRUE(verified.ok()) << verified;
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+      Trainer::Create(std::move(model), *graph, options, Cpu());
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  return std::move(*trainer);
+}
+
+TEST(TrainingGraphTest, InterfaceOfTheCnnTrainingGraph) {
+  Model model = LoadSample("cnn_opset17", "mixed_float16");
+  TrainingGraph graph = *BuildTrainingGraph(model, TrainingGraphOptions{});
+  EXPECT_EQ(graph.model_output, "logits");
+  ASSERT_EQ(graph.gradients.size(), 6u);  // conv, fc1, fc2 weights and biases
+  EXPECT_EQ(graph.gradients[0].first, "conv.weight");
+  EXPECT_TRUE(graph.running_stats.empty());
+  const Graph& g = *model.graph;
+  EXPECT_EQ(g.outputs()[0]->name(), kLossOutput);
+  EXPECT_EQ(g.outputs()[0]->dtype(), DType::kFloat32);
+  EXPECT_EQ(g.outputs().size(), 2u + 6u);
+  for (const auto& [parameter, gradient] : graph.gradients) {
+    // float32 master weights get float32 gradients through the Cast rule.
+    EXPECT_EQ(g.FindValue(gradient)->dtype(), DType::kFloat32) << parameter;
+  }
+  EXPECT_NE(g.FindValue(kLabelsInput), nullptr);
+  EXPECT_EQ(g.FindValue(kLossScaleInput)->dtype(), DType::kFloat32);
+}
+
+class TrainerPolicyTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TrainerPolicyTest, AdamLowersTheLossOnAFixedBatch) {
+  TrainerOptions options;
+  options.lr.base_lr = 1e-3;
+  options.scaler.enabled = GetParam() == "mixed_float16";
+  std::unique_ptr<Trainer> trainer = MakeTrainer(LoadSample("mlp_opset17", GetParam()), options);
+  auto [images, labels] = Batch();
+  double first = 0, last = 0;
+  for (int step = 0; step < 25; ++step) {
+    absl::StatusOr<StepResult> result = trainer->Step({{"input", images}}, labels);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_FALSE(result->skipped) << "step " << step;
+    if (step == 0) first = result->loss;
+    last = result->loss;
+  }
+  EXPECT_GT(first, 2.0);       // about log(10) at the start
+  EXPECT_LT(last, 0.3 * first);  // memorises 16 examples
+  for (const auto& [name, tensor] : trainer->state()) {
+    EXPECT_EQ(tensor.dtype(), DType::kFloat32) << name;
+  }
+  EXPECT_EQ(trainer->optimizer().step(), 25);
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, TrainerPolicyTest,
+                         ::testing::Values("float32", "mixed_float16", "mixed_bfloat16"));
+
+TEST(TrainerTest, BatchNormStatisticsMoveWithAStep) {
+  std::unique_ptr<Trainer> trainer = MakeTrainer(LoadSample("resnet_opset17", "mixed_float16"));
+  const Tensor before = trainer->state().at("stem_bn.running_mean");
+  auto [images, labels] = Batch(8);
+  absl::StatusOr<StepResult> result = trainer->Step({{"input", images}}, labels);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_FALSE(result->skipped);
+  const Tensor& after = trainer->state().at("stem_bn.running_mean");
+  EXPECT_NE(std::memcmp(before.raw(), after.raw(), before.byte_size()), 0);
+}
+
+TEST(TrainerTest, InjectedOverflowSkipsTheWholeUpdate) {
+  TrainerOptions options;
+  options.scaler.initial_scale = 1e30;  // float16 gradients overflow for sure
+  std::unique_ptr<Trainer> trainer =
+      MakeTrainer(LoadSample("resnet_opset17", "mixed_float16"), options);
+  const std::map<std::string, Tensor> before = trainer->state();
+  auto [images, labels] = Batch(8);
+  absl::StatusOr<StepResult> result = trainer->Step({{"input", images}}, labels);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->skipped);
+  EXPECT_EQ(result->loss_scale, 1e30);
+  EXPECT_EQ(trainer->scaler().scale(), 5e29);
+  EXPECT_EQ(trainer->scaler().skipped_steps(), 1);
+  EXPECT_EQ(trainer->optimizer().step(), 0);
+  EXPECT_TRUE(trainer->optimizer().state().empty());  // no moments created
+  for (const auto& [name, tensor] : before) {
+    const Tensor& now = trainer->state().at(name);
+    EXPECT_EQ(std::memcmp(tensor.raw(), now.raw(), tensor.byte_size()), 0) << name;
+  }
+}
+
+TEST(TrainingGraphTest, ErrorsNameTheOutputAndTheOpset) {
+  Model cnn = LoadSample("cnn_opset17", "float32");
+  TrainingGraphOptions options;
+  options.output = "probabilities";
+  absl::StatusOr<TrainingGraph> missing = BuildTrainingGraph(cnn, options);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(missing.status().message(),
+              HasSubstr("--output 'probabilities' is not a model output; the outputs are: logits"));
+  Model old = LoadSample("resnet_opset13", "float32");
+  absl::StatusOr<TrainingGraph> refused = BuildTrainingGraph(old, TrainingGraphOptions{});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("needs opset 14 or later"));
+  EXPECT_THAT(std::string(ParseLossKind("hinge").status().message()),
+              HasSubstr("expected cross-entropy, mse or output"));
+}
+
+}  // namespace
+}  // namespace castor::tools

@@ -1,0 +1,82 @@
+// One training step on a backend: runs the training graph
+// (passes/training_graph.h) with the loss scale as an input, unscales and
+// checks every gradient in one pass (passes/loss_scaler.h), and unless the
+// step overflowed, applies the optimizer (passes/optimizer.h) to the float32
+// master weights and writes them, and the BatchNormalization running
+// statistics, back to the backend. On an overflow nothing the model holds
+// changes: weights, optimizer moments and running statistics stay
+// bit-identical, the scale backs off and the step is counted as skipped.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "backend/backend.h"
+#include "backend/executor.h"
+#include "graph/graph.h"
+#include "passes/loss_scaler.h"
+#include "passes/optimizer.h"
+#include "passes/training_graph.h"
+
+namespace castor::tools {
+
+struct TrainerOptions {
+  OptimizerOptions optimizer;
+  LrSchedule lr;
+  LossScalerOptions scaler;
+};
+
+struct StepResult {
+  int64_t step = 0;         // steps taken, skipped ones included
+  double loss = 0.0;        // unscaled
+  bool skipped = false;
+  double loss_scale = 1.0;  // the scale this step used
+  double lr = 0.0;
+  double grad_norm = 0.0;   // global L2 norm of the unscaled gradients (0 when skipped)
+  std::string diagnosis;    // from the loss scaler, when the floor is hit repeatedly
+  Tensor output;            // the model output the loss is attached to
+};
+
+class Trainer {
+ public:
+  // `model` must already be the training graph BuildTrainingGraph made,
+  // with `graph` its description.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(Model model, TrainingGraph graph,
+                                                         const TrainerOptions& options,
+                                                         Backend& backend);
+
+  // One step on a batch: `inputs` feed the model's inputs by name, `labels`
+  // the loss's targets.
+  absl::StatusOr<StepResult> Step(std::vector<std::pair<std::string, Tensor>> inputs,
+                                  Tensor labels);
+
+  // The float32 master weights and BatchNormalization statistics by name.
+  const std::map<std::string, Tensor>& state() const { return state_; }
+  const LossScaler& scaler() const { return scaler_; }
+  const Optimizer& optimizer() const { return optimizer_; }
+  const Model& model() const { return model_; }
+  int64_t steps() const { return steps_; }
+
+ private:
+  Trainer(Model model, TrainingGraph graph, Optimizer optimizer, LossScaler scaler,
+          LrSchedule lr)
+      : model_(std::move(model)),
+        graph_(std::move(graph)),
+        optimizer_(std::move(optimizer)),
+        scaler_(std::move(scaler)),
+        lr_(lr) {}
+
+  Model model_;
+  TrainingGraph graph_;
+  std::unique_ptr<Executor> executor_;
+  Optimizer optimizer_;
+  LossScaler scaler_;
+  LrSchedule lr_;
+  std::map<std::string, Tensor> state_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace castor::tools
