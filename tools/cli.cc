@@ -14,6 +14,7 @@
 #include "tools/convert_command.h"
 #include "tools/inspect.h"
 #include "tools/run_command.h"
+#include "tools/train_command.h"
 
 #define CASTOR_VERSION CASTOR_VERSION_STRING
 
@@ -28,6 +29,8 @@ const std::vector<Subcommand>& Subcommands() {
        RunConvert},
       {"run", "run inference on the CPU backend: inputs from .npy/.pb files, outputs to .npy",
        RunRun},
+      {"train", "train a model in mixed precision (autocast, autodiff, optimizer, loss scaling)",
+       RunTrain},
       {"conformance", "run ONNX backend node test cases and compare as ONNX's test runner does",
        RunConformance},
   };

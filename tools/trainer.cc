@@ -35,6 +35,18 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Model model, TrainingGr
   return trainer;
 }
 
+absl::StatusOr<StepResult> Trainer::Evaluate(std::vector<std::pair<std::string, Tensor>> inputs,
+                                             Tensor labels) {
+  StepResult result;
+  result.step = steps_;
+  inputs.emplace_back(kLabelsInput, std::move(labels));
+  inputs.emplace_back(kLossScaleInput, Tensor::Scalar(1.0f));
+  CASTOR_ASSIGN_OR_RETURN(std::vector<Tensor> outputs, executor_->Run(inputs));
+  result.loss = outputs[0].data<float>()[0];
+  result.output = std::move(outputs[1]);
+  return result;
+}
+
 absl::StatusOr<StepResult> Trainer::Step(std::vector<std::pair<std::string, Tensor>> inputs,
                                          Tensor labels) {
   StepResult result;

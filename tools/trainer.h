@@ -53,6 +53,15 @@ class Trainer {
   absl::StatusOr<StepResult> Step(std::vector<std::pair<std::string, Tensor>> inputs,
                                   Tensor labels);
 
+  // The loss and model output on a batch without changing anything (the
+  // evaluation pass; it runs the training graph, backward included, with
+  // BatchNormalization using the batch's statistics as in training).
+  absl::StatusOr<StepResult> Evaluate(std::vector<std::pair<std::string, Tensor>> inputs,
+                                      Tensor labels);
+
+  // Peak activation bytes of the latest run (the executor's plan statistics).
+  int64_t peak_activation_bytes() const { return executor_->last_stats().peak_activation_bytes; }
+
   // The float32 master weights and BatchNormalization statistics by name.
   const std::map<std::string, Tensor>& state() const { return state_; }
   const LossScaler& scaler() const { return scaler_; }

@@ -1,0 +1,887 @@
+// Dataset readers and the batch iterator (see dataset.h): IDX files streamed
+// through zlib's gz* reader (gzip or plain) and converted while reading, a
+// small zip reader for .npz archives (stored and deflated members, ZIP64),
+// the `--data` forms, and per-epoch shuffling.
+#include "tools/dataset.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "graph/half.h"
+#include "graph/status.h"
+#include "tools/npy.h"
+
+namespace castor::tools {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr uint32_t kIdxImagesMagic = 0x00000803;  // uint8, 3 dims
+constexpr uint32_t kIdxLabelsMagic = 0x00000801;  // uint8, 1 dim
+// More elements than this in one IDX file is a corrupt header, not data.
+constexpr uint64_t kMaxIdxElements = uint64_t{1} << 36;
+
+std::string Hex32(uint32_t value) {
+  char text[16];
+  std::snprintf(text, sizeof(text), "0x%08x", value);
+  return text;
+}
+
+std::string DimsText(const std::vector<int64_t>& dims) {
+  return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
+}
+
+// uint8 pixel -> float32 in [0, 1], exactly v / 255.0f.
+const float* PixelScaleTable() {
+  static const auto* table = [] {
+    auto* values = new float[256];
+    for (int v = 0; v < 256; ++v) values[v] = static_cast<float>(v) / 255.0f;
+    return values;
+  }();
+  return table;
+}
+
+// A file read through zlib's gz* interface: gzip-compressed files are
+// inflated, anything else is read as it is.
+class GzInput {
+ public:
+  explicit GzInput(std::string path) : path_(std::move(path)) {}
+  ~GzInput() {
+    if (file_ != nullptr) gzclose(file_);
+  }
+  GzInput(const GzInput&) = delete;
+  GzInput& operator=(const GzInput&) = delete;
+
+  absl::Status Open() {
+    std::error_code error;
+    if (!fs::is_regular_file(path_, error)) {
+      return absl::NotFoundError(absl::StrCat(path_, ": no such file"));
+    }
+    file_ = gzopen(path_.c_str(), "rb");
+    if (file_ == nullptr) return absl::NotFoundError(absl::StrCat(path_, ": cannot open file"));
+    gzbuffer(file_, 1 << 20);
+    return absl::OkStatus();
+  }
+  bool compressed() const { return gzdirect(file_) == 0; }
+
+  // Reads up to `size` bytes: fewer at the end of the data, or when the gzip
+  // stream is corrupt or cut off; then error() says so.
+  size_t Read(void* destination, size_t size) {
+    size_t done = 0;
+    auto* out = static_cast<uint8_t*>(destination);
+    while (done < size) {
+      const unsigned chunk = static_cast<unsigned>(std::min<size_t>(size - done, 1u << 30));
+      const int got = gzread(file_, out + done, chunk);
+      if (got <= 0) break;
+      done += static_cast<size_t>(got);
+    }
+    return done;
+  }
+  // "" or the zlib error of the last short read ("unexpected end of file").
+  std::string error() {
+    int errnum = Z_OK;
+    const char* message = gzerror(file_, &errnum);
+    if (errnum == Z_OK) return "";
+    std::string text = message != nullptr ? message : "unknown error";
+    if (absl::StartsWith(text, path_ + ": ")) text.erase(0, path_.size() + 2);  // zlib adds it
+    return absl::StrCat("gzip stream: ", text);
+  }
+
+ private:
+  std::string path_;
+  gzFile file_ = nullptr;
+};
+
+uint32_t BigEndian32(const uint8_t* bytes) {
+  return (uint32_t{bytes[0]} << 24) | (uint32_t{bytes[1]} << 16) | (uint32_t{bytes[2]} << 8) |
+         uint32_t{bytes[3]};
+}
+
+// Reads an IDX header with `expected_magic` and passes the uint8 data, in
+// chunks, to `consume(chunk, count, offset)` writing into the tensor that
+// `make_tensor(dims)` returns.
+template <typename MakeTensor, typename Consume>
+absl::StatusOr<Tensor> ReadIdx(const std::string& path, uint32_t expected_magic,
+                               const char* expected_what, MakeTensor make_tensor,
+                               Consume consume) {
+  GzInput input(path);
+  CASTOR_RETURN_IF_ERROR(input.Open());
+  const size_t rank = expected_magic & 0xff;
+  uint8_t header[4 + 4 * 4];
+  const size_t header_size = 4 + 4 * rank;
+  const size_t header_read = input.Read(header, header_size);
+  // "; gzip stream: unexpected end of file" when zlib reported a problem.
+  auto zlib_note = [&input] {
+    const std::string error = input.error();
+    return error.empty() ? error : absl::StrCat("; ", error);
+  };
+  if (header_read >= 4 && BigEndian32(header) != expected_magic) {
+    const uint32_t found = BigEndian32(header);
+    std::string hint;
+    if (found == kIdxImagesMagic || found == kIdxLabelsMagic) {
+      hint = found == kIdxImagesMagic ? " (an images file)" : " (a labels file)";
+    } else if ((found >> 16) != 0) {
+      hint = " (not an IDX file)";
+    } else if (((found >> 8) & 0xff) != 0x08) {
+      hint = " (element type is not uint8)";
+    }
+    return absl::InvalidArgumentError(absl::StrCat(path, ": bad IDX magic ", Hex32(found), hint,
+                                                   "; expected ", Hex32(expected_magic), " (",
+                                                   expected_what, ")"));
+  }
+  if (header_read < header_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": truncated IDX header: expected ", header_size, " bytes (",
+                     expected_what, "), found ", header_read, zlib_note()));
+  }
+  std::vector<int64_t> dims;
+  uint64_t elements = 1;
+  for (size_t i = 0; i < rank; ++i) {
+    dims.push_back(BigEndian32(header + 4 + 4 * i));
+    elements *= static_cast<uint64_t>(dims.back());
+    if (elements > kMaxIdxElements) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": IDX dims ", DimsText(dims), "... are implausibly large"));
+    }
+  }
+  if (!input.compressed()) {
+    std::error_code error;
+    const uintmax_t file_size = fs::file_size(path, error);
+    if (!error && file_size != header_size + elements) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": ", file_size < header_size + elements ? "truncated" : "over-long",
+          " IDX file: dims ", DimsText(dims), " need ", header_size + elements,
+          " bytes, the file has ", file_size));
+    }
+  }
+  Tensor tensor = make_tensor(dims);
+  std::vector<uint8_t> chunk(std::min<uint64_t>(elements, 1 << 20));
+  uint64_t offset = 0;
+  while (offset < elements) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(chunk.size(), elements - offset));
+    const size_t got = input.Read(chunk.data(), want);
+    consume(tensor, chunk.data(), got, offset);
+    offset += got;
+    if (got < want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": truncated IDX data: dims ", DimsText(dims), " need ", elements,
+          " data bytes, found ", offset, zlib_note()));
+    }
+  }
+  uint8_t extra;
+  const size_t extra_read = input.Read(&extra, 1);
+  if (!input.error().empty()) {
+    return absl::DataLossError(absl::StrCat(path, ": corrupt IDX file: ", input.error()));
+  }
+  if (extra_read != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": over-long IDX file: dims ", DimsText(dims), " need ", elements,
+                     " data bytes, the file has more"));
+  }
+  return tensor;
+}
+
+// ----- zip (.npz) -----------------------------------------------------------
+
+uint16_t Little16(const uint8_t* bytes) { return bytes[0] | (uint16_t{bytes[1]} << 8); }
+uint32_t Little32(const uint8_t* bytes) {
+  return uint32_t{bytes[0]} | (uint32_t{bytes[1]} << 8) | (uint32_t{bytes[2]} << 16) |
+         (uint32_t{bytes[3]} << 24);
+}
+uint64_t Little64(const uint8_t* bytes) {
+  return uint64_t{Little32(bytes)} | (uint64_t{Little32(bytes + 4)} << 32);
+}
+
+constexpr uint32_t kZipLocalHeader = 0x04034b50;
+constexpr uint32_t kZipCentralHeader = 0x02014b50;
+constexpr uint32_t kZipEnd = 0x06054b50;
+constexpr uint32_t kZip64End = 0x06064b50;
+constexpr uint32_t kZip64Locator = 0x07064b50;
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  std::error_code error;
+  if (!fs::is_regular_file(path, error)) {
+    return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+  }
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (file == nullptr) return absl::NotFoundError(absl::StrCat(path, ": cannot open file"));
+  std::string bytes(fs::file_size(path, error), '\0');
+  const size_t read = std::fread(bytes.data(), 1, bytes.size(), file);
+  std::fclose(file);
+  if (read != bytes.size()) {
+    return absl::DataLossError(absl::StrCat(path, ": read ", read, " of ", bytes.size(), " bytes"));
+  }
+  return bytes;
+}
+
+struct ZipMember {
+  std::string name;
+  uint16_t flags = 0;
+  uint16_t method = 0;
+  uint32_t crc = 0;
+  uint64_t compressed_size = 0;
+  uint64_t size = 0;
+  uint64_t local_header_offset = 0;
+};
+
+absl::Status BadZip(const std::string& path, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": not a valid .npz (zip) file: ", what));
+}
+
+// The central directory of the zip archive `bytes`.
+absl::StatusOr<std::vector<ZipMember>> ReadZipDirectory(std::string_view bytes,
+                                                        const std::string& path) {
+  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+  const size_t size = bytes.size();
+  if (size < 22) return BadZip(path, absl::StrCat("only ", size, " bytes"));
+  // The end record is the last 22 bytes plus a comment of up to 65535 bytes.
+  size_t end = std::string::npos;
+  for (size_t at = size - 22;; --at) {
+    if (Little32(data + at) == kZipEnd && at + 22 + Little16(data + at + 20) <= size) {
+      end = at;
+      break;
+    }
+    if (at == 0 || size - at > 22 + 65535) break;
+  }
+  if (end == std::string::npos) return BadZip(path, "no end-of-central-directory record");
+  uint64_t count = Little16(data + end + 10);
+  uint64_t directory_size = Little32(data + end + 12);
+  uint64_t directory_offset = Little32(data + end + 16);
+  if (end >= 20 && Little32(data + end - 20) == kZip64Locator) {
+    const uint64_t end64 = Little64(data + end - 20 + 8);
+    if (end64 > size - 56 || Little32(data + end64) != kZip64End) {
+      return BadZip(path, "bad ZIP64 end-of-central-directory record");
+    }
+    count = Little64(data + end64 + 32);
+    directory_size = Little64(data + end64 + 40);
+    directory_offset = Little64(data + end64 + 48);
+  }
+  if (directory_offset > size || directory_size > size - directory_offset) {
+    return BadZip(path, absl::StrCat("central directory (offset ", directory_offset, ", ",
+                                     directory_size, " bytes) lies outside the file (", size,
+                                     " bytes): truncated?"));
+  }
+  std::vector<ZipMember> members;
+  size_t at = directory_offset;
+  const size_t directory_end = directory_offset + directory_size;
+  for (uint64_t i = 0; i < count; ++i) {
+    if (at + 46 > directory_end || Little32(data + at) != kZipCentralHeader) {
+      return BadZip(path, absl::StrCat("bad central directory entry ", i));
+    }
+    ZipMember member;
+    member.flags = Little16(data + at + 8);
+    member.method = Little16(data + at + 10);
+    member.crc = Little32(data + at + 16);
+    member.compressed_size = Little32(data + at + 20);
+    member.size = Little32(data + at + 24);
+    const size_t name_length = Little16(data + at + 28);
+    const size_t extra_length = Little16(data + at + 30);
+    const size_t comment_length = Little16(data + at + 32);
+    member.local_header_offset = Little32(data + at + 42);
+    if (at + 46 + name_length + extra_length + comment_length > directory_end) {
+      return BadZip(path, absl::StrCat("central directory entry ", i, " overruns the directory"));
+    }
+    member.name.assign(bytes.substr(at + 46, name_length));
+    // ZIP64 extra field: the 64-bit values of the fields saturated above.
+    const uint8_t* extra = data + at + 46 + name_length;
+    for (size_t e = 0; e + 4 <= extra_length;) {
+      const uint16_t id = Little16(extra + e);
+      const size_t length = Little16(extra + e + 2);
+      if (e + 4 + length > extra_length) break;
+      if (id == 0x0001) {
+        const uint8_t* field = extra + e + 4;
+        const uint8_t* field_end = field + length;
+        for (uint64_t* value : {&member.size, &member.compressed_size,
+                                &member.local_header_offset}) {
+          if (*value == 0xffffffffu && field + 8 <= field_end) {
+            *value = Little64(field);
+            field += 8;
+          }
+        }
+      }
+      e += 4 + length;
+    }
+    members.push_back(std::move(member));
+    at += 46 + name_length + extra_length + comment_length;
+  }
+  return members;
+}
+
+// The uncompressed bytes of `member`, CRC-checked.
+absl::StatusOr<std::string> ExtractZipMember(std::string_view bytes, const ZipMember& member,
+                                             const std::string& path) {
+  const std::string source = absl::StrCat(path, ":", member.name);
+  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+  const size_t offset = member.local_header_offset;
+  if (offset > bytes.size() || bytes.size() - offset < 30 ||
+      Little32(data + offset) != kZipLocalHeader) {
+    return BadZip(source, "bad local file header (truncated file?)");
+  }
+  if (member.flags & 1) return BadZip(source, "encrypted members are not supported");
+  const size_t data_offset = offset + 30 + Little16(data + offset + 26) + Little16(data + offset + 28);
+  if (data_offset > bytes.size() || member.compressed_size > bytes.size() - data_offset) {
+    return BadZip(source, absl::StrCat("truncated: member needs ", member.compressed_size,
+                                       " compressed bytes at offset ", data_offset,
+                                       ", the file has ", bytes.size()));
+  }
+  std::string out(member.size, '\0');
+  const auto* in = data + data_offset;
+  if (member.method == 0) {
+    if (member.compressed_size != member.size) {
+      return BadZip(source, absl::StrCat("stored member sizes differ (", member.compressed_size,
+                                         " vs ", member.size, ")"));
+    }
+    if (!out.empty()) std::memcpy(out.data(), in, out.size());
+  } else if (member.method == 8) {
+    z_stream stream{};
+    if (inflateInit2(&stream, -MAX_WBITS) != Z_OK) {
+      return absl::InternalError(absl::StrCat(source, ": inflateInit2 failed"));
+    }
+    uint64_t in_left = member.compressed_size;
+    uint64_t out_left = member.size;
+    stream.next_in = const_cast<Bytef*>(in);
+    stream.next_out = reinterpret_cast<Bytef*>(out.data());
+    int result = Z_OK;
+    constexpr uint64_t kChunk = uint64_t{1} << 30;
+    while (result == Z_OK) {
+      if (stream.avail_in == 0) {
+        stream.avail_in = static_cast<uInt>(std::min(in_left, kChunk));
+        in_left -= stream.avail_in;
+      }
+      if (stream.avail_out == 0) {
+        stream.avail_out = static_cast<uInt>(std::min(out_left, kChunk));
+        out_left -= stream.avail_out;
+      }
+      result = inflate(&stream, Z_NO_FLUSH);
+      if (result == Z_BUF_ERROR && (stream.avail_in != 0 || in_left != 0) &&
+          (stream.avail_out != 0 || out_left != 0)) {
+        result = Z_OK;  // progress is still possible
+      }
+    }
+    const uint64_t produced = stream.total_out;
+    const std::string zlib_message = stream.msg != nullptr ? stream.msg : "";
+    inflateEnd(&stream);
+    if (result != Z_STREAM_END) {
+      return absl::DataLossError(absl::StrCat(
+          source, ": corrupt deflate data (zlib: ", zlib_message,
+          result == Z_BUF_ERROR ? "stream ends early or is longer than the recorded size" : "",
+          ")"));
+    }
+    if (produced != member.size) {
+      return absl::DataLossError(absl::StrCat(source, ": inflated to ", produced,
+                                              " bytes, the directory records ", member.size));
+    }
+  } else {
+    return absl::UnimplementedError(absl::StrCat(
+        source, ": zip compression method ", member.method,
+        " is not supported (expected 0 stored or 8 deflate, as np.savez/np.savez_compressed write)"));
+  }
+  uint32_t crc = 0;
+  for (size_t done = 0; done < out.size();) {
+    const uInt chunk = static_cast<uInt>(std::min<size_t>(out.size() - done, 1u << 30));
+    crc = static_cast<uint32_t>(
+        crc32(crc, reinterpret_cast<const Bytef*>(out.data() + done), chunk));
+    done += chunk;
+  }
+  if (crc != member.crc) {
+    return absl::DataLossError(absl::StrCat(source, ": CRC-32 mismatch (data is corrupt): expected ",
+                                            Hex32(member.crc), ", computed ", Hex32(crc)));
+  }
+  return out;
+}
+
+// ----- array conversion -------------------------------------------------------
+
+template <typename T>
+void WidenToFloat(const Tensor& from, Tensor& to) {
+  const T* in = from.data<T>();
+  float* out = to.data<float>();
+  for (int64_t i = 0; i < from.num_elements(); ++i) out[i] = static_cast<float>(in[i]);
+}
+
+template <typename T>
+void WidenToInt64(const Tensor& from, Tensor& to) {
+  const T* in = from.data<T>();
+  int64_t* out = to.data<int64_t>();
+  for (int64_t i = 0; i < from.num_elements(); ++i) out[i] = static_cast<int64_t>(in[i]);
+}
+
+// ----- data forms -----------------------------------------------------------
+
+// The first of `names` that exists in `dir`, or "".
+std::string FindFile(const fs::path& dir, const std::vector<std::string>& names) {
+  std::error_code error;
+  for (const std::string& name : names) {
+    if (fs::is_regular_file(dir / name, error)) return (dir / name).string();
+  }
+  return "";
+}
+
+// The accepted spellings of an IDX file "train-images-idx3-ubyte": with or
+// without .gz, and with '.' before "idx" as the uncompressed MNIST files have.
+std::vector<std::string> IdxNames(const std::string& prefix, const std::string& kind) {
+  std::vector<std::string> names;
+  for (const char* separator : {"-", "."}) {
+    const std::string base = absl::StrCat(prefix, separator, kind, "-ubyte");
+    names.push_back(base + ".gz");
+    names.push_back(base);
+  }
+  return names;
+}
+
+absl::StatusOr<Dataset> LoadIdxPair(const std::string& name, const std::string& images_path,
+                                    const std::string& labels_path) {
+  CASTOR_ASSIGN_OR_RETURN(Tensor images, ReadIdxImages(images_path));
+  CASTOR_ASSIGN_OR_RETURN(Tensor labels, ReadIdxLabels(labels_path));
+  absl::StatusOr<Dataset> dataset = MakeDataset(name, std::move(images), std::move(labels));
+  if (!dataset.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(dataset.status().message(), " (", images_path,
+                                                   ", ", labels_path, ")"));
+  }
+  return dataset;
+}
+
+// The pair of arrays in `arrays` under the first matching (images, labels)
+// key pair, or nullopt-like empty names.
+std::pair<std::string, std::string> FindArrayPair(
+    const std::map<std::string, Tensor>& arrays,
+    const std::vector<std::pair<std::string, std::string>>& candidates) {
+  for (const auto& [images, labels] : candidates) {
+    if (arrays.count(images) && arrays.count(labels)) return {images, labels};
+  }
+  return {"", ""};
+}
+
+std::string KeysText(const std::map<std::string, Tensor>& arrays) {
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : arrays) keys.push_back(key);
+  return keys.empty() ? "none" : absl::StrJoin(keys, ", ");
+}
+
+absl::StatusOr<Dataset> DatasetFromArrays(std::map<std::string, Tensor>& arrays,
+                                          const std::string& path, const std::string& images_key,
+                                          const std::string& labels_key, const std::string& name) {
+  const std::string images_source = absl::StrCat(path, ":", images_key);
+  const std::string labels_source = absl::StrCat(path, ":", labels_key);
+  CASTOR_ASSIGN_OR_RETURN(Tensor images,
+                          ImagesFromArray(std::move(arrays[images_key]), images_source));
+  CASTOR_ASSIGN_OR_RETURN(Tensor labels,
+                          LabelsFromArray(std::move(arrays[labels_key]), labels_source));
+  absl::StatusOr<Dataset> dataset = MakeDataset(name, std::move(images), std::move(labels));
+  if (!dataset.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dataset.status().message(), " (", images_source, ", ", labels_source, ")"));
+  }
+  return dataset;
+}
+
+// One split from an .npz in a data directory: x/y, images/labels, or
+// x_<split>/y_<split>.
+absl::StatusOr<Dataset> LoadNpzSplit(const std::string& path, const std::string& split,
+                                     const std::string& name) {
+  CASTOR_ASSIGN_OR_RETURN(auto arrays, ReadNpz(path));
+  const auto [images_key, labels_key] = FindArrayPair(
+      arrays, {{"x", "y"}, {"images", "labels"}, {"x_" + split, "y_" + split}});
+  if (images_key.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": expected arrays x and y (or images and labels, or x_", split, " and y_", split,
+        "); the file has ", KeysText(arrays)));
+  }
+  return DatasetFromArrays(arrays, path, images_key, labels_key, name);
+}
+
+constexpr char kAcceptedForms[] =
+    "expected one of: fashion-mnist (" "/usr/share/datasets/fashion-mnist" "), mnist ("
+    "/usr/share/datasets/mnist" "), a directory holding the IDX files train-images-idx3-ubyte, "
+    "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (each optionally "
+    ".gz) or train.npz [+ test.npz], an .npz file (x_train, y_train [, x_test, y_test] or x, y), "
+    "IMAGES,LABELS, or TRAIN_IMAGES,TRAIN_LABELS,TEST_IMAGES,TEST_LABELS (.npy or IDX files)";
+
+}  // namespace
+
+std::vector<int64_t> Dataset::sample_dims() const {
+  if (images.dims().empty()) return {};
+  return std::vector<int64_t>(images.dims().begin() + 1, images.dims().end());
+}
+
+absl::StatusOr<Tensor> ReadIdxImages(const std::string& path) {
+  const float* scale = PixelScaleTable();
+  return ReadIdx(
+      path, kIdxImagesMagic, "uint8 images [N, H, W]",
+      [](const std::vector<int64_t>& dims) {
+        return Tensor(DType::kFloat32, {dims[0], 1, dims[1], dims[2]});
+      },
+      [scale](Tensor& tensor, const uint8_t* chunk, size_t count, uint64_t offset) {
+        float* out = tensor.data<float>() + offset;
+        for (size_t i = 0; i < count; ++i) out[i] = scale[chunk[i]];
+      });
+}
+
+absl::StatusOr<Tensor> ReadIdxLabels(const std::string& path) {
+  return ReadIdx(
+      path, kIdxLabelsMagic, "uint8 labels [N]",
+      [](const std::vector<int64_t>& dims) { return Tensor(DType::kInt64, {dims[0]}); },
+      [](Tensor& tensor, const uint8_t* chunk, size_t count, uint64_t offset) {
+        int64_t* out = tensor.data<int64_t>() + offset;
+        for (size_t i = 0; i < count; ++i) out[i] = chunk[i];
+      });
+}
+
+absl::StatusOr<std::map<std::string, Tensor>> ReadNpz(const std::string& path) {
+  CASTOR_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path));
+  CASTOR_ASSIGN_OR_RETURN(std::vector<ZipMember> members, ReadZipDirectory(bytes, path));
+  std::map<std::string, Tensor> arrays;
+  for (const ZipMember& member : members) {
+    if (absl::EndsWith(member.name, "/")) continue;  // a directory entry
+    CASTOR_ASSIGN_OR_RETURN(std::string contents, ExtractZipMember(bytes, member, path));
+    CASTOR_ASSIGN_OR_RETURN(Tensor array, ParseNpy(contents, absl::StrCat(path, ":", member.name)));
+    std::string key = member.name;
+    if (absl::EndsWith(key, ".npy")) key.resize(key.size() - 4);
+    arrays[key] = std::move(array);
+  }
+  return arrays;
+}
+
+absl::StatusOr<Tensor> ImagesFromArray(Tensor array, const std::string& source) {
+  if (array.dims().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": images must have a leading sample axis [N, ...]; got a scalar"));
+  }
+  std::vector<int64_t> dims = array.dims();
+  if (dims.size() == 3) dims.insert(dims.begin() + 1, 1);  // [N, H, W] -> [N, 1, H, W]
+  Tensor images(DType::kFloat32, dims);
+  switch (array.dtype()) {
+    case DType::kFloat32: {
+      if (array.byte_size() > 0) std::memcpy(images.raw(), array.raw(), array.byte_size());
+      break;
+    }
+    case DType::kUInt8: {
+      const float* scale = PixelScaleTable();
+      const uint8_t* in = array.data<uint8_t>();
+      float* out = images.data<float>();
+      for (int64_t i = 0; i < array.num_elements(); ++i) out[i] = scale[in[i]];
+      break;
+    }
+    case DType::kFloat64:
+      WidenToFloat<double>(array, images);
+      break;
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      const bool half = array.dtype() == DType::kFloat16;
+      const uint16_t* in = array.data<uint16_t>();
+      float* out = images.data<float>();
+      for (int64_t i = 0; i < array.num_elements(); ++i) {
+        out[i] = half ? HalfBitsToFloat(in[i]) : BFloat16BitsToFloat(in[i]);
+      }
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": images must be uint8 (scaled to [0, 1]) or floating point; got ",
+                       DTypeName(array.dtype())));
+  }
+  return images;
+}
+
+absl::StatusOr<Tensor> LabelsFromArray(Tensor array, const std::string& source) {
+  std::vector<int64_t> dims = array.dims();
+  if (dims.size() == 2 && dims[1] == 1) dims.pop_back();  // [N, 1] -> [N]
+  if (dims.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": labels must be class indices of shape [N] (or [N, 1]); got shape ",
+        DimsText(array.dims())));
+  }
+  Tensor labels(DType::kInt64, dims);
+  switch (array.dtype()) {
+    case DType::kInt64:
+      if (array.byte_size() > 0) std::memcpy(labels.raw(), array.raw(), array.byte_size());
+      break;
+    case DType::kUInt8: WidenToInt64<uint8_t>(array, labels); break;
+    case DType::kInt8: WidenToInt64<int8_t>(array, labels); break;
+    case DType::kUInt16: WidenToInt64<uint16_t>(array, labels); break;
+    case DType::kInt16: WidenToInt64<int16_t>(array, labels); break;
+    case DType::kUInt32: WidenToInt64<uint32_t>(array, labels); break;
+    case DType::kInt32: WidenToInt64<int32_t>(array, labels); break;
+    case DType::kUInt64: WidenToInt64<uint64_t>(array, labels); break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": labels must be integer class indices; got ", DTypeName(array.dtype())));
+  }
+  return labels;
+}
+
+absl::StatusOr<Dataset> MakeDataset(std::string name, Tensor images, Tensor labels) {
+  if (images.dims().empty() || labels.dims().size() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": images must be [N, ...] and labels [N]; got images ",
+                     DimsText(images.dims()), ", labels ", DimsText(labels.dims())));
+  }
+  if (images.dims()[0] != labels.dims()[0]) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": label count ", labels.dims()[0],
+                                                   " != image count ", images.dims()[0]));
+  }
+  Dataset dataset;
+  dataset.name = std::move(name);
+  dataset.images = std::move(images);
+  dataset.labels = std::move(labels);
+  return dataset;
+}
+
+absl::StatusOr<Tensor> ReadArrayFile(const std::string& path, bool as_labels) {
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (file == nullptr) return absl::NotFoundError(absl::StrCat(path, ": cannot open file"));
+  char magic[6] = {};
+  const size_t got = std::fread(magic, 1, sizeof(magic), file);
+  std::fclose(file);
+  if (got == sizeof(magic) && std::memcmp(magic, "\x93NUMPY", 6) == 0) {
+    CASTOR_ASSIGN_OR_RETURN(Tensor array, ReadNpy(path));
+    return as_labels ? LabelsFromArray(std::move(array), path)
+                     : ImagesFromArray(std::move(array), path);
+  }
+  if (got >= 4 && std::memcmp(magic, "PK\x03\x04", 4) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": an .npz archive cannot be one file of an IMAGES,LABELS list; pass it alone"));
+  }
+  return as_labels ? ReadIdxLabels(path) : ReadIdxImages(path);
+}
+
+absl::StatusOr<DataSplits> LoadDataDirectory(const std::string& dir) {
+  const fs::path root(dir);
+  std::error_code error;
+  if (!fs::is_directory(root, error)) {
+    return absl::NotFoundError(absl::StrCat(dir, ": not a directory"));
+  }
+  DataSplits splits;
+  const std::string train_images = FindFile(root, IdxNames("train", "images-idx3"));
+  const std::string train_labels = FindFile(root, IdxNames("train", "labels-idx1"));
+  if (!train_images.empty() || !train_labels.empty()) {
+    if (train_images.empty() || train_labels.empty()) {
+      return absl::NotFoundError(absl::StrCat(
+          dir, ": has ", train_images.empty() ? train_labels : train_images, " but no ",
+          train_images.empty() ? "train-images-idx3-ubyte[.gz]" : "train-labels-idx1-ubyte[.gz]"));
+    }
+    const std::string test_images = FindFile(root, IdxNames("t10k", "images-idx3"));
+    const std::string test_labels = FindFile(root, IdxNames("t10k", "labels-idx1"));
+    if (test_images.empty() != test_labels.empty()) {
+      return absl::NotFoundError(absl::StrCat(
+          dir, ": has ", test_images.empty() ? test_labels : test_images, " but no ",
+          test_images.empty() ? "t10k-images-idx3-ubyte[.gz]" : "t10k-labels-idx1-ubyte[.gz]"));
+    }
+    // Inflating dominates the time: read the test split on a second thread.
+    std::future<absl::StatusOr<Dataset>> test;
+    if (!test_images.empty()) {
+      test = std::async(std::launch::async, LoadIdxPair, absl::StrCat(dir, " test"), test_images,
+                        test_labels);
+    }
+    absl::StatusOr<Dataset> train = LoadIdxPair(absl::StrCat(dir, " train"), train_images,
+                                                train_labels);
+    if (test.valid()) {
+      absl::StatusOr<Dataset> loaded_test = test.get();
+      CASTOR_RETURN_IF_ERROR(train.status());
+      CASTOR_ASSIGN_OR_RETURN(splits.test, std::move(loaded_test));
+    }
+    CASTOR_ASSIGN_OR_RETURN(splits.train, std::move(train));
+    return splits;
+  }
+  const std::string train_npz = FindFile(root, {"train.npz"});
+  if (!train_npz.empty()) {
+    CASTOR_ASSIGN_OR_RETURN(splits.train, LoadNpzSplit(train_npz, "train", train_npz));
+    const std::string test_npz = FindFile(root, {"test.npz"});
+    if (!test_npz.empty()) {
+      CASTOR_ASSIGN_OR_RETURN(splits.test, LoadNpzSplit(test_npz, "test", test_npz));
+    }
+    return splits;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      dir, ": no training data: expected train-images-idx3-ubyte[.gz] and "
+           "train-labels-idx1-ubyte[.gz] (and t10k-images-idx3-ubyte[.gz], "
+           "t10k-labels-idx1-ubyte[.gz] for the test split), or train.npz [+ test.npz]"));
+}
+
+absl::StatusOr<DataSplits> LoadNpzFile(const std::string& path) {
+  CASTOR_ASSIGN_OR_RETURN(auto arrays, ReadNpz(path));
+  DataSplits splits;
+  if (arrays.count("x_train") && arrays.count("y_train")) {
+    CASTOR_ASSIGN_OR_RETURN(splits.train, DatasetFromArrays(arrays, path, "x_train", "y_train",
+                                                            absl::StrCat(path, " train")));
+    if (arrays.count("x_test") && arrays.count("y_test")) {
+      CASTOR_ASSIGN_OR_RETURN(splits.test, DatasetFromArrays(arrays, path, "x_test", "y_test",
+                                                             absl::StrCat(path, " test")));
+    }
+    return splits;
+  }
+  const auto [images_key, labels_key] = FindArrayPair(arrays, {{"x", "y"}, {"images", "labels"}});
+  if (images_key.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": expected arrays x_train and y_train (optionally x_test, y_test), "
+                           "or x and y, or images and labels; the file has ",
+                     KeysText(arrays)));
+  }
+  CASTOR_ASSIGN_OR_RETURN(splits.train,
+                          DatasetFromArrays(arrays, path, images_key, labels_key, path));
+  return splits;
+}
+
+absl::StatusOr<DataSplits> LoadData(const std::string& spec) {
+  if (spec == "fashion-mnist" || spec == "mnist") {
+    const std::string dir = spec == "mnist" ? kMnistDir : kFashionMnistDir;
+    std::error_code error;
+    if (!fs::is_directory(dir, error)) {
+      return absl::NotFoundError(absl::StrCat(
+          "--data ", spec, ": ", dir, " does not exist",
+          spec == "fashion-mnist" ? " (install Debian's dataset-fashion-mnist package)" : "",
+          "; or pass a directory holding the IDX files"));
+    }
+    CASTOR_ASSIGN_OR_RETURN(DataSplits splits, LoadDataDirectory(dir));
+    splits.train.name = absl::StrCat(spec, " train");
+    if (splits.has_test()) splits.test.name = absl::StrCat(spec, " test");
+    return splits;
+  }
+  if (absl::StrContains(spec, ',')) {
+    const std::vector<std::string> files = absl::StrSplit(spec, ',');
+    if (files.size() != 2 && files.size() != 4) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--data ", spec, ": a file list must be IMAGES,LABELS or TRAIN_IMAGES,TRAIN_LABELS,",
+          "TEST_IMAGES,TEST_LABELS; got ", files.size(), " files"));
+    }
+    DataSplits splits;
+    for (size_t split = 0; split * 2 < files.size(); ++split) {
+      const std::string& images_path = files[split * 2];
+      const std::string& labels_path = files[split * 2 + 1];
+      CASTOR_ASSIGN_OR_RETURN(Tensor images, ReadArrayFile(images_path, /*as_labels=*/false));
+      CASTOR_ASSIGN_OR_RETURN(Tensor labels, ReadArrayFile(labels_path, /*as_labels=*/true));
+      const std::string name = absl::StrCat(images_path, ",", labels_path);
+      CASTOR_ASSIGN_OR_RETURN(Dataset dataset,
+                              MakeDataset(name, std::move(images), std::move(labels)));
+      (split == 0 ? splits.train : splits.test) = std::move(dataset);
+    }
+    return splits;
+  }
+  std::error_code error;
+  if (fs::is_directory(spec, error)) return LoadDataDirectory(spec);
+  if (fs::is_regular_file(spec, error)) {
+    if (absl::EndsWith(spec, ".npz")) return LoadNpzFile(spec);
+    return absl::InvalidArgumentError(
+        absl::StrCat("--data ", spec, ": a single file must be an .npz archive; ", kAcceptedForms));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--data ", spec, ": unknown dataset name, and no such file or directory; ",
+                   kAcceptedForms));
+}
+
+// ----- batches ----------------------------------------------------------------
+
+Batch GatherBatch(const Dataset& dataset, const std::vector<int64_t>& indices) {
+  Batch batch;
+  const int64_t count = static_cast<int64_t>(indices.size());
+  std::vector<int64_t> image_dims = dataset.images.dims();
+  image_dims[0] = count;
+  batch.images = Tensor(dataset.images.dtype(), image_dims);
+  batch.labels = Tensor(dataset.labels.dtype(), {count});
+  const int64_t rows = std::max<int64_t>(dataset.size(), 1);
+  const size_t image_bytes = dataset.images.byte_size() / rows;
+  const size_t label_bytes = dataset.labels.byte_size() / rows;
+  for (int64_t i = 0; i < count; ++i) {
+    const size_t row = static_cast<size_t>(indices[i]);
+    std::memcpy(batch.images.raw() + i * image_bytes, dataset.images.raw() + row * image_bytes,
+                image_bytes);
+    std::memcpy(batch.labels.raw() + i * label_bytes, dataset.labels.raw() + row * label_bytes,
+                label_bytes);
+  }
+  batch.indices = indices;
+  return batch;
+}
+
+absl::StatusOr<BatchIterator> BatchIterator::Create(const Dataset& dataset, BatchOptions options,
+                                                    int64_t epoch, int64_t position) {
+  const int64_t size = dataset.size();
+  if (options.batch_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dataset.name, ": batch size must be positive; got ", options.batch_size));
+  }
+  if (size <= 0 || dataset.images.dims().empty() || dataset.images.dims()[0] != size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dataset.name, ": cannot batch: ", size, " labels for images ",
+                     DimsText(dataset.images.dims())));
+  }
+  if (options.drop_last && size < options.batch_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        dataset.name, ": drop_last with batch size ", options.batch_size, " leaves no batch of ",
+        size, " samples"));
+  }
+  if (epoch < 0 || position < 0 || position > size) {
+    return absl::InvalidArgumentError(absl::StrCat(dataset.name, ": cannot resume at epoch ",
+                                                   epoch, ", position ", position, " (", size,
+                                                   " samples per epoch)"));
+  }
+  BatchIterator iterator(dataset, options);
+  iterator.StartEpoch(epoch);
+  iterator.position_ = position;
+  iterator.RollOverIfDone();
+  return iterator;
+}
+
+std::vector<int64_t> BatchIterator::EpochOrder(int64_t size, const BatchOptions& options,
+                                               int64_t epoch) {
+  std::vector<int64_t> order(static_cast<size_t>(size));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  if (!options.shuffle) return order;
+  std::mt19937_64 engine(options.seed + static_cast<uint64_t>(epoch));
+  // Unbiased draw in [0, bound): reject the 2^64 mod bound lowest values.
+  auto draw = [&engine](uint64_t bound) {
+    const uint64_t threshold = (0 - bound) % bound;
+    while (true) {
+      const uint64_t value = engine();
+      if (value >= threshold) return value % bound;
+    }
+  };
+  for (size_t i = order.size(); i > 1; --i) {
+    std::swap(order[i - 1], order[draw(i)]);
+  }
+  return order;
+}
+
+void BatchIterator::StartEpoch(int64_t epoch) {
+  epoch_ = epoch;
+  position_ = 0;
+  order_ = EpochOrder(dataset_->size(), options_, epoch);
+}
+
+void BatchIterator::RollOverIfDone() {
+  const int64_t remaining = dataset_->size() - position_;
+  if (remaining == 0 || (options_.drop_last && remaining < options_.batch_size)) {
+    StartEpoch(epoch_ + 1);
+  }
+}
+
+int64_t BatchIterator::batches_per_epoch() const {
+  const int64_t size = dataset_->size();
+  return options_.drop_last ? size / options_.batch_size
+                            : (size + options_.batch_size - 1) / options_.batch_size;
+}
+
+Batch BatchIterator::Next() {
+  const int64_t count = std::min(options_.batch_size, dataset_->size() - position_);
+  std::vector<int64_t> indices(order_.begin() + position_, order_.begin() + position_ + count);
+  Batch batch = GatherBatch(*dataset_, indices);
+  batch.epoch = epoch_;
+  batch.position = position_;
+  position_ += count;
+  RollOverIfDone();
+  return batch;
+}
+
+}  // namespace castor::tools

@@ -1,0 +1,148 @@
+// Training data for `castor train --data ...`: readers for IDX files (the
+// MNIST family, plain or gzip-compressed), NumPy .npy arrays and .npz
+// archives (stored or deflated zip members), the `--data` argument forms
+// (fashion-mnist, mnist, a directory, a .npz file, a comma-separated list of
+// array files), and a BatchIterator that shuffles per epoch from a seed and
+// can resume exactly from (epoch, position).
+//
+// Every loaded Dataset holds float32 images [N, ...] (uint8 pixels scaled to
+// [0, 1]; 3-D [N, H, W] image arrays get a channel axis: [N, 1, H, W]) and
+// int64 labels [N]. Label values are not range-checked here.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "graph/tensor.h"
+
+namespace castor::tools {
+
+struct Dataset {
+  std::string name;  // for messages: "fashion-mnist train", "data/train.npz", ...
+  Tensor images;     // float32 [N, ...]
+  Tensor labels;     // int64 [N]
+
+  int64_t size() const { return labels.dims().empty() ? 0 : labels.dims()[0]; }
+  // The dims of one sample: images.dims() without the leading N.
+  std::vector<int64_t> sample_dims() const;
+};
+
+struct DataSplits {
+  Dataset train;
+  Dataset test;  // empty (size() == 0) when the source has no test split
+  bool has_test() const { return test.size() > 0; }
+};
+
+// The directory `--data fashion-mnist` reads (Debian's dataset-fashion-mnist),
+// and the one `--data mnist` reads; both hold the four IDX files.
+inline constexpr char kFashionMnistDir[] = "/usr/share/datasets/fashion-mnist";
+inline constexpr char kMnistDir[] = "/usr/share/datasets/mnist";
+
+// --- IDX (http://yann.lecun.com/exdb/mnist/ format) -------------------------
+// A file is gzip-decompressed when it starts with the gzip magic, whatever its
+// name. Images: magic 0x00000803 (uint8, [N, H, W]) -> float32 [N, 1, H, W]
+// scaled by 1/255. Labels: magic 0x00000801 (uint8, [N]) -> int64 [N].
+// Errors name the file and what was expected versus found (magic, dims,
+// truncated or over-long data, corrupt gzip stream).
+absl::StatusOr<Tensor> ReadIdxImages(const std::string& path);
+absl::StatusOr<Tensor> ReadIdxLabels(const std::string& path);
+
+// --- .npz (a zip archive of .npy files) --------------------------------------
+// The arrays of an .npz, keyed by member name without ".npy". Members may be
+// stored (method 0) or deflated (method 8); ZIP64 records are understood; the
+// CRC-32 of every member is checked.
+absl::StatusOr<std::map<std::string, Tensor>> ReadNpz(const std::string& path);
+
+// --- array conversion -----------------------------------------------------
+// Images: uint8 -> float32 / 255; float16/bfloat16/float64/float32 ->
+// float32; rank 3 [N, H, W] -> [N, 1, H, W]; other ranks (>= 1) as they are.
+// Labels: any integer dtype -> int64; [N] or [N, 1] -> [N]. `source` names the
+// array in errors (wrong dtype or rank).
+absl::StatusOr<Tensor> ImagesFromArray(Tensor array, const std::string& source);
+absl::StatusOr<Tensor> LabelsFromArray(Tensor array, const std::string& source);
+
+// Pairs images with labels: fails, naming `name`, when the counts differ.
+absl::StatusOr<Dataset> MakeDataset(std::string name, Tensor images, Tensor labels);
+
+// One array file for a FILES list: .npy (by its magic) or IDX (anything else,
+// gzip or not). `as_labels` selects the label conversion.
+absl::StatusOr<Tensor> ReadArrayFile(const std::string& path, bool as_labels);
+
+// A directory holding train-images-idx3-ubyte, train-labels-idx1-ubyte,
+// t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (each optionally .gz), or
+// train.npz (and optionally test.npz).
+absl::StatusOr<DataSplits> LoadDataDirectory(const std::string& dir);
+
+// One .npz file: x_train/y_train (+ x_test/y_test) as Keras saves them, or
+// x/y, or images/labels (train only).
+absl::StatusOr<DataSplits> LoadNpzFile(const std::string& path);
+
+// The `--data` argument: "fashion-mnist", "mnist", a directory, a .npz file,
+// "IMAGES,LABELS" (one split: train) or "TRAIN_IMAGES,TRAIN_LABELS,TEST_IMAGES,
+// TEST_LABELS", each file .npy or IDX. Anything else is an error listing the
+// accepted forms.
+absl::StatusOr<DataSplits> LoadData(const std::string& spec);
+
+// --- batches ----------------------------------------------------------------
+struct Batch {
+  Tensor images;                 // float32 [B, ...]
+  Tensor labels;                 // int64 [B]
+  std::vector<int64_t> indices;  // the dataset rows, in batch order
+  int64_t epoch = 0;             // the epoch this batch belongs to
+  int64_t position = 0;          // its first sample's offset within the epoch order
+};
+
+// Copies rows `indices` of `dataset` into one batch.
+Batch GatherBatch(const Dataset& dataset, const std::vector<int64_t>& indices);
+
+struct BatchOptions {
+  int64_t batch_size = 32;
+  bool shuffle = true;     // false: dataset order every epoch
+  uint64_t seed = 0;       // epoch e is shuffled by std::mt19937_64(seed + e)
+  bool drop_last = false;  // true: skip an epoch's final partial batch
+};
+
+// Yields batches forever, epoch after epoch. The state is (epoch, position):
+// position counts the samples of the current epoch already yielded, so an
+// iterator created from a checkpoint's (epoch, position) yields the same next
+// batch as the one that was saved. After the last batch of an epoch the state
+// moves to (epoch + 1, 0) at once, so `while (it.epoch() < epochs)` loops
+// over whole epochs. The shuffle (Fisher-Yates over std::mt19937_64 with an
+// unbiased bounded draw) gives the same order on every platform.
+class BatchIterator {
+ public:
+  // `dataset` must outlive the iterator. Fails when the batch size is not
+  // positive, the dataset is empty, drop_last leaves no batch, or the
+  // position is out of range.
+  static absl::StatusOr<BatchIterator> Create(const Dataset& dataset, BatchOptions options,
+                                              int64_t epoch = 0, int64_t position = 0);
+
+  Batch Next();
+
+  int64_t epoch() const { return epoch_; }
+  int64_t position() const { return position_; }
+  // Batches in one epoch (counting a partial last batch unless drop_last).
+  int64_t batches_per_epoch() const;
+  // The sample order of the current epoch.
+  const std::vector<int64_t>& order() const { return order_; }
+
+  // The sample order of `epoch` for `size` samples under `options`.
+  static std::vector<int64_t> EpochOrder(int64_t size, const BatchOptions& options, int64_t epoch);
+
+ private:
+  BatchIterator(const Dataset& dataset, BatchOptions options) : dataset_(&dataset), options_(options) {}
+  void StartEpoch(int64_t epoch);
+  // Moves to the next epoch when the current one has no batch left.
+  void RollOverIfDone();
+
+  const Dataset* dataset_;
+  BatchOptions options_;
+  int64_t epoch_ = 0;
+  int64_t position_ = 0;
+  std::vector<int64_t> order_;
+};
+
+}  // namespace castor::tools
