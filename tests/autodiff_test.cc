@@ -24,23 +24,14 @@
 #include "gtest/gtest.h"
 #include "passes/autodiff.h"
 #include "passes/verifier.h"
+#include "tests/kernel_test_util.h"
 
 namespace castor {
 namespace {
 
 using ::testing::HasSubstr;
-
-template <typename T>
-T ValueOrDie(absl::StatusOr<T> result) {
-  EXPECT_TRUE(result.ok()) << result.status();
-  if (!result.ok()) std::abort();
-  return *std::move(result);
-}
-
-CpuBackend& Cpu() {
-  static CpuBackend* backend = new CpuBackend();
-  return *backend;
-}
+using testing::Cpu;
+using testing::ValueOrDie;
 
 // Values spread over [lo, hi] avoiding |x| < gap (kinks at 0, FD steps).
 Tensor RandomTensor(std::vector<int64_t> dims, std::mt19937& rng, float lo = -1.0f,

@@ -8,16 +8,15 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <sstream>
 
 #include "graph/onnx_io.h"
+#include "tests/cli_test_util.h"
 
 namespace castor::tools {
 namespace {
@@ -97,25 +96,12 @@ TEST(ExpectedFailuresTest, ParsesNamesReasonsAndComments) {
 
 // ---- the program on synthetic cases ---------------------------------------------
 
-struct Program {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
-class ConformanceProgramTest : public ::testing::Test {
+class ConformanceProgramTest : public CliTempDirTest {
  protected:
+  ConformanceProgramTest() : CliTempDirTest("conformance") {}
+
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("castor_conformance_test_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
+    CliTempDirTest::SetUp();
     cases_ = dir_ / "cases";
     const Tensor x = Floats({2, 2}, {1.0f, 2.0f, 3.0f, std::nanf("")});
     WriteCase("test_pass", x, x);
@@ -124,7 +110,6 @@ class ConformanceProgramTest : public ::testing::Test {
     WriteCase("test_nan_moved", x, Floats({2, 2}, {std::nanf(""), 2.0f, 3.0f, 4.0f}));
     WriteCase("test_shape", x, Floats({4}, {1.0f, 2.0f, 3.0f, std::nanf("")}));
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   // An Identity model y = x with one data set.
   void WriteCase(const std::string& name, const Tensor& input, const Tensor& output) {
@@ -147,11 +132,7 @@ class ConformanceProgramTest : public ::testing::Test {
   }
 
   Program Run(const std::string& flags) {
-    const fs::path out = dir_ / "out.txt", err = dir_ / "err.txt";
-    const std::string command = std::string(CASTOR_BINARY) + " conformance " + cases_.string() +
-                                " " + flags + " >" + out.string() + " 2>" + err.string();
-    const int status = std::system(command.c_str());
-    return Program{WEXITSTATUS(status), ReadFile(out), ReadFile(err)};
+    return RunCastor(dir_, "conformance " + cases_.string() + " " + flags);
   }
   std::string WriteList(const std::string& text) {
     const fs::path path = dir_ / "xfail.txt";
@@ -159,7 +140,7 @@ class ConformanceProgramTest : public ::testing::Test {
     return path.string();
   }
 
-  fs::path dir_, cases_;
+  fs::path cases_;
 };
 
 TEST_F(ConformanceProgramTest, ReportsEachFailureAndCounts) {

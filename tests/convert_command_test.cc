@@ -9,16 +9,15 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "graph/json.h"
 #include "graph/onnx_io.h"
 #include "passes/autocast.h"
+#include "tests/cli_test_util.h"
 #include "tools/inspect.h"
 
 namespace castor::tools {
@@ -28,40 +27,11 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-struct Program {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-Program RunCommand(int (*command)(const std::vector<std::string>&, std::ostream&, std::ostream&),
-            const std::vector<std::string>& args) {
-  std::ostringstream out, err;
-  Program program;
-  program.exit_code = command(args, out, err);
-  program.out = out.str();
-  program.err = err.str();
-  return program;
-}
-
-std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
 const std::string kCnn = std::string(CASTOR_SOURCE_DIR) + "/models/cnn_opset17.onnx";
 
-class ConvertTest : public ::testing::Test {
+class ConvertTest : public CliTempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("castor_convert_test_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  ConvertTest() : CliTempDirTest("convert") {}
 
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
 
@@ -80,8 +50,6 @@ class ConvertTest : public ::testing::Test {
     for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir_)) ++count;
     return count;
   }
-
-  fs::path dir_;
 };
 
 TEST_F(ConvertTest, HelpExplainsTheFlags) {

@@ -25,49 +25,16 @@
 namespace castor {
 namespace {
 
-using testing::SingleNode;
+using testing::Count;
+using testing::Cpu;
+using testing::ExpectNear;
+using testing::Make;
+using testing::RunNodeOf;
+using testing::Values;
 
 constexpr double kStep = 1e-3;
 constexpr double kRelTol = 1e-2;
 constexpr double kAbsTol = 1e-3;
-
-CpuBackend& Backend() {
-  static CpuBackend* backend = new CpuBackend();
-  return *backend;
-}
-
-int64_t Count(const std::vector<int64_t>& dims) {
-  int64_t n = 1;
-  for (int64_t d : dims) n *= d;
-  return n;
-}
-
-// A tensor of `dtype` holding `values` (rounded to the dtype).
-Tensor Make(DType dtype, const std::vector<int64_t>& dims, const std::vector<double>& values) {
-  Tensor t(dtype, dims);
-  EXPECT_EQ(static_cast<int64_t>(values.size()), t.num_elements());
-  for (int64_t i = 0; i < t.num_elements(); ++i) {
-    const double v = values[i];
-    switch (dtype) {
-      case DType::kFloat32: t.data<float>()[i] = static_cast<float>(v); break;
-      case DType::kFloat64: t.data<double>()[i] = v; break;
-      case DType::kFloat16: t.data<uint16_t>()[i] = FloatToHalfBits(static_cast<float>(v)); break;
-      case DType::kBFloat16:
-        t.data<uint16_t>()[i] = FloatToBFloat16Bits(static_cast<float>(v));
-        break;
-      case DType::kInt32: t.data<int32_t>()[i] = static_cast<int32_t>(v); break;
-      case DType::kInt64: t.data<int64_t>()[i] = static_cast<int64_t>(v); break;
-      default: ADD_FAILURE() << "Make: unsupported dtype"; break;
-    }
-  }
-  return t;
-}
-
-std::vector<double> Values(const Tensor& t) {
-  std::vector<double> v(static_cast<size_t>(t.num_elements()));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = t.GetDouble(static_cast<int64_t>(i));
-  return v;
-}
 
 Tensor Convert(const Tensor& t, DType dtype) { return Make(dtype, t.dims(), Values(t)); }
 
@@ -90,9 +57,9 @@ std::vector<Tensor> RunOp(const std::string& op, std::vector<Tensor> inputs,
                         std::vector<Attribute> attrs, int num_outputs = 1,
                         const std::string& domain = kCastorDomain, int64_t opset = 1,
                         std::vector<int> constant_inputs = {}) {
-  SingleNode node(op, std::move(inputs), std::move(attrs), opset, num_outputs, domain,
-                  std::move(constant_inputs));
-  absl::StatusOr<std::vector<Tensor>> out = node.Run(Backend());
+  absl::StatusOr<std::vector<Tensor>> out =
+      RunNodeOf(op, std::move(inputs), std::move(attrs), opset, num_outputs, domain,
+                std::move(constant_inputs));
   if (!out.ok()) {
     ADD_FAILURE() << op << ": " << out.status();
     return {};
@@ -103,8 +70,7 @@ std::vector<Tensor> RunOp(const std::string& op, std::vector<Tensor> inputs,
 // The status of building and running one node.
 absl::Status RunStatus(const std::string& op, std::vector<Tensor> inputs,
                        std::vector<Attribute> attrs, int num_outputs = 1) {
-  SingleNode node(op, std::move(inputs), std::move(attrs), 1, num_outputs, kCastorDomain);
-  return node.Run(Backend()).status();
+  return RunNodeOf(op, std::move(inputs), std::move(attrs), 1, num_outputs, kCastorDomain).status();
 }
 
 // Output 0 of the forward op for `inputs` (float64 where they are float).
@@ -146,22 +112,6 @@ std::vector<double> NumericGradient(const Forward& forward, std::vector<Tensor> 
     grad[i] = sum / (2 * h);
   }
   return grad;
-}
-
-void ExpectNear(const std::vector<double>& expected, const Tensor& actual, double rtol,
-                double atol, const std::string& what) {
-  ASSERT_EQ(static_cast<int64_t>(expected.size()), actual.num_elements()) << what;
-  int bad = 0;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const double a = actual.GetDouble(static_cast<int64_t>(i));
-    if (!(std::fabs(a - expected[i]) <= atol + rtol * std::fabs(expected[i]))) {
-      if (++bad <= 5) {
-        ADD_FAILURE() << what << ": element " << i << " is " << a << ", expected "
-                      << expected[i];
-      }
-    }
-  }
-  EXPECT_EQ(bad, 0) << what;
 }
 
 // The gradient `grad` (a kernel output) against finite differences over
@@ -215,7 +165,7 @@ TEST(GradientOps, RegisteredWithCategoryAndNoSecondOrderGradient) {
     ASSERT_NE(def, nullptr) << op;
     EXPECT_EQ(def->autocast, category) << op;
     EXPECT_EQ(def->no_gradient_reason, "second-order gradients are not supported") << op;
-    EXPECT_TRUE(Backend().kernels().HasOp(kCastorDomain, op)) << op;
+    EXPECT_TRUE(Cpu().kernels().HasOp(kCastorDomain, op)) << op;
   };
   for (const char* op : follow) check(op, AutocastCategory::kFollow);
   for (const char* op : deny) check(op, AutocastCategory::kDeny);

@@ -27,64 +27,25 @@
 #include "tests/kernel_test_util.h"
 
 namespace castor {
-
-// gtest printing: dtype, dims and the first elements.
-void PrintTo(const Tensor& t, std::ostream* os) {
-  *os << DTypeName(t.dtype()) << " " << t.shape().ToString() << " {";
-  for (int64_t i = 0; i < std::min<int64_t>(t.num_elements(), 24); ++i) {
-    *os << (i ? ", " : "") << t.GetDouble(i);
-  }
-  *os << (t.num_elements() > 24 ? ", ...}" : "}");
-}
-
 namespace {
 
 namespace fs = std::filesystem;
-using testing::SingleNode;
+using testing::Bits;
+using testing::ConformanceRoot;
+using testing::ConformanceSummary;
+using testing::Cpu;
+using testing::F32;
+using testing::F64;
+using testing::I64;
+using testing::RunConformanceCasesOf;
+using testing::RunNodeOf;
+using testing::RunOk;
 
-CpuBackend& Backend() {
-  static CpuBackend* backend = new CpuBackend(CpuBackendOptions{4});
-  return *backend;
-}
-
-Tensor Floats(std::vector<int64_t> dims, const std::vector<float>& values) {
-  return Tensor::FromVector(DType::kFloat32, std::move(dims), values);
-}
-Tensor Doubles(std::vector<int64_t> dims, const std::vector<double>& values) {
-  return Tensor::FromVector(DType::kFloat64, std::move(dims), values);
-}
-Tensor Int64s(std::vector<int64_t> dims, const std::vector<int64_t>& values) {
-  return Tensor::FromVector(DType::kInt64, std::move(dims), values);
-}
 Tensor Bits16(DType dtype, std::vector<int64_t> dims, const std::vector<uint16_t>& bits) {
   return Tensor::FromVector(dtype, std::move(dims), bits);
 }
 Tensor Bool(bool value) {
   return Tensor::FromVector(DType::kBool, {}, std::vector<uint8_t>{value});
-}
-
-absl::StatusOr<std::vector<Tensor>> RunNodeOf(const std::string& op, std::vector<Tensor> inputs,
-                                              std::vector<Attribute> attributes, int64_t opset,
-                                              int outputs = 1, const std::string& domain = "") {
-  SingleNode node(op, std::move(inputs), std::move(attributes), opset, outputs, domain);
-  if (!node.status().ok()) return node.status();
-  return node.Run(Backend());
-}
-
-std::vector<Tensor> RunOk(const std::string& op, std::vector<Tensor> inputs,
-                          std::vector<Attribute> attributes, int64_t opset, int outputs = 1,
-                          const std::string& domain = "") {
-  absl::StatusOr<std::vector<Tensor>> result =
-      RunNodeOf(op, std::move(inputs), std::move(attributes), opset, outputs, domain);
-  EXPECT_TRUE(result.ok()) << op << ": " << result.status();
-  if (!result.ok()) return std::vector<Tensor>(outputs);
-  return *std::move(result);
-}
-
-std::vector<uint16_t> BitsOf(const Tensor& t) {
-  std::vector<uint16_t> bits(t.num_elements());
-  std::memcpy(bits.data(), t.raw(), t.byte_size());
-  return bits;
 }
 
 // ---- Cast ----------------------------------------------------------------------
@@ -122,9 +83,9 @@ TEST(CpuCast, Float32ToFloat16RoundsToNearestEven) {
     expected.push_back(bits);
   }
   values.push_back(nan);
-  const Tensor out = CastTo(Floats({static_cast<int64_t>(values.size())}, values), DType::kFloat16);
+  const Tensor out = CastTo(F32({static_cast<int64_t>(values.size())}, values), DType::kFloat16);
   ASSERT_EQ(out.dtype(), DType::kFloat16);
-  std::vector<uint16_t> bits = BitsOf(out);
+  std::vector<uint16_t> bits = Bits(out);
   const uint16_t nan_bits = bits.back();
   bits.pop_back();
   EXPECT_EQ((nan_bits & 0x7c00), 0x7c00);
@@ -149,7 +110,7 @@ TEST(CpuCast, Float32ToBFloat16RoundsToNearestEven) {
   for (const auto& c : cases) values.push_back(c.first);
   values.push_back(std::numeric_limits<float>::quiet_NaN());
   const std::vector<uint16_t> bits =
-      BitsOf(CastTo(Floats({static_cast<int64_t>(values.size())}, values), DType::kBFloat16));
+      Bits(CastTo(F32({static_cast<int64_t>(values.size())}, values), DType::kBFloat16));
   for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(bits[i], cases[i].second) << values[i];
   EXPECT_EQ((bits.back() & 0x7f80), 0x7f80);
   EXPECT_NE((bits.back() & 0x007f), 0) << "NaN must stay NaN";
@@ -160,29 +121,29 @@ TEST(CpuCast, Float64And64BitIntsRoundOnceTo16BitFloats) {
   // second rounding would go to even (0x3c00). One rounding gives 0x3c01.
   const double above_half_midpoint = 1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40);
   const double above_bf16_midpoint = 1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40);
-  EXPECT_EQ(BitsOf(CastTo(Doubles({2}, {above_half_midpoint, 1e300}), DType::kFloat16)),
+  EXPECT_EQ(Bits(CastTo(F64({2}, {above_half_midpoint, 1e300}), DType::kFloat16)),
             (std::vector<uint16_t>{0x3c01, 0x7c00}));
-  EXPECT_EQ(BitsOf(CastTo(Doubles({2}, {above_bf16_midpoint, -1e300}), DType::kBFloat16)),
+  EXPECT_EQ(Bits(CastTo(F64({2}, {above_bf16_midpoint, -1e300}), DType::kBFloat16)),
             (std::vector<uint16_t>{0x3f81, 0xff80}));
   // 2^24 + 2^16 + 1: float32 rounds it to the bfloat16 midpoint 2^24 + 2^16.
-  EXPECT_EQ(BitsOf(CastTo(Int64s({2}, {16842753, -16842753}), DType::kBFloat16)),
+  EXPECT_EQ(Bits(CastTo(I64({2}, {16842753, -16842753}), DType::kBFloat16)),
             (std::vector<uint16_t>{0x4b81, 0xcb81}));
-  EXPECT_EQ(BitsOf(CastTo(Int64s({3}, {2049, 65519, 70000}), DType::kFloat16)),
+  EXPECT_EQ(Bits(CastTo(I64({3}, {2049, 65519, 70000}), DType::kFloat16)),
             (std::vector<uint16_t>{0x6800, 0x7bff, 0x7c00}));  // 2049 ties to 2048
 }
 
 TEST(CpuCast, FloatToIntTruncatesAndBoolIsNonZero) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  Tensor in = Floats({7}, {2.7f, -2.7f, 0.5f, -0.0f, 0.0f, 100.9f, nan});
+  Tensor in = F32({7}, {2.7f, -2.7f, 0.5f, -0.0f, 0.0f, 100.9f, nan});
   EXPECT_EQ(CastTo(in, DType::kInt64).ToInt64Vector(),
             (std::vector<int64_t>{2, -2, 0, 0, 0, 100, 0}));
   EXPECT_EQ(CastTo(in, DType::kInt8).ToInt64Vector(),
             (std::vector<int64_t>{2, -2, 0, 0, 0, 100, 0}));
   EXPECT_EQ(CastTo(in, DType::kBool).ToInt64Vector(), (std::vector<int64_t>{1, 1, 1, 0, 0, 1, 1}));
   Tensor flags = Tensor::FromVector(DType::kBool, {3}, std::vector<uint8_t>{1, 0, 1});
-  EXPECT_EQ(CastTo(flags, DType::kFloat32), Floats({3}, {1, 0, 1}));
-  EXPECT_EQ(BitsOf(CastTo(flags, DType::kBFloat16)), (std::vector<uint16_t>{0x3f80, 0, 0x3f80}));
-  EXPECT_EQ(CastTo(Int64s({2}, {300, -1}), DType::kUInt8).ToInt64Vector(),
+  EXPECT_EQ(CastTo(flags, DType::kFloat32), F32({3}, {1, 0, 1}));
+  EXPECT_EQ(Bits(CastTo(flags, DType::kBFloat16)), (std::vector<uint16_t>{0x3f80, 0, 0x3f80}));
+  EXPECT_EQ(CastTo(I64({2}, {300, -1}), DType::kUInt8).ToInt64Vector(),
             (std::vector<int64_t>{44, 255}));  // integer narrowing wraps
 }
 
@@ -198,7 +159,7 @@ TEST(CpuCast, EveryDTypePairKeepsSmallValues) {
     if (from != DType::kBool) values = {0, 1, 3, 100, 7, 64};
     const bool is_signed = IsSignedInteger(from) || IsFloatingPoint(from);
     if (is_signed) values.push_back(-5);
-    Tensor source = CastTo(Doubles({static_cast<int64_t>(values.size())}, values), from);
+    Tensor source = CastTo(F64({static_cast<int64_t>(values.size())}, values), from);
     for (DType to : types) {
       SCOPED_TRACE(absl::StrCat(DTypeName(from), " -> ", DTypeName(to)));
       const Tensor out = CastTo(source, to);
@@ -227,27 +188,27 @@ TEST(CpuConstant, EveryValueAttribute) {
   EXPECT_EQ(RunOk("Constant", {}, {Attribute::Float("value_float", 2.5f)}, 13)[0],
             Tensor::Scalar(2.5f));
   EXPECT_EQ(RunOk("Constant", {}, {Attribute::Floats("value_floats", {1, 2})}, 13)[0],
-            Floats({2}, {1, 2}));
-  EXPECT_EQ(RunOk("Constant", {}, {Attribute::Int("value_int", -7)}, 13)[0], Int64s({}, {-7}));
+            F32({2}, {1, 2}));
+  EXPECT_EQ(RunOk("Constant", {}, {Attribute::Int("value_int", -7)}, 13)[0], I64({}, {-7}));
   EXPECT_EQ(RunOk("Constant", {}, {Attribute::Ints("value_ints", {4, 5, 6})}, 13)[0],
-            Int64s({3}, {4, 5, 6}));
+            I64({3}, {4, 5, 6}));
 }
 
 TEST(CpuConstantOfShape, DefaultsToFloatZeroAndFillsValue) {
-  EXPECT_EQ(RunOk("ConstantOfShape", {Int64s({2}, {2, 3})}, {}, 13)[0],
+  EXPECT_EQ(RunOk("ConstantOfShape", {I64({2}, {2, 3})}, {}, 13)[0],
             Tensor(DType::kFloat32, {2, 3}));
-  Tensor seven = Int64s({1}, {7});
-  EXPECT_EQ(RunOk("ConstantOfShape", {Int64s({3}, {2, 1, 2})},
+  Tensor seven = I64({1}, {7});
+  EXPECT_EQ(RunOk("ConstantOfShape", {I64({3}, {2, 1, 2})},
                   {Attribute::TensorValue("value", seven)}, 13)[0],
-            Int64s({2, 1, 2}, {7, 7, 7, 7}));
+            I64({2, 1, 2}, {7, 7, 7, 7}));
   Tensor half_one = Bits16(DType::kFloat16, {1}, {0x3c00});
-  EXPECT_EQ(RunOk("ConstantOfShape", {Int64s({1}, {3})},
+  EXPECT_EQ(RunOk("ConstantOfShape", {I64({1}, {3})},
                   {Attribute::TensorValue("value", half_one)}, 13)[0],
             Bits16(DType::kFloat16, {3}, {0x3c00, 0x3c00, 0x3c00}));
-  EXPECT_EQ(RunOk("ConstantOfShape", {Int64s({2}, {0, 4})}, {}, 13)[0].dims(),
+  EXPECT_EQ(RunOk("ConstantOfShape", {I64({2}, {0, 4})}, {}, 13)[0].dims(),
             (std::vector<int64_t>{0, 4}));
   absl::StatusOr<std::vector<Tensor>> bad =
-      RunNodeOf("ConstantOfShape", {Int64s({2}, {2, -1})}, {}, 13);
+      RunNodeOf("ConstantOfShape", {I64({2}, {2, -1})}, {}, 13);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(std::string(bad.status().message()).find("[2,-1]"), std::string::npos) << bad.status();
 }
@@ -266,13 +227,13 @@ TEST(CpuIdentity, CopiesEveryDType) {
 
 TEST(CpuRange, FloatAndIntTypes) {
   EXPECT_EQ(RunOk("Range", {Tensor::Scalar(1), Tensor::Scalar(5), Tensor::Scalar(1.5f)}, {}, 11)[0],
-            Floats({3}, {1, 2.5f, 4}));
-  EXPECT_EQ(RunOk("Range", {Int64s({}, {10}), Int64s({}, {4}), Int64s({}, {-3})}, {}, 11)[0],
-            Int64s({2}, {10, 7}));
-  EXPECT_EQ(RunOk("Range", {Int64s({}, {1}), Int64s({}, {1}), Int64s({}, {1})}, {}, 11)[0].dims(),
+            F32({3}, {1, 2.5f, 4}));
+  EXPECT_EQ(RunOk("Range", {I64({}, {10}), I64({}, {4}), I64({}, {-3})}, {}, 11)[0],
+            I64({2}, {10, 7}));
+  EXPECT_EQ(RunOk("Range", {I64({}, {1}), I64({}, {1}), I64({}, {1})}, {}, 11)[0].dims(),
             (std::vector<int64_t>{0}));
-  EXPECT_EQ(RunOk("Range", {Doubles({}, {0.5}), Doubles({}, {-1}), Doubles({}, {-0.5})}, {}, 11)[0],
-            Doubles({3}, {0.5, 0, -0.5}));
+  EXPECT_EQ(RunOk("Range", {F64({}, {0.5}), F64({}, {-1}), F64({}, {-0.5})}, {}, 11)[0],
+            F64({3}, {0.5, 0, -0.5}));
   const auto i16 = [](int16_t v) {
     return Tensor::FromVector(DType::kInt16, {}, std::vector<int16_t>{v});
   };
@@ -284,7 +245,7 @@ TEST(CpuRange, FloatAndIntTypes) {
   EXPECT_EQ(RunOk("Range", {i32(0), i32(7), i32(2)}, {}, 11)[0],
             Tensor::FromVector(DType::kInt32, {4}, std::vector<int32_t>{0, 2, 4, 6}));
   absl::StatusOr<std::vector<Tensor>> bad =
-      RunNodeOf("Range", {Int64s({}, {0}), Int64s({}, {3}), Int64s({}, {0})}, {}, 11);
+      RunNodeOf("Range", {I64({}, {0}), I64({}, {3}), I64({}, {0})}, {}, 11);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(std::string(bad.status().message()).find("delta is 0"), std::string::npos);
 }
@@ -292,7 +253,7 @@ TEST(CpuRange, FloatAndIntTypes) {
 // ---- Dropout -------------------------------------------------------------------
 
 TEST(CpuDropout, InferenceIsIdentityWithAllTrueMask) {
-  Tensor x = Floats({2, 3}, {1, -2, 3, -4, 5, -6});
+  Tensor x = F32({2, 3}, {1, -2, 3, -4, 5, -6});
   Tensor all_true = Tensor::FromVector(DType::kBool, {2, 3}, std::vector<uint8_t>(6, 1));
   // Opset 13: no training_mode input.
   std::vector<Tensor> out = RunOk("Dropout", {x, Tensor::Scalar(0.5f)}, {}, 13, 2);
@@ -309,14 +270,14 @@ TEST(CpuDropout, InferenceIsIdentityWithAllTrueMask) {
   // Opset 7: ratio attribute, the mask has the data's dtype.
   out = RunOk("Dropout", {x}, {Attribute::Float("ratio", 0.3f)}, 7, 2);
   EXPECT_EQ(out[0], x);
-  EXPECT_EQ(out[1], Floats({2, 3}, {1, 1, 1, 1, 1, 1}));
+  EXPECT_EQ(out[1], F32({2, 3}, {1, 1, 1, 1, 1, 1}));
 }
 
 TEST(CpuDropout, TrainingKeepsScaledElementsWithASeededMask) {
   const int64_t n = 20000;
   std::vector<float> values(n);
   for (int64_t i = 0; i < n; ++i) values[i] = 0.25f * static_cast<float>(i % 17) + 1.0f;
-  Tensor x = Floats({n}, values);
+  Tensor x = F32({n}, values);
   std::vector<Tensor> out =
       RunOk("Dropout", {x, Tensor::Scalar(0.75f), Bool(true)}, {Attribute::Int("seed", 42)}, 13, 2);
   ASSERT_EQ(out[1].dtype(), DType::kBool);
@@ -337,10 +298,10 @@ TEST(CpuDropout, TrainingKeepsScaledElementsWithASeededMask) {
   // The uniform draws follow numpy's RandomState(seed).uniform: for seed 0
   // they start 0.5488, 0.7152, 0.6028.
   std::vector<Tensor> first =
-      RunOk("Dropout", {Floats({3}, {1, 1, 1}), Tensor::Scalar(0.6f), Bool(true)}, {}, 13, 2);
+      RunOk("Dropout", {F32({3}, {1, 1, 1}), Tensor::Scalar(0.6f), Bool(true)}, {}, 13, 2);
   EXPECT_EQ(first[1].ToInt64Vector(), (std::vector<int64_t>{0, 1, 1}));
   const float scale = 1.0f / (1.0f - 0.6f);  // as numpy computes it in float32
-  EXPECT_EQ(first[0], Floats({3}, {0, scale, scale}));
+  EXPECT_EQ(first[0], F32({3}, {0, scale, scale}));
 }
 
 TEST(CpuDropout, BFloat16TrainingScalesInFloat32) {
@@ -436,10 +397,10 @@ void CheckLoss(const std::string& op, const LossCase& c, DType score_dtype) {
   }
   std::vector<double> weight_values;
   for (int64_t k = 0; k < classes; ++k) weight_values.push_back(0.5 + 0.25 * k);
-  Tensor weights = CastTo(Doubles({classes}, weight_values), score_dtype);
+  Tensor weights = CastTo(F64({classes}, weight_values), score_dtype);
   for (int64_t k = 0; k < classes; ++k) weight_values[k] = weights.GetDouble(k);
 
-  std::vector<Tensor> inputs = {scores, Int64s(label_dims, labels)};
+  std::vector<Tensor> inputs = {scores, I64(label_dims, labels)};
   if (c.weighted) inputs.push_back(weights);
   std::vector<Attribute> attributes = {Attribute::String("reduction", c.reduction)};
   if (c.ignore) attributes.push_back(Attribute::Int("ignore_index", c.ignore_index));
@@ -505,7 +466,7 @@ TEST(CpuLosses, SixteenBitScoresAccumulateInFloat32) {
 }
 
 TEST(CpuLosses, Int32LabelsAndOutOfRangeLabel) {
-  Tensor scores = Floats({2, 3}, {0.1f, 0.2f, 0.3f, 1.0f, 2.0f, 3.0f});
+  Tensor scores = F32({2, 3}, {0.1f, 0.2f, 0.3f, 1.0f, 2.0f, 3.0f});
   Tensor labels = Tensor::FromVector(DType::kInt32, {2}, std::vector<int32_t>{2, 0});
   std::vector<Tensor> out = RunOk("NegativeLogLikelihoodLoss", {scores, labels},
                                   {Attribute::String("reduction", "sum")}, 13);
@@ -538,21 +499,21 @@ TEST(CpuOptimizers, MomentumStandardAndNesterovHandComputed) {
   //   v' = 0.9 * 0.2 + 0.8 * 0.5 = 0.58; standard x' = 1 - 0.1 * 0.58 = 0.942
   //   nesterov x' = 1 - 0.1 * (0.5 + 0.9 * 0.58) = 0.8978
   std::vector<Tensor> out = RunOptimizer("Momentum",
-                                         {Tensor::Scalar(0.1f), Int64s({}, {1}), Floats({1}, {1}),
-                                          Floats({1}, {0.5f}), Floats({1}, {0.2f})},
+                                         {Tensor::Scalar(0.1f), I64({}, {1}), F32({1}, {1}),
+                                          F32({1}, {0.5f}), F32({1}, {0.2f})},
                                          with_mode("standard"), 2);
   EXPECT_NEAR(out[0].GetDouble(0), 0.942, 1e-6);
   EXPECT_NEAR(out[1].GetDouble(0), 0.58, 1e-6);
   out = RunOptimizer("Momentum",
-                     {Tensor::Scalar(0.1f), Int64s({}, {1}), Floats({1}, {1}), Floats({1}, {0.5f}),
-                      Floats({1}, {0.2f})},
+                     {Tensor::Scalar(0.1f), I64({}, {1}), F32({1}, {1}), F32({1}, {0.5f}),
+                      F32({1}, {0.2f})},
                      with_mode("nesterov"), 2);
   EXPECT_NEAR(out[0].GetDouble(0), 0.8978, 1e-6);
   EXPECT_NEAR(out[1].GetDouble(0), 0.58, 1e-6);
   // T = 0: the gradient's coefficient is 1: v' = 0.18 + 0.5 = 0.68.
   out = RunOptimizer("Momentum",
-                     {Tensor::Scalar(0.1f), Int64s({}, {0}), Floats({1}, {1}), Floats({1}, {0.5f}),
-                      Floats({1}, {0.2f})},
+                     {Tensor::Scalar(0.1f), I64({}, {0}), F32({1}, {1}), F32({1}, {0.5f}),
+                      F32({1}, {0.2f})},
                      with_mode("standard"), 2);
   EXPECT_NEAR(out[1].GetDouble(0), 0.68, 1e-6);
   EXPECT_NEAR(out[0].GetDouble(0), 0.932, 1e-6);
@@ -563,8 +524,8 @@ TEST(CpuOptimizers, AdagradWithDecayAndNormCoefficient) {
   // norm 0.1 -> g' = 0.6, h' = 1.11, x' = 1 - 0.05 * 0.6 / (sqrt(1.11) + 1e-6).
   std::vector<Tensor> out =
       RunOptimizer("Adagrad",
-                   {Tensor::Scalar(0.1f), Int64s({}, {2}), Floats({2}, {1, -2}),
-                    Floats({2}, {0.5f, 0}), Floats({2}, {0.75f, 0})},
+                   {Tensor::Scalar(0.1f), I64({}, {2}), F32({2}, {1, -2}),
+                    F32({2}, {0.5f, 0}), F32({2}, {0.75f, 0})},
                    {Attribute::Float("decay_factor", 0.5f),
                     Attribute::Float("norm_coefficient", 0.1f), Attribute::Float("epsilon", 1e-6f)},
                    2);
@@ -582,8 +543,8 @@ TEST(CpuOptimizers, AdamBiasCorrectionAndNormCoefficientPost) {
   const double r_adjusted = 0.1 * std::sqrt(1 - 0.999) / (1 - 0.9);
   const double expected_x = 0.9 * (1 - r_adjusted * 0.05 / (std::sqrt(0.00025) + 1e-6));
   std::vector<Tensor> out = RunOptimizer("Adam",
-                                         {Tensor::Scalar(0.1f), Int64s({}, {1}), Floats({1}, {1}),
-                                          Floats({1}, {0.5f}), Floats({1}, {0}), Floats({1}, {0})},
+                                         {Tensor::Scalar(0.1f), I64({}, {1}), F32({1}, {1}),
+                                          F32({1}, {0.5f}), F32({1}, {0}), F32({1}, {0})},
                                          {Attribute::Float("norm_coefficient_post", 0.1f)}, 3);
   EXPECT_NEAR(out[0].GetDouble(0), expected_x, 1e-5);
   EXPECT_NEAR(out[1].GetDouble(0), 0.05, 1e-7);
@@ -591,8 +552,8 @@ TEST(CpuOptimizers, AdamBiasCorrectionAndNormCoefficientPost) {
   EXPECT_NEAR(out[2].GetDouble(0), (1 - static_cast<double>(0.999f)) * 0.25, 1e-10);
   // T = 0: no bias correction: x' = 1 - 0.1 * 0.05 / (sqrt(0.00025) + 1e-6).
   out = RunOptimizer("Adam",
-                     {Tensor::Scalar(0.1f), Int64s({}, {0}), Floats({1}, {1}), Floats({1}, {0.5f}),
-                      Floats({1}, {0}), Floats({1}, {0})},
+                     {Tensor::Scalar(0.1f), I64({}, {0}), F32({1}, {1}), F32({1}, {0.5f}),
+                      F32({1}, {0}), F32({1}, {0})},
                      {}, 3);
   EXPECT_NEAR(out[0].GetDouble(0), 1 - 0.1 * 0.05 / (std::sqrt(0.00025) + 1e-6), 1e-5);
 }
@@ -602,126 +563,36 @@ TEST(CpuOptimizers, SeveralTensorsPerNodeAndFloat64) {
   // X1_new, X2_new, V1_new, V2_new.
   std::vector<Tensor> out = RunOptimizer(
       "Momentum",
-      {Doubles({}, {0.5}), Int64s({}, {3}), Doubles({1}, {1}), Doubles({2}, {2, 3}),
-       Doubles({1}, {1}), Doubles({2}, {-1, 0}), Doubles({1}, {0}), Doubles({2}, {1, 1})},
+      {F64({}, {0.5}), I64({}, {3}), F64({1}, {1}), F64({2}, {2, 3}),
+       F64({1}, {1}), F64({2}, {-1, 0}), F64({1}, {0}), F64({2}, {1, 1})},
       {Attribute::Float("alpha", 0.5f), Attribute::Float("beta", 1.0f),
        Attribute::Float("norm_coefficient", 0.0f), Attribute::String("mode", "standard")},
       4);
   ASSERT_EQ(out[1].dims(), (std::vector<int64_t>{2}));
-  EXPECT_EQ(out[0], Doubles({1}, {0.5}));         // v1' = 1, x1' = 1 - 0.5
-  EXPECT_EQ(out[1], Doubles({2}, {2.25, 2.75}));  // v2' = (-0.5, 0.5)
-  EXPECT_EQ(out[2], Doubles({1}, {1}));
-  EXPECT_EQ(out[3], Doubles({2}, {-0.5, 0.5}));
+  EXPECT_EQ(out[0], F64({1}, {0.5}));         // v1' = 1, x1' = 1 - 0.5
+  EXPECT_EQ(out[1], F64({2}, {2.25, 2.75}));  // v2' = (-0.5, 0.5)
+  EXPECT_EQ(out[2], F64({1}, {1}));
+  EXPECT_EQ(out[3], F64({2}, {-0.5, 0.5}));
 }
 
 // ---- Conformance ----------------------------------------------------------------
 
-absl::Status CompareTensors(const Tensor& got, const Tensor& expected, double rtol, double atol) {
-  if (got.dtype() != expected.dtype() || got.dims() != expected.dims()) {
-    return absl::InternalError(
-        absl::StrCat("got ", DTypeName(got.dtype()), " ", got.shape().ToString(), ", expected ",
-                     DTypeName(expected.dtype()), " ", expected.shape().ToString()));
-  }
-  for (int64_t i = 0; i < got.num_elements(); ++i) {
-    if (IsFloatingPoint(got.dtype())) {
-      const double g = got.GetDouble(i), e = expected.GetDouble(i);
-      if ((std::isnan(e) && std::isnan(g)) || g == e) continue;
-      if (!(std::fabs(g - e) <= atol + rtol * std::fabs(e))) {
-        return absl::InternalError(absl::StrCat("element ", i, ": got ", g, ", expected ", e));
-      }
-    } else if (got.GetInt64(i) != expected.GetInt64(i)) {
-      return absl::InternalError(absl::StrCat("element ", i, ": got ", got.GetInt64(i),
-                                              ", expected ", expected.GetInt64(i)));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status RunConformanceCase(const fs::path& dir, const Model& model) {
-  const Graph& graph = *model.graph;
-  const Node& node = *graph.nodes()[0];
-  std::vector<Tensor> graph_inputs;
-  for (size_t k = 0; k < graph.inputs().size(); ++k) {
-    absl::StatusOr<Tensor> t = LoadTensorProtoFile(
-        (dir / "test_data_set_0" / ("input_" + std::to_string(k) + ".pb")).string());
-    if (!t.ok()) return t.status();
-    graph_inputs.push_back(*std::move(t));
-  }
-  std::vector<const Tensor*> inputs;
-  for (const Value* v : node.inputs()) {
-    const Tensor* tensor = nullptr;
-    for (size_t k = 0; v != nullptr && k < graph.inputs().size(); ++k) {
-      if (graph.inputs()[k] == v) tensor = &graph_inputs[k];
-    }
-    if (v != nullptr && tensor == nullptr) tensor = v->initializer();
-    if (v != nullptr && tensor == nullptr) {
-      return absl::InternalError(absl::StrCat("no data for node input '", v->name(), "'"));
-    }
-    inputs.push_back(tensor);
-  }
-  absl::StatusOr<std::vector<Tensor>> outputs =
-      RunNode(Backend(), node, model.OpsetVersion(node.domain()), inputs);
-  if (!outputs.ok()) return outputs.status();
-  for (size_t k = 0; k < graph.outputs().size(); ++k) {
-    absl::StatusOr<Tensor> expected = LoadTensorProtoFile(
-        (dir / "test_data_set_0" / ("output_" + std::to_string(k) + ".pb")).string());
-    if (!expected.ok()) return expected.status();
-    int slot = -1;
-    for (int o = 0; o < node.num_outputs(); ++o) {
-      if (node.output(o) == graph.outputs()[k]) slot = o;
-    }
-    if (slot < 0)
-      return absl::InternalError(absl::StrCat("graph output ", k, " is not the node's"));
-    absl::Status s = CompareTensors((*outputs)[slot], *expected, 1e-3, 1e-7);
-    if (!s.ok()) return absl::InternalError(absl::StrCat("output ", k, ": ", s.message()));
-  }
-  return absl::OkStatus();
-}
-
 TEST(CpuMiscLossTrainingConformance, NodeCasesOfTheseOpsPass) {
-  const std::set<std::string> ops = {"Cast",
-                                     "Constant",
-                                     "ConstantOfShape",
-                                     "Dropout",
-                                     "Identity",
-                                     "Range",
-                                     "SoftmaxCrossEntropyLoss",
-                                     "NegativeLogLikelihoodLoss",
-                                     "Adagrad",
-                                     "Adam",
-                                     "Momentum"};
-  const fs::path root = fs::path(CASTOR_SHARED_DIR) / "conformance" / "onnx-node";
-  if (!fs::is_directory(root)) GTEST_SKIP() << "no conformance data at " << root;
-  std::vector<fs::path> dirs;
-  for (const auto& entry : fs::directory_iterator(root)) dirs.push_back(entry.path());
-  std::sort(dirs.begin(), dirs.end());
-  int passed = 0;
-  std::vector<std::string> failed, multi_node;
-  for (const fs::path& dir : dirs) {
-    absl::StatusOr<Model> model = LoadModel((dir / "model.onnx").string());
-    if (!model.ok()) continue;
-    const Graph& graph = *model->graph;
-    bool ours = !graph.nodes().empty();
-    for (const Node* n : graph.nodes()) ours = ours && ops.count(n->op_type()) > 0;
-    if (!ours) continue;
-    const std::string name = dir.filename().string();
-    if (graph.num_nodes() != 1) {
-      multi_node.push_back(name);
-      continue;
-    }
-    absl::Status status = InferTypes(*model);
-    if (status.ok()) status = RunConformanceCase(dir, *model);
-    if (status.ok()) {
-      ++passed;
-    } else {
-      failed.push_back(absl::StrCat(name, ": ", status.message()));
-    }
+  if (!fs::is_directory(ConformanceRoot())) {
+    GTEST_SKIP() << "no conformance data at " << ConformanceRoot();
   }
-  std::cout << "misc/loss/training conformance: " << passed << " passed, " << failed.size()
-            << " failed, " << multi_node.size() << " multi-node skipped\n";
-  for (const std::string& f : failed) ADD_FAILURE() << f;
-  for (const std::string& m : multi_node) std::cout << "  skipped (multi-node): " << m << "\n";
-  EXPECT_GE(passed, 50);
+  const ConformanceSummary summary = RunConformanceCasesOf(
+      Cpu(), {"Cast", "Constant", "ConstantOfShape", "Dropout", "Identity", "Range",
+              "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "Adagrad", "Adam",
+              "Momentum"});
+  std::cout << "misc/loss/training conformance: " << summary.passed << " passed, "
+            << summary.failures.size() << " failed, " << summary.multi_node.size()
+            << " multi-node skipped\n";
+  for (const std::string& f : summary.failures) ADD_FAILURE() << f;
+  for (const std::string& m : summary.multi_node) {
+    std::cout << "  skipped (multi-node): " << m << "\n";
+  }
+  EXPECT_GE(summary.passed, 50);
 }
 
 }  // namespace

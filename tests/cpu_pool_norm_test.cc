@@ -27,92 +27,18 @@
 namespace castor {
 namespace {
 
+using testing::ConformanceSummary;
+using testing::Count;
+using testing::Cpu;
+using testing::ExpectNear;
+using testing::Make;
+using testing::Random;
+using testing::RoundTo;
+using testing::RunConformanceCasesOf;
+using testing::RunOk;
 using testing::SingleNode;
-
-CpuBackend& Backend() {
-  static CpuBackend* backend = new CpuBackend();
-  return *backend;
-}
-
-int64_t Count(const std::vector<int64_t>& dims) {
-  int64_t n = 1;
-  for (int64_t d : dims) n *= d;
-  return n;
-}
-
-// A tensor of `dtype` holding `values` (rounded to the dtype).
-Tensor Make(DType dtype, const std::vector<int64_t>& dims, const std::vector<double>& values) {
-  Tensor t(dtype, dims);
-  for (int64_t i = 0; i < t.num_elements(); ++i) {
-    const double v = values[i];
-    switch (dtype) {
-      case DType::kFloat32: t.data<float>()[i] = static_cast<float>(v); break;
-      case DType::kFloat64: t.data<double>()[i] = v; break;
-      case DType::kFloat16: t.data<uint16_t>()[i] = FloatToHalfBits(static_cast<float>(v)); break;
-      case DType::kBFloat16:
-        t.data<uint16_t>()[i] = FloatToBFloat16Bits(static_cast<float>(v));
-        break;
-      case DType::kInt32: t.data<int32_t>()[i] = static_cast<int32_t>(v); break;
-      case DType::kInt64: t.data<int64_t>()[i] = static_cast<int64_t>(v); break;
-      default: ADD_FAILURE() << "Make: unsupported dtype"; break;
-    }
-  }
-  return t;
-}
-
-std::vector<double> Values(const Tensor& t) {
-  std::vector<double> v(static_cast<size_t>(t.num_elements()));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = t.GetDouble(static_cast<int64_t>(i));
-  return v;
-}
-
-// Uniform in [-1, 1), or small integers in [-3, 3] when `integers`.
-std::vector<double> Random(int64_t n, unsigned seed, bool integers = false) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<double> real(-1.0, 1.0);
-  std::uniform_int_distribution<int> small(-3, 3);
-  std::vector<double> v(static_cast<size_t>(n));
-  for (double& x : v) x = integers ? small(rng) : real(rng);
-  return v;
-}
-
-// The values as float32 would store them after one rounding to `dtype`.
-std::vector<double> RoundTo(DType dtype, const std::vector<double>& v) {
-  return Values(Make(dtype, {static_cast<int64_t>(v.size())}, v));
-}
-
-void ExpectNear(const std::vector<double>& expected, const Tensor& actual, double rtol,
-                double atol, const std::string& what) {
-  ASSERT_EQ(static_cast<int64_t>(expected.size()), actual.num_elements()) << what;
-  int bad = 0;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const double a = actual.GetDouble(static_cast<int64_t>(i));
-    if (!(std::fabs(a - expected[i]) <= atol + rtol * std::fabs(expected[i]))) {
-      if (++bad <= 5) ADD_FAILURE() << what << ": element " << i << " is " << a << ", expected " << expected[i];
-    }
-  }
-  EXPECT_EQ(bad, 0) << what;
-}
-
-std::vector<Tensor> RunOk(const std::string& op, std::vector<Tensor> inputs,
-                          std::vector<Attribute> attrs, int64_t opset = 17, int outputs = 1) {
-  SingleNode node(op, std::move(inputs), std::move(attrs), opset, outputs);
-  EXPECT_TRUE(node.status().ok()) << node.status();
-  absl::StatusOr<std::vector<Tensor>> out = node.Run(Backend());
-  EXPECT_TRUE(out.ok()) << out.status();
-  if (!out.ok()) return {};
-  return *out;
-}
-
-std::vector<int64_t> Unravel(int64_t flat, const std::vector<int64_t>& dims) {
-  std::vector<int64_t> idx(dims.size());
-  for (size_t d = dims.size(); d-- > 0;) {
-    idx[d] = flat % dims[d];
-    flat /= dims[d];
-  }
-  return idx;
-}
-
+using testing::Unravel;
+using testing::Values;
 
 // ---- Pools --------------------------------------------------------------------
 
@@ -535,88 +461,15 @@ TEST(CpuLayerNorm, AxesAndStatisticsOutputs) {
 
 // ---- Conformance cases -------------------------------------------------------
 
-// Runs the single node of conformance case `dir` and compares every output
-// (rtol 1e-3, atol 1e-7). Returns "" when it passes, else why not.
-std::string RunConformanceCase(const std::filesystem::path& dir) {
-  absl::StatusOr<Model> model = LoadModel((dir / "model.onnx").string());
-  if (!model.ok()) return std::string(model.status().message());
-  if (absl::Status s = InferTypes(*model); !s.ok()) return "InferTypes: " + std::string(s.message());
-  const Graph& g = *model->graph;
-  if (g.num_nodes() != 1) return "not a single-node model";
-  std::vector<Tensor> inputs;
-  for (size_t i = 0; i < g.inputs().size(); ++i) {
-    absl::StatusOr<Tensor> t = LoadTensorProtoFile(
-        (dir / "test_data_set_0" / ("input_" + std::to_string(i) + ".pb")).string());
-    if (!t.ok()) return std::string(t.status().message());
-    inputs.push_back(std::move(*t));
-  }
-  const Node& node = *g.nodes()[0];
-  std::vector<const Tensor*> ptrs;
-  for (const Value* v : node.inputs()) {
-    const Tensor* p = nullptr;
-    for (size_t i = 0; i < g.inputs().size(); ++i) {
-      if (g.inputs()[i] == v) p = &inputs[i];
-    }
-    ptrs.push_back(p);
-  }
-  absl::StatusOr<std::vector<Tensor>> out =
-      RunNode(Backend(), node, model->OpsetVersion(""), ptrs);
-  if (!out.ok()) return std::string(out.status().message());
-  for (size_t k = 0; k < g.outputs().size(); ++k) {
-    absl::StatusOr<Tensor> expected = LoadTensorProtoFile(
-        (dir / "test_data_set_0" / ("output_" + std::to_string(k) + ".pb")).string());
-    if (!expected.ok()) return std::string(expected.status().message());
-    int slot = -1;
-    for (int o = 0; o < node.num_outputs(); ++o) {
-      if (node.output(o) == g.outputs()[k]) slot = o;
-    }
-    if (slot < 0 || slot >= static_cast<int>(out->size())) return "output not produced";
-    const Tensor& actual = (*out)[slot];
-    if (actual.dtype() != expected->dtype()) return "output " + std::to_string(k) + " dtype differs";
-    if (actual.dims() != expected->dims()) return "output " + std::to_string(k) + " dims differ";
-    for (int64_t i = 0; i < actual.num_elements(); ++i) {
-      const double a = actual.GetDouble(i), e = expected->GetDouble(i);
-      if (std::isnan(e) && std::isnan(a)) continue;
-      if (!(std::fabs(a - e) <= 1e-7 + 1e-3 * std::fabs(e))) {
-        return "output " + std::to_string(k) + " element " + std::to_string(i) + ": " +
-               std::to_string(a) + " vs expected " + std::to_string(e);
-      }
-    }
-  }
-  return "";
-}
-
-// The conformance cases whose single node is one of `ops`.
-std::vector<std::filesystem::path> ConformanceCases(const std::set<std::string>& ops) {
-  std::vector<std::filesystem::path> cases;
-  const std::filesystem::path root = std::filesystem::path(CASTOR_SHARED_DIR) / "conformance" / "onnx-node";
-  if (!std::filesystem::exists(root)) return cases;
-  for (const auto& entry : std::filesystem::directory_iterator(root)) {
-    absl::StatusOr<Model> model = LoadModel((entry.path() / "model.onnx").string());
-    if (!model.ok() || model->graph->num_nodes() != 1) continue;
-    if (ops.count(model->graph->nodes()[0]->op_type())) cases.push_back(entry.path());
-  }
-  std::sort(cases.begin(), cases.end());
-  return cases;
-}
-
 TEST(CpuPoolNormConformance, AllCasesPass) {
-  const auto cases = ConformanceCases({"MaxPool", "AveragePool", "GlobalAveragePool",
-                                       "GlobalMaxPool", "BatchNormalization",
-                                       "LayerNormalization"});
-  if (cases.empty()) GTEST_SKIP() << "no conformance data under " << CASTOR_SHARED_DIR;
-  int passed = 0;
-  for (const auto& dir : cases) {
-    const std::string error = RunConformanceCase(dir);
-    if (error.empty()) {
-      ++passed;
-    } else {
-      ADD_FAILURE() << dir.filename().string() << ": " << error;
-    }
-  }
-  std::printf("conformance (pools, BatchNormalization, LayerNormalization): %d of %zu pass\n",
-              passed, cases.size());
-  EXPECT_GE(cases.size(), 40u);
+  const ConformanceSummary summary =
+      RunConformanceCasesOf(Cpu(), {"MaxPool", "AveragePool", "GlobalAveragePool",
+                                    "GlobalMaxPool", "BatchNormalization", "LayerNormalization"});
+  if (summary.ran() == 0) GTEST_SKIP() << "no conformance data under " << CASTOR_SHARED_DIR;
+  for (const std::string& failure : summary.failures) ADD_FAILURE() << failure;
+  std::printf("conformance (pools, BatchNormalization, LayerNormalization): %d of %d pass\n",
+              summary.passed, summary.ran());
+  EXPECT_GE(summary.ran(), 40);
 }
 
 }  // namespace

@@ -27,70 +27,22 @@
 namespace castor {
 namespace {
 
+using testing::BF16;
+using testing::Bits;
+using testing::Bool;
+using testing::ConformanceRoot;
+using testing::ConformanceSummary;
+using testing::Count;
+using testing::Cpu;
+using testing::F16;
+using testing::F32;
+using testing::I32;
+using testing::I64;
+using testing::Ramp;
+using testing::RunConformanceCasesOf;
+using testing::RunOp;
 using testing::SingleNode;
-
-CpuBackend& Cpu() {
-  static CpuBackend* backend = new CpuBackend();
-  return *backend;
-}
-
-Tensor F32(std::vector<int64_t> dims, std::vector<float> v) {
-  return Tensor::FromVector(DType::kFloat32, std::move(dims), v);
-}
-Tensor F16(std::vector<int64_t> dims, const std::vector<float>& v) {
-  std::vector<uint16_t> bits;
-  for (float f : v) bits.push_back(FloatToHalfBits(f));
-  return Tensor::FromVector(DType::kFloat16, std::move(dims), bits);
-}
-Tensor BF16(std::vector<int64_t> dims, const std::vector<float>& v) {
-  std::vector<uint16_t> bits;
-  for (float f : v) bits.push_back(FloatToBFloat16Bits(f));
-  return Tensor::FromVector(DType::kBFloat16, std::move(dims), bits);
-}
-Tensor I32(std::vector<int64_t> dims, std::vector<int32_t> v) {
-  return Tensor::FromVector(DType::kInt32, std::move(dims), v);
-}
-Tensor I64(std::vector<int64_t> dims, std::vector<int64_t> v) {
-  return Tensor::FromVector(DType::kInt64, std::move(dims), v);
-}
-Tensor Bool(std::vector<int64_t> dims, std::vector<uint8_t> v) {
-  return Tensor::FromVector(DType::kBool, std::move(dims), v);
-}
-
-std::vector<double> Values(const Tensor& t) {
-  std::vector<double> v;
-  for (int64_t i = 0; i < t.num_elements(); ++i) v.push_back(t.GetDouble(i));
-  return v;
-}
-std::vector<uint16_t> Bits(const Tensor& t) {
-  return std::vector<uint16_t>(t.data<uint16_t>(), t.data<uint16_t>() + t.num_elements());
-}
-
-// Runs a one-node model on the CPU backend; returns output 0 (an empty
-// tensor after reporting a failure).
-Tensor RunOp(const std::string& op, std::vector<Tensor> inputs, std::vector<Attribute> attrs = {},
-           int64_t opset = 17) {
-  SingleNode node(op, std::move(inputs), std::move(attrs), opset);
-  EXPECT_TRUE(node.status().ok()) << op << ": " << node.status();
-  absl::StatusOr<std::vector<Tensor>> out = node.Run(Cpu());
-  EXPECT_TRUE(out.ok()) << op << ": " << out.status();
-  if (!out.ok() || out->empty()) return Tensor();
-  return (*out)[0];
-}
-
-std::vector<float> Ramp(int64_t n, float scale, float offset) {
-  std::vector<float> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    v[i] = offset + scale * static_cast<float>((i * 37) % 101 - 50) / 50.0f;
-  }
-  return v;
-}
-
-int64_t Count(const std::vector<int64_t>& dims) {
-  int64_t n = 1;
-  for (int64_t d : dims) n *= d;
-  return n;
-}
+using testing::Values;
 
 // Brute-force reduction of x (dims) over `reduced` axes in double; returns
 // values in the kept axes' row-major order.
@@ -466,93 +418,20 @@ TEST(CpuSoftmaxTest, LargeTensorAlongInnerAxis) {
   }
 }
 
-// Runs one ONNX node conformance case (single-node model, .pb inputs and
-// outputs); returns "" when every output matches (rtol 1e-3, atol 1e-7).
-std::string RunConformanceCase(const std::filesystem::path& dir) {
-  absl::StatusOr<Model> model = LoadModel((dir / "model.onnx").string());
-  if (!model.ok()) return std::string(model.status().message());
-  if (absl::Status s = InferTypes(*model); !s.ok()) return std::string(s.message());
-  Graph& g = *model->graph;
-  if (g.nodes().size() != 1) return "not a single-node model";
-  const Node& node = *g.nodes()[0];
-  const std::filesystem::path data = dir / "test_data_set_0";
-  std::vector<Tensor> graph_inputs;
-  for (size_t i = 0; i < g.inputs().size(); ++i) {
-    absl::StatusOr<Tensor> t =
-        LoadTensorProtoFile((data / absl::StrCat("input_", i, ".pb")).string());
-    if (!t.ok()) return std::string(t.status().message());
-    graph_inputs.push_back(*std::move(t));
-  }
-  std::vector<const Tensor*> inputs;
-  for (const Value* v : node.inputs()) {
-    const Tensor* found = nullptr;
-    for (size_t i = 0; v != nullptr && i < g.inputs().size(); ++i) {
-      if (g.inputs()[i] == v) found = &graph_inputs[i];
-    }
-    if (v != nullptr && found == nullptr) found = v->initializer();
-    inputs.push_back(found);
-  }
-  absl::StatusOr<std::vector<Tensor>> outputs =
-      RunNode(Cpu(), node, model->OpsetVersion(node.domain()), inputs);
-  if (!outputs.ok()) return std::string(outputs.status().message());
-  for (size_t k = 0; k < g.outputs().size(); ++k) {
-    absl::StatusOr<Tensor> expected =
-        LoadTensorProtoFile((data / absl::StrCat("output_", k, ".pb")).string());
-    if (!expected.ok()) return std::string(expected.status().message());
-    const Tensor* got = nullptr;
-    for (int i = 0; i < node.num_outputs(); ++i) {
-      if (node.output(i) == g.outputs()[k]) got = &(*outputs)[i];
-    }
-    if (got == nullptr) return absl::StrCat("output ", k, " not produced by the node");
-    if (got->dtype() != expected->dtype()) {
-      return absl::StrCat("output ", k, " dtype ", DTypeName(got->dtype()), " expected ",
-                          DTypeName(expected->dtype()));
-    }
-    if (got->dims() != expected->dims()) {
-      return absl::StrCat("output ", k, " dims ", cpu::DimsToString(got->dims()), " expected ",
-                          cpu::DimsToString(expected->dims()));
-    }
-    for (int64_t i = 0; i < got->num_elements(); ++i) {
-      const double a = got->GetDouble(i), e = expected->GetDouble(i);
-      if (std::isnan(e) && std::isnan(a)) continue;
-      if (a == e) continue;
-      if (!(std::fabs(a - e) <= 1e-7 + 1e-3 * std::fabs(e))) {
-        return absl::StrCat("output ", k, " element ", i, ": got ", a, " expected ", e);
-      }
-    }
-  }
-  return "";
-}
-
 TEST(CpuReduceSoftmaxTest, ConformanceCasesOfReduceAndSoftmaxOps) {
-  const std::filesystem::path root =
-      std::filesystem::path(CASTOR_SHARED_DIR) / "conformance" / "onnx-node";
-  if (!std::filesystem::exists(root)) GTEST_SKIP() << "no conformance data at " << root;
-  const std::vector<std::string> ops = {
-      "ArgMax",     "ArgMin",        "CumSum",   "ReduceL1",        "ReduceL2",
-      "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin",     "ReduceProd",
-      "ReduceSum",  "ReduceSumSquare", "Softmax", "LogSoftmax"};
-  std::vector<std::filesystem::path> dirs;
-  for (const auto& entry : std::filesystem::directory_iterator(root)) dirs.push_back(entry.path());
-  std::sort(dirs.begin(), dirs.end());
-  int ran = 0, passed = 0;
-  for (const auto& dir : dirs) {
-    absl::StatusOr<Model> model = LoadModel((dir / "model.onnx").string());
-    if (!model.ok() || model->graph->nodes().empty()) continue;
-    bool mine = true;
-    for (const Node* n : model->graph->nodes()) {
-      mine = mine && std::find(ops.begin(), ops.end(), n->op_type()) != ops.end();
-    }
-    if (!mine) continue;
-    ++ran;
-    const std::string failure = RunConformanceCase(dir);
-    if (failure.empty()) {
-      ++passed;
-    } else {
-      ADD_FAILURE() << dir.filename().string() << ": " << failure;
-    }
+  if (!std::filesystem::exists(ConformanceRoot())) {
+    GTEST_SKIP() << "no conformance data at " << ConformanceRoot();
   }
-  std::cout << "reduce/softmax conformance: " << passed << "/" << ran << " passed\n";
+  const ConformanceSummary summary = RunConformanceCasesOf(
+      Cpu(), {"ArgMax",     "ArgMin",        "CumSum",   "ReduceL1",        "ReduceL2",
+              "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin",     "ReduceProd",
+              "ReduceSum",  "ReduceSumSquare", "Softmax", "LogSoftmax"});
+  for (const std::string& failure : summary.failures) ADD_FAILURE() << failure;
+  for (const std::string& name : summary.multi_node) {
+    ADD_FAILURE() << name << ": not a single-node model";
+  }
+  const int ran = summary.ran() + static_cast<int>(summary.multi_node.size());
+  std::cout << "reduce/softmax conformance: " << summary.passed << "/" << ran << " passed\n";
   EXPECT_GT(ran, 30);
 }
 

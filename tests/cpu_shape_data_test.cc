@@ -23,25 +23,20 @@
 #include "tests/kernel_test_util.h"
 
 namespace castor {
-
-// gtest printing: dtype, dims and the first elements.
-void PrintTo(const Tensor& t, std::ostream* os) {
-  *os << DTypeName(t.dtype()) << " " << t.shape().ToString() << " {";
-  for (int64_t i = 0; i < std::min<int64_t>(t.num_elements(), 24); ++i) {
-    *os << (i ? ", " : "") << t.GetDouble(i);
-  }
-  *os << (t.num_elements() > 24 ? ", ...}" : "}");
-}
-
 namespace {
 
 namespace fs = std::filesystem;
+using testing::ConformanceRoot;
+using testing::ConformanceSummary;
+using testing::Cpu;
+using testing::F32;
+using testing::I32;
+using testing::I64;
+using testing::RunConformanceCasesOf;
+using testing::RunNodeOf;
+using testing::RunOk;
 using testing::SingleNode;
-
-CpuBackend& Backend() {
-  static CpuBackend* backend = new CpuBackend(CpuBackendOptions{4});
-  return *backend;
-}
+using testing::Unravel;
 
 const std::vector<DType>& AllDTypes() {
   static const std::vector<DType> kTypes = {
@@ -67,24 +62,6 @@ Tensor Pattern(DType dtype, std::vector<int64_t> dims) {
   return t;
 }
 
-Tensor Floats(std::vector<int64_t> dims, const std::vector<float>& values) {
-  return Tensor::FromVector(DType::kFloat32, std::move(dims), values);
-}
-Tensor Int64s(std::vector<int64_t> dims, const std::vector<int64_t>& values) {
-  return Tensor::FromVector(DType::kInt64, std::move(dims), values);
-}
-Tensor Int32s(std::vector<int64_t> dims, const std::vector<int32_t>& values) {
-  return Tensor::FromVector(DType::kInt32, std::move(dims), values);
-}
-
-std::vector<int64_t> Unravel(int64_t i, const std::vector<int64_t>& dims) {
-  std::vector<int64_t> index(dims.size());
-  for (int k = static_cast<int>(dims.size()) - 1; k >= 0; --k) {
-    index[k] = i % dims[k];
-    i /= dims[k];
-  }
-  return index;
-}
 int64_t Ravel(const std::vector<int64_t>& index, const std::vector<int64_t>& dims) {
   int64_t i = 0;
   for (size_t k = 0; k < dims.size(); ++k) i = i * dims[k] + index[k];
@@ -105,16 +82,6 @@ Tensor Mapped(const Tensor& in, const std::vector<int64_t>& dims, MapFn map,
   return out;
 }
 
-absl::StatusOr<std::vector<Tensor>> RunNodeOf(const std::string& op, std::vector<Tensor> inputs,
-                                              std::vector<Attribute> attributes, int64_t opset,
-                                              int outputs = 1,
-                                              std::vector<int> constant_inputs = {}) {
-  SingleNode node(op, std::move(inputs), std::move(attributes), opset, outputs, "",
-                  std::move(constant_inputs));
-  if (!node.status().ok()) return node.status();
-  return node.Run(Backend());
-}
-
 // Builds the node from `declared` inputs (types inferred from them) but runs
 // the kernel on `actual` tensors: reaches kernel checks that type inference
 // would catch first, and inputs inference rejects (see CpuPad).
@@ -123,17 +90,7 @@ absl::StatusOr<std::vector<Tensor>> RunKernelOn(const std::string& op, std::vect
                                                 const std::vector<const Tensor*>& actual) {
   SingleNode node(op, std::move(declared), std::move(attributes), opset);
   if (!node.status().ok()) return node.status();
-  return RunNode(Backend(), node.node(), opset, actual);
-}
-
-// Runs and expects success; returns the outputs (empty on failure).
-std::vector<Tensor> RunOk(const std::string& op, std::vector<Tensor> inputs,
-                          std::vector<Attribute> attributes, int64_t opset, int outputs = 1) {
-  absl::StatusOr<std::vector<Tensor>> result =
-      RunNodeOf(op, std::move(inputs), std::move(attributes), opset, outputs);
-  EXPECT_TRUE(result.ok()) << op << ": " << result.status();
-  if (!result.ok()) return std::vector<Tensor>(outputs);
-  return *std::move(result);
+  return RunNode(Cpu(), node.node(), opset, actual);
 }
 
 // Expects `op` to fail with a message containing every string in `parts`.
@@ -155,7 +112,7 @@ TEST(CpuReshape, ZeroCopiesDimAndMinusOneIsInferredInEveryDType) {
   for (DType dtype : AllDTypes()) {
     SCOPED_TRACE(DTypeName(dtype));
     Tensor in = Pattern(dtype, {2, 3, 4});
-    std::vector<Tensor> out = RunOk("Reshape", {in, Int64s({3}, {0, -1, 2})}, {}, 14);
+    std::vector<Tensor> out = RunOk("Reshape", {in, I64({3}, {0, -1, 2})}, {}, 14);
     Tensor expected = in;
     ASSERT_EQ(out[0].dims(), (std::vector<int64_t>{2, 6, 2}));
     EXPECT_EQ(std::memcmp(out[0].raw(), in.raw(), in.byte_size()), 0);
@@ -165,18 +122,18 @@ TEST(CpuReshape, ZeroCopiesDimAndMinusOneIsInferredInEveryDType) {
 TEST(CpuReshape, AllowZeroMakesZeroALiteralDim) {
   Tensor empty(DType::kFloat32, {0, 3});
   std::vector<Tensor> out =
-      RunOk("Reshape", {empty, Int64s({2}, {3, 0})}, {Attribute::Int("allowzero", 1)}, 14);
+      RunOk("Reshape", {empty, I64({2}, {3, 0})}, {Attribute::Int("allowzero", 1)}, 14);
   EXPECT_EQ(out[0].dims(), (std::vector<int64_t>{3, 0}));
   // Without allowzero the 0 copies input dim 1 (3): 9 elements from 0.
-  ExpectError("Reshape", {empty, Int64s({2}, {3, 0})}, {}, 14, {"[0,3]", "[3,0]"});
+  ExpectError("Reshape", {empty, I64({2}, {3, 0})}, {}, 14, {"[0,3]", "[3,0]"});
 }
 
 TEST(CpuReshape, ElementCountMismatchNamesBothShapes) {
-  ExpectError("Reshape", {Floats({2, 3}, {1, 2, 3, 4, 5, 6}), Int64s({2}, {4, 2})}, {}, 13,
+  ExpectError("Reshape", {F32({2, 3}, {1, 2, 3, 4, 5, 6}), I64({2}, {4, 2})}, {}, 13,
               {"[2,3]", "[4,2]", "6 elements", "8 elements"});
-  ExpectError("Reshape", {Floats({2, 3}, {1, 2, 3, 4, 5, 6}), Int64s({2}, {4, -1})}, {}, 13,
+  ExpectError("Reshape", {F32({2, 3}, {1, 2, 3, 4, 5, 6}), I64({2}, {4, -1})}, {}, 13,
               {"[2,3]", "[4,-1]"});
-  ExpectError("Reshape", {Floats({2, 3}, {1, 2, 3, 4, 5, 6}), Int64s({2}, {-1, -1})}, {}, 13,
+  ExpectError("Reshape", {F32({2, 3}, {1, 2, 3, 4, 5, 6}), I64({2}, {-1, -1})}, {}, 13,
               {"more than one -1"});
 }
 
@@ -197,22 +154,22 @@ TEST(CpuSqueeze, AxesAttributeInputOrAllOnes) {
   EXPECT_EQ(RunOk("Squeeze", {in}, {Attribute::Ints("axes", {-2})}, 11)[0].dims(),
             (std::vector<int64_t>{1, 3, 2}));
   // Opset 13: input.
-  EXPECT_EQ(RunOk("Squeeze", {in, Int64s({2}, {0, 2})}, {}, 13)[0].dims(),
+  EXPECT_EQ(RunOk("Squeeze", {in, I64({2}, {0, 2})}, {}, 13)[0].dims(),
             (std::vector<int64_t>{3, 2}));
   // No axes: every size-1 dim.
   std::vector<Tensor> out = RunOk("Squeeze", {in}, {}, 13);
   EXPECT_EQ(out[0].dims(), (std::vector<int64_t>{3, 2}));
   EXPECT_EQ(std::memcmp(out[0].raw(), in.raw(), in.byte_size()), 0);
-  ExpectError("Squeeze", {in, Int64s({1}, {1})}, {}, 13, {"axis 1", "size is 3"});
+  ExpectError("Squeeze", {in, I64({1}, {1})}, {}, 13, {"axis 1", "size is 3"});
 }
 
 TEST(CpuUnsqueeze, InsertsAxesAtOutputPositions) {
   Tensor in = Pattern(DType::kBool, {3, 4});
   EXPECT_EQ(RunOk("Unsqueeze", {in}, {Attribute::Ints("axes", {0, 3})}, 11)[0].dims(),
             (std::vector<int64_t>{1, 3, 4, 1}));
-  EXPECT_EQ(RunOk("Unsqueeze", {in, Int64s({3}, {4, -5, 2})}, {}, 13)[0].dims(),
+  EXPECT_EQ(RunOk("Unsqueeze", {in, I64({3}, {4, -5, 2})}, {}, 13)[0].dims(),
             (std::vector<int64_t>{1, 3, 1, 4, 1}));
-  ExpectError("Unsqueeze", {in, Int64s({2}, {1, 1})}, {}, 13, {"twice"});
+  ExpectError("Unsqueeze", {in, I64({2}, {1, 1})}, {}, 13, {"twice"});
 }
 
 // ---- Transpose / Expand / Shape / Size ----------------------------------------
@@ -254,12 +211,12 @@ TEST(CpuExpand, BroadcastsBothWays) {
     Tensor in = Pattern(dtype, {3, 1});
     // Shape [2, 1, 4]: the input's 3 survives the target's 1.
     Tensor expected = Mapped(in, {2, 3, 4}, [](const std::vector<int64_t>& o) { return o[1]; });
-    EXPECT_EQ(RunOk("Expand", {in, Int64s({3}, {2, 1, 4})}, {}, 13)[0], expected);
+    EXPECT_EQ(RunOk("Expand", {in, I64({3}, {2, 1, 4})}, {}, 13)[0], expected);
     // A shorter shape keeps the input's rank.
-    EXPECT_EQ(RunOk("Expand", {in, Int64s({1}, {5})}, {}, 13)[0].dims(),
+    EXPECT_EQ(RunOk("Expand", {in, I64({1}, {5})}, {}, 13)[0].dims(),
               (std::vector<int64_t>{3, 5}));
   }
-  ExpectError("Expand", {Pattern(DType::kFloat32, {3, 2}), Int64s({2}, {3, 4})}, {}, 13,
+  ExpectError("Expand", {Pattern(DType::kFloat32, {3, 2}), I64({2}, {3, 4})}, {}, 13,
               {"[3,2]", "[3,4]"});
 }
 
@@ -322,7 +279,7 @@ TEST(CpuSplit, SizesFromAttributeInputEqualPartsOrNumOutputs) {
   EXPECT_EQ(out[0], piece(0, 2));
   EXPECT_EQ(out[1], piece(2, 5));
   // Opset 13: 'split' input, a zero-size part.
-  out = RunOk("Split", {in, Int64s({3}, {3, 0, 4})}, {Attribute::Int("axis", -1)}, 13, 3);
+  out = RunOk("Split", {in, I64({3}, {3, 0, 4})}, {Attribute::Int("axis", -1)}, 13, 3);
   EXPECT_EQ(out[0], piece(0, 3));
   EXPECT_EQ(out[1], piece(3, 0));
   EXPECT_EQ(out[2], piece(3, 4));
@@ -337,7 +294,7 @@ TEST(CpuSplit, SizesFromAttributeInputEqualPartsOrNumOutputs) {
   EXPECT_EQ(out[1], Mapped(in, {1, 7}, [](const std::vector<int64_t>& o) { return 7 + o[1]; }));
   // Sizes that do not cover the axis.
   absl::StatusOr<std::vector<Tensor>> bad =
-      RunNodeOf("Split", {in, Int64s({2}, {3, 3})}, {Attribute::Int("axis", 1)}, 13, 2);
+      RunNodeOf("Split", {in, I64({2}, {3, 3})}, {Attribute::Int("axis", 1)}, 13, 2);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(std::string(bad.status().message()).find("sum 6"), std::string::npos) << bad.status();
 }
@@ -388,8 +345,8 @@ TEST(CpuSlice, NegativeStepsAndClampingFollowTheSpec) {
             return Ravel({rows[o[0]], picked[o[1]]}, in_dims);
           });
       std::vector<Tensor> out = RunOk("Slice",
-                                      {in, Int64s({2}, {-1, c.start}), Int64s({2}, {kMin, c.end}),
-                                       Int64s({2}, {0, -1}), Int64s({2}, {-2, c.step})},
+                                      {in, I64({2}, {-1, c.start}), I64({2}, {kMin, c.end}),
+                                       I64({2}, {0, -1}), I64({2}, {-2, c.step})},
                                       {}, 13);
       EXPECT_EQ(out[0], expected);
     }
@@ -402,15 +359,15 @@ TEST(CpuSlice, DefaultAxesStepsInt32InputsAndOpset9Attributes) {
   Tensor expected = Mapped(in, {2, 2, 2}, [&](const std::vector<int64_t>& o) {
     return Ravel({o[0] + 1, o[1], o[2]}, in_dims);
   });
-  EXPECT_EQ(RunOk("Slice", {in, Int32s({2}, {1, 0}), Int32s({2}, {3, 2})}, {}, 11)[0], expected);
+  EXPECT_EQ(RunOk("Slice", {in, I32({2}, {1, 0}), I32({2}, {3, 2})}, {}, 11)[0], expected);
   EXPECT_EQ(RunOk("Slice", {in},
                   {Attribute::Ints("starts", {1, 0}), Attribute::Ints("ends", {3, 2}),
                    Attribute::Ints("axes", {0, 1})},
                   9)[0],
             expected);
-  ExpectError("Slice", {in, Int64s({1}, {0}), Int64s({1}, {1}), Int64s({1}, {0}), Int64s({1}, {0})},
+  ExpectError("Slice", {in, I64({1}, {0}), I64({1}, {1}), I64({1}, {0}), I64({1}, {0})},
               {}, 13, {"steps"});
-  ExpectError("Slice", {in, Int64s({2}, {0, 0}), Int64s({2}, {1, 1}), Int64s({2}, {1, -2})}, {}, 13,
+  ExpectError("Slice", {in, I64({2}, {0, 0}), I64({2}, {1, 1}), I64({2}, {1, -2})}, {}, 13,
               {"twice"});
 }
 
@@ -427,21 +384,21 @@ TEST(CpuGather, NegativeIndicesAndAxes) {
       if (index < 0) index += 4;
       return Ravel({o[0], index, o[3]}, in_dims);
     });
-    EXPECT_EQ(RunOk("Gather", {in, Int64s({2, 3}, indices)}, {Attribute::Int("axis", 1)}, 13)[0],
+    EXPECT_EQ(RunOk("Gather", {in, I64({2, 3}, indices)}, {Attribute::Int("axis", 1)}, 13)[0],
               expected);
-    EXPECT_EQ(RunOk("Gather", {in, Int32s({2, 3}, {-1, 0, 2, -4, 3, 1})},
+    EXPECT_EQ(RunOk("Gather", {in, I32({2, 3}, {-1, 0, 2, -4, 3, 1})},
                     {Attribute::Int("axis", -2)}, 13)[0],
               expected);
   }
   // A scalar index drops the axis.
   Tensor in = Pattern(DType::kFloat32, in_dims);
-  std::vector<Tensor> out = RunOk("Gather", {in, Int64s({}, {-3})}, {}, 13);
+  std::vector<Tensor> out = RunOk("Gather", {in, I64({}, {-3})}, {}, 13);
   EXPECT_EQ(out[0], Mapped(in, {4, 2}, [&](const std::vector<int64_t>& o) {
               return Ravel({0, o[0], o[1]}, in_dims);
             }));
-  ExpectError("Gather", {in, Int64s({2}, {0, 4})}, {Attribute::Int("axis", 1)}, 13,
+  ExpectError("Gather", {in, I64({2}, {0, 4})}, {Attribute::Int("axis", 1)}, 13,
               {"index 4", "axis 1", "size 4"});
-  ExpectError("Gather", {in, Int64s({1}, {-4})}, {}, 13, {"index -4", "size 3"});
+  ExpectError("Gather", {in, I64({1}, {-4})}, {}, 13, {"index -4", "size 3"});
 }
 
 // ---- Tile ----------------------------------------------------------------------
@@ -453,8 +410,8 @@ TEST(CpuTile, RepeatsEachAxis) {
     Tensor expected = Mapped(in, {6, 6}, [&](const std::vector<int64_t>& o) {
       return Ravel({o[0] % 2, o[1] % 3}, in_dims);
     });
-    EXPECT_EQ(RunOk("Tile", {in, Int64s({2}, {3, 2})}, {}, 13)[0], expected);
-    EXPECT_EQ(RunOk("Tile", {in, Int64s({2}, {1, 0})}, {}, 13)[0].dims(),
+    EXPECT_EQ(RunOk("Tile", {in, I64({2}, {3, 2})}, {}, 13)[0], expected);
+    EXPECT_EQ(RunOk("Tile", {in, I64({2}, {1, 0})}, {}, 13)[0].dims(),
               (std::vector<int64_t>{2, 0}));
   }
 }
@@ -495,7 +452,7 @@ TEST(CpuPad, ConstantReflectEdgeWrap) {
       // The constant_value input: graph/ops/data_movement.cc's InferPad
       // checks inputs 0..2 share a dtype (pads is int64), so the node is
       // built without it and the kernel run with it.
-      const Tensor pads_tensor = Int64s({4}, pads);
+      const Tensor pads_tensor = I64({4}, pads);
       absl::StatusOr<std::vector<Tensor>> out =
           RunKernelOn("Pad", {in, pads_tensor}, {Attribute::String("mode", mode)}, 19,
                       {&in, &pads_tensor, &value});
@@ -506,128 +463,41 @@ TEST(CpuPad, ConstantReflectEdgeWrap) {
 }
 
 TEST(CpuPad, DefaultZeroAxesInputNegativePadsAndOpset7Attributes) {
-  Tensor in = Floats({2, 3}, {1, 2, 3, 4, 5, 6});
+  Tensor in = F32({2, 3}, {1, 2, 3, 4, 5, 6});
   // Constant default 0.
-  EXPECT_EQ(RunOk("Pad", {in, Int64s({4}, {0, 1, 0, 0})}, {}, 13)[0],
-            Floats({2, 4}, {0, 1, 2, 3, 0, 4, 5, 6}));
+  EXPECT_EQ(RunOk("Pad", {in, I64({4}, {0, 1, 0, 0})}, {}, 13)[0],
+            F32({2, 4}, {0, 1, 2, 3, 0, 4, 5, 6}));
   // Opset 18 axes input: pad only axis -1 (reflect), crop nothing.
-  EXPECT_EQ(RunOk("Pad", {in, Int64s({2}, {2, 1}), Tensor(), Int64s({1}, {-1})},
+  EXPECT_EQ(RunOk("Pad", {in, I64({2}, {2, 1}), Tensor(), I64({1}, {-1})},
                   {Attribute::String("mode", "reflect")}, 18)[0],
-            Floats({2, 6}, {3, 2, 1, 2, 3, 2, 6, 5, 4, 5, 6, 5}));
+            F32({2, 6}, {3, 2, 1, 2, 3, 2, 6, 5, 4, 5, 6, 5}));
   // Negative pads crop.
-  EXPECT_EQ(RunOk("Pad", {in, Int64s({4}, {0, -1, -1, 1})}, {}, 13)[0], Floats({1, 3}, {2, 3, 0}));
+  EXPECT_EQ(RunOk("Pad", {in, I64({4}, {0, -1, -1, 1})}, {}, 13)[0], F32({1, 3}, {2, 3, 0}));
   // Opset 7: pads and value are attributes.
   EXPECT_EQ(RunOk("Pad", {in},
                   {Attribute::Ints("pads", {1, 0, 0, 0}), Attribute::Float("value", 1.5f)}, 7)[0],
-            Floats({3, 3}, {1.5f, 1.5f, 1.5f, 1, 2, 3, 4, 5, 6}));
-  ExpectError("Pad", {in, Int64s({2}, {1, 1})}, {}, 13, {"pads", "expected 4"});
+            F32({3, 3}, {1.5f, 1.5f, 1.5f, 1, 2, 3, 4, 5, 6}));
+  ExpectError("Pad", {in, I64({2}, {1, 1})}, {}, 13, {"pads", "expected 4"});
 }
 
 // ---- Conformance ----------------------------------------------------------------
 
-// Compares `got` with `expected`: same dtype and dims; floats within
-// atol + rtol * |expected| (NaN matches NaN), other dtypes exactly.
-absl::Status CompareTensors(const Tensor& got, const Tensor& expected, double rtol, double atol) {
-  if (got.dtype() != expected.dtype() || got.dims() != expected.dims()) {
-    return absl::InternalError(
-        absl::StrCat("got ", DTypeName(got.dtype()), " ", got.shape().ToString(), ", expected ",
-                     DTypeName(expected.dtype()), " ", expected.shape().ToString()));
-  }
-  for (int64_t i = 0; i < got.num_elements(); ++i) {
-    if (IsFloatingPoint(got.dtype())) {
-      const double g = got.GetDouble(i), e = expected.GetDouble(i);
-      if (std::isnan(e) && std::isnan(g)) continue;
-      if (g == e) continue;
-      if (!(std::fabs(g - e) <= atol + rtol * std::fabs(e))) {
-        return absl::InternalError(absl::StrCat("element ", i, ": got ", g, ", expected ", e));
-      }
-    } else if (got.GetInt64(i) != expected.GetInt64(i)) {
-      return absl::InternalError(absl::StrCat("element ", i, ": got ", got.GetInt64(i),
-                                              ", expected ", expected.GetInt64(i)));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Runs the single node of conformance case `dir` on the CPU backend and
-// compares every graph output with the expected tensor.
-absl::Status RunConformanceCase(const fs::path& dir, const Model& model) {
-  const Graph& graph = *model.graph;
-  const Node& node = *graph.nodes()[0];
-  std::vector<Tensor> graph_inputs;
-  for (size_t k = 0; k < graph.inputs().size(); ++k) {
-    absl::StatusOr<Tensor> t = LoadTensorProtoFile(
-        (dir / "test_data_set_0" / ("input_" + std::to_string(k) + ".pb")).string());
-    if (!t.ok()) return t.status();
-    graph_inputs.push_back(*std::move(t));
-  }
-  std::vector<const Tensor*> inputs;
-  for (const Value* v : node.inputs()) {
-    const Tensor* tensor = nullptr;
-    for (size_t k = 0; v != nullptr && k < graph.inputs().size(); ++k) {
-      if (graph.inputs()[k] == v) tensor = &graph_inputs[k];
-    }
-    if (v != nullptr && tensor == nullptr) tensor = v->initializer();
-    if (v != nullptr && tensor == nullptr) {
-      return absl::InternalError(absl::StrCat("no data for node input '", v->name(), "'"));
-    }
-    inputs.push_back(tensor);
-  }
-  absl::StatusOr<std::vector<Tensor>> outputs =
-      RunNode(Backend(), node, model.OpsetVersion(node.domain()), inputs);
-  if (!outputs.ok()) return outputs.status();
-  for (size_t k = 0; k < graph.outputs().size(); ++k) {
-    absl::StatusOr<Tensor> expected = LoadTensorProtoFile(
-        (dir / "test_data_set_0" / ("output_" + std::to_string(k) + ".pb")).string());
-    if (!expected.ok()) return expected.status();
-    int slot = -1;
-    for (int o = 0; o < node.num_outputs(); ++o) {
-      if (node.output(o) == graph.outputs()[k]) slot = o;
-    }
-    if (slot < 0)
-      return absl::InternalError(absl::StrCat("graph output ", k, " is not the node's"));
-    absl::Status s = CompareTensors((*outputs)[slot], *expected, 1e-3, 1e-7);
-    if (!s.ok()) return absl::InternalError(absl::StrCat("output ", k, ": ", s.message()));
-  }
-  return absl::OkStatus();
-}
-
 TEST(CpuShapeDataConformance, NodeCasesOfTheseOpsPass) {
-  const std::set<std::string> ops = {"Expand",  "Flatten",   "Reshape",   "Shape",  "Size",
-                                     "Squeeze", "Transpose", "Unsqueeze", "Concat", "Gather",
-                                     "Pad",     "Slice",     "Split",     "Tile"};
-  const fs::path root = fs::path(CASTOR_SHARED_DIR) / "conformance" / "onnx-node";
-  if (!fs::is_directory(root)) GTEST_SKIP() << "no conformance data at " << root;
-  std::vector<fs::path> dirs;
-  for (const auto& entry : fs::directory_iterator(root)) dirs.push_back(entry.path());
-  std::sort(dirs.begin(), dirs.end());
-  int passed = 0;
-  std::vector<std::string> failed, multi_node;
-  for (const fs::path& dir : dirs) {
-    absl::StatusOr<Model> model = LoadModel((dir / "model.onnx").string());
-    if (!model.ok()) continue;
-    const Graph& graph = *model->graph;
-    bool ours = !graph.nodes().empty();
-    for (const Node* n : graph.nodes()) ours = ours && ops.count(n->op_type()) > 0;
-    if (!ours) continue;
-    const std::string name = dir.filename().string();
-    if (graph.num_nodes() != 1) {
-      multi_node.push_back(name);
-      continue;
-    }
-    absl::Status status = InferTypes(*model);
-    if (status.ok()) status = RunConformanceCase(dir, *model);
-    if (status.ok()) {
-      ++passed;
-    } else {
-      failed.push_back(absl::StrCat(name, ": ", status.message()));
-    }
+  if (!fs::is_directory(ConformanceRoot())) {
+    GTEST_SKIP() << "no conformance data at " << ConformanceRoot();
   }
-  std::cout << "shape/data conformance: " << passed << " passed, " << failed.size() << " failed, "
-            << multi_node.size() << " multi-node skipped\n";
-  for (const std::string& f : failed) ADD_FAILURE() << f;
-  for (const std::string& m : multi_node) std::cout << "  skipped (multi-node): " << m << "\n";
-  EXPECT_GE(passed, 70) << "fewer cases of these ops than the 71 in onnx-node";
+  const ConformanceSummary summary =
+      RunConformanceCasesOf(Cpu(), {"Expand",  "Flatten",   "Reshape",   "Shape",  "Size",
+                                    "Squeeze", "Transpose", "Unsqueeze", "Concat", "Gather",
+                                    "Pad",     "Slice",     "Split",     "Tile"});
+  std::cout << "shape/data conformance: " << summary.passed << " passed, "
+            << summary.failures.size() << " failed, " << summary.multi_node.size()
+            << " multi-node skipped\n";
+  for (const std::string& f : summary.failures) ADD_FAILURE() << f;
+  for (const std::string& m : summary.multi_node) {
+    std::cout << "  skipped (multi-node): " << m << "\n";
+  }
+  EXPECT_GE(summary.passed, 70) << "fewer cases of these ops than the 71 in onnx-node";
 }
 
 }  // namespace

@@ -6,14 +6,12 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "graph/onnx_io.h"
+#include "tests/cli_test_util.h"
 #include "tools/npy.h"
 
 namespace castor::tools {
@@ -44,26 +42,12 @@ TEST(RunHelpersTest, InputFlagsAndOutputFileNames) {
   EXPECT_EQ(OutputFileName(".."), "_..");
 }
 
-struct Program {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
-class RunProgramTest : public ::testing::Test {
+class RunProgramTest : public CliTempDirTest {
  protected:
+  RunProgramTest() : CliTempDirTest("run") {}
+
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("castor_run_test_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    CliTempDirTest::SetUp();
     // y = Identity(Identity(x)), x float32[N,3]; z = Identity(k), k int64[2] with a default.
     Model model;
     model.ir_version = 8;
@@ -82,17 +66,11 @@ class RunProgramTest : public ::testing::Test {
     x_ = Tensor::FromVector<float>(DType::kFloat32, {2, 3}, {1, 2, 3, 4, 5, 6});
     ASSERT_TRUE(WriteNpy((dir_ / "x.npy").string(), x_).ok());
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   Program Run(const std::string& flags) {
-    const fs::path out = dir_ / "out.txt", err = dir_ / "err.txt";
-    const std::string command = std::string(CASTOR_BINARY) + " run " + model_path_ + " " + flags +
-                                " >" + out.string() + " 2>" + err.string();
-    const int status = std::system(command.c_str());
-    return Program{WEXITSTATUS(status), ReadFile(out), ReadFile(err)};
+    return RunCastor(dir_, "run " + model_path_ + " " + flags);
   }
 
-  fs::path dir_;
   std::string model_path_;
   Tensor x_;
 };

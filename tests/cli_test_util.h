@@ -1,0 +1,87 @@
+// Test helpers for the `castor` subcommands: run one (in-process or as the
+// built binary) and capture its exit code, stdout and stderr; read a file
+// whole; a fixture with a fresh temp dir per test.
+//
+//   class RunProgramTest : public CliTempDirTest {
+//    protected:
+//     RunProgramTest() : CliTempDirTest("run") {}
+//   };
+//   Program p = RunCastor(dir_, "run model.onnx --input x=x.npy");
+#pragma once
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace castor::tools {
+
+// What one run of a subcommand did.
+struct Program {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+// The whole file at `path` ("" when it cannot be read).
+inline std::string ReadFile(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+// Runs a subcommand in-process: `command` is its entry point (e.g.
+// RunConvert), given `args` and streams that capture stdout and stderr.
+inline Program RunCommand(int (*command)(const std::vector<std::string>&, std::ostream&,
+                                         std::ostream&),
+                          const std::vector<std::string>& args) {
+  std::ostringstream out, err;
+  Program program;
+  program.exit_code = command(args, out, err);
+  program.out = out.str();
+  program.err = err.str();
+  return program;
+}
+
+// Runs the built `castor` binary with `arguments` (shell words, e.g.
+// "run model.onnx --verbose"); stdout and stderr pass through
+// `dir`/out.txt and `dir`/err.txt.
+inline Program RunCastor(const std::filesystem::path& dir, const std::string& arguments) {
+  const std::filesystem::path out = dir / "out.txt", err = dir / "err.txt";
+  const std::string command = std::string(CASTOR_BINARY) + " " + arguments + " >" +
+                              out.string() + " 2>" + err.string();
+  const int status = std::system(command.c_str());
+  return Program{WEXITSTATUS(status), ReadFile(out), ReadFile(err)};
+}
+
+// A fixture whose tests each get an empty dir_ (under the system temp dir,
+// named after `prefix`, the process and the test), removed afterwards.
+// A subclass that overrides SetUp calls CliTempDirTest::SetUp() first.
+class CliTempDirTest : public ::testing::Test {
+ protected:
+  explicit CliTempDirTest(std::string prefix) : prefix_(std::move(prefix)) {}
+
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("castor_" + prefix_ + "_test_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::filesystem::path dir_;
+
+ private:
+  std::string prefix_;
+};
+
+}  // namespace castor::tools
