@@ -225,7 +225,7 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
       o.model_path, data->train.name, data->train.size(), data->test.size(), policy->name(),
       DTypeName(policy->compute_dtype()), o.optimizer, o.lr, o.batch, total,
       trainer_options.scaler.enabled ? "on" : "off",
-      o.backend == "auto" ? " (auto: no usable CUDA backend)" : "");
+      o.backend == "auto" ? " (auto: the CUDA training backend is not built yet)" : "");
 
   const auto started = Clock::now();
   double step_seconds = 0, loss_ema = 0;
