@@ -138,7 +138,9 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
               &o.eval_every)
       .AddString("metrics", "FILE", "write one JSON object per step and per evaluation",
                  &o.metrics_path)
-      .AddEnum("backend", {"auto", "cpu", "cuda"}, "where to train (auto: CUDA once its training backend exists and a GPU is usable; today the CPU)",
+      .AddEnum("backend", {"auto", "cpu", "cuda"},
+               "where to train (auto: CUDA once its training backend exists and a GPU is "
+               "usable; today the CPU)",
                &o.backend)
       .AddEnum("loss-scaling", {"auto", "on", "off"},
                "dynamic loss scaling (auto: on for mixed_float16 only)", &o.loss_scaling)
