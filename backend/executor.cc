@@ -4,6 +4,7 @@
 #include "backend/executor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <set>
@@ -437,13 +438,11 @@ absl::Status Executor::CheckFeeds(const std::vector<std::pair<std::string, Tenso
   return absl::InvalidArgumentError(absl::StrJoin(problems, "; "));
 }
 
-absl::StatusOr<std::vector<Tensor>> Executor::Run(
-    const std::vector<std::pair<std::string, Tensor>>& feeds) {
+absl::Status Executor::FeedInputs(const std::vector<std::pair<std::string, Tensor>>& feeds,
+                                  RunState& state, PlanStats& stats) {
   CASTOR_RETURN_IF_ERROR(CheckFeeds(feeds));
   ReleaseKept();
-  PlanStats stats;
   stats.num_nodes = static_cast<int>(steps_.size());
-  RunState state(values_.size(), *pool_);
   for (const auto& [id, buffer] : resident_) state.Set(id, buffer);
   for (const auto& [name, tensor] : feeds) {
     Buffer buffer{nullptr, tensor.dtype(), tensor.dims(), false};
@@ -459,6 +458,14 @@ absl::StatusOr<std::vector<Tensor>> Executor::Run(
     }
   }
   state.live_bytes = 0;  // feeds are not activations
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<Tensor>> Executor::Run(
+    const std::vector<std::pair<std::string, Tensor>>& feeds) {
+  PlanStats stats;
+  RunState state(values_.size(), *pool_);
+  CASTOR_RETURN_IF_ERROR(FeedInputs(feeds, state, stats));
   std::vector<std::vector<int64_t>> signature;
   for (const Value* v : model_.graph->inputs()) signature.push_back(state.slot(ValueId(v)).dims);
   Plan& plan = plans_[signature];
@@ -475,7 +482,38 @@ absl::StatusOr<std::vector<Tensor>> Executor::Run(
   return outputs;
 }
 
-absl::Status Executor::RunSteps(RunState& state, PlanStats& stats) {
+absl::StatusOr<std::optional<NonFiniteOutput>> Executor::FindFirstNonFinite(
+    const std::vector<std::pair<std::string, Tensor>>& feeds) {
+  PlanStats stats;
+  RunState state(values_.size(), *pool_);
+  CASTOR_RETURN_IF_ERROR(FeedInputs(feeds, state, stats));
+  std::optional<NonFiniteOutput> found;
+  auto check = [&](const PlanStep& step, const RunState& run) -> absl::StatusOr<bool> {
+    for (int id : step.output_ids) {
+      if (id < 0 || !run.available(id) || !IsFloatingPoint(run.slot(id).dtype)) continue;
+      const Buffer& b = run.slot(id);
+      Tensor host(b.dtype, b.dims);
+      if (host.byte_size() == 0) continue;
+      CASTOR_RETURN_IF_ERROR(backend_.Synchronize());
+      CASTOR_RETURN_IF_ERROR(backend_.CopyToHost(host.raw(), b.data, host.byte_size()));
+      int64_t non_finite = 0;
+      for (int64_t i = 0; i < host.num_elements(); ++i) {
+        non_finite += !std::isfinite(host.GetDouble(i));
+      }
+      if (non_finite > 0) {
+        found = NonFiniteOutput{step.node->name(), step.node->op_type(), values_[id]->name(),
+                                non_finite, host.num_elements()};
+        return true;
+      }
+    }
+    return false;
+  };
+  CASTOR_RETURN_IF_ERROR(RunSteps(state, stats, check));
+  CASTOR_RETURN_IF_ERROR(backend_.Synchronize());
+  return found;
+}
+
+absl::Status Executor::RunSteps(RunState& state, PlanStats& stats, const StepObserver& observer) {
   for (const PlanStep& step : steps_) {
     const Node& node = *step.node;
     std::vector<const TensorView*> inputs(step.input_ids.size(), nullptr);
@@ -498,6 +536,10 @@ absl::Status Executor::RunSteps(RunState& state, PlanStats& stats) {
       CASTOR_RETURN_IF_ERROR(step.kernel->run(context));
     }
     CASTOR_RETURN_IF_ERROR(CheckOutputs(step, state));
+    if (observer) {
+      CASTOR_ASSIGN_OR_RETURN(const bool stop, observer(step, state));
+      if (stop) return absl::OkStatus();
+    }
     for (int id : step.dying_ids) state.Release(id);
   }
   return absl::OkStatus();

@@ -25,7 +25,9 @@
 
 #include <cstdint>
 #include <map>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -62,6 +64,15 @@ struct PlanStats {
   int buffer_reuses = 0;
 };
 
+// A node output holding infinities or NaNs (Executor::FindFirstNonFinite).
+struct NonFiniteOutput {
+  std::string node;     // the node's name
+  std::string op_type;
+  std::string value;    // the output's name
+  int64_t non_finite = 0;  // elements that are inf or NaN
+  int64_t elements = 0;
+};
+
 // "peak activations 1.2 MiB (3.4 MiB without reuse), 5 buffer reuses, ...".
 std::string DescribePlanStats(const PlanStats& stats);
 
@@ -89,6 +100,13 @@ class Executor {
   // order. Feeds name graph inputs (inputs with an initializer may be fed to
   // override it).
   absl::StatusOr<std::vector<Tensor>> Run(const std::vector<std::pair<std::string, Tensor>>& feeds);
+
+  // Runs the graph like Run, but after each node copies its float outputs
+  // to the host and stops at the first that holds an inf or NaN: the first
+  // in execution (topological) order. nullopt when every output is finite.
+  // A diagnostic: the copies make it several times slower than Run.
+  absl::StatusOr<std::optional<NonFiniteOutput>> FindFirstNonFinite(
+      const std::vector<std::pair<std::string, Tensor>>& feeds);
 
   // The checks Run does on feeds, without running: unknown or duplicate
   // names, missing inputs (all listed), dtype, rank and static dims. Errors
@@ -134,7 +152,11 @@ class Executor {
   absl::Status BuildSteps();
   absl::Status UploadResident(int id, const Tensor& tensor);
   void ComputeLiveness();
-  absl::Status RunSteps(RunState& state, PlanStats& stats);
+  // Called after each node ran; returning true stops the run.
+  using StepObserver = std::function<absl::StatusOr<bool>(const PlanStep&, const RunState&)>;
+  absl::Status FeedInputs(const std::vector<std::pair<std::string, Tensor>>& feeds,
+                          RunState& state, PlanStats& stats);
+  absl::Status RunSteps(RunState& state, PlanStats& stats, const StepObserver& observer = {});
   absl::Status CheckOutputs(const PlanStep& step, const RunState& state) const;
   absl::StatusOr<std::vector<Tensor>> DownloadOutputs(const RunState& state) const;
   void ReleaseKept();

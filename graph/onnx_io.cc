@@ -1005,6 +1005,11 @@ absl::StatusOr<onnx::ModelProto> ExportModel(const Model& model) {
   return proto;
 }
 
+absl::StatusOr<Model> CloneModel(const Model& model) {
+  CASTOR_ASSIGN_OR_RETURN(onnx::ModelProto proto, ExportModel(model));
+  return ImportModel(proto, "", "a copy of the model");
+}
+
 absl::Status SaveModel(const Model& model, const std::string& path) {
   absl::StatusOr<onnx::ModelProto> proto = ExportModel(model);
   if (!proto.ok()) return Annotate(proto.status(), absl::StrCat("cannot save ", path, ": "));

@@ -35,6 +35,10 @@ absl::StatusOr<Model> ImportModel(const onnx::ModelProto& proto, const std::stri
 // clash.
 absl::StatusOr<onnx::ModelProto> ExportModel(const Model& model);
 
+// A deep copy of `model` (exported and imported again, so it is exactly
+// what a save and load would give). `model` must be exportable.
+absl::StatusOr<Model> CloneModel(const Model& model);
+
 // Exports and writes atomically: a temporary file in the same directory,
 // fsync, rename over `path`, fsync the directory. `path` is never left
 // partially written.

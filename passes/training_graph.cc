@@ -1,10 +1,12 @@
-// BuildTrainingGraph (see training_graph.h): loss, BatchNormalization in
-// training mode, parameters, autodiff seeded with the loss scale.
+// BuildTrainingGraph (see training_graph.h): the forward-only evaluation
+// graph, then the loss, BatchNormalization in training mode, parameters and
+// autodiff seeded with the loss scale.
 #include "passes/training_graph.h"
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "graph/onnx_io.h"
 #include "graph/shape_inference.h"
 #include "graph/status.h"
 #include "passes/autodiff.h"
@@ -115,6 +117,21 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SwitchBatchNorm
   return stats;
 }
 
+// The model forward only with the loss attached: outputs loss, model output.
+absl::StatusOr<std::shared_ptr<const Model>> BuildEvaluationGraph(const Model& model,
+                                                                   const std::string& output,
+                                                                   LossKind loss_kind) {
+  CASTOR_ASSIGN_OR_RETURN(Model evaluation, CloneModel(model));
+  Graph& graph = *evaluation.graph;
+  Value* prediction = graph.FindValue(output);
+  CASTOR_ASSIGN_OR_RETURN(Value * loss, AttachLoss(graph, prediction, loss_kind));
+  graph.ClearOutputs();
+  graph.AddOutput(loss);
+  graph.AddOutput(prediction);
+  CASTOR_RETURN_IF_ERROR(InferTypes(evaluation));
+  return std::make_shared<const Model>(std::move(evaluation));
+}
+
 }  // namespace
 
 absl::StatusOr<LossKind> ParseLossKind(const std::string& name) {
@@ -143,6 +160,8 @@ absl::StatusOr<TrainingGraph> BuildTrainingGraph(Model& model,
   }
   TrainingGraph result;
   result.model_output = output->name();
+  CASTOR_ASSIGN_OR_RETURN(result.evaluation,
+                          BuildEvaluationGraph(model, output->name(), options.loss));
   CASTOR_ASSIGN_OR_RETURN(result.running_stats, SwitchBatchNormToTraining(model));
   absl::flat_hash_set<std::string> state_names;
   for (const auto& [state, updated] : result.running_stats) state_names.insert(state);

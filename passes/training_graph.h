@@ -11,8 +11,14 @@
 //            them in one pass), and each BatchNormalization's new running
 //            mean/variance (the trainer writes them back only on steps it
 //            does not skip).
+//
+// Alongside it, the evaluation graph: the same model forward only, with the
+// loss attached and BatchNormalization left in inference form (it reads the
+// running statistics). Inputs: the model's inputs and the labels; outputs:
+// the loss and the model output.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,6 +55,10 @@ struct TrainingGraph {
   std::vector<std::pair<std::string, std::string>> running_stats;
   std::string model_output;  // the output the loss is attached to
   int backward_nodes = 0;
+  // The forward-only evaluation graph (types inferred). Its initializers
+  // carry the same names as the training graph's, so the trainer updates
+  // both from one state.
+  std::shared_ptr<const Model> evaluation;
 };
 
 // Rewrites `model` (types inferred) into its training graph. Errors name the

@@ -199,6 +199,36 @@ TEST(ExecutorTest, InPlaceNotTakenWhileInputIsReadLater) {
   EXPECT_EQ((*executor)->last_stats().in_place_reuses, 2);  // c takes b, d takes c
 }
 
+TEST(ExecutorTest, FindFirstNonFiniteNamesTheFirstNodeInOrder) {
+  FakeBackend backend(true);
+  {
+    ModelBuilder builder;
+    Value* a = builder.Add("Relu", {builder.x()}, "a");
+    Value* b = builder.Add("Add", {a, a}, "b");  // 3e38 + 3e38 overflows here
+    Value* c = builder.Add("Add", {b, b}, "c");  // and stays inf
+    auto executor = Executor::Create(builder.Finish({c}), backend);
+    ASSERT_TRUE(executor.ok()) << executor.status();
+    Tensor x = Tensor::FromVector<float>(DType::kFloat32, {1, 4}, {3e38f, 1, 2, 3e38f});
+    auto found = (*executor)->FindFirstNonFinite({{"x", x}});
+    ASSERT_TRUE(found.ok()) << found.status();
+    ASSERT_TRUE(found->has_value());
+    EXPECT_EQ((*found)->node, "b_node");
+    EXPECT_EQ((*found)->op_type, "Add");
+    EXPECT_EQ((*found)->value, "b");
+    EXPECT_EQ((*found)->non_finite, 2);
+    EXPECT_EQ((*found)->elements, 4);
+
+    auto clean = (*executor)->FindFirstNonFinite({{"x", Input(2)}});
+    ASSERT_TRUE(clean.ok()) << clean.status();
+    EXPECT_FALSE(clean->has_value());
+    // A normal run afterwards still works.
+    auto out = (*executor)->Run({{"x", Input(1)}});
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ((*out)[0].data<float>()[3], 16.0f);
+  }
+  EXPECT_EQ(backend.live_allocations(), 0u);
+}
+
 TEST(ExecutorTest, GraphOutputIsNeitherReusedNorOverwritten) {
   FakeBackend backend(true);
   ModelBuilder builder;

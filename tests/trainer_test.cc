@@ -139,6 +139,67 @@ TEST(TrainerTest, InjectedOverflowSkipsTheWholeUpdate) {
   }
 }
 
+TEST(TrainerTest, OverflowNamesTheFirstNonFiniteNode) {
+  TrainerOptions options;
+  options.scaler.initial_scale = 1e30;  // the seed itself is inf in float16
+  std::unique_ptr<Trainer> trainer =
+      MakeTrainer(LoadSample("mlp_opset17", "mixed_float16"), options);
+  auto [images, labels] = Batch(8);
+  absl::StatusOr<StepResult> result = trainer->Step({{"input", images}}, labels);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_TRUE(result->skipped);
+  // The forward pass and the float32 output layer's gradients are finite;
+  // the first non-finite value is the gradient cast back to float16 below
+  // it (the gradient of the Cast of relu1's output to float32): all
+  // 8 x 512 elements.
+  EXPECT_EQ(result->first_non_finite,
+            "node 'Cast_/Relu_1_output_0_to_float32/grad/Cast' (Cast) output "
+            "'Cast_/Relu_1_output_0_to_float32/grad/Cast_out0': 4096 of 4096 elements "
+            "non-finite");
+
+  TrainerOptions quiet = options;
+  quiet.name_first_non_finite = false;
+  std::unique_ptr<Trainer> unnamed = MakeTrainer(LoadSample("mlp_opset17", "mixed_float16"), quiet);
+  result = unnamed->Step({{"input", images}}, labels);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->skipped);
+  EXPECT_EQ(result->first_non_finite, "");
+}
+
+TEST(TrainerTest, EvaluationIsForwardOnlyWithRunningStatistics) {
+  // The evaluation of the resnet (BatchNormalization in inference form)
+  // equals running the converted model itself on the same batch.
+  Model model = LoadSample("resnet_opset17", "float32");
+  absl::StatusOr<Model> reference = CloneModel(model);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ASSERT_TRUE(InferTypes(*reference).ok());
+  std::unique_ptr<Trainer> trainer = MakeTrainer(std::move(model));
+  ASSERT_NE(trainer->training_graph().evaluation, nullptr);
+  EXPECT_EQ(trainer->training_graph().evaluation->graph->outputs().size(), 2u);
+  auto [images, labels] = Batch(8);
+  auto check = [&](const std::string& when) {
+    // The reference reads the trainer's current weights and statistics.
+    for (const auto& [name, tensor] : trainer->state()) {
+      *reference->graph->FindValue(name)->mutable_initializer() = tensor;
+    }
+    auto executor = Executor::Create(*reference, Cpu());
+    ASSERT_TRUE(executor.ok()) << executor.status();
+    auto expected = (*executor)->Run({{"input", images}});
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    absl::StatusOr<StepResult> evaluated = trainer->Evaluate({{"input", images}}, labels);
+    ASSERT_TRUE(evaluated.ok()) << evaluated.status();
+    const Tensor& logits = evaluated->output;
+    ASSERT_EQ(logits.num_elements(), (*expected)[0].num_elements());
+    for (int64_t i = 0; i < logits.num_elements(); ++i) {
+      EXPECT_EQ(logits.data<float>()[i], (*expected)[0].data<float>()[i]) << when << " " << i;
+    }
+    EXPECT_GT(evaluated->loss, 0.0);
+  };
+  check("before training");
+  for (int step = 0; step < 3; ++step) ASSERT_TRUE(trainer->Step({{"input", images}}, labels).ok());
+  check("after 3 steps");  // new weights and running statistics reach the evaluation graph
+}
+
 TEST(TrainingGraphTest, ErrorsNameTheOutputAndTheOpset) {
   Model cnn = LoadSample("cnn_opset17", "float32");
   TrainingGraphOptions options;

@@ -260,13 +260,23 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     correct += CountCorrect(r->output, b.labels);
     seen += n;
     loss_ema = step == 1 ? r->loss : 0.95 * loss_ema + 0.05 * r->loss;
+    if (r->skipped) {
+      if (live) err << "\n";
+      err << absl::StrFormat("castor train: step %d skipped: inf/NaN gradients at loss scale %g",
+                             step, r->loss_scale);
+      if (!r->first_non_finite.empty()) err << "; first non-finite: " << r->first_non_finite;
+      err << "\n";
+    }
     if (!r->diagnosis.empty()) err << "castor train: warning: step " << step << ": " << r->diagnosis << "\n";
     if (metrics.is_open()) {
       metrics << absl::StrFormat(
           "{\"step\":%d,\"epoch\":%d,\"loss\":%.6g,\"loss_scale\":%g,\"skipped\":%s,\"lr\":%g,"
-          "\"samples_per_s\":%.1f,\"grad_norm\":%.6g}\n",
+          "\"samples_per_s\":%.1f,\"grad_norm\":%.6g%s}\n",
           step, epoch, r->loss, r->loss_scale, r->skipped ? "true" : "false", r->lr, n / dt,
-          r->grad_norm);
+          r->grad_norm,
+          r->first_non_finite.empty()
+              ? ""
+              : absl::StrCat(",\"first_non_finite\":", Json::String(r->first_non_finite).Dump()));
     }
     const double elapsed = Seconds(Clock::now() - started);
     const std::string line = absl::StrFormat(

@@ -32,6 +32,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Model model, TrainingGr
     CASTOR_RETURN_IF_ERROR(keep(statistic));
   }
   CASTOR_ASSIGN_OR_RETURN(trainer->executor_, Executor::Create(trainer->model_, backend));
+  if (trainer->graph_.evaluation == nullptr) {
+    return absl::InvalidArgumentError("the training graph has no evaluation graph");
+  }
+  CASTOR_ASSIGN_OR_RETURN(trainer->eval_executor_,
+                          Executor::Create(*trainer->graph_.evaluation, backend));
+  trainer->name_first_non_finite_ = options.name_first_non_finite;
   return trainer;
 }
 
@@ -39,9 +45,14 @@ absl::StatusOr<StepResult> Trainer::Evaluate(std::vector<std::pair<std::string, 
                                              Tensor labels) {
   StepResult result;
   result.step = steps_;
+  if (eval_stale_) {
+    for (const auto& [name, tensor] : state_) {
+      CASTOR_RETURN_IF_ERROR(eval_executor_->UpdateResident(name, tensor));
+    }
+    eval_stale_ = false;
+  }
   inputs.emplace_back(kLabelsInput, std::move(labels));
-  inputs.emplace_back(kLossScaleInput, Tensor::Scalar(1.0f));
-  CASTOR_ASSIGN_OR_RETURN(std::vector<Tensor> outputs, executor_->Run(inputs));
+  CASTOR_ASSIGN_OR_RETURN(std::vector<Tensor> outputs, eval_executor_->Run(inputs));
   result.loss = outputs[0].data<float>()[0];
   result.output = std::move(outputs[1]);
   return result;
@@ -67,7 +78,19 @@ absl::StatusOr<StepResult> Trainer::Step(std::vector<std::pair<std::string, Tens
   result.skipped = scaled.skipped;
   result.diagnosis = scaled.diagnosis;
   result.lr = LearningRate(lr_, optimizer_.step() + 1);
-  if (scaled.skipped) return result;
+  if (scaled.skipped) {
+    if (name_first_non_finite_) {
+      CASTOR_ASSIGN_OR_RETURN(std::optional<NonFiniteOutput> first,
+                              executor_->FindFirstNonFinite(inputs));
+      if (first.has_value()) {
+        result.first_non_finite = absl::StrCat(
+            "node '", first->node, "' (", first->op_type, ") output '", first->value, "': ",
+            first->non_finite, " of ", first->elements, " elements non-finite");
+      }
+    }
+    return result;
+  }
+  eval_stale_ = true;
 
   std::vector<ParameterGradient> parameters;
   for (size_t k = 0; k < num_gradients; ++k) {

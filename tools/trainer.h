@@ -27,6 +27,8 @@ struct TrainerOptions {
   OptimizerOptions optimizer;
   LrSchedule lr;
   LossScalerOptions scaler;
+  // On a skipped step, find the first non-finite node (costs one more run).
+  bool name_first_non_finite = true;
 };
 
 struct StepResult {
@@ -37,6 +39,10 @@ struct StepResult {
   double lr = 0.0;
   double grad_norm = 0.0;   // global L2 norm of the unscaled gradients (0 when skipped)
   std::string diagnosis;    // from the loss scaler, when the floor is hit repeatedly
+  // On a skipped step: the first node whose output went inf/NaN, e.g.
+  // "node 'fc1/grad/MatMul' (MatMul) output 'fc1.weight/grad': 12 of 4096
+  // elements non-finite"; "" when not searched or not found.
+  std::string first_non_finite;
   Tensor output;            // the model output the loss is attached to
 };
 
@@ -53,9 +59,9 @@ class Trainer {
   absl::StatusOr<StepResult> Step(std::vector<std::pair<std::string, Tensor>> inputs,
                                   Tensor labels);
 
-  // The loss and model output on a batch without changing anything (the
-  // evaluation pass; it runs the training graph, backward included, with
-  // BatchNormalization using the batch's statistics as in training).
+  // The loss and model output on a batch without changing anything: the
+  // forward-only evaluation graph, with BatchNormalization reading its
+  // running statistics.
   absl::StatusOr<StepResult> Evaluate(std::vector<std::pair<std::string, Tensor>> inputs,
                                       Tensor labels);
 
@@ -67,6 +73,7 @@ class Trainer {
   const LossScaler& scaler() const { return scaler_; }
   const Optimizer& optimizer() const { return optimizer_; }
   const Model& model() const { return model_; }
+  const TrainingGraph& training_graph() const { return graph_; }
   int64_t steps() const { return steps_; }
 
  private:
@@ -81,6 +88,9 @@ class Trainer {
   Model model_;
   TrainingGraph graph_;
   std::unique_ptr<Executor> executor_;
+  std::unique_ptr<Executor> eval_executor_;
+  bool eval_stale_ = false;  // the evaluation graph's weights lag state_
+  bool name_first_non_finite_ = true;
   Optimizer optimizer_;
   LossScaler scaler_;
   LrSchedule lr_;
