@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "graph/status.h"
 
 namespace castor {
 
@@ -68,6 +69,28 @@ absl::StatusOr<Optimizer> Optimizer::Create(OptimizerOptions options) {
     return bad(absl::StrFormat("clip norm must be >= 0 (0 = off), got %g", options.clip_norm));
   }
   return Optimizer(options);
+}
+
+absl::StatusOr<Optimizer> Optimizer::Restore(
+    OptimizerOptions options, int64_t step,
+    std::map<std::string, std::map<std::string, Tensor>> state) {
+  CASTOR_ASSIGN_OR_RETURN(Optimizer optimizer, Create(options));
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("optimizer: step ", step, " < 0"));
+  const bool sgd = options.kind == OptimizerKind::kSgd;
+  for (const auto& [parameter, slots] : state) {
+    for (const auto& [slot, tensor] : slots) {
+      const bool known = sgd ? slot == "momentum" : slot == "m" || slot == "v";
+      if (!known || tensor.dtype() != DType::kFloat32) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "optimizer state of parameter '", parameter, "': slot '", slot, "' is ",
+            DTypeName(tensor.dtype()), "; ", OptimizerKindName(options.kind), " keeps ",
+            sgd ? "float32 'momentum'" : "float32 'm' and 'v'"));
+      }
+    }
+  }
+  optimizer.step_ = step;
+  optimizer.state_ = std::move(state);
+  return optimizer;
 }
 
 absl::StatusOr<double> Optimizer::Step(const std::vector<ParameterGradient>& parameters,

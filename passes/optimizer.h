@@ -65,6 +65,12 @@ class Optimizer {
   // Validates the options (betas in [0, 1), eps > 0, nesterov needs
   // momentum, ...); errors name the option.
   static absl::StatusOr<Optimizer> Create(OptimizerOptions options);
+  // An optimizer that continues a saved run (a checkpoint): `step` updates
+  // applied and the per-parameter state as state() returned it. Errors name
+  // the parameter and the slot (one the kind does not use, not float32).
+  static absl::StatusOr<Optimizer> Restore(
+      OptimizerOptions options, int64_t step,
+      std::map<std::string, std::map<std::string, Tensor>> state);
 
   // Clips (when clip_norm > 0) and applies one update with learning rate
   // `lr` to every parameter; the step counter advances once. Returns the

@@ -122,6 +122,7 @@ absl::StatusOr<std::shared_ptr<const Model>> BuildEvaluationGraph(const Model& m
                                                                    const std::string& output,
                                                                    LossKind loss_kind) {
   CASTOR_ASSIGN_OR_RETURN(Model evaluation, CloneModel(model));
+  CASTOR_RETURN_IF_ERROR(InferTypes(evaluation));
   Graph& graph = *evaluation.graph;
   Value* prediction = graph.FindValue(output);
   CASTOR_ASSIGN_OR_RETURN(Value * loss, AttachLoss(graph, prediction, loss_kind));

@@ -41,6 +41,31 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Model model, TrainingGr
   return trainer;
 }
 
+absl::Status Trainer::Restore(const std::map<std::string, Tensor>& state, Optimizer optimizer,
+                              LossScaler scaler, int64_t steps) {
+  for (auto& [name, current] : state_) {
+    auto saved = state.find(name);
+    if (saved == state.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("resume: no saved value for '", name, "'"));
+    }
+    if (saved->second.dtype() != current.dtype() || saved->second.dims() != current.dims()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "resume: '", name, "' is saved as ", DTypeName(saved->second.dtype()), " ",
+          Shape::FromDims(saved->second.dims()).ToString(), ", the model has ", DTypeName(current.dtype()), " ",
+          Shape::FromDims(current.dims()).ToString()));
+    }
+  }
+  for (auto& [name, current] : state_) {
+    current = state.at(name);
+    CASTOR_RETURN_IF_ERROR(executor_->UpdateResident(name, current));
+  }
+  optimizer_ = std::move(optimizer);
+  scaler_ = std::move(scaler);
+  steps_ = steps;
+  eval_stale_ = true;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<StepResult> Trainer::Evaluate(std::vector<std::pair<std::string, Tensor>> inputs,
                                              Tensor labels) {
   StepResult result;

@@ -65,6 +65,13 @@ class Trainer {
   absl::StatusOr<StepResult> Evaluate(std::vector<std::pair<std::string, Tensor>> inputs,
                                       Tensor labels);
 
+  // Continues a saved run (a checkpoint): the weights and running
+  // statistics by name (every tensor of state(), same dtype and dims; the
+  // backend copies are updated), the optimizer with its step and moments,
+  // the loss scaler, and the number of steps taken.
+  absl::Status Restore(const std::map<std::string, Tensor>& state, Optimizer optimizer,
+                       LossScaler scaler, int64_t steps);
+
   // Peak activation bytes of the latest run (the executor's plan statistics).
   int64_t peak_activation_bytes() const { return executor_->last_stats().peak_activation_bytes; }
 
