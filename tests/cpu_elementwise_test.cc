@@ -266,6 +266,76 @@ TEST(CpuElementwiseTest, ArithmeticHalfMatchesFloat32RoundedOnce) {
   }
 }
 
+// Long 16-bit runs go through the blocked path (widen a block with the bulk
+// conversion, compute in float32, narrow once): every element must still be
+// the float32 result of the widened inputs rounded once, across block
+// boundaries, tails, and each broadcast pattern (dense, row, column, scalar).
+TEST(CpuElementwiseTest, Long16BitRunsMatchPerElementReference) {
+  constexpr int64_t kRows = 3, kCols = 1037;  // runs over two 512 blocks plus a tail
+  std::vector<float> wide(kRows * kCols), row(kCols), column(kRows);
+  for (size_t i = 0; i < wide.size(); ++i) wide[i] = 40.0f * std::sin(0.37f * i) + 0.01f * i;
+  for (size_t i = 0; i < row.size(); ++i) row[i] = 3.0f * std::cos(0.11f * i) + 0.5f;
+  for (size_t i = 0; i < column.size(); ++i) column[i] = -1.75f + 2.5f * i;
+  wide[700] = std::numeric_limits<float>::infinity();
+  wide[701] = std::nanf("");
+  struct Shape {
+    const char* name;
+    std::vector<int64_t> dims;
+    const std::vector<float>* values;
+    // Element (r, c) of the broadcast is values[r * row_stride + c * column_stride].
+    int64_t row_stride, column_stride;
+  };
+  const std::vector<float> scalar = {1.3f};
+  const Shape dense{"dense", {kRows, kCols}, &wide, kCols, 1};
+  const std::vector<Shape> others = {dense, {"row", {kCols}, &row, 0, 1},
+                                     {"column", {kRows, 1}, &column, 1, 0},
+                                     {"scalar", {}, &scalar, 0, 0}};
+  for (bool half : {true, false}) {
+    auto make = [&](const Shape& s) {
+      return half ? F16(s.dims, *s.values) : BF16(s.dims, *s.values);
+    };
+    auto widen = [&](const Tensor& t, int64_t i) {
+      const uint16_t bits = t.data<uint16_t>()[i];
+      return half ? HalfBitsToFloat(bits) : BFloat16BitsToFloat(bits);
+    };
+    auto narrow = [&](float v) { return half ? FloatToHalfBits(v) : FloatToBFloat16Bits(v); };
+    const Tensor a = make(dense);
+    for (const Shape& other : others) {
+      const Tensor b = make(other);
+      for (const BinaryOpRef& op : ArithmeticOps()) {
+        for (bool swap : {false, true}) {
+          Tensor y = swap ? RunOp(op.op, {b, a}) : RunOp(op.op, {a, b});
+          ASSERT_EQ(y.num_elements(), kRows * kCols);
+          for (int64_t r = 0; r < kRows; ++r) {
+            for (int64_t c = 0; c < kCols; ++c) {
+              const float x0 = widen(a, r * kCols + c);
+              const float x1 = widen(b, r * other.row_stride + c * other.column_stride);
+              const float expected = static_cast<float>(swap ? op.f(x1, x0) : op.f(x0, x1));
+              ASSERT_EQ(y.data<uint16_t>()[r * kCols + c], narrow(expected))
+                  << op.op << (half ? " half " : " bf16 ") << "other " << other.name
+                  << (swap ? " swapped" : "") << " at " << r << "," << c;
+            }
+          }
+        }
+      }
+      // Sum of three (variadic path): accumulated in float32 in input order.
+      Tensor sum = RunOp("Sum", {a, b, a}, {}, 13);
+      for (int64_t r = 0; r < kRows; ++r) {
+        for (int64_t c = 0; c < kCols; ++c) {
+          const float x0 = widen(a, r * kCols + c);
+          const float x1 = widen(b, r * other.row_stride + c * other.column_stride);
+          ASSERT_EQ(sum.data<uint16_t>()[r * kCols + c], narrow((x0 + x1) + x0))
+              << "Sum " << other.name << " at " << r << "," << c;
+        }
+      }
+    }
+    Tensor e = RunOp("Exp", {a});
+    for (int64_t i = 0; i < kRows * kCols; ++i) {
+      ASSERT_EQ(e.data<uint16_t>()[i], narrow(std::exp(widen(a, i)))) << "Exp at " << i;
+    }
+  }
+}
+
 TEST(CpuElementwiseTest, IntegerArithmetic) {
   // Div truncates toward zero.
   EXPECT_EQ(Values(RunOp("Div", {I32({4}, {-7, 7, -7, 7}), I32({4}, {2, 2, -2, -2})})),

@@ -565,6 +565,77 @@ TEST(ReduceToShapeOf, Float16AndBFloat16MatchFloat32) {
                                 {});
 }
 
+// The kernel's summation order, exactly: per output element, a float64 sum
+// over the outer summed axes of float32 partial sums (from +0, in order)
+// along the innermost summed axis. Shapes cover a kept innermost axis wider
+// than one column block (outer kept and outer summed axes around it), a
+// summed innermost axis longer than one conversion block, and no summing
+// at all (dY + 0: -0 becomes +0); in float32, float16 and bfloat16.
+TEST(ReduceToShapeOf, SumsInTheDocumentedOrderBitExactly) {
+  std::mt19937 rng(291);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    auto random = [&](const std::vector<int64_t>& dims) {
+      int64_t n = 1;
+      for (int64_t d : dims) n *= d;
+      std::vector<double> v(static_cast<size_t>(n));
+      for (double& e : v) e = normal(rng);
+      return Make(dtype, dims, v);
+    };
+    auto rounded = [&](float v) {  // what a store of v in dtype reads back as
+      return Values(Make(dtype, {1}, {static_cast<double>(v)}))[0];
+    };
+    {
+      // dY [2, 5, 7, 300] -> X [5, 1, 300]: summed 2 (outer) and 7 (inner).
+      const Tensor dy = random({2, 5, 7, 300});
+      const std::vector<double> d = Values(dy);
+      const std::vector<Tensor> out = RunOp("ReduceToShapeOf", {dy, random({5, 1, 300})}, {});
+      ASSERT_EQ(out.size(), 1u);
+      const std::vector<double> got = Values(out[0]);
+      for (int64_t k = 0; k < 5; ++k) {
+        for (int64_t c = 0; c < 300; ++c) {
+          double total = 0;
+          for (int64_t r = 0; r < 2; ++r) {
+            float partial = 0;
+            for (int64_t i = 0; i < 7; ++i) {
+              partial += static_cast<float>(d[((r * 5 + k) * 7 + i) * 300 + c]);
+            }
+            total += partial;
+          }
+          ASSERT_EQ(got[k * 300 + c], rounded(static_cast<float>(total))) << k << "," << c;
+        }
+      }
+    }
+    {
+      // dY [2, 3, 600] -> X [3, 1]: summed 2 (outer) and 600 (innermost).
+      const Tensor dy = random({2, 3, 600});
+      const std::vector<double> d = Values(dy);
+      const std::vector<Tensor> out = RunOp("ReduceToShapeOf", {dy, random({3, 1})}, {});
+      ASSERT_EQ(out.size(), 1u);
+      const std::vector<double> got = Values(out[0]);
+      for (int64_t k = 0; k < 3; ++k) {
+        double total = 0;
+        for (int64_t r = 0; r < 2; ++r) {
+          float partial = 0;
+          for (int64_t i = 0; i < 600; ++i) partial += static_cast<float>(d[(r * 3 + k) * 600 + i]);
+          total += partial;
+        }
+        ASSERT_EQ(got[k], rounded(static_cast<float>(total))) << k;
+      }
+    }
+    {
+      // Same shapes: dY + 0.
+      const Tensor dy = Make(dtype, {1, 3}, {-0.0, 2.5, -1.25});
+      const std::vector<Tensor> out = RunOp("ReduceToShapeOf", {dy, random({1, 3})}, {});
+      ASSERT_EQ(out.size(), 1u);
+      const std::vector<double> got = Values(out[0]);
+      EXPECT_EQ(got, (std::vector<double>{0.0, 2.5, -1.25}));
+      EXPECT_FALSE(std::signbit(got[0]));
+    }
+  }
+}
+
 // ---- GatherGrad ----------------------------------------------------------------
 
 TEST(GatherGrad, MatchesFiniteDifferencesWithNegativeAndRepeatedIndices) {

@@ -6,10 +6,13 @@
 // out), the variadic Max/Min/Sum, Where and Clip. The scalar arithmetic of
 // each op lives in backend/cpu/elementwise_math.h (shared with CUDA); this
 // file loads, broadcasts and stores. 16-bit floats compute in float32 and
-// round once on store; float64 computes in double; integers in their own
-// type (wrapping). Broadcast iteration is backend/cpu/broadcast.h, split
-// across threads in chunks of kElementwiseGrain elements; a run where an
-// input is dense or a single broadcast value gets its own tight loop.
+// round once on store (unary ops and same-dtype binary ops widen and narrow
+// them in blocks with float_io.h's vectorized bulk conversions); float64
+// computes in double; integers in their own type (wrapping). Broadcast
+// iteration is backend/cpu/broadcast.h, split across threads in chunks of
+// kElementwiseGrain elements; a run where an input is dense or a single
+// broadcast value gets its own tight loop.
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -56,7 +59,19 @@ absl::Status RunUnary(KernelContext& ctx, const Op& op) {
     const T* xp = x.as<T>();
     T* yp = (*y)->as<T>();
     ParallelFor(0, n, kElementwiseGrain, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) Store(&yp[i], op(Load(xp[i])));
+      if constexpr (kIsFloat16Storage<T>) {
+        // Widen a block, compute in float32, narrow once (in place is fine:
+        // a block is read before it is written).
+        float buffer[kFloatConvertBlock];
+        for (int64_t i = lo; i < hi; i += kFloatConvertBlock) {
+          const int64_t m = std::min(kFloatConvertBlock, hi - i);
+          ToFloat32(xp + i, buffer, m);
+          for (int64_t j = 0; j < m; ++j) buffer[j] = static_cast<float>(op(buffer[j]));
+          FromFloat32(buffer, yp + i, m);
+        }
+      } else {
+        for (int64_t i = lo; i < hi; ++i) Store(&yp[i], op(Load(xp[i])));
+      }
     });
   };
   bool ok = DispatchFloat(x.dtype, body);
@@ -126,27 +141,65 @@ absl::Status ClipKernel(KernelContext& ctx) {
 
 // ---- binary ----
 
+// BinaryLoop for float16/bfloat16 inputs and output: each run goes in
+// blocks that are widened to float32 scratch with the bulk conversion,
+// computed in float32 and narrowed once, the same bits as Load/fn/Store per
+// element.
+template <typename T, typename Fn>
+void BinaryLoop16(const BroadcastPlan& plan, const T* a, const T* b, T* out, const Fn& fn) {
+  ParallelForEachRun(plan, [&](int64_t o, const int64_t* in, int64_t count, const int64_t* step) {
+    const T* pa = a + in[0];
+    const T* pb = b + in[1];
+    T* po = out + o;
+    if (step[0] == 0 && step[1] == 0) {
+      T v;
+      StoreF(&v, static_cast<float>(fn(LoadF(*pa), LoadF(*pb))));
+      for (int64_t j = 0; j < count; ++j) po[j] = v;
+      return;
+    }
+    float va[kFloatConvertBlock], vb[kFloatConvertBlock];
+    const float scalar_a = LoadF(*pa), scalar_b = LoadF(*pb);
+    for (int64_t j0 = 0; j0 < count; j0 += kFloatConvertBlock) {
+      const int64_t m = std::min(kFloatConvertBlock, count - j0);
+      if (step[0] == 1) ToFloat32(pa + j0, va, m);
+      if (step[1] == 1) ToFloat32(pb + j0, vb, m);
+      if (step[0] == 1 && step[1] == 1) {
+        for (int64_t j = 0; j < m; ++j) va[j] = static_cast<float>(fn(va[j], vb[j]));
+      } else if (step[0] == 1) {
+        for (int64_t j = 0; j < m; ++j) va[j] = static_cast<float>(fn(va[j], scalar_b));
+      } else {
+        for (int64_t j = 0; j < m; ++j) va[j] = static_cast<float>(fn(scalar_a, vb[j]));
+      }
+      FromFloat32(va, po + j0, m);
+    }
+  });
+}
+
 // out = fn(a, b) over a two-input broadcast plan. Within a run each input's
 // step is 1 (dense) or 0 (one broadcast value).
 template <typename TA, typename TB, typename TO, typename Fn>
 void BinaryLoop(const BroadcastPlan& plan, const TA* a, const TB* b, TO* out, const Fn& fn) {
-  ParallelForEachRun(plan, [&](int64_t o, const int64_t* in, int64_t count, const int64_t* step) {
-    const TA* pa = a + in[0];
-    const TB* pb = b + in[1];
-    TO* po = out + o;
-    if (step[0] == 1 && step[1] == 1) {
-      for (int64_t j = 0; j < count; ++j) Store(&po[j], fn(Load(pa[j]), Load(pb[j])));
-    } else if (step[0] == 1) {
-      const auto vb = Load(*pb);
-      for (int64_t j = 0; j < count; ++j) Store(&po[j], fn(Load(pa[j]), vb));
-    } else if (step[1] == 1) {
-      const auto va = Load(*pa);
-      for (int64_t j = 0; j < count; ++j) Store(&po[j], fn(va, Load(pb[j])));
-    } else {
-      const auto v = fn(Load(*pa), Load(*pb));
-      for (int64_t j = 0; j < count; ++j) Store(&po[j], v);
-    }
-  });
+  if constexpr (kIsFloat16Storage<TA> && std::is_same_v<TA, TB> && std::is_same_v<TA, TO>) {
+    BinaryLoop16(plan, a, b, out, fn);
+  } else {
+    ParallelForEachRun(plan, [&](int64_t o, const int64_t* in, int64_t count, const int64_t* step) {
+      const TA* pa = a + in[0];
+      const TB* pb = b + in[1];
+      TO* po = out + o;
+      if (step[0] == 1 && step[1] == 1) {
+        for (int64_t j = 0; j < count; ++j) Store(&po[j], fn(Load(pa[j]), Load(pb[j])));
+      } else if (step[0] == 1) {
+        const auto vb = Load(*pb);
+        for (int64_t j = 0; j < count; ++j) Store(&po[j], fn(Load(pa[j]), vb));
+      } else if (step[1] == 1) {
+        const auto va = Load(*pa);
+        for (int64_t j = 0; j < count; ++j) Store(&po[j], fn(va, Load(pb[j])));
+      } else {
+        const auto v = fn(Load(*pa), Load(*pb));
+        for (int64_t j = 0; j < count; ++j) Store(&po[j], v);
+      }
+    });
+  }
 }
 
 absl::StatusOr<BroadcastPlan> PlanInputs(const KernelContext& ctx, int first, int count) {
@@ -262,6 +315,29 @@ absl::Status VariadicKernel(KernelContext& ctx) {
     std::vector<const T*> x(n);
     for (int i = 0; i < n; ++i) x[i] = ctx.input(i).as<T>();
     const Op op;
+    if constexpr (kIsFloat16Storage<T>) {
+      // Blocks of float32 accumulators; inputs in input order, as below.
+      ParallelForEachRun(*plan, [&](int64_t o, const int64_t* in, int64_t count,
+                                    const int64_t* step) {
+        float acc[kFloatConvertBlock], values[kFloatConvertBlock];
+        for (int64_t j0 = 0; j0 < count; j0 += kFloatConvertBlock) {
+          const int64_t m = std::min(kFloatConvertBlock, count - j0);
+          for (int i = 0; i < n; ++i) {
+            float* dst = i == 0 ? acc : values;
+            if (step[i] == 1) {
+              ToFloat32(x[i] + in[i] + j0, dst, m);
+            } else {
+              std::fill(dst, dst + m, LoadF(x[i][in[i]]));
+            }
+            if (i > 0) {
+              for (int64_t j = 0; j < m; ++j) acc[j] = static_cast<float>(op(acc[j], values[j]));
+            }
+          }
+          FromFloat32(acc, y + o + j0, m);
+        }
+      });
+      return;
+    }
     ParallelForEachRun(*plan, [&](int64_t o, const int64_t* in, int64_t count,
                                   const int64_t* step) {
       for (int64_t j = 0; j < count; ++j) {

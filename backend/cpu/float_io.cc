@@ -1,15 +1,205 @@
-// Bulk float conversions (see float_io.h).
+// Bulk float conversions (see float_io.h): scalar loops over graph/half.h's
+// conversions, and AVX2/F16C loops that give the same bits, picked once at
+// run time with __builtin_cpu_supports (the build has no -march flags).
 #include "backend/cpu/float_io.h"
 
 #include <cstring>
 
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define CASTOR_FLOAT_IO_X86 1
+#include <immintrin.h>
+#endif
+
 namespace castor::cpu {
+namespace float_io_internal {
+
+void HalfToFloat32Scalar(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = HalfBitsToFloat(src[i]);
+}
+
+void Float32ToHalfScalar(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = FloatToHalfBits(src[i]);
+}
+
+void BFloat16ToFloat32Scalar(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = BFloat16BitsToFloat(src[i]);
+}
+
+void Float32ToBFloat16Scalar(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = FloatToBFloat16Bits(src[i]);
+}
+
+#if defined(CASTOR_FLOAT_IO_X86)
+
+// kZeroUpperNote: each vector loop clears the upper ymm halves before the
+// scalar tail. GCC does not insert vzeroupper before the tail call, and the
+// rest of the binary is SSE code built without -mavx: with the upper halves
+// left dirty, later SSE code (libm's expf among it) ran ~25x slower.
+
+bool HasVectorConversions() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  }();
+  return has;
+}
+
+// F16C widens every half exactly, except that it quietens signalling NaNs;
+// HalfBitsToFloat keeps the payload as is (0x7c01 -> 0x7f802000), so the
+// inf/NaN lanes are rebuilt with integer ops: sign, all-ones exponent,
+// mantissa << 13.
+__attribute__((target("avx2,f16c"))) void HalfToFloat32Vector(const uint16_t* src, float* dst,
+                                                              int64_t n) {
+  const __m256i exponent_mask = _mm256_set1_epi32(0x7c00);
+  const __m256i mantissa_mask = _mm256_set1_epi32(0x3ff);
+  const __m256i sign_mask = _mm256_set1_epi32(0x8000);
+  const __m256i float_infinity = _mm256_set1_epi32(0x7f800000);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m256 widened = _mm256_cvtph_ps(half);
+    const __m256i half32 = _mm256_cvtepu16_epi32(half);
+    const __m256i is_inf_or_nan =
+        _mm256_cmpeq_epi32(_mm256_and_si256(half32, exponent_mask), exponent_mask);
+    if (_mm256_testz_si256(is_inf_or_nan, is_inf_or_nan)) {  // the common case
+      _mm256_storeu_ps(dst + i, widened);
+      continue;
+    }
+    const __m256i inf_or_nan = _mm256_or_si256(
+        _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(half32, sign_mask), 16), float_infinity),
+        _mm256_slli_epi32(_mm256_and_si256(half32, mantissa_mask), 13));
+    _mm256_storeu_ps(dst + i, _mm256_blendv_ps(widened, _mm256_castsi256_ps(inf_or_nan),
+                                               _mm256_castsi256_ps(is_inf_or_nan)));
+  }
+  _mm256_zeroupper();  // see kZeroUpperNote
+  HalfToFloat32Scalar(src + i, dst + i, n - i);
+}
+
+// F16C's round-to-nearest-even narrowing matches FloatToHalfBits for every
+// float32 bit pattern (overflow to inf, subnormals, NaN quietened with the
+// top payload bits kept), so no fix-up is needed. The rounding mode is the
+// immediate, not MXCSR.
+__attribute__((target("avx2,f16c"))) void Float32ToHalfVector(const float* src, uint16_t* dst,
+                                                              int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i half = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), half);
+  }
+  _mm256_zeroupper();  // see kZeroUpperNote
+  Float32ToHalfScalar(src + i, dst + i, n - i);
+}
+
+__attribute__((target("avx2"))) void BFloat16ToFloat32Vector(const uint16_t* src, float* dst,
+                                                             int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i bf16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m256i bits = _mm256_slli_epi32(_mm256_cvtepu16_epi32(bf16), 16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), bits);
+  }
+  _mm256_zeroupper();  // see kZeroUpperNote
+  BFloat16ToFloat32Scalar(src + i, dst + i, n - i);
+}
+
+// FloatToBFloat16Bits on 8 lanes: NaN -> top half | 0x0040 (quiet, sign and
+// payload kept); everything else rounds to nearest even by adding
+// 0x7fff + lsb and keeping the top half (finite values may carry into inf).
+__attribute__((target("avx2"))) void Float32ToBFloat16Vector(const float* src, uint16_t* dst,
+                                                             int64_t n) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  const __m256i float_infinity = _mm256_set1_epi32(0x7f800000);
+  const __m256i one = _mm256_set1_epi32(1);
+  const __m256i half_ulp = _mm256_set1_epi32(0x7fff);
+  const __m256i quiet_bit = _mm256_set1_epi32(0x0040);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    const __m256i top = _mm256_srli_epi32(bits, 16);
+    // |bits| fits in 31 bits, so the signed compare is the unsigned one.
+    const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, abs_mask), float_infinity);
+    const __m256i rounding_bias = _mm256_add_epi32(half_ulp, _mm256_and_si256(top, one));
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, rounding_bias), 16);
+    const __m256i result = _mm256_blendv_epi8(rounded, _mm256_or_si256(top, quiet_bit), is_nan);
+    // Every lane is <= 0xffff, so the unsigned-saturating pack is exact.
+    const __m128i packed =
+        _mm_packus_epi32(_mm256_castsi256_si128(result), _mm256_extracti128_si256(result, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), packed);
+  }
+  _mm256_zeroupper();  // see kZeroUpperNote
+  Float32ToBFloat16Scalar(src + i, dst + i, n - i);
+}
+
+#else  // not x86: the scalar loops only
+
+bool HasVectorConversions() { return false; }
+void HalfToFloat32Vector(const uint16_t* src, float* dst, int64_t n) {
+  HalfToFloat32Scalar(src, dst, n);
+}
+void Float32ToHalfVector(const float* src, uint16_t* dst, int64_t n) {
+  Float32ToHalfScalar(src, dst, n);
+}
+void BFloat16ToFloat32Vector(const uint16_t* src, float* dst, int64_t n) {
+  BFloat16ToFloat32Scalar(src, dst, n);
+}
+void Float32ToBFloat16Vector(const float* src, uint16_t* dst, int64_t n) {
+  Float32ToBFloat16Scalar(src, dst, n);
+}
+
+#endif
+
+}  // namespace float_io_internal
+
+namespace {
+
+// The conversion loops this CPU runs, chosen on first use.
+struct ConversionLoops {
+  void (*half_to_float)(const uint16_t*, float*, int64_t);
+  void (*float_to_half)(const float*, uint16_t*, int64_t);
+  void (*bfloat16_to_float)(const uint16_t*, float*, int64_t);
+  void (*float_to_bfloat16)(const float*, uint16_t*, int64_t);
+};
+
+const ConversionLoops& Loops() {
+  namespace fi = float_io_internal;
+  static const ConversionLoops loops =
+      fi::HasVectorConversions()
+          ? ConversionLoops{fi::HalfToFloat32Vector, fi::Float32ToHalfVector,
+                            fi::BFloat16ToFloat32Vector, fi::Float32ToBFloat16Vector}
+          : ConversionLoops{fi::HalfToFloat32Scalar, fi::Float32ToHalfScalar,
+                            fi::BFloat16ToFloat32Scalar, fi::Float32ToBFloat16Scalar};
+  return loops;
+}
+
+}  // namespace
+
+void ToFloat32(const Half* src, float* dst, int64_t n) {
+  Loops().half_to_float(reinterpret_cast<const uint16_t*>(src), dst, n);
+}
+
+void ToFloat32(const BFloat16* src, float* dst, int64_t n) {
+  Loops().bfloat16_to_float(reinterpret_cast<const uint16_t*>(src), dst, n);
+}
+
+void FromFloat32(const float* src, Half* dst, int64_t n) {
+  Loops().float_to_half(src, reinterpret_cast<uint16_t*>(dst), n);
+}
+
+void FromFloat32(const float* src, BFloat16* dst, int64_t n) {
+  Loops().float_to_bfloat16(src, reinterpret_cast<uint16_t*>(dst), n);
+}
 
 void ToFloat32(DType dtype, const void* src, float* dst, int64_t n) {
   DispatchFloat(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* s = static_cast<const T*>(src);
-    for (int64_t i = 0; i < n; ++i) dst[i] = LoadF(s[i]);
+    if constexpr (kIsFloat16Storage<T>) {
+      ToFloat32(s, dst, n);
+    } else if constexpr (std::is_same_v<T, float>) {
+      if (n > 0 && s != dst) std::memmove(dst, s, static_cast<size_t>(n) * sizeof(float));
+    } else {
+      for (int64_t i = 0; i < n; ++i) dst[i] = LoadF(s[i]);
+    }
   });
 }
 
@@ -17,7 +207,13 @@ void FromFloat32(DType dtype, const float* src, void* dst, int64_t n) {
   DispatchFloat(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* d = static_cast<T*>(dst);
-    for (int64_t i = 0; i < n; ++i) StoreF(&d[i], src[i]);
+    if constexpr (kIsFloat16Storage<T>) {
+      FromFloat32(src, d, n);
+    } else if constexpr (std::is_same_v<T, float>) {
+      if (n > 0 && d != src) std::memmove(d, src, static_cast<size_t>(n) * sizeof(float));
+    } else {
+      for (int64_t i = 0; i < n; ++i) StoreF(&d[i], src[i]);
+    }
   });
 }
 

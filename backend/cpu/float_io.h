@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "graph/dtype.h"
@@ -50,7 +51,42 @@ bool DispatchFloat(DType dtype, Fn&& fn) {
 }
 
 // Converts n elements of float dtype `dtype` at `src` to float32 (and back).
+// Bit-identical to LoadF / StoreF element by element; the 16-bit
+// conversions run 8 lanes at a time with AVX2 (+F16C for float16) when the
+// CPU has them (chosen once at run time), else the scalar code.
 void ToFloat32(DType dtype, const void* src, float* dst, int64_t n);
 void FromFloat32(DType dtype, const float* src, void* dst, int64_t n);
+
+// The same per storage type, for templated kernels.
+void ToFloat32(const Half* src, float* dst, int64_t n);
+void ToFloat32(const BFloat16* src, float* dst, int64_t n);
+void FromFloat32(const float* src, Half* dst, int64_t n);
+void FromFloat32(const float* src, BFloat16* dst, int64_t n);
+
+// Elements per block when a kernel widens 16-bit data into float32 scratch
+// (on the stack), computes, and narrows back: small enough for L1.
+inline constexpr int64_t kFloatConvertBlock = 512;
+
+// True for the 16-bit float storage types (computed in float32).
+template <typename T>
+inline constexpr bool kIsFloat16Storage =
+    std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+
+// The conversion loops behind the dispatch, exposed for the exhaustive
+// bit-exactness test (tests/float_io_test.cc).
+namespace float_io_internal {
+// True when this CPU has AVX2 and F16C, so the vector loops below may run
+// (and the dispatched functions use them).
+bool HasVectorConversions();
+void HalfToFloat32Scalar(const uint16_t* src, float* dst, int64_t n);
+void Float32ToHalfScalar(const float* src, uint16_t* dst, int64_t n);
+void BFloat16ToFloat32Scalar(const uint16_t* src, float* dst, int64_t n);
+void Float32ToBFloat16Scalar(const float* src, uint16_t* dst, int64_t n);
+// Only when HasVectorConversions().
+void HalfToFloat32Vector(const uint16_t* src, float* dst, int64_t n);
+void Float32ToHalfVector(const float* src, uint16_t* dst, int64_t n);
+void BFloat16ToFloat32Vector(const uint16_t* src, float* dst, int64_t n);
+void Float32ToBFloat16Vector(const float* src, uint16_t* dst, int64_t n);
+}  // namespace float_io_internal
 
 }  // namespace castor::cpu

@@ -420,8 +420,17 @@ absl::Status PoolGradKernel(KernelContext& ctx) {
     using T = typename decltype(tag)::type;
     const T* xp = x.as<T>();
     ParallelFor(0, setup.planes, 1, [&](int64_t lo, int64_t hi) {
+      // MaxPoolGrad widens a 16-bit X plane to float32 once (exact).
+      std::vector<float> widened_plane(kMax && kIsFloat16Storage<T> ? in_size : 0);
       for (int64_t plane = lo; plane < hi; ++plane) {
-        const T* xs = xp + plane * in_size;
+        const auto* xs = [&] {
+          if constexpr (kMax && kIsFloat16Storage<T>) {
+            ToFloat32(xp + plane * in_size, widened_plane.data(), in_size);
+            return static_cast<const float*>(widened_plane.data());
+          } else {
+            return xp + plane * in_size;
+          }
+        }();
         const float* dys = dy.data() + plane * out_size;
         float* dxs = dx.data() + plane * in_size;
         ForEachWindow(g, setup.axes, [&](int64_t q, const std::vector<int64_t>& o,
@@ -857,11 +866,23 @@ absl::Status ReluGradKernel(KernelContext& ctx) {
     const T* yp = y.as<T>();
     T* dxp = dx->as<T>();
     ParallelFor(0, y.num_elements(), kElementGrain, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) {
-        if (LoadF(yp[i]) > 0.0f) {
-          dxp[i] = dyp[i];
-        } else {
-          StoreF(&dxp[i], 0.0f);
+      if constexpr (kIsFloat16Storage<T>) {
+        // Y widened in blocks (exact); the stored zero is +0's 16-bit pattern.
+        float values[kFloatConvertBlock];
+        T zero;
+        StoreF(&zero, 0.0f);
+        for (int64_t i0 = lo; i0 < hi; i0 += kFloatConvertBlock) {
+          const int64_t m = std::min(kFloatConvertBlock, hi - i0);
+          ToFloat32(yp + i0, values, m);
+          for (int64_t j = 0; j < m; ++j) dxp[i0 + j] = values[j] > 0.0f ? dyp[i0 + j] : zero;
+        }
+      } else {
+        for (int64_t i = lo; i < hi; ++i) {
+          if (LoadF(yp[i]) > 0.0f) {
+            dxp[i] = dyp[i];
+          } else {
+            StoreF(&dxp[i], 0.0f);
+          }
         }
       }
     });
@@ -870,6 +891,19 @@ absl::Status ReluGradKernel(KernelContext& ctx) {
 }
 
 // ---- ReduceToShapeOf -----------------------------------------------------------
+
+// acc[k] += src[k] (k < n), each element on its own: the same bits as the
+// plain loop. Written in chunks of 8 with a constant trip count because the
+// -O2 build's "very cheap" vectorizer cost model skips loops of unknown
+// length, while the unrolled chunk is still vectorized (SLP).
+template <typename Acc>
+inline void AddRow(Acc* __restrict acc, const float* __restrict src, int64_t n) {
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    for (int l = 0; l < 8; ++l) acc[k + l] += src[k + l];
+  }
+  for (; k < n; ++k) acc[k] += src[k];
+}
 
 absl::Status ReduceToShapeOfKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
@@ -898,6 +932,10 @@ absl::Status ReduceToShapeOfKernel(KernelContext& ctx) {
       summed.push_back(sum_axis);
     }
   }
+  if (sizes.empty()) {  // a single element
+    sizes.push_back(1);
+    summed.push_back(false);
+  }
   const int axes = static_cast<int>(sizes.size());
   std::vector<int64_t> strides(axes);
   int64_t step = 1;
@@ -909,35 +947,121 @@ absl::Status ReduceToShapeOfKernel(KernelContext& ctx) {
   for (int d = 0; d < axes; ++d) (summed[d] ? reduced : kept).push_back(d);
   CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, dy.dtype, x.dims));
   const int64_t out_count = dx->num_elements();
-  int64_t reduce_count = 1;
-  for (int d : reduced) reduce_count *= sizes[d];
-  if (dy.num_elements() == 0) reduce_count = 0;
-  // The innermost summed axis runs as a plain strided loop.
+  if (out_count == 0) return absl::OkStatus();
+  // Every output element is the float64 sum, over the combinations of the
+  // outer summed axes, of float32 partial sums along the innermost summed
+  // axis (in order, starting from +0). Both loops below keep exactly that
+  // order per element; they differ in memory access.
+  // Offset in dY of index `index` over the groups `groups` (row-major).
+  auto offset_of = [&](const std::vector<int>& groups, int64_t index) {
+    int64_t offset = 0;
+    for (int k = static_cast<int>(groups.size()) - 1; k >= 0; --k) {
+      offset += index % sizes[groups[k]] * strides[groups[k]];
+      index /= sizes[groups[k]];
+    }
+    return offset;
+  };
+  std::vector<int> outer_reduced = reduced;
+  if (!outer_reduced.empty()) outer_reduced.pop_back();
+  int64_t outer_count = 1;
+  for (int d : outer_reduced) outer_count *= sizes[d];
   const int64_t last_size = reduced.empty() ? 1 : sizes[reduced.back()];
-  const int64_t last_stride = reduced.empty() ? 0 : strides[reduced.back()];
-  const int64_t outer_count = last_size > 0 ? reduce_count / last_size : 0;
+  if (reduced.empty()) {
+    // Nothing to sum: dX is dY + 0 (float32 +0.0f + v, the first step of
+    // every sum below: -0 becomes +0, NaN stays NaN).
+    DispatchFloat(dy.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const T* dyp = dy.as<T>();
+      T* dxp = dx->as<T>();
+      ParallelFor(0, out_count, kElementGrain, [&](int64_t lo, int64_t hi) {
+        float values[kFloatConvertBlock];
+        for (int64_t i = lo; i < hi; i += kFloatConvertBlock) {
+          const int64_t m = std::min(kFloatConvertBlock, hi - i);
+          ToFloat32(dy.dtype, dyp + i, values, m);
+          float zeros[kFloatConvertBlock] = {};
+          AddRow(zeros, values, m);
+          FromFloat32(dy.dtype, zeros, dxp + i, m);
+        }
+      });
+    });
+    return absl::OkStatus();
+  }
+  if (!summed.back()) {
+    // The innermost axis is kept: dY is [.., rows, inner] blocks whose rows
+    // are summed. Each task owns a column block of one output row and adds
+    // whole contiguous rows into float32 partials (vectorizable), then the
+    // partials into float64 totals.
+    const int64_t inner = sizes.back();
+    std::vector<int> outer_kept(kept.begin(), kept.end() - 1);
+    const int64_t outer_kept_count = out_count / inner;
+    constexpr int64_t kMaxWidth = 256;
+    auto task_count = [&](int64_t width) {
+      return outer_kept_count * ((inner + width - 1) / width);
+    };
+    int64_t width = kMaxWidth;
+    while (width > 16 && task_count(width) < NumThreads()) width /= 2;
+    const int64_t blocks = (inner + width - 1) / width;
+    const int64_t work_per_task = std::max<int64_t>(1, outer_count * last_size * width);
+    const int64_t grain = std::max<int64_t>(1, kElementGrain / work_per_task);
+    DispatchFloat(dy.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const T* dyp = dy.as<T>();
+      T* dxp = dx->as<T>();
+      ParallelFor(0, outer_kept_count * blocks, grain, [&](int64_t lo, int64_t hi) {
+        float partial[kMaxWidth];
+        float widened[kMaxWidth];
+        double total[kMaxWidth];
+        for (int64_t task = lo; task < hi; ++task) {
+          const int64_t row = task / blocks;
+          const int64_t column = task % blocks * width;
+          const int64_t m = std::min(width, inner - column);
+          const int64_t base = offset_of(outer_kept, row) + column;
+          std::fill(total, total + m, 0.0);
+          for (int64_t r = 0; r < outer_count; ++r) {
+            const T* block = dyp + base + offset_of(outer_reduced, r);
+            std::fill(partial, partial + m, 0.0f);
+            for (int64_t i = 0; i < last_size; ++i) {
+              const T* src = block + i * inner;
+              if constexpr (std::is_same_v<T, float>) {
+                AddRow(partial, src, m);
+              } else {
+                ToFloat32(dy.dtype, src, widened, m);
+                AddRow(partial, widened, m);
+              }
+            }
+            AddRow(total, partial, m);
+          }
+          T* out = dxp + row * inner + column;
+          for (int64_t k = 0; k < m; ++k) StoreF(&out[k], static_cast<float>(total[k]));
+        }
+      });
+    });
+    return absl::OkStatus();
+  }
+  // The innermost axis is summed: each output element adds contiguous runs.
   DispatchFloat(dy.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* dyp = dy.as<T>();
     T* dxp = dx->as<T>();
-    const int64_t grain = std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, reduce_count));
+    const int64_t grain =
+        std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, outer_count * last_size));
     ParallelFor(0, out_count, grain, [&](int64_t lo, int64_t hi) {
+      float widened[kFloatConvertBlock];
       for (int64_t o = lo; o < hi; ++o) {
-        int64_t base = 0, rem = o;
-        for (int k = static_cast<int>(kept.size()) - 1; k >= 0; --k) {
-          base += rem % sizes[kept[k]] * strides[kept[k]];
-          rem /= sizes[kept[k]];
-        }
+        const int64_t base = offset_of(kept, o);
         double sum = 0;
         for (int64_t r = 0; r < outer_count; ++r) {
-          int64_t offset = base, rr = r;
-          for (int k = static_cast<int>(reduced.size()) - 2; k >= 0; --k) {
-            offset += rr % sizes[reduced[k]] * strides[reduced[k]];
-            rr /= sizes[reduced[k]];
-          }
-          const T* src = dyp + offset;
+          const T* src = dyp + base + offset_of(outer_reduced, r);
           float partial = 0;
-          for (int64_t i = 0; i < last_size; ++i) partial += LoadF(src[i * last_stride]);
+          if constexpr (kIsFloat16Storage<T>) {
+            for (int64_t i0 = 0; i0 < last_size; i0 += kFloatConvertBlock) {
+              const int64_t m = std::min(kFloatConvertBlock, last_size - i0);
+              ToFloat32(src + i0, widened, m);
+              for (int64_t i = 0; i < m; ++i) partial += widened[i];
+            }
+          } else {
+            for (int64_t i = 0; i < last_size; ++i) partial += LoadF(src[i]);
+          }
           sum += partial;
         }
         StoreF(&dxp[o], static_cast<float>(sum));

@@ -15,6 +15,7 @@
 // comes from an MT19937 seeded with the `seed` attribute (default 0) and
 // drawn as 53-bit doubles, the scheme of numpy's legacy RandomState, so the
 // mask is deterministic per node; other frameworks' RNGs give other masks.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -198,6 +199,25 @@ bool ConvertElements(DType from, const void* src, DType to, void* dst, int64_t c
       Dst* d = static_cast<Dst*>(dst);
       if constexpr (std::is_same_v<Src, Dst> && !std::is_same_v<Src, BoolByte>) {
         ParallelMemcpy(d, s, static_cast<size_t>(count) * sizeof(Src));
+      } else if constexpr (std::is_same_v<Src, float> && kIsFloat16Storage<Dst>) {
+        // Bulk (vectorized) conversions: the same bits as CastElement.
+        ParallelFor(0, count, 16384, [&](int64_t lo, int64_t hi) {
+          cpu::FromFloat32(s + lo, d + lo, hi - lo);
+        });
+      } else if constexpr (kIsFloat16Storage<Src> && std::is_same_v<Dst, float>) {
+        ParallelFor(0, count, 16384, [&](int64_t lo, int64_t hi) {
+          cpu::ToFloat32(s + lo, d + lo, hi - lo);
+        });
+      } else if constexpr (kIsFloat16Storage<Src> && kIsFloat16Storage<Dst>) {
+        // float16 <-> bfloat16: widen exactly, round once.
+        ParallelFor(0, count, 16384, [&](int64_t lo, int64_t hi) {
+          float widened[kFloatConvertBlock];
+          for (int64_t i = lo; i < hi; i += kFloatConvertBlock) {
+            const int64_t m = std::min(kFloatConvertBlock, hi - i);
+            cpu::ToFloat32(s + i, widened, m);
+            cpu::FromFloat32(widened, d + i, m);
+          }
+        });
       } else {
         ParallelFor(0, count, 16384, [&](int64_t lo, int64_t hi) {
           for (int64_t i = lo; i < hi; ++i) d[i] = CastElement<Dst>(s[i]);

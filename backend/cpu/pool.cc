@@ -196,8 +196,17 @@ void MaxPool2D(const WindowGeometry& g, const std::vector<AxisWindows>& axes, in
       }
       for (int64_t ow = full_hi; ow < out_w; ++ow) Store(&yrow[ow], edge_max(ow, nan_safe));
     };
+    // 16-bit planes are widened to float32 once (bulk conversion, exact).
+    std::vector<float> widened_plane(kIsFloat16Storage<T> ? in_h * in_w : 0);
     for (int64_t plane = lo; plane < hi; ++plane) {
-      const T* xs = xp + plane * in_h * in_w;
+      const auto* xs = [&] {
+        if constexpr (kIsFloat16Storage<T>) {
+          ToFloat32(xp + plane * in_h * in_w, widened_plane.data(), in_h * in_w);
+          return static_cast<const float*>(widened_plane.data());
+        } else {
+          return xp + plane * in_h * in_w;
+        }
+      }();
       T* ys = yp + plane * out_h * out_w;
       for (int64_t oh = 0; oh < out_h; ++oh) {
         const int64_t row_count = rows.begin[oh + 1] - rows.begin[oh];
@@ -205,10 +214,10 @@ void MaxPool2D(const WindowGeometry& g, const std::vector<AxisWindows>& axes, in
         if (row_count == 0) {
           std::fill(cm, cm + in_w, std::numeric_limits<V>::lowest());
         } else {
-          const T* first = xs + rows.idx[rows.begin[oh]] * in_w;
+          const auto* first = xs + rows.idx[rows.begin[oh]] * in_w;
           for (int64_t w = 0; w < in_w; ++w) cm[w] = Load(first[w]);
           for (int64_t r = 1; r < row_count; ++r) {
-            const T* row = first + r * step_h * in_w;
+            const auto* row = first + r * step_h * in_w;
             for (int64_t w = 0; w < in_w; ++w) cm[w] = NanMax(cm[w], Load(row[w]));
           }
           if constexpr (std::is_floating_point_v<V>) {
