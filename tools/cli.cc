@@ -12,9 +12,11 @@
 #include "tools/args.h"
 #include "tools/conformance_command.h"
 #include "tools/convert_command.h"
+#include "tools/export_command.h"
 #include "tools/inspect.h"
 #include "tools/run_command.h"
 #include "tools/train_command.h"
+#include "tools/verify_command.h"
 
 #define CASTOR_VERSION CASTOR_VERSION_STRING
 
@@ -31,6 +33,10 @@ const std::vector<Subcommand>& Subcommands() {
        RunRun},
       {"train", "train a model in mixed precision (autocast, autodiff, optimizer, loss scaling)",
        RunTrain},
+      {"verify", "check a checkpoint: digests, float32 master weights, state, the recorded policy",
+       RunVerify},
+      {"export", "write a checkpoint's inference model (float32, or converted under a policy)",
+       RunExport},
       {"conformance", "run ONNX backend node test cases and compare as ONNX's test runner does",
        RunConformance},
   };

@@ -1,0 +1,1337 @@
+// Checkpoint files (see checkpoint.h): the state JSON, the two digests, the
+// atomic write with optional external data, the read with its corruption
+// checks, the consistency checks, and checkpoint directories.
+#include "tools/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <regex>
+#include <set>
+#include <string_view>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "graph/onnx_io.h"
+#include "graph/sha256.h"
+#include "graph/shape_inference.h"
+#include "graph/status.h"
+#include "graph/version.h"
+#include "passes/autocast.h"
+#include "passes/loss_scaler.h"
+
+namespace castor::tools {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The training_info algorithm graph that carries the optimizer moments.
+constexpr const char* kStateGraphName = "castor.optimizer_state";
+// Tensors at least this large go to the data file when data is external.
+constexpr size_t kExternalTensorMinBytes = 1024;
+// Data file offsets are aligned to this (a page, as onnx's external data
+// helper and ONNX Runtime's memory mapping like it).
+constexpr uint64_t kExternalAlignment = 4096;
+// Protobuf cannot parse messages of 2 GB or more.
+constexpr uint64_t kMaxProtoBytes = INT_MAX;
+// training_info needs IR version 7.
+constexpr int64_t kTrainingInfoIrVersion = 7;
+// Hex digits of the data digest in a data file's name.
+constexpr size_t kDataNameDigits = 16;
+
+std::string Quoted(const std::string& s) { return absl::StrCat("'", s, "'"); }
+
+absl::Status ErrnoError(int error_number, const std::string& message) {
+  return absl::Status(absl::ErrnoToStatusCode(error_number),
+                      absl::StrCat(message, ": ", std::strerror(error_number)));
+}
+
+std::string DirectoryOf(const std::string& path) {
+  std::string dir = fs::path(path).parent_path().string();
+  return dir.empty() ? "." : dir;
+}
+
+std::string FileNameOf(const std::string& path) { return fs::path(path).filename().string(); }
+
+std::string DimsText(const std::vector<int64_t>& dims) {
+  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
+}
+
+// ------------------------------------------------------------- digests
+
+// SHA-256 over length-prefixed fields, so no two field lists hash alike.
+class FieldHasher {
+ public:
+  void Field(const void* data, size_t size) {
+    const uint64_t length = size;
+    uint8_t prefix[8];
+    for (int k = 0; k < 8; ++k) prefix[k] = static_cast<uint8_t>(length >> (8 * k));
+    hasher_.Update(prefix, sizeof(prefix));
+    if (size > 0) hasher_.Update(data, size);
+  }
+  void Field(const std::string& s) { Field(s.data(), s.size()); }
+  void TensorFields(const std::string& kind, const std::string& name, const Tensor& tensor) {
+    Field(kind);
+    Field(name);
+    Field(std::string(DTypeName(tensor.dtype())));
+    Field(DimsText(tensor.dims()));
+    if (tensor.dtype() == DType::kString) {
+      Field(std::to_string(tensor.strings().size()));
+      for (const std::string& s : tensor.strings()) Field(s);
+    } else {
+      Field(tensor.raw(), tensor.byte_size());
+    }
+  }
+  std::string Finish() { return absl::StrCat("sha256:", hasher_.FinishHex()); }
+
+ private:
+  Sha256 hasher_;
+};
+
+// The graph's structure: the GraphProto without its initializers (hashed as
+// tensors) and value_info (type annotations that tools rewrite: onnx 1.12's
+// onnx.checker.check_model(path, full_check=True) writes inferred shapes back
+// into the file it checks; castor's import checks declared types against its
+// own inference, so an edited value_info cannot change what castor runs).
+std::string GraphStructureBytes(const onnx::GraphProto& graph) {
+  onnx::GraphProto structure = graph;
+  structure.clear_initializer();
+  structure.clear_value_info();
+  return structure.SerializeAsString();
+}
+
+// The data digest (checkpoint.h): structure, initializers, moments, state.
+std::string DataDigest(const std::string& structure,
+                       const std::vector<std::pair<std::string, const Tensor*>>& initializers,
+                       const std::map<std::string, std::map<std::string, Tensor>>& moments,
+                       const std::string& state_json) {
+  FieldHasher hasher;
+  hasher.Field(std::string(kCheckpointFormat));
+  hasher.Field(std::string("graph"));
+  hasher.Field(structure);
+  std::vector<std::pair<std::string, const Tensor*>> sorted = initializers;
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [name, tensor] : sorted) hasher.TensorFields("initializer", name, *tensor);
+  // std::map: parameters, then slots, sorted.
+  for (const auto& [parameter, slots] : moments) {
+    for (const auto& [slot, tensor] : slots) {
+      hasher.TensorFields("moment", MomentTensorName(parameter, slot), tensor);
+    }
+  }
+  hasher.Field(std::string("state"));
+  hasher.Field(state_json);
+  return hasher.Finish();
+}
+
+std::vector<std::pair<std::string, const Tensor*>> GraphInitializers(const Graph& graph) {
+  std::vector<std::pair<std::string, const Tensor*>> result;
+  for (const Value* value : graph.initializers()) {
+    result.emplace_back(value->name(), value->initializer());
+  }
+  return result;
+}
+
+bool IsRecordKey(const std::string& key) { return key.rfind(kCheckpointKeyPrefix, 0) == 0; }
+
+// The record digest: every record entry but the digest itself, by key.
+std::string RecordDigest(const std::vector<std::pair<std::string, std::string>>& record) {
+  std::vector<std::pair<std::string, std::string>> sorted;
+  for (const auto& entry : record) {
+    if (IsRecordKey(entry.first) && entry.first != kCheckpointRecordDigestKey) {
+      sorted.push_back(entry);
+    }
+  }
+  std::sort(sorted.begin(), sorted.end());
+  FieldHasher hasher;
+  hasher.Field(std::string(kCheckpointFormat));
+  for (const auto& [key, value] : sorted) {
+    hasher.Field(key);
+    hasher.Field(value);
+  }
+  return hasher.Finish();
+}
+
+const std::string* FindEntry(const std::vector<std::pair<std::string, std::string>>& record,
+                             const std::string& key) {
+  for (const auto& [k, v] : record) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+// ------------------------------------------------------------- JSON helpers
+
+absl::Status FieldError(const std::string& source, const std::string& field,
+                        const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(source, ": field '", field, "' ", what));
+}
+
+absl::StatusOr<const Json*> Required(const Json& json, const std::string& source,
+                                     const std::string& field) {
+  const Json* value = json.Find(field);
+  if (value == nullptr) return FieldError(source, field, "is missing");
+  return value;
+}
+
+absl::StatusOr<int64_t> IntField(const Json& json, const std::string& source,
+                                 const std::string& field) {
+  CASTOR_ASSIGN_OR_RETURN(const Json* value, Required(json, source, field));
+  if (!value->is_int()) return FieldError(source, field, "must be an integer");
+  return value->as_int();
+}
+
+absl::StatusOr<double> NumberField(const Json& json, const std::string& source,
+                                   const std::string& field) {
+  CASTOR_ASSIGN_OR_RETURN(const Json* value, Required(json, source, field));
+  if (!value->is_number()) return FieldError(source, field, "must be a number");
+  return value->as_number();
+}
+
+absl::StatusOr<bool> BoolField(const Json& json, const std::string& source,
+                               const std::string& field) {
+  CASTOR_ASSIGN_OR_RETURN(const Json* value, Required(json, source, field));
+  if (!value->is_bool()) return FieldError(source, field, "must be true or false");
+  return value->as_bool();
+}
+
+absl::StatusOr<std::string> StringField(const Json& json, const std::string& source,
+                                        const std::string& field) {
+  CASTOR_ASSIGN_OR_RETURN(const Json* value, Required(json, source, field));
+  if (!value->is_string()) return FieldError(source, field, "must be a string");
+  return value->as_string();
+}
+
+absl::StatusOr<std::vector<std::string>> StringListField(const Json& json,
+                                                         const std::string& source,
+                                                         const std::string& field) {
+  CASTOR_ASSIGN_OR_RETURN(const Json* value, Required(json, source, field));
+  if (!value->is_array()) return FieldError(source, field, "must be an array of strings");
+  std::vector<std::string> result;
+  for (const Json& item : value->items()) {
+    if (!item.is_string()) return FieldError(source, field, "must be an array of strings");
+    result.push_back(item.as_string());
+  }
+  return result;
+}
+
+Json StringList(const std::vector<std::string>& values) {
+  Json array = Json::Array();
+  for (const std::string& v : values) array.Append(Json::String(v));
+  return array;
+}
+
+const char* LrKindName(LrSchedule::Kind kind) {
+  switch (kind) {
+    case LrSchedule::Kind::kConstant:
+      return "constant";
+    case LrSchedule::Kind::kStep:
+      return "step";
+    case LrSchedule::Kind::kCosine:
+      return "cosine";
+  }
+  return "?";
+}
+
+// ------------------------------------------------------------- files
+
+// Reads a whole file (at most protobuf's limit). NotFound when missing.
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int error_number = errno;
+    if (error_number == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+    return ErrnoError(error_number, absl::StrCat("cannot open ", path));
+  }
+  struct stat info;
+  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
+  if (static_cast<uint64_t>(info.st_size) > kMaxProtoBytes) {
+    close(fd);
+    return absl::DataLossError(absl::StrCat(path, ": ", info.st_size,
+                                            " bytes is over protobuf's 2 GB limit; not a "
+                                            "castor checkpoint (its tensors would be external)"));
+  }
+  std::string contents(static_cast<size_t>(info.st_size), '\0');
+  size_t done = 0;
+  while (done < contents.size()) {
+    const ssize_t n = read(fd, contents.data() + done, contents.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error_number = errno;
+      close(fd);
+      return ErrnoError(error_number, absl::StrCat("cannot read ", path));
+    }
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  close(fd);
+  contents.resize(done);
+  return contents;
+}
+
+absl::Status FsyncDirectory(const std::string& dir, const std::string& what) {
+  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0 || fsync(dir_fd) != 0) {
+    const int error_number = errno;
+    if (dir_fd >= 0) close(dir_fd);
+    return ErrnoError(error_number,
+                      absl::StrCat("wrote ", what, " but cannot fsync directory ", dir));
+  }
+  close(dir_fd);
+  return absl::OkStatus();
+}
+
+// One piece of the data file: `bytes` at `offset`.
+struct DataPiece {
+  uint64_t offset;
+  std::string_view bytes;
+};
+
+// Writes the data file atomically (as WriteFileAtomically, streaming the
+// pieces with zero padding between them).
+absl::Status WriteDataFileAtomically(const std::string& path, const std::vector<DataPiece>& pieces,
+                                     uint64_t total_bytes) {
+  std::string temp_path = absl::StrCat(path, ".tmp.XXXXXX");
+  const int fd = mkstemp(temp_path.data());
+  if (fd < 0) {
+    return ErrnoError(errno, absl::StrCat("cannot write external data ", path,
+                                          ": cannot create a temporary file"));
+  }
+  auto fail = [&](int error_number, const char* what) {
+    close(fd);
+    unlink(temp_path.c_str());
+    return ErrnoError(error_number, absl::StrCat("cannot write external data ", path, ": ", what,
+                                                 " ", temp_path));
+  };
+  if (fchmod(fd, 0644) != 0) return fail(errno, "cannot set the permissions of");
+  auto write_all = [&](const char* data, size_t size) -> int {
+    size_t done = 0;
+    while (done < size) {
+      const ssize_t n = write(fd, data + done, size - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return n < 0 ? errno : EIO;
+      done += static_cast<size_t>(n);
+    }
+    return 0;
+  };
+  const std::string zeros(kExternalAlignment, '\0');
+  uint64_t position = 0;
+  for (const DataPiece& piece : pieces) {
+    while (position < piece.offset) {
+      const size_t pad =
+          static_cast<size_t>(std::min<uint64_t>(piece.offset - position, zeros.size()));
+      if (int e = write_all(zeros.data(), pad); e != 0) return fail(e, "cannot write to");
+      position += pad;
+    }
+    if (int e = write_all(piece.bytes.data(), piece.bytes.size()); e != 0) {
+      return fail(e, "cannot write to");
+    }
+    position += piece.bytes.size();
+  }
+  if (position != total_bytes) return fail(EIO, "internal error: wrong size of");
+  if (fsync(fd) != 0) return fail(errno, "cannot fsync");
+  if (close(fd) != 0) {
+    const int error_number = errno;
+    unlink(temp_path.c_str());
+    return ErrnoError(error_number, absl::StrCat("cannot write external data ", path,
+                                                 ": cannot close ", temp_path));
+  }
+  if (rename(temp_path.c_str(), path.c_str()) != 0) {
+    const int error_number = errno;
+    unlink(temp_path.c_str());
+    return ErrnoError(error_number, absl::StrCat("cannot write external data ", path,
+                                                 ": cannot rename ", temp_path, " over it"));
+  }
+  return FsyncDirectory(DirectoryOf(path), path);
+}
+
+// Temporary files castor's atomic writers leave when killed:
+// "<name>.tmp.XXXXXX" and "<name>.<hex>.data.tmp.XXXXXX".
+bool IsStaleTempOf(const std::string& file, const std::string& name) {
+  static const std::regex kTempSuffix(R"((\.[0-9a-f]{16}\.data)?\.tmp\.[A-Za-z0-9]{6})");
+  return file.size() > name.size() && file.compare(0, name.size(), name) == 0 &&
+         std::regex_match(file.substr(name.size()), kTempSuffix);
+}
+
+// "<name>.<16 hex>.data".
+bool IsDataFileOf(const std::string& file, const std::string& name) {
+  static const std::regex kDataSuffix(R"(\.[0-9a-f]{16}\.data)");
+  return file.size() > name.size() && file.compare(0, name.size(), name) == 0 &&
+         std::regex_match(file.substr(name.size()), kDataSuffix);
+}
+
+std::vector<std::string> FilesInDirectory(const std::string& dir) {
+  std::vector<std::string> names;
+  std::error_code error;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
+    std::error_code type_error;
+    if (entry.is_regular_file(type_error)) names.push_back(entry.path().filename().string());
+  }
+  return names;
+}
+
+// Removes `name`'s stale temporary files in `dir` and, unless `keep_data`
+// is one, its data files other than `keep_data` ("" removes all).
+void RemoveLeftovers(const std::string& dir, const std::string& name, bool remove_temps,
+                     bool remove_data, const std::string& keep_data) {
+  for (const std::string& file : FilesInDirectory(dir)) {
+    const bool temp = remove_temps && IsStaleTempOf(file, name);
+    const bool data = remove_data && file != keep_data && IsDataFileOf(file, name);
+    if (temp || data) {
+      std::error_code ignored;
+      fs::remove(fs::path(dir) / file, ignored);
+    }
+  }
+}
+
+// ------------------------------------------------------------- the model
+
+// Every BatchNormalization input slot 3/4 reading `value`.
+bool ReadByBatchNormStatistic(const Value& value) {
+  for (const Use& use : value.uses()) {
+    if (use.node->op_type() == "BatchNormalization" && use.node->domain().empty() &&
+        (use.index == 3 || use.index == 4)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<std::string> SlotsOf(const OptimizerOptions& options) {
+  switch (options.kind) {
+    case OptimizerKind::kSgd:
+      return options.momentum > 0 ? std::vector<std::string>{"momentum"}
+                                  : std::vector<std::string>{};
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      return {"m", "v"};
+  }
+  return {};
+}
+
+// The in-memory checks of FindCheckpointInconsistencies.
+void CheckStateAgainstGraph(const Checkpoint& checkpoint, std::vector<std::string>& problems) {
+  const Model& model = checkpoint.model;
+  if (model.graph == nullptr) {
+    problems.push_back("the checkpoint has no model graph");
+    return;
+  }
+  const Graph& graph = *model.graph;
+  const TrainingState& state = checkpoint.state;
+  if (const std::string* digest = model.FindMetadata(kPolicyDigestKey)) {
+    problems.push_back(absl::StrCat(
+        "the model carries an autocast record (", kPolicyDigestKey, " ", *digest,
+        "): a checkpoint holds the float32 graph (StripAutocast the converted model)"));
+  }
+  int inserted_casts = 0;
+  for (const Node* node : graph.nodes())
+    inserted_casts += node->FindMetadata(kInsertedCastKey) != nullptr;
+  if (inserted_casts > 0) {
+    problems.push_back(absl::StrCat("the model holds ", inserted_casts,
+                                    " Cast(s) inserted by autocast: a checkpoint holds the "
+                                    "float32 graph (StripAutocast the converted model)"));
+  }
+
+  std::set<std::string> seen;
+  auto check_initializer = [&](const std::string& name, const char* what) -> const Value* {
+    if (!seen.insert(name).second) {
+      problems.push_back(absl::StrCat(what, " ", Quoted(name), " is listed more than once"));
+      return nullptr;
+    }
+    const Value* value = graph.FindValue(name);
+    if (value == nullptr || value->initializer() == nullptr) {
+      problems.push_back(
+          absl::StrCat(what, " ", Quoted(name), " is not an initializer of the graph"));
+      return nullptr;
+    }
+    if (value->initializer()->dtype() != DType::kFloat32) {
+      problems.push_back(absl::StrCat(what, " ", Quoted(name), " is ",
+                                      DTypeName(value->initializer()->dtype()),
+                                      "; master weights and statistics must be float32"));
+      return nullptr;
+    }
+    return value;
+  };
+  std::map<std::string, const Value*> parameters;
+  for (const std::string& name : state.parameters) {
+    if (const Value* value = check_initializer(name, "parameter")) parameters[name] = value;
+  }
+  for (const std::string& name : state.running_stats) {
+    const Value* value = check_initializer(name, "running statistic");
+    if (value != nullptr && !ReadByBatchNormStatistic(*value)) {
+      problems.push_back(absl::StrCat("running statistic ", Quoted(name),
+                                      " is not the running mean or variance of a "
+                                      "BatchNormalization node"));
+    }
+  }
+
+  const std::vector<std::string> slots = SlotsOf(state.optimizer);
+  for (const auto& [parameter, tensors] : state.moments) {
+    auto it = parameters.find(parameter);
+    if (it == parameters.end()) {
+      problems.push_back(absl::StrCat("optimizer moments of ", Quoted(parameter),
+                                      ", which is not a trained parameter of the state"));
+      continue;
+    }
+    const Tensor& weight = *it->second->initializer();
+    for (const auto& [slot, tensor] : tensors) {
+      const std::string label = absl::StrCat("moment ", Quoted(MomentTensorName(parameter, slot)));
+      if (std::find(slots.begin(), slots.end(), slot) == slots.end()) {
+        problems.push_back(absl::StrCat(
+            label, ": slot ", Quoted(slot), " is not a slot of the ",
+            OptimizerKindName(state.optimizer.kind),
+            " optimizer (slots: ", slots.empty() ? "none" : absl::StrJoin(slots, ", "), ")"));
+      }
+      if (tensor.dtype() != DType::kFloat32 || tensor.dims() != weight.dims()) {
+        problems.push_back(absl::StrCat(label, " is ", DTypeName(tensor.dtype()),
+                                        DimsText(tensor.dims()), "; its parameter is float32",
+                                        DimsText(weight.dims())));
+      }
+    }
+  }
+  if (state.optimizer_step > 0) {
+    for (const auto& [parameter, value] : parameters) {
+      auto it = state.moments.find(parameter);
+      for (const std::string& slot : slots) {
+        if (it == state.moments.end() || !it->second.contains(slot)) {
+          problems.push_back(absl::StrCat("parameter ", Quoted(parameter), " has no ", Quoted(slot),
+                                          " moment although ", state.optimizer_step,
+                                          " update(s) were applied"));
+        }
+      }
+    }
+  }
+
+  if (state.step < 0 || state.optimizer_step < 0 || state.epoch < 0 || state.position < 0 ||
+      state.batch_size < 0 || state.dataset_size < 0) {
+    problems.push_back(absl::StrCat("negative counter in the state: step ", state.step,
+                                    ", optimizer_step ", state.optimizer_step, ", epoch ",
+                                    state.epoch, ", position ", state.position, ", batch_size ",
+                                    state.batch_size, ", dataset_size ", state.dataset_size));
+  }
+  if (state.dataset_size > 0 && state.position > state.dataset_size) {
+    problems.push_back(absl::StrCat("data position ", state.position, " is past the dataset's ",
+                                    state.dataset_size, " samples"));
+  }
+  if (!state.loss_scaler.is_null()) {
+    absl::StatusOr<LossScaler> scaler = LossScaler::FromJson(state.loss_scaler);
+    if (!scaler.ok()) {
+      problems.push_back(std::string(scaler.status().message()));
+    } else if (state.step != state.optimizer_step + scaler->skipped_steps()) {
+      problems.push_back(absl::StrCat("step ", state.step, " is not the optimizer's ",
+                                      state.optimizer_step, " updates plus the loss scaler's ",
+                                      scaler->skipped_steps(), " skipped steps"));
+    }
+  } else if (state.optimizer_step > state.step) {
+    problems.push_back(
+        absl::StrCat("optimizer_step ", state.optimizer_step, " is larger than step ", state.step));
+  }
+  if (!state.extra.is_object()) problems.push_back("the state's 'extra' must be a JSON object");
+}
+
+// The record checks of FindCheckpointInconsistencies.
+void CheckRecord(const Checkpoint& checkpoint, std::vector<std::string>& problems) {
+  const auto& record = checkpoint.record;
+  const Policy& policy = checkpoint.policy;
+  const std::string* recorded_seal = FindEntry(record, kCheckpointRecordDigestKey);
+  const std::string seal = RecordDigest(record);
+  if (recorded_seal == nullptr || *recorded_seal != seal) {
+    problems.push_back(absl::StrCat(
+        "the record digest does not match: a castor.checkpoint.* entry was edited after the "
+        "checkpoint was written (recorded ",
+        recorded_seal ? *recorded_seal : "nothing", ", computed ", seal, ")"));
+  }
+  const std::string digest = policy.Digest();
+  const std::string* recorded_digest = FindEntry(record, kCheckpointPolicyDigestKey);
+  if (recorded_digest == nullptr || *recorded_digest != digest) {
+    problems.push_back(absl::StrCat("the policy was modified: the recorded policy digest is ",
+                                    recorded_digest ? *recorded_digest : "missing",
+                                    " but the recorded policy (", kCheckpointPolicyKey, ", name ",
+                                    Quoted(policy.name()), ") has digest ", digest));
+  }
+  auto compare = [&](const char* key, const std::string& expected, const char* what) {
+    const std::string* value = FindEntry(record, key);
+    if (value == nullptr || *value != expected) {
+      problems.push_back(absl::StrCat(key, " is ", value ? Quoted(*value) : "missing",
+                                      " but the recorded policy's ", what, " is ",
+                                      Quoted(expected)));
+    }
+  };
+  compare(kCheckpointPolicyNameKey, policy.name(), "name");
+  compare(kCheckpointComputeDTypeKey, DTypeName(policy.compute_dtype()), "compute dtype");
+  compare(kCheckpointVariableDTypeKey, DTypeName(policy.variable_dtype()), "variable dtype");
+
+  absl::StatusOr<std::vector<std::string>> kept = KeptFloat32Nodes(checkpoint.model, policy);
+  if (!kept.ok()) {
+    problems.push_back(absl::StrCat(
+        "autocast of the stored graph under the recorded policy fails: ", kept.status().message()));
+    return;
+  }
+  if (*kept != checkpoint.kept_float32_nodes) {
+    const std::set<std::string> now(kept->begin(), kept->end());
+    const std::set<std::string> then(checkpoint.kept_float32_nodes.begin(),
+                                     checkpoint.kept_float32_nodes.end());
+    std::vector<std::string> differences;
+    for (const std::string& name : then) {
+      if (!now.contains(name))
+        differences.push_back(absl::StrCat(Quoted(name), " recorded float32, now lower"));
+    }
+    for (const std::string& name : now) {
+      if (!then.contains(name))
+        differences.push_back(absl::StrCat(Quoted(name), " now float32, not recorded"));
+    }
+    if (differences.size() > 8) {
+      const size_t more = differences.size() - 8;
+      differences.resize(8);
+      differences.push_back(absl::StrCat("and ", more, " more"));
+    }
+    std::string version_note;
+    if (checkpoint.castor_version != kCastorVersion) {
+      version_note =
+          absl::StrCat(" (written by castor ", checkpoint.castor_version, ", checked by castor ",
+                       kCastorVersion, ": the autocast pass may have changed)");
+    }
+    problems.push_back(absl::StrCat(
+        "the recorded nodes kept float32 (", checkpoint.kept_float32_nodes.size(),
+        ") differ from what autocast under the recorded policy keeps (", kept->size(),
+        "): ", differences.empty() ? "same set, different order" : absl::StrJoin(differences, "; "),
+        version_note));
+  }
+}
+
+absl::Status DataLoss(const std::string& path, const std::string& what) {
+  return absl::DataLossError(absl::StrCat(path, ": ", what));
+}
+
+}  // namespace
+
+// ===================================================================== API
+
+std::string CheckpointRecordDigest(const std::vector<std::pair<std::string, std::string>>& record) {
+  return RecordDigest(record);
+}
+
+std::string MomentTensorName(const std::string& parameter, const std::string& slot) {
+  return absl::StrCat(kMomentTensorPrefix, slot, "/", parameter);
+}
+
+bool ParseMomentTensorName(const std::string& name, std::string* parameter, std::string* slot) {
+  const std::string prefix = kMomentTensorPrefix;
+  if (name.rfind(prefix, 0) != 0) return false;
+  const size_t slash = name.find('/', prefix.size());
+  if (slash == std::string::npos || slash == prefix.size() || slash + 1 == name.size()) {
+    return false;
+  }
+  *slot = name.substr(prefix.size(), slash - prefix.size());
+  *parameter = name.substr(slash + 1);
+  return true;
+}
+
+absl::Status SetInitializers(Model& model, const std::map<std::string, Tensor>& values) {
+  for (const auto& [name, tensor] : values) {
+    Value* value = model.graph->FindValue(name);
+    if (value == nullptr || value->mutable_initializer() == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot set initializer ", Quoted(name),
+                                                     ": the model has no such initializer"));
+    }
+    Tensor* target = value->mutable_initializer();
+    if (target->dtype() != tensor.dtype() || target->dims() != tensor.dims()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot set initializer ", Quoted(name), ": the model's is ",
+                       DTypeName(target->dtype()), DimsText(target->dims()), ", the new value ",
+                       DTypeName(tensor.dtype()), DimsText(tensor.dims())));
+    }
+    *target = tensor;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> KeptFloat32Nodes(const Model& model,
+                                                          const Policy& policy) {
+  CASTOR_ASSIGN_OR_RETURN(Model copy, CloneModel(model));
+  CASTOR_RETURN_IF_ERROR(InferTypes(copy));
+  CASTOR_RETURN_IF_ERROR(RunAutocast(copy, policy).status());
+  std::vector<std::string> kept;
+  for (const Node* node : model.graph->nodes()) {
+    const Node* converted = copy.graph->FindNode(node->name());
+    if (converted == nullptr) continue;
+    const AutocastRecord record = ReadAutocastRecord(*converted);
+    if (record.inserted_cast.empty() && record.dtype == DTypeName(DType::kFloat32)) {
+      kept.push_back(node->name());
+    }
+  }
+  return kept;
+}
+
+Json OptimizerOptionsToJson(const OptimizerOptions& options) {
+  Json json = Json::Object();
+  json.Set("kind", Json::String(OptimizerKindName(options.kind)));
+  json.Set("momentum", Json::Number(options.momentum));
+  json.Set("nesterov", Json::Bool(options.nesterov));
+  json.Set("beta1", Json::Number(options.beta1));
+  json.Set("beta2", Json::Number(options.beta2));
+  json.Set("eps", Json::Number(options.eps));
+  json.Set("weight_decay", Json::Number(options.weight_decay));
+  json.Set("clip_norm", Json::Number(options.clip_norm));
+  return json;
+}
+
+absl::StatusOr<OptimizerOptions> OptimizerOptionsFromJson(const Json& json,
+                                                          const std::string& source) {
+  if (!json.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(source, ": expected an object"));
+  OptimizerOptions options;
+  CASTOR_ASSIGN_OR_RETURN(std::string kind, StringField(json, source, "kind"));
+  absl::StatusOr<OptimizerKind> parsed = ParseOptimizerKind(kind);
+  if (!parsed.ok()) return FieldError(source, "kind", std::string(parsed.status().message()));
+  options.kind = *parsed;
+  CASTOR_ASSIGN_OR_RETURN(options.momentum, NumberField(json, source, "momentum"));
+  CASTOR_ASSIGN_OR_RETURN(options.nesterov, BoolField(json, source, "nesterov"));
+  CASTOR_ASSIGN_OR_RETURN(options.beta1, NumberField(json, source, "beta1"));
+  CASTOR_ASSIGN_OR_RETURN(options.beta2, NumberField(json, source, "beta2"));
+  CASTOR_ASSIGN_OR_RETURN(options.eps, NumberField(json, source, "eps"));
+  CASTOR_ASSIGN_OR_RETURN(options.weight_decay, NumberField(json, source, "weight_decay"));
+  CASTOR_ASSIGN_OR_RETURN(options.clip_norm, NumberField(json, source, "clip_norm"));
+  return options;
+}
+
+Json LrScheduleToJson(const LrSchedule& schedule) {
+  Json json = Json::Object();
+  json.Set("kind", Json::String(LrKindName(schedule.kind)));
+  json.Set("base_lr", Json::Number(schedule.base_lr));
+  json.Set("warmup_steps", Json::Int(schedule.warmup_steps));
+  json.Set("step_size", Json::Int(schedule.step_size));
+  json.Set("gamma", Json::Number(schedule.gamma));
+  json.Set("total_steps", Json::Int(schedule.total_steps));
+  json.Set("min_lr", Json::Number(schedule.min_lr));
+  return json;
+}
+
+absl::StatusOr<LrSchedule> LrScheduleFromJson(const Json& json, const std::string& source) {
+  if (!json.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(source, ": expected an object"));
+  LrSchedule schedule;
+  CASTOR_ASSIGN_OR_RETURN(std::string kind, StringField(json, source, "kind"));
+  if (kind == "constant") {
+    schedule.kind = LrSchedule::Kind::kConstant;
+  } else if (kind == "step") {
+    schedule.kind = LrSchedule::Kind::kStep;
+  } else if (kind == "cosine") {
+    schedule.kind = LrSchedule::Kind::kCosine;
+  } else {
+    return FieldError(source, "kind",
+                      absl::StrCat("is ", Quoted(kind), "; expected constant, step or cosine"));
+  }
+  CASTOR_ASSIGN_OR_RETURN(schedule.base_lr, NumberField(json, source, "base_lr"));
+  CASTOR_ASSIGN_OR_RETURN(schedule.warmup_steps, IntField(json, source, "warmup_steps"));
+  CASTOR_ASSIGN_OR_RETURN(schedule.step_size, IntField(json, source, "step_size"));
+  CASTOR_ASSIGN_OR_RETURN(schedule.gamma, NumberField(json, source, "gamma"));
+  CASTOR_ASSIGN_OR_RETURN(schedule.total_steps, IntField(json, source, "total_steps"));
+  CASTOR_ASSIGN_OR_RETURN(schedule.min_lr, NumberField(json, source, "min_lr"));
+  return schedule;
+}
+
+Json TrainingStateToJson(const TrainingState& state) {
+  Json json = Json::Object();
+  json.Set("step", Json::Int(state.step));
+  json.Set("optimizer_step", Json::Int(state.optimizer_step));
+  json.Set("epoch", Json::Int(state.epoch));
+  json.Set("position", Json::Int(state.position));
+  if (state.seed <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    json.Set("seed", Json::Int(static_cast<int64_t>(state.seed)));
+  } else {
+    json.Set("seed", Json::String(std::to_string(state.seed)));
+  }
+  json.Set("shuffle", Json::Bool(state.shuffle));
+  json.Set("drop_last", Json::Bool(state.drop_last));
+  json.Set("batch_size", Json::Int(state.batch_size));
+  json.Set("dataset_size", Json::Int(state.dataset_size));
+  json.Set("data", Json::String(state.data));
+  json.Set("loss", Json::String(state.loss));
+  json.Set("output", Json::String(state.output));
+  json.Set("input", Json::String(state.input));
+  json.Set("parameters", StringList(state.parameters));
+  json.Set("running_stats", StringList(state.running_stats));
+  json.Set("optimizer", OptimizerOptionsToJson(state.optimizer));
+  json.Set("lr_schedule", LrScheduleToJson(state.lr_schedule));
+  json.Set("loss_scaler", state.loss_scaler);
+  Json moments = Json::Array();
+  for (const auto& [parameter, slots] : state.moments) {
+    for (const auto& [slot, tensor] : slots) {
+      moments.Append(Json::String(MomentTensorName(parameter, slot)));
+    }
+  }
+  json.Set("moments", std::move(moments));
+  json.Set("extra", state.extra);
+  return json;
+}
+
+absl::StatusOr<TrainingState> TrainingStateFromJson(const Json& json, const std::string& source) {
+  if (!json.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": the state must be a JSON object"));
+  }
+  TrainingState state;
+  CASTOR_ASSIGN_OR_RETURN(state.step, IntField(json, source, "step"));
+  CASTOR_ASSIGN_OR_RETURN(state.optimizer_step, IntField(json, source, "optimizer_step"));
+  CASTOR_ASSIGN_OR_RETURN(state.epoch, IntField(json, source, "epoch"));
+  CASTOR_ASSIGN_OR_RETURN(state.position, IntField(json, source, "position"));
+  CASTOR_ASSIGN_OR_RETURN(const Json* seed, Required(json, source, "seed"));
+  if (seed->is_int() && seed->as_int() >= 0) {
+    state.seed = static_cast<uint64_t>(seed->as_int());
+  } else if (!seed->is_string() || !absl::SimpleAtoi(seed->as_string(), &state.seed)) {
+    return FieldError(source, "seed", "must be a non-negative integer");
+  }
+  CASTOR_ASSIGN_OR_RETURN(state.shuffle, BoolField(json, source, "shuffle"));
+  CASTOR_ASSIGN_OR_RETURN(state.drop_last, BoolField(json, source, "drop_last"));
+  CASTOR_ASSIGN_OR_RETURN(state.batch_size, IntField(json, source, "batch_size"));
+  CASTOR_ASSIGN_OR_RETURN(state.dataset_size, IntField(json, source, "dataset_size"));
+  CASTOR_ASSIGN_OR_RETURN(state.data, StringField(json, source, "data"));
+  CASTOR_ASSIGN_OR_RETURN(state.loss, StringField(json, source, "loss"));
+  CASTOR_ASSIGN_OR_RETURN(state.output, StringField(json, source, "output"));
+  CASTOR_ASSIGN_OR_RETURN(state.input, StringField(json, source, "input"));
+  CASTOR_ASSIGN_OR_RETURN(state.parameters, StringListField(json, source, "parameters"));
+  CASTOR_ASSIGN_OR_RETURN(state.running_stats, StringListField(json, source, "running_stats"));
+  CASTOR_ASSIGN_OR_RETURN(const Json* optimizer, Required(json, source, "optimizer"));
+  CASTOR_ASSIGN_OR_RETURN(
+      state.optimizer, OptimizerOptionsFromJson(*optimizer, absl::StrCat(source, ": optimizer")));
+  CASTOR_ASSIGN_OR_RETURN(const Json* schedule, Required(json, source, "lr_schedule"));
+  CASTOR_ASSIGN_OR_RETURN(state.lr_schedule,
+                          LrScheduleFromJson(*schedule, absl::StrCat(source, ": lr_schedule")));
+  CASTOR_ASSIGN_OR_RETURN(const Json* scaler, Required(json, source, "loss_scaler"));
+  if (!scaler->is_null() && !scaler->is_object()) {
+    return FieldError(source, "loss_scaler", "must be an object or null");
+  }
+  state.loss_scaler = *scaler;
+  CASTOR_ASSIGN_OR_RETURN(std::vector<std::string> moments,
+                          StringListField(json, source, "moments"));
+  for (const std::string& name : moments) {
+    std::string parameter, slot;
+    if (!ParseMomentTensorName(name, &parameter, &slot)) {
+      return FieldError(source, "moments",
+                        absl::StrCat("holds ", Quoted(name), ", not a name ", kMomentTensorPrefix,
+                                     "<slot>/<parameter>"));
+    }
+    state.moments[parameter][slot] = Tensor();
+  }
+  if (const Json* extra = json.Find("extra"); extra != nullptr) {
+    if (!extra->is_object()) return FieldError(source, "extra", "must be an object");
+    state.extra = *extra;
+  }
+  return state;
+}
+
+std::vector<std::string> FindCheckpointInconsistencies(const Checkpoint& checkpoint) {
+  std::vector<std::string> problems;
+  CheckStateAgainstGraph(checkpoint, problems);
+  if (!checkpoint.record.empty() && checkpoint.model.graph != nullptr) {
+    CheckRecord(checkpoint, problems);
+  }
+  return problems;
+}
+
+std::vector<std::string> DescribePolicyDifferences(const Policy& recorded, const Policy& expected) {
+  std::vector<std::string> lines;
+  if (recorded.Digest() == expected.Digest()) return lines;
+  if (recorded.name() != expected.name()) {
+    lines.push_back(absl::StrCat("name: recorded ", Quoted(recorded.name()), ", expected ",
+                                 Quoted(expected.name())));
+  }
+  if (recorded.compute_dtype() != expected.compute_dtype()) {
+    lines.push_back(absl::StrCat("compute_dtype: recorded ", DTypeName(recorded.compute_dtype()),
+                                 ", expected ", DTypeName(expected.compute_dtype())));
+  }
+  if (recorded.keep_io_types() != expected.keep_io_types()) {
+    lines.push_back(absl::StrCat("keep_io_types: recorded ",
+                                 recorded.keep_io_types() ? "true" : "false", ", expected ",
+                                 expected.keep_io_types() ? "true" : "false"));
+  }
+  auto compare_maps = [&](const std::map<std::string, AutocastCategory>& a,
+                          const std::map<std::string, AutocastCategory>& b, const char* field) {
+    std::set<std::string> keys;
+    for (const auto& [k, v] : a) keys.insert(k);
+    for (const auto& [k, v] : b) keys.insert(k);
+    for (const std::string& key : keys) {
+      auto ia = a.find(key), ib = b.find(key);
+      const std::string va = ia == a.end() ? "absent" : AutocastCategoryName(ia->second);
+      const std::string vb = ib == b.end() ? "absent" : AutocastCategoryName(ib->second);
+      if (va != vb) {
+        lines.push_back(absl::StrCat(field, " ", key, ": recorded ", va, ", expected ", vb));
+      }
+    }
+  };
+  compare_maps(recorded.op_lists(), expected.op_lists(), "op_lists");
+  compare_maps(recorded.op_overrides(), expected.op_overrides(), "op_overrides");
+  auto describe_nodes = [](const Policy& p) {
+    std::vector<std::string> rules;
+    for (const NodeOverride& rule : p.node_overrides()) {
+      rules.push_back(absl::StrCat(rule.Describe(), " -> ", AutocastCategoryName(rule.category)));
+    }
+    return rules;
+  };
+  if (describe_nodes(recorded) != describe_nodes(expected)) {
+    lines.push_back(absl::StrCat("node_overrides: recorded [",
+                                 absl::StrJoin(describe_nodes(recorded), "; "), "], expected [",
+                                 absl::StrJoin(describe_nodes(expected), "; "), "]"));
+  }
+  auto describe_pins = [](const Policy& p) {
+    std::vector<std::string> pins;
+    for (const InputPin& pin : p.pins()) pins.push_back(absl::StrCat(pin.op, ":", pin.input));
+    return pins;
+  };
+  if (describe_pins(recorded) != describe_pins(expected)) {
+    lines.push_back(absl::StrCat("pins: recorded [", absl::StrJoin(describe_pins(recorded), ", "),
+                                 "], expected [", absl::StrJoin(describe_pins(expected), ", "),
+                                 "]"));
+  }
+  if (lines.empty()) {
+    lines.push_back(
+        absl::StrCat("digest: recorded ", recorded.Digest(), ", expected ", expected.Digest()));
+  }
+  return lines;
+}
+
+absl::StatusOr<Model> InferenceModelFromCheckpoint(const Checkpoint& checkpoint) {
+  CASTOR_ASSIGN_OR_RETURN(Model model, CloneModel(checkpoint.model));
+  model.serialized_training_info.clear();
+  std::erase_if(model.metadata_props, [](const auto& entry) { return IsRecordKey(entry.first); });
+  CASTOR_RETURN_IF_ERROR(InferTypes(model));
+  return model;
+}
+
+// ------------------------------------------------------------------ write
+
+absl::StatusOr<WrittenCheckpoint> WriteCheckpoint(const Checkpoint& checkpoint,
+                                                  const std::string& path,
+                                                  const CheckpointWriteOptions& options) {
+  auto fail = [&path](const absl::Status& status) {
+    return absl::Status(status.code(),
+                        absl::StrCat("cannot write checkpoint ", path, ": ", status.message()));
+  };
+  if (path.empty()) return absl::InvalidArgumentError("cannot write a checkpoint to an empty path");
+  {
+    std::vector<std::string> problems;
+    CheckStateAgainstGraph(checkpoint, problems);
+    if (!problems.empty()) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(problems.size(), " inconsistenc",
+                                                          problems.size() == 1 ? "y" : "ies", ": ",
+                                                          absl::StrJoin(problems, "; "))));
+    }
+  }
+  absl::StatusOr<std::vector<std::string>> kept =
+      KeptFloat32Nodes(checkpoint.model, checkpoint.policy);
+  if (!kept.ok()) {
+    return fail(
+        absl::Status(kept.status().code(),
+                     absl::StrCat("autocast under policy ", Quoted(checkpoint.policy.name()),
+                                  " fails: ", kept.status().message())));
+  }
+
+  absl::StatusOr<onnx::ModelProto> exported = ExportModel(checkpoint.model);
+  if (!exported.ok()) return fail(exported.status());
+  onnx::ModelProto proto = std::move(exported).value();
+  if (proto.ir_version() < kTrainingInfoIrVersion) proto.set_ir_version(kTrainingInfoIrVersion);
+  // The model's own metadata stays; an older record is replaced.
+  {
+    google::protobuf::RepeatedPtrField<onnx::StringStringEntryProto> kept_props;
+    for (const onnx::StringStringEntryProto& entry : proto.metadata_props()) {
+      if (!IsRecordKey(entry.key())) *kept_props.Add() = entry;
+    }
+    proto.mutable_metadata_props()->Swap(&kept_props);
+  }
+  // training_info[0]: the moments (an older castor entry is replaced).
+  {
+    google::protobuf::RepeatedPtrField<onnx::TrainingInfoProto> others;
+    for (const onnx::TrainingInfoProto& info : proto.training_info()) {
+      if (info.algorithm().name() != kStateGraphName) *others.Add() = info;
+    }
+    proto.clear_training_info();
+    onnx::TrainingInfoProto* info = proto.add_training_info();
+    info->mutable_algorithm()->set_name(kStateGraphName);
+    info->mutable_algorithm()->set_doc_string(
+        "castor's optimizer state (moments), one initializer castor.moment/<slot>/<parameter> "
+        "each; castor runs the training step itself");
+    for (const auto& [parameter, slots] : checkpoint.state.moments) {
+      for (const auto& [slot, tensor] : slots) {
+        *info->mutable_algorithm()->add_initializer() =
+            TensorToProto(tensor, MomentTensorName(parameter, slot));
+      }
+    }
+    for (const onnx::TrainingInfoProto& other : others) *proto.add_training_info() = other;
+  }
+
+  const std::string state_json = TrainingStateToJson(checkpoint.state).Dump(-1);
+  const std::string data_digest =
+      DataDigest(GraphStructureBytes(proto.graph()), GraphInitializers(*checkpoint.model.graph),
+                 checkpoint.state.moments, state_json);
+
+  std::vector<std::pair<std::string, std::string>> record = {
+      {kCheckpointFormatKey, kCheckpointFormat},
+      {kCheckpointCastorVersionKey, kCastorVersion},
+      {kCheckpointPolicyNameKey, checkpoint.policy.name()},
+      {kCheckpointPolicyDigestKey, checkpoint.policy.Digest()},
+      {kCheckpointComputeDTypeKey, DTypeName(checkpoint.policy.compute_dtype())},
+      {kCheckpointVariableDTypeKey, DTypeName(checkpoint.policy.variable_dtype())},
+      {kCheckpointPolicyKey, checkpoint.policy.ToJson().Dump(-1)},
+      {kCheckpointKeptFloat32Key, StringList(*kept).Dump(-1)},
+      {kCheckpointStateKey, state_json},
+      {kCheckpointDataDigestKey, data_digest},
+  };
+
+  // External data when the whole file would be over the threshold.
+  const std::string dir = DirectoryOf(path);
+  const std::string name = FileNameOf(path);
+  uint64_t record_bytes = 0;
+  for (const auto& [key, value] : record) record_bytes += key.size() + value.size() + 16;
+  record_bytes += 128;  // the record digest entry
+  const bool external =
+      proto.ByteSizeLong() + record_bytes >
+      static_cast<uint64_t>(std::max<int64_t>(options.external_data_threshold_bytes, 0));
+  WrittenCheckpoint written;
+  written.path = path;
+  written.data_digest = data_digest;
+  RemoveLeftovers(dir, name, /*remove_temps=*/true, /*remove_data=*/false, "");
+  std::string data_name;
+  if (external) {
+    const std::string hex = data_digest.substr(std::string("sha256:").size(), kDataNameDigits);
+    data_name = absl::StrCat(name, ".", hex, ".data");
+    std::vector<DataPiece> pieces;
+    uint64_t offset = 0;
+    auto externalize = [&](onnx::TensorProto& tensor) {
+      if (!tensor.has_raw_data() || tensor.raw_data().size() < kExternalTensorMinBytes) return;
+      offset = (offset + kExternalAlignment - 1) / kExternalAlignment * kExternalAlignment;
+      pieces.push_back({offset, tensor.raw_data()});
+      tensor.set_data_location(onnx::TensorProto::EXTERNAL);
+      auto add = [&tensor](const char* key, const std::string& value) {
+        onnx::StringStringEntryProto* entry = tensor.add_external_data();
+        entry->set_key(key);
+        entry->set_value(value);
+      };
+      add("location", data_name);
+      add("offset", std::to_string(offset));
+      add("length", std::to_string(tensor.raw_data().size()));
+      offset += tensor.raw_data().size();
+    };
+    for (onnx::TensorProto& tensor : *proto.mutable_graph()->mutable_initializer())
+      externalize(tensor);
+    for (onnx::TensorProto& tensor :
+         *proto.mutable_training_info(0)->mutable_algorithm()->mutable_initializer()) {
+      externalize(tensor);
+    }
+    if (absl::Status s =
+            WriteDataFileAtomically((fs::path(dir) / data_name).string(), pieces, offset);
+        !s.ok()) {
+      return fail(s);
+    }
+    // The pieces pointed into raw_data; drop it now that it is on disk.
+    for (onnx::TensorProto& tensor : *proto.mutable_graph()->mutable_initializer()) {
+      if (tensor.data_location() == onnx::TensorProto::EXTERNAL) tensor.clear_raw_data();
+    }
+    for (onnx::TensorProto& tensor :
+         *proto.mutable_training_info(0)->mutable_algorithm()->mutable_initializer()) {
+      if (tensor.data_location() == onnx::TensorProto::EXTERNAL) tensor.clear_raw_data();
+    }
+    record.emplace_back(kCheckpointExternalDataKey, data_name);
+    written.external_data_path = (fs::path(dir) / data_name).string();
+    written.external_data_bytes = static_cast<int64_t>(offset);
+  }
+  record.emplace_back(kCheckpointRecordDigestKey, RecordDigest(record));
+  for (const auto& [key, value] : record) {
+    onnx::StringStringEntryProto* entry = proto.add_metadata_props();
+    entry->set_key(key);
+    entry->set_value(value);
+  }
+
+  const size_t size = proto.ByteSizeLong();
+  if (size > kMaxProtoBytes) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("the model serializes to ", size,
+                     " bytes even with external data, over protobuf's 2 GB "
+                     "limit")));
+  }
+  std::string bytes;
+  if (!proto.SerializeToString(&bytes)) {
+    return fail(absl::InternalError("protobuf serialization failed"));
+  }
+  if (absl::Status s = WriteFileAtomically(path, bytes); !s.ok()) return s;
+  written.file_bytes = static_cast<int64_t>(bytes.size());
+  // Data files of earlier writes of this path are no longer referenced.
+  RemoveLeftovers(dir, name, /*remove_temps=*/false, /*remove_data=*/true, data_name);
+  return written;
+}
+
+// ------------------------------------------------------------------- read
+
+absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
+  std::error_code error;
+  if (fs::is_directory(path, error)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": is a directory, not a checkpoint file"));
+  }
+  CASTOR_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path));
+  if (bytes.empty()) return DataLoss(path, "not a checkpoint: the file is empty");
+  onnx::ModelProto proto;
+  {
+    google::protobuf::io::CodedInputStream stream(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                                  static_cast<int>(bytes.size()));
+    stream.SetTotalBytesLimit(INT_MAX);
+    if (!proto.ParseFromCodedStream(&stream) || !stream.ConsumedEntireMessage()) {
+      return DataLoss(path,
+                      "not a valid ONNX model (protobuf parsing failed: truncated, "
+                      "corrupt or not a ModelProto)");
+    }
+  }
+  if (proto.ir_version() <= 0 || !proto.has_graph() || proto.opset_import_size() == 0) {
+    return DataLoss(path,
+                    "not a valid ONNX model (no ir_version, graph or opset_import: "
+                    "truncated, corrupt or another kind of file)");
+  }
+  std::vector<std::pair<std::string, std::string>> record;
+  for (const onnx::StringStringEntryProto& entry : proto.metadata_props()) {
+    if (IsRecordKey(entry.key())) record.emplace_back(entry.key(), entry.value());
+  }
+  const std::string* format = FindEntry(record, kCheckpointFormatKey);
+  if (format == nullptr) {
+    return DataLoss(path, absl::StrCat("an ONNX model but not a castor checkpoint (no ",
+                                       kCheckpointFormatKey, " metadata)"));
+  }
+  if (*format != kCheckpointFormat) {
+    return DataLoss(path, absl::StrCat("checkpoint format ", Quoted(*format), "; this castor (",
+                                       kCastorVersion, ") reads ", Quoted(kCheckpointFormat)));
+  }
+  for (const char* key :
+       {kCheckpointCastorVersionKey, kCheckpointPolicyNameKey, kCheckpointPolicyDigestKey,
+        kCheckpointPolicyKey, kCheckpointComputeDTypeKey, kCheckpointVariableDTypeKey,
+        kCheckpointKeptFloat32Key, kCheckpointStateKey, kCheckpointDataDigestKey,
+        kCheckpointRecordDigestKey}) {
+    if (FindEntry(record, key) == nullptr) {
+      return DataLoss(path,
+                      absl::StrCat("the checkpoint record is incomplete: ", key, " is missing"));
+    }
+  }
+  const std::string& state_text = *FindEntry(record, kCheckpointStateKey);
+  absl::StatusOr<Json> state_json = Json::Parse(state_text);
+  if (!state_json.ok()) {
+    return DataLoss(path, absl::StrCat(kCheckpointStateKey, " is not valid JSON (",
+                                       state_json.status().message(), ")"));
+  }
+  absl::StatusOr<TrainingState> state = TrainingStateFromJson(*state_json, kCheckpointStateKey);
+  if (!state.ok()) return DataLoss(path, std::string(state.status().message()));
+  absl::StatusOr<Json> kept_json = Json::Parse(*FindEntry(record, kCheckpointKeptFloat32Key));
+  std::vector<std::string> kept;
+  if (kept_json.ok() && kept_json->is_array()) {
+    for (const Json& item : kept_json->items()) {
+      if (!item.is_string()) kept_json = absl::InvalidArgumentError("not a string");
+      kept.push_back(item.as_string());
+    }
+  }
+  if (!kept_json.ok() || !kept_json->is_array()) {
+    return DataLoss(path,
+                    absl::StrCat(kCheckpointKeptFloat32Key, " is not a JSON array of node names"));
+  }
+  absl::StatusOr<Json> policy_json = Json::Parse(*FindEntry(record, kCheckpointPolicyKey));
+  if (!policy_json.ok()) {
+    return DataLoss(path, absl::StrCat(kCheckpointPolicyKey, " is not valid JSON (",
+                                       policy_json.status().message(), ")"));
+  }
+  absl::StatusOr<Policy> policy = Policy::FromJson(*policy_json, kCheckpointPolicyKey);
+  if (!policy.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": the recorded policy is not a valid policy: ", policy.status().message()));
+  }
+
+  // The model (external data resolves beside the file).
+  const std::string dir = DirectoryOf(path);
+  absl::StatusOr<Model> model = ImportModel(proto, dir, path);
+  if (!model.ok()) {
+    return DataLoss(path,
+                    absl::StrCat("cannot import the stored model: ", model.status().message()));
+  }
+  // The moments.
+  const onnx::TrainingInfoProto* info = nullptr;
+  for (const onnx::TrainingInfoProto& candidate : proto.training_info()) {
+    if (candidate.algorithm().name() == kStateGraphName) info = &candidate;
+  }
+  if (info == nullptr && !state->moments.empty()) {
+    return DataLoss(
+        path, absl::StrCat("training_info has no ", kStateGraphName, " graph, but the state lists ",
+                           state->moments.size(), " parameter(s) with optimizer moments"));
+  }
+  if (info != nullptr) {
+    for (const onnx::TensorProto& tensor_proto : info->algorithm().initializer()) {
+      std::string parameter, slot;
+      if (!ParseMomentTensorName(tensor_proto.name(), &parameter, &slot) ||
+          !state->moments.contains(parameter) || !state->moments[parameter].contains(slot)) {
+        return DataLoss(path,
+                        absl::StrCat("training_info holds tensor ", Quoted(tensor_proto.name()),
+                                     ", which the state does not list as a moment"));
+      }
+      absl::StatusOr<Tensor> tensor = TensorFromProto(tensor_proto, dir);
+      if (!tensor.ok()) {
+        return DataLoss(path, absl::StrCat("moment ", Quoted(tensor_proto.name()), ": ",
+                                           tensor.status().message()));
+      }
+      state->moments[parameter][slot] = std::move(tensor).value();
+    }
+  }
+  for (const auto& [parameter, slots] : state->moments) {
+    for (const auto& [slot, tensor] : slots) {
+      if (tensor.dtype() == DType::kUndefined) {
+        return DataLoss(path, absl::StrCat("moment ", Quoted(MomentTensorName(parameter, slot)),
+                                           " is listed in the state but missing from "
+                                           "training_info"));
+      }
+    }
+  }
+  const std::string digest =
+      DataDigest(GraphStructureBytes(proto.graph()), GraphInitializers(*model->graph),
+                 state->moments, state_text);
+  const std::string& recorded_digest = *FindEntry(record, kCheckpointDataDigestKey);
+  if (digest != recorded_digest) {
+    return DataLoss(path, absl::StrCat("data digest mismatch: the weights, moments, graph or "
+                                       "training state were modified or corrupted (recorded ",
+                                       recorded_digest, ", computed ", digest, ")"));
+  }
+  if (absl::Status s = InferTypes(*model); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
+  }
+
+  std::erase_if(model->metadata_props, [](const auto& entry) { return IsRecordKey(entry.first); });
+  std::vector<std::string> others;
+  for (const onnx::TrainingInfoProto& candidate : proto.training_info()) {
+    if (candidate.algorithm().name() != kStateGraphName) {
+      others.push_back(candidate.SerializeAsString());
+    }
+  }
+  model->serialized_training_info = std::move(others);
+
+  Checkpoint checkpoint(std::move(policy).value());
+  checkpoint.model = std::move(model).value();
+  checkpoint.state = std::move(state).value();
+  checkpoint.kept_float32_nodes = std::move(kept);
+  checkpoint.castor_version = *FindEntry(record, kCheckpointCastorVersionKey);
+  if (const std::string* data = FindEntry(record, kCheckpointExternalDataKey)) {
+    checkpoint.external_data_file = (fs::path(dir) / *data).string();
+  }
+  checkpoint.record = std::move(record);
+  return checkpoint;
+}
+
+// ------------------------------------------------------------ directories
+
+std::string CheckpointFileName(int64_t step) {
+  std::string digits = std::to_string(step);
+  if (digits.size() < 8) digits.insert(0, 8 - digits.size(), '0');
+  return absl::StrCat("ckpt-", digits, ".onnx");
+}
+
+absl::StatusOr<std::vector<CheckpointFile>> ListCheckpoints(const std::string& dir) {
+  std::error_code error;
+  if (!fs::is_directory(dir, error)) {
+    return absl::NotFoundError(absl::StrCat(dir, ": no such directory"));
+  }
+  static const std::regex kName(R"(ckpt-([0-9]{8,18})\.onnx)");
+  std::vector<CheckpointFile> files;
+  for (const std::string& file : FilesInDirectory(dir)) {
+    std::smatch match;
+    if (!std::regex_match(file, match, kName)) continue;
+    int64_t step = 0;
+    if (!absl::SimpleAtoi(match[1].str(), &step)) continue;
+    files.push_back({step, (fs::path(dir) / file).string()});
+  }
+  std::sort(files.begin(), files.end(), [](const CheckpointFile& a, const CheckpointFile& b) {
+    return a.step != b.step ? a.step < b.step : a.path < b.path;
+  });
+  return files;
+}
+
+absl::StatusOr<SavedCheckpoint> SaveToCheckpointDir(const std::string& dir,
+                                                    const Checkpoint& checkpoint, int64_t keep_last,
+                                                    const CheckpointWriteOptions& options) {
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot create checkpoint directory ", dir, ": ", error.message()));
+  }
+  SavedCheckpoint saved;
+  const std::string path = (fs::path(dir) / CheckpointFileName(checkpoint.state.step)).string();
+  CASTOR_ASSIGN_OR_RETURN(saved.written, WriteCheckpoint(checkpoint, path, options));
+  CASTOR_ASSIGN_OR_RETURN(std::vector<CheckpointFile> files, ListCheckpoints(dir));
+  if (keep_last > 0 && static_cast<int64_t>(files.size()) > keep_last) {
+    const size_t remove_count = files.size() - static_cast<size_t>(keep_last);
+    for (size_t k = 0; k < remove_count; ++k) {
+      if (files[k].path == path) continue;  // never the one just written
+      std::error_code remove_error;
+      if (fs::remove(files[k].path, remove_error)) saved.removed.push_back(files[k].path);
+      // Its data files (removed even if the model file was already gone).
+      RemoveLeftovers(dir, FileNameOf(files[k].path), true, true, "");
+    }
+  }
+  // Leftovers of checkpoints no longer present: data files, temporary files.
+  static const std::regex kOwnFile(R"((ckpt-[0-9]{8,18}\.onnx)\..+)");
+  for (const std::string& file : FilesInDirectory(dir)) {
+    std::smatch match;
+    if (!std::regex_match(file, match, kOwnFile)) continue;
+    const std::string base = match[1].str();
+    const bool base_exists = fs::exists(fs::path(dir) / base, error);
+    if ((IsStaleTempOf(file, base)) || (!base_exists && IsDataFileOf(file, base))) {
+      std::error_code ignored;
+      fs::remove(fs::path(dir) / file, ignored);
+    }
+  }
+  return saved;
+}
+
+absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& dir_or_file) {
+  std::error_code error;
+  auto read_and_check = [](const std::string& path) -> absl::StatusOr<Checkpoint> {
+    CASTOR_ASSIGN_OR_RETURN(Checkpoint checkpoint, ReadCheckpoint(path));
+    std::vector<std::string> problems = FindCheckpointInconsistencies(checkpoint);
+    if (!problems.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, ": inconsistent checkpoint: ", absl::StrJoin(problems, "; ")));
+    }
+    return checkpoint;
+  };
+  if (!fs::is_directory(dir_or_file, error)) {
+    CASTOR_ASSIGN_OR_RETURN(Checkpoint checkpoint, read_and_check(dir_or_file));
+    FoundCheckpoint found(std::move(checkpoint));
+    found.path = dir_or_file;
+    return found;
+  }
+  CASTOR_ASSIGN_OR_RETURN(std::vector<CheckpointFile> files, ListCheckpoints(dir_or_file));
+  if (files.empty()) {
+    return absl::NotFoundError(absl::StrCat(dir_or_file,
+                                            ": no checkpoint (ckpt-<step>.onnx) in "
+                                            "this directory"));
+  }
+  std::vector<std::string> skipped;
+  for (auto it = files.rbegin(); it != files.rend(); ++it) {
+    absl::StatusOr<Checkpoint> checkpoint = read_and_check(it->path);
+    if (!checkpoint.ok()) {
+      skipped.push_back(std::string(checkpoint.status().message()));
+      continue;
+    }
+    FoundCheckpoint found(std::move(checkpoint).value());
+    found.path = it->path;
+    found.skipped = std::move(skipped);
+    return found;
+  }
+  return absl::DataLossError(
+      absl::StrCat(dir_or_file, ": none of its ", files.size(),
+                   " checkpoints is usable: ", absl::StrJoin(skipped, "; ")));
+}
+
+}  // namespace castor::tools

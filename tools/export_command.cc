@@ -1,0 +1,127 @@
+// `castor export` (see export_command.h).
+#include "tools/export_command.h"
+
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "graph/onnx_io.h"
+#include "passes/autocast.h"
+#include "passes/policy.h"
+#include "passes/verifier.h"
+#include "tools/args.h"
+#include "tools/checkpoint.h"
+#include "tools/cli.h"
+#include "tools/inspect.h"
+
+namespace castor::tools {
+
+int RunExport(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  std::string checkpoint_path, output_path, policy_name, policy_file;
+  ArgParser parser(
+      "castor export",
+      "Writes the inference model of a checkpoint: the float32 graph with the trained weights\n"
+      "and BatchNormalization statistics, without the training state (optimizer moments, the\n"
+      "castor.checkpoint.* record). With --policy or --policy-file the model is converted by\n"
+      "the autocast pass under that policy (as 'castor convert' does); '--policy recorded'\n"
+      "uses the policy the checkpoint was trained under. OUT is written atomically and runs in\n"
+      "ONNX Runtime. The checkpoint is checked first: exit 2 when it is unreadable or corrupt,\n"
+      "1 when it is inconsistent (see 'castor verify').");
+  parser.AddPositional("CKPT", "the checkpoint file", &checkpoint_path)
+      .AddString("output", "FILE", "where to write the inference model (required)", &output_path)
+      .WithShortName('o')
+      .AddString("policy", "NAME",
+                 absl::StrCat("convert under this built-in policy (",
+                              absl::StrJoin(Policy::BuiltinNames(), ", "),
+                              ") or 'recorded' (the checkpoint's); default: float32, unconverted"),
+                 &policy_name)
+      .AddString("policy-file", "FILE", "convert under the policy in this JSON file", &policy_file)
+      .AddExample("castor export runs/ckpt-00001000.onnx -o model.onnx")
+      .AddExample("castor export ckpt.onnx -o model_bf16.onnx --policy recorded");
+  auto fail = [&err](int code, const std::string& message) {
+    err << "castor export: error: " << message << "\n";
+    return code;
+  };
+  absl::StatusOr<ParseOutcome> outcome = parser.Parse(args);
+  if (!outcome.ok()) return fail(kExitBadInput, std::string(outcome.status().message()));
+  if (*outcome == ParseOutcome::kHelp) {
+    out << parser.Help();
+    return kExitOk;
+  }
+  if (output_path.empty()) {
+    return fail(kExitBadInput, "missing -o/--output FILE: where to write the inference model");
+  }
+  if (!policy_name.empty() && !policy_file.empty()) {
+    return fail(kExitBadInput, "give --policy or --policy-file, not both");
+  }
+  std::optional<Policy> convert_under;
+  if (!policy_name.empty() && policy_name != "recorded") {
+    absl::StatusOr<Policy> builtin = Policy::Builtin(policy_name);
+    if (!builtin.ok()) {
+      return fail(kExitBadInput,
+                  absl::StrCat("--policy ", policy_name, ": ", builtin.status().message(),
+                               " (or 'recorded': the checkpoint's policy)"));
+    }
+    convert_under = std::move(builtin).value();
+  } else if (!policy_file.empty()) {
+    absl::StatusOr<Policy> loaded = Policy::LoadFile(policy_file);
+    if (!loaded.ok()) {
+      return fail(kExitBadInput, absl::StrCat("--policy-file: ", loaded.status().message()));
+    }
+    convert_under = std::move(loaded).value();
+  }
+
+  absl::StatusOr<Checkpoint> checkpoint = ReadCheckpoint(checkpoint_path);
+  if (!checkpoint.ok()) {
+    const int code = absl::IsFailedPrecondition(checkpoint.status()) ? kExitFailure : kExitBadInput;
+    return fail(code, std::string(checkpoint.status().message()));
+  }
+  if (std::vector<std::string> problems = FindCheckpointInconsistencies(*checkpoint);
+      !problems.empty()) {
+    return fail(kExitFailure, absl::StrCat(checkpoint_path, " is inconsistent (", problems.size(),
+                                           " problem(s); run 'castor verify' for all): ",
+                                           problems.front(), "; nothing was written"));
+  }
+  if (policy_name == "recorded") convert_under = checkpoint->policy;
+
+  absl::StatusOr<Model> model = InferenceModelFromCheckpoint(*checkpoint);
+  if (!model.ok()) {
+    return fail(kExitBadInput, absl::StrCat(checkpoint_path, ": ", model.status().message()));
+  }
+  std::string converted;
+  if (convert_under.has_value()) {
+    absl::StatusOr<AutocastReport> report = RunAutocast(*model, *convert_under);
+    if (!report.ok()) {
+      return fail(kExitFailure,
+                  absl::StrCat(checkpoint_path, ": autocast under ", convert_under->name(),
+                               " fails: ", report.status().message()));
+    }
+    converted =
+        absl::StrCat("converted under ", convert_under->name(), " (", convert_under->Digest(),
+                     "): ", report->casts_inserted(), " Casts inserted");
+  }
+  if (absl::Status s = VerifyModel(*model); !s.ok()) {
+    return fail(kExitFailure,
+                absl::StrCat("internal error: the exported model of ", checkpoint_path,
+                             " fails the verifier (", s.message(), "); nothing was written"));
+  }
+  if (absl::Status s = SaveModel(*model, output_path); !s.ok()) {
+    return fail(kExitBadInput, absl::StrCat("cannot write -o ", output_path, ": ", s.message()));
+  }
+  int64_t parameters = 0;
+  for (const std::string& name : checkpoint->state.parameters) {
+    if (const Value* value = model->graph->FindValue(name); value && value->initializer()) {
+      parameters += value->initializer()->num_elements();
+    }
+  }
+  out << "castor export: " << checkpoint_path << " -> " << output_path << "\n"
+      << "  checkpoint  step " << checkpoint->state.step << ", trained under "
+      << checkpoint->policy.name() << " (" << checkpoint->policy.Digest() << ")\n"
+      << "  model       " << model->graph->num_nodes() << " nodes, "
+      << WithThousandsSeparators(parameters) << " trained parameter elements, "
+      << (converted.empty() ? std::string("float32 (unconverted)") : converted) << "\n"
+      << "  dropped     training state (optimizer moments, castor.checkpoint.* record)\n";
+  return kExitOk;
+}
+
+}  // namespace castor::tools
