@@ -2,19 +2,23 @@
 // images, labels 0..9): the header, progress, evaluation and summary lines,
 // the JSONL metrics (one object per step and per evaluation, with the
 // fields the issue names), loss scaling on for mixed_float16 and off for
-// mixed_bfloat16, and the flag errors.
+// mixed_bfloat16, checkpoints and resume (bit for bit; another policy
+// refused unless allowed; a corrupt newest checkpoint skipped; pruning),
+// and the flag errors.
 #include "tools/train_command.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
 
 #include "graph/json.h"
+#include "tools/checkpoint.h"
 #include "tools/npy.h"
 
 namespace castor::tools {
@@ -107,6 +111,154 @@ TEST_F(TrainCommandTest, BFloat16TrainsWithoutLossScaling) {
   EXPECT_THAT(r.out, HasSubstr("loss scale      1 (final)"));
 }
 
+std::string Slurp(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+// The "loss" field of every step line of a metrics file, as printed (%.9g:
+// exact for float32).
+std::vector<std::string> StepLosses(const fs::path& metrics) {
+  std::ifstream in(metrics);
+  std::vector<std::string> losses;
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t at = line.find("\"loss\":");
+    if (at != std::string::npos) losses.push_back(line.substr(at, line.find(',', at) - at));
+  }
+  return losses;
+}
+
+struct ResumeCase {
+  std::string model, policy, optimizer;
+};
+
+class TrainResumeTest : public TrainCommandTest,
+                        public ::testing::WithParamInterface<ResumeCase> {};
+
+// Training 6 steps equals training 3, saving, resuming and training 3 more:
+// the step-6 checkpoints are the same bytes (weights, BN statistics,
+// optimizer moments, loss-scaler state, data position) and every step's loss
+// is the same float.
+TEST_P(TrainResumeTest, ResumeIsBitExact) {
+  const ResumeCase& c = GetParam();
+  const std::string model = std::string(CASTOR_SOURCE_DIR) + "/models/" + c.model + ".onnx";
+  auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--data", data_, "--batch", "16", "--policy", c.policy,
+                                     "--optimizer", c.optimizer, "--momentum",
+                                     c.optimizer == "sgd" ? "0.9" : "0", "--lr", "0.01",
+                                     "--threads", "1", "--epochs", "4"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::ostringstream out, err;
+    const int code = RunTrain(args, out, err);
+    EXPECT_EQ(code, 0) << err.str();
+    return out.str();
+  };
+  const fs::path a = dir_ / "a", b = dir_ / "b";
+  run({model, "--max-steps", "6", "--checkpoint-dir", a.string(), "--save-every", "3",
+       "--metrics", (dir_ / "a.jsonl").string()});
+  run({model, "--max-steps", "3", "--checkpoint-dir", b.string(), "--metrics",
+       (dir_ / "b.jsonl").string()});
+  const std::string resumed = run({"--resume", b.string(), "--max-steps", "6", "--checkpoint-dir",
+                                   b.string(), "--metrics", (dir_ / "b.jsonl").string()});
+  EXPECT_THAT(resumed, HasSubstr("resuming from " + (b / "ckpt-00000003.onnx").string() +
+                                 ": step 3, epoch 1, policy " + c.policy));
+  const std::string straight = Slurp(a / "ckpt-00000006.onnx");
+  ASSERT_GT(straight.size(), 10000u);
+  EXPECT_TRUE(straight == Slurp(b / "ckpt-00000006.onnx"));
+  const std::vector<std::string> losses = StepLosses(dir_ / "a.jsonl");
+  EXPECT_EQ(losses.size(), 6u);
+  EXPECT_EQ(losses, StepLosses(dir_ / "b.jsonl"));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, TrainResumeTest,
+    ::testing::Values(ResumeCase{"mlp_opset17", "mixed_float16", "adam"},
+                      ResumeCase{"resnet_opset17", "mixed_bfloat16", "sgd"}),
+    [](const ::testing::TestParamInfo<ResumeCase>& info) {
+      return info.param.model.substr(0, info.param.model.find('_')) + "_" + info.param.optimizer;
+    });
+
+TEST_F(TrainCommandTest, ResumeUnderAnotherPolicyIsRefusedUnlessAllowed) {
+  const std::string ckpt = (dir_ / "ckpt").string();
+  ASSERT_EQ(Train({"--policy", "mixed_bfloat16", "--max-steps", "2", "--checkpoint-dir", ckpt})
+                .code,
+            0);
+  std::ostringstream out, err;
+  int code = RunTrain({"--resume", ckpt, "--data", data_, "--policy", "mixed_float16",
+                       "--epochs", "2", "--max-steps", "3"},
+                      out, err);
+  EXPECT_EQ(code, 1);
+  EXPECT_THAT(err.str(), HasSubstr("was trained under policy 'mixed_bfloat16'"));
+  EXPECT_THAT(err.str(), HasSubstr("the requested policy 'mixed_float16'"));
+  EXPECT_THAT(err.str(), HasSubstr("--allow-policy-change"));
+
+  std::ostringstream out2, err2;
+  code = RunTrain({"--resume", ckpt, "--data", data_, "--policy", "mixed_float16", "--epochs",
+                   "2", "--max-steps", "3", "--allow-policy-change", "--checkpoint-dir", ckpt},
+                  out2, err2);
+  EXPECT_EQ(code, 0) << err2.str();
+  // The run goes on under the new policy, loss scaling switched on, and
+  // saves a consistent checkpoint recording it.
+  EXPECT_THAT(out2.str(), HasSubstr("loss scaling on"));
+  absl::StatusOr<FoundCheckpoint> saved = FindLatestCheckpoint(ckpt);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->checkpoint.state.step, 3);
+  EXPECT_EQ(saved->checkpoint.policy.name(), "mixed_float16");
+  EXPECT_TRUE(saved->skipped.empty());
+  EXPECT_TRUE(FindCheckpointInconsistencies(saved->checkpoint).empty());
+  EXPECT_THAT(out2.str(), HasSubstr("policy change mixed_bfloat16 -> mixed_float16 "
+                                    "(--allow-policy-change): 4 nodes change dtype"));
+  EXPECT_THAT(out2.str(), HasSubstr("node '/fc1/Gemm' (Gemm): bfloat16 -> float16"));
+  EXPECT_THAT(out2.str(), HasSubstr("policy mixed_float16 (float16 compute)"));
+}
+
+TEST_F(TrainCommandTest, ResumeSkipsACorruptNewestCheckpointAndPrunes) {
+  const fs::path ckpt = dir_ / "ckpt";
+  ASSERT_EQ(Train({"--epochs", "2", "--max-steps", "4", "--checkpoint-dir", ckpt.string(),
+                   "--save-every", "1",
+                   "--keep", "2"})
+                .code,
+            0);
+  std::vector<std::string> files;
+  for (const auto& entry : fs::directory_iterator(ckpt)) files.push_back(entry.path().filename());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"ckpt-00000003.onnx", "ckpt-00000004.onnx"}));
+  fs::resize_file(ckpt / "ckpt-00000004.onnx", 1000);  // a torn copy
+  std::ostringstream out, err;
+  const int code =
+      RunTrain({"--resume", ckpt.string(), "--data", data_, "--epochs", "2", "--max-steps", "5"},
+               out, err);
+  EXPECT_EQ(code, 0) << err.str();
+  EXPECT_THAT(err.str(), HasSubstr("ckpt-00000004.onnx"));
+  EXPECT_THAT(out.str(), HasSubstr("ckpt-00000003.onnx: step 3"));
+  EXPECT_THAT(out.str(), HasSubstr("steps           5, 0 skipped"));
+}
+
+TEST_F(TrainCommandTest, ResumingAnOlderCheckpointIntoItsDirectoryIsRefused) {
+  const fs::path ckpt = dir_ / "ckpt";
+  ASSERT_EQ(Train({"--epochs", "2", "--max-steps", "4", "--checkpoint-dir", ckpt.string(),
+                   "--save-every", "2"})
+                .code,
+            0);
+  std::ostringstream out, err;
+  const std::string older = (ckpt / "ckpt-00000002.onnx").string();
+  EXPECT_EQ(RunTrain({"--resume", older, "--data", data_, "--epochs", "2", "--checkpoint-dir",
+                      ckpt.string()},
+                     out, err),
+            2);
+  EXPECT_THAT(err.str(), HasSubstr("ckpt-00000004.onnx, later than the resumed step 2"));
+  // Into another directory the branch is fine.
+  std::ostringstream out2, err2;
+  EXPECT_EQ(RunTrain({"--resume", older, "--data", data_, "--epochs", "2", "--checkpoint-dir",
+                      (dir_ / "branch").string()},
+                     out2, err2),
+            0)
+      << err2.str();
+}
+
 TEST_F(TrainCommandTest, FlagErrorsAreExit2) {
   Result r = Train({"--backend", "cuda"});
   EXPECT_EQ(r.code, 2);
@@ -116,7 +268,18 @@ TEST_F(TrainCommandTest, FlagErrorsAreExit2) {
   EXPECT_THAT(r.err, HasSubstr("--output 'probs' is not a model output"));
   r = Train({"--epochs", "0"});
   EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, HasSubstr("--batch and --epochs must be >= 1"));
+  EXPECT_THAT(r.err, HasSubstr("--batch, --epochs and --step-size must be >= 1"));
+  r = Train({"--policy", "mixed_float8"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("mixed_float8"));
+  r = Train({"--allow-policy-change"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--allow-policy-change only applies with --resume"));
+  std::ostringstream missing_out, missing_err;
+  EXPECT_EQ(RunTrain({"--resume", (dir_ / "nothing").string(), "--data", data_}, missing_out,
+                     missing_err),
+            2);
+  EXPECT_THAT(missing_err.str(), HasSubstr("--resume: "));
   std::ostringstream out, err;
   EXPECT_EQ(RunTrain({"--help"}, out, err), 0);
   EXPECT_THAT(out.str(), HasSubstr("--loss-scaling"));

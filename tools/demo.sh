@@ -3,8 +3,8 @@
 # sample CNN (models/cnn_opset13.onnx, the Keras mixed-precision guide's
 # Fashion-MNIST model): convert it to mixed_float16, show the rewritten graph
 # and why its last layer stays float32, then train it in mixed_bfloat16 on
-# the CPU backend. It grows into train -> save checkpoint -> verify when
-# checkpoints land.
+# the CPU backend with checkpoints, and verify that the last checkpoint
+# records the mixed_bfloat16 policy, is intact and holds float32 weights.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -28,5 +28,10 @@ echo "== castor inspect $WORK/cnn_mixed_float16.onnx --why /fc2/Gemm"
 
 echo
 echo "== castor train: the sample CNN on Fashion-MNIST, mixed_bfloat16, CPU backend (150 steps, about a minute)"
+rm -rf "$WORK/checkpoints"
 "$CASTOR" train models/cnn_opset17.onnx --data fashion-mnist --policy mixed_bfloat16 \
-  --max-steps 150 --metrics "$WORK/metrics.jsonl"
+  --max-steps 150 --metrics "$WORK/metrics.jsonl" --checkpoint-dir "$WORK/checkpoints" --save-every 50
+
+echo
+echo "== castor verify $WORK/checkpoints/ckpt-00000150.onnx --policy mixed_bfloat16"
+"$CASTOR" verify "$WORK/checkpoints/ckpt-00000150.onnx" --policy mixed_bfloat16

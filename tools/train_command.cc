@@ -1,4 +1,10 @@
 // `castor train` (see train_command.h).
+//
+// The run in order: parse the flags; start fresh from MODEL or resume from a
+// checkpoint (its float32 graph and weights, policy, optimizer, schedule,
+// loss scaler and data order); convert under the policy; build the training
+// graph and the trainer; loop over batches with progress, metrics,
+// evaluations and checkpoints; print the summary.
 #include "tools/train_command.h"
 
 #include <unistd.h>
@@ -8,15 +14,21 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda_probe.h"
 #include "graph/json.h"
+#include "graph/onnx_io.h"
+#include "graph/shape_inference.h"
 #include "graph/status.h"
 #include "passes/autocast.h"
 #include "tools/args.h"
+#include "tools/checkpoint.h"
 #include "tools/cli.h"
 #include "tools/dataset.h"
 #include "tools/inspect.h"
@@ -28,17 +40,21 @@ namespace {
 struct TrainOptions {
   std::string model_path;
   std::string data = "fashion-mnist";
-  std::string policy = "mixed_float16";
+  std::string policy;       // "": the checkpoint's when resuming, else mixed_float16
+  std::string policy_file;
   std::string loss = "cross-entropy";
   std::string output = "logits";
   std::string input;  // the model input the images feed; "" = its only input
   std::string optimizer = "adam";
   double lr = 1e-3;
   double momentum = 0.0;
+  bool nesterov = false;
   double weight_decay = 0.0;
   double clip_norm = 0.0;
   std::string schedule = "constant";
   int64_t warmup = 0;
+  int64_t step_size = 1000;
+  double gamma = 0.1;
   int64_t batch = 128;
   int64_t epochs = 1;
   int64_t max_steps = 0;
@@ -49,6 +65,11 @@ struct TrainOptions {
   std::string backend = "auto";
   std::string loss_scaling = "auto";
   int64_t threads = 0;
+  std::string checkpoint_dir;
+  int64_t save_every = 0;
+  int64_t keep = 3;
+  std::string resume;
+  bool allow_policy_change = false;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -60,6 +81,12 @@ std::string Duration(double seconds) {
   const int64_t s = static_cast<int64_t>(seconds + 0.5);
   return s >= 60 ? absl::StrFormat("%dm%02ds", s / 60, s % 60) : absl::StrFormat("%ds", s);
 }
+
+// An error with the exit code it gives.
+struct Failure {
+  int code;
+  std::string message;
+};
 
 // Correct predictions (argmax of each row of `output` [B, C]) in a batch.
 int64_t CountCorrect(const Tensor& output, const Tensor& labels) {
@@ -98,6 +125,153 @@ absl::StatusOr<Evaluation> Evaluate(Trainer& trainer, const Dataset& test,
   return Evaluation{loss_sum / seen, static_cast<double>(correct) / seen};
 }
 
+// The policy the flags ask for; nullopt when neither --policy nor
+// --policy-file is given.
+absl::StatusOr<std::optional<Policy>> RequestedPolicy(const TrainOptions& o) {
+  if (!o.policy.empty() && !o.policy_file.empty()) {
+    return absl::InvalidArgumentError("give --policy or --policy-file, not both");
+  }
+  if (!o.policy_file.empty()) return Policy::LoadFile(o.policy_file);
+  if (!o.policy.empty()) return Policy::Builtin(o.policy);
+  return std::nullopt;
+}
+
+// The dtype each node of the float32 `model` computes in under `policy`.
+absl::StatusOr<std::map<std::string, std::string>> NodeDTypes(const Model& model,
+                                                               const Policy& policy) {
+  CASTOR_ASSIGN_OR_RETURN(Model converted, CloneModel(model));
+  CASTOR_RETURN_IF_ERROR(InferTypes(converted));
+  CASTOR_RETURN_IF_ERROR(RunAutocast(converted, policy).status());
+  std::map<std::string, std::string> dtypes;
+  for (const Node* node : converted.graph->nodes()) {
+    if (node->FindMetadata(kInsertedCastKey) != nullptr) continue;
+    const std::string* dtype = node->FindMetadata(kNodeDTypeKey);
+    dtypes[node->name()] = dtype != nullptr ? *dtype : "-";
+  }
+  return dtypes;
+}
+
+// "node 'conv1': float16 -> bfloat16" for every node whose dtype differs.
+absl::StatusOr<std::vector<std::string>> PolicyChangeByNode(const Model& model,
+                                                            const Policy& from,
+                                                            const Policy& to) {
+  CASTOR_ASSIGN_OR_RETURN(auto before, NodeDTypes(model, from));
+  CASTOR_ASSIGN_OR_RETURN(auto after, NodeDTypes(model, to));
+  std::vector<std::string> changes;
+  for (const Node* node : model.graph->nodes()) {
+    const std::string& was = before[node->name()];
+    const std::string& now = after[node->name()];
+    if (was != now) {
+      changes.push_back(absl::StrCat("node '", node->name(), "' (", node->op_type(), "): ", was,
+                                     " -> ", now));
+    }
+  }
+  return changes;
+}
+
+// Everything a run starts from: the float32 model, the policy, and, when
+// resuming, the saved state.
+struct Start {
+  Model float32_model;
+  Policy policy;
+  std::optional<TrainingState> resumed;  // with its moments
+  std::string resumed_from;              // the checkpoint path
+  bool policy_changed = false;
+};
+
+absl::StatusOr<Start> StartFresh(const TrainOptions& o, std::optional<Policy> requested) {
+  if (o.model_path.empty()) {
+    return absl::InvalidArgumentError("give MODEL, or --resume with a checkpoint");
+  }
+  CASTOR_ASSIGN_OR_RETURN(Model model, LoadAndCheckModel(o.model_path));
+  Policy policy = requested.has_value() ? *std::move(requested)
+                                        : *Policy::Builtin("mixed_float16");
+  return Start{std::move(model), std::move(policy), std::nullopt, "", false};
+}
+
+// Resumes from a checkpoint file or the newest usable one in a directory.
+// Refuses another policy than the recorded one unless --allow-policy-change,
+// which prints the node-level difference.
+std::variant<Start, Failure> StartFromCheckpoint(const TrainOptions& o,
+                                                 std::optional<Policy> requested,
+                                                 std::ostream& out, std::ostream& err) {
+  absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(o.resume);
+  if (!found.ok()) {
+    return Failure{found.status().code() == absl::StatusCode::kFailedPrecondition
+                       ? kExitFailure
+                       : kExitBadInput,
+                   absl::StrCat("--resume: ", found.status().message())};
+  }
+  for (const std::string& skipped : found->skipped) {
+    err << "castor train: warning: --resume skipped " << skipped << "\n";
+  }
+  Checkpoint& checkpoint = found->checkpoint;
+  Start start{std::move(checkpoint.model), checkpoint.policy, std::move(checkpoint.state),
+              found->path, false};
+  out << absl::StrFormat("resuming from %s: step %d, epoch %d, policy %s\n", found->path,
+                         start.resumed->step, start.resumed->epoch, start.policy.name());
+  if (requested.has_value() && requested->Digest() != start.policy.Digest()) {
+    if (!o.allow_policy_change) {
+      std::string message = absl::StrCat(
+          "--resume: the checkpoint ", found->path, " was trained under policy '",
+          start.policy.name(), "' (", start.policy.Digest(), "); the requested policy '",
+          requested->name(), "' (", requested->Digest(), ") differs:");
+      for (const std::string& line : DescribePolicyDifferences(start.policy, *requested)) {
+        absl::StrAppend(&message, "\n  ", line);
+      }
+      absl::StrAppend(&message, "\npass --allow-policy-change to re-run autocast under '",
+                      requested->name(), "', or drop --policy to keep '", start.policy.name(),
+                      "'");
+      return Failure{kExitFailure, message};
+    }
+    absl::StatusOr<std::vector<std::string>> changes =
+        PolicyChangeByNode(start.float32_model, start.policy, *requested);
+    if (!changes.ok()) return Failure{kExitFailure, std::string(changes.status().message())};
+    out << absl::StrFormat("policy change %s -> %s (--allow-policy-change): %d nodes change dtype\n",
+                           start.policy.name(), requested->name(), changes->size());
+    for (const std::string& change : *changes) out << "  " << change << "\n";
+    start.policy = *std::move(requested);
+    start.policy_changed = true;
+  }
+  return start;
+}
+
+// The float32 model (weights replaced by the trainer's) and the state to save.
+absl::StatusOr<SavedCheckpoint> SaveCheckpoint(const TrainOptions& o, Checkpoint& checkpoint,
+                                               const Trainer& trainer,
+                                               const BatchIterator& batches,
+                                               const Dataset& train,
+                                               const TrainerOptions& trainer_options) {
+  CASTOR_RETURN_IF_ERROR(SetInitializers(checkpoint.model, trainer.state()));
+  TrainingState& state = checkpoint.state;
+  state.step = trainer.steps();
+  state.optimizer_step = trainer.optimizer().step();
+  state.epoch = batches.epoch();
+  state.position = batches.position();
+  state.seed = static_cast<uint64_t>(o.seed);
+  state.shuffle = o.shuffle;
+  state.drop_last = false;
+  state.batch_size = o.batch;
+  state.dataset_size = train.size();
+  state.data = o.data;
+  state.loss = o.loss;
+  state.output = o.output;
+  state.input = o.input;
+  state.parameters.clear();
+  for (const auto& [parameter, gradient] : trainer.training_graph().gradients) {
+    state.parameters.push_back(parameter);
+  }
+  state.running_stats.clear();
+  for (const auto& [statistic, updated] : trainer.training_graph().running_stats) {
+    state.running_stats.push_back(statistic);
+  }
+  state.optimizer = trainer_options.optimizer;
+  state.lr_schedule = trainer_options.lr;
+  state.loss_scaler = trainer.scaler().ToJson();
+  state.moments = trainer.optimizer().state();
+  return SaveToCheckpointDir(o.checkpoint_dir, checkpoint, o.keep);
+}
+
 }  // namespace
 
 int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
@@ -108,13 +282,21 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
       "(float32 master weights; see 'castor convert'), attaches the loss to --output, builds\n"
       "the backward graph, and runs the optimizer with dynamic loss scaling (on by default for\n"
       "mixed_float16: initial scale 65536, x2 every 2000 good steps, x0.5 and the step skipped\n"
-      "on inf/NaN gradients). Prints a progress line and a summary; --metrics writes JSONL.");
-  parser.AddPositional("MODEL", "the float32 ONNX model to train", &o.model_path)
+      "on inf/NaN gradients, naming the first node that went non-finite). Prints a progress\n"
+      "line and a summary; --metrics writes JSONL; --checkpoint-dir saves checkpoints that\n"
+      "'castor verify' checks and --resume continues bit for bit.");
+  parser.AddOptionalPositional("MODEL", "the float32 ONNX model to train (not needed with --resume)",
+                               &o.model_path)
       .AddString("data", "SPEC",
                  "fashion-mnist, mnist, a directory of IDX files or train/test.npz, a .npz, or "
                  "IMAGES,LABELS[,TEST_IMAGES,TEST_LABELS] (.npy or IDX)",
                  &o.data)
-      .AddEnum("policy", Policy::BuiltinNames(), "the autocast policy", &o.policy)
+      .AddString("policy", "NAME",
+                 absl::StrCat("the autocast policy: ", absl::StrJoin(Policy::BuiltinNames(), ", "),
+                              " (default mixed_float16, or the checkpoint's with --resume)"),
+                 &o.policy)
+      .AddString("policy-file", "FILE", "a policy JSON file (see 'castor convert --save-policy')",
+                 &o.policy_file)
       .AddEnum("loss", {"cross-entropy", "mse", "output"},
                "cross-entropy on logits with integer labels, mse, or the output is the loss",
                &o.loss)
@@ -124,20 +306,42 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
       .AddEnum("optimizer", {"sgd", "adam", "adamw"}, "the optimizer", &o.optimizer)
       .AddFloat("lr", "RATE", "learning rate", &o.lr)
       .AddFloat("momentum", "M", "SGD momentum", &o.momentum)
+      .AddSwitch("nesterov", "Nesterov momentum (sgd with --momentum > 0)", &o.nesterov)
       .AddFloat("weight-decay", "WD", "L2 (sgd, adam) or decoupled (adamw) weight decay",
                 &o.weight_decay)
       .AddFloat("clip-norm", "N", "clip gradients to this global L2 norm (0: off)", &o.clip_norm)
-      .AddEnum("schedule", {"constant", "cosine"}, "learning-rate schedule", &o.schedule)
+      .AddEnum("schedule", {"constant", "step", "cosine"},
+               "learning-rate schedule (step: x --gamma every --step-size steps; cosine: to 0 "
+               "at the last step)",
+               &o.schedule)
+      .AddInt("step-size", "STEPS", "--schedule step: steps between decays", &o.step_size)
+      .AddFloat("gamma", "G", "--schedule step: the decay factor", &o.gamma)
       .AddInt("warmup", "STEPS", "linear learning-rate warmup steps", &o.warmup)
       .AddInt("batch", "N", "batch size", &o.batch)
       .AddInt("epochs", "N", "epochs over the training split", &o.epochs)
-      .AddInt("max-steps", "N", "stop after N steps (0: no limit)", &o.max_steps)
+      .AddInt("max-steps", "N", "stop after N steps in all, resumed ones included (0: no limit)",
+              &o.max_steps)
       .AddInt("seed", "S", "shuffle seed", &o.seed)
       .AddSwitch("shuffle", "shuffle the training split every epoch", &o.shuffle)
       .AddInt("eval-every", "K", "also evaluate on the test split every K steps (0: per epoch)",
               &o.eval_every)
       .AddString("metrics", "FILE", "write one JSON object per step and per evaluation",
                  &o.metrics_path)
+      .AddString("checkpoint-dir", "DIR",
+                 "save checkpoints there (ckpt-<step>.onnx, written atomically)",
+                 &o.checkpoint_dir)
+      .AddInt("save-every", "N", "save every N steps (0: at the end of each epoch); always at "
+              "the end", &o.save_every)
+      .AddInt("keep", "K", "keep the newest K checkpoints (0: all)", &o.keep)
+      .AddString("resume", "DIR|FILE",
+                 "continue from a checkpoint, or the newest usable one in DIR: its model, "
+                 "weights, policy, optimizer and moments, schedule, loss scaler, batch, seed and "
+                 "data position; --data, --epochs, --max-steps and the output flags apply",
+                 &o.resume)
+      .AddSwitch("allow-policy-change",
+                 "with --resume and another --policy: re-run autocast under it and print which "
+                 "nodes change dtype",
+                 &o.allow_policy_change)
       .AddEnum("backend", {"auto", "cpu", "cuda"},
                "where to train (auto: CUDA once its training backend exists and a GPU is "
                "usable; today the CPU)",
@@ -146,7 +350,8 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
                "dynamic loss scaling (auto: on for mixed_float16 only)", &o.loss_scaling)
       .AddInt("threads", "N", "CPU threads (0: all)", &o.threads)
       .AddExample("castor train models/cnn_opset17.onnx --data fashion-mnist --policy "
-                  "mixed_bfloat16 --epochs 1 --metrics run.jsonl");
+                  "mixed_bfloat16 --epochs 1 --metrics run.jsonl --checkpoint-dir ckpt")
+      .AddExample("castor train --resume ckpt --epochs 2");
 
   auto fail = [&err](int code, const std::string& message) {
     err << "castor train: error: " << message << "\n";
@@ -158,108 +363,233 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     out << parser.Help();
     return kExitOk;
   }
-  if (o.batch < 1 || o.epochs < 1 || o.max_steps < 0 || o.eval_every < 0 || o.warmup < 0) {
-    return fail(kExitBadInput, "--batch and --epochs must be >= 1; --max-steps, --eval-every "
-                               "and --warmup >= 0");
+  if (o.batch < 1 || o.epochs < 1 || o.max_steps < 0 || o.eval_every < 0 || o.warmup < 0 ||
+      o.save_every < 0 || o.keep < 0 || o.step_size < 1) {
+    return fail(kExitBadInput, "--batch, --epochs and --step-size must be >= 1; --max-steps, "
+                               "--eval-every, --warmup, --save-every and --keep >= 0");
   }
   if (o.backend == "cuda") {
     return fail(kExitBadInput, absl::StrCat("--backend cuda: the CUDA training backend is not "
                                             "built yet; ", DescribeCudaProbe(ProbeCuda()),
                                             "; use --backend cpu"));
   }
+  if (o.allow_policy_change && o.resume.empty()) {
+    return fail(kExitBadInput, "--allow-policy-change only applies with --resume");
+  }
 
-  absl::StatusOr<Policy> policy = Policy::Builtin(o.policy);
-  if (!policy.ok()) return fail(kExitBadInput, std::string(policy.status().message()));
-  absl::StatusOr<Model> model = LoadAndCheckModel(o.model_path);
-  if (!model.ok()) return fail(kExitBadInput, std::string(model.status().message()));
+  // Where the run starts.
+  absl::StatusOr<std::optional<Policy>> requested = RequestedPolicy(o);
+  if (!requested.ok()) return fail(kExitBadInput, std::string(requested.status().message()));
+  std::optional<Start> start;
+  if (o.resume.empty()) {
+    absl::StatusOr<Start> fresh = StartFresh(o, *std::move(requested));
+    if (!fresh.ok()) return fail(kExitBadInput, std::string(fresh.status().message()));
+    start = *std::move(fresh);
+  } else {
+    std::variant<Start, Failure> resumed = StartFromCheckpoint(o, *std::move(requested), out, err);
+    if (Failure* failure = std::get_if<Failure>(&resumed)) return fail(failure->code, failure->message);
+    start = std::get<Start>(std::move(resumed));
+  }
+  const Policy& policy = start->policy;
+  TrainerOptions trainer_options;
+  if (start->resumed.has_value()) {
+    // The run continues as it was configured.
+    const TrainingState& saved = *start->resumed;
+    o.loss = saved.loss;
+    o.output = saved.output;
+    o.input = saved.input;
+    o.batch = saved.batch_size;
+    o.seed = static_cast<int64_t>(saved.seed);
+    o.shuffle = saved.shuffle;
+    o.optimizer = OptimizerKindName(saved.optimizer.kind);
+    trainer_options.optimizer = saved.optimizer;
+    trainer_options.lr = saved.lr_schedule;
+  } else {
+    absl::StatusOr<OptimizerKind> kind = ParseOptimizerKind(o.optimizer);
+    trainer_options.optimizer.kind = *kind;
+    trainer_options.optimizer.momentum = o.momentum;
+    trainer_options.optimizer.nesterov = o.nesterov;
+    trainer_options.optimizer.weight_decay = o.weight_decay;
+    trainer_options.optimizer.clip_norm = o.clip_norm;
+    trainer_options.lr.base_lr = o.lr;
+    trainer_options.lr.warmup_steps = o.warmup;
+    trainer_options.lr.step_size = o.step_size;
+    trainer_options.lr.gamma = o.gamma;
+  }
+  trainer_options.scaler.enabled =
+      o.loss_scaling == "on" ||
+      (o.loss_scaling == "auto" && policy.compute_dtype() == DType::kFloat16);
+
+  // The model under the policy, its training graph and the data.
+  const Graph& float32_graph = *start->float32_model.graph;
   if (o.input.empty()) {
-    if (model->graph->inputs().size() != 1) {
+    if (float32_graph.inputs().size() != 1) {
       return fail(kExitBadInput, "the model has several inputs; name the image input with --input");
     }
-    o.input = model->graph->inputs()[0]->name();
+    o.input = float32_graph.inputs()[0]->name();
   }
-  absl::StatusOr<AutocastReport> converted = RunAutocast(*model, *policy);
+  const std::string model_name = start->resumed.has_value() ? start->resumed_from : o.model_path;
+  absl::StatusOr<Model> model = CloneModel(start->float32_model);
+  if (!model.ok()) return fail(kExitFailure, std::string(model.status().message()));
+  if (absl::Status inferred = InferTypes(*model); !inferred.ok()) {
+    return fail(kExitBadInput, absl::StrCat(model_name, ": ", inferred.message()));
+  }
+  absl::StatusOr<AutocastReport> converted = RunAutocast(*model, policy);
   if (!converted.ok()) {
-    return fail(kExitFailure, absl::StrCat(o.model_path, ": ", converted.status().message()));
+    return fail(kExitFailure, absl::StrCat(model_name, ": ", converted.status().message()));
   }
   TrainingGraphOptions graph_options;
   graph_options.output = o.output;
-  graph_options.loss = *ParseLossKind(o.loss);
+  absl::StatusOr<LossKind> loss_kind = ParseLossKind(o.loss);
+  if (!loss_kind.ok()) return fail(kExitBadInput, std::string(loss_kind.status().message()));
+  graph_options.loss = *loss_kind;
   absl::StatusOr<TrainingGraph> graph = BuildTrainingGraph(*model, graph_options);
-  if (!graph.ok()) return fail(kExitBadInput, absl::StrCat(o.model_path, ": ", graph.status().message()));
+  if (!graph.ok()) return fail(kExitBadInput, absl::StrCat(model_name, ": ", graph.status().message()));
 
   absl::StatusOr<DataSplits> data = LoadData(o.data);
   if (!data.ok()) return fail(kExitBadInput, std::string(data.status().message()));
-
-  TrainerOptions trainer_options;
-  trainer_options.optimizer.kind = *ParseOptimizerKind(o.optimizer);
-  trainer_options.optimizer.momentum = o.momentum;
-  trainer_options.optimizer.weight_decay = o.weight_decay;
-  trainer_options.optimizer.clip_norm = o.clip_norm;
-  trainer_options.lr.base_lr = o.lr;
-  trainer_options.lr.warmup_steps = o.warmup;
-  trainer_options.scaler.enabled = o.loss_scaling == "on" ||
-                                   (o.loss_scaling == "auto" && policy->compute_dtype() == DType::kFloat16);
+  if (start->resumed.has_value() && start->resumed->dataset_size != 0 &&
+      start->resumed->dataset_size != data->train.size()) {
+    return fail(kExitBadInput, absl::StrFormat(
+        "--resume: the checkpoint's data order is over %d training samples (--data %s); "
+        "--data %s has %d",
+        start->resumed->dataset_size, start->resumed->data, o.data, data->train.size()));
+  }
   const int64_t per_epoch = (data->train.size() + o.batch - 1) / o.batch;
   int64_t total = per_epoch * o.epochs;
   if (o.max_steps > 0) total = std::min(total, o.max_steps);
-  if (o.schedule == "cosine") {
-    trainer_options.lr.kind = LrSchedule::Kind::kCosine;
-    trainer_options.lr.total_steps = total;
+  if (!start->resumed.has_value()) {
+    if (o.schedule == "cosine") {
+      trainer_options.lr.kind = LrSchedule::Kind::kCosine;
+      trainer_options.lr.total_steps = total;
+    } else if (o.schedule == "step") {
+      trainer_options.lr.kind = LrSchedule::Kind::kStep;
+    }
   }
+
   CpuBackend backend(CpuBackendOptions{static_cast<int>(o.threads)});
-  absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+  absl::StatusOr<std::unique_ptr<Trainer>> created =
       Trainer::Create(*std::move(model), *graph, trainer_options, backend);
-  if (!trainer.ok()) return fail(kExitBadInput, std::string(trainer.status().message()));
+  if (!created.ok()) return fail(kExitBadInput, std::string(created.status().message()));
+  Trainer& trainer = **created;
+  int64_t epoch0 = 0, position0 = 0;
+  if (start->resumed.has_value()) {
+    TrainingState& saved = *start->resumed;
+    absl::StatusOr<Optimizer> optimizer =
+        Optimizer::Restore(saved.optimizer, saved.optimizer_step, std::move(saved.moments));
+    // The scaler keeps its scale and counters (a checkpoint's step count is
+    // its updates plus its skipped steps); a policy change only switches it
+    // on or off as the new policy's default says.
+    Json scaler_state = saved.loss_scaler;
+    if (start->policy_changed && scaler_state.is_object()) {
+      scaler_state.Set("enabled", Json::Bool(trainer_options.scaler.enabled));
+    }
+    absl::StatusOr<LossScaler> scaler = LossScaler::FromJson(scaler_state);
+    std::map<std::string, Tensor> weights;  // the checkpoint's, by name
+    for (const Value* initializer : start->float32_model.graph->initializers()) {
+      if (trainer.state().contains(initializer->name())) {
+        weights[initializer->name()] = *initializer->initializer();
+      }
+    }
+    absl::Status restored = !optimizer.ok() ? optimizer.status()
+                            : !scaler.ok()  ? scaler.status()
+                                            : trainer.Restore(weights, *std::move(optimizer),
+                                                              *std::move(scaler), saved.step);
+    if (!restored.ok()) {
+      return fail(kExitBadInput, absl::StrCat("--resume ", start->resumed_from, ": ", restored.message()));
+    }
+    epoch0 = saved.epoch;
+    position0 = saved.position;
+  }
   absl::StatusOr<BatchIterator> batches = BatchIterator::Create(
-      data->train, BatchOptions{o.batch, o.shuffle, static_cast<uint64_t>(o.seed), false});
+      data->train, BatchOptions{o.batch, o.shuffle, static_cast<uint64_t>(o.seed), false}, epoch0,
+      position0);
   if (!batches.ok()) return fail(kExitBadInput, std::string(batches.status().message()));
 
   std::ofstream metrics;
   if (!o.metrics_path.empty()) {
-    metrics.open(o.metrics_path);
+    metrics.open(o.metrics_path, start->resumed.has_value() ? std::ios::app : std::ios::trunc);
     if (!metrics) return fail(kExitBadInput, absl::StrCat("cannot write --metrics ", o.metrics_path));
   }
+  std::optional<Checkpoint> checkpoint;
+  if (!o.checkpoint_dir.empty() && start->resumed.has_value()) {
+    // Saving into a directory that holds a later checkpoint of another
+    // branch would interleave the two runs, and a later --resume DIR would
+    // pick the other branch's newest.
+    absl::StatusOr<std::vector<CheckpointFile>> existing = ListCheckpoints(o.checkpoint_dir);
+    if (existing.ok() && !existing->empty() && existing->back().step > start->resumed->step) {
+      return fail(kExitBadInput, absl::StrFormat(
+          "--checkpoint-dir %s holds %s, later than the resumed step %d; resume from it, or "
+          "save this run into another --checkpoint-dir",
+          o.checkpoint_dir, existing->back().path, start->resumed->step));
+    }
+  }
+  if (!o.checkpoint_dir.empty()) {
+    checkpoint.emplace(policy);
+    absl::StatusOr<Model> float32_copy = CloneModel(start->float32_model);
+    if (!float32_copy.ok()) return fail(kExitFailure, std::string(float32_copy.status().message()));
+    checkpoint->model = *std::move(float32_copy);
+  }
   const bool live = isatty(STDERR_FILENO) != 0;
+  const int64_t first_step = trainer.steps() + 1;
   out << absl::StrFormat(
       "castor train: %s on %s (%d train / %d test), policy %s (%s compute), %s lr %g, batch %d, "
       "%d steps, loss scaling %s, backend cpu%s\n",
-      o.model_path, data->train.name, data->train.size(), data->test.size(), policy->name(),
-      DTypeName(policy->compute_dtype()), o.optimizer, o.lr, o.batch, total,
-      trainer_options.scaler.enabled ? "on" : "off",
+      model_name, data->train.name, data->train.size(), data->test.size(), policy.name(),
+      DTypeName(policy.compute_dtype()), o.optimizer, trainer_options.lr.base_lr, o.batch, total,
+      trainer.scaler().enabled() ? "on" : "off",
       o.backend == "auto" ? " (auto: the CUDA training backend is not built yet)" : "");
+  if (first_step > total) {
+    out << absl::StrFormat("nothing to do: the checkpoint is at step %d of %d\n", first_step - 1,
+                           total);
+  }
 
   const auto started = Clock::now();
   double step_seconds = 0, loss_ema = 0;
-  int64_t correct = 0, seen = 0;
+  int64_t correct = 0, seen = 0, steps_run = 0;
   Evaluation last_eval;
   bool evaluated = false;
+  std::string last_checkpoint;
   auto evaluate = [&](int64_t epoch) -> absl::Status {
     if (!data->has_test()) return absl::OkStatus();
-    CASTOR_ASSIGN_OR_RETURN(last_eval, Evaluate(**trainer, data->test, o.input, o.batch));
+    CASTOR_ASSIGN_OR_RETURN(last_eval, Evaluate(trainer, data->test, o.input, o.batch));
     evaluated = true;
     if (live) err << "\n";
     out << absl::StrFormat("eval  epoch %d step %d: test loss %.4f, test accuracy %.2f%%\n",
-                           epoch, (*trainer)->steps(), last_eval.loss, 100 * last_eval.accuracy);
+                           epoch, trainer.steps(), last_eval.loss, 100 * last_eval.accuracy);
     if (metrics.is_open()) {
       metrics << absl::StrFormat(
           "{\"epoch\":%d,\"step\":%d,\"test_loss\":%.6g,\"test_accuracy\":%.6g}\n", epoch,
-          (*trainer)->steps(), last_eval.loss, last_eval.accuracy);
+          trainer.steps(), last_eval.loss, last_eval.accuracy);
     }
     return absl::OkStatus();
   };
-  for (int64_t step = 1; step <= total; ++step) {
+  auto save = [&]() -> absl::Status {
+    CASTOR_ASSIGN_OR_RETURN(SavedCheckpoint saved,
+                            SaveCheckpoint(o, *checkpoint, trainer, *batches, data->train,
+                                           trainer_options));
+    last_checkpoint = saved.written.path;
+    if (live) err << "\n";
+    out << absl::StrFormat("checkpoint step %d: %s (%.1f MiB)%s\n", trainer.steps(),
+                           saved.written.path, saved.written.file_bytes / 1048576.0,
+                           saved.removed.empty()
+                               ? ""
+                               : absl::StrCat(", removed ", saved.removed.size(), " older"));
+    return absl::OkStatus();
+  };
+  for (int64_t step = first_step; step <= total; ++step) {
     Batch b = batches->Next();
     const int64_t epoch = b.epoch;
     const auto t0 = Clock::now();
-    absl::StatusOr<StepResult> r = (*trainer)->Step({{o.input, b.images}}, b.labels);
+    absl::StatusOr<StepResult> r = trainer.Step({{o.input, b.images}}, b.labels);
     if (!r.ok()) return fail(kExitFailure, absl::StrCat("step ", step, ": ", r.status().message()));
     const double dt = Seconds(Clock::now() - t0);
     step_seconds += dt;
+    ++steps_run;
     const int64_t n = b.labels.num_elements();
     correct += CountCorrect(r->output, b.labels);
     seen += n;
-    loss_ema = step == 1 ? r->loss : 0.95 * loss_ema + 0.05 * r->loss;
+    loss_ema = steps_run == 1 ? r->loss : 0.95 * loss_ema + 0.05 * r->loss;
     if (r->skipped) {
       if (live) err << "\n";
       err << absl::StrFormat("castor train: step %d skipped: inf/NaN gradients at loss scale %g",
@@ -269,8 +599,9 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     }
     if (!r->diagnosis.empty()) err << "castor train: warning: step " << step << ": " << r->diagnosis << "\n";
     if (metrics.is_open()) {
+      // %.9g prints a float32 loss exactly, so resumed runs compare bit for bit.
       metrics << absl::StrFormat(
-          "{\"step\":%d,\"epoch\":%d,\"loss\":%.6g,\"loss_scale\":%g,\"skipped\":%s,\"lr\":%g,"
+          "{\"step\":%d,\"epoch\":%d,\"loss\":%.9g,\"loss_scale\":%g,\"skipped\":%s,\"lr\":%g,"
           "\"samples_per_s\":%.1f,\"grad_norm\":%.6g%s}\n",
           step, epoch, r->loss, r->loss_scale, r->skipped ? "true" : "false", r->lr, n / dt,
           r->grad_norm,
@@ -282,38 +613,50 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     const std::string line = absl::StrFormat(
         "step %d/%d  loss %.4f  acc %.2f%%  scale %g  %.0f samples/s  eta %s", step, total,
         loss_ema, 100.0 * correct / seen, r->loss_scale, seen / step_seconds,
-        Duration(elapsed / step * (total - step)));
+        Duration(elapsed / steps_run * (total - step)));
     if (live) {
       err << "\r" << line << "\033[K" << std::flush;
-    } else if (step == 1 || step == total || step % std::max<int64_t>(1, total / 10) == 0) {
+    } else if (steps_run == 1 || step == total ||
+               step % std::max<int64_t>(1, total / 10) == 0) {
       err << line << "\n";
     }
-    const bool epoch_done = batches->epoch() > epoch || step == total;
-    if ((o.eval_every > 0 && step % o.eval_every == 0) || epoch_done) {
+    const bool epoch_done = batches->epoch() > epoch;
+    if ((o.eval_every > 0 && step % o.eval_every == 0) || epoch_done || step == total) {
       if (absl::Status s = evaluate(epoch); !s.ok()) return fail(kExitFailure, std::string(s.message()));
       correct = seen = 0;
+    }
+    const bool save_now = o.save_every > 0 ? step % o.save_every == 0 : epoch_done;
+    if (checkpoint.has_value() && (save_now || step == total)) {
+      if (absl::Status s = save(); !s.ok()) {
+        return fail(kExitFailure, absl::StrCat("step ", step, ": saving a checkpoint in ",
+                                               o.checkpoint_dir, ": ", s.message()));
+      }
     }
   }
   if (live) err << "\n";
 
   int64_t float32_weights = 0;
-  for (const auto& [name, tensor] : (*trainer)->state()) float32_weights += tensor.dtype() == DType::kFloat32;
+  for (const auto& [name, tensor] : trainer.state()) float32_weights += tensor.dtype() == DType::kFloat32;
   out << "summary:\n"
-      << absl::StrFormat("  policy          %s (%s compute, float32 variables)\n", policy->name(),
-                         DTypeName(policy->compute_dtype()))
+      << absl::StrFormat("  policy          %s (%s compute, float32 variables)\n", policy.name(),
+                         DTypeName(policy.compute_dtype()))
       << absl::StrFormat("  weights         %d of %d tensors float32 (master weights and BN statistics)\n",
-                         float32_weights, (*trainer)->state().size())
-      << absl::StrFormat("  steps           %d, %d skipped\n", (*trainer)->steps(),
-                         (*trainer)->scaler().skipped_steps())
-      << absl::StrFormat("  loss scale      %g (final)\n", (*trainer)->scaler().scale())
+                         float32_weights, trainer.state().size())
+      << absl::StrFormat("  steps           %d, %d skipped\n", trainer.steps(),
+                         trainer.scaler().skipped_steps())
+      << absl::StrFormat("  loss scale      %g (final)\n", trainer.scaler().scale())
       << absl::StrFormat("  peak memory     %.1f MiB of activations\n",
-                         (*trainer)->peak_activation_bytes() / 1048576.0)
+                         trainer.peak_activation_bytes() / 1048576.0)
       << absl::StrFormat("  step time       %.1f ms (mean), %s in all\n",
-                         1000 * step_seconds / std::max<int64_t>(1, (*trainer)->steps()),
+                         1000 * step_seconds / std::max<int64_t>(1, steps_run),
                          Duration(Seconds(Clock::now() - started)));
   if (evaluated) {
     out << absl::StrFormat("  test            loss %.4f, accuracy %.2f%%\n", last_eval.loss,
                            100 * last_eval.accuracy);
+  }
+  if (!last_checkpoint.empty()) {
+    out << absl::StrFormat("  checkpoint      %s (check it: castor verify %s)\n", last_checkpoint,
+                           last_checkpoint);
   }
   return kExitOk;
 }
