@@ -79,12 +79,18 @@ absl::StatusOr<Optimizer> Optimizer::Restore(
   const bool sgd = options.kind == OptimizerKind::kSgd;
   for (const auto& [parameter, slots] : state) {
     for (const auto& [slot, tensor] : slots) {
-      const bool known = sgd ? slot == "momentum" : slot == "m" || slot == "v";
-      if (!known || tensor.dtype() != DType::kFloat32) {
+      const bool known = sgd ? slot == "momentum" && options.momentum > 0
+                             : slot == "m" || slot == "v";
+      if (!known) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "optimizer state of parameter '", parameter, "': unknown slot '", slot, "'; ",
+            OptimizerKindName(options.kind), " keeps ",
+            sgd ? "'momentum' (when momentum > 0)" : "'m' and 'v'"));
+      }
+      if (tensor.dtype() != DType::kFloat32) {
         return absl::InvalidArgumentError(absl::StrCat(
             "optimizer state of parameter '", parameter, "': slot '", slot, "' is ",
-            DTypeName(tensor.dtype()), "; ", OptimizerKindName(options.kind), " keeps ",
-            sgd ? "float32 'momentum'" : "float32 'm' and 'v'"));
+            DTypeName(tensor.dtype()), ", expected float32"));
       }
     }
   }

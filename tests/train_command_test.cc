@@ -161,6 +161,12 @@ TEST_P(TrainResumeTest, ResumeIsBitExact) {
        "--metrics", (dir_ / "a.jsonl").string()});
   run({model, "--max-steps", "3", "--checkpoint-dir", b.string(), "--metrics",
        (dir_ / "b.jsonl").string()});
+  {
+    // What a crash after step 3's checkpoint leaves: a later step's line
+    // and a torn one. The resumed run drops both.
+    std::ofstream metrics(dir_ / "b.jsonl", std::ios::app);
+    metrics << "{\"step\":4,\"loss\":9.5}\n{\"step\":5,\"lo";
+  }
   const std::string resumed = run({"--resume", b.string(), "--max-steps", "6", "--checkpoint-dir",
                                    b.string(), "--metrics", (dir_ / "b.jsonl").string()});
   EXPECT_THAT(resumed, HasSubstr("resuming from " + (b / "ckpt-00000003.onnx").string() +
@@ -235,6 +241,10 @@ TEST_F(TrainCommandTest, ResumeSkipsACorruptNewestCheckpointAndPrunes) {
   EXPECT_THAT(err.str(), HasSubstr("ckpt-00000004.onnx"));
   EXPECT_THAT(out.str(), HasSubstr("ckpt-00000003.onnx: step 3"));
   EXPECT_THAT(out.str(), HasSubstr("steps           5, 0 skipped"));
+  // The torn file was moved aside, not deleted, and the run saved into the
+  // directory it resumed from.
+  EXPECT_TRUE(fs::exists(ckpt / "ckpt-00000004.onnx.broken"));
+  EXPECT_TRUE(fs::exists(ckpt / "ckpt-00000005.onnx"));
 }
 
 TEST_F(TrainCommandTest, ResumingAnOlderCheckpointIntoItsDirectoryIsRefused) {
@@ -250,6 +260,10 @@ TEST_F(TrainCommandTest, ResumingAnOlderCheckpointIntoItsDirectoryIsRefused) {
                      out, err),
             2);
   EXPECT_THAT(err.str(), HasSubstr("ckpt-00000004.onnx, later than the resumed step 2"));
+  // A fresh run into a directory of another run's checkpoints is refused too.
+  EXPECT_EQ(Train({"--checkpoint-dir", ckpt.string()}).code, 2);
+  EXPECT_THAT(Train({"--checkpoint-dir", ckpt.string()}).err,
+              HasSubstr("later than the start of this fresh run"));
   // Into another directory the branch is fine.
   std::ostringstream out2, err2;
   EXPECT_EQ(RunTrain({"--resume", older, "--data", data_, "--epochs", "2", "--checkpoint-dir",

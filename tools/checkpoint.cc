@@ -1130,13 +1130,17 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
   if (!state.ok()) return DataLoss(path, std::string(state.status().message()));
   absl::StatusOr<Json> kept_json = Json::Parse(*FindEntry(record, kCheckpointKeptFloat32Key));
   std::vector<std::string> kept;
-  if (kept_json.ok() && kept_json->is_array()) {
+  bool kept_valid = kept_json.ok() && kept_json->is_array();
+  if (kept_valid) {
     for (const Json& item : kept_json->items()) {
-      if (!item.is_string()) kept_json = absl::InvalidArgumentError("not a string");
+      if (!item.is_string()) {
+        kept_valid = false;
+        break;
+      }
       kept.push_back(item.as_string());
     }
   }
-  if (!kept_json.ok() || !kept_json->is_array()) {
+  if (!kept_valid) {
     return DataLoss(path,
                     absl::StrCat(kCheckpointKeptFloat32Key, " is not a JSON array of node names"));
   }

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -39,7 +40,7 @@ namespace {
 
 struct TrainOptions {
   std::string model_path;
-  std::string data = "fashion-mnist";
+  std::string data;  // "": the checkpoint's when resuming, else fashion-mnist
   std::string policy;       // "": the checkpoint's when resuming, else mixed_float16
   std::string policy_file;
   std::string loss = "cross-entropy";
@@ -123,6 +124,34 @@ absl::StatusOr<Evaluation> Evaluate(Trainer& trainer, const Dataset& test,
     seen += n;
   }
   return Evaluation{loss_sum / seen, static_cast<double>(correct) / seen};
+}
+
+// Flags a resumed run takes from its checkpoint instead.
+constexpr const char* kFlagsTheCheckpointDecides[] = {
+    "--loss", "--output", "--input", "--optimizer", "--lr", "--momentum", "--nesterov",
+    "--weight-decay", "--clip-norm", "--schedule", "--step-size", "--gamma", "--warmup",
+    "--batch", "--seed", "--shuffle", "--no-shuffle", "--loss-scaling"};
+
+// Keeps the metrics lines of steps up to `step` (JSON objects with a "step"
+// at most `step`), dropping later ones and a torn last line; rewritten
+// atomically. A missing file is fine.
+absl::Status TrimMetrics(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return absl::OkStatus();
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    absl::StatusOr<Json> json = Json::Parse(line);
+    if (!json.ok() || !json->is_object()) continue;
+    const Json* line_step = json->Find("step");
+    if (line_step != nullptr && line_step->is_int() && line_step->as_int() <= step) {
+      absl::StrAppend(&kept, line, "\n");
+    }
+  }
+  absl::Status written = WriteFileAtomically(path, kept);
+  if (!written.ok()) {
+    return absl::Status(written.code(), absl::StrCat("--metrics ", path, ": ", written.message()));
+  }
+  return absl::OkStatus();
 }
 
 // The policy the flags ask for; nullopt when neither --policy nor
@@ -289,7 +318,8 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
                                &o.model_path)
       .AddString("data", "SPEC",
                  "fashion-mnist, mnist, a directory of IDX files or train/test.npz, a .npz, or "
-                 "IMAGES,LABELS[,TEST_IMAGES,TEST_LABELS] (.npy or IDX)",
+                 "IMAGES,LABELS[,TEST_IMAGES,TEST_LABELS] (.npy or IDX); default fashion-mnist, "
+                 "or the checkpoint's with --resume",
                  &o.data)
       .AddString("policy", "NAME",
                  absl::StrCat("the autocast policy: ", absl::StrJoin(Policy::BuiltinNames(), ", "),
@@ -328,7 +358,8 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
       .AddString("metrics", "FILE", "write one JSON object per step and per evaluation",
                  &o.metrics_path)
       .AddString("checkpoint-dir", "DIR",
-                 "save checkpoints there (ckpt-<step>.onnx, written atomically)",
+                 "save checkpoints there (ckpt-<step>.onnx, written atomically); with --resume "
+                 "it defaults to the resumed checkpoint's directory",
                  &o.checkpoint_dir)
       .AddInt("save-every", "N", "save every N steps (0: at the end of each epoch); always at "
               "the end", &o.save_every)
@@ -395,6 +426,19 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   if (start->resumed.has_value()) {
     // The run continues as it was configured.
     const TrainingState& saved = *start->resumed;
+    for (const std::string& arg : args) {
+      for (const char* flag : kFlagsTheCheckpointDecides) {
+        if (arg == flag || arg.rfind(absl::StrCat(flag, "="), 0) == 0) {
+          err << "castor train: warning: " << flag << " is ignored with --resume: the "
+              << "checkpoint decides it\n";
+        }
+      }
+    }
+    if (o.data.empty()) o.data = saved.data;
+    if (o.checkpoint_dir.empty()) {
+      o.checkpoint_dir = std::filesystem::path(start->resumed_from).parent_path().string();
+      if (o.checkpoint_dir.empty()) o.checkpoint_dir = ".";
+    }
     o.loss = saved.loss;
     o.output = saved.output;
     o.input = saved.input;
@@ -405,6 +449,7 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     trainer_options.optimizer = saved.optimizer;
     trainer_options.lr = saved.lr_schedule;
   } else {
+    if (o.data.empty()) o.data = "fashion-mnist";
     absl::StatusOr<OptimizerKind> kind = ParseOptimizerKind(o.optimizer);
     trainer_options.optimizer.kind = *kind;
     trainer_options.optimizer.momentum = o.momentum;
@@ -507,21 +552,43 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   if (!batches.ok()) return fail(kExitBadInput, std::string(batches.status().message()));
 
   std::ofstream metrics;
+  if (!o.metrics_path.empty() && start->resumed.has_value()) {
+    // Lines of steps after the checkpoint (written before a crash) and a
+    // torn last line would repeat or garble the record: keep the rest.
+    if (absl::Status trimmed = TrimMetrics(o.metrics_path, start->resumed->step); !trimmed.ok()) {
+      return fail(kExitBadInput, std::string(trimmed.message()));
+    }
+  }
   if (!o.metrics_path.empty()) {
     metrics.open(o.metrics_path, start->resumed.has_value() ? std::ios::app : std::ios::trunc);
     if (!metrics) return fail(kExitBadInput, absl::StrCat("cannot write --metrics ", o.metrics_path));
   }
   std::optional<Checkpoint> checkpoint;
-  if (!o.checkpoint_dir.empty() && start->resumed.has_value()) {
-    // Saving into a directory that holds a later checkpoint of another
-    // branch would interleave the two runs, and a later --resume DIR would
-    // pick the other branch's newest.
+  if (!o.checkpoint_dir.empty()) {
+    // Saving into a directory that holds a later checkpoint of another run
+    // (or branch) would interleave the two, pruning by step would delete
+    // this run's files, and a later --resume DIR would pick the other's.
+    // Later checkpoints that do not read (--resume skipped them) are moved
+    // aside to <name>.broken, kept for inspection.
+    const int64_t resumed_step = start->resumed.has_value() ? start->resumed->step : 0;
     absl::StatusOr<std::vector<CheckpointFile>> existing = ListCheckpoints(o.checkpoint_dir);
-    if (existing.ok() && !existing->empty() && existing->back().step > start->resumed->step) {
+    while (start->resumed.has_value() && existing.ok() && !existing->empty() &&
+           existing->back().step > resumed_step && !ReadCheckpoint(existing->back().path).ok()) {
+      const std::string broken = existing->back().path;
+      std::error_code error;
+      std::filesystem::rename(broken, broken + ".broken", error);
+      if (error) return fail(kExitFailure, absl::StrCat("cannot move ", broken, " aside: ", error.message()));
+      err << "castor train: warning: moved the unreadable " << broken << " aside to " << broken
+          << ".broken\n";
+      existing->pop_back();
+    }
+    if (existing.ok() && !existing->empty() && existing->back().step > resumed_step) {
       return fail(kExitBadInput, absl::StrFormat(
-          "--checkpoint-dir %s holds %s, later than the resumed step %d; resume from it, or "
-          "save this run into another --checkpoint-dir",
-          o.checkpoint_dir, existing->back().path, start->resumed->step));
+          "--checkpoint-dir %s holds %s, later than the %s; resume from it, or save this run "
+          "into another --checkpoint-dir",
+          o.checkpoint_dir, existing->back().path,
+          start->resumed.has_value() ? absl::StrCat("resumed step ", resumed_step)
+                                     : std::string("start of this fresh run")));
     }
   }
   if (!o.checkpoint_dir.empty()) {
@@ -634,6 +701,9 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     }
   }
   if (live) err << "\n";
+  if (metrics.is_open() && !metrics.flush()) {
+    return fail(kExitFailure, absl::StrCat("writing --metrics ", o.metrics_path, " failed"));
+  }
 
   int64_t float32_weights = 0;
   for (const auto& [name, tensor] : trainer.state()) float32_weights += tensor.dtype() == DType::kFloat32;
