@@ -104,7 +104,8 @@ class Executor {
   // Runs the graph like Run, but after each node copies its float outputs
   // to the host and stops at the first that holds an inf or NaN: the first
   // in execution (topological) order. nullopt when every output is finite.
-  // A diagnostic: the copies make it several times slower than Run.
+  // A diagnostic: the copies make it several times slower than Run. Like
+  // Run, it releases the kept values of the previous run.
   absl::StatusOr<std::optional<NonFiniteOutput>> FindFirstNonFinite(
       const std::vector<std::pair<std::string, Tensor>>& feeds);
 
