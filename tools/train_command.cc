@@ -40,8 +40,8 @@ namespace {
 
 struct TrainOptions {
   std::string model_path;
-  std::string data;  // "": the checkpoint's when resuming, else fashion-mnist
-  std::string policy;       // "": the checkpoint's when resuming, else mixed_float16
+  std::string data;    // "": the checkpoint's when resuming, else fashion-mnist
+  std::string policy;  // "": the checkpoint's when resuming, else mixed_float16
   std::string policy_file;
   std::string loss = "cross-entropy";
   std::string output = "logits";
@@ -109,8 +109,8 @@ struct Evaluation {
   double accuracy = 0;
 };
 
-absl::StatusOr<Evaluation> Evaluate(Trainer& trainer, const Dataset& test,
-                                    const std::string& input, int64_t batch) {
+absl::StatusOr<Evaluation> Evaluate(Trainer& trainer, const Dataset& test, const std::string& input,
+                                    int64_t batch) {
   CASTOR_ASSIGN_OR_RETURN(BatchIterator batches,
                           BatchIterator::Create(test, BatchOptions{batch, false, 0, false}));
   double loss_sum = 0;
@@ -128,9 +128,9 @@ absl::StatusOr<Evaluation> Evaluate(Trainer& trainer, const Dataset& test,
 
 // Flags a resumed run takes from its checkpoint instead.
 constexpr const char* kFlagsTheCheckpointDecides[] = {
-    "--loss", "--output", "--input", "--optimizer", "--lr", "--momentum", "--nesterov",
-    "--weight-decay", "--clip-norm", "--schedule", "--step-size", "--gamma", "--warmup",
-    "--batch", "--seed", "--shuffle", "--no-shuffle", "--loss-scaling"};
+    "--loss",     "--output",       "--input",     "--optimizer", "--lr",         "--momentum",
+    "--nesterov", "--weight-decay", "--clip-norm", "--schedule",  "--step-size",  "--gamma",
+    "--warmup",   "--batch",        "--seed",      "--shuffle",   "--no-shuffle", "--loss-scaling"};
 
 // Keeps the metrics lines of steps up to `step` (JSON objects with a "step"
 // at most `step`), dropping later ones and a torn last line; rewritten
@@ -167,7 +167,7 @@ absl::StatusOr<std::optional<Policy>> RequestedPolicy(const TrainOptions& o) {
 
 // The dtype each node of the float32 `model` computes in under `policy`.
 absl::StatusOr<std::map<std::string, std::string>> NodeDTypes(const Model& model,
-                                                               const Policy& policy) {
+                                                              const Policy& policy) {
   CASTOR_ASSIGN_OR_RETURN(Model converted, CloneModel(model));
   CASTOR_RETURN_IF_ERROR(InferTypes(converted));
   CASTOR_RETURN_IF_ERROR(RunAutocast(converted, policy).status());
@@ -181,8 +181,7 @@ absl::StatusOr<std::map<std::string, std::string>> NodeDTypes(const Model& model
 }
 
 // "node 'conv1': float16 -> bfloat16" for every node whose dtype differs.
-absl::StatusOr<std::vector<std::string>> PolicyChangeByNode(const Model& model,
-                                                            const Policy& from,
+absl::StatusOr<std::vector<std::string>> PolicyChangeByNode(const Model& model, const Policy& from,
                                                             const Policy& to) {
   CASTOR_ASSIGN_OR_RETURN(auto before, NodeDTypes(model, from));
   CASTOR_ASSIGN_OR_RETURN(auto after, NodeDTypes(model, to));
@@ -191,8 +190,8 @@ absl::StatusOr<std::vector<std::string>> PolicyChangeByNode(const Model& model,
     const std::string& was = before[node->name()];
     const std::string& now = after[node->name()];
     if (was != now) {
-      changes.push_back(absl::StrCat("node '", node->name(), "' (", node->op_type(), "): ", was,
-                                     " -> ", now));
+      changes.push_back(
+          absl::StrCat("node '", node->name(), "' (", node->op_type(), "): ", was, " -> ", now));
     }
   }
   return changes;
@@ -213,8 +212,7 @@ absl::StatusOr<Start> StartFresh(const TrainOptions& o, std::optional<Policy> re
     return absl::InvalidArgumentError("give MODEL, or --resume with a checkpoint");
   }
   CASTOR_ASSIGN_OR_RETURN(Model model, LoadAndCheckModel(o.model_path));
-  Policy policy = requested.has_value() ? *std::move(requested)
-                                        : *Policy::Builtin("mixed_float16");
+  Policy policy = requested.has_value() ? *std::move(requested) : *Policy::Builtin("mixed_float16");
   return Start{std::move(model), std::move(policy), std::nullopt, "", false};
 }
 
@@ -222,13 +220,12 @@ absl::StatusOr<Start> StartFresh(const TrainOptions& o, std::optional<Policy> re
 // Refuses another policy than the recorded one unless --allow-policy-change,
 // which prints the node-level difference.
 std::variant<Start, Failure> StartFromCheckpoint(const TrainOptions& o,
-                                                 std::optional<Policy> requested,
-                                                 std::ostream& out, std::ostream& err) {
+                                                 std::optional<Policy> requested, std::ostream& out,
+                                                 std::ostream& err) {
   absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(o.resume);
   if (!found.ok()) {
-    return Failure{found.status().code() == absl::StatusCode::kFailedPrecondition
-                       ? kExitFailure
-                       : kExitBadInput,
+    return Failure{found.status().code() == absl::StatusCode::kFailedPrecondition ? kExitFailure
+                                                                                  : kExitBadInput,
                    absl::StrCat("--resume: ", found.status().message())};
   }
   for (const std::string& skipped : found->skipped) {
@@ -249,15 +246,15 @@ std::variant<Start, Failure> StartFromCheckpoint(const TrainOptions& o,
         absl::StrAppend(&message, "\n  ", line);
       }
       absl::StrAppend(&message, "\npass --allow-policy-change to re-run autocast under '",
-                      requested->name(), "', or drop --policy to keep '", start.policy.name(),
-                      "'");
+                      requested->name(), "', or drop --policy to keep '", start.policy.name(), "'");
       return Failure{kExitFailure, message};
     }
     absl::StatusOr<std::vector<std::string>> changes =
         PolicyChangeByNode(start.float32_model, start.policy, *requested);
     if (!changes.ok()) return Failure{kExitFailure, std::string(changes.status().message())};
-    out << absl::StrFormat("policy change %s -> %s (--allow-policy-change): %d nodes change dtype\n",
-                           start.policy.name(), requested->name(), changes->size());
+    out << absl::StrFormat(
+        "policy change %s -> %s (--allow-policy-change): %d nodes change dtype\n",
+        start.policy.name(), requested->name(), changes->size());
     for (const std::string& change : *changes) out << "  " << change << "\n";
     start.policy = *std::move(requested);
     start.policy_changed = true;
@@ -267,8 +264,7 @@ std::variant<Start, Failure> StartFromCheckpoint(const TrainOptions& o,
 
 // The float32 model (weights replaced by the trainer's) and the state to save.
 absl::StatusOr<SavedCheckpoint> SaveCheckpoint(const TrainOptions& o, Checkpoint& checkpoint,
-                                               const Trainer& trainer,
-                                               const BatchIterator& batches,
+                                               const Trainer& trainer, const BatchIterator& batches,
                                                const Dataset& train,
                                                const TrainerOptions& trainer_options) {
   CASTOR_RETURN_IF_ERROR(SetInitializers(checkpoint.model, trainer.state()));
@@ -314,8 +310,9 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
       "on inf/NaN gradients, naming the first node that went non-finite). Prints a progress\n"
       "line and a summary; --metrics writes JSONL; --checkpoint-dir saves checkpoints that\n"
       "'castor verify' checks and --resume continues bit for bit.");
-  parser.AddOptionalPositional("MODEL", "the float32 ONNX model to train (not needed with --resume)",
-                               &o.model_path)
+  parser
+      .AddOptionalPositional("MODEL", "the float32 ONNX model to train (not needed with --resume)",
+                             &o.model_path)
       .AddString("data", "SPEC",
                  "fashion-mnist, mnist, a directory of IDX files or train/test.npz, a .npz, or "
                  "IMAGES,LABELS[,TEST_IMAGES,TEST_LABELS] (.npy or IDX); default fashion-mnist, "
@@ -361,8 +358,10 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
                  "save checkpoints there (ckpt-<step>.onnx, written atomically); with --resume "
                  "it defaults to the resumed checkpoint's directory",
                  &o.checkpoint_dir)
-      .AddInt("save-every", "N", "save every N steps (0: at the end of each epoch); always at "
-              "the end", &o.save_every)
+      .AddInt("save-every", "N",
+              "save every N steps (0: at the end of each epoch); always at "
+              "the end",
+              &o.save_every)
       .AddInt("keep", "K", "keep the newest K checkpoints (0: all)", &o.keep)
       .AddString("resume", "DIR|FILE",
                  "continue from a checkpoint, or the newest usable one in DIR: its model, "
@@ -380,8 +379,9 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
       .AddEnum("loss-scaling", {"auto", "on", "off"},
                "dynamic loss scaling (auto: on for mixed_float16 only)", &o.loss_scaling)
       .AddInt("threads", "N", "CPU threads (0: all)", &o.threads)
-      .AddExample("castor train models/cnn_opset17.onnx --data fashion-mnist --policy "
-                  "mixed_bfloat16 --epochs 1 --metrics run.jsonl --checkpoint-dir ckpt")
+      .AddExample(
+          "castor train models/cnn_opset17.onnx --data fashion-mnist --policy "
+          "mixed_bfloat16 --epochs 1 --metrics run.jsonl --checkpoint-dir ckpt")
       .AddExample("castor train --resume ckpt --epochs 2");
 
   auto fail = [&err](int code, const std::string& message) {
@@ -396,13 +396,14 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   }
   if (o.batch < 1 || o.epochs < 1 || o.max_steps < 0 || o.eval_every < 0 || o.warmup < 0 ||
       o.save_every < 0 || o.keep < 0 || o.step_size < 1) {
-    return fail(kExitBadInput, "--batch, --epochs and --step-size must be >= 1; --max-steps, "
-                               "--eval-every, --warmup, --save-every and --keep >= 0");
+    return fail(kExitBadInput,
+                "--batch, --epochs and --step-size must be >= 1; --max-steps, "
+                "--eval-every, --warmup, --save-every and --keep >= 0");
   }
   if (o.backend == "cuda") {
     return fail(kExitBadInput, absl::StrCat("--backend cuda: the CUDA training backend is not "
-                                            "built yet; ", DescribeCudaProbe(ProbeCuda()),
-                                            "; use --backend cpu"));
+                                            "built yet; ",
+                                            DescribeCudaProbe(ProbeCuda()), "; use --backend cpu"));
   }
   if (o.allow_policy_change && o.resume.empty()) {
     return fail(kExitBadInput, "--allow-policy-change only applies with --resume");
@@ -418,7 +419,8 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     start = *std::move(fresh);
   } else {
     std::variant<Start, Failure> resumed = StartFromCheckpoint(o, *std::move(requested), out, err);
-    if (Failure* failure = std::get_if<Failure>(&resumed)) return fail(failure->code, failure->message);
+    if (Failure* failure = std::get_if<Failure>(&resumed))
+      return fail(failure->code, failure->message);
     start = std::get<Start>(std::move(resumed));
   }
   const Policy& policy = start->policy;
@@ -489,16 +491,19 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   if (!loss_kind.ok()) return fail(kExitBadInput, std::string(loss_kind.status().message()));
   graph_options.loss = *loss_kind;
   absl::StatusOr<TrainingGraph> graph = BuildTrainingGraph(*model, graph_options);
-  if (!graph.ok()) return fail(kExitBadInput, absl::StrCat(model_name, ": ", graph.status().message()));
+  if (!graph.ok())
+    return fail(kExitBadInput, absl::StrCat(model_name, ": ", graph.status().message()));
 
   absl::StatusOr<DataSplits> data = LoadData(o.data);
   if (!data.ok()) return fail(kExitBadInput, std::string(data.status().message()));
   if (start->resumed.has_value() && start->resumed->dataset_size != 0 &&
       start->resumed->dataset_size != data->train.size()) {
-    return fail(kExitBadInput, absl::StrFormat(
-        "--resume: the checkpoint's data order is over %d training samples (--data %s); "
-        "--data %s has %d",
-        start->resumed->dataset_size, start->resumed->data, o.data, data->train.size()));
+    return fail(
+        kExitBadInput,
+        absl::StrFormat(
+            "--resume: the checkpoint's data order is over %d training samples (--data %s); "
+            "--data %s has %d",
+            start->resumed->dataset_size, start->resumed->data, o.data, data->train.size()));
   }
   const int64_t per_epoch = (data->train.size() + o.batch - 1) / o.batch;
   int64_t total = per_epoch * o.epochs;
@@ -541,7 +546,8 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
                                             : trainer.Restore(weights, *std::move(optimizer),
                                                               *std::move(scaler), saved.step);
     if (!restored.ok()) {
-      return fail(kExitBadInput, absl::StrCat("--resume ", start->resumed_from, ": ", restored.message()));
+      return fail(kExitBadInput,
+                  absl::StrCat("--resume ", start->resumed_from, ": ", restored.message()));
     }
     epoch0 = saved.epoch;
     position0 = saved.position;
@@ -561,7 +567,8 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   }
   if (!o.metrics_path.empty()) {
     metrics.open(o.metrics_path, start->resumed.has_value() ? std::ios::app : std::ios::trunc);
-    if (!metrics) return fail(kExitBadInput, absl::StrCat("cannot write --metrics ", o.metrics_path));
+    if (!metrics)
+      return fail(kExitBadInput, absl::StrCat("cannot write --metrics ", o.metrics_path));
   }
   std::optional<Checkpoint> checkpoint;
   if (!o.checkpoint_dir.empty()) {
@@ -577,18 +584,22 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
       const std::string broken = existing->back().path;
       std::error_code error;
       std::filesystem::rename(broken, broken + ".broken", error);
-      if (error) return fail(kExitFailure, absl::StrCat("cannot move ", broken, " aside: ", error.message()));
+      if (error)
+        return fail(kExitFailure,
+                    absl::StrCat("cannot move ", broken, " aside: ", error.message()));
       err << "castor train: warning: moved the unreadable " << broken << " aside to " << broken
           << ".broken\n";
       existing->pop_back();
     }
     if (existing.ok() && !existing->empty() && existing->back().step > resumed_step) {
-      return fail(kExitBadInput, absl::StrFormat(
-          "--checkpoint-dir %s holds %s, later than the %s; resume from it, or save this run "
-          "into another --checkpoint-dir",
-          o.checkpoint_dir, existing->back().path,
-          start->resumed.has_value() ? absl::StrCat("resumed step ", resumed_step)
-                                     : std::string("start of this fresh run")));
+      return fail(
+          kExitBadInput,
+          absl::StrFormat(
+              "--checkpoint-dir %s holds %s, later than the %s; resume from it, or save this run "
+              "into another --checkpoint-dir",
+              o.checkpoint_dir, existing->back().path,
+              start->resumed.has_value() ? absl::StrCat("resumed step ", resumed_step)
+                                         : std::string("start of this fresh run")));
     }
   }
   if (!o.checkpoint_dir.empty()) {
@@ -622,8 +633,8 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     CASTOR_ASSIGN_OR_RETURN(last_eval, Evaluate(trainer, data->test, o.input, o.batch));
     evaluated = true;
     if (live) err << "\n";
-    out << absl::StrFormat("eval  epoch %d step %d: test loss %.4f, test accuracy %.2f%%\n",
-                           epoch, trainer.steps(), last_eval.loss, 100 * last_eval.accuracy);
+    out << absl::StrFormat("eval  epoch %d step %d: test loss %.4f, test accuracy %.2f%%\n", epoch,
+                           trainer.steps(), last_eval.loss, 100 * last_eval.accuracy);
     if (metrics.is_open()) {
       metrics << absl::StrFormat(
           "{\"epoch\":%d,\"step\":%d,\"test_loss\":%.6g,\"test_accuracy\":%.6g}\n", epoch,
@@ -632,16 +643,14 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     return absl::OkStatus();
   };
   auto save = [&]() -> absl::Status {
-    CASTOR_ASSIGN_OR_RETURN(SavedCheckpoint saved,
-                            SaveCheckpoint(o, *checkpoint, trainer, *batches, data->train,
-                                           trainer_options));
+    CASTOR_ASSIGN_OR_RETURN(SavedCheckpoint saved, SaveCheckpoint(o, *checkpoint, trainer, *batches,
+                                                                  data->train, trainer_options));
     last_checkpoint = saved.written.path;
     if (live) err << "\n";
-    out << absl::StrFormat("checkpoint step %d: %s (%.1f MiB)%s\n", trainer.steps(),
-                           saved.written.path, saved.written.file_bytes / 1048576.0,
-                           saved.removed.empty()
-                               ? ""
-                               : absl::StrCat(", removed ", saved.removed.size(), " older"));
+    out << absl::StrFormat(
+        "checkpoint step %d: %s (%.1f MiB)%s\n", trainer.steps(), saved.written.path,
+        saved.written.file_bytes / 1048576.0,
+        saved.removed.empty() ? "" : absl::StrCat(", removed ", saved.removed.size(), " older"));
     return absl::OkStatus();
   };
   for (int64_t step = first_step; step <= total; ++step) {
@@ -664,7 +673,8 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
       if (!r->first_non_finite.empty()) err << "; first non-finite: " << r->first_non_finite;
       err << "\n";
     }
-    if (!r->diagnosis.empty()) err << "castor train: warning: step " << step << ": " << r->diagnosis << "\n";
+    if (!r->diagnosis.empty())
+      err << "castor train: warning: step " << step << ": " << r->diagnosis << "\n";
     if (metrics.is_open()) {
       // %.9g prints a float32 loss exactly, so resumed runs compare bit for bit.
       metrics << absl::StrFormat(
@@ -677,19 +687,19 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
               : absl::StrCat(",\"first_non_finite\":", Json::String(r->first_non_finite).Dump()));
     }
     const double elapsed = Seconds(Clock::now() - started);
-    const std::string line = absl::StrFormat(
-        "step %d/%d  loss %.4f  acc %.2f%%  scale %g  %.0f samples/s  eta %s", step, total,
-        loss_ema, 100.0 * correct / seen, r->loss_scale, seen / step_seconds,
-        Duration(elapsed / steps_run * (total - step)));
+    const std::string line =
+        absl::StrFormat("step %d/%d  loss %.4f  acc %.2f%%  scale %g  %.0f samples/s  eta %s", step,
+                        total, loss_ema, 100.0 * correct / seen, r->loss_scale, seen / step_seconds,
+                        Duration(elapsed / steps_run * (total - step)));
     if (live) {
       err << "\r" << line << "\033[K" << std::flush;
-    } else if (steps_run == 1 || step == total ||
-               step % std::max<int64_t>(1, total / 10) == 0) {
+    } else if (steps_run == 1 || step == total || step % std::max<int64_t>(1, total / 10) == 0) {
       err << line << "\n";
     }
     const bool epoch_done = batches->epoch() > epoch;
     if ((o.eval_every > 0 && step % o.eval_every == 0) || epoch_done || step == total) {
-      if (absl::Status s = evaluate(epoch); !s.ok()) return fail(kExitFailure, std::string(s.message()));
+      if (absl::Status s = evaluate(epoch); !s.ok())
+        return fail(kExitFailure, std::string(s.message()));
       correct = seen = 0;
     }
     const bool save_now = o.save_every > 0 ? step % o.save_every == 0 : epoch_done;
@@ -706,12 +716,14 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   }
 
   int64_t float32_weights = 0;
-  for (const auto& [name, tensor] : trainer.state()) float32_weights += tensor.dtype() == DType::kFloat32;
+  for (const auto& [name, tensor] : trainer.state())
+    float32_weights += tensor.dtype() == DType::kFloat32;
   out << "summary:\n"
       << absl::StrFormat("  policy          %s (%s compute, float32 variables)\n", policy.name(),
                          DTypeName(policy.compute_dtype()))
-      << absl::StrFormat("  weights         %d of %d tensors float32 (master weights and BN statistics)\n",
-                         float32_weights, trainer.state().size())
+      << absl::StrFormat(
+             "  weights         %d of %d tensors float32 (master weights and BN statistics)\n",
+             float32_weights, trainer.state().size())
       << absl::StrFormat("  steps           %d, %d skipped\n", trainer.steps(),
                          trainer.scaler().skipped_steps())
       << absl::StrFormat("  loss scale      %g (final)\n", trainer.scaler().scale())

@@ -13,9 +13,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Model model, TrainingGr
                                                          Backend& backend) {
   CASTOR_ASSIGN_OR_RETURN(Optimizer optimizer, Optimizer::Create(options.optimizer));
   CASTOR_ASSIGN_OR_RETURN(LossScaler scaler, LossScaler::Create(options.scaler));
-  std::unique_ptr<Trainer> trainer(new Trainer(std::move(model), std::move(graph),
-                                               std::move(optimizer), std::move(scaler),
-                                               options.lr));
+  std::unique_ptr<Trainer> trainer(new Trainer(
+      std::move(model), std::move(graph), std::move(optimizer), std::move(scaler), options.lr));
   const Graph& g = *trainer->model_.graph;
   auto keep = [&](const std::string& name) -> absl::Status {
     const Value* value = g.FindValue(name);
@@ -51,8 +50,8 @@ absl::Status Trainer::Restore(const std::map<std::string, Tensor>& state, Optimi
     if (saved->second.dtype() != current.dtype() || saved->second.dims() != current.dims()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "resume: '", name, "' is saved as ", DTypeName(saved->second.dtype()), " ",
-          Shape::FromDims(saved->second.dims()).ToString(), ", the model has ", DTypeName(current.dtype()), " ",
-          Shape::FromDims(current.dims()).ToString()));
+          Shape::FromDims(saved->second.dims()).ToString(), ", the model has ",
+          DTypeName(current.dtype()), " ", Shape::FromDims(current.dims()).ToString()));
     }
   }
   for (auto& [name, current] : state_) {
@@ -108,9 +107,9 @@ absl::StatusOr<StepResult> Trainer::Step(std::vector<std::pair<std::string, Tens
       CASTOR_ASSIGN_OR_RETURN(std::optional<NonFiniteOutput> first,
                               executor_->FindFirstNonFinite(inputs));
       if (first.has_value()) {
-        result.first_non_finite = absl::StrCat(
-            "node '", first->node, "' (", first->op_type, ") output '", first->value, "': ",
-            first->non_finite, " of ", first->elements, " elements non-finite");
+        result.first_non_finite =
+            absl::StrCat("node '", first->node, "' (", first->op_type, ") output '", first->value,
+                         "': ", first->non_finite, " of ", first->elements, " elements non-finite");
       }
     }
     return result;
