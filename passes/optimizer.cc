@@ -19,6 +19,18 @@ absl::StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name) {
       absl::StrCat("unknown optimizer '", name, "'; expected sgd, adam or adamw"));
 }
 
+const char* LrScheduleKindName(LrSchedule::Kind kind) {
+  switch (kind) {
+    case LrSchedule::Kind::kConstant:
+      return "constant";
+    case LrSchedule::Kind::kStep:
+      return "step";
+    case LrSchedule::Kind::kCosine:
+      return "cosine";
+  }
+  return "?";
+}
+
 const char* OptimizerKindName(OptimizerKind kind) {
   switch (kind) {
     case OptimizerKind::kSgd: return "sgd";

@@ -50,6 +50,9 @@ struct LrSchedule {
   double min_lr = 0.0;
 };
 
+// "constant", "step", "cosine".
+const char* LrScheduleKindName(LrSchedule::Kind kind);
+
 // The learning rate of step `step` (counted from 1).
 double LearningRate(const LrSchedule& schedule, int64_t step);
 

@@ -230,18 +230,6 @@ Json StringList(const std::vector<std::string>& values) {
   return array;
 }
 
-const char* LrKindName(LrSchedule::Kind kind) {
-  switch (kind) {
-    case LrSchedule::Kind::kConstant:
-      return "constant";
-    case LrSchedule::Kind::kStep:
-      return "step";
-    case LrSchedule::Kind::kCosine:
-      return "cosine";
-  }
-  return "?";
-}
-
 // ------------------------------------------------------------- files
 
 // Reads a whole file (at most protobuf's limit). NotFound when missing.
@@ -639,6 +627,10 @@ bool ParseMomentTensorName(const std::string& name, std::string* parameter, std:
   return true;
 }
 
+const std::string* FindCheckpointRecord(const Checkpoint& checkpoint, const std::string& key) {
+  return FindEntry(checkpoint.record, key);
+}
+
 absl::Status SetInitializers(Model& model, const std::map<std::string, Tensor>& values) {
   for (const auto& [name, tensor] : values) {
     Value* value = model.graph->FindValue(name);
@@ -709,7 +701,7 @@ absl::StatusOr<OptimizerOptions> OptimizerOptionsFromJson(const Json& json,
 
 Json LrScheduleToJson(const LrSchedule& schedule) {
   Json json = Json::Object();
-  json.Set("kind", Json::String(LrKindName(schedule.kind)));
+  json.Set("kind", Json::String(LrScheduleKindName(schedule.kind)));
   json.Set("base_lr", Json::Number(schedule.base_lr));
   json.Set("warmup_steps", Json::Int(schedule.warmup_steps));
   json.Set("step_size", Json::Int(schedule.step_size));

@@ -164,6 +164,9 @@ struct WrittenCheckpoint {
   std::string data_digest;  // "sha256:<hex>"
 };
 
+// The value of a castor.checkpoint.* entry as read (nullptr when absent).
+const std::string* FindCheckpointRecord(const Checkpoint& checkpoint, const std::string& key);
+
 // --- building a checkpoint ---------------------------------------------------
 
 // Replaces the data of existing initializers by name (the trainer's float32

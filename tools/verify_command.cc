@@ -21,30 +21,11 @@ int64_t FileSize(const std::string& path) {
   return error ? -1 : static_cast<int64_t>(size);
 }
 
-const std::string* FindRecord(const Checkpoint& checkpoint, const char* key) {
-  for (const auto& [k, v] : checkpoint.record) {
-    if (k == key) return &v;
-  }
-  return nullptr;
-}
-
 std::string Plural(int64_t n, const char* singular, const char* plural) {
   return absl::StrCat(WithThousandsSeparators(n), " ", n == 1 ? singular : plural);
 }
 
 std::string FormatNumber(double value) { return absl::StrFormat("%.6g", value); }
-
-const char* LrKind(LrSchedule::Kind kind) {
-  switch (kind) {
-    case LrSchedule::Kind::kConstant:
-      return "constant";
-    case LrSchedule::Kind::kStep:
-      return "step";
-    case LrSchedule::Kind::kCosine:
-      return "cosine";
-  }
-  return "?";
-}
 
 }  // namespace
 
@@ -97,10 +78,10 @@ CheckpointSummary SummarizeCheckpoint(const Checkpoint& checkpoint, const std::s
       summary.skipped_steps = scaler->skipped_steps();
     }
   }
-  if (const std::string* digest = FindRecord(checkpoint, kCheckpointDataDigestKey)) {
+  if (const std::string* digest = FindCheckpointRecord(checkpoint, kCheckpointDataDigestKey)) {
     summary.data_digest = *digest;
   }
-  if (const std::string* digest = FindRecord(checkpoint, kCheckpointRecordDigestKey)) {
+  if (const std::string* digest = FindCheckpointRecord(checkpoint, kCheckpointRecordDigestKey)) {
     summary.record_digest = *digest;
   }
   return summary;
@@ -167,7 +148,7 @@ std::string RenderVerifyText(const VerifyResult& result) {
                     st.data.empty() ? "" : absl::StrCat(", data ", st.data)));
   line("optimizer",
        absl::StrCat(OptimizerKindName(st.optimizer.kind), ", lr ",
-                    FormatNumber(st.lr_schedule.base_lr), " ", LrKind(st.lr_schedule.kind), ", ",
+                    FormatNumber(st.lr_schedule.base_lr), " ", LrScheduleKindName(st.lr_schedule.kind), ", ",
                     Plural(s.moment_tensors, "moment tensor", "moment tensors")));
   if (s.has_loss_scaler) {
     line("loss scale", absl::StrCat(FormatNumber(s.loss_scale),
