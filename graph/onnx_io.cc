@@ -63,8 +63,8 @@ absl::Status ErrnoError(int error_number, const std::string& message) {
                       absl::StrCat(message, ": ", std::strerror(error_number)));
 }
 
-// Reads a whole file; NotFound when it does not exist, InvalidArgument when
-// it is larger than `max_bytes` (checked before reading).
+}  // namespace
+
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path, uint64_t max_bytes,
                                           const char* limit_reason) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -100,6 +100,8 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path, uint64_t max_
   contents.resize(done);
   return contents;
 }
+
+namespace {
 
 // Parses with protobuf's total-bytes limit raised to its 2 GB maximum.
 bool ParseLargeMessage(const std::string& bytes, google::protobuf::Message* message) {

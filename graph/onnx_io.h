@@ -11,6 +11,7 @@
 // types on every graph input and output, and import(export(m)) equals m.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -48,6 +49,12 @@ absl::Status SaveModel(const Model& model, const std::string& path);
 absl::StatusOr<Tensor> TensorFromProto(const onnx::TensorProto& proto,
                                        const std::string& base_dir);
 onnx::TensorProto TensorToProto(const Tensor& tensor, const std::string& name);
+
+// Reads a whole file; NotFound when it does not exist, InvalidArgument when
+// it is a directory or larger than `max_bytes` (checked before reading:
+// "<path>: N bytes is over <limit_reason>").
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, uint64_t max_bytes,
+                                          const char* limit_reason);
 
 // Reads a serialized TensorProto file (.pb), as in the ONNX test data.
 absl::StatusOr<Tensor> LoadTensorProtoFile(const std::string& path);

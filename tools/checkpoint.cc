@@ -232,43 +232,6 @@ Json StringList(const std::vector<std::string>& values) {
 
 // ------------------------------------------------------------- files
 
-// Reads a whole file (at most protobuf's limit). NotFound when missing.
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int error_number = errno;
-    if (error_number == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-    return ErrnoError(error_number, absl::StrCat("cannot open ", path));
-  }
-  struct stat info;
-  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
-    close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
-  }
-  if (static_cast<uint64_t>(info.st_size) > kMaxProtoBytes) {
-    close(fd);
-    return absl::DataLossError(absl::StrCat(path, ": ", info.st_size,
-                                            " bytes is over protobuf's 2 GB limit; not a "
-                                            "castor checkpoint (its tensors would be external)"));
-  }
-  std::string contents(static_cast<size_t>(info.st_size), '\0');
-  size_t done = 0;
-  while (done < contents.size()) {
-    const ssize_t n = read(fd, contents.data() + done, contents.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int error_number = errno;
-      close(fd);
-      return ErrnoError(error_number, absl::StrCat("cannot read ", path));
-    }
-    if (n == 0) break;
-    done += static_cast<size_t>(n);
-  }
-  close(fd);
-  contents.resize(done);
-  return contents;
-}
-
 absl::Status FsyncDirectory(const std::string& dir, const std::string& what) {
   const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir_fd < 0 || fsync(dir_fd) != 0) {
@@ -1071,7 +1034,11 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": is a directory, not a checkpoint file"));
   }
-  CASTOR_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path));
+  CASTOR_ASSIGN_OR_RETURN(
+      std::string bytes,
+      ReadWholeFile(path, kMaxProtoBytes,
+                    "protobuf's 2 GB limit; not a castor checkpoint (its tensors would be "
+                    "external)"));
   if (bytes.empty()) return DataLoss(path, "not a checkpoint: the file is empty");
   onnx::ModelProto proto;
   {
