@@ -194,12 +194,16 @@ class Executor::NodeAllocator : public OutputAllocator {
   }
 
  private:
-  // Output 0 takes input 0's buffer when the plan allows it and sizes match.
+  // Output 0 takes input 0's buffer when the plan allows it and the two
+  // have the same dtype and size, so element i of the output lies where
+  // element i of the input did (a bool output over a float input of the
+  // same byte size would overwrite elements still to be read).
   bool TakeInput0(int id, DType dtype, const std::vector<int64_t>& dims, int64_t bytes) {
     if (!step_.in_place_candidate || bytes == 0) return false;
     const int in = step_.input_ids[0];
     Buffer& source = state_.slot(in);
-    if (!state_.available(in) || !source.pooled || ByteSize(source.dtype, source.dims) != bytes) {
+    if (!state_.available(in) || !source.pooled || source.dtype != dtype ||
+        ByteSize(source.dtype, source.dims) != bytes) {
       return false;
     }
     source.pooled = false;  // ownership moves to the output

@@ -124,7 +124,8 @@ struct KernelDef {
   SupportsFn supports;  // empty: handles every node of this op type
   KernelFn run = nullptr;
   // Output 0 may share input 0's buffer (elementwise ops that read each
-  // element before writing it). The executor decides whether it does.
+  // element before writing it). The executor decides whether it does, and
+  // does only when output 0 has input 0's dtype and byte size.
   bool in_place_ok = false;
 };
 

@@ -46,12 +46,26 @@ absl::Status AddKernel(KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// Equal of a [C] row against each row of b [R, C], element by element, so
+// an output sharing a's buffer would overwrite a while it is still read.
+absl::Status EqualRowsKernel(KernelContext& ctx) {
+  const TensorView& a = ctx.input(0);
+  const TensorView& b = ctx.input(1);
+  const int64_t columns = a.num_elements();
+  absl::StatusOr<TensorView*> y = ctx.Output(0, DType::kBool, b.dims);
+  if (!y.ok()) return y.status();
+  for (int64_t i = 0; i < b.num_elements(); ++i) {
+    (*y)->as<uint8_t>()[i] = a.as<float>()[i % columns] == b.as<float>()[i];
+  }
+  return absl::OkStatus();
+}
+
 // Host memory; counts live allocations so tests can check nothing leaks.
 class FakeBackend : public Backend {
  public:
   explicit FakeBackend(bool in_place_ok) {
     for (auto [op, fn] : {std::pair{"Relu", &ReluKernel}, std::pair{"Neg", &NegKernel},
-                          std::pair{"Add", &AddKernel}}) {
+                          std::pair{"Add", &AddKernel}, std::pair{"Equal", &EqualRowsKernel}}) {
       table_.Register(KernelDef{"", op, FloatDTypesIn({DType::kFloat32}), fn, in_place_ok});
     }
   }
@@ -227,6 +241,30 @@ TEST(ExecutorTest, FindFirstNonFiniteNamesTheFirstNodeInOrder) {
     EXPECT_EQ((*out)[0].data<float>()[3], 16.0f);
   }
   EXPECT_EQ(backend.live_allocations(), 0u);
+}
+
+// An in-place output never takes an input buffer of another dtype, even of
+// the same byte size: Equal(float32[2], float32[4,2]) -> bool[4,2] (8 bytes
+// each) would overwrite the float input while later rows still read it.
+TEST(ExecutorTest, InPlaceNeedsTheSameDType) {
+  FakeBackend backend(/*in_place_ok=*/true);
+  Model model;
+  model.ir_version = 8;
+  model.opset_imports.push_back({"", 17});
+  Value* x = *model.graph->AddInput("x", DType::kFloat32, Shape{Dim(2)});
+  Value* y = *model.graph->AddInput("y", DType::kFloat32, Shape{Dim(4), Dim(2)});
+  Value* r = (*model.graph->AddNode("Relu", {x}, {"r"}, "relu"))->output(0);
+  model.graph->AddOutput((*model.graph->AddNode("Equal", {r, y}, {"e"}, "equal"))->output(0));
+  ASSERT_TRUE(InferTypes(model).ok());
+  auto executor = Executor::Create(model, backend);
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  auto out = (*executor)->Run(
+      {{"x", Tensor::FromVector<float>(DType::kFloat32, {2}, {1, 2})},
+       {"y", Tensor::FromVector<float>(DType::kFloat32, {4, 2}, {1, 2, 1, 2, 0, 2, 1, 0})}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  const uint8_t* e = (*out)[0].data<uint8_t>();
+  EXPECT_EQ(std::vector<uint8_t>(e, e + 8), (std::vector<uint8_t>{1, 1, 1, 1, 0, 1, 1, 0}));
+  EXPECT_EQ((*executor)->last_stats().in_place_reuses, 0);
 }
 
 TEST(ExecutorTest, GraphOutputIsNeitherReusedNorOverwritten) {

@@ -426,7 +426,9 @@ void RegisterElementwiseKernels(KernelTable& table) {
   Add(table, "Mul", numeric, &ArithmeticKernel<MulOp>);
   Add(table, "Div", numeric, &ArithmeticKernel<DivOp>);
   Add(table, "Pow", Join(floats, {DType::kInt32, DType::kInt64}), &PowKernel);
-  Add(table, "Equal", Join(numeric, {DType::kBool}), &EqualKernel);
+  // Not in place: a bool output over a float input of the same byte size
+  // would overwrite inputs still to be read.
+  Add(table, "Equal", Join(numeric, {DType::kBool}), &EqualKernel, /*in_place_ok=*/false);
 
   Add(table, "Neg", numeric, &UnaryKernel<NegOp, true>);
   Add(table, "Abs", numeric, &UnaryKernel<AbsOp, true>);
