@@ -1,5 +1,5 @@
 // CUDA-tier smoke test of the backend wiring: on a GPU machine the probe
-// must find a usable device of compute capability 7.5 or newer (castor's
+// must find a usable device of compute capability 8.0 or newer (castor's
 // floor). Without a GPU (or in a build without CUDA) it skips, saying why.
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@ TEST(CudaProbe, FindsAUsableDevice) {
   if (!probe.usable) GTEST_SKIP() << "no usable GPU: " << probe.reason;
   EXPECT_GE(probe.device_count, 1);
   EXPECT_FALSE(probe.device_name.empty());
-  EXPECT_GE(probe.compute_capability_major * 10 + probe.compute_capability_minor, 75)
+  EXPECT_GE(probe.compute_capability_major * 10 + probe.compute_capability_minor, 80)
       << probe.device_name;
   EXPECT_GT(probe.runtime_version, 0);
   EXPECT_GT(probe.driver_version, 0);

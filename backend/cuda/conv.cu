@@ -1,0 +1,620 @@
+// CUDA kernels: Conv (ops of graph/ops/conv.cc) and com.castor ConvGrad
+// (graph/gradient_builder.h) through cuDNN 9's legacy convolution API, for
+// float32, float16 and bfloat16 (bfloat16 on compute capability 8.0+). The
+// CPU kernels (backend/cpu/conv.cc, ConvGrad in
+// backend/cpu/gradient_kernels.cc) are the reference.
+//
+// NCHW tensors with 1 to 3 spatial axes (1-D runs as 2-D with H = 1);
+// group, strides, dilations, pads and auto_pad resolve exactly as on the CPU
+// (cpu::ForwardWindowGeometry). cuDNN pads each axis symmetrically, so an
+// asymmetric axis (explicit pads or SAME_* with an odd total) pads by
+// min(begin, end) in cuDNN and the rest explicitly: X is copied into a
+// zero-padded scratch tensor, and ConvGrad's dX is computed for that padded
+// tensor and cropped.
+//
+// Arithmetic: float32 accumulation (CUDNN_DATA_FLOAT compute) for every
+// dtype; tensor-core math for 16-bit data, and for float32 only when the
+// backend allows TF32 (else CUDNN_FMA_MATH, which rules TF32 out). The
+// algorithm is the first of cuDNN's heuristics (cudnnGet*Algorithm_v7)
+// whose workspace can be allocated and that runs. The bias is broadcast into
+// Y first and the convolution adds onto it (beta = 1), so a 16-bit Y is
+// rounded once, from conv + bias in float32, as on the CPU. ConvGrad's dB is
+// a per-channel float32 block reduction of dY. ConvGrad computes only the
+// outputs its node has.
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "backend/cpu/im2col.h"
+#include "backend/cuda/block_reduce.cuh"
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_kernels.h"
+#include "graph/gradient_builder.h"
+
+namespace castor::cuda {
+namespace {
+
+int64_t Product(const std::vector<int64_t>& dims, size_t from = 0) {
+  int64_t p = 1;
+  for (size_t i = from; i < dims.size(); ++i) p *= dims[i];
+  return p;
+}
+
+// ---- device kernels ---------------------------------------------------------------
+
+// y[n, c, ...] = bias[c] over y [batch, channels, spatial].
+template <typename T>
+__global__ void BroadcastChannelBias(const T* bias, int64_t channels, int64_t spatial, T* y,
+                                     int64_t count) {
+  CASTOR_GRID_STRIDE(i, count) { y[i] = bias[(i / spatial) % channels]; }
+}
+
+// db[c] = sum over n and the spatial positions of dy [batch, channels,
+// spatial], in float32; one block per channel (grid-stride over channels).
+template <typename T>
+__global__ void SumPerChannel(const T* dy, int64_t batch, int64_t channels, int64_t spatial,
+                              T* db) {
+  const int64_t count = batch * spatial;
+  for (int64_t c = blockIdx.x; c < channels; c += gridDim.x) {
+    float sum = 0.0f;
+    for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
+      const int64_t n = i / spatial, p = i - n * spatial;
+      sum += ToFloat(dy[(n * channels + c) * spatial + p]);
+    }
+    sum = BlockSum(sum);
+    if (threadIdx.x == 0) db[c] = FromFloat<T>(sum);
+  }
+}
+
+// A tensor `inner` placed at offset `begin` inside a larger tensor `outer`
+// of the same rank (N and C offsets 0).
+constexpr int kMaxPadRank = 5;  // N, C and up to 3 spatial axes
+struct PadLayout {
+  int rank = 0;
+  int64_t inner[kMaxPadRank] = {};
+  int64_t outer[kMaxPadRank] = {};
+  int64_t begin[kMaxPadRank] = {};
+};
+
+// pad: dst (outer, `count` elements) = src (inner) placed at `begin`, zeros
+// around it. Otherwise crop: dst (inner, `count` elements) = the inner
+// window of src (outer).
+template <typename T>
+__global__ void PadOrCrop(PadLayout layout, bool pad, const T* src, T* dst, int64_t count) {
+  CASTOR_GRID_STRIDE(i, count) {
+    int64_t rest = i, source = 0, source_stride = 1;
+    bool inside = true;
+    for (int r = layout.rank - 1; r >= 0; --r) {
+      const int64_t dim = pad ? layout.outer[r] : layout.inner[r];
+      const int64_t index = rest % dim;
+      rest /= dim;
+      const int64_t source_index = pad ? index - layout.begin[r] : index + layout.begin[r];
+      const int64_t source_dim = pad ? layout.inner[r] : layout.outer[r];
+      inside = inside && source_index >= 0 && source_index < source_dim;
+      source += source_index * source_stride;
+      source_stride *= source_dim;
+    }
+    dst[i] = inside ? src[source] : FromFloat<T>(0.0f);
+  }
+}
+
+// ---- cuDNN descriptors ------------------------------------------------------------
+
+// Owns one cuDNN descriptor; destroys it on every path.
+template <typename Descriptor, cudnnStatus_t (*kCreate)(Descriptor*),
+          cudnnStatus_t (*kDestroy)(Descriptor)>
+class CudnnDescriptor {
+ public:
+  CudnnDescriptor() = default;
+  ~CudnnDescriptor() {
+    if (descriptor_ != nullptr) kDestroy(descriptor_);
+  }
+  CudnnDescriptor(const CudnnDescriptor&) = delete;
+  CudnnDescriptor& operator=(const CudnnDescriptor&) = delete;
+
+  absl::Status Create() {
+    CASTOR_CUDNN_CALL(kCreate(&descriptor_));
+    return absl::OkStatus();
+  }
+  Descriptor get() const { return descriptor_; }
+
+ private:
+  Descriptor descriptor_ = nullptr;
+};
+
+using TensorDescriptor = CudnnDescriptor<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor,
+                                         cudnnDestroyTensorDescriptor>;
+using FilterDescriptor = CudnnDescriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor,
+                                         cudnnDestroyFilterDescriptor>;
+using ConvolutionDescriptor =
+    CudnnDescriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
+                    cudnnDestroyConvolutionDescriptor>;
+
+// ---- the convolution, resolved ----------------------------------------------------
+
+// One convolution of a node's X [N, C, D...] and W [M, C/group, k...], as
+// the CPU resolves it, plus what cuDNN needs: X's dims after the explicit
+// part of the padding and the symmetric pads cuDNN applies itself.
+struct ConvPlan {
+  DType dtype = DType::kUndefined;
+  int64_t group = 1;
+  cpu::WindowGeometry geometry;
+  std::vector<int64_t> w_dims;
+  std::vector<int64_t> y_dims;
+  // X as cuDNN reads it (X itself unless explicit_padding): X placed at
+  // padding.begin inside padded_x_dims.
+  bool explicit_padding = false;
+  std::vector<int64_t> padded_x_dims;
+  PadLayout padding;
+  std::vector<int64_t> cudnn_pads;  // per spatial axis
+};
+
+absl::StatusOr<ConvPlan> PlanConv(const KernelContext& ctx, const TensorView& x,
+                                  const TensorView& w, int64_t group) {
+  ConvPlan plan;
+  plan.dtype = x.dtype;
+  plan.group = group;
+  plan.w_dims = w.dims;
+  const std::vector<int64_t> spatial(x.dims.begin() + 2, x.dims.end());
+  const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
+  CASTOR_ASSIGN_OR_RETURN(plan.geometry, cpu::ForwardWindowGeometry(ctx, spatial, kernel, false));
+  const cpu::WindowGeometry& g = plan.geometry;
+  plan.y_dims = {x.dims[0], w.dims[0]};
+  plan.y_dims.insert(plan.y_dims.end(), g.output.begin(), g.output.end());
+  plan.padded_x_dims = x.dims;
+  plan.padding.rank = static_cast<int>(std::min<size_t>(x.dims.size(), kMaxPadRank));
+  for (int r = 0; r < plan.padding.rank; ++r) plan.padding.inner[r] = x.dims[r];
+  for (int d = 0; d < g.num_spatial; ++d) {
+    const int64_t common = std::min(g.pad_begin[d], g.pad_end[d]);
+    plan.cudnn_pads.push_back(common);
+    if (g.pad_begin[d] != g.pad_end[d]) {
+      plan.explicit_padding = true;
+      plan.padded_x_dims[d + 2] += g.pad_begin[d] + g.pad_end[d] - 2 * common;
+      if (d + 2 < kMaxPadRank) plan.padding.begin[d + 2] = g.pad_begin[d] - common;
+    }
+  }
+  for (int r = 0; r < plan.padding.rank; ++r) plan.padding.outer[r] = plan.padded_x_dims[r];
+  return plan;
+}
+
+// `dims` ([N, C, D...] or [M, C/group, k...]) as cuDNN's int dims: 1-D gets
+// H = 1 inserted before W. cuDNN's legacy API limits dims and element
+// counts to int.
+absl::StatusOr<std::vector<int>> CudnnDims(const KernelContext& ctx,
+                                           const std::vector<int64_t>& dims, const char* what) {
+  if (Product(dims) > INT_MAX) {
+    return ctx.Unimplemented(absl::StrCat(what, " ", DimsString(dims), " has more than ",
+                                          INT_MAX, " elements, beyond cuDNN's legacy API"));
+  }
+  std::vector<int> result(dims.begin(), dims.end());
+  if (dims.size() == 3) result.insert(result.begin() + 2, 1);
+  return result;
+}
+
+// Per spatial axis `values` as ints, with `one_d_fill` prepended for 1-D.
+absl::StatusOr<std::vector<int>> CudnnAxisInts(const KernelContext& ctx,
+                                               const std::vector<int64_t>& values,
+                                               int one_d_fill, const char* what) {
+  std::vector<int> result;
+  if (values.size() == 1) result.push_back(one_d_fill);
+  for (int64_t v : values) {
+    if (v < 0 || v > INT_MAX) {
+      return ctx.Unimplemented(absl::StrCat(what, " ", DimsString(values),
+                                            " cannot be expressed for cuDNN (each must be in [0, ",
+                                            INT_MAX, "])"));
+    }
+    result.push_back(static_cast<int>(v));
+  }
+  return result;
+}
+
+cudnnDataType_t CudnnDataType(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16: return CUDNN_DATA_HALF;
+    case DType::kBFloat16: return CUDNN_DATA_BFLOAT16;
+    default: return CUDNN_DATA_FLOAT;
+  }
+}
+
+// The descriptors of one convolution: x (as cuDNN reads X, i.e. padded),
+// w, y (the output, or dY), and the convolution with the math type its
+// algorithms start from.
+struct ConvDescriptors {
+  TensorDescriptor x, y;
+  FilterDescriptor w;
+  ConvolutionDescriptor conv;
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+  bool fma_only = false;  // float32 without TF32: every algorithm runs CUDNN_FMA_MATH
+};
+
+absl::Status Describe(const KernelContext& ctx, const ConvPlan& plan, ConvDescriptors& d) {
+  const cpu::WindowGeometry& g = plan.geometry;
+  if (g.num_spatial < 1 || g.num_spatial > 3) {
+    return ctx.Unimplemented(absl::StrCat(
+        "cuDNN convolutions have 1 to 3 spatial axes; this one has ", g.num_spatial));
+  }
+  if (plan.dtype == DType::kBFloat16 && !Cuda(ctx).device().has_bf16_tensor_cores()) {
+    const DeviceInfo& device = Cuda(ctx).device();
+    return ctx.Unimplemented(absl::StrCat("bfloat16 convolutions need compute capability 8.0 or "
+                                          "newer; ", device.name, " has ", device.major, ".",
+                                          device.minor));
+  }
+  for (int i = 0; i < g.num_spatial; ++i) {
+    if (g.pad_begin[i] < 0 || g.pad_end[i] < 0) {
+      return ctx.Unimplemented(absl::StrCat("negative pads (axis ", i, ": ", g.pad_begin[i],
+                                            ", ", g.pad_end[i], ") are not supported by cuDNN"));
+    }
+  }
+  if (plan.group > INT_MAX) return ctx.Unimplemented("attribute 'group' is too large for cuDNN");
+  const cudnnDataType_t type = CudnnDataType(plan.dtype);
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<int> x_dims,
+                          CudnnDims(ctx, plan.padded_x_dims, "X (padded)"));
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<int> w_dims, CudnnDims(ctx, plan.w_dims, "W"));
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<int> y_dims, CudnnDims(ctx, plan.y_dims, "Y"));
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<int> pads,
+                          CudnnAxisInts(ctx, plan.cudnn_pads, 0, "pads"));
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<int> strides,
+                          CudnnAxisInts(ctx, g.strides, 1, "strides"));
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<int> dilations,
+                          CudnnAxisInts(ctx, g.dilations, 1, "dilations"));
+  const int rank = static_cast<int>(x_dims.size());
+
+  CASTOR_RETURN_IF_ERROR(d.x.Create());
+  CASTOR_RETURN_IF_ERROR(d.y.Create());
+  CASTOR_RETURN_IF_ERROR(d.w.Create());
+  CASTOR_RETURN_IF_ERROR(d.conv.Create());
+  CASTOR_CUDNN_CALL(
+      cudnnSetTensorNdDescriptorEx(d.x.get(), CUDNN_TENSOR_NCHW, type, rank, x_dims.data()));
+  CASTOR_CUDNN_CALL(
+      cudnnSetTensorNdDescriptorEx(d.y.get(), CUDNN_TENSOR_NCHW, type, rank, y_dims.data()));
+  CASTOR_CUDNN_CALL(
+      cudnnSetFilterNdDescriptor(d.w.get(), type, CUDNN_TENSOR_NCHW, rank, w_dims.data()));
+  CASTOR_CUDNN_CALL(cudnnSetConvolutionNdDescriptor(d.conv.get(), rank - 2, pads.data(),
+                                                    strides.data(), dilations.data(),
+                                                    CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  CASTOR_CUDNN_CALL(cudnnSetConvolutionGroupCount(d.conv.get(), static_cast<int>(plan.group)));
+  d.fma_only = plan.dtype == DType::kFloat32 && !Cuda(ctx).allow_tf32();
+  d.math = d.fma_only ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
+  CASTOR_CUDNN_CALL(cudnnSetConvolutionMathType(d.conv.get(), d.math));
+
+  // cuDNN must agree with the CPU geometry on the output dims.
+  std::vector<int> cudnn_y(rank);
+  CASTOR_CUDNN_CALL(cudnnGetConvolutionNdForwardOutputDim(d.conv.get(), d.x.get(), d.w.get(),
+                                                          rank, cudnn_y.data()));
+  if (cudnn_y != y_dims) {
+    return ctx.Error(absl::StrCat("cuDNN computes output dims [", absl::StrJoin(cudnn_y, ","),
+                                  "] where the ONNX geometry gives ", DimsString(plan.y_dims)));
+  }
+  return absl::OkStatus();
+}
+
+// Runs the first of `perfs[0, count)` (cuDNN's heuristic ranking) whose
+// workspace can be allocated and that cuDNN accepts: workspace_size(algo,
+// &bytes) and run(algo, workspace, bytes) return cuDNN statuses. Each
+// candidate runs with its own math type (CUDNN_FMA_MATH when fma_only);
+// candidates that would down-convert data are skipped.
+template <typename Perf, typename WorkspaceSize, typename Run>
+absl::Status RunFirstWorkingAlgorithm(KernelContext& ctx, const ConvDescriptors& d,
+                                      const std::vector<Perf>& perfs, int count,
+                                      const char* what, WorkspaceSize&& workspace_size,
+                                      Run&& run) {
+  std::string last_failure = "cuDNN's heuristics returned no usable algorithm";
+  for (int i = 0; i < count; ++i) {
+    const Perf& perf = perfs[i];
+    if (perf.status != CUDNN_STATUS_SUCCESS ||
+        perf.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) {
+      continue;
+    }
+    CASTOR_CUDNN_CALL(
+        cudnnSetConvolutionMathType(d.conv.get(), d.fma_only ? CUDNN_FMA_MATH : perf.mathType));
+    size_t bytes = 0;
+    if (const cudnnStatus_t code = workspace_size(perf.algo, &bytes);
+        code != CUDNN_STATUS_SUCCESS) {
+      last_failure = std::string(CudnnStatus(code, "workspace size").message());
+      continue;
+    }
+    void* workspace = nullptr;
+    if (bytes > 0) {
+      absl::StatusOr<void*> scratch = ctx.Scratch(bytes);
+      if (!scratch.ok()) {
+        last_failure = std::string(scratch.status().message());
+        continue;
+      }
+      workspace = *scratch;
+    }
+    const cudnnStatus_t code = run(perf.algo, workspace, bytes);
+    if (code == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
+    last_failure = std::string(CudnnStatus(code, what).message());
+  }
+  return ctx.Unimplemented(absl::StrCat("no cuDNN algorithm ran the ", what,
+                                        " of this convolution; last failure: ", last_failure));
+}
+
+// y = conv(x, w) + beta * y, x as cuDNN reads it (padded); beta is 0 or 1.
+absl::Status RunForward(KernelContext& ctx, const ConvDescriptors& d, const void* x,
+                        const void* w, float beta, void* y) {
+  const cudnnHandle_t handle = Cuda(ctx).cudnn();
+  CASTOR_CUDNN_CALL(cudnnSetConvolutionMathType(d.conv.get(), d.math));
+  int max_count = 0;
+  CASTOR_CUDNN_CALL(cudnnGetConvolutionForwardAlgorithmMaxCount(handle, &max_count));
+  std::vector<cudnnConvolutionFwdAlgoPerf_t> perfs(std::max(max_count, 1));
+  int count = 0;
+  CASTOR_CUDNN_CALL(cudnnGetConvolutionForwardAlgorithm_v7(
+      handle, d.x.get(), d.w.get(), d.conv.get(), d.y.get(), static_cast<int>(perfs.size()),
+      &count, perfs.data()));
+  const float one = 1.0f;
+  return RunFirstWorkingAlgorithm(
+      ctx, d, perfs, count, "forward pass",
+      [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
+        return cudnnGetConvolutionForwardWorkspaceSize(handle, d.x.get(), d.w.get(), d.conv.get(),
+                                                       d.y.get(), algo, bytes);
+      },
+      [&](cudnnConvolutionFwdAlgo_t algo, void* workspace, size_t bytes) {
+        return cudnnConvolutionForward(handle, &one, d.x.get(), x, d.w.get(), w, d.conv.get(),
+                                       algo, workspace, bytes, &beta, d.y.get(), y);
+      });
+}
+
+// dx = the gradient of conv(x, w) with respect to x (x's padded dims).
+absl::Status RunBackwardData(KernelContext& ctx, const ConvDescriptors& d, const void* w,
+                             const void* dy, void* dx) {
+  const cudnnHandle_t handle = Cuda(ctx).cudnn();
+  CASTOR_CUDNN_CALL(cudnnSetConvolutionMathType(d.conv.get(), d.math));
+  int max_count = 0;
+  CASTOR_CUDNN_CALL(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, &max_count));
+  std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perfs(std::max(max_count, 1));
+  int count = 0;
+  CASTOR_CUDNN_CALL(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+      handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), static_cast<int>(perfs.size()),
+      &count, perfs.data()));
+  const float one = 1.0f, zero = 0.0f;
+  return RunFirstWorkingAlgorithm(
+      ctx, d, perfs, count, "input gradient",
+      [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, d.w.get(), d.y.get(),
+                                                            d.conv.get(), d.x.get(), algo, bytes);
+      },
+      [&](cudnnConvolutionBwdDataAlgo_t algo, void* workspace, size_t bytes) {
+        return cudnnConvolutionBackwardData(handle, &one, d.w.get(), w, d.y.get(), dy,
+                                            d.conv.get(), algo, workspace, bytes, &zero,
+                                            d.x.get(), dx);
+      });
+}
+
+// dw = the gradient of conv(x, w) with respect to w.
+absl::Status RunBackwardFilter(KernelContext& ctx, const ConvDescriptors& d, const void* x,
+                               const void* dy, void* dw) {
+  const cudnnHandle_t handle = Cuda(ctx).cudnn();
+  CASTOR_CUDNN_CALL(cudnnSetConvolutionMathType(d.conv.get(), d.math));
+  int max_count = 0;
+  CASTOR_CUDNN_CALL(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle, &max_count));
+  std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perfs(std::max(max_count, 1));
+  int count = 0;
+  CASTOR_CUDNN_CALL(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+      handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(), static_cast<int>(perfs.size()),
+      &count, perfs.data()));
+  const float one = 1.0f, zero = 0.0f;
+  return RunFirstWorkingAlgorithm(
+      ctx, d, perfs, count, "weight gradient",
+      [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+            handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(), algo, bytes);
+      },
+      [&](cudnnConvolutionBwdFilterAlgo_t algo, void* workspace, size_t bytes) {
+        return cudnnConvolutionBackwardFilter(handle, &one, d.x.get(), x, d.y.get(), dy,
+                                              d.conv.get(), algo, workspace, bytes, &zero,
+                                              d.w.get(), dw);
+      });
+}
+
+// ---- launches ---------------------------------------------------------------------------
+
+// Copies `src` (dims `layout.inner` when padding, `layout.outer` when
+// cropping) into `dst` (the other), zero-filling the padding.
+absl::Status LaunchPadOrCrop(const KernelContext& ctx, DType dtype, const PadLayout& layout,
+                             bool pad, const void* src, void* dst) {
+  int64_t count = 1;
+  for (int r = 0; r < layout.rank; ++r) count *= pad ? layout.outer[r] : layout.inner[r];
+  return DispatchFloat(ctx, dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    PadOrCrop<T><<<Blocks(count), kThreads, 0, Stream(ctx)>>>(
+        layout, pad, static_cast<const T*>(src), static_cast<T*>(dst), count);
+    return CheckLaunch(ctx);
+  });
+}
+
+// X as cuDNN reads it: X itself, or a zero-padded copy in scratch memory.
+absl::StatusOr<const void*> CudnnInput(KernelContext& ctx, const ConvPlan& plan,
+                                       const TensorView& x) {
+  if (!plan.explicit_padding) return x.data;
+  const size_t bytes = static_cast<size_t>(Product(plan.padded_x_dims)) * DTypeSize(x.dtype);
+  CASTOR_ASSIGN_OR_RETURN(void* padded, ctx.Scratch(bytes));
+  CASTOR_RETURN_IF_ERROR(LaunchPadOrCrop(ctx, x.dtype, plan.padding, true, x.data, padded));
+  return static_cast<const void*>(padded);
+}
+
+// Fills y [N, M, ...] with the bias [M] of each channel.
+absl::Status FillWithBias(const KernelContext& ctx, const TensorView& bias, const TensorView& y) {
+  const int64_t count = y.num_elements();
+  const int64_t channels = y.dims[1];
+  const int64_t spatial = Product(y.dims, 2);
+  return DispatchFloat(ctx, y.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    BroadcastChannelBias<T><<<Blocks(count), kThreads, 0, Stream(ctx)>>>(
+        bias.as<T>(), channels, spatial, y.as<T>(), count);
+    return CheckLaunch(ctx);
+  });
+}
+
+absl::Status ZeroFill(const KernelContext& ctx, const TensorView& t) {
+  if (t.byte_size() > 0) {
+    CASTOR_CUDA_CALL(cudaMemsetAsync(t.data, 0, t.byte_size(), Stream(ctx)));
+  }
+  return absl::OkStatus();
+}
+
+// ---- Conv --------------------------------------------------------------------------
+
+// Conv's input checks, as the CPU kernel makes them.
+absl::Status CheckConvInputs(const KernelContext& ctx, int64_t group) {
+  const TensorView& x = ctx.input(0);
+  const TensorView& w = ctx.input(1);
+  if (x.dims.size() < 3 || w.dims.size() != x.dims.size()) {
+    return ctx.Error(absl::StrCat("X ", DimsString(x.dims), " and W ", DimsString(w.dims),
+                                  " must have the same rank >= 3"));
+  }
+  if (w.dtype != x.dtype || (ctx.has_input(2) && ctx.input(2).dtype != x.dtype)) {
+    return ctx.Error("X, W and B must have the same dtype");
+  }
+  if (group < 1) return ctx.Error(absl::StrCat("attribute 'group' is ", group, "; expected >= 1"));
+  if (ctx.has_input(2) && ctx.input(2).num_elements() != w.dims[0]) {
+    return ctx.Error(absl::StrCat("bias B ", DimsString(ctx.input(2).dims), " must have ",
+                                  w.dims[0], " entries"));
+  }
+  const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
+  if (ctx.node().has_attribute("kernel_shape") && ctx.GetInts("kernel_shape") != kernel) {
+    return ctx.Error(absl::StrCat("attribute 'kernel_shape' ",
+                                  DimsString(ctx.GetInts("kernel_shape")),
+                                  " does not match W's spatial dims ", DimsString(kernel)));
+  }
+  const int64_t channels = x.dims[1], out_channels = w.dims[0];
+  if (w.dims[1] * group != channels) {
+    return ctx.Error(absl::StrCat("input channels ", channels, " (X ", DimsString(x.dims),
+                                  ") must equal W.dim(1) * group = ", w.dims[1], " * ", group));
+  }
+  if (out_channels % group != 0) {
+    return ctx.Error(absl::StrCat("output channels ", out_channels,
+                                  " are not divisible by group ", group));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ConvKernel(KernelContext& ctx) {
+  const TensorView& x = ctx.input(0);
+  const TensorView& w = ctx.input(1);
+  const int64_t group = ctx.GetInt("group", 1);
+  CASTOR_RETURN_IF_ERROR(CheckConvInputs(ctx, group));
+  CASTOR_ASSIGN_OR_RETURN(const ConvPlan plan, PlanConv(ctx, x, w, group));
+  CASTOR_ASSIGN_OR_RETURN(TensorView * y, ctx.Output(0, x.dtype, plan.y_dims));
+  if (y->num_elements() == 0) return absl::OkStatus();
+  const bool has_bias = ctx.has_input(2);
+  if (has_bias) {
+    CASTOR_RETURN_IF_ERROR(FillWithBias(ctx, ctx.input(2), *y));
+  }
+  if (x.num_elements() == 0 || w.num_elements() == 0) {
+    // Empty sums (no input channels or positions): the bias alone.
+    return has_bias ? absl::OkStatus() : ZeroFill(ctx, *y);
+  }
+  ConvDescriptors descriptors;
+  CASTOR_RETURN_IF_ERROR(Describe(ctx, plan, descriptors));
+  CASTOR_ASSIGN_OR_RETURN(const void* input, CudnnInput(ctx, plan, x));
+  return RunForward(ctx, descriptors, input, w.data, has_bias ? 1.0f : 0.0f, y->data);
+}
+
+// ---- ConvGrad ----------------------------------------------------------------------
+
+bool WantsOutput(const KernelContext& ctx, int i) {
+  return i < ctx.num_outputs() && ctx.has_output(i);
+}
+
+absl::Status ConvGradKernel(KernelContext& ctx) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& x = ctx.input(1);
+  const TensorView& w = ctx.input(2);
+  const int64_t group = ctx.GetInt("group", 1);
+  if (x.dims.size() < 3 || w.dims.size() != x.dims.size()) {
+    return ctx.Error(absl::StrCat("input 1 (X) ", DimsString(x.dims), " and input 2 (W) ",
+                                  DimsString(w.dims), " must have the same rank >= 3"));
+  }
+  for (const auto& [index, name] : {std::pair<int, const char*>{0, "dY"}, {2, "W"}}) {
+    if (ctx.input(index).dtype != x.dtype) {
+      return ctx.Error(absl::StrCat("input ", index, " (", name, ") is ",
+                                    DTypeName(ctx.input(index).dtype), " but input 1 (X) is ",
+                                    DTypeName(x.dtype), "; they must match"));
+    }
+  }
+  if (group < 1) return ctx.Error(absl::StrCat("attribute 'group' is ", group, "; expected >= 1"));
+  const int64_t channels = x.dims[1], out_channels = w.dims[0];
+  if (w.dims[1] * group != channels || out_channels % group != 0) {
+    return ctx.Error(absl::StrCat("input 2 (W) ", DimsString(w.dims), " does not fit X ",
+                                  DimsString(x.dims), " with group ", group,
+                                  " (W.dim(1) * group must be C; W.dim(0) divisible by group)"));
+  }
+  const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
+  if (ctx.node().has_attribute("kernel_shape") && ctx.GetInts("kernel_shape") != kernel) {
+    return ctx.Error(absl::StrCat("attribute 'kernel_shape' ",
+                                  DimsString(ctx.GetInts("kernel_shape")),
+                                  " does not match W's spatial dims ", DimsString(kernel)));
+  }
+  CASTOR_ASSIGN_OR_RETURN(const ConvPlan plan, PlanConv(ctx, x, w, group));
+  if (dy.dims != plan.y_dims) {
+    return ctx.Error(absl::StrCat("input 0 (dY) is ", DimsString(dy.dims), "; expected ",
+                                  DimsString(plan.y_dims), " (Conv's output for X and W)"));
+  }
+  TensorView* dx = nullptr;
+  TensorView* dw = nullptr;
+  TensorView* db = nullptr;
+  if (WantsOutput(ctx, 0)) {
+    CASTOR_ASSIGN_OR_RETURN(dx, ctx.Output(0, x.dtype, x.dims));
+  }
+  if (WantsOutput(ctx, 1)) {
+    CASTOR_ASSIGN_OR_RETURN(dw, ctx.Output(1, x.dtype, w.dims));
+  }
+  if (WantsOutput(ctx, 2)) {
+    CASTOR_ASSIGN_OR_RETURN(db, ctx.Output(2, x.dtype, {out_channels}));
+  }
+
+  if (db != nullptr && db->num_elements() > 0) {
+    const int64_t batch = dy.dims[0], spatial = Product(dy.dims, 2);
+    if (batch * spatial == 0) {
+      CASTOR_RETURN_IF_ERROR(ZeroFill(ctx, *db));
+    } else {
+      CASTOR_RETURN_IF_ERROR(DispatchFloat(ctx, x.dtype, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(out_channels, 65535));
+        SumPerChannel<T><<<blocks, kThreads, 0, Stream(ctx)>>>(dy.as<T>(), batch, out_channels,
+                                                                spatial, db->as<T>());
+        return CheckLaunch(ctx);
+      }));
+    }
+  }
+  if (dx == nullptr && dw == nullptr) return absl::OkStatus();
+  if (dy.num_elements() == 0 || x.num_elements() == 0) {
+    // No products: dX and dW are empty sums.
+    if (dx != nullptr) CASTOR_RETURN_IF_ERROR(ZeroFill(ctx, *dx));
+    if (dw != nullptr) CASTOR_RETURN_IF_ERROR(ZeroFill(ctx, *dw));
+    return absl::OkStatus();
+  }
+  ConvDescriptors descriptors;
+  CASTOR_RETURN_IF_ERROR(Describe(ctx, plan, descriptors));
+  if (dw != nullptr) {
+    CASTOR_ASSIGN_OR_RETURN(const void* input, CudnnInput(ctx, plan, x));
+    CASTOR_RETURN_IF_ERROR(RunBackwardFilter(ctx, descriptors, input, dy.data, dw->data));
+  }
+  if (dx != nullptr) {
+    if (!plan.explicit_padding) {
+      return RunBackwardData(ctx, descriptors, w.data, dy.data, dx->data);
+    }
+    // The gradient of the padded copy of X, cropped to X.
+    const size_t bytes = static_cast<size_t>(Product(plan.padded_x_dims)) * DTypeSize(x.dtype);
+    CASTOR_ASSIGN_OR_RETURN(void* padded_dx, ctx.Scratch(bytes));
+    CASTOR_RETURN_IF_ERROR(RunBackwardData(ctx, descriptors, w.data, dy.data, padded_dx));
+    CASTOR_RETURN_IF_ERROR(
+        LaunchPadOrCrop(ctx, x.dtype, plan.padding, false, padded_dx, dx->data));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void RegisterConvKernels(KernelTable& table) {
+  table.Register({"", "Conv", InputDTypeIn(0, CudaFloatDTypes()), ConvKernel});
+  table.Register({kCastorDomain, "ConvGrad", FloatDTypesIn(CudaFloatDTypes()), ConvGradKernel});
+}
+
+}  // namespace castor::cuda

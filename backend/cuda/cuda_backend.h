@@ -1,0 +1,110 @@
+// CudaBackend: the Backend implementation for one CUDA device (see
+// backend/cuda_backend.h for how the rest of castor creates one). Kernels
+// reach it through KernelContext::backend() for the stream, the library
+// handles and device facts; everything they queue runs in stream order, so
+// memory a kernel frees may be reused by the next kernel without a sync.
+//
+// Threads: the backend makes its device current in each of its own calls
+// (allocation, copies, synchronisation), but kernels launch on whatever
+// device is current, so one host thread at a time drives a backend and
+// runs its kernels (the executor does).
+//
+// This header includes CUDA headers and is only for backend/cuda/.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda_backend.h"
+
+namespace castor::cuda {
+
+// A caching allocator of device memory. Sizes are rounded up (512 bytes
+// below 1 MiB, 2 MiB above) and freed blocks are kept in per-size free lists,
+// so a training step that repeats a shape never calls cudaMalloc. When the
+// device runs out, the cache is returned to the driver and the allocation
+// retried once.
+class DevicePool {
+ public:
+  DevicePool() = default;
+  ~DevicePool();
+  DevicePool(const DevicePool&) = delete;
+  DevicePool& operator=(const DevicePool&) = delete;
+
+  absl::StatusOr<void*> Allocate(size_t bytes);
+  void Free(void* data);
+  // Returns every cached (free) block to the driver.
+  void ReleaseCached();
+  const DeviceMemoryStats& stats() const { return stats_; }
+
+  static size_t RoundedSize(size_t bytes);
+
+ private:
+  std::map<size_t, std::vector<void*>> free_;  // rounded size -> blocks
+  std::unordered_map<void*, size_t> sizes_;    // every block held -> rounded size
+  DeviceMemoryStats stats_;
+};
+
+// The oldest device castor's kernels are built for (CMake's
+// CMAKE_CUDA_ARCHITECTURES: 80-real;90-real;90-virtual); bfloat16 math and
+// atomics also need it.
+inline constexpr int kMinComputeCapability = 80;
+
+struct DeviceInfo {
+  int device = 0;
+  std::string name;
+  int major = 0;  // compute capability
+  int minor = 0;
+  int64_t total_memory = 0;
+  int multiprocessors = 0;
+
+  int compute_capability() const { return major * 10 + minor; }
+  bool has_bf16_tensor_cores() const { return compute_capability() >= 80; }
+  bool has_fp16_tensor_cores() const { return compute_capability() >= 70; }
+};
+
+class CudaBackend : public Backend {
+ public:
+  // Fails (FailedPrecondition, saying why) without a usable device.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const CudaBackendOptions& options);
+  ~CudaBackend() override;
+
+  std::string name() const override;
+  absl::StatusOr<void*> Allocate(size_t bytes) override;
+  void Free(void* data) override;
+  absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes) override;
+  absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) override;
+  absl::Status CopyWithin(void* dst, const void* src, size_t bytes) override;
+  const KernelTable& kernels() const override;
+  absl::Status Synchronize() override;
+
+  cudaStream_t stream() const { return stream_; }
+  cublasHandle_t cublas() const { return cublas_; }
+  cudnnHandle_t cudnn() const { return cudnn_; }
+  const DeviceInfo& device() const { return device_; }
+  bool allow_tf32() const { return options_.allow_tf32; }
+  const DeviceMemoryStats& memory_stats() const { return pool_.stats(); }
+
+ private:
+  explicit CudaBackend(const CudaBackendOptions& options) : options_(options) {}
+  // Makes this backend's device current for the calling thread.
+  absl::Status Activate() const;
+
+  CudaBackendOptions options_;
+  DeviceInfo device_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  cudnnHandle_t cudnn_ = nullptr;
+  DevicePool pool_;
+};
+
+}  // namespace castor::cuda

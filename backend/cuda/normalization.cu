@@ -1,0 +1,828 @@
+// CUDA kernels: normalization family (ops of graph/ops/normalization.cc) and
+// the com.castor BatchNormalizationGrad / LayerNormalizationGrad, matching
+// backend/cpu/normalization.cc and backend/cpu/gradient_kernels.cc.
+//
+// BatchNormalization: X [N, C, D1, ...] in float32/float16/bfloat16; scale,
+// B, mean and var in any of those (widened to float32 first). Inference
+// folds the running statistics into y = x * a + b per channel. Training
+// (opset 14+ training_mode = 1; below 14 when output 1 is requested) takes
+// the batch statistics, one block per channel with a two-pass float32 block
+// reduction (mean, then the biased variance, which both normalises and
+// feeds running_var = var_in * momentum + var * (1 - momentum), as the CPU
+// and the ONNX reference do). `spatial` = 0 (opsets 7-8) normalises each
+// [C, D1, ...] entry. Per-channel coefficients are formed in float64 from
+// the float32 statistics, as the CPU forms them.
+// BatchNormalizationGrad recomputes the batch statistics the same way and
+// also sums dY and dY * (x - mean) per channel; dX is one elementwise pass.
+// LayerNormalization / LayerNormalizationGrad: one warp per row for rows of
+// up to kWarpRowLimit elements, else one block per row; two-pass float32
+// statistics. Scale and B broadcast to X as the CPU allows (any
+// unidirectional broadcast; the usual full-row case indexes directly).
+// LayerNormalizationGrad's dScale/dBias sum dY * x_hat and dY down the rows
+// (one thread per column over a chunk of rows, atomicAdd of the chunk sums
+// in float32), then round once into the scale's dtype.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "backend/cuda/block_reduce.cuh"
+#include "backend/cuda/convert.cuh"
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_kernels.h"
+#include "graph/gradient_builder.h"
+#include "graph/status.h"
+
+namespace castor::cuda {
+namespace {
+
+// Rows of at most this many elements get one warp each, longer ones a block.
+constexpr int64_t kWarpRowLimit = 1024;
+// The most axes a broadcast parameter index handles.
+constexpr int kMaxBroadcastRank = 8;
+// Grid cap for the one-block-per-channel kernels (they loop beyond it).
+constexpr int64_t kMaxChannelBlocks = 65535;
+
+int64_t Product(const std::vector<int64_t>& dims, size_t from, size_t to) {
+  int64_t p = 1;
+  for (size_t i = from; i < std::min(to, dims.size()); ++i) p *= dims[i];
+  return p;
+}
+
+bool WantsOutput(const KernelContext& ctx, int i) {
+  return i < ctx.num_outputs() && ctx.has_output(i);
+}
+
+// ---- row groups ----------------------------------------------------------------------
+
+// The threads that share one row: a warp (kRowThreads = 32) or the whole
+// block (kRowThreads = kThreads). Rows are visited in a grid-stride loop
+// whose row is uniform across the group, so the group's reductions may
+// synchronise inside it.
+template <int kRowThreads>
+struct RowGroup {
+  static_assert(kRowThreads == 32 || kRowThreads == kThreads);
+  static constexpr bool kWarp = kRowThreads == 32;
+  static constexpr int kSize = kRowThreads;
+  __device__ static int Lane() { return kWarp ? (threadIdx.x & 31) : threadIdx.x; }
+  __device__ static int64_t FirstRow() {
+    return kWarp ? blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32
+                 : static_cast<int64_t>(blockIdx.x);
+  }
+  __device__ static int64_t RowStep() {
+    return kWarp ? static_cast<int64_t>(gridDim.x) * (blockDim.x / 32)
+                 : static_cast<int64_t>(gridDim.x);
+  }
+  // The sum of `v` over the group, in every thread of it; the whole group
+  // must call it (block_reduce.cuh's rules).
+  __device__ static float Sum(float v) {
+    if constexpr (kWarp) {
+      return WarpSum(v);
+    } else {
+      return BlockSum(v);
+    }
+  }
+};
+
+// ---- float32 staging -------------------------------------------------------------------
+
+// `t` as float32 on the device: its own data when float32, else a widened
+// scratch copy (exact for 16-bit floats).
+absl::StatusOr<const float*> Float32Of(KernelContext& ctx, const TensorView& t) {
+  if (t.dtype == DType::kFloat32) return t.as<const float>();
+  const int64_t n = t.num_elements();
+  if (n == 0) return static_cast<const float*>(nullptr);
+  CASTOR_ASSIGN_OR_RETURN(void* scratch, ctx.Scratch(static_cast<size_t>(n) * sizeof(float)));
+  float* widened = static_cast<float*>(scratch);
+  CASTOR_RETURN_IF_ERROR(DispatchFloat(ctx, t.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return ConvertFloats(ctx, t.as<const T>(), n, widened);
+  }));
+  return static_cast<const float*>(widened);
+}
+
+// Rounds `n` float32 values at `src` (device) into `dst` (its dtype, `n`
+// elements): a copy for float32.
+absl::Status StoreFloat32(KernelContext& ctx, const float* src, int64_t n, TensorView& dst) {
+  if (n == 0) return absl::OkStatus();
+  if (dst.dtype == DType::kFloat32) {
+    CASTOR_CUDA_CALL(cudaMemcpyAsync(dst.data, src, static_cast<size_t>(n) * sizeof(float),
+                                     cudaMemcpyDeviceToDevice, Stream(ctx)));
+    return absl::OkStatus();
+  }
+  return DispatchFloat(ctx, dst.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return ConvertFloats(ctx, src, n, dst.as<T>());
+  });
+}
+
+// Allocates output `index` with its inferred dtype and `dims` and writes the
+// `n` float32 values at `src` into it.
+absl::Status WriteFloat32Output(KernelContext& ctx, int index, const std::vector<int64_t>& dims,
+                                const float* src, int64_t n) {
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(index, dims));
+  return StoreFloat32(ctx, src, n, *out);
+}
+
+// `count` float32 values of device scratch.
+absl::StatusOr<float*> FloatScratch(KernelContext& ctx, int64_t count) {
+  if (count == 0) return static_cast<float*>(nullptr);
+  CASTOR_ASSIGN_OR_RETURN(void* scratch, ctx.Scratch(static_cast<size_t>(count) * sizeof(float)));
+  return static_cast<float*>(scratch);
+}
+
+// ---- BatchNormalization ------------------------------------------------------------------
+
+// Element k of the (batch * inner) elements of channel f in X [batch,
+// features, inner].
+__device__ __forceinline__ int64_t ChannelElement(int64_t k, int64_t f, int64_t features,
+                                                  int64_t inner) {
+  const int64_t n = k / inner;
+  return (n * features + f) * inner + (k - n * inner);
+}
+
+// The per-channel affine map of normalisation, y = x * a + b, formed in
+// float64 as the CPU does.
+__device__ __forceinline__ void NormCoefficients(float scale, float shift, float mean, float var,
+                                                 float epsilon, float* a, float* b) {
+  const double a64 = static_cast<double>(scale) / sqrt(static_cast<double>(var) + epsilon);
+  *a = static_cast<float>(a64);
+  *b = static_cast<float>(static_cast<double>(shift) - static_cast<double>(mean) * a64);
+}
+
+// The running statistics and batch statistics of training mode, one array
+// of `features` floats each (scratch), and the coefficients of y = x * a + b.
+struct BatchNormStats {
+  float* running_mean;
+  float* running_var;
+  float* mean;
+  float* var;
+  float* a;
+  float* b;
+};
+
+// Inference: a and b from the given statistics.
+__global__ void BatchNormInferenceCoefficientsKernel(const float* __restrict__ scale,
+                                                     const float* __restrict__ shift,
+                                                     const float* __restrict__ mean,
+                                                     const float* __restrict__ var,
+                                                     int64_t features, float epsilon,
+                                                     float* __restrict__ a,
+                                                     float* __restrict__ b) {
+  CASTOR_GRID_STRIDE(f, features) {
+    NormCoefficients(scale[f], shift[f], mean[f], var[f], epsilon, &a[f], &b[f]);
+  }
+}
+
+// Training: one block per channel reduces X's batch mean and biased
+// variance (two passes), then forms the running statistics and a, b.
+template <typename T>
+__global__ void BatchNormTrainingStatsKernel(const T* __restrict__ x, int64_t batch,
+                                             int64_t features, int64_t inner,
+                                             const float* __restrict__ scale,
+                                             const float* __restrict__ shift,
+                                             const float* __restrict__ input_mean,
+                                             const float* __restrict__ input_var, float epsilon,
+                                             float momentum, BatchNormStats stats) {
+  const int64_t count = batch * inner;
+  for (int64_t f = blockIdx.x; f < features; f += gridDim.x) {
+    float sum = 0.0f;
+    for (int64_t k = threadIdx.x; k < count; k += blockDim.x) {
+      sum += ToFloat(x[ChannelElement(k, f, features, inner)]);
+    }
+    sum = BlockSum(sum);
+    const float mean = count > 0 ? sum / static_cast<float>(count) : 0.0f;
+    float squares = 0.0f;
+    for (int64_t k = threadIdx.x; k < count; k += blockDim.x) {
+      const float d = ToFloat(x[ChannelElement(k, f, features, inner)]) - mean;
+      squares += d * d;
+    }
+    squares = BlockSum(squares);
+    if (threadIdx.x == 0) {
+      const float var = count > 0 ? squares / static_cast<float>(count) : 0.0f;
+      stats.mean[f] = mean;
+      stats.var[f] = var;
+      const double keep = momentum;
+      stats.running_mean[f] = static_cast<float>(input_mean[f] * keep + mean * (1.0 - keep));
+      stats.running_var[f] = static_cast<float>(input_var[f] * keep + var * (1.0 - keep));
+      NormCoefficients(scale[f], shift[f], mean, var, epsilon, &stats.a[f], &stats.b[f]);
+    }
+  }
+}
+
+// y = x * a[f] + b[f], f the feature of each element of X [batch, features,
+// inner].
+template <typename T>
+__global__ void BatchNormApplyKernel(const T* __restrict__ x, int64_t total, int64_t features,
+                                     int64_t inner, const float* __restrict__ a,
+                                     const float* __restrict__ b, T* __restrict__ y) {
+  CASTOR_GRID_STRIDE(e, total) {
+    const int64_t f = (e / inner) % features;
+    y[e] = FromFloat<T>(ToFloat(x[e]) * a[f] + b[f]);
+  }
+}
+
+absl::Status BatchNormKernel(KernelContext& ctx) {
+  const TensorView& x = ctx.input(0);
+  if (x.dims.size() < 2) {
+    return ctx.Error(absl::StrCat("input X must have rank >= 2; it is ", DimsString(x.dims)));
+  }
+  const bool training = ctx.opset() >= 14 ? ctx.GetInt("training_mode", 0) != 0
+                                          : WantsOutput(ctx, 1);
+  const bool spatial = ctx.GetInt("spatial", 1) != 0;
+  const float epsilon = ctx.GetFloat("epsilon", 1e-5f);
+  const float momentum = ctx.GetFloat("momentum", 0.9f);
+  const int64_t batch = x.dims[0];
+  int64_t features = x.dims[1];
+  int64_t inner = 1;  // elements per (image, feature)
+  for (size_t d = 2; d < x.dims.size(); ++d) (spatial ? inner : features) *= x.dims[d];
+  const char* const names[] = {"X", "scale", "B", "mean", "var"};
+  for (int i = 1; i <= 4; ++i) {
+    if (ctx.input(i).num_elements() != features) {
+      return ctx.Error(absl::StrCat("input ", i, " (", names[i], ") ",
+                                    DimsString(ctx.input(i).dims), " must have ", features,
+                                    " entries for X ", DimsString(x.dims)));
+    }
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * y, ctx.Output(0, x.dtype, x.dims));
+  if (features == 0) {
+    // Nothing to normalise; the statistics outputs are empty too.
+    for (int i = 1; training && i < ctx.num_outputs() && i <= 4; ++i) {
+      if (!WantsOutput(ctx, i)) continue;
+      CASTOR_RETURN_IF_ERROR(ctx.Output(i, ctx.input(3).dims).status());
+    }
+    return absl::OkStatus();
+  }
+  CASTOR_ASSIGN_OR_RETURN(const float* scale, Float32Of(ctx, ctx.input(1)));
+  CASTOR_ASSIGN_OR_RETURN(const float* shift, Float32Of(ctx, ctx.input(2)));
+  CASTOR_ASSIGN_OR_RETURN(const float* input_mean, Float32Of(ctx, ctx.input(3)));
+  CASTOR_ASSIGN_OR_RETURN(const float* input_var, Float32Of(ctx, ctx.input(4)));
+  CASTOR_ASSIGN_OR_RETURN(float* buffer, FloatScratch(ctx, 6 * features));
+  const BatchNormStats stats = {buffer,
+                                buffer + features,
+                                buffer + 2 * features,
+                                buffer + 3 * features,
+                                buffer + 4 * features,
+                                buffer + 5 * features};
+  const int64_t total = x.num_elements();
+  CASTOR_RETURN_IF_ERROR(DispatchFloat(ctx, x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (training) {
+      const unsigned blocks = static_cast<unsigned>(std::min(features, kMaxChannelBlocks));
+      BatchNormTrainingStatsKernel<T><<<blocks, kThreads, 0, Stream(ctx)>>>(
+          x.as<T>(), batch, features, inner, scale, shift, input_mean, input_var, epsilon,
+          momentum, stats);
+    } else {
+      BatchNormInferenceCoefficientsKernel<<<Blocks(features), kThreads, 0, Stream(ctx)>>>(
+          scale, shift, input_mean, input_var, features, epsilon, stats.a, stats.b);
+    }
+    CASTOR_RETURN_IF_ERROR(CheckLaunch(ctx));
+    if (total == 0) return absl::OkStatus();
+    BatchNormApplyKernel<T><<<Blocks(total), kThreads, 0, Stream(ctx)>>>(
+        x.as<T>(), total, features, inner, stats.a, stats.b, y->as<T>());
+    return CheckLaunch(ctx);
+  }));
+  if (!training) return absl::OkStatus();
+  // Opset 14+: (running_mean, running_var); before: (mean, var, saved_mean,
+  // saved_var), the saved ones being the batch statistics.
+  const float* outputs[] = {stats.running_mean, stats.running_var, stats.mean, stats.var};
+  for (int i = 1; i < ctx.num_outputs() && i <= 4; ++i) {
+    if (!ctx.has_output(i)) continue;
+    CASTOR_RETURN_IF_ERROR(
+        WriteFloat32Output(ctx, i, ctx.input(3).dims, outputs[i - 1], features));
+  }
+  return absl::OkStatus();
+}
+
+// ---- BatchNormalizationGrad ---------------------------------------------------------
+
+// Per-channel results of BatchNormalizationGrad's reduction (scratch, one
+// float per channel each): the batch statistics, the parameter gradients,
+// and the coefficients of dX = a * (dY - mean_dy - x_hat * mean_dy_xhat).
+struct BatchNormGradStats {
+  float* mean;
+  float* inv_std;
+  float* d_scale;       // sum(dY * x_hat)
+  float* d_bias;        // sum(dY)
+  float* a;             // scale * inv_std
+  float* mean_dy;       // d_bias / count
+  float* mean_dy_xhat;  // d_scale / count
+};
+
+template <typename T>
+__global__ void BatchNormGradStatsKernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                         int64_t batch, int64_t channels, int64_t inner,
+                                         const float* __restrict__ scale, float epsilon,
+                                         BatchNormGradStats stats) {
+  const int64_t count = batch * inner;
+  for (int64_t c = blockIdx.x; c < channels; c += gridDim.x) {
+    float sum = 0.0f;
+    for (int64_t k = threadIdx.x; k < count; k += blockDim.x) {
+      sum += ToFloat(x[ChannelElement(k, c, channels, inner)]);
+    }
+    sum = BlockSum(sum);
+    const float mean = count > 0 ? sum / static_cast<float>(count) : 0.0f;
+    float squares = 0.0f;     // (x - mean)^2
+    float dy_sum = 0.0f;      // dY
+    float dy_centred = 0.0f;  // dY * (x - mean)
+    for (int64_t k = threadIdx.x; k < count; k += blockDim.x) {
+      const int64_t e = ChannelElement(k, c, channels, inner);
+      const float centred = ToFloat(x[e]) - mean;
+      const float g = ToFloat(dy[e]);
+      squares += centred * centred;
+      dy_sum += g;
+      dy_centred += g * centred;
+    }
+    squares = BlockSum(squares);
+    dy_sum = BlockSum(dy_sum);
+    dy_centred = BlockSum(dy_centred);
+    if (threadIdx.x == 0) {
+      const double var = count > 0 ? static_cast<double>(squares) / count : 0.0;
+      const double inv_std = 1.0 / sqrt(var + epsilon);
+      const double d_scale = dy_centred * inv_std;
+      stats.mean[c] = mean;
+      stats.inv_std[c] = static_cast<float>(inv_std);
+      stats.d_scale[c] = static_cast<float>(d_scale);
+      stats.d_bias[c] = dy_sum;
+      stats.a[c] = static_cast<float>(scale[c] * inv_std);
+      stats.mean_dy[c] = static_cast<float>(static_cast<double>(dy_sum) / count);
+      stats.mean_dy_xhat[c] = static_cast<float>(d_scale / count);
+    }
+  }
+}
+
+template <typename T>
+__global__ void BatchNormGradInputKernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                         int64_t total, int64_t channels, int64_t inner,
+                                         BatchNormGradStats stats, T* __restrict__ dx) {
+  CASTOR_GRID_STRIDE(e, total) {
+    const int64_t c = (e / inner) % channels;
+    const float x_hat = (ToFloat(x[e]) - stats.mean[c]) * stats.inv_std[c];
+    dx[e] = FromFloat<T>(stats.a[c] *
+                         (ToFloat(dy[e]) - stats.mean_dy[c] - x_hat * stats.mean_dy_xhat[c]));
+  }
+}
+
+absl::Status RequireSameDType(const KernelContext& ctx, int i, const char* name, int j,
+                              const char* other) {
+  if (ctx.input(i).dtype != ctx.input(j).dtype) {
+    return ctx.Error(absl::StrCat("input ", i, " (", name, ") is ",
+                                  DTypeName(ctx.input(i).dtype), " but input ", j, " (", other,
+                                  ") is ", DTypeName(ctx.input(j).dtype), "; they must match"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RequireDims(const KernelContext& ctx, int i, const char* name,
+                         const std::vector<int64_t>& expected, const char* why) {
+  if (ctx.input(i).dims != expected) {
+    return ctx.Error(absl::StrCat("input ", i, " (", name, ") is ", DimsString(ctx.input(i).dims),
+                                  "; expected ", DimsString(expected), " (", why, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BatchNormGradKernel(KernelContext& ctx) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& x = ctx.input(1);
+  const TensorView& scale_view = ctx.input(2);
+  if (x.dims.size() < 2) {
+    return ctx.Error(absl::StrCat("input 1 (X) must have rank >= 2 ([N, C, ...]); it is ",
+                                  DimsString(x.dims)));
+  }
+  CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 0, "dY", 1, "X"));
+  CASTOR_RETURN_IF_ERROR(RequireDims(ctx, 0, "dY", x.dims, "X's shape"));
+  const int64_t batch = x.dims[0], channels = x.dims[1];
+  const int64_t inner = Product(x.dims, 2, x.dims.size());
+  if (scale_view.dims.size() != 1 || scale_view.dims[0] != channels) {
+    return ctx.Error(absl::StrCat("input 2 (scale) is ", DimsString(scale_view.dims),
+                                  "; expected [", channels, "] (C of X ", DimsString(x.dims),
+                                  ")"));
+  }
+  const float epsilon = ctx.GetFloat("epsilon", 1e-5f);
+  TensorView* dx = nullptr;
+  if (WantsOutput(ctx, 0)) {
+    CASTOR_ASSIGN_OR_RETURN(dx, ctx.Output(0, x.dtype, x.dims));
+  }
+  TensorView* d_scale = nullptr;
+  TensorView* d_bias = nullptr;
+  if (WantsOutput(ctx, 1)) {
+    CASTOR_ASSIGN_OR_RETURN(d_scale, ctx.Output(1, scale_view.dtype, scale_view.dims));
+  }
+  if (WantsOutput(ctx, 2)) {
+    CASTOR_ASSIGN_OR_RETURN(d_bias, ctx.Output(2, scale_view.dtype, scale_view.dims));
+  }
+  if (channels == 0) return absl::OkStatus();
+  CASTOR_ASSIGN_OR_RETURN(const float* scale, Float32Of(ctx, scale_view));
+  CASTOR_ASSIGN_OR_RETURN(float* buffer, FloatScratch(ctx, 7 * channels));
+  const BatchNormGradStats stats = {buffer,
+                                    buffer + channels,
+                                    buffer + 2 * channels,
+                                    buffer + 3 * channels,
+                                    buffer + 4 * channels,
+                                    buffer + 5 * channels,
+                                    buffer + 6 * channels};
+  const int64_t total = x.num_elements();
+  CASTOR_RETURN_IF_ERROR(DispatchFloat(ctx, x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const unsigned blocks = static_cast<unsigned>(std::min(channels, kMaxChannelBlocks));
+    BatchNormGradStatsKernel<T><<<blocks, kThreads, 0, Stream(ctx)>>>(
+        dy.as<T>(), x.as<T>(), batch, channels, inner, scale, epsilon, stats);
+    CASTOR_RETURN_IF_ERROR(CheckLaunch(ctx));
+    if (dx == nullptr || total == 0) return absl::OkStatus();
+    BatchNormGradInputKernel<T><<<Blocks(total), kThreads, 0, Stream(ctx)>>>(
+        dy.as<T>(), x.as<T>(), total, channels, inner, stats, dx->as<T>());
+    return CheckLaunch(ctx);
+  }));
+  if (d_scale != nullptr) {
+    CASTOR_RETURN_IF_ERROR(StoreFloat32(ctx, stats.d_scale, channels, *d_scale));
+  }
+  if (d_bias != nullptr) {
+    CASTOR_RETURN_IF_ERROR(StoreFloat32(ctx, stats.d_bias, channels, *d_bias));
+  }
+  return absl::OkStatus();
+}
+
+// ---- LayerNormalization -------------------------------------------------------------
+
+// Where a parameter broadcast (right-aligned) against `dims` keeps the value
+// of each element: offset = sum of index[d] * strides[d] (stride 0 on
+// broadcast axes). `row_identity`: the parameter holds one value per
+// position of a row (the axes from the first row axis on) and none varies
+// with the axes before, so the offset is the position within the row.
+struct ParamIndex {
+  bool row_identity = false;
+  int rank = 0;
+  int64_t dims[kMaxBroadcastRank] = {};
+  int64_t strides[kMaxBroadcastRank] = {};
+
+  // The offset of element `flat` (row-major over dims) at position `j` of
+  // its row.
+  __device__ __forceinline__ int64_t Offset(int64_t flat, int64_t j) const {
+    if (row_identity) return j;
+    int64_t offset = 0;
+#pragma unroll
+    for (int d = kMaxBroadcastRank - 1; d >= 0; --d) {
+      if (d < rank) {
+        const int64_t q = flat / dims[d];
+        offset += (flat - q * dims[d]) * strides[d];
+        flat = q;
+      }
+    }
+    return offset;
+  }
+};
+
+// The index of a parameter of `param_dims` broadcast to `dims`, whose rows
+// span the axes from `first_row_axis` on; Unimplemented beyond
+// kMaxBroadcastRank axes when the general form is needed.
+absl::StatusOr<ParamIndex> MakeParamIndex(const KernelContext& ctx,
+                                          const std::vector<int64_t>& param_dims,
+                                          const std::vector<int64_t>& dims,
+                                          int64_t first_row_axis) {
+  const int64_t rank = static_cast<int64_t>(dims.size());
+  const int64_t param_rank = static_cast<int64_t>(param_dims.size());
+  std::vector<int64_t> strides(dims.size(), 0);
+  int64_t step = 1;
+  for (int64_t d = rank - 1; d >= 0; --d) {
+    const int64_t pd = d - (rank - param_rank);
+    if (pd < 0) continue;
+    if (param_dims[pd] != 1) strides[d] = step;
+    step *= param_dims[pd];
+  }
+  // Row identity: the strides of a contiguous row on the row axes, zero
+  // before them (size-1 axes index nothing).
+  ParamIndex index;
+  index.row_identity = true;
+  int64_t row_step = 1;
+  for (int64_t d = rank - 1; d >= 0; --d) {
+    const bool row_axis = d >= first_row_axis;
+    if (dims[d] != 1 && strides[d] != (row_axis ? row_step : 0)) index.row_identity = false;
+    if (row_axis) row_step *= dims[d];
+  }
+  if (index.row_identity) return index;
+  if (rank > kMaxBroadcastRank) {
+    return ctx.Unimplemented(absl::StrCat("the CUDA kernel broadcasts parameters over at most ",
+                                          kMaxBroadcastRank, " axes; X has ", rank));
+  }
+  index.rank = static_cast<int>(rank);
+  for (int64_t d = 0; d < rank; ++d) {
+    index.dims[d] = dims[d];
+    index.strides[d] = strides[d];
+  }
+  return index;
+}
+
+// Rows of `inner` elements: the mean and 1 / sqrt(biased variance +
+// epsilon) of row `row_data`, two passes over it, for RowGroup `Group`.
+template <typename Group, typename T>
+__device__ __forceinline__ void RowStatistics(const T* row_data, int64_t inner, float epsilon,
+                                              float* mean, float* inv_std) {
+  float sum = 0.0f;
+  for (int64_t j = Group::Lane(); j < inner; j += Group::kSize) sum += ToFloat(row_data[j]);
+  sum = Group::Sum(sum);
+  const float m = inner > 0 ? sum / static_cast<float>(inner) : 0.0f;
+  float squares = 0.0f;
+  for (int64_t j = Group::Lane(); j < inner; j += Group::kSize) {
+    const float d = ToFloat(row_data[j]) - m;
+    squares += d * d;
+  }
+  squares = Group::Sum(squares);
+  const float var = inner > 0 ? squares / static_cast<float>(inner) : 0.0f;
+  *mean = m;
+  *inv_std = 1.0f / sqrtf(var + epsilon);
+}
+
+// Y = (X - mean) * inv_std * Scale (+ B) over rows of `inner` elements; the
+// row statistics also go to row_mean / row_inv_std when not null.
+template <typename T, int kRowThreads>
+__global__ void __launch_bounds__(kThreads)
+    LayerNormKernel(const T* __restrict__ x, const T* __restrict__ scale,
+                    const T* __restrict__ bias, ParamIndex scale_at, ParamIndex bias_at,
+                    int64_t outer, int64_t inner, float epsilon, T* __restrict__ y,
+                    float* __restrict__ row_mean, float* __restrict__ row_inv_std) {
+  using Group = RowGroup<kRowThreads>;
+  for (int64_t r = Group::FirstRow(); r < outer; r += Group::RowStep()) {
+    const T* xr = x + r * inner;
+    float mean = 0.0f, inv_std = 0.0f;
+    RowStatistics<Group>(xr, inner, epsilon, &mean, &inv_std);
+    if (Group::Lane() == 0) {
+      if (row_mean != nullptr) row_mean[r] = mean;
+      if (row_inv_std != nullptr) row_inv_std[r] = inv_std;
+    }
+    for (int64_t j = Group::Lane(); j < inner; j += kRowThreads) {
+      const int64_t e = r * inner + j;
+      float v = (ToFloat(xr[j]) - mean) * inv_std * ToFloat(scale[scale_at.Offset(e, j)]);
+      if (bias != nullptr) v += ToFloat(bias[bias_at.Offset(e, j)]);
+      y[e] = FromFloat<T>(v);
+    }
+  }
+}
+
+// Calls launch(std::integral_constant<int, threads per row>, blocks) with
+// one warp per row for short rows, else one block per row.
+template <typename F>
+absl::Status LaunchRows(int64_t outer, int64_t inner, F&& launch) {
+  if (inner <= kWarpRowLimit) {
+    return launch(std::integral_constant<int, 32>{}, Blocks(outer * 32));
+  }
+  return launch(std::integral_constant<int, kThreads>{}, Blocks(outer * kThreads));
+}
+
+// Checks the LayerNormalization-style `axis` attribute against X's rank and
+// returns it normalised to [0, rank).
+absl::StatusOr<int64_t> NormalizedAxis(const KernelContext& ctx, const std::vector<int64_t>& dims,
+                                       bool forward) {
+  const int64_t rank = static_cast<int64_t>(dims.size());
+  const int64_t axis = ctx.GetInt("axis", -1);
+  if (axis < -rank || axis >= rank) {
+    if (forward) {
+      return ctx.Error(absl::StrCat("attribute 'axis' is ", axis, "; X ", DimsString(dims),
+                                    " has rank ", rank));
+    }
+    return ctx.Error(absl::StrCat("attribute 'axis' ", axis, " is out of range for input 1 (X) ",
+                                  DimsString(dims)));
+  }
+  return axis < 0 ? axis + rank : axis;
+}
+
+// Whether `dims` broadcasts one way (right-aligned) to `x_dims`.
+bool Broadcastable(const std::vector<int64_t>& dims, const std::vector<int64_t>& x_dims) {
+  if (dims.size() > x_dims.size()) return false;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const int64_t d = dims[dims.size() - 1 - i];
+    if (d != 1 && d != x_dims[x_dims.size() - 1 - i]) return false;
+  }
+  return true;
+}
+
+absl::Status LayerNormKernelFor(KernelContext& ctx) {
+  const TensorView& x = ctx.input(0);
+  CASTOR_ASSIGN_OR_RETURN(const int64_t axis, NormalizedAxis(ctx, x.dims, /*forward=*/true));
+  const float epsilon = ctx.GetFloat("epsilon", 1e-5f);
+  const int64_t outer = Product(x.dims, 0, axis);
+  const int64_t inner = Product(x.dims, axis, x.dims.size());
+  const char* const names[] = {"X", "Scale", "B"};
+  for (int i = 1; i <= 2; ++i) {
+    if (!ctx.has_input(i)) continue;
+    if (ctx.input(i).dtype != x.dtype) {
+      return ctx.Error(absl::StrCat("input ", i, " (", names[i], ") is ",
+                                    DTypeName(ctx.input(i).dtype), "; X is ",
+                                    DTypeName(x.dtype)));
+    }
+    if (!Broadcastable(ctx.input(i).dims, x.dims)) {
+      return ctx.Error(absl::StrCat("input ", i, " (", names[i], ") ",
+                                    DimsString(ctx.input(i).dims), " does not broadcast to X ",
+                                    DimsString(x.dims)));
+    }
+  }
+  CASTOR_ASSIGN_OR_RETURN(const ParamIndex scale_at,
+                          MakeParamIndex(ctx, ctx.input(1).dims, x.dims, axis));
+  const bool has_bias = ctx.has_input(2);
+  ParamIndex bias_at;
+  if (has_bias) {
+    CASTOR_ASSIGN_OR_RETURN(bias_at, MakeParamIndex(ctx, ctx.input(2).dims, x.dims, axis));
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * y, ctx.Output(0, x.dtype, x.dims));
+  std::vector<int64_t> stats_dims = x.dims;
+  for (size_t d = static_cast<size_t>(axis); d < stats_dims.size(); ++d) stats_dims[d] = 1;
+  // The optional Mean and InvStdDev outputs (stash_type's dtype): written in
+  // place when float32, else staged in float32 scratch and rounded.
+  TensorView* stats_out[2] = {nullptr, nullptr};
+  float* stats_data[2] = {nullptr, nullptr};
+  for (int i = 0; i < 2; ++i) {
+    if (!WantsOutput(ctx, i + 1)) continue;
+    CASTOR_ASSIGN_OR_RETURN(stats_out[i], ctx.Output(i + 1, stats_dims));
+    if (stats_out[i]->dtype == DType::kFloat32) {
+      stats_data[i] = stats_out[i]->as<float>();
+    } else {
+      CASTOR_ASSIGN_OR_RETURN(stats_data[i], FloatScratch(ctx, outer));
+    }
+  }
+  if (outer == 0) return absl::OkStatus();
+  CASTOR_RETURN_IF_ERROR(DispatchFloat(ctx, x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return LaunchRows(outer, inner, [&](auto row_threads, unsigned blocks) {
+      LayerNormKernel<T, decltype(row_threads)::value><<<blocks, kThreads, 0, Stream(ctx)>>>(
+          x.as<T>(), ctx.input(1).as<T>(), has_bias ? ctx.input(2).as<T>() : nullptr, scale_at,
+          bias_at, outer, inner, epsilon, y->as<T>(), stats_data[0], stats_data[1]);
+      return CheckLaunch(ctx);
+    });
+  }));
+  for (int i = 0; i < 2; ++i) {
+    if (stats_out[i] == nullptr || stats_out[i]->dtype == DType::kFloat32) continue;
+    CASTOR_RETURN_IF_ERROR(StoreFloat32(ctx, stats_data[i], outer, *stats_out[i]));
+  }
+  return absl::OkStatus();
+}
+
+// ---- LayerNormalizationGrad -----------------------------------------------------------
+
+// Per row: the statistics (to row_mean / row_inv_std when not null) and,
+// when dx is not null, dX = inv_std * (g - mean(g) - x_hat * mean(g * x_hat))
+// with g = dY * scale.
+template <typename T, int kRowThreads>
+__global__ void __launch_bounds__(kThreads)
+    LayerNormGradKernel(const T* __restrict__ dy, const T* __restrict__ x,
+                        const float* __restrict__ scale, ParamIndex scale_at, int64_t outer,
+                        int64_t inner, float epsilon, T* __restrict__ dx,
+                        float* __restrict__ row_mean, float* __restrict__ row_inv_std) {
+  using Group = RowGroup<kRowThreads>;
+  for (int64_t r = Group::FirstRow(); r < outer; r += Group::RowStep()) {
+    const T* xr = x + r * inner;
+    const T* dyr = dy + r * inner;
+    float mean = 0.0f, inv_std = 0.0f;
+    RowStatistics<Group>(xr, inner, epsilon, &mean, &inv_std);
+    if (Group::Lane() == 0) {
+      if (row_mean != nullptr) row_mean[r] = mean;
+      if (row_inv_std != nullptr) row_inv_std[r] = inv_std;
+    }
+    if (dx == nullptr) continue;  // uniform over the grid
+    float g_sum = 0.0f, g_xhat_sum = 0.0f;  // g, g * x_hat
+    for (int64_t j = Group::Lane(); j < inner; j += kRowThreads) {
+      const float x_hat = (ToFloat(xr[j]) - mean) * inv_std;
+      const float g = ToFloat(dyr[j]) * scale[scale_at.Offset(j, j)];
+      g_sum += g;
+      g_xhat_sum += g * x_hat;
+    }
+    g_sum = Group::Sum(g_sum);
+    g_xhat_sum = Group::Sum(g_xhat_sum);
+    const float g_mean = g_sum / static_cast<float>(inner);
+    const float g_xhat_mean = g_xhat_sum / static_cast<float>(inner);
+    for (int64_t j = Group::Lane(); j < inner; j += kRowThreads) {
+      const float x_hat = (ToFloat(xr[j]) - mean) * inv_std;
+      const float g = ToFloat(dyr[j]) * scale[scale_at.Offset(j, j)];
+      dx[r * inner + j] = FromFloat<T>(inv_std * (g - g_mean - x_hat * g_xhat_mean));
+    }
+  }
+}
+
+// dScale += dY * x_hat and dBias += dY, summed down the rows of one column j
+// per thread over the chunk of rows blockIdx.y, then added at the column's
+// scale element (atomicAdd, float32, zeroed beforehand).
+template <typename T>
+__global__ void LayerNormParamGradKernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                         const float* __restrict__ row_mean,
+                                         const float* __restrict__ row_inv_std,
+                                         ParamIndex scale_at, int64_t outer, int64_t inner,
+                                         int64_t rows_per_chunk, float* d_scale, float* d_bias) {
+  const int64_t row_begin = blockIdx.y * rows_per_chunk;
+  const int64_t row_end = min(outer, row_begin + rows_per_chunk);
+  CASTOR_GRID_STRIDE(j, inner) {
+    float ds = 0.0f, db = 0.0f;
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      const int64_t e = r * inner + j;
+      const float g = ToFloat(dy[e]);
+      ds += g * ((ToFloat(x[e]) - row_mean[r]) * row_inv_std[r]);
+      db += g;
+    }
+    const int64_t k = scale_at.Offset(j, j);
+    if (d_scale != nullptr) atomicAdd(d_scale + k, ds);
+    if (d_bias != nullptr) atomicAdd(d_bias + k, db);
+  }
+}
+
+absl::Status LayerNormGradKernelFor(KernelContext& ctx) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& x = ctx.input(1);
+  const TensorView& scale_view = ctx.input(2);
+  CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 0, "dY", 1, "X"));
+  CASTOR_RETURN_IF_ERROR(RequireDims(ctx, 0, "dY", x.dims, "X's shape"));
+  CASTOR_ASSIGN_OR_RETURN(const int64_t axis, NormalizedAxis(ctx, x.dims, /*forward=*/false));
+  const std::vector<int64_t> norm_dims(x.dims.begin() + axis, x.dims.end());
+  const int64_t outer = Product(x.dims, 0, axis);
+  const int64_t inner = Product(x.dims, axis, x.dims.size());
+  // scale broadcasts (right-aligned) against the normalised axes only.
+  const std::vector<int64_t>& sd = scale_view.dims;
+  if (!Broadcastable(sd, norm_dims)) {
+    return ctx.Error(absl::StrCat("input 2 (scale) ", DimsString(sd),
+                                  " does not broadcast to X's normalised axes ",
+                                  DimsString(norm_dims)));
+  }
+  CASTOR_ASSIGN_OR_RETURN(const ParamIndex scale_at, MakeParamIndex(ctx, sd, norm_dims, 0));
+  const int64_t scale_size = scale_view.num_elements();
+  const float epsilon = ctx.GetFloat("epsilon", 1e-5f);
+  TensorView* dx = nullptr;
+  if (WantsOutput(ctx, 0)) {
+    CASTOR_ASSIGN_OR_RETURN(dx, ctx.Output(0, x.dtype, x.dims));
+  }
+  TensorView* d_scale = nullptr;
+  TensorView* d_bias = nullptr;
+  if (WantsOutput(ctx, 1)) {
+    CASTOR_ASSIGN_OR_RETURN(d_scale, ctx.Output(1, scale_view.dtype, sd));
+  }
+  if (WantsOutput(ctx, 2)) {
+    CASTOR_ASSIGN_OR_RETURN(d_bias, ctx.Output(2, scale_view.dtype, sd));
+  }
+  const bool param_grads = d_scale != nullptr || d_bias != nullptr;
+  // Parameter-gradient accumulators (zeroed) and the row statistics they
+  // need.
+  float* accumulators = nullptr;
+  if (param_grads) {
+    CASTOR_ASSIGN_OR_RETURN(accumulators, FloatScratch(ctx, 2 * scale_size));
+    if (accumulators != nullptr) {
+      CASTOR_CUDA_CALL(cudaMemsetAsync(accumulators, 0,
+                                       static_cast<size_t>(2 * scale_size) * sizeof(float),
+                                       Stream(ctx)));
+    }
+  }
+  if (outer > 0 && inner > 0 && (dx != nullptr || param_grads)) {
+    CASTOR_ASSIGN_OR_RETURN(const float* scale, Float32Of(ctx, scale_view));
+    float* row_stats = nullptr;
+    if (param_grads) {
+      CASTOR_ASSIGN_OR_RETURN(row_stats, FloatScratch(ctx, 2 * outer));
+    }
+    float* row_mean = row_stats;
+    float* row_inv_std = row_stats != nullptr ? row_stats + outer : nullptr;
+    CASTOR_RETURN_IF_ERROR(DispatchFloat(ctx, x.dtype, [&](auto tag) -> absl::Status {
+      using T = typename decltype(tag)::type;
+      CASTOR_RETURN_IF_ERROR(LaunchRows(outer, inner, [&](auto row_threads, unsigned blocks) {
+        LayerNormGradKernel<T, decltype(row_threads)::value><<<blocks, kThreads, 0,
+                                                               Stream(ctx)>>>(
+            dy.as<T>(), x.as<T>(), scale, scale_at, outer, inner, epsilon,
+            dx != nullptr ? dx->as<T>() : nullptr, row_mean, row_inv_std);
+        return CheckLaunch(ctx);
+      }));
+      if (!param_grads) return absl::OkStatus();
+      // Chunks of rows: enough of them to fill the GPU, each long enough to
+      // amortise its atomicAdds.
+      constexpr int64_t kRowsPerChunk = 32;
+      constexpr int64_t kMaxChunks = 1024;
+      const int64_t chunks =
+          std::clamp<int64_t>((outer + kRowsPerChunk - 1) / kRowsPerChunk, 1, kMaxChunks);
+      const int64_t rows_per_chunk = (outer + chunks - 1) / chunks;
+      const dim3 grid(Blocks(inner), static_cast<unsigned>(chunks));
+      LayerNormParamGradKernel<T><<<grid, kThreads, 0, Stream(ctx)>>>(
+          dy.as<T>(), x.as<T>(), row_mean, row_inv_std, scale_at, outer, inner, rows_per_chunk,
+          d_scale != nullptr ? accumulators : nullptr,
+          d_bias != nullptr ? accumulators + scale_size : nullptr);
+      return CheckLaunch(ctx);
+    }));
+  }
+  if (d_scale != nullptr) {
+    CASTOR_RETURN_IF_ERROR(StoreFloat32(ctx, accumulators, scale_size, *d_scale));
+  }
+  if (d_bias != nullptr) {
+    CASTOR_RETURN_IF_ERROR(StoreFloat32(ctx, accumulators + scale_size, scale_size, *d_bias));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void RegisterNormalizationKernels(KernelTable& table) {
+  table.Register({"", "BatchNormalization", FloatDTypesIn(CudaFloatDTypes()), BatchNormKernel});
+  table.Register(
+      {"", "LayerNormalization", FloatDTypesIn(CudaFloatDTypes()), LayerNormKernelFor});
+  table.Register({kCastorDomain, "BatchNormalizationGrad", FloatDTypesIn(CudaFloatDTypes()),
+                  BatchNormGradKernel});
+  table.Register({kCastorDomain, "LayerNormalizationGrad", FloatDTypesIn(CudaFloatDTypes()),
+                  LayerNormGradKernelFor});
+}
+
+}  // namespace castor::cuda

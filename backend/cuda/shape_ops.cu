@@ -1,0 +1,1311 @@
+// CUDA kernels: shape, data-movement and misc ops (backend/cpu/shape_ops.cc,
+// data_movement.cc and misc.cc on the CPU): Reshape, Flatten, Squeeze,
+// Unsqueeze, Identity, Dropout, Transpose, Expand, Shape, Size, Constant,
+// ConstantOfShape, Range, Concat, Split, Slice, Gather, Tile, Pad, and the
+// com.castor GatherGrad.
+//
+// The data-movement kernels move bytes: they dispatch on the element size
+// (1, 2, 4 or 8 bytes; 16 when rows are widened), never on the dtype, so
+// every fixed-size dtype the CPU handles works. Output dims are computed on
+// the host as the CPU computes them; shape-deciding inputs (shape, axes,
+// starts, repeats, pads, split sizes, Range's scalars) are read back with a
+// synchronising copy, all other data stays on the device.
+//
+// Most ops are one strided copy (CopyStrided): an N-d index space with
+// source and destination element strides (negative for reversed Slices, 0
+// for broadcasts). Its geometry is simplified first (size-1 dims dropped,
+// dims contiguous in both views merged), rows contiguous in both views are
+// copied in units of up to 16 bytes, and a batched two-axis transpose (the
+// last-two-dims swap and every permutation that merges into one) goes
+// through 32x32 shared-memory tiles so that reads and writes coalesce.
+//
+// Metadata-only ops (Reshape, Flatten, Squeeze, Unsqueeze, Identity,
+// inference Dropout) copy with CopyWithin, a no-op when the executor aliased
+// output and input (in_place_ok, as on the CPU).
+//
+// Behaviour that differs from the CPU, because a device-side check could
+// only be reported through a synchronisation: Gather and GatherGrad read
+// their indices on the device, and an index outside [-size, size) gives
+// zeros (Gather) or is skipped (GatherGrad) instead of the CPU's error.
+// Dropout in training mode draws its mask on the host with the CPU's
+// MT19937 scheme (the same mask bit for bit), uploads it, and applies it on
+// the device; reading training_mode and ratio synchronises.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "backend/cuda/convert.cuh"
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_kernels.h"
+#include "graph/gradient_builder.h"
+#include "graph/half.h"
+#include "graph/status.h"
+
+namespace castor::cuda {
+namespace {
+
+// The most dims a strided copy or Pad handles after simplification (Tile
+// doubles its rank).
+constexpr int kMaxDims = 16;
+constexpr int kTile = 32;     // transpose tile edge
+constexpr int kTileRows = 8;  // rows of threads per transpose block
+// Both sides of a transpose must be at least this long for the tiled path.
+constexpr int64_t kMinTiledEdge = 16;
+
+int64_t Product(const std::vector<int64_t>& dims, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t i = begin; i < end && i < dims.size(); ++i) p *= dims[i];
+  return p;
+}
+
+std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& dims) {
+  std::vector<int64_t> strides(dims.size());
+  int64_t step = 1;
+  for (size_t d = dims.size(); d-- > 0;) {
+    strides[d] = step;
+    step *= dims[d];
+  }
+  return strides;
+}
+
+absl::StatusOr<int64_t> NormalizeAxis(const KernelContext& ctx, int64_t axis, int64_t rank,
+                                      const char* what) {
+  if (axis < -rank || axis >= rank) {
+    return ctx.Error(absl::StrCat(what, " ", axis, " is out of range [", -rank, ", ", rank - 1,
+                                  "] for rank ", rank));
+  }
+  return axis < 0 ? axis + rank : axis;
+}
+
+// A SupportsFn: every tensor of the node has a fixed element size (the
+// kernels move bytes; string tensors are refused).
+absl::Status FixedSizeTensors(const Node& node) {
+  auto check = [](const Value* v) -> absl::Status {
+    if (v == nullptr || v->dtype() == DType::kUndefined) return absl::OkStatus();
+    const size_t size = DTypeSize(v->dtype());
+    if (size == 1 || size == 2 || size == 4 || size == 8) return absl::OkStatus();
+    return absl::UnimplementedError(absl::StrCat("'", v->name(), "' is ", DTypeName(v->dtype()),
+                                                 "; CUDA kernels move fixed-size elements only"));
+  };
+  for (const Value* v : node.inputs()) CASTOR_RETURN_IF_ERROR(check(v));
+  for (const Value* v : node.outputs()) CASTOR_RETURN_IF_ERROR(check(v));
+  return absl::OkStatus();
+}
+
+// Calls f(TypeTag<E>{}) with E an unsigned type of `size` bytes (uint4 for
+// 16).
+template <typename F>
+absl::Status DispatchElementSize(const KernelContext& ctx, size_t size, F&& f) {
+  switch (size) {
+    case 1: return f(TypeTag<uint8_t>{});
+    case 2: return f(TypeTag<uint16_t>{});
+    case 4: return f(TypeTag<uint32_t>{});
+    case 8: return f(TypeTag<uint64_t>{});
+    case 16: return f(TypeTag<uint4>{});
+    default:
+      return ctx.Unimplemented(absl::StrCat("no CUDA kernel moves elements of ", size, " bytes"));
+  }
+}
+
+// ---- kernels -------------------------------------------------------------------
+
+// An N-d index space and the element strides of its source and destination.
+struct CopyGeometry {
+  int rank = 0;
+  int64_t dims[kMaxDims];
+  int64_t src_strides[kMaxDims];
+  int64_t dst_strides[kMaxDims];
+};
+
+template <typename E>
+__global__ void StridedCopyKernel(const E* src, E* dst, CopyGeometry g, int64_t total) {
+  CASTOR_GRID_STRIDE(i, total) {
+    int64_t rest = i, src_offset = 0, dst_offset = 0;
+    for (int k = g.rank - 1; k >= 0; --k) {
+      const int64_t index = rest % g.dims[k];
+      rest /= g.dims[k];
+      src_offset += index * g.src_strides[k];
+      dst_offset += index * g.dst_strides[k];
+    }
+    dst[dst_offset] = src[src_offset];
+  }
+}
+
+// `batches` matrices: src [rows, cols] (row stride cols) -> dst [cols, rows]
+// (row stride rows), batch b at src + b * src_batch_stride and dst + b *
+// dst_batch_stride. Block (kTile, kTileRows); one 32x32 tile per iteration.
+template <typename E>
+__global__ void BatchedTransposeKernel(const E* src, E* dst, int64_t rows, int64_t cols,
+                                       int64_t batches, int64_t src_batch_stride,
+                                       int64_t dst_batch_stride) {
+  __shared__ E tile[kTile][kTile + 1];
+  const int64_t tiles_x = (cols + kTile - 1) / kTile;
+  const int64_t tiles_y = (rows + kTile - 1) / kTile;
+  const int64_t tiles = batches * tiles_x * tiles_y;
+  // The bound and `t` depend on the block only: every thread reaches the
+  // barriers.
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t b = t / (tiles_x * tiles_y);
+    const int64_t rest = t % (tiles_x * tiles_y);
+    const int64_t row0 = rest / tiles_x * kTile;
+    const int64_t col0 = rest % tiles_x * kTile;
+    const E* s = src + b * src_batch_stride;
+    E* d = dst + b * dst_batch_stride;
+    const int64_t col = col0 + threadIdx.x;
+    for (int j = threadIdx.y; j < kTile; j += kTileRows) {
+      const int64_t row = row0 + j;
+      if (row < rows && col < cols) tile[j][threadIdx.x] = s[row * cols + col];
+    }
+    __syncthreads();
+    const int64_t out_col = row0 + threadIdx.x;  // a src row
+    for (int j = threadIdx.y; j < kTile; j += kTileRows) {
+      const int64_t out_row = col0 + j;  // a src column
+      if (out_row < cols && out_col < rows) d[out_row * rows + out_col] = tile[threadIdx.x][j];
+    }
+    __syncthreads();
+  }
+}
+
+template <typename E>
+__global__ void FillKernel(E* out, E value, int64_t n) {
+  CASTOR_GRID_STRIDE(i, n) { out[i] = value; }
+}
+
+// data [outer, axis_size, inner] -> out [outer, count, inner] (inner in
+// units of E); an index outside [-axis_size, axis_size) gives zeros.
+template <typename E, typename I>
+__global__ void GatherKernel(const E* data, const I* indices, E* out, int64_t count,
+                             int64_t axis_size, int64_t inner, int64_t total) {
+  CASTOR_GRID_STRIDE(i, total) {
+    const int64_t e = i % inner;
+    const int64_t j = i / inner;
+    const int64_t k = j % count;
+    const int64_t o = j / count;
+    int64_t index = static_cast<int64_t>(indices[k]);
+    if (index < 0) index += axis_size;
+    out[i] = index >= 0 && index < axis_size ? data[(o * axis_size + index) * inner + e] : E{};
+  }
+}
+
+// acc [outer, axis_size, inner] += dy [outer, count, inner] scattered by
+// the indices (float32 atomics); out-of-range indices are skipped.
+template <typename T, typename I>
+__global__ void GatherGradKernel(const T* dy, const I* indices, float* acc, int64_t count,
+                                 int64_t axis_size, int64_t inner, int64_t total) {
+  CASTOR_GRID_STRIDE(i, total) {
+    const int64_t e = i % inner;
+    const int64_t j = i / inner;
+    const int64_t k = j % count;
+    const int64_t o = j / count;
+    int64_t index = static_cast<int64_t>(indices[k]);
+    if (index < 0) index += axis_size;
+    if (index >= 0 && index < axis_size) {
+      atomicAdd(acc + (o * axis_size + index) * inner + e, ToFloat(dy[i]));
+    }
+  }
+}
+
+enum class PadMode : int { kConstant, kReflect, kEdge, kWrap };
+
+struct PadGeometry {
+  int rank = 0;
+  int64_t out_dims[kMaxDims];
+  int64_t in_dims[kMaxDims];
+  int64_t before[kMaxDims];
+  int64_t in_strides[kMaxDims];
+};
+
+// The input index read for output index `o` along an axis of size `n` padded
+// by `before`, or -1 for the constant value (backend/cpu/data_movement.cc's
+// PadSource; n > 0 for the non-constant modes).
+__device__ __forceinline__ int64_t PadSource(int64_t o, int64_t n, int64_t before, PadMode mode) {
+  const int64_t i = o - before;
+  if (i >= 0 && i < n) return i;
+  switch (mode) {
+    case PadMode::kConstant: return -1;
+    case PadMode::kEdge: return i < 0 ? 0 : n - 1;
+    case PadMode::kWrap: return ((i % n) + n) % n;
+    case PadMode::kReflect: break;
+  }
+  // reflect: mirror without repeating the edge, period 2 * (n - 1).
+  if (n == 1) return 0;
+  const int64_t period = 2 * (n - 1);
+  const int64_t r = ((i % period) + period) % period;
+  return r < n ? r : period - r;
+}
+
+template <typename E>
+__global__ void PadKernel(const E* in, E* out, const E* value, PadGeometry g, PadMode mode,
+                          int64_t total) {
+  CASTOR_GRID_STRIDE(i, total) {
+    int64_t rest = i, offset = 0;
+    bool constant = false;
+    for (int k = g.rank - 1; k >= 0; --k) {
+      const int64_t o = rest % g.out_dims[k];
+      rest /= g.out_dims[k];
+      const int64_t s = PadSource(o, g.in_dims[k], g.before[k], mode);
+      if (s < 0) {
+        constant = true;
+      } else {
+        offset += s * g.in_strides[k];
+      }
+    }
+    out[i] = constant ? *value : in[offset];
+  }
+}
+
+// Range: out[i] = start + i * delta, in float64 for float types and int64
+// for integers, as the CPU.
+template <typename T>
+__global__ void RangeKernel(T* out, T start, T delta, int64_t n) {
+  CASTOR_GRID_STRIDE(i, n) {
+    if constexpr (std::is_floating_point_v<T>) {
+      out[i] = static_cast<T>(static_cast<double>(start) +
+                              static_cast<double>(i) * static_cast<double>(delta));
+    } else {
+      out[i] = static_cast<T>(static_cast<int64_t>(start) + i * static_cast<int64_t>(delta));
+    }
+  }
+}
+
+// Dropout in training: y = keep ? x / (1 - ratio) : 0, in float32 (float64
+// for float64 data).
+template <typename T>
+__global__ void ApplyDropoutKernel(const T* x, const uint8_t* keep, T* y, float scale, int64_t n) {
+  CASTOR_GRID_STRIDE(i, n) {
+    if constexpr (std::is_same_v<T, double>) {
+      y[i] = keep[i] ? x[i] * static_cast<double>(scale) : 0.0;
+    } else {
+      y[i] = FromFloat<T>(keep[i] ? ToFloat(x[i]) * scale : 0.0f);
+    }
+  }
+}
+
+// ---- host helpers ----------------------------------------------------------------
+
+// Whether the simplified geometry `g` (dense destination) is a batched
+// two-axis transpose: dims [batch?, A, B] with source strides [?, 1, A].
+bool IsBatchedTranspose(const CopyGeometry& g) {
+  if (g.rank != 2 && g.rank != 3) return false;
+  const int r = g.rank;
+  const int64_t a = g.dims[r - 2], b = g.dims[r - 1];
+  return g.src_strides[r - 2] == 1 && g.src_strides[r - 1] == a && g.dst_strides[r - 1] == 1 &&
+         g.dst_strides[r - 2] == b && a >= kMinTiledEdge && b >= kMinTiledEdge;
+}
+
+// Copies the index space `dims` of `element_size`-byte elements from `src`
+// (element strides `src_strides`) to `dst` (`dst_strides`); src and dst
+// point at element (0, ..., 0). dst must not overlap src.
+absl::Status CopyStrided(const KernelContext& ctx, const std::vector<int64_t>& dims,
+                         size_t element_size, const void* src,
+                         const std::vector<int64_t>& src_strides, void* dst,
+                         const std::vector<int64_t>& dst_strides) {
+  // Simplify: drop size-1 dims, merge neighbours contiguous in both views.
+  std::vector<int64_t> d, s, t;
+  for (size_t k = 0; k < dims.size(); ++k) {
+    if (dims[k] == 0) return absl::OkStatus();
+    if (dims[k] == 1) continue;
+    if (!d.empty() && s.back() == src_strides[k] * dims[k] &&
+        t.back() == dst_strides[k] * dims[k]) {
+      d.back() *= dims[k];
+      s.back() = src_strides[k];
+      t.back() = dst_strides[k];
+    } else {
+      d.push_back(dims[k]);
+      s.push_back(src_strides[k]);
+      t.push_back(dst_strides[k]);
+    }
+  }
+  if (d.empty()) {
+    d = {1};
+    s = {1};
+    t = {1};
+  }
+  // Rows contiguous in both views move in units of up to 16 bytes.
+  const int rank = static_cast<int>(d.size());
+  if (s.back() == 1 && t.back() == 1) {
+    for (size_t width : {size_t{16}, size_t{8}, size_t{4}, size_t{2}}) {
+      if (width <= element_size) break;
+      const int64_t w = static_cast<int64_t>(width), es = static_cast<int64_t>(element_size);
+      bool ok = d.back() * es % w == 0 && reinterpret_cast<uintptr_t>(src) % width == 0 &&
+                reinterpret_cast<uintptr_t>(dst) % width == 0;
+      for (int k = 0; ok && k + 1 < rank; ++k) ok = s[k] * es % w == 0 && t[k] * es % w == 0;
+      if (!ok) continue;
+      const int64_t factor = w / es;
+      d.back() /= factor;
+      for (int k = 0; k + 1 < rank; ++k) {
+        s[k] /= factor;
+        t[k] /= factor;
+      }
+      element_size = width;
+      break;
+    }
+  }
+  if (rank > kMaxDims) {
+    return ctx.Unimplemented(absl::StrCat("the copy needs ", rank,
+                                          " dims after merging; the CUDA "
+                                          "kernel handles at most ",
+                                          kMaxDims));
+  }
+  CopyGeometry g;
+  g.rank = rank;
+  int64_t total = 1;
+  for (int k = 0; k < rank; ++k) {
+    g.dims[k] = d[k];
+    g.src_strides[k] = s[k];
+    g.dst_strides[k] = t[k];
+    total *= d[k];
+  }
+  return DispatchElementSize(ctx, element_size, [&](auto tag) {
+    using E = typename decltype(tag)::type;
+    const E* from = static_cast<const E*>(src);
+    E* to = static_cast<E*>(dst);
+    if constexpr (sizeof(E) <= 8) {
+      if (IsBatchedTranspose(g)) {
+        const int r = g.rank;
+        const int64_t batches = r == 3 ? g.dims[0] : 1;
+        const int64_t rows = g.dims[r - 1], cols = g.dims[r - 2];
+        const int64_t tiles = batches * ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
+        const unsigned blocks =
+            static_cast<unsigned>(std::clamp<int64_t>(tiles, 1, int64_t{1} << 20));
+        BatchedTransposeKernel<E><<<blocks, dim3(kTile, kTileRows), 0, Stream(ctx)>>>(
+            from, to, rows, cols, batches, r == 3 ? g.src_strides[0] : 0,
+            r == 3 ? g.dst_strides[0] : 0);
+        return CheckLaunch(ctx);
+      }
+    }
+    StridedCopyKernel<E><<<Blocks(total), kThreads, 0, Stream(ctx)>>>(from, to, g, total);
+    return CheckLaunch(ctx);
+  });
+}
+
+// Fills `n` elements of `element_size` bytes at `dst` with the element at
+// `value` (host memory).
+absl::Status FillBytes(const KernelContext& ctx, void* dst, int64_t n, size_t element_size,
+                       const void* value) {
+  if (n == 0) return absl::OkStatus();
+  return DispatchElementSize(ctx, element_size, [&](auto tag) {
+    using E = typename decltype(tag)::type;
+    E v;
+    std::memcpy(&v, value, sizeof(E));
+    FillKernel<E><<<Blocks(n), kThreads, 0, Stream(ctx)>>>(static_cast<E*>(dst), v, n);
+    return CheckLaunch(ctx);
+  });
+}
+
+// Copies input 0 to output 0 with `dims` (same element count); nothing to
+// do when the executor aliased the two.
+absl::Status CopyInputToOutput(KernelContext& ctx, std::vector<int64_t> dims) {
+  const TensorView& input = ctx.input(0);
+  CASTOR_ASSIGN_OR_RETURN(TensorView * output, ctx.Output(0, input.dtype, std::move(dims)));
+  if (output->num_elements() != input.num_elements()) {
+    return ctx.Error(absl::StrCat("internal: output ", DimsString(output->dims), " and input ",
+                                  DimsString(input.dims), " differ in element count"));
+  }
+  return ctx.backend().CopyWithin(output->data, input.data, input.byte_size());
+}
+
+// The bytes of the one element of input `index` on the host (synchronises).
+absl::Status ReadScalarBytes(const KernelContext& ctx, int index, void* host, size_t size) {
+  const TensorView& t = ctx.input(index);
+  if (DTypeSize(t.dtype) != size) {
+    return ctx.Error(absl::StrCat("internal: input ", index, " is ", DTypeName(t.dtype)));
+  }
+  return ctx.backend().CopyToHost(host, t.data, size);
+}
+
+// The one value of float input `index` as float32 (synchronises).
+absl::StatusOr<float> ReadFloatScalar(const KernelContext& ctx, int index, const char* what) {
+  const TensorView& t = ctx.input(index);
+  switch (t.dtype) {
+    case DType::kFloat32: {
+      float v = 0;
+      CASTOR_RETURN_IF_ERROR(ReadScalarBytes(ctx, index, &v, sizeof(v)));
+      return v;
+    }
+    case DType::kFloat64: {
+      double v = 0;
+      CASTOR_RETURN_IF_ERROR(ReadScalarBytes(ctx, index, &v, sizeof(v)));
+      return static_cast<float>(v);
+    }
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      uint16_t bits = 0;
+      CASTOR_RETURN_IF_ERROR(ReadScalarBytes(ctx, index, &bits, sizeof(bits)));
+      return t.dtype == DType::kFloat16 ? HalfBitsToFloat(bits) : BFloat16BitsToFloat(bits);
+    }
+    default:
+      return ctx.Error(absl::StrCat("input ", index, " (", what, ") is ", DTypeName(t.dtype),
+                                    "; expected a float type"));
+  }
+}
+
+// ---- Reshape / Flatten / Squeeze / Unsqueeze / Identity -----------------------------
+
+absl::Status RunReshape(KernelContext& ctx) {
+  const TensorView& data = ctx.input(0);
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> target, ReadInt64s(ctx, 1));
+  const bool allowzero = ctx.GetInt("allowzero", 0) != 0;
+  const int64_t total = data.num_elements();
+  std::vector<int64_t> dims(target.size());
+  int minus_one_at = -1;
+  for (int i = 0; i < static_cast<int>(target.size()); ++i) {
+    const int64_t v = target[i];
+    if (v == 0 && !allowzero) {
+      if (i >= static_cast<int>(data.dims.size())) {
+        return ctx.Error(absl::StrCat("shape ", DimsString(target), " entry ", i,
+                                      " is 0 (copy the input dim) but the input ",
+                                      DimsString(data.dims), " has rank ", data.dims.size()));
+      }
+      dims[i] = data.dims[i];
+    } else if (v == -1) {
+      if (minus_one_at >= 0) {
+        return ctx.Error(absl::StrCat("shape ", DimsString(target), " has more than one -1"));
+      }
+      minus_one_at = i;
+      dims[i] = 1;
+    } else if (v < -1) {
+      return ctx.Error(
+          absl::StrCat("shape ", DimsString(target), " has entry ", v, "; entries must be >= -1"));
+    } else {
+      dims[i] = v;
+    }
+  }
+  if (minus_one_at >= 0) {
+    const int64_t others = Product(dims, 0, dims.size());
+    if (others == 0 || total % others != 0) {
+      return ctx.Error(absl::StrCat("cannot reshape input ", DimsString(data.dims), " (", total,
+                                    " elements) to ", DimsString(target),
+                                    ": the -1 entry cannot be inferred"));
+    }
+    dims[minus_one_at] = total / others;
+  }
+  if (Product(dims, 0, dims.size()) != total) {
+    return ctx.Error(absl::StrCat("cannot reshape input ", DimsString(data.dims), " (", total,
+                                  " elements) to ", DimsString(target), " = ", DimsString(dims),
+                                  " (", Product(dims, 0, dims.size()), " elements)"));
+  }
+  return CopyInputToOutput(ctx, std::move(dims));
+}
+
+absl::Status RunFlatten(KernelContext& ctx) {
+  const std::vector<int64_t>& in = ctx.input(0).dims;
+  const int64_t rank = static_cast<int64_t>(in.size());
+  int64_t axis = ctx.GetInt("axis", 1);
+  if (axis < -rank || axis > rank) {
+    return ctx.Error(absl::StrCat("axis ", axis, " is out of range [", -rank, ", ", rank,
+                                  "] for input ", DimsString(in)));
+  }
+  if (axis < 0) axis += rank;
+  return CopyInputToOutput(ctx, {Product(in, 0, axis), Product(in, axis, in.size())});
+}
+
+// The axes of Squeeze/Unsqueeze: attribute before opset 13, optional input 1
+// from then on; nullopt when none are given.
+absl::StatusOr<std::optional<std::vector<int64_t>>> SqueezeAxes(const KernelContext& ctx) {
+  if (ctx.opset() < 13) {
+    if (!ctx.node().has_attribute("axes")) return std::optional<std::vector<int64_t>>();
+    return std::optional<std::vector<int64_t>>(ctx.GetInts("axes"));
+  }
+  if (!ctx.has_input(1)) return std::optional<std::vector<int64_t>>();
+  CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> axes, ReadInt64s(ctx, 1));
+  return std::optional<std::vector<int64_t>>(std::move(axes));
+}
+
+absl::Status RunSqueeze(KernelContext& ctx) {
+  const std::vector<int64_t>& in = ctx.input(0).dims;
+  const int64_t rank = static_cast<int64_t>(in.size());
+  std::vector<bool> squeezed(rank, false);
+  CASTOR_ASSIGN_OR_RETURN(const std::optional<std::vector<int64_t>> axes, SqueezeAxes(ctx));
+  if (axes && !axes->empty()) {
+    for (int64_t axis : *axes) {
+      CASTOR_ASSIGN_OR_RETURN(const int64_t a, NormalizeAxis(ctx, axis, rank, "axis"));
+      if (in[a] != 1) {
+        return ctx.Error(absl::StrCat("cannot squeeze axis ", axis, " of input ", DimsString(in),
+                                      ": its size is ", in[a], ", not 1"));
+      }
+      squeezed[a] = true;
+    }
+  } else {
+    for (int64_t a = 0; a < rank; ++a) squeezed[a] = in[a] == 1;
+  }
+  std::vector<int64_t> dims;
+  for (int64_t a = 0; a < rank; ++a) {
+    if (!squeezed[a]) dims.push_back(in[a]);
+  }
+  return CopyInputToOutput(ctx, std::move(dims));
+}
+
+absl::Status RunUnsqueeze(KernelContext& ctx) {
+  const std::vector<int64_t>& in = ctx.input(0).dims;
+  CASTOR_ASSIGN_OR_RETURN(const std::optional<std::vector<int64_t>> axes, SqueezeAxes(ctx));
+  if (!axes) {
+    return ctx.Error(ctx.opset() < 13 ? "attribute 'axes' is required before opset 13"
+                                      : "input 1 (axes) is required from opset 13");
+  }
+  const int64_t out_rank = static_cast<int64_t>(in.size() + axes->size());
+  std::vector<bool> inserted(out_rank, false);
+  for (int64_t axis : *axes) {
+    CASTOR_ASSIGN_OR_RETURN(const int64_t a, NormalizeAxis(ctx, axis, out_rank, "axis"));
+    if (inserted[a]) {
+      return ctx.Error(
+          absl::StrCat("axes [", absl::StrJoin(*axes, ","), "] list axis ", axis, " twice"));
+    }
+    inserted[a] = true;
+  }
+  std::vector<int64_t> dims;
+  size_t next = 0;
+  for (int64_t a = 0; a < out_rank; ++a) dims.push_back(inserted[a] ? 1 : in[next++]);
+  return CopyInputToOutput(ctx, std::move(dims));
+}
+
+absl::Status RunIdentity(KernelContext& ctx) { return CopyInputToOutput(ctx, ctx.input(0).dims); }
+
+// ---- Dropout ---------------------------------------------------------------------
+
+// One element of `dtype` holding 1 (`bytes` has 8 bytes).
+absl::Status OneOf(const KernelContext& ctx, DType dtype, unsigned char* bytes) {
+  std::memset(bytes, 0, 8);
+  switch (dtype) {
+    case DType::kFloat32: {
+      const float one = 1.0f;
+      std::memcpy(bytes, &one, sizeof(one));
+      return absl::OkStatus();
+    }
+    case DType::kFloat64: {
+      const double one = 1.0;
+      std::memcpy(bytes, &one, sizeof(one));
+      return absl::OkStatus();
+    }
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      const uint16_t one =
+          dtype == DType::kFloat16 ? FloatToHalfBits(1.0f) : FloatToBFloat16Bits(1.0f);
+      std::memcpy(bytes, &one, sizeof(one));
+      return absl::OkStatus();
+    }
+    case DType::kBool:
+    case DType::kInt8:
+    case DType::kUInt8: bytes[0] = 1; return absl::OkStatus();
+    default: return ctx.Error(absl::StrCat("mask dtype ", DTypeName(dtype)));
+  }
+}
+
+// Writes the all-true mask (bool, or 1 in the data dtype before opset 10).
+absl::Status WriteKeepAllMask(KernelContext& ctx, const TensorView& data) {
+  if (ctx.num_outputs() < 2 || !ctx.has_output(1)) return absl::OkStatus();
+  const DType mask_dtype = ctx.opset() < 10 ? data.dtype : DType::kBool;
+  CASTOR_ASSIGN_OR_RETURN(TensorView * mask, ctx.Output(1, mask_dtype, data.dims));
+  unsigned char one[8];
+  CASTOR_RETURN_IF_ERROR(OneOf(ctx, mask_dtype, one));
+  return FillBytes(ctx, mask->data, mask->num_elements(), DTypeSize(mask_dtype), one);
+}
+
+absl::Status RunDropout(KernelContext& ctx) {
+  const TensorView& data = ctx.input(0);
+  float ratio = 0.5f;
+  bool training = false;
+  if (ctx.opset() < 12) {
+    ratio = ctx.GetFloat("ratio", 0.5f);
+  } else {
+    if (ctx.has_input(1) && ctx.input(1).num_elements() != 1) {
+      return ctx.Error("input 1 (ratio) must hold one value");
+    }
+    if (ctx.has_input(2)) {
+      if (ctx.input(2).num_elements() != 1) {
+        return ctx.Error("input 2 (training_mode) must hold one value");
+      }
+      uint8_t mode = 0;
+      CASTOR_RETURN_IF_ERROR(ReadScalarBytes(ctx, 2, &mode, sizeof(mode)));
+      training = mode != 0;
+    }
+    // The ratio only matters in training; inference reads nothing back.
+    if (training && ctx.has_input(1)) {
+      CASTOR_ASSIGN_OR_RETURN(ratio, ReadFloatScalar(ctx, 1, "ratio"));
+    }
+  }
+  if (!training || ratio == 0.0f) {
+    CASTOR_RETURN_IF_ERROR(CopyInputToOutput(ctx, data.dims));
+    return WriteKeepAllMask(ctx, data);
+  }
+  if (!(ratio > 0.0f && ratio < 1.0f)) {
+    return ctx.Error(absl::StrCat("ratio ", ratio, " is outside [0, 1)"));
+  }
+  const int64_t n = data.num_elements();
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, data.dims));
+  // The CPU's mask: MT19937 seeded with `seed`, u from 53 random bits
+  // (genrand_res53), keep when u >= ratio.
+  std::vector<uint8_t> keep(static_cast<size_t>(n));
+  std::mt19937 rng(static_cast<uint32_t>(ctx.GetInt("seed", 0)));
+  const double threshold = ratio;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t a = rng() >> 5, b = rng() >> 6;
+    const double u = (a * 67108864.0 + b) * (1.0 / 9007199254740992.0);
+    keep[i] = u >= threshold ? 1 : 0;
+  }
+  void* keep_device = nullptr;
+  if (ctx.num_outputs() > 1 && ctx.has_output(1)) {
+    CASTOR_ASSIGN_OR_RETURN(TensorView * mask, ctx.Output(1, DType::kBool, data.dims));
+    keep_device = mask->data;
+  } else {
+    CASTOR_ASSIGN_OR_RETURN(keep_device, ctx.Scratch(static_cast<size_t>(n)));
+  }
+  if (n == 0) return absl::OkStatus();
+  // The copy from pageable memory returns once `keep` is staged.
+  CASTOR_RETURN_IF_ERROR(ctx.backend().CopyFromHost(keep_device, keep.data(), keep.size()));
+  const float scale = 1.0f / (1.0f - ratio);
+  const uint8_t* keep_bytes = static_cast<const uint8_t*>(keep_device);
+  auto apply = [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    ApplyDropoutKernel<T>
+        <<<Blocks(n), kThreads, 0, Stream(ctx)>>>(data.as<T>(), keep_bytes, out->as<T>(), scale, n);
+    return CheckLaunch(ctx);
+  };
+  if (data.dtype == DType::kFloat64) return apply(TypeTag<double>{});
+  return DispatchFloat(ctx, data.dtype, apply);
+}
+
+// ---- Transpose / Expand / Tile -------------------------------------------------------
+
+absl::Status RunTranspose(KernelContext& ctx) {
+  const TensorView& data = ctx.input(0);
+  const int64_t rank = static_cast<int64_t>(data.dims.size());
+  std::vector<int64_t> perm = ctx.GetInts("perm");
+  if (!ctx.node().has_attribute("perm")) {
+    for (int64_t i = rank - 1; i >= 0; --i) perm.push_back(i);
+  }
+  std::vector<bool> seen(rank, false);
+  bool valid = static_cast<int64_t>(perm.size()) == rank;
+  for (int64_t p : perm) {
+    valid = valid && p >= 0 && p < rank && !seen[p];
+    if (valid) seen[p] = true;
+  }
+  if (!valid) {
+    return ctx.Error(absl::StrCat("perm [", absl::StrJoin(perm, ","),
+                                  "] is not a permutation of the axes of input ",
+                                  DimsString(data.dims)));
+  }
+  const std::vector<int64_t> in_strides = ContiguousStrides(data.dims);
+  std::vector<int64_t> dims(rank), src_strides(rank);
+  for (int64_t i = 0; i < rank; ++i) {
+    dims[i] = data.dims[perm[i]];
+    src_strides[i] = in_strides[perm[i]];
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, dims));
+  return CopyStrided(ctx, dims, DTypeSize(data.dtype), data.data, src_strides, out->data,
+                     ContiguousStrides(dims));
+}
+
+absl::Status RunExpand(KernelContext& ctx) {
+  const TensorView& data = ctx.input(0);
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> shape, ReadInt64s(ctx, 1));
+  const size_t rank = std::max(data.dims.size(), shape.size());
+  const std::vector<int64_t> in_strides = ContiguousStrides(data.dims);
+  std::vector<int64_t> dims(rank), src_strides(rank, 0);
+  for (size_t i = 0; i < rank; ++i) {
+    const size_t from_end = rank - 1 - i;
+    const bool has_in = from_end < data.dims.size();
+    const bool has_shape = from_end < shape.size();
+    const int64_t d = has_in ? data.dims[data.dims.size() - 1 - from_end] : 1;
+    const int64_t t = has_shape ? shape[shape.size() - 1 - from_end] : 1;
+    if (d != t && d != 1 && t != 1) {
+      return ctx.Error(absl::StrCat("cannot expand input ", DimsString(data.dims), " to shape ",
+                                    DimsString(shape), ": dim ", d, " vs ", t));
+    }
+    if (t < 0) {
+      return ctx.Error(absl::StrCat("shape ", DimsString(shape), " has a negative entry"));
+    }
+    dims[i] = d == 1 ? t : d;
+    if (has_in && d != 1) src_strides[i] = in_strides[data.dims.size() - 1 - from_end];
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, dims));
+  return CopyStrided(ctx, dims, DTypeSize(data.dtype), data.data, src_strides, out->data,
+                     ContiguousStrides(dims));
+}
+
+absl::Status RunTile(KernelContext& ctx) {
+  const TensorView& in = ctx.input(0);
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> repeats, ReadInt64s(ctx, 1));
+  const size_t rank = in.dims.size();
+  if (repeats.size() != rank) {
+    return ctx.Error(absl::StrCat("repeats [", absl::StrJoin(repeats, ","), "] has ",
+                                  repeats.size(), " entries but the input ", DimsString(in.dims),
+                                  " has rank ", rank));
+  }
+  // Output [r0*d0, r1*d1, ...] is laid out as [r0, d0, r1, d1, ...]: a copy
+  // with stride 0 over each repeat axis.
+  const std::vector<int64_t> in_strides = ContiguousStrides(in.dims);
+  std::vector<int64_t> dims, space, src_strides;
+  for (size_t i = 0; i < rank; ++i) {
+    if (repeats[i] < 0) {
+      return ctx.Error(
+          absl::StrCat("repeats [", absl::StrJoin(repeats, ","), "] has a negative entry"));
+    }
+    dims.push_back(in.dims[i] * repeats[i]);
+    space.push_back(repeats[i]);
+    space.push_back(in.dims[i]);
+    src_strides.push_back(0);
+    src_strides.push_back(in_strides[i]);
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, in.dtype, dims));
+  return CopyStrided(ctx, space, DTypeSize(in.dtype), in.data, src_strides, out->data,
+                     ContiguousStrides(space));
+}
+
+// ---- Shape / Size / Constant / ConstantOfShape / Range --------------------------------
+
+absl::Status RunShape(KernelContext& ctx) {
+  const std::vector<int64_t>& in = ctx.input(0).dims;
+  const int64_t rank = static_cast<int64_t>(in.size());
+  auto clamp = [rank](int64_t index) {
+    if (index < 0) index += rank;
+    return std::clamp<int64_t>(index, 0, rank);
+  };
+  const int64_t start = clamp(ctx.GetInt("start", 0));
+  const int64_t end = clamp(ctx.GetInt("end", rank));
+  const int64_t count = std::max<int64_t>(0, end - start);
+  return WriteInt64Output(ctx, 0, {count},
+                          std::vector<int64_t>(in.begin() + start, in.begin() + start + count));
+}
+
+absl::Status RunSize(KernelContext& ctx) {
+  return WriteInt64Output(ctx, 0, {}, {ctx.input(0).num_elements()});
+}
+
+absl::Status WriteTensor(KernelContext& ctx, const Tensor& value) {
+  if (DTypeSize(value.dtype()) == 0) {
+    return ctx.Unimplemented(
+        absl::StrCat("a ", DTypeName(value.dtype()), " constant (only fixed-size dtypes)"));
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, value.dtype(), value.dims()));
+  // From pageable memory the copy returns once `value` is staged.
+  return ctx.backend().CopyFromHost(out->data, value.raw(), value.byte_size());
+}
+
+absl::Status RunConstant(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  if (const Attribute* a = node.attribute("value")) return WriteTensor(ctx, a->t);
+  if (const Attribute* a = node.attribute("value_float")) {
+    return WriteTensor(ctx, Tensor::Scalar(a->f));
+  }
+  if (const Attribute* a = node.attribute("value_floats")) {
+    return WriteTensor(
+        ctx,
+        Tensor::FromVector(DType::kFloat32, {static_cast<int64_t>(a->floats.size())}, a->floats));
+  }
+  if (const Attribute* a = node.attribute("value_int")) {
+    return WriteTensor(ctx, Tensor::FromVector(DType::kInt64, {}, std::vector<int64_t>{a->i}));
+  }
+  if (const Attribute* a = node.attribute("value_ints")) {
+    return WriteTensor(ctx, Tensor::Int64s(a->ints));
+  }
+  return ctx.Unimplemented(
+      "needs one of the attributes value, value_float(s), value_int(s) (string and sparse "
+      "constants are not supported by the CUDA backend)");
+}
+
+absl::Status RunConstantOfShape(KernelContext& ctx) {
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> dims, ReadInt64s(ctx, 0));
+  for (int64_t d : dims) {
+    if (d < 0) {
+      return ctx.Error(absl::StrCat("shape ", DimsString(dims), " has a negative entry"));
+    }
+  }
+  Tensor fill = Tensor::Scalar(0.0f);
+  if (const Attribute* a = ctx.node().attribute("value")) {
+    if (a->t.num_elements() != 1 || DTypeSize(a->t.dtype()) == 0) {
+      return ctx.Error(absl::StrCat("attribute 'value' must hold one fixed-size element; it is a ",
+                                    DTypeName(a->t.dtype()), " tensor of ", a->t.num_elements(),
+                                    " elements"));
+    }
+    fill = a->t;
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, fill.dtype(), dims));
+  return FillBytes(ctx, out->data, out->num_elements(), DTypeSize(fill.dtype()), fill.raw());
+}
+
+absl::Status RunRange(KernelContext& ctx) {
+  const TensorView& start = ctx.input(0);
+  for (int i = 0; i < 3; ++i) {
+    const TensorView& t = ctx.input(i);
+    if (t.num_elements() != 1) return ctx.Error("start, limit and delta must hold one value");
+    if (t.dtype != start.dtype) return ctx.Error("start, limit and delta must share a dtype");
+  }
+  auto fill = [&](auto tag) -> absl::Status {
+    using T = typename decltype(tag)::type;
+    T s, l, d;
+    CASTOR_RETURN_IF_ERROR(ReadScalarBytes(ctx, 0, &s, sizeof(T)));
+    CASTOR_RETURN_IF_ERROR(ReadScalarBytes(ctx, 1, &l, sizeof(T)));
+    CASTOR_RETURN_IF_ERROR(ReadScalarBytes(ctx, 2, &d, sizeof(T)));
+    if (d == 0) return ctx.Error("delta is 0");
+    int64_t count;
+    if constexpr (std::is_floating_point_v<T>) {
+      count = static_cast<int64_t>(std::max(std::ceil((static_cast<double>(l) - s) / d), 0.0));
+    } else {
+      const int64_t span = static_cast<int64_t>(l) - static_cast<int64_t>(s);
+      const int64_t step = d;
+      count =
+          (span > 0) != (step > 0) || span == 0 ? 0 : (span + step + (step > 0 ? -1 : 1)) / step;
+    }
+    CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, start.dtype, {count}));
+    if (count == 0) return absl::OkStatus();
+    RangeKernel<T><<<Blocks(count), kThreads, 0, Stream(ctx)>>>(out->as<T>(), s, d, count);
+    return CheckLaunch(ctx);
+  };
+  switch (start.dtype) {
+    case DType::kFloat32: return fill(TypeTag<float>{});
+    case DType::kFloat64: return fill(TypeTag<double>{});
+    case DType::kInt16: return fill(TypeTag<int16_t>{});
+    case DType::kInt32: return fill(TypeTag<int32_t>{});
+    case DType::kInt64: return fill(TypeTag<int64_t>{});
+    default:
+      return ctx.Error(absl::StrCat("inputs are ", DTypeName(start.dtype),
+                                    "; Range takes float32, float64, int16, int32 or int64"));
+  }
+}
+
+// ---- Concat / Split / Slice ------------------------------------------------------------
+
+absl::Status RunConcat(KernelContext& ctx) {
+  const TensorView& first = ctx.input(0);
+  const int64_t rank = static_cast<int64_t>(first.dims.size());
+  if (rank == 0) return ctx.Error("cannot concatenate scalars (inputs must have rank >= 1)");
+  CASTOR_ASSIGN_OR_RETURN(const int64_t axis,
+                          NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank, "axis"));
+  std::vector<int64_t> dims = first.dims;
+  dims[axis] = 0;
+  for (int i = 0; i < ctx.num_inputs(); ++i) {
+    if (!ctx.has_input(i)) return ctx.Error(absl::StrCat("input ", i, " is missing"));
+    const TensorView& in = ctx.input(i);
+    bool same = static_cast<int64_t>(in.dims.size()) == rank && in.dtype == first.dtype;
+    for (int64_t k = 0; same && k < rank; ++k) same = k == axis || in.dims[k] == first.dims[k];
+    if (!same) {
+      return ctx.Error(absl::StrCat("input ", i, " ", DimsString(in.dims),
+                                    " does not match input 0 ", DimsString(first.dims),
+                                    " off axis ", axis));
+    }
+    dims[axis] += in.dims[axis];
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, first.dtype, dims));
+  const size_t element_size = DTypeSize(first.dtype);
+  const int64_t outer = Product(dims, 0, axis);
+  const int64_t inner = Product(dims, axis + 1, dims.size());
+  const int64_t out_row = dims[axis] * inner;
+  int64_t offset = 0;  // elements into an output row
+  for (int i = 0; i < ctx.num_inputs(); ++i) {
+    const TensorView& in = ctx.input(i);
+    const int64_t row = in.dims[axis] * inner;
+    // The input as [outer, row] written into columns offset.. of [outer, out_row].
+    CASTOR_RETURN_IF_ERROR(CopyStrided(ctx, {outer, row}, element_size, in.data, {row, 1},
+                                       static_cast<char*>(out->data) + offset * element_size,
+                                       {out_row, 1}));
+    offset += row;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunSplit(KernelContext& ctx) {
+  const TensorView& in = ctx.input(0);
+  const int64_t rank = static_cast<int64_t>(in.dims.size());
+  CASTOR_ASSIGN_OR_RETURN(const int64_t axis,
+                          NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank, "axis"));
+  const int outputs = ctx.num_outputs();
+  const int64_t n = in.dims[axis];
+  std::vector<int64_t> sizes;
+  if (ctx.opset() < 13 && ctx.node().has_attribute("split")) {
+    sizes = ctx.GetInts("split");
+  } else if (ctx.opset() >= 13 && ctx.has_input(1)) {
+    CASTOR_ASSIGN_OR_RETURN(sizes, ReadInt64s(ctx, 1));
+  } else if (ctx.node().has_attribute("num_outputs")) {
+    const int64_t parts = ctx.GetInt("num_outputs", outputs);
+    if (parts != outputs || parts <= 0) {
+      return ctx.Error(
+          absl::StrCat("num_outputs is ", parts, " but the node has ", outputs, " outputs"));
+    }
+    // Chunks of ceil(n / parts); the last takes what is left.
+    const int64_t chunk = (n + parts - 1) / parts;
+    for (int64_t i = 0; i < parts; ++i) {
+      sizes.push_back(std::min(chunk, n - std::min(n, i * chunk)));
+    }
+    if (n - chunk * (parts - 1) < 0) {
+      return ctx.Error(absl::StrCat("cannot split axis ", axis, " of size ", n, " into ", parts,
+                                    " chunks of ", chunk));
+    }
+  } else {
+    if (n % outputs != 0) {
+      return ctx.Error(absl::StrCat("axis ", axis, " of input ", DimsString(in.dims),
+                                    " does not split evenly into ", outputs, " outputs"));
+    }
+    sizes.assign(outputs, n / outputs);
+  }
+  int64_t total = 0;
+  for (int64_t s : sizes) {
+    if (s < 0) {
+      return ctx.Error(
+          absl::StrCat("split [", absl::StrJoin(sizes, ","), "] has a negative entry"));
+    }
+    total += s;
+  }
+  if (static_cast<int>(sizes.size()) != outputs || total != n) {
+    return ctx.Error(absl::StrCat("split [", absl::StrJoin(sizes, ","), "] (sum ", total,
+                                  ") does not cut axis ", axis, " of input ", DimsString(in.dims),
+                                  " into the node's ", outputs, " outputs"));
+  }
+  const size_t element_size = DTypeSize(in.dtype);
+  const int64_t outer = Product(in.dims, 0, axis);
+  const int64_t inner = Product(in.dims, axis + 1, in.dims.size());
+  const int64_t in_row = n * inner;
+  int64_t offset = 0;
+  for (int i = 0; i < outputs; ++i) {
+    std::vector<int64_t> dims = in.dims;
+    dims[axis] = sizes[i];
+    const int64_t row = sizes[i] * inner;
+    if (ctx.has_output(i)) {
+      CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(i, in.dtype, dims));
+      CASTOR_RETURN_IF_ERROR(CopyStrided(ctx, {outer, row}, element_size,
+                                         static_cast<const char*>(in.data) + offset * element_size,
+                                         {in_row, 1}, out->data, {row, 1}));
+    }
+    offset += row;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunSlice(KernelContext& ctx) {
+  const TensorView& in = ctx.input(0);
+  const int64_t rank = static_cast<int64_t>(in.dims.size());
+  std::vector<int64_t> starts, ends, axes, steps;
+  bool has_axes;
+  if (ctx.opset() < 10) {
+    starts = ctx.GetInts("starts");
+    ends = ctx.GetInts("ends");
+    has_axes = ctx.node().has_attribute("axes");
+    if (has_axes) axes = ctx.GetInts("axes");
+  } else {
+    if (!ctx.has_input(1) || !ctx.has_input(2)) {
+      return ctx.Error("inputs 'starts' and 'ends' are required from opset 10");
+    }
+    CASTOR_ASSIGN_OR_RETURN(starts, ReadInt64s(ctx, 1));
+    CASTOR_ASSIGN_OR_RETURN(ends, ReadInt64s(ctx, 2));
+    has_axes = ctx.has_input(3);
+    if (has_axes) {
+      CASTOR_ASSIGN_OR_RETURN(axes, ReadInt64s(ctx, 3));
+    }
+    if (ctx.has_input(4)) {
+      CASTOR_ASSIGN_OR_RETURN(steps, ReadInt64s(ctx, 4));
+    }
+  }
+  const size_t count = starts.size();
+  if (!has_axes) {
+    for (size_t k = 0; k < count; ++k) axes.push_back(static_cast<int64_t>(k));
+  }
+  if (steps.empty()) steps.assign(count, 1);
+  if (ends.size() != count || axes.size() != count || steps.size() != count) {
+    return ctx.Error(
+        absl::StrCat("starts, ends, axes and steps must have one entry per sliced axis; got ",
+                     count, ", ", ends.size(), ", ", axes.size(), ", ", steps.size()));
+  }
+  std::vector<int64_t> first(rank, 0), step_of(rank, 1), dims = in.dims;
+  std::vector<bool> sliced(rank, false);
+  for (size_t k = 0; k < count; ++k) {
+    CASTOR_ASSIGN_OR_RETURN(const int64_t a, NormalizeAxis(ctx, axes[k], rank, "axis"));
+    if (sliced[a]) {
+      return ctx.Error(
+          absl::StrCat("axes [", absl::StrJoin(axes, ","), "] list axis ", a, " twice"));
+    }
+    sliced[a] = true;
+    const int64_t dim = in.dims[a];
+    const int64_t step = steps[k];
+    if (step == 0) return ctx.Error(absl::StrCat("steps entry ", k, " (axis ", a, ") is 0"));
+    int64_t start = starts[k], end = ends[k];
+    // Negative indices count from the end; then starts clamp to [0, dim]
+    // (positive steps) or [0, dim-1] (negative steps), and ends to [0, dim]
+    // or [-1, dim-1].
+    if (start < 0) start += dim;
+    if (end < 0) end += dim;
+    int64_t length;
+    if (step > 0) {
+      start = std::clamp<int64_t>(start, 0, dim);
+      end = std::clamp<int64_t>(end, 0, dim);
+      length = end > start ? (end - start - 1) / step + 1 : 0;
+    } else if (dim == 0) {
+      length = 0;
+    } else {
+      start = std::clamp<int64_t>(start, 0, dim - 1);
+      end = std::clamp<int64_t>(end, -1, dim - 1);
+      length = start > end ? (start - end - 1) / -step + 1 : 0;
+    }
+    dims[a] = length;
+    first[a] = length > 0 ? start : 0;
+    step_of[a] = step;
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, in.dtype, dims));
+  if (out->num_elements() == 0) return absl::OkStatus();
+  const std::vector<int64_t> in_strides = ContiguousStrides(in.dims);
+  std::vector<int64_t> src_strides(rank);
+  int64_t offset = 0;
+  for (int64_t a = 0; a < rank; ++a) {
+    offset += first[a] * in_strides[a];
+    src_strides[a] = step_of[a] * in_strides[a];
+  }
+  const size_t element_size = DTypeSize(in.dtype);
+  return CopyStrided(ctx, dims, element_size,
+                     static_cast<const char*>(in.data) + offset * element_size, src_strides,
+                     out->data, ContiguousStrides(dims));
+}
+
+// ---- Gather / GatherGrad ---------------------------------------------------------------
+
+// Calls f(TypeTag<I>{}) for int32/int64 indices.
+template <typename F>
+absl::Status DispatchIndex(const KernelContext& ctx, const TensorView& indices, const char* what,
+                           F&& f) {
+  if (indices.dtype == DType::kInt32) return f(TypeTag<int32_t>{});
+  if (indices.dtype == DType::kInt64) return f(TypeTag<int64_t>{});
+  return ctx.Error(
+      absl::StrCat(what, " is ", DTypeName(indices.dtype), "; expected int32 or int64"));
+}
+
+absl::Status RunGather(KernelContext& ctx) {
+  const TensorView& data = ctx.input(0);
+  const TensorView& indices = ctx.input(1);
+  const int64_t rank = static_cast<int64_t>(data.dims.size());
+  if (rank == 0) return ctx.Error("input 0 (data) must have rank >= 1; got a scalar");
+  CASTOR_ASSIGN_OR_RETURN(const int64_t axis,
+                          NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank, "axis"));
+  std::vector<int64_t> dims(data.dims.begin(), data.dims.begin() + axis);
+  dims.insert(dims.end(), indices.dims.begin(), indices.dims.end());
+  dims.insert(dims.end(), data.dims.begin() + axis + 1, data.dims.end());
+  return DispatchIndex(ctx, indices, "input 1 (indices)", [&](auto index_tag) -> absl::Status {
+    using I = typename decltype(index_tag)::type;
+    CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, dims));
+    const int64_t outer = Product(data.dims, 0, axis);
+    const int64_t inner = Product(data.dims, axis + 1, data.dims.size());
+    const int64_t count = indices.num_elements();
+    if (out->num_elements() == 0) return absl::OkStatus();
+    // Rows of `inner` elements move in the widest unit that divides them.
+    size_t unit = DTypeSize(data.dtype);
+    const size_t row_bytes = static_cast<size_t>(inner) * unit;
+    for (size_t width : {size_t{16}, size_t{8}, size_t{4}, size_t{2}}) {
+      if (width <= unit) break;
+      if (row_bytes % width == 0 && reinterpret_cast<uintptr_t>(data.data) % width == 0 &&
+          reinterpret_cast<uintptr_t>(out->data) % width == 0) {
+        unit = width;
+        break;
+      }
+    }
+    const int64_t inner_units = static_cast<int64_t>(row_bytes / unit);
+    return DispatchElementSize(ctx, unit, [&](auto tag) {
+      using E = typename decltype(tag)::type;
+      const int64_t total = outer * count * inner_units;
+      GatherKernel<E, I><<<Blocks(total), kThreads, 0, Stream(ctx)>>>(
+          static_cast<const E*>(data.data), indices.as<I>(), static_cast<E*>(out->data), count,
+          data.dims[axis], inner_units, total);
+      return CheckLaunch(ctx);
+    });
+  });
+}
+
+absl::Status RunGatherGrad(KernelContext& ctx) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& indices = ctx.input(1);
+  const TensorView& data = ctx.input(2);
+  if (dy.dtype != data.dtype) {
+    return ctx.Error(absl::StrCat("input 0 (dY) is ", DTypeName(dy.dtype),
+                                  " but input 2 (data) is ", DTypeName(data.dtype),
+                                  "; they must match"));
+  }
+  const int64_t rank = static_cast<int64_t>(data.dims.size());
+  const int64_t axis_attr = ctx.GetInt("axis", 0);
+  const int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
+  if (axis < 0 || axis >= rank) {
+    return ctx.Error(absl::StrCat("attribute 'axis' ", axis_attr,
+                                  " is out of range for input 2 (data) ", DimsString(data.dims)));
+  }
+  std::vector<int64_t> y_dims(data.dims.begin(), data.dims.begin() + axis);
+  y_dims.insert(y_dims.end(), indices.dims.begin(), indices.dims.end());
+  y_dims.insert(y_dims.end(), data.dims.begin() + axis + 1, data.dims.end());
+  if (dy.dims != y_dims) {
+    return ctx.Error(absl::StrCat("input 0 (dY) is ", DimsString(dy.dims), "; expected ",
+                                  DimsString(y_dims), " (Gather's output for data and indices)"));
+  }
+  return DispatchIndex(ctx, indices, "input 1 (indices)", [&](auto index_tag) -> absl::Status {
+    using I = typename decltype(index_tag)::type;
+    CASTOR_ASSIGN_OR_RETURN(TensorView * dd, ctx.Output(0, data.dtype, data.dims));
+    const int64_t n = dd->num_elements();
+    if (n == 0) return absl::OkStatus();
+    // Accumulate in float32: the output itself, or scratch converted once.
+    float* acc = nullptr;
+    if (data.dtype == DType::kFloat32) {
+      acc = dd->as<float>();
+    } else {
+      CASTOR_ASSIGN_OR_RETURN(void* buffer, ctx.Scratch(static_cast<size_t>(n) * sizeof(float)));
+      acc = static_cast<float*>(buffer);
+    }
+    CASTOR_CUDA_CALL(cudaMemsetAsync(acc, 0, static_cast<size_t>(n) * sizeof(float), Stream(ctx)));
+    return DispatchFloat(ctx, data.dtype, [&](auto tag) -> absl::Status {
+      using T = typename decltype(tag)::type;
+      const int64_t total = dy.num_elements();
+      if (total > 0) {
+        GatherGradKernel<T, I><<<Blocks(total), kThreads, 0, Stream(ctx)>>>(
+            dy.as<T>(), indices.as<I>(), acc, indices.num_elements(), data.dims[axis],
+            Product(data.dims, axis + 1, data.dims.size()), total);
+        CASTOR_RETURN_IF_ERROR(CheckLaunch(ctx));
+      }
+      if constexpr (!std::is_same_v<T, float>) {
+        CASTOR_RETURN_IF_ERROR(ConvertFloats(ctx, acc, n, dd->as<T>()));
+      }
+      return absl::OkStatus();
+    });
+  });
+}
+
+// ---- Pad -------------------------------------------------------------------------------
+
+absl::Status RunPad(KernelContext& ctx) {
+  const TensorView& in = ctx.input(0);
+  const int64_t rank = static_cast<int64_t>(in.dims.size());
+  const std::string mode_name = ctx.GetString("mode", "constant");
+  PadMode mode;
+  if (mode_name == "constant") {
+    mode = PadMode::kConstant;
+  } else if (mode_name == "reflect") {
+    mode = PadMode::kReflect;
+  } else if (mode_name == "edge") {
+    mode = PadMode::kEdge;
+  } else if (mode_name == "wrap") {
+    mode = PadMode::kWrap;
+  } else {
+    return ctx.Error(absl::StrCat("mode '", mode_name, "' is not constant, reflect, edge or wrap"));
+  }
+  std::vector<int64_t> pads;
+  std::vector<int64_t> axes;
+  if (ctx.opset() < 11) {
+    pads = ctx.GetInts("pads");
+  } else {
+    if (!ctx.has_input(1)) return ctx.Error("input 1 (pads) is required from opset 11");
+    CASTOR_ASSIGN_OR_RETURN(pads, ReadInt64s(ctx, 1));
+    if (ctx.has_input(3)) {
+      CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> axes_in, ReadInt64s(ctx, 3));
+      for (int64_t axis : axes_in) {
+        CASTOR_ASSIGN_OR_RETURN(const int64_t a, NormalizeAxis(ctx, axis, rank, "axis"));
+        axes.push_back(a);
+      }
+    }
+  }
+  if (axes.empty() && !(ctx.opset() >= 11 && ctx.has_input(3))) {
+    for (int64_t a = 0; a < rank; ++a) axes.push_back(a);
+  }
+  const int64_t n = static_cast<int64_t>(axes.size());
+  if (static_cast<int64_t>(pads.size()) != 2 * n) {
+    return ctx.Error(absl::StrCat("pads [", absl::StrJoin(pads, ","), "] has ", pads.size(),
+                                  " entries; expected ", 2 * n, " (begin and end for each of ", n,
+                                  " axes) for input ", DimsString(in.dims)));
+  }
+  std::vector<int64_t> before(rank, 0), after(rank, 0);
+  for (int64_t k = 0; k < n; ++k) {
+    before[axes[k]] += pads[k];
+    after[axes[k]] += pads[k + n];
+  }
+  std::vector<int64_t> dims(rank);
+  for (int64_t a = 0; a < rank; ++a) {
+    dims[a] = in.dims[a] + before[a] + after[a];
+    if (dims[a] < 0) {
+      return ctx.Error(absl::StrCat("pads [", absl::StrJoin(pads, ","), "] make axis ", a,
+                                    " of input ", DimsString(in.dims), " negative"));
+    }
+    if (mode != PadMode::kConstant && in.dims[a] == 0 && dims[a] > 0) {
+      return ctx.Error(absl::StrCat("cannot ", mode_name, "-pad axis ", a, " of input ",
+                                    DimsString(in.dims), ": it is empty"));
+    }
+  }
+  if (rank > kMaxDims) {
+    return ctx.Unimplemented(
+        absl::StrCat("input of rank ", rank, "; the CUDA kernel pads at most ", kMaxDims, " dims"));
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, in.dtype, dims));
+  const int64_t total = out->num_elements();
+  if (total == 0) return absl::OkStatus();
+  const size_t element_size = DTypeSize(in.dtype);
+  // The constant: input 2 on the device from opset 11 (zero when absent or
+  // empty); before 11 the float attribute 'value' for float data (zero for
+  // other dtypes, as the CPU).
+  const void* value = nullptr;
+  if (ctx.opset() >= 11 && ctx.has_input(2) && ctx.input(2).num_elements() > 0) {
+    value = ctx.input(2).data;
+  } else {
+    unsigned char bytes[8] = {0};
+    if (ctx.opset() < 11) {
+      const float v = ctx.GetFloat("value", 0.0f);
+      if (in.dtype == DType::kFloat32) {
+        std::memcpy(bytes, &v, sizeof(v));
+      } else if (in.dtype == DType::kFloat64) {
+        const double wide = v;
+        std::memcpy(bytes, &wide, sizeof(wide));
+      } else if (in.dtype == DType::kFloat16 || in.dtype == DType::kBFloat16) {
+        const uint16_t bits =
+            in.dtype == DType::kFloat16 ? FloatToHalfBits(v) : FloatToBFloat16Bits(v);
+        std::memcpy(bytes, &bits, sizeof(bits));
+      }
+    }
+    CASTOR_ASSIGN_OR_RETURN(void* buffer, ctx.Scratch(sizeof(bytes)));
+    CASTOR_RETURN_IF_ERROR(ctx.backend().CopyFromHost(buffer, bytes, sizeof(bytes)));
+    value = buffer;
+  }
+  PadGeometry g;
+  g.rank = static_cast<int>(rank);
+  const std::vector<int64_t> in_strides = ContiguousStrides(in.dims);
+  for (int64_t a = 0; a < rank; ++a) {
+    g.out_dims[a] = dims[a];
+    g.in_dims[a] = in.dims[a];
+    g.before[a] = before[a];
+    g.in_strides[a] = in_strides[a];
+  }
+  return DispatchElementSize(ctx, element_size, [&](auto tag) {
+    using E = typename decltype(tag)::type;
+    PadKernel<E><<<Blocks(total), kThreads, 0, Stream(ctx)>>>(
+        static_cast<const E*>(in.data), static_cast<E*>(out->data), static_cast<const E*>(value), g,
+        mode, total);
+    return CheckLaunch(ctx);
+  });
+}
+
+}  // namespace
+
+void RegisterShapeKernels(KernelTable& table) {
+  struct Entry {
+    const char* op_type;
+    KernelFn run;
+    bool in_place_ok;
+  };
+  const Entry entries[] = {
+      {"Reshape", RunReshape, true},      {"Flatten", RunFlatten, true},
+      {"Squeeze", RunSqueeze, true},      {"Unsqueeze", RunUnsqueeze, true},
+      {"Identity", RunIdentity, true},    {"Dropout", RunDropout, true},
+      {"Transpose", RunTranspose, false}, {"Expand", RunExpand, false},
+      {"Shape", RunShape, false},         {"Size", RunSize, false},
+      {"Constant", RunConstant, false},   {"ConstantOfShape", RunConstantOfShape, false},
+      {"Concat", RunConcat, false},       {"Split", RunSplit, false},
+      {"Slice", RunSlice, false},         {"Gather", RunGather, false},
+      {"Tile", RunTile, false},           {"Pad", RunPad, false},
+  };
+  for (const Entry& e : entries) {
+    table.Register(KernelDef{"", e.op_type, FixedSizeTensors, e.run, e.in_place_ok});
+  }
+  table.Register(KernelDef{"", "Range",
+                           InputDTypeIn(0, {DType::kFloat32, DType::kFloat64, DType::kInt16,
+                                            DType::kInt32, DType::kInt64}),
+                           RunRange, false});
+  table.Register(KernelDef{kCastorDomain, "GatherGrad", FloatDTypesIn(CudaFloatDTypes()),
+                           RunGatherGrad, false});
+}
+
+}  // namespace castor::cuda

@@ -1,0 +1,53 @@
+// The CUDA backend as the rest of castor sees it, without CUDA headers:
+// create one (or learn why not), and reach its kernel table. Implemented by
+// backend/cuda/cuda_backend.cu when castor is built with CUDA and by
+// backend/no_cuda.cc otherwise, so callers need no #ifdefs.
+//
+// A CUDA backend owns one stream, its cuBLAS/cuBLASLt/cuDNN handles and a
+// caching pool of device memory; it keeps no global device state, so two
+// backends (say, on two devices) never share anything but the driver.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "backend/backend.h"
+#include "backend/kernel.h"
+
+namespace castor {
+
+struct CudaBackendOptions {
+  int device = 0;
+  // float32 MatMul/Gemm/Conv through TF32 tensor cores (faster, ~10-bit
+  // mantissa products). Off by default: float32 means float32.
+  bool allow_tf32 = false;
+};
+
+// Device memory of one CUDA backend's pool.
+struct DeviceMemoryStats {
+  int64_t in_use_bytes = 0;    // handed out now
+  int64_t peak_in_use_bytes = 0;
+  int64_t reserved_bytes = 0;  // held from the driver (in use + cached)
+  int64_t device_allocations = 0;  // cudaMalloc calls so far
+};
+
+// Whether this build has the CUDA backend compiled in.
+bool CudaBackendCompiled();
+
+// A CUDA backend on `options.device`. FailedPrecondition, saying why, when
+// castor was built without CUDA, no driver or device is usable, or the
+// device is older than compute capability 8.0 (the oldest castor's kernels
+// are built for; it also brings bfloat16 math).
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options = {});
+
+// The CUDA backend's kernels. They are host-side descriptions (op, dtypes,
+// entry point), so the table exists without a GPU: tools and tests use it
+// to check that a graph could run on CUDA. nullptr without CUDA.
+const KernelTable* CudaKernelTable();
+
+// The memory statistics of `backend` when it is a CUDA backend.
+absl::StatusOr<DeviceMemoryStats> CudaMemoryStats(const Backend& backend);
+
+}  // namespace castor

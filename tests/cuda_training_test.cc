@@ -1,0 +1,179 @@
+// Training on the CUDA backend against the CPU backend (the reference):
+// the same model, weights and batches give the same losses step by step and
+// the same weights after several steps, for each sample model under each
+// builtin policy; an injected overflow skips the whole update on CUDA and
+// names the same first non-finite node; evaluation agrees; and once shapes
+// repeat, a step allocates no device memory (the pool serves it). Skips
+// without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda_backend.h"
+#include "graph/onnx_io.h"
+#include "graph/shape_inference.h"
+#include "passes/autocast.h"
+#include "passes/policy.h"
+#include "passes/training_graph.h"
+#include "tests/cuda_test_util.h"
+#include "tools/trainer.h"
+
+namespace castor::tools {
+namespace {
+
+using ::castor::testing::Cpu;
+using ::castor::testing::Gpu;
+
+Model LoadSample(const std::string& name, const std::string& policy) {
+  absl::StatusOr<Model> model =
+      LoadModel(std::string(CASTOR_SOURCE_DIR) + "/models/" + name + ".onnx");
+  EXPECT_TRUE(model.ok()) << model.status();
+  EXPECT_TRUE(InferTypes(*model).ok());
+  if (policy != "float32") {
+    absl::StatusOr<AutocastReport> report = RunAutocast(*model, *Policy::Builtin(policy));
+    EXPECT_TRUE(report.ok()) << report.status();
+  }
+  return std::move(*model);
+}
+
+std::unique_ptr<Trainer> MakeTrainer(const std::string& name, const std::string& policy,
+                                     Backend& backend, TrainerOptions options = {}) {
+  Model model = LoadSample(name, policy);
+  absl::StatusOr<TrainingGraph> graph = BuildTrainingGraph(model, TrainingGraphOptions{});
+  EXPECT_TRUE(graph.ok()) << graph.status();
+  options.scaler.enabled = policy == "mixed_float16";
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+      Trainer::Create(std::move(model), *graph, options, backend);
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  return trainer.ok() ? std::move(*trainer) : nullptr;
+}
+
+// Batch `index`: `n` images in [0, 1) and labels 0..9, deterministic.
+std::pair<Tensor, Tensor> Batch(int index, int64_t n = 16) {
+  std::mt19937 rng(1000 + index);
+  std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+  Tensor images(DType::kFloat32, {n, 1, 28, 28});
+  for (int64_t i = 0; i < images.num_elements(); ++i) images.data<float>()[i] = pixel(rng);
+  Tensor labels(DType::kInt64, {n});
+  for (int64_t i = 0; i < n; ++i) labels.data<int64_t>()[i] = (i + index) % 10;
+  return {std::move(images), std::move(labels)};
+}
+
+// max |a - b| / max(max |b|, 1e-6) over two tensors of the same shape.
+double RelativeMaxDifference(const Tensor& a, const Tensor& b) {
+  double diff = 0, scale = 1e-6;
+  for (int64_t i = 0; i < b.num_elements(); ++i) {
+    diff = std::max(diff, std::fabs(a.GetDouble(i) - b.GetDouble(i)));
+    scale = std::max(scale, std::fabs(b.GetDouble(i)));
+  }
+  return diff / scale;
+}
+
+struct Case {
+  std::string model, policy;
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.model << " " << c.policy; }
+
+class CudaTrainingTest : public ::testing::TestWithParam<Case> {};
+
+// Five SGD steps on CUDA and on the CPU from the same weights and batches.
+// SGD, not Adam: Adam's first steps move every weight by about lr whatever
+// the gradient's size, so a gradient that is zero up to rounding noise (the
+// transformer's key bias: softmax ignores a shift) would take a random +-lr
+// step on each backend. Tolerances: float32 differs only by summation order
+// (cuBLAS/cuDNN vs OpenBLAS/im2col), 16-bit compute by roundings of
+// intermediate values that land on the other side of a 16-bit boundary.
+TEST_P(CudaTrainingTest, StepsMatchTheCpuBackend) {
+  CASTOR_REQUIRE_CUDA();
+  const Case& c = GetParam();
+  const double tolerance = c.policy == "float32" ? 1e-3 : 3e-2;
+  TrainerOptions options;
+  options.optimizer.kind = OptimizerKind::kSgd;
+  options.lr.base_lr = 0.05;
+  std::unique_ptr<Trainer> cpu = MakeTrainer(c.model, c.policy, Cpu(), options);
+  std::unique_ptr<Trainer> gpu = MakeTrainer(c.model, c.policy, Gpu(), options);
+  ASSERT_TRUE(cpu && gpu);
+  for (int step = 0; step < 5; ++step) {
+    auto [images, labels] = Batch(step);
+    absl::StatusOr<StepResult> expected = cpu->Step({{"input", images}}, labels);
+    absl::StatusOr<StepResult> got = gpu->Step({{"input", images}}, labels);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->skipped, expected->skipped) << "step " << step;
+    EXPECT_NEAR(got->loss, expected->loss, tolerance * std::fabs(expected->loss))
+        << "step " << step;
+    EXPECT_LE(RelativeMaxDifference(got->output, expected->output), tolerance) << "step " << step;
+  }
+  for (const auto& [name, expected] : cpu->state()) {
+    const Tensor& got = gpu->state().at(name);
+    ASSERT_EQ(got.dims(), expected.dims()) << name;
+    EXPECT_EQ(got.dtype(), DType::kFloat32) << name << ": master weights stay float32";
+    EXPECT_LE(RelativeMaxDifference(got, expected), tolerance) << name;
+  }
+  auto [images, labels] = Batch(99);
+  absl::StatusOr<StepResult> expected = cpu->Evaluate({{"input", images}}, labels);
+  absl::StatusOr<StepResult> got = gpu->Evaluate({{"input", images}}, labels);
+  ASSERT_TRUE(expected.ok() && got.ok()) << expected.status() << " / " << got.status();
+  EXPECT_NEAR(got->loss, expected->loss, tolerance * std::fabs(expected->loss));
+}
+
+std::vector<Case> AllCases() {
+  std::vector<Case> cases;
+  for (const char* model : {"mlp_opset17", "cnn_opset17", "resnet_opset17", "transformer_opset17"}) {
+    for (const char* policy : {"float32", "mixed_float16", "mixed_bfloat16"}) {
+      cases.push_back({model, policy});
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(SampleModels, CudaTrainingTest, ::testing::ValuesIn(AllCases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.model + "_" + info.param.policy;
+                         });
+
+TEST(CudaTrainerTest, InjectedOverflowSkipsTheWholeUpdate) {
+  CASTOR_REQUIRE_CUDA();
+  TrainerOptions options;
+  options.scaler.initial_scale = 1e30;  // float16 gradients overflow for sure
+  std::unique_ptr<Trainer> gpu = MakeTrainer("resnet_opset17", "mixed_float16", Gpu(), options);
+  std::unique_ptr<Trainer> cpu = MakeTrainer("resnet_opset17", "mixed_float16", Cpu(), options);
+  ASSERT_TRUE(gpu && cpu);
+  const std::map<std::string, Tensor> before = gpu->state();
+  auto [images, labels] = Batch(0, 8);
+  absl::StatusOr<StepResult> result = gpu->Step({{"input", images}}, labels);
+  absl::StatusOr<StepResult> reference = cpu->Step({{"input", images}}, labels);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  EXPECT_TRUE(result->skipped);
+  EXPECT_EQ(gpu->scaler().scale(), 5e29);
+  EXPECT_EQ(gpu->scaler().skipped_steps(), 1);
+  EXPECT_EQ(gpu->optimizer().step(), 0);
+  for (const auto& [name, tensor] : before) {
+    const Tensor& now = gpu->state().at(name);
+    EXPECT_EQ(std::memcmp(tensor.raw(), now.raw(), tensor.byte_size()), 0) << name;
+  }
+  EXPECT_FALSE(result->first_non_finite.empty());
+  EXPECT_EQ(result->first_non_finite, reference->first_non_finite);
+}
+
+TEST(CudaTrainerTest, RepeatedStepsAllocateNoDeviceMemory) {
+  CASTOR_REQUIRE_CUDA();
+  std::unique_ptr<Trainer> gpu = MakeTrainer("cnn_opset17", "mixed_float16", Gpu());
+  ASSERT_TRUE(gpu);
+  auto [images, labels] = Batch(0);
+  for (int step = 0; step < 2; ++step) ASSERT_TRUE(gpu->Step({{"input", images}}, labels).ok());
+  const DeviceMemoryStats warm = *CudaMemoryStats(Gpu());
+  for (int step = 0; step < 3; ++step) ASSERT_TRUE(gpu->Step({{"input", images}}, labels).ok());
+  const DeviceMemoryStats after = *CudaMemoryStats(Gpu());
+  EXPECT_EQ(after.device_allocations, warm.device_allocations);
+  EXPECT_GT(after.peak_in_use_bytes, 0);
+}
+
+}  // namespace
+}  // namespace castor::tools
