@@ -15,6 +15,7 @@
 #include <fstream>
 #include <limits>
 
+#include "backend/cuda_probe.h"
 #include "graph/onnx_io.h"
 #include "tests/cli_test_util.h"
 
@@ -220,6 +221,20 @@ TEST_F(ConformanceProgramTest, CaseReasonsNameMissingKernelsAndLoadErrors) {
   std::ofstream(cases_ / "test_pass" / "model.onnx") << "not a model";
   result = RunConformanceCase((cases_ / "test_pass").string(), backend);
   EXPECT_THAT(result.reason, AllOf(HasSubstr("load error: "), HasSubstr("model.onnx")));
+}
+
+// --backend cuda runs the cases on the GPU when there is one (every case is
+// an Identity, which has a CUDA kernel, so the tally is the CPU's); without one
+// it is exit 2 saying why.
+TEST_F(ConformanceProgramTest, CudaBackendRunsTheCasesOrSaysWhyNot) {
+  Program p = Run("--backend cuda");
+  if (ProbeCuda().usable) {
+    EXPECT_EQ(p.exit_code, 1) << p.err;
+    EXPECT_THAT(p.out, HasSubstr("2 passed, 3 failed\n"));
+  } else {
+    EXPECT_EQ(p.exit_code, 2);
+    EXPECT_THAT(p.err, HasSubstr("castor conformance: error: --backend cuda: "));
+  }
 }
 
 TEST_F(ConformanceProgramTest, HelpExplainsFlags) {

@@ -17,6 +17,7 @@
 #include <random>
 #include <sstream>
 
+#include "backend/cuda_probe.h"
 #include "graph/json.h"
 #include "tools/checkpoint.h"
 #include "tools/npy.h"
@@ -26,6 +27,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class TrainCommandTest : public ::testing::Test {
  protected:
@@ -82,10 +84,23 @@ TEST_F(TrainCommandTest, TrainsEvaluatesAndWritesMetrics) {
 
   std::ifstream in(metrics);
   std::string line;
-  int steps = 0, evaluations = 0;
+  int steps = 0, evaluations = 0, summaries = 0;
   while (std::getline(in, line)) {
     absl::StatusOr<Json> json = Json::Parse(line);
     ASSERT_TRUE(json.ok()) << line;
+    if (json->Find("summary") != nullptr) {
+      ++summaries;
+      EXPECT_EQ(steps, 6) << "the summary is the last line";
+      EXPECT_EQ(json->Find("backend")->as_string(), "cpu");
+      EXPECT_EQ(json->Find("policy")->as_string(), "mixed_float16");
+      EXPECT_EQ(json->Find("steps")->as_int(), 6);
+      EXPECT_EQ(json->Find("skipped")->as_int(), 0);
+      EXPECT_GT(json->Find("step_time_ms")->as_number(), 0.0);
+      EXPECT_GT(json->Find("samples_per_s")->as_number(), 0.0);
+      EXPECT_GT(json->Find("peak_activation_bytes")->as_int(), 0);
+      EXPECT_EQ(json->Find("peak_device_memory_bytes"), nullptr) << "no device memory on the CPU";
+      continue;
+    }
     if (json->Find("test_accuracy") != nullptr) {
       ++evaluations;
       EXPECT_NE(json->Find("epoch"), nullptr);
@@ -101,6 +116,7 @@ TEST_F(TrainCommandTest, TrainsEvaluatesAndWritesMetrics) {
   }
   EXPECT_EQ(steps, 6);
   EXPECT_EQ(evaluations, 2);
+  EXPECT_EQ(summaries, 1);
 }
 
 TEST_F(TrainCommandTest, BFloat16TrainsWithoutLossScaling) {
@@ -273,11 +289,31 @@ TEST_F(TrainCommandTest, ResumingAnOlderCheckpointIntoItsDirectoryIsRefused) {
       << err2.str();
 }
 
+// Without a usable GPU, --backend cuda is refused saying why and --backend
+// auto trains on the CPU saying why; with one, both train on it.
+TEST_F(TrainCommandTest, BackendChoice) {
+  const CudaProbe probe = ProbeCuda();
+  Result cuda = Train({"--backend", "cuda", "--max-steps", "1"});
+  Result automatic = Train({"--backend", "auto", "--max-steps", "1"});
+  ASSERT_EQ(automatic.code, 0) << automatic.err;
+  if (probe.usable) {
+    ASSERT_EQ(cuda.code, 0) << cuda.err;
+    EXPECT_THAT(cuda.out, HasSubstr("backend cuda:0 ("));
+    EXPECT_THAT(automatic.out, HasSubstr("backend cuda:0 ("));
+    return;
+  }
+  EXPECT_EQ(cuda.code, 2);
+  EXPECT_THAT(cuda.err, HasSubstr("castor train: error: --backend cuda: "));
+  EXPECT_THAT(cuda.err, HasSubstr(probe.compiled ? "no usable GPU" : "not compiled in"));
+  EXPECT_THAT(automatic.err, HasSubstr("castor train: --backend auto chose the CPU: "));
+  EXPECT_THAT(automatic.out, HasSubstr(", backend cpu ("));
+  Result cpu = Train({"--backend", "cpu", "--max-steps", "1"});
+  ASSERT_EQ(cpu.code, 0) << cpu.err;
+  EXPECT_THAT(cpu.err, Not(HasSubstr("--backend")));
+}
+
 TEST_F(TrainCommandTest, FlagErrorsAreExit2) {
-  Result r = Train({"--backend", "cuda"});
-  EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, HasSubstr("--backend cuda: the CUDA training backend is not built yet"));
-  r = Train({"--output", "probs"});
+  Result r = Train({"--output", "probs"});
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.err, HasSubstr("--output 'probs' is not a model output"));
   r = Train({"--epochs", "0"});

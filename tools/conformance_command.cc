@@ -8,12 +8,15 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <regex>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cuda_backend.h"
 #include "backend/executor.h"
 #include "graph/onnx_io.h"
 #include "graph/status.h"
@@ -172,12 +175,13 @@ struct ConformanceOptions {
   std::string filter;
   bool verbose = false;
   int64_t threads = 0;
+  std::string backend = "cpu";
 };
 
 ArgParser MakeParser(ConformanceOptions& options) {
   ArgParser parser(
       "castor conformance",
-      "Runs every ONNX backend node test case in DIR on the CPU backend: each case is a\n"
+      "Runs every ONNX backend node test case in DIR on a backend: each case is a\n"
       "folder with model.onnx and test_data_set_*/input_K.pb, output_K.pb. Inputs bind to\n"
       "the graph inputs without an initializer, in order; outputs to the graph outputs.\n"
       "Outputs are compared as ONNX's backend test runner does: dtype and shape exactly,\n"
@@ -190,7 +194,7 @@ ArgParser MakeParser(ConformanceOptions& options) {
       "and a listed case that passes is reported as unexpectedly passed.\n"
       "\n"
       "exit codes: 0 every failure is listed and no listed case passed; 1 otherwise;\n"
-      "2 bad DIR, expected-failures file, or flag.");
+      "2 bad DIR, expected-failures file, or flag (or --backend cuda without a usable GPU).");
   parser.AddPositional("DIR", "the folder of test cases", &options.dir)
       .AddString("expected-failures", "FILE", "cases allowed to fail, one per line with a reason",
                  &options.expected_failures_path)
@@ -198,6 +202,10 @@ ArgParser MakeParser(ConformanceOptions& options) {
                  &options.filter)
       .AddSwitch("verbose", "also print PASS and expected-failure (XFAIL) lines", &options.verbose)
       .AddInt("threads", "N", "CPU threads (0: all hardware threads)", &options.threads)
+      .AddEnum("backend", {"cpu", "cuda"},
+               "the backend that runs the cases; on cuda, cases of ops without a CUDA kernel "
+               "fail as 'missing kernel' and are counted apart",
+               &options.backend)
       .AddExample("castor conformance ../shared/conformance/onnx-node")
       .AddExample(
           "castor conformance ../shared/conformance/onnx-node --filter '^test_conv' "
@@ -246,6 +254,7 @@ absl::StatusOr<std::map<std::string, std::string>> LoadExpectedFailures(
 
 struct Tally {
   int passed = 0, failed = 0, expected_failed = 0, unexpected_passes = 0;
+  int missing_kernel = 0;  // failures because the backend has no kernel for an op
 };
 
 void Report(const CaseResult& result, const std::map<std::string, std::string>& expected,
@@ -317,6 +326,8 @@ absl::StatusOr<std::map<std::string, std::string>> ParseExpectedFailures(
   return expected;
 }
 
+constexpr const char* kMissingKernel = "missing kernel: ";
+
 CaseResult RunConformanceCase(const std::string& case_dir, Backend& backend) {
   CaseResult result;
   result.name = fs::path(case_dir).filename().string();
@@ -329,7 +340,7 @@ CaseResult RunConformanceCase(const std::string& case_dir, Backend& backend) {
   if (!executor.ok()) {
     const bool missing = executor.status().code() == absl::StatusCode::kUnimplemented;
     result.reason =
-        absl::StrCat(missing ? "missing kernel: " : "plan error: ", executor.status().message());
+        absl::StrCat(missing ? kMissingKernel : "plan error: ", executor.status().message());
     return result;
   }
   const std::vector<fs::path> sets = DataSets(case_dir);
@@ -374,16 +385,31 @@ int RunConformance(const std::vector<std::string>& args, std::ostream& out, std:
   auto expected = LoadExpectedFailures(options.expected_failures_path, *cases);
   if (!expected.ok()) return fail(expected.status());
 
-  CpuBackend backend(CpuBackendOptions{static_cast<int>(options.threads)});
+  std::unique_ptr<Backend> backend;
+  if (options.backend == "cuda") {
+    absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend();
+    if (!cuda.ok()) {
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("--backend cuda: ", cuda.status().message())));
+    }
+    backend = *std::move(cuda);
+  } else {
+    backend = std::make_unique<CpuBackend>(CpuBackendOptions{static_cast<int>(options.threads)});
+  }
   Tally tally;
   for (const std::string& name : *cases) {
     if (!std::regex_search(name, filter)) continue;
-    CaseResult result = RunConformanceCase((fs::path(options.dir) / name).string(), backend);
+    CaseResult result = RunConformanceCase((fs::path(options.dir) / name).string(), *backend);
+    if (!result.passed && absl::StartsWith(result.reason, kMissingKernel)) ++tally.missing_kernel;
     Report(result, *expected, options.expected_failures_path, options.verbose, tally, out);
     out.flush();
   }
   out << tally.passed << " passed, " << tally.failed << " failed";
   if (!expected->empty()) out << " (" << tally.expected_failed << " expected failures)";
+  if (tally.missing_kernel > 0) {
+    out << ", " << tally.missing_kernel << " of the failures for a missing " << options.backend
+        << " kernel";
+  }
   if (tally.unexpected_passes > 0) out << ", " << tally.unexpected_passes << " unexpectedly passed";
   out << "\n";
   const bool clean = tally.failed == tally.expected_failed && tally.unexpected_passes == 0;

@@ -21,8 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "backend/cpu/cpu_backend.h"
-#include "backend/cuda_probe.h"
+#include "backend/cuda_backend.h"
 #include "graph/json.h"
 #include "graph/onnx_io.h"
 #include "graph/shape_inference.h"
@@ -34,6 +33,7 @@
 #include "tools/dataset.h"
 #include "tools/inspect.h"
 #include "tools/trainer.h"
+#include "tools/training_backend.h"
 
 namespace castor::tools {
 namespace {
@@ -303,7 +303,7 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   TrainOptions o;
   ArgParser parser(
       "castor train",
-      "Trains MODEL in mixed precision on the CPU backend: converts it under --policy\n"
+      "Trains MODEL in mixed precision on a GPU or the CPU: converts it under --policy\n"
       "(float32 master weights; see 'castor convert'), attaches the loss to --output, builds\n"
       "the backward graph, and runs the optimizer with dynamic loss scaling (on by default for\n"
       "mixed_float16: initial scale 65536, x2 every 2000 good steps, x0.5 and the step skipped\n"
@@ -373,8 +373,8 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
                  "nodes change dtype",
                  &o.allow_policy_change)
       .AddEnum("backend", {"auto", "cpu", "cuda"},
-               "where to train (auto: CUDA once its training backend exists and a GPU is "
-               "usable; today the CPU)",
+               "where to train (auto: CUDA when a usable GPU runs every node, else the "
+               "CPU, saying why)",
                &o.backend)
       .AddEnum("loss-scaling", {"auto", "on", "off"},
                "dynamic loss scaling (auto: on for mixed_float16 only)", &o.loss_scaling)
@@ -399,11 +399,6 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     return fail(kExitBadInput,
                 "--batch, --epochs and --step-size must be >= 1; --max-steps, "
                 "--eval-every, --warmup, --save-every and --keep >= 0");
-  }
-  if (o.backend == "cuda") {
-    return fail(kExitBadInput, absl::StrCat("--backend cuda: the CUDA training backend is not "
-                                            "built yet; ",
-                                            DescribeCudaProbe(ProbeCuda()), "; use --backend cpu"));
   }
   if (o.allow_policy_change && o.resume.empty()) {
     return fail(kExitBadInput, "--allow-policy-change only applies with --resume");
@@ -517,7 +512,11 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     }
   }
 
-  CpuBackend backend(CpuBackendOptions{static_cast<int>(o.threads)});
+  absl::StatusOr<ChosenBackend> chosen = ChooseTrainingBackend(
+      o.backend, static_cast<int>(o.threads), {&*model, graph->evaluation.get()});
+  if (!chosen.ok()) return fail(kExitBadInput, std::string(chosen.status().message()));
+  if (!chosen->note.empty()) err << "castor train: " << chosen->note << "\n";
+  Backend& backend = *chosen->backend;
   absl::StatusOr<std::unique_ptr<Trainer>> created =
       Trainer::Create(*std::move(model), *graph, trainer_options, backend);
   if (!created.ok()) return fail(kExitBadInput, std::string(created.status().message()));
@@ -612,11 +611,10 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   const int64_t first_step = trainer.steps() + 1;
   out << absl::StrFormat(
       "castor train: %s on %s (%d train / %d test), policy %s (%s compute), %s lr %g, batch %d, "
-      "%d steps, loss scaling %s, backend cpu%s\n",
+      "%d steps, loss scaling %s, backend %s\n",
       model_name, data->train.name, data->train.size(), data->test.size(), policy.name(),
       DTypeName(policy.compute_dtype()), o.optimizer, trainer_options.lr.base_lr, o.batch, total,
-      trainer.scaler().enabled() ? "on" : "off",
-      o.backend == "auto" ? " (auto: the CUDA training backend is not built yet)" : "");
+      trainer.scaler().enabled() ? "on" : "off", DescribeBackend(backend));
   if (first_step > total) {
     out << absl::StrFormat("nothing to do: the checkpoint is at step %d of %d\n", first_step - 1,
                            total);
@@ -624,7 +622,7 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
 
   const auto started = Clock::now();
   double step_seconds = 0, loss_ema = 0;
-  int64_t correct = 0, seen = 0, steps_run = 0;
+  int64_t correct = 0, seen = 0, seen_total = 0, steps_run = 0;
   Evaluation last_eval;
   bool evaluated = false;
   std::string last_checkpoint;
@@ -665,6 +663,7 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     const int64_t n = b.labels.num_elements();
     correct += CountCorrect(r->output, b.labels);
     seen += n;
+    seen_total += n;
     loss_ema = steps_run == 1 ? r->loss : 0.95 * loss_ema + 0.05 * r->loss;
     if (r->skipped) {
       if (live) err << "\n";
@@ -711,10 +710,25 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     }
   }
   if (live) err << "\n";
-  if (metrics.is_open() && !metrics.flush()) {
-    return fail(kExitFailure, absl::StrCat("writing --metrics ", o.metrics_path, " failed"));
-  }
 
+  const double mean_step_ms = 1000 * step_seconds / std::max<int64_t>(1, steps_run);
+  const double samples_per_s = seen_total / std::max(step_seconds, 1e-9);
+  // Device memory: the CUDA pool's peak (activations, weights, workspaces).
+  absl::StatusOr<DeviceMemoryStats> device_memory = CudaMemoryStats(backend);
+  if (metrics.is_open()) {
+    metrics << absl::StrFormat(
+        "{\"summary\":true,\"backend\":%s,\"policy\":%s,\"steps\":%d,\"skipped\":%d,"
+        "\"step_time_ms\":%.3f,\"samples_per_s\":%.1f,\"peak_activation_bytes\":%d%s}\n",
+        Json::String(backend.name()).Dump(), Json::String(policy.name()).Dump(), trainer.steps(),
+        trainer.scaler().skipped_steps(), mean_step_ms, samples_per_s,
+        trainer.peak_activation_bytes(),
+        device_memory.ok()
+            ? absl::StrCat(",\"peak_device_memory_bytes\":", device_memory->peak_in_use_bytes)
+            : "");
+    if (!metrics.flush()) {
+      return fail(kExitFailure, absl::StrCat("writing --metrics ", o.metrics_path, " failed"));
+    }
+  }
   int64_t float32_weights = 0;
   for (const auto& [name, tensor] : trainer.state())
     float32_weights += tensor.dtype() == DType::kFloat32;
@@ -727,11 +741,15 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
       << absl::StrFormat("  steps           %d, %d skipped\n", trainer.steps(),
                          trainer.scaler().skipped_steps())
       << absl::StrFormat("  loss scale      %g (final)\n", trainer.scaler().scale())
-      << absl::StrFormat("  peak memory     %.1f MiB of activations\n",
-                         trainer.peak_activation_bytes() / 1048576.0)
-      << absl::StrFormat("  step time       %.1f ms (mean), %s in all\n",
-                         1000 * step_seconds / std::max<int64_t>(1, steps_run),
-                         Duration(Seconds(Clock::now() - started)));
+      << absl::StrFormat("  backend         %s\n", DescribeBackend(backend))
+      << absl::StrFormat("  peak memory     %.1f MiB of activations%s\n",
+                         trainer.peak_activation_bytes() / 1048576.0,
+                         device_memory.ok()
+                             ? absl::StrFormat("; %.1f MiB of device memory",
+                                               device_memory->peak_in_use_bytes / 1048576.0)
+                             : "")
+      << absl::StrFormat("  step time       %.1f ms (mean), %.0f samples/s, %s in all\n",
+                         mean_step_ms, samples_per_s, Duration(Seconds(Clock::now() - started)));
   if (evaluated) {
     out << absl::StrFormat("  test            loss %.4f, accuracy %.2f%%\n", last_eval.loss,
                            100 * last_eval.accuracy);
