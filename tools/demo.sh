@@ -2,8 +2,9 @@
 # README command (1): set everything up and run castor's main job on the
 # sample CNN (models/cnn_opset13.onnx, the Keras mixed-precision guide's
 # Fashion-MNIST model): convert it to mixed_float16, show the rewritten graph
-# and why its last layer stays float32, then train it in mixed_bfloat16 on
-# the CPU backend with checkpoints, and verify that the last checkpoint
+# and why its last layer stays float32, then train it in mixed_bfloat16
+# (on the GPU when one is usable, else the CPU: --backend auto) with
+# checkpoints, and verify that the last checkpoint
 # records the mixed_bfloat16 policy, is intact and holds float32 weights.
 set -euo pipefail
 
@@ -27,7 +28,7 @@ echo "== castor inspect $WORK/cnn_mixed_float16.onnx --why /fc2/Gemm"
 "$CASTOR" inspect "$WORK/cnn_mixed_float16.onnx" --why /fc2/Gemm
 
 echo
-echo "== castor train: the sample CNN on Fashion-MNIST, mixed_bfloat16, CPU backend (150 steps, about a minute)"
+echo "== castor train: the sample CNN on Fashion-MNIST, mixed_bfloat16 (150 steps; about a minute on the CPU)"
 rm -rf "$WORK/checkpoints"
 "$CASTOR" train models/cnn_opset17.onnx --data fashion-mnist --policy mixed_bfloat16 \
   --max-steps 150 --metrics "$WORK/metrics.jsonl" --checkpoint-dir "$WORK/checkpoints" --save-every 50
