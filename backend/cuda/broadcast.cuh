@@ -113,7 +113,7 @@ inline absl::StatusOr<StridedIndexer> MakeStridedIndexer(const std::vector<int64
   if (kept_dims.size() > static_cast<size_t>(kMaxBroadcastDims)) {
     return absl::UnimplementedError(absl::StrCat(
         "the CUDA kernel indexes at most ", kMaxBroadcastDims, " axes after merging; dims ",
-        DimsString(dims), " with strides ", DimsString(strides), " leave ", kept_dims.size()));
+        DimsToString(dims), " with strides ", DimsToString(strides), " leave ", kept_dims.size()));
   }
   StridedIndexer indexer;
   indexer.rank = static_cast<int>(kept_dims.size());
@@ -137,33 +137,9 @@ inline std::vector<int64_t> DenseStrides(const std::vector<int64_t>& dims) {
 
 // ---- several inputs broadcast to one output ---------------------------------------
 
-// The numpy broadcast of `shapes` (right-aligned; each axis 1 or the common
-// size), or an InvalidArgument error naming the shapes and the axis where
-// they disagree (the CPU backend's wording).
-inline absl::StatusOr<std::vector<int64_t>> BroadcastDims(
-    const std::vector<std::vector<int64_t>>& shapes) {
-  size_t rank = 0;
-  for (const auto& s : shapes) rank = std::max(rank, s.size());
-  std::vector<int64_t> out(rank, 1);
-  for (size_t k = 0; k < shapes.size(); ++k) {
-    const std::vector<int64_t>& s = shapes[k];
-    const size_t pad = rank - s.size();
-    for (size_t i = 0; i < s.size(); ++i) {
-      int64_t& o = out[pad + i];
-      if (s[i] == o || s[i] == 1) continue;
-      if (o == 1) {
-        o = s[i];
-        continue;
-      }
-      std::vector<std::string> all;
-      for (const auto& t : shapes) all.push_back(DimsString(t));
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shapes ", absl::StrJoin(all, ", "), " do not broadcast: input ", k, " has ", s[i],
-          " at output axis ", pad + i, " where another input has ", o));
-    }
-  }
-  return out;
-}
+// The numpy broadcast of `shapes`, or an InvalidArgument error naming the
+// shapes and the axis where they disagree: the CPU backend's own planning.
+using cpu::BroadcastDims;
 
 // Up to kInputs inputs broadcast to one output: the collapsed output dims
 // and each input's element strides along them (0 where it is broadcast).
@@ -229,9 +205,9 @@ absl::StatusOr<Broadcast<kInputs>> MakeBroadcast(
       fits = in[i] == o || in[i] == 1;
     }
     if (!fits) {
-      return absl::InvalidArgumentError(absl::StrCat("input ", k, " ", DimsString(in),
+      return absl::InvalidArgumentError(absl::StrCat("input ", k, " ", DimsToString(in),
                                                      " does not broadcast to ",
-                                                     DimsString(out_dims)));
+                                                     DimsToString(out_dims)));
     }
     int64_t count = 1;
     for (int64_t d : in) count *= d;
@@ -257,7 +233,7 @@ absl::StatusOr<Broadcast<kInputs>> MakeBroadcast(
   }
   if (group_sizes.size() > static_cast<size_t>(kMaxBroadcastDims)) {
     std::vector<std::string> all;
-    for (const auto& t : input_dims) all.push_back(DimsString(t));
+    for (const auto& t : input_dims) all.push_back(DimsToString(t));
     return absl::UnimplementedError(absl::StrCat(
         "the CUDA kernel broadcasts over at most ", kMaxBroadcastDims,
         " merged axes; shapes ", absl::StrJoin(all, ", "), " need ", group_sizes.size()));

@@ -188,7 +188,7 @@ absl::StatusOr<ConvPlan> PlanConv(const KernelContext& ctx, const TensorView& x,
 absl::StatusOr<std::vector<int>> CudnnDims(const KernelContext& ctx,
                                            const std::vector<int64_t>& dims, const char* what) {
   if (Product(dims) > INT_MAX) {
-    return ctx.Unimplemented(absl::StrCat(what, " ", DimsString(dims), " has more than ",
+    return ctx.Unimplemented(absl::StrCat(what, " ", DimsToString(dims), " has more than ",
                                           INT_MAX, " elements, beyond cuDNN's legacy API"));
   }
   std::vector<int> result(dims.begin(), dims.end());
@@ -204,7 +204,7 @@ absl::StatusOr<std::vector<int>> CudnnAxisInts(const KernelContext& ctx,
   if (values.size() == 1) result.push_back(one_d_fill);
   for (int64_t v : values) {
     if (v < 0 || v > INT_MAX) {
-      return ctx.Unimplemented(absl::StrCat(what, " ", DimsString(values),
+      return ctx.Unimplemented(absl::StrCat(what, " ", DimsToString(values),
                                             " cannot be expressed for cuDNN (each must be in [0, ",
                                             INT_MAX, "])"));
     }
@@ -288,7 +288,7 @@ absl::Status Describe(const KernelContext& ctx, const ConvPlan& plan, ConvDescri
                                                           rank, cudnn_y.data()));
   if (cudnn_y != y_dims) {
     return ctx.Error(absl::StrCat("cuDNN computes output dims [", absl::StrJoin(cudnn_y, ","),
-                                  "] where the ONNX geometry gives ", DimsString(plan.y_dims)));
+                                  "] where the ONNX geometry gives ", DimsToString(plan.y_dims)));
   }
   return absl::OkStatus();
 }
@@ -465,7 +465,7 @@ absl::Status CheckConvInputs(const KernelContext& ctx, int64_t group) {
   const TensorView& x = ctx.input(0);
   const TensorView& w = ctx.input(1);
   if (x.dims.size() < 3 || w.dims.size() != x.dims.size()) {
-    return ctx.Error(absl::StrCat("X ", DimsString(x.dims), " and W ", DimsString(w.dims),
+    return ctx.Error(absl::StrCat("X ", DimsToString(x.dims), " and W ", DimsToString(w.dims),
                                   " must have the same rank >= 3"));
   }
   if (w.dtype != x.dtype || (ctx.has_input(2) && ctx.input(2).dtype != x.dtype)) {
@@ -473,18 +473,18 @@ absl::Status CheckConvInputs(const KernelContext& ctx, int64_t group) {
   }
   if (group < 1) return ctx.Error(absl::StrCat("attribute 'group' is ", group, "; expected >= 1"));
   if (ctx.has_input(2) && ctx.input(2).num_elements() != w.dims[0]) {
-    return ctx.Error(absl::StrCat("bias B ", DimsString(ctx.input(2).dims), " must have ",
+    return ctx.Error(absl::StrCat("bias B ", DimsToString(ctx.input(2).dims), " must have ",
                                   w.dims[0], " entries"));
   }
   const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
   if (ctx.node().has_attribute("kernel_shape") && ctx.GetInts("kernel_shape") != kernel) {
     return ctx.Error(absl::StrCat("attribute 'kernel_shape' ",
-                                  DimsString(ctx.GetInts("kernel_shape")),
-                                  " does not match W's spatial dims ", DimsString(kernel)));
+                                  DimsToString(ctx.GetInts("kernel_shape")),
+                                  " does not match W's spatial dims ", DimsToString(kernel)));
   }
   const int64_t channels = x.dims[1], out_channels = w.dims[0];
   if (w.dims[1] * group != channels) {
-    return ctx.Error(absl::StrCat("input channels ", channels, " (X ", DimsString(x.dims),
+    return ctx.Error(absl::StrCat("input channels ", channels, " (X ", DimsToString(x.dims),
                                   ") must equal W.dim(1) * group = ", w.dims[1], " * ", group));
   }
   if (out_channels % group != 0) {
@@ -528,8 +528,8 @@ absl::Status ConvGradKernel(KernelContext& ctx) {
   const TensorView& w = ctx.input(2);
   const int64_t group = ctx.GetInt("group", 1);
   if (x.dims.size() < 3 || w.dims.size() != x.dims.size()) {
-    return ctx.Error(absl::StrCat("input 1 (X) ", DimsString(x.dims), " and input 2 (W) ",
-                                  DimsString(w.dims), " must have the same rank >= 3"));
+    return ctx.Error(absl::StrCat("input 1 (X) ", DimsToString(x.dims), " and input 2 (W) ",
+                                  DimsToString(w.dims), " must have the same rank >= 3"));
   }
   for (const auto& [index, name] : {std::pair<int, const char*>{0, "dY"}, {2, "W"}}) {
     if (ctx.input(index).dtype != x.dtype) {
@@ -541,20 +541,20 @@ absl::Status ConvGradKernel(KernelContext& ctx) {
   if (group < 1) return ctx.Error(absl::StrCat("attribute 'group' is ", group, "; expected >= 1"));
   const int64_t channels = x.dims[1], out_channels = w.dims[0];
   if (w.dims[1] * group != channels || out_channels % group != 0) {
-    return ctx.Error(absl::StrCat("input 2 (W) ", DimsString(w.dims), " does not fit X ",
-                                  DimsString(x.dims), " with group ", group,
+    return ctx.Error(absl::StrCat("input 2 (W) ", DimsToString(w.dims), " does not fit X ",
+                                  DimsToString(x.dims), " with group ", group,
                                   " (W.dim(1) * group must be C; W.dim(0) divisible by group)"));
   }
   const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
   if (ctx.node().has_attribute("kernel_shape") && ctx.GetInts("kernel_shape") != kernel) {
     return ctx.Error(absl::StrCat("attribute 'kernel_shape' ",
-                                  DimsString(ctx.GetInts("kernel_shape")),
-                                  " does not match W's spatial dims ", DimsString(kernel)));
+                                  DimsToString(ctx.GetInts("kernel_shape")),
+                                  " does not match W's spatial dims ", DimsToString(kernel)));
   }
   CASTOR_ASSIGN_OR_RETURN(const ConvPlan plan, PlanConv(ctx, x, w, group));
   if (dy.dims != plan.y_dims) {
-    return ctx.Error(absl::StrCat("input 0 (dY) is ", DimsString(dy.dims), "; expected ",
-                                  DimsString(plan.y_dims), " (Conv's output for X and W)"));
+    return ctx.Error(absl::StrCat("input 0 (dY) is ", DimsToString(dy.dims), "; expected ",
+                                  DimsToString(plan.y_dims), " (Conv's output for X and W)"));
   }
   TensorView* dx = nullptr;
   TensorView* dw = nullptr;

@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backend/cpu/broadcast.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/kernel.h"
 #include "graph/dtype.h"
@@ -134,10 +135,8 @@ absl::Status DispatchFloat(const KernelContext& ctx, DType dtype, F&& f) {
 
 // ---- messages ------------------------------------------------------------------------
 
-// "[2,3,4]": dims as error messages print them.
-inline std::string DimsString(const std::vector<int64_t>& dims) {
-  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
-}
+// "[2,3,4]": dims as error messages print them (the CPU backend's).
+using cpu::DimsToString;
 
 // ---- host reads ----------------------------------------------------------------------
 

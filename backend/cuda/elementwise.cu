@@ -210,7 +210,7 @@ absl::Status ClipKernel(KernelContext& ctx) {
     }
     if (bound.num_elements() != 1) {
       return ctx.Error(absl::StrCat("input ", i, " (", i == 1 ? "min" : "max",
-                                    ") must hold one value; its shape is ", DimsString(bound.dims)));
+                                    ") must hold one value; its shape is ", DimsToString(bound.dims)));
     }
   }
   float low = -std::numeric_limits<float>::infinity();
@@ -433,8 +433,8 @@ absl::Status ReluGradOpKernel(KernelContext& ctx) {
                                   DTypeName(y.dtype), "; they must match"));
   }
   if (dy.dims != y.dims) {
-    return ctx.Error(absl::StrCat("input 0 (dY) is ", DimsString(dy.dims), "; expected ",
-                                  DimsString(y.dims), " (Y's shape)"));
+    return ctx.Error(absl::StrCat("input 0 (dY) is ", DimsToString(dy.dims), "; expected ",
+                                  DimsToString(y.dims), " (Y's shape)"));
   }
   CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, y.dtype, y.dims));
   const int64_t n = y.num_elements();

@@ -269,7 +269,7 @@ absl::Status LossKernel(KernelContext& ctx) {
                      absl::StrCat("reduction \"", reduction_name, "\" is not none, sum or mean")));
   if (scores.dims.size() < 2) {
     return ctx.Error(absl::StrCat("input 0 must have rank >= 2 ([N, C, d1, ...]); got ",
-                                  DimsString(scores.dims)));
+                                  DimsToString(scores.dims)));
   }
   const int64_t classes = scores.dims[1];
   int64_t inner = 1;  // d1 * ... * dk
@@ -279,9 +279,9 @@ absl::Status LossKernel(KernelContext& ctx) {
     expected_label_dims.push_back(scores.dims[k]);
   }
   if (labels.dims != expected_label_dims) {
-    return ctx.Error(absl::StrCat("labels ", DimsString(labels.dims), " do not match scores ",
-                                  DimsString(scores.dims), " (expected ",
-                                  DimsString(expected_label_dims), ")"));
+    return ctx.Error(absl::StrCat("labels ", DimsToString(labels.dims), " do not match scores ",
+                                  DimsToString(scores.dims), " (expected ",
+                                  DimsToString(expected_label_dims), ")"));
   }
   if (labels.dtype != DType::kInt32 && labels.dtype != DType::kInt64) {
     return ctx.Error(
@@ -289,7 +289,7 @@ absl::Status LossKernel(KernelContext& ctx) {
   }
   if (weights != nullptr && (weights->dims.size() != 1 || weights->dims[0] != classes)) {
     return ctx.Error(
-        absl::StrCat("weights ", DimsString(weights->dims), " must be [C] = [", classes, "]"));
+        absl::StrCat("weights ", DimsToString(weights->dims), " must be [C] = [", classes, "]"));
   }
   if (weights != nullptr && weights->dtype != scores.dtype) {
     return ctx.Error(absl::StrCat("weights are ", DTypeName(weights->dtype), " but scores are ",
@@ -343,8 +343,8 @@ absl::Status LossKernel(KernelContext& ctx) {
 absl::Status RequireDims(const KernelContext& ctx, int i, const char* name,
                          const std::vector<int64_t>& expected, const char* why) {
   if (ctx.input(i).dims != expected) {
-    return ctx.Error(absl::StrCat("input ", i, " (", name, ") is ", DimsString(ctx.input(i).dims),
-                                  "; expected ", DimsString(expected), " (", why, ")"));
+    return ctx.Error(absl::StrCat("input ", i, " (", name, ") is ", DimsToString(ctx.input(i).dims),
+                                  "; expected ", DimsToString(expected), " (", why, ")"));
   }
   return absl::OkStatus();
 }
@@ -372,7 +372,7 @@ absl::Status CrossEntropyGradKernel(KernelContext& ctx) {
                                   "\"; expected \"mean\", \"sum\" or \"none\"")));
   if (scores.dims.size() < 2) {
     return ctx.Error(absl::StrCat("input 1 (scores) must have rank >= 2 ([N, C, d1, ...]); it is ",
-                                  DimsString(scores.dims)));
+                                  DimsToString(scores.dims)));
   }
   CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 0, "dLoss", 1, "scores"));
   if (labels.dtype != DType::kInt32 && labels.dtype != DType::kInt64) {
@@ -394,7 +394,7 @@ absl::Status CrossEntropyGradKernel(KernelContext& ctx) {
   if (reduction == Reduction::kNone) {
     CASTOR_RETURN_IF_ERROR(RequireDims(ctx, 0, "dLoss", label_dims, "labels' shape for 'none'"));
   } else if (d_loss.num_elements() != 1) {
-    return ctx.Error(absl::StrCat("input 0 (dLoss) is ", DimsString(d_loss.dims),
+    return ctx.Error(absl::StrCat("input 0 (dLoss) is ", DimsToString(d_loss.dims),
                                   "; expected a scalar for reduction \"", reduction_name, "\""));
   }
   const int64_t positions = scores.dims[0] * inner;

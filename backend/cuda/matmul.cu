@@ -161,8 +161,8 @@ absl::Status MatMulKernel(KernelContext& ctx) {
     return ctx.Error(absl::StrCat("A is ", DTypeName(a.dtype), " but B is ", DTypeName(b.dtype)));
   }
   if (a.dims.empty() || b.dims.empty()) {
-    return ctx.Error(absl::StrCat("operands must have rank >= 1; A is ", DimsString(a.dims),
-                                  ", B is ", DimsString(b.dims)));
+    return ctx.Error(absl::StrCat("operands must have rank >= 1; A is ", DimsToString(a.dims),
+                                  ", B is ", DimsToString(b.dims)));
   }
   const bool a_vector = a.dims.size() == 1;
   const bool b_vector = b.dims.size() == 1;
@@ -171,8 +171,8 @@ absl::Status MatMulKernel(KernelContext& ctx) {
   const int64_t k_b = b_vector ? b.dims[0] : b.dims[b.dims.size() - 2];
   const int64_t n = b_vector ? 1 : b.dims.back();
   if (k != k_b) {
-    return ctx.Error(absl::StrCat("inner dimensions differ: A ", DimsString(a.dims), ", B ",
-                                  DimsString(b.dims)));
+    return ctx.Error(absl::StrCat("inner dimensions differ: A ", DimsToString(a.dims), ", B ",
+                                  DimsToString(b.dims)));
   }
   // Batch dims, right-aligned and broadcast; strides in matrices (0 where
   // the operand is broadcast), as the CPU kernel computes them.
@@ -187,8 +187,8 @@ absl::Status MatMulKernel(KernelContext& ctx) {
       const int64_t ad = from_end < a_batch.size() ? a_batch[a_batch.size() - 1 - from_end] : 1;
       const int64_t bd = from_end < b_batch.size() ? b_batch[b_batch.size() - 1 - from_end] : 1;
       if (ad != bd && ad != 1 && bd != 1) {
-        return ctx.Error(absl::StrCat("batch dimensions of A ", DimsString(a.dims), " and B ",
-                                      DimsString(b.dims), " do not broadcast"));
+        return ctx.Error(absl::StrCat("batch dimensions of A ", DimsToString(a.dims), " and B ",
+                                      DimsToString(b.dims), " do not broadcast"));
       }
       batch[r] = std::max(ad, bd);
       if (ad == 0 || bd == 0) batch[r] = 0;
@@ -224,8 +224,8 @@ absl::Status MatMulKernel(KernelContext& ctx) {
       continue;
     }
     if (axes.rank == kMaxBatchAxes) {
-      return ctx.Unimplemented(absl::StrCat("the broadcast of A ", DimsString(a.dims), " and B ",
-                                            DimsString(b.dims), " has more than ",
+      return ctx.Unimplemented(absl::StrCat("the broadcast of A ", DimsToString(a.dims), " and B ",
+                                            DimsToString(b.dims), " has more than ",
                                             kMaxBatchAxes, " alternating batch axes"));
     }
     axes.size[axes.rank] = batch[r];
@@ -293,8 +293,8 @@ absl::Status GemmKernel(KernelContext& ctx) {
   const TensorView& a = ctx.input(0);
   const TensorView& b = ctx.input(1);
   if (a.dims.size() != 2 || b.dims.size() != 2) {
-    return ctx.Error(absl::StrCat("A and B must be 2-D; they are ", DimsString(a.dims), " and ",
-                                  DimsString(b.dims)));
+    return ctx.Error(absl::StrCat("A and B must be 2-D; they are ", DimsToString(a.dims), " and ",
+                                  DimsToString(b.dims)));
   }
   if (a.dtype != b.dtype) {
     return ctx.Error(absl::StrCat("A is ", DTypeName(a.dtype), " but B is ", DTypeName(b.dtype)));
@@ -309,9 +309,9 @@ absl::Status GemmKernel(KernelContext& ctx) {
   const int64_t k_b = b.dims[shape.trans_b ? 1 : 0];
   const int64_t n = b.dims[shape.trans_b ? 0 : 1];
   if (k != k_b) {
-    return ctx.Error(absl::StrCat("inner dimensions differ: A ", DimsString(a.dims),
+    return ctx.Error(absl::StrCat("inner dimensions differ: A ", DimsToString(a.dims),
                                   shape.trans_a ? " (transposed)" : "", ", B ",
-                                  DimsString(b.dims), shape.trans_b ? " (transposed)" : ""));
+                                  DimsToString(b.dims), shape.trans_b ? " (transposed)" : ""));
   }
   // C broadcast to [m, n]: c_rows x c_cols with 1 meaning broadcast.
   const TensorView* c = ctx.has_input(2) ? &ctx.input(2) : nullptr;
@@ -322,12 +322,12 @@ absl::Status GemmKernel(KernelContext& ctx) {
           absl::StrCat("C is ", DTypeName(c->dtype), " but A is ", DTypeName(a.dtype)));
     }
     if (c->dims.size() > 2) {
-      return ctx.Error(absl::StrCat("C ", DimsString(c->dims), " has rank above 2"));
+      return ctx.Error(absl::StrCat("C ", DimsToString(c->dims), " has rank above 2"));
     }
     if (c->dims.size() >= 1) c_cols = c->dims.back();
     if (c->dims.size() == 2) c_rows = c->dims[0];
     if ((c_rows != 1 && c_rows != m) || (c_cols != 1 && c_cols != n)) {
-      return ctx.Error(absl::StrCat("C ", DimsString(c->dims), " does not broadcast to [", m,
+      return ctx.Error(absl::StrCat("C ", DimsToString(c->dims), " does not broadcast to [", m,
                                     ",", n, "]"));
     }
   }

@@ -230,7 +230,7 @@ __global__ void BatchNormApplyKernel(const T* __restrict__ x, int64_t total, int
 absl::Status BatchNormKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
   if (x.dims.size() < 2) {
-    return ctx.Error(absl::StrCat("input X must have rank >= 2; it is ", DimsString(x.dims)));
+    return ctx.Error(absl::StrCat("input X must have rank >= 2; it is ", DimsToString(x.dims)));
   }
   const bool training = ctx.opset() >= 14 ? ctx.GetInt("training_mode", 0) != 0
                                           : WantsOutput(ctx, 1);
@@ -245,8 +245,8 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
   for (int i = 1; i <= 4; ++i) {
     if (ctx.input(i).num_elements() != features) {
       return ctx.Error(absl::StrCat("input ", i, " (", names[i], ") ",
-                                    DimsString(ctx.input(i).dims), " must have ", features,
-                                    " entries for X ", DimsString(x.dims)));
+                                    DimsToString(ctx.input(i).dims), " must have ", features,
+                                    " entries for X ", DimsToString(x.dims)));
     }
   }
   CASTOR_ASSIGN_OR_RETURN(TensorView * y, ctx.Output(0, x.dtype, x.dims));
@@ -381,8 +381,8 @@ absl::Status RequireSameDType(const KernelContext& ctx, int i, const char* name,
 absl::Status RequireDims(const KernelContext& ctx, int i, const char* name,
                          const std::vector<int64_t>& expected, const char* why) {
   if (ctx.input(i).dims != expected) {
-    return ctx.Error(absl::StrCat("input ", i, " (", name, ") is ", DimsString(ctx.input(i).dims),
-                                  "; expected ", DimsString(expected), " (", why, ")"));
+    return ctx.Error(absl::StrCat("input ", i, " (", name, ") is ", DimsToString(ctx.input(i).dims),
+                                  "; expected ", DimsToString(expected), " (", why, ")"));
   }
   return absl::OkStatus();
 }
@@ -393,15 +393,15 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
   const TensorView& scale_view = ctx.input(2);
   if (x.dims.size() < 2) {
     return ctx.Error(absl::StrCat("input 1 (X) must have rank >= 2 ([N, C, ...]); it is ",
-                                  DimsString(x.dims)));
+                                  DimsToString(x.dims)));
   }
   CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 0, "dY", 1, "X"));
   CASTOR_RETURN_IF_ERROR(RequireDims(ctx, 0, "dY", x.dims, "X's shape"));
   const int64_t batch = x.dims[0], channels = x.dims[1];
   const int64_t inner = Product(x.dims, 2, x.dims.size());
   if (scale_view.dims.size() != 1 || scale_view.dims[0] != channels) {
-    return ctx.Error(absl::StrCat("input 2 (scale) is ", DimsString(scale_view.dims),
-                                  "; expected [", channels, "] (C of X ", DimsString(x.dims),
+    return ctx.Error(absl::StrCat("input 2 (scale) is ", DimsToString(scale_view.dims),
+                                  "; expected [", channels, "] (C of X ", DimsToString(x.dims),
                                   ")"));
   }
   const float epsilon = ctx.GetFloat("epsilon", 1e-5f);
@@ -582,11 +582,11 @@ absl::StatusOr<int64_t> NormalizedAxis(const KernelContext& ctx, const std::vect
   const int64_t axis = ctx.GetInt("axis", -1);
   if (axis < -rank || axis >= rank) {
     if (forward) {
-      return ctx.Error(absl::StrCat("attribute 'axis' is ", axis, "; X ", DimsString(dims),
+      return ctx.Error(absl::StrCat("attribute 'axis' is ", axis, "; X ", DimsToString(dims),
                                     " has rank ", rank));
     }
     return ctx.Error(absl::StrCat("attribute 'axis' ", axis, " is out of range for input 1 (X) ",
-                                  DimsString(dims)));
+                                  DimsToString(dims)));
   }
   return axis < 0 ? axis + rank : axis;
 }
@@ -617,8 +617,8 @@ absl::Status LayerNormKernelFor(KernelContext& ctx) {
     }
     if (!Broadcastable(ctx.input(i).dims, x.dims)) {
       return ctx.Error(absl::StrCat("input ", i, " (", names[i], ") ",
-                                    DimsString(ctx.input(i).dims), " does not broadcast to X ",
-                                    DimsString(x.dims)));
+                                    DimsToString(ctx.input(i).dims), " does not broadcast to X ",
+                                    DimsToString(x.dims)));
     }
   }
   CASTOR_ASSIGN_OR_RETURN(const ParamIndex scale_at,
@@ -740,9 +740,9 @@ absl::Status LayerNormGradKernelFor(KernelContext& ctx) {
   // scale broadcasts (right-aligned) against the normalised axes only.
   const std::vector<int64_t>& sd = scale_view.dims;
   if (!Broadcastable(sd, norm_dims)) {
-    return ctx.Error(absl::StrCat("input 2 (scale) ", DimsString(sd),
+    return ctx.Error(absl::StrCat("input 2 (scale) ", DimsToString(sd),
                                   " does not broadcast to X's normalised axes ",
-                                  DimsString(norm_dims)));
+                                  DimsToString(norm_dims)));
   }
   CASTOR_ASSIGN_OR_RETURN(const ParamIndex scale_at, MakeParamIndex(ctx, sd, norm_dims, 0));
   const int64_t scale_size = scale_view.num_elements();

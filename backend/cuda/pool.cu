@@ -332,7 +332,7 @@ absl::StatusOr<WindowedPool> SetUpWindowedPool(const KernelContext& ctx, int x_i
   if (x.dims.size() < 3) {
     return ctx.Error(absl::StrCat(x_index == 0 ? "input X" : "input 1 (X)",
                                   " must have rank >= 3 ([N, C, D1, ...]); it is ",
-                                  DimsString(x.dims)));
+                                  DimsToString(x.dims)));
   }
   if (x_index == 1 && ctx.input(0).dtype != x.dtype) {
     return ctx.Error(absl::StrCat("input 0 (dY) is ", DTypeName(ctx.input(0).dtype),
@@ -351,7 +351,7 @@ absl::StatusOr<WindowedPool> SetUpWindowedPool(const KernelContext& ctx, int x_i
   pool.nd = g.num_spatial;
   if (pool.nd > kMaxPoolDims) {
     return ctx.Unimplemented(absl::StrCat("the CUDA kernel pools over at most ", kMaxPoolDims,
-                                          " spatial axes; X ", DimsString(x.dims), " has ",
+                                          " spatial axes; X ", DimsToString(x.dims), " has ",
                                           pool.nd));
   }
   pool.y_dims = {x.dims[0], x.dims[1]};
@@ -427,8 +427,8 @@ absl::Status PoolGradKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& x = ctx.input(1);
   if (dy.dims != pool.y_dims) {
-    return ctx.Error(absl::StrCat("input 0 (dY) is ", DimsString(dy.dims), "; expected ",
-                                  DimsString(pool.y_dims), " (the pool's output for X)"));
+    return ctx.Error(absl::StrCat("input 0 (dY) is ", DimsToString(dy.dims), "; expected ",
+                                  DimsToString(pool.y_dims), " (the pool's output for X)"));
   }
   CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, x.dtype, x.dims));
   const int64_t dx_count = dx->num_elements();
@@ -471,7 +471,7 @@ absl::Status GlobalPoolKernelFor(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
   if (x.dims.size() < 3) {
     return ctx.Error(absl::StrCat("input X must have rank >= 3 ([N, C, D1, ...]); it is ",
-                                  DimsString(x.dims)));
+                                  DimsToString(x.dims)));
   }
   std::vector<int64_t> y_dims(x.dims.size(), 1);
   y_dims[0] = x.dims[0];
@@ -493,7 +493,7 @@ absl::Status GlobalAveragePoolGrad(KernelContext& ctx) {
   const TensorView& x = ctx.input(1);
   if (x.dims.size() < 3) {
     return ctx.Error(absl::StrCat("input 1 (X) must have rank >= 3 ([N, C, D1, ...]); it is ",
-                                  DimsString(x.dims)));
+                                  DimsToString(x.dims)));
   }
   if (dy.dtype != x.dtype) {
     return ctx.Error(absl::StrCat("input 0 (dY) is ", DTypeName(dy.dtype), " but input 1 (X) is ",
@@ -503,8 +503,8 @@ absl::Status GlobalAveragePoolGrad(KernelContext& ctx) {
   y_dims[0] = x.dims[0];
   y_dims[1] = x.dims[1];
   if (dy.dims != y_dims) {
-    return ctx.Error(absl::StrCat("input 0 (dY) is ", DimsString(dy.dims), "; expected ",
-                                  DimsString(y_dims), " (GlobalAveragePool's output for X)"));
+    return ctx.Error(absl::StrCat("input 0 (dY) is ", DimsToString(dy.dims), "; expected ",
+                                  DimsToString(y_dims), " (GlobalAveragePool's output for X)"));
   }
   CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, x.dtype, x.dims));
   const int64_t total = dx->num_elements();

@@ -443,7 +443,7 @@ absl::StatusOr<AxesChoice> ChooseAxes(const KernelContext& ctx, int64_t axes_inp
       }
       if (t.dims.size() > 1) {
         return ctx.Error(absl::StrCat("input 1 (axes) must be 1-D; its shape is ",
-                                      DimsString(t.dims)));
+                                      DimsToString(t.dims)));
       }
       CASTOR_ASSIGN_OR_RETURN(axes, ReadInt64s(ctx, 1));
     }
@@ -461,7 +461,7 @@ absl::StatusOr<AxesChoice> ChooseAxes(const KernelContext& ctx, int64_t axes_inp
     const int64_t a = axis < 0 ? axis + rank : axis;
     if (a < 0 || a >= rank) {
       return ctx.Error(absl::StrCat("axis ", axis, " is out of range for input of rank ", rank,
-                                    " ", DimsString(ctx.input(0).dims)));
+                                    " ", DimsToString(ctx.input(0).dims)));
     }
     if (choice.reduced[a]) return ctx.Error(absl::StrCat("axis ", axis, " is listed twice"));
     choice.reduced[a] = true;
@@ -567,7 +567,7 @@ absl::Status ArgReduceKernel(KernelContext& ctx) {
   const int64_t n = rank == 0 ? 1 : x.dims[axis];
   if (n == 0 && out_count > 0) {
     return ctx.Error(absl::StrCat("cannot take the arg", kMax ? "max" : "min",
-                                  " of an empty axis ", axis, " of ", DimsString(x.dims)));
+                                  " of an empty axis ", axis, " of ", DimsToString(x.dims)));
   }
   CASTOR_ASSIGN_OR_RETURN(TensorView * y, ctx.Output(0, DType::kInt64, out_dims));
   return DispatchReduceType<true>(ctx, x.dtype, [&](auto tag) {
@@ -584,16 +584,16 @@ absl::Status ReduceToShapeOfKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(1);
   const size_t rank = dy.dims.size();
   if (x.dims.size() > rank) {
-    return ctx.Error(absl::StrCat("input 1 (X) ", DimsString(x.dims),
-                                  " has more axes than input 0 (dY) ", DimsString(dy.dims)));
+    return ctx.Error(absl::StrCat("input 1 (X) ", DimsToString(x.dims),
+                                  " has more axes than input 0 (dY) ", DimsToString(dy.dims)));
   }
   const size_t offset = rank - x.dims.size();
   std::vector<bool> reduced(rank, false);
   for (size_t d = 0; d < rank; ++d) {
     const int64_t xd = d < offset ? 1 : x.dims[d - offset];
     if (xd != dy.dims[d] && xd != 1) {
-      return ctx.Error(absl::StrCat("input 1 (X) ", DimsString(x.dims),
-                                    " does not broadcast to input 0 (dY) ", DimsString(dy.dims)));
+      return ctx.Error(absl::StrCat("input 1 (X) ", DimsToString(x.dims),
+                                    " does not broadcast to input 0 (dY) ", DimsToString(dy.dims)));
     }
     reduced[d] = xd == 1 && dy.dims[d] != 1;
   }

@@ -407,8 +407,8 @@ absl::Status CopyInputToOutput(KernelContext& ctx, std::vector<int64_t> dims) {
   const TensorView& input = ctx.input(0);
   CASTOR_ASSIGN_OR_RETURN(TensorView * output, ctx.Output(0, input.dtype, std::move(dims)));
   if (output->num_elements() != input.num_elements()) {
-    return ctx.Error(absl::StrCat("internal: output ", DimsString(output->dims), " and input ",
-                                  DimsString(input.dims), " differ in element count"));
+    return ctx.Error(absl::StrCat("internal: output ", DimsToString(output->dims), " and input ",
+                                  DimsToString(input.dims), " differ in element count"));
   }
   return ctx.backend().CopyWithin(output->data, input.data, input.byte_size());
 }
@@ -461,20 +461,20 @@ absl::Status RunReshape(KernelContext& ctx) {
     const int64_t v = target[i];
     if (v == 0 && !allowzero) {
       if (i >= static_cast<int>(data.dims.size())) {
-        return ctx.Error(absl::StrCat("shape ", DimsString(target), " entry ", i,
+        return ctx.Error(absl::StrCat("shape ", DimsToString(target), " entry ", i,
                                       " is 0 (copy the input dim) but the input ",
-                                      DimsString(data.dims), " has rank ", data.dims.size()));
+                                      DimsToString(data.dims), " has rank ", data.dims.size()));
       }
       dims[i] = data.dims[i];
     } else if (v == -1) {
       if (minus_one_at >= 0) {
-        return ctx.Error(absl::StrCat("shape ", DimsString(target), " has more than one -1"));
+        return ctx.Error(absl::StrCat("shape ", DimsToString(target), " has more than one -1"));
       }
       minus_one_at = i;
       dims[i] = 1;
     } else if (v < -1) {
       return ctx.Error(
-          absl::StrCat("shape ", DimsString(target), " has entry ", v, "; entries must be >= -1"));
+          absl::StrCat("shape ", DimsToString(target), " has entry ", v, "; entries must be >= -1"));
     } else {
       dims[i] = v;
     }
@@ -482,15 +482,15 @@ absl::Status RunReshape(KernelContext& ctx) {
   if (minus_one_at >= 0) {
     const int64_t others = Product(dims, 0, dims.size());
     if (others == 0 || total % others != 0) {
-      return ctx.Error(absl::StrCat("cannot reshape input ", DimsString(data.dims), " (", total,
-                                    " elements) to ", DimsString(target),
+      return ctx.Error(absl::StrCat("cannot reshape input ", DimsToString(data.dims), " (", total,
+                                    " elements) to ", DimsToString(target),
                                     ": the -1 entry cannot be inferred"));
     }
     dims[minus_one_at] = total / others;
   }
   if (Product(dims, 0, dims.size()) != total) {
-    return ctx.Error(absl::StrCat("cannot reshape input ", DimsString(data.dims), " (", total,
-                                  " elements) to ", DimsString(target), " = ", DimsString(dims),
+    return ctx.Error(absl::StrCat("cannot reshape input ", DimsToString(data.dims), " (", total,
+                                  " elements) to ", DimsToString(target), " = ", DimsToString(dims),
                                   " (", Product(dims, 0, dims.size()), " elements)"));
   }
   return CopyInputToOutput(ctx, std::move(dims));
@@ -502,7 +502,7 @@ absl::Status RunFlatten(KernelContext& ctx) {
   int64_t axis = ctx.GetInt("axis", 1);
   if (axis < -rank || axis > rank) {
     return ctx.Error(absl::StrCat("axis ", axis, " is out of range [", -rank, ", ", rank,
-                                  "] for input ", DimsString(in)));
+                                  "] for input ", DimsToString(in)));
   }
   if (axis < 0) axis += rank;
   return CopyInputToOutput(ctx, {Product(in, 0, axis), Product(in, axis, in.size())});
@@ -529,7 +529,7 @@ absl::Status RunSqueeze(KernelContext& ctx) {
     for (int64_t axis : *axes) {
       CASTOR_ASSIGN_OR_RETURN(const int64_t a, NormalizeAxis(ctx, axis, rank, "axis"));
       if (in[a] != 1) {
-        return ctx.Error(absl::StrCat("cannot squeeze axis ", axis, " of input ", DimsString(in),
+        return ctx.Error(absl::StrCat("cannot squeeze axis ", axis, " of input ", DimsToString(in),
                                       ": its size is ", in[a], ", not 1"));
       }
       squeezed[a] = true;
@@ -691,7 +691,7 @@ absl::Status RunTranspose(KernelContext& ctx) {
   if (!valid) {
     return ctx.Error(absl::StrCat("perm [", absl::StrJoin(perm, ","),
                                   "] is not a permutation of the axes of input ",
-                                  DimsString(data.dims)));
+                                  DimsToString(data.dims)));
   }
   const std::vector<int64_t> in_strides = ContiguousStrides(data.dims);
   std::vector<int64_t> dims(rank), src_strides(rank);
@@ -717,11 +717,11 @@ absl::Status RunExpand(KernelContext& ctx) {
     const int64_t d = has_in ? data.dims[data.dims.size() - 1 - from_end] : 1;
     const int64_t t = has_shape ? shape[shape.size() - 1 - from_end] : 1;
     if (d != t && d != 1 && t != 1) {
-      return ctx.Error(absl::StrCat("cannot expand input ", DimsString(data.dims), " to shape ",
-                                    DimsString(shape), ": dim ", d, " vs ", t));
+      return ctx.Error(absl::StrCat("cannot expand input ", DimsToString(data.dims), " to shape ",
+                                    DimsToString(shape), ": dim ", d, " vs ", t));
     }
     if (t < 0) {
-      return ctx.Error(absl::StrCat("shape ", DimsString(shape), " has a negative entry"));
+      return ctx.Error(absl::StrCat("shape ", DimsToString(shape), " has a negative entry"));
     }
     dims[i] = d == 1 ? t : d;
     if (has_in && d != 1) src_strides[i] = in_strides[data.dims.size() - 1 - from_end];
@@ -737,7 +737,7 @@ absl::Status RunTile(KernelContext& ctx) {
   const size_t rank = in.dims.size();
   if (repeats.size() != rank) {
     return ctx.Error(absl::StrCat("repeats [", absl::StrJoin(repeats, ","), "] has ",
-                                  repeats.size(), " entries but the input ", DimsString(in.dims),
+                                  repeats.size(), " entries but the input ", DimsToString(in.dims),
                                   " has rank ", rank));
   }
   // Output [r0*d0, r1*d1, ...] is laid out as [r0, d0, r1, d1, ...]: a copy
@@ -816,7 +816,7 @@ absl::Status RunConstantOfShape(KernelContext& ctx) {
   CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> dims, ReadInt64s(ctx, 0));
   for (int64_t d : dims) {
     if (d < 0) {
-      return ctx.Error(absl::StrCat("shape ", DimsString(dims), " has a negative entry"));
+      return ctx.Error(absl::StrCat("shape ", DimsToString(dims), " has a negative entry"));
     }
   }
   Tensor fill = Tensor::Scalar(0.0f);
@@ -888,8 +888,8 @@ absl::Status RunConcat(KernelContext& ctx) {
     bool same = static_cast<int64_t>(in.dims.size()) == rank && in.dtype == first.dtype;
     for (int64_t k = 0; same && k < rank; ++k) same = k == axis || in.dims[k] == first.dims[k];
     if (!same) {
-      return ctx.Error(absl::StrCat("input ", i, " ", DimsString(in.dims),
-                                    " does not match input 0 ", DimsString(first.dims),
+      return ctx.Error(absl::StrCat("input ", i, " ", DimsToString(in.dims),
+                                    " does not match input 0 ", DimsToString(first.dims),
                                     " off axis ", axis));
     }
     dims[axis] += in.dims[axis];
@@ -941,7 +941,7 @@ absl::Status RunSplit(KernelContext& ctx) {
     }
   } else {
     if (n % outputs != 0) {
-      return ctx.Error(absl::StrCat("axis ", axis, " of input ", DimsString(in.dims),
+      return ctx.Error(absl::StrCat("axis ", axis, " of input ", DimsToString(in.dims),
                                     " does not split evenly into ", outputs, " outputs"));
     }
     sizes.assign(outputs, n / outputs);
@@ -956,7 +956,7 @@ absl::Status RunSplit(KernelContext& ctx) {
   }
   if (static_cast<int>(sizes.size()) != outputs || total != n) {
     return ctx.Error(absl::StrCat("split [", absl::StrJoin(sizes, ","), "] (sum ", total,
-                                  ") does not cut axis ", axis, " of input ", DimsString(in.dims),
+                                  ") does not cut axis ", axis, " of input ", DimsToString(in.dims),
                                   " into the node's ", outputs, " outputs"));
   }
   const size_t element_size = DTypeSize(in.dtype);
@@ -1128,14 +1128,14 @@ absl::Status RunGatherGrad(KernelContext& ctx) {
   const int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
   if (axis < 0 || axis >= rank) {
     return ctx.Error(absl::StrCat("attribute 'axis' ", axis_attr,
-                                  " is out of range for input 2 (data) ", DimsString(data.dims)));
+                                  " is out of range for input 2 (data) ", DimsToString(data.dims)));
   }
   std::vector<int64_t> y_dims(data.dims.begin(), data.dims.begin() + axis);
   y_dims.insert(y_dims.end(), indices.dims.begin(), indices.dims.end());
   y_dims.insert(y_dims.end(), data.dims.begin() + axis + 1, data.dims.end());
   if (dy.dims != y_dims) {
-    return ctx.Error(absl::StrCat("input 0 (dY) is ", DimsString(dy.dims), "; expected ",
-                                  DimsString(y_dims), " (Gather's output for data and indices)"));
+    return ctx.Error(absl::StrCat("input 0 (dY) is ", DimsToString(dy.dims), "; expected ",
+                                  DimsToString(y_dims), " (Gather's output for data and indices)"));
   }
   return DispatchIndex(ctx, indices, "input 1 (indices)", [&](auto index_tag) -> absl::Status {
     using I = typename decltype(index_tag)::type;
@@ -1208,7 +1208,7 @@ absl::Status RunPad(KernelContext& ctx) {
   if (static_cast<int64_t>(pads.size()) != 2 * n) {
     return ctx.Error(absl::StrCat("pads [", absl::StrJoin(pads, ","), "] has ", pads.size(),
                                   " entries; expected ", 2 * n, " (begin and end for each of ", n,
-                                  " axes) for input ", DimsString(in.dims)));
+                                  " axes) for input ", DimsToString(in.dims)));
   }
   std::vector<int64_t> before(rank, 0), after(rank, 0);
   for (int64_t k = 0; k < n; ++k) {
@@ -1220,11 +1220,11 @@ absl::Status RunPad(KernelContext& ctx) {
     dims[a] = in.dims[a] + before[a] + after[a];
     if (dims[a] < 0) {
       return ctx.Error(absl::StrCat("pads [", absl::StrJoin(pads, ","), "] make axis ", a,
-                                    " of input ", DimsString(in.dims), " negative"));
+                                    " of input ", DimsToString(in.dims), " negative"));
     }
     if (mode != PadMode::kConstant && in.dims[a] == 0 && dims[a] > 0) {
       return ctx.Error(absl::StrCat("cannot ", mode_name, "-pad axis ", a, " of input ",
-                                    DimsString(in.dims), ": it is empty"));
+                                    DimsToString(in.dims), ": it is empty"));
     }
   }
   if (rank > kMaxDims) {

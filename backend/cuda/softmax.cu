@@ -177,7 +177,7 @@ absl::Status SoftmaxKernel(KernelContext& ctx) {
                                  : (axis >= 0 && (axis < rank || (coerce_2d && axis == rank)));
   if (!axis_ok) {
     return ctx.Error(absl::StrCat("axis ", axis_attr, " is out of range for input of rank ", rank,
-                                  " ", DimsString(x.dims)));
+                                  " ", DimsToString(x.dims)));
   }
   int64_t outer = 1, n = 1, inner = 1;
   for (int64_t i = 0; i < rank; ++i) {
@@ -207,15 +207,15 @@ absl::Status SoftmaxGradKernel(KernelContext& ctx) {
                                   DTypeName(y.dtype), "; they must match"));
   }
   if (dy.dims != y.dims) {
-    return ctx.Error(absl::StrCat("input 0 (dY) is ", DimsString(dy.dims), "; expected ",
-                                  DimsString(y.dims), " (Y's shape)"));
+    return ctx.Error(absl::StrCat("input 0 (dY) is ", DimsToString(dy.dims), "; expected ",
+                                  DimsToString(y.dims), " (Y's shape)"));
   }
   const int64_t rank = static_cast<int64_t>(y.dims.size());
   const int64_t axis_attr = ctx.GetInt("axis", -1);
   const int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
   if (rank == 0 || axis < 0 || axis >= rank) {
     return ctx.Error(absl::StrCat("attribute 'axis' ", axis_attr,
-                                  " is out of range for input 1 (Y) ", DimsString(y.dims)));
+                                  " is out of range for input 1 (Y) ", DimsToString(y.dims)));
   }
   int64_t outer = 1, inner = 1;
   for (int64_t i = 0; i < axis; ++i) outer *= y.dims[i];
