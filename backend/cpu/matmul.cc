@@ -7,25 +7,76 @@
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/matmul_geometry.h"
 #include "backend/cpu/parallel.h"
+#include "graph/status.h"
 
 namespace castor::cpu {
+
+absl::StatusOr<MatMulGeometry> PlanMatMul(const KernelContext& ctx) {
+  const TensorView& a = ctx.input(0);
+  const TensorView& b = ctx.input(1);
+  if (a.dtype != b.dtype) {
+    return ctx.Error(absl::StrCat("A is ", DTypeName(a.dtype), " but B is ", DTypeName(b.dtype)));
+  }
+  if (a.dims.empty() || b.dims.empty()) {
+    return ctx.Error(absl::StrCat("operands must have rank >= 1; A is ", DimsToString(a.dims),
+                                  ", B is ", DimsToString(b.dims)));
+  }
+  const bool a_vector = a.dims.size() == 1;
+  const bool b_vector = b.dims.size() == 1;
+  const int64_t m = a_vector ? 1 : a.dims[a.dims.size() - 2];
+  const int64_t k = a.dims.back();
+  const int64_t k_b = b_vector ? b.dims[0] : b.dims[b.dims.size() - 2];
+  const int64_t n = b_vector ? 1 : b.dims.back();
+  if (k != k_b) {
+    return ctx.Error(absl::StrCat("inner dimensions differ: A ", DimsToString(a.dims), ", B ",
+                                  DimsToString(b.dims)));
+  }
+  // Batch dims, right-aligned and broadcast.
+  const std::vector<int64_t> a_batch(a.dims.begin(), a.dims.end() - (a_vector ? 1 : 2));
+  const std::vector<int64_t> b_batch(b.dims.begin(), b.dims.end() - (b_vector ? 1 : 2));
+  const size_t rank = std::max(a_batch.size(), b_batch.size());
+  std::vector<int64_t> batch(rank), a_stride(rank, 0), b_stride(rank, 0);
+  {
+    int64_t a_step = 1, b_step = 1;
+    for (size_t r = rank; r-- > 0;) {
+      const size_t from_end = rank - 1 - r;
+      const int64_t ad = from_end < a_batch.size() ? a_batch[a_batch.size() - 1 - from_end] : 1;
+      const int64_t bd = from_end < b_batch.size() ? b_batch[b_batch.size() - 1 - from_end] : 1;
+      if (ad != bd && ad != 1 && bd != 1) {
+        return ctx.Error(absl::StrCat("batch dimensions of A ", DimsToString(a.dims), " and B ",
+                                      DimsToString(b.dims), " do not broadcast"));
+      }
+      batch[r] = std::max(ad, bd);
+      if (ad == 0 || bd == 0) batch[r] = 0;
+      a_stride[r] = ad == 1 ? 0 : a_step;
+      b_stride[r] = bd == 1 ? 0 : b_step;
+      a_step *= ad;
+      b_step *= bd;
+    }
+  }
+  std::vector<int64_t> out_dims = batch;
+  if (!a_vector) out_dims.push_back(m);
+  if (!b_vector) out_dims.push_back(n);
+  return MatMulGeometry{m, n, k, std::move(batch), std::move(a_stride), std::move(b_stride),
+                        std::move(out_dims)};
+}
+
 namespace {
 
 const std::vector<DType> kMatrixDTypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16,
                                           DType::kFloat64, DType::kInt32,   DType::kInt64,
                                           DType::kUInt32,  DType::kUInt64};
-
-std::string DimsString(const std::vector<int64_t>& dims) {
-  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
-}
 
 // Calls fn(T{}) for the integer dtypes MatMul/Gemm accept.
 template <typename Fn>
@@ -74,49 +125,13 @@ void FloatMatMul(DType dtype, const T* a, const T* b, T* c, int64_t m, int64_t n
 absl::Status MatMulKernel(KernelContext& ctx) {
   const TensorView& a = ctx.input(0);
   const TensorView& b = ctx.input(1);
-  if (a.dtype != b.dtype) {
-    return ctx.Error(absl::StrCat("A is ", DTypeName(a.dtype), " but B is ", DTypeName(b.dtype)));
-  }
-  if (a.dims.empty() || b.dims.empty()) {
-    return ctx.Error(absl::StrCat("operands must have rank >= 1; A is ", DimsString(a.dims),
-                                  ", B is ", DimsString(b.dims)));
-  }
-  const bool a_vector = a.dims.size() == 1;
-  const bool b_vector = b.dims.size() == 1;
-  const int64_t m = a_vector ? 1 : a.dims[a.dims.size() - 2];
-  const int64_t k = a.dims.back();
-  const int64_t k_b = b_vector ? b.dims[0] : b.dims[b.dims.size() - 2];
-  const int64_t n = b_vector ? 1 : b.dims.back();
-  if (k != k_b) {
-    return ctx.Error(absl::StrCat("inner dimensions differ: A ", DimsString(a.dims), ", B ",
-                                  DimsString(b.dims)));
-  }
-  // Batch dims, right-aligned and broadcast.
-  const std::vector<int64_t> a_batch(a.dims.begin(), a.dims.end() - (a_vector ? 1 : 2));
-  const std::vector<int64_t> b_batch(b.dims.begin(), b.dims.end() - (b_vector ? 1 : 2));
-  const size_t rank = std::max(a_batch.size(), b_batch.size());
-  std::vector<int64_t> batch(rank), a_stride(rank, 0), b_stride(rank, 0);
-  {
-    int64_t a_step = 1, b_step = 1;
-    for (size_t r = rank; r-- > 0;) {
-      const size_t from_end = rank - 1 - r;
-      const int64_t ad = from_end < a_batch.size() ? a_batch[a_batch.size() - 1 - from_end] : 1;
-      const int64_t bd = from_end < b_batch.size() ? b_batch[b_batch.size() - 1 - from_end] : 1;
-      if (ad != bd && ad != 1 && bd != 1) {
-        return ctx.Error(absl::StrCat("batch dimensions of A ", DimsString(a.dims), " and B ",
-                                      DimsString(b.dims), " do not broadcast"));
-      }
-      batch[r] = std::max(ad, bd);
-      if (ad == 0 || bd == 0) batch[r] = 0;
-      a_stride[r] = ad == 1 ? 0 : a_step;
-      b_stride[r] = bd == 1 ? 0 : b_step;
-      a_step *= ad;
-      b_step *= bd;
-    }
-  }
-  std::vector<int64_t> out_dims = batch;
-  if (!a_vector) out_dims.push_back(m);
-  if (!b_vector) out_dims.push_back(n);
+  CASTOR_ASSIGN_OR_RETURN(const MatMulGeometry geometry, PlanMatMul(ctx));
+  const int64_t m = geometry.m, n = geometry.n, k = geometry.k;
+  const std::vector<int64_t>& batch = geometry.batch;
+  const std::vector<int64_t>& a_stride = geometry.a_stride;
+  const std::vector<int64_t>& b_stride = geometry.b_stride;
+  const size_t rank = batch.size();
+  const std::vector<int64_t>& out_dims = geometry.out_dims;
   TensorView* y;
   {
     absl::StatusOr<TensorView*> out = ctx.Output(0, a.dtype, out_dims);
@@ -196,8 +211,8 @@ absl::Status GemmKernel(KernelContext& ctx) {
   const TensorView& a = ctx.input(0);
   const TensorView& b = ctx.input(1);
   if (a.dims.size() != 2 || b.dims.size() != 2) {
-    return ctx.Error(absl::StrCat("A and B must be 2-D; they are ", DimsString(a.dims), " and ",
-                                  DimsString(b.dims)));
+    return ctx.Error(absl::StrCat("A and B must be 2-D; they are ", DimsToString(a.dims), " and ",
+                                  DimsToString(b.dims)));
   }
   if (a.dtype != b.dtype) {
     return ctx.Error(absl::StrCat("A is ", DTypeName(a.dtype), " but B is ", DTypeName(b.dtype)));
@@ -211,8 +226,8 @@ absl::Status GemmKernel(KernelContext& ctx) {
   const int64_t k_b = b.dims[trans_b ? 1 : 0];
   const int64_t n = b.dims[trans_b ? 0 : 1];
   if (k != k_b) {
-    return ctx.Error(absl::StrCat("inner dimensions differ: A ", DimsString(a.dims),
-                                  trans_a ? " (transposed)" : "", ", B ", DimsString(b.dims),
+    return ctx.Error(absl::StrCat("inner dimensions differ: A ", DimsToString(a.dims),
+                                  trans_a ? " (transposed)" : "", ", B ", DimsToString(b.dims),
                                   trans_b ? " (transposed)" : ""));
   }
   // C broadcast to [m, n]: c_rows x c_cols with 1 meaning broadcast.
@@ -224,12 +239,12 @@ absl::Status GemmKernel(KernelContext& ctx) {
           absl::StrCat("C is ", DTypeName(c->dtype), " but A is ", DTypeName(a.dtype)));
     }
     if (c->dims.size() > 2) {
-      return ctx.Error(absl::StrCat("C ", DimsString(c->dims), " has rank above 2"));
+      return ctx.Error(absl::StrCat("C ", DimsToString(c->dims), " has rank above 2"));
     }
     if (c->dims.size() >= 1) c_cols = c->dims.back();
     if (c->dims.size() == 2) c_rows = c->dims[0];
     if ((c_rows != 1 && c_rows != m) || (c_cols != 1 && c_cols != n)) {
-      return ctx.Error(absl::StrCat("C ", DimsString(c->dims), " does not broadcast to [", m,
+      return ctx.Error(absl::StrCat("C ", DimsToString(c->dims), " does not broadcast to [", m,
                                     ",", n, "]"));
     }
   }
