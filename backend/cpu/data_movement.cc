@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
+#include "backend/cpu/op_geometry.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/strided_copy.h"
 #include "graph/status.h"
@@ -26,15 +27,6 @@ int64_t Product(const std::vector<int64_t>& dims, size_t begin, size_t end) {
   int64_t p = 1;
   for (size_t i = begin; i < end && i < dims.size(); ++i) p *= dims[i];
   return p;
-}
-
-absl::StatusOr<int64_t> NormalizeAxis(const KernelContext& ctx, int64_t axis, int64_t rank,
-                                      const char* what) {
-  if (axis < -rank || axis >= rank) {
-    return ctx.Error(absl::StrCat(what, " ", axis, " is out of range [", -rank, ", ", rank - 1,
-                                  "] for rank ", rank));
-  }
-  return axis < 0 ? axis + rank : axis;
 }
 
 // ---- Concat --------------------------------------------------------------------
@@ -147,7 +139,6 @@ absl::Status RunSplit(KernelContext& ctx) {
 
 absl::Status RunSlice(KernelContext& ctx) {
   const TensorView& in = ctx.input(0);
-  const int64_t rank = static_cast<int64_t>(in.dims.size());
   std::vector<int64_t> starts, ends, axes, steps;
   bool has_axes;
   if (ctx.opset() < 10) {
@@ -165,63 +156,14 @@ absl::Status RunSlice(KernelContext& ctx) {
     if (has_axes) axes = ReadInts(ctx.input(3));
     if (ctx.has_input(4)) steps = ReadInts(ctx.input(4));
   }
-  const size_t count = starts.size();
-  if (!has_axes) {
-    for (size_t k = 0; k < count; ++k) axes.push_back(static_cast<int64_t>(k));
-  }
-  if (steps.empty()) steps.assign(count, 1);
-  if (ends.size() != count || axes.size() != count || steps.size() != count) {
-    return ctx.Error(
-        absl::StrCat("starts, ends, axes and steps must have one entry per sliced "
-                     "axis; got ",
-                     count, ", ", ends.size(), ", ", axes.size(), ", ", steps.size()));
-  }
-  std::vector<int64_t> first(rank, 0), step_of(rank, 1), dims = in.dims;
-  std::vector<bool> sliced(rank, false);
-  for (size_t k = 0; k < count; ++k) {
-    CASTOR_ASSIGN_OR_RETURN(const int64_t a, NormalizeAxis(ctx, axes[k], rank, "axis"));
-    if (sliced[a]) {
-      return ctx.Error(
-          absl::StrCat("axes [", absl::StrJoin(axes, ","), "] list axis ", a, " twice"));
-    }
-    sliced[a] = true;
-    const int64_t dim = in.dims[a];
-    const int64_t step = steps[k];
-    if (step == 0) return ctx.Error(absl::StrCat("steps entry ", k, " (axis ", a, ") is 0"));
-    int64_t start = starts[k], end = ends[k];
-    // Negative indices count from the end; then starts clamp to [0, dim]
-    // (positive steps) or [0, dim-1] (negative steps), and ends to [0, dim]
-    // or [-1, dim-1].
-    if (start < 0) start += dim;
-    if (end < 0) end += dim;
-    int64_t length;
-    if (step > 0) {
-      start = std::clamp<int64_t>(start, 0, dim);
-      end = std::clamp<int64_t>(end, 0, dim);
-      length = end > start ? (end - start - 1) / step + 1 : 0;
-    } else if (dim == 0) {
-      length = 0;
-    } else {
-      start = std::clamp<int64_t>(start, 0, dim - 1);
-      end = std::clamp<int64_t>(end, -1, dim - 1);
-      length = start > end ? (start - end - 1) / -step + 1 : 0;
-    }
-    dims[a] = length;
-    first[a] = length > 0 ? start : 0;
-    step_of[a] = step;
-  }
-  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, in.dtype, dims));
+  CASTOR_ASSIGN_OR_RETURN(const SliceGeometry slice,
+                          PlanSlice(ctx, in.dims, starts, ends, has_axes, axes, steps));
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, in.dtype, slice.dims));
   if (out->num_elements() == 0) return absl::OkStatus();
-  const std::vector<int64_t> in_strides = ContiguousStrides(in.dims);
-  std::vector<int64_t> src_strides(rank);
-  int64_t offset = 0;
-  for (int64_t a = 0; a < rank; ++a) {
-    offset += first[a] * in_strides[a];
-    src_strides[a] = step_of[a] * in_strides[a];
-  }
   const size_t element_size = DTypeSize(in.dtype);
-  StridedCopy(dims, element_size, static_cast<const char*>(in.data) + offset * element_size,
-              src_strides, out->data, ContiguousStrides(dims));
+  StridedCopy(slice.dims, element_size,
+              static_cast<const char*>(in.data) + slice.offset * element_size, slice.src_strides,
+              out->data, ContiguousStrides(slice.dims));
   return absl::OkStatus();
 }
 

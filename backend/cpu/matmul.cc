@@ -16,62 +16,11 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/gemm.h"
-#include "backend/cpu/matmul_geometry.h"
+#include "backend/cpu/op_geometry.h"
 #include "backend/cpu/parallel.h"
 #include "graph/status.h"
 
 namespace castor::cpu {
-
-absl::StatusOr<MatMulGeometry> PlanMatMul(const KernelContext& ctx) {
-  const TensorView& a = ctx.input(0);
-  const TensorView& b = ctx.input(1);
-  if (a.dtype != b.dtype) {
-    return ctx.Error(absl::StrCat("A is ", DTypeName(a.dtype), " but B is ", DTypeName(b.dtype)));
-  }
-  if (a.dims.empty() || b.dims.empty()) {
-    return ctx.Error(absl::StrCat("operands must have rank >= 1; A is ", DimsToString(a.dims),
-                                  ", B is ", DimsToString(b.dims)));
-  }
-  const bool a_vector = a.dims.size() == 1;
-  const bool b_vector = b.dims.size() == 1;
-  const int64_t m = a_vector ? 1 : a.dims[a.dims.size() - 2];
-  const int64_t k = a.dims.back();
-  const int64_t k_b = b_vector ? b.dims[0] : b.dims[b.dims.size() - 2];
-  const int64_t n = b_vector ? 1 : b.dims.back();
-  if (k != k_b) {
-    return ctx.Error(absl::StrCat("inner dimensions differ: A ", DimsToString(a.dims), ", B ",
-                                  DimsToString(b.dims)));
-  }
-  // Batch dims, right-aligned and broadcast.
-  const std::vector<int64_t> a_batch(a.dims.begin(), a.dims.end() - (a_vector ? 1 : 2));
-  const std::vector<int64_t> b_batch(b.dims.begin(), b.dims.end() - (b_vector ? 1 : 2));
-  const size_t rank = std::max(a_batch.size(), b_batch.size());
-  std::vector<int64_t> batch(rank), a_stride(rank, 0), b_stride(rank, 0);
-  {
-    int64_t a_step = 1, b_step = 1;
-    for (size_t r = rank; r-- > 0;) {
-      const size_t from_end = rank - 1 - r;
-      const int64_t ad = from_end < a_batch.size() ? a_batch[a_batch.size() - 1 - from_end] : 1;
-      const int64_t bd = from_end < b_batch.size() ? b_batch[b_batch.size() - 1 - from_end] : 1;
-      if (ad != bd && ad != 1 && bd != 1) {
-        return ctx.Error(absl::StrCat("batch dimensions of A ", DimsToString(a.dims), " and B ",
-                                      DimsToString(b.dims), " do not broadcast"));
-      }
-      batch[r] = std::max(ad, bd);
-      if (ad == 0 || bd == 0) batch[r] = 0;
-      a_stride[r] = ad == 1 ? 0 : a_step;
-      b_stride[r] = bd == 1 ? 0 : b_step;
-      a_step *= ad;
-      b_step *= bd;
-    }
-  }
-  std::vector<int64_t> out_dims = batch;
-  if (!a_vector) out_dims.push_back(m);
-  if (!b_vector) out_dims.push_back(n);
-  return MatMulGeometry{m, n, k, std::move(batch), std::move(a_stride), std::move(b_stride),
-                        std::move(out_dims)};
-}
-
 namespace {
 
 const std::vector<DType> kMatrixDTypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16,

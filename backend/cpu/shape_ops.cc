@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/op_geometry.h"
 #include "backend/cpu/strided_copy.h"
 #include "graph/status.h"
 
@@ -25,15 +26,6 @@ int64_t Product(const std::vector<int64_t>& dims, size_t begin, size_t end) {
 }
 
 // Normalizes `axis` into [0, rank); `what` names it in the error.
-absl::StatusOr<int64_t> NormalizeAxis(const KernelContext& ctx, int64_t axis, int64_t rank,
-                                      const char* what) {
-  if (axis < -rank || axis >= rank) {
-    return ctx.Error(absl::StrCat(what, " ", axis, " is out of range [", -rank, ", ", rank - 1,
-                                  "] for rank ", rank));
-  }
-  return axis < 0 ? axis + rank : axis;
-}
-
 // ---- Reshape -----------------------------------------------------------------
 
 absl::Status RunReshape(KernelContext& ctx) {

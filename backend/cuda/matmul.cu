@@ -26,7 +26,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "backend/cpu/matmul_geometry.h"
+#include "backend/cpu/op_geometry.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
 

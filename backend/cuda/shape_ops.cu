@@ -43,6 +43,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "backend/cuda/convert.cuh"
+#include "backend/cpu/op_geometry.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "graph/gradient_builder.h"
@@ -76,14 +77,7 @@ std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& dims) {
   return strides;
 }
 
-absl::StatusOr<int64_t> NormalizeAxis(const KernelContext& ctx, int64_t axis, int64_t rank,
-                                      const char* what) {
-  if (axis < -rank || axis >= rank) {
-    return ctx.Error(absl::StrCat(what, " ", axis, " is out of range [", -rank, ", ", rank - 1,
-                                  "] for rank ", rank));
-  }
-  return axis < 0 ? axis + rank : axis;
-}
+using cpu::NormalizeAxis;
 
 // A SupportsFn: every tensor of the node has a fixed element size (the
 // kernels move bytes; string tensors are refused).
@@ -981,7 +975,6 @@ absl::Status RunSplit(KernelContext& ctx) {
 
 absl::Status RunSlice(KernelContext& ctx) {
   const TensorView& in = ctx.input(0);
-  const int64_t rank = static_cast<int64_t>(in.dims.size());
   std::vector<int64_t> starts, ends, axes, steps;
   bool has_axes;
   if (ctx.opset() < 10) {
@@ -1003,63 +996,14 @@ absl::Status RunSlice(KernelContext& ctx) {
       CASTOR_ASSIGN_OR_RETURN(steps, ReadInt64s(ctx, 4));
     }
   }
-  const size_t count = starts.size();
-  if (!has_axes) {
-    for (size_t k = 0; k < count; ++k) axes.push_back(static_cast<int64_t>(k));
-  }
-  if (steps.empty()) steps.assign(count, 1);
-  if (ends.size() != count || axes.size() != count || steps.size() != count) {
-    return ctx.Error(
-        absl::StrCat("starts, ends, axes and steps must have one entry per sliced axis; got ",
-                     count, ", ", ends.size(), ", ", axes.size(), ", ", steps.size()));
-  }
-  std::vector<int64_t> first(rank, 0), step_of(rank, 1), dims = in.dims;
-  std::vector<bool> sliced(rank, false);
-  for (size_t k = 0; k < count; ++k) {
-    CASTOR_ASSIGN_OR_RETURN(const int64_t a, NormalizeAxis(ctx, axes[k], rank, "axis"));
-    if (sliced[a]) {
-      return ctx.Error(
-          absl::StrCat("axes [", absl::StrJoin(axes, ","), "] list axis ", a, " twice"));
-    }
-    sliced[a] = true;
-    const int64_t dim = in.dims[a];
-    const int64_t step = steps[k];
-    if (step == 0) return ctx.Error(absl::StrCat("steps entry ", k, " (axis ", a, ") is 0"));
-    int64_t start = starts[k], end = ends[k];
-    // Negative indices count from the end; then starts clamp to [0, dim]
-    // (positive steps) or [0, dim-1] (negative steps), and ends to [0, dim]
-    // or [-1, dim-1].
-    if (start < 0) start += dim;
-    if (end < 0) end += dim;
-    int64_t length;
-    if (step > 0) {
-      start = std::clamp<int64_t>(start, 0, dim);
-      end = std::clamp<int64_t>(end, 0, dim);
-      length = end > start ? (end - start - 1) / step + 1 : 0;
-    } else if (dim == 0) {
-      length = 0;
-    } else {
-      start = std::clamp<int64_t>(start, 0, dim - 1);
-      end = std::clamp<int64_t>(end, -1, dim - 1);
-      length = start > end ? (start - end - 1) / -step + 1 : 0;
-    }
-    dims[a] = length;
-    first[a] = length > 0 ? start : 0;
-    step_of[a] = step;
-  }
-  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, in.dtype, dims));
+  CASTOR_ASSIGN_OR_RETURN(const cpu::SliceGeometry slice,
+                          cpu::PlanSlice(ctx, in.dims, starts, ends, has_axes, axes, steps));
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, in.dtype, slice.dims));
   if (out->num_elements() == 0) return absl::OkStatus();
-  const std::vector<int64_t> in_strides = ContiguousStrides(in.dims);
-  std::vector<int64_t> src_strides(rank);
-  int64_t offset = 0;
-  for (int64_t a = 0; a < rank; ++a) {
-    offset += first[a] * in_strides[a];
-    src_strides[a] = step_of[a] * in_strides[a];
-  }
   const size_t element_size = DTypeSize(in.dtype);
-  return CopyStrided(ctx, dims, element_size,
-                     static_cast<const char*>(in.data) + offset * element_size, src_strides,
-                     out->data, ContiguousStrides(dims));
+  return CopyStrided(ctx, slice.dims, element_size,
+                     static_cast<const char*>(in.data) + slice.offset * element_size,
+                     slice.src_strides, out->data, ContiguousStrides(slice.dims));
 }
 
 // ---- Gather / GatherGrad ---------------------------------------------------------------

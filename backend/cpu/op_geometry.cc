@@ -1,0 +1,137 @@
+// Host-side planning shared by the CPU and CUDA kernels (see
+// op_geometry.h).
+#include "backend/cpu/op_geometry.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "backend/cpu/broadcast.h"
+#include "backend/cpu/strided_copy.h"
+#include "graph/status.h"
+
+namespace castor::cpu {
+
+absl::StatusOr<int64_t> NormalizeAxis(const KernelContext& ctx, int64_t axis, int64_t rank,
+                                      const char* what) {
+  if (axis < -rank || axis >= rank) {
+    return ctx.Error(absl::StrCat(what, " ", axis, " is out of range [", -rank, ", ", rank - 1,
+                                  "] for rank ", rank));
+  }
+  return axis < 0 ? axis + rank : axis;
+}
+
+absl::StatusOr<MatMulGeometry> PlanMatMul(const KernelContext& ctx) {
+  const TensorView& a = ctx.input(0);
+  const TensorView& b = ctx.input(1);
+  if (a.dtype != b.dtype) {
+    return ctx.Error(absl::StrCat("A is ", DTypeName(a.dtype), " but B is ", DTypeName(b.dtype)));
+  }
+  if (a.dims.empty() || b.dims.empty()) {
+    return ctx.Error(absl::StrCat("operands must have rank >= 1; A is ", DimsToString(a.dims),
+                                  ", B is ", DimsToString(b.dims)));
+  }
+  const bool a_vector = a.dims.size() == 1;
+  const bool b_vector = b.dims.size() == 1;
+  const int64_t m = a_vector ? 1 : a.dims[a.dims.size() - 2];
+  const int64_t k = a.dims.back();
+  const int64_t k_b = b_vector ? b.dims[0] : b.dims[b.dims.size() - 2];
+  const int64_t n = b_vector ? 1 : b.dims.back();
+  if (k != k_b) {
+    return ctx.Error(absl::StrCat("inner dimensions differ: A ", DimsToString(a.dims), ", B ",
+                                  DimsToString(b.dims)));
+  }
+  // Batch dims, right-aligned and broadcast.
+  const std::vector<int64_t> a_batch(a.dims.begin(), a.dims.end() - (a_vector ? 1 : 2));
+  const std::vector<int64_t> b_batch(b.dims.begin(), b.dims.end() - (b_vector ? 1 : 2));
+  const size_t rank = std::max(a_batch.size(), b_batch.size());
+  std::vector<int64_t> batch(rank), a_stride(rank, 0), b_stride(rank, 0);
+  {
+    int64_t a_step = 1, b_step = 1;
+    for (size_t r = rank; r-- > 0;) {
+      const size_t from_end = rank - 1 - r;
+      const int64_t ad = from_end < a_batch.size() ? a_batch[a_batch.size() - 1 - from_end] : 1;
+      const int64_t bd = from_end < b_batch.size() ? b_batch[b_batch.size() - 1 - from_end] : 1;
+      if (ad != bd && ad != 1 && bd != 1) {
+        return ctx.Error(absl::StrCat("batch dimensions of A ", DimsToString(a.dims), " and B ",
+                                      DimsToString(b.dims), " do not broadcast"));
+      }
+      batch[r] = std::max(ad, bd);
+      if (ad == 0 || bd == 0) batch[r] = 0;
+      a_stride[r] = ad == 1 ? 0 : a_step;
+      b_stride[r] = bd == 1 ? 0 : b_step;
+      a_step *= ad;
+      b_step *= bd;
+    }
+  }
+  std::vector<int64_t> out_dims = batch;
+  if (!a_vector) out_dims.push_back(m);
+  if (!b_vector) out_dims.push_back(n);
+  return MatMulGeometry{m, n, k, std::move(batch), std::move(a_stride), std::move(b_stride),
+                        std::move(out_dims)};
+}
+
+absl::StatusOr<SliceGeometry> PlanSlice(const KernelContext& ctx,
+                                        const std::vector<int64_t>& in_dims,
+                                        const std::vector<int64_t>& starts,
+                                        const std::vector<int64_t>& ends, bool has_axes,
+                                        std::vector<int64_t> axes, std::vector<int64_t> steps) {
+  const int64_t rank = static_cast<int64_t>(in_dims.size());
+  const size_t count = starts.size();
+  if (!has_axes) {
+    for (size_t k = 0; k < count; ++k) axes.push_back(static_cast<int64_t>(k));
+  }
+  if (steps.empty()) steps.assign(count, 1);
+  if (ends.size() != count || axes.size() != count || steps.size() != count) {
+    return ctx.Error(
+        absl::StrCat("starts, ends, axes and steps must have one entry per sliced "
+                     "axis; got ",
+                     count, ", ", ends.size(), ", ", axes.size(), ", ", steps.size()));
+  }
+  std::vector<int64_t> first(rank, 0), step_of(rank, 1), dims = in_dims;
+  std::vector<bool> sliced(rank, false);
+  for (size_t k = 0; k < count; ++k) {
+    CASTOR_ASSIGN_OR_RETURN(const int64_t a, NormalizeAxis(ctx, axes[k], rank, "axis"));
+    if (sliced[a]) {
+      return ctx.Error(
+          absl::StrCat("axes [", absl::StrJoin(axes, ","), "] list axis ", a, " twice"));
+    }
+    sliced[a] = true;
+    const int64_t dim = in_dims[a];
+    const int64_t step = steps[k];
+    if (step == 0) return ctx.Error(absl::StrCat("steps entry ", k, " (axis ", a, ") is 0"));
+    int64_t start = starts[k], end = ends[k];
+    // Negative indices count from the end; then starts clamp to [0, dim]
+    // (positive steps) or [0, dim-1] (negative steps), and ends to [0, dim]
+    // or [-1, dim-1].
+    if (start < 0) start += dim;
+    if (end < 0) end += dim;
+    int64_t length;
+    if (step > 0) {
+      start = std::clamp<int64_t>(start, 0, dim);
+      end = std::clamp<int64_t>(end, 0, dim);
+      length = end > start ? (end - start - 1) / step + 1 : 0;
+    } else if (dim == 0) {
+      length = 0;
+    } else {
+      start = std::clamp<int64_t>(start, 0, dim - 1);
+      end = std::clamp<int64_t>(end, -1, dim - 1);
+      length = start > end ? (start - end - 1) / -step + 1 : 0;
+    }
+    dims[a] = length;
+    first[a] = length > 0 ? start : 0;
+    step_of[a] = step;
+  }
+  const std::vector<int64_t> in_strides = ContiguousStrides(in_dims);
+  SliceGeometry slice;
+  slice.src_strides.resize(rank);
+  for (int64_t a = 0; a < rank; ++a) {
+    slice.offset += first[a] * in_strides[a];
+    slice.src_strides[a] = step_of[a] * in_strides[a];
+  }
+  slice.dims = std::move(dims);
+  return slice;
+}
+
+}  // namespace castor::cpu

@@ -1,0 +1,55 @@
+// Host-side planning of ops whose CPU and CUDA kernels share it: axis
+// normalisation, MatMul's shape rules (NumPy matmul: 1-D operands promoted
+// and dropped, batch axes right-aligned and broadcast) and Slice's window.
+// Each returns the node's error (through the KernelContext) for invalid
+// attributes or inputs, so both backends word errors the same.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "backend/kernel.h"
+
+namespace castor::cpu {
+
+// `axis` in [-rank, rank) as a non-negative axis; otherwise the node's error
+// "<what> <axis> is out of range [-rank, rank-1] for rank <rank>".
+absl::StatusOr<int64_t> NormalizeAxis(const KernelContext& ctx, int64_t axis, int64_t rank,
+                                      const char* what);
+
+struct MatMulGeometry {
+  int64_t m = 0, n = 0, k = 0;  // each product: [m, k] x [k, n]
+  std::vector<int64_t> batch;     // the broadcast batch dims
+  // Per batch axis, the step in matrices of A and of B (0 where the
+  // operand is broadcast along it).
+  std::vector<int64_t> a_stride, b_stride;
+  std::vector<int64_t> out_dims;  // batch dims, then m (unless A is 1-D), n (unless B is)
+};
+
+// The geometry of MatMul node `ctx` from its inputs' dims; errors for A and
+// B of different dtypes, a rank-0 operand, inner dims that differ and batch
+// dims that do not broadcast.
+absl::StatusOr<MatMulGeometry> PlanMatMul(const KernelContext& ctx);
+
+// What Slice copies from a dense input: output `dims`, the first element's
+// offset and the element stride of each axis in the input (negative for a
+// negative step).
+struct SliceGeometry {
+  std::vector<int64_t> dims;
+  int64_t offset = 0;
+  std::vector<int64_t> src_strides;
+};
+
+// Slice of an input of `in_dims` by starts/ends/axes/steps as read from the
+// node (attributes before opset 10, inputs from 10): axes default to
+// 0..count-1 when `has_axes` is false, steps to 1 when empty. Indices count
+// from the end when negative and clamp as ONNX says. Errors for entry
+// counts that differ, an axis out of range or listed twice, a zero step.
+absl::StatusOr<SliceGeometry> PlanSlice(const KernelContext& ctx,
+                                        const std::vector<int64_t>& in_dims,
+                                        const std::vector<int64_t>& starts,
+                                        const std::vector<int64_t>& ends, bool has_axes,
+                                        std::vector<int64_t> axes, std::vector<int64_t> steps);
+
+}  // namespace castor::cpu
