@@ -12,6 +12,15 @@
 #include "graph/status.h"
 
 namespace castor::cpu {
+namespace {
+
+int64_t ElementCount(const std::vector<int64_t>& dims) {
+  int64_t count = 1;
+  for (int64_t d : dims) count *= d;
+  return count;
+}
+
+}  // namespace
 
 absl::StatusOr<int64_t> NormalizeAxis(const KernelContext& ctx, int64_t axis, int64_t rank,
                                       const char* what) {
@@ -132,6 +141,53 @@ absl::StatusOr<SliceGeometry> PlanSlice(const KernelContext& ctx,
   }
   slice.dims = std::move(dims);
   return slice;
+}
+
+absl::StatusOr<std::vector<int64_t>> PlanReshape(const KernelContext& ctx,
+                                                 const std::vector<int64_t>& in_dims,
+                                                 const std::vector<int64_t>& target) {
+  const bool allowzero = ctx.GetInt("allowzero", 0) != 0;
+  int64_t total = 1;
+  for (int64_t d : in_dims) total *= d;
+  std::vector<int64_t> dims(target.size());
+  int minus_one_at = -1;
+  for (int i = 0; i < static_cast<int>(target.size()); ++i) {
+    const int64_t v = target[i];
+    if (v == 0 && !allowzero) {
+      if (i >= static_cast<int>(in_dims.size())) {
+        return ctx.Error(absl::StrCat("shape ", DimsToString(target), " entry ", i,
+                                      " is 0 (copy the input dim) but the input ",
+                                      DimsToString(in_dims), " has rank ", in_dims.size()));
+      }
+      dims[i] = in_dims[i];
+    } else if (v == -1) {
+      if (minus_one_at >= 0) {
+        return ctx.Error(absl::StrCat("shape ", DimsToString(target), " has more than one -1"));
+      }
+      minus_one_at = i;
+      dims[i] = 1;
+    } else if (v < -1) {
+      return ctx.Error(
+          absl::StrCat("shape ", DimsToString(target), " has entry ", v, "; entries must be >= -1"));
+    } else {
+      dims[i] = v;
+    }
+  }
+  if (minus_one_at >= 0) {
+    const int64_t others = ElementCount(dims);
+    if (others == 0 || total % others != 0) {
+      return ctx.Error(absl::StrCat("cannot reshape input ", DimsToString(in_dims), " (", total,
+                                    " elements) to ", DimsToString(target),
+                                    ": the -1 entry cannot be inferred"));
+    }
+    dims[minus_one_at] = total / others;
+  }
+  if (ElementCount(dims) != total) {
+    return ctx.Error(absl::StrCat("cannot reshape input ", DimsToString(in_dims), " (", total,
+                                  " elements) to ", DimsToString(target), " = ", DimsToString(dims),
+                                  " (", ElementCount(dims), " elements)"));
+  }
+  return dims;
 }
 
 }  // namespace castor::cpu

@@ -1,6 +1,7 @@
 // Host-side planning of ops whose CPU and CUDA kernels share it: axis
 // normalisation, MatMul's shape rules (NumPy matmul: 1-D operands promoted
-// and dropped, batch axes right-aligned and broadcast) and Slice's window.
+// and dropped, batch axes right-aligned and broadcast), Slice's window and
+// Reshape's output dims.
 // Each returns the node's error (through the KernelContext) for invalid
 // attributes or inputs, so both backends word errors the same.
 #pragma once
@@ -51,5 +52,12 @@ absl::StatusOr<SliceGeometry> PlanSlice(const KernelContext& ctx,
                                         const std::vector<int64_t>& starts,
                                         const std::vector<int64_t>& ends, bool has_axes,
                                         std::vector<int64_t> axes, std::vector<int64_t> steps);
+
+// Reshape's output dims for an input of `in_dims` and the `target` shape
+// input (0 copies the input dim unless the node's allowzero is set, one -1
+// is inferred); errors for a bad entry or an element count that differs.
+absl::StatusOr<std::vector<int64_t>> PlanReshape(const KernelContext& ctx,
+                                                 const std::vector<int64_t>& in_dims,
+                                                 const std::vector<int64_t>& target);
 
 }  // namespace castor::cpu

@@ -445,48 +445,9 @@ absl::StatusOr<float> ReadFloatScalar(const KernelContext& ctx, int index, const
 // ---- Reshape / Flatten / Squeeze / Unsqueeze / Identity -----------------------------
 
 absl::Status RunReshape(KernelContext& ctx) {
-  const TensorView& data = ctx.input(0);
   CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> target, ReadInt64s(ctx, 1));
-  const bool allowzero = ctx.GetInt("allowzero", 0) != 0;
-  const int64_t total = data.num_elements();
-  std::vector<int64_t> dims(target.size());
-  int minus_one_at = -1;
-  for (int i = 0; i < static_cast<int>(target.size()); ++i) {
-    const int64_t v = target[i];
-    if (v == 0 && !allowzero) {
-      if (i >= static_cast<int>(data.dims.size())) {
-        return ctx.Error(absl::StrCat("shape ", DimsToString(target), " entry ", i,
-                                      " is 0 (copy the input dim) but the input ",
-                                      DimsToString(data.dims), " has rank ", data.dims.size()));
-      }
-      dims[i] = data.dims[i];
-    } else if (v == -1) {
-      if (minus_one_at >= 0) {
-        return ctx.Error(absl::StrCat("shape ", DimsToString(target), " has more than one -1"));
-      }
-      minus_one_at = i;
-      dims[i] = 1;
-    } else if (v < -1) {
-      return ctx.Error(
-          absl::StrCat("shape ", DimsToString(target), " has entry ", v, "; entries must be >= -1"));
-    } else {
-      dims[i] = v;
-    }
-  }
-  if (minus_one_at >= 0) {
-    const int64_t others = Product(dims, 0, dims.size());
-    if (others == 0 || total % others != 0) {
-      return ctx.Error(absl::StrCat("cannot reshape input ", DimsToString(data.dims), " (", total,
-                                    " elements) to ", DimsToString(target),
-                                    ": the -1 entry cannot be inferred"));
-    }
-    dims[minus_one_at] = total / others;
-  }
-  if (Product(dims, 0, dims.size()) != total) {
-    return ctx.Error(absl::StrCat("cannot reshape input ", DimsToString(data.dims), " (", total,
-                                  " elements) to ", DimsToString(target), " = ", DimsToString(dims),
-                                  " (", Product(dims, 0, dims.size()), " elements)"));
-  }
+  CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> dims,
+                          cpu::PlanReshape(ctx, ctx.input(0).dims, target));
   return CopyInputToOutput(ctx, std::move(dims));
 }
 
