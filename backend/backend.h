@@ -1,6 +1,6 @@
 // The narrow backend interface (DESIGN.md "Core abstractions", after
 // ggml-backend): memory, host copies, which nodes it can run, running one
-// node's kernel, synchronisation. Everything above it (the executor's plan,
+// node's kernel, synchronisation, and the end of a training step. Everything above it (the executor's plan,
 // buffer reuse, the training loop) is backend-neutral.
 #pragma once
 
@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "backend/kernel.h"
+#include "backend/step_kernels.h"
 
 namespace castor {
 
@@ -34,6 +35,11 @@ class Backend {
 
   // Waits until all queued work is done (a no-op on the CPU).
   virtual absl::Status Synchronize() = 0;
+
+  // The end of a training step in this backend's memory (unscale and check,
+  // loss-scale update, multi-tensor optimizer); nullptr when the backend
+  // cannot train.
+  virtual StepKernels* step_kernels() { return nullptr; }
 };
 
 }  // namespace castor

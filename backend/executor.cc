@@ -467,6 +467,17 @@ absl::Status Executor::FeedInputs(const std::vector<std::pair<std::string, Tenso
 
 absl::StatusOr<std::vector<Tensor>> Executor::Run(
     const std::vector<std::pair<std::string, Tensor>>& feeds) {
+  std::vector<Tensor> outputs;
+  CASTOR_RETURN_IF_ERROR(Execute(feeds, &outputs));
+  return outputs;
+}
+
+absl::Status Executor::RunOnBackend(const std::vector<std::pair<std::string, Tensor>>& feeds) {
+  return Execute(feeds, nullptr);
+}
+
+absl::Status Executor::Execute(const std::vector<std::pair<std::string, Tensor>>& feeds,
+                               std::vector<Tensor>* host_outputs) {
   PlanStats stats;
   RunState state(values_.size(), *pool_);
   CASTOR_RETURN_IF_ERROR(FeedInputs(feeds, state, stats));
@@ -474,16 +485,41 @@ absl::StatusOr<std::vector<Tensor>> Executor::Run(
   for (const Value* v : model_.graph->inputs()) signature.push_back(state.slot(ValueId(v)).dims);
   Plan& plan = plans_[signature];
   CASTOR_RETURN_IF_ERROR(RunSteps(state, stats));
-  CASTOR_RETURN_IF_ERROR(backend_.Synchronize());
-  CASTOR_ASSIGN_OR_RETURN(std::vector<Tensor> outputs, DownloadOutputs(state));
+  if (host_outputs != nullptr) {
+    CASTOR_RETURN_IF_ERROR(backend_.Synchronize());
+    CASTOR_ASSIGN_OR_RETURN(*host_outputs, DownloadOutputs(state));
+  } else {
+    for (const Value* v : model_.graph->outputs()) {
+      const int id = ValueId(v);
+      if (!state.available(id)) {
+        return absl::InternalError(absl::StrCat("graph output '", v->name(), "' was not computed"));
+      }
+      kept_[id] = state.Take(id);
+    }
+    outputs_kept_ = true;
+  }
   for (const std::string& name : options_.keep_values) {
     const int id = ValueId(model_.graph->FindValue(name));
-    if (state.available(id)) kept_[id] = state.Take(id);
+    if (state.available(id) && !kept_.contains(id)) kept_[id] = state.Take(id);
   }
   plan.stats = stats;
   ++plan.runs;
   last_stats_ = stats;
-  return outputs;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorView> Executor::OutputView(int index) const {
+  const std::vector<Value*>& outputs = model_.graph->outputs();
+  if (index < 0 || index >= static_cast<int>(outputs.size())) {
+    return absl::OutOfRangeError(
+        absl::StrCat("output ", index, " of a graph with ", outputs.size(), " outputs"));
+  }
+  auto it = outputs_kept_ ? kept_.find(ValueId(outputs[index])) : kept_.end();
+  if (it == kept_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("output '", outputs[index]->name(), "' has no value: no RunOnBackend yet"));
+  }
+  return TensorView{it->second.data, it->second.dtype, it->second.dims};
 }
 
 absl::StatusOr<std::optional<NonFiniteOutput>> Executor::FindFirstNonFinite(
@@ -605,6 +641,7 @@ void Executor::ReleaseKept() {
     if (buffer.pooled && buffer.data != nullptr) pool_->Release(buffer.data);
   }
   kept_.clear();
+  outputs_kept_ = false;
 }
 
 // ---- resident and kept tensors -------------------------------------------------

@@ -11,7 +11,9 @@
 // rank, static dims), and executes the plan for the feeds' shape signature
 // (the concrete dims of every graph input). Plans are cached per signature;
 // kernel choice and liveness do not depend on shapes, while memory does, so
-// each plan records the memory statistics of its runs.
+// each plan records the memory statistics of its runs. RunOnBackend does
+// what Run does but leaves the outputs in backend memory and returns without
+// waiting, so a trainer can queue the rest of a step behind it.
 //
 // Memory: activations come from a size-bucketed free pool of backend
 // buffers; a value's buffer returns to the pool after its last consumer ran
@@ -101,6 +103,13 @@ class Executor {
   // override it).
   absl::StatusOr<std::vector<Tensor>> Run(const std::vector<std::pair<std::string, Tensor>>& feeds);
 
+  // Runs the graph like Run but leaves the graph outputs in backend memory
+  // and does not wait for the backend: the call returns once the work is
+  // queued. Read the outputs with OutputView until the next run starts.
+  absl::Status RunOnBackend(const std::vector<std::pair<std::string, Tensor>>& feeds);
+  // Graph output `index` (graph-output order) of the last RunOnBackend.
+  absl::StatusOr<TensorView> OutputView(int index) const;
+
   // Runs the graph like Run, but after each node copies its float outputs
   // to the host and stops at the first that holds an inf or NaN: the first
   // in execution (topological) order. nullopt when every output is finite.
@@ -158,6 +167,9 @@ class Executor {
   absl::Status FeedInputs(const std::vector<std::pair<std::string, Tensor>>& feeds,
                           RunState& state, PlanStats& stats);
   absl::Status RunSteps(RunState& state, PlanStats& stats, const StepObserver& observer = {});
+  // Run (host_outputs set) or RunOnBackend (nullptr).
+  absl::Status Execute(const std::vector<std::pair<std::string, Tensor>>& feeds,
+                       std::vector<Tensor>* host_outputs);
   absl::Status CheckOutputs(const PlanStep& step, const RunState& state) const;
   absl::StatusOr<std::vector<Tensor>> DownloadOutputs(const RunState& state) const;
   void ReleaseKept();
@@ -177,6 +189,7 @@ class Executor {
   std::vector<PlanStep> steps_;
   std::map<std::vector<std::vector<int64_t>>, Plan> plans_;
   std::map<int, Buffer> kept_;  // value id -> buffer of the last run
+  bool outputs_kept_ = false;   // the last run was RunOnBackend: kept_ holds the outputs
   PlanStats last_stats_;
 };
 

@@ -1,5 +1,6 @@
-// LossScaler (see loss_scaler.h): GradScaler's update rule with a floor, the
-// fused unscale-and-check, and the checkpointed state as JSON.
+// LossScaler (see loss_scaler.h): option checks, the update rule
+// (graph/update_rules.h), the floor diagnosis, and the checkpointed state
+// as JSON.
 #include "passes/loss_scaler.h"
 
 #include <cmath>
@@ -7,27 +8,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "graph/half.h"
 
 namespace castor {
-namespace {
-
-// Divides `count` elements by `scale` in place (float32 arithmetic, one
-// rounding on store for 16-bit); false at the first non-finite element.
-template <typename Load, typename Store>
-bool UnscaleElements(int64_t count, float inverse, Load load, Store store) {
-  for (int64_t i = 0; i < count; ++i) {
-    const float value = load(i);
-    if (!std::isfinite(value)) return false;
-    store(i, value * inverse);
-  }
-  return true;
-}
-
-}  // namespace
 
 LossScaler::LossScaler(LossScalerOptions options)
-    : options_(std::move(options)), scale_(options_.initial_scale) {}
+    : options_(std::move(options)) {
+  state_.scale = options_.initial_scale;
+}
 
 absl::StatusOr<LossScaler> LossScaler::Create(LossScalerOptions options) {
   auto bad = [](const std::string& what) {
@@ -57,84 +44,34 @@ absl::StatusOr<LossScaler> LossScaler::Create(LossScalerOptions options) {
   return LossScaler(std::move(options));
 }
 
-bool LossScaler::UnscaleAndCheckFinite(const std::vector<Tensor*>& gradients) const {
-  const float inverse = static_cast<float>(1.0 / scale());
-  for (Tensor* gradient : gradients) {
-    const int64_t count = gradient->num_elements();
-    bool finite = true;
-    switch (gradient->dtype()) {
-      case DType::kFloat32: {
-        float* data = gradient->data<float>();
-        finite = UnscaleElements(
-            count, inverse, [data](int64_t i) { return data[i]; },
-            [data](int64_t i, float v) { data[i] = v; });
-        break;
-      }
-      case DType::kFloat16: {
-        uint16_t* data = gradient->data<uint16_t>();
-        finite = UnscaleElements(
-            count, inverse, [data](int64_t i) { return HalfBitsToFloat(data[i]); },
-            [data](int64_t i, float v) { data[i] = FloatToHalfBits(v); });
-        break;
-      }
-      case DType::kBFloat16: {
-        uint16_t* data = gradient->data<uint16_t>();
-        finite = UnscaleElements(
-            count, inverse, [data](int64_t i) { return BFloat16BitsToFloat(data[i]); },
-            [data](int64_t i, float v) { data[i] = FloatToBFloat16Bits(v); });
-        break;
-      }
-      default:
-        break;  // not a float gradient: nothing to scale
-    }
-    if (!finite) return false;
-  }
-  return true;
-}
-
 ScalerStep LossScaler::Update(bool all_finite) {
   ScalerStep step;
   step.scale_used = scale();
-  if (!all_finite) {
-    step.skipped = true;
-    ++skipped_steps_;
-    good_steps_ = 0;
-    if (options_.enabled) {
-      const bool was_at_floor = scale_ <= options_.min_scale;
-      scale_ = std::max(scale_ * options_.backoff_factor, options_.min_scale);
-      overflows_at_floor_ = was_at_floor ? overflows_at_floor_ + 1 : 0;
-    } else {
-      ++overflows_at_floor_;  // no scaling: every overflow is one "at the floor"
-    }
-    if (overflows_at_floor_ >= options_.floor_patience) {
-      step.diagnosis = absl::StrFormat(
-          "%d steps in a row overflowed with the loss scale at its floor (%g): the gradients "
-          "are inf/NaN even unscaled, so skipping steps cannot help. The run has diverged, or "
-          "a value overflows the 16-bit range in the forward pass. Try a lower learning rate, "
-          "mixed_bfloat16 (float32's range), or keeping the overflowing ops in float32 "
-          "(--fp32-ops); the log names the first non-finite node",
-          overflows_at_floor_, options_.enabled ? options_.min_scale : 1.0);
-    }
-  } else {
-    overflows_at_floor_ = 0;
-    if (options_.enabled && ++good_steps_ >= options_.growth_interval) {
-      scale_ *= options_.growth_factor;
-      good_steps_ = 0;
-    } else if (!options_.enabled) {
-      ++good_steps_;
-    }
-  }
+  UpdateLossScale(options_, all_finite, state_);
+  step.skipped = !all_finite;
+  if (step.skipped) step.diagnosis = Diagnosis();
   step.next_scale = scale();
   return step;
+}
+
+std::string LossScaler::Diagnosis() const {
+  if (!FloorHitRepeatedly(options_, state_)) return "";
+  return absl::StrFormat(
+      "%d steps in a row overflowed with the loss scale at its floor (%g): the gradients "
+      "are inf/NaN even unscaled, so skipping steps cannot help. The run has diverged, or "
+      "a value overflows the 16-bit range in the forward pass. Try a lower learning rate, "
+      "mixed_bfloat16 (float32's range), or keeping the overflowing ops in float32 "
+      "(--fp32-ops); the log names the first non-finite node",
+      state_.overflows_at_floor, options_.enabled ? options_.min_scale : 1.0);
 }
 
 Json LossScaler::ToJson() const {
   Json json = Json::Object();
   json.Set("enabled", Json::Bool(options_.enabled));
-  json.Set("scale", Json::Number(scale_));
-  json.Set("good_steps", Json::Int(good_steps_));
-  json.Set("skipped_steps", Json::Int(skipped_steps_));
-  json.Set("overflows_at_floor", Json::Int(overflows_at_floor_));
+  json.Set("scale", Json::Number(state_.scale));
+  json.Set("good_steps", Json::Int(state_.good_steps));
+  json.Set("skipped_steps", Json::Int(state_.skipped_steps));
+  json.Set("overflows_at_floor", Json::Int(state_.overflows_at_floor));
   json.Set("initial_scale", Json::Number(options_.initial_scale));
   json.Set("growth_factor", Json::Number(options_.growth_factor));
   json.Set("backoff_factor", Json::Number(options_.backoff_factor));
@@ -194,10 +131,7 @@ absl::StatusOr<LossScaler> LossScaler::FromJson(const Json& json) {
     return absl::InvalidArgumentError(
         "loss scaler state: scale below the floor or a negative counter");
   }
-  scaler->scale_ = *scale;
-  scaler->good_steps_ = *good;
-  scaler->skipped_steps_ = *skipped;
-  scaler->overflows_at_floor_ = *at_floor;
+  scaler->state_ = LossScalerState{*scale, *good, *skipped, *at_floor};
   return scaler;
 }
 

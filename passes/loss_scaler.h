@@ -1,7 +1,8 @@
 // Dynamic loss scaling (DESIGN.md "Training"): the scale S the loss is
-// multiplied by before backward, the fused unscale-and-check over every
-// gradient after it, and the update of S, with PyTorch GradScaler's defaults
-// and rules plus a floor:
+// multiplied by before backward and the update of S after the fused
+// unscale-and-check over every gradient (a backend step kernel,
+// backend/step_kernels.h), with PyTorch GradScaler's defaults and rules
+// plus a floor (the rule itself is UpdateLossScale, graph/update_rules.h):
 //   overflow (any gradient inf/NaN): the step is skipped (no weight,
 //     moment or BatchNorm-statistic update), S = max(S * backoff, floor),
 //     the good-step counter restarts;
@@ -17,23 +18,12 @@
 
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "graph/json.h"
-#include "graph/tensor.h"
+#include "graph/update_rules.h"
 
 namespace castor {
-
-struct LossScalerOptions {
-  bool enabled = true;
-  double initial_scale = 65536.0;
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-  int64_t growth_interval = 2000;
-  double min_scale = 1.0;      // the floor
-  int64_t floor_patience = 5;  // overflows in a row at the floor before the diagnosis
-};
 
 // What one step's check decided.
 struct ScalerStep {
@@ -53,20 +43,22 @@ class LossScaler {
   static absl::StatusOr<LossScaler> Create(LossScalerOptions options);
 
   // The scale for the next step (1 when disabled).
-  double scale() const { return options_.enabled ? scale_ : 1.0; }
+  double scale() const { return CurrentLossScale(options_, state_); }
   bool enabled() const { return options_.enabled; }
 
-  // The fused pass: divides every gradient (float32, float16 or bfloat16
-  // tensors; 16-bit ones rounded once) by scale() in place and reports
-  // whether all elements are finite. Stops unscaling at the first
-  // non-finite element (the step is skipped anyway).
-  bool UnscaleAndCheckFinite(const std::vector<Tensor*>& gradients) const;
-
-  // Records the step's outcome and moves the scale.
+  // Records the step's outcome and moves the scale (UpdateLossScale in
+  // graph/update_rules.h). The fused unscale-and-check that decides
+  // `all_finite` is a backend's step kernel (backend/step_kernels.h).
   ScalerStep Update(bool all_finite);
 
-  int64_t good_steps() const { return good_steps_; }
-  int64_t skipped_steps() const { return skipped_steps_; }
+  // The state the step kernels carry in backend memory, and its copy back
+  // after a step there; `diagnosis` as Update would give it.
+  const LossScalerState& state() const { return state_; }
+  void set_state(const LossScalerState& state) { state_ = state; }
+  std::string Diagnosis() const;
+
+  int64_t good_steps() const { return state_.good_steps; }
+  int64_t skipped_steps() const { return state_.skipped_steps; }
   const LossScalerOptions& options() const { return options_; }
 
   // The state a checkpoint keeps (scale, counters, options), and its
@@ -76,10 +68,7 @@ class LossScaler {
 
  private:
   LossScalerOptions options_;
-  double scale_;
-  int64_t good_steps_ = 0;
-  int64_t skipped_steps_ = 0;
-  int64_t overflows_at_floor_ = 0;
+  LossScalerState state_;
 };
 
 }  // namespace castor

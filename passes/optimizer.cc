@@ -1,6 +1,5 @@
-// Optimizer and learning-rate schedules (see optimizer.h). Updates run in
-// double per element and store float32, so results match PyTorch's float32
-// optimizers to rounding.
+// Optimizer (see optimizer.h): option checks, restored state, and the host
+// Step over Tensors, which applies graph/update_rules.h per element.
 #include "passes/optimizer.h"
 
 #include <cmath>
@@ -40,25 +39,12 @@ const char* OptimizerKindName(OptimizerKind kind) {
   return "?";
 }
 
-double LearningRate(const LrSchedule& schedule, int64_t step) {
-  if (schedule.warmup_steps > 0 && step <= schedule.warmup_steps) {
-    return schedule.base_lr * static_cast<double>(step) / static_cast<double>(schedule.warmup_steps);
+std::vector<std::string> OptimizerSlotNames(const OptimizerOptions& options) {
+  switch (OptimizerSlotCount(options)) {
+    case 0: return {};
+    case 1: return {"momentum"};
+    default: return {"m", "v"};
   }
-  switch (schedule.kind) {
-    case LrSchedule::Kind::kConstant:
-      return schedule.base_lr;
-    case LrSchedule::Kind::kStep: {
-      const int64_t after = step - 1 - schedule.warmup_steps;
-      return schedule.base_lr * std::pow(schedule.gamma, static_cast<double>(after / schedule.step_size));
-    }
-    case LrSchedule::Kind::kCosine: {
-      const double span = static_cast<double>(schedule.total_steps - schedule.warmup_steps);
-      const double done = std::min(1.0, static_cast<double>(step - schedule.warmup_steps) / span);
-      return schedule.min_lr +
-             0.5 * (schedule.base_lr - schedule.min_lr) * (1.0 + std::cos(M_PI * done));
-    }
-  }
-  return schedule.base_lr;
 }
 
 absl::StatusOr<Optimizer> Optimizer::Create(OptimizerOptions options) {
@@ -126,62 +112,23 @@ absl::StatusOr<double> Optimizer::Step(const std::vector<ParameterGradient>& par
     for (int64_t i = 0; i < p.gradient->num_elements(); ++i) squares += double{g[i]} * g[i];
   }
   const double norm = std::sqrt(squares);
-  // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when below 1.
-  const double clip = options_.clip_norm > 0 ? std::min(1.0, options_.clip_norm / (norm + 1e-6)) : 1.0;
   ++step_;
-  const double t = static_cast<double>(step_);
-  const double wd = options_.weight_decay;
+  const UpdateScalars update = PrepareUpdate(options_, lr, step_, norm);
+  const std::vector<std::string> slot_names = OptimizerSlotNames(options_);
   for (const ParameterGradient& p : parameters) {
+    std::map<std::string, Tensor>& state = state_[p.name];
+    float* slot[2] = {nullptr, nullptr};
+    for (size_t k = 0; k < slot_names.size(); ++k) {
+      if (!state.contains(slot_names[k])) {
+        state[slot_names[k]] = Tensor(DType::kFloat32, p.weight->dims());  // zeros
+      }
+      slot[k] = state[slot_names[k]].data<float>();
+    }
     float* w = p.weight->data<float>();
     const float* grad = p.gradient->data<float>();
-    const int64_t n = p.weight->num_elements();
-    std::map<std::string, Tensor>& state = state_[p.name];
-    switch (options_.kind) {
-      case OptimizerKind::kSgd: {
-        const bool first = !state.contains("momentum");
-        if (options_.momentum > 0 && first) {
-          state["momentum"] = Tensor(DType::kFloat32, p.weight->dims());
-        }
-        float* buf = options_.momentum > 0 ? state["momentum"].data<float>() : nullptr;
-        for (int64_t i = 0; i < n; ++i) {
-          double g = grad[i] * clip + wd * w[i];
-          if (buf != nullptr) {
-            const double b = first ? g : options_.momentum * buf[i] + g;
-            buf[i] = static_cast<float>(b);
-            g = options_.nesterov ? g + options_.momentum * buf[i] : buf[i];
-          }
-          w[i] = static_cast<float>(w[i] - lr * g);
-        }
-        break;
-      }
-      case OptimizerKind::kAdam:
-      case OptimizerKind::kAdamW: {
-        if (!state.contains("m")) {
-          state["m"] = Tensor(DType::kFloat32, p.weight->dims());
-          state["v"] = Tensor(DType::kFloat32, p.weight->dims());
-        }
-        float* m = state["m"].data<float>();
-        float* v = state["v"].data<float>();
-        const bool decoupled = options_.kind == OptimizerKind::kAdamW;
-        const double correction1 = 1.0 - std::pow(options_.beta1, t);
-        const double correction2 = 1.0 - std::pow(options_.beta2, t);
-        for (int64_t i = 0; i < n; ++i) {
-          double weight = w[i];
-          double g = grad[i] * clip;
-          if (decoupled) {
-            weight *= 1.0 - lr * wd;
-          } else {
-            g += wd * weight;
-          }
-          const double m_next = options_.beta1 * m[i] + (1.0 - options_.beta1) * g;
-          const double v_next = options_.beta2 * v[i] + (1.0 - options_.beta2) * g * g;
-          m[i] = static_cast<float>(m_next);
-          v[i] = static_cast<float>(v_next);
-          const double denominator = std::sqrt(v_next / correction2) + options_.eps;
-          w[i] = static_cast<float>(weight - lr * (m_next / correction1) / denominator);
-        }
-        break;
-      }
+    for (int64_t i = 0; i < p.weight->num_elements(); ++i) {
+      OptimizerUpdate(options_, update, w[i], grad[i], slot[0] == nullptr ? nullptr : slot[0] + i,
+                      slot[1] == nullptr ? nullptr : slot[1] + i);
     }
   }
   return norm;

@@ -170,6 +170,7 @@ absl::StatusOr<TrainingGraph> BuildTrainingGraph(Model& model,
   CASTOR_ASSIGN_OR_RETURN(Value * loss, AttachLoss(graph, output, options.loss));
   CASTOR_ASSIGN_OR_RETURN(Value * scale,
                           graph.AddInput(kLossScaleInput, DType::kFloat32, Shape::Scalar()));
+  graph.SetInitializerOfInput(scale, Tensor::Scalar(1.0f));
   CASTOR_RETURN_IF_ERROR(InferTypes(model));
 
   AutodiffRequest request;

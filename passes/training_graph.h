@@ -4,13 +4,14 @@
 //
 // The result is one ONNX graph a backend runs per step:
 //   inputs   the model's inputs, the labels (castor.labels), the loss scale
-//            (castor.loss_scale, float32 scalar; 1 when scaling is off)
+//            (castor.loss_scale, float32 scalar, an input with initializer
+//            1: the trainer's step kernels write each step's scale into the
+//            backend's copy, so it is not fed)
 //   outputs  the loss (castor.loss, float32 scalar, unscaled), the model
 //            output it is attached to, the gradient of every parameter
-//            (scaled by the loss scale: the trainer unscales and checks
-//            them in one pass), and each BatchNormalization's new running
-//            mean/variance (the trainer writes them back only on steps it
-//            does not skip).
+//            (scaled by the loss scale: the trainer's step kernels unscale
+//            and check them in one pass), and each BatchNormalization's new
+//            running mean/variance (committed only by steps not skipped).
 //
 // Alongside it, the evaluation graph: the same model forward only, with the
 // loss attached and BatchNormalization left in inference form (it reads the

@@ -78,10 +78,12 @@ inline Checkpoint TrainedCheckpoint(const std::string& sample, const std::string
 
   Checkpoint checkpoint(*policy);
   checkpoint.model = std::move(original);
-  EXPECT_TRUE(SetInitializers(checkpoint.model, (*trainer)->state()).ok());
+  absl::StatusOr<Trainer::Snapshot> snapshot = (*trainer)->TakeSnapshot();
+  EXPECT_TRUE(snapshot.ok()) << snapshot.status();
+  EXPECT_TRUE(SetInitializers(checkpoint.model, snapshot->state).ok());
   TrainingState& state = checkpoint.state;
   state.step = (*trainer)->steps();
-  state.optimizer_step = (*trainer)->optimizer().step();
+  state.optimizer_step = snapshot->optimizer.step();
   state.epoch = 2;
   state.position = kBatch * steps;
   state.seed = 1234;
@@ -98,7 +100,7 @@ inline Checkpoint TrainedCheckpoint(const std::string& sample, const std::string
   state.optimizer = options.optimizer;
   state.lr_schedule = options.lr;
   state.loss_scaler = (*trainer)->scaler().ToJson();
-  state.moments = (*trainer)->optimizer().state();
+  state.moments = snapshot->optimizer.state();
   return checkpoint;
 }
 

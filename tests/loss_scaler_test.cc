@@ -1,14 +1,12 @@
 // Tests for passes/loss_scaler.h: PyTorch GradScaler's defaults and update
 // rule (backoff on overflow, growth after the interval), the floor and its
-// diagnosis, the disabled form, the fused unscale-and-check on float32 and
-// 16-bit gradients, option validation and the JSON state round trip.
+// diagnosis, the disabled form, option validation and the JSON state round
+// trip. The fused unscale-and-check is a step kernel (step_kernels_test).
 #include "passes/loss_scaler.h"
 
 #include <cmath>
-#include <limits>
 
 #include "gmock/gmock.h"
-#include "graph/half.h"
 #include "gtest/gtest.h"
 
 namespace castor {
@@ -90,31 +88,6 @@ TEST(LossScalerTest, DisabledKeepsScaleOneButStillSkipsNonFiniteSteps) {
   EXPECT_THAT(step.diagnosis, HasSubstr("2 steps in a row overflowed"));
   for (int i = 0; i < 5000; ++i) scaler.Update(true);
   EXPECT_EQ(scaler.scale(), 1.0);  // never grows
-}
-
-TEST(LossScalerTest, UnscaleAndCheckFiniteInEveryDtype) {
-  LossScalerOptions options;
-  options.initial_scale = 1024.0;
-  LossScaler scaler(options);
-  Tensor f32 = Tensor::FromVector<float>(DType::kFloat32, {3}, {1024.0f, -2048.0f, 512.0f});
-  Tensor f16 = Tensor::FromVector<uint16_t>(DType::kFloat16, {2},
-                                            {FloatToHalfBits(3072.0f), FloatToHalfBits(-1.0f)});
-  Tensor bf16 = Tensor::FromVector<uint16_t>(DType::kBFloat16, {1}, {FloatToBFloat16Bits(4096.0f)});
-  EXPECT_TRUE(scaler.UnscaleAndCheckFinite({&f32, &f16, &bf16}));
-  EXPECT_EQ(f32.data<float>()[0], 1.0f);
-  EXPECT_EQ(f32.data<float>()[1], -2.0f);
-  EXPECT_EQ(f32.data<float>()[2], 0.5f);
-  EXPECT_EQ(HalfBitsToFloat(f16.data<uint16_t>()[0]), 3.0f);
-  EXPECT_EQ(HalfBitsToFloat(f16.data<uint16_t>()[1]), -1.0f / 1024.0f);
-  EXPECT_EQ(BFloat16BitsToFloat(bf16.data<uint16_t>()[0]), 4.0f);
-
-  for (float bad : {std::numeric_limits<float>::infinity(), std::nanf("")}) {
-    Tensor ok = Tensor::FromVector<float>(DType::kFloat32, {1}, {1.0f});
-    Tensor broken = Tensor::FromVector<float>(DType::kFloat32, {2}, {1.0f, bad});
-    EXPECT_FALSE(scaler.UnscaleAndCheckFinite({&ok, &broken}));
-  }
-  Tensor half_inf = Tensor::FromVector<uint16_t>(DType::kFloat16, {1}, {0x7C00});
-  EXPECT_FALSE(scaler.UnscaleAndCheckFinite({&half_inf}));
 }
 
 TEST(LossScalerTest, OptionsAreValidatedWithTheirNames) {

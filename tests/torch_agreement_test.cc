@@ -31,6 +31,7 @@
 #include "passes/training_graph.h"
 #include "passes/verifier.h"
 #include "tools/dataset.h"
+#include "tests/trainer_test_util.h"
 #include "tools/trainer.h"
 
 namespace castor::tools {
@@ -235,7 +236,7 @@ TEST_P(TorchAgreementCaseTest, LossesAndWeightsMatchPyTorch) {
   absl::StatusOr<std::unique_ptr<Trainer>> trainer =
       Trainer::Create(std::move(*model), *graph, options, *backend);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
-  const std::map<std::string, Tensor> start = (*trainer)->state();
+  const std::map<std::string, Tensor> start = StateOf(**trainer);
 
   const std::vector<Json>& losses = golden_case->Find("losses")->items();
   const std::vector<Json>& losses_float64 = golden_case->Find("losses_float64")->items();
@@ -261,7 +262,7 @@ TEST_P(TorchAgreementCaseTest, LossesAndWeightsMatchPyTorch) {
     EXPECT_LE(error64, kLossRelativeTolerance)
         << GetParam() << " step " << k + 1 << ": castor " << step->loss << ", torch float64 "
         << want64;
-    states[static_cast<int64_t>(k) + 1] = (*trainer)->state();
+    states[static_cast<int64_t>(k) + 1] = StateOf(**trainer);
   }
 
   const std::vector<Json>& checkpoints = golden_case->Find("checksums")->items();

@@ -267,10 +267,11 @@ absl::StatusOr<SavedCheckpoint> SaveCheckpoint(const TrainOptions& o, Checkpoint
                                                const Trainer& trainer, const BatchIterator& batches,
                                                const Dataset& train,
                                                const TrainerOptions& trainer_options) {
-  CASTOR_RETURN_IF_ERROR(SetInitializers(checkpoint.model, trainer.state()));
+  CASTOR_ASSIGN_OR_RETURN(Trainer::Snapshot snapshot, trainer.TakeSnapshot());
+  CASTOR_RETURN_IF_ERROR(SetInitializers(checkpoint.model, snapshot.state));
   TrainingState& state = checkpoint.state;
   state.step = trainer.steps();
-  state.optimizer_step = trainer.optimizer().step();
+  state.optimizer_step = snapshot.optimizer.step();
   state.epoch = batches.epoch();
   state.position = batches.position();
   state.seed = static_cast<uint64_t>(o.seed);
@@ -293,7 +294,7 @@ absl::StatusOr<SavedCheckpoint> SaveCheckpoint(const TrainOptions& o, Checkpoint
   state.optimizer = trainer_options.optimizer;
   state.lr_schedule = trainer_options.lr;
   state.loss_scaler = trainer.scaler().ToJson();
-  state.moments = trainer.optimizer().state();
+  state.moments = snapshot.optimizer.state();
   return SaveToCheckpointDir(o.checkpoint_dir, checkpoint, o.keep);
 }
 
@@ -535,9 +536,10 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     }
     absl::StatusOr<LossScaler> scaler = LossScaler::FromJson(scaler_state);
     std::map<std::string, Tensor> weights;  // the checkpoint's, by name
-    for (const Value* initializer : start->float32_model.graph->initializers()) {
-      if (trainer.state().contains(initializer->name())) {
-        weights[initializer->name()] = *initializer->initializer();
+    for (const std::string& name : trainer.state_names()) {
+      const Value* saved = start->float32_model.graph->FindValue(name);
+      if (saved != nullptr && saved->initializer() != nullptr) {
+        weights[name] = *saved->initializer();
       }
     }
     absl::Status restored = !optimizer.ok() ? optimizer.status()
@@ -730,14 +732,14 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     }
   }
   int64_t float32_weights = 0;
-  for (const auto& [name, tensor] : trainer.state())
-    float32_weights += tensor.dtype() == DType::kFloat32;
+  for (const std::string& name : trainer.state_names())
+    float32_weights += trainer.model().graph->FindValue(name)->dtype() == DType::kFloat32;
   out << "summary:\n"
       << absl::StrFormat("  policy          %s (%s compute, float32 variables)\n", policy.name(),
                          DTypeName(policy.compute_dtype()))
       << absl::StrFormat(
              "  weights         %d of %d tensors float32 (master weights and BN statistics)\n",
-             float32_weights, trainer.state().size())
+             float32_weights, trainer.state_names().size())
       << absl::StrFormat("  steps           %d, %d skipped\n", trainer.steps(),
                          trainer.scaler().skipped_steps())
       << absl::StrFormat("  loss scale      %g (final)\n", trainer.scaler().scale())

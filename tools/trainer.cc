@@ -2,6 +2,7 @@
 #include "tools/trainer.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "graph/status.h"
@@ -11,58 +12,155 @@ namespace castor::tools {
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Model model, TrainingGraph graph,
                                                          const TrainerOptions& options,
                                                          Backend& backend) {
-  CASTOR_ASSIGN_OR_RETURN(Optimizer optimizer, Optimizer::Create(options.optimizer));
+  CASTOR_RETURN_IF_ERROR(Optimizer::Create(options.optimizer).status());
   CASTOR_ASSIGN_OR_RETURN(LossScaler scaler, LossScaler::Create(options.scaler));
-  std::unique_ptr<Trainer> trainer(new Trainer(
-      std::move(model), std::move(graph), std::move(optimizer), std::move(scaler), options.lr));
-  const Graph& g = *trainer->model_.graph;
-  auto keep = [&](const std::string& name) -> absl::Status {
+  const StepConfig config{options.optimizer, options.lr, options.scaler};
+  std::unique_ptr<Trainer> trainer(
+      new Trainer(std::move(model), std::move(graph), backend, config, std::move(scaler)));
+  trainer->name_first_non_finite_ = options.name_first_non_finite;
+  CASTOR_RETURN_IF_ERROR(trainer->Initialize());
+  return trainer;
+}
+
+absl::StatusOr<Trainer::BackendMemory> Trainer::Allocate(size_t bytes) {
+  CASTOR_ASSIGN_OR_RETURN(void* data, backend_.Allocate(bytes));
+  Backend* backend = &backend_;
+  return BackendMemory(data, [backend](void* p) {
+    if (p != nullptr) backend->Free(p);
+  });
+}
+
+absl::Status Trainer::Initialize() {
+  kernels_ = backend_.step_kernels();
+  if (kernels_ == nullptr) {
+    return absl::UnimplementedError(
+        absl::StrCat("backend ", backend_.name(), " has no training-step kernels"));
+  }
+  if (graph_.evaluation == nullptr) {
+    return absl::InvalidArgumentError("the training graph has no evaluation graph");
+  }
+  const Graph& g = *model_.graph;
+  for (const auto& [parameter, gradient] : graph_.gradients) state_names_.push_back(parameter);
+  for (const auto& [statistic, updated] : graph_.running_stats) state_names_.push_back(statistic);
+  for (const std::string& name : state_names_) {
     const Value* value = g.FindValue(name);
     if (value == nullptr || value->initializer() == nullptr) {
       return absl::InternalError(absl::StrCat("training state '", name, "' is no initializer"));
     }
-    trainer->state_[name] = *value->initializer();
-    return absl::OkStatus();
-  };
-  for (const auto& [parameter, gradient] : trainer->graph_.gradients) {
-    CASTOR_RETURN_IF_ERROR(keep(parameter));
   }
-  for (const auto& [statistic, updated] : trainer->graph_.running_stats) {
-    CASTOR_RETURN_IF_ERROR(keep(statistic));
+  CASTOR_ASSIGN_OR_RETURN(executor_, Executor::Create(model_, backend_));
+  CASTOR_ASSIGN_OR_RETURN(eval_executor_, Executor::Create(*graph_.evaluation, backend_));
+  CASTOR_ASSIGN_OR_RETURN(TensorView scale, executor_->ResidentTensor(kLossScaleInput));
+  if (scale.dtype != DType::kFloat32 || scale.num_elements() != 1) {
+    return absl::InternalError("the training graph's loss scale is not a float32 scalar");
   }
-  CASTOR_ASSIGN_OR_RETURN(trainer->executor_, Executor::Create(trainer->model_, backend));
-  if (trainer->graph_.evaluation == nullptr) {
-    return absl::InvalidArgumentError("the training graph has no evaluation graph");
+  loss_scale_ = scale.as<float>();
+
+  const int slots = OptimizerSlotCount(config_.optimizer);
+  for (const auto& [parameter, gradient] : graph_.gradients) {
+    ParameterUpdate update;
+    update.name = parameter;
+    CASTOR_ASSIGN_OR_RETURN(update.weight, executor_->ResidentTensor(parameter));
+    for (int k = 0; k < slots; ++k) {
+      CASTOR_ASSIGN_OR_RETURN(BackendMemory memory, Allocate(update.weight.byte_size()));
+      update.slots[k] = static_cast<float*>(memory.get());
+      slot_memory_.push_back(std::move(memory));
+    }
+    parameters_.push_back(std::move(update));
   }
-  CASTOR_ASSIGN_OR_RETURN(trainer->eval_executor_,
-                          Executor::Create(*trainer->graph_.evaluation, backend));
-  trainer->name_first_non_finite_ = options.name_first_non_finite;
-  return trainer;
+  CASTOR_ASSIGN_OR_RETURN(step_state_, Allocate(sizeof(StepState)));
+  CASTOR_ASSIGN_OR_RETURN(Optimizer fresh, Optimizer::Create(config_.optimizer));
+  return UploadOptimizerAndScaler(fresh);
 }
 
-absl::Status Trainer::Restore(const std::map<std::string, Tensor>& state, Optimizer optimizer,
-                              LossScaler scaler, int64_t steps) {
-  for (auto& [name, current] : state_) {
+absl::Status Trainer::UploadOptimizerAndScaler(const Optimizer& optimizer) {
+  const std::vector<std::string> slot_names = OptimizerSlotNames(config_.optimizer);
+  for (const ParameterUpdate& p : parameters_) {
+    auto saved = optimizer.state().find(p.name);
+    for (size_t k = 0; k < slot_names.size(); ++k) {
+      const Tensor* moment = nullptr;
+      if (saved != optimizer.state().end()) {
+        auto slot = saved->second.find(slot_names[k]);
+        if (slot != saved->second.end()) moment = &slot->second;
+      }
+      if (moment != nullptr && moment->dims() != p.weight.dims) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("resume: optimizer slot '", slot_names[k], "' of '", p.name,
+                         "' is ", moment->shape().ToString(), ", the parameter ",
+                         Shape::FromDims(p.weight.dims).ToString()));
+      }
+      const Tensor zeros = moment == nullptr ? Tensor(DType::kFloat32, p.weight.dims) : Tensor();
+      const Tensor& source = moment != nullptr ? *moment : zeros;
+      CASTOR_RETURN_IF_ERROR(backend_.CopyFromHost(p.slots[k], source.raw(), source.byte_size()));
+    }
+  }
+  StepState state;
+  state.scaler = scaler_.state();
+  state.optimizer_step = optimizer.step();
+  optimizer_step_ = optimizer.step();
+  CASTOR_RETURN_IF_ERROR(backend_.CopyFromHost(step_state_.get(), &state, sizeof(state)));
+  const float scale = static_cast<float>(scaler_.scale());
+  return backend_.CopyFromHost(loss_scale_, &scale, sizeof(scale));
+}
+
+absl::Status Trainer::Restore(const std::map<std::string, Tensor>& state,
+                              const Optimizer& optimizer, const LossScaler& scaler,
+                              int64_t steps) {
+  for (const std::string& name : state_names_) {
     auto saved = state.find(name);
     if (saved == state.end()) {
       return absl::InvalidArgumentError(absl::StrCat("resume: no saved value for '", name, "'"));
     }
-    if (saved->second.dtype() != current.dtype() || saved->second.dims() != current.dims()) {
+    CASTOR_ASSIGN_OR_RETURN(TensorView current, executor_->ResidentTensor(name));
+    if (saved->second.dtype() != current.dtype || saved->second.dims() != current.dims) {
       return absl::InvalidArgumentError(absl::StrCat(
           "resume: '", name, "' is saved as ", DTypeName(saved->second.dtype()), " ",
           Shape::FromDims(saved->second.dims()).ToString(), ", the model has ",
-          DTypeName(current.dtype()), " ", Shape::FromDims(current.dims()).ToString()));
+          DTypeName(current.dtype), " ", Shape::FromDims(current.dims).ToString()));
     }
   }
-  for (auto& [name, current] : state_) {
-    current = state.at(name);
-    CASTOR_RETURN_IF_ERROR(executor_->UpdateResident(name, current));
+  if (OptimizerSlotCount(optimizer.options()) != OptimizerSlotCount(config_.optimizer)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resume: the saved optimizer (", OptimizerKindName(optimizer.options().kind),
+        ") keeps other state than this run's (", OptimizerKindName(config_.optimizer.kind), ")"));
   }
-  optimizer_ = std::move(optimizer);
-  scaler_ = std::move(scaler);
+  for (const std::string& name : state_names_) {
+    CASTOR_RETURN_IF_ERROR(executor_->UpdateResident(name, state.at(name)));
+  }
+  config_.optimizer = optimizer.options();
+  config_.scaler = scaler.options();
+  scaler_ = scaler;
+  CASTOR_RETURN_IF_ERROR(UploadOptimizerAndScaler(optimizer));
   steps_ = steps;
   eval_stale_ = true;
   return absl::OkStatus();
+}
+
+absl::StatusOr<Trainer::Snapshot> Trainer::TakeSnapshot() const {
+  std::map<std::string, Tensor> state;
+  auto download = [this](const void* source, DType dtype, const std::vector<int64_t>& dims)
+      -> absl::StatusOr<Tensor> {
+    Tensor tensor(dtype, dims);
+    CASTOR_RETURN_IF_ERROR(backend_.CopyToHost(tensor.raw(), source, tensor.byte_size()));
+    return tensor;
+  };
+  for (const std::string& name : state_names_) {
+    CASTOR_ASSIGN_OR_RETURN(TensorView view, executor_->ResidentTensor(name));
+    CASTOR_ASSIGN_OR_RETURN(state[name], download(view.data, view.dtype, view.dims));
+  }
+  std::map<std::string, std::map<std::string, Tensor>> moments;
+  if (optimizer_step_ > 0) {
+    const std::vector<std::string> slot_names = OptimizerSlotNames(config_.optimizer);
+    for (const ParameterUpdate& p : parameters_) {
+      for (size_t k = 0; k < slot_names.size(); ++k) {
+        CASTOR_ASSIGN_OR_RETURN(moments[p.name][slot_names[k]],
+                                download(p.slots[k], DType::kFloat32, p.weight.dims));
+      }
+    }
+  }
+  CASTOR_ASSIGN_OR_RETURN(Optimizer optimizer,
+                          Optimizer::Restore(config_.optimizer, optimizer_step_, std::move(moments)));
+  return Snapshot{std::move(state), std::move(optimizer)};
 }
 
 absl::StatusOr<StepResult> Trainer::Evaluate(std::vector<std::pair<std::string, Tensor>> inputs,
@@ -70,8 +168,9 @@ absl::StatusOr<StepResult> Trainer::Evaluate(std::vector<std::pair<std::string, 
   StepResult result;
   result.step = steps_;
   if (eval_stale_) {
-    for (const auto& [name, tensor] : state_) {
-      CASTOR_RETURN_IF_ERROR(eval_executor_->UpdateResident(name, tensor));
+    for (const std::string& name : state_names_) {
+      CASTOR_ASSIGN_OR_RETURN(TensorView trained, executor_->ResidentTensor(name));
+      CASTOR_RETURN_IF_ERROR(eval_executor_->AssignResident(name, trained));
     }
     eval_stale_ = false;
   }
@@ -84,51 +183,61 @@ absl::StatusOr<StepResult> Trainer::Evaluate(std::vector<std::pair<std::string, 
 
 absl::StatusOr<StepResult> Trainer::Step(std::vector<std::pair<std::string, Tensor>> inputs,
                                          Tensor labels) {
-  StepResult result;
-  result.loss_scale = scaler_.scale();
   inputs.emplace_back(kLabelsInput, std::move(labels));
-  inputs.emplace_back(kLossScaleInput, Tensor::Scalar(static_cast<float>(result.loss_scale)));
-  CASTOR_ASSIGN_OR_RETURN(std::vector<Tensor> outputs, executor_->Run(inputs));
+  CASTOR_RETURN_IF_ERROR(executor_->RunOnBackend(inputs));
   // Outputs: loss, model output, gradients..., running statistics...
-  const size_t num_gradients = graph_.gradients.size();
-  result.loss = outputs[0].data<float>()[0];
-  result.output = std::move(outputs[1]);
-  std::vector<Tensor*> gradients;
-  for (size_t k = 0; k < num_gradients; ++k) gradients.push_back(&outputs[2 + k]);
-  const bool finite = std::isfinite(result.loss) && scaler_.UnscaleAndCheckFinite(gradients);
-  const ScalerStep scaled = scaler_.Update(finite);
+  const int num_gradients = static_cast<int>(graph_.gradients.size());
+  CASTOR_ASSIGN_OR_RETURN(TensorView loss, executor_->OutputView(0));
+  CASTOR_ASSIGN_OR_RETURN(TensorView output, executor_->OutputView(1));
+  std::vector<TensorView> gradients;
+  for (int k = 0; k < num_gradients; ++k) {
+    CASTOR_ASSIGN_OR_RETURN(TensorView gradient, executor_->OutputView(2 + k));
+    gradients.push_back(gradient);
+    parameters_[k].gradient = gradient;
+  }
+  auto* state = static_cast<StepState*>(step_state_.get());
+  CASTOR_RETURN_IF_ERROR(kernels_->UnscaleAndDecide(config_, gradients, loss, state, loss_scale_));
+  CASTOR_RETURN_IF_ERROR(kernels_->ApplyOptimizer(config_, parameters_, state));
+  for (size_t k = 0; k < graph_.running_stats.size(); ++k) {
+    CASTOR_ASSIGN_OR_RETURN(TensorView statistic,
+                            executor_->ResidentTensor(graph_.running_stats[k].first));
+    CASTOR_ASSIGN_OR_RETURN(TensorView updated,
+                            executor_->OutputView(2 + num_gradients + static_cast<int>(k)));
+    CASTOR_RETURN_IF_ERROR(kernels_->CopyUnlessSkipped(statistic, updated, state));
+  }
+
+  // What the step logs: the only wait for the backend.
+  StepState decided;
+  CASTOR_RETURN_IF_ERROR(backend_.CopyToHost(&decided, state, sizeof(decided)));
+  StepResult result;
+  float loss_value = 0;
+  CASTOR_RETURN_IF_ERROR(backend_.CopyToHost(&loss_value, loss.data, sizeof(loss_value)));
+  result.loss = loss_value;
+  result.output = Tensor(output.dtype, output.dims);
+  CASTOR_RETURN_IF_ERROR(
+      backend_.CopyToHost(result.output.raw(), output.data, result.output.byte_size()));
+  scaler_.set_state(decided.scaler);
+  optimizer_step_ = decided.optimizer_step;
   ++steps_;
   result.step = steps_;
-  result.skipped = scaled.skipped;
-  result.diagnosis = scaled.diagnosis;
-  result.lr = LearningRate(lr_, optimizer_.step() + 1);
-  if (scaled.skipped) {
-    if (name_first_non_finite_) {
-      CASTOR_ASSIGN_OR_RETURN(std::optional<NonFiniteOutput> first,
-                              executor_->FindFirstNonFinite(inputs));
-      if (first.has_value()) {
-        result.first_non_finite =
-            absl::StrCat("node '", first->node, "' (", first->op_type, ") output '", first->value,
-                         "': ", first->non_finite, " of ", first->elements, " elements non-finite");
-      }
-    }
+  result.skipped = decided.skipped != 0;
+  result.loss_scale = decided.scale_used;
+  result.lr = decided.update.lr;
+  result.grad_norm = decided.grad_norm;
+  if (!result.skipped) {
+    eval_stale_ = true;
     return result;
   }
-  eval_stale_ = true;
-
-  std::vector<ParameterGradient> parameters;
-  for (size_t k = 0; k < num_gradients; ++k) {
-    const std::string& name = graph_.gradients[k].first;
-    parameters.push_back({name, &state_.at(name), gradients[k]});
-  }
-  CASTOR_ASSIGN_OR_RETURN(result.grad_norm, optimizer_.Step(parameters, result.lr));
-  for (const ParameterGradient& parameter : parameters) {
-    CASTOR_RETURN_IF_ERROR(executor_->UpdateResident(parameter.name, *parameter.weight));
-  }
-  for (size_t k = 0; k < graph_.running_stats.size(); ++k) {
-    const std::string& name = graph_.running_stats[k].first;
-    state_.at(name) = std::move(outputs[2 + num_gradients + k]);
-    CASTOR_RETURN_IF_ERROR(executor_->UpdateResident(name, state_.at(name)));
+  result.diagnosis = scaler_.Diagnosis();
+  if (name_first_non_finite_) {
+    inputs.emplace_back(kLossScaleInput, Tensor::Scalar(static_cast<float>(decided.scale_used)));
+    CASTOR_ASSIGN_OR_RETURN(std::optional<NonFiniteOutput> first,
+                            executor_->FindFirstNonFinite(inputs));
+    if (first.has_value()) {
+      result.first_non_finite =
+          absl::StrCat("node '", first->node, "' (", first->op_type, ") output '", first->value,
+                       "': ", first->non_finite, " of ", first->elements, " elements non-finite");
+    }
   }
   return result;
 }

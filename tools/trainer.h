@@ -1,13 +1,18 @@
-// One training step on a backend: runs the training graph
-// (passes/training_graph.h) with the loss scale as an input, unscales and
-// checks every gradient in one pass (passes/loss_scaler.h), and unless the
-// step overflowed, applies the optimizer (passes/optimizer.h) to the float32
-// master weights and writes them, and the BatchNormalization running
-// statistics, back to the backend. On an overflow nothing the model holds
-// changes: weights, optimizer moments and running statistics stay
-// bit-identical, the scale backs off and the step is counted as skipped.
+// One training step on a backend: the training graph
+// (passes/training_graph.h) runs with its outputs left in backend memory,
+// then the backend's step kernels (backend/step_kernels.h) unscale and
+// check every gradient in one pass, decide the step and move the loss
+// scale, apply the optimizer to all float32 master weights at once and
+// commit the BatchNormalization running statistics. Weights, optimizer
+// moments, the loss scale and the scaler's counters all live in backend
+// memory; the host queues the whole step without waiting and reads back
+// only what it logs (the StepState, the loss and the model output). On an
+// overflow nothing the model holds changes: weights, optimizer moments and
+// running statistics stay bit-identical, the scale backs off and the step
+// is counted as skipped.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -66,42 +71,70 @@ class Trainer {
                                       Tensor labels);
 
   // Continues a saved run (a checkpoint): the weights and running
-  // statistics by name (every tensor of state(), same dtype and dims; the
-  // backend copies are updated), the optimizer with its step and moments,
-  // the loss scaler, and the number of steps taken.
-  absl::Status Restore(const std::map<std::string, Tensor>& state, Optimizer optimizer,
-                       LossScaler scaler, int64_t steps);
+  // statistics by name (every name of state_names(), same dtype and dims),
+  // the optimizer with its step and moments, the loss scaler, and the
+  // number of steps taken. All of it is copied to the backend.
+  absl::Status Restore(const std::map<std::string, Tensor>& state, const Optimizer& optimizer,
+                       const LossScaler& scaler, int64_t steps);
 
   // Peak activation bytes of the latest run (the executor's plan statistics).
   int64_t peak_activation_bytes() const { return executor_->last_stats().peak_activation_bytes; }
 
-  // The float32 master weights and BatchNormalization statistics by name.
-  const std::map<std::string, Tensor>& state() const { return state_; }
+  // The training state copied from the backend: the float32 master weights
+  // and BatchNormalization statistics by name, and the optimizer with its
+  // step and moments (none before the first update).
+  struct Snapshot {
+    std::map<std::string, Tensor> state;
+    Optimizer optimizer;
+  };
+  absl::StatusOr<Snapshot> TakeSnapshot() const;
+
+  // The names of the training state: parameters, then running statistics.
+  const std::vector<std::string>& state_names() const { return state_names_; }
+  // The loss scaler as of the latest step (read back with its result).
   const LossScaler& scaler() const { return scaler_; }
-  const Optimizer& optimizer() const { return optimizer_; }
+  // Optimizer updates applied (skipped steps do not count).
+  int64_t optimizer_step() const { return optimizer_step_; }
   const Model& model() const { return model_; }
   const TrainingGraph& training_graph() const { return graph_; }
   int64_t steps() const { return steps_; }
 
  private:
-  Trainer(Model model, TrainingGraph graph, Optimizer optimizer, LossScaler scaler,
-          LrSchedule lr)
+  // Backend memory the trainer owns (optimizer slots, the StepState).
+  using BackendMemory = std::unique_ptr<void, std::function<void(void*)>>;
+
+  Trainer(Model model, TrainingGraph graph, Backend& backend, StepConfig config,
+          LossScaler scaler)
       : model_(std::move(model)),
         graph_(std::move(graph)),
-        optimizer_(std::move(optimizer)),
-        scaler_(std::move(scaler)),
-        lr_(lr) {}
+        backend_(backend),
+        config_(config),
+        scaler_(std::move(scaler)) {}
+
+  absl::Status Initialize();
+  absl::StatusOr<BackendMemory> Allocate(size_t bytes);
+  // Copies the optimizer's moments (zeros where it has none), the scaler
+  // and the optimizer step to the backend.
+  absl::Status UploadOptimizerAndScaler(const Optimizer& optimizer);
 
   Model model_;
   TrainingGraph graph_;
+  Backend& backend_;
+  StepKernels* kernels_ = nullptr;
+  StepConfig config_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<Executor> eval_executor_;
-  bool eval_stale_ = false;  // the evaluation graph's weights lag state_
+  bool eval_stale_ = false;  // the evaluation graph's weights lag the training graph's
   bool name_first_non_finite_ = true;
-  Optimizer optimizer_;
-  LossScaler scaler_;
-  LrSchedule lr_;
-  std::map<std::string, Tensor> state_;
+  std::vector<std::string> state_names_;
+  // Per parameter (training-graph order): resident weight, slots; the
+  // gradient view is filled in each step.
+  std::vector<ParameterUpdate> parameters_;
+  std::vector<BackendMemory> slot_memory_;
+  BackendMemory step_state_;      // a StepState
+  float* loss_scale_ = nullptr;   // the training graph's resident loss-scale input
+  LossScaler scaler_;             // host copy, refreshed after every step
+  int64_t optimizer_step_ = 0;    // host copy
   int64_t steps_ = 0;
 };
 

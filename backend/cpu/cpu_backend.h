@@ -25,6 +25,7 @@ class CpuBackend : public Backend {
   absl::Status CopyWithin(void* dst, const void* src, size_t bytes) override;
   const KernelTable& kernels() const override;
   absl::Status Synchronize() override { return absl::OkStatus(); }
+  StepKernels* step_kernels() override;
 
   int num_threads() const { return num_threads_; }
 

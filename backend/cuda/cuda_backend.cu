@@ -170,11 +170,13 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   CASTOR_CUBLAS_CALL(cublasSetStream(backend->cublas_, backend->stream_));
   CASTOR_CUDNN_CALL(cudnnCreate(&backend->cudnn_));
   CASTOR_CUDNN_CALL(cudnnSetStream(backend->cudnn_, backend->stream_));
+  backend->step_kernels_ = MakeCudaStepKernels(*backend);
   return backend;
 }
 
 CudaBackend::~CudaBackend() {
   if (Activate().ok() && stream_ != nullptr) cudaStreamSynchronize(stream_);
+  step_kernels_.reset();
   if (cudnn_ != nullptr) cudnnDestroy(cudnn_);
   if (cublas_ != nullptr) cublasDestroy(cublas_);
   pool_.ReleaseCached();

@@ -86,7 +86,10 @@ class CudaBackend : public Backend {
   absl::Status CopyWithin(void* dst, const void* src, size_t bytes) override;
   const KernelTable& kernels() const override;
   absl::Status Synchronize() override;
+  StepKernels* step_kernels() override { return step_kernels_.get(); }
 
+  // Makes this backend's device current for the calling thread.
+  absl::Status Activate() const;
   cudaStream_t stream() const { return stream_; }
   cublasHandle_t cublas() const { return cublas_; }
   cudnnHandle_t cudnn() const { return cudnn_; }
@@ -96,8 +99,6 @@ class CudaBackend : public Backend {
 
  private:
   explicit CudaBackend(const CudaBackendOptions& options) : options_(options) {}
-  // Makes this backend's device current for the calling thread.
-  absl::Status Activate() const;
 
   CudaBackendOptions options_;
   DeviceInfo device_;
@@ -105,6 +106,7 @@ class CudaBackend : public Backend {
   cublasHandle_t cublas_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   DevicePool pool_;
+  std::unique_ptr<StepKernels> step_kernels_;  // holds pool memory: released first
 };
 
 }  // namespace castor::cuda

@@ -3,9 +3,14 @@
 // backend is the reference each is tested against (tests/cuda_*_test.cc).
 #pragma once
 
+#include <memory>
+
 #include "backend/kernel.h"
+#include "backend/step_kernels.h"
 
 namespace castor::cuda {
+
+class CudaBackend;
 
 void RegisterElementwiseKernels(KernelTable& table);  // elementwise.cu: unary, binary, Cast...
 void RegisterReduceKernels(KernelTable& table);       // reduce.cu: Reduce*, ReduceToShapeOf
@@ -16,5 +21,9 @@ void RegisterNormalizationKernels(KernelTable& table);  // normalization.cu: BN,
 void RegisterSoftmaxKernels(KernelTable& table);      // softmax.cu: (Log)Softmax and gradients
 void RegisterLossKernels(KernelTable& table);         // losses.cu: cross-entropy, NLL
 void RegisterShapeKernels(KernelTable& table);        // shape_ops.cu: Reshape, Transpose...
+
+// step_kernels.cu: unscale-and-check, the step decision, the multi-tensor
+// optimizer, on `backend`'s stream.
+std::unique_ptr<StepKernels> MakeCudaStepKernels(CudaBackend& backend);
 
 }  // namespace castor::cuda
