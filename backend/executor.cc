@@ -292,12 +292,29 @@ absl::Status Executor::IndexValues() {
   return absl::OkStatus();
 }
 
+// Small integer tensors keep a host copy beside the backend's (see
+// TensorView::host_data): shapes, axes and labels, read on the host by
+// device kernels that plan with them.
+namespace {
+
+constexpr int64_t kHostCopyElements = int64_t{1} << 16;
+
+std::shared_ptr<const Tensor> HostCopyOf(const Tensor& tensor) {
+  if ((tensor.dtype() != DType::kInt64 && tensor.dtype() != DType::kInt32) ||
+      tensor.num_elements() > kHostCopyElements) {
+    return nullptr;
+  }
+  return std::make_shared<const Tensor>(tensor);
+}
+
+}  // namespace
+
 absl::Status Executor::UploadResident(int id, const Tensor& tensor) {
   if (tensor.dtype() == DType::kString) {
     return absl::UnimplementedError(
         absl::StrCat("'", values_[id]->name(), "': string tensors are not supported"));
   }
-  Buffer buffer{nullptr, tensor.dtype(), tensor.dims(), false};
+  Buffer buffer{nullptr, tensor.dtype(), tensor.dims(), false, HostCopyOf(tensor)};
   if (tensor.byte_size() > 0) {
     CASTOR_ASSIGN_OR_RETURN(buffer.data, backend_.Allocate(tensor.byte_size()));
     resident_[id] = buffer;  // owned from here on, freed by the destructor
@@ -449,7 +466,7 @@ absl::Status Executor::FeedInputs(const std::vector<std::pair<std::string, Tenso
   stats.num_nodes = static_cast<int>(steps_.size());
   for (const auto& [id, buffer] : resident_) state.Set(id, buffer);
   for (const auto& [name, tensor] : feeds) {
-    Buffer buffer{nullptr, tensor.dtype(), tensor.dims(), false};
+    Buffer buffer{nullptr, tensor.dtype(), tensor.dims(), false, HostCopyOf(tensor)};
     if (tensor.byte_size() > 0) {
       int64_t allocated = 0;
       CASTOR_ASSIGN_OR_RETURN(buffer.data, pool_->Acquire(tensor.byte_size(), &allocated));
@@ -567,13 +584,19 @@ absl::Status Executor::RunSteps(RunState& state, PlanStats& stats, const StepObs
                                                 "' was not produced by its node's kernel"));
       }
       const Buffer& b = state.slot(id);
-      views[i] = TensorView{b.data, b.dtype, b.dims};
+      views[i] = TensorView{b.data, b.dtype, b.dims, b.host ? b.host->raw() : nullptr};
       inputs[i] = &views[i];
     }
     {
       NodeAllocator allocator(*pool_, state, step, stats);
       KernelContext context(node, step.opset, backend_, inputs, allocator);
       CASTOR_RETURN_IF_ERROR(step.kernel->run(context));
+      for (size_t k = 0; k < step.output_ids.size(); ++k) {
+        const int id = step.output_ids[k];
+        if (id >= 0 && state.available(id) && context.host_copy(static_cast<int>(k)) != nullptr) {
+          state.slot(id).host = context.host_copy(static_cast<int>(k));
+        }
+      }
     }
     CASTOR_RETURN_IF_ERROR(CheckOutputs(step, state));
     if (observer) {
@@ -674,6 +697,7 @@ absl::Status Executor::UpdateResident(const std::string& name, const Tensor& ten
         absl::StrCat("resident tensor '", name, "' is ", DTypeName(b->dtype), DimsText(b->dims),
                      ", update is ", DTypeName(tensor.dtype()), DimsText(tensor.dims())));
   }
+  b->host = HostCopyOf(tensor);
   return backend_.CopyFromHost(b->data, tensor.raw(), tensor.byte_size());
 }
 
@@ -684,6 +708,7 @@ absl::Status Executor::AssignResident(const std::string& name, const TensorView&
         absl::StrCat("resident tensor '", name, "' is ", DTypeName(b->dtype), DimsText(b->dims),
                      ", source is ", DTypeName(source.dtype), DimsText(source.dims)));
   }
+  b->host = nullptr;  // the new values are on the backend only
   return backend_.CopyWithin(b->data, source.data, source.byte_size());
 }
 

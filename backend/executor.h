@@ -147,6 +147,7 @@ class Executor {
     DType dtype = DType::kUndefined;
     std::vector<int64_t> dims;
     bool pooled = false;  // returns to the pool when released
+    std::shared_ptr<const Tensor> host;  // a host copy (TensorView::host_data)
   };
   struct Plan {
     PlanStats stats;  // of the latest run with this signature

@@ -22,7 +22,12 @@ KernelContext::KernelContext(const Node& node, int64_t opset, Backend& backend,
       backend_(backend),
       inputs_(std::move(inputs)),
       allocator_(allocator),
-      outputs_(node.num_outputs()) {}
+      outputs_(node.num_outputs()),
+      host_copies_(node.num_outputs()) {}
+
+void KernelContext::SetHostCopy(int i, Tensor copy) {
+  if (i >= 0 && i < num_outputs()) host_copies_[i] = std::make_shared<const Tensor>(std::move(copy));
+}
 
 const TensorView& KernelContext::input(int i) const {
   if (!has_input(i)) {

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,6 +38,11 @@ struct TensorView {
   void* data = nullptr;
   DType dtype = DType::kUndefined;
   std::vector<int64_t> dims;
+  // A host copy of the same elements when the executor has one (small
+  // integer tensors: shapes, axes, labels), so a device kernel that needs
+  // the values on the host reads them without waiting for the device.
+  // Valid while the kernel runs.
+  const void* host_data = nullptr;
 
   int64_t num_elements() const;
   size_t byte_size() const { return static_cast<size_t>(num_elements()) * DTypeSize(dtype); }
@@ -84,6 +90,10 @@ class KernelContext {
   absl::StatusOr<void*> Scratch(size_t bytes) { return allocator_.AllocateScratch(bytes); }
   // The outputs allocated so far (index = output slot).
   const std::vector<TensorView>& outputs() const { return outputs_; }
+  // Hands the executor a host copy of output `i` (values the kernel had on
+  // the host anyway, e.g. Shape's), which later kernels see as host_data.
+  void SetHostCopy(int i, Tensor copy);
+  const std::shared_ptr<const Tensor>& host_copy(int i) const { return host_copies_[i]; }
 
   // Attribute reads with defaults (see Node).
   int64_t GetInt(const std::string& name, int64_t default_value) const {
@@ -111,6 +121,7 @@ class KernelContext {
   std::vector<const TensorView*> inputs_;
   OutputAllocator& allocator_;
   std::vector<TensorView> outputs_;
+  std::vector<std::shared_ptr<const Tensor>> host_copies_;
 };
 
 using KernelFn = absl::Status (*)(KernelContext&);

@@ -10,11 +10,14 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "backend/executor.h"
 #include "graph/gradient_builder.h"
 #include "tests/cuda_test_util.h"
 
@@ -287,6 +290,40 @@ TEST(CudaLosses, OutOfRangeLabelIsRefusedNamingIt) {
                      "label 5 at position 1 is out of range [0, 3) and is not "
                      "ignore_index -1",
                      op);
+  }
+}
+
+// Through the executor the fed labels come with a host copy, and the CUDA
+// kernel checks them on the host (no wait for the device): same error, same
+// loss as the CPU.
+TEST(CudaLosses, FedLabelsAreCheckedOnTheHost) {
+  CASTOR_REQUIRE_CUDA();
+  const Tensor scores = RandomTensor(DType::kFloat32, {4, 3}, 314);
+  for (const auto& [labels, error] :
+       {std::pair{Make(DType::kInt64, {4}, {0, 2, 3, 1}),
+                  std::string("label 3 at position 2 is out of range [0, 3)")},
+        std::pair{Make(DType::kInt64, {4}, {0, 2, 1, 1}), std::string()}}) {
+    SingleNode node("SoftmaxCrossEntropyLoss", {scores, labels}, {}, 13);
+    ASSERT_TRUE(node.status().ok()) << node.status();
+    std::vector<float> losses;
+    for (Backend* backend : {static_cast<Backend*>(&testing::Cpu()), &testing::Gpu()}) {
+      absl::StatusOr<std::unique_ptr<Executor>> executor = Executor::Create(node.model(), *backend);
+      ASSERT_TRUE(executor.ok()) << executor.status();
+      absl::StatusOr<std::vector<Tensor>> result =
+          (*executor)->Run({{"in0", scores}, {"in1", labels}});
+      if (!error.empty()) {
+        ASSERT_FALSE(result.ok()) << backend->name();
+        EXPECT_NE(std::string(result.status().message()).find(error), std::string::npos)
+            << backend->name() << ": " << result.status();
+        continue;
+      }
+      ASSERT_TRUE(result.ok()) << backend->name() << ": " << result.status();
+      losses.push_back((*result)[0].data<float>()[0]);
+    }
+    if (error.empty()) {
+      ASSERT_EQ(losses.size(), 2u);
+      EXPECT_NEAR(losses[1], losses[0], 1e-6);
+    }
   }
 }
 

@@ -10,6 +10,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <optional>
 #include <set>
 
 #include "graph/shape_inference.h"
@@ -60,6 +62,37 @@ absl::Status EqualRowsKernel(KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// What the fake Reshape kernel saw of its shape input's host copy, by node.
+std::map<std::string, std::optional<std::vector<int64_t>>>& SeenHostShapes() {
+  static auto* seen = new std::map<std::string, std::optional<std::vector<int64_t>>>();
+  return *seen;
+}
+// Shape, handing the executor a host copy of its output.
+absl::Status ShapeKernel(KernelContext& ctx) {
+  const std::vector<int64_t>& dims = ctx.input(0).dims;
+  absl::StatusOr<TensorView*> y =
+      ctx.Output(0, DType::kInt64, {static_cast<int64_t>(dims.size())});
+  if (!y.ok()) return y.status();
+  std::memcpy((*y)->data, dims.data(), dims.size() * sizeof(int64_t));
+  ctx.SetHostCopy(0, Tensor::FromVector<int64_t>(DType::kInt64, {(*y)->dims[0]}, dims));
+  return absl::OkStatus();
+}
+// Reshape that records whether its shape came with a host copy.
+absl::Status RecordingReshapeKernel(KernelContext& ctx) {
+  const TensorView& shape = ctx.input(1);
+  std::optional<std::vector<int64_t>>& seen = SeenHostShapes()[ctx.node().name()];
+  seen.reset();
+  if (shape.host_data != nullptr) {
+    const auto* values = static_cast<const int64_t*>(shape.host_data);
+    seen = std::vector<int64_t>(values, values + shape.num_elements());
+  }
+  std::vector<int64_t> dims(shape.as<int64_t>(), shape.as<int64_t>() + shape.num_elements());
+  absl::StatusOr<TensorView*> y = ctx.Output(0, dims);
+  if (!y.ok()) return y.status();
+  std::memcpy((*y)->data, ctx.input(0).data, ctx.input(0).byte_size());
+  return absl::OkStatus();
+}
+
 // Host memory; counts live allocations so tests can check nothing leaks.
 class FakeBackend : public Backend {
  public:
@@ -68,6 +101,8 @@ class FakeBackend : public Backend {
                           std::pair{"Add", &AddKernel}, std::pair{"Equal", &EqualRowsKernel}}) {
       table_.Register(KernelDef{"", op, FloatDTypesIn({DType::kFloat32}), fn, in_place_ok});
     }
+    table_.Register(KernelDef{"", "Shape", {}, &ShapeKernel, false});
+    table_.Register(KernelDef{"", "Reshape", {}, &RecordingReshapeKernel, false});
   }
   std::string name() const override { return "fake"; }
   absl::StatusOr<void*> Allocate(size_t bytes) override {
@@ -311,6 +346,43 @@ TEST(ExecutorTest, InitializersAreResidentUpdatableAndOverridable) {
   out = (*executor)->Run({{"x", Input(1)}, {"bias", b2}});
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ((*out)[0].data<float>()[3], 4.0f + 1.0f + 100.0f);
+}
+
+TEST(ExecutorTest, KernelsSeeHostCopiesOfSmallIntegerValues) {
+  // Reshape's shape from Shape (the kernel's host copy), from an int64
+  // initializer (the executor's), and from an int64 feed; none once a
+  // resident tensor is overwritten from backend memory.
+  FakeBackend backend(false);
+  ModelBuilder builder;
+  Graph& graph = *builder.model().graph;
+  Value* shape = builder.Add("Shape", {builder.x()}, "shape");
+  Value* from_shape = builder.Add("Reshape", {builder.x(), shape}, "from_shape");
+  // An input with an initializer: resident, but not a constant to inference.
+  Value* k = *graph.AddInput("k", DType::kInt64, Shape{Dim(2)});
+  graph.SetInitializerOfInput(k, Tensor::FromVector<int64_t>(DType::kInt64, {2}, {2, 8}));
+  Value* from_initializer = builder.Add("Reshape", {builder.x(), k}, "from_initializer");
+  Value* fed = *graph.AddInput("fed", DType::kInt64, Shape{Dim(3)});
+  Value* from_feed = builder.Add("Reshape", {builder.x(), fed}, "from_feed");
+  Model& model = builder.Finish({from_shape, from_initializer, from_feed});
+  auto executor = Executor::Create(model, backend);
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  const Tensor fed_shape = Tensor::FromVector<int64_t>(DType::kInt64, {3}, {4, 2, 2});
+  ASSERT_TRUE((*executor)->Run({{"x", Input(4)}, {"fed", fed_shape}}).ok());
+  EXPECT_EQ(SeenHostShapes()["from_shape_node"], (std::vector<int64_t>{4, 4}));
+  EXPECT_EQ(SeenHostShapes()["from_initializer_node"], (std::vector<int64_t>{2, 8}));
+  EXPECT_EQ(SeenHostShapes()["from_feed_node"], (std::vector<int64_t>{4, 2, 2}));
+
+  ASSERT_TRUE((*executor)->UpdateResident(
+      "k", Tensor::FromVector<int64_t>(DType::kInt64, {2}, {8, 2})).ok());
+  ASSERT_TRUE((*executor)->Run({{"x", Input(4)}, {"fed", fed_shape}}).ok());
+  EXPECT_EQ(SeenHostShapes()["from_initializer_node"], (std::vector<int64_t>{8, 2}));
+
+  const Tensor other = Tensor::FromVector<int64_t>(DType::kInt64, {2}, {16, 1});
+  ASSERT_TRUE((*executor)->AssignResident("k", TensorView{const_cast<uint8_t*>(other.raw()),
+                                                          DType::kInt64, {2}}).ok());
+  ASSERT_TRUE((*executor)->Run({{"x", Input(4)}, {"fed", fed_shape}}).ok());
+  EXPECT_EQ(SeenHostShapes()["from_initializer_node"], std::nullopt);
+  EXPECT_EQ(SeenHostShapes()["from_feed_node"], (std::vector<int64_t>{4, 2, 2}));
 }
 
 TEST(ExecutorTest, KeptValuesSurviveTheRunAndConstantsFold) {

@@ -4,6 +4,7 @@
 
 #include <cudnn.h>
 
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -109,11 +110,21 @@ absl::StatusOr<std::vector<int64_t>> ReadInt64s(const KernelContext& ctx, int in
   const TensorView& t = ctx.input(index);
   const int64_t n = t.num_elements();
   std::vector<int64_t> values(static_cast<size_t>(n));
+  // The executor's host copy when there is one, else a copy that waits for
+  // the device.
+  auto copy = [&](void* host) -> absl::Status {
+    if (n == 0) return absl::OkStatus();
+    if (t.host_data != nullptr) {
+      std::memcpy(host, t.host_data, t.byte_size());
+      return absl::OkStatus();
+    }
+    return ctx.backend().CopyToHost(host, t.data, t.byte_size());
+  };
   if (t.dtype == DType::kInt64) {
-    if (n > 0) CASTOR_RETURN_IF_ERROR(ctx.backend().CopyToHost(values.data(), t.data, t.byte_size()));
+    CASTOR_RETURN_IF_ERROR(copy(values.data()));
   } else if (t.dtype == DType::kInt32) {
     std::vector<int32_t> narrow(static_cast<size_t>(n));
-    if (n > 0) CASTOR_RETURN_IF_ERROR(ctx.backend().CopyToHost(narrow.data(), t.data, t.byte_size()));
+    CASTOR_RETURN_IF_ERROR(copy(narrow.data()));
     for (int64_t i = 0; i < n; ++i) values[i] = narrow[i];
   } else {
     return ctx.Error(absl::StrCat("input ", index, " must be int32 or int64, got ",
@@ -128,7 +139,9 @@ absl::Status WriteInt64Output(KernelContext& ctx, int index, const std::vector<i
   if (out->num_elements() != static_cast<int64_t>(values.size())) {
     return ctx.Error("WriteInt64Output: the output size differs from the values given");
   }
-  return ctx.backend().CopyFromHost(out->data, values.data(), out->byte_size());
+  CASTOR_RETURN_IF_ERROR(ctx.backend().CopyFromHost(out->data, values.data(), out->byte_size()));
+  ctx.SetHostCopy(index, Tensor::FromVector<int64_t>(DType::kInt64, dims, values));
+  return absl::OkStatus();
 }
 
 // ---- CudaBackend -------------------------------------------------------------------

@@ -141,12 +141,13 @@ using cpu::DimsToString;
 // ---- host reads ----------------------------------------------------------------------
 
 // The elements of int32/int64 input `index` (a shape, axes, starts...) on
-// the host. Synchronises the stream: only for small tensors that decide
-// output shapes.
+// the host: from the executor's host copy (TensorView::host_data) when it
+// has one, which is the rule for constants, feeds and Shape-like outputs;
+// otherwise the copy synchronises the stream.
 absl::StatusOr<std::vector<int64_t>> ReadInt64s(const KernelContext& ctx, int index);
 
 // Copies `values` into a new device output `index` of dtype int64 and
-// dims `dims` (Shape, Size, ConstantOfShape's shape...).
+// dims `dims` (Shape, Size...), and hands the executor the host copy.
 absl::Status WriteInt64Output(KernelContext& ctx, int index, const std::vector<int64_t>& dims,
                               const std::vector<int64_t>& values);
 

@@ -14,12 +14,12 @@
 // log_prob column when asked for, or the gradient column. Arithmetic is
 // float32 for float32/float16/bfloat16; the reductions over positions run
 // in one block (float32 for the loss, float64 for the gradient's weight
-// total, as the CPU). Everything stays on the device except the label
-// check: a label outside [0, C) that is not ignore_index is recorded on the
-// device (the first such position, by atomicMin) and the kernel reads that
-// one flag back once its work is queued (a single 8-byte synchronising
-// copy), so the node fails with the CPU's error naming the label and its
-// position.
+// total, as the CPU). The label check fails the node with the CPU's error
+// naming the first label outside [0, C) that is not ignore_index and its
+// position: on the host when the executor has a host copy of the labels
+// (fed labels), without waiting for the device; otherwise the kernel
+// records the first such position on the device (atomicMin) and reads that
+// one flag back once its work is queued (an 8-byte synchronising copy).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -51,7 +51,8 @@ struct PositionLabels {
   int64_t inner;
   bool has_ignore;
   int64_t ignore_index;
-  unsigned long long* first_bad;  // the first position with an invalid label
+  unsigned long long* first_bad;  // the first position with an invalid label (nullptr:
+                                  // checked on the host already)
 
   // The label of position p when it counts (not ignored, in range), else -1;
   // an invalid label is recorded in *first_bad by lane 0.
@@ -59,7 +60,9 @@ struct PositionLabels {
     const int64_t label = static_cast<int64_t>(labels[p]);
     if (has_ignore && label == ignore_index) return -1;
     if (label < 0 || label >= classes) {
-      if (lane == 0) atomicMin(first_bad, static_cast<unsigned long long>(p));
+      if (lane == 0 && first_bad != nullptr) {
+        atomicMin(first_bad, static_cast<unsigned long long>(p));
+      }
       return -1;
     }
     return label;
@@ -200,7 +203,7 @@ absl::Status DispatchLabel(DType dtype, F&& f) {
 }
 
 // The label settings of a node and the device flag of its first invalid
-// label.
+// label (nullptr when the labels were checked on the host).
 struct LabelCheck {
   bool has_ignore = false;
   int64_t ignore_index = 0;
@@ -212,10 +215,35 @@ struct LabelCheck {
   }
 };
 
-absl::StatusOr<LabelCheck> StartLabelCheck(KernelContext& ctx) {
+// The CPU's error for invalid `label` at `position`, prefixed by `prefix`.
+absl::Status LabelError(const KernelContext& ctx, const LabelCheck& check, int64_t label,
+                        int64_t position, int64_t classes, const std::string& prefix) {
+  return ctx.Error(absl::StrCat(
+      prefix, "label ", label, " at position ", position, " is out of range [0, ", classes, ")",
+      check.has_ignore ? absl::StrCat(" and is not ignore_index ", check.ignore_index)
+                       : std::string()));
+}
+
+// Checks the labels on the host when the executor has a host copy of them
+// (fed labels: no wait for the device); otherwise sets up a device flag
+// that FinishLabelCheck reads.
+absl::StatusOr<LabelCheck> StartLabelCheck(KernelContext& ctx, const TensorView& labels,
+                                           int64_t classes, const std::string& prefix) {
   LabelCheck check;
   check.has_ignore = ctx.node().has_attribute("ignore_index");
   check.ignore_index = ctx.GetInt("ignore_index", 0);
+  if (labels.host_data != nullptr) {
+    for (int64_t p = 0; p < labels.num_elements(); ++p) {
+      const int64_t label = labels.dtype == DType::kInt32
+                                ? static_cast<const int32_t*>(labels.host_data)[p]
+                                : static_cast<const int64_t*>(labels.host_data)[p];
+      if (check.has_ignore && label == check.ignore_index) continue;
+      if (label < 0 || label >= classes) {
+        return LabelError(ctx, check, label, p, classes, prefix);
+      }
+    }
+    return check;
+  }
   CASTOR_ASSIGN_OR_RETURN(void* flag, ctx.Scratch(sizeof(unsigned long long)));
   check.first_bad = static_cast<unsigned long long*>(flag);
   CASTOR_CUDA_CALL(cudaMemsetAsync(flag, 0xff, sizeof(unsigned long long), Stream(ctx)));
@@ -227,6 +255,7 @@ absl::StatusOr<LabelCheck> StartLabelCheck(KernelContext& ctx) {
 absl::Status FinishLabelCheck(const KernelContext& ctx, const LabelCheck& check,
                               const TensorView& labels, int64_t classes,
                               const std::string& prefix) {
+  if (check.first_bad == nullptr) return absl::OkStatus();  // checked on the host
   unsigned long long first_bad = kNoBadLabel;
   CASTOR_RETURN_IF_ERROR(ctx.backend().CopyToHost(&first_bad, check.first_bad, sizeof(first_bad)));
   if (first_bad == kNoBadLabel) return absl::OkStatus();
@@ -241,10 +270,7 @@ absl::Status FinishLabelCheck(const KernelContext& ctx, const LabelCheck& check,
     CASTOR_RETURN_IF_ERROR(
         ctx.backend().CopyToHost(&label, labels.as<int64_t>() + position, sizeof(label)));
   }
-  return ctx.Error(absl::StrCat(
-      prefix, "label ", label, " at position ", position, " is out of range [0, ", classes, ")",
-      check.has_ignore ? absl::StrCat(" and is not ignore_index ", check.ignore_index)
-                       : std::string()));
+  return LabelError(ctx, check, label, position, classes, prefix);
 }
 
 absl::StatusOr<Reduction> ParseReduction(const KernelContext& ctx, const std::string& reduction,
@@ -296,7 +322,7 @@ absl::Status LossKernel(KernelContext& ctx) {
                                   DTypeName(scores.dtype), "; they must match"));
   }
   const int64_t positions = scores.dims[0] * inner;
-  CASTOR_ASSIGN_OR_RETURN(const LabelCheck check, StartLabelCheck(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const LabelCheck check, StartLabelCheck(ctx, labels, classes, ""));
   TensorView* log_prob = nullptr;
   if (kSoftmax && ctx.num_outputs() > 1 && ctx.has_output(1)) {
     CASTOR_ASSIGN_OR_RETURN(log_prob, ctx.Output(1, scores.dtype, scores.dims));
@@ -400,7 +426,8 @@ absl::Status CrossEntropyGradKernel(KernelContext& ctx) {
   const int64_t positions = scores.dims[0] * inner;
   CASTOR_ASSIGN_OR_RETURN(TensorView * d_scores, ctx.Output(0, scores.dtype, scores.dims));
   if (positions == 0) return absl::OkStatus();
-  CASTOR_ASSIGN_OR_RETURN(const LabelCheck check, StartLabelCheck(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const LabelCheck check,
+                          StartLabelCheck(ctx, labels, classes, "input 2 (labels): "));
   float* scale = nullptr;
   if (reduction == Reduction::kMean) {
     CASTOR_ASSIGN_OR_RETURN(void* buffer, ctx.Scratch(sizeof(float)));
