@@ -22,11 +22,6 @@ namespace {
 using ::castor::testing::Cpu;
 using ::castor::testing::Gpu;
 
-bool SameBits(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.dims() == b.dims() &&
-         std::memcmp(a.raw(), b.raw(), a.byte_size()) == 0;
-}
-
 // float32 tensors equal to a few units in the last place: the device's pow
 // (bias corrections) and its order of summing squares (the norm behind
 // clipping) may differ from the host's by rounding.
@@ -61,29 +56,13 @@ void ExpectSameStep(const StepOutcome& gpu, const StepOutcome& cpu) {
   }
 }
 
-StepConfig Config(OptimizerKind kind, double momentum, bool nesterov, double wd, double clip) {
-  StepConfig config;
-  config.optimizer.kind = kind;
-  config.optimizer.momentum = momentum;
-  config.optimizer.nesterov = nesterov;
-  config.optimizer.weight_decay = wd;
-  config.optimizer.clip_norm = clip;
-  config.lr.kind = LrSchedule::Kind::kCosine;
-  config.lr.base_lr = 0.05;
-  config.lr.warmup_steps = 1;
-  config.lr.total_steps = 6;
-  config.scaler.initial_scale = 1024.0;
-  config.scaler.growth_interval = 2;
-  return config;
-}
-
 TEST(CudaStepKernelsTest, StepsMatchTheCpuBackend) {
   CASTOR_REQUIRE_CUDA();
   const std::vector<StepConfig> configs = {
-      Config(OptimizerKind::kSgd, 0.0, false, 0.0, 0.0),
-      Config(OptimizerKind::kSgd, 0.9, true, 1e-2, 0.5),
-      Config(OptimizerKind::kAdam, 0.0, false, 1e-2, 1.0),
-      Config(OptimizerKind::kAdamW, 0.0, false, 5e-2, 0.0),
+      MakeStepConfig(OptimizerKind::kSgd, 0.0, false, 0.0, 0.0),
+      MakeStepConfig(OptimizerKind::kSgd, 0.9, true, 1e-2, 0.5),
+      MakeStepConfig(OptimizerKind::kAdam, 0.0, false, 1e-2, 1.0),
+      MakeStepConfig(OptimizerKind::kAdamW, 0.0, false, 5e-2, 0.0),
   };
   // 100 parameters: three launches of the multi-tensor kernels; one large
   // enough for many blocks per tensor.
@@ -121,7 +100,7 @@ TEST(CudaStepKernelsTest, StepsMatchTheCpuBackend) {
 
 TEST(CudaStepKernelsTest, SixteenBitGradientsUnscaleLikeTheCpu) {
   CASTOR_REQUIRE_CUDA();
-  StepConfig config = Config(OptimizerKind::kSgd, 0.0, false, 0.0, 0.0);
+  StepConfig config = MakeStepConfig(OptimizerKind::kSgd, 0.0, false, 0.0, 0.0);
   StepCase c = MakeStepCase(config, {}, 5);
   Tensor f16(DType::kFloat16, {1000});
   Tensor bf16(DType::kBFloat16, {777});
@@ -171,7 +150,7 @@ TEST(CudaStepKernelsTest, SixteenBitGradientsUnscaleLikeTheCpu) {
 
 TEST(CudaStepKernelsTest, ASkippedStepChangesNothing) {
   CASTOR_REQUIRE_CUDA();
-  StepConfig config = Config(OptimizerKind::kAdam, 0.0, false, 0.0, 1.0);
+  StepConfig config = MakeStepConfig(OptimizerKind::kAdam, 0.0, false, 0.0, 1.0);
   StepCase c = MakeStepCase(config, {{64, 64}, {64}}, 3);
   c.state.optimizer_step = 7;
   for (auto& slots : c.slots) {
@@ -204,7 +183,7 @@ TEST(CudaStepKernelsTest, TwoRunsGiveTheSameBits) {
   CASTOR_REQUIRE_CUDA();
   // Clipping makes every weight depend on the norm: a norm summed in a
   // varying order would show here.
-  StepConfig config = Config(OptimizerKind::kSgd, 0.9, false, 0.0, 0.1);
+  StepConfig config = MakeStepConfig(OptimizerKind::kSgd, 0.9, false, 0.0, 0.1);
   StepCase c = MakeStepCase(config, {{512, 513}, {1000}, {77}}, 8);
   absl::StatusOr<StepOutcome> first = RunStepKernels(Gpu(), c);
   absl::StatusOr<StepOutcome> second = RunStepKernels(Gpu(), c);

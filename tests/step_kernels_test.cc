@@ -5,7 +5,6 @@
 // optimizer_test) bit for bit, the skipped step that changes nothing, and
 // argument errors.
 #include <cmath>
-#include <cstring>
 #include <limits>
 
 #include "backend/cpu/cpu_backend.h"
@@ -26,42 +25,33 @@ Backend& Cpu() {
   return *backend;
 }
 
-bool SameBits(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.dims() == b.dims() &&
-         std::memcmp(a.raw(), b.raw(), a.byte_size()) == 0;
+// Runs UnscaleAndDecide on host tensors; returns the state it leaves.
+StepState UnscaleAndDecide(const StepConfig& config, std::vector<Tensor*> gradients, float loss,
+                           float* next_scale) {
+  StepState state;
+  state.scaler.scale = config.scaler.initial_scale;
+  std::vector<TensorView> views;
+  for (Tensor* g : gradients) views.push_back({g->raw(), g->dtype(), g->dims()});
+  Tensor loss_tensor = Tensor::Scalar(loss);
+  const absl::Status status = Cpu().step_kernels()->UnscaleAndDecide(
+      config, views, {loss_tensor.raw(), DType::kFloat32, {}}, &state, next_scale);
+  EXPECT_TRUE(status.ok()) << status;
+  return state;
 }
 
 TEST(StepKernelsTest, UnscalesEveryDtypeInPlace) {
-  StepConfig config;
-  config.optimizer.kind = OptimizerKind::kSgd;
-  config.scaler.initial_scale = 1024.0;
-  StepCase c = MakeStepCase(config, {}, 1);
-  c.weights = {Tensor::FromVector<float>(DType::kFloat32, {3}, {0, 0, 0})};
-  c.slots = {{}};
-  c.gradients = {Tensor::FromVector<float>(DType::kFloat32, {3}, {1024.0f, -2048.0f, 512.0f})};
-  // 16-bit gradients are unscaled (rounded once) and checked, not applied.
+  const StepConfig config = MakeStepConfig(OptimizerKind::kSgd, 0, false, 0, 0, 1024.0);
+  Tensor f32 = Tensor::FromVector<float>(DType::kFloat32, {3}, {1024.0f, -2048.0f, 512.0f});
   Tensor f16 = Tensor::FromVector<uint16_t>(DType::kFloat16, {2},
                                             {FloatToHalfBits(3072.0f), FloatToHalfBits(-1.0f)});
   Tensor bf16 = Tensor::FromVector<uint16_t>(DType::kBFloat16, {1}, {FloatToBFloat16Bits(4096.0f)});
-  StepKernels* kernels = Cpu().step_kernels();
-  ASSERT_NE(kernels, nullptr);
-  StepState state;
-  state.scaler.scale = 1024.0;
   float next_scale = 0;
-  Tensor f32 = c.gradients[0];
-  std::vector<TensorView> views = {{f32.raw(), f32.dtype(), f32.dims()},
-                                   {f16.raw(), f16.dtype(), f16.dims()},
-                                   {bf16.raw(), bf16.dtype(), bf16.dims()}};
-  Tensor loss = Tensor::Scalar(2.5f);
-  ASSERT_TRUE(kernels
-                  ->UnscaleAndDecide(config, views, {loss.raw(), loss.dtype(), loss.dims()}, &state,
-                                     &next_scale)
-                  .ok());
+  const StepState state = UnscaleAndDecide(config, {&f32, &f16, &bf16}, 2.5f, &next_scale);
   EXPECT_EQ(f32.data<float>()[0], 1.0f);
   EXPECT_EQ(f32.data<float>()[1], -2.0f);
   EXPECT_EQ(f32.data<float>()[2], 0.5f);
   EXPECT_EQ(HalfBitsToFloat(f16.data<uint16_t>()[0]), 3.0f);
-  EXPECT_EQ(HalfBitsToFloat(f16.data<uint16_t>()[1]), -1.0f / 1024.0f);
+  EXPECT_EQ(HalfBitsToFloat(f16.data<uint16_t>()[1]), -1.0f / 1024.0f);  // subnormal, exact
   EXPECT_EQ(BFloat16BitsToFloat(bf16.data<uint16_t>()[0]), 4.0f);
   EXPECT_EQ(state.non_finite, 0);
   EXPECT_EQ(state.skipped, 0);
@@ -71,45 +61,31 @@ TEST(StepKernelsTest, UnscalesEveryDtypeInPlace) {
   EXPECT_DOUBLE_EQ(state.grad_norm, std::sqrt(squares));
   EXPECT_EQ(state.optimizer_step, 1);
   EXPECT_EQ(next_scale, 1024.0f);
+
+  // An infinite 16-bit gradient skips the step like a float32 one.
+  Tensor half_inf = Tensor::FromVector<uint16_t>(DType::kFloat16, {1}, {0x7C00});
+  const StepState skipped = UnscaleAndDecide(config, {&half_inf}, 2.5f, &next_scale);
+  EXPECT_EQ(skipped.non_finite, 1);
+  EXPECT_EQ(skipped.skipped, 1);
+  EXPECT_EQ(next_scale, 512.0f);
 }
 
 TEST(StepKernelsTest, NonFiniteGradientOrLossSkipsEverything) {
-  StepConfig config;
-  config.optimizer.kind = OptimizerKind::kAdam;
-  config.scaler.initial_scale = 4096.0;
-  for (const char* where : {"gradient inf", "gradient nan", "half inf", "loss nan"}) {
-    SCOPED_TRACE(where);
+  const StepConfig config = MakeStepConfig(OptimizerKind::kAdam, 0, false, 0, 0, 4096.0);
+  for (const std::string what : {"gradient inf", "gradient nan", "loss nan"}) {
+    SCOPED_TRACE(what);
     StepCase c = MakeStepCase(config, {{3, 5}, {7}}, 2);
     c.state.optimizer_step = 4;
-    c.state.scaler.good_steps = 17;
-    for (auto& slots : c.slots) slots = {RandomFloats(slots[0].dims(), 5), RandomFloats(slots[0].dims(), 6)};
-    const std::string what = where;
-    if (what == "gradient inf") c.gradients[1].data<float>()[3] = std::numeric_limits<float>::infinity();
+    c.state.scaler.good_steps = 1;
+    for (auto& slots : c.slots) {
+      slots = {RandomFloats(slots[0].dims(), 5), RandomFloats(slots[0].dims(), 6)};
+    }
+    if (what == "gradient inf") {
+      c.gradients[1].data<float>()[3] = std::numeric_limits<float>::infinity();
+    }
     if (what == "gradient nan") c.gradients[0].data<float>()[0] = std::nanf("");
-    if (what == "half inf") {
-      c.gradients.push_back(Tensor::FromVector<uint16_t>(DType::kFloat16, {1}, {0x7C00}));
-    }
     if (what == "loss nan") c.loss = Tensor::Scalar(std::nanf(""));
-    // The float16 gradient has no parameter: it is checked only.
-    StepCase run = c;
-    if (what == "half inf") run.gradients.pop_back();
-    absl::StatusOr<StepOutcome> out = absl::InternalError("not run");
-    if (what == "half inf") {
-      // Check the 16-bit path directly: the parameters' gradients plus one more.
-      StepKernels* kernels = Cpu().step_kernels();
-      StepState state = c.state;
-      float next = 0;
-      std::vector<TensorView> views;
-      for (Tensor& g : c.gradients) views.push_back({g.raw(), g.dtype(), g.dims()});
-      ASSERT_TRUE(kernels
-                      ->UnscaleAndDecide(config, views, {c.loss.raw(), c.loss.dtype(), c.loss.dims()},
-                                         &state, &next)
-                      .ok());
-      EXPECT_EQ(state.skipped, 1);
-      EXPECT_EQ(next, 2048.0f);
-      continue;
-    }
-    out = RunStepKernels(Cpu(), run);
+    absl::StatusOr<StepOutcome> out = RunStepKernels(Cpu(), c);
     ASSERT_TRUE(out.ok()) << out.status();
     EXPECT_EQ(out->state.skipped, 1);
     EXPECT_EQ(out->state.non_finite, what == "loss nan" ? 0 : 1);
@@ -133,37 +109,16 @@ TEST(StepKernelsTest, NonFiniteGradientOrLossSkipsEverything) {
 // Three steps of the multi-tensor update against the host Optimizer and
 // LossScaler fed the same unscaled gradients: the same bits.
 TEST(StepKernelsTest, MatchesTheHostOptimizerBitForBit) {
-  struct Variant {
-    const char* name;
-    OptimizerOptions options;
+  const std::vector<std::pair<const char*, StepConfig>> variants = {
+      {"sgd", MakeStepConfig(OptimizerKind::kSgd, 0, false, 0, 0, 256.0, 5)},
+      {"sgd momentum wd", MakeStepConfig(OptimizerKind::kSgd, 0.9, false, 1e-2, 0, 256.0, 5)},
+      {"sgd nesterov clip", MakeStepConfig(OptimizerKind::kSgd, 0.9, true, 0, 0.5, 256.0, 5)},
+      {"adam wd clip", MakeStepConfig(OptimizerKind::kAdam, 0, false, 1e-2, 1.0, 256.0, 5)},
+      {"adamw", MakeStepConfig(OptimizerKind::kAdamW, 0, false, 5e-2, 0, 256.0, 5)},
   };
-  std::vector<Variant> variants;
-  auto add = [&](const char* name, OptimizerKind kind, double momentum, bool nesterov, double wd,
-                 double clip) {
-    OptimizerOptions o;
-    o.kind = kind;
-    o.momentum = momentum;
-    o.nesterov = nesterov;
-    o.weight_decay = wd;
-    o.clip_norm = clip;
-    variants.push_back({name, o});
-  };
-  add("sgd", OptimizerKind::kSgd, 0, false, 0, 0);
-  add("sgd momentum wd", OptimizerKind::kSgd, 0.9, false, 1e-2, 0);
-  add("sgd nesterov clip", OptimizerKind::kSgd, 0.9, true, 0, 0.5);
-  add("adam wd clip", OptimizerKind::kAdam, 0, false, 1e-2, 1.0);
-  add("adamw", OptimizerKind::kAdamW, 0, false, 5e-2, 0);
-  for (const Variant& variant : variants) {
-    SCOPED_TRACE(variant.name);
-    StepConfig config;
-    config.optimizer = variant.options;
-    config.lr.kind = LrSchedule::Kind::kCosine;
-    config.lr.base_lr = 0.05;
-    config.lr.warmup_steps = 1;
-    config.lr.total_steps = 5;
-    config.scaler.initial_scale = 256.0;
-    config.scaler.growth_interval = 2;
-    absl::StatusOr<Optimizer> host = Optimizer::Create(variant.options);
+  for (const auto& [name, config] : variants) {
+    SCOPED_TRACE(name);
+    absl::StatusOr<Optimizer> host = Optimizer::Create(config.optimizer);
     ASSERT_TRUE(host.ok());
     LossScaler scaler(config.scaler);
     const std::vector<std::vector<int64_t>> dims = {{4, 6}, {6}, {3, 2, 2}};
@@ -209,7 +164,7 @@ TEST(StepKernelsTest, MatchesTheHostOptimizerBitForBit) {
       EXPECT_EQ(out->state.scaler.good_steps, scaler.state().good_steps);
       EXPECT_EQ(out->next_loss_scale, static_cast<float>(scaler.scale()));
       EXPECT_TRUE(SameBits(out->statistic, c.updated_statistic));
-      const std::vector<std::string> slot_names = OptimizerSlotNames(variant.options);
+      const std::vector<std::string> slot_names = OptimizerSlotNames(config.optimizer);
       for (size_t k = 0; k < dims.size(); ++k) {
         EXPECT_TRUE(SameBits(out->gradients[k], unscaled[k])) << k;
         EXPECT_TRUE(SameBits(out->weights[k], host_weights[k])) << k;

@@ -5,6 +5,7 @@
 // Optimizer and LossScaler; the CUDA test against the CPU backend.
 #pragma once
 
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -37,6 +38,33 @@ struct StepOutcome {
   std::vector<std::vector<Tensor>> slots;
   Tensor statistic;
 };
+
+// Byte-identical tensors (same dtype and dims).
+inline bool SameBits(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.dims() == b.dims() &&
+         std::memcmp(a.raw(), b.raw(), a.byte_size()) == 0;
+}
+
+// An optimizer of `kind` with these options, a cosine schedule (lr 0.05,
+// one warm-up step, `total_steps`), and a loss scale starting at
+// `initial_scale` that grows after 2 good steps.
+inline StepConfig MakeStepConfig(OptimizerKind kind, double momentum, bool nesterov,
+                                 double weight_decay, double clip_norm,
+                                 double initial_scale = 1024.0, int64_t total_steps = 6) {
+  StepConfig config;
+  config.optimizer.kind = kind;
+  config.optimizer.momentum = momentum;
+  config.optimizer.nesterov = nesterov;
+  config.optimizer.weight_decay = weight_decay;
+  config.optimizer.clip_norm = clip_norm;
+  config.lr.kind = LrSchedule::Kind::kCosine;
+  config.lr.base_lr = 0.05;
+  config.lr.warmup_steps = 1;
+  config.lr.total_steps = total_steps;
+  config.scaler.initial_scale = initial_scale;
+  config.scaler.growth_interval = 2;
+  return config;
+}
 
 // `count` float32 values, normal(0, stddev), from `seed`.
 inline Tensor RandomFloats(std::vector<int64_t> dims, uint32_t seed, float stddev = 1.0f) {
