@@ -511,7 +511,7 @@ absl::Status Executor::Execute(const std::vector<std::pair<std::string, Tensor>>
       if (!state.available(id)) {
         return absl::InternalError(absl::StrCat("graph output '", v->name(), "' was not computed"));
       }
-      kept_[id] = state.Take(id);
+      if (!kept_.contains(id)) kept_[id] = state.Take(id);  // an output listed twice
     }
     outputs_kept_ = true;
   }

@@ -109,6 +109,9 @@ class Executor {
   absl::Status RunOnBackend(const std::vector<std::pair<std::string, Tensor>>& feeds);
   // Graph output `index` (graph-output order) of the last RunOnBackend.
   absl::StatusOr<TensorView> OutputView(int index) const;
+  // Returns the last run's outputs and kept values to the buffer pool
+  // before the next run would (their views become invalid).
+  void ReleaseOutputs() { ReleaseKept(); }
 
   // Runs the graph like Run, but after each node copies its float outputs
   // to the host and stops at the first that holds an inf or NaN: the first
@@ -147,7 +150,7 @@ class Executor {
     DType dtype = DType::kUndefined;
     std::vector<int64_t> dims;
     bool pooled = false;  // returns to the pool when released
-    std::shared_ptr<const Tensor> host;  // a host copy (TensorView::host_data)
+    std::shared_ptr<const Tensor> host = nullptr;  // a host copy (TensorView::host_data)
   };
   struct Plan {
     PlanStats stats;  // of the latest run with this signature

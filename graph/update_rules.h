@@ -4,8 +4,9 @@
 // state machine and the decision that ends a step (skip it, or apply the
 // optimizer with these scalars). The functions are `CASTOR_HOST_DEVICE`:
 // the host optimizer (passes/optimizer.h), the CPU backend's step kernels
-// and the CUDA kernels call the same code, so their results agree to the
-// bit wherever the inputs do.
+// and the CUDA kernels call the same code. The host optimizer and the CPU
+// kernels agree to the bit; CUDA agrees to rounding (nvcc fuses a * b + c
+// into one FMA, and its pow and its order of summing squares differ).
 //
 // Everything here is plain data: the option structs travel to a device as
 // kernel arguments, and StepState lives in backend memory, where the step
@@ -94,7 +95,7 @@ struct StepState {
   int64_t optimizer_step = 0;  // updates applied so far
   // Written by the latest step:
   double scale_used = 1.0;   // the loss scale its gradients carried
-  double sum_squares = 0.0;  // of the unscaled gradients
+  double sum_squares = 0.0;  // of the unscaled gradients; 0 when skipped
   double grad_norm = 0.0;    // sqrt(sum_squares); 0 when skipped
   UpdateScalars update;      // lr is set even when the step is skipped
   int32_t non_finite = 0;    // a gradient or the loss held inf/NaN
@@ -244,6 +245,7 @@ CASTOR_HOST_DEVICE inline void DecideStep(const StepConfig& config, bool loss_fi
   state.skipped = finite ? 0 : 1;
   const double lr = LearningRate(config.lr, state.optimizer_step + 1);
   if (!finite) {
+    state.sum_squares = 0.0;  // partial: the backends stop at different elements
     state.grad_norm = 0.0;
     state.update = UpdateScalars{};
     state.update.lr = lr;

@@ -193,12 +193,29 @@ absl::StatusOr<TrainingGraph> BuildTrainingGraph(Model& model,
   graph.ClearOutputs();
   graph.AddOutput(loss);
   graph.AddOutput(output);
-  for (const auto& [parameter, gradient] : result.gradients) {
-    graph.AddOutput(graph.FindValue(gradient));
+  // Each gradient output gets a buffer of its own: the trainer unscales the
+  // gradients in place, so one value serving two parameters (Add(b1, b2)
+  // passes its gradient to both), an output already listed, or a graph
+  // input or initializer (the loss-scale seed itself) is copied first.
+  absl::flat_hash_set<const Value*> taken = {loss, output};
+  bool copied = false;
+  for (auto& [parameter, gradient] : result.gradients) {
+    Value* value = graph.FindValue(gradient);
+    if (taken.contains(value) || value->is_graph_input() || value->initializer() != nullptr) {
+      CASTOR_ASSIGN_OR_RETURN(
+          Node * copy, graph.AddNode("Identity", {value}, {parameter + "/grad/own"},
+                                     parameter + "/grad/own_copy"));
+      value = copy->output(0);
+      gradient = value->name();
+      copied = true;
+    }
+    taken.insert(value);
+    graph.AddOutput(value);
   }
   for (const auto& [state, updated] : result.running_stats) {
     graph.AddOutput(graph.FindValue(updated));
   }
+  if (copied) CASTOR_RETURN_IF_ERROR(InferTypes(model));
   return result;
 }
 

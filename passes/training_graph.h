@@ -10,7 +10,8 @@
 //   outputs  the loss (castor.loss, float32 scalar, unscaled), the model
 //            output it is attached to, the gradient of every parameter
 //            (scaled by the loss scale: the trainer's step kernels unscale
-//            and check them in one pass), and each BatchNormalization's new
+//            and check them in one pass, in place, so each is a value of
+//            its own), and each BatchNormalization's new
 //            running mean/variance (committed only by steps not skipped).
 //
 // Alongside it, the evaluation graph: the same model forward only, with the

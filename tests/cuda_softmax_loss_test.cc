@@ -293,9 +293,11 @@ TEST(CudaLosses, OutOfRangeLabelIsRefusedNamingIt) {
   }
 }
 
-// Through the executor the fed labels come with a host copy, and the CUDA
-// kernel checks them on the host (no wait for the device): same error, same
-// loss as the CPU.
+// Through the executor the fed labels come with a host copy, which the CUDA
+// kernel checks on the host instead of through a device flag; the error and
+// the loss must be the CPU's. (The device-flag path gives the same results,
+// so this checks the host path's results, not that it was taken; that the
+// executor hands kernels host copies is executor_test's.)
 TEST(CudaLosses, FedLabelsAreCheckedOnTheHost) {
   CASTOR_REQUIRE_CUDA();
   const Tensor scores = RandomTensor(DType::kFloat32, {4, 3}, 314);

@@ -51,7 +51,7 @@ TEST(StepKernelsTest, UnscalesEveryDtypeInPlace) {
   EXPECT_EQ(f32.data<float>()[1], -2.0f);
   EXPECT_EQ(f32.data<float>()[2], 0.5f);
   EXPECT_EQ(HalfBitsToFloat(f16.data<uint16_t>()[0]), 3.0f);
-  EXPECT_EQ(HalfBitsToFloat(f16.data<uint16_t>()[1]), -1.0f / 1024.0f);  // subnormal, exact
+  EXPECT_EQ(HalfBitsToFloat(f16.data<uint16_t>()[1]), -1.0f / 1024.0f);
   EXPECT_EQ(BFloat16BitsToFloat(bf16.data<uint16_t>()[0]), 4.0f);
   EXPECT_EQ(state.non_finite, 0);
   EXPECT_EQ(state.skipped, 0);

@@ -7,7 +7,9 @@
 #include "tests/trainer_test_util.h"
 #include "tools/trainer.h"
 
+#include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
@@ -79,6 +81,66 @@ TEST(TrainingGraphTest, InterfaceOfTheCnnTrainingGraph) {
   }
   EXPECT_NE(g.FindValue(kLabelsInput), nullptr);
   EXPECT_EQ(g.FindValue(kLossScaleInput)->dtype(), DType::kFloat32);
+}
+
+// logits = x + (b1 + b2), or x + b with b = b1 + b2: float32 [N, 4] and
+// biases [4] (b1 zero, b2 and b the same values).
+Model BiasModel(bool two_biases) {
+  Model model;
+  model.ir_version = 8;
+  model.opset_imports.push_back({"", 17});
+  Graph& g = *model.graph;
+  Value* x = *g.AddInput("x", DType::kFloat32, Shape{Dim::Symbol("N"), Dim(4)});
+  const Tensor values = Tensor::FromVector<float>(DType::kFloat32, {4}, {0.5f, -1.0f, 2.0f, 0.25f});
+  Value* bias = nullptr;
+  if (two_biases) {
+    Value* b1 = *g.AddInitializer("b1", Tensor(DType::kFloat32, {4}));
+    Value* b2 = *g.AddInitializer("b2", values);
+    bias = (*g.AddNode("Add", {b1, b2}, {"bias"}, "biases"))->output(0);
+  } else {
+    bias = *g.AddInitializer("b", values);
+  }
+  g.AddOutput((*g.AddNode("Add", {x, bias}, {"logits"}, "logits_node"))->output(0));
+  EXPECT_TRUE(InferTypes(model).ok());
+  return model;
+}
+
+// Add(b1, b2) hands the same gradient value to both biases. Each gets an
+// output of its own, unscaled once: one SGD step under loss scaling moves
+// b1 and b2 exactly as it moves the single bias b of the same model.
+TEST(TrainerTest, ParametersSharingAGradientValueEachGetTheirOwn) {
+  TrainerOptions options;
+  options.optimizer.kind = OptimizerKind::kSgd;
+  options.lr.base_lr = 0.5;
+  options.scaler.initial_scale = 1024.0;
+  Model two = BiasModel(true);
+  absl::StatusOr<TrainingGraph> graph = BuildTrainingGraph(two, TrainingGraphOptions{});
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_EQ(graph->gradients.size(), 2u);
+  EXPECT_NE(graph->gradients[0].second, graph->gradients[1].second);
+  absl::StatusOr<std::unique_ptr<Trainer>> pair =
+      Trainer::Create(std::move(two), *graph, options, Cpu());
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  std::unique_ptr<Trainer> single = MakeTrainer(BiasModel(false), options);
+  const Tensor x = Tensor::FromVector<float>(DType::kFloat32, {2, 4}, {1, 2, 3, 4, -1, 0, 1, 0});
+  const Tensor labels = Tensor::FromVector<int64_t>(DType::kInt64, {2}, {3, 1});
+  absl::StatusOr<StepResult> a = (*pair)->Step({{"x", x}}, labels);
+  absl::StatusOr<StepResult> b = single->Step({{"x", x}}, labels);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_FALSE(a->skipped);
+  const std::map<std::string, Tensor> pair_state = StateOf(**pair);
+  const std::map<std::string, Tensor> single_state = StateOf(*single);
+  // Moves read back as differences of float32 values near `start`: equal
+  // to their rounding (one ulp of 2 is 2.4e-7); a gradient unscaled twice
+  // would move 1024 times less.
+  const float start[4] = {0.5f, -1.0f, 2.0f, 0.25f};  // b and b2 before the step; b1 is 0
+  for (int i = 0; i < 4; ++i) {
+    const float moved = single_state.at("b").data<float>()[i] - start[i];
+    EXPECT_GT(std::fabs(moved), 1e-3f) << i;
+    EXPECT_NEAR(pair_state.at("b1").data<float>()[i], moved, 3e-7) << i;
+    EXPECT_NEAR(pair_state.at("b2").data<float>()[i] - start[i], moved, 3e-7) << i;
+  }
 }
 
 class TrainerPolicyTest : public ::testing::TestWithParam<std::string> {};

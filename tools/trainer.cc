@@ -216,6 +216,7 @@ absl::StatusOr<StepResult> Trainer::Step(std::vector<std::pair<std::string, Tens
   result.output = Tensor(output.dtype, output.dims);
   CASTOR_RETURN_IF_ERROR(
       backend_.CopyToHost(result.output.raw(), output.data, result.output.byte_size()));
+  executor_->ReleaseOutputs();  // the gradients' memory, until the next step
   scaler_.set_state(decided.scaler);
   optimizer_step_ = decided.optimizer_step;
   ++steps_;
