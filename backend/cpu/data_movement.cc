@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/op_geometry.h"
@@ -23,45 +24,20 @@
 namespace castor::cpu {
 namespace {
 
-int64_t Product(const std::vector<int64_t>& dims, size_t begin, size_t end) {
-  int64_t p = 1;
-  for (size_t i = begin; i < end && i < dims.size(); ++i) p *= dims[i];
-  return p;
-}
-
 // ---- Concat --------------------------------------------------------------------
 
 absl::Status RunConcat(KernelContext& ctx) {
-  const TensorView& first = ctx.input(0);
-  const int64_t rank = static_cast<int64_t>(first.dims.size());
-  if (rank == 0) return ctx.Error("cannot concatenate scalars (inputs must have rank >= 1)");
-  CASTOR_ASSIGN_OR_RETURN(const int64_t axis,
-                          NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank, "axis"));
-  std::vector<int64_t> dims = first.dims;
-  dims[axis] = 0;
-  for (int i = 0; i < ctx.num_inputs(); ++i) {
-    if (!ctx.has_input(i)) return ctx.Error(absl::StrCat("input ", i, " is missing"));
-    const TensorView& in = ctx.input(i);
-    bool same = static_cast<int64_t>(in.dims.size()) == rank && in.dtype == first.dtype;
-    for (int64_t k = 0; same && k < rank; ++k) same = k == axis || in.dims[k] == first.dims[k];
-    if (!same) {
-      return ctx.Error(absl::StrCat("input ", i, " ", FormatDims(in.dims),
-                                    " does not match input 0 ", FormatDims(first.dims),
-                                    " off axis ", axis));
-    }
-    dims[axis] += in.dims[axis];
-  }
-  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, first.dtype, dims));
-  const size_t element_size = DTypeSize(first.dtype);
-  const int64_t outer = Product(dims, 0, axis);
-  const int64_t inner = Product(dims, axis + 1, dims.size());
-  const int64_t out_row = dims[axis] * inner;
+  CASTOR_ASSIGN_OR_RETURN(const ConcatGeometry g, PlanConcat(ctx));
+  const DType dtype = ctx.input(0).dtype;
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, dtype, g.dims));
+  const size_t element_size = DTypeSize(dtype);
+  const int64_t out_row = g.dims[g.axis] * g.inner;
   int64_t offset = 0;  // elements into an output row
   for (int i = 0; i < ctx.num_inputs(); ++i) {
     const TensorView& in = ctx.input(i);
-    const int64_t row = in.dims[axis] * inner;
+    const int64_t row = in.dims[g.axis] * g.inner;
     // The input as [outer, row] written into columns offset.. of [outer, out_row].
-    StridedCopy({outer, row}, element_size, in.data, {row, 1},
+    StridedCopy({g.outer, row}, element_size, in.data, {row, 1},
                 static_cast<char*>(out->data) + offset * element_size, {out_row, 1});
     offset += row;
   }
@@ -72,61 +48,19 @@ absl::Status RunConcat(KernelContext& ctx) {
 
 absl::Status RunSplit(KernelContext& ctx) {
   const TensorView& in = ctx.input(0);
-  const int64_t rank = static_cast<int64_t>(in.dims.size());
-  CASTOR_ASSIGN_OR_RETURN(const int64_t axis,
-                          NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank, "axis"));
-  const int outputs = ctx.num_outputs();
-  const int64_t n = in.dims[axis];
-  std::vector<int64_t> sizes;
-  if (ctx.opset() < 13 && ctx.node().has_attribute("split")) {
-    sizes = ctx.GetInts("split");
-  } else if (ctx.opset() >= 13 && ctx.has_input(1)) {
-    sizes = ReadInts(ctx.input(1));
-  } else if (ctx.node().has_attribute("num_outputs")) {
-    const int64_t parts = ctx.GetInt("num_outputs", outputs);
-    if (parts != outputs || parts <= 0) {
-      return ctx.Error(
-          absl::StrCat("num_outputs is ", parts, " but the node has ", outputs, " outputs"));
-    }
-    // Chunks of ceil(n / parts); the last takes what is left.
-    const int64_t chunk = (n + parts - 1) / parts;
-    for (int64_t i = 0; i < parts; ++i)
-      sizes.push_back(std::min(chunk, n - std::min(n, i * chunk)));
-    if (n - chunk * (parts - 1) < 0) {
-      return ctx.Error(absl::StrCat("cannot split axis ", axis, " of size ", n, " into ", parts,
-                                    " chunks of ", chunk));
-    }
-  } else {
-    if (n % outputs != 0) {
-      return ctx.Error(absl::StrCat("axis ", axis, " of input ", FormatDims(in.dims),
-                                    " does not split evenly into ", outputs, " outputs"));
-    }
-    sizes.assign(outputs, n / outputs);
-  }
-  int64_t total = 0;
-  for (int64_t s : sizes) {
-    if (s < 0)
-      return ctx.Error(
-          absl::StrCat("split [", absl::StrJoin(sizes, ","), "] has a negative entry"));
-    total += s;
-  }
-  if (static_cast<int>(sizes.size()) != outputs || total != n) {
-    return ctx.Error(absl::StrCat("split [", absl::StrJoin(sizes, ","), "] (sum ", total,
-                                  ") does not cut axis ", axis, " of input ", FormatDims(in.dims),
-                                  " into the node's ", outputs, " outputs"));
-  }
+  std::optional<std::vector<int64_t>> split_input;
+  if (ctx.opset() >= 13 && ctx.has_input(1)) split_input = ReadInts(ctx.input(1));
+  CASTOR_ASSIGN_OR_RETURN(const SplitGeometry g, PlanSplit(ctx, split_input));
   const size_t element_size = DTypeSize(in.dtype);
-  const int64_t outer = Product(in.dims, 0, axis);
-  const int64_t inner = Product(in.dims, axis + 1, in.dims.size());
-  const int64_t in_row = n * inner;
+  const int64_t in_row = in.dims[g.axis] * g.inner;
   int64_t offset = 0;
-  for (int i = 0; i < outputs; ++i) {
+  for (int i = 0; i < ctx.num_outputs(); ++i) {
     std::vector<int64_t> dims = in.dims;
-    dims[axis] = sizes[i];
-    const int64_t row = sizes[i] * inner;
+    dims[g.axis] = g.sizes[i];
+    const int64_t row = g.sizes[i] * g.inner;
     if (ctx.has_output(i)) {
       CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(i, in.dtype, dims));
-      StridedCopy({outer, row}, element_size,
+      StridedCopy({g.outer, row}, element_size,
                   static_cast<const char*>(in.data) + offset * element_size, {in_row, 1}, out->data,
                   {row, 1});
     }
@@ -181,7 +115,7 @@ absl::Status RunGather(KernelContext& ctx) {
   for (int64_t& index : index_values) {
     if (index < -axis_size || index >= axis_size) {
       return ctx.Error(absl::StrCat("index ", index, " is out of range for axis ", axis,
-                                    " of size ", axis_size, " (data ", FormatDims(data.dims), ")"));
+                                    " of size ", axis_size, " (data ", DimsToString(data.dims), ")"));
     }
     if (index < 0) index += axis_size;
   }
@@ -190,8 +124,8 @@ absl::Status RunGather(KernelContext& ctx) {
   dims.insert(dims.end(), data.dims.begin() + axis + 1, data.dims.end());
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, dims));
   const size_t element_size = DTypeSize(data.dtype);
-  const int64_t outer = Product(data.dims, 0, axis);
-  const int64_t inner = Product(data.dims, axis + 1, data.dims.size());
+  const int64_t outer = DimsProduct(data.dims, 0, axis);
+  const int64_t inner = DimsProduct(data.dims, axis + 1, data.dims.size());
   const int64_t count = static_cast<int64_t>(index_values.size());
   const size_t block = static_cast<size_t>(inner) * element_size;
   if (block == 0 || outer * count == 0) return absl::OkStatus();
@@ -215,7 +149,7 @@ absl::Status RunTile(KernelContext& ctx) {
   const size_t rank = in.dims.size();
   if (repeats.size() != rank) {
     return ctx.Error(absl::StrCat("repeats [", absl::StrJoin(repeats, ","), "] has ",
-                                  repeats.size(), " entries but the input ", FormatDims(in.dims),
+                                  repeats.size(), " entries but the input ", DimsToString(in.dims),
                                   " has rank ", rank));
   }
   // Output [r0*d0, r1*d1, ...] is laid out as [r0, d0, r1, d1, ...]: a copy
@@ -303,7 +237,7 @@ absl::Status RunPad(KernelContext& ctx) {
   if (static_cast<int64_t>(pads.size()) != 2 * n) {
     return ctx.Error(absl::StrCat("pads [", absl::StrJoin(pads, ","), "] has ", pads.size(),
                                   " entries; expected ", 2 * n, " (begin and end for each of ", n,
-                                  " axes) for input ", FormatDims(in.dims)));
+                                  " axes) for input ", DimsToString(in.dims)));
   }
   std::vector<int64_t> before(rank, 0), after(rank, 0);
   for (int64_t k = 0; k < n; ++k) {
@@ -315,11 +249,11 @@ absl::Status RunPad(KernelContext& ctx) {
     dims[a] = in.dims[a] + before[a] + after[a];
     if (dims[a] < 0) {
       return ctx.Error(absl::StrCat("pads [", absl::StrJoin(pads, ","), "] make axis ", a,
-                                    " of input ", FormatDims(in.dims), " negative"));
+                                    " of input ", DimsToString(in.dims), " negative"));
     }
     if (mode != "constant" && in.dims[a] == 0 && dims[a] > 0) {
       return ctx.Error(absl::StrCat("cannot ", mode, "-pad axis ", a, " of input ",
-                                    FormatDims(in.dims), ": it is empty"));
+                                    DimsToString(in.dims), ": it is empty"));
     }
   }
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, in.dtype, dims));

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/parallel.h"
@@ -280,7 +281,7 @@ absl::Status RunConstantOfShape(KernelContext& ctx) {
   const std::vector<int64_t> dims = ReadInts(ctx.input(0));
   for (int64_t d : dims) {
     if (d < 0) {
-      return ctx.Error(absl::StrCat("shape ", FormatDims(dims), " has a negative entry"));
+      return ctx.Error(absl::StrCat("shape ", DimsToString(dims), " has a negative entry"));
     }
   }
   Tensor fill = Tensor::Scalar(0.0f);

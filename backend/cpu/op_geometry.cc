@@ -190,4 +190,89 @@ absl::StatusOr<std::vector<int64_t>> PlanReshape(const KernelContext& ctx,
   return dims;
 }
 
+int64_t DimsProduct(const std::vector<int64_t>& dims, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t i = begin; i < end && i < dims.size(); ++i) p *= dims[i];
+  return p;
+}
+
+absl::StatusOr<ConcatGeometry> PlanConcat(const KernelContext& ctx) {
+  const TensorView& first = ctx.input(0);
+  const int64_t rank = static_cast<int64_t>(first.dims.size());
+  if (rank == 0) return ctx.Error("cannot concatenate scalars (inputs must have rank >= 1)");
+  ConcatGeometry g;
+  CASTOR_ASSIGN_OR_RETURN(g.axis, NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank, "axis"));
+  g.dims = first.dims;
+  g.dims[g.axis] = 0;
+  for (int i = 0; i < ctx.num_inputs(); ++i) {
+    if (!ctx.has_input(i)) return ctx.Error(absl::StrCat("input ", i, " is missing"));
+    const TensorView& in = ctx.input(i);
+    bool same = static_cast<int64_t>(in.dims.size()) == rank && in.dtype == first.dtype;
+    for (int64_t k = 0; same && k < rank; ++k) same = k == g.axis || in.dims[k] == first.dims[k];
+    if (!same) {
+      return ctx.Error(absl::StrCat("input ", i, " ", DimsToString(in.dims),
+                                    " does not match input 0 ", DimsToString(first.dims),
+                                    " off axis ", g.axis));
+    }
+    g.dims[g.axis] += in.dims[g.axis];
+  }
+  g.outer = DimsProduct(g.dims, 0, g.axis);
+  g.inner = DimsProduct(g.dims, g.axis + 1, g.dims.size());
+  return g;
+}
+
+absl::StatusOr<SplitGeometry> PlanSplit(const KernelContext& ctx,
+                                        const std::optional<std::vector<int64_t>>& split_input) {
+  const TensorView& in = ctx.input(0);
+  const int64_t rank = static_cast<int64_t>(in.dims.size());
+  SplitGeometry g;
+  CASTOR_ASSIGN_OR_RETURN(g.axis, NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank, "axis"));
+  const int outputs = ctx.num_outputs();
+  const int64_t n = in.dims[g.axis];
+  std::vector<int64_t>& sizes = g.sizes;
+  if (ctx.opset() < 13 && ctx.node().has_attribute("split")) {
+    sizes = ctx.GetInts("split");
+  } else if (split_input.has_value()) {
+    sizes = *split_input;
+  } else if (ctx.node().has_attribute("num_outputs")) {
+    const int64_t parts = ctx.GetInt("num_outputs", outputs);
+    if (parts != outputs || parts <= 0) {
+      return ctx.Error(
+          absl::StrCat("num_outputs is ", parts, " but the node has ", outputs, " outputs"));
+    }
+    // Chunks of ceil(n / parts); the last takes what is left.
+    const int64_t chunk = (n + parts - 1) / parts;
+    for (int64_t i = 0; i < parts; ++i) {
+      sizes.push_back(std::min(chunk, n - std::min(n, i * chunk)));
+    }
+    if (n - chunk * (parts - 1) < 0) {
+      return ctx.Error(absl::StrCat("cannot split axis ", g.axis, " of size ", n, " into ", parts,
+                                    " chunks of ", chunk));
+    }
+  } else {
+    if (n % outputs != 0) {
+      return ctx.Error(absl::StrCat("axis ", g.axis, " of input ", DimsToString(in.dims),
+                                    " does not split evenly into ", outputs, " outputs"));
+    }
+    sizes.assign(outputs, n / outputs);
+  }
+  int64_t total = 0;
+  for (int64_t s : sizes) {
+    if (s < 0) {
+      return ctx.Error(
+          absl::StrCat("split [", absl::StrJoin(sizes, ","), "] has a negative entry"));
+    }
+    total += s;
+  }
+  if (static_cast<int>(sizes.size()) != outputs || total != n) {
+    return ctx.Error(absl::StrCat("split [", absl::StrJoin(sizes, ","), "] (sum ", total,
+                                  ") does not cut axis ", g.axis, " of input ",
+                                  DimsToString(in.dims), " into the node's ", outputs,
+                                  " outputs"));
+  }
+  g.outer = DimsProduct(in.dims, 0, g.axis);
+  g.inner = DimsProduct(in.dims, g.axis + 1, in.dims.size());
+  return g;
+}
+
 }  // namespace castor::cpu

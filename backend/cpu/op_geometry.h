@@ -1,12 +1,13 @@
 // Host-side planning of ops whose CPU and CUDA kernels share it: axis
 // normalisation, MatMul's shape rules (NumPy matmul: 1-D operands promoted
-// and dropped, batch axes right-aligned and broadcast), Slice's window and
-// Reshape's output dims.
+// and dropped, batch axes right-aligned and broadcast), Slice's window,
+// Reshape's output dims, and Concat's and Split's pieces.
 // Each returns the node's error (through the KernelContext) for invalid
 // attributes or inputs, so both backends word errors the same.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -59,5 +60,34 @@ absl::StatusOr<SliceGeometry> PlanSlice(const KernelContext& ctx,
 absl::StatusOr<std::vector<int64_t>> PlanReshape(const KernelContext& ctx,
                                                  const std::vector<int64_t>& in_dims,
                                                  const std::vector<int64_t>& target);
+
+// The product of dims[begin, end) (1 when empty).
+int64_t DimsProduct(const std::vector<int64_t>& dims, size_t begin, size_t end);
+
+// Concat and Split move rows: each tensor seen as [outer, size along the
+// axis * inner].
+struct ConcatGeometry {
+  int64_t axis = 0;
+  std::vector<int64_t> dims;  // the output's
+  int64_t outer = 1, inner = 1;
+};
+
+// Concat of the node's inputs; errors for scalars, a missing input, or an
+// input whose dtype or dims off the axis differ from input 0's.
+absl::StatusOr<ConcatGeometry> PlanConcat(const KernelContext& ctx);
+
+struct SplitGeometry {
+  int64_t axis = 0;
+  std::vector<int64_t> sizes;  // each output's size along the axis
+  int64_t outer = 1, inner = 1;
+};
+
+// Split of input 0 into the node's outputs: sizes from the `split`
+// attribute (before opset 13), the split input (`split_input`, read by the
+// caller when opset >= 13 and the node has it), num_outputs (chunks of
+// ceil(n / parts)), or equal parts. Errors for sizes that are negative,
+// not one per output or not summing to the axis.
+absl::StatusOr<SplitGeometry> PlanSplit(const KernelContext& ctx,
+                                        const std::optional<std::vector<int64_t>>& split_input);
 
 }  // namespace castor::cpu

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/op_geometry.h"
 #include "backend/cpu/strided_copy.h"
@@ -43,7 +44,7 @@ absl::Status RunFlatten(KernelContext& ctx) {
   int64_t axis = ctx.GetInt("axis", 1);
   if (axis < -rank || axis > rank) {
     return ctx.Error(absl::StrCat("axis ", axis, " is out of range [", -rank, ", ", rank,
-                                  "] for input ", FormatDims(in)));
+                                  "] for input ", DimsToString(in)));
   }
   if (axis < 0) axis += rank;
   return CopyInputToOutput(ctx, {Product(in, 0, axis), Product(in, axis, in.size())});
@@ -70,7 +71,7 @@ absl::Status RunSqueeze(KernelContext& ctx) {
     for (int64_t axis : *axes) {
       CASTOR_ASSIGN_OR_RETURN(int64_t a, NormalizeAxis(ctx, axis, rank, "axis"));
       if (in[a] != 1) {
-        return ctx.Error(absl::StrCat("cannot squeeze axis ", axis, " of input ", FormatDims(in),
+        return ctx.Error(absl::StrCat("cannot squeeze axis ", axis, " of input ", DimsToString(in),
                                       ": its size is ", in[a], ", not 1"));
       }
       squeezed[a] = true;
@@ -126,7 +127,7 @@ absl::Status RunTranspose(KernelContext& ctx) {
   if (!valid) {
     return ctx.Error(absl::StrCat("perm [", absl::StrJoin(perm, ","),
                                   "] is not a permutation of the axes of input ",
-                                  FormatDims(data.dims)));
+                                  DimsToString(data.dims)));
   }
   const std::vector<int64_t> in_strides = ContiguousStrides(data.dims);
   std::vector<int64_t> dims(rank), src_strides(rank);
@@ -155,11 +156,11 @@ absl::Status RunExpand(KernelContext& ctx) {
     const int64_t d = has_in ? data.dims[data.dims.size() - 1 - from_end] : 1;
     const int64_t t = has_shape ? shape[shape.size() - 1 - from_end] : 1;
     if (d != t && d != 1 && t != 1) {
-      return ctx.Error(absl::StrCat("cannot expand input ", FormatDims(data.dims), " to shape ",
-                                    FormatDims(shape), ": dim ", d, " vs ", t));
+      return ctx.Error(absl::StrCat("cannot expand input ", DimsToString(data.dims), " to shape ",
+                                    DimsToString(shape), ": dim ", d, " vs ", t));
     }
     if (t < 0) {
-      return ctx.Error(absl::StrCat("shape ", FormatDims(shape), " has a negative entry"));
+      return ctx.Error(absl::StrCat("shape ", DimsToString(shape), " has a negative entry"));
     }
     dims[i] = d == 1 ? t : d;
     if (has_in && d != 1) src_strides[i] = in_strides[data.dims.size() - 1 - from_end];

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "backend/cpu/broadcast.h"
 #include "backend/cpu/parallel.h"
 
 namespace castor::cpu {
@@ -159,10 +159,6 @@ std::vector<int64_t> ReadInts(const TensorView& view) {
   return values;
 }
 
-std::string FormatDims(const std::vector<int64_t>& dims) {
-  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
-}
-
 absl::Status NoStringTensors(const Node& node) {
   auto check = [](const Value* v) -> absl::Status {
     if (v != nullptr && v->dtype() == DType::kString) {
@@ -187,8 +183,8 @@ absl::Status CopyInputToOutput(KernelContext& ctx, std::vector<int64_t> dims) {
   absl::StatusOr<TensorView*> output = ctx.Output(0, input.dtype, std::move(dims));
   if (!output.ok()) return output.status();
   if ((*output)->num_elements() != input.num_elements()) {
-    return ctx.Error(absl::StrCat("internal: output ", FormatDims((*output)->dims), " and input ",
-                                  FormatDims(input.dims), " differ in element count"));
+    return ctx.Error(absl::StrCat("internal: output ", DimsToString((*output)->dims), " and input ",
+                                  DimsToString(input.dims), " differ in element count"));
   }
   ParallelMemcpy((*output)->data, input.data, input.byte_size());
   return absl::OkStatus();

@@ -40,9 +40,6 @@ void ParallelMemcpy(void* dst, const void* src, size_t bytes);
 // The entries of an integer tensor (int32/int64/other ints) as int64.
 std::vector<int64_t> ReadInts(const TensorView& view);
 
-// "[2,3,4]" for error messages.
-std::string FormatDims(const std::vector<int64_t>& dims);
-
 // A SupportsFn for dtype-agnostic kernels: every tensor of the node must
 // have a fixed element size (no strings).
 absl::Status NoStringTensors(const Node& node);

@@ -61,12 +61,6 @@ constexpr int kTileRows = 8;  // rows of threads per transpose block
 // Both sides of a transpose must be at least this long for the tiled path.
 constexpr int64_t kMinTiledEdge = 16;
 
-int64_t Product(const std::vector<int64_t>& dims, size_t begin, size_t end) {
-  int64_t p = 1;
-  for (size_t i = begin; i < end && i < dims.size(); ++i) p *= dims[i];
-  return p;
-}
-
 std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& dims) {
   std::vector<int64_t> strides(dims.size());
   int64_t step = 1;
@@ -465,7 +459,8 @@ absl::Status RunFlatten(KernelContext& ctx) {
                                   "] for input ", DimsToString(in)));
   }
   if (axis < 0) axis += rank;
-  return CopyInputToOutput(ctx, {Product(in, 0, axis), Product(in, axis, in.size())});
+  return CopyInputToOutput(ctx,
+                           {cpu::DimsProduct(in, 0, axis), cpu::DimsProduct(in, axis, in.size())});
 }
 
 // The axes of Squeeze/Unsqueeze: attribute before opset 13, optional input 1
@@ -835,36 +830,17 @@ absl::Status RunRange(KernelContext& ctx) {
 // ---- Concat / Split / Slice ------------------------------------------------------------
 
 absl::Status RunConcat(KernelContext& ctx) {
-  const TensorView& first = ctx.input(0);
-  const int64_t rank = static_cast<int64_t>(first.dims.size());
-  if (rank == 0) return ctx.Error("cannot concatenate scalars (inputs must have rank >= 1)");
-  CASTOR_ASSIGN_OR_RETURN(const int64_t axis,
-                          NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank, "axis"));
-  std::vector<int64_t> dims = first.dims;
-  dims[axis] = 0;
-  for (int i = 0; i < ctx.num_inputs(); ++i) {
-    if (!ctx.has_input(i)) return ctx.Error(absl::StrCat("input ", i, " is missing"));
-    const TensorView& in = ctx.input(i);
-    bool same = static_cast<int64_t>(in.dims.size()) == rank && in.dtype == first.dtype;
-    for (int64_t k = 0; same && k < rank; ++k) same = k == axis || in.dims[k] == first.dims[k];
-    if (!same) {
-      return ctx.Error(absl::StrCat("input ", i, " ", DimsToString(in.dims),
-                                    " does not match input 0 ", DimsToString(first.dims),
-                                    " off axis ", axis));
-    }
-    dims[axis] += in.dims[axis];
-  }
-  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, first.dtype, dims));
-  const size_t element_size = DTypeSize(first.dtype);
-  const int64_t outer = Product(dims, 0, axis);
-  const int64_t inner = Product(dims, axis + 1, dims.size());
-  const int64_t out_row = dims[axis] * inner;
+  CASTOR_ASSIGN_OR_RETURN(const cpu::ConcatGeometry g, cpu::PlanConcat(ctx));
+  const DType dtype = ctx.input(0).dtype;
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, dtype, g.dims));
+  const size_t element_size = DTypeSize(dtype);
+  const int64_t out_row = g.dims[g.axis] * g.inner;
   int64_t offset = 0;  // elements into an output row
   for (int i = 0; i < ctx.num_inputs(); ++i) {
     const TensorView& in = ctx.input(i);
-    const int64_t row = in.dims[axis] * inner;
+    const int64_t row = in.dims[g.axis] * g.inner;
     // The input as [outer, row] written into columns offset.. of [outer, out_row].
-    CASTOR_RETURN_IF_ERROR(CopyStrided(ctx, {outer, row}, element_size, in.data, {row, 1},
+    CASTOR_RETURN_IF_ERROR(CopyStrided(ctx, {g.outer, row}, element_size, in.data, {row, 1},
                                        static_cast<char*>(out->data) + offset * element_size,
                                        {out_row, 1}));
     offset += row;
@@ -874,63 +850,21 @@ absl::Status RunConcat(KernelContext& ctx) {
 
 absl::Status RunSplit(KernelContext& ctx) {
   const TensorView& in = ctx.input(0);
-  const int64_t rank = static_cast<int64_t>(in.dims.size());
-  CASTOR_ASSIGN_OR_RETURN(const int64_t axis,
-                          NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank, "axis"));
-  const int outputs = ctx.num_outputs();
-  const int64_t n = in.dims[axis];
-  std::vector<int64_t> sizes;
-  if (ctx.opset() < 13 && ctx.node().has_attribute("split")) {
-    sizes = ctx.GetInts("split");
-  } else if (ctx.opset() >= 13 && ctx.has_input(1)) {
-    CASTOR_ASSIGN_OR_RETURN(sizes, ReadInt64s(ctx, 1));
-  } else if (ctx.node().has_attribute("num_outputs")) {
-    const int64_t parts = ctx.GetInt("num_outputs", outputs);
-    if (parts != outputs || parts <= 0) {
-      return ctx.Error(
-          absl::StrCat("num_outputs is ", parts, " but the node has ", outputs, " outputs"));
-    }
-    // Chunks of ceil(n / parts); the last takes what is left.
-    const int64_t chunk = (n + parts - 1) / parts;
-    for (int64_t i = 0; i < parts; ++i) {
-      sizes.push_back(std::min(chunk, n - std::min(n, i * chunk)));
-    }
-    if (n - chunk * (parts - 1) < 0) {
-      return ctx.Error(absl::StrCat("cannot split axis ", axis, " of size ", n, " into ", parts,
-                                    " chunks of ", chunk));
-    }
-  } else {
-    if (n % outputs != 0) {
-      return ctx.Error(absl::StrCat("axis ", axis, " of input ", DimsToString(in.dims),
-                                    " does not split evenly into ", outputs, " outputs"));
-    }
-    sizes.assign(outputs, n / outputs);
+  std::optional<std::vector<int64_t>> split_input;
+  if (ctx.opset() >= 13 && ctx.has_input(1)) {
+    CASTOR_ASSIGN_OR_RETURN(split_input, ReadInt64s(ctx, 1));
   }
-  int64_t total = 0;
-  for (int64_t s : sizes) {
-    if (s < 0) {
-      return ctx.Error(
-          absl::StrCat("split [", absl::StrJoin(sizes, ","), "] has a negative entry"));
-    }
-    total += s;
-  }
-  if (static_cast<int>(sizes.size()) != outputs || total != n) {
-    return ctx.Error(absl::StrCat("split [", absl::StrJoin(sizes, ","), "] (sum ", total,
-                                  ") does not cut axis ", axis, " of input ", DimsToString(in.dims),
-                                  " into the node's ", outputs, " outputs"));
-  }
+  CASTOR_ASSIGN_OR_RETURN(const cpu::SplitGeometry g, cpu::PlanSplit(ctx, split_input));
   const size_t element_size = DTypeSize(in.dtype);
-  const int64_t outer = Product(in.dims, 0, axis);
-  const int64_t inner = Product(in.dims, axis + 1, in.dims.size());
-  const int64_t in_row = n * inner;
+  const int64_t in_row = in.dims[g.axis] * g.inner;
   int64_t offset = 0;
-  for (int i = 0; i < outputs; ++i) {
+  for (int i = 0; i < ctx.num_outputs(); ++i) {
     std::vector<int64_t> dims = in.dims;
-    dims[axis] = sizes[i];
-    const int64_t row = sizes[i] * inner;
+    dims[g.axis] = g.sizes[i];
+    const int64_t row = g.sizes[i] * g.inner;
     if (ctx.has_output(i)) {
       CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(i, in.dtype, dims));
-      CASTOR_RETURN_IF_ERROR(CopyStrided(ctx, {outer, row}, element_size,
+      CASTOR_RETURN_IF_ERROR(CopyStrided(ctx, {g.outer, row}, element_size,
                                          static_cast<const char*>(in.data) + offset * element_size,
                                          {in_row, 1}, out->data, {row, 1}));
     }
@@ -997,8 +931,8 @@ absl::Status RunGather(KernelContext& ctx) {
   return DispatchIndex(ctx, indices, "input 1 (indices)", [&](auto index_tag) -> absl::Status {
     using I = typename decltype(index_tag)::type;
     CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, dims));
-    const int64_t outer = Product(data.dims, 0, axis);
-    const int64_t inner = Product(data.dims, axis + 1, data.dims.size());
+    const int64_t outer = cpu::DimsProduct(data.dims, 0, axis);
+    const int64_t inner = cpu::DimsProduct(data.dims, axis + 1, data.dims.size());
     const int64_t count = indices.num_elements();
     if (out->num_elements() == 0) return absl::OkStatus();
     // Rows of `inner` elements move in the widest unit that divides them.
@@ -1067,7 +1001,7 @@ absl::Status RunGatherGrad(KernelContext& ctx) {
       if (total > 0) {
         GatherGradKernel<T, I><<<Blocks(total), kThreads, 0, Stream(ctx)>>>(
             dy.as<T>(), indices.as<I>(), acc, indices.num_elements(), data.dims[axis],
-            Product(data.dims, axis + 1, data.dims.size()), total);
+            cpu::DimsProduct(data.dims, axis + 1, data.dims.size()), total);
         CASTOR_RETURN_IF_ERROR(CheckLaunch(ctx));
       }
       if constexpr (!std::is_same_v<T, float>) {
