@@ -145,32 +145,8 @@ absl::Status RunGather(KernelContext& ctx) {
 
 absl::Status RunTile(KernelContext& ctx) {
   const TensorView& in = ctx.input(0);
-  const std::vector<int64_t> repeats = ReadInts(ctx.input(1));
-  const size_t rank = in.dims.size();
-  if (repeats.size() != rank) {
-    return ctx.Error(absl::StrCat("repeats [", absl::StrJoin(repeats, ","), "] has ",
-                                  repeats.size(), " entries but the input ", DimsToString(in.dims),
-                                  " has rank ", rank));
-  }
-  // Output [r0*d0, r1*d1, ...] is laid out as [r0, d0, r1, d1, ...]: a copy
-  // with stride 0 over each repeat axis.
-  const std::vector<int64_t> in_strides = ContiguousStrides(in.dims);
-  std::vector<int64_t> dims, space, src_strides;
-  for (size_t i = 0; i < rank; ++i) {
-    if (repeats[i] < 0) {
-      return ctx.Error(
-          absl::StrCat("repeats [", absl::StrJoin(repeats, ","), "] has a negative entry"));
-    }
-    dims.push_back(in.dims[i] * repeats[i]);
-    space.push_back(repeats[i]);
-    space.push_back(in.dims[i]);
-    src_strides.push_back(0);
-    src_strides.push_back(in_strides[i]);
-  }
-  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, in.dtype, dims));
-  StridedCopy(space, DTypeSize(in.dtype), in.data, src_strides, out->data,
-              ContiguousStrides(space));
-  return absl::OkStatus();
+  CASTOR_ASSIGN_OR_RETURN(const CopyPlan plan, PlanTile(ctx, in.dims, ReadInts(ctx.input(1))));
+  return CopyByPlan(ctx, plan);
 }
 
 // ---- Pad -----------------------------------------------------------------------

@@ -190,6 +190,14 @@ absl::StatusOr<std::vector<int64_t>> PlanReshape(const KernelContext& ctx,
   return dims;
 }
 
+std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& dims) {
+  std::vector<int64_t> strides(dims.size(), 1);
+  for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) {
+    strides[i] = strides[i + 1] * dims[i + 1];
+  }
+  return strides;
+}
+
 int64_t DimsProduct(const std::vector<int64_t>& dims, size_t begin, size_t end) {
   int64_t p = 1;
   for (size_t i = begin; i < end && i < dims.size(); ++i) p *= dims[i];
@@ -273,6 +281,87 @@ absl::StatusOr<SplitGeometry> PlanSplit(const KernelContext& ctx,
   g.outer = DimsProduct(in.dims, 0, g.axis);
   g.inner = DimsProduct(in.dims, g.axis + 1, in.dims.size());
   return g;
+}
+
+absl::StatusOr<CopyPlan> PlanTranspose(const KernelContext& ctx,
+                                       const std::vector<int64_t>& in_dims) {
+  const int64_t rank = static_cast<int64_t>(in_dims.size());
+  std::vector<int64_t> perm = ctx.GetInts("perm");
+  if (!ctx.node().has_attribute("perm")) {
+    for (int64_t i = rank - 1; i >= 0; --i) perm.push_back(i);
+  }
+  std::vector<bool> seen(rank, false);
+  bool valid = static_cast<int64_t>(perm.size()) == rank;
+  for (int64_t p : perm) {
+    valid = valid && p >= 0 && p < rank && !seen[p];
+    if (valid) seen[p] = true;
+  }
+  if (!valid) {
+    return ctx.Error(absl::StrCat("perm [", absl::StrJoin(perm, ","),
+                                  "] is not a permutation of the axes of input ",
+                                  DimsToString(in_dims)));
+  }
+  const std::vector<int64_t> in_strides = ContiguousStrides(in_dims);
+  CopyPlan plan;
+  plan.out_dims.resize(rank);
+  plan.src_strides.resize(rank);
+  for (int64_t i = 0; i < rank; ++i) {
+    plan.out_dims[i] = in_dims[perm[i]];
+    plan.src_strides[i] = in_strides[perm[i]];
+  }
+  plan.copy_dims = plan.out_dims;
+  return plan;
+}
+
+absl::StatusOr<CopyPlan> PlanExpand(const KernelContext& ctx, const std::vector<int64_t>& in_dims,
+                                    const std::vector<int64_t>& shape) {
+  const size_t rank = std::max(in_dims.size(), shape.size());
+  const std::vector<int64_t> in_strides = ContiguousStrides(in_dims);
+  CopyPlan plan;
+  plan.out_dims.resize(rank);
+  plan.src_strides.assign(rank, 0);
+  for (size_t i = 0; i < rank; ++i) {
+    const size_t from_end = rank - 1 - i;
+    const bool has_in = from_end < in_dims.size();
+    const bool has_shape = from_end < shape.size();
+    const int64_t d = has_in ? in_dims[in_dims.size() - 1 - from_end] : 1;
+    const int64_t t = has_shape ? shape[shape.size() - 1 - from_end] : 1;
+    if (d != t && d != 1 && t != 1) {
+      return ctx.Error(absl::StrCat("cannot expand input ", DimsToString(in_dims), " to shape ",
+                                    DimsToString(shape), ": dim ", d, " vs ", t));
+    }
+    if (t < 0) {
+      return ctx.Error(absl::StrCat("shape ", DimsToString(shape), " has a negative entry"));
+    }
+    plan.out_dims[i] = d == 1 ? t : d;
+    if (has_in && d != 1) plan.src_strides[i] = in_strides[in_dims.size() - 1 - from_end];
+  }
+  plan.copy_dims = plan.out_dims;
+  return plan;
+}
+
+absl::StatusOr<CopyPlan> PlanTile(const KernelContext& ctx, const std::vector<int64_t>& in_dims,
+                                  const std::vector<int64_t>& repeats) {
+  const size_t rank = in_dims.size();
+  if (repeats.size() != rank) {
+    return ctx.Error(absl::StrCat("repeats [", absl::StrJoin(repeats, ","), "] has ",
+                                  repeats.size(), " entries but the input ", DimsToString(in_dims),
+                                  " has rank ", rank));
+  }
+  const std::vector<int64_t> in_strides = ContiguousStrides(in_dims);
+  CopyPlan plan;
+  for (size_t i = 0; i < rank; ++i) {
+    if (repeats[i] < 0) {
+      return ctx.Error(
+          absl::StrCat("repeats [", absl::StrJoin(repeats, ","), "] has a negative entry"));
+    }
+    plan.out_dims.push_back(in_dims[i] * repeats[i]);
+    plan.copy_dims.push_back(repeats[i]);
+    plan.copy_dims.push_back(in_dims[i]);
+    plan.src_strides.push_back(0);
+    plan.src_strides.push_back(in_strides[i]);
+  }
+  return plan;
 }
 
 }  // namespace castor::cpu

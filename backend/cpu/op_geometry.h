@@ -1,7 +1,8 @@
 // Host-side planning of ops whose CPU and CUDA kernels share it: axis
 // normalisation, MatMul's shape rules (NumPy matmul: 1-D operands promoted
 // and dropped, batch axes right-aligned and broadcast), Slice's window,
-// Reshape's output dims, and Concat's and Split's pieces.
+// Reshape's output dims, Concat's and Split's pieces, and Transpose, Expand
+// and Tile as one strided copy each.
 // Each returns the node's error (through the KernelContext) for invalid
 // attributes or inputs, so both backends word errors the same.
 #pragma once
@@ -61,6 +62,9 @@ absl::StatusOr<std::vector<int64_t>> PlanReshape(const KernelContext& ctx,
                                                  const std::vector<int64_t>& in_dims,
                                                  const std::vector<int64_t>& target);
 
+// Row-major element strides of a dense tensor with `dims`.
+std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& dims);
+
 // The product of dims[begin, end) (1 when empty).
 int64_t DimsProduct(const std::vector<int64_t>& dims, size_t begin, size_t end);
 
@@ -89,5 +93,29 @@ struct SplitGeometry {
 // not one per output or not summing to the axis.
 absl::StatusOr<SplitGeometry> PlanSplit(const KernelContext& ctx,
                                         const std::optional<std::vector<int64_t>>& split_input);
+
+// A data-movement op as one strided copy from a dense input into a dense
+// output: `copy_dims` is the copy's index space (the output's dims, or a
+// finer view of the same layout), `src_strides` the input's element stride
+// along each of its axes (0 where the input repeats).
+struct CopyPlan {
+  std::vector<int64_t> out_dims;
+  std::vector<int64_t> copy_dims;
+  std::vector<int64_t> src_strides;
+};
+
+// Transpose by the node's perm (default: the axes reversed); errors for a
+// perm that is not a permutation of the input's axes.
+absl::StatusOr<CopyPlan> PlanTranspose(const KernelContext& ctx,
+                                       const std::vector<int64_t>& in_dims);
+// Expand to `shape` (broadcast both ways); errors for dims that do not
+// broadcast or a negative entry.
+absl::StatusOr<CopyPlan> PlanExpand(const KernelContext& ctx, const std::vector<int64_t>& in_dims,
+                                    const std::vector<int64_t>& shape);
+// Tile by `repeats`: the output [r0*d0, r1*d1, ...] laid out as [r0, d0,
+// r1, d1, ...] with stride 0 over each repeat axis; errors for a count that
+// is not the input's rank or a negative entry.
+absl::StatusOr<CopyPlan> PlanTile(const KernelContext& ctx, const std::vector<int64_t>& in_dims,
+                                  const std::vector<int64_t>& repeats);
 
 }  // namespace castor::cpu

@@ -20,13 +20,6 @@
 namespace castor::cpu {
 namespace {
 
-int64_t Product(const std::vector<int64_t>& dims, size_t begin, size_t end) {
-  int64_t p = 1;
-  for (size_t i = begin; i < end; ++i) p *= dims[i];
-  return p;
-}
-
-// Normalizes `axis` into [0, rank); `what` names it in the error.
 // ---- Reshape -----------------------------------------------------------------
 
 absl::Status RunReshape(KernelContext& ctx) {
@@ -47,7 +40,7 @@ absl::Status RunFlatten(KernelContext& ctx) {
                                   "] for input ", DimsToString(in)));
   }
   if (axis < 0) axis += rank;
-  return CopyInputToOutput(ctx, {Product(in, 0, axis), Product(in, axis, in.size())});
+  return CopyInputToOutput(ctx, {DimsProduct(in, 0, axis), DimsProduct(in, axis, in.size())});
 }
 
 // ---- Squeeze / Unsqueeze -------------------------------------------------------
@@ -113,62 +106,17 @@ absl::Status RunUnsqueeze(KernelContext& ctx) {
 
 absl::Status RunTranspose(KernelContext& ctx) {
   const TensorView& data = ctx.input(0);
-  const int64_t rank = static_cast<int64_t>(data.dims.size());
-  std::vector<int64_t> perm = ctx.GetInts("perm");
-  if (!ctx.node().has_attribute("perm")) {
-    for (int64_t i = rank - 1; i >= 0; --i) perm.push_back(i);
-  }
-  std::vector<bool> seen(rank, false);
-  bool valid = static_cast<int64_t>(perm.size()) == rank;
-  for (int64_t p : perm) {
-    valid = valid && p >= 0 && p < rank && !seen[p];
-    if (valid) seen[p] = true;
-  }
-  if (!valid) {
-    return ctx.Error(absl::StrCat("perm [", absl::StrJoin(perm, ","),
-                                  "] is not a permutation of the axes of input ",
-                                  DimsToString(data.dims)));
-  }
-  const std::vector<int64_t> in_strides = ContiguousStrides(data.dims);
-  std::vector<int64_t> dims(rank), src_strides(rank);
-  for (int64_t i = 0; i < rank; ++i) {
-    dims[i] = data.dims[perm[i]];
-    src_strides[i] = in_strides[perm[i]];
-  }
-  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, dims));
-  StridedCopy(dims, DTypeSize(data.dtype), data.data, src_strides, out->data,
-              ContiguousStrides(dims));
-  return absl::OkStatus();
+  CASTOR_ASSIGN_OR_RETURN(const CopyPlan plan, PlanTranspose(ctx, data.dims));
+  return CopyByPlan(ctx, plan);
 }
 
 // ---- Expand --------------------------------------------------------------------
 
 absl::Status RunExpand(KernelContext& ctx) {
   const TensorView& data = ctx.input(0);
-  const std::vector<int64_t> shape = ReadInts(ctx.input(1));
-  const size_t rank = std::max(data.dims.size(), shape.size());
-  const std::vector<int64_t> in_strides = ContiguousStrides(data.dims);
-  std::vector<int64_t> dims(rank), src_strides(rank, 0);
-  for (size_t i = 0; i < rank; ++i) {
-    const size_t from_end = rank - 1 - i;
-    const bool has_in = from_end < data.dims.size();
-    const bool has_shape = from_end < shape.size();
-    const int64_t d = has_in ? data.dims[data.dims.size() - 1 - from_end] : 1;
-    const int64_t t = has_shape ? shape[shape.size() - 1 - from_end] : 1;
-    if (d != t && d != 1 && t != 1) {
-      return ctx.Error(absl::StrCat("cannot expand input ", DimsToString(data.dims), " to shape ",
-                                    DimsToString(shape), ": dim ", d, " vs ", t));
-    }
-    if (t < 0) {
-      return ctx.Error(absl::StrCat("shape ", DimsToString(shape), " has a negative entry"));
-    }
-    dims[i] = d == 1 ? t : d;
-    if (has_in && d != 1) src_strides[i] = in_strides[data.dims.size() - 1 - from_end];
-  }
-  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, dims));
-  StridedCopy(dims, DTypeSize(data.dtype), data.data, src_strides, out->data,
-              ContiguousStrides(dims));
-  return absl::OkStatus();
+  CASTOR_ASSIGN_OR_RETURN(const CopyPlan plan,
+                          PlanExpand(ctx, data.dims, ReadInts(ctx.input(1))));
+  return CopyByPlan(ctx, plan);
 }
 
 // ---- Shape / Size ----------------------------------------------------------------

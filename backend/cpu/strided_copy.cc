@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "backend/cpu/broadcast.h"
 #include "backend/cpu/parallel.h"
+#include "graph/status.h"
 
 namespace castor::cpu {
 namespace {
@@ -49,14 +50,6 @@ void CopyRowBytes(const char* src, int64_t src_stride, char* dst, int64_t dst_st
 }
 
 }  // namespace
-
-std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& dims) {
-  std::vector<int64_t> strides(dims.size(), 1);
-  for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) {
-    strides[i] = strides[i + 1] * dims[i + 1];
-  }
-  return strides;
-}
 
 void ParallelMemcpy(void* dst, const void* src, size_t bytes) {
   if (bytes == 0 || dst == src) return;
@@ -187,6 +180,14 @@ absl::Status CopyInputToOutput(KernelContext& ctx, std::vector<int64_t> dims) {
                                   DimsToString(input.dims), " differ in element count"));
   }
   ParallelMemcpy((*output)->data, input.data, input.byte_size());
+  return absl::OkStatus();
+}
+
+absl::Status CopyByPlan(KernelContext& ctx, const CopyPlan& plan) {
+  const TensorView& input = ctx.input(0);
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, input.dtype, plan.out_dims));
+  StridedCopy(plan.copy_dims, DTypeSize(input.dtype), input.data, plan.src_strides, out->data,
+              ContiguousStrides(plan.copy_dims));
   return absl::OkStatus();
 }
 

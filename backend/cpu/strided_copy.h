@@ -17,12 +17,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "backend/cpu/op_geometry.h"
 #include "backend/kernel.h"
 
 namespace castor::cpu {
-
-// Row-major element strides of a dense tensor with `dims`.
-std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& dims);
 
 // Copies dims[0] x ... x dims[n-1] elements of `element_size` bytes.
 // `src` and `dst` point at the element with index (0, ..., 0). All three
@@ -47,5 +45,9 @@ absl::Status NoStringTensors(const Node& node);
 // Copies input 0 to a freshly allocated output 0 with `dims` (same element
 // count); skips the copy when the executor aliased the two buffers.
 absl::Status CopyInputToOutput(KernelContext& ctx, std::vector<int64_t> dims);
+
+// Allocates output 0 (input 0's dtype, plan.out_dims) and copies input 0
+// into it as `plan` (op_geometry.h) says.
+absl::Status CopyByPlan(KernelContext& ctx, const CopyPlan& plan);
 
 }  // namespace castor::cpu

@@ -61,15 +61,7 @@ constexpr int kTileRows = 8;  // rows of threads per transpose block
 // Both sides of a transpose must be at least this long for the tiled path.
 constexpr int64_t kMinTiledEdge = 16;
 
-std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& dims) {
-  std::vector<int64_t> strides(dims.size());
-  int64_t step = 1;
-  for (size_t d = dims.size(); d-- > 0;) {
-    strides[d] = step;
-    step *= dims[d];
-  }
-  return strides;
-}
+using cpu::ContiguousStrides;
 
 using cpu::NormalizeAxis;
 
@@ -401,6 +393,15 @@ absl::Status CopyInputToOutput(KernelContext& ctx, std::vector<int64_t> dims) {
   return ctx.backend().CopyWithin(output->data, input.data, input.byte_size());
 }
 
+// Allocates output 0 (input 0's dtype, plan.out_dims) and copies input 0
+// into it as `plan` (cpu/op_geometry.h) says.
+absl::Status CopyByPlan(KernelContext& ctx, const cpu::CopyPlan& plan) {
+  const TensorView& input = ctx.input(0);
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, input.dtype, plan.out_dims));
+  return CopyStrided(ctx, plan.copy_dims, DTypeSize(input.dtype), input.data, plan.src_strides,
+                     out->data, ContiguousStrides(plan.copy_dims));
+}
+
 // The bytes of the one element of input `index` on the host: the executor's
 // host copy when it has one (integers), else a copy that synchronises.
 absl::Status ReadScalarBytes(const KernelContext& ctx, int index, void* host, size_t size) {
@@ -631,88 +632,22 @@ absl::Status RunDropout(KernelContext& ctx) {
 // ---- Transpose / Expand / Tile -------------------------------------------------------
 
 absl::Status RunTranspose(KernelContext& ctx) {
-  const TensorView& data = ctx.input(0);
-  const int64_t rank = static_cast<int64_t>(data.dims.size());
-  std::vector<int64_t> perm = ctx.GetInts("perm");
-  if (!ctx.node().has_attribute("perm")) {
-    for (int64_t i = rank - 1; i >= 0; --i) perm.push_back(i);
-  }
-  std::vector<bool> seen(rank, false);
-  bool valid = static_cast<int64_t>(perm.size()) == rank;
-  for (int64_t p : perm) {
-    valid = valid && p >= 0 && p < rank && !seen[p];
-    if (valid) seen[p] = true;
-  }
-  if (!valid) {
-    return ctx.Error(absl::StrCat("perm [", absl::StrJoin(perm, ","),
-                                  "] is not a permutation of the axes of input ",
-                                  DimsToString(data.dims)));
-  }
-  const std::vector<int64_t> in_strides = ContiguousStrides(data.dims);
-  std::vector<int64_t> dims(rank), src_strides(rank);
-  for (int64_t i = 0; i < rank; ++i) {
-    dims[i] = data.dims[perm[i]];
-    src_strides[i] = in_strides[perm[i]];
-  }
-  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, dims));
-  return CopyStrided(ctx, dims, DTypeSize(data.dtype), data.data, src_strides, out->data,
-                     ContiguousStrides(dims));
+  CASTOR_ASSIGN_OR_RETURN(const cpu::CopyPlan plan, cpu::PlanTranspose(ctx, ctx.input(0).dims));
+  return CopyByPlan(ctx, plan);
 }
 
 absl::Status RunExpand(KernelContext& ctx) {
-  const TensorView& data = ctx.input(0);
   CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> shape, ReadInt64s(ctx, 1));
-  const size_t rank = std::max(data.dims.size(), shape.size());
-  const std::vector<int64_t> in_strides = ContiguousStrides(data.dims);
-  std::vector<int64_t> dims(rank), src_strides(rank, 0);
-  for (size_t i = 0; i < rank; ++i) {
-    const size_t from_end = rank - 1 - i;
-    const bool has_in = from_end < data.dims.size();
-    const bool has_shape = from_end < shape.size();
-    const int64_t d = has_in ? data.dims[data.dims.size() - 1 - from_end] : 1;
-    const int64_t t = has_shape ? shape[shape.size() - 1 - from_end] : 1;
-    if (d != t && d != 1 && t != 1) {
-      return ctx.Error(absl::StrCat("cannot expand input ", DimsToString(data.dims), " to shape ",
-                                    DimsToString(shape), ": dim ", d, " vs ", t));
-    }
-    if (t < 0) {
-      return ctx.Error(absl::StrCat("shape ", DimsToString(shape), " has a negative entry"));
-    }
-    dims[i] = d == 1 ? t : d;
-    if (has_in && d != 1) src_strides[i] = in_strides[data.dims.size() - 1 - from_end];
-  }
-  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, dims));
-  return CopyStrided(ctx, dims, DTypeSize(data.dtype), data.data, src_strides, out->data,
-                     ContiguousStrides(dims));
+  CASTOR_ASSIGN_OR_RETURN(const cpu::CopyPlan plan,
+                          cpu::PlanExpand(ctx, ctx.input(0).dims, shape));
+  return CopyByPlan(ctx, plan);
 }
 
 absl::Status RunTile(KernelContext& ctx) {
-  const TensorView& in = ctx.input(0);
   CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> repeats, ReadInt64s(ctx, 1));
-  const size_t rank = in.dims.size();
-  if (repeats.size() != rank) {
-    return ctx.Error(absl::StrCat("repeats [", absl::StrJoin(repeats, ","), "] has ",
-                                  repeats.size(), " entries but the input ", DimsToString(in.dims),
-                                  " has rank ", rank));
-  }
-  // Output [r0*d0, r1*d1, ...] is laid out as [r0, d0, r1, d1, ...]: a copy
-  // with stride 0 over each repeat axis.
-  const std::vector<int64_t> in_strides = ContiguousStrides(in.dims);
-  std::vector<int64_t> dims, space, src_strides;
-  for (size_t i = 0; i < rank; ++i) {
-    if (repeats[i] < 0) {
-      return ctx.Error(
-          absl::StrCat("repeats [", absl::StrJoin(repeats, ","), "] has a negative entry"));
-    }
-    dims.push_back(in.dims[i] * repeats[i]);
-    space.push_back(repeats[i]);
-    space.push_back(in.dims[i]);
-    src_strides.push_back(0);
-    src_strides.push_back(in_strides[i]);
-  }
-  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, in.dtype, dims));
-  return CopyStrided(ctx, space, DTypeSize(in.dtype), in.data, src_strides, out->data,
-                     ContiguousStrides(space));
+  CASTOR_ASSIGN_OR_RETURN(const cpu::CopyPlan plan,
+                          cpu::PlanTile(ctx, ctx.input(0).dims, repeats));
+  return CopyByPlan(ctx, plan);
 }
 
 // ---- Shape / Size / Constant / ConstantOfShape / Range --------------------------------
