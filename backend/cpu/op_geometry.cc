@@ -364,4 +364,80 @@ absl::StatusOr<CopyPlan> PlanTile(const KernelContext& ctx, const std::vector<in
   return plan;
 }
 
+absl::StatusOr<std::vector<int64_t>> PlanFlatten(const KernelContext& ctx,
+                                                 const std::vector<int64_t>& in_dims) {
+  const int64_t rank = static_cast<int64_t>(in_dims.size());
+  int64_t axis = ctx.GetInt("axis", 1);
+  if (axis < -rank || axis > rank) {
+    return ctx.Error(absl::StrCat("axis ", axis, " is out of range [", -rank, ", ", rank,
+                                  "] for input ", DimsToString(in_dims)));
+  }
+  if (axis < 0) axis += rank;
+  return std::vector<int64_t>{DimsProduct(in_dims, 0, axis),
+                              DimsProduct(in_dims, axis, in_dims.size())};
+}
+
+namespace {
+
+// The axes of Squeeze/Unsqueeze: the attribute before opset 13, input 1
+// from then on; nullopt when none are given.
+std::optional<std::vector<int64_t>> SqueezeAxes(
+    const KernelContext& ctx, const std::optional<std::vector<int64_t>>& axes_input) {
+  if (ctx.opset() >= 13) return axes_input;
+  if (!ctx.node().has_attribute("axes")) return std::nullopt;
+  return ctx.GetInts("axes");
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int64_t>> PlanSqueeze(
+    const KernelContext& ctx, const std::vector<int64_t>& in_dims,
+    const std::optional<std::vector<int64_t>>& axes_input) {
+  const int64_t rank = static_cast<int64_t>(in_dims.size());
+  std::vector<bool> squeezed(rank, false);
+  if (std::optional<std::vector<int64_t>> axes = SqueezeAxes(ctx, axes_input);
+      axes && !axes->empty()) {
+    for (int64_t axis : *axes) {
+      CASTOR_ASSIGN_OR_RETURN(const int64_t a, NormalizeAxis(ctx, axis, rank, "axis"));
+      if (in_dims[a] != 1) {
+        return ctx.Error(absl::StrCat("cannot squeeze axis ", axis, " of input ",
+                                      DimsToString(in_dims), ": its size is ", in_dims[a],
+                                      ", not 1"));
+      }
+      squeezed[a] = true;
+    }
+  } else {
+    for (int64_t a = 0; a < rank; ++a) squeezed[a] = in_dims[a] == 1;
+  }
+  std::vector<int64_t> dims;
+  for (int64_t a = 0; a < rank; ++a) {
+    if (!squeezed[a]) dims.push_back(in_dims[a]);
+  }
+  return dims;
+}
+
+absl::StatusOr<std::vector<int64_t>> PlanUnsqueeze(
+    const KernelContext& ctx, const std::vector<int64_t>& in_dims,
+    const std::optional<std::vector<int64_t>>& axes_input) {
+  const std::optional<std::vector<int64_t>> axes = SqueezeAxes(ctx, axes_input);
+  if (!axes) {
+    return ctx.Error(ctx.opset() < 13 ? "attribute 'axes' is required before opset 13"
+                                      : "input 1 (axes) is required from opset 13");
+  }
+  const int64_t out_rank = static_cast<int64_t>(in_dims.size() + axes->size());
+  std::vector<bool> inserted(out_rank, false);
+  for (int64_t axis : *axes) {
+    CASTOR_ASSIGN_OR_RETURN(const int64_t a, NormalizeAxis(ctx, axis, out_rank, "axis"));
+    if (inserted[a]) {
+      return ctx.Error(
+          absl::StrCat("axes [", absl::StrJoin(*axes, ","), "] list axis ", axis, " twice"));
+    }
+    inserted[a] = true;
+  }
+  std::vector<int64_t> dims;
+  size_t next = 0;
+  for (int64_t a = 0; a < out_rank; ++a) dims.push_back(inserted[a] ? 1 : in_dims[next++]);
+  return dims;
+}
+
 }  // namespace castor::cpu

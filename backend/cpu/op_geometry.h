@@ -1,8 +1,9 @@
 // Host-side planning of ops whose CPU and CUDA kernels share it: axis
 // normalisation, MatMul's shape rules (NumPy matmul: 1-D operands promoted
 // and dropped, batch axes right-aligned and broadcast), Slice's window,
-// Reshape's output dims, Concat's and Split's pieces, and Transpose, Expand
-// and Tile as one strided copy each.
+// Reshape's, Flatten's, Squeeze's and Unsqueeze's output dims, Concat's
+// and Split's pieces, and Transpose, Expand and Tile as one strided copy
+// each.
 // Each returns the node's error (through the KernelContext) for invalid
 // attributes or inputs, so both backends word errors the same.
 #pragma once
@@ -64,6 +65,23 @@ absl::StatusOr<std::vector<int64_t>> PlanReshape(const KernelContext& ctx,
 
 // Row-major element strides of a dense tensor with `dims`.
 std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& dims);
+
+// Flatten's output dims [d0 * ... * d(axis-1), d(axis) * ...]; errors for
+// an axis outside [-rank, rank].
+absl::StatusOr<std::vector<int64_t>> PlanFlatten(const KernelContext& ctx,
+                                                 const std::vector<int64_t>& in_dims);
+
+// Squeeze's and Unsqueeze's output dims. Their axes are the `axes`
+// attribute before opset 13 and input 1 from then on: `axes_input` is that
+// input as the caller read it (nullopt when the node has none). Squeeze
+// without axes drops every axis of size 1; errors for an axis out of range
+// or (Squeeze) not of size 1, (Unsqueeze) listed twice or missing.
+absl::StatusOr<std::vector<int64_t>> PlanSqueeze(
+    const KernelContext& ctx, const std::vector<int64_t>& in_dims,
+    const std::optional<std::vector<int64_t>>& axes_input);
+absl::StatusOr<std::vector<int64_t>> PlanUnsqueeze(
+    const KernelContext& ctx, const std::vector<int64_t>& in_dims,
+    const std::optional<std::vector<int64_t>>& axes_input);
 
 // The product of dims[begin, end) (1 when empty).
 int64_t DimsProduct(const std::vector<int64_t>& dims, size_t begin, size_t end);

@@ -9,9 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/op_geometry.h"
 #include "backend/cpu/strided_copy.h"
@@ -32,73 +29,27 @@ absl::Status RunReshape(KernelContext& ctx) {
 // ---- Flatten -----------------------------------------------------------------
 
 absl::Status RunFlatten(KernelContext& ctx) {
-  const std::vector<int64_t>& in = ctx.input(0).dims;
-  const int64_t rank = static_cast<int64_t>(in.size());
-  int64_t axis = ctx.GetInt("axis", 1);
-  if (axis < -rank || axis > rank) {
-    return ctx.Error(absl::StrCat("axis ", axis, " is out of range [", -rank, ", ", rank,
-                                  "] for input ", DimsToString(in)));
-  }
-  if (axis < 0) axis += rank;
-  return CopyInputToOutput(ctx, {DimsProduct(in, 0, axis), DimsProduct(in, axis, in.size())});
+  CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> dims, PlanFlatten(ctx, ctx.input(0).dims));
+  return CopyInputToOutput(ctx, std::move(dims));
 }
 
 // ---- Squeeze / Unsqueeze -------------------------------------------------------
 
-// The axes of Squeeze/Unsqueeze: attribute before opset 13, optional input 1
-// from then on. Returns nullopt when none are given.
-std::optional<std::vector<int64_t>> SqueezeAxes(const KernelContext& ctx) {
-  if (ctx.opset() < 13) {
-    if (!ctx.node().has_attribute("axes")) return std::nullopt;
-    return ctx.GetInts("axes");
-  }
-  if (!ctx.has_input(1)) return std::nullopt;
+// Input 1 (the axes, from opset 13) when the node has it.
+std::optional<std::vector<int64_t>> AxesInput(const KernelContext& ctx) {
+  if (ctx.opset() < 13 || !ctx.has_input(1)) return std::nullopt;
   return ReadInts(ctx.input(1));
 }
 
 absl::Status RunSqueeze(KernelContext& ctx) {
-  const std::vector<int64_t>& in = ctx.input(0).dims;
-  const int64_t rank = static_cast<int64_t>(in.size());
-  std::vector<bool> squeezed(rank, false);
-  if (std::optional<std::vector<int64_t>> axes = SqueezeAxes(ctx); axes && !axes->empty()) {
-    for (int64_t axis : *axes) {
-      CASTOR_ASSIGN_OR_RETURN(int64_t a, NormalizeAxis(ctx, axis, rank, "axis"));
-      if (in[a] != 1) {
-        return ctx.Error(absl::StrCat("cannot squeeze axis ", axis, " of input ", DimsToString(in),
-                                      ": its size is ", in[a], ", not 1"));
-      }
-      squeezed[a] = true;
-    }
-  } else {
-    for (int64_t a = 0; a < rank; ++a) squeezed[a] = in[a] == 1;
-  }
-  std::vector<int64_t> dims;
-  for (int64_t a = 0; a < rank; ++a) {
-    if (!squeezed[a]) dims.push_back(in[a]);
-  }
+  CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> dims,
+                          PlanSqueeze(ctx, ctx.input(0).dims, AxesInput(ctx)));
   return CopyInputToOutput(ctx, std::move(dims));
 }
 
 absl::Status RunUnsqueeze(KernelContext& ctx) {
-  const std::vector<int64_t>& in = ctx.input(0).dims;
-  std::optional<std::vector<int64_t>> axes = SqueezeAxes(ctx);
-  if (!axes) {
-    return ctx.Error(ctx.opset() < 13 ? "attribute 'axes' is required before opset 13"
-                                      : "input 1 (axes) is required from opset 13");
-  }
-  const int64_t out_rank = static_cast<int64_t>(in.size() + axes->size());
-  std::vector<bool> inserted(out_rank, false);
-  for (int64_t axis : *axes) {
-    CASTOR_ASSIGN_OR_RETURN(int64_t a, NormalizeAxis(ctx, axis, out_rank, "axis"));
-    if (inserted[a]) {
-      return ctx.Error(
-          absl::StrCat("axes [", absl::StrJoin(*axes, ","), "] list axis ", axis, " twice"));
-    }
-    inserted[a] = true;
-  }
-  std::vector<int64_t> dims;
-  size_t next = 0;
-  for (int64_t a = 0; a < out_rank; ++a) dims.push_back(inserted[a] ? 1 : in[next++]);
+  CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> dims,
+                          PlanUnsqueeze(ctx, ctx.input(0).dims, AxesInput(ctx)));
   return CopyInputToOutput(ctx, std::move(dims));
 }
 
