@@ -1,9 +1,6 @@
 // Trainer (see trainer.h).
 #include "tools/trainer.h"
 
-#include <cmath>
-#include <cstring>
-
 #include "absl/strings/str_cat.h"
 #include "graph/status.h"
 

@@ -58,7 +58,7 @@ bool UnscaleTensor(const TensorView& gradient, float inverse, double& sum_square
           sum_squares);
     }
     default:
-      return true;  // rejected by CheckGradients
+      return true;  // rejected by CheckStepInputs
   }
 }
 
