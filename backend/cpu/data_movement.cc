@@ -151,21 +151,6 @@ absl::Status RunTile(KernelContext& ctx) {
 
 // ---- Pad -----------------------------------------------------------------------
 
-// The input index read for output index `o` along an axis of size `n` padded
-// by `before`, or -1 for the constant value.
-int64_t PadSource(int64_t o, int64_t n, int64_t before, const std::string& mode) {
-  const int64_t i = o - before;
-  if (i >= 0 && i < n) return i;
-  if (mode == "constant") return -1;
-  if (mode == "edge") return i < 0 ? 0 : n - 1;
-  if (mode == "wrap") return ((i % n) + n) % n;
-  // reflect: mirror without repeating the edge, period 2 * (n - 1).
-  if (n == 1) return 0;
-  const int64_t period = 2 * (n - 1);
-  int64_t r = ((i % period) + period) % period;
-  return r < n ? r : period - r;
-}
-
 // The constant fill value as one element of `dtype` (`bytes` has 8 bytes).
 void PadValueBytes(const KernelContext& ctx, DType dtype, unsigned char* bytes) {
   std::memset(bytes, 0, 8);
@@ -188,50 +173,11 @@ void PadValueBytes(const KernelContext& ctx, DType dtype, unsigned char* bytes) 
 absl::Status RunPad(KernelContext& ctx) {
   const TensorView& in = ctx.input(0);
   const int64_t rank = static_cast<int64_t>(in.dims.size());
-  const std::string mode = ctx.GetString("mode", "constant");
-  if (mode != "constant" && mode != "reflect" && mode != "edge" && mode != "wrap") {
-    return ctx.Error(absl::StrCat("mode '", mode, "' is not constant, reflect, edge or wrap"));
-  }
-  std::vector<int64_t> pads;
-  std::vector<int64_t> axes;
-  if (ctx.opset() < 11) {
-    pads = ctx.GetInts("pads");
-  } else {
-    if (!ctx.has_input(1)) return ctx.Error("input 1 (pads) is required from opset 11");
-    pads = ReadInts(ctx.input(1));
-    if (ctx.has_input(3)) {
-      for (int64_t axis : ReadInts(ctx.input(3))) {
-        CASTOR_ASSIGN_OR_RETURN(const int64_t a, NormalizeAxis(ctx, axis, rank, "axis"));
-        axes.push_back(a);
-      }
-    }
-  }
-  if (axes.empty() && !(ctx.opset() >= 11 && ctx.has_input(3))) {
-    for (int64_t a = 0; a < rank; ++a) axes.push_back(a);
-  }
-  const int64_t n = static_cast<int64_t>(axes.size());
-  if (static_cast<int64_t>(pads.size()) != 2 * n) {
-    return ctx.Error(absl::StrCat("pads [", absl::StrJoin(pads, ","), "] has ", pads.size(),
-                                  " entries; expected ", 2 * n, " (begin and end for each of ", n,
-                                  " axes) for input ", DimsToString(in.dims)));
-  }
-  std::vector<int64_t> before(rank, 0), after(rank, 0);
-  for (int64_t k = 0; k < n; ++k) {
-    before[axes[k]] += pads[k];
-    after[axes[k]] += pads[k + n];
-  }
-  std::vector<int64_t> dims(rank);
-  for (int64_t a = 0; a < rank; ++a) {
-    dims[a] = in.dims[a] + before[a] + after[a];
-    if (dims[a] < 0) {
-      return ctx.Error(absl::StrCat("pads [", absl::StrJoin(pads, ","), "] make axis ", a,
-                                    " of input ", DimsToString(in.dims), " negative"));
-    }
-    if (mode != "constant" && in.dims[a] == 0 && dims[a] > 0) {
-      return ctx.Error(absl::StrCat("cannot ", mode, "-pad axis ", a, " of input ",
-                                    DimsToString(in.dims), ": it is empty"));
-    }
-  }
+  std::optional<std::vector<int64_t>> pads, axes;
+  if (ctx.opset() >= 11 && ctx.has_input(1)) pads = ReadInts(ctx.input(1));
+  if (ctx.opset() >= 11 && ctx.has_input(3)) axes = ReadInts(ctx.input(3));
+  CASTOR_ASSIGN_OR_RETURN(const PadGeometry g, PlanPad(ctx, in.dims, pads, axes));
+  const std::vector<int64_t>& dims = g.dims;
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, in.dtype, dims));
   const int64_t total = out->num_elements();
   if (total == 0) return absl::OkStatus();
@@ -243,7 +189,9 @@ absl::Status RunPad(KernelContext& ctx) {
   std::vector<std::vector<int64_t>> source(rank);
   for (int64_t a = 0; a < rank; ++a) {
     source[a].resize(dims[a]);
-    for (int64_t o = 0; o < dims[a]; ++o) source[a][o] = PadSource(o, in.dims[a], before[a], mode);
+    for (int64_t o = 0; o < dims[a]; ++o) {
+      source[a][o] = PadSource(o, in.dims[a], g.before[a], g.mode);
+    }
   }
   unsigned char value[8];
   PadValueBytes(ctx, in.dtype, value);

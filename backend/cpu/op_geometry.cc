@@ -440,4 +440,65 @@ absl::StatusOr<std::vector<int64_t>> PlanUnsqueeze(
   return dims;
 }
 
+absl::StatusOr<PadGeometry> PlanPad(const KernelContext& ctx, const std::vector<int64_t>& in_dims,
+                                    const std::optional<std::vector<int64_t>>& pads_input,
+                                    const std::optional<std::vector<int64_t>>& axes_input) {
+  const int64_t rank = static_cast<int64_t>(in_dims.size());
+  PadGeometry g;
+  const std::string mode = ctx.GetString("mode", "constant");
+  if (mode == "constant") {
+    g.mode = PadMode::kConstant;
+  } else if (mode == "reflect") {
+    g.mode = PadMode::kReflect;
+  } else if (mode == "edge") {
+    g.mode = PadMode::kEdge;
+  } else if (mode == "wrap") {
+    g.mode = PadMode::kWrap;
+  } else {
+    return ctx.Error(absl::StrCat("mode '", mode, "' is not constant, reflect, edge or wrap"));
+  }
+  std::vector<int64_t> pads;
+  if (ctx.opset() < 11) {
+    pads = ctx.GetInts("pads");
+  } else if (pads_input.has_value()) {
+    pads = *pads_input;
+  } else {
+    return ctx.Error("input 1 (pads) is required from opset 11");
+  }
+  std::vector<int64_t> axes;
+  if (axes_input.has_value()) {
+    for (int64_t axis : *axes_input) {
+      CASTOR_ASSIGN_OR_RETURN(const int64_t a, NormalizeAxis(ctx, axis, rank, "axis"));
+      axes.push_back(a);
+    }
+  } else {
+    for (int64_t a = 0; a < rank; ++a) axes.push_back(a);
+  }
+  const int64_t n = static_cast<int64_t>(axes.size());
+  if (static_cast<int64_t>(pads.size()) != 2 * n) {
+    return ctx.Error(absl::StrCat("pads [", absl::StrJoin(pads, ","), "] has ", pads.size(),
+                                  " entries; expected ", 2 * n, " (begin and end for each of ", n,
+                                  " axes) for input ", DimsToString(in_dims)));
+  }
+  g.before.assign(rank, 0);
+  std::vector<int64_t> after(rank, 0);
+  for (int64_t k = 0; k < n; ++k) {
+    g.before[axes[k]] += pads[k];
+    after[axes[k]] += pads[k + n];
+  }
+  g.dims.resize(rank);
+  for (int64_t a = 0; a < rank; ++a) {
+    g.dims[a] = in_dims[a] + g.before[a] + after[a];
+    if (g.dims[a] < 0) {
+      return ctx.Error(absl::StrCat("pads [", absl::StrJoin(pads, ","), "] make axis ", a,
+                                    " of input ", DimsToString(in_dims), " negative"));
+    }
+    if (g.mode != PadMode::kConstant && in_dims[a] == 0 && g.dims[a] > 0) {
+      return ctx.Error(absl::StrCat("cannot ", mode, "-pad axis ", a, " of input ",
+                                    DimsToString(in_dims), ": it is empty"));
+    }
+  }
+  return g;
+}
+
 }  // namespace castor::cpu

@@ -2,8 +2,8 @@
 // normalisation, MatMul's shape rules (NumPy matmul: 1-D operands promoted
 // and dropped, batch axes right-aligned and broadcast), Slice's window,
 // Reshape's, Flatten's, Squeeze's and Unsqueeze's output dims, Concat's
-// and Split's pieces, and Transpose, Expand and Tile as one strided copy
-// each.
+// and Split's pieces, Transpose, Expand and Tile as one strided copy each,
+// and Pad's geometry and index rule.
 // Each returns the node's error (through the KernelContext) for invalid
 // attributes or inputs, so both backends word errors the same.
 #pragma once
@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "backend/kernel.h"
+#include "graph/half.h"  // CASTOR_HOST_DEVICE
 
 namespace castor::cpu {
 
@@ -62,6 +63,41 @@ absl::StatusOr<SliceGeometry> PlanSlice(const KernelContext& ctx,
 absl::StatusOr<std::vector<int64_t>> PlanReshape(const KernelContext& ctx,
                                                  const std::vector<int64_t>& in_dims,
                                                  const std::vector<int64_t>& target);
+
+enum class PadMode : int { kConstant, kReflect, kEdge, kWrap };
+
+// The input index read for output index `o` along an axis of size `n` padded
+// by `before`, or -1 for the constant value (n > 0 for the other modes).
+CASTOR_HOST_DEVICE inline int64_t PadSource(int64_t o, int64_t n, int64_t before, PadMode mode) {
+  const int64_t i = o - before;
+  if (i >= 0 && i < n) return i;
+  switch (mode) {
+    case PadMode::kConstant: return -1;
+    case PadMode::kEdge: return i < 0 ? 0 : n - 1;
+    case PadMode::kWrap: return ((i % n) + n) % n;
+    case PadMode::kReflect: break;
+  }
+  // reflect: mirror without repeating the edge, period 2 * (n - 1).
+  if (n == 1) return 0;
+  const int64_t period = 2 * (n - 1);
+  const int64_t r = ((i % period) + period) % period;
+  return r < n ? r : period - r;
+}
+
+struct PadGeometry {
+  PadMode mode = PadMode::kConstant;
+  std::vector<int64_t> before;  // per axis
+  std::vector<int64_t> dims;    // the output's
+};
+
+// Pad of an input of `in_dims` by the node's mode and pads: the `pads`
+// attribute before opset 11, else input 1 (`pads_input`, as the caller read
+// it); the axes input 3 (`axes_input`; every axis when the node has none).
+// Errors for an unknown mode, a missing or miscounted pads, an axis out of
+// range, a negative output dim, or a non-constant pad of an empty axis.
+absl::StatusOr<PadGeometry> PlanPad(const KernelContext& ctx, const std::vector<int64_t>& in_dims,
+                                    const std::optional<std::vector<int64_t>>& pads_input,
+                                    const std::optional<std::vector<int64_t>>& axes_input);
 
 // Row-major element strides of a dense tensor with `dims`.
 std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& dims);

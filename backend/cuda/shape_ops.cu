@@ -193,9 +193,11 @@ __global__ void GatherGradKernel(const T* dy, const I* indices, float* acc, int6
   }
 }
 
-enum class PadMode : int { kConstant, kReflect, kEdge, kWrap };
+using cpu::PadMode;
+using cpu::PadSource;
 
-struct PadGeometry {
+// The geometry PadKernel reads (kernel-argument arrays).
+struct PadKernelGeometry {
   int rank = 0;
   int64_t out_dims[kMaxDims];
   int64_t in_dims[kMaxDims];
@@ -203,27 +205,8 @@ struct PadGeometry {
   int64_t in_strides[kMaxDims];
 };
 
-// The input index read for output index `o` along an axis of size `n` padded
-// by `before`, or -1 for the constant value (backend/cpu/data_movement.cc's
-// PadSource; n > 0 for the non-constant modes).
-__device__ __forceinline__ int64_t PadSource(int64_t o, int64_t n, int64_t before, PadMode mode) {
-  const int64_t i = o - before;
-  if (i >= 0 && i < n) return i;
-  switch (mode) {
-    case PadMode::kConstant: return -1;
-    case PadMode::kEdge: return i < 0 ? 0 : n - 1;
-    case PadMode::kWrap: return ((i % n) + n) % n;
-    case PadMode::kReflect: break;
-  }
-  // reflect: mirror without repeating the edge, period 2 * (n - 1).
-  if (n == 1) return 0;
-  const int64_t period = 2 * (n - 1);
-  const int64_t r = ((i % period) + period) % period;
-  return r < n ? r : period - r;
-}
-
 template <typename E>
-__global__ void PadKernel(const E* in, E* out, const E* value, PadGeometry g, PadMode mode,
+__global__ void PadKernel(const E* in, E* out, const E* value, PadKernelGeometry g, PadMode mode,
                           int64_t total) {
   CASTOR_GRID_STRIDE(i, total) {
     int64_t rest = i, offset = 0;
@@ -906,60 +889,16 @@ absl::Status RunGatherGrad(KernelContext& ctx) {
 absl::Status RunPad(KernelContext& ctx) {
   const TensorView& in = ctx.input(0);
   const int64_t rank = static_cast<int64_t>(in.dims.size());
-  const std::string mode_name = ctx.GetString("mode", "constant");
-  PadMode mode;
-  if (mode_name == "constant") {
-    mode = PadMode::kConstant;
-  } else if (mode_name == "reflect") {
-    mode = PadMode::kReflect;
-  } else if (mode_name == "edge") {
-    mode = PadMode::kEdge;
-  } else if (mode_name == "wrap") {
-    mode = PadMode::kWrap;
-  } else {
-    return ctx.Error(absl::StrCat("mode '", mode_name, "' is not constant, reflect, edge or wrap"));
-  }
-  std::vector<int64_t> pads;
-  std::vector<int64_t> axes;
-  if (ctx.opset() < 11) {
-    pads = ctx.GetInts("pads");
-  } else {
-    if (!ctx.has_input(1)) return ctx.Error("input 1 (pads) is required from opset 11");
+  std::optional<std::vector<int64_t>> pads, axes;
+  if (ctx.opset() >= 11 && ctx.has_input(1)) {
     CASTOR_ASSIGN_OR_RETURN(pads, ReadInt64s(ctx, 1));
-    if (ctx.has_input(3)) {
-      CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> axes_in, ReadInt64s(ctx, 3));
-      for (int64_t axis : axes_in) {
-        CASTOR_ASSIGN_OR_RETURN(const int64_t a, NormalizeAxis(ctx, axis, rank, "axis"));
-        axes.push_back(a);
-      }
-    }
   }
-  if (axes.empty() && !(ctx.opset() >= 11 && ctx.has_input(3))) {
-    for (int64_t a = 0; a < rank; ++a) axes.push_back(a);
+  if (ctx.opset() >= 11 && ctx.has_input(3)) {
+    CASTOR_ASSIGN_OR_RETURN(axes, ReadInt64s(ctx, 3));
   }
-  const int64_t n = static_cast<int64_t>(axes.size());
-  if (static_cast<int64_t>(pads.size()) != 2 * n) {
-    return ctx.Error(absl::StrCat("pads [", absl::StrJoin(pads, ","), "] has ", pads.size(),
-                                  " entries; expected ", 2 * n, " (begin and end for each of ", n,
-                                  " axes) for input ", DimsToString(in.dims)));
-  }
-  std::vector<int64_t> before(rank, 0), after(rank, 0);
-  for (int64_t k = 0; k < n; ++k) {
-    before[axes[k]] += pads[k];
-    after[axes[k]] += pads[k + n];
-  }
-  std::vector<int64_t> dims(rank);
-  for (int64_t a = 0; a < rank; ++a) {
-    dims[a] = in.dims[a] + before[a] + after[a];
-    if (dims[a] < 0) {
-      return ctx.Error(absl::StrCat("pads [", absl::StrJoin(pads, ","), "] make axis ", a,
-                                    " of input ", DimsToString(in.dims), " negative"));
-    }
-    if (mode != PadMode::kConstant && in.dims[a] == 0 && dims[a] > 0) {
-      return ctx.Error(absl::StrCat("cannot ", mode_name, "-pad axis ", a, " of input ",
-                                    DimsToString(in.dims), ": it is empty"));
-    }
-  }
+  CASTOR_ASSIGN_OR_RETURN(const cpu::PadGeometry plan, cpu::PlanPad(ctx, in.dims, pads, axes));
+  const std::vector<int64_t>& dims = plan.dims;
+  const PadMode mode = plan.mode;
   if (rank > kMaxDims) {
     return ctx.Unimplemented(
         absl::StrCat("input of rank ", rank, "; the CUDA kernel pads at most ", kMaxDims, " dims"));
@@ -993,13 +932,13 @@ absl::Status RunPad(KernelContext& ctx) {
     CASTOR_RETURN_IF_ERROR(ctx.backend().CopyFromHost(buffer, bytes, sizeof(bytes)));
     value = buffer;
   }
-  PadGeometry g;
+  PadKernelGeometry g;
   g.rank = static_cast<int>(rank);
   const std::vector<int64_t> in_strides = ContiguousStrides(in.dims);
   for (int64_t a = 0; a < rank; ++a) {
     g.out_dims[a] = dims[a];
     g.in_dims[a] = in.dims[a];
-    g.before[a] = before[a];
+    g.before[a] = plan.before[a];
     g.in_strides[a] = in_strides[a];
   }
   return DispatchElementSize(ctx, element_size, [&](auto tag) {
