@@ -501,4 +501,31 @@ absl::StatusOr<PadGeometry> PlanPad(const KernelContext& ctx, const std::vector<
   return g;
 }
 
+absl::StatusOr<SoftmaxGeometry> PlanSoftmax(const KernelContext& ctx,
+                                            const std::vector<int64_t>& dims) {
+  const int64_t rank = static_cast<int64_t>(dims.size());
+  const bool coerce_2d = ctx.opset() < 13;
+  const int64_t axis_attr = ctx.GetInt("axis", coerce_2d ? 1 : -1);
+  const int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
+  // Opset < 13 allows axis == rank (rows of one element); a scalar input is
+  // one line of one element either way.
+  const bool axis_ok = rank == 0 ? (axis_attr == 0 || axis_attr == -1 || axis_attr == 1)
+                                 : (axis >= 0 && (axis < rank || (coerce_2d && axis == rank)));
+  if (!axis_ok) {
+    return ctx.Error(absl::StrCat("axis ", axis_attr, " is out of range for input of rank ", rank,
+                                  " ", DimsToString(dims)));
+  }
+  SoftmaxGeometry geometry;
+  for (int64_t i = 0; i < rank; ++i) {
+    if (i < axis) {
+      geometry.outer *= dims[i];
+    } else if (coerce_2d || i == axis) {
+      geometry.n *= dims[i];
+    } else {
+      geometry.inner *= dims[i];
+    }
+  }
+  return geometry;
+}
+
 }  // namespace castor::cpu

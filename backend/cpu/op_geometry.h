@@ -3,7 +3,7 @@
 // and dropped, batch axes right-aligned and broadcast), Slice's window,
 // Reshape's, Flatten's, Squeeze's and Unsqueeze's output dims, Concat's
 // and Split's pieces, Transpose, Expand and Tile as one strided copy each,
-// and Pad's geometry and index rule.
+// Pad's geometry and index rule, and the lines (Log)Softmax normalises.
 // Each returns the node's error (through the KernelContext) for invalid
 // attributes or inputs, so both backends word errors the same.
 #pragma once
@@ -63,6 +63,16 @@ absl::StatusOr<SliceGeometry> PlanSlice(const KernelContext& ctx,
 absl::StatusOr<std::vector<int64_t>> PlanReshape(const KernelContext& ctx,
                                                  const std::vector<int64_t>& in_dims,
                                                  const std::vector<int64_t>& target);
+
+// (Log)Softmax as `outer` x `inner` lines of `n` values `inner` apart: from
+// opset 13 the lines run along `axis` (default -1); before, the input is
+// coerced to 2-D at `axis` (default 1) and each row is a line. Errors for
+// an axis out of range.
+struct SoftmaxGeometry {
+  int64_t outer = 1, n = 1, inner = 1;
+};
+absl::StatusOr<SoftmaxGeometry> PlanSoftmax(const KernelContext& ctx,
+                                            const std::vector<int64_t>& dims);
 
 enum class PadMode : int { kConstant, kReflect, kEdge, kWrap };
 

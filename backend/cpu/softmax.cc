@@ -20,7 +20,9 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/elementwise_math.h"
 #include "backend/cpu/float_io.h"
+#include "backend/cpu/op_geometry.h"
 #include "backend/cpu/parallel.h"
+#include "graph/status.h"
 
 namespace castor::cpu {
 namespace {
@@ -73,28 +75,8 @@ void SoftmaxLines(const T* in, T* out, int64_t count, int64_t n, std::vector<V>&
 template <bool kLog>
 absl::Status SoftmaxKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
-  const int64_t rank = static_cast<int64_t>(x.dims.size());
-  const bool coerce_2d = ctx.opset() < 13;
-  const int64_t axis_attr = ctx.GetInt("axis", coerce_2d ? 1 : -1);
-  const int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
-  // Opset < 13 allows axis == rank (rows of one element); a scalar input is
-  // one line of one element either way.
-  const bool axis_ok = rank == 0 ? (axis_attr == 0 || axis_attr == -1 || axis_attr == 1)
-                                 : (axis >= 0 && (axis < rank || (coerce_2d && axis == rank)));
-  if (!axis_ok) {
-    return ctx.Error(absl::StrCat("axis ", axis_attr, " is out of range for input of rank ",
-                                  rank, " ", DimsToString(x.dims)));
-  }
-  int64_t outer = 1, n = 1, inner = 1;
-  for (int64_t i = 0; i < rank; ++i) {
-    if (i < axis) {
-      outer *= x.dims[i];
-    } else if (coerce_2d || i == axis) {
-      n *= x.dims[i];
-    } else {
-      inner *= x.dims[i];
-    }
-  }
+  CASTOR_ASSIGN_OR_RETURN(const SoftmaxGeometry lines, PlanSoftmax(ctx, x.dims));
+  const int64_t outer = lines.outer, n = lines.n, inner = lines.inner;
   absl::StatusOr<TensorView*> y = ctx.Output(0, x.dtype, x.dims);
   if (!y.ok()) return y.status();
   if (outer * n * inner == 0) return absl::OkStatus();
