@@ -12,15 +12,6 @@
 #include "graph/status.h"
 
 namespace castor::cpu {
-namespace {
-
-int64_t ElementCount(const std::vector<int64_t>& dims) {
-  int64_t count = 1;
-  for (int64_t d : dims) count *= d;
-  return count;
-}
-
-}  // namespace
 
 absl::StatusOr<int64_t> NormalizeAxis(const KernelContext& ctx, int64_t axis, int64_t rank,
                                       const char* what) {
@@ -147,8 +138,7 @@ absl::StatusOr<std::vector<int64_t>> PlanReshape(const KernelContext& ctx,
                                                  const std::vector<int64_t>& in_dims,
                                                  const std::vector<int64_t>& target) {
   const bool allowzero = ctx.GetInt("allowzero", 0) != 0;
-  int64_t total = 1;
-  for (int64_t d : in_dims) total *= d;
+  const int64_t total = DimsProduct(in_dims, 0, in_dims.size());
   std::vector<int64_t> dims(target.size());
   int minus_one_at = -1;
   for (int i = 0; i < static_cast<int>(target.size()); ++i) {
@@ -174,7 +164,7 @@ absl::StatusOr<std::vector<int64_t>> PlanReshape(const KernelContext& ctx,
     }
   }
   if (minus_one_at >= 0) {
-    const int64_t others = ElementCount(dims);
+    const int64_t others = DimsProduct(dims, 0, dims.size());
     if (others == 0 || total % others != 0) {
       return ctx.Error(absl::StrCat("cannot reshape input ", DimsToString(in_dims), " (", total,
                                     " elements) to ", DimsToString(target),
@@ -182,10 +172,11 @@ absl::StatusOr<std::vector<int64_t>> PlanReshape(const KernelContext& ctx,
     }
     dims[minus_one_at] = total / others;
   }
-  if (ElementCount(dims) != total) {
+  const int64_t count = DimsProduct(dims, 0, dims.size());
+  if (count != total) {
     return ctx.Error(absl::StrCat("cannot reshape input ", DimsToString(in_dims), " (", total,
                                   " elements) to ", DimsToString(target), " = ", DimsToString(dims),
-                                  " (", ElementCount(dims), " elements)"));
+                                  " (", count, " elements)"));
   }
   return dims;
 }
