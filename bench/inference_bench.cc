@@ -33,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "backend/backend.h"
+#include "backend/cpu/blas_core.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/executor.h"
 #include "benchmark/benchmark.h"
@@ -308,6 +309,7 @@ absl::Status TimeModel(const BenchOptions& options, std::ostream& out) {
   }
   out << "model " << options.model_path << "  threads " << backend.num_threads() << "  inputs "
       << absl::StrJoin(feed_text, ", ") << "\n";
+  out << "GEMM: " << castor::cpu::DescribeBlasCore() << "\n";
   out << "castor cpu: median " << Ms(median) << " ms/batch (min " << Ms(min) << ", mean "
       << Ms(mean) << "; " << options.runs << " runs after " << options.warmup << " warmup)\n";
   out << "plan: " << DescribePlanStats(executor->last_stats()) << "\n";
@@ -444,4 +446,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace castor::bench
 
-int main(int argc, char** argv) { return castor::bench::Main(argc, argv); }
+int main(int argc, char** argv) {
+  castor::cpu::RestartWithBestBlasCore(argv);  // may re-exec with OPENBLAS_CORETYPE set
+  return castor::bench::Main(argc, argv);
+}

@@ -153,7 +153,7 @@ def run_castor(binary, model_path, data_spec, policy, batch, warmup, steps, thre
     with open(metrics_path) as f:
         for line in f:
             record = json.loads(line)
-            if "samples_per_s" in record:
+            if "samples_per_s" in record and "step" in record:  # not the summary line
                 records.append(record)
     timed = [r for r in records[warmup:] if not r["skipped"]]
     skipped = sum(1 for r in records[warmup:] if r["skipped"])
@@ -233,6 +233,17 @@ def fmt_ratio(x):
     return "-" if x is None else "%.2f" % x
 
 
+def castor_blas_core(binary):
+    """The OpenBLAS kernel set castor runs ("SkylakeX", ...) per `castor --version`, or None."""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"OpenBLAS (\w+) kernels", out)
+    return match.group(1) if match else None
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(here)
@@ -258,20 +269,11 @@ def main():
     parser.add_argument("--omp-passive", action="store_true",
                         help="set OMP_WAIT_POLICY=PASSIVE for PyTorch (idle OpenMP threads "
                              "sleep instead of spinning; see bench/README.md)")
+    parser.add_argument("--torch-own-blas-core", action="store_true",
+                        help="let PyTorch's OpenBLAS pick its kernels itself instead of "
+                             "using castor's (see bench/README.md)")
     parser.add_argument("--json", default=None, help="write every number to this file")
     args = parser.parse_args()
-
-    if args.omp_passive:
-        # libgomp reads this once, when torch loads it.
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    if np is None or torch is None:
-        print("error: %s cannot import %s; run with /usr/bin/python3 (Debian's torch 1.13)"
-              % (sys.executable, "numpy" if np is None else "torch"), file=sys.stderr)
-        return 2
 
     binary = args.castor
     if binary is None:
@@ -282,6 +284,23 @@ def main():
     if binary is None or not os.access(binary, os.X_OK):
         print("error: castor binary not found (%s); build it or pass --castor"
               % (binary or "build/castor"), file=sys.stderr)
+        return 2
+
+    if args.omp_passive:
+        # libgomp reads this once, when torch loads it.
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    castor_blas = castor_blas_core(binary)
+    if not args.torch_own_blas_core and castor_blas and "OPENBLAS_CORETYPE" not in os.environ:
+        # OpenBLAS reads this once, when torch loads it: torch's GEMMs then
+        # run on the same OpenBLAS kernels as castor's.
+        os.environ["OPENBLAS_CORETYPE"] = castor_blas
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if np is None or torch is None:
+        print("error: %s cannot import %s; run with /usr/bin/python3 (Debian's torch 1.13)"
+              % (sys.executable, "numpy" if np is None else "torch"), file=sys.stderr)
         return 2
     models = [m for m in args.models.split(",") if m]
     for m in models:
@@ -311,6 +330,8 @@ def main():
     print("%s, %d CPUs, load average %.1f at start, OMP_WAIT_POLICY %s" % (
         cpu_model(), os.cpu_count(), load_average(),
         os.environ.get("OMP_WAIT_POLICY", "unset")))
+    print("OpenBLAS kernels: castor %s, PyTorch %s" % (
+        castor_blas or "unknown", os.environ.get("OPENBLAS_CORETYPE", "OpenBLAS's own choice")))
     results = {}
     failed = False
     started = time.perf_counter()
@@ -412,6 +433,8 @@ def main():
             "cpus": os.cpu_count(),
             "threads": args.threads,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+            "openblas_core_castor": castor_blas,
+            "openblas_core_torch": os.environ.get("OPENBLAS_CORETYPE", "own choice"),
             "batch": args.batch,
             "optimizer": "adam lr 1e-3",
             "data": data_spec,

@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 
 #include "onnx/onnx_pb.h"
+#include "backend/cpu/blas_core.h"
 #include "tools/args.h"
 #include "tools/cli.h"
 #include "tools/json_writer.h"
@@ -425,6 +426,31 @@ TEST(CliTest, VersionPrintsVersionAndCudaLine) {
   EXPECT_EQ(result.exit_code, kExitOk);
   EXPECT_THAT(result.out, testing::StartsWith(std::string("castor ") + CASTOR_VERSION + "\n"));
   EXPECT_THAT(result.out, HasSubstr("CUDA backend: "));
+  EXPECT_THAT(result.out, HasSubstr("CPU backend: OpenBLAS "));
+}
+
+// OpenBLAS 0.3.21 runs its generic SSE3 kernels on CPUs it does not know;
+// castor restarts itself with OPENBLAS_CORETYPE set when the CPU can do
+// better (backend/cpu/blas_core.h), unless the user chose a core.
+TEST(CliTest, GemmsDoNotRunOnGenericKernelsWhenTheCpuHasAvx) {
+  const std::string best = cpu::BestBlasCoreForThisCpu();
+  if (best.empty()) GTEST_SKIP() << "this CPU has no AVX: the generic kernels are right";
+  const char* chosen = std::getenv("OPENBLAS_CORETYPE");
+  if (chosen != nullptr) GTEST_SKIP() << "OPENBLAS_CORETYPE=" << chosen << " is set for the tests";
+  RunResult result = RunCastor({"--version"});
+  EXPECT_EQ(result.exit_code, kExitOk);
+  EXPECT_THAT(result.out, HasSubstr("CPU backend: OpenBLAS "));
+  EXPECT_THAT(result.out, Not(HasSubstr("OpenBLAS Prescott kernels")));
+}
+
+TEST(CliTest, AChosenOpenBlasCoreIsKept) {
+  RunResult result = RunProgram("env", {"OPENBLAS_CORETYPE=Prescott", CASTOR_BINARY, "--version"});
+  EXPECT_EQ(result.exit_code, kExitOk);
+  EXPECT_THAT(result.out, HasSubstr("CPU backend: OpenBLAS Prescott kernels"));
+  const std::string best = cpu::BestBlasCoreForThisCpu();
+  if (!best.empty()) {
+    EXPECT_THAT(result.out, HasSubstr("set OPENBLAS_CORETYPE=" + best));
+  }
 }
 
 TEST(CliTest, SubcommandHelp) {

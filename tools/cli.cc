@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "backend/cpu/blas_core.h"
 #include "backend/cuda_probe.h"
 #include "tools/args.h"
 #include "tools/conformance_command.h"
@@ -82,7 +83,8 @@ std::string TopLevelHelp() {
       &help,
       "\nglobal flags:\n"
       "  -h, --help   show this help; after a command, that command's help\n"
-      "  --version    print castor's version and whether the CUDA backend is usable\n"
+      "  --version    print castor's version, the CPU's GEMM kernels and whether the CUDA\n"
+      "               backend is usable\n"
       "\nexit codes:\n"
       "  0  success\n"
       "  1  the command ran and a check it performs failed\n"
@@ -108,7 +110,9 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
     return sub->run({"--help"}, out, err);
   }
   if (first == "--version") {
-    out << "castor " << CASTOR_VERSION << "\n" << DescribeCudaProbe(ProbeCuda()) << "\n";
+    out << "castor " << CASTOR_VERSION << "\n"
+        << "CPU backend: " << cpu::DescribeBlasCore() << "\n"
+        << DescribeCudaProbe(ProbeCuda()) << "\n";
     return kExitOk;
   }
   if (first.size() > 1 && first[0] == '-') {

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "backend/cpu/blas_core.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda_backend.h"
 #include "backend/cuda_probe.h"
@@ -71,7 +72,7 @@ absl::StatusOr<ChosenBackend> ChooseTrainingBackend(const std::string& flag, int
 
 std::string DescribeBackend(const Backend& backend) {
   if (const auto* cpu = dynamic_cast<const CpuBackend*>(&backend); cpu != nullptr) {
-    return absl::StrCat("cpu (", cpu->num_threads(), " threads)");
+    return absl::StrCat("cpu (", cpu->num_threads(), " threads, ", cpu::DescribeBlasCore(), ")");
   }
   const CudaProbe probe = ProbeCuda();
   if (probe.usable) {

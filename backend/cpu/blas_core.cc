@@ -1,0 +1,63 @@
+// OpenBLAS kernel choice (see blas_core.h).
+#include "backend/cpu/blas_core.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+
+extern "C" char* openblas_get_corename(void);
+
+namespace castor::cpu {
+namespace {
+
+// The core OpenBLAS 0.3.x (x86-64, DYNAMIC_ARCH) uses for a CPU it does not
+// know.
+constexpr char kGenericCore[] = "Prescott";
+
+}  // namespace
+
+std::string BlasCoreName() {
+  const char* name = openblas_get_corename();
+  return name == nullptr ? "" : name;
+}
+
+std::string BestBlasCoreForThisCpu() {
+  // __builtin_cpu_supports also checks that the OS saves the AVX/AVX-512
+  // registers (XCR0), as OpenBLAS's own detection does.
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vl")) {
+    return "SkylakeX";
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+  if (__builtin_cpu_supports("avx")) return "Sandybridge";
+  return "";
+}
+
+void RestartWithBestBlasCore(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;  // the user's choice stands
+  if (BlasCoreName() != kGenericCore) return;               // OpenBLAS knew this CPU
+  const std::string best = BestBlasCoreForThisCpu();
+  if (best.empty()) return;
+  // OPENBLAS_CORETYPE is now set, so the restarted program does not restart
+  // again, whatever OpenBLAS makes of it.
+  if (setenv("OPENBLAS_CORETYPE", best.c_str(), /*overwrite=*/1) != 0) return;
+  execv("/proc/self/exe", argv);
+  unsetenv("OPENBLAS_CORETYPE");  // exec failed: carry on with the generic kernels
+}
+
+std::string DescribeBlasCore() {
+  const std::string core = BlasCoreName();
+  std::string line = absl::StrCat("OpenBLAS ", core, " kernels");
+  const std::string best = BestBlasCoreForThisCpu();
+  if (core == kGenericCore && !best.empty()) {
+    absl::StrAppend(&line, " (generic; this CPU can run ", best, ": set OPENBLAS_CORETYPE=",
+                    best, ")");
+  }
+  return line;
+}
+
+}  // namespace castor::cpu
