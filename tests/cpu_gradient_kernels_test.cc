@@ -216,6 +216,87 @@ TEST(ConvGrad, MatchesFiniteDifferences3DSameUpper) {
                 41);
 }
 
+// dX and dW of a 2-D Conv by direct float64 sums over every (output, kernel)
+// pair, with the sums of absolute terms (the scale of float32 rounding).
+struct DirectConvGrad {
+  std::vector<double> dx, dx_scale, dw, dw_scale;
+};
+DirectConvGrad DirectConvGrad2D(const std::vector<double>& x, const std::vector<int64_t>& xd,
+                                const std::vector<double>& w, const std::vector<int64_t>& wd,
+                                const std::vector<double>& dy, const std::vector<int64_t>& yd,
+                                int64_t group, const std::vector<int64_t>& pads,
+                                const std::vector<int64_t>& dilations) {
+  const int64_t n_images = xd[0], c_in = xd[1], h = xd[2], wi = xd[3];
+  const int64_t m_out = wd[0], cg = wd[1], kh_n = wd[2], kw_n = wd[3];
+  const int64_t oh_n = yd[2], ow_n = yd[3], mg = m_out / group;
+  DirectConvGrad r;
+  r.dx.assign(x.size(), 0.0);
+  r.dx_scale.assign(x.size(), 0.0);
+  r.dw.assign(w.size(), 0.0);
+  r.dw_scale.assign(w.size(), 0.0);
+  for (int64_t n = 0; n < n_images; ++n) {
+    for (int64_t m = 0; m < m_out; ++m) {
+      for (int64_t c = 0; c < cg; ++c) {
+        const int64_t ci = m / mg * cg + c;
+        for (int64_t kh = 0; kh < kh_n; ++kh) {
+          for (int64_t kw = 0; kw < kw_n; ++kw) {
+            const int64_t wk = ((m * cg + c) * kh_n + kh) * kw_n + kw;
+            for (int64_t oh = 0; oh < oh_n; ++oh) {
+              const int64_t ih = oh - pads[0] + kh * dilations[0];
+              if (ih < 0 || ih >= h) continue;
+              for (int64_t ow = 0; ow < ow_n; ++ow) {
+                const int64_t iw = ow - pads[1] + kw * dilations[1];
+                if (iw < 0 || iw >= wi) continue;
+                const int64_t xi = ((n * c_in + ci) * h + ih) * wi + iw;
+                const double g = dy[((n * m_out + m) * oh_n + oh) * ow_n + ow];
+                r.dx[xi] += w[wk] * g;
+                r.dx_scale[xi] += std::abs(w[wk] * g);
+                r.dw[wk] += x[xi] * g;
+                r.dw_scale[wk] += std::abs(x[xi] * g);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return r;
+}
+
+// Unit-stride 2-D convs take the padded-grid path (backend/cpu/im2col.h's
+// PaddedGrid): images large enough for several column tiles per image, with
+// groups, dilations and uneven pads, against direct sums.
+TEST(ConvGrad, UnitStride2DMatchesDirectSums) {
+  const std::vector<int64_t> xd = {3, 32, 23, 61}, wd = {8, 16, 3, 3};
+  const std::vector<int64_t> pads = {2, 1, 1, 0}, dilations = {2, 1};
+  const std::vector<Attribute> attrs = {Attribute::Int("group", 2), Attribute::Ints("pads", pads),
+                                        Attribute::Ints("dilations", dilations)};
+  const std::vector<int64_t> yd = {3, 8, 23 + 2 + 1 - 4, 61 + 1 + 0 - 2};
+  const Tensor x = RandomTensor(xd, 61);
+  const Tensor w = RandomTensor(wd, 62);
+  const Tensor dy = RandomTensor(yd, 63);
+  const std::vector<Tensor> out = RunOp("ConvGrad", {dy, x, w}, attrs, 2);
+  ASSERT_EQ(out.size(), 2u);
+  ASSERT_EQ(out[0].dims(), xd);
+  ASSERT_EQ(out[1].dims(), wd);
+  const DirectConvGrad want = DirectConvGrad2D(Values(x), xd, Values(w), wd, Values(dy), yd, 2,
+                                               {pads[0], pads[1]}, dilations);
+  const std::vector<double> dx = Values(out[0]), dw = Values(out[1]);
+  int dx_bad = 0, dw_bad = 0;
+  for (size_t i = 0; i < dx.size(); ++i) {
+    if (std::abs(dx[i] - want.dx[i]) > 1e-6 * (want.dx_scale[i] + 1) && ++dx_bad <= 5) {
+      ADD_FAILURE() << "dX[" << i << "] = " << dx[i] << ", direct sum " << want.dx[i];
+    }
+  }
+  for (size_t i = 0; i < dw.size(); ++i) {
+    if (std::abs(dw[i] - want.dw[i]) > 1e-6 * (want.dw_scale[i] + 1) && ++dw_bad <= 5) {
+      ADD_FAILURE() << "dW[" << i << "] = " << dw[i] << ", direct sum " << want.dw[i];
+    }
+  }
+  EXPECT_EQ(dx_bad, 0);
+  EXPECT_EQ(dw_bad, 0);
+}
+
 TEST(ConvGrad, OnlyRequestedOutputs) {
   const Tensor x = RandomTensor({2, 2, 4, 4}, 51);
   const Tensor w = RandomTensor({3, 2, 3, 3}, 52);

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -122,36 +123,10 @@ absl::Status CheckConvInputs(const KernelContext& ctx, int64_t group, int64_t bi
 
 // ---- Conv ------------------------------------------------------------------
 
-// Column-scratch budget (elements) of one task when tasks run in parallel:
-// about the size of a core's L2 cache.
-constexpr int64_t kTileColumnElements = int64_t{1} << 17;
 // Column-scratch budget (elements) of one tile when tiles run one at a time
 // with the GEMM threaded by OpenBLAS.
 constexpr int64_t kLargeTileColumnElements = int64_t{4} << 20;
 
-
-// Copies channels [channel_lo, channel_hi) of one image x [channels, in_h,
-// in_w] (storage T) into `padded` [channels, rows, cols] as Acc, with `top`
-// zero rows and `left` zero columns before the data and zeros after it.
-template <typename T, typename Acc>
-void PadImage(const T* x, int64_t channel_lo, int64_t channel_hi, int64_t in_h, int64_t in_w,
-              int64_t top, int64_t left, int64_t rows, int64_t cols, Acc* padded) {
-  for (int64_t c = channel_lo; c < channel_hi; ++c) {
-    const T* src = x + c * in_h * in_w;
-    Acc* dst = padded + c * rows * cols;
-    for (int64_t r = 0; r < rows; ++r, dst += cols) {
-      const int64_t ih = r - top;
-      if (ih < 0 || ih >= in_h) {
-        std::fill(dst, dst + cols, Acc(0));
-        continue;
-      }
-      const int64_t copy = std::clamp<int64_t>(in_w, 0, cols - left);
-      std::fill(dst, dst + left, Acc(0));
-      for (int64_t i = 0; i < copy; ++i) dst[left + i] = WidenTo<Acc>(src[ih * in_w + i]);
-      std::fill(dst + left + copy, dst + cols, Acc(0));
-    }
-  }
-}
 
 // Y = Conv(X, W) + B per (image, group) task, in tiles of output lines (an
 // output line: the positions along the last spatial axis). For each tile,
@@ -188,12 +163,11 @@ void RunConv(const KernelContext& ctx, const WindowGeometry& g, int64_t batch, i
     unit_kernel = unit_kernel && g.kernel[d] == 1;
   }
   const bool pointwise = std::is_same_v<T, Acc> && unit_kernel && unit_strides && no_pads;
-  const bool grid = !pointwise && nd == 2 && unit_strides;
-  // Padded grid geometry: grid_rows x grid_cols per channel; a column row
-  // reads up to `slack` elements past the last channel.
-  const int64_t grid_rows = grid ? g.output[0] + (g.kernel[0] - 1) * g.dilations[0] : 0;
-  const int64_t grid_cols = grid ? line + (g.kernel[1] - 1) * g.dilations[1] : line;
-  const int64_t slack = grid ? (g.kernel[1] - 1) * g.dilations[1] : 0;
+  const bool grid = !pointwise && PaddedGrid::Applies(g);
+  const std::optional<PaddedGrid> padded_grid =
+      grid ? std::optional<PaddedGrid>(g) : std::nullopt;
+  const int64_t grid_rows = grid ? padded_grid->rows : 0;
+  const int64_t grid_cols = grid ? padded_grid->cols : line;
   const bool parallel_tasks = batch * group >= NumThreads();
   const int64_t budget = parallel_tasks ? kTileColumnElements : kLargeTileColumnElements;
   int64_t tile_lines =
@@ -219,13 +193,13 @@ void RunConv(const KernelContext& ctx, const WindowGeometry& g, int64_t batch, i
     // threads, whose thread_local buffers are others.)
     Acc* padded = nullptr;
     if (grid) {
-      padded_scratch.resize(static_cast<size_t>(cg * grid_rows * grid_cols + slack));
+      padded_scratch.resize(static_cast<size_t>(padded_grid->buffer_size(cg)));
       padded = padded_scratch.data();
       maybe_parallel(cg, [&](int64_t lo, int64_t hi) {
         PadImage<T, Acc>(xg, lo, hi, g.input[0], g.input[1], g.pad_begin[0], g.pad_begin[1],
                          grid_rows, grid_cols, padded);
       });
-      std::fill(padded + cg * grid_rows * grid_cols, padded + cg * grid_rows * grid_cols + slack,
+      std::fill(padded + cg * padded_grid->plane(), padded + padded_grid->buffer_size(cg),
                 Acc(0));
     }
     for (int64_t l0 = 0; l0 < lines; l0 += tile_lines) {
@@ -244,13 +218,9 @@ void RunConv(const KernelContext& ctx, const WindowGeometry& g, int64_t batch, i
         col_scratch.resize(static_cast<size_t>(kg * cols));
         Acc* col = col_scratch.data();
         if (grid) {
-          const int64_t ksize = g.kernel_size(), kw = g.kernel[1];
           maybe_parallel(kg, [&](int64_t lo, int64_t hi) {
             for (int64_t row = lo; row < hi; ++row) {
-              const int64_t c = row / ksize, k = row % ksize;
-              const Acc* src = padded + c * grid_rows * grid_cols +
-                               (l0 + k / kw * g.dilations[0]) * grid_cols +
-                               k % kw * g.dilations[1];
+              const Acc* src = padded + padded_grid->RowOffset(row) + l0 * grid_cols;
               std::copy(src, src + cols, col + row * cols);
             }
           });

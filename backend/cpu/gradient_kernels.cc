@@ -157,6 +157,19 @@ int64_t SliceBegin(int64_t slice, int64_t slices, int64_t count) {
 }
 
 
+// acc[k] += src[k] (k < n), each element on its own: the same bits as the
+// plain loop. Written in chunks of 8 with a constant trip count because the
+// -O2 build's "very cheap" vectorizer cost model skips loops of unknown
+// length, while the unrolled chunk is still vectorized (SLP).
+template <typename Acc>
+inline void AddRow(Acc* __restrict acc, const float* __restrict src, int64_t n) {
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    for (int l = 0; l < 8; ++l) acc[k + l] += src[k + l];
+  }
+  for (; k < n; ++k) acc[k] += src[k];
+}
+
 // ---- ConvGrad ----------------------------------------------------------------
 
 // Scatter-adds col [channels * kernel_size, output_size] (Im2Col's layout)
@@ -190,6 +203,77 @@ struct ConvGradShapes {
   int64_t batch, channels, out_channels, group;
 };
 
+// dW_g += dY_g * col^T and dX_g = col2im(W_g^T * dY_g) for one image and
+// group of a 2-D unit-stride conv, on the padded grid (im2col.h): dY_g is
+// spread onto the grid (zeros at the extra positions), X_g is padded once,
+// and per tile of output lines the column rows are copies of padded-image
+// slices (dW) and dcol's rows are added as whole slices into a zero-padded
+// dX (dX), which is cropped at the end. The extra positions multiply dY's
+// zeros, so they add nothing to dW, and their dcol entries are zero sums
+// (for finite W) added to pads or other positions.
+template <typename T>
+void ConvGradOnGrid(const WindowGeometry& g, int64_t cg, int64_t mg, const T* x_g,
+                    const float* dy_g, const float* w_g, float* dx_g, float* dw_g) {
+  const PaddedGrid grid(g);
+  const int64_t kg = cg * g.kernel_size();
+  const int64_t out_h = g.output[0], out_w = g.output[1];
+  const int64_t positions = grid.positions(out_h);
+  thread_local std::vector<float> dy_grid, padded, dx_padded, col;
+  dy_grid.resize(static_cast<size_t>(mg * positions));
+  for (int64_t m = 0; m < mg; ++m) {
+    for (int64_t oh = 0; oh < out_h; ++oh) {
+      const float* src = dy_g + (m * out_h + oh) * out_w;
+      float* dst = dy_grid.data() + m * positions + oh * grid.cols;
+      std::copy(src, src + out_w, dst);
+      std::fill(dst + out_w, dst + grid.cols, 0.0f);
+    }
+  }
+  if (dw_g != nullptr) {
+    padded.resize(static_cast<size_t>(grid.buffer_size(cg)));
+    PadImage<T, float>(x_g, 0, cg, g.input[0], g.input[1], g.pad_begin[0], g.pad_begin[1],
+                       grid.rows, grid.cols, padded.data());
+    std::fill(padded.begin() + cg * grid.plane(), padded.end(), 0.0f);
+  }
+  if (dx_g != nullptr) dx_padded.assign(static_cast<size_t>(grid.buffer_size(cg)), 0.0f);
+  int64_t tile_lines =
+      std::clamp<int64_t>(kTileColumnElements / std::max<int64_t>(1, kg * grid.cols), 1, out_h);
+  const int64_t tiles = (out_h + tile_lines - 1) / tile_lines;
+  tile_lines = (out_h + tiles - 1) / tiles;  // even tiles
+  col.resize(static_cast<size_t>(kg * tile_lines * grid.cols));
+  for (int64_t l0 = 0; l0 < out_h; l0 += tile_lines) {
+    const int64_t q0 = grid.positions(l0);
+    const int64_t cols = grid.positions(std::min(out_h, l0 + tile_lines)) - q0;
+    const float* dy_tile = dy_grid.data() + q0;
+    if (dw_g != nullptr) {
+      for (int64_t row = 0; row < kg; ++row) {
+        const float* src = padded.data() + grid.RowOffset(row) + q0;
+        std::copy(src, src + cols, col.data() + row * cols);
+      }
+      // dW_g [mg, kg] += dY_tile [mg, cols] * col^T [cols, kg]
+      Sgemm(false, true, mg, kg, cols, 1.0f, dy_tile, positions, col.data(), cols, 1.0f, dw_g,
+            kg);
+    }
+    if (dx_g != nullptr) {
+      // dcol [kg, cols] = W_g^T [kg, mg] * dY_tile [mg, cols]
+      Sgemm(true, false, kg, cols, mg, 1.0f, w_g, kg, dy_tile, positions, 0.0f, col.data(),
+            cols);
+      for (int64_t row = 0; row < kg; ++row) {
+        AddRow(dx_padded.data() + grid.RowOffset(row) + q0, col.data() + row * cols, cols);
+      }
+    }
+  }
+  if (dx_g != nullptr) {
+    const int64_t in_h = g.input[0], in_w = g.input[1];
+    for (int64_t c = 0; c < cg; ++c) {
+      for (int64_t ih = 0; ih < in_h; ++ih) {
+        const float* src = dx_padded.data() + c * grid.plane() +
+                           (ih + g.pad_begin[0]) * grid.cols + g.pad_begin[1];
+        std::copy(src, src + in_w, dx_g + (c * in_h + ih) * in_w);
+      }
+    }
+  }
+}
+
 template <typename T>
 void RunConvGrad(const WindowGeometry& g, const ConvGradShapes& s, const T* x, const float* dy,
                  const float* w, float* dx, float* dw, float* db) {
@@ -201,6 +285,7 @@ void RunConvGrad(const WindowGeometry& g, const ConvGradShapes& s, const T* x, c
   const int64_t lines = p / g.output[g.num_spatial - 1];
   const int64_t w_size = s.out_channels * kg;
   const int64_t slices = SliceCount(s.batch);
+  const bool on_grid = PaddedGrid::Applies(g);
   // Per slice: partial dW and dB (slice 0 writes the outputs directly).
   std::vector<std::vector<float>> dw_parts(static_cast<size_t>(slices)),
       db_parts(static_cast<size_t>(slices));
@@ -222,7 +307,13 @@ void RunConvGrad(const WindowGeometry& g, const ConvGradShapes& s, const T* x, c
          n < SliceBegin(slice + 1, slices, s.batch); ++n) {
       for (int64_t gi = 0; gi < s.group; ++gi) {
         const float* dy_g = dy + (n * s.out_channels + gi * mg) * p;
-        if (dw_acc != nullptr) {
+        if (on_grid) {
+          ConvGradOnGrid<T>(g, cg, mg, x + (n * s.channels + gi * cg) * in_size, dy_g,
+                            w + gi * mg * kg,
+                            dx != nullptr ? dx + (n * s.channels + gi * cg) * in_size : nullptr,
+                            dw_acc != nullptr ? dw_acc + gi * mg * kg : nullptr);
+        }
+        if (dw_acc != nullptr && !on_grid) {
           col.resize(static_cast<size_t>(kg * p));
           Im2Col<T, float>(x + (n * s.channels + gi * cg) * in_size, g, 0, kg, 0, lines,
                            col.data(), p);
@@ -230,7 +321,7 @@ void RunConvGrad(const WindowGeometry& g, const ConvGradShapes& s, const T* x, c
           Sgemm(false, true, mg, kg, p, 1.0f, dy_g, p, col.data(), p, 1.0f,
                 dw_acc + gi * mg * kg, kg);
         }
-        if (dx != nullptr) {
+        if (dx != nullptr && !on_grid) {
           dcol.resize(static_cast<size_t>(kg * p));
           // dcol [kg, p] = W_g^T [kg, mg] * dY_g [mg, p]
           Sgemm(true, false, kg, p, mg, 1.0f, w + gi * mg * kg, kg, dy_g, p, 0.0f, dcol.data(),
@@ -877,13 +968,9 @@ absl::Status ReluGradKernel(KernelContext& ctx) {
           for (int64_t j = 0; j < m; ++j) dxp[i0 + j] = values[j] > 0.0f ? dyp[i0 + j] : zero;
         }
       } else {
-        for (int64_t i = lo; i < hi; ++i) {
-          if (LoadF(yp[i]) > 0.0f) {
-            dxp[i] = dyp[i];
-          } else {
-            StoreF(&dxp[i], 0.0f);
-          }
-        }
+        // A select, not a branch: vectorized, and no mispredictions on
+        // signs that alternate at random.
+        for (int64_t i = lo; i < hi; ++i) dxp[i] = LoadF(yp[i]) > 0.0f ? dyp[i] : T(0);
       }
     });
   });
@@ -891,19 +978,6 @@ absl::Status ReluGradKernel(KernelContext& ctx) {
 }
 
 // ---- ReduceToShapeOf -----------------------------------------------------------
-
-// acc[k] += src[k] (k < n), each element on its own: the same bits as the
-// plain loop. Written in chunks of 8 with a constant trip count because the
-// -O2 build's "very cheap" vectorizer cost model skips loops of unknown
-// length, while the unrolled chunk is still vectorized (SLP).
-template <typename Acc>
-inline void AddRow(Acc* __restrict acc, const float* __restrict src, int64_t n) {
-  int64_t k = 0;
-  for (; k + 8 <= n; k += 8) {
-    for (int l = 0; l < 8; ++l) acc[k + l] += src[k + l];
-  }
-  for (; k < n; ++k) acc[k] += src[k];
-}
 
 absl::Status ReduceToShapeOfKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);

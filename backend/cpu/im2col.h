@@ -64,6 +64,53 @@ template <typename T, typename Acc>
 void Im2Col(const T* x, const WindowGeometry& g, int64_t first_row, int64_t end_row,
             int64_t outer_lo, int64_t outer_hi, Acc* col, int64_t col_ld);
 
+// Column-scratch budget (elements) of one task when (image, group) tasks
+// run in parallel: about the size of a core's L2 cache.
+inline constexpr int64_t kTileColumnElements = int64_t{1} << 17;
+
+// The "padded grid" of a 2-D window op with unit strides (Conv and ConvGrad):
+// one image copied into a zero-padded [channels, rows, cols] buffer (the
+// pads around the input), plus `slack` zeros after the last channel. Output
+// position (oh, ow) is grid position oh * cols + ow; the cols - output[1]
+// positions past each output line are extra. Row `row` = (c, kh, kw) of the
+// column matrix over grid positions [q0, q1) is then the contiguous slice
+// padded + RowOffset(row) + [q0, q1), so unrolling is a copy and col2im an
+// add of whole rows. The extra positions read pads, the next line or (the
+// last line, by up to `slack`) the next channel.
+struct PaddedGrid {
+  // True when `g` is 2-D with unit strides.
+  static bool Applies(const WindowGeometry& g) {
+    return g.num_spatial == 2 && g.strides[0] == 1 && g.strides[1] == 1;
+  }
+  explicit PaddedGrid(const WindowGeometry& g)
+      : geometry(&g),
+        rows(g.output[0] + (g.kernel[0] - 1) * g.dilations[0]),
+        cols(g.output[1] + (g.kernel[1] - 1) * g.dilations[1]),
+        slack((g.kernel[1] - 1) * g.dilations[1]) {}
+
+  int64_t plane() const { return rows * cols; }
+  // Elements of the padded buffer of `channels` channels, slack included.
+  int64_t buffer_size(int64_t channels) const { return channels * plane() + slack; }
+  // Grid positions of output lines [0, lines).
+  int64_t positions(int64_t lines) const { return lines * cols; }
+  // Where row `row` = c * kernel_size + kh * kernel[1] + kw starts.
+  int64_t RowOffset(int64_t row) const {
+    const WindowGeometry& g = *geometry;
+    const int64_t c = row / g.kernel_size(), k = row % g.kernel_size();
+    return c * plane() + k / g.kernel[1] * g.dilations[0] * cols + k % g.kernel[1] * g.dilations[1];
+  }
+
+  const WindowGeometry* geometry;
+  int64_t rows, cols, slack;
+};
+
+// Copies channels [channel_lo, channel_hi) of one image x [channels, in_h,
+// in_w] (storage T) into `padded` [channels, rows, cols] as Acc, with `top`
+// zero rows and `left` zero columns before the data and zeros after it.
+template <typename T, typename Acc>
+void PadImage(const T* x, int64_t channel_lo, int64_t channel_hi, int64_t in_h, int64_t in_w,
+              int64_t top, int64_t left, int64_t rows, int64_t cols, Acc* padded);
+
 // --- helpers shared with col2im (conv.cc) -----------------------------------
 
 // The channel of unrolled row `row` (= channel * kernel_size() + kernel
@@ -140,6 +187,26 @@ inline Acc WidenTo(T v) {
     return static_cast<Acc>(v);
   } else {
     return static_cast<Acc>(LoadF(v));
+  }
+}
+
+template <typename T, typename Acc>
+void PadImage(const T* x, int64_t channel_lo, int64_t channel_hi, int64_t in_h, int64_t in_w,
+              int64_t top, int64_t left, int64_t rows, int64_t cols, Acc* padded) {
+  for (int64_t c = channel_lo; c < channel_hi; ++c) {
+    const T* src = x + c * in_h * in_w;
+    Acc* dst = padded + c * rows * cols;
+    for (int64_t r = 0; r < rows; ++r, dst += cols) {
+      const int64_t ih = r - top;
+      if (ih < 0 || ih >= in_h) {
+        std::fill(dst, dst + cols, Acc(0));
+        continue;
+      }
+      const int64_t copy = std::clamp<int64_t>(in_w, 0, cols - left);
+      std::fill(dst, dst + left, Acc(0));
+      for (int64_t i = 0; i < copy; ++i) dst[left + i] = WidenTo<Acc>(src[ih * in_w + i]);
+      std::fill(dst + left + copy, dst + cols, Acc(0));
+    }
   }
 }
 
