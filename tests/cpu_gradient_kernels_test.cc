@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -378,6 +379,25 @@ TEST(MaxPoolGrad, TiesGoToTheFirstMaximumAndOverlapsAccumulate) {
           {Attribute::Ints("kernel_shape", {2})});
   ASSERT_EQ(overlap.size(), 1u);
   EXPECT_EQ(Values(overlap[0]), (std::vector<double>{0, 11, 100, 0}));
+}
+
+TEST(MaxPoolGrad, NaNWinsOverNumbersAndTheFirstNaNWins) {
+  // 2-D (its own loop) and 1-D (the generic window walk) pick the same.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<Tensor> two_d =
+      RunOp("MaxPoolGrad",
+            {Make(DType::kFloat32, {1, 1, 1, 2}, {1, 2}),
+             Make(DType::kFloat32, {1, 1, 2, 3}, {1, nan, 9, 3, nan, 2})},
+            {Attribute::Ints("kernel_shape", {2, 2})});
+  ASSERT_EQ(two_d.size(), 1u);
+  EXPECT_EQ(Values(two_d[0]), (std::vector<double>{0, 3, 0, 0, 0, 0}));
+  const std::vector<Tensor> one_d =
+      RunOp("MaxPoolGrad",
+            {Make(DType::kFloat32, {1, 1, 2}, {1, 2}),
+             Make(DType::kFloat32, {1, 1, 4}, {5, nan, 7, nan})},
+            {Attribute::Ints("kernel_shape", {3})});
+  ASSERT_EQ(one_d.size(), 1u);
+  EXPECT_EQ(Values(one_d[0]), (std::vector<double>{0, 3, 0, 0}));
 }
 
 TEST(MaxPoolGrad, Float16AndBFloat16MatchFloat32) {

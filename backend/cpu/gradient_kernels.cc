@@ -491,6 +491,37 @@ absl::StatusOr<PoolGradSetUp> SetUpPoolGrad(KernelContext& ctx) {
   return setup;
 }
 
+// MaxPoolGrad of one 2-D plane without ForEachWindow's offset lists: each
+// output's window is scanned row-major over the positions inside the input,
+// and dY goes to the first maximum (a NaN wins over numbers), exactly as the
+// generic walk does.
+template <typename U>
+void MaxPoolGradPlane2D(const WindowGeometry& g, const U* x, const float* dy, float* dx) {
+  const int64_t in_h = g.input[0], in_w = g.input[1];
+  for (int64_t oh = 0; oh < g.output[0]; ++oh) {
+    const int64_t h0 = oh * g.strides[0] - g.pad_begin[0];
+    for (int64_t ow = 0; ow < g.output[1]; ++ow) {
+      const int64_t w0 = ow * g.strides[1] - g.pad_begin[1];
+      int64_t best = -1;
+      float best_value = 0;
+      for (int64_t kh = 0; kh < g.kernel[0]; ++kh) {
+        const int64_t ih = h0 + kh * g.dilations[0];
+        if (ih < 0 || ih >= in_h) continue;
+        for (int64_t kw = 0; kw < g.kernel[1]; ++kw) {
+          const int64_t iw = w0 + kw * g.dilations[1];
+          if (iw < 0 || iw >= in_w) continue;
+          const float v = LoadF(x[ih * in_w + iw]);
+          if (best < 0 || v > best_value || (std::isnan(v) && !std::isnan(best_value))) {
+            best_value = v;
+            best = ih * in_w + iw;
+          }
+        }
+      }
+      if (best >= 0) dx[best] += dy[oh * g.output[1] + ow];
+    }
+  }
+}
+
 template <bool kMax>
 absl::Status PoolGradKernel(KernelContext& ctx) {
   if (kMax) {
@@ -524,6 +555,12 @@ absl::Status PoolGradKernel(KernelContext& ctx) {
         }();
         const float* dys = dy.data() + plane * out_size;
         float* dxs = dx.data() + plane * in_size;
+        if constexpr (kMax) {
+          if (g.num_spatial == 2) {
+            MaxPoolGradPlane2D(g, xs, dys, dxs);
+            continue;
+          }
+        }
         ForEachWindow(g, setup.axes, [&](int64_t q, const std::vector<int64_t>& o,
                                          const std::vector<int64_t>& offsets) {
           if (offsets.empty()) return;
@@ -970,7 +1007,11 @@ absl::Status ReluGradKernel(KernelContext& ctx) {
       } else {
         // A select, not a branch: vectorized, and no mispredictions on
         // signs that alternate at random.
-        for (int64_t i = lo; i < hi; ++i) dxp[i] = LoadF(yp[i]) > 0.0f ? dyp[i] : T(0);
+        // (dY is loaded unconditionally, so the loop has no control flow.)
+        for (int64_t i = lo; i < hi; ++i) {
+          const T d = dyp[i];
+          dxp[i] = LoadF(yp[i]) > 0.0f ? d : T(0);
+        }
       }
     });
   });
