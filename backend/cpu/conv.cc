@@ -3,7 +3,7 @@
 // Conv: N-d (1-D, 2-D, 3-D, ...) with groups, strides, dilations, pads,
 // auto_pad and optional bias, as column unrolling + GEMM per (image, group)
 // in cache-sized tiles with reused per-thread scratch; the images run in
-// parallel with OpenBLAS single-threaded inside. Pointwise convs skip the
+// parallel with single-threaded GEMMs inside. Pointwise convs skip the
 // unrolling and 2-D stride-1 convs unroll with contiguous copies from a
 // padded image (see RunConv).
 // ConvTranspose: GEMM W^T * X per (image, group), then col2im scatter-adds
@@ -124,7 +124,7 @@ absl::Status CheckConvInputs(const KernelContext& ctx, int64_t group, int64_t bi
 // ---- Conv ------------------------------------------------------------------
 
 // Column-scratch budget (elements) of one tile when tiles run one at a time
-// with the GEMM threaded by OpenBLAS.
+// with the GEMM split across threads (gemm.h).
 constexpr int64_t kLargeTileColumnElements = int64_t{4} << 20;
 
 
@@ -143,7 +143,7 @@ constexpr int64_t kLargeTileColumnElements = int64_t{4} << 20;
 // With at least as many tasks as threads, the tasks run in parallel with
 // cache-sized tiles and single-threaded GEMMs; otherwise one after another
 // with larger tiles, the unrolling split across threads and each GEMM
-// threaded by OpenBLAS.
+// split across threads by Sgemm.
 template <typename T, typename Acc>
 void RunConv(const KernelContext& ctx, const WindowGeometry& g, int64_t batch, int64_t channels,
              int64_t out_channels, int64_t group, TensorView* y) {
@@ -257,7 +257,6 @@ void RunConv(const KernelContext& ctx, const WindowGeometry& g, int64_t batch, i
   };
   const int64_t tasks = batch * group;
   if (parallel_tasks) {
-    const SingleThreadedBlas single_threaded_blas;
     ParallelFor(0, tasks, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t t = lo; t < hi; ++t) run_image(t);
     });

@@ -7,9 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/gemm.h"
 #include "backend/cpu/parallel.h"
-
-extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace castor {
 
@@ -18,7 +17,7 @@ CpuBackend::CpuBackend(CpuBackendOptions options)
                        ? options.num_threads
                        : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {
   cpu::SetNumThreads(num_threads_);
-  openblas_set_num_threads(num_threads_);
+  cpu::KeepOpenBlasSingleThreaded();  // GEMMs split across castor's threads (gemm.h)
 }
 
 absl::StatusOr<void*> CpuBackend::Allocate(size_t bytes) {

@@ -13,7 +13,8 @@ namespace castor::cpu {
 namespace {
 
 // OpenBLAS's interface runs GEMMs with m*n*k at or below
-// SMP_THRESHOLD_MIN (65536) * GEMM_MULTITHREAD_THRESHOLD (4) on one thread.
+// SMP_THRESHOLD_MIN (65536) * GEMM_MULTITHREAD_THRESHOLD (4) on one thread;
+// Sgemm splits only larger ones.
 constexpr double kSingleThreadedGemmWork = 65536.0 * 4.0;
 
 // Largest float32 scratch (elements) for one pair of widened 16-bit panels.
@@ -47,14 +48,12 @@ bool IsSmallGemm(int64_t m, int64_t n, int64_t k) {
          kSingleThreadedGemmWork;
 }
 
-void Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-           int64_t ldc) {
-  if (m <= 0 || n <= 0) return;
-  if (k <= 0) {
-    ScaleC(m, n, beta, c, ldc);
-    return;
-  }
+namespace {
+
+// OpenBLAS's row-major GEMM for float and double.
+void BlasGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+              int64_t ldc) {
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
               static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
@@ -62,21 +61,72 @@ void Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
               static_cast<blasint>(std::max<int64_t>(1, ldb)), beta, c,
               static_cast<blasint>(std::max<int64_t>(1, ldc)));
 }
-
-void Dgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
-           const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
-           int64_t ldc) {
-  if (m <= 0 || n <= 0) return;
-  if (k <= 0) {
-    ScaleC(m, n, beta, c, ldc);
-    return;
-  }
+void BlasGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+              const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
+              int64_t ldc) {
   cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
               static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
               static_cast<blasint>(std::max<int64_t>(1, lda)), b,
               static_cast<blasint>(std::max<int64_t>(1, ldb)), beta, c,
               static_cast<blasint>(std::max<int64_t>(1, ldc)));
+}
+
+// Block boundaries along a split axis are multiples of this (a whole
+// number of OpenBLAS's micro-tiles, and of cache lines in C's rows).
+constexpr int64_t kSplitAlign = 16;
+
+// C = alpha * op(A) * op(B) + beta * C on castor's threads: a GEMM above
+// OpenBLAS's own threading threshold is split along the larger of M and N
+// into one block per thread, each a single-threaded OpenBLAS call on its
+// rows or columns of C. (OpenBLAS stays single-threaded, see gemm.h.)
+// Inside another ParallelFor the blocks run one after another.
+template <typename T>
+void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    ScaleC(m, n, beta, c, ldc);
+    return;
+  }
+  const bool split_n = n >= m;
+  const int64_t extent = split_n ? n : m;
+  const int64_t blocks = std::min<int64_t>(
+      IsSmallGemm(m, n, k) ? 1 : NumThreads(), (extent + kSplitAlign - 1) / kSplitAlign);
+  if (blocks <= 1) {
+    BlasGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  auto boundary = [&](int64_t block) {
+    return block == blocks ? extent : extent * block / blocks / kSplitAlign * kSplitAlign;
+  };
+  ParallelFor(0, blocks, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t block = lo; block < hi; ++block) {
+      const int64_t begin = boundary(block), size = boundary(block + 1) - begin;
+      if (size <= 0) continue;
+      if (split_n) {  // columns [begin, begin + size) of op(B) and C
+        BlasGemm(trans_a, trans_b, m, size, k, alpha, a, lda, trans_b ? b + begin * ldb : b + begin,
+                 ldb, beta, c + begin, ldc);
+      } else {  // rows [begin, begin + size) of op(A) and C
+        BlasGemm(trans_a, trans_b, size, n, k, alpha, trans_a ? a + begin : a + begin * lda, lda,
+                 b, ldb, beta, c + begin * ldc, ldc);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+           int64_t ldc) {
+  Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void Dgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+           const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
+           int64_t ldc) {
+  Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void GemmFloat32Accumulate(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
@@ -123,12 +173,6 @@ void GemmFloat32Accumulate(DType dtype, bool trans_a, bool trans_b, int64_t m, i
   }
 }
 
-SingleThreadedBlas::SingleThreadedBlas() : previous_(openblas_get_num_threads()) {
-  if (previous_ != 1) openblas_set_num_threads(1);
-}
-
-SingleThreadedBlas::~SingleThreadedBlas() {
-  if (previous_ != 1) openblas_set_num_threads(previous_);
-}
+void KeepOpenBlasSingleThreaded() { openblas_set_num_threads(1); }
 
 }  // namespace castor::cpu

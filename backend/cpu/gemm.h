@@ -1,8 +1,12 @@
 // The one GEMM entry of the CPU backend, used by MatMul, Gemm, Conv and
 // ConvTranspose: row-major C = alpha * op(A) * op(B) + beta * C.
 //
-// float32 and float64 go straight to OpenBLAS (cblas_sgemm / cblas_dgemm,
-// threaded by OpenBLAS with the thread count the CpuBackend set). 16-bit
+// float32 and float64 go to OpenBLAS (cblas_sgemm / cblas_dgemm), which
+// always runs single-threaded: a large GEMM is split into blocks of C's rows
+// or columns run on castor's own ParallelFor threads. (OpenBLAS's own
+// worker threads spin in sched_yield for a long time after each GEMM; on a
+// machine with as many castor threads as cores they took the cores from
+// castor's kernels.) 16-bit
 // operands (float16, bfloat16) are widened exactly to float32 in K-panels and
 // multiplied by the same sgemm, so products accumulate in float32 as tensor
 // cores do; C stays float32 and the caller rounds it once on store.
@@ -33,24 +37,12 @@ void GemmFloat32Accumulate(DType dtype, bool trans_a, bool trans_b, int64_t m, i
                            int64_t k, float alpha, const void* a, int64_t lda, const void* b,
                            int64_t ldb, float beta, float* c, int64_t ldc);
 
-// True when OpenBLAS runs a GEMM of this size on the calling thread alone
-// (its multithreading threshold), so a caller with many independent GEMMs of
-// this size should run them in parallel itself (ParallelFor).
+// True when Sgemm runs a GEMM of this size on the calling thread alone
+// (OpenBLAS's own multithreading threshold), so a caller with many
+// independent GEMMs of this size should run them in parallel itself.
 bool IsSmallGemm(int64_t m, int64_t n, int64_t k);
 
-// While alive, OpenBLAS runs every GEMM on its calling thread, so GEMMs
-// issued from all ParallelFor threads at once do not compete for OpenBLAS's
-// own thread pool; restores the previous thread count. (Kernels run one at
-// a time, so nothing else changes the count meanwhile.)
-class SingleThreadedBlas {
- public:
-  SingleThreadedBlas();
-  ~SingleThreadedBlas();
-  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
-  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
-
- private:
-  int previous_;
-};
+// Sets OpenBLAS to one thread (CpuBackend does, once per backend).
+void KeepOpenBlasSingleThreaded();
 
 }  // namespace castor::cpu

@@ -2,8 +2,8 @@
 //
 // ConvGrad: per (image, group), dW += dY_g * im2col(X_g)^T and dX_g =
 // col2im(W_g^T * dY_g) with im2col.h's geometry and gemm.h's Sgemm; the
-// images run in slices on the thread pool (OpenBLAS single-threaded inside,
-// a partial dW per slice), or one after another with threaded GEMMs when
+// images run in slices on the thread pool (single-threaded GEMMs inside,
+// a partial dW per slice), or one after another with split GEMMs when
 // there is a single image.
 // MaxPoolGrad / AveragePoolGrad walk each plane's windows (the forward
 // window tables: ForwardWindowGeometry, ceil_mode, pads, dilations);
@@ -339,7 +339,6 @@ void RunConvGrad(const WindowGeometry& g, const ConvGradShapes& s, const T* x, c
     }
   };
   if (slices > 1) {
-    const SingleThreadedBlas single_threaded_blas;
     ParallelFor(0, slices, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t slice = lo; slice < hi; ++slice) run_slice(slice);
     });
@@ -503,18 +502,22 @@ void MaxPoolGradPlane2D(const WindowGeometry& g, const U* x, const float* dy, fl
     for (int64_t ow = 0; ow < g.output[1]; ++ow) {
       const int64_t w0 = ow * g.strides[1] - g.pad_begin[1];
       int64_t best = -1;
-      float best_value = 0;
       for (int64_t kh = 0; kh < g.kernel[0]; ++kh) {
         const int64_t ih = h0 + kh * g.dilations[0];
         if (ih < 0 || ih >= in_h) continue;
         for (int64_t kw = 0; kw < g.kernel[1]; ++kw) {
           const int64_t iw = w0 + kw * g.dilations[1];
           if (iw < 0 || iw >= in_w) continue;
-          const float v = LoadF(x[ih * in_w + iw]);
-          if (best < 0 || v > best_value || (std::isnan(v) && !std::isnan(best_value))) {
-            best_value = v;
-            best = ih * in_w + iw;
+          const int64_t at = ih * in_w + iw;
+          if (best < 0) {
+            best = at;
+            continue;
           }
+          const float v = LoadF(x[at]), best_value = LoadF(x[best]);
+          // Non-short-circuit ops and an integer select (a conditional
+          // move): which element wins is random, so a branch mispredicts.
+          const bool take = (v > best_value) | ((v != v) & (best_value == best_value));
+          best = take ? at : best;
         }
       }
       if (best >= 0) dx[best] += dy[oh * g.output[1] + ow];
