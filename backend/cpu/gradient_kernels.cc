@@ -23,6 +23,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -36,6 +37,7 @@
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/im2col.h"
+#include "backend/cpu/lane_sums.h"
 #include "backend/cpu/parallel.h"
 #include "graph/gradient_builder.h"
 #include "graph/status.h"
@@ -656,28 +658,27 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
   std::vector<double> mean(channels), inv_std(channels), d_scale(channels), d_bias(channels);
   ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t c = lo; c < hi; ++c) {
-      double sum = 0;
+      LaneSums<1> sum;
       for (int64_t n = 0; n < batch; ++n) {
         const float* row = xf.data() + (n * channels + c) * inner;
-        for (int64_t i = 0; i < inner; ++i) sum += row[i];
+        sum.Add(inner, [&](int64_t i) { return std::array<double, 1>{row[i]}; });
       }
-      const double m = count > 0 ? sum / count : 0.0;
-      double sq = 0, dsum = 0, dxsum = 0;
+      const double m = count > 0 ? sum.Total(0) / count : 0.0;
+      LaneSums<3> sums;  // (x - mean)^2, dY, dY * (x - mean)
       for (int64_t n = 0; n < batch; ++n) {
         const float* row = xf.data() + (n * channels + c) * inner;
         const float* drow = dyf.data() + (n * channels + c) * inner;
-        for (int64_t i = 0; i < inner; ++i) {
+        sums.Add(inner, [&](int64_t i) {
           const double centred = row[i] - m;
-          sq += centred * centred;
-          dsum += drow[i];
-          dxsum += drow[i] * centred;
-        }
+          const double d = drow[i];
+          return std::array<double, 3>{centred * centred, d, d * centred};
+        });
       }
-      const double var = count > 0 ? sq / count : 0.0;
+      const double var = count > 0 ? sums.Total(0) / count : 0.0;
       mean[c] = m;
       inv_std[c] = 1.0 / std::sqrt(var + epsilon);
-      d_bias[c] = dsum;
-      d_scale[c] = dxsum * inv_std[c];  // sum(dY * x_hat)
+      d_bias[c] = sums.Total(1);
+      d_scale[c] = sums.Total(2) * inv_std[c];  // sum(dY * x_hat)
     }
   });
   if (WantsOutput(ctx, 0)) {

@@ -13,6 +13,7 @@
 // broadcast to X; optional Mean and InvStdDev outputs in stash_type's dtype.
 // Statistics accumulate in float64; elementwise math is float32 (float64 for
 // float64 inputs); 16-bit results round once on store.
+#include <array>
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
+#include "backend/cpu/lane_sums.h"
 #include "backend/cpu/parallel.h"
 
 namespace castor::cpu {
@@ -119,22 +121,22 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
       const T* xp = x.as<T>();
       ParallelFor(0, features, 1, [&](int64_t lo, int64_t hi) {
         for (int64_t f = lo; f < hi; ++f) {
-          double sum = 0;
+          LaneSums<1> sum;
           for (int64_t n = 0; n < batch; ++n) {
             const T* row = xp + (n * features + f) * inner;
-            for (int64_t i = 0; i < inner; ++i) sum += LoadD(row[i]);
+            sum.Add(inner, [&](int64_t i) { return std::array<double, 1>{LoadD(row[i])}; });
           }
-          const double m = count > 0 ? sum / count : 0.0;
-          double sq = 0;
+          const double m = count > 0 ? sum.Total(0) / count : 0.0;
+          LaneSums<1> squares;
           for (int64_t n = 0; n < batch; ++n) {
             const T* row = xp + (n * features + f) * inner;
-            for (int64_t i = 0; i < inner; ++i) {
+            squares.Add(inner, [&](int64_t i) {
               const double dv = LoadD(row[i]) - m;
-              sq += dv * dv;
-            }
+              return std::array<double, 1>{dv * dv};
+            });
           }
           mean[f] = m;
-          var[f] = count > 0 ? sq / count : 0.0;
+          var[f] = count > 0 ? squares.Total(0) / count : 0.0;
         }
       });
     });
