@@ -788,24 +788,27 @@ absl::Status LayerNormGradKernel(KernelContext& ctx) {
            ++r) {
         const float* xr = xf.data() + r * inner;
         const float* dyr = dyf.data() + r * inner;
-        double sum = 0;
-        for (int64_t j = 0; j < inner; ++j) sum += xr[j];
-        const double m = inner > 0 ? sum / inner : 0.0;
-        double sq = 0;
-        for (int64_t j = 0; j < inner; ++j) sq += (xr[j] - m) * (xr[j] - m);
-        const double inv_std = 1.0 / std::sqrt((inner > 0 ? sq / inner : 0.0) + epsilon);
-        double g_mean = 0, g_xhat_mean = 0;
+        LaneSums<1> sum;
+        sum.Add(inner, [&](int64_t j) { return std::array<double, 1>{xr[j]}; });
+        const double m = inner > 0 ? sum.Total(0) / inner : 0.0;
+        LaneSums<1> squares;
+        squares.Add(inner, [&](int64_t j) {
+          const double centred = xr[j] - m;
+          return std::array<double, 1>{centred * centred};
+        });
+        const double inv_std =
+            1.0 / std::sqrt((inner > 0 ? squares.Total(0) / inner : 0.0) + epsilon);
         for (int64_t j = 0; j < inner; ++j) {
           x_hat[j] = (xr[j] - m) * inv_std;
           g[j] = static_cast<double>(dyr[j]) * scale.data()[scale_index[j]];
-          g_mean += g[j];
-          g_xhat_mean += g[j] * x_hat[j];
           ds[scale_index[j]] += dyr[j] * x_hat[j];
           db[scale_index[j]] += dyr[j];
         }
         if (!dx) continue;
-        g_mean /= static_cast<double>(inner);
-        g_xhat_mean /= static_cast<double>(inner);
+        LaneSums<2> g_sums;  // g, g * x_hat
+        g_sums.Add(inner, [&](int64_t j) { return std::array<double, 2>{g[j], g[j] * x_hat[j]}; });
+        const double g_mean = g_sums.Total(0) / static_cast<double>(inner);
+        const double g_xhat_mean = g_sums.Total(1) / static_cast<double>(inner);
         float* dxr = dx->data() + r * inner;
         for (int64_t j = 0; j < inner; ++j) {
           dxr[j] = static_cast<float>(inv_std * (g[j] - g_mean - x_hat[j] * g_xhat_mean));

@@ -270,15 +270,15 @@ absl::Status LayerNormKernel(KernelContext& ctx) {
     ParallelFor(0, outer, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t r = lo; r < hi; ++r) {
         const T* src = xp + r * inner;
-        double sum = 0;
-        for (int64_t i = 0; i < inner; ++i) sum += LoadD(src[i]);
-        const double m = inner > 0 ? sum / static_cast<double>(inner) : 0.0;
-        double sq = 0;
-        for (int64_t i = 0; i < inner; ++i) {
+        LaneSums<1> sum;
+        sum.Add(inner, [&](int64_t i) { return std::array<double, 1>{LoadD(src[i])}; });
+        const double m = inner > 0 ? sum.Total(0) / static_cast<double>(inner) : 0.0;
+        LaneSums<1> squares;
+        squares.Add(inner, [&](int64_t i) {
           const double dv = LoadD(src[i]) - m;
-          sq += dv * dv;
-        }
-        const double var = inner > 0 ? sq / static_cast<double>(inner) : 0.0;
+          return std::array<double, 1>{dv * dv};
+        });
+        const double var = inner > 0 ? squares.Total(0) / static_cast<double>(inner) : 0.0;
         const double inv_std = 1.0 / std::sqrt(var + static_cast<double>(epsilon));
         row_mean[r] = m;
         row_inv_std[r] = inv_std;
