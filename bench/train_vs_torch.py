@@ -22,6 +22,12 @@ default betas/eps), the same initial weights and the same data:
     (forward and loss inside torch.autocast('cpu', dtype=torch.bfloat16),
     backward and step outside, the usual recipe).
 
+OpenBLAS: torch's GEMMs go through Debian's OpenBLAS too. Unless
+--torch-own-blas-core is given (or OPENBLAS_CORETYPE is already set), the
+script sets OPENBLAS_CORETYPE to the kernel set `castor --version` reports
+before importing torch, so both runtimes use the same GEMM kernels (castor
+replaces OpenBLAS's generic fallback on CPUs it does not know).
+
 Data: Fashion-MNIST's training split, read from the IDX files in --data-dir
 (default /usr/share/datasets/fashion-mnist) by both sides, pixels / 255 as
 float32, batches in file order (castor --no-shuffle). castor gets only the
