@@ -80,7 +80,8 @@ constexpr int64_t kSplitAlign = 16;
 // OpenBLAS's own threading threshold is split along the larger of M and N
 // into one block per thread, each a single-threaded OpenBLAS call on its
 // rows or columns of C. (OpenBLAS stays single-threaded, see gemm.h.)
-// Inside another ParallelFor the blocks run one after another.
+// Inside another ParallelFor, where the other threads are busy, it is one
+// call.
 template <typename T>
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
           int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
@@ -92,7 +93,8 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
   const bool split_n = n >= m;
   const int64_t extent = split_n ? n : m;
   const int64_t blocks = std::min<int64_t>(
-      IsSmallGemm(m, n, k) ? 1 : NumThreads(), (extent + kSplitAlign - 1) / kSplitAlign);
+      IsSmallGemm(m, n, k) || InsideParallelFor() ? 1 : NumThreads(),
+      (extent + kSplitAlign - 1) / kSplitAlign);
   if (blocks <= 1) {
     BlasGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;

@@ -19,6 +19,7 @@ class Pool {
   }
 
   int threads() const { return threads_; }
+  static bool in_parallel() { return in_parallel_; }
   void SetThreads(int n) {
     std::lock_guard<std::mutex> lock(run_mutex_);
     threads_ = std::max(1, n);
@@ -111,5 +112,7 @@ void ParallelFor(int64_t begin, int64_t end, int64_t grain,
                  const std::function<void(int64_t, int64_t)>& fn) {
   Pool::Get().Run(begin, end, grain, fn);
 }
+
+bool InsideParallelFor() { return Pool::in_parallel(); }
 
 }  // namespace castor::cpu

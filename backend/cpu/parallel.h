@@ -17,4 +17,7 @@ void SetNumThreads(int threads);
 void ParallelFor(int64_t begin, int64_t end, int64_t grain,
                  const std::function<void(int64_t chunk_begin, int64_t chunk_end)>& fn);
 
+// True on a thread running a ParallelFor body (where ParallelFor is serial).
+bool InsideParallelFor();
+
 }  // namespace castor::cpu

@@ -1,0 +1,113 @@
+// backend/cpu/gemm.h: Sgemm and Dgemm against float64 reference products,
+// for every transpose combination, with sizes that make Sgemm split the
+// GEMM across threads along M or along N (blocks of 16 that do not divide
+// the axis), sub-matrix leading dimensions, beta, k == 0, and a call from
+// inside a ParallelFor body (one call, not split).
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <type_traits>
+#include <vector>
+
+#include "backend/cpu/gemm.h"
+#include "backend/cpu/parallel.h"
+#include "gtest/gtest.h"
+
+namespace castor::cpu {
+namespace {
+
+struct GemmCase {
+  bool trans_a, trans_b;
+  int64_t m, n, k;
+};
+
+std::vector<float> RandomFloats(int64_t count, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(count));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// Stored operands with leading dimensions larger than their rows (a view of
+// a wider matrix), C = alpha * op(A) op(B) + beta * C checked element by
+// element against float64 with a bound of 1e-5 times the sum of |terms|.
+template <typename T>
+void CheckGemm(const GemmCase& c, T alpha, T beta, unsigned seed) {
+  const int64_t a_rows = c.trans_a ? c.k : c.m, a_cols = c.trans_a ? c.m : c.k;
+  const int64_t b_rows = c.trans_b ? c.n : c.k, b_cols = c.trans_b ? c.k : c.n;
+  const int64_t lda = a_cols + 3, ldb = b_cols + 5, ldc = c.n + 7;
+  const std::vector<float> af = RandomFloats(a_rows * lda, seed);
+  const std::vector<float> bf = RandomFloats(b_rows * ldb, seed + 1);
+  const std::vector<float> cf = RandomFloats(c.m * ldc, seed + 2);
+  const std::vector<T> a(af.begin(), af.end()), b(bf.begin(), bf.end());
+  std::vector<T> out(cf.begin(), cf.end());
+  if constexpr (std::is_same_v<T, float>) {
+    Sgemm(c.trans_a, c.trans_b, c.m, c.n, c.k, alpha, a.data(), lda, b.data(), ldb, beta,
+          out.data(), ldc);
+  } else {
+    Dgemm(c.trans_a, c.trans_b, c.m, c.n, c.k, alpha, a.data(), lda, b.data(), ldb, beta,
+          out.data(), ldc);
+  }
+  int bad = 0;
+  for (int64_t i = 0; i < c.m; ++i) {
+    for (int64_t j = 0; j < c.n; ++j) {
+      double sum = 0, scale = 0;
+      for (int64_t p = 0; p < c.k; ++p) {
+        const double av = c.trans_a ? a[p * lda + i] : a[i * lda + p];
+        const double bv = c.trans_b ? b[j * ldb + p] : b[p * ldb + j];
+        sum += av * bv;
+        scale += std::abs(av * bv);
+      }
+      const double want = alpha * sum + beta * static_cast<double>(cf[i * ldc + j]);
+      const double bound = 1e-5 * (std::abs(alpha) * scale + std::abs(beta) + 1);
+      if (std::abs(out[i * ldc + j] - want) > bound && ++bad <= 3) {
+        ADD_FAILURE() << "C[" << i << "," << j << "] = " << out[i * ldc + j] << ", expected "
+                      << want << " (trans_a " << c.trans_a << ", trans_b " << c.trans_b
+                      << ", m " << c.m << ", n " << c.n << ", k " << c.k << ")";
+      }
+    }
+    // Padding columns of C's rows are not written.
+    for (int64_t j = c.n; j < ldc; ++j) ASSERT_EQ(out[i * ldc + j], static_cast<T>(cf[i * ldc + j]));
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(CpuGemm, LargeGemmsSplitAlongMOrNMatchFloat64) {
+  ASSERT_FALSE(IsSmallGemm(150, 37, 70));  // large enough to be split
+  ASSERT_FALSE(IsSmallGemm(37, 150, 70));
+  unsigned seed = 1;
+  for (bool trans_a : {false, true}) {
+    for (bool trans_b : {false, true}) {
+      CheckGemm<float>({trans_a, trans_b, 150, 37, 70}, 1.0f, 0.0f, seed += 3);   // along M
+      CheckGemm<float>({trans_a, trans_b, 37, 150, 70}, 0.5f, 2.0f, seed += 3);   // along N
+      CheckGemm<double>({trans_a, trans_b, 131, 129, 33}, -1.0, 1.0, seed += 3);  // float64
+    }
+  }
+}
+
+TEST(CpuGemm, SmallAndDegenerateGemms) {
+  CheckGemm<float>({false, false, 3, 5, 4}, 1.0f, 0.0f, 100);
+  CheckGemm<float>({true, true, 1, 17, 2}, 2.0f, 1.0f, 101);
+  // k == 0: C = beta * C.
+  CheckGemm<float>({false, false, 40, 70, 0}, 1.0f, 0.5f, 102);
+  CheckGemm<float>({false, true, 40, 70, 0}, 1.0f, 0.0f, 103);
+}
+
+TEST(CpuGemm, InsideAParallelForBodyIsOneCorrectCall) {
+  std::vector<int> inside(2, -1);
+  ParallelFor(0, 2, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      inside[t] = InsideParallelFor() ? 1 : 0;
+      CheckGemm<float>({t == 1, t == 0, 150, 137, 40}, 1.0f, 0.0f, 200 + static_cast<unsigned>(t));
+    }
+  });
+  // With more than one thread the bodies ran inside the pool.
+  if (NumThreads() > 1) {
+    EXPECT_EQ(inside, (std::vector<int>{1, 1}));
+  }
+  EXPECT_FALSE(InsideParallelFor());
+}
+
+}  // namespace
+}  // namespace castor::cpu
