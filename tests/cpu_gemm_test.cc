@@ -1,8 +1,8 @@
 // backend/cpu/gemm.h: Sgemm and Dgemm against float64 reference products,
 // for every transpose combination, with sizes that make Sgemm split the
 // GEMM across threads along M or along N (blocks of 16 that do not divide
-// the axis), sub-matrix leading dimensions, beta, k == 0, and a call from
-// inside a ParallelFor body (one call, not split).
+// the axis; five threads), sub-matrix leading dimensions, beta, k == 0, and
+// a call from inside a ParallelFor body (one call, not split).
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -68,12 +68,26 @@ void CheckGemm(const GemmCase& c, T alpha, T beta, unsigned seed) {
       }
     }
     // Padding columns of C's rows are not written.
-    for (int64_t j = c.n; j < ldc; ++j) ASSERT_EQ(out[i * ldc + j], static_cast<T>(cf[i * ldc + j]));
+    for (int64_t j = c.n; j < ldc; ++j) {
+      ASSERT_EQ(out[i * ldc + j], static_cast<T>(cf[i * ldc + j]));
+    }
   }
   EXPECT_EQ(bad, 0);
 }
 
-TEST(CpuGemm, LargeGemmsSplitAlongMOrNMatchFloat64) {
+// Five threads whatever the machine: blocks of 16 that do not divide M or N
+// (37 -> 16 + 21; 150 -> 16 * 2 + 16 * 2 + 22 ...), also on one CPU.
+class CpuGemm : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    threads_ = NumThreads();
+    SetNumThreads(5);
+  }
+  void TearDown() override { SetNumThreads(threads_); }
+  int threads_ = 1;
+};
+
+TEST_F(CpuGemm, LargeGemmsSplitAlongMOrNMatchFloat64) {
   ASSERT_FALSE(IsSmallGemm(150, 37, 70));  // large enough to be split
   ASSERT_FALSE(IsSmallGemm(37, 150, 70));
   unsigned seed = 1;
@@ -86,7 +100,7 @@ TEST(CpuGemm, LargeGemmsSplitAlongMOrNMatchFloat64) {
   }
 }
 
-TEST(CpuGemm, SmallAndDegenerateGemms) {
+TEST_F(CpuGemm, SmallAndDegenerateGemms) {
   CheckGemm<float>({false, false, 3, 5, 4}, 1.0f, 0.0f, 100);
   CheckGemm<float>({true, true, 1, 17, 2}, 2.0f, 1.0f, 101);
   // k == 0: C = beta * C.
@@ -94,7 +108,7 @@ TEST(CpuGemm, SmallAndDegenerateGemms) {
   CheckGemm<float>({false, true, 40, 70, 0}, 1.0f, 0.0f, 103);
 }
 
-TEST(CpuGemm, InsideAParallelForBodyIsOneCorrectCall) {
+TEST_F(CpuGemm, InsideAParallelForBodyIsOneCorrectCall) {
   std::vector<int> inside(2, -1);
   ParallelFor(0, 2, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
@@ -102,10 +116,7 @@ TEST(CpuGemm, InsideAParallelForBodyIsOneCorrectCall) {
       CheckGemm<float>({t == 1, t == 0, 150, 137, 40}, 1.0f, 0.0f, 200 + static_cast<unsigned>(t));
     }
   });
-  // With more than one thread the bodies ran inside the pool.
-  if (NumThreads() > 1) {
-    EXPECT_EQ(inside, (std::vector<int>{1, 1}));
-  }
+  EXPECT_EQ(inside, (std::vector<int>{1, 1}));  // the bodies ran split across threads
   EXPECT_FALSE(InsideParallelFor());
 }
 

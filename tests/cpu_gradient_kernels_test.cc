@@ -267,15 +267,16 @@ DirectConvGrad DirectConvGrad2D(const std::vector<double>& x, const std::vector<
 // Unit-stride 2-D convs take the padded-grid path (backend/cpu/im2col.h's
 // PaddedGrid): images large enough for several column tiles per image, with
 // groups, dilations and uneven pads, against direct sums.
-TEST(ConvGrad, UnitStride2DMatchesDirectSums) {
-  const std::vector<int64_t> xd = {3, 32, 23, 61}, wd = {8, 16, 3, 3};
+// Batch 3 runs images in parallel slices; batch 1 one image with split GEMMs.
+void CheckUnitStrideConvGrad(int64_t batch, unsigned seed) {
+  const std::vector<int64_t> xd = {batch, 32, 23, 61}, wd = {8, 16, 3, 3};
   const std::vector<int64_t> pads = {2, 1, 1, 0}, dilations = {2, 1};
   const std::vector<Attribute> attrs = {Attribute::Int("group", 2), Attribute::Ints("pads", pads),
                                         Attribute::Ints("dilations", dilations)};
-  const std::vector<int64_t> yd = {3, 8, 23 + 2 + 1 - 4, 61 + 1 + 0 - 2};
-  const Tensor x = RandomTensor(xd, 61);
-  const Tensor w = RandomTensor(wd, 62);
-  const Tensor dy = RandomTensor(yd, 63);
+  const std::vector<int64_t> yd = {batch, 8, 23 + 2 + 1 - 4, 61 + 1 + 0 - 2};
+  const Tensor x = RandomTensor(xd, seed);
+  const Tensor w = RandomTensor(wd, seed + 1);
+  const Tensor dy = RandomTensor(yd, seed + 2);
   const std::vector<Tensor> out = RunOp("ConvGrad", {dy, x, w}, attrs, 2);
   ASSERT_EQ(out.size(), 2u);
   ASSERT_EQ(out[0].dims(), xd);
@@ -296,6 +297,29 @@ TEST(ConvGrad, UnitStride2DMatchesDirectSums) {
   }
   EXPECT_EQ(dx_bad, 0);
   EXPECT_EQ(dw_bad, 0);
+}
+
+TEST(ConvGrad, UnitStride2DMatchesDirectSums) {
+  CheckUnitStrideConvGrad(3, 61);
+  CheckUnitStrideConvGrad(1, 64);
+}
+
+// X = [1, 2, inf], W = [w0, w1] (1x2, unit stride): dW[0] = x0 dy0 + x1 dy1
+// is finite; only dW[1] sees the inf. The grid's extra position after each
+// line reads the inf under kernel column 0 and must not reach dW[0].
+TEST(ConvGrad, AnInfOnlyTheGridsExtraPositionsReadStaysOut) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<Tensor> out = RunOp(
+      "ConvGrad",
+      {Make(DType::kFloat32, {1, 1, 1, 2}, {3, 5}), Make(DType::kFloat32, {1, 1, 1, 3}, {1, 2, inf}),
+       Make(DType::kFloat32, {1, 1, 1, 2}, {7, 11})},
+      {}, 2);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(Values(out[0]), (std::vector<double>{21, 7 * 5 + 11 * 3, 11 * 5}));
+  const std::vector<double> dw = Values(out[1]);
+  ASSERT_EQ(dw.size(), 2u);
+  EXPECT_EQ(dw[0], 1 * 3 + 2 * 5);
+  EXPECT_EQ(dw[1], inf);
 }
 
 TEST(ConvGrad, OnlyRequestedOutputs) {

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 
@@ -24,6 +25,7 @@ std::string BlasCoreName() {
 }
 
 std::string BestBlasCoreForThisCpu() {
+#if defined(__x86_64__) || defined(__i386__)
   // __builtin_cpu_supports also checks that the OS saves the AVX/AVX-512
   // registers (XCR0), as OpenBLAS's own detection does.
   __builtin_cpu_init();
@@ -34,7 +36,8 @@ std::string BestBlasCoreForThisCpu() {
   }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
   if (__builtin_cpu_supports("avx")) return "Sandybridge";
-  return "";
+#endif
+  return "";  // not x86, or no AVX: nothing better than what OpenBLAS chose
 }
 
 void RestartWithBestBlasCore(char** argv) {
@@ -42,6 +45,14 @@ void RestartWithBestBlasCore(char** argv) {
   if (BlasCoreName() != kGenericCore) return;               // OpenBLAS knew this CPU
   const std::string best = BestBlasCoreForThisCpu();
   if (best.empty()) return;
+  // Started through the dynamic loader (ld-linux.so ./castor ...): the
+  // loader is /proc/self/exe and would take argv[1] for the program.
+  char exe[4096];
+  const ssize_t length = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (length <= 0) return;
+  exe[length] = '\0';
+  const char* slash = std::strrchr(exe, '/');
+  if (std::strncmp(slash != nullptr ? slash + 1 : exe, "ld-", 3) == 0) return;
   // OPENBLAS_CORETYPE is now set, so the restarted program does not restart
   // again, whatever OpenBLAS makes of it.
   if (setenv("OPENBLAS_CORETYPE", best.c_str(), /*overwrite=*/1) != 0) return;
@@ -54,8 +65,14 @@ std::string DescribeBlasCore() {
   std::string line = absl::StrCat("OpenBLAS ", core, " kernels");
   const std::string best = BestBlasCoreForThisCpu();
   if (core == kGenericCore && !best.empty()) {
-    absl::StrAppend(&line, " (generic; this CPU can run ", best, ": set OPENBLAS_CORETYPE=",
-                    best, ")");
+    const char* chosen = std::getenv("OPENBLAS_CORETYPE");
+    if (chosen != nullptr) {
+      absl::StrAppend(&line, " (generic, with OPENBLAS_CORETYPE=", chosen,
+                      "; this CPU can run ", best, ")");
+    } else {
+      absl::StrAppend(&line, " (generic; this CPU can run ", best, ": set OPENBLAS_CORETYPE=",
+                      best, ")");
+    }
   }
   return line;
 }

@@ -32,9 +32,11 @@ std::string BestBlasCoreForThisCpu();
 // CPU can run a better set, and the user has not chosen one with
 // OPENBLAS_CORETYPE: sets OPENBLAS_CORETYPE to BestBlasCoreForThisCpu() and
 // re-executes the running program (/proc/self/exe) with the same `argv`
-// and environment. Call it first thing in main, before any other thread or
-// open resource matters. Returns when no restart is needed, or when the
-// exec failed (the program then runs on the generic kernels).
+// and environment (so programs castor starts inherit OPENBLAS_CORETYPE).
+// Call it first thing in main, before any other thread or open resource
+// matters. Returns when no restart is needed, when the program was started
+// through the dynamic loader (ld-linux.so PROGRAM ...), or when the exec
+// failed; the program then runs on the generic kernels.
 void RestartWithBestBlasCore(char** argv);
 
 // One line for summaries and --version: "OpenBLAS SkylakeX kernels", plus

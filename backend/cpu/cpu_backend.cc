@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "backend/cpu/cpu_kernels.h"
-#include "backend/cpu/gemm.h"
 #include "backend/cpu/parallel.h"
 
 namespace castor {
@@ -17,7 +16,6 @@ CpuBackend::CpuBackend(CpuBackendOptions options)
                        ? options.num_threads
                        : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {
   cpu::SetNumThreads(num_threads_);
-  cpu::KeepOpenBlasSingleThreaded();  // GEMMs split across castor's threads (gemm.h)
 }
 
 absl::StatusOr<void*> CpuBackend::Allocate(size_t bytes) {

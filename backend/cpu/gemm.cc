@@ -4,6 +4,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <mutex>
 #include <vector>
 
 #include "backend/cpu/float_io.h"
@@ -72,14 +73,15 @@ void BlasGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, doubl
               static_cast<blasint>(std::max<int64_t>(1, ldc)));
 }
 
-// Block boundaries along a split axis are multiples of this (a whole
-// number of OpenBLAS's micro-tiles, and of cache lines in C's rows).
+// Blocks along a split axis are whole multiples of this many rows or
+// columns (OpenBLAS's micro-tiles), except the last.
 constexpr int64_t kSplitAlign = 16;
 
 // C = alpha * op(A) * op(B) + beta * C on castor's threads: a GEMM above
 // OpenBLAS's own threading threshold is split along the larger of M and N
 // into one block per thread, each a single-threaded OpenBLAS call on its
-// rows or columns of C. (OpenBLAS stays single-threaded, see gemm.h.)
+// rows or columns of C. OpenBLAS itself is set to one thread on the first
+// call (see gemm.h).
 // Inside another ParallelFor, where the other threads are busy, it is one
 // call.
 template <typename T>
@@ -90,17 +92,20 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
     ScaleC(m, n, beta, c, ldc);
     return;
   }
+  static std::once_flag single_threaded_blas;
+  std::call_once(single_threaded_blas, [] { openblas_set_num_threads(1); });
   const bool split_n = n >= m;
   const int64_t extent = split_n ? n : m;
+  // Blocks of whole units of kSplitAlign, spread evenly (none empty).
+  const int64_t units = (extent + kSplitAlign - 1) / kSplitAlign;
   const int64_t blocks = std::min<int64_t>(
-      IsSmallGemm(m, n, k) || InsideParallelFor() ? 1 : NumThreads(),
-      (extent + kSplitAlign - 1) / kSplitAlign);
+      (IsSmallGemm(m, n, k) || InsideParallelFor()) ? 1 : NumThreads(), units);
   if (blocks <= 1) {
     BlasGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   auto boundary = [&](int64_t block) {
-    return block == blocks ? extent : extent * block / blocks / kSplitAlign * kSplitAlign;
+    return std::min(extent, units * block / blocks * kSplitAlign);
   };
   ParallelFor(0, blocks, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t block = lo; block < hi; ++block) {
@@ -174,7 +179,5 @@ void GemmFloat32Accumulate(DType dtype, bool trans_a, bool trans_b, int64_t m, i
           trans_b ? kb : n, k0 == 0 ? beta : 1.0f, c, ldc);
   }
 }
-
-void KeepOpenBlasSingleThreaded() { openblas_set_num_threads(1); }
 
 }  // namespace castor::cpu

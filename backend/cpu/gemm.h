@@ -2,10 +2,10 @@
 // ConvTranspose: row-major C = alpha * op(A) * op(B) + beta * C.
 //
 // float32 and float64 go to OpenBLAS (cblas_sgemm / cblas_dgemm), which
-// always runs single-threaded: a large GEMM is split into blocks of C's rows
-// or columns run on castor's own ParallelFor threads. (OpenBLAS's own
-// worker threads spin in sched_yield for a long time after each GEMM; on a
-// machine with as many castor threads as cores they took the cores from
+// castor sets to one thread on the first GEMM: a large GEMM is split into
+// blocks of C's rows or columns run on castor's own ParallelFor threads.
+// (OpenBLAS's own worker threads spin in sched_yield for a long time after
+// each GEMM; with as many castor threads as cores they took the cores from
 // castor's kernels.) 16-bit
 // operands (float16, bfloat16) are widened exactly to float32 in K-panels and
 // multiplied by the same sgemm, so products accumulate in float32 as tensor
@@ -41,8 +41,5 @@ void GemmFloat32Accumulate(DType dtype, bool trans_a, bool trans_b, int64_t m, i
 // (OpenBLAS's own multithreading threshold), so a caller with many
 // independent GEMMs of this size should run them in parallel itself.
 bool IsSmallGemm(int64_t m, int64_t n, int64_t k);
-
-// Sets OpenBLAS to one thread (CpuBackend does, once per backend).
-void KeepOpenBlasSingleThreaded();
 
 }  // namespace castor::cpu

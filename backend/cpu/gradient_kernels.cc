@@ -1,12 +1,14 @@
 // CPU kernels: castor's gradient ops (domain com.castor, graph/ops/gradient_ops.cc).
 //
 // ConvGrad: per (image, group), dW += dY_g * im2col(X_g)^T and dX_g =
-// col2im(W_g^T * dY_g) with im2col.h's geometry and gemm.h's Sgemm; the
+// col2im(W_g^T * dY_g) with im2col.h's geometry and gemm.h's Sgemm (2-D
+// unit-stride convs on im2col.h's padded grid: copies and row adds); the
 // images run in slices on the thread pool (single-threaded GEMMs inside,
 // a partial dW per slice), or one after another with split GEMMs when
 // there is a single image.
 // MaxPoolGrad / AveragePoolGrad walk each plane's windows (the forward
-// window tables: ForwardWindowGeometry, ceil_mode, pads, dilations);
+// window tables: ForwardWindowGeometry, ceil_mode, pads, dilations; a 2-D
+// MaxPoolGrad plane scans each window directly);
 // MaxPoolGrad routes dY to the first maximum of each window in row-major
 // window order (the forward kernel's and PyTorch's tie rule), overlapping
 // windows accumulate. GlobalAveragePoolGrad spreads dY / size.
@@ -160,9 +162,10 @@ int64_t SliceBegin(int64_t slice, int64_t slices, int64_t count) {
 
 
 // acc[k] += src[k] (k < n), each element on its own: the same bits as the
-// plain loop. Written in chunks of 8 with a constant trip count because the
-// -O2 build's "very cheap" vectorizer cost model skips loops of unknown
-// length, while the unrolled chunk is still vectorized (SLP).
+// plain loop. Written in chunks of 8 with a constant trip count because an
+// -O2 build's "very cheap" vectorizer cost model (Bazel's; CMake builds the
+// backend at -O3) skips loops of unknown length, while the unrolled chunk is
+// still vectorized (SLP).
 template <typename Acc>
 inline void AddRow(Acc* __restrict acc, const float* __restrict src, int64_t n) {
   int64_t k = 0;
@@ -210,9 +213,9 @@ struct ConvGradShapes {
 // spread onto the grid (zeros at the extra positions), X_g is padded once,
 // and per tile of output lines the column rows are copies of padded-image
 // slices (dW) and dcol's rows are added as whole slices into a zero-padded
-// dX (dX), which is cropped at the end. The extra positions multiply dY's
-// zeros, so they add nothing to dW, and their dcol entries are zero sums
-// (for finite W) added to pads or other positions.
+// dX (dX), which is cropped at the end. The extra positions of the column
+// rows and of dcol are zeroed before use, so an Inf or NaN they happen to
+// read (X past a line, W times dY's zeros) never reaches dW or dX.
 template <typename T>
 void ConvGradOnGrid(const WindowGeometry& g, int64_t cg, int64_t mg, const T* x_g,
                     const float* dy_g, const float* w_g, float* dx_g, float* dw_g) {
@@ -242,25 +245,36 @@ void ConvGradOnGrid(const WindowGeometry& g, int64_t cg, int64_t mg, const T* x_
   const int64_t tiles = (out_h + tile_lines - 1) / tile_lines;
   tile_lines = (out_h + tiles - 1) / tiles;  // even tiles
   col.resize(static_cast<size_t>(kg * tile_lines * grid.cols));
+  // Zeroes the extra positions (past out_w in each line) of a column row.
+  auto zero_extra = [&](float* row, int64_t lines) {
+    for (int64_t l = 0; l < lines; ++l) {
+      std::fill(row + l * grid.cols + out_w, row + (l + 1) * grid.cols, 0.0f);
+    }
+  };
   for (int64_t l0 = 0; l0 < out_h; l0 += tile_lines) {
+    const int64_t lines = std::min(out_h, l0 + tile_lines) - l0;
     const int64_t q0 = grid.positions(l0);
-    const int64_t cols = grid.positions(std::min(out_h, l0 + tile_lines)) - q0;
+    const int64_t tile_positions = grid.positions(lines);
     const float* dy_tile = dy_grid.data() + q0;
     if (dw_g != nullptr) {
       for (int64_t row = 0; row < kg; ++row) {
         const float* src = padded.data() + grid.RowOffset(row) + q0;
-        std::copy(src, src + cols, col.data() + row * cols);
+        float* dst = col.data() + row * tile_positions;
+        std::copy(src, src + tile_positions, dst);
+        zero_extra(dst, lines);
       }
-      // dW_g [mg, kg] += dY_tile [mg, cols] * col^T [cols, kg]
-      Sgemm(false, true, mg, kg, cols, 1.0f, dy_tile, positions, col.data(), cols, 1.0f, dw_g,
-            kg);
+      // dW_g [mg, kg] += dY_tile [mg, tile_positions] * col^T [tile_positions, kg]
+      Sgemm(false, true, mg, kg, tile_positions, 1.0f, dy_tile, positions, col.data(),
+            tile_positions, 1.0f, dw_g, kg);
     }
     if (dx_g != nullptr) {
-      // dcol [kg, cols] = W_g^T [kg, mg] * dY_tile [mg, cols]
-      Sgemm(true, false, kg, cols, mg, 1.0f, w_g, kg, dy_tile, positions, 0.0f, col.data(),
-            cols);
+      // dcol [kg, tile_positions] = W_g^T [kg, mg] * dY_tile [mg, tile_positions]
+      Sgemm(true, false, kg, tile_positions, mg, 1.0f, w_g, kg, dy_tile, positions, 0.0f,
+            col.data(), tile_positions);
       for (int64_t row = 0; row < kg; ++row) {
-        AddRow(dx_padded.data() + grid.RowOffset(row) + q0, col.data() + row * cols, cols);
+        float* dcol_row = col.data() + row * tile_positions;
+        zero_extra(dcol_row, lines);
+        AddRow(dx_padded.data() + grid.RowOffset(row) + q0, dcol_row, tile_positions);
       }
     }
   }
@@ -309,7 +323,7 @@ void RunConvGrad(const WindowGeometry& g, const ConvGradShapes& s, const T* x, c
          n < SliceBegin(slice + 1, slices, s.batch); ++n) {
       for (int64_t gi = 0; gi < s.group; ++gi) {
         const float* dy_g = dy + (n * s.out_channels + gi * mg) * p;
-        if (on_grid) {
+        if (on_grid && (dx != nullptr || dw_acc != nullptr)) {
           ConvGradOnGrid<T>(g, cg, mg, x + (n * s.channels + gi * cg) * in_size, dy_g,
                             w + gi * mg * kg,
                             dx != nullptr ? dx + (n * s.channels + gi * cg) * in_size : nullptr,

@@ -17,7 +17,9 @@ void SetNumThreads(int threads);
 void ParallelFor(int64_t begin, int64_t end, int64_t grain,
                  const std::function<void(int64_t chunk_begin, int64_t chunk_end)>& fn);
 
-// True on a thread running a ParallelFor body (where ParallelFor is serial).
+// True on a thread running a chunk of a ParallelFor that was split across
+// threads (a nested ParallelFor there runs serially); false where the body
+// runs inline because there was a single chunk.
 bool InsideParallelFor();
 
 }  // namespace castor::cpu
