@@ -1,10 +1,13 @@
 // The narrow backend interface (DESIGN.md "Core abstractions", after
 // ggml-backend): memory, host copies, which nodes it can run, running one
-// node's kernel, synchronisation, and the end of a training step. Everything above it (the executor's plan,
-// buffer reuse, the training loop) is backend-neutral.
+// node's kernel, synchronisation, the end of a training step, and (where
+// the device has it) recording queued work once to replay it. Everything
+// above it (the executor's plan, buffer reuse, the training loop) is
+// backend-neutral.
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -13,6 +16,15 @@
 #include "backend/step_kernels.h"
 
 namespace castor {
+
+// Work a backend recorded between BeginCapture and EndCapture (a CUDA
+// graph). Replay queues the same kernels on the same buffers again, reading
+// whatever those buffers hold by then; it does not wait for the device.
+class CapturedWork {
+ public:
+  virtual ~CapturedWork() = default;
+  virtual absl::Status Replay() = 0;
+};
 
 class Backend {
  public:
@@ -40,6 +52,27 @@ class Backend {
   // loss-scale update, multi-tensor optimizer); nullptr when the backend
   // cannot train.
   virtual StepKernels* step_kernels() { return nullptr; }
+
+  // Recording. Between BeginCapture and EndCapture the work queued on this
+  // backend (kernels, CopyWithin, CopyFromHost from a copy of the source
+  // taken at the call) is recorded instead of run; reading the backend on
+  // the host (CopyToHost, Synchronize) fails, and so fails the capture.
+  // Memory allocated while recording stays with the backend for as long as
+  // it lives, so a recording never reads memory given back to the device.
+  // The caller keeps every buffer the recording uses alive and in place
+  // while it replays. A backend that cannot record says why in
+  // CaptureUnsupportedReason (empty when it can).
+  virtual std::string CaptureUnsupportedReason() const {
+    return "the " + name() + " backend runs each kernel as it is queued";
+  }
+  virtual absl::Status BeginCapture() {
+    return absl::UnimplementedError(CaptureUnsupportedReason());
+  }
+  virtual absl::StatusOr<std::unique_ptr<CapturedWork>> EndCapture() {
+    return absl::UnimplementedError(CaptureUnsupportedReason());
+  }
+  // Ends a capture that failed part way, dropping what was recorded.
+  virtual void AbortCapture() {}
 };
 
 }  // namespace castor

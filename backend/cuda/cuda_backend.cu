@@ -36,7 +36,7 @@ absl::StatusOr<void*> DevicePool::Allocate(size_t bytes) {
     it->second.pop_back();
   } else {
     cudaError_t code = cudaMalloc(&block, size);
-    if (code == cudaErrorMemoryAllocation) {
+    if (code == cudaErrorMemoryAllocation && !recording_) {
       cudaGetLastError();
       ReleaseCached();
       code = cudaMalloc(&block, size);
@@ -52,6 +52,7 @@ absl::StatusOr<void*> DevicePool::Allocate(size_t bytes) {
     stats_.reserved_bytes += static_cast<int64_t>(size);
     ++stats_.device_allocations;
   }
+  if (recording_) recorded_.insert(block);
   stats_.in_use_bytes += static_cast<int64_t>(size);
   stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
   return block;
@@ -67,13 +68,18 @@ void DevicePool::Free(void* data) {
 
 void DevicePool::ReleaseCached() {
   for (auto& [size, blocks] : free_) {
+    std::vector<void*> kept;
     for (void* block : blocks) {
+      if (recorded_.count(block) > 0) {
+        kept.push_back(block);
+        continue;
+      }
       cudaFree(block);
       sizes_.erase(block);
       stats_.reserved_bytes -= static_cast<int64_t>(size);
     }
+    blocks = std::move(kept);
   }
-  free_.clear();
 }
 
 // ---- errors and helpers (cuda_common.cuh) -----------------------------------------
@@ -183,11 +189,18 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   CASTOR_CUBLAS_CALL(cublasSetStream(backend->cublas_, backend->stream_));
   CASTOR_CUDNN_CALL(cudnnCreate(&backend->cudnn_));
   CASTOR_CUDNN_CALL(cudnnSetStream(backend->cudnn_, backend->stream_));
+  // A workspace of our own (the size cuBLAS recommends: 32 MiB on Hopper,
+  // 4 MiB before), so cuBLAS allocates nothing while a graph is recorded.
+  const size_t workspace = info.compute_capability() >= 90 ? size_t{32} << 20 : size_t{4} << 20;
+  CASTOR_ASSIGN_OR_RETURN(backend->cublas_workspace_, backend->pool_.Allocate(workspace));
+  CASTOR_CUBLAS_CALL(
+      cublasSetWorkspace(backend->cublas_, backend->cublas_workspace_, workspace));
   backend->step_kernels_ = MakeCudaStepKernels(*backend);
   return backend;
 }
 
 CudaBackend::~CudaBackend() {
+  AbortCapture();
   if (Activate().ok() && stream_ != nullptr) cudaStreamSynchronize(stream_);
   step_kernels_.reset();
   if (cudnn_ != nullptr) cudnnDestroy(cudnn_);
@@ -214,14 +227,114 @@ void CudaBackend::Free(void* data) { pool_.Free(data); }
 absl::Status CudaBackend::CopyFromHost(void* dst, const void* host_src, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();
   CASTOR_RETURN_IF_ERROR(Activate());
+  if (capturing_) {
+    // A graph copies from pinned memory that outlives the call (the
+    // caller's source may be gone by the first replay).
+    void* pinned = nullptr;
+    CASTOR_CUDA_CALL(cudaMallocHost(&pinned, bytes));
+    capture_staging_.push_back(pinned);
+    std::memcpy(pinned, host_src, bytes);
+    CASTOR_CUDA_CALL(cudaMemcpyAsync(dst, pinned, bytes, cudaMemcpyHostToDevice, stream_));
+    return absl::OkStatus();
+  }
   // From pageable memory the call returns once the source has been staged,
   // so the caller may release it at once.
   CASTOR_CUDA_CALL(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
   return absl::OkStatus();
 }
 
+namespace {
+
+absl::Status RefusedWhileCapturing(const char* what) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("cuda: ", what, " while a CUDA graph is being recorded (a graph cannot wait "
+                   "for the device or read its memory on the host)"));
+}
+
+// A recorded step: the instantiated graph, replayed on the backend's
+// stream, and the pinned host copies its host-to-device copies read.
+class CudaGraph : public CapturedWork {
+ public:
+  CudaGraph(int device, cudaStream_t stream, cudaGraph_t graph, cudaGraphExec_t exec,
+            std::vector<void*> staging)
+      : device_(device), stream_(stream), graph_(graph), exec_(exec),
+        staging_(std::move(staging)) {}
+  ~CudaGraph() override {
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(stream_);  // a replay may still read the staging copies
+    cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+    for (void* pinned : staging_) cudaFreeHost(pinned);
+  }
+  absl::Status Replay() override {
+    CASTOR_CUDA_CALL(cudaSetDevice(device_));
+    CASTOR_CUDA_CALL(cudaGraphLaunch(exec_, stream_));
+    return absl::OkStatus();
+  }
+
+ private:
+  int device_;
+  cudaStream_t stream_;
+  cudaGraph_t graph_;
+  cudaGraphExec_t exec_;
+  std::vector<void*> staging_;
+};
+
+}  // namespace
+
+absl::Status CudaBackend::BeginCapture() {
+  if (capturing_) return absl::FailedPreconditionError("cuda: a CUDA graph is already being recorded");
+  CASTOR_RETURN_IF_ERROR(Activate());
+  // Relaxed: allocating device memory (a pool miss) stays allowed.
+  CASTOR_CUDA_CALL(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+  capturing_ = true;
+  pool_.set_recording(true);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CapturedWork>> CudaBackend::EndCapture() {
+  if (!capturing_) return absl::FailedPreconditionError("cuda: no CUDA graph is being recorded");
+  capturing_ = false;
+  pool_.set_recording(false);
+  std::vector<void*> staging = std::move(capture_staging_);
+  capture_staging_.clear();
+  auto drop = [&staging] {
+    for (void* pinned : staging) cudaFreeHost(pinned);
+  };
+  cudaGraph_t graph = nullptr;
+  if (absl::Status ended = CudaStatus(cudaStreamEndCapture(stream_, &graph), "ending the capture");
+      !ended.ok()) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    drop();
+    return ended;
+  }
+  cudaGraphExec_t exec = nullptr;
+  if (absl::Status made = CudaStatus(cudaGraphInstantiate(&exec, graph, 0), "instantiating");
+      !made.ok()) {
+    cudaGraphDestroy(graph);
+    drop();
+    return made;
+  }
+  return std::unique_ptr<CapturedWork>(
+      new CudaGraph(device_.device, stream_, graph, exec, std::move(staging)));
+}
+
+void CudaBackend::AbortCapture() {
+  if (!capturing_) return;
+  capturing_ = false;
+  pool_.set_recording(false);
+  cudaSetDevice(device_.device);
+  cudaGraph_t graph = nullptr;
+  cudaStreamEndCapture(stream_, &graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaGetLastError();  // a capture that went wrong leaves a (non-sticky) error behind
+  for (void* pinned : capture_staging_) cudaFreeHost(pinned);
+  capture_staging_.clear();
+}
+
 absl::Status CudaBackend::CopyToHost(void* host_dst, const void* src, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();
+  if (capturing_) return RefusedWhileCapturing("copying device memory to the host");
   CASTOR_RETURN_IF_ERROR(Activate());
   CASTOR_CUDA_CALL(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
   CASTOR_CUDA_CALL(cudaStreamSynchronize(stream_));
@@ -236,6 +349,7 @@ absl::Status CudaBackend::CopyWithin(void* dst, const void* src, size_t bytes) {
 }
 
 absl::Status CudaBackend::Synchronize() {
+  if (capturing_) return RefusedWhileCapturing("waiting for the device");
   CASTOR_RETURN_IF_ERROR(Activate());
   CASTOR_CUDA_CALL(cudaStreamSynchronize(stream_));
   return absl::OkStatus();

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -32,7 +33,9 @@ namespace castor::cuda {
 // below 1 MiB, 2 MiB above) and freed blocks are kept in per-size free lists,
 // so a training step that repeats a shape never calls cudaMalloc. When the
 // device runs out, the cache is returned to the driver and the allocation
-// retried once.
+// retried once (not while a CUDA graph is being recorded: freeing memory
+// would end the recording). Blocks handed out while recording are never
+// returned to the driver before the pool dies: a graph may still use them.
 class DevicePool {
  public:
   DevicePool() = default;
@@ -42,8 +45,10 @@ class DevicePool {
 
   absl::StatusOr<void*> Allocate(size_t bytes);
   void Free(void* data);
-  // Returns every cached (free) block to the driver.
+  // Returns every cached (free) block to the driver, except those a
+  // recording was handed.
   void ReleaseCached();
+  void set_recording(bool recording) { recording_ = recording; }
   const DeviceMemoryStats& stats() const { return stats_; }
 
   static size_t RoundedSize(size_t bytes);
@@ -51,6 +56,8 @@ class DevicePool {
  private:
   std::map<size_t, std::vector<void*>> free_;  // rounded size -> blocks
   std::unordered_map<void*, size_t> sizes_;    // every block held -> rounded size
+  std::set<void*> recorded_;                   // handed out while recording
+  bool recording_ = false;
   DeviceMemoryStats stats_;
 };
 
@@ -88,6 +95,13 @@ class CudaBackend : public Backend {
   absl::Status Synchronize() override;
   StepKernels* step_kernels() override { return step_kernels_.get(); }
 
+  // CUDA graphs: stream capture in relaxed mode on this backend's stream.
+  // The graph replays on the same stream and must not outlive the backend.
+  std::string CaptureUnsupportedReason() const override { return ""; }
+  absl::Status BeginCapture() override;
+  absl::StatusOr<std::unique_ptr<CapturedWork>> EndCapture() override;
+  void AbortCapture() override;
+
   // Makes this backend's device current for the calling thread.
   absl::Status Activate() const;
   cudaStream_t stream() const { return stream_; }
@@ -106,6 +120,11 @@ class CudaBackend : public Backend {
   cublasHandle_t cublas_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   DevicePool pool_;
+  void* cublas_workspace_ = nullptr;  // pool memory, fixed so graphs can hold on to it
+  // While recording: the pinned host copies CopyFromHost made (the graph
+  // reads them on every replay and owns them once recorded).
+  bool capturing_ = false;
+  std::vector<void*> capture_staging_;
   std::unique_ptr<StepKernels> step_kernels_;  // holds pool memory: released first
 };
 
