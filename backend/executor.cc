@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <optional>
 #include <set>
 
@@ -307,6 +308,18 @@ std::shared_ptr<const Tensor> HostCopyOf(const Tensor& tensor) {
   return std::make_shared<const Tensor>(tensor);
 }
 
+// The same for a backend feed that brings its host copy along.
+std::shared_ptr<const Tensor> HostCopyOfView(const TensorView& view) {
+  if (view.host_data == nullptr ||
+      (view.dtype != DType::kInt64 && view.dtype != DType::kInt32) ||
+      view.num_elements() > kHostCopyElements) {
+    return nullptr;
+  }
+  auto copy = std::make_shared<Tensor>(view.dtype, view.dims);
+  std::memcpy(copy->raw(), view.host_data, copy->byte_size());
+  return copy;
+}
+
 }  // namespace
 
 absl::Status Executor::UploadResident(int id, const Tensor& tensor) {
@@ -409,12 +422,27 @@ void Executor::ComputeLiveness() {
 
 // ---- running -----------------------------------------------------------------
 
+std::vector<Executor::Feed> Executor::HostFeeds(
+    const std::vector<std::pair<std::string, Tensor>>& feeds) {
+  std::vector<Feed> list;
+  for (const auto& [name, tensor] : feeds) {
+    list.push_back(Feed{&name, tensor.dtype(), &tensor.dims(), &tensor, nullptr});
+  }
+  return list;
+}
+
 absl::Status Executor::CheckFeeds(const std::vector<std::pair<std::string, Tensor>>& feeds) const {
+  return CheckFeedList(HostFeeds(feeds));
+}
+
+absl::Status Executor::CheckFeedList(const std::vector<Feed>& feeds) const {
   std::vector<std::string> problems;
   std::set<std::string> fed;
   std::vector<std::string> input_names;
   for (const Value* v : model_.graph->inputs()) input_names.push_back(v->name());
-  for (const auto& [name, tensor] : feeds) {
+  for (const Feed& feed : feeds) {
+    const std::string& name = *feed.name;
+    const std::vector<int64_t>& dims = *feed.dims;
     const Value* input = model_.graph->FindValue(name);
     if (input == nullptr || !input->is_graph_input()) {
       problems.push_back(absl::StrCat("unknown feed '", name, "': the graph inputs are ",
@@ -423,23 +451,23 @@ absl::Status Executor::CheckFeeds(const std::vector<std::pair<std::string, Tenso
     }
     if (!fed.insert(name).second)
       problems.push_back(absl::StrCat("input '", name, "' is fed twice"));
-    if (tensor.dtype() != input->dtype()) {
-      problems.push_back(absl::StrCat("input '", name, "': fed ", DTypeName(tensor.dtype()),
+    if (feed.dtype != input->dtype()) {
+      problems.push_back(absl::StrCat("input '", name, "': fed ", DTypeName(feed.dtype),
                                       ", the model expects ", DTypeName(input->dtype())));
     }
     const Shape& shape = input->shape();
     if (!shape.rank_known()) continue;
-    if (shape.rank() != static_cast<int>(tensor.dims().size())) {
-      problems.push_back(absl::StrCat("input '", name, "': fed rank ", tensor.dims().size(), " ",
-                                      DimsText(tensor.dims()), ", the model expects rank ",
+    if (shape.rank() != static_cast<int>(dims.size())) {
+      problems.push_back(absl::StrCat("input '", name, "': fed rank ", dims.size(), " ",
+                                      DimsText(dims), ", the model expects rank ",
                                       shape.rank(), " ", shape.ToString()));
       continue;
     }
     for (int d = 0; d < shape.rank(); ++d) {
-      if (shape[d].is_static() && shape[d].value() != tensor.dims()[d]) {
-        problems.push_back(absl::StrCat("input '", name, "': dim ", d, " is ", tensor.dims()[d],
+      if (shape[d].is_static() && shape[d].value() != dims[d]) {
+        problems.push_back(absl::StrCat("input '", name, "': dim ", d, " is ", dims[d],
                                         ", the model expects ", shape[d].value(), " (shape ",
-                                        shape.ToString(), ", fed ", DimsText(tensor.dims()), ")"));
+                                        shape.ToString(), ", fed ", DimsText(dims), ")"));
       }
     }
   }
@@ -459,13 +487,20 @@ absl::Status Executor::CheckFeeds(const std::vector<std::pair<std::string, Tenso
   return absl::InvalidArgumentError(absl::StrJoin(problems, "; "));
 }
 
-absl::Status Executor::FeedInputs(const std::vector<std::pair<std::string, Tensor>>& feeds,
-                                  RunState& state, PlanStats& stats) {
-  CASTOR_RETURN_IF_ERROR(CheckFeeds(feeds));
+absl::Status Executor::FeedInputs(const std::vector<Feed>& feeds, RunState& state,
+                                  PlanStats& stats) {
+  CASTOR_RETURN_IF_ERROR(CheckFeedList(feeds));
   ReleaseKept();
   stats.num_nodes = static_cast<int>(steps_.size());
   for (const auto& [id, buffer] : resident_) state.Set(id, buffer);
-  for (const auto& [name, tensor] : feeds) {
+  for (const Feed& feed : feeds) {
+    const int id = ValueId(model_.graph->FindValue(*feed.name));
+    if (feed.on_backend != nullptr) {  // used in place, never pooled
+      const TensorView& view = *feed.on_backend;
+      state.Set(id, Buffer{view.data, view.dtype, view.dims, false, HostCopyOfView(view)});
+      continue;
+    }
+    const Tensor& tensor = *feed.host;
     Buffer buffer{nullptr, tensor.dtype(), tensor.dims(), false, HostCopyOf(tensor)};
     if (tensor.byte_size() > 0) {
       int64_t allocated = 0;
@@ -473,7 +508,7 @@ absl::Status Executor::FeedInputs(const std::vector<std::pair<std::string, Tenso
       buffer.pooled = true;
       stats.backend_allocated_bytes += allocated;
     }
-    state.Set(ValueId(model_.graph->FindValue(name)), buffer);
+    state.Set(id, buffer);
     if (buffer.data != nullptr) {
       CASTOR_RETURN_IF_ERROR(backend_.CopyFromHost(buffer.data, tensor.raw(), tensor.byte_size()));
     }
@@ -485,16 +520,27 @@ absl::Status Executor::FeedInputs(const std::vector<std::pair<std::string, Tenso
 absl::StatusOr<std::vector<Tensor>> Executor::Run(
     const std::vector<std::pair<std::string, Tensor>>& feeds) {
   std::vector<Tensor> outputs;
-  CASTOR_RETURN_IF_ERROR(Execute(feeds, &outputs));
+  CASTOR_RETURN_IF_ERROR(Execute(HostFeeds(feeds), &outputs));
   return outputs;
 }
 
 absl::Status Executor::RunOnBackend(const std::vector<std::pair<std::string, Tensor>>& feeds) {
-  return Execute(feeds, nullptr);
+  return Execute(HostFeeds(feeds), nullptr);
 }
 
-absl::Status Executor::Execute(const std::vector<std::pair<std::string, Tensor>>& feeds,
-                               std::vector<Tensor>* host_outputs) {
+absl::Status Executor::RunOnBackendWithBackendFeeds(
+    const std::vector<std::pair<std::string, TensorView>>& feeds) {
+  std::vector<Feed> list;
+  for (const auto& [name, view] : feeds) {
+    if (view.data == nullptr && view.num_elements() > 0) {
+      return absl::InvalidArgumentError(absl::StrCat("feed '", name, "' has no backend buffer"));
+    }
+    list.push_back(Feed{&name, view.dtype, &view.dims, nullptr, &view});
+  }
+  return Execute(list, nullptr);
+}
+
+absl::Status Executor::Execute(const std::vector<Feed>& feeds, std::vector<Tensor>* host_outputs) {
   PlanStats stats;
   RunState state(values_.size(), *pool_);
   CASTOR_RETURN_IF_ERROR(FeedInputs(feeds, state, stats));
@@ -543,7 +589,7 @@ absl::StatusOr<std::optional<NonFiniteOutput>> Executor::FindFirstNonFinite(
     const std::vector<std::pair<std::string, Tensor>>& feeds) {
   PlanStats stats;
   RunState state(values_.size(), *pool_);
-  CASTOR_RETURN_IF_ERROR(FeedInputs(feeds, state, stats));
+  CASTOR_RETURN_IF_ERROR(FeedInputs(HostFeeds(feeds), state, stats));
   std::optional<NonFiniteOutput> found;
   auto check = [&](const PlanStep& step, const RunState& run) -> absl::StatusOr<bool> {
     for (int id : step.output_ids) {

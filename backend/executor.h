@@ -107,6 +107,13 @@ class Executor {
   // and does not wait for the backend: the call returns once the work is
   // queued. Read the outputs with OutputView until the next run starts.
   absl::Status RunOnBackend(const std::vector<std::pair<std::string, Tensor>>& feeds);
+  // RunOnBackend on feeds already in backend memory (say, the fixed buffers
+  // a recorded step reads): they are used in place, not copied, and must
+  // stay as they are until the run's work is done. A feed's host_data, when
+  // set, is its host copy (kernels that plan with small integer tensors read
+  // it instead of waiting for the device); the same checks as for host feeds.
+  absl::Status RunOnBackendWithBackendFeeds(
+      const std::vector<std::pair<std::string, TensorView>>& feeds);
   // Graph output `index` (graph-output order) of the last RunOnBackend.
   absl::StatusOr<TensorView> OutputView(int index) const;
   // Returns the last run's outputs and kept values to the buffer pool
@@ -152,6 +159,16 @@ class Executor {
     bool pooled = false;  // returns to the pool when released
     std::shared_ptr<const Tensor> host = nullptr;  // a host copy (TensorView::host_data)
   };
+  // A feed as the run sees it: a host tensor to copy in, or a buffer
+  // already on the backend.
+  struct Feed {
+    const std::string* name = nullptr;
+    DType dtype = DType::kUndefined;
+    const std::vector<int64_t>* dims = nullptr;
+    const Tensor* host = nullptr;
+    const TensorView* on_backend = nullptr;
+  };
+  static std::vector<Feed> HostFeeds(const std::vector<std::pair<std::string, Tensor>>& feeds);
   struct Plan {
     PlanStats stats;  // of the latest run with this signature
     int runs = 0;
@@ -168,12 +185,11 @@ class Executor {
   void ComputeLiveness();
   // Called after each node ran; returning true stops the run.
   using StepObserver = std::function<absl::StatusOr<bool>(const PlanStep&, const RunState&)>;
-  absl::Status FeedInputs(const std::vector<std::pair<std::string, Tensor>>& feeds,
-                          RunState& state, PlanStats& stats);
+  absl::Status CheckFeedList(const std::vector<Feed>& feeds) const;
+  absl::Status FeedInputs(const std::vector<Feed>& feeds, RunState& state, PlanStats& stats);
   absl::Status RunSteps(RunState& state, PlanStats& stats, const StepObserver& observer = {});
   // Run (host_outputs set) or RunOnBackend (nullptr).
-  absl::Status Execute(const std::vector<std::pair<std::string, Tensor>>& feeds,
-                       std::vector<Tensor>* host_outputs);
+  absl::Status Execute(const std::vector<Feed>& feeds, std::vector<Tensor>* host_outputs);
   absl::Status CheckOutputs(const PlanStep& step, const RunState& state) const;
   absl::StatusOr<std::vector<Tensor>> DownloadOutputs(const RunState& state) const;
   void ReleaseKept();

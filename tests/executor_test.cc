@@ -437,6 +437,59 @@ TEST(ExecutorTest, FeedErrorsNameTheInputAndTheExpectation) {
   EXPECT_TRUE(e.Run({{"x", Input(2)}, {"x2", Input(2)}}).ok());
 }
 
+TEST(ExecutorTest, BackendFeedsAreReadInPlaceAndKeepTheirHostCopy) {
+  // Feeds already in backend memory (a recorded step's fixed buffers): the
+  // run reads them where they are, never writes them (even with in-place
+  // kernels), allocates nothing for them, and gives kernels the host copy a
+  // feed brings along.
+  FakeBackend backend(/*in_place_ok=*/true);
+  ModelBuilder builder;
+  Graph& graph = *builder.model().graph;
+  Value* fed = *graph.AddInput("fed", DType::kInt64, Shape{Dim(3)});
+  Value* reshaped = builder.Add("Reshape", {builder.x(), fed}, "reshaped");
+  Value* y = builder.Add("Neg", {builder.Add("Relu", {builder.x()}, "a")}, "y");
+  auto executor = Executor::Create(builder.Finish({y, reshaped}), backend);
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  Executor& e = **executor;
+  const Tensor x = Input(4);
+  const Tensor shape = Tensor::FromVector<int64_t>(DType::kInt64, {3}, {2, 2, 4});
+  absl::StatusOr<std::vector<Tensor>> expected = e.Run({{"x", x}, {"fed", shape}});
+  ASSERT_TRUE(expected.ok()) << expected.status();
+
+  void* x_buffer = *backend.Allocate(x.byte_size());
+  void* shape_buffer = *backend.Allocate(shape.byte_size());
+  std::memcpy(x_buffer, x.raw(), x.byte_size());
+  std::memcpy(shape_buffer, shape.raw(), shape.byte_size());
+  const size_t live_before = backend.live_allocations();
+  std::vector<std::pair<std::string, TensorView>> feeds = {
+      {"x", TensorView{x_buffer, DType::kFloat32, {4, 4}}},
+      {"fed", TensorView{shape_buffer, DType::kInt64, {3}, shape.raw()}}};
+  ASSERT_TRUE(e.RunOnBackendWithBackendFeeds(feeds).ok());
+  EXPECT_EQ(SeenHostShapes()["reshaped_node"], (std::vector<int64_t>{2, 2, 4}));
+  for (int k = 0; k < 2; ++k) {
+    absl::StatusOr<TensorView> got = e.OutputView(k);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->dims, (*expected)[k].dims());
+    EXPECT_EQ(std::memcmp(got->data, (*expected)[k].raw(), got->byte_size()), 0) << "output " << k;
+    EXPECT_NE(got->data, x_buffer) << "output " << k;
+  }
+  EXPECT_EQ(std::memcmp(x_buffer, x.raw(), x.byte_size()), 0) << "the feed was overwritten";
+  EXPECT_EQ(backend.live_allocations(), live_before) << "the pool had every buffer already";
+
+  feeds[1].second.host_data = nullptr;  // no host copy: kernels must read the backend's
+  ASSERT_TRUE(e.RunOnBackendWithBackendFeeds(feeds).ok());
+  EXPECT_EQ(SeenHostShapes()["reshaped_node"], std::nullopt);
+
+  feeds[0].second.dtype = DType::kFloat16;
+  absl::Status wrong = e.RunOnBackendWithBackendFeeds(feeds);
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(wrong.message()),
+              HasSubstr("input 'x': fed float16, the model expects float32"));
+  e.ReleaseOutputs();
+  backend.Free(x_buffer);
+  backend.Free(shape_buffer);
+}
+
 TEST(ExecutorTest, AllMissingKernelsAreListedAtOnce) {
   FakeBackend backend(false);
   ModelBuilder builder;
