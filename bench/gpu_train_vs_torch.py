@@ -383,6 +383,8 @@ def run_castor(binary, backend, model_path, data_path, policy, batch, warmup, st
         result["summary"] = summary
         if "skipped" in summary:
             result["skipped_steps"] = summary["skipped"]
+        if "replayed_steps" in summary:
+            result["replayed_steps"] = summary["replayed_steps"]
     # Steady state, like torch's timing: the median step after the warm-up
     # (the summary's mean includes planning and first allocations).
     if "steady_samples_per_s" in result:
@@ -525,10 +527,12 @@ def progress_line(policy, side, r):
     if "error" in r:
         return "  %-14s %-6s %s" % (policy, side, r["error"])
     first = r.get("first_loss")
-    return "  %-14s %-6s %10.1f samples/s  peak %s MiB  first loss %s%s" % (
+    return "  %-14s %-6s %10.1f samples/s  peak %s MiB  first loss %s%s%s" % (
         policy, side, r["samples_per_s"],
         "-" if r.get("peak_mib") is None else "%.0f" % r["peak_mib"],
         "-" if first is None else "%.5f" % first,
+        "  %d steps replayed as a CUDA graph" % r["replayed_steps"]
+        if r.get("replayed_steps") is not None else "",
         "  (%s)" % r["samples_per_s_source"] if r.get("samples_per_s_source") else "")
 
 

@@ -161,6 +161,7 @@ absl::StatusOr<TrainingGraph> BuildTrainingGraph(Model& model,
   }
   TrainingGraph result;
   result.model_output = output->name();
+  result.loss = options.loss;
   CASTOR_ASSIGN_OR_RETURN(result.evaluation,
                           BuildEvaluationGraph(model, output->name(), options.loss));
   CASTOR_ASSIGN_OR_RETURN(result.running_stats, SwitchBatchNormToTraining(model));

@@ -56,6 +56,7 @@ struct TrainingGraph {
   // its value after the step).
   std::vector<std::pair<std::string, std::string>> running_stats;
   std::string model_output;  // the output the loss is attached to
+  LossKind loss = LossKind::kSoftmaxCrossEntropy;
   int backward_nodes = 0;
   // The forward-only evaluation graph (types inferred). Its initializers
   // carry the same names as the training graph's, so the trainer updates

@@ -81,6 +81,8 @@ TEST_F(TrainCommandTest, TrainsEvaluatesAndWritesMetrics) {
   EXPECT_THAT(r.out, HasSubstr("weights         6 of 6 tensors float32"));
   EXPECT_THAT(r.out, HasSubstr("steps           6, 0 skipped"));
   EXPECT_THAT(r.out, HasSubstr("loss scale      65536 (final)"));
+  EXPECT_THAT(r.out, HasSubstr("graph replay    none: the cpu backend runs each kernel as it is "
+                               "queued"));
 
   std::ifstream in(metrics);
   std::string line;
@@ -98,6 +100,7 @@ TEST_F(TrainCommandTest, TrainsEvaluatesAndWritesMetrics) {
       EXPECT_GT(json->Find("step_time_ms")->as_number(), 0.0);
       EXPECT_GT(json->Find("samples_per_s")->as_number(), 0.0);
       EXPECT_GT(json->Find("peak_activation_bytes")->as_int(), 0);
+      EXPECT_EQ(json->Find("replayed_steps")->as_int(), 0);
       EXPECT_EQ(json->Find("peak_device_memory_bytes"), nullptr) << "no device memory on the CPU";
       continue;
     }
@@ -111,6 +114,8 @@ TEST_F(TrainCommandTest, TrainsEvaluatesAndWritesMetrics) {
     for (const char* key : {"step", "loss", "loss_scale", "skipped", "lr", "samples_per_s"}) {
       EXPECT_NE(json->Find(key), nullptr) << key << " in " << line;
     }
+    ASSERT_NE(json->Find("replayed"), nullptr) << line;
+    EXPECT_FALSE(json->Find("replayed")->as_bool()) << "the CPU runs node by node";
     EXPECT_EQ(json->Find("step")->as_int(), steps);
     EXPECT_EQ(json->Find("loss_scale")->as_number(), 65536.0);
   }
@@ -125,6 +130,15 @@ TEST_F(TrainCommandTest, BFloat16TrainsWithoutLossScaling) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("2 steps, loss scaling off"));
   EXPECT_THAT(r.out, HasSubstr("loss scale      1 (final)"));
+}
+
+TEST_F(TrainCommandTest, CudaGraphsCanBeTurnedOffAndTakeOnlyAutoOrOff) {
+  const Result off = Train({"--max-steps", "1", "--cuda-graphs", "off"});
+  ASSERT_EQ(off.code, 0) << off.err;
+  EXPECT_THAT(off.out, HasSubstr("graph replay    none: turned off"));
+  const Result bad = Train({"--max-steps", "1", "--cuda-graphs", "always"});
+  EXPECT_NE(bad.code, 0);
+  EXPECT_THAT(bad.err, HasSubstr("--cuda-graphs"));
 }
 
 std::string Slurp(const fs::path& path) {

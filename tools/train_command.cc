@@ -65,6 +65,7 @@ struct TrainOptions {
   std::string metrics_path;
   std::string backend = "auto";
   std::string loss_scaling = "auto";
+  std::string cuda_graphs = "auto";
   int64_t threads = 0;
   std::string checkpoint_dir;
   int64_t save_every = 0;
@@ -379,6 +380,11 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
                &o.backend)
       .AddEnum("loss-scaling", {"auto", "on", "off"},
                "dynamic loss scaling (auto: on for mixed_float16 only)", &o.loss_scaling)
+      .AddEnum("cuda-graphs", {"auto", "off"},
+               "auto: on CUDA, record the step once its batch shape repeats and replay it as a "
+               "CUDA graph (an epoch's smaller last batch runs node by node); off: every step "
+               "node by node",
+               &o.cuda_graphs)
       .AddInt("threads", "N", "CPU threads (0: all)", &o.threads)
       .AddExample(
           "castor train models/cnn_opset17.onnx --data fashion-mnist --policy "
@@ -459,6 +465,7 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     trainer_options.lr.step_size = o.step_size;
     trainer_options.lr.gamma = o.gamma;
   }
+  trainer_options.replay_steps = o.cuda_graphs == "auto";
   trainer_options.scaler.enabled =
       o.loss_scaling == "on" ||
       (o.loss_scaling == "auto" && policy.compute_dtype() == DType::kFloat16);
@@ -627,6 +634,7 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   int64_t correct = 0, seen = 0, seen_total = 0, steps_run = 0;
   Evaluation last_eval;
   bool evaluated = false;
+  bool replay_warned = !trainer.replay_unavailable().empty();  // warn when recording fails
   std::string last_checkpoint;
   auto evaluate = [&](int64_t epoch) -> absl::Status {
     if (!data->has_test()) return absl::OkStatus();
@@ -676,13 +684,19 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     }
     if (!r->diagnosis.empty())
       err << "castor train: warning: step " << step << ": " << r->diagnosis << "\n";
+    if (!replay_warned && !trainer.replay_unavailable().empty()) {  // it was available
+      if (live) err << "\n";
+      err << "castor train: warning: steps run node by node: " << trainer.replay_unavailable()
+          << "\n";
+      replay_warned = true;
+    }
     if (metrics.is_open()) {
       // %.9g prints a float32 loss exactly, so resumed runs compare bit for bit.
       metrics << absl::StrFormat(
           "{\"step\":%d,\"epoch\":%d,\"loss\":%.9g,\"loss_scale\":%g,\"skipped\":%s,\"lr\":%g,"
-          "\"samples_per_s\":%.1f,\"grad_norm\":%.6g%s}\n",
+          "\"samples_per_s\":%.1f,\"grad_norm\":%.6g,\"replayed\":%s%s}\n",
           step, epoch, r->loss, r->loss_scale, r->skipped ? "true" : "false", r->lr, n / dt,
-          r->grad_norm,
+          r->grad_norm, r->replayed ? "true" : "false",
           r->first_non_finite.empty()
               ? ""
               : absl::StrCat(",\"first_non_finite\":", Json::String(r->first_non_finite).Dump()));
@@ -720,9 +734,10 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   if (metrics.is_open()) {
     metrics << absl::StrFormat(
         "{\"summary\":true,\"backend\":%s,\"policy\":%s,\"steps\":%d,\"skipped\":%d,"
-        "\"step_time_ms\":%.3f,\"samples_per_s\":%.1f,\"peak_activation_bytes\":%d%s}\n",
+        "\"step_time_ms\":%.3f,\"samples_per_s\":%.1f,\"replayed_steps\":%d,"
+        "\"peak_activation_bytes\":%d%s}\n",
         Json::String(backend.name()).Dump(), Json::String(policy.name()).Dump(), trainer.steps(),
-        trainer.scaler().skipped_steps(), mean_step_ms, samples_per_s,
+        trainer.scaler().skipped_steps(), mean_step_ms, samples_per_s, trainer.replayed_steps(),
         trainer.peak_activation_bytes(),
         device_memory.ok()
             ? absl::StrCat(",\"peak_device_memory_bytes\":", device_memory->peak_in_use_bytes)
@@ -744,6 +759,11 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
                          trainer.scaler().skipped_steps())
       << absl::StrFormat("  loss scale      %g (final)\n", trainer.scaler().scale())
       << absl::StrFormat("  backend         %s\n", DescribeBackend(backend))
+      << absl::StrFormat("  graph replay    %s\n",
+                         trainer.replay_unavailable().empty()
+                             ? absl::StrFormat("%d of %d steps replayed as a CUDA graph",
+                                               trainer.replayed_steps(), steps_run)
+                             : absl::StrCat("none: ", trainer.replay_unavailable()))
       << absl::StrFormat("  peak memory     %.1f MiB of activations%s\n",
                          trainer.peak_activation_bytes() / 1048576.0,
                          device_memory.ok()

@@ -2,6 +2,7 @@
 #include "tools/trainer.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "graph/status.h"
 
 namespace castor::tools {
@@ -15,6 +16,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Model model, TrainingGr
   std::unique_ptr<Trainer> trainer(
       new Trainer(std::move(model), std::move(graph), backend, config, std::move(scaler)));
   trainer->name_first_non_finite_ = options.name_first_non_finite;
+  trainer->replay_unavailable_ =
+      options.replay_steps ? backend.CaptureUnsupportedReason() : "turned off";
   CASTOR_RETURN_IF_ERROR(trainer->Initialize());
   return trainer;
 }
@@ -130,6 +133,8 @@ absl::Status Trainer::Restore(const std::map<std::string, Tensor>& state,
   CASTOR_RETURN_IF_ERROR(UploadOptimizerAndScaler(optimizer));
   steps_ = steps;
   eval_stale_ = true;
+  recorded_.reset();  // it holds the previous optimizer and scaler settings
+  last_signature_.clear();
   return absl::OkStatus();
 }
 
@@ -178,35 +183,152 @@ absl::StatusOr<StepResult> Trainer::Evaluate(std::vector<std::pair<std::string, 
   return result;
 }
 
-absl::StatusOr<StepResult> Trainer::Step(std::vector<std::pair<std::string, Tensor>> inputs,
-                                         Tensor labels) {
-  inputs.emplace_back(kLabelsInput, std::move(labels));
-  CASTOR_RETURN_IF_ERROR(executor_->RunOnBackend(inputs));
-  // Outputs: loss, model output, gradients..., running statistics...
-  const int num_gradients = static_cast<int>(graph_.gradients.size());
-  CASTOR_ASSIGN_OR_RETURN(TensorView loss, executor_->OutputView(0));
-  CASTOR_ASSIGN_OR_RETURN(TensorView output, executor_->OutputView(1));
-  std::vector<TensorView> gradients;
-  for (int k = 0; k < num_gradients; ++k) {
-    CASTOR_ASSIGN_OR_RETURN(TensorView gradient, executor_->OutputView(2 + k));
-    gradients.push_back(gradient);
-    parameters_[k].gradient = gradient;
+namespace {
+
+// "input:float32[16,1,28,28] castor.labels:int64[16]": names, dtypes, dims.
+std::string FeedSignature(const std::vector<std::pair<std::string, Tensor>>& feeds) {
+  std::string signature;
+  for (const auto& [name, tensor] : feeds) {
+    absl::StrAppend(&signature, name, ":", DTypeName(tensor.dtype()), "[",
+                    absl::StrJoin(tensor.dims(), ","), "] ");
   }
+  return signature;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<TensorView>> Trainer::ExecutorOutputs() const {
+  std::vector<TensorView> outputs;
+  for (size_t k = 0; k < model_.graph->outputs().size(); ++k) {
+    CASTOR_ASSIGN_OR_RETURN(TensorView view, executor_->OutputView(static_cast<int>(k)));
+    outputs.push_back(std::move(view));
+  }
+  return outputs;
+}
+
+absl::Status Trainer::QueueStepEnd(const std::vector<TensorView>& outputs) {
+  // Outputs: loss, model output, gradients..., running statistics...
+  const size_t num_gradients = graph_.gradients.size();
+  if (outputs.size() != 2 + num_gradients + graph_.running_stats.size()) {
+    return absl::InternalError("the training graph's outputs do not match its description");
+  }
+  std::vector<TensorView> gradients(outputs.begin() + 2, outputs.begin() + 2 + num_gradients);
+  for (size_t k = 0; k < num_gradients; ++k) parameters_[k].gradient = gradients[k];
   auto* state = static_cast<StepState*>(step_state_.get());
-  CASTOR_RETURN_IF_ERROR(kernels_->UnscaleAndDecide(config_, gradients, loss, state, loss_scale_));
+  CASTOR_RETURN_IF_ERROR(
+      kernels_->UnscaleAndDecide(config_, gradients, outputs[0], state, loss_scale_));
   CASTOR_RETURN_IF_ERROR(kernels_->ApplyOptimizer(config_, parameters_, state));
   for (size_t k = 0; k < graph_.running_stats.size(); ++k) {
     CASTOR_ASSIGN_OR_RETURN(TensorView statistic,
                             executor_->ResidentTensor(graph_.running_stats[k].first));
-    CASTOR_ASSIGN_OR_RETURN(TensorView updated,
-                            executor_->OutputView(2 + num_gradients + static_cast<int>(k)));
-    CASTOR_RETURN_IF_ERROR(kernels_->CopyUnlessSkipped(statistic, updated, state));
+    CASTOR_RETURN_IF_ERROR(
+        kernels_->CopyUnlessSkipped(statistic, outputs[2 + num_gradients + k], state));
   }
+  return absl::OkStatus();
+}
 
+absl::Status Trainer::Record(const Feeds& inputs) {
+  for (const auto& [name, tensor] : inputs) {
+    if (!IsFloatingPoint(tensor.dtype()) && name != kLabelsInput) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "feed '", name, "' is ", DTypeName(tensor.dtype()),
+          ": kernels may plan with an integer feed's values on the host, which a replay "
+          "would not see"));
+    }
+  }
+  auto step = std::make_unique<RecordedStep>();
+  step->signature = FeedSignature(inputs);
+  for (const auto& [name, tensor] : inputs) {
+    TensorView view{nullptr, tensor.dtype(), tensor.dims()};
+    if (tensor.byte_size() > 0) {
+      CASTOR_ASSIGN_OR_RETURN(BackendMemory memory, Allocate(tensor.byte_size()));
+      view.data = memory.get();
+      step->feed_memory.push_back(std::move(memory));
+      CASTOR_RETURN_IF_ERROR(backend_.CopyFromHost(view.data, tensor.raw(), tensor.byte_size()));
+    }
+    // The labels' host copy lets the loss check them on the host while
+    // recording; before each replay the trainer checks them itself.
+    if (name == kLabelsInput) view.host_data = tensor.raw();
+    step->feeds.emplace_back(name, std::move(view));
+  }
+  CASTOR_RETURN_IF_ERROR(backend_.BeginCapture());
+  absl::Status queued = executor_->RunOnBackendWithBackendFeeds(step->feeds);
+  if (queued.ok()) {
+    absl::StatusOr<std::vector<TensorView>> outputs = ExecutorOutputs();
+    queued = outputs.status();
+    if (outputs.ok()) {
+      step->outputs = *std::move(outputs);
+      queued = QueueStepEnd(step->outputs);
+    }
+  }
+  if (!queued.ok()) {
+    backend_.AbortCapture();
+    executor_->ReleaseOutputs();
+    return queued;
+  }
+  absl::StatusOr<std::unique_ptr<CapturedWork>> work = backend_.EndCapture();
+  if (!work.ok()) {
+    executor_->ReleaseOutputs();
+    return work.status();
+  }
+  step->work = *std::move(work);
+  for (auto& [name, view] : step->feeds) view.host_data = nullptr;  // this step's only
+  recorded_ = std::move(step);
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::LoadRecordedFeeds(const Feeds& inputs) {
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const auto& [name, tensor] = inputs[k];
+    const TensorView& buffer = recorded_->feeds[k].second;
+    if (name == kLabelsInput && graph_.loss == LossKind::kSoftmaxCrossEntropy &&
+        !IsFloatingPoint(tensor.dtype()) && recorded_->outputs[1].dims.size() >= 2) {
+      // The loss kernel's own check ran once, while recording.
+      const int64_t classes = recorded_->outputs[1].dims[1];
+      for (int64_t p = 0; p < tensor.num_elements(); ++p) {
+        const int64_t label = static_cast<int64_t>(tensor.GetDouble(p));
+        if (label < 0 || label >= classes) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "labels: label ", label, " at position ", p, " is out of range [0, ", classes,
+              "): the model output '", graph_.model_output, "' has ", classes, " classes"));
+        }
+      }
+    }
+    CASTOR_RETURN_IF_ERROR(backend_.CopyFromHost(buffer.data, tensor.raw(), tensor.byte_size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> Trainer::Step(Feeds inputs, Tensor labels) {
+  inputs.emplace_back(kLabelsInput, std::move(labels));
+  const std::string signature = FeedSignature(inputs);
+  if (recorded_ == nullptr && replay_unavailable_.empty() && signature == last_signature_) {
+    if (absl::Status recorded = Record(inputs); !recorded.ok()) {
+      replay_unavailable_ = absl::StrCat("recording the step failed (", recorded.message(), ")");
+    }
+  }
+  if (recorded_ != nullptr && recorded_->signature == signature) {
+    CASTOR_RETURN_IF_ERROR(LoadRecordedFeeds(inputs));
+    CASTOR_RETURN_IF_ERROR(recorded_->work->Replay());
+    ++replayed_steps_;
+    return FinishStep(recorded_->outputs, inputs, /*replayed=*/true);
+  }
+  last_signature_ = signature;
+  CASTOR_RETURN_IF_ERROR(executor_->RunOnBackend(inputs));
+  CASTOR_ASSIGN_OR_RETURN(std::vector<TensorView> outputs, ExecutorOutputs());
+  CASTOR_RETURN_IF_ERROR(QueueStepEnd(outputs));
+  return FinishStep(outputs, inputs, /*replayed=*/false);
+}
+
+absl::StatusOr<StepResult> Trainer::FinishStep(const std::vector<TensorView>& outputs,
+                                               Feeds& inputs, bool replayed) {
+  const TensorView& loss = outputs[0];
+  const TensorView& output = outputs[1];
   // What the step logs: the only wait for the backend.
   StepState decided;
-  CASTOR_RETURN_IF_ERROR(backend_.CopyToHost(&decided, state, sizeof(decided)));
+  CASTOR_RETURN_IF_ERROR(backend_.CopyToHost(&decided, step_state_.get(), sizeof(decided)));
   StepResult result;
+  result.replayed = replayed;
   float loss_value = 0;
   CASTOR_RETURN_IF_ERROR(backend_.CopyToHost(&loss_value, loss.data, sizeof(loss_value)));
   result.loss = loss_value;

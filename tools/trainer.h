@@ -10,6 +10,18 @@
 // overflow nothing the model holds changes: weights, optimizer moments and
 // running statistics stay bit-identical, the scale backs off and the step
 // is counted as skipped.
+//
+// Replay (CUDA graphs): on a backend that can record queued work, the
+// second step with the same batch shapes is recorded once (the training
+// graph and the step kernels, reading its feeds from fixed backend buffers)
+// and every later step with those shapes only copies its batch into those
+// buffers and replays the recording: no per-node host work at all. Steps
+// with other shapes (an epoch's last, smaller batch) run node by node as
+// before. A recording that fails (a kernel that must read the device on the
+// host, say) is reported in replay_note() and the trainer stays with
+// node-by-node steps. Feeds must be floating point, apart from the labels,
+// which the trainer checks on the host before each replay (a recording
+// would not see their values).
 #pragma once
 
 #include <functional>
@@ -34,6 +46,8 @@ struct TrainerOptions {
   LossScalerOptions scaler;
   // On a skipped step, find the first non-finite node (costs one more run).
   bool name_first_non_finite = true;
+  // Replay steps as one recording where the backend can (see above).
+  bool replay_steps = true;
 };
 
 struct StepResult {
@@ -49,6 +63,7 @@ struct StepResult {
   // elements non-finite"; "" when not searched or not found.
   std::string first_non_finite;
   Tensor output;            // the model output the loss is attached to
+  bool replayed = false;    // the step was a replay of the recorded step
 };
 
 class Trainer {
@@ -98,6 +113,11 @@ class Trainer {
   const Model& model() const { return model_; }
   const TrainingGraph& training_graph() const { return graph_; }
   int64_t steps() const { return steps_; }
+  // Steps that were replays of the recorded step.
+  int64_t replayed_steps() const { return replayed_steps_; }
+  // Why steps are not replayed ("" while they are or still may be): turned
+  // off, the backend cannot record, or the recording failed (with why).
+  const std::string& replay_unavailable() const { return replay_unavailable_; }
 
  private:
   // Backend memory the trainer owns (optimizer slots, the StepState).
@@ -111,7 +131,34 @@ class Trainer {
         config_(config),
         scaler_(std::move(scaler)) {}
 
+  using Feeds = std::vector<std::pair<std::string, Tensor>>;
+
+  // The recorded step: fixed backend buffers its feeds are copied into
+  // (feed order as recorded), the graph outputs it leaves behind (loss,
+  // model output, gradients, running statistics) and the work to replay.
+  struct RecordedStep {
+    std::string signature;  // FeedSignature of the feeds it was recorded with
+    std::vector<std::pair<std::string, TensorView>> feeds;
+    std::vector<BackendMemory> feed_memory;
+    std::vector<TensorView> outputs;
+    std::unique_ptr<CapturedWork> work;
+  };
+
   absl::Status Initialize();
+  // The graph outputs the last executor run left on the backend.
+  absl::StatusOr<std::vector<TensorView>> ExecutorOutputs() const;
+  // Queues the end of the step on the graph outputs: unscale and decide,
+  // the optimizer, the running statistics.
+  absl::Status QueueStepEnd(const std::vector<TensorView>& outputs);
+  // Waits for the step, reads back what it logs and counts it; on a skipped
+  // step, looks for the first non-finite node (an extra run on `inputs`).
+  absl::StatusOr<StepResult> FinishStep(const std::vector<TensorView>& outputs, Feeds& inputs,
+                                        bool replayed);
+  // Records the step on `inputs` (the backend runs nothing yet); on failure
+  // nothing is recorded and the backend is as before.
+  absl::Status Record(const Feeds& inputs);
+  // Checks `inputs` against the recording and copies them into its buffers.
+  absl::Status LoadRecordedFeeds(const Feeds& inputs);
   absl::StatusOr<BackendMemory> Allocate(size_t bytes);
   // Copies the optimizer's moments (zeros where it has none), the scaler
   // and the optimizer step to the backend.
@@ -136,6 +183,13 @@ class Trainer {
   LossScaler scaler_;             // host copy, refreshed after every step
   int64_t optimizer_step_ = 0;    // host copy
   int64_t steps_ = 0;
+  // Replay: the feed signature of the latest node-by-node step (a repeat
+  // is recorded), and the recording, declared last so that it goes first
+  // (it uses the executor's buffers and the backend's stream).
+  std::string replay_unavailable_;
+  std::string last_signature_;
+  int64_t replayed_steps_ = 0;
+  std::unique_ptr<RecordedStep> recorded_;
 };
 
 }  // namespace castor::tools
