@@ -246,6 +246,43 @@ INSTANTIATE_TEST_SUITE_P(SampleModels, CudaReplayTest,
                            return info.param.model + "_" + info.param.policy;
                          });
 
+// The loss scale moving between replays, both ways: early steps overflow
+// and back off, later ones update, and the scale grows every 3 good steps.
+// Replays read the scale from the device, so they skip, update and move the
+// scale exactly as node-by-node steps do.
+TEST(CudaTrainerTest, ReplayedStepsFollowTheMovingLossScale) {
+  CASTOR_REQUIRE_CUDA();
+  TrainerOptions options;
+  options.scaler.initial_scale = 1 << 22;  // the logits' float16 gradients overflow at first
+  options.scaler.growth_interval = 3;
+  TrainerOptions node_by_node = options;
+  node_by_node.replay_steps = false;
+  std::unique_ptr<Trainer> replay = MakeTrainer("cnn_opset17", "mixed_float16", Gpu(), options);
+  std::unique_ptr<Trainer> eager =
+      MakeTrainer("cnn_opset17", "mixed_float16", Gpu(), node_by_node);
+  ASSERT_TRUE(replay && eager);
+  int replayed_skips = 0, replayed_updates = 0;
+  for (int step = 0; step < 12; ++step) {
+    auto [images, labels] = Batch(step);
+    absl::StatusOr<StepResult> got = replay->Step({{"input", images}}, labels);
+    absl::StatusOr<StepResult> expected = eager->Step({{"input", images}}, labels);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    EXPECT_EQ(got->replayed, step >= 1) << "step " << step;
+    EXPECT_EQ(got->skipped, expected->skipped) << "step " << step;
+    EXPECT_EQ(got->loss_scale, expected->loss_scale) << "step " << step;
+    if (got->replayed) (got->skipped ? replayed_skips : replayed_updates) += 1;
+  }
+  EXPECT_GT(replayed_skips, 0) << "no replay met an overflow";
+  EXPECT_GT(replayed_updates, 3) << "no replay grew the scale";
+  EXPECT_EQ(replay->scaler().scale(), eager->scaler().scale());
+  EXPECT_EQ(replay->optimizer_step(), eager->optimizer_step());
+  const std::map<std::string, Tensor> replayed_state = StateOf(*replay);
+  for (const auto& [name, expected] : StateOf(*eager)) {
+    EXPECT_LE(RelativeMaxDifference(replayed_state.at(name), expected), 5e-3) << name;
+  }
+}
+
 // An overflow inside the recorded step: the decision is made on the device,
 // so replayed steps skip the whole update (weights, moments, running
 // statistics bit-identical), halve the scale, and the first non-finite node

@@ -106,6 +106,8 @@ absl::Status Trainer::UploadOptimizerAndScaler(const Optimizer& optimizer) {
 absl::Status Trainer::Restore(const std::map<std::string, Tensor>& state,
                               const Optimizer& optimizer, const LossScaler& scaler,
                               int64_t steps) {
+  recorded_.reset();  // it holds this run's optimizer and scaler settings
+  last_signature_.clear();
   for (const std::string& name : state_names_) {
     auto saved = state.find(name);
     if (saved == state.end()) {
@@ -133,8 +135,6 @@ absl::Status Trainer::Restore(const std::map<std::string, Tensor>& state,
   CASTOR_RETURN_IF_ERROR(UploadOptimizerAndScaler(optimizer));
   steps_ = steps;
   eval_stale_ = true;
-  recorded_.reset();  // it holds the previous optimizer and scaler settings
-  last_signature_.clear();
   return absl::OkStatus();
 }
 
@@ -286,7 +286,8 @@ absl::Status Trainer::LoadRecordedFeeds(const Feeds& inputs) {
       // The loss kernel's own check ran once, while recording.
       const int64_t classes = recorded_->outputs[1].dims[1];
       for (int64_t p = 0; p < tensor.num_elements(); ++p) {
-        const int64_t label = static_cast<int64_t>(tensor.GetDouble(p));
+        const int64_t label = tensor.dtype() == DType::kInt32 ? tensor.data<int32_t>()[p]
+                                                              : tensor.data<int64_t>()[p];
         if (label < 0 || label >= classes) {
           return absl::InvalidArgumentError(absl::StrCat(
               "labels: label ", label, " at position ", p, " is out of range [0, ", classes,
@@ -303,7 +304,10 @@ absl::StatusOr<StepResult> Trainer::Step(Feeds inputs, Tensor labels) {
   inputs.emplace_back(kLabelsInput, std::move(labels));
   const std::string signature = FeedSignature(inputs);
   if (recorded_ == nullptr && replay_unavailable_.empty() && signature == last_signature_) {
-    if (absl::Status recorded = Record(inputs); !recorded.ok()) {
+    // A kernel's InvalidArgument is about this batch (a bad label, say):
+    // the node-by-node step below reports it, and a later repeat records.
+    absl::Status recorded = Record(inputs);
+    if (!recorded.ok() && recorded.code() != absl::StatusCode::kInvalidArgument) {
       replay_unavailable_ = absl::StrCat("recording the step failed (", recorded.message(), ")");
     }
   }
@@ -313,10 +317,10 @@ absl::StatusOr<StepResult> Trainer::Step(Feeds inputs, Tensor labels) {
     ++replayed_steps_;
     return FinishStep(recorded_->outputs, inputs, /*replayed=*/true);
   }
-  last_signature_ = signature;
   CASTOR_RETURN_IF_ERROR(executor_->RunOnBackend(inputs));
   CASTOR_ASSIGN_OR_RETURN(std::vector<TensorView> outputs, ExecutorOutputs());
   CASTOR_RETURN_IF_ERROR(QueueStepEnd(outputs));
+  last_signature_ = signature;  // a step that ran: the next with these shapes records
   return FinishStep(outputs, inputs, /*replayed=*/false);
 }
 

@@ -18,7 +18,7 @@
 // buffers and replays the recording: no per-node host work at all. Steps
 // with other shapes (an epoch's last, smaller batch) run node by node as
 // before. A recording that fails (a kernel that must read the device on the
-// host, say) is reported in replay_note() and the trainer stays with
+// host, say) is reported in replay_unavailable() and the trainer stays with
 // node-by-node steps. Feeds must be floating point, apart from the labels,
 // which the trainer checks on the host before each replay (a recording
 // would not see their values).

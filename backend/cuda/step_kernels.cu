@@ -144,6 +144,7 @@ class CudaStepKernels : public StepKernels {
   explicit CudaStepKernels(CudaBackend& backend) : backend_(backend) {}
   ~CudaStepKernels() override {
     if (scratch_ != nullptr) backend_.Free(scratch_);
+    for (void* old : outgrown_) backend_.Free(old);
   }
 
   absl::Status UnscaleAndDecide(const StepConfig& config, const std::vector<TensorView>& gradients,
@@ -223,18 +224,16 @@ class CudaStepKernels : public StepKernels {
   }
 
  private:
-  // Room for `partials` sums and flags; grows, never shrinks.
+  // Room for `partials` sums and flags; grows, never shrinks. An outgrown
+  // scratch is kept until the step kernels go: queued kernels may still
+  // read it, and so may a recorded step (CUDA graph) of another trainer on
+  // this backend, which replays with the address it was recorded with.
   absl::Status ReserveScratch(int64_t partials) {
     if (partials <= scratch_partials_) return absl::OkStatus();
-    if (scratch_ != nullptr) {
-      // The old scratch may still be read by queued kernels: wait for them.
-      CASTOR_CUDA_CALL(cudaStreamSynchronize(backend_.stream()));
-      backend_.Free(scratch_);
-      scratch_ = nullptr;
-      scratch_partials_ = 0;
-    }
-    CASTOR_ASSIGN_OR_RETURN(scratch_, backend_.Allocate(static_cast<size_t>(partials) *
-                                                        (sizeof(double) + sizeof(int))));
+    CASTOR_ASSIGN_OR_RETURN(void* grown, backend_.Allocate(static_cast<size_t>(partials) *
+                                                           (sizeof(double) + sizeof(int))));
+    if (scratch_ != nullptr) outgrown_.push_back(scratch_);
+    scratch_ = grown;
     scratch_partials_ = partials;
     return absl::OkStatus();
   }
@@ -242,6 +241,7 @@ class CudaStepKernels : public StepKernels {
   CudaBackend& backend_;
   void* scratch_ = nullptr;
   int64_t scratch_partials_ = 0;
+  std::vector<void*> outgrown_;
 };
 
 }  // namespace
