@@ -184,11 +184,27 @@ void RunConv(const KernelContext& ctx, const WindowGeometry& g, int64_t batch, i
       ParallelFor(0, n, 1, fn);
     }
   };
+  // 16-bit X is widened once per task with the vector conversions
+  // (float_io.h) and Y narrowed a row at a time the same way: the unrolling
+  // copies float32, and no element goes through the scalar conversions.
+  using Src = std::conditional_t<kIsFloat16Storage<T>, float, T>;
   auto run_image = [&](int64_t task) {
     const int64_t n = task / group, gi = task % group;
     const T* xg = ops.x + (n * channels + gi * cg) * in_size;
     T* yg = ops.y + (n * out_channels + gi * mg) * p;
     thread_local std::vector<Acc> padded_scratch, col_scratch, product_scratch;
+    thread_local std::vector<float> widened_scratch, row_scratch;
+    const Src* xs = nullptr;
+    if constexpr (kIsFloat16Storage<T>) {
+      widened_scratch.resize(static_cast<size_t>(cg * in_size));
+      float* widened = widened_scratch.data();
+      maybe_parallel(cg, [&](int64_t lo, int64_t hi) {
+        ToFloat32(xg + lo * in_size, widened + lo * in_size, (hi - lo) * in_size);
+      });
+      xs = widened;
+    } else {
+      xs = xg;
+    }
     // (Named through pointers: nested ParallelFor bodies run on other
     // threads, whose thread_local buffers are others.)
     Acc* padded = nullptr;
@@ -196,8 +212,8 @@ void RunConv(const KernelContext& ctx, const WindowGeometry& g, int64_t batch, i
       padded_scratch.resize(static_cast<size_t>(padded_grid->buffer_size(cg)));
       padded = padded_scratch.data();
       maybe_parallel(cg, [&](int64_t lo, int64_t hi) {
-        PadImage<T, Acc>(xg, lo, hi, g.input[0], g.input[1], g.pad_begin[0], g.pad_begin[1],
-                         grid_rows, grid_cols, padded);
+        PadImage<Src, Acc>(xs, lo, hi, g.input[0], g.input[1], g.pad_begin[0], g.pad_begin[1],
+                           grid_rows, grid_cols, padded);
       });
       std::fill(padded + cg * padded_grid->plane(), padded + padded_grid->buffer_size(cg),
                 Acc(0));
@@ -226,7 +242,7 @@ void RunConv(const KernelContext& ctx, const WindowGeometry& g, int64_t batch, i
           });
         } else {
           maybe_parallel(kg, [&](int64_t lo, int64_t hi) {
-            Im2Col<T, Acc>(xg, g, lo, hi, l0, l1, col, cols);
+            Im2Col<Src, Acc>(xs, g, lo, hi, l0, l1, col, cols);
           });
         }
         b = col;
@@ -247,10 +263,20 @@ void RunConv(const KernelContext& ctx, const WindowGeometry& g, int64_t batch, i
       // Bias and store (dropping the grid's extra columns).
       for (int64_t m = 0; m < mg; ++m) {
         const Acc bias = ops.bias[gi * mg + m];
-        for (int64_t l = l0; l < l1; ++l) {
-          const Acc* src = c + m * ldc + (l - l0) * grid_cols;
-          T* dst = yg + m * p + l * line;
-          for (int64_t i = 0; i < line; ++i) StoreAcc(&dst[i], src[i] + bias);
+        if constexpr (kIsFloat16Storage<T>) {
+          row_scratch.resize(static_cast<size_t>((l1 - l0) * line));
+          for (int64_t l = l0; l < l1; ++l) {
+            const float* src = c + m * ldc + (l - l0) * grid_cols;
+            float* dst = row_scratch.data() + (l - l0) * line;
+            for (int64_t i = 0; i < line; ++i) dst[i] = src[i] + bias;
+          }
+          FromFloat32(row_scratch.data(), yg + m * p + l0 * line, (l1 - l0) * line);
+        } else {
+          for (int64_t l = l0; l < l1; ++l) {
+            const Acc* src = c + m * ldc + (l - l0) * grid_cols;
+            T* dst = yg + m * p + l * line;
+            for (int64_t i = 0; i < line; ++i) StoreAcc(&dst[i], src[i] + bias);
+          }
         }
       }
     }

@@ -420,13 +420,14 @@ absl::Status ConvGradKernel(KernelContext& ctx) {
   if (dw) dw_out.emplace(dw);
   if (db) db_out.emplace(db);
   if (dy.num_elements() > 0 && x.num_elements() > 0) {
+    // X widened once with the vector conversions (float_io.h), like dY and
+    // W: the unrolling then copies float32 instead of converting each of
+    // the kernel-size copies of every element.
+    const Float32In x_f(x);
     const Float32In dy_f(dy);
     const Float32In w_f(w);
-    DispatchFloat(x.dtype, [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      RunConvGrad<T>(*g, s, x.as<T>(), dy_f.data(), w_f.data(), dx ? dx_out->data() : nullptr,
-                     dw ? dw_out->data() : nullptr, db ? db_out->data() : nullptr);
-    });
+    RunConvGrad<float>(*g, s, x_f.data(), dy_f.data(), w_f.data(), dx ? dx_out->data() : nullptr,
+                       dw ? dw_out->data() : nullptr, db ? db_out->data() : nullptr);
   }
   for (auto* out : {&dx_out, &dw_out, &db_out}) {
     if (out->has_value()) (*out)->Finish();
