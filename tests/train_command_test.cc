@@ -100,6 +100,7 @@ TEST_F(TrainCommandTest, TrainsEvaluatesAndWritesMetrics) {
       EXPECT_GT(json->Find("step_time_ms")->as_number(), 0.0);
       EXPECT_GT(json->Find("samples_per_s")->as_number(), 0.0);
       EXPECT_GT(json->Find("peak_activation_bytes")->as_int(), 0);
+      EXPECT_EQ(json->Find("steps_run")->as_int(), 6);
       EXPECT_EQ(json->Find("replayed_steps")->as_int(), 0);
       EXPECT_EQ(json->Find("peak_device_memory_bytes"), nullptr) << "no device memory on the CPU";
       continue;
@@ -135,7 +136,7 @@ TEST_F(TrainCommandTest, BFloat16TrainsWithoutLossScaling) {
 TEST_F(TrainCommandTest, CudaGraphsCanBeTurnedOffAndTakeOnlyAutoOrOff) {
   const Result off = Train({"--max-steps", "1", "--cuda-graphs", "off"});
   ASSERT_EQ(off.code, 0) << off.err;
-  EXPECT_THAT(off.out, HasSubstr("graph replay    none: turned off"));
+  EXPECT_THAT(off.out, HasSubstr("graph replay    off (--cuda-graphs off)"));
   const Result bad = Train({"--max-steps", "1", "--cuda-graphs", "always"});
   EXPECT_NE(bad.code, 0);
   EXPECT_THAT(bad.err, HasSubstr("--cuda-graphs"));

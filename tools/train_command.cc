@@ -734,10 +734,11 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   if (metrics.is_open()) {
     metrics << absl::StrFormat(
         "{\"summary\":true,\"backend\":%s,\"policy\":%s,\"steps\":%d,\"skipped\":%d,"
-        "\"step_time_ms\":%.3f,\"samples_per_s\":%.1f,\"replayed_steps\":%d,"
+        "\"step_time_ms\":%.3f,\"samples_per_s\":%.1f,\"steps_run\":%d,\"replayed_steps\":%d,"
         "\"peak_activation_bytes\":%d%s}\n",
         Json::String(backend.name()).Dump(), Json::String(policy.name()).Dump(), trainer.steps(),
-        trainer.scaler().skipped_steps(), mean_step_ms, samples_per_s, trainer.replayed_steps(),
+        trainer.scaler().skipped_steps(), mean_step_ms, samples_per_s, steps_run,
+        trainer.replayed_steps(),
         trainer.peak_activation_bytes(),
         device_memory.ok()
             ? absl::StrCat(",\"peak_device_memory_bytes\":", device_memory->peak_in_use_bytes)
@@ -759,11 +760,13 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
                          trainer.scaler().skipped_steps())
       << absl::StrFormat("  loss scale      %g (final)\n", trainer.scaler().scale())
       << absl::StrFormat("  backend         %s\n", DescribeBackend(backend))
-      << absl::StrFormat("  graph replay    %s\n",
-                         trainer.replay_unavailable().empty()
-                             ? absl::StrFormat("%d of %d steps replayed as a CUDA graph",
-                                               trainer.replayed_steps(), steps_run)
-                             : absl::StrCat("none: ", trainer.replay_unavailable()))
+      << absl::StrFormat(
+             "  graph replay    %s\n",
+             o.cuda_graphs == "off" ? std::string("off (--cuda-graphs off)")
+             : trainer.replay_unavailable().empty()
+                 ? absl::StrFormat("%d of this run's %d steps replayed as a CUDA graph",
+                                   trainer.replayed_steps(), steps_run)
+                 : absl::StrCat("none: ", trainer.replay_unavailable()))
       << absl::StrFormat("  peak memory     %.1f MiB of activations%s\n",
                          trainer.peak_activation_bytes() / 1048576.0,
                          device_memory.ok()

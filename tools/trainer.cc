@@ -107,7 +107,7 @@ absl::Status Trainer::Restore(const std::map<std::string, Tensor>& state,
                               const Optimizer& optimizer, const LossScaler& scaler,
                               int64_t steps) {
   recorded_.reset();  // it holds this run's optimizer and scaler settings
-  last_signature_.clear();
+  run_signatures_.clear();
   for (const std::string& name : state_names_) {
     auto saved = state.find(name);
     if (saved == state.end()) {
@@ -303,7 +303,7 @@ absl::Status Trainer::LoadRecordedFeeds(const Feeds& inputs) {
 absl::StatusOr<StepResult> Trainer::Step(Feeds inputs, Tensor labels) {
   inputs.emplace_back(kLabelsInput, std::move(labels));
   const std::string signature = FeedSignature(inputs);
-  if (recorded_ == nullptr && replay_unavailable_.empty() && signature == last_signature_) {
+  if (recorded_ == nullptr && replay_unavailable_.empty() && run_signatures_.contains(signature)) {
     // A kernel's InvalidArgument is about this batch (a bad label, say):
     // the node-by-node step below reports it, and a later repeat records.
     absl::Status recorded = Record(inputs);
@@ -320,7 +320,7 @@ absl::StatusOr<StepResult> Trainer::Step(Feeds inputs, Tensor labels) {
   CASTOR_RETURN_IF_ERROR(executor_->RunOnBackend(inputs));
   CASTOR_ASSIGN_OR_RETURN(std::vector<TensorView> outputs, ExecutorOutputs());
   CASTOR_RETURN_IF_ERROR(QueueStepEnd(outputs));
-  last_signature_ = signature;  // a step that ran: the next with these shapes records
+  run_signatures_.insert(signature);  // a step that ran: the next with these shapes records
   return FinishStep(outputs, inputs, /*replayed=*/false);
 }
 

@@ -12,14 +12,16 @@
 // is counted as skipped.
 //
 // Replay (CUDA graphs): on a backend that can record queued work, the
-// second step with the same batch shapes is recorded once (the training
+// first step whose batch shapes an earlier step already had is recorded once (the training
 // graph and the step kernels, reading its feeds from fixed backend buffers)
 // and every later step with those shapes only copies its batch into those
 // buffers and replays the recording: no per-node host work at all. Steps
 // with other shapes (an epoch's last, smaller batch) run node by node as
 // before. A recording that fails (a kernel that must read the device on the
 // host, say) is reported in replay_unavailable() and the trainer stays with
-// node-by-node steps. Feeds must be floating point, apart from the labels,
+// node-by-node steps; one that fails on the batch itself (InvalidArgument:
+// a bad label) is not: that step runs node by node and reports the error,
+// and a later step records. Feeds must be floating point, apart from the labels,
 // which the trainer checks on the host before each replay (a recording
 // would not see their values).
 #pragma once
@@ -27,6 +29,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -157,7 +160,9 @@ class Trainer {
   // Records the step on `inputs` (the backend runs nothing yet); on failure
   // nothing is recorded and the backend is as before.
   absl::Status Record(const Feeds& inputs);
-  // Checks `inputs` against the recording and copies them into its buffers.
+  // Copies `inputs` (in the recording's feed order: the caller compared the
+  // signatures) into the recording's buffers, checking the labels' range
+  // first.
   absl::Status LoadRecordedFeeds(const Feeds& inputs);
   absl::StatusOr<BackendMemory> Allocate(size_t bytes);
   // Copies the optimizer's moments (zeros where it has none), the scaler
@@ -183,11 +188,11 @@ class Trainer {
   LossScaler scaler_;             // host copy, refreshed after every step
   int64_t optimizer_step_ = 0;    // host copy
   int64_t steps_ = 0;
-  // Replay: the feed signature of the latest node-by-node step (a repeat
-  // is recorded), and the recording, declared last so that it goes first
-  // (it uses the executor's buffers and the backend's stream).
+  // Replay: the feed signatures of node-by-node steps that ran (a repeat is
+  // recorded), and the recording, declared last so that it goes first (it
+  // uses the executor's buffers and the backend's stream).
   std::string replay_unavailable_;
-  std::string last_signature_;
+  std::set<std::string> run_signatures_;
   int64_t replayed_steps_ = 0;
   std::unique_ptr<RecordedStep> recorded_;
 };

@@ -8,8 +8,10 @@
 // padded image (see RunConv).
 // ConvTranspose: GEMM W^T * X per (image, group), then col2im scatter-adds
 // the columns into the output (output_shape, output_padding, pads, auto_pad).
-// 16-bit inputs are widened to float32 for the GEMM; each output is rounded
-// once on store. float64 runs in float64 (dgemm).
+// 16-bit inputs are widened to float32 for the GEMM (Conv: X once per
+// (image, group) into per-thread scratch, W and B once per call, with
+// float_io.h's vector conversions); each output is rounded once on store.
+// float64 runs in float64 (dgemm).
 #include <cblas.h>
 
 #include <algorithm>
@@ -87,7 +89,11 @@ class ConvOperands {
  private:
   static std::vector<Acc> Widen(const T* src, int64_t n) {
     std::vector<Acc> out(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) out[i] = WidenTo<Acc>(src[i]);
+    if constexpr (kIsFloat16Storage<T>) {
+      ToFloat32(src, out.data(), n);  // the vector conversions (float_io.h)
+    } else {
+      for (int64_t i = 0; i < n; ++i) out[i] = WidenTo<Acc>(src[i]);
+    }
     return out;
   }
   std::vector<Acc> w_widened_;
@@ -184,18 +190,20 @@ void RunConv(const KernelContext& ctx, const WindowGeometry& g, int64_t batch, i
       ParallelFor(0, n, 1, fn);
     }
   };
-  // 16-bit X is widened once per task with the vector conversions
-  // (float_io.h) and Y narrowed a row at a time the same way: the unrolling
-  // copies float32, and no element goes through the scalar conversions.
+  // 16-bit X is widened once per task and Y narrowed a row at a time, with
+  // the vector conversions (float_io.h): the unrolling copies float32, not
+  // a scalar conversion per unrolled copy.
   using Src = std::conditional_t<kIsFloat16Storage<T>, float, T>;
   auto run_image = [&](int64_t task) {
     const int64_t n = task / group, gi = task % group;
     const T* xg = ops.x + (n * channels + gi * cg) * in_size;
     T* yg = ops.y + (n * out_channels + gi * mg) * p;
+    // (Scratch is named through pointers below: nested ParallelFor bodies
+    // run on other threads, whose thread_local buffers are others.)
     thread_local std::vector<Acc> padded_scratch, col_scratch, product_scratch;
-    thread_local std::vector<float> widened_scratch, row_scratch;
     const Src* xs = nullptr;
     if constexpr (kIsFloat16Storage<T>) {
+      thread_local std::vector<float> widened_scratch;
       widened_scratch.resize(static_cast<size_t>(cg * in_size));
       float* widened = widened_scratch.data();
       maybe_parallel(cg, [&](int64_t lo, int64_t hi) {
@@ -205,8 +213,6 @@ void RunConv(const KernelContext& ctx, const WindowGeometry& g, int64_t batch, i
     } else {
       xs = xg;
     }
-    // (Named through pointers: nested ParallelFor bodies run on other
-    // threads, whose thread_local buffers are others.)
     Acc* padded = nullptr;
     if (grid) {
       padded_scratch.resize(static_cast<size_t>(padded_grid->buffer_size(cg)));
@@ -261,16 +267,21 @@ void RunConv(const KernelContext& ctx, const WindowGeometry& g, int64_t batch, i
       }
       GemmAcc<Acc>(false, false, mg, cols, kg, ops.w + gi * mg * kg, kg, b, ldb, c, ldc);
       // Bias and store (dropping the grid's extra columns).
+      [[maybe_unused]] float* row = nullptr;  // 16-bit: one output row in float32
+      if constexpr (kIsFloat16Storage<T>) {
+        thread_local std::vector<float> row_scratch;
+        row_scratch.resize(static_cast<size_t>((l1 - l0) * line));
+        row = row_scratch.data();
+      }
       for (int64_t m = 0; m < mg; ++m) {
         const Acc bias = ops.bias[gi * mg + m];
         if constexpr (kIsFloat16Storage<T>) {
-          row_scratch.resize(static_cast<size_t>((l1 - l0) * line));
           for (int64_t l = l0; l < l1; ++l) {
             const float* src = c + m * ldc + (l - l0) * grid_cols;
-            float* dst = row_scratch.data() + (l - l0) * line;
+            float* dst = row + (l - l0) * line;
             for (int64_t i = 0; i < line; ++i) dst[i] = src[i] + bias;
           }
-          FromFloat32(row_scratch.data(), yg + m * p + l0 * line, (l1 - l0) * line);
+          FromFloat32(row, yg + m * p + l0 * line, (l1 - l0) * line);
         } else {
           for (int64_t l = l0; l < l1; ++l) {
             const Acc* src = c + m * ldc + (l - l0) * grid_cols;

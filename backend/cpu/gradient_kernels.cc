@@ -5,7 +5,8 @@
 // unit-stride convs on im2col.h's padded grid: copies and row adds); the
 // images run in slices on the thread pool (single-threaded GEMMs inside,
 // a partial dW per slice), or one after another with split GEMMs when
-// there is a single image.
+// there is a single image. 16-bit X, dY and W are widened to float32 up
+// front with float_io.h's vector conversions (a float32 copy of each).
 // MaxPoolGrad / AveragePoolGrad walk each plane's windows (the forward
 // window tables: ForwardWindowGeometry, ceil_mode, pads, dilations; a 2-D
 // MaxPoolGrad plane scans each window directly);
@@ -216,8 +217,7 @@ struct ConvGradShapes {
 // dX (dX), which is cropped at the end. The extra positions of the column
 // rows and of dcol are zeroed before use, so an Inf or NaN they happen to
 // read (X past a line, W times dY's zeros) never reaches dW or dX.
-template <typename T>
-void ConvGradOnGrid(const WindowGeometry& g, int64_t cg, int64_t mg, const T* x_g,
+void ConvGradOnGrid(const WindowGeometry& g, int64_t cg, int64_t mg, const float* x_g,
                     const float* dy_g, const float* w_g, float* dx_g, float* dw_g) {
   const PaddedGrid grid(g);
   const int64_t kg = cg * g.kernel_size();
@@ -235,7 +235,7 @@ void ConvGradOnGrid(const WindowGeometry& g, int64_t cg, int64_t mg, const T* x_
   }
   if (dw_g != nullptr) {
     padded.resize(static_cast<size_t>(grid.buffer_size(cg)));
-    PadImage<T, float>(x_g, 0, cg, g.input[0], g.input[1], g.pad_begin[0], g.pad_begin[1],
+    PadImage<float, float>(x_g, 0, cg, g.input[0], g.input[1], g.pad_begin[0], g.pad_begin[1],
                        grid.rows, grid.cols, padded.data());
     std::fill(padded.begin() + cg * grid.plane(), padded.end(), 0.0f);
   }
@@ -290,8 +290,7 @@ void ConvGradOnGrid(const WindowGeometry& g, int64_t cg, int64_t mg, const T* x_
   }
 }
 
-template <typename T>
-void RunConvGrad(const WindowGeometry& g, const ConvGradShapes& s, const T* x, const float* dy,
+void RunConvGrad(const WindowGeometry& g, const ConvGradShapes& s, const float* x, const float* dy,
                  const float* w, float* dx, float* dw, float* db) {
   const int64_t cg = s.channels / s.group;
   const int64_t mg = s.out_channels / s.group;
@@ -324,14 +323,14 @@ void RunConvGrad(const WindowGeometry& g, const ConvGradShapes& s, const T* x, c
       for (int64_t gi = 0; gi < s.group; ++gi) {
         const float* dy_g = dy + (n * s.out_channels + gi * mg) * p;
         if (on_grid && (dx != nullptr || dw_acc != nullptr)) {
-          ConvGradOnGrid<T>(g, cg, mg, x + (n * s.channels + gi * cg) * in_size, dy_g,
-                            w + gi * mg * kg,
-                            dx != nullptr ? dx + (n * s.channels + gi * cg) * in_size : nullptr,
-                            dw_acc != nullptr ? dw_acc + gi * mg * kg : nullptr);
+          ConvGradOnGrid(g, cg, mg, x + (n * s.channels + gi * cg) * in_size, dy_g,
+                         w + gi * mg * kg,
+                         dx != nullptr ? dx + (n * s.channels + gi * cg) * in_size : nullptr,
+                         dw_acc != nullptr ? dw_acc + gi * mg * kg : nullptr);
         }
         if (dw_acc != nullptr && !on_grid) {
           col.resize(static_cast<size_t>(kg * p));
-          Im2Col<T, float>(x + (n * s.channels + gi * cg) * in_size, g, 0, kg, 0, lines,
+          Im2Col<float, float>(x + (n * s.channels + gi * cg) * in_size, g, 0, kg, 0, lines,
                            col.data(), p);
           // dW_g [mg, kg] += dY_g [mg, p] * col^T [p, kg]
           Sgemm(false, true, mg, kg, p, 1.0f, dy_g, p, col.data(), p, 1.0f,
@@ -426,8 +425,8 @@ absl::Status ConvGradKernel(KernelContext& ctx) {
     const Float32In x_f(x);
     const Float32In dy_f(dy);
     const Float32In w_f(w);
-    RunConvGrad<float>(*g, s, x_f.data(), dy_f.data(), w_f.data(), dx ? dx_out->data() : nullptr,
-                       dw ? dw_out->data() : nullptr, db ? db_out->data() : nullptr);
+    RunConvGrad(*g, s, x_f.data(), dy_f.data(), w_f.data(), dx ? dx_out->data() : nullptr,
+                dw ? dw_out->data() : nullptr, db ? db_out->data() : nullptr);
   }
   for (auto* out : {&dx_out, &dw_out, &db_out}) {
     if (out->has_value()) (*out)->Finish();
