@@ -300,24 +300,21 @@ namespace {
 
 constexpr int64_t kHostCopyElements = int64_t{1} << 16;
 
-std::shared_ptr<const Tensor> HostCopyOf(const Tensor& tensor) {
-  if ((tensor.dtype() != DType::kInt64 && tensor.dtype() != DType::kInt32) ||
-      tensor.num_elements() > kHostCopyElements) {
-    return nullptr;
-  }
-  return std::make_shared<const Tensor>(tensor);
-}
-
-// The same for a backend feed that brings its host copy along.
+// `view.host_data` holds the elements (a host tensor, or the host copy a
+// backend feed brings along).
 std::shared_ptr<const Tensor> HostCopyOfView(const TensorView& view) {
-  if (view.host_data == nullptr ||
+  if ((view.host_data == nullptr && view.num_elements() > 0) ||
       (view.dtype != DType::kInt64 && view.dtype != DType::kInt32) ||
       view.num_elements() > kHostCopyElements) {
     return nullptr;
   }
   auto copy = std::make_shared<Tensor>(view.dtype, view.dims);
-  std::memcpy(copy->raw(), view.host_data, copy->byte_size());
+  if (copy->byte_size() > 0) std::memcpy(copy->raw(), view.host_data, copy->byte_size());
   return copy;
+}
+
+std::shared_ptr<const Tensor> HostCopyOf(const Tensor& tensor) {
+  return HostCopyOfView(TensorView{nullptr, tensor.dtype(), tensor.dims(), tensor.raw()});
 }
 
 }  // namespace

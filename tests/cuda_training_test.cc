@@ -136,10 +136,12 @@ std::vector<Case> AllCases() {
   return cases;
 }
 
+std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
+  return info.param.model + "_" + info.param.policy;
+}
+
 INSTANTIATE_TEST_SUITE_P(SampleModels, CudaTrainingTest, ::testing::ValuesIn(AllCases()),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           return info.param.model + "_" + info.param.policy;
-                         });
+                         CaseName);
 
 TEST(CudaTrainerTest, InjectedOverflowSkipsTheWholeUpdate) {
   CASTOR_REQUIRE_CUDA();
@@ -242,9 +244,7 @@ INSTANTIATE_TEST_SUITE_P(SampleModels, CudaReplayTest,
                                            Case{"resnet_opset17", "float32"},
                                            Case{"resnet_opset17", "mixed_bfloat16"},
                                            Case{"transformer_opset17", "mixed_float16"}),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           return info.param.model + "_" + info.param.policy;
-                         });
+                         CaseName);
 
 // The loss scale moving between replays, both ways: early steps overflow
 // and back off, later ones update, and the scale grows every 3 good steps.

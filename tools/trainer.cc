@@ -238,13 +238,14 @@ absl::Status Trainer::Record(const Feeds& inputs) {
   }
   auto step = std::make_unique<RecordedStep>();
   step->signature = FeedSignature(inputs);
+  // The buffers are filled before each replay (LoadRecordedFeeds): while
+  // recording nothing runs, so what they hold does not matter yet.
   for (const auto& [name, tensor] : inputs) {
     TensorView view{nullptr, tensor.dtype(), tensor.dims()};
     if (tensor.byte_size() > 0) {
       CASTOR_ASSIGN_OR_RETURN(BackendMemory memory, Allocate(tensor.byte_size()));
       view.data = memory.get();
       step->feed_memory.push_back(std::move(memory));
-      CASTOR_RETURN_IF_ERROR(backend_.CopyFromHost(view.data, tensor.raw(), tensor.byte_size()));
     }
     // The labels' host copy lets the loss check them on the host while
     // recording; before each replay the trainer checks them itself.
