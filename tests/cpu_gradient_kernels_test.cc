@@ -205,6 +205,12 @@ TEST(ConvGrad, MatchesFiniteDifferences2DSingleImage) {
   CheckConvGrad({1, 3, 4, 4}, {2, 3, 3, 3}, {Attribute::Ints("pads", {1, 1, 1, 1})}, 21);
 }
 
+// Pads wider than the kernel's reach: dX cannot be the transposed conv on a
+// grid (grid_conv.h) and takes the column path, dW still the grid's.
+TEST(ConvGrad, MatchesFiniteDifferences2DPadsWiderThanTheKernel) {
+  CheckConvGrad({2, 2, 4, 4}, {3, 2, 1, 2}, {Attribute::Ints("pads", {1, 2, 0, 1})}, 25);
+}
+
 TEST(ConvGrad, MatchesFiniteDifferences1D) {
   CheckConvGrad({3, 3, 7}, {4, 3, 3}, {Attribute::Ints("strides", {2}),
                                        Attribute::Ints("pads", {1, 1})},

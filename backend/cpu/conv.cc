@@ -1,11 +1,11 @@
 // CPU kernels: conv family (ops of graph/ops/conv.cc).
 //
 // Conv: N-d (1-D, 2-D, 3-D, ...) with groups, strides, dilations, pads,
-// auto_pad and optional bias, as column unrolling + GEMM per (image, group)
-// in cache-sized tiles with reused per-thread scratch; the images run in
-// parallel with single-threaded GEMMs inside. Pointwise convs skip the
-// unrolling and 2-D stride-1 convs unroll with contiguous copies from a
-// padded image (see RunConv).
+// auto_pad and optional bias, per (image, group); the images run in
+// parallel. 2-D stride-1 convs in float32 and 16-bit read the padded image
+// directly with grid_conv.h's products; the others unroll columns (im2col)
+// into cache-sized tiles of reused per-thread scratch for a GEMM
+// (pointwise convs skip the unrolling; see RunConv).
 // ConvTranspose: GEMM W^T * X per (image, group), then col2im scatter-adds
 // the columns into the output (output_shape, output_padding, pads, auto_pad).
 // 16-bit inputs are widened to float32 for the GEMM (Conv: X once per
@@ -27,6 +27,7 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/grid_conv.h"
 #include "backend/cpu/im2col.h"
 #include "backend/cpu/parallel.h"
 
@@ -134,17 +135,19 @@ absl::Status CheckConvInputs(const KernelContext& ctx, int64_t group, int64_t bi
 constexpr int64_t kLargeTileColumnElements = int64_t{4} << 20;
 
 
-// Y = Conv(X, W) + B per (image, group) task, in tiles of output lines (an
-// output line: the positions along the last spatial axis). For each tile,
-// the columns are unrolled into a per-thread scratch, W_g [mg, kg] times them
-// goes straight into Y (16-bit: into a float32 scratch) and the bias is
-// added. Three ways to get the columns:
+// Y = Conv(X, W) + B per (image, group) task. 2-D stride 1 ("padded
+// grid"): X is copied once into a zero-padded image [cg, Hp, Wp], where each
+// column row (c, kh, kw) is one contiguous slice; in float32 and 16-bit,
+// grid_conv.h's GridConvForward computes Y_g from it directly (16-bit: into a
+// float32 scratch narrowed once). Otherwise, in tiles of output lines (an
+// output line: the positions along the last spatial axis): the columns are
+// unrolled into a per-thread scratch, W_g [mg, kg] times them goes straight
+// into Y (16-bit: into a float32 scratch) and the bias is added. Three ways
+// to get the columns:
 // - pointwise (1x1 kernel, stride 1, no pads; float32/float64): X [cg, p]
 //   is the column matrix itself;
-// - 2-D stride 1 ("padded grid"): X is copied once into a zero-padded image
-//   [cg, Hp, Wp]; the output is computed on the Wp-wide grid, so each column
-//   row (c, kh, kw) is one contiguous slice of that image; the Wp - OW extra
-//   columns per line are dropped when storing;
+// - padded grid in float64: copies of the padded image's slices on the
+//   Wp-wide grid; the Wp - OW extra columns per line are dropped when storing;
 // - otherwise im2col.h's Im2Col.
 // With at least as many tasks as threads, the tasks run in parallel with
 // cache-sized tiles and single-threaded GEMMs; otherwise one after another
@@ -174,6 +177,10 @@ void RunConv(const KernelContext& ctx, const WindowGeometry& g, int64_t batch, i
       grid ? std::optional<PaddedGrid>(g) : std::nullopt;
   const int64_t grid_rows = grid ? padded_grid->rows : 0;
   const int64_t grid_cols = grid ? padded_grid->cols : line;
+  std::vector<int64_t> grid_row_offsets;  // column row k: padded + grid_row_offsets[k]
+  for (int64_t row = 0; grid && row < kg; ++row) {
+    grid_row_offsets.push_back(padded_grid->RowOffset(row));
+  }
   const bool parallel_tasks = batch * group >= NumThreads();
   const int64_t budget = parallel_tasks ? kTileColumnElements : kLargeTileColumnElements;
   int64_t tile_lines =
@@ -215,14 +222,38 @@ void RunConv(const KernelContext& ctx, const WindowGeometry& g, int64_t batch, i
     }
     Acc* padded = nullptr;
     if (grid) {
-      padded_scratch.resize(static_cast<size_t>(padded_grid->buffer_size(cg)));
+      const int64_t padded_size = padded_grid->buffer_size(cg) + kGridReadSlack;
+      padded_scratch.resize(static_cast<size_t>(padded_size));
       padded = padded_scratch.data();
       maybe_parallel(cg, [&](int64_t lo, int64_t hi) {
         PadImage<Src, Acc>(xs, lo, hi, g.input[0], g.input[1], g.pad_begin[0], g.pad_begin[1],
                            grid_rows, grid_cols, padded);
       });
-      std::fill(padded + cg * padded_grid->plane(), padded + padded_grid->buffer_size(cg),
-                Acc(0));
+      std::fill(padded + cg * padded_grid->plane(), padded + padded_size, Acc(0));
+    }
+    if constexpr (std::is_same_v<Acc, float>) {
+      if (grid) {
+        // Y_g = W_g * columns + B straight from the padded image (grid_conv.h),
+        // into Y (16-bit: a float32 scratch narrowed once).
+        float* out = nullptr;
+        if constexpr (std::is_same_v<T, float>) {
+          out = yg;
+        } else {
+          product_scratch.resize(static_cast<size_t>(mg * p));
+          out = product_scratch.data();
+        }
+        maybe_parallel(lines, [&](int64_t lo, int64_t hi) {
+          GridConvForward(mg, kg, ops.w + gi * mg * kg, kg, padded + lo * grid_cols,
+                          grid_row_offsets.data(), GridLines{hi - lo, line, grid_cols, line},
+                          ops.bias.data() + gi * mg, out + lo * line, p);
+        });
+        if constexpr (kIsFloat16Storage<T>) {
+          maybe_parallel(mg, [&](int64_t lo, int64_t hi) {
+            FromFloat32(out + lo * p, yg + lo * p, (hi - lo) * p);
+          });
+        }
+        return;
+      }
     }
     for (int64_t l0 = 0; l0 < lines; l0 += tile_lines) {
       const int64_t l1 = std::min(lines, l0 + tile_lines);

@@ -1,11 +1,12 @@
 // CPU kernels: castor's gradient ops (domain com.castor, graph/ops/gradient_ops.cc).
 //
 // ConvGrad: per (image, group), dW += dY_g * im2col(X_g)^T and dX_g =
-// col2im(W_g^T * dY_g) with im2col.h's geometry and gemm.h's Sgemm (2-D
-// unit-stride convs on im2col.h's padded grid: copies and row adds); the
-// images run in slices on the thread pool (single-threaded GEMMs inside,
-// a partial dW per slice), or one after another with split GEMMs when
-// there is a single image. 16-bit X, dY and W are widened to float32 up
+// col2im(W_g^T * dY_g) with im2col.h's geometry and gemm.h's Sgemm; 2-D
+// unit-stride convs use grid_conv.h's direct products instead (dW from X
+// padded onto the grid, dX as the transposed conv: dY padded, W flipped;
+// see ConvGradOnGrid). The images run in slices on the thread pool (a
+// partial dW per slice), or one after another with split GEMMs (and split
+// grid products) when there is a single image. 16-bit X, dY and W are widened to float32 up
 // front with float_io.h's vector conversions (a float32 copy of each).
 // MaxPoolGrad / AveragePoolGrad walk each plane's windows (the forward
 // window tables: ForwardWindowGeometry, ceil_mode, pads, dilations; a 2-D
@@ -39,6 +40,7 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/grid_conv.h"
 #include "backend/cpu/im2col.h"
 #include "backend/cpu/lane_sums.h"
 #include "backend/cpu/parallel.h"
@@ -209,86 +211,102 @@ struct ConvGradShapes {
   int64_t batch, channels, out_channels, group;
 };
 
-// dW_g += dY_g * col^T and dX_g = col2im(W_g^T * dY_g) for one image and
-// group of a 2-D unit-stride conv, on the padded grid (im2col.h): dY_g is
-// spread onto the grid (zeros at the extra positions), X_g is padded once,
-// and per tile of output lines the column rows are copies of padded-image
-// slices (dW) and dcol's rows are added as whole slices into a zero-padded
-// dX (dX), which is cropped at the end. The extra positions of the column
-// rows and of dcol are zeroed before use, so an Inf or NaN they happen to
-// read (X past a line, W times dY's zeros) never reaches dW or dX.
-void ConvGradOnGrid(const WindowGeometry& g, int64_t cg, int64_t mg, const float* x_g,
-                    const float* dy_g, const float* w_g, float* dx_g, float* dw_g) {
-  const PaddedGrid grid(g);
-  const int64_t kg = cg * g.kernel_size();
-  const int64_t out_h = g.output[0], out_w = g.output[1];
-  const int64_t positions = grid.positions(out_h);
-  thread_local std::vector<float> dy_grid, padded, dx_padded, col;
-  dy_grid.resize(static_cast<size_t>(mg * positions));
-  for (int64_t m = 0; m < mg; ++m) {
-    for (int64_t oh = 0; oh < out_h; ++oh) {
-      const float* src = dy_g + (m * out_h + oh) * out_w;
-      float* dst = dy_grid.data() + m * positions + oh * grid.cols;
-      std::copy(src, src + out_w, dst);
-      std::fill(dst + out_w, dst + grid.cols, 0.0f);
+// The direct products (grid_conv.h) of a 2-D unit-stride ConvGrad, set up
+// once per call:
+// - dW_g += dY_g * columns(X_g)^T reads the column rows in place from X_g
+//   padded onto the conv's grid (im2col.h's PaddedGrid);
+// - dX_g is the conv's transpose written as a forward conv: dY_g padded by
+//   (kernel - 1) * dilation - pads on each side, convolved with W flipped
+//   along both spatial axes and with its channel axes swapped. That needs
+//   pads of at most (kernel - 1) * dilation (TransposeFits); otherwise dX
+//   takes the column path (dcol = W^T dY, col2im).
+class ConvGradOnGrid {
+ public:
+  ConvGradOnGrid(const WindowGeometry& g, const ConvGradShapes& s, const float* w)
+      : g_(g), x_grid_(g_), cg_(s.channels / s.group), mg_(s.out_channels / s.group) {
+    const int64_t kernel_size = g_.kernel_size();
+    for (int64_t row = 0; row < cg_ * kernel_size; ++row) x_rows_.push_back(x_grid_.RowOffset(row));
+    if (!TransposeFits(g_)) return;
+    transposed_ = g_;
+    transposed_.input = g_.output;
+    transposed_.output = g_.input;
+    for (int d = 0; d < 2; ++d) {
+      const int64_t reach = (g_.kernel[d] - 1) * g_.dilations[d];
+      transposed_.pad_begin[d] = reach - g_.pad_begin[d];
+      transposed_.pad_end[d] = reach - g_.pad_end[d];
     }
-  }
-  if (dw_g != nullptr) {
-    padded.resize(static_cast<size_t>(grid.buffer_size(cg)));
-    PadImage<float, float>(x_g, 0, cg, g.input[0], g.input[1], g.pad_begin[0], g.pad_begin[1],
-                       grid.rows, grid.cols, padded.data());
-    std::fill(padded.begin() + cg * grid.plane(), padded.end(), 0.0f);
-  }
-  if (dx_g != nullptr) dx_padded.assign(static_cast<size_t>(grid.buffer_size(cg)), 0.0f);
-  int64_t tile_lines =
-      std::clamp<int64_t>(kTileColumnElements / std::max<int64_t>(1, kg * grid.cols), 1, out_h);
-  const int64_t tiles = (out_h + tile_lines - 1) / tile_lines;
-  tile_lines = (out_h + tiles - 1) / tiles;  // even tiles
-  col.resize(static_cast<size_t>(kg * tile_lines * grid.cols));
-  // Zeroes the extra positions (past out_w in each line) of a column row.
-  auto zero_extra = [&](float* row, int64_t lines) {
-    for (int64_t l = 0; l < lines; ++l) {
-      std::fill(row + l * grid.cols + out_w, row + (l + 1) * grid.cols, 0.0f);
+    dy_grid_.emplace(transposed_);
+    for (int64_t row = 0; row < mg_ * kernel_size; ++row) {
+      dy_rows_.push_back(dy_grid_->RowOffset(row));
     }
-  };
-  for (int64_t l0 = 0; l0 < out_h; l0 += tile_lines) {
-    const int64_t lines = std::min(out_h, l0 + tile_lines) - l0;
-    const int64_t q0 = grid.positions(l0);
-    const int64_t tile_positions = grid.positions(lines);
-    const float* dy_tile = dy_grid.data() + q0;
-    if (dw_g != nullptr) {
-      for (int64_t row = 0; row < kg; ++row) {
-        const float* src = padded.data() + grid.RowOffset(row) + q0;
-        float* dst = col.data() + row * tile_positions;
-        std::copy(src, src + tile_positions, dst);
-        zero_extra(dst, lines);
-      }
-      // dW_g [mg, kg] += dY_tile [mg, tile_positions] * col^T [tile_positions, kg]
-      Sgemm(false, true, mg, kg, tile_positions, 1.0f, dy_tile, positions, col.data(),
-            tile_positions, 1.0f, dw_g, kg);
-    }
-    if (dx_g != nullptr) {
-      // dcol [kg, tile_positions] = W_g^T [kg, mg] * dY_tile [mg, tile_positions]
-      Sgemm(true, false, kg, tile_positions, mg, 1.0f, w_g, kg, dy_tile, positions, 0.0f,
-            col.data(), tile_positions);
-      for (int64_t row = 0; row < kg; ++row) {
-        float* dcol_row = col.data() + row * tile_positions;
-        zero_extra(dcol_row, lines);
-        AddRow(dx_padded.data() + grid.RowOffset(row) + q0, dcol_row, tile_positions);
+    // w_flipped[gi][c][m * kernel_size + k'] = W[gi * mg + m][c][kernel_size - 1 - k']
+    w_flipped_.resize(static_cast<size_t>(s.group * cg_ * mg_ * kernel_size));
+    for (int64_t gi = 0; gi < s.group; ++gi) {
+      for (int64_t m = 0; m < mg_; ++m) {
+        for (int64_t c = 0; c < cg_; ++c) {
+          const float* src = w + ((gi * mg_ + m) * cg_ + c) * kernel_size;
+          float* dst = w_flipped_.data() + ((gi * cg_ + c) * mg_ + m) * kernel_size;
+          for (int64_t k = 0; k < kernel_size; ++k) dst[k] = src[kernel_size - 1 - k];
+        }
       }
     }
   }
-  if (dx_g != nullptr) {
-    const int64_t in_h = g.input[0], in_w = g.input[1];
-    for (int64_t c = 0; c < cg; ++c) {
-      for (int64_t ih = 0; ih < in_h; ++ih) {
-        const float* src = dx_padded.data() + c * grid.plane() +
-                           (ih + g.pad_begin[0]) * grid.cols + g.pad_begin[1];
-        std::copy(src, src + in_w, dx_g + (c * in_h + ih) * in_w);
-      }
+
+  static bool TransposeFits(const WindowGeometry& g) {
+    for (int d = 0; d < 2; ++d) {
+      const int64_t reach = (g.kernel[d] - 1) * g.dilations[d];
+      if (g.pad_begin[d] > reach || g.pad_end[d] > reach) return false;
     }
+    return true;
   }
-}
+  bool computes_dx() const { return dy_grid_.has_value(); }
+
+  // dW_g [mg, cg * kernel_size] += dY_g * columns(X_g)^T for one image and
+  // group (the column split across threads when the caller runs alone).
+  void AddFilterGrad(const float* x_g, const float* dy_g, float* dw_g) const {
+    thread_local std::vector<float> padded;
+    padded.resize(static_cast<size_t>(cg_ * x_grid_.plane()));
+    PadImage<float, float>(x_g, 0, cg_, g_.input[0], g_.input[1], g_.pad_begin[0],
+                           g_.pad_begin[1], x_grid_.rows, x_grid_.cols, padded.data());
+    const float* b = padded.data();
+    const GridLines lines{g_.output[0], g_.output[1], x_grid_.cols, g_.output[1]};
+    const int64_t kg = static_cast<int64_t>(x_rows_.size());
+    ParallelFor(0, kg, 16, [&](int64_t lo, int64_t hi) {
+      GridConvFilterGrad(mg_, hi - lo, dy_g, g_.output_size(), b, x_rows_.data() + lo, lines,
+                         dw_g + lo, kg);
+    });
+  }
+
+  // dX_g [cg, input] of group gi for one image (output lines split across
+  // threads when the caller runs alone). Needs computes_dx().
+  void FillInputGrad(int64_t gi, const float* dy_g, float* dx_g) const {
+    const PaddedGrid& grid = *dy_grid_;
+    thread_local std::vector<float> padded;
+    padded.resize(static_cast<size_t>(mg_ * grid.plane() + kGridReadSlack));
+    PadImage<float, float>(dy_g, 0, mg_, g_.output[0], g_.output[1], transposed_.pad_begin[0],
+                           transposed_.pad_begin[1], grid.rows, grid.cols, padded.data());
+    std::fill(padded.end() - kGridReadSlack, padded.end(), 0.0f);
+    const float* b = padded.data();
+    const int64_t depth = static_cast<int64_t>(dy_rows_.size());
+    const float* a = w_flipped_.data() + gi * cg_ * depth;
+    const int64_t in_h = g_.input[0], in_w = g_.input[1];
+    ParallelFor(0, in_h, 1, [&](int64_t lo, int64_t hi) {
+      const GridLines lines{hi - lo, in_w, grid.cols, in_w};
+      GridConvForward(cg_, depth, a, depth, b + lo * grid.cols, dy_rows_.data(), lines, nullptr,
+                      dx_g + lo * in_w, g_.input_size());
+    });
+  }
+
+ private:
+  const WindowGeometry& g_;
+  const PaddedGrid x_grid_;
+  const int64_t cg_, mg_;
+  std::vector<int64_t> x_rows_;        // column row k of X_g: padded + x_rows_[k]
+  WindowGeometry transposed_;          // dY -> dX as a forward conv
+  std::optional<PaddedGrid> dy_grid_;  // its grid (set when it fits)
+  std::vector<int64_t> dy_rows_;
+  std::vector<float> w_flipped_;  // [group][cg][mg * kernel_size]
+};
 
 void RunConvGrad(const WindowGeometry& g, const ConvGradShapes& s, const float* x, const float* dy,
                  const float* w, float* dx, float* dw, float* db) {
@@ -300,7 +318,10 @@ void RunConvGrad(const WindowGeometry& g, const ConvGradShapes& s, const float* 
   const int64_t lines = p / g.output[g.num_spatial - 1];
   const int64_t w_size = s.out_channels * kg;
   const int64_t slices = SliceCount(s.batch);
-  const bool on_grid = PaddedGrid::Applies(g);
+  std::optional<ConvGradOnGrid> grid;
+  if (PaddedGrid::Applies(g)) grid.emplace(g, s, w);
+  const bool dw_on_grid = grid.has_value();
+  const bool dx_on_grid = grid.has_value() && grid->computes_dx();
   // Per slice: partial dW and dB (slice 0 writes the outputs directly).
   std::vector<std::vector<float>> dw_parts(static_cast<size_t>(slices)),
       db_parts(static_cast<size_t>(slices));
@@ -321,27 +342,26 @@ void RunConvGrad(const WindowGeometry& g, const ConvGradShapes& s, const float* 
     for (int64_t n = SliceBegin(slice, slices, s.batch);
          n < SliceBegin(slice + 1, slices, s.batch); ++n) {
       for (int64_t gi = 0; gi < s.group; ++gi) {
+        const float* x_g = x + (n * s.channels + gi * cg) * in_size;
         const float* dy_g = dy + (n * s.out_channels + gi * mg) * p;
-        if (on_grid && (dx != nullptr || dw_acc != nullptr)) {
-          ConvGradOnGrid(g, cg, mg, x + (n * s.channels + gi * cg) * in_size, dy_g,
-                         w + gi * mg * kg,
-                         dx != nullptr ? dx + (n * s.channels + gi * cg) * in_size : nullptr,
-                         dw_acc != nullptr ? dw_acc + gi * mg * kg : nullptr);
-        }
-        if (dw_acc != nullptr && !on_grid) {
+        if (dw_acc != nullptr && dw_on_grid) {
+          grid->AddFilterGrad(x_g, dy_g, dw_acc + gi * mg * kg);
+        } else if (dw_acc != nullptr) {
           col.resize(static_cast<size_t>(kg * p));
-          Im2Col<float, float>(x + (n * s.channels + gi * cg) * in_size, g, 0, kg, 0, lines,
-                           col.data(), p);
+          Im2Col<float, float>(x_g, g, 0, kg, 0, lines, col.data(), p);
           // dW_g [mg, kg] += dY_g [mg, p] * col^T [p, kg]
           Sgemm(false, true, mg, kg, p, 1.0f, dy_g, p, col.data(), p, 1.0f,
                 dw_acc + gi * mg * kg, kg);
         }
-        if (dx != nullptr && !on_grid) {
+        float* dx_g = dx != nullptr ? dx + (n * s.channels + gi * cg) * in_size : nullptr;
+        if (dx_g != nullptr && dx_on_grid) {
+          grid->FillInputGrad(gi, dy_g, dx_g);
+        } else if (dx_g != nullptr) {
           dcol.resize(static_cast<size_t>(kg * p));
           // dcol [kg, p] = W_g^T [kg, mg] * dY_g [mg, p]
           Sgemm(true, false, kg, p, mg, 1.0f, w + gi * mg * kg, kg, dy_g, p, 0.0f, dcol.data(),
                 p);
-          Col2ImAdd(dcol.data(), g, kg, dx + (n * s.channels + gi * cg) * in_size);
+          Col2ImAdd(dcol.data(), g, kg, dx_g);
         }
         if (db_acc != nullptr) {
           for (int64_t m = 0; m < mg; ++m) {

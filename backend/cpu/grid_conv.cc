@@ -1,0 +1,292 @@
+// Direct grid-convolution products (see grid_conv.h): the visited lines are
+// cut into runs of at most one vector of positions, and grid_conv_kernels.inc
+// is compiled once per instruction set (AVX-512, AVX2+FMA, portable scalar)
+// with `#pragma GCC target`; the best one the CPU supports is picked once.
+#include "backend/cpu/grid_conv.h"
+
+#include <algorithm>
+#include <atomic>
+#include <vector>
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__clang__)
+#define CASTOR_GRID_CONV_X86 1
+#include <immintrin.h>
+#endif
+
+namespace castor::cpu {
+namespace {
+
+// Up to one vector of consecutive positions of one line: at `gathered` in
+// the padded image and `dense` in Y or dY. count 0 pads a block of runs.
+struct Run {
+  int64_t gathered = 0;
+  int64_t dense = 0;
+  int count = 0;
+};
+
+// Each line cut into runs of at most `width` positions, padded with empty
+// runs to a multiple of `block`.
+const std::vector<Run>& RunsOf(const GridLines& lines, int width, int block) {
+  thread_local std::vector<Run> runs;
+  runs.clear();
+  for (int64_t l = 0; l < lines.count; ++l) {
+    for (int64_t j = 0; j < lines.width; j += width) {
+      runs.push_back(Run{l * lines.gathered_stride + j, l * lines.dense_stride + j,
+                         static_cast<int>(std::min<int64_t>(width, lines.width - j))});
+    }
+  }
+  while (runs.size() % static_cast<size_t>(block) != 0) runs.push_back(Run{});
+  return runs;
+}
+
+namespace portable {
+
+struct Vec {
+  static constexpr int kWidth = 1;
+  using Reg = float;
+  using Mask = bool;
+  static Mask MaskOf(int count) { return count > 0; }
+  static Reg Broadcast(float v) { return v; }
+  static Reg Zero() { return 0.0f; }
+  static Reg Load(const float* p, Mask m) { return m ? *p : 0.0f; }
+  static Reg LoadFull(const float* p) { return *p; }
+  static void Store(float* p, Reg v, Mask m) {
+    if (m) *p = v;
+  }
+  static Reg Fma(Reg a, Reg b, Reg c) { return a * b + c; }
+  static float Sum(Reg v) { return v; }
+  static void AddSums4(float* dst, Reg a, Reg b, Reg c, Reg d) {
+    dst[0] += a;
+    dst[1] += b;
+    dst[2] += c;
+    dst[3] += d;
+  }
+};
+constexpr int kForwardRows = 4, kForwardRuns = 4;
+constexpr int kGradRows = 4, kGradCols = 4;
+
+#include "backend/cpu/grid_conv_kernels.inc"
+
+}  // namespace portable
+
+#if defined(CASTOR_GRID_CONV_X86)
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+
+struct Vec {
+  static constexpr int kWidth = 8;
+  using Reg = __m256;
+  using Mask = __m256i;
+  static Mask MaskOf(int count) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  static Reg Broadcast(float v) { return _mm256_set1_ps(v); }
+  static Reg Zero() { return _mm256_setzero_ps(); }
+  static Reg Load(const float* p, Mask m) { return _mm256_maskload_ps(p, m); }
+  static Reg LoadFull(const float* p) { return _mm256_loadu_ps(p); }
+  static void Store(float* p, Reg v, Mask m) { _mm256_maskstore_ps(p, m, v); }
+  static Reg Fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static float Sum(Reg v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  // dst[0..3] += the lane sums of a, b, c, d.
+  static void AddSums4(float* dst, Reg a, Reg b, Reg c, Reg d) {
+    const __m256 pairs = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1));
+    _mm_storeu_ps(dst, _mm_add_ps(_mm_loadu_ps(dst), sums));
+  }
+};
+// 16 ymm registers: 8 accumulators, 2 loads, 1 broadcast, 2 masks.
+constexpr int kForwardRows = 4, kForwardRuns = 2;
+// 8 accumulators, 4 + 1 loads, 1 mask.
+constexpr int kGradRows = 2, kGradCols = 4;
+
+#include "backend/cpu/grid_conv_kernels.inc"
+
+// Entry points: the upper register halves are cleared before returning to
+// SSE code (see float_io.cc's note on vzeroupper).
+void ForwardEntry(int64_t rows, int64_t depth, const float* a, int64_t lda, const float* b,
+                  const int64_t* b_rows, const Run* runs, int64_t num_runs, const float* init,
+                  float* out, int64_t ld_out) {
+  Forward(rows, depth, a, lda, b, b_rows, runs, num_runs, init, out, ld_out);
+  _mm256_zeroupper();
+}
+void FilterGradEntry(int64_t rows, int64_t depth, const float* dy, int64_t ld_dy, const float* b,
+                     const int64_t* b_rows, const Run* runs, int64_t num_runs, float* dw,
+                     int64_t ld_dw) {
+  FilterGrad(rows, depth, dy, ld_dy, b, b_rows, runs, num_runs, dw, ld_dw);
+  _mm256_zeroupper();
+}
+
+}  // namespace avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,fma")
+namespace avx512 {
+
+struct Vec {
+  static constexpr int kWidth = 16;
+  using Reg = __m512;
+  using Mask = __mmask16;
+  static Mask MaskOf(int count) { return static_cast<Mask>((1u << count) - 1u); }
+  static Reg Broadcast(float v) { return _mm512_set1_ps(v); }
+  static Reg Zero() { return _mm512_setzero_ps(); }
+  static Reg Load(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
+  static Reg LoadFull(const float* p) { return _mm512_loadu_ps(p); }
+  static void Store(float* p, Reg v, Mask m) { _mm512_mask_storeu_ps(p, m, v); }
+  static Reg Fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
+  // dst[0..3] += the lane sums of a, b, c, d. Through memory and AVX2
+  // adds: GCC 12's 512-bit extracts (and _mm512_reduce_add_ps) trip
+  // -Wuninitialized inside its own header.
+  static void AddSums4(float* dst, Reg a, Reg b, Reg c, Reg d) {
+    alignas(64) float lanes[4][16];
+    _mm512_store_ps(lanes[0], a);
+    _mm512_store_ps(lanes[1], b);
+    _mm512_store_ps(lanes[2], c);
+    _mm512_store_ps(lanes[3], d);
+    __m256 half[4];
+    for (int i = 0; i < 4; ++i) {
+      half[i] = _mm256_add_ps(_mm256_load_ps(lanes[i]), _mm256_load_ps(lanes[i] + 8));
+    }
+    avx2::Vec::AddSums4(dst, half[0], half[1], half[2], half[3]);
+  }
+  static float Sum(Reg v) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, v);
+    return avx2::Vec::Sum(_mm256_add_ps(_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8)));
+  }
+};
+// 32 zmm registers: 24 accumulators, 6 loads, 1 broadcast (masks in k).
+constexpr int kForwardRows = 4, kForwardRuns = 6;
+// 16 accumulators, 4 + 1 loads.
+constexpr int kGradRows = 4, kGradCols = 4;
+
+#include "backend/cpu/grid_conv_kernels.inc"
+
+void ForwardEntry(int64_t rows, int64_t depth, const float* a, int64_t lda, const float* b,
+                  const int64_t* b_rows, const Run* runs, int64_t num_runs, const float* init,
+                  float* out, int64_t ld_out) {
+  Forward(rows, depth, a, lda, b, b_rows, runs, num_runs, init, out, ld_out);
+  _mm256_zeroupper();
+}
+void FilterGradEntry(int64_t rows, int64_t depth, const float* dy, int64_t ld_dy, const float* b,
+                     const int64_t* b_rows, const Run* runs, int64_t num_runs, float* dw,
+                     int64_t ld_dw) {
+  FilterGrad(rows, depth, dy, ld_dy, b, b_rows, runs, num_runs, dw, ld_dw);
+  _mm256_zeroupper();
+}
+
+}  // namespace avx512
+#pragma GCC pop_options
+
+#endif  // CASTOR_GRID_CONV_X86
+
+GridIsa BestGridIsa() {
+  static const GridIsa best = [] {
+#if defined(CASTOR_GRID_CONV_X86)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return GridIsa::kAvx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return GridIsa::kAvx2;
+#endif
+    return GridIsa::kPortable;
+  }();
+  return best;
+}
+
+// The instruction set a test picked, or -1 for the best one.
+std::atomic<int> forced_isa{-1};
+
+}  // namespace
+
+const char* GridIsaName(GridIsa isa) {
+  switch (isa) {
+    case GridIsa::kPortable:
+      return "portable";
+    case GridIsa::kAvx2:
+      return "avx2";
+    case GridIsa::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+bool GridIsaSupported(GridIsa isa) {
+  return static_cast<int>(isa) <= static_cast<int>(BestGridIsa());
+}
+
+GridIsa ActiveGridIsa() {
+  const int forced = forced_isa.load(std::memory_order_relaxed);
+  return forced < 0 ? BestGridIsa() : static_cast<GridIsa>(forced);
+}
+
+GridIsa SetGridIsaForTesting(GridIsa isa) {
+  const GridIsa before = ActiveGridIsa();
+  forced_isa.store(GridIsaSupported(isa) ? static_cast<int>(isa) : -1,
+                   std::memory_order_relaxed);
+  return before;
+}
+
+void GridConvForward(int64_t rows, int64_t depth, const float* a, int64_t lda, const float* b,
+                     const int64_t* b_rows, const GridLines& lines, const float* init, float* out,
+                     int64_t ld_out) {
+  if (rows <= 0 || lines.count <= 0 || lines.width <= 0) return;
+  switch (ActiveGridIsa()) {
+#if defined(CASTOR_GRID_CONV_X86)
+    case GridIsa::kAvx512: {
+      const std::vector<Run>& runs = RunsOf(lines, avx512::Vec::kWidth, avx512::kForwardRuns);
+      avx512::ForwardEntry(rows, depth, a, lda, b, b_rows, runs.data(),
+                           static_cast<int64_t>(runs.size()), init, out, ld_out);
+      return;
+    }
+    case GridIsa::kAvx2: {
+      const std::vector<Run>& runs = RunsOf(lines, avx2::Vec::kWidth, avx2::kForwardRuns);
+      avx2::ForwardEntry(rows, depth, a, lda, b, b_rows, runs.data(),
+                         static_cast<int64_t>(runs.size()), init, out, ld_out);
+      return;
+    }
+#endif
+    default: {
+      const std::vector<Run>& runs =
+          RunsOf(lines, portable::Vec::kWidth, portable::kForwardRuns);
+      portable::Forward(rows, depth, a, lda, b, b_rows, runs.data(),
+                        static_cast<int64_t>(runs.size()), init, out, ld_out);
+      return;
+    }
+  }
+}
+
+void GridConvFilterGrad(int64_t rows, int64_t depth, const float* dy, int64_t ld_dy,
+                        const float* b, const int64_t* b_rows, const GridLines& lines, float* dw,
+                        int64_t ld_dw) {
+  if (rows <= 0 || depth <= 0 || lines.count <= 0 || lines.width <= 0) return;
+  switch (ActiveGridIsa()) {
+#if defined(CASTOR_GRID_CONV_X86)
+    case GridIsa::kAvx512: {
+      const std::vector<Run>& runs = RunsOf(lines, avx512::Vec::kWidth, 1);
+      avx512::FilterGradEntry(rows, depth, dy, ld_dy, b, b_rows, runs.data(),
+                              static_cast<int64_t>(runs.size()), dw, ld_dw);
+      return;
+    }
+    case GridIsa::kAvx2: {
+      const std::vector<Run>& runs = RunsOf(lines, avx2::Vec::kWidth, 1);
+      avx2::FilterGradEntry(rows, depth, dy, ld_dy, b, b_rows, runs.data(),
+                            static_cast<int64_t>(runs.size()), dw, ld_dw);
+      return;
+    }
+#endif
+    default: {
+      const std::vector<Run>& runs = RunsOf(lines, portable::Vec::kWidth, 1);
+      portable::FilterGrad(rows, depth, dy, ld_dy, b, b_rows, runs.data(),
+                           static_cast<int64_t>(runs.size()), dw, ld_dw);
+      return;
+    }
+  }
+}
+
+}  // namespace castor::cpu

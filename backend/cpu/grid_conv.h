@@ -1,0 +1,66 @@
+// Direct convolution products on the padded grid (im2col.h's PaddedGrid) of
+// a 2-D unit-stride conv: the forward product W * columns and the filter
+// gradient dY * columns^T, read straight from the padded image. Column row
+// k is the slice b + b_rows[k] + [positions] of that image, so nothing is
+// unrolled and no GEMM operand is packed: register-blocked kernels broadcast
+// one operand and load the other's rows with (masked) vector loads.
+//
+// Both products visit `lines` of `width` positions each (the output lines);
+// a line's positions are consecutive in the padded image and in the dense
+// operand (Y or dY). Only those positions are written, and only their values
+// reach a result: the grid's extra positions past each line (the next line's
+// values, Inf or NaN among them) cannot leak in. The forward product loads
+// whole vectors, so it reads (and drops) up to kGridReadSlack - 1 floats
+// past a line: the padded image must extend that far past its last row.
+//
+// The kernels come for AVX-512, AVX2+FMA and a portable scalar loop, picked
+// once at run time (the build has no -march flags; the vector code is
+// compiled with per-function target options). They accumulate in float32 in
+// their own order, so results agree with a GEMM's to float32 rounding, not
+// bit for bit; every instruction set gives the same bits run after run.
+#pragma once
+
+#include <cstdint>
+
+namespace castor::cpu {
+
+// The positions a product visits: line l (< count) covers positions
+// [0, width) at l * gathered_stride in the gathered operand (the padded
+// image) and at l * dense_stride in the dense one.
+struct GridLines {
+  int64_t count = 0;
+  int64_t width = 0;
+  int64_t gathered_stride = 0;
+  int64_t dense_stride = 0;
+};
+
+// Floats past the last visited position of every gathered row that
+// GridConvForward may read (callers allocate and zero them).
+inline constexpr int64_t kGridReadSlack = 16;
+
+// Forward product, for m < rows and each visited position (l, j):
+//   out[m * ld_out + l * dense_stride + j] =
+//       init[m] + sum_{k < depth} a[m * lda + k] * b[b_rows[k] + l * gathered_stride + j]
+// `init` may be null (zeros).
+void GridConvForward(int64_t rows, int64_t depth, const float* a, int64_t lda, const float* b,
+                     const int64_t* b_rows, const GridLines& lines, const float* init, float* out,
+                     int64_t ld_out);
+
+// Filter-gradient product, for m < rows and k < depth:
+//   dw[m * ld_dw + k] += sum_{(l, j)} dy[m * ld_dy + l * dense_stride + j] *
+//                                     b[b_rows[k] + l * gathered_stride + j]
+void GridConvFilterGrad(int64_t rows, int64_t depth, const float* dy, int64_t ld_dy,
+                        const float* b, const int64_t* b_rows, const GridLines& lines, float* dw,
+                        int64_t ld_dw);
+
+// The instruction sets the kernels come in. The best one the CPU supports
+// runs unless a test picked another.
+enum class GridIsa { kPortable, kAvx2, kAvx512 };
+const char* GridIsaName(GridIsa isa);
+bool GridIsaSupported(GridIsa isa);
+GridIsa ActiveGridIsa();
+// For tests: run `isa` from now on, process-wide (an unsupported one: the
+// best supported); returns the one that ran before.
+GridIsa SetGridIsaForTesting(GridIsa isa);
+
+}  // namespace castor::cpu

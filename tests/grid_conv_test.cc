@@ -1,0 +1,207 @@
+// The direct grid-convolution products of backend/cpu/grid_conv.h, on every
+// instruction set this CPU supports (AVX-512, AVX2+FMA, portable), against
+// float64 sums: row counts that do and do not fill a register block, depths
+// that do and do not fill a column block, line widths with and without a
+// partial vector, and non-finite values at the grid positions the products
+// must not read.
+#include "backend/cpu/grid_conv.h"
+
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace castor::cpu {
+namespace {
+
+// Restores the instruction set the kernels ran before the test picked one.
+class ScopedGridIsa {
+ public:
+  explicit ScopedGridIsa(GridIsa isa) : before_(SetGridIsaForTesting(isa)) {}
+  ~ScopedGridIsa() { SetGridIsaForTesting(before_); }
+
+ private:
+  GridIsa before_;
+};
+
+std::vector<GridIsa> SupportedIsas() {
+  std::vector<GridIsa> isas;
+  for (GridIsa isa : {GridIsa::kPortable, GridIsa::kAvx2, GridIsa::kAvx512}) {
+    if (GridIsaSupported(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
+// A padded image of `depth` rows laid out like a conv's grid: row k starts
+// at b_rows[k] and line l of it at + l * stride; the positions past `width`
+// in each line hold NaN and Inf, which the products must never read.
+struct Gathered {
+  std::vector<float> data;
+  std::vector<int64_t> rows;
+  GridLines lines;
+};
+
+Gathered MakeGathered(int64_t depth, int64_t count, int64_t width, int64_t extra,
+                      std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  Gathered g;
+  g.lines = GridLines{count, width, width + extra, width};
+  const int64_t plane = count * g.lines.gathered_stride;
+  // Rows are whole planes here, in reverse order, so the offsets matter.
+  // kGridReadSlack NaNs after the last row: the forward product may load
+  // them but must drop them.
+  g.data.assign(static_cast<size_t>(depth * plane + kGridReadSlack),
+                std::numeric_limits<float>::quiet_NaN());
+  for (int64_t k = 0; k < depth; ++k) g.rows.push_back((depth - 1 - k) * plane);
+  for (int64_t p = 0; p < depth * plane; ++p) {
+    const int64_t j = p % g.lines.gathered_stride;
+    g.data[p] = j < width ? dist(rng)
+                          : (j % 2 == 0 ? std::numeric_limits<float>::quiet_NaN()
+                                        : std::numeric_limits<float>::infinity());
+  }
+  return g;
+}
+
+std::vector<float> Random(int64_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+struct Shape {
+  int64_t rows, depth, count, width, extra;
+};
+const Shape kShapes[] = {
+    {16, 144, 28, 28, 2},  // a 16-channel 3x3 conv on 28x28
+    {32, 288, 14, 14, 2},  // a 32-channel one on 14x14
+    {5, 9, 7, 3, 2},       // rows and depth leave remainders; lines narrower than a vector
+    {3, 7, 2, 37, 4},      // two full vectors and a partial one per line
+    {1, 1, 1, 1, 0},
+};
+
+std::string Describe(GridIsa isa, const Shape& s) {
+  return std::string(GridIsaName(isa)) + " rows " + std::to_string(s.rows) + " depth " +
+         std::to_string(s.depth) + " lines " + std::to_string(s.count) + "x" +
+         std::to_string(s.width);
+}
+
+TEST(GridConv, ForwardMatchesFloat64SumsOnEveryInstructionSet) {
+  for (GridIsa isa : SupportedIsas()) {
+    const ScopedGridIsa scoped(isa);
+    ASSERT_EQ(ActiveGridIsa(), isa);
+    for (const Shape& s : kShapes) {
+      SCOPED_TRACE(Describe(isa, s));
+      std::mt19937 rng(7);
+      const Gathered b = MakeGathered(s.depth, s.count, s.width, s.extra, rng);
+      const int64_t lda = s.depth + 3;
+      const std::vector<float> a = Random(s.rows * lda, rng);
+      const std::vector<float> init = Random(s.rows, rng);
+      const int64_t ld_out = s.count * s.width + 5;
+      // Sentinels between rows must survive: only visited positions are written.
+      std::vector<float> out(static_cast<size_t>(s.rows * ld_out), -7.0f);
+      GridConvForward(s.rows, s.depth, a.data(), lda, b.data.data(), b.rows.data(), b.lines,
+                      init.data(), out.data(), ld_out);
+      for (int64_t m = 0; m < s.rows; ++m) {
+        for (int64_t q = 0; q < ld_out; ++q) {
+          const float got = out[m * ld_out + q];
+          if (q >= s.count * s.width) {
+            ASSERT_EQ(got, -7.0f) << "row " << m << " position " << q << " was written";
+            continue;
+          }
+          const int64_t l = q / s.width, j = q % s.width;
+          double want = init[m];
+          double magnitude = std::fabs(init[m]);
+          for (int64_t k = 0; k < s.depth; ++k) {
+            const double term = static_cast<double>(a[m * lda + k]) *
+                                b.data[b.rows[k] + l * b.lines.gathered_stride + j];
+            want += term;
+            magnitude += std::fabs(term);
+          }
+          ASSERT_NEAR(got, want, 4e-7 * magnitude + 1e-7) << "row " << m << " position " << q;
+        }
+      }
+    }
+  }
+}
+
+TEST(GridConv, ForwardWithoutInitStartsFromZero) {
+  for (GridIsa isa : SupportedIsas()) {
+    const ScopedGridIsa scoped(isa);
+    SCOPED_TRACE(GridIsaName(isa));
+    std::mt19937 rng(3);
+    const Gathered b = MakeGathered(2, 1, 5, 1, rng);
+    const std::vector<float> a = {2.0f, -1.0f};
+    std::vector<float> out(5, 99.0f);
+    GridConvForward(1, 2, a.data(), 2, b.data.data(), b.rows.data(), b.lines, nullptr,
+                    out.data(), 5);
+    for (int64_t j = 0; j < 5; ++j) {
+      const float want = 2.0f * b.data[b.rows[0] + j] - b.data[b.rows[1] + j];
+      EXPECT_FLOAT_EQ(out[j], want) << "position " << j;
+    }
+  }
+}
+
+TEST(GridConv, FilterGradAccumulatesFloat64SumsOnEveryInstructionSet) {
+  for (GridIsa isa : SupportedIsas()) {
+    const ScopedGridIsa scoped(isa);
+    for (const Shape& s : kShapes) {
+      SCOPED_TRACE(Describe(isa, s));
+      std::mt19937 rng(11);
+      Gathered b = MakeGathered(s.depth, s.count, s.width, s.extra, rng);
+      // dY with its own line stride and NaN past each line: never read.
+      b.lines.dense_stride = s.width + 1;
+      const int64_t ld_dy = s.count * b.lines.dense_stride + 2;
+      std::vector<float> dy = Random(s.rows * ld_dy, rng);
+      for (int64_t m = 0; m < s.rows; ++m) {
+        for (int64_t q = 0; q < ld_dy; ++q) {
+          if (q >= s.count * b.lines.dense_stride || q % b.lines.dense_stride >= s.width) {
+            dy[m * ld_dy + q] = std::numeric_limits<float>::quiet_NaN();
+          }
+        }
+      }
+      const int64_t ld_dw = s.depth + 2;
+      const std::vector<float> dw_before = Random(s.rows * ld_dw, rng);
+      std::vector<float> dw = dw_before;
+      GridConvFilterGrad(s.rows, s.depth, dy.data(), ld_dy, b.data.data(), b.rows.data(),
+                         b.lines, dw.data(), ld_dw);
+      for (int64_t m = 0; m < s.rows; ++m) {
+        for (int64_t k = 0; k < ld_dw; ++k) {
+          const float got = dw[m * ld_dw + k];
+          if (k >= s.depth) {
+            ASSERT_EQ(got, dw_before[m * ld_dw + k]) << "dW row " << m << " column " << k;
+            continue;
+          }
+          double want = dw_before[m * ld_dw + k];
+          double magnitude = std::fabs(want);
+          for (int64_t l = 0; l < s.count; ++l) {
+            for (int64_t j = 0; j < s.width; ++j) {
+              const double term =
+                  static_cast<double>(dy[m * ld_dy + l * b.lines.dense_stride + j]) *
+                  b.data[b.rows[k] + l * b.lines.gathered_stride + j];
+              want += term;
+              magnitude += std::fabs(term);
+            }
+          }
+          ASSERT_NEAR(got, want, 4e-7 * magnitude + 1e-7) << "dW row " << m << " column " << k;
+        }
+      }
+    }
+  }
+}
+
+TEST(GridConv, InstructionSetsAreOrderedAndNamed) {
+  EXPECT_TRUE(GridIsaSupported(GridIsa::kPortable));
+  EXPECT_STREQ(GridIsaName(GridIsa::kAvx512), "avx512");
+  EXPECT_STREQ(GridIsaName(GridIsa::kAvx2), "avx2");
+  EXPECT_STREQ(GridIsaName(GridIsa::kPortable), "portable");
+  std::cout << "grid conv instruction set: " << GridIsaName(ActiveGridIsa()) << "\n";
+}
+
+}  // namespace
+}  // namespace castor::cpu
