@@ -316,18 +316,20 @@ const std::vector<ConvSpec>& ConvSpecs() {
       {{3, 8, 20, 20}, {16, 8, 3, 3}, 1, {}, {}, {1, 1, 1, 1}, "NOTSET", true},
       {{4, 1, 28, 28}, {32, 1, 3, 3}, 1, {}, {}, {}, "NOTSET", true},
       // Pointwise (1x1, stride 1, no pads: X is the column matrix), also
-      // grouped; a 1x1 with stride 2 and one with pads go through im2col.
+      // grouped; a 1x1 with stride 2 (one phase plane of four read) and one
+      // with pads take the padded grid.
       {{3, 8, 5, 6}, {4, 8, 1, 1}, 1, {}, {}, {}, "NOTSET", true},
       {{2, 6, 4, 5}, {6, 3, 1, 1}, 2, {}, {}, {}, "NOTSET", true},
       {{2, 6, 7, 5}, {4, 6, 1, 1}, 1, {2, 2}, {}, {}, "NOTSET", false},
       {{2, 3, 4, 5}, {4, 3, 1, 1}, 1, {}, {}, {1, 0, 0, 1}, "NOTSET", true},
-      // 2-D stride 1 (the padded-grid path): grouped, dilated, uneven pads.
+      // 2-D stride 1 (one plane per channel on the padded grid): grouped,
+      // dilated, uneven pads.
       {{2, 4, 9, 8}, {6, 2, 3, 2}, 2, {1, 1}, {1, 2}, {1, 0, 2, 1}, "NOTSET", true},
-      // One image, one group: tasks run one at a time, unrolling split across
-      // threads (grid and im2col).
+      // One image, one group: tasks run one at a time, the work split across
+      // threads (unit and strided grids).
       {{1, 3, 12, 11}, {5, 3, 3, 3}, 1, {}, {}, {1, 1, 1, 1}, "NOTSET", true},
       {{1, 3, 12, 11}, {5, 3, 3, 3}, 1, {2, 2}, {}, {1, 1, 1, 1}, "NOTSET", true},
-      // Several tiles of output lines per image (grid and im2col).
+      // Larger images (unit and strided grids).
       {{2, 8, 48, 48}, {4, 8, 3, 3}, 1, {}, {}, {1, 1, 1, 1}, "NOTSET", true},
       {{2, 8, 100, 100}, {4, 8, 3, 3}, 1, {2, 2}, {}, {1, 1, 1, 1}, "NOTSET", true},
   };

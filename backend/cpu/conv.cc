@@ -2,10 +2,10 @@
 //
 // Conv: N-d (1-D, 2-D, 3-D, ...) with groups, strides, dilations, pads,
 // auto_pad and optional bias, per (image, group); the images run in
-// parallel. 2-D stride-1 convs in float32 and 16-bit read the padded image
-// directly with grid_conv.h's products; the others unroll columns (im2col)
-// into cache-sized tiles of reused per-thread scratch for a GEMM
-// (pointwise convs skip the unrolling; see RunConv).
+// parallel. 2-D convs in float32 and 16-bit read the image copied onto
+// im2col.h's padded grid directly with grid_conv.h's products; the others
+// unroll columns (im2col) into cache-sized tiles of reused per-thread
+// scratch for a GEMM (pointwise convs skip the unrolling; see RunConv).
 // ConvTranspose: GEMM W^T * X per (image, group), then col2im scatter-adds
 // the columns into the output (output_shape, output_padding, pads, auto_pad).
 // 16-bit inputs are widened to float32 for the GEMM (Conv: X once per
@@ -135,9 +135,10 @@ absl::Status CheckConvInputs(const KernelContext& ctx, int64_t group, int64_t bi
 constexpr int64_t kLargeTileColumnElements = int64_t{4} << 20;
 
 
-// Y = Conv(X, W) + B per (image, group) task. 2-D stride 1 ("padded
-// grid"): X is copied once into a zero-padded image [cg, Hp, Wp], where each
-// column row (c, kh, kw) is one contiguous slice; in float32 and 16-bit,
+// Y = Conv(X, W) + B per (image, group) task. 2-D ("padded grid"): X is
+// copied once onto im2col.h's PaddedGrid (zero-padded, split into phase
+// planes when strided), where each column row (c, kh, kw) is one contiguous
+// slice; in float32 and 16-bit,
 // grid_conv.h's GridConvForward computes Y_g from it directly (16-bit: into a
 // float32 scratch narrowed once). Otherwise, in tiles of output lines (an
 // output line: the positions along the last spatial axis): the columns are
@@ -175,7 +176,6 @@ void RunConv(const KernelContext& ctx, const WindowGeometry& g, int64_t batch, i
   const bool grid = !pointwise && PaddedGrid::Applies(g);
   const std::optional<PaddedGrid> padded_grid =
       grid ? std::optional<PaddedGrid>(g) : std::nullopt;
-  const int64_t grid_rows = grid ? padded_grid->rows : 0;
   const int64_t grid_cols = grid ? padded_grid->cols : line;
   std::vector<int64_t> grid_row_offsets;  // column row k: padded + grid_row_offsets[k]
   for (int64_t row = 0; grid && row < kg; ++row) {
@@ -226,10 +226,9 @@ void RunConv(const KernelContext& ctx, const WindowGeometry& g, int64_t batch, i
       padded_scratch.resize(static_cast<size_t>(padded_size));
       padded = padded_scratch.data();
       maybe_parallel(cg, [&](int64_t lo, int64_t hi) {
-        PadImage<Src, Acc>(xs, lo, hi, g.input[0], g.input[1], g.pad_begin[0], g.pad_begin[1],
-                           grid_rows, grid_cols, padded);
+        FillGrid<Src, Acc>(xs, lo, hi, *padded_grid, padded);
       });
-      std::fill(padded + cg * padded_grid->plane(), padded + padded_size, Acc(0));
+      std::fill(padded + cg * padded_grid->channel_size(), padded + padded_size, Acc(0));
     }
     if constexpr (std::is_same_v<Acc, float>) {
       if (grid) {

@@ -2,9 +2,9 @@
 //
 // ConvGrad: per (image, group), dW += dY_g * im2col(X_g)^T and dX_g =
 // col2im(W_g^T * dY_g) with im2col.h's geometry and gemm.h's Sgemm; 2-D
-// unit-stride convs use grid_conv.h's direct products instead (dW from X
-// padded onto the grid, dX as the transposed conv: dY padded, W flipped;
-// see ConvGradOnGrid). The images run in slices on the thread pool (a
+// convs use grid_conv.h's direct products instead for dW (X copied onto the
+// padded grid) and, at unit strides, dX (the transposed conv: dY padded, W
+// flipped; see ConvGradOnGrid). The images run in slices on the thread pool (a
 // partial dW per slice), or one after another with split GEMMs (and split
 // grid products) when there is a single image. 16-bit X, dY and W are widened to float32 up
 // front with float_io.h's vector conversions (a float32 copy of each).
@@ -211,15 +211,16 @@ struct ConvGradShapes {
   int64_t batch, channels, out_channels, group;
 };
 
-// The direct products (grid_conv.h) of a 2-D unit-stride ConvGrad, set up
-// once per call:
+// The direct products (grid_conv.h) of a 2-D ConvGrad, set up once per call:
 // - dW_g += dY_g * columns(X_g)^T reads the column rows in place from X_g
-//   padded onto the conv's grid (im2col.h's PaddedGrid);
-// - dX_g is the conv's transpose written as a forward conv: dY_g padded by
-//   (kernel - 1) * dilation - pads on each side, convolved with W flipped
-//   along both spatial axes and with its channel axes swapped. That needs
-//   pads of at most (kernel - 1) * dilation (TransposeFits); otherwise dX
-//   takes the column path (dcol = W^T dY, col2im).
+//   copied onto the conv's grid (im2col.h's PaddedGrid: phase planes when
+//   strided);
+// - dX_g of a unit-stride conv is its transpose written as a forward conv:
+//   dY_g padded by (kernel - 1) * dilation - pads on each side, convolved
+//   with W flipped along both spatial axes and with its channel axes
+//   swapped. That needs pads of at most (kernel - 1) * dilation
+//   (TransposeFits); otherwise, and for strided convs, dX takes the column
+//   path (dcol = W^T dY, col2im).
 class ConvGradOnGrid {
  public:
   ConvGradOnGrid(const WindowGeometry& g, const ConvGradShapes& s, const float* w)
@@ -254,6 +255,7 @@ class ConvGradOnGrid {
 
   static bool TransposeFits(const WindowGeometry& g) {
     for (int d = 0; d < 2; ++d) {
+      if (g.strides[d] != 1) return false;
       const int64_t reach = (g.kernel[d] - 1) * g.dilations[d];
       if (g.pad_begin[d] > reach || g.pad_end[d] > reach) return false;
     }
@@ -265,9 +267,8 @@ class ConvGradOnGrid {
   // group (the column split across threads when the caller runs alone).
   void AddFilterGrad(const float* x_g, const float* dy_g, float* dw_g) const {
     thread_local std::vector<float> padded;
-    padded.resize(static_cast<size_t>(cg_ * x_grid_.plane()));
-    PadImage<float, float>(x_g, 0, cg_, g_.input[0], g_.input[1], g_.pad_begin[0],
-                           g_.pad_begin[1], x_grid_.rows, x_grid_.cols, padded.data());
+    padded.resize(static_cast<size_t>(cg_ * x_grid_.channel_size()));
+    FillGrid<float, float>(x_g, 0, cg_, x_grid_, padded.data());
     const float* b = padded.data();
     const GridLines lines{g_.output[0], g_.output[1], x_grid_.cols, g_.output[1]};
     const int64_t kg = static_cast<int64_t>(x_rows_.size());
@@ -282,9 +283,8 @@ class ConvGradOnGrid {
   void FillInputGrad(int64_t gi, const float* dy_g, float* dx_g) const {
     const PaddedGrid& grid = *dy_grid_;
     thread_local std::vector<float> padded;
-    padded.resize(static_cast<size_t>(mg_ * grid.plane() + kGridReadSlack));
-    PadImage<float, float>(dy_g, 0, mg_, g_.output[0], g_.output[1], transposed_.pad_begin[0],
-                           transposed_.pad_begin[1], grid.rows, grid.cols, padded.data());
+    padded.resize(static_cast<size_t>(mg_ * grid.channel_size() + kGridReadSlack));
+    FillGrid<float, float>(dy_g, 0, mg_, grid, padded.data());
     std::fill(padded.end() - kGridReadSlack, padded.end(), 0.0f);
     const float* b = padded.data();
     const int64_t depth = static_cast<int64_t>(dy_rows_.size());

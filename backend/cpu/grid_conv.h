@@ -1,5 +1,5 @@
 // Direct convolution products on the padded grid (im2col.h's PaddedGrid) of
-// a 2-D unit-stride conv: the forward product W * columns and the filter
+// a 2-D conv: the forward product W * columns and the filter
 // gradient dY * columns^T, read straight from the padded image. Column row
 // k is the slice b + b_rows[k] + [positions] of that image, so nothing is
 // unrolled and no GEMM operand is packed: register-blocked kernels broadcast

@@ -68,36 +68,50 @@ void Im2Col(const T* x, const WindowGeometry& g, int64_t first_row, int64_t end_
 // run in parallel: about the size of a core's L2 cache.
 inline constexpr int64_t kTileColumnElements = int64_t{1} << 17;
 
-// The "padded grid" of a 2-D window op with unit strides (Conv and ConvGrad):
-// one image copied into a zero-padded [channels, rows, cols] buffer (the
-// pads around the input), plus `slack` zeros after the last channel. Output
-// position (oh, ow) is grid position oh * cols + ow; the cols - output[1]
-// positions past each output line are extra. Row `row` = (c, kh, kw) of the
-// column matrix over grid positions [q0, q1) is then the contiguous slice
-// padded + RowOffset(row) + [q0, q1), so unrolling is a copy and col2im an
-// add of whole rows. The extra positions read pads, the next line or (the
-// last line, by up to `slack`) the next channel.
+// The "padded grid" of a 2-D window op (Conv and ConvGrad): one image
+// copied into zero-padded phase planes, strides[0] * strides[1] per channel
+// ([channels, s0, s1, rows, cols]; one plane per channel at unit strides),
+// plus `slack` zeros after the last channel. Plane (a, b) holds the padded
+// input's positions (i * s0 + a, j * s1 + b). Output position (oh, ow) is
+// grid position oh * cols + ow; the cols - output[1] positions past each
+// output line are extra. Kernel tap (kh, kw) at padded offset (th, tw) =
+// (kh * d0, kw * d1) reads plane (th % s0, tw % s1) shifted by (th / s0,
+// tw / s1), so row `row` = (c, kh, kw) of the column matrix over grid
+// positions [q0, q1) is the contiguous slice padded + RowOffset(row) +
+// [q0, q1): unrolling is a copy and col2im an add of whole rows. The extra
+// positions read pads, the next line or (the last line, by up to `slack`)
+// the next plane.
 struct PaddedGrid {
-  // True when `g` is 2-D with unit strides.
-  static bool Applies(const WindowGeometry& g) {
-    return g.num_spatial == 2 && g.strides[0] == 1 && g.strides[1] == 1;
-  }
+  // True when `g` is 2-D.
+  static bool Applies(const WindowGeometry& g) { return g.num_spatial == 2; }
   explicit PaddedGrid(const WindowGeometry& g)
       : geometry(&g),
-        rows(g.output[0] + (g.kernel[0] - 1) * g.dilations[0]),
-        cols(g.output[1] + (g.kernel[1] - 1) * g.dilations[1]),
-        slack((g.kernel[1] - 1) * g.dilations[1]) {}
+        rows(g.output[0] + (g.kernel[0] - 1) * g.dilations[0] / g.strides[0]),
+        cols(g.output[1] + (g.kernel[1] - 1) * g.dilations[1] / g.strides[1]),
+        slack((g.kernel[1] - 1) * g.dilations[1] / g.strides[1]) {}
 
   int64_t plane() const { return rows * cols; }
+  // Elements of one channel's planes.
+  int64_t channel_size() const { return geometry->strides[0] * geometry->strides[1] * plane(); }
   // Elements of the padded buffer of `channels` channels, slack included.
-  int64_t buffer_size(int64_t channels) const { return channels * plane() + slack; }
+  int64_t buffer_size(int64_t channels) const { return channels * channel_size() + slack; }
   // Grid positions of output lines [0, lines).
   int64_t positions(int64_t lines) const { return lines * cols; }
   // Where row `row` = c * kernel_size + kh * kernel[1] + kw starts.
   int64_t RowOffset(int64_t row) const {
     const WindowGeometry& g = *geometry;
     const int64_t c = row / g.kernel_size(), k = row % g.kernel_size();
-    return c * plane() + k / g.kernel[1] * g.dilations[0] * cols + k % g.kernel[1] * g.dilations[1];
+    const int64_t th = k / g.kernel[1] * g.dilations[0], tw = k % g.kernel[1] * g.dilations[1];
+    const int64_t s0 = g.strides[0], s1 = g.strides[1];
+    return c * channel_size() + (th % s0 * s1 + tw % s1) * plane() + th / s0 * cols + tw / s1;
+  }
+  // True when some kernel tap reads phase plane (a, b).
+  bool PhaseUsed(int64_t a, int64_t b) const {
+    const WindowGeometry& g = *geometry;
+    bool row_used = false, col_used = false;
+    for (int64_t k = 0; k < g.kernel[0]; ++k) row_used |= k * g.dilations[0] % g.strides[0] == a;
+    for (int64_t k = 0; k < g.kernel[1]; ++k) col_used |= k * g.dilations[1] % g.strides[1] == b;
+    return row_used && col_used;
   }
 
   const WindowGeometry* geometry;
@@ -105,11 +119,13 @@ struct PaddedGrid {
 };
 
 // Copies channels [channel_lo, channel_hi) of one image x [channels, in_h,
-// in_w] (storage T) into `padded` [channels, rows, cols] as Acc, with `top`
-// zero rows and `left` zero columns before the data and zeros after it.
+// in_w] (storage T; the grid geometry's input dims and begin pads) into
+// their phase planes of `padded` as Acc, zeros where the padded input lies
+// outside x. Planes no kernel tap reads are left as they are; the slack is
+// not written.
 template <typename T, typename Acc>
-void PadImage(const T* x, int64_t channel_lo, int64_t channel_hi, int64_t in_h, int64_t in_w,
-              int64_t top, int64_t left, int64_t rows, int64_t cols, Acc* padded);
+void FillGrid(const T* x, int64_t channel_lo, int64_t channel_hi, const PaddedGrid& grid,
+              Acc* padded);
 
 // --- helpers shared with col2im (conv.cc) -----------------------------------
 
@@ -191,21 +207,34 @@ inline Acc WidenTo(T v) {
 }
 
 template <typename T, typename Acc>
-void PadImage(const T* x, int64_t channel_lo, int64_t channel_hi, int64_t in_h, int64_t in_w,
-              int64_t top, int64_t left, int64_t rows, int64_t cols, Acc* padded) {
+void FillGrid(const T* x, int64_t channel_lo, int64_t channel_hi, const PaddedGrid& grid,
+              Acc* padded) {
+  const WindowGeometry& g = *grid.geometry;
+  const int64_t in_h = g.input[0], in_w = g.input[1];
+  const int64_t s0 = g.strides[0], s1 = g.strides[1];
+  const int64_t rows = grid.rows, cols = grid.cols;
   for (int64_t c = channel_lo; c < channel_hi; ++c) {
     const T* src = x + c * in_h * in_w;
-    Acc* dst = padded + c * rows * cols;
-    for (int64_t r = 0; r < rows; ++r, dst += cols) {
-      const int64_t ih = r - top;
-      if (ih < 0 || ih >= in_h) {
-        std::fill(dst, dst + cols, Acc(0));
-        continue;
+    for (int64_t a = 0; a < s0; ++a) {
+      for (int64_t b = 0; b < s1; ++b) {
+        if (!grid.PhaseUsed(a, b)) continue;
+        Acc* dst = padded + c * grid.channel_size() + (a * s1 + b) * grid.plane();
+        // Plane columns j with input column j * s1 + b - left inside [0, in_w).
+        const int64_t left = g.pad_begin[1] - b;
+        const int64_t j_lo = std::clamp<int64_t>((left + s1 - 1) / s1, 0, cols);
+        const int64_t j_hi = std::clamp<int64_t>((in_w + left + s1 - 1) / s1, j_lo, cols);
+        for (int64_t i = 0; i < rows; ++i, dst += cols) {
+          const int64_t ih = i * s0 + a - g.pad_begin[0];
+          if (ih < 0 || ih >= in_h) {
+            std::fill(dst, dst + cols, Acc(0));
+            continue;
+          }
+          const T* line = src + ih * in_w;
+          std::fill(dst, dst + j_lo, Acc(0));
+          for (int64_t j = j_lo; j < j_hi; ++j) dst[j] = WidenTo<Acc>(line[j * s1 - left]);
+          std::fill(dst + j_hi, dst + cols, Acc(0));
+        }
       }
-      const int64_t copy = std::clamp<int64_t>(in_w, 0, cols - left);
-      std::fill(dst, dst + left, Acc(0));
-      for (int64_t i = 0; i < copy; ++i) dst[left + i] = WidenTo<Acc>(src[ih * in_w + i]);
-      std::fill(dst + left + copy, dst + cols, Acc(0));
     }
   }
 }
