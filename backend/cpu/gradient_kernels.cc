@@ -90,11 +90,12 @@ class Float32In {
   std::vector<float> copy_;
 };
 
-// An output computed in float32 and zero-initialised: written in place when
-// float32, else in a buffer that Finish() rounds into the output once.
+// An output computed in float32: written in place when float32, else in a
+// buffer that Finish() rounds into the output once. Zero-initialised unless
+// the kernel writes every element (`overwritten`).
 class Float32Out {
  public:
-  explicit Float32Out(TensorView* t) : view_(t) {
+  explicit Float32Out(TensorView* t, bool overwritten = false) : view_(t) {
     const int64_t n = t->num_elements();
     if (t->dtype == DType::kFloat32) {
       data_ = t->as<float>();
@@ -102,7 +103,7 @@ class Float32Out {
       buffer_.resize(static_cast<size_t>(n));
       data_ = buffer_.data();
     }
-    std::fill(data_, data_ + n, 0.0f);
+    if (!overwritten) std::fill(data_, data_ + n, 0.0f);
   }
   Float32Out(const Float32Out&) = delete;
   Float32Out& operator=(const Float32Out&) = delete;
@@ -219,7 +220,7 @@ struct ConvGradShapes {
 //   dY_g padded by (kernel - 1) * dilation - pads on each side, convolved
 //   with W flipped along both spatial axes and with its channel axes
 //   swapped. That needs pads of at most (kernel - 1) * dilation
-//   (TransposeFits); otherwise, and for strided convs, dX takes the column
+//   (ComputesDx); otherwise, and for strided convs, dX takes the column
 //   path (dcol = W^T dY, col2im).
 class ConvGradOnGrid {
  public:
@@ -227,7 +228,7 @@ class ConvGradOnGrid {
       : g_(g), x_grid_(g_), cg_(s.channels / s.group), mg_(s.out_channels / s.group) {
     const int64_t kernel_size = g_.kernel_size();
     for (int64_t row = 0; row < cg_ * kernel_size; ++row) x_rows_.push_back(x_grid_.RowOffset(row));
-    if (!TransposeFits(g_)) return;
+    if (!ComputesDx(g_)) return;
     transposed_ = g_;
     transposed_.input = g_.output;
     transposed_.output = g_.input;
@@ -253,7 +254,10 @@ class ConvGradOnGrid {
     }
   }
 
-  static bool TransposeFits(const WindowGeometry& g) {
+  // True when dX is the transposed conv on a grid (unit strides, pads
+  // within the kernel's reach).
+  static bool ComputesDx(const WindowGeometry& g) {
+    if (!PaddedGrid::Applies(g)) return false;
     for (int d = 0; d < 2; ++d) {
       if (g.strides[d] != 1) return false;
       const int64_t reach = (g.kernel[d] - 1) * g.dilations[d];
@@ -261,7 +265,7 @@ class ConvGradOnGrid {
     }
     return true;
   }
-  bool computes_dx() const { return dy_grid_.has_value(); }
+  bool computes_dx() const { return dy_grid_.has_value(); }  // ComputesDx(g)
 
   // dW_g [mg, cg * kernel_size] += dY_g * columns(X_g)^T for one image and
   // group (the column split across threads when the caller runs alone).
@@ -365,9 +369,10 @@ void RunConvGrad(const WindowGeometry& g, const ConvGradShapes& s, const float* 
         }
         if (db_acc != nullptr) {
           for (int64_t m = 0; m < mg; ++m) {
-            double sum = 0;
-            for (int64_t i = 0; i < p; ++i) sum += dy_g[m * p + i];
-            db_acc[gi * mg + m] += static_cast<float>(sum);
+            LaneSums<1> sum;
+            const float* dy_row = dy_g + m * p;
+            sum.Add(p, [&](int64_t i) { return std::array<double, 1>{dy_row[i]}; });
+            db_acc[gi * mg + m] += static_cast<float>(sum.Total(0));
           }
         }
       }
@@ -434,11 +439,13 @@ absl::Status ConvGradKernel(KernelContext& ctx) {
   if (WantsOutput(ctx, 2)) {
     CASTOR_ASSIGN_OR_RETURN(db, ctx.Output(2, x.dtype, {s.out_channels}));
   }
+  const bool runs = dy.num_elements() > 0 && x.num_elements() > 0;
   std::optional<Float32Out> dx_out, dw_out, db_out;
-  if (dx) dx_out.emplace(dx);
+  // The grid's transposed conv writes every element of dX; col2im adds.
+  if (dx) dx_out.emplace(dx, runs && ConvGradOnGrid::ComputesDx(*g));
   if (dw) dw_out.emplace(dw);
   if (db) db_out.emplace(db);
-  if (dy.num_elements() > 0 && x.num_elements() > 0) {
+  if (runs) {
     // X widened once with the vector conversions (float_io.h), like dY and
     // W: the unrolling then copies float32 instead of converting each of
     // the kernel-size copies of every element.
@@ -717,7 +724,7 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
   });
   if (WantsOutput(ctx, 0)) {
     CASTOR_ASSIGN_OR_RETURN(TensorView * dx_view, ctx.Output(0, x.dtype, x.dims));
-    const Float32Out dx(dx_view);
+    const Float32Out dx(dx_view, /*overwritten=*/true);
     // dX = scale * inv_std * (dY - dBias / M - x_hat * dScale / M)
     ParallelFor(0, batch * channels, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t r = lo; r < hi; ++r) {

@@ -229,9 +229,13 @@ void FillGrid(const T* x, int64_t channel_lo, int64_t channel_hi, const PaddedGr
             std::fill(dst, dst + cols, Acc(0));
             continue;
           }
-          const T* line = src + ih * in_w;
+          const T* line = src + ih * in_w - left;  // plane column j reads line[j * s1]
           std::fill(dst, dst + j_lo, Acc(0));
-          for (int64_t j = j_lo; j < j_hi; ++j) dst[j] = WidenTo<Acc>(line[j * s1 - left]);
+          if (s1 == 1) {  // contiguous: a copy the compiler vectorizes
+            for (int64_t j = j_lo; j < j_hi; ++j) dst[j] = WidenTo<Acc>(line[j]);
+          } else {
+            for (int64_t j = j_lo; j < j_hi; ++j) dst[j] = WidenTo<Acc>(line[j * s1]);
+          }
           std::fill(dst + j_hi, dst + cols, Acc(0));
         }
       }
