@@ -101,8 +101,8 @@ struct Vec {
     _mm_storeu_ps(dst, _mm_add_ps(_mm_loadu_ps(dst), sums));
   }
 };
-// 16 ymm registers: 8 accumulators, 2 loads, 1 broadcast, 2 masks.
-constexpr int kForwardRows = 4, kForwardRuns = 2;
+// 16 ymm registers: 12 accumulators, 3 loads, 1 broadcast.
+constexpr int kForwardRows = 4, kForwardRuns = 3;
 // 8 accumulators, 4 + 1 loads, 1 mask.
 constexpr int kGradRows = 2, kGradCols = 4;
 
@@ -162,10 +162,10 @@ struct Vec {
     return avx2::Vec::Sum(_mm256_add_ps(_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8)));
   }
 };
-// 32 zmm registers: 24 accumulators, 6 loads, 1 broadcast (masks in k).
+// 32 zmm registers: 24 accumulators, 6 loads, 1 broadcast.
 constexpr int kForwardRows = 4, kForwardRuns = 6;
-// 16 accumulators, 4 + 1 loads.
-constexpr int kGradRows = 4, kGradCols = 4;
+// 24 accumulators, 6 + 1 loads.
+constexpr int kGradRows = 4, kGradCols = 6;
 
 #include "backend/cpu/grid_conv_kernels.inc"
 
