@@ -232,7 +232,8 @@ DirectConvGrad DirectConvGrad2D(const std::vector<double>& x, const std::vector<
                                 const std::vector<double>& w, const std::vector<int64_t>& wd,
                                 const std::vector<double>& dy, const std::vector<int64_t>& yd,
                                 int64_t group, const std::vector<int64_t>& pads,
-                                const std::vector<int64_t>& dilations) {
+                                const std::vector<int64_t>& dilations,
+                                const std::vector<int64_t>& strides) {
   const int64_t n_images = xd[0], c_in = xd[1], h = xd[2], wi = xd[3];
   const int64_t m_out = wd[0], cg = wd[1], kh_n = wd[2], kw_n = wd[3];
   const int64_t oh_n = yd[2], ow_n = yd[3], mg = m_out / group;
@@ -249,10 +250,10 @@ DirectConvGrad DirectConvGrad2D(const std::vector<double>& x, const std::vector<
           for (int64_t kw = 0; kw < kw_n; ++kw) {
             const int64_t wk = ((m * cg + c) * kh_n + kh) * kw_n + kw;
             for (int64_t oh = 0; oh < oh_n; ++oh) {
-              const int64_t ih = oh - pads[0] + kh * dilations[0];
+              const int64_t ih = oh * strides[0] - pads[0] + kh * dilations[0];
               if (ih < 0 || ih >= h) continue;
               for (int64_t ow = 0; ow < ow_n; ++ow) {
-                const int64_t iw = ow - pads[1] + kw * dilations[1];
+                const int64_t iw = ow * strides[1] - pads[1] + kw * dilations[1];
                 if (iw < 0 || iw >= wi) continue;
                 const int64_t xi = ((n * c_in + ci) * h + ih) * wi + iw;
                 const double g = dy[((n * m_out + m) * oh_n + oh) * ow_n + ow];
@@ -270,25 +271,43 @@ DirectConvGrad DirectConvGrad2D(const std::vector<double>& x, const std::vector<
   return r;
 }
 
-// Unit-stride 2-D convs take the padded-grid path (backend/cpu/im2col.h's
-// PaddedGrid): images large enough for several column tiles per image, with
-// groups, dilations and uneven pads, against direct sums.
-// Batch 3 runs images in parallel slices; batch 1 one image with split GEMMs.
-void CheckUnitStrideConvGrad(int64_t batch, unsigned seed) {
-  const std::vector<int64_t> xd = {batch, 32, 23, 61}, wd = {8, 16, 3, 3};
-  const std::vector<int64_t> pads = {2, 1, 1, 0}, dilations = {2, 1};
-  const std::vector<Attribute> attrs = {Attribute::Int("group", 2), Attribute::Ints("pads", pads),
-                                        Attribute::Ints("dilations", dilations)};
-  const std::vector<int64_t> yd = {batch, 8, 23 + 2 + 1 - 4, 61 + 1 + 0 - 2};
+// 2-D convs take the padded-grid path (backend/cpu/im2col.h's PaddedGrid,
+// grid_conv.h's products; dX per stride phase): images large enough for
+// several vectors per line, with groups, dilations and uneven pads (also
+// wider than the kernel's reach), and strides whose phases some taps never
+// reach, against direct sums. Batch 3 runs images in parallel slices;
+// batch 1 one image with the products split across threads.
+struct GridConvGradCase {
+  std::vector<int64_t> xd, wd, pads, dilations, strides;
+  int64_t group;
+};
+
+void CheckConvGradAgainstDirectSums(const GridConvGradCase& c, int64_t batch, unsigned seed) {
+  std::vector<int64_t> xd = c.xd;
+  xd[0] = batch;
+  std::vector<int64_t> yd = {batch, c.wd[0], 0, 0};
+  for (int d = 0; d < 2; ++d) {
+    const int64_t reach = (c.wd[2 + d] - 1) * c.dilations[d] + 1;
+    yd[2 + d] = (xd[2 + d] + c.pads[d] + c.pads[2 + d] - reach) / c.strides[d] + 1;
+  }
+  SCOPED_TRACE(::testing::Message() << "X " << ::testing::PrintToString(xd) << " W "
+                                    << ::testing::PrintToString(c.wd) << " strides "
+                                    << ::testing::PrintToString(c.strides) << " pads "
+                                    << ::testing::PrintToString(c.pads) << " dilations "
+                                    << ::testing::PrintToString(c.dilations));
+  const std::vector<Attribute> attrs = {
+      Attribute::Int("group", c.group), Attribute::Ints("pads", c.pads),
+      Attribute::Ints("dilations", c.dilations), Attribute::Ints("strides", c.strides)};
   const Tensor x = RandomTensor(xd, seed);
-  const Tensor w = RandomTensor(wd, seed + 1);
+  const Tensor w = RandomTensor(c.wd, seed + 1);
   const Tensor dy = RandomTensor(yd, seed + 2);
   const std::vector<Tensor> out = RunOp("ConvGrad", {dy, x, w}, attrs, 2);
   ASSERT_EQ(out.size(), 2u);
   ASSERT_EQ(out[0].dims(), xd);
-  ASSERT_EQ(out[1].dims(), wd);
-  const DirectConvGrad want = DirectConvGrad2D(Values(x), xd, Values(w), wd, Values(dy), yd, 2,
-                                               {pads[0], pads[1]}, dilations);
+  ASSERT_EQ(out[1].dims(), c.wd);
+  const DirectConvGrad want =
+      DirectConvGrad2D(Values(x), xd, Values(w), c.wd, Values(dy), yd, c.group,
+                       {c.pads[0], c.pads[1]}, c.dilations, c.strides);
   const std::vector<double> dx = Values(out[0]), dw = Values(out[1]);
   int dx_bad = 0, dw_bad = 0;
   for (size_t i = 0; i < dx.size(); ++i) {
@@ -305,9 +324,27 @@ void CheckUnitStrideConvGrad(int64_t batch, unsigned seed) {
   EXPECT_EQ(dw_bad, 0);
 }
 
-TEST(ConvGrad, UnitStride2DMatchesDirectSums) {
-  CheckUnitStrideConvGrad(3, 61);
-  CheckUnitStrideConvGrad(1, 64);
+TEST(ConvGrad, GridPathMatchesDirectSums) {
+  const GridConvGradCase cases[] = {
+      // unit strides: grouped, dilated, uneven pads
+      {{0, 32, 23, 61}, {8, 16, 3, 3}, {2, 1, 1, 0}, {2, 1}, {1, 1}, 2},
+      // pads wider than the kernel's reach
+      {{0, 3, 9, 21}, {4, 3, 2, 3}, {3, 1, 2, 4}, {1, 1}, {1, 1}, 1},
+      // stride 2 both ways (dX spread from a scratch), the resnet shape
+      {{0, 16, 28, 28}, {32, 16, 3, 3}, {1, 1, 1, 1}, {1, 1}, {2, 2}, 1},
+      // 1x1 stride 2: three of four phases get no tap (zeros)
+      {{0, 16, 14, 14}, {32, 16, 1, 1}, {0, 0, 0, 0}, {1, 1}, {2, 2}, 1},
+      // stride 2 rows only (dX written in place), dilation 2: odd rows get no tap
+      {{0, 6, 17, 19}, {4, 3, 3, 2}, {2, 0, 1, 1}, {2, 1}, {2, 1}, 2},
+      // stride 3 with a 2-wide kernel: phase 2 gets no tap; uneven pads
+      {{0, 4, 13, 20}, {5, 4, 2, 2}, {0, 1, 2, 0}, {1, 1}, {3, 3}, 1},
+  };
+  unsigned seed = 61;
+  for (const GridConvGradCase& c : cases) {
+    CheckConvGradAgainstDirectSums(c, 3, seed);
+    CheckConvGradAgainstDirectSums(c, 1, seed + 3);
+    seed += 7;
+  }
 }
 
 // X = [1, 2, inf], W = [w0, w1] (1x2, unit stride): dW[0] = x0 dy0 + x1 dy1

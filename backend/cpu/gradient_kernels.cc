@@ -2,9 +2,8 @@
 //
 // ConvGrad: per (image, group), dW += dY_g * im2col(X_g)^T and dX_g =
 // col2im(W_g^T * dY_g) with im2col.h's geometry and gemm.h's Sgemm; 2-D
-// convs use grid_conv.h's direct products instead for dW (X copied onto the
-// padded grid) and, at unit strides, dX (the transposed conv: dY padded, W
-// flipped; see ConvGradOnGrid). The images run in slices on the thread pool (a
+// convs use grid_conv.h's direct products instead (dW from X copied onto
+// the padded grid, dX per stride phase from dY; see ConvGradOnGrid). The images run in slices on the thread pool (a
 // partial dW per slice), or one after another with split GEMMs (and split
 // grid products) when there is a single image. 16-bit X, dY and W are widened to float32 up
 // front with float_io.h's vector conversions (a float32 copy of each).
@@ -212,63 +211,95 @@ struct ConvGradShapes {
   int64_t batch, channels, out_channels, group;
 };
 
-// The direct products (grid_conv.h) of a 2-D ConvGrad, set up once per call:
-// - dW_g += dY_g * columns(X_g)^T reads the column rows in place from X_g
-//   copied onto the conv's grid (im2col.h's PaddedGrid: phase planes when
-//   strided);
-// - dX_g of a unit-stride conv is its transpose written as a forward conv:
-//   dY_g padded by (kernel - 1) * dilation - pads on each side, convolved
-//   with W flipped along both spatial axes and with its channel axes
-//   swapped. That needs pads of at most (kernel - 1) * dilation
-//   (ComputesDx); otherwise, and for strided convs, dX takes the column
-//   path (dcol = W^T dY, col2im).
+// The direct products (grid_conv.h) of a 2-D ConvGrad, set up once per call.
+//
+// dW_g += dY_g * columns(X_g)^T reads the column rows in place from X_g
+// copied onto the conv's grid (im2col.h's PaddedGrid: phase planes when
+// strided).
+//
+// dX_g is the conv's transpose, computed as forward products on dY_g, one
+// per stride phase. Along an axis (stride s, tap offsets t = k * dilation,
+// begin pad p), input position i sits at padded position u = i + p = v * s
+// + phi; the taps that reach it are those with t % s == phi, from output
+// v - t / s. So for each phase (phi0, phi1):
+//   dX[u] = sum_{m, taps of the phase} W[m][c][tap] * dY[m][v - t / s],
+// a forward product over dY copied once into a zero-bordered buffer with
+// `shift` = max(t / s) rows and columns before it (tap t reads at offset
+// shift - t / s). Phase positions are dX lines of stride s0 rows; they are
+// written in place when s1 == 1, else gathered in a scratch and spread. A
+// phase no tap reaches comes out as zeros, so every dX element is written.
 class ConvGradOnGrid {
  public:
   ConvGradOnGrid(const WindowGeometry& g, const ConvGradShapes& s, const float* w)
       : g_(g), x_grid_(g_), cg_(s.channels / s.group), mg_(s.out_channels / s.group) {
     const int64_t kernel_size = g_.kernel_size();
     for (int64_t row = 0; row < cg_ * kernel_size; ++row) x_rows_.push_back(x_grid_.RowOffset(row));
-    if (!ComputesDx(g_)) return;
-    transposed_ = g_;
-    transposed_.input = g_.output;
-    transposed_.output = g_.input;
+    // dY's buffer: `shift` zeros before it along each axis, and room for
+    // the largest phase position v.
+    int64_t shift[2], size[2];
     for (int d = 0; d < 2; ++d) {
-      const int64_t reach = (g_.kernel[d] - 1) * g_.dilations[d];
-      transposed_.pad_begin[d] = reach - g_.pad_begin[d];
-      transposed_.pad_end[d] = reach - g_.pad_end[d];
+      shift[d] = (g_.kernel[d] - 1) * g_.dilations[d] / g_.strides[d];
+      size[d] = (g_.pad_begin[d] + g_.input[d] - 1) / g_.strides[d] + shift[d] + 1;
+      dy_shift_[d] = shift[d];
     }
-    dy_grid_.emplace(transposed_);
-    for (int64_t row = 0; row < mg_ * kernel_size; ++row) {
-      dy_rows_.push_back(dy_grid_->RowOffset(row));
-    }
-    // w_flipped[gi][c][m * kernel_size + k'] = W[gi * mg + m][c][kernel_size - 1 - k']
-    w_flipped_.resize(static_cast<size_t>(s.group * cg_ * mg_ * kernel_size));
-    for (int64_t gi = 0; gi < s.group; ++gi) {
-      for (int64_t m = 0; m < mg_; ++m) {
-        for (int64_t c = 0; c < cg_; ++c) {
-          const float* src = w + ((gi * mg_ + m) * cg_ + c) * kernel_size;
-          float* dst = w_flipped_.data() + ((gi * cg_ + c) * mg_ + m) * kernel_size;
-          for (int64_t k = 0; k < kernel_size; ++k) dst[k] = src[kernel_size - 1 - k];
+    dy_rows_ = size[0];
+    dy_cols_ = size[1];
+    const int64_t plane = dy_rows_ * dy_cols_;
+    for (int64_t phi0 = 0; phi0 < g_.strides[0]; ++phi0) {
+      for (int64_t phi1 = 0; phi1 < g_.strides[1]; ++phi1) {
+        Phase phase;
+        const int64_t phi[2] = {phi0, phi1};
+        int64_t first[2], last[2];  // phase positions v, inclusive
+        for (int d = 0; d < 2; ++d) {
+          const int64_t s_d = g_.strides[d];
+          first[d] = std::max<int64_t>(0, CeilDiv(g_.pad_begin[d] - phi[d], s_d));
+          last[d] = (g_.pad_begin[d] + g_.input[d] - 1 - phi[d]) / s_d;
         }
+        if (g_.pad_begin[0] + g_.input[0] - 1 < phi0 || g_.pad_begin[1] + g_.input[1] - 1 < phi1 ||
+            last[0] < first[0] || last[1] < first[1]) {
+          continue;  // no dX position in this phase
+        }
+        phase.lines = last[0] - first[0] + 1;
+        phase.width = last[1] - first[1] + 1;
+        phase.gathered = first[0] * dy_cols_ + first[1];
+        phase.dx_row = first[0] * g_.strides[0] + phi0 - g_.pad_begin[0];
+        phase.dx_col = first[1] * g_.strides[1] + phi1 - g_.pad_begin[1];
+        std::vector<int64_t> taps;
+        for (int64_t kh = 0; kh < g_.kernel[0]; ++kh) {
+          const int64_t t0 = kh * g_.dilations[0];
+          if (t0 % g_.strides[0] != phi0) continue;
+          for (int64_t kw = 0; kw < g_.kernel[1]; ++kw) {
+            const int64_t t1 = kw * g_.dilations[1];
+            if (t1 % g_.strides[1] != phi1) continue;
+            taps.push_back(kh * g_.kernel[1] + kw);
+            phase.tap_offsets.push_back((shift[0] - t0 / g_.strides[0]) * dy_cols_ + shift[1] -
+                                        t1 / g_.strides[1]);
+          }
+        }
+        const int64_t num_taps = static_cast<int64_t>(taps.size());
+        for (int64_t m = 0; m < mg_; ++m) {
+          for (int64_t j = 0; j < num_taps; ++j) {
+            phase.b_rows.push_back(m * plane + phase.tap_offsets[j]);
+          }
+        }
+        // a[gi][c][m * num_taps + j] = W[gi * mg + m][c][taps[j]]
+        phase.a.resize(static_cast<size_t>(s.group * cg_ * mg_ * num_taps));
+        for (int64_t gi = 0; gi < s.group; ++gi) {
+          for (int64_t c = 0; c < cg_; ++c) {
+            for (int64_t m = 0; m < mg_; ++m) {
+              const float* src = w + ((gi * mg_ + m) * cg_ + c) * kernel_size;
+              float* dst = phase.a.data() + ((gi * cg_ + c) * mg_ + m) * num_taps;
+              for (int64_t j = 0; j < num_taps; ++j) dst[j] = src[taps[j]];
+            }
+          }
+        }
+        phases_.push_back(std::move(phase));
       }
     }
   }
 
-  // True when dX is the transposed conv on a grid (unit strides, pads
-  // within the kernel's reach).
-  static bool ComputesDx(const WindowGeometry& g) {
-    if (!PaddedGrid::Applies(g)) return false;
-    for (int d = 0; d < 2; ++d) {
-      if (g.strides[d] != 1) return false;
-      const int64_t reach = (g.kernel[d] - 1) * g.dilations[d];
-      if (g.pad_begin[d] > reach || g.pad_end[d] > reach) return false;
-    }
-    return true;
-  }
-  bool computes_dx() const { return dy_grid_.has_value(); }  // ComputesDx(g)
-
   // dW_g [mg, cg * kernel_size] += dY_g * columns(X_g)^T for one image and
-  // group (the column split across threads when the caller runs alone).
+  // group (the columns split across threads when the caller runs alone).
   void AddFilterGrad(const float* x_g, const float* dy_g, float* dw_g) const {
     thread_local std::vector<float> padded;
     padded.resize(static_cast<size_t>(cg_ * x_grid_.channel_size()));
@@ -282,34 +313,69 @@ class ConvGradOnGrid {
     });
   }
 
-  // dX_g [cg, input] of group gi for one image (output lines split across
-  // threads when the caller runs alone). Needs computes_dx().
+  // Writes all of dX_g [cg, input] of group gi for one image (the lines of
+  // each phase split across threads when the caller runs alone).
   void FillInputGrad(int64_t gi, const float* dy_g, float* dx_g) const {
-    const PaddedGrid& grid = *dy_grid_;
-    thread_local std::vector<float> padded;
-    padded.resize(static_cast<size_t>(mg_ * grid.channel_size() + kGridReadSlack));
-    FillGrid<float, float>(dy_g, 0, mg_, grid, padded.data());
-    std::fill(padded.end() - kGridReadSlack, padded.end(), 0.0f);
-    const float* b = padded.data();
-    const int64_t depth = static_cast<int64_t>(dy_rows_.size());
-    const float* a = w_flipped_.data() + gi * cg_ * depth;
-    const int64_t in_h = g_.input[0], in_w = g_.input[1];
-    ParallelFor(0, in_h, 1, [&](int64_t lo, int64_t hi) {
-      const GridLines lines{hi - lo, in_w, grid.cols, in_w};
-      GridConvForward(cg_, depth, a, depth, b + lo * grid.cols, dy_rows_.data(), lines, nullptr,
-                      dx_g + lo * in_w, g_.input_size());
-    });
+    const int64_t out_h = g_.output[0], out_w = g_.output[1];
+    const int64_t plane = dy_rows_ * dy_cols_;
+    thread_local std::vector<float> padded, scratch;
+    padded.assign(static_cast<size_t>(mg_ * plane + kGridReadSlack), 0.0f);
+    for (int64_t m = 0; m < mg_; ++m) {
+      for (int64_t oh = 0; oh < out_h && oh + dy_shift_[0] < dy_rows_; ++oh) {
+        const float* src = dy_g + (m * out_h + oh) * out_w;
+        float* dst = padded.data() + m * plane + (oh + dy_shift_[0]) * dy_cols_ + dy_shift_[1];
+        std::copy(src, src + std::min(out_w, dy_cols_ - dy_shift_[1]), dst);
+      }
+    }
+    const int64_t in_w = g_.input[1], in_size = g_.input_size();
+    const int64_t s0 = g_.strides[0], s1 = g_.strides[1];
+    for (const Phase& phase : phases_) {
+      const int64_t depth = static_cast<int64_t>(phase.b_rows.size());
+      const float* a = phase.a.data() + gi * cg_ * depth;
+      const float* b = padded.data() + phase.gathered;
+      float* out = dx_g + phase.dx_row * in_w + phase.dx_col;
+      int64_t ld_out = in_size, dense_stride = s0 * in_w;
+      if (s1 != 1) {  // gathered in [cg, lines, width], spread below
+        scratch.resize(static_cast<size_t>(cg_ * phase.lines * phase.width));
+        out = scratch.data();
+        ld_out = phase.lines * phase.width;
+        dense_stride = phase.width;
+      }
+      ParallelFor(0, phase.lines, 1, [&](int64_t lo, int64_t hi) {
+        const GridLines lines{hi - lo, phase.width, dy_cols_, dense_stride};
+        GridConvForward(cg_, depth, a, depth, b + lo * dy_cols_, phase.b_rows.data(), lines,
+                        nullptr, out + lo * dense_stride, ld_out);
+      });
+      if (s1 == 1) continue;
+      for (int64_t c = 0; c < cg_; ++c) {
+        for (int64_t l = 0; l < phase.lines; ++l) {
+          const float* src = scratch.data() + (c * phase.lines + l) * phase.width;
+          float* dst = dx_g + c * in_size + (phase.dx_row + l * s0) * in_w + phase.dx_col;
+          for (int64_t j = 0; j < phase.width; ++j) dst[j * s1] = src[j];
+        }
+      }
+    }
   }
 
  private:
+  static int64_t CeilDiv(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -(-a / b); }
+
+  // One stride phase of dX: its positions (lines x width, the first at
+  // dX (dx_row, dx_col) and dY-buffer offset `gathered`) and taps.
+  struct Phase {
+    int64_t lines = 0, width = 0, gathered = 0, dx_row = 0, dx_col = 0;
+    std::vector<int64_t> tap_offsets;  // per tap: its offset in a dY plane
+    std::vector<int64_t> b_rows;       // (m, tap): m * plane + tap offset
+    std::vector<float> a;              // [group][cg][mg * taps]: W's entries
+  };
+
   const WindowGeometry& g_;
   const PaddedGrid x_grid_;
   const int64_t cg_, mg_;
-  std::vector<int64_t> x_rows_;        // column row k of X_g: padded + x_rows_[k]
-  WindowGeometry transposed_;          // dY -> dX as a forward conv
-  std::optional<PaddedGrid> dy_grid_;  // its grid (set when it fits)
-  std::vector<int64_t> dy_rows_;
-  std::vector<float> w_flipped_;  // [group][cg][mg * kernel_size]
+  std::vector<int64_t> x_rows_;  // column row k of X_g: padded + x_rows_[k]
+  int64_t dy_shift_[2] = {0, 0};  // zeros before dY in its buffer, per axis
+  int64_t dy_rows_ = 0, dy_cols_ = 0;
+  std::vector<Phase> phases_;
 };
 
 void RunConvGrad(const WindowGeometry& g, const ConvGradShapes& s, const float* x, const float* dy,
@@ -324,8 +390,6 @@ void RunConvGrad(const WindowGeometry& g, const ConvGradShapes& s, const float* 
   const int64_t slices = SliceCount(s.batch);
   std::optional<ConvGradOnGrid> grid;
   if (PaddedGrid::Applies(g)) grid.emplace(g, s, w);
-  const bool dw_on_grid = grid.has_value();
-  const bool dx_on_grid = grid.has_value() && grid->computes_dx();
   // Per slice: partial dW and dB (slice 0 writes the outputs directly).
   std::vector<std::vector<float>> dw_parts(static_cast<size_t>(slices)),
       db_parts(static_cast<size_t>(slices));
@@ -348,7 +412,7 @@ void RunConvGrad(const WindowGeometry& g, const ConvGradShapes& s, const float* 
       for (int64_t gi = 0; gi < s.group; ++gi) {
         const float* x_g = x + (n * s.channels + gi * cg) * in_size;
         const float* dy_g = dy + (n * s.out_channels + gi * mg) * p;
-        if (dw_acc != nullptr && dw_on_grid) {
+        if (dw_acc != nullptr && grid.has_value()) {
           grid->AddFilterGrad(x_g, dy_g, dw_acc + gi * mg * kg);
         } else if (dw_acc != nullptr) {
           col.resize(static_cast<size_t>(kg * p));
@@ -358,7 +422,7 @@ void RunConvGrad(const WindowGeometry& g, const ConvGradShapes& s, const float* 
                 dw_acc + gi * mg * kg, kg);
         }
         float* dx_g = dx != nullptr ? dx + (n * s.channels + gi * cg) * in_size : nullptr;
-        if (dx_g != nullptr && dx_on_grid) {
+        if (dx_g != nullptr && grid.has_value()) {
           grid->FillInputGrad(gi, dy_g, dx_g);
         } else if (dx_g != nullptr) {
           dcol.resize(static_cast<size_t>(kg * p));
@@ -441,8 +505,8 @@ absl::Status ConvGradKernel(KernelContext& ctx) {
   }
   const bool runs = dy.num_elements() > 0 && x.num_elements() > 0;
   std::optional<Float32Out> dx_out, dw_out, db_out;
-  // The grid's transposed conv writes every element of dX; col2im adds.
-  if (dx) dx_out.emplace(dx, runs && ConvGradOnGrid::ComputesDx(*g));
+  // The grid's phases write every element of dX; col2im adds.
+  if (dx) dx_out.emplace(dx, runs && PaddedGrid::Applies(*g));
   if (dw) dw_out.emplace(dw);
   if (db) db_out.emplace(db);
   if (runs) {
