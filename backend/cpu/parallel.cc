@@ -47,20 +47,35 @@ class Pool {
       end_ = end;
       chunks_ = chunks;
       next_chunk_ = 1;  // chunk 0 runs on the caller
-      pending_ = chunks - 1;
+      pending_.store(chunks - 1, std::memory_order_relaxed);
       ++generation_;
+      published_.store(generation_, std::memory_order_release);
     }
     cv_.notify_all();
     in_parallel_ = true;
     RunChunk(0);
     in_parallel_ = false;
+    for (int spin = 0; spin < kSpins && pending_.load(std::memory_order_acquire) != 0; ++spin) {
+      Relax();
+    }
     std::unique_lock<std::mutex> lock(mutex_);
-    done_cv_.wait(lock, [this] { return pending_ == 0; });
+    done_cv_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
     fn_ = nullptr;
   }
 
  private:
   Pool() { SetThreads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))); }
+
+  // Before sleeping on a condition variable, a worker waiting for work and
+  // the caller waiting for its workers spin this many pause instructions
+  // (some tens of microseconds): a step's kernels follow each other closely,
+  // and a sleeping thread takes longer than that to wake.
+  static constexpr int kSpins = 2000;
+  static void Relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
 
   void RunChunk(int chunk) {
     const int64_t n = end_ - begin_;
@@ -74,6 +89,10 @@ class Pool {
     in_parallel_ = true;
     for (;;) {
       int chunk;
+      for (int spin = 0; spin < kSpins && published_.load(std::memory_order_acquire) == seen;
+           ++spin) {
+        Relax();
+      }
       {
         std::unique_lock<std::mutex> lock(mutex_);
         cv_.wait(lock, [&] { return generation_ != seen && next_chunk_ < chunks_; });
@@ -81,8 +100,11 @@ class Pool {
         if (next_chunk_ >= chunks_) seen = generation_;
       }
       RunChunk(chunk);
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (--pending_ == 0) done_cv_.notify_one();
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        // Under the lock: the caller checks pending_ and waits under it.
+        std::lock_guard<std::mutex> lock(mutex_);
+        done_cv_.notify_one();
+      }
     }
   }
 
@@ -96,8 +118,9 @@ class Pool {
   int64_t begin_ = 0, end_ = 0;
   int chunks_ = 0;
   int next_chunk_ = 0;
-  int pending_ = 0;
+  std::atomic<int> pending_{0};
   uint64_t generation_ = 0;
+  std::atomic<uint64_t> published_{0};  // generation_, readable without the lock
   static thread_local bool in_parallel_;
 };
 
