@@ -219,24 +219,22 @@ void FillGrid(const T* x, int64_t channel_lo, int64_t channel_hi, const PaddedGr
       for (int64_t b = 0; b < s1; ++b) {
         if (!grid.PhaseUsed(a, b)) continue;
         Acc* dst = padded + c * grid.channel_size() + (a * s1 + b) * grid.plane();
+        // The plane zeroed in one go, then the input's part copied: per-row
+        // border fills of a float or two cost a memset call apiece.
+        std::fill(dst, dst + grid.plane(), Acc(0));
         // Plane columns j with input column j * s1 + b - left inside [0, in_w).
         const int64_t left = g.pad_begin[1] - b;
         const int64_t j_lo = std::clamp<int64_t>((left + s1 - 1) / s1, 0, cols);
         const int64_t j_hi = std::clamp<int64_t>((in_w + left + s1 - 1) / s1, j_lo, cols);
         for (int64_t i = 0; i < rows; ++i, dst += cols) {
           const int64_t ih = i * s0 + a - g.pad_begin[0];
-          if (ih < 0 || ih >= in_h) {
-            std::fill(dst, dst + cols, Acc(0));
-            continue;
-          }
+          if (ih < 0 || ih >= in_h) continue;
           const T* line = src + ih * in_w - left;  // plane column j reads line[j * s1]
-          std::fill(dst, dst + j_lo, Acc(0));
           if (s1 == 1) {  // contiguous: a copy the compiler vectorizes
             for (int64_t j = j_lo; j < j_hi; ++j) dst[j] = WidenTo<Acc>(line[j]);
           } else {
             for (int64_t j = j_lo; j < j_hi; ++j) dst[j] = WidenTo<Acc>(line[j * s1]);
           }
-          std::fill(dst + j_hi, dst + cols, Acc(0));
         }
       }
     }
