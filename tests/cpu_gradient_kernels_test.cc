@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/grid_conv.h"
 #include "graph/gradient_builder.h"
 #include "graph/half.h"
 #include "graph/op_registry.h"
@@ -205,8 +206,8 @@ TEST(ConvGrad, MatchesFiniteDifferences2DSingleImage) {
   CheckConvGrad({1, 3, 4, 4}, {2, 3, 3, 3}, {Attribute::Ints("pads", {1, 1, 1, 1})}, 21);
 }
 
-// Pads wider than the kernel's reach: dX cannot be the transposed conv on a
-// grid (grid_conv.h) and takes the column path, dW still the grid's.
+// Pads wider than the kernel's reach: dY's zero border is cut (dY rows and
+// columns no input position reaches) on the grid's dX path.
 TEST(ConvGrad, MatchesFiniteDifferences2DPadsWiderThanTheKernel) {
   CheckConvGrad({2, 2, 4, 4}, {3, 2, 1, 2}, {Attribute::Ints("pads", {1, 2, 0, 1})}, 25);
 }
@@ -275,8 +276,9 @@ DirectConvGrad DirectConvGrad2D(const std::vector<double>& x, const std::vector<
 // grid_conv.h's products; dX per stride phase): images large enough for
 // several vectors per line, with groups, dilations and uneven pads (also
 // wider than the kernel's reach), and strides whose phases some taps never
-// reach, against direct sums. Batch 3 runs images in parallel slices;
-// batch 1 one image with the products split across threads.
+// reach, against direct sums. On the test backend's 4 threads, batch 3 runs
+// images in parallel slices and batch 1 one image with the products split
+// across threads.
 struct GridConvGradCase {
   std::vector<int64_t> xd, wd, pads, dilations, strides;
   int64_t group;
@@ -338,12 +340,22 @@ TEST(ConvGrad, GridPathMatchesDirectSums) {
       {{0, 6, 17, 19}, {4, 3, 3, 2}, {2, 0, 1, 1}, {2, 1}, {2, 1}, 2},
       // stride 3 with a 2-wide kernel: phase 2 gets no tap; uneven pads
       {{0, 4, 13, 20}, {5, 4, 2, 2}, {0, 1, 2, 0}, {1, 1}, {3, 3}, 1},
+      // groups with strides both ways (each group's W per phase, spread)
+      {{0, 4, 11, 13}, {6, 2, 3, 3}, {1, 1, 1, 1}, {1, 1}, {2, 2}, 2},
   };
-  unsigned seed = 61;
-  for (const GridConvGradCase& c : cases) {
-    CheckConvGradAgainstDirectSums(c, 3, seed);
-    CheckConvGradAgainstDirectSums(c, 1, seed + 3);
-    seed += 7;
+  // Every instruction set of the grid products; the portable one means the
+  // column path (grid_conv.h's UseGridProducts).
+  for (cpu::GridIsa isa : {cpu::GridIsa::kPortable, cpu::GridIsa::kAvx2, cpu::GridIsa::kAvx512}) {
+    if (!cpu::GridIsaSupported(isa)) continue;
+    const cpu::GridIsa isa_before = cpu::SetGridIsaForTesting(isa);
+    SCOPED_TRACE(cpu::GridIsaName(isa));
+    unsigned seed = 61;
+    for (const GridConvGradCase& c : cases) {
+      CheckConvGradAgainstDirectSums(c, 3, seed);
+      CheckConvGradAgainstDirectSums(c, 1, seed + 3);
+      seed += 7;
+    }
+    cpu::SetGridIsaForTesting(isa_before);
   }
 }
 

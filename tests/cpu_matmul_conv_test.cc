@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/grid_conv.h"
 #include "backend/run_node.h"
 #include "graph/half.h"
 #include "graph/onnx_io.h"
@@ -336,14 +337,22 @@ const std::vector<ConvSpec>& ConvSpecs() {
   return specs;
 }
 
+// On every instruction set of grid_conv.h's products (the portable one
+// means the column path for 2-D convs: UseGridProducts).
 TEST(CpuConv, MatchesDirectConvolution) {
-  unsigned seed = 200;
-  for (const ConvSpec& s : ConvSpecs()) {
-    SCOPED_TRACE(::testing::Message() << "X rank " << s.x_dims.size() << " group " << s.group
-                                      << " auto_pad " << s.auto_pad);
-    CheckConv(s, DType::kFloat32, seed);
-    CheckConv(s, DType::kFloat64, seed);
-    seed += 3;
+  for (cpu::GridIsa isa : {cpu::GridIsa::kPortable, cpu::GridIsa::kAvx2, cpu::GridIsa::kAvx512}) {
+    if (!cpu::GridIsaSupported(isa)) continue;
+    const cpu::GridIsa isa_before = cpu::SetGridIsaForTesting(isa);
+    SCOPED_TRACE(cpu::GridIsaName(isa));
+    unsigned seed = 200;
+    for (const ConvSpec& s : ConvSpecs()) {
+      SCOPED_TRACE(::testing::Message() << "X rank " << s.x_dims.size() << " group " << s.group
+                                        << " auto_pad " << s.auto_pad);
+      CheckConv(s, DType::kFloat32, seed);
+      CheckConv(s, DType::kFloat64, seed);
+      seed += 3;
+    }
+    cpu::SetGridIsaForTesting(isa_before);
   }
 }
 

@@ -147,6 +147,30 @@ TEST(GridConv, ForwardWithoutInitStartsFromZero) {
   }
 }
 
+// Depth 0 (a stride phase of ConvGrad's dX that no tap reaches): the
+// visited positions become init, or zeros without it.
+TEST(GridConv, ForwardOfDepthZeroWritesInitOrZeros) {
+  for (GridIsa isa : SupportedIsas()) {
+    const ScopedGridIsa scoped(isa);
+    SCOPED_TRACE(GridIsaName(isa));
+    const std::vector<float> b(40, std::numeric_limits<float>::quiet_NaN());
+    const GridLines lines{2, 3, 5, 4};  // positions 0-2 and 4-6 of each row
+    const std::vector<float> init = {1.5f, -2.0f};
+    for (const bool with_init : {true, false}) {
+      std::vector<float> out(16, 9.0f);
+      GridConvForward(2, 0, nullptr, 0, b.data(), nullptr, lines,
+                      with_init ? init.data() : nullptr, out.data(), 8);
+      for (int64_t m = 0; m < 2; ++m) {
+        for (int64_t q = 0; q < 8; ++q) {
+          const bool visited = q % 4 < 3;
+          const float want = !visited ? 9.0f : (with_init ? init[m] : 0.0f);
+          EXPECT_EQ(out[m * 8 + q], want) << "row " << m << " position " << q;
+        }
+      }
+    }
+  }
+}
+
 TEST(GridConv, FilterGradAccumulatesFloat64SumsOnEveryInstructionSet) {
   for (GridIsa isa : SupportedIsas()) {
     const ScopedGridIsa scoped(isa);

@@ -3,9 +3,10 @@
 // Conv: N-d (1-D, 2-D, 3-D, ...) with groups, strides, dilations, pads,
 // auto_pad and optional bias, per (image, group); the images run in
 // parallel. 2-D convs in float32 and 16-bit read the image copied onto
-// im2col.h's padded grid directly with grid_conv.h's products; the others
-// unroll columns (im2col) into cache-sized tiles of reused per-thread
-// scratch for a GEMM (pointwise convs skip the unrolling; see RunConv).
+// im2col.h's padded grid directly with grid_conv.h's products (where a
+// vector kernel runs); the others unroll columns into cache-sized tiles of
+// reused per-thread scratch for a GEMM (pointwise convs skip the unrolling;
+// see RunConv).
 // ConvTranspose: GEMM W^T * X per (image, group), then col2im scatter-adds
 // the columns into the output (output_shape, output_padding, pads, auto_pad).
 // 16-bit inputs are widened to float32 for the GEMM (Conv: X once per
@@ -138,17 +139,19 @@ constexpr int64_t kLargeTileColumnElements = int64_t{4} << 20;
 // Y = Conv(X, W) + B per (image, group) task. 2-D ("padded grid"): X is
 // copied once onto im2col.h's PaddedGrid (zero-padded, split into phase
 // planes when strided), where each column row (c, kh, kw) is one contiguous
-// slice; in float32 and 16-bit,
-// grid_conv.h's GridConvForward computes Y_g from it directly (16-bit: into a
-// float32 scratch narrowed once). Otherwise, in tiles of output lines (an
+// slice; in float32 and 16-bit, where a vector kernel runs
+// (UseGridProducts), grid_conv.h's GridConvForward computes Y_g from it
+// directly (16-bit: into a float32 scratch narrowed once). Otherwise, in
+// tiles of output lines (an
 // output line: the positions along the last spatial axis): the columns are
 // unrolled into a per-thread scratch, W_g [mg, kg] times them goes straight
 // into Y (16-bit: into a float32 scratch) and the bias is added. Three ways
 // to get the columns:
 // - pointwise (1x1 kernel, stride 1, no pads; float32/float64): X [cg, p]
 //   is the column matrix itself;
-// - padded grid in float64: copies of the padded image's slices on the
-//   Wp-wide grid; the Wp - OW extra columns per line are dropped when storing;
+// - padded grid (float64, or no vector kernel): copies of the padded
+//   image's slices on the Wp-wide grid; the Wp - OW extra columns per line
+//   are dropped when storing;
 // - otherwise im2col.h's Im2Col.
 // With at least as many tasks as threads, the tasks run in parallel with
 // cache-sized tiles and single-threaded GEMMs; otherwise one after another
@@ -181,6 +184,7 @@ void RunConv(const KernelContext& ctx, const WindowGeometry& g, int64_t batch, i
   for (int64_t row = 0; grid && row < kg; ++row) {
     grid_row_offsets.push_back(padded_grid->RowOffset(row));
   }
+  const bool grid_products = grid && UseGridProducts();
   const bool parallel_tasks = batch * group >= NumThreads();
   const int64_t budget = parallel_tasks ? kTileColumnElements : kLargeTileColumnElements;
   int64_t tile_lines =
@@ -231,7 +235,7 @@ void RunConv(const KernelContext& ctx, const WindowGeometry& g, int64_t batch, i
       std::fill(padded + cg * padded_grid->channel_size(), padded + padded_size, Acc(0));
     }
     if constexpr (std::is_same_v<Acc, float>) {
-      if (grid) {
+      if (grid && grid_products) {
         // Y_g = W_g * columns + B straight from the padded image (grid_conv.h),
         // into Y (16-bit: a float32 scratch narrowed once).
         float* out = nullptr;

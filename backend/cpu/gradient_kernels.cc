@@ -2,11 +2,13 @@
 //
 // ConvGrad: per (image, group), dW += dY_g * im2col(X_g)^T and dX_g =
 // col2im(W_g^T * dY_g) with im2col.h's geometry and gemm.h's Sgemm; 2-D
-// convs use grid_conv.h's direct products instead (dW from X copied onto
-// the padded grid, dX per stride phase from dY; see ConvGradOnGrid). The images run in slices on the thread pool (a
+// convs use grid_conv.h's direct products instead where a vector kernel
+// runs (dW from X copied onto the padded grid, dX per stride phase from dY;
+// see ConvGradOnGrid). The images run in slices on the thread pool (a
 // partial dW per slice), or one after another with split GEMMs (and split
-// grid products) when there is a single image. 16-bit X, dY and W are widened to float32 up
-// front with float_io.h's vector conversions (a float32 copy of each).
+// grid products) when there is a single image. 16-bit X, dY and W are
+// widened to float32 up front with float_io.h's vector conversions (a
+// float32 copy of each).
 // MaxPoolGrad / AveragePoolGrad walk each plane's windows (the forward
 // window tables: ForwardWindowGeometry, ceil_mode, pads, dilations; a 2-D
 // MaxPoolGrad plane scans each window directly);
@@ -211,6 +213,10 @@ struct ConvGradShapes {
   int64_t batch, channels, out_channels, group;
 };
 
+// True when ConvGrad takes ConvGradOnGrid's products (2-D, and a vector
+// kernel runs: grid_conv.h's UseGridProducts); else the column path.
+bool UsesGrid(const WindowGeometry& g) { return PaddedGrid::Applies(g) && UseGridProducts(); }
+
 // The direct products (grid_conv.h) of a 2-D ConvGrad, set up once per call.
 //
 // dW_g += dY_g * columns(X_g)^T reads the column rows in place from X_g
@@ -307,9 +313,13 @@ class ConvGradOnGrid {
     const float* b = padded.data();
     const GridLines lines{g_.output[0], g_.output[1], x_grid_.cols, g_.output[1]};
     const int64_t kg = static_cast<int64_t>(x_rows_.size());
-    ParallelFor(0, kg, 16, [&](int64_t lo, int64_t hi) {
-      GridConvFilterGrad(mg_, hi - lo, dy_g, g_.output_size(), b, x_rows_.data() + lo, lines,
-                         dw_g + lo, kg);
+    // Split in whole blocks of 12 columns (a multiple of every kernel's
+    // column block), so a thread's share has no leftover columns but the last.
+    constexpr int64_t kSplit = 12;
+    ParallelFor(0, (kg + kSplit - 1) / kSplit, 1, [&](int64_t lo, int64_t hi) {
+      const int64_t k0 = lo * kSplit, k1 = std::min(kg, hi * kSplit);
+      GridConvFilterGrad(mg_, k1 - k0, dy_g, g_.output_size(), b, x_rows_.data() + k0, lines,
+                         dw_g + k0, kg);
     });
   }
 
@@ -389,7 +399,7 @@ void RunConvGrad(const WindowGeometry& g, const ConvGradShapes& s, const float* 
   const int64_t w_size = s.out_channels * kg;
   const int64_t slices = SliceCount(s.batch);
   std::optional<ConvGradOnGrid> grid;
-  if (PaddedGrid::Applies(g)) grid.emplace(g, s, w);
+  if (UsesGrid(g) && (dx != nullptr || dw != nullptr)) grid.emplace(g, s, w);
   // Per slice: partial dW and dB (slice 0 writes the outputs directly).
   std::vector<std::vector<float>> dw_parts(static_cast<size_t>(slices)),
       db_parts(static_cast<size_t>(slices));
@@ -506,7 +516,7 @@ absl::Status ConvGradKernel(KernelContext& ctx) {
   const bool runs = dy.num_elements() > 0 && x.num_elements() > 0;
   std::optional<Float32Out> dx_out, dw_out, db_out;
   // The grid's phases write every element of dX; col2im adds.
-  if (dx) dx_out.emplace(dx, runs && PaddedGrid::Applies(*g));
+  if (dx) dx_out.emplace(dx, runs && UsesGrid(*g));
   if (dw) dw_out.emplace(dw);
   if (db) db_out.emplace(db);
   if (runs) {

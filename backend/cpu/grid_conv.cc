@@ -17,7 +17,7 @@ namespace castor::cpu {
 namespace {
 
 // Up to one vector of consecutive positions of one line: at `gathered` in
-// the padded image and `dense` in Y or dY. count 0 pads a block of runs.
+// the grid and `dense` in the dense operand. count 0 pads a block of runs.
 struct Run {
   int64_t gathered = 0;
   int64_t dense = 0;
@@ -224,6 +224,8 @@ GridIsa ActiveGridIsa() {
   const int forced = forced_isa.load(std::memory_order_relaxed);
   return forced < 0 ? BestGridIsa() : static_cast<GridIsa>(forced);
 }
+
+bool UseGridProducts() { return ActiveGridIsa() != GridIsa::kPortable; }
 
 GridIsa SetGridIsaForTesting(GridIsa isa) {
   const GridIsa before = ActiveGridIsa();

@@ -1,23 +1,26 @@
-// Direct convolution products on the padded grid (im2col.h's PaddedGrid) of
-// a 2-D conv: the forward product W * columns and the filter
-// gradient dY * columns^T, read straight from the padded image. Column row
-// k is the slice b + b_rows[k] + [positions] of that image, so nothing is
-// unrolled and no GEMM operand is packed: register-blocked kernels broadcast
-// one operand and load the other's rows with (masked) vector loads.
+// Direct convolution products on a "grid": a zero-padded copy of one image
+// (im2col.h's PaddedGrid; for ConvGrad's dX, dY with a zero border) in
+// which column row k of the conv's column matrix is the contiguous slice
+// b + b_rows[k] + [positions]. The forward product W * columns (Conv's Y,
+// ConvGrad's dX per stride phase) and the filter gradient dY * columns^T
+// (ConvGrad's dW) read those slices in place, so nothing is unrolled and no
+// GEMM operand is packed: register-blocked kernels broadcast one operand
+// and load the other's rows with vector loads.
 //
-// Both products visit `lines` of `width` positions each (the output lines);
-// a line's positions are consecutive in the padded image and in the dense
-// operand (Y or dY). Only those positions are written, and only their values
-// reach a result: the grid's extra positions past each line (the next line's
+// Both products visit `lines` of `width` positions each; a line's positions
+// are consecutive in the gathered operand (the grid) and in the dense one
+// (Y, dY or dX). Only those positions are written, and only their values
+// reach a result: the grid's positions past each line (the next line's
 // values, Inf or NaN among them) cannot leak in. The forward product loads
 // whole vectors, so it reads (and drops) up to kGridReadSlack - 1 floats
-// past a line: the padded image must extend that far past its last row.
+// past a line: the grid must extend that far past its last row.
 //
 // The kernels come for AVX-512, AVX2+FMA and a portable scalar loop, picked
 // once at run time (the build has no -march flags; the vector code is
-// compiled with per-function target options). They accumulate in float32 in
-// their own order, so results agree with a GEMM's to float32 rounding, not
-// bit for bit; every instruction set gives the same bits run after run.
+// compiled with per-function target options, GCC only). They accumulate in
+// float32 in their own order, so results agree with a GEMM's to float32
+// rounding, not bit for bit; every instruction set gives the same bits run
+// after run.
 #pragma once
 
 #include <cstdint>
@@ -25,8 +28,8 @@
 namespace castor::cpu {
 
 // The positions a product visits: line l (< count) covers positions
-// [0, width) at l * gathered_stride in the gathered operand (the padded
-// image) and at l * dense_stride in the dense one.
+// [0, width) at l * gathered_stride in the gathered operand (the grid) and
+// at l * dense_stride in the dense one.
 struct GridLines {
   int64_t count = 0;
   int64_t width = 0;
@@ -59,6 +62,10 @@ enum class GridIsa { kPortable, kAvx2, kAvx512 };
 const char* GridIsaName(GridIsa isa);
 bool GridIsaSupported(GridIsa isa);
 GridIsa ActiveGridIsa();
+// True when a vector kernel runs. The kernels (conv.cc, gradient_kernels.cc)
+// take the grid products only then: the portable scalar loop is slower than
+// OpenBLAS's GEMM on the column path (im2col), which they take otherwise.
+bool UseGridProducts();
 // For tests: run `isa` from now on, process-wide (an unsupported one: the
 // best supported); returns the one that ran before.
 GridIsa SetGridIsaForTesting(GridIsa isa);

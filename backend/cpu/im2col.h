@@ -68,7 +68,7 @@ void Im2Col(const T* x, const WindowGeometry& g, int64_t first_row, int64_t end_
 // run in parallel: about the size of a core's L2 cache.
 inline constexpr int64_t kTileColumnElements = int64_t{1} << 17;
 
-// The "padded grid" of a 2-D window op (Conv and ConvGrad): one image
+// The "padded grid" of a 2-D window op (Conv; ConvGrad's dW): one image
 // copied into zero-padded phase planes, strides[0] * strides[1] per channel
 // ([channels, s0, s1, rows, cols]; one plane per channel at unit strides),
 // plus `slack` zeros after the last channel. Plane (a, b) holds the padded
@@ -78,7 +78,8 @@ inline constexpr int64_t kTileColumnElements = int64_t{1} << 17;
 // (kh * d0, kw * d1) reads plane (th % s0, tw % s1) shifted by (th / s0,
 // tw / s1), so row `row` = (c, kh, kw) of the column matrix over grid
 // positions [q0, q1) is the contiguous slice padded + RowOffset(row) +
-// [q0, q1): unrolling is a copy and col2im an add of whole rows. The extra
+// [q0, q1): unrolling is a copy, or no copy at all for grid_conv.h's
+// products, which read the slices in place. The extra
 // positions read pads, the next line or (the last line, by up to `slack`)
 // the next plane.
 struct PaddedGrid {
@@ -229,11 +230,11 @@ void FillGrid(const T* x, int64_t channel_lo, int64_t channel_hi, const PaddedGr
         for (int64_t i = 0; i < rows; ++i, dst += cols) {
           const int64_t ih = i * s0 + a - g.pad_begin[0];
           if (ih < 0 || ih >= in_h) continue;
-          const T* line = src + ih * in_w - left;  // plane column j reads line[j * s1]
+          const T* line = src + ih * in_w;  // plane column j reads line[j * s1 - left]
           if (s1 == 1) {  // contiguous: a copy the compiler vectorizes
-            for (int64_t j = j_lo; j < j_hi; ++j) dst[j] = WidenTo<Acc>(line[j]);
+            for (int64_t j = j_lo; j < j_hi; ++j) dst[j] = WidenTo<Acc>(line[j - left]);
           } else {
-            for (int64_t j = j_lo; j < j_hi; ++j) dst[j] = WidenTo<Acc>(line[j * s1]);
+            for (int64_t j = j_lo; j < j_hi; ++j) dst[j] = WidenTo<Acc>(line[j * s1 - left]);
           }
         }
       }
