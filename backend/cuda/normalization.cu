@@ -6,12 +6,14 @@
 // B, mean and var in any of those (widened to float32 first). Inference
 // folds the running statistics into y = x * a + b per channel. Training
 // (opset 14+ training_mode = 1; below 14 when output 1 is requested) takes
-// the batch statistics, one block per channel with a two-pass float32 block
-// reduction (mean, then the biased variance, which both normalises and
-// feeds running_var = var_in * momentum + var * (1 - momentum), as the CPU
-// and the ONNX reference do). `spatial` = 0 (opsets 7-8) normalises each
-// [C, D1, ...] entry. Per-channel coefficients are formed in float64 from
-// the float32 statistics, as the CPU forms them.
+// the batch statistics in two float32 passes over X (mean, then the biased
+// variance, which both normalises and feeds running_var = var_in *
+// momentum + var * (1 - momentum), as the CPU and the ONNX reference do),
+// each pass summing a channel in chunks, one block per (chunk, channel),
+// and adding the chunk sums in a fixed pattern (deterministic). `spatial` =
+// 0 (opsets 7-8) normalises each [C, D1, ...] entry. Per-channel
+// coefficients are formed in float64 from the float32 statistics, as the
+// CPU forms them.
 // BatchNormalizationGrad recomputes the batch statistics the same way and
 // also sums dY and dY * (x - mean) per channel; dX is one elementwise pass.
 // LayerNormalization / LayerNormalizationGrad: one warp per row for rows of
@@ -179,33 +181,119 @@ __global__ void BatchNormInferenceCoefficientsKernel(const float* __restrict__ s
   }
 }
 
-// Training: one block per channel reduces X's batch mean and biased
-// variance (two passes), then forms the running statistics and a, b.
+// ---- per-channel sums in chunks ---------------------------------------------------------
+
+// The training statistics of BatchNormalization and its gradient sum each
+// channel's batch * inner elements in chunks of kChannelChunk, one block
+// per (chunk, channel), so every SM works even when there are few channels.
+// A block writes its chunk's sums to scratch and the per-channel totals add
+// the chunks' sums in a fixed pattern: the result does not depend on how
+// the blocks were scheduled.
+constexpr int64_t kChannelChunk = 8 * kThreads;
+
+// What one chunk pass sums per channel: X (kX); (X - mean)^2 (kSquares);
+// (X - mean)^2, dY and dY * (X - mean) (kGradSums).
+enum class ChannelSums { kX, kSquares, kGradSums };
+
+constexpr int Quantities(ChannelSums what) { return what == ChannelSums::kGradSums ? 3 : 1; }
+
+int64_t ChannelChunks(int64_t count) {
+  return std::max<int64_t>(1, (count + kChannelChunk - 1) / kChannelChunk);
+}
+
+// partial[(q * features + f) * chunks + chunk] = sum q of chunk blockIdx.x
+// of channel f (the y index, looping beyond the grid). `mean` (per
+// channel) is read by kSquares and kGradSums; `dy` by kGradSums.
+template <typename T, ChannelSums kWhat>
+__global__ void ChannelChunkSumsKernel(const T* __restrict__ x, const T* __restrict__ dy,
+                                       const float* __restrict__ mean, int64_t features,
+                                       int64_t inner, int64_t count, int64_t chunks,
+                                       float* __restrict__ partial) {
+  const int64_t begin = blockIdx.x * kChannelChunk;
+  const int64_t end = min(count, begin + kChannelChunk);
+  for (int64_t f = blockIdx.y; f < features; f += gridDim.y) {
+    float sums[Quantities(kWhat)] = {};
+    const float m = kWhat == ChannelSums::kX ? 0.0f : mean[f];
+    for (int64_t k = begin + threadIdx.x; k < end; k += blockDim.x) {
+      const int64_t e = ChannelElement(k, f, features, inner);
+      if constexpr (kWhat == ChannelSums::kX) {
+        sums[0] += ToFloat(x[e]);
+      } else {
+        const float centred = ToFloat(x[e]) - m;
+        sums[0] += centred * centred;
+        if constexpr (kWhat == ChannelSums::kGradSums) {
+          const float g = ToFloat(dy[e]);
+          sums[1] += g;
+          sums[2] += g * centred;
+        }
+      }
+    }
+    for (int q = 0; q < Quantities(kWhat); ++q) {
+      const float total = BlockSum(sums[q]);
+      if (threadIdx.x == 0) partial[(q * features + f) * chunks + blockIdx.x] = total;
+    }
+  }
+}
+
+// Sum q of channel f over its chunks: the block strides over the chunk
+// sums and reduces (every thread of the block must call it).
+__device__ __forceinline__ float ChannelTotal(const float* __restrict__ partial, int q,
+                                              int64_t f, int64_t features, int64_t chunks) {
+  const float* sums = partial + (q * features + f) * chunks;
+  float total = 0.0f;
+  for (int64_t j = threadIdx.x; j < chunks; j += blockDim.x) total += sums[j];
+  return BlockSum(total);
+}
+
+// mean[f] = total X of channel f / count; one block per channel.
+__global__ void ChannelMeanKernel(const float* __restrict__ partial, int64_t features,
+                                  int64_t count, int64_t chunks, float* __restrict__ mean) {
+  for (int64_t f = blockIdx.x; f < features; f += gridDim.x) {
+    const float sum = ChannelTotal(partial, 0, f, features, chunks);
+    if (threadIdx.x == 0) mean[f] = count > 0 ? sum / static_cast<float>(count) : 0.0f;
+  }
+}
+
+// Queues the chunk pass `kWhat` over X [batch, features, inner] (and dY).
+template <typename T, ChannelSums kWhat>
+absl::Status LaunchChannelChunkSums(KernelContext& ctx, const T* x, const T* dy,
+                                    const float* mean, int64_t features, int64_t inner,
+                                    int64_t count, float* partial) {
+  const int64_t chunks = ChannelChunks(count);
+  const dim3 grid(static_cast<unsigned>(chunks),
+                  static_cast<unsigned>(std::min(features, kMaxChannelBlocks)));
+  ChannelChunkSumsKernel<T, kWhat><<<grid, kThreads, 0, Stream(ctx)>>>(
+      x, dy, mean, features, inner, count, chunks, partial);
+  return CheckLaunch(ctx);
+}
+
+// Queues the batch mean of each channel into `mean`: a chunk pass, then the
+// totals. `partial` holds ChannelChunks(count) * features floats.
 template <typename T>
-__global__ void BatchNormTrainingStatsKernel(const T* __restrict__ x, int64_t batch,
-                                             int64_t features, int64_t inner,
+absl::Status LaunchChannelMeans(KernelContext& ctx, const T* x, int64_t features, int64_t inner,
+                                int64_t count, float* partial, float* mean) {
+  CASTOR_RETURN_IF_ERROR((LaunchChannelChunkSums<T, ChannelSums::kX>(
+      ctx, x, nullptr, nullptr, features, inner, count, partial)));
+  const unsigned blocks = static_cast<unsigned>(std::min(features, kMaxChannelBlocks));
+  ChannelMeanKernel<<<blocks, kThreads, 0, Stream(ctx)>>>(partial, features, count,
+                                                           ChannelChunks(count), mean);
+  return CheckLaunch(ctx);
+}
+
+// Training: from the chunk sums of (X - mean)^2, the biased variance, the
+// running statistics and a, b; one block per channel.
+__global__ void BatchNormTrainingStatsKernel(const float* __restrict__ partial, int64_t features,
+                                             int64_t count, int64_t chunks,
                                              const float* __restrict__ scale,
                                              const float* __restrict__ shift,
                                              const float* __restrict__ input_mean,
                                              const float* __restrict__ input_var, float epsilon,
                                              float momentum, BatchNormStats stats) {
-  const int64_t count = batch * inner;
   for (int64_t f = blockIdx.x; f < features; f += gridDim.x) {
-    float sum = 0.0f;
-    for (int64_t k = threadIdx.x; k < count; k += blockDim.x) {
-      sum += ToFloat(x[ChannelElement(k, f, features, inner)]);
-    }
-    sum = BlockSum(sum);
-    const float mean = count > 0 ? sum / static_cast<float>(count) : 0.0f;
-    float squares = 0.0f;
-    for (int64_t k = threadIdx.x; k < count; k += blockDim.x) {
-      const float d = ToFloat(x[ChannelElement(k, f, features, inner)]) - mean;
-      squares += d * d;
-    }
-    squares = BlockSum(squares);
+    const float squares = ChannelTotal(partial, 0, f, features, chunks);
     if (threadIdx.x == 0) {
+      const float mean = stats.mean[f];
       const float var = count > 0 ? squares / static_cast<float>(count) : 0.0f;
-      stats.mean[f] = mean;
       stats.var[f] = var;
       const double keep = momentum;
       stats.running_mean[f] = static_cast<float>(input_mean[f] * keep + mean * (1.0 - keep));
@@ -263,6 +351,11 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
   CASTOR_ASSIGN_OR_RETURN(const float* input_mean, Float32Of(ctx, ctx.input(3)));
   CASTOR_ASSIGN_OR_RETURN(const float* input_var, Float32Of(ctx, ctx.input(4)));
   CASTOR_ASSIGN_OR_RETURN(float* buffer, FloatScratch(ctx, 6 * features));
+  float* partial = nullptr;  // the chunk sums of training mode
+  if (training) {
+    CASTOR_ASSIGN_OR_RETURN(partial,
+                            FloatScratch(ctx, ChannelChunks(batch * inner) * features));
+  }
   const BatchNormStats stats = {buffer,
                                 buffer + features,
                                 buffer + 2 * features,
@@ -273,10 +366,15 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
   CASTOR_RETURN_IF_ERROR(DispatchFloat(ctx, x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (training) {
+      const int64_t count = batch * inner;
+      CASTOR_RETURN_IF_ERROR(
+          LaunchChannelMeans<T>(ctx, x.as<T>(), features, inner, count, partial, stats.mean));
+      CASTOR_RETURN_IF_ERROR((LaunchChannelChunkSums<T, ChannelSums::kSquares>(
+          ctx, x.as<T>(), nullptr, stats.mean, features, inner, count, partial)));
       const unsigned blocks = static_cast<unsigned>(std::min(features, kMaxChannelBlocks));
-      BatchNormTrainingStatsKernel<T><<<blocks, kThreads, 0, Stream(ctx)>>>(
-          x.as<T>(), batch, features, inner, scale, shift, input_mean, input_var, epsilon,
-          momentum, stats);
+      BatchNormTrainingStatsKernel<<<blocks, kThreads, 0, Stream(ctx)>>>(
+          partial, features, count, ChannelChunks(count), scale, shift, input_mean, input_var,
+          epsilon, momentum, stats);
     } else {
       BatchNormInferenceCoefficientsKernel<<<Blocks(features), kThreads, 0, Stream(ctx)>>>(
           scale, shift, input_mean, input_var, features, epsilon, stats.a, stats.b);
@@ -314,38 +412,20 @@ struct BatchNormGradStats {
   float* mean_dy_xhat;  // d_scale / count
 };
 
-template <typename T>
-__global__ void BatchNormGradStatsKernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                         int64_t batch, int64_t channels, int64_t inner,
+// From the chunk sums of (X - mean)^2, dY and dY * (X - mean): the
+// per-channel results above; one block per channel.
+__global__ void BatchNormGradStatsKernel(const float* __restrict__ partial, int64_t channels,
+                                         int64_t count, int64_t chunks,
                                          const float* __restrict__ scale, float epsilon,
                                          BatchNormGradStats stats) {
-  const int64_t count = batch * inner;
   for (int64_t c = blockIdx.x; c < channels; c += gridDim.x) {
-    float sum = 0.0f;
-    for (int64_t k = threadIdx.x; k < count; k += blockDim.x) {
-      sum += ToFloat(x[ChannelElement(k, c, channels, inner)]);
-    }
-    sum = BlockSum(sum);
-    const float mean = count > 0 ? sum / static_cast<float>(count) : 0.0f;
-    float squares = 0.0f;     // (x - mean)^2
-    float dy_sum = 0.0f;      // dY
-    float dy_centred = 0.0f;  // dY * (x - mean)
-    for (int64_t k = threadIdx.x; k < count; k += blockDim.x) {
-      const int64_t e = ChannelElement(k, c, channels, inner);
-      const float centred = ToFloat(x[e]) - mean;
-      const float g = ToFloat(dy[e]);
-      squares += centred * centred;
-      dy_sum += g;
-      dy_centred += g * centred;
-    }
-    squares = BlockSum(squares);
-    dy_sum = BlockSum(dy_sum);
-    dy_centred = BlockSum(dy_centred);
+    const float squares = ChannelTotal(partial, 0, c, channels, chunks);
+    const float dy_sum = ChannelTotal(partial, 1, c, channels, chunks);
+    const float dy_centred = ChannelTotal(partial, 2, c, channels, chunks);
     if (threadIdx.x == 0) {
       const double var = count > 0 ? static_cast<double>(squares) / count : 0.0;
       const double inv_std = 1.0 / sqrt(var + epsilon);
       const double d_scale = dy_centred * inv_std;
-      stats.mean[c] = mean;
       stats.inv_std[c] = static_cast<float>(inv_std);
       stats.d_scale[c] = static_cast<float>(d_scale);
       stats.d_bias[c] = dy_sum;
@@ -420,6 +500,10 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
   if (channels == 0) return absl::OkStatus();
   CASTOR_ASSIGN_OR_RETURN(const float* scale, Float32Of(ctx, scale_view));
   CASTOR_ASSIGN_OR_RETURN(float* buffer, FloatScratch(ctx, 7 * channels));
+  CASTOR_ASSIGN_OR_RETURN(
+      float* partial,
+      FloatScratch(ctx, Quantities(ChannelSums::kGradSums) * ChannelChunks(batch * inner) *
+                            channels));
   const BatchNormGradStats stats = {buffer,
                                     buffer + channels,
                                     buffer + 2 * channels,
@@ -430,9 +514,14 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
   const int64_t total = x.num_elements();
   CASTOR_RETURN_IF_ERROR(DispatchFloat(ctx, x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
+    const int64_t count = batch * inner;
+    CASTOR_RETURN_IF_ERROR(
+        LaunchChannelMeans<T>(ctx, x.as<T>(), channels, inner, count, partial, stats.mean));
+    CASTOR_RETURN_IF_ERROR((LaunchChannelChunkSums<T, ChannelSums::kGradSums>(
+        ctx, x.as<T>(), dy.as<T>(), stats.mean, channels, inner, count, partial)));
     const unsigned blocks = static_cast<unsigned>(std::min(channels, kMaxChannelBlocks));
-    BatchNormGradStatsKernel<T><<<blocks, kThreads, 0, Stream(ctx)>>>(
-        dy.as<T>(), x.as<T>(), batch, channels, inner, scale, epsilon, stats);
+    BatchNormGradStatsKernel<<<blocks, kThreads, 0, Stream(ctx)>>>(
+        partial, channels, count, ChannelChunks(count), scale, epsilon, stats);
     CASTOR_RETURN_IF_ERROR(CheckLaunch(ctx));
     if (dx == nullptr || total == 0) return absl::OkStatus();
     BatchNormGradInputKernel<T><<<Blocks(total), kThreads, 0, Stream(ctx)>>>(
