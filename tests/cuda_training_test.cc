@@ -89,8 +89,10 @@ class CudaTrainingTest : public ::testing::TestWithParam<Case> {};
 // the gradient's size, so a gradient that is zero up to rounding noise (the
 // transformer's key bias: softmax ignores a shift) would take a random +-lr
 // step on each backend. Tolerances: float32 differs only by summation order
-// (cuBLAS/cuDNN vs OpenBLAS/im2col), 16-bit compute by roundings of
-// intermediate values that land on the other side of a 16-bit boundary.
+// (cuBLAS/cuDNN vs OpenBLAS/grid products; cuDNN's FFT and Winograd
+// algorithms, which differ by more, are not used for float32), 16-bit
+// compute by roundings of intermediate values that land on the other side
+// of a 16-bit boundary.
 TEST_P(CudaTrainingTest, StepsMatchTheCpuBackend) {
   CASTOR_REQUIRE_CUDA();
   const Case& c = GetParam();
@@ -182,13 +184,49 @@ TEST(CudaTrainerTest, RepeatedStepsAllocateNoDeviceMemory) {
   EXPECT_GT(after.peak_in_use_bytes, 0);
 }
 
+// Two runs of the same steps give the same bits: cuDNN's deterministic
+// algorithms are preferred (backend/cuda/conv.cu) and these models' other
+// kernels add in a fixed order. (LayerNormalizationGrad's dScale/dBias,
+// MaxPoolGrad over overlapping windows and GatherGrad still add with
+// atomics, so the transformer is left out.)
+TEST(CudaTrainerTest, RepeatedRunsGiveTheSameBits) {
+  CASTOR_REQUIRE_CUDA();
+  for (const char* model : {"cnn_opset17", "resnet_opset17"}) {
+    for (const char* policy : {"float32", "mixed_float16"}) {
+      SCOPED_TRACE(std::string(model) + " " + policy);
+      TrainerOptions options;
+      options.optimizer.kind = OptimizerKind::kSgd;
+      options.optimizer.momentum = 0.9;
+      options.lr.base_lr = 0.05;
+      options.replay_steps = false;
+      std::unique_ptr<Trainer> first = MakeTrainer(model, policy, Gpu(), options);
+      std::unique_ptr<Trainer> second = MakeTrainer(model, policy, Gpu(), options);
+      ASSERT_TRUE(first && second);
+      for (int step = 0; step < 4; ++step) {
+        auto [images, labels] = Batch(step);
+        absl::StatusOr<StepResult> a = first->Step({{"input", images}}, labels);
+        absl::StatusOr<StepResult> b = second->Step({{"input", images}}, labels);
+        ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " / " << b.status();
+        EXPECT_EQ(a->loss, b->loss) << "step " << step;
+      }
+      const std::map<std::string, Tensor> second_state = StateOf(*second);
+      for (const auto& [name, tensor] : StateOf(*first)) {
+        const Tensor& other = second_state.at(name);
+        ASSERT_EQ(other.byte_size(), tensor.byte_size()) << name;
+        EXPECT_EQ(std::memcmp(tensor.raw(), other.raw(), tensor.byte_size()), 0) << name;
+      }
+    }
+  }
+}
+
 // The same steps replayed as a CUDA graph and node by node (replay off).
 // The first step with a batch shape runs node by node, the second is
 // recorded and replayed, later ones replay; a smaller batch in between runs
 // node by node and replay resumes after it. The kernels are the same either
-// way, so only the order of atomic float additions may differ (float32:
-// 1e-5; 16-bit compute: a rounding may land on the other side of a 16-bit
-// boundary, 5e-3).
+// way; only kernels that add with atomics (the transformer's
+// LayerNormalizationGrad) may sum in another order (float32: 1e-5; 16-bit
+// compute: a rounding may land on the other side of a 16-bit boundary,
+// 5e-3).
 class CudaReplayTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CudaReplayTest, ReplayedStepsMatchNodeByNodeSteps) {

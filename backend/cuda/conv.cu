@@ -16,11 +16,13 @@
 // dtype; tensor-core math for 16-bit data, and for float32 only when the
 // backend allows TF32 (else CUDNN_FMA_MATH, which rules TF32 out). The
 // algorithm is the first of cuDNN's heuristics (cudnnGet*Algorithm_v7)
-// whose workspace can be allocated and that runs. The bias is broadcast into
-// Y first and the convolution adds onto it (beta = 1), so a 16-bit Y is
-// rounded once, from conv + bias in float32, as on the CPU. ConvGrad's dB is
-// a per-channel float32 block reduction of dY. ConvGrad computes only the
-// outputs its node has.
+// whose workspace can be allocated and that runs, deterministic ones first
+// and, for float32, exact ones before FFT and Winograd (see
+// RunFirstWorkingAlgorithm). The bias is broadcast into Y first and the
+// convolution adds onto it (beta = 1), so a 16-bit Y is rounded once, from
+// conv + bias in float32, as on the CPU. ConvGrad's dB is a per-channel
+// float32 block reduction of dY. ConvGrad computes only the outputs its
+// node has.
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -293,43 +295,77 @@ absl::Status Describe(const KernelContext& ctx, const ConvPlan& plan, ConvDescri
   return absl::OkStatus();
 }
 
+// Whether an algorithm computes a float32 convolution only approximately:
+// the FFT and Winograd transforms round intermediate values. (On an H200,
+// Winograd's weight gradient moved ResNet weights by 1.4e-3 relative
+// against the CPU backend in five SGD steps; an implicit-GEMM one by
+// rounding only.)
+bool Approximate(cudnnConvolutionFwdAlgo_t algo) {
+  return algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT || algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+         algo == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD ||
+         algo == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+}
+bool Approximate(cudnnConvolutionBwdDataAlgo_t algo) {
+  return algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT ||
+         algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+         algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD ||
+         algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+}
+bool Approximate(cudnnConvolutionBwdFilterAlgo_t algo) {
+  return algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT ||
+         algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+         algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+}
+
 // Runs the first of `perfs[0, count)` (cuDNN's heuristic ranking) whose
 // workspace can be allocated and that cuDNN accepts: workspace_size(algo,
 // &bytes) and run(algo, workspace, bytes) return cuDNN statuses. Each
 // candidate runs with its own math type (CUDNN_FMA_MATH when fma_only);
-// candidates that would down-convert data are skipped.
+// candidates that would down-convert data are skipped. The candidates are
+// tried in tiers, each in ranking order:
+//   0. deterministic and, for float32 without TF32, exact;
+//   1. the other exact ones (backward algorithms that add with atomics);
+//   2. the rest (float32 FFT and Winograd), when nothing else runs.
+// So a float32 step matches the CPU backend to rounding, and a step gives
+// the same bits every time: a replayed step equals its node-by-node run.
 template <typename Perf, typename WorkspaceSize, typename Run>
 absl::Status RunFirstWorkingAlgorithm(KernelContext& ctx, const ConvDescriptors& d,
                                       const std::vector<Perf>& perfs, int count,
                                       const char* what, WorkspaceSize&& workspace_size,
                                       Run&& run) {
+  auto tier = [&](const Perf& perf) {
+    if (d.fma_only && Approximate(perf.algo)) return 2;
+    return perf.determinism == CUDNN_DETERMINISTIC ? 0 : 1;
+  };
   std::string last_failure = "cuDNN's heuristics returned no usable algorithm";
-  for (int i = 0; i < count; ++i) {
-    const Perf& perf = perfs[i];
-    if (perf.status != CUDNN_STATUS_SUCCESS ||
-        perf.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) {
-      continue;
-    }
-    CASTOR_CUDNN_CALL(
-        cudnnSetConvolutionMathType(d.conv.get(), d.fma_only ? CUDNN_FMA_MATH : perf.mathType));
-    size_t bytes = 0;
-    if (const cudnnStatus_t code = workspace_size(perf.algo, &bytes);
-        code != CUDNN_STATUS_SUCCESS) {
-      last_failure = std::string(CudnnStatus(code, "workspace size").message());
-      continue;
-    }
-    void* workspace = nullptr;
-    if (bytes > 0) {
-      absl::StatusOr<void*> scratch = ctx.Scratch(bytes);
-      if (!scratch.ok()) {
-        last_failure = std::string(scratch.status().message());
+  for (int wanted_tier = 0; wanted_tier <= 2; ++wanted_tier) {
+    for (int i = 0; i < count; ++i) {
+      const Perf& perf = perfs[i];
+      if (perf.status != CUDNN_STATUS_SUCCESS ||
+          perf.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION || tier(perf) != wanted_tier) {
         continue;
       }
-      workspace = *scratch;
+      CASTOR_CUDNN_CALL(
+          cudnnSetConvolutionMathType(d.conv.get(), d.fma_only ? CUDNN_FMA_MATH : perf.mathType));
+      size_t bytes = 0;
+      if (const cudnnStatus_t code = workspace_size(perf.algo, &bytes);
+          code != CUDNN_STATUS_SUCCESS) {
+        last_failure = std::string(CudnnStatus(code, "workspace size").message());
+        continue;
+      }
+      void* workspace = nullptr;
+      if (bytes > 0) {
+        absl::StatusOr<void*> scratch = ctx.Scratch(bytes);
+        if (!scratch.ok()) {
+          last_failure = std::string(scratch.status().message());
+          continue;
+        }
+        workspace = *scratch;
+      }
+      const cudnnStatus_t code = run(perf.algo, workspace, bytes);
+      if (code == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
+      last_failure = std::string(CudnnStatus(code, what).message());
     }
-    const cudnnStatus_t code = run(perf.algo, workspace, bytes);
-    if (code == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
-    last_failure = std::string(CudnnStatus(code, what).message());
   }
   return ctx.Unimplemented(absl::StrCat("no cuDNN algorithm ran the ", what,
                                         " of this convolution; last failure: ", last_failure));
