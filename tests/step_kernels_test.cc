@@ -107,7 +107,8 @@ TEST(StepKernelsTest, NonFiniteGradientOrLossSkipsEverything) {
 }
 
 // Three steps of the multi-tensor update against the host Optimizer and
-// LossScaler fed the same unscaled gradients: the same bits.
+// LossScaler fed the same unscaled gradients: the same bits (the gradient
+// norm: the same to rounding).
 TEST(StepKernelsTest, MatchesTheHostOptimizerBitForBit) {
   const std::vector<std::pair<const char*, StepConfig>> variants = {
       {"sgd", MakeStepConfig(OptimizerKind::kSgd, 0, false, 0, 0, 256.0, 5)},
@@ -158,7 +159,9 @@ TEST(StepKernelsTest, MatchesTheHostOptimizerBitForBit) {
       ASSERT_TRUE(out.ok()) << out.status();
       EXPECT_EQ(out->state.skipped, 0);
       EXPECT_EQ(out->state.optimizer_step, host->step());
-      EXPECT_EQ(out->state.grad_norm, *norm);
+      // The kernels sum the squares in float64 lanes (lane_sums.h), the host
+      // in one chain: the norms agree to float64 rounding, not bit for bit.
+      EXPECT_NEAR(out->state.grad_norm, *norm, 1e-14 * *norm);
       EXPECT_EQ(out->state.update.lr, lr);
       EXPECT_EQ(out->state.scaler.scale, scaler.state().scale);
       EXPECT_EQ(out->state.scaler.good_steps, scaler.state().good_steps);
