@@ -186,9 +186,9 @@ TEST(CudaTrainerTest, RepeatedStepsAllocateNoDeviceMemory) {
 
 // Two runs of the same steps give the same bits: cuDNN's deterministic
 // algorithms are preferred (backend/cuda/conv.cu) and these models' other
-// kernels add in a fixed order. (LayerNormalizationGrad's dScale/dBias,
-// MaxPoolGrad over overlapping windows and GatherGrad still add with
-// atomics, so the transformer is left out.)
+// kernels add in a fixed order. (LayerNormalizationGrad's dScale/dBias
+// still add with atomics, so the transformer is left out; so do MaxPoolGrad
+// over overlapping windows and GatherGrad, which no sample model has.)
 TEST(CudaTrainerTest, RepeatedRunsGiveTheSameBits) {
   CASTOR_REQUIRE_CUDA();
   for (const char* model : {"cnn_opset17", "resnet_opset17"}) {

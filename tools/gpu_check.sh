@@ -3,7 +3,7 @@
 #
 # Run from the repository root on the GPU machine, with the bundle that
 # tools/make_gpu_bundle.sh made here carried along:
-#   run(command="bash tools/gpu_check.sh", carry=["gpu-bundle.tar.gz"], timeout_s=480)
+#   run(command="bash tools/gpu_check.sh", carry=["gpu-bundle.tar.gz"], timeout_s=540)
 # (or carry=["gpu-bundle.tar.xz"] for a bundle packed with --xz)
 #
 # That machine has the NVIDIA driver, the CUDA toolkit, python3 with torch and

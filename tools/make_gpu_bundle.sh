@@ -316,4 +316,4 @@ echo
 echo "On the GPU machine, with the run tool:"
 echo "  carry: [\"$(basename "$OUTPUT")\"]"
 echo "  command: bash tools/gpu_check.sh"
-echo "  timeout_s: 480"
+echo "  timeout_s: 540"

@@ -7,10 +7,10 @@
 // The float32 loops are built for AVX-512, AVX2 and the baseline by GCC's
 // target_clones, which picks one when the program loads: the build has no
 // -march flags, and at the baseline's two float64 lanes Adam and the
-// unscale pass were a third of the MLP's training step. The backend is
-// compiled with -ffp-contract=off (no FMA in the AVX clones either, so
-// every clone computes the same bits) and -fno-math-errno (so sqrt
-// vectorises).
+// unscale pass were a third of the MLP's training step. castor compiles
+// with -ffp-contract=off (no FMA in the AVX-512 clone either, so every
+// clone computes the same bits as the host Optimizer) and -fno-math-errno
+// (so sqrt vectorises).
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -22,7 +22,8 @@
 #include "graph/status.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CASTOR_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define CASTOR_VECTOR_CLONES \
+  __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define CASTOR_VECTOR_CLONES
 #endif

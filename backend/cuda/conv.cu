@@ -17,7 +17,7 @@
 // backend allows TF32 (else CUDNN_FMA_MATH, which rules TF32 out). The
 // algorithm is the first of cuDNN's heuristics (cudnnGet*Algorithm_v7)
 // whose workspace can be allocated and that runs, deterministic ones first
-// and, for float32, exact ones before FFT and Winograd (see
+// and, for float32 without TF32, exact ones before FFT and Winograd (see
 // RunFirstWorkingAlgorithm). The bias is broadcast into Y first and the
 // convolution adds onto it (beta = 1), so a 16-bit Y is rounded once, from
 // conv + bias in float32, as on the CPU. ConvGrad's dB is a per-channel
@@ -326,8 +326,11 @@ bool Approximate(cudnnConvolutionBwdFilterAlgo_t algo) {
 //   0. deterministic and, for float32 without TF32, exact;
 //   1. the other exact ones (backward algorithms that add with atomics);
 //   2. the rest (float32 FFT and Winograd), when nothing else runs.
-// So a float32 step matches the CPU backend to rounding, and a step gives
-// the same bits every time: a replayed step equals its node-by-node run.
+// So a float32 step matches the CPU backend to rounding and, as long as
+// tier 0 has an algorithm that runs (it had for every convolution of the
+// sample models on an H200), a step gives the same bits every time: a
+// replayed step equals its node-by-node run. With TF32 allowed the tiers
+// go by determinism alone.
 template <typename Perf, typename WorkspaceSize, typename Run>
 absl::Status RunFirstWorkingAlgorithm(KernelContext& ctx, const ConvDescriptors& d,
                                       const std::vector<Perf>& perfs, int count,

@@ -47,7 +47,8 @@ namespace {
 constexpr int64_t kWarpRowLimit = 1024;
 // The most axes a broadcast parameter index handles.
 constexpr int kMaxBroadcastRank = 8;
-// Grid cap for the one-block-per-channel kernels (they loop beyond it).
+// Grid cap for the kernels with a block (or a grid row) per channel; they
+// loop beyond it.
 constexpr int64_t kMaxChannelBlocks = 65535;
 
 int64_t Product(const std::vector<int64_t>& dims, size_t from, size_t to) {
