@@ -41,7 +41,8 @@ constexpr int64_t kUnscaleBlock = 4096;
 // to `sums`; false when an element is not finite (the step is skipped and
 // the gradients need no unscaling: the block holding it is left as it was).
 template <typename Load, typename Store>
-[[gnu::always_inline]] inline bool Unscale(int64_t count, float inverse, Load load, Store store, LaneSums<1>& sums) {
+[[gnu::always_inline]] inline bool Unscale(int64_t count, float inverse, Load load, Store store,
+                                           LaneSums<1>& sums) {
   for (int64_t begin = 0; begin < count; begin += kUnscaleBlock) {
     const int64_t n = std::min(kUnscaleBlock, count - begin);
     bool finite = true;
