@@ -17,8 +17,8 @@
 // backend allows TF32 (else CUDNN_FMA_MATH, which rules TF32 out). The
 // algorithm is the first of cuDNN's heuristics (cudnnGet*Algorithm_v7)
 // whose workspace can be allocated and that runs, deterministic ones first
-// and, for float32 without TF32, exact ones before FFT and Winograd (see
-// RunFirstWorkingAlgorithm). The bias is broadcast into Y first and the
+// and, for float32 without TF32, exact ones before FFT and Winograd; the
+// backend remembers it per shape (see RunConvolution). The bias is broadcast into Y first and the
 // convolution adds onto it (beta = 1), so a 16-bit Y is rounded once, from
 // conv + bias in float32, as on the CPU. ConvGrad's dB is a per-channel
 // float32 block reduction of dY. ConvGrad computes only the outputs its
@@ -232,6 +232,8 @@ struct ConvDescriptors {
   ConvolutionDescriptor conv;
   cudnnMathType_t math = CUDNN_DEFAULT_MATH;
   bool fma_only = false;  // float32 without TF32: every algorithm runs CUDNN_FMA_MATH
+  // Everything the descriptors say, for CudaBackend::conv_algorithms.
+  std::vector<int64_t> key;
 };
 
 absl::Status Describe(const KernelContext& ctx, const ConvPlan& plan, ConvDescriptors& d) {
@@ -283,6 +285,10 @@ absl::Status Describe(const KernelContext& ctx, const ConvPlan& plan, ConvDescri
   d.fma_only = plan.dtype == DType::kFloat32 && !Cuda(ctx).allow_tf32();
   d.math = d.fma_only ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
   CASTOR_CUDNN_CALL(cudnnSetConvolutionMathType(d.conv.get(), d.math));
+  d.key = {static_cast<int64_t>(plan.dtype), rank, plan.group, d.fma_only ? 1 : 0};
+  for (const std::vector<int>* ints : {&x_dims, &w_dims, &y_dims, &pads, &strides, &dilations}) {
+    d.key.insert(d.key.end(), ints->begin(), ints->end());
+  }
 
   // cuDNN must agree with the CPU geometry on the output dims.
   std::vector<int> cudnn_y(rank);
@@ -317,12 +323,18 @@ bool Approximate(cudnnConvolutionBwdFilterAlgo_t algo) {
          algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
 }
 
-// Runs the first of `perfs[0, count)` (cuDNN's heuristic ranking) whose
-// workspace can be allocated and that cuDNN accepts: workspace_size(algo,
-// &bytes) and run(algo, workspace, bytes) return cuDNN statuses. Each
-// candidate runs with its own math type (CUDNN_FMA_MATH when fma_only);
-// candidates that would down-convert data are skipped. The candidates are
-// tried in tiers, each in ranking order:
+// The three cuDNN calls of a convolution, as RunConvolution drives them.
+enum class ConvDirection : int64_t { kForward = 0, kBackwardData = 1, kBackwardFilter = 2 };
+
+// Runs the convolution `direction` with cuDNN's algorithm for its shape.
+// `heuristics(perfs)` fills cuDNN's ranking (cudnnGet*Algorithm_v7) and
+// returns how many it filled; workspace_size(algo, &bytes) and run(algo,
+// workspace, bytes) return cuDNN statuses.
+//
+// The first call for a shape tries the ranked candidates whose workspace
+// can be allocated and that cuDNN accepts, each with its own math type
+// (CUDNN_FMA_MATH when fma_only), skipping those that would down-convert
+// data, in tiers, each in ranking order:
 //   0. deterministic and, for float32 without TF32, exact;
 //   1. the other exact ones (backward algorithms that add with atomics);
 //   2. the rest (float32 FFT and Winograd), when nothing else runs.
@@ -331,16 +343,65 @@ bool Approximate(cudnnConvolutionBwdFilterAlgo_t algo) {
 // sample models on an H200), a step gives the same bits every time: a
 // replayed step equals its node-by-node run. With TF32 allowed the tiers
 // go by determinism alone.
-template <typename Perf, typename WorkspaceSize, typename Run>
-absl::Status RunFirstWorkingAlgorithm(KernelContext& ctx, const ConvDescriptors& d,
-                                      const std::vector<Perf>& perfs, int count,
-                                      const char* what, WorkspaceSize&& workspace_size,
-                                      Run&& run) {
+//
+// The backend remembers the algorithm that ran (CudaBackend::
+// conv_algorithms); later calls for the shape run it directly, and search
+// again only when it fails (its workspace cannot be allocated, say).
+template <typename Perf, typename Heuristics, typename WorkspaceSize, typename Run>
+absl::Status RunConvolution(KernelContext& ctx, const ConvDescriptors& d, ConvDirection direction,
+                            const char* what, Heuristics&& heuristics,
+                            WorkspaceSize&& workspace_size, Run&& run) {
+  using Algo = decltype(Perf::algo);
+  std::vector<int64_t> key = d.key;
+  key.insert(key.begin(), static_cast<int64_t>(direction));
+  auto& remembered = Cuda(ctx).conv_algorithms();
+
+  // Runs `algo` with `math`; bytes < 0 asks cuDNN for the workspace size.
+  std::string last_failure = "cuDNN's heuristics returned no usable algorithm";
+  auto attempt = [&](Algo algo, cudnnMathType_t math, int64_t bytes) -> absl::StatusOr<bool> {
+    CASTOR_CUDNN_CALL(cudnnSetConvolutionMathType(d.conv.get(), math));
+    size_t workspace_bytes = static_cast<size_t>(std::max<int64_t>(bytes, 0));
+    if (bytes < 0) {
+      if (const cudnnStatus_t code = workspace_size(algo, &workspace_bytes);
+          code != CUDNN_STATUS_SUCCESS) {
+        last_failure = std::string(CudnnStatus(code, "workspace size").message());
+        return false;
+      }
+    }
+    void* workspace = nullptr;
+    if (workspace_bytes > 0) {
+      absl::StatusOr<void*> scratch = ctx.Scratch(workspace_bytes);
+      if (!scratch.ok()) {
+        last_failure = std::string(scratch.status().message());
+        return false;
+      }
+      workspace = *scratch;
+    }
+    const cudnnStatus_t code = run(algo, workspace, workspace_bytes);
+    if (code != CUDNN_STATUS_SUCCESS) {
+      last_failure = std::string(CudnnStatus(code, what).message());
+      return false;
+    }
+    remembered[key] = {static_cast<int>(algo), math, workspace_bytes};
+    return true;
+  };
+
+  if (auto it = remembered.find(key); it != remembered.end()) {
+    const CudaBackend::ConvAlgorithm known = it->second;
+    CASTOR_ASSIGN_OR_RETURN(const bool ran,
+                            attempt(static_cast<Algo>(known.algo), known.math,
+                                    static_cast<int64_t>(known.workspace_bytes)));
+    if (ran) return absl::OkStatus();
+    remembered.erase(key);
+  }
+
+  CASTOR_CUDNN_CALL(cudnnSetConvolutionMathType(d.conv.get(), d.math));
+  std::vector<Perf> perfs;
+  CASTOR_ASSIGN_OR_RETURN(const int count, heuristics(perfs));
   auto tier = [&](const Perf& perf) {
     if (d.fma_only && Approximate(perf.algo)) return 2;
     return perf.determinism == CUDNN_DETERMINISTIC ? 0 : 1;
   };
-  std::string last_failure = "cuDNN's heuristics returned no usable algorithm";
   for (int wanted_tier = 0; wanted_tier <= 2; ++wanted_tier) {
     for (int i = 0; i < count; ++i) {
       const Perf& perf = perfs[i];
@@ -348,47 +409,45 @@ absl::Status RunFirstWorkingAlgorithm(KernelContext& ctx, const ConvDescriptors&
           perf.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION || tier(perf) != wanted_tier) {
         continue;
       }
-      CASTOR_CUDNN_CALL(
-          cudnnSetConvolutionMathType(d.conv.get(), d.fma_only ? CUDNN_FMA_MATH : perf.mathType));
-      size_t bytes = 0;
-      if (const cudnnStatus_t code = workspace_size(perf.algo, &bytes);
-          code != CUDNN_STATUS_SUCCESS) {
-        last_failure = std::string(CudnnStatus(code, "workspace size").message());
-        continue;
-      }
-      void* workspace = nullptr;
-      if (bytes > 0) {
-        absl::StatusOr<void*> scratch = ctx.Scratch(bytes);
-        if (!scratch.ok()) {
-          last_failure = std::string(scratch.status().message());
-          continue;
-        }
-        workspace = *scratch;
-      }
-      const cudnnStatus_t code = run(perf.algo, workspace, bytes);
-      if (code == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
-      last_failure = std::string(CudnnStatus(code, what).message());
+      CASTOR_ASSIGN_OR_RETURN(
+          const bool ran, attempt(perf.algo, d.fma_only ? CUDNN_FMA_MATH : perf.mathType, -1));
+      if (ran) return absl::OkStatus();
     }
   }
   return ctx.Unimplemented(absl::StrCat("no cuDNN algorithm ran the ", what,
                                         " of this convolution; last failure: ", last_failure));
 }
 
+// cuDNN's ranking of algorithms for a convolution: `query` is
+// cudnnGet*Algorithm_v7 bound to the descriptors, `max_count` its
+// cudnnGet*AlgorithmMaxCount.
+template <typename Perf, typename MaxCount, typename Query>
+absl::StatusOr<int> Rank(std::vector<Perf>& perfs, MaxCount&& max_count, Query&& query) {
+  int capacity = 0;
+  CASTOR_CUDNN_CALL(max_count(&capacity));
+  perfs.resize(std::max(capacity, 1));
+  int count = 0;
+  CASTOR_CUDNN_CALL(query(static_cast<int>(perfs.size()), &count, perfs.data()));
+  return count;
+}
+
 // y = conv(x, w) + beta * y, x as cuDNN reads it (padded); beta is 0 or 1.
 absl::Status RunForward(KernelContext& ctx, const ConvDescriptors& d, const void* x,
                         const void* w, float beta, void* y) {
   const cudnnHandle_t handle = Cuda(ctx).cudnn();
-  CASTOR_CUDNN_CALL(cudnnSetConvolutionMathType(d.conv.get(), d.math));
-  int max_count = 0;
-  CASTOR_CUDNN_CALL(cudnnGetConvolutionForwardAlgorithmMaxCount(handle, &max_count));
-  std::vector<cudnnConvolutionFwdAlgoPerf_t> perfs(std::max(max_count, 1));
-  int count = 0;
-  CASTOR_CUDNN_CALL(cudnnGetConvolutionForwardAlgorithm_v7(
-      handle, d.x.get(), d.w.get(), d.conv.get(), d.y.get(), static_cast<int>(perfs.size()),
-      &count, perfs.data()));
   const float one = 1.0f;
-  return RunFirstWorkingAlgorithm(
-      ctx, d, perfs, count, "forward pass",
+  return RunConvolution<cudnnConvolutionFwdAlgoPerf_t>(
+      ctx, d, ConvDirection::kForward, "forward pass",
+      [&](std::vector<cudnnConvolutionFwdAlgoPerf_t>& perfs) {
+        return Rank(
+            perfs,
+            [&](int* n) { return cudnnGetConvolutionForwardAlgorithmMaxCount(handle, n); },
+            [&](int n, int* count, cudnnConvolutionFwdAlgoPerf_t* out) {
+              return cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x.get(), d.w.get(),
+                                                            d.conv.get(), d.y.get(), n, count,
+                                                            out);
+            });
+      },
       [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
         return cudnnGetConvolutionForwardWorkspaceSize(handle, d.x.get(), d.w.get(), d.conv.get(),
                                                        d.y.get(), algo, bytes);
@@ -403,17 +462,19 @@ absl::Status RunForward(KernelContext& ctx, const ConvDescriptors& d, const void
 absl::Status RunBackwardData(KernelContext& ctx, const ConvDescriptors& d, const void* w,
                              const void* dy, void* dx) {
   const cudnnHandle_t handle = Cuda(ctx).cudnn();
-  CASTOR_CUDNN_CALL(cudnnSetConvolutionMathType(d.conv.get(), d.math));
-  int max_count = 0;
-  CASTOR_CUDNN_CALL(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, &max_count));
-  std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perfs(std::max(max_count, 1));
-  int count = 0;
-  CASTOR_CUDNN_CALL(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-      handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), static_cast<int>(perfs.size()),
-      &count, perfs.data()));
   const float one = 1.0f, zero = 0.0f;
-  return RunFirstWorkingAlgorithm(
-      ctx, d, perfs, count, "input gradient",
+  return RunConvolution<cudnnConvolutionBwdDataAlgoPerf_t>(
+      ctx, d, ConvDirection::kBackwardData, "input gradient",
+      [&](std::vector<cudnnConvolutionBwdDataAlgoPerf_t>& perfs) {
+        return Rank(
+            perfs,
+            [&](int* n) { return cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, n); },
+            [&](int n, int* count, cudnnConvolutionBwdDataAlgoPerf_t* out) {
+              return cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, d.w.get(), d.y.get(),
+                                                                 d.conv.get(), d.x.get(), n,
+                                                                 count, out);
+            });
+      },
       [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
         return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, d.w.get(), d.y.get(),
                                                             d.conv.get(), d.x.get(), algo, bytes);
@@ -429,17 +490,19 @@ absl::Status RunBackwardData(KernelContext& ctx, const ConvDescriptors& d, const
 absl::Status RunBackwardFilter(KernelContext& ctx, const ConvDescriptors& d, const void* x,
                                const void* dy, void* dw) {
   const cudnnHandle_t handle = Cuda(ctx).cudnn();
-  CASTOR_CUDNN_CALL(cudnnSetConvolutionMathType(d.conv.get(), d.math));
-  int max_count = 0;
-  CASTOR_CUDNN_CALL(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle, &max_count));
-  std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perfs(std::max(max_count, 1));
-  int count = 0;
-  CASTOR_CUDNN_CALL(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-      handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(), static_cast<int>(perfs.size()),
-      &count, perfs.data()));
   const float one = 1.0f, zero = 0.0f;
-  return RunFirstWorkingAlgorithm(
-      ctx, d, perfs, count, "weight gradient",
+  return RunConvolution<cudnnConvolutionBwdFilterAlgoPerf_t>(
+      ctx, d, ConvDirection::kBackwardFilter, "weight gradient",
+      [&](std::vector<cudnnConvolutionBwdFilterAlgoPerf_t>& perfs) {
+        return Rank(
+            perfs,
+            [&](int* n) { return cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle, n); },
+            [&](int n, int* count, cudnnConvolutionBwdFilterAlgoPerf_t* out) {
+              return cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, d.x.get(), d.y.get(),
+                                                                   d.conv.get(), d.w.get(), n,
+                                                                   count, out);
+            });
+      },
       [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
         return cudnnGetConvolutionBackwardFilterWorkspaceSize(
             handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(), algo, bytes);

@@ -17,6 +17,7 @@
 #include <cudnn.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <set>
@@ -111,6 +112,18 @@ class CudaBackend : public Backend {
   bool allow_tf32() const { return options_.allow_tf32; }
   const DeviceMemoryStats& memory_stats() const { return pool_.stats(); }
 
+  // The cuDNN algorithm that ran each convolution shape this backend has
+  // seen (key: direction, dtype, dims, pads, strides, dilations, group, math;
+  // backend/cuda/conv.cu builds it). cuDNN 9's heuristic and workspace
+  // queries build execution plans on every call, so conv.cu asks them once
+  // per shape and then runs the remembered choice.
+  struct ConvAlgorithm {
+    int algo = 0;
+    cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+    size_t workspace_bytes = 0;
+  };
+  std::map<std::vector<int64_t>, ConvAlgorithm>& conv_algorithms() { return conv_algorithms_; }
+
  private:
   explicit CudaBackend(const CudaBackendOptions& options) : options_(options) {}
 
@@ -125,6 +138,7 @@ class CudaBackend : public Backend {
   // reads them on every replay and owns them once recorded).
   bool capturing_ = false;
   std::vector<void*> capture_staging_;
+  std::map<std::vector<int64_t>, ConvAlgorithm> conv_algorithms_;
   std::unique_ptr<StepKernels> step_kernels_;  // holds pool memory: released first
 };
 
