@@ -26,13 +26,14 @@ cells of that model read "n/a: export failed: <reason>".
 
 castor: `castor train MODEL --backend cuda --policy P --data DATA.npz --batch B
 --max-steps W+S --epochs E --no-shuffle --lr 1e-3 --optimizer adam --metrics
-M.jsonl`, where DATA.npz holds `x` (float32 images) and `y` (int64 labels; no
-test split, so castor does not evaluate). samples/s is the median of the
-per-step lines after the W warm-up steps (skipped steps left out), the
-steady state torch's timing also measures; the summary line of the metrics
-file ({"summary": true, ..., "samples_per_s": ..., "peak_device_memory_bytes":
-...}) gives peak memory and stands in for samples/s when no step line is
-left. The JSON keeps both numbers.
+M.jsonl --cuda-graphs auto` (off with this script's --cuda-graphs off:
+every step node by node), where DATA.npz holds `x` (float32 images) and `y`
+(int64 labels; no test split, so castor does not evaluate). samples/s is
+the median of the per-step lines after the W warm-up steps (skipped steps
+left out), the steady state torch's timing also measures; the summary line
+of the metrics file ({"summary": true, ..., "samples_per_s": ...,
+"peak_device_memory_bytes": ...}) gives peak memory and stands in for
+samples/s when no step line is left. The JSON keeps both numbers.
 
 PyTorch: model.train() (BatchNorm on batch statistics, as castor trains it),
 one step = zero_grad, forward + cross-entropy (inside autocast for the mixed
@@ -334,7 +335,7 @@ def read_metrics(path):
 
 
 def run_castor(binary, backend, model_path, data_path, policy, batch, warmup, steps,
-               timeout_s, work_dir, tag):
+               timeout_s, work_dir, tag, cuda_graphs="auto"):
     metrics_path = os.path.join(work_dir, "castor_%s.jsonl" % tag)
     log_path = os.path.join(work_dir, "castor_%s.log" % tag)
     total = warmup + steps
@@ -344,6 +345,8 @@ def run_castor(binary, backend, model_path, data_path, policy, batch, warmup, st
            "--lr", "1e-3", "--optimizer", "adam", "--metrics", metrics_path]
     if backend == "cpu":
         cmd += ["--threads", str(torch.get_num_threads())]  # as many as PyTorch uses
+    else:
+        cmd += ["--cuda-graphs", cuda_graphs]
     result = {"command": " ".join(cmd), "log": log_path}
     started = time.perf_counter()
     try:
@@ -705,6 +708,9 @@ def main():
     parser.add_argument("--time-budget", type=float, default=None,
                         help="seconds; runs that would start later are reported as not run "
                              "(default: %d with --quick, else none)" % QUICK_TIME_BUDGET_S)
+    parser.add_argument("--cuda-graphs", choices=["auto", "off"], default="auto",
+                        help="castor train --cuda-graphs: off runs every castor step node by "
+                             "node (the speed of steps that are not replayed)")
     parser.add_argument("--work-dir", default=None,
                         help="keep castor's metrics and logs here (default: a temporary folder)")
     parser.add_argument("--json", default=None, help="write the results to this file")
@@ -772,7 +778,8 @@ def main():
     version = castor_version(binary)
     meta = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "mode": mode + (", time budget %.0f s" % budget if budget else ""),
+        "mode": mode + (", time budget %.0f s" % budget if budget else "") + (
+            ", castor --cuda-graphs off" if args.cuda_graphs == "off" else ""),
         "device": device,
         "device_name": device_name,
         "castor": binary,
@@ -873,7 +880,7 @@ def main():
                                              else max(1.0, min(run_timeout, left)))
                                 r = run_castor(binary, backend, model_path, data_path, policy,
                                                batch, warmup, steps, timeout_s, work_dir,
-                                               "%s_%s" % (name, policy))
+                                               "%s_%s" % (name, policy), args.cuda_graphs)
                                 crashed = crashed or bool(r.get("crashed"))
                         else:
                             try:

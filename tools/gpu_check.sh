@@ -19,9 +19,10 @@
 #      conformance --backend cuda`; a failure other than a missing kernel is a
 #      problem);
 #   5. runs bench/gpu_train_vs_torch.py --quick (castor vs PyTorch training
-#      throughput; bounded to ~2.5 minutes);
-#   6. prints one summary block: tests per binary, conformance, the benchmark
-#      table, wall time.
+#      throughput; bounded to ~2.5 minutes), then cnn and resnet at batch 16
+#      with --cuda-graphs off (node-by-node steps; bounded to ~1 minute);
+#   6. prints one summary block: tests per binary, the slowest tests,
+#      conformance, the benchmark tables, wall time.
 # castor and the tests run with LD_LIBRARY_PATH = the bundle's lib/, the CUDA
 # toolkit's lib64 and every nvidia/*/lib of python3's site-packages (cuDNN,
 # cuBLAS, ... of the torch wheels). Python itself keeps its own environment
@@ -40,7 +41,8 @@
 # Benchmark rows that fail are listed in the summary (and bench.json).
 #
 # Tunables (environment): GPU_CHECK_TEST_BUDGET_S (200), GPU_CHECK_TEST_TIMEOUT_S
-# (200, per binary), GPU_CHECK_BENCH_BUDGET_S (140), GPU_CHECK_SKIP_BENCH=1,
+# (200, per binary), GPU_CHECK_BENCH_BUDGET_S (140),
+# GPU_CHECK_NODE_BENCH_BUDGET_S (60), GPU_CHECK_SKIP_BENCH=1 (both benchmarks),
 # GPU_CHECK_BENCH_ARGS (more arguments for the benchmark, split on spaces).
 set -uo pipefail
 
@@ -54,6 +56,7 @@ fi
 TEST_BUDGET_S="${GPU_CHECK_TEST_BUDGET_S:-200}"
 TEST_TIMEOUT_S="${GPU_CHECK_TEST_TIMEOUT_S:-200}"
 BENCH_BUDGET_S="${GPU_CHECK_BENCH_BUDGET_S:-140}"
+NODE_BENCH_BUDGET_S="${GPU_CHECK_NODE_BENCH_BUDGET_S:-60}"
 STARTED="$(date +%s)"
 
 say() { printf '%s\n' "$*"; }
@@ -215,7 +218,7 @@ EOF
     local t0
     t0="$(date +%s)"
     LD_LIBRARY_PATH="$CASTOR_LD" timeout -k 5 "$limit" "$test" --gtest_brief=1 \
-      --gtest_color=no >"$log" 2>&1
+      --gtest_color=no --gtest_output="json:$OUT_DIR/logs/$name.json" >"$log" 2>&1
     rc=$?
     T_SECONDS[$name]=$(($(date +%s) - t0))
     total="$(sed -n 's/^\[==========\] \([0-9][0-9]*\) tests\{0,1\} from .* ran\..*/\1/p' "$log" \
@@ -303,7 +306,7 @@ EOF
   fi
 
   # --- the benchmark ---------------------------------------------------------------------
-  local bench_rc="not run" bench_script
+  local bench_rc="not run" node_bench_rc="" bench_script
   say
   if [[ -n "${GPU_CHECK_SKIP_BENCH:-}" ]]; then
     say "== benchmark skipped (GPU_CHECK_SKIP_BENCH)"
@@ -326,6 +329,20 @@ EOF
       "${extra_args[@]}" 2>&1 | tee "$OUT_DIR/logs/bench.log"
     bench_rc="${PIPESTATUS[0]}"
     if [[ "$bench_rc" == 3 ]]; then
+      problems=1
+    fi
+    # Steps that are not replayed (the first two of a run, an epoch's
+    # smaller last batch, evaluation) run node by node: their speed, at a
+    # batch where the host-side cost of each kernel call shows.
+    say
+    say "== node-by-node steps (--cuda-graphs off, batch 16, time budget ${NODE_BENCH_BUDGET_S} s)"
+    timeout -k 10 "$((NODE_BENCH_BUDGET_S + 15))" python3 "$bench_script" \
+      --castor "$WORK/wrapper/castor" --models-dir "$BUNDLE/models" --models cnn,resnet \
+      --policies float32,mixed_float16 --batch 16 --warmup 2 --steps 5 --cuda-graphs off \
+      --time-budget "$NODE_BENCH_BUDGET_S" --json "$OUT_DIR/bench_node_by_node.json" \
+      --work-dir "$OUT_DIR/bench_node_by_node" 2>&1 | tee "$OUT_DIR/logs/bench_node_by_node.log"
+    node_bench_rc="${PIPESTATUS[0]}"
+    if [[ "$node_bench_rc" == 3 ]]; then
       problems=1
     fi
   fi
@@ -352,6 +369,24 @@ EOF
       say "  $name ${T_STATUS[$name]}: ${T_DETAIL[$name]}"
     fi
   done
+  # The slowest tests, from the binaries' gtest JSON reports.
+  python3 - "$OUT_DIR/logs" <<'EOF' 2>/dev/null
+import glob, json, os, sys
+times = []
+for path in glob.glob(os.path.join(sys.argv[1], "*.json")):
+    try:
+        report = json.load(open(path))
+    except ValueError:
+        continue  # a binary killed while writing its report
+    for suite in report.get("testsuites", []):
+        for test in suite.get("testsuite", []):
+            seconds = float(str(test.get("time", "0s")).rstrip("s") or 0)
+            times.append((seconds, "%s.%s" % (suite["name"], test["name"])))
+if times:
+    print("slowest tests:")
+    for seconds, name in sorted(times, reverse=True)[:6]:
+        print("  %7.1f s  %s" % (seconds, name))
+EOF
   say "conformance on cuda: $conformance"
   if [[ "$bench_rc" == "not run" ]]; then
     say "benchmark: not run"
@@ -367,6 +402,16 @@ EOF
   else
     say "  no table (see logs/bench.log)"
     tail -n 5 "$OUT_DIR/logs/bench.log" 2>/dev/null | sed 's/^/  /'
+  fi
+  if [[ -n "${node_bench_rc:-}" ]]; then
+    say "node-by-node steps (exit $node_bench_rc; bench_node_by_node.json):"
+    if grep -q '^castor vs PyTorch training throughput' "$OUT_DIR/logs/bench_node_by_node.log"
+    then
+      sed -n '/^castor vs PyTorch training throughput/,$p' \
+        "$OUT_DIR/logs/bench_node_by_node.log" | grep -v '^results: ' | sed 's/^/  /'
+    else
+      tail -n 5 "$OUT_DIR/logs/bench_node_by_node.log" 2>/dev/null | sed 's/^/  /'
+    fi
   fi
   say "wall time: $(elapsed) s; files under $OUT_DIR"
   if ((problems)); then
