@@ -381,6 +381,27 @@ TEST(CpuElementwiseTest, PowMixedTypes) {
             FloatToHalfBits(std::pow(HalfBitsToFloat(h.data<uint16_t>()[1]), 1.7f)));
 }
 
+// Exponents 2 and 1 are a multiply and a copy: the correctly rounded
+// square (pow may be an ulp off), and the special values pow gives.
+TEST(CpuElementwiseTest, PowSquareAndIdentityAreExact) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> bases = {1.1f, -3.7f, 1e-30f, 3e30f, -0.0f, -inf, 0.1f, 7.77f};
+  Tensor x = F32({8}, bases);
+  Tensor squared = RunOp("Pow", {x, F32({}, {2.0f})}, {}, 15);
+  Tensor same = RunOp("Pow", {x, I64({}, {1})}, {}, 15);
+  for (size_t i = 0; i < bases.size(); ++i) {
+    const float b = bases[i];
+    EXPECT_EQ(squared.data<float>()[i], b * b) << "base " << b;
+    EXPECT_EQ(same.data<float>()[i], b) << "base " << b;
+    EXPECT_EQ(std::signbit(same.data<float>()[i]), std::signbit(b)) << "base " << b;
+  }
+  EXPECT_EQ(squared.data<float>()[2], 0.0f);   // underflows to +0
+  EXPECT_EQ(squared.data<float>()[3], inf);    // overflows
+  EXPECT_EQ(squared.data<float>()[5], inf);    // (-inf)^2
+  Tensor nan = RunOp("Pow", {F32({1}, {std::nanf("")}), F32({}, {2.0f})}, {}, 15);
+  EXPECT_TRUE(std::isnan(nan.data<float>()[0]));
+}
+
 TEST(CpuElementwiseTest, EqualReturnsBoolOnEveryDtype) {
   Tensor y = RunOp("Equal", {F32({2, 3}, {1, 2, 3, 4, 5, 6}), F32({3}, {1, 5, 6})}, {}, 13);
   ASSERT_EQ(y.dtype(), DType::kBool);

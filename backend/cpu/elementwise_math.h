@@ -204,11 +204,17 @@ CASTOR_HOST_DEVICE inline V IntegerPow(V base, E exponent) {
 // Pow: base compute type V, exponent compute type E (may differ, opset 12+).
 // Float bases compute in V; integer bases with float exponents compute in
 // double and truncate (numpy: power in float64, then astype(base dtype)).
+// Exponents 2 and 1 (a decomposed LayerNorm's variance and its gradient)
+// are a multiply and a copy: exact, where pow() is allowed an ulp, and
+// about 20x faster.
 struct PowOp {
   template <typename V, typename E>
   CASTOR_HOST_DEVICE V operator()(V base, E exponent) const {
     if constexpr (std::is_floating_point_v<V>) {
-      return std::pow(base, static_cast<V>(exponent));
+      const V e = static_cast<V>(exponent);
+      if (e == V(2)) return base * base;
+      if (e == V(1)) return base;
+      return std::pow(base, e);
     } else if constexpr (kIsInt<E>) {
       return IntegerPow(base, exponent);
     } else {
