@@ -38,6 +38,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backend/cpu/batch_norm_loops.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/gemm.h"
@@ -771,29 +772,19 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
   const Float32In scale(scale_view);
   const double count = static_cast<double>(batch * inner);
   std::vector<double> mean(channels), inv_std(channels), d_scale(channels), d_bias(channels);
+  const int64_t stride = channels * inner;
   ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t c = lo; c < hi; ++c) {
-      LaneSums<1> sum;
-      for (int64_t n = 0; n < batch; ++n) {
-        const float* row = xf.data() + (n * channels + c) * inner;
-        sum.Add(inner, [&](int64_t i) { return std::array<double, 1>{row[i]}; });
-      }
-      const double m = count > 0 ? sum.Total(0) / count : 0.0;
-      LaneSums<3> sums;  // (x - mean)^2, dY, dY * (x - mean)
-      for (int64_t n = 0; n < batch; ++n) {
-        const float* row = xf.data() + (n * channels + c) * inner;
-        const float* drow = dyf.data() + (n * channels + c) * inner;
-        sums.Add(inner, [&](int64_t i) {
-          const double centred = row[i] - m;
-          const double d = drow[i];
-          return std::array<double, 3>{centred * centred, d, d * centred};
-        });
-      }
-      const double var = count > 0 ? sums.Total(0) / count : 0.0;
+      const float* x_first = xf.data() + c * inner;
+      const double m = count > 0 ? ChannelSum(x_first, batch, stride, inner) / count : 0.0;
+      // (x - mean)^2, dY, dY * (x - mean)
+      const std::array<double, 3> sums =
+          ChannelGradientSums(x_first, dyf.data() + c * inner, batch, stride, inner, m);
+      const double var = count > 0 ? sums[0] / count : 0.0;
       mean[c] = m;
       inv_std[c] = 1.0 / std::sqrt(var + epsilon);
-      d_bias[c] = sums.Total(1);
-      d_scale[c] = sums.Total(2) * inv_std[c];  // sum(dY * x_hat)
+      d_bias[c] = sums[1];
+      d_scale[c] = sums[2] * inv_std[c];  // sum(dY * x_hat)
     }
   });
   if (WantsOutput(ctx, 0)) {
@@ -808,13 +799,8 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
         const float is = static_cast<float>(inv_std[c]);
         const float mean_dy = static_cast<float>(d_bias[c] / count);
         const float mean_dy_xhat = static_cast<float>(d_scale[c] / count);
-        const float* xr = xf.data() + r * inner;
-        const float* dyr = dyf.data() + r * inner;
-        float* dxr = dx.data() + r * inner;
-        for (int64_t i = 0; i < inner; ++i) {
-          const float x_hat = (xr[i] - m) * is;
-          dxr[i] = a * (dyr[i] - mean_dy - x_hat * mean_dy_xhat);
-        }
+        BatchNormInputGradient(xf.data() + r * inner, dyf.data() + r * inner,
+                               dx.data() + r * inner, inner, a, m, is, mean_dy, mean_dy_xhat);
       }
     });
     dx.Finish();

@@ -12,7 +12,9 @@
 // LayerNormalization: statistics over the axes from `axis` on; Scale and B
 // broadcast to X; optional Mean and InvStdDev outputs in stash_type's dtype.
 // Statistics accumulate in float64; elementwise math is float32 (float64 for
-// float64 inputs); 16-bit results round once on store.
+// float64 inputs); 16-bit results round once on store. float32
+// BatchNormalization runs the vectorised loops of batch_norm_loops.h (the
+// same sums in the same order as the generic path).
 #include <array>
 #include <cmath>
 #include <type_traits>
@@ -20,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backend/cpu/batch_norm_loops.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/lane_sums.h"
@@ -116,30 +119,44 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
   if (training) {
     // Batch statistics per feature (two passes, float64).
     const double count = static_cast<double>(batch * inner);
-    ok = DispatchFloat(x.dtype, [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      const T* xp = x.as<T>();
+    if (x.dtype == DType::kFloat32) {
+      const float* xp = x.as<float>();
+      const int64_t stride = features * inner;
       ParallelFor(0, features, 1, [&](int64_t lo, int64_t hi) {
         for (int64_t f = lo; f < hi; ++f) {
-          LaneSums<1> sum;
-          for (int64_t n = 0; n < batch; ++n) {
-            const T* row = xp + (n * features + f) * inner;
-            sum.Add(inner, [&](int64_t i) { return std::array<double, 1>{LoadD(row[i])}; });
-          }
-          const double m = count > 0 ? sum.Total(0) / count : 0.0;
-          LaneSums<1> squares;
-          for (int64_t n = 0; n < batch; ++n) {
-            const T* row = xp + (n * features + f) * inner;
-            squares.Add(inner, [&](int64_t i) {
-              const double dv = LoadD(row[i]) - m;
-              return std::array<double, 1>{dv * dv};
-            });
-          }
+          const float* first = xp + f * inner;
+          const double m = count > 0 ? ChannelSum(first, batch, stride, inner) / count : 0.0;
           mean[f] = m;
-          var[f] = count > 0 ? squares.Total(0) / count : 0.0;
+          var[f] = count > 0 ? ChannelSquaredDeviations(first, batch, stride, inner, m) / count
+                             : 0.0;
         }
       });
-    });
+    } else {
+      ok = DispatchFloat(x.dtype, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        const T* xp = x.as<T>();
+        ParallelFor(0, features, 1, [&](int64_t lo, int64_t hi) {
+          for (int64_t f = lo; f < hi; ++f) {
+            LaneSums<1> sum;
+            for (int64_t n = 0; n < batch; ++n) {
+              const T* row = xp + (n * features + f) * inner;
+              sum.Add(inner, [&](int64_t i) { return std::array<double, 1>{LoadD(row[i])}; });
+            }
+            const double m = count > 0 ? sum.Total(0) / count : 0.0;
+            LaneSums<1> squares;
+            for (int64_t n = 0; n < batch; ++n) {
+              const T* row = xp + (n * features + f) * inner;
+              squares.Add(inner, [&](int64_t i) {
+                const double dv = LoadD(row[i]) - m;
+                return std::array<double, 1>{dv * dv};
+              });
+            }
+            mean[f] = m;
+            var[f] = count > 0 ? squares.Total(0) / count : 0.0;
+          }
+        });
+      });
+    }
   }
   // y = x * a + b per feature.
   std::vector<double> a(static_cast<size_t>(features)), b(static_cast<size_t>(features));
@@ -147,23 +164,35 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
     a[f] = scale[f] / std::sqrt(var[f] + static_cast<double>(epsilon));
     b[f] = shift[f] - mean[f] * a[f];
   }
-  ok = ok && DispatchFloat(x.dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    using V = std::conditional_t<std::is_same_v<T, double>, double, float>;
-    const T* xp = x.as<T>();
-    T* yp = (*y)->as<T>();
+  if (x.dtype == DType::kFloat32) {
+    const float* xp = x.as<float>();
+    float* yp = (*y)->as<float>();
     ParallelFor(0, batch * features, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t r = lo; r < hi; ++r) {
         const int64_t f = r % features;
-        const V av = static_cast<V>(a[f]), bv = static_cast<V>(b[f]);
-        const T* src = xp + r * inner;
-        T* dst = yp + r * inner;
-        for (int64_t i = 0; i < inner; ++i) {
-          StoreD(&dst[i], static_cast<V>(LoadD(src[i])) * av + bv);
-        }
+        ScaleShift(xp + r * inner, yp + r * inner, inner, static_cast<float>(a[f]),
+                   static_cast<float>(b[f]));
       }
     });
-  });
+  } else {
+    ok = ok && DispatchFloat(x.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      using V = std::conditional_t<std::is_same_v<T, double>, double, float>;
+      const T* xp = x.as<T>();
+      T* yp = (*y)->as<T>();
+      ParallelFor(0, batch * features, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t r = lo; r < hi; ++r) {
+          const int64_t f = r % features;
+          const V av = static_cast<V>(a[f]), bv = static_cast<V>(b[f]);
+          const T* src = xp + r * inner;
+          T* dst = yp + r * inner;
+          for (int64_t i = 0; i < inner; ++i) {
+            StoreD(&dst[i], static_cast<V>(LoadD(src[i])) * av + bv);
+          }
+        }
+      });
+    });
+  }
   if (!ok) return ctx.Unimplemented(absl::StrCat("dtype ", DTypeName(x.dtype)));
   if (!training) return absl::OkStatus();
 

@@ -4,13 +4,10 @@
 // gradient norm (and with it clipping) is the same from run to run; the
 // optimizer update is elementwise and runs on the backend's threads.
 //
-// The float32 loops are built for AVX-512, AVX2 and the baseline by GCC's
-// target_clones, which picks one when the program loads: the build has no
-// -march flags, and at the baseline's two float64 lanes Adam and the
-// unscale pass were a third of the MLP's training step. castor compiles
-// with -ffp-contract=off (no FMA in the AVX-512 clone either, so every
-// clone computes the same bits as the host Optimizer) and -fno-math-errno
-// (so sqrt vectorises).
+// The float32 loops are built for AVX-512, AVX2 and the baseline
+// (vector_clones.h): at the baseline's two float64 lanes Adam and the
+// unscale pass were a third of the MLP's training step. Every clone
+// computes the same bits as the host Optimizer.
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -18,15 +15,9 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/lane_sums.h"
 #include "backend/cpu/parallel.h"
+#include "backend/cpu/vector_clones.h"
 #include "graph/half.h"
 #include "graph/status.h"
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CASTOR_VECTOR_CLONES \
-  __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define CASTOR_VECTOR_CLONES
-#endif
 
 namespace castor {
 namespace {
