@@ -21,8 +21,10 @@
 // statistics. Scale and B broadcast to X as the CPU allows (any
 // unidirectional broadcast; the usual full-row case indexes directly).
 // LayerNormalizationGrad's dScale/dBias sum dY * x_hat and dY down the rows
-// (one thread per column over a chunk of rows, atomicAdd of the chunk sums
-// in float32), then round once into the scale's dtype.
+// in float32: one thread per column over a chunk of rows writes the chunk's
+// sums, then one thread per scale element adds its columns' chunk sums in
+// a fixed order (deterministic, like every sum of this file), and the
+// result is rounded once into the scale's dtype.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -792,15 +794,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// dScale += dY * x_hat and dBias += dY, summed down the rows of one column j
-// per thread over the chunk of rows blockIdx.y, then added at the column's
-// scale element (atomicAdd, float32, zeroed beforehand).
+// The sums of dY * x_hat (dScale) and dY (dBias) down the rows of one
+// column j per thread over the chunk of rows blockIdx.y, stored at
+// [chunk * inner + j] of chunk_scale and chunk_bias (either may be null).
 template <typename T>
-__global__ void LayerNormParamGradKernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                         const float* __restrict__ row_mean,
-                                         const float* __restrict__ row_inv_std,
-                                         ParamIndex scale_at, int64_t outer, int64_t inner,
-                                         int64_t rows_per_chunk, float* d_scale, float* d_bias) {
+__global__ void LayerNormParamChunkKernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                          const float* __restrict__ row_mean,
+                                          const float* __restrict__ row_inv_std, int64_t outer,
+                                          int64_t inner, int64_t rows_per_chunk,
+                                          float* chunk_scale, float* chunk_bias) {
   const int64_t row_begin = blockIdx.y * rows_per_chunk;
   const int64_t row_end = min(outer, row_begin + rows_per_chunk);
   CASTOR_GRID_STRIDE(j, inner) {
@@ -811,9 +813,32 @@ __global__ void LayerNormParamGradKernel(const T* __restrict__ dy, const T* __re
       ds += g * ((ToFloat(x[e]) - row_mean[r]) * row_inv_std[r]);
       db += g;
     }
-    const int64_t k = scale_at.Offset(j, j);
-    if (d_scale != nullptr) atomicAdd(d_scale + k, ds);
-    if (d_bias != nullptr) atomicAdd(d_bias + k, db);
+    const int64_t at = static_cast<int64_t>(blockIdx.y) * inner + j;
+    if (chunk_scale != nullptr) chunk_scale[at] = ds;
+    if (chunk_bias != nullptr) chunk_bias[at] = db;
+  }
+}
+
+// dScale[k] and dBias[k]: the chunk sums of the columns j whose scale
+// element is k, added chunk by chunk and column by column in order. With a
+// full-row scale column k is element k; a broadcast scale (rare) scans the
+// row for its columns.
+__global__ void LayerNormParamTotalKernel(const float* __restrict__ chunk_scale,
+                                          const float* __restrict__ chunk_bias,
+                                          ParamIndex scale_at, int64_t inner, int64_t chunks,
+                                          int64_t scale_size, float* d_scale, float* d_bias) {
+  CASTOR_GRID_STRIDE(k, scale_size) {
+    float ds = 0.0f, db = 0.0f;
+    for (int64_t j = scale_at.row_identity ? k : 0; j < inner; ++j) {
+      if (!scale_at.row_identity && scale_at.Offset(j, j) != k) continue;
+      for (int64_t c = 0; c < chunks; ++c) {
+        if (chunk_scale != nullptr) ds += chunk_scale[c * inner + j];
+        if (chunk_bias != nullptr) db += chunk_bias[c * inner + j];
+      }
+      if (scale_at.row_identity) break;
+    }
+    if (d_scale != nullptr) d_scale[k] = ds;
+    if (d_bias != nullptr) d_bias[k] = db;
   }
 }
 
@@ -850,12 +875,12 @@ absl::Status LayerNormGradKernelFor(KernelContext& ctx) {
     CASTOR_ASSIGN_OR_RETURN(d_bias, ctx.Output(2, scale_view.dtype, sd));
   }
   const bool param_grads = d_scale != nullptr || d_bias != nullptr;
-  // Parameter-gradient accumulators (zeroed) and the row statistics they
-  // need.
+  // The float32 parameter gradients (zero when there are no rows) and the
+  // row statistics they need.
   float* accumulators = nullptr;
   if (param_grads) {
     CASTOR_ASSIGN_OR_RETURN(accumulators, FloatScratch(ctx, 2 * scale_size));
-    if (accumulators != nullptr) {
+    if (accumulators != nullptr && (outer == 0 || inner == 0)) {
       CASTOR_CUDA_CALL(cudaMemsetAsync(accumulators, 0,
                                        static_cast<size_t>(2 * scale_size) * sizeof(float),
                                        Stream(ctx)));
@@ -879,16 +904,25 @@ absl::Status LayerNormGradKernelFor(KernelContext& ctx) {
         return CheckLaunch(ctx);
       }));
       if (!param_grads) return absl::OkStatus();
-      // Chunks of rows: enough of them to fill the GPU, each long enough to
-      // amortise its atomicAdds.
+      // Chunks of rows: enough of them to fill the GPU, and at most
+      // kMaxChunkSums chunk sums of each kind in scratch.
       constexpr int64_t kRowsPerChunk = 32;
       constexpr int64_t kMaxChunks = 1024;
-      const int64_t chunks =
-          std::clamp<int64_t>((outer + kRowsPerChunk - 1) / kRowsPerChunk, 1, kMaxChunks);
+      constexpr int64_t kMaxChunkSums = int64_t{1} << 22;
+      const int64_t chunks = std::clamp<int64_t>(
+          (outer + kRowsPerChunk - 1) / kRowsPerChunk, 1,
+          std::clamp<int64_t>(kMaxChunkSums / inner, 1, kMaxChunks));
       const int64_t rows_per_chunk = (outer + chunks - 1) / chunks;
+      CASTOR_ASSIGN_OR_RETURN(float* chunk_sums, FloatScratch(ctx, 2 * chunks * inner));
+      float* chunk_scale = d_scale != nullptr ? chunk_sums : nullptr;
+      float* chunk_bias = d_bias != nullptr ? chunk_sums + chunks * inner : nullptr;
       const dim3 grid(Blocks(inner), static_cast<unsigned>(chunks));
-      LayerNormParamGradKernel<T><<<grid, kThreads, 0, Stream(ctx)>>>(
-          dy.as<T>(), x.as<T>(), row_mean, row_inv_std, scale_at, outer, inner, rows_per_chunk,
+      LayerNormParamChunkKernel<T><<<grid, kThreads, 0, Stream(ctx)>>>(
+          dy.as<T>(), x.as<T>(), row_mean, row_inv_std, outer, inner, rows_per_chunk,
+          chunk_scale, chunk_bias);
+      CASTOR_RETURN_IF_ERROR(CheckLaunch(ctx));
+      LayerNormParamTotalKernel<<<Blocks(scale_size), kThreads, 0, Stream(ctx)>>>(
+          chunk_scale, chunk_bias, scale_at, inner, chunks, scale_size,
           d_scale != nullptr ? accumulators : nullptr,
           d_bias != nullptr ? accumulators + scale_size : nullptr);
       return CheckLaunch(ctx);
