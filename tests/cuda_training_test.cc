@@ -186,12 +186,11 @@ TEST(CudaTrainerTest, RepeatedStepsAllocateNoDeviceMemory) {
 
 // Two runs of the same steps give the same bits: cuDNN's deterministic
 // algorithms are preferred (backend/cuda/conv.cu) and these models' other
-// kernels add in a fixed order. (LayerNormalizationGrad's dScale/dBias
-// still add with atomics, so the transformer is left out; so do MaxPoolGrad
-// over overlapping windows and GatherGrad, which no sample model has.)
+// kernels add in a fixed order. (MaxPoolGrad over overlapping windows and
+// GatherGrad still add with atomics; no sample model has them.)
 TEST(CudaTrainerTest, RepeatedRunsGiveTheSameBits) {
   CASTOR_REQUIRE_CUDA();
-  for (const char* model : {"cnn_opset17", "resnet_opset17"}) {
+  for (const char* model : {"cnn_opset17", "resnet_opset17", "transformer_opset17"}) {
     for (const char* policy : {"float32", "mixed_float16"}) {
       SCOPED_TRACE(std::string(model) + " " + policy);
       TrainerOptions options;
@@ -219,14 +218,48 @@ TEST(CudaTrainerTest, RepeatedRunsGiveTheSameBits) {
   }
 }
 
+// A backend that allows TF32 (castor train --tf32) trains float32 models
+// close to exact float32 (TF32 products keep 10 mantissa bits) but not
+// bit-identically: its tensor-core paths (cuBLAS's TF32 compute, cuDNN's
+// tensor-op math and FFT/Winograd algorithms) run.
+TEST(CudaTrainerTest, Tf32StepsStayCloseToFloat32) {
+  CASTOR_REQUIRE_CUDA();
+  CudaBackendOptions tf32_options;
+  tf32_options.allow_tf32 = true;
+  absl::StatusOr<std::unique_ptr<Backend>> tf32 = CreateCudaBackend(tf32_options);
+  ASSERT_TRUE(tf32.ok()) << tf32.status();
+  for (const char* model : {"mlp_opset17", "resnet_opset17"}) {
+    SCOPED_TRACE(model);
+    TrainerOptions options;
+    options.optimizer.kind = OptimizerKind::kSgd;
+    options.optimizer.momentum = 0.9;
+    options.lr.base_lr = 0.05;
+    std::unique_ptr<Trainer> exact = MakeTrainer(model, "float32", Gpu(), options);
+    std::unique_ptr<Trainer> fast = MakeTrainer(model, "float32", **tf32, options);
+    ASSERT_TRUE(exact && fast);
+    bool outputs_differ = false;
+    for (int step = 0; step < 5; ++step) {
+      auto [images, labels] = Batch(step, 64);
+      absl::StatusOr<StepResult> a = exact->Step({{"input", images}}, labels);
+      absl::StatusOr<StepResult> b = fast->Step({{"input", images}}, labels);
+      ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " / " << b.status();
+      EXPECT_NEAR(b->loss, a->loss, 1e-2 * std::fabs(a->loss)) << "step " << step;
+      ASSERT_EQ(a->output.byte_size(), b->output.byte_size());
+      outputs_differ |=
+          std::memcmp(a->output.raw(), b->output.raw(), a->output.byte_size()) != 0;
+    }
+    EXPECT_TRUE(outputs_differ) << "TF32 gave exact float32's bits in every step";
+  }
+}
+
 // The same steps replayed as a CUDA graph and node by node (replay off).
 // The first step with a batch shape runs node by node, the second is
 // recorded and replayed, later ones replay; a smaller batch in between runs
 // node by node and replay resumes after it. The kernels are the same either
-// way; only kernels that add with atomics (the transformer's
-// LayerNormalizationGrad) may sum in another order (float32: 1e-5; 16-bit
-// compute: a rounding may land on the other side of a 16-bit boundary,
-// 5e-3).
+// way and add in a fixed order, so the two should agree bit for bit; the
+// tolerances (float32: 1e-5; 16-bit compute: 5e-3, a rounding on the other
+// side of a 16-bit boundary) leave room for kernels that add with atomics
+// (MaxPoolGrad over overlapping windows, GatherGrad).
 class CudaReplayTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CudaReplayTest, ReplayedStepsMatchNodeByNodeSteps) {

@@ -142,6 +142,21 @@ TEST_F(TrainCommandTest, CudaGraphsCanBeTurnedOffAndTakeOnlyAutoOrOff) {
   EXPECT_THAT(bad.err, HasSubstr("--cuda-graphs"));
 }
 
+// --tf32 is a CUDA setting: an error with --backend cpu, a note when auto
+// chooses the CPU, and on the summary's backend line on CUDA.
+TEST_F(TrainCommandTest, Tf32IsACudaSetting) {
+  const Result cpu = Train({"--max-steps", "1", "--tf32", "--backend", "cpu"});
+  EXPECT_EQ(cpu.code, 2);
+  EXPECT_THAT(cpu.err, HasSubstr("--tf32 applies to the CUDA backend only; --backend is cpu"));
+  const Result chosen = Train({"--max-steps", "1", "--tf32"});
+  ASSERT_EQ(chosen.code, 0) << chosen.err;
+  if (chosen.out.find("backend         cpu") != std::string::npos) {
+    EXPECT_THAT(chosen.err, HasSubstr("--tf32 has no effect on the CPU"));
+  } else {
+    EXPECT_THAT(chosen.out, HasSubstr(", TF32 for float32 MatMul/Gemm/Conv (--tf32)"));
+  }
+}
+
 std::string Slurp(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream buffer;

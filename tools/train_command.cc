@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cuda_backend.h"
 #include "graph/json.h"
 #include "graph/onnx_io.h"
@@ -66,6 +67,7 @@ struct TrainOptions {
   std::string backend = "auto";
   std::string loss_scaling = "auto";
   std::string cuda_graphs = "auto";
+  bool tf32 = false;
   int64_t threads = 0;
   std::string checkpoint_dir;
   int64_t save_every = 0;
@@ -385,6 +387,11 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
                "CUDA graph (an epoch's smaller last batch runs node by node); off: every step "
                "node by node",
                &o.cuda_graphs)
+      .AddSwitch("tf32",
+                 "on CUDA, float32 MatMul/Gemm/Conv on TF32 tensor cores (products of "
+                 "10-bit mantissas, faster) and cuDNN's FFT/Winograd float32 convolutions; "
+                 "default: float32 means float32",
+                 &o.tf32)
       .AddInt("threads", "N", "CPU threads (0: all)", &o.threads)
       .AddExample(
           "castor train models/cnn_opset17.onnx --data fashion-mnist --policy "
@@ -409,6 +416,9 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   }
   if (o.allow_policy_change && o.resume.empty()) {
     return fail(kExitBadInput, "--allow-policy-change only applies with --resume");
+  }
+  if (o.tf32 && o.backend == "cpu") {
+    return fail(kExitBadInput, "--tf32 applies to the CUDA backend only; --backend is cpu");
   }
 
   // Where the run starts.
@@ -520,11 +530,16 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     }
   }
 
-  absl::StatusOr<ChosenBackend> chosen = ChooseTrainingBackend(
-      o.backend, static_cast<int>(o.threads), {&*model, graph->evaluation.get()});
+  CudaBackendOptions cuda_options;
+  cuda_options.allow_tf32 = o.tf32;
+  absl::StatusOr<ChosenBackend> chosen =
+      ChooseTrainingBackend(o.backend, static_cast<int>(o.threads),
+                            {&*model, graph->evaluation.get()}, cuda_options);
   if (!chosen.ok()) return fail(kExitBadInput, std::string(chosen.status().message()));
   if (!chosen->note.empty()) err << "castor train: " << chosen->note << "\n";
   Backend& backend = *chosen->backend;
+  const bool on_cpu = dynamic_cast<CpuBackend*>(&backend) != nullptr;
+  if (o.tf32 && on_cpu) err << "castor train: --tf32 has no effect on the CPU\n";
   absl::StatusOr<std::unique_ptr<Trainer>> created =
       Trainer::Create(*std::move(model), *graph, trainer_options, backend);
   if (!created.ok()) return fail(kExitBadInput, std::string(created.status().message()));
@@ -759,7 +774,8 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
       << absl::StrFormat("  steps           %d, %d skipped\n", trainer.steps(),
                          trainer.scaler().skipped_steps())
       << absl::StrFormat("  loss scale      %g (final)\n", trainer.scaler().scale())
-      << absl::StrFormat("  backend         %s\n", DescribeBackend(backend))
+      << absl::StrFormat("  backend         %s%s\n", DescribeBackend(backend),
+                         o.tf32 && !on_cpu ? ", TF32 for float32 MatMul/Gemm/Conv (--tf32)" : "")
       << absl::StrFormat(
              "  graph replay    %s\n",
              o.cuda_graphs == "off" ? std::string("off (--cuda-graphs off)")

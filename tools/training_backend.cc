@@ -41,7 +41,8 @@ absl::Status CudaCanRun(const std::vector<const Model*>& graphs) {
 }  // namespace
 
 absl::StatusOr<ChosenBackend> ChooseTrainingBackend(const std::string& flag, int cpu_threads,
-                                                    const std::vector<const Model*>& graphs) {
+                                                    const std::vector<const Model*>& graphs,
+                                                    const CudaBackendOptions& cuda_options) {
   ChosenBackend chosen;
   auto cpu = [&](std::string note) {
     chosen.backend = std::make_unique<CpuBackend>(CpuBackendOptions{cpu_threads});
@@ -58,7 +59,8 @@ absl::StatusOr<ChosenBackend> ChooseTrainingBackend(const std::string& flag, int
   absl::Status usable = probe.usable ? CudaCanRun(graphs)
                                      : absl::FailedPreconditionError(DescribeCudaProbe(probe));
   absl::StatusOr<std::unique_ptr<Backend>> created =
-      usable.ok() ? CreateCudaBackend() : absl::StatusOr<std::unique_ptr<Backend>>(usable);
+      usable.ok() ? CreateCudaBackend(cuda_options)
+                  : absl::StatusOr<std::unique_ptr<Backend>>(usable);
   if (!created.ok()) {
     if (required) {
       return absl::FailedPreconditionError(

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "backend/backend.h"
+#include "backend/cuda_backend.h"
 #include "graph/graph.h"
 
 namespace castor::tools {
@@ -20,13 +21,14 @@ struct ChosenBackend {
   std::string note;
 };
 
-// `flag` is "cpu", "cuda" or "auto"; `cpu_threads` as CpuBackendOptions;
-// `graphs` the models that will run, converted under the policy (every
-// node needs a kernel for its dtypes). With "cuda", a missing or too old
+// `flag` is "cpu", "cuda" or "auto"; `cpu_threads` as CpuBackendOptions,
+// `cuda_options` for a CUDA backend; `graphs` the models that will run,
+// converted under the policy (every node needs a kernel for its dtypes). With "cuda", a missing or too old
 // GPU (compute capability below 8.0) or nodes without a CUDA kernel (the
 // first ones listed) are a FailedPrecondition error saying so.
 absl::StatusOr<ChosenBackend> ChooseTrainingBackend(const std::string& flag, int cpu_threads,
-                                                    const std::vector<const Model*>& graphs);
+                                                    const std::vector<const Model*>& graphs,
+                                                    const CudaBackendOptions& cuda_options = {});
 
 // "cuda:0 (NVIDIA H200, compute capability 9.0)" or "cpu (2 threads)".
 std::string DescribeBackend(const Backend& backend);
