@@ -7,7 +7,8 @@ synthetic data, on the same GPU, in the same run, under three precisions:
 
   policy          castor                          PyTorch
   float32         --policy float32                float32; TF32 off for matmul and cuDNN
-                                                  (castor's float32 is true float32)
+                                                  (castor's float32 is true float32);
+                                                  with --tf32 TF32 on for both
   mixed_float16   --policy mixed_float16          torch.autocast(float16) + GradScaler
                   (dynamic loss scaling)
   mixed_bfloat16  --policy mixed_bfloat16         torch.autocast(bfloat16), no scaler
@@ -27,13 +28,14 @@ cells of that model read "n/a: export failed: <reason>".
 castor: `castor train MODEL --backend cuda --policy P --data DATA.npz --batch B
 --max-steps W+S --epochs E --no-shuffle --lr 1e-3 --optimizer adam --metrics
 M.jsonl --cuda-graphs auto` (off with this script's --cuda-graphs off:
-every step node by node), where DATA.npz holds `x` (float32 images) and `y`
-(int64 labels; no test split, so castor does not evaluate). samples/s is
-the median of the per-step lines after the W warm-up steps (skipped steps
-left out), the steady state torch's timing also measures; the summary line
-of the metrics file ({"summary": true, ..., "samples_per_s": ...,
-"peak_device_memory_bytes": ...}) gives peak memory and stands in for
-samples/s when no step line is left. The JSON keeps both numbers.
+every step node by node; --tf32 with this script's --tf32), where DATA.npz
+holds `x` (float32 images) and `y` (int64 labels; no test split, so castor
+does not evaluate). samples/s is the median of the per-step lines after the
+W warm-up steps (skipped steps left out), the steady state torch's timing
+also measures; the summary line of the metrics file ({"summary": true, ...,
+"samples_per_s": ..., "peak_device_memory_bytes": ...}) gives peak memory
+and stands in for samples/s when no step line is left. The JSON keeps both
+numbers.
 
 PyTorch: model.train() (BatchNorm on batch statistics, as castor trains it),
 one step = zero_grad, forward + cross-entropy (inside autocast for the mixed
@@ -335,7 +337,7 @@ def read_metrics(path):
 
 
 def run_castor(binary, backend, model_path, data_path, policy, batch, warmup, steps,
-               timeout_s, work_dir, tag, cuda_graphs="auto"):
+               timeout_s, work_dir, tag, cuda_graphs="auto", tf32=False):
     metrics_path = os.path.join(work_dir, "castor_%s.jsonl" % tag)
     log_path = os.path.join(work_dir, "castor_%s.log" % tag)
     total = warmup + steps
@@ -346,7 +348,7 @@ def run_castor(binary, backend, model_path, data_path, policy, batch, warmup, st
     if backend == "cpu":
         cmd += ["--threads", str(torch.get_num_threads())]  # as many as PyTorch uses
     else:
-        cmd += ["--cuda-graphs", cuda_graphs]
+        cmd += ["--cuda-graphs", cuda_graphs] + (["--tf32"] if tf32 else [])
     result = {"command": " ".join(cmd), "log": log_path}
     started = time.perf_counter()
     try:
@@ -711,6 +713,9 @@ def main():
     parser.add_argument("--cuda-graphs", choices=["auto", "off"], default="auto",
                         help="castor train --cuda-graphs: off runs every castor step node by "
                              "node (the speed of steps that are not replayed)")
+    parser.add_argument("--tf32", action="store_true",
+                        help="float32 on TF32 tensor cores on both sides (castor train --tf32; "
+                             "torch's matmul and cuDNN allow_tf32); default: off on both")
     parser.add_argument("--work-dir", default=None,
                         help="keep castor's metrics and logs here (default: a temporary folder)")
     parser.add_argument("--json", default=None, help="write the results to this file")
@@ -766,12 +771,12 @@ def main():
         QUICK_TIME_BUDGET_S if args.quick else None)
 
     if device == "cuda":
-        # castor's float32 is true float32 (CudaBackendOptions::allow_tf32 is off).
+        # Both sides alike: castor's float32 is true float32 unless --tf32.
         for backend_flags in (torch.backends.cuda.matmul, torch.backends.cudnn):
             try:
-                backend_flags.allow_tf32 = False
+                backend_flags.allow_tf32 = args.tf32
             except (AttributeError, RuntimeError) as e:
-                print("warning: cannot turn TF32 off in %s: %s" % (backend_flags, e))
+                print("warning: cannot set allow_tf32 in %s: %s" % (backend_flags, e))
         device_name = torch.cuda.get_device_name(0)
     else:
         device_name = "CPU (%d threads)" % torch.get_num_threads()
@@ -779,7 +784,8 @@ def main():
     meta = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "mode": mode + (", time budget %.0f s" % budget if budget else "") + (
-            ", castor --cuda-graphs off" if args.cuda_graphs == "off" else ""),
+            ", castor --cuda-graphs off" if args.cuda_graphs == "off" else "") + (
+            ", TF32 on both sides" if args.tf32 else ""),
         "device": device,
         "device_name": device_name,
         "castor": binary,
@@ -787,7 +793,7 @@ def main():
         "torch": torch.__version__,
         "torch_cuda": getattr(torch.version, "cuda", None),
         "cudnn": torch.backends.cudnn.version() if device == "cuda" else None,
-        "tf32": False,
+        "tf32": args.tf32,
         "model_definitions": gen_path,
         "optimizer": "adam lr 1e-3",
         "policies": policies,
@@ -880,7 +886,8 @@ def main():
                                              else max(1.0, min(run_timeout, left)))
                                 r = run_castor(binary, backend, model_path, data_path, policy,
                                                batch, warmup, steps, timeout_s, work_dir,
-                                               "%s_%s" % (name, policy), args.cuda_graphs)
+                                               "%s_%s" % (name, policy), args.cuda_graphs,
+                                               args.tf32)
                                 crashed = crashed or bool(r.get("crashed"))
                         else:
                             try:
