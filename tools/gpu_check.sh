@@ -13,7 +13,7 @@
 #      into a temporary dir;
 #   2. prints nvidia-smi's name/driver/memory line and `castor --version`;
 #   3. runs every bundled cuda_*_test binary (--gtest_brief=1, each under
-#      `timeout`; 76 s in all on an H200, 2026-12-04) and counts
+#      `timeout`; 13-16 s in all on an H200, 2026-12-04) and counts
 #      passed/failed/skipped;
 #   4. runs the bundled ONNX node conformance cases on CUDA (`castor
 #      conformance --backend cuda`; a failure other than a missing kernel is a
