@@ -156,6 +156,13 @@ TEST(CudaElementwise, PowTakesFloatAndIntegerExponents) {
   SingleNode large("Pow", {Sample(DType::kFloat32, {300, 400}, 4, 0.1, 3.0), F32({}, {0.5f})},
                    {}, 15);
   ExpectCudaMatchesCpu(large, "Pow 120k elements");
+  // Exponents 2 and 1 are a multiply and a copy on both backends: the same
+  // bits, not just within tolerance.
+  for (float e : {2.0f, 1.0f}) {
+    SingleNode exact("Pow", {Sample(DType::kFloat32, {64, 33}, 5, -3.0, 3.0), F32({}, {e})}, {},
+                     15);
+    ExpectCudaMatchesCpu(exact, absl::StrCat("Pow by ", e), Tolerance{0, 0});
+  }
 }
 
 TEST(CudaElementwise, EqualGivesBool) {

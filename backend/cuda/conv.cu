@@ -18,11 +18,11 @@
 // algorithm is the first of cuDNN's heuristics (cudnnGet*Algorithm_v7)
 // whose workspace can be allocated and that runs, deterministic ones first
 // and, for float32 without TF32, exact ones before FFT and Winograd; the
-// backend remembers it per shape (see RunConvolution). The bias is broadcast into Y first and the
-// convolution adds onto it (beta = 1), so a 16-bit Y is rounded once, from
-// conv + bias in float32, as on the CPU. ConvGrad's dB is a per-channel
-// float32 block reduction of dY. ConvGrad computes only the outputs its
-// node has.
+// backend remembers it per shape (see RunConvolution). The bias is
+// broadcast into Y first and the convolution adds onto it (beta = 1), so a
+// 16-bit Y is rounded once, from conv + bias in float32, as on the CPU.
+// ConvGrad's dB is a per-channel float32 block reduction of dY. ConvGrad
+// computes only the outputs its node has.
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -345,19 +345,23 @@ enum class ConvDirection : int64_t { kForward = 0, kBackwardData = 1, kBackwardF
 // go by determinism alone.
 //
 // The backend remembers the algorithm that ran (CudaBackend::
-// conv_algorithms); later calls for the shape run it directly, and search
-// again only when it fails (its workspace cannot be allocated, say).
+// conv_algorithms, keyed by the descriptors, the direction and `beta`);
+// later calls for the shape run it directly, and search again only when it
+// fails. A search remembers its choice only when no better-ranked
+// candidate was passed over for want of workspace memory, so a moment of
+// memory pressure does not pin a lesser algorithm for the rest of the run.
 template <typename Perf, typename Heuristics, typename WorkspaceSize, typename Run>
 absl::Status RunConvolution(KernelContext& ctx, const ConvDescriptors& d, ConvDirection direction,
-                            const char* what, Heuristics&& heuristics,
+                            float beta, const char* what, Heuristics&& heuristics,
                             WorkspaceSize&& workspace_size, Run&& run) {
   using Algo = decltype(Perf::algo);
   std::vector<int64_t> key = d.key;
-  key.insert(key.begin(), static_cast<int64_t>(direction));
+  key.insert(key.begin(), {static_cast<int64_t>(direction), beta == 0.0f ? 0 : 1});
   auto& remembered = Cuda(ctx).conv_algorithms();
 
   // Runs `algo` with `math`; bytes < 0 asks cuDNN for the workspace size.
   std::string last_failure = "cuDNN's heuristics returned no usable algorithm";
+  bool short_of_memory = false;  // a candidate's workspace could not be allocated
   auto attempt = [&](Algo algo, cudnnMathType_t math, int64_t bytes) -> absl::StatusOr<bool> {
     CASTOR_CUDNN_CALL(cudnnSetConvolutionMathType(d.conv.get(), math));
     size_t workspace_bytes = static_cast<size_t>(std::max<int64_t>(bytes, 0));
@@ -373,6 +377,7 @@ absl::Status RunConvolution(KernelContext& ctx, const ConvDescriptors& d, ConvDi
       absl::StatusOr<void*> scratch = ctx.Scratch(workspace_bytes);
       if (!scratch.ok()) {
         last_failure = std::string(scratch.status().message());
+        short_of_memory = true;
         return false;
       }
       workspace = *scratch;
@@ -382,7 +387,7 @@ absl::Status RunConvolution(KernelContext& ctx, const ConvDescriptors& d, ConvDi
       last_failure = std::string(CudnnStatus(code, what).message());
       return false;
     }
-    remembered[key] = {static_cast<int>(algo), math, workspace_bytes};
+    if (!short_of_memory) remembered[key] = {static_cast<int>(algo), math, workspace_bytes};
     return true;
   };
 
@@ -393,6 +398,7 @@ absl::Status RunConvolution(KernelContext& ctx, const ConvDescriptors& d, ConvDi
                                     static_cast<int64_t>(known.workspace_bytes)));
     if (ran) return absl::OkStatus();
     remembered.erase(key);
+    short_of_memory = false;  // the search below starts from cuDNN's ranking again
   }
 
   CASTOR_CUDNN_CALL(cudnnSetConvolutionMathType(d.conv.get(), d.math));
@@ -437,7 +443,7 @@ absl::Status RunForward(KernelContext& ctx, const ConvDescriptors& d, const void
   const cudnnHandle_t handle = Cuda(ctx).cudnn();
   const float one = 1.0f;
   return RunConvolution<cudnnConvolutionFwdAlgoPerf_t>(
-      ctx, d, ConvDirection::kForward, "forward pass",
+      ctx, d, ConvDirection::kForward, beta, "forward pass",
       [&](std::vector<cudnnConvolutionFwdAlgoPerf_t>& perfs) {
         return Rank(
             perfs,
@@ -464,7 +470,7 @@ absl::Status RunBackwardData(KernelContext& ctx, const ConvDescriptors& d, const
   const cudnnHandle_t handle = Cuda(ctx).cudnn();
   const float one = 1.0f, zero = 0.0f;
   return RunConvolution<cudnnConvolutionBwdDataAlgoPerf_t>(
-      ctx, d, ConvDirection::kBackwardData, "input gradient",
+      ctx, d, ConvDirection::kBackwardData, zero, "input gradient",
       [&](std::vector<cudnnConvolutionBwdDataAlgoPerf_t>& perfs) {
         return Rank(
             perfs,
@@ -492,7 +498,7 @@ absl::Status RunBackwardFilter(KernelContext& ctx, const ConvDescriptors& d, con
   const cudnnHandle_t handle = Cuda(ctx).cudnn();
   const float one = 1.0f, zero = 0.0f;
   return RunConvolution<cudnnConvolutionBwdFilterAlgoPerf_t>(
-      ctx, d, ConvDirection::kBackwardFilter, "weight gradient",
+      ctx, d, ConvDirection::kBackwardFilter, zero, "weight gradient",
       [&](std::vector<cudnnConvolutionBwdFilterAlgoPerf_t>& perfs) {
         return Rank(
             perfs,

@@ -113,8 +113,8 @@ class CudaBackend : public Backend {
   const DeviceMemoryStats& memory_stats() const { return pool_.stats(); }
 
   // The cuDNN algorithm that ran each convolution shape this backend has
-  // seen (key: direction, dtype, dims, pads, strides, dilations, group, math;
-  // backend/cuda/conv.cu builds it). cuDNN 9's heuristic and workspace
+  // seen (key: direction, beta, dtype, rank, group, FMA-only math, dims,
+  // pads, strides, dilations; backend/cuda/conv.cu builds it). cuDNN 9's heuristic and workspace
   // queries build execution plans on every call, so conv.cu asks them once
   // per shape and then runs the remembered choice.
   struct ConvAlgorithm {

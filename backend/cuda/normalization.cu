@@ -913,9 +913,11 @@ absl::Status LayerNormGradKernelFor(KernelContext& ctx) {
           (outer + kRowsPerChunk - 1) / kRowsPerChunk, 1,
           std::clamp<int64_t>(kMaxChunkSums / inner, 1, kMaxChunks));
       const int64_t rows_per_chunk = (outer + chunks - 1) / chunks;
-      CASTOR_ASSIGN_OR_RETURN(float* chunk_sums, FloatScratch(ctx, 2 * chunks * inner));
+      const int64_t wanted = (d_scale != nullptr) + (d_bias != nullptr);
+      CASTOR_ASSIGN_OR_RETURN(float* chunk_sums, FloatScratch(ctx, wanted * chunks * inner));
       float* chunk_scale = d_scale != nullptr ? chunk_sums : nullptr;
-      float* chunk_bias = d_bias != nullptr ? chunk_sums + chunks * inner : nullptr;
+      float* chunk_bias =
+          d_bias != nullptr ? chunk_sums + (d_scale != nullptr ? chunks * inner : 0) : nullptr;
       const dim3 grid(Blocks(inner), static_cast<unsigned>(chunks));
       LayerNormParamChunkKernel<T><<<grid, kThreads, 0, Stream(ctx)>>>(
           dy.as<T>(), x.as<T>(), row_mean, row_inv_std, outer, inner, rows_per_chunk,
