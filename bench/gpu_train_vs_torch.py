@@ -785,7 +785,7 @@ def main():
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "mode": mode + (", time budget %.0f s" % budget if budget else "") + (
             ", castor --cuda-graphs off" if args.cuda_graphs == "off" else "") + (
-            ", TF32 on both sides" if args.tf32 else ""),
+            ", TF32 on both sides" if args.tf32 and device == "cuda" else ""),
         "device": device,
         "device_name": device_name,
         "castor": binary,
@@ -793,7 +793,7 @@ def main():
         "torch": torch.__version__,
         "torch_cuda": getattr(torch.version, "cuda", None),
         "cudnn": torch.backends.cudnn.version() if device == "cuda" else None,
-        "tf32": args.tf32,
+        "tf32": args.tf32 and device == "cuda",
         "model_definitions": gen_path,
         "optimizer": "adam lr 1e-3",
         "policies": policies,

@@ -94,6 +94,8 @@ TEST_F(TrainCommandTest, TrainsEvaluatesAndWritesMetrics) {
       ++summaries;
       EXPECT_EQ(steps, 6) << "the summary is the last line";
       EXPECT_EQ(json->Find("backend")->as_string(), "cpu");
+      ASSERT_NE(json->Find("tf32"), nullptr);
+      EXPECT_FALSE(json->Find("tf32")->as_bool());
       EXPECT_EQ(json->Find("policy")->as_string(), "mixed_float16");
       EXPECT_EQ(json->Find("steps")->as_int(), 6);
       EXPECT_EQ(json->Find("skipped")->as_int(), 0);

@@ -748,10 +748,11 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   absl::StatusOr<DeviceMemoryStats> device_memory = CudaMemoryStats(backend);
   if (metrics.is_open()) {
     metrics << absl::StrFormat(
-        "{\"summary\":true,\"backend\":%s,\"policy\":%s,\"steps\":%d,\"skipped\":%d,"
-        "\"step_time_ms\":%.3f,\"samples_per_s\":%.1f,\"steps_run\":%d,\"replayed_steps\":%d,"
+        "{\"summary\":true,\"backend\":%s,\"tf32\":%s,\"policy\":%s,\"steps\":%d,"
+        "\"skipped\":%d,\"step_time_ms\":%.3f,\"samples_per_s\":%.1f,\"steps_run\":%d,\"replayed_steps\":%d,"
         "\"peak_activation_bytes\":%d%s}\n",
-        Json::String(backend.name()).Dump(), Json::String(policy.name()).Dump(), trainer.steps(),
+        Json::String(backend.name()).Dump(), o.tf32 && !on_cpu ? "true" : "false",
+        Json::String(policy.name()).Dump(), trainer.steps(),
         trainer.scaler().skipped_steps(), mean_step_ms, samples_per_s, steps_run,
         trainer.replayed_steps(),
         trainer.peak_activation_bytes(),

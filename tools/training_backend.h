@@ -23,9 +23,10 @@ struct ChosenBackend {
 
 // `flag` is "cpu", "cuda" or "auto"; `cpu_threads` as CpuBackendOptions,
 // `cuda_options` for a CUDA backend; `graphs` the models that will run,
-// converted under the policy (every node needs a kernel for its dtypes). With "cuda", a missing or too old
-// GPU (compute capability below 8.0) or nodes without a CUDA kernel (the
-// first ones listed) are a FailedPrecondition error saying so.
+// converted under the policy (every node needs a kernel for its dtypes).
+// With "cuda", a missing or too old GPU (compute capability below 8.0) or
+// nodes without a CUDA kernel (the first ones listed) are a
+// FailedPrecondition error saying so.
 absl::StatusOr<ChosenBackend> ChooseTrainingBackend(const std::string& flag, int cpu_threads,
                                                     const std::vector<const Model*>& graphs,
                                                     const CudaBackendOptions& cuda_options = {});
