@@ -749,8 +749,8 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   if (metrics.is_open()) {
     metrics << absl::StrFormat(
         "{\"summary\":true,\"backend\":%s,\"tf32\":%s,\"policy\":%s,\"steps\":%d,"
-        "\"skipped\":%d,\"step_time_ms\":%.3f,\"samples_per_s\":%.1f,\"steps_run\":%d,\"replayed_steps\":%d,"
-        "\"peak_activation_bytes\":%d%s}\n",
+        "\"skipped\":%d,\"step_time_ms\":%.3f,\"samples_per_s\":%.1f,\"steps_run\":%d,"
+        "\"replayed_steps\":%d,\"peak_activation_bytes\":%d%s}\n",
         Json::String(backend.name()).Dump(), o.tf32 && !on_cpu ? "true" : "false",
         Json::String(policy.name()).Dump(), trainer.steps(),
         trainer.scaler().skipped_steps(), mean_step_ms, samples_per_s, steps_run,

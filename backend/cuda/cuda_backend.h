@@ -114,9 +114,9 @@ class CudaBackend : public Backend {
 
   // The cuDNN algorithm that ran each convolution shape this backend has
   // seen (key: direction, beta, dtype, rank, group, FMA-only math, dims,
-  // pads, strides, dilations; backend/cuda/conv.cu builds it). cuDNN 9's heuristic and workspace
-  // queries build execution plans on every call, so conv.cu asks them once
-  // per shape and then runs the remembered choice.
+  // pads, strides, dilations; backend/cuda/conv.cu builds it). cuDNN 9's
+  // heuristic and workspace queries build execution plans on every call, so
+  // conv.cu asks them once per shape and then runs the remembered choice.
   struct ConvAlgorithm {
     int algo = 0;
     cudnnMathType_t math = CUDNN_DEFAULT_MATH;
