@@ -327,9 +327,10 @@ bool Approximate(cudnnConvolutionBwdFilterAlgo_t algo) {
 enum class ConvDirection : int64_t { kForward = 0, kBackwardData = 1, kBackwardFilter = 2 };
 
 // Runs the convolution `direction` with cuDNN's algorithm for its shape.
-// `heuristics(perfs)` fills cuDNN's ranking (cudnnGet*Algorithm_v7) and
-// returns how many it filled; workspace_size(algo, &bytes) and run(algo,
-// workspace, bytes) return cuDNN statuses.
+// cuDNN's ranking comes from max_count(&n) (cudnnGet*AlgorithmMaxCount) and
+// query(n, &count, perfs) (cudnnGet*Algorithm_v7 bound to the descriptors);
+// all four callables return cuDNN statuses, workspace_size(algo, &bytes)
+// and run(algo, workspace, bytes) the same.
 //
 // The first call for a shape tries the ranked candidates whose workspace
 // can be allocated and that cuDNN accepts, each with its own math type
@@ -350,9 +351,10 @@ enum class ConvDirection : int64_t { kForward = 0, kBackwardData = 1, kBackwardF
 // fails. A search remembers its choice only when no better-ranked
 // candidate was passed over for want of workspace memory, so a moment of
 // memory pressure does not pin a lesser algorithm for the rest of the run.
-template <typename Perf, typename Heuristics, typename WorkspaceSize, typename Run>
+template <typename Perf, typename MaxCount, typename Query, typename WorkspaceSize,
+          typename Run>
 absl::Status RunConvolution(KernelContext& ctx, const ConvDescriptors& d, ConvDirection direction,
-                            float beta, const char* what, Heuristics&& heuristics,
+                            float beta, const char* what, MaxCount&& max_count, Query&& query,
                             WorkspaceSize&& workspace_size, Run&& run) {
   using Algo = decltype(Perf::algo);
   std::vector<int64_t> key = d.key;
@@ -402,8 +404,11 @@ absl::Status RunConvolution(KernelContext& ctx, const ConvDescriptors& d, ConvDi
   }
 
   CASTOR_CUDNN_CALL(cudnnSetConvolutionMathType(d.conv.get(), d.math));
-  std::vector<Perf> perfs;
-  CASTOR_ASSIGN_OR_RETURN(const int count, heuristics(perfs));
+  int capacity = 0;
+  CASTOR_CUDNN_CALL(max_count(&capacity));
+  std::vector<Perf> perfs(std::max(capacity, 1));
+  int count = 0;
+  CASTOR_CUDNN_CALL(query(static_cast<int>(perfs.size()), &count, perfs.data()));
   auto tier = [&](const Perf& perf) {
     if (d.fma_only && Approximate(perf.algo)) return 2;
     return perf.determinism == CUDNN_DETERMINISTIC ? 0 : 1;
@@ -424,19 +429,6 @@ absl::Status RunConvolution(KernelContext& ctx, const ConvDescriptors& d, ConvDi
                                         " of this convolution; last failure: ", last_failure));
 }
 
-// cuDNN's ranking of algorithms for a convolution: `query` is
-// cudnnGet*Algorithm_v7 bound to the descriptors, `max_count` its
-// cudnnGet*AlgorithmMaxCount.
-template <typename Perf, typename MaxCount, typename Query>
-absl::StatusOr<int> Rank(std::vector<Perf>& perfs, MaxCount&& max_count, Query&& query) {
-  int capacity = 0;
-  CASTOR_CUDNN_CALL(max_count(&capacity));
-  perfs.resize(std::max(capacity, 1));
-  int count = 0;
-  CASTOR_CUDNN_CALL(query(static_cast<int>(perfs.size()), &count, perfs.data()));
-  return count;
-}
-
 // y = conv(x, w) + beta * y, x as cuDNN reads it (padded); beta is 0 or 1.
 absl::Status RunForward(KernelContext& ctx, const ConvDescriptors& d, const void* x,
                         const void* w, float beta, void* y) {
@@ -444,15 +436,10 @@ absl::Status RunForward(KernelContext& ctx, const ConvDescriptors& d, const void
   const float one = 1.0f;
   return RunConvolution<cudnnConvolutionFwdAlgoPerf_t>(
       ctx, d, ConvDirection::kForward, beta, "forward pass",
-      [&](std::vector<cudnnConvolutionFwdAlgoPerf_t>& perfs) {
-        return Rank(
-            perfs,
-            [&](int* n) { return cudnnGetConvolutionForwardAlgorithmMaxCount(handle, n); },
-            [&](int n, int* count, cudnnConvolutionFwdAlgoPerf_t* out) {
-              return cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x.get(), d.w.get(),
-                                                            d.conv.get(), d.y.get(), n, count,
-                                                            out);
-            });
+      [&](int* n) { return cudnnGetConvolutionForwardAlgorithmMaxCount(handle, n); },
+      [&](int n, int* count, cudnnConvolutionFwdAlgoPerf_t* out) {
+        return cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x.get(), d.w.get(), d.conv.get(),
+                                                      d.y.get(), n, count, out);
       },
       [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
         return cudnnGetConvolutionForwardWorkspaceSize(handle, d.x.get(), d.w.get(), d.conv.get(),
@@ -471,15 +458,10 @@ absl::Status RunBackwardData(KernelContext& ctx, const ConvDescriptors& d, const
   const float one = 1.0f, zero = 0.0f;
   return RunConvolution<cudnnConvolutionBwdDataAlgoPerf_t>(
       ctx, d, ConvDirection::kBackwardData, zero, "input gradient",
-      [&](std::vector<cudnnConvolutionBwdDataAlgoPerf_t>& perfs) {
-        return Rank(
-            perfs,
-            [&](int* n) { return cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, n); },
-            [&](int n, int* count, cudnnConvolutionBwdDataAlgoPerf_t* out) {
-              return cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, d.w.get(), d.y.get(),
-                                                                 d.conv.get(), d.x.get(), n,
-                                                                 count, out);
-            });
+      [&](int* n) { return cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, n); },
+      [&](int n, int* count, cudnnConvolutionBwdDataAlgoPerf_t* out) {
+        return cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, d.w.get(), d.y.get(),
+                                                           d.conv.get(), d.x.get(), n, count, out);
       },
       [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
         return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, d.w.get(), d.y.get(),
@@ -499,15 +481,11 @@ absl::Status RunBackwardFilter(KernelContext& ctx, const ConvDescriptors& d, con
   const float one = 1.0f, zero = 0.0f;
   return RunConvolution<cudnnConvolutionBwdFilterAlgoPerf_t>(
       ctx, d, ConvDirection::kBackwardFilter, zero, "weight gradient",
-      [&](std::vector<cudnnConvolutionBwdFilterAlgoPerf_t>& perfs) {
-        return Rank(
-            perfs,
-            [&](int* n) { return cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle, n); },
-            [&](int n, int* count, cudnnConvolutionBwdFilterAlgoPerf_t* out) {
-              return cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, d.x.get(), d.y.get(),
-                                                                   d.conv.get(), d.w.get(), n,
-                                                                   count, out);
-            });
+      [&](int* n) { return cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle, n); },
+      [&](int n, int* count, cudnnConvolutionBwdFilterAlgoPerf_t* out) {
+        return cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, d.x.get(), d.y.get(),
+                                                             d.conv.get(), d.w.get(), n, count,
+                                                             out);
       },
       [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
         return cudnnGetConvolutionBackwardFilterWorkspaceSize(
