@@ -17,16 +17,15 @@ namespace castor::cpu {
 namespace {
 
 // Up to one vector of consecutive positions of one line: at `gathered` in
-// the grid and `dense` in the dense operand. count 0 pads a block of runs.
+// the grid and `dense` in the dense operand.
 struct Run {
   int64_t gathered = 0;
   int64_t dense = 0;
   int count = 0;
 };
 
-// Each line cut into runs of at most `width` positions, padded with empty
-// runs to a multiple of `block`.
-const std::vector<Run>& RunsOf(const GridLines& lines, int width, int block) {
+// Each line cut into runs of at most `width` positions.
+const std::vector<Run>& RunsOf(const GridLines& lines, int width) {
   thread_local std::vector<Run> runs;
   runs.clear();
   for (int64_t l = 0; l < lines.count; ++l) {
@@ -35,7 +34,6 @@ const std::vector<Run>& RunsOf(const GridLines& lines, int width, int block) {
                          static_cast<int>(std::min<int64_t>(width, lines.width - j))});
     }
   }
-  while (runs.size() % static_cast<size_t>(block) != 0) runs.push_back(Run{});
   return runs;
 }
 
@@ -241,21 +239,20 @@ void GridConvForward(int64_t rows, int64_t depth, const float* a, int64_t lda, c
   switch (ActiveGridIsa()) {
 #if defined(CASTOR_GRID_CONV_X86)
     case GridIsa::kAvx512: {
-      const std::vector<Run>& runs = RunsOf(lines, avx512::Vec::kWidth, avx512::kForwardRuns);
+      const std::vector<Run>& runs = RunsOf(lines, avx512::Vec::kWidth);
       avx512::ForwardEntry(rows, depth, a, lda, b, b_rows, runs.data(),
                            static_cast<int64_t>(runs.size()), init, out, ld_out);
       return;
     }
     case GridIsa::kAvx2: {
-      const std::vector<Run>& runs = RunsOf(lines, avx2::Vec::kWidth, avx2::kForwardRuns);
+      const std::vector<Run>& runs = RunsOf(lines, avx2::Vec::kWidth);
       avx2::ForwardEntry(rows, depth, a, lda, b, b_rows, runs.data(),
                          static_cast<int64_t>(runs.size()), init, out, ld_out);
       return;
     }
 #endif
     default: {
-      const std::vector<Run>& runs =
-          RunsOf(lines, portable::Vec::kWidth, portable::kForwardRuns);
+      const std::vector<Run>& runs = RunsOf(lines, portable::Vec::kWidth);
       portable::Forward(rows, depth, a, lda, b, b_rows, runs.data(),
                         static_cast<int64_t>(runs.size()), init, out, ld_out);
       return;
@@ -270,20 +267,20 @@ void GridConvFilterGrad(int64_t rows, int64_t depth, const float* dy, int64_t ld
   switch (ActiveGridIsa()) {
 #if defined(CASTOR_GRID_CONV_X86)
     case GridIsa::kAvx512: {
-      const std::vector<Run>& runs = RunsOf(lines, avx512::Vec::kWidth, 1);
+      const std::vector<Run>& runs = RunsOf(lines, avx512::Vec::kWidth);
       avx512::FilterGradEntry(rows, depth, dy, ld_dy, b, b_rows, runs.data(),
                               static_cast<int64_t>(runs.size()), dw, ld_dw);
       return;
     }
     case GridIsa::kAvx2: {
-      const std::vector<Run>& runs = RunsOf(lines, avx2::Vec::kWidth, 1);
+      const std::vector<Run>& runs = RunsOf(lines, avx2::Vec::kWidth);
       avx2::FilterGradEntry(rows, depth, dy, ld_dy, b, b_rows, runs.data(),
                             static_cast<int64_t>(runs.size()), dw, ld_dw);
       return;
     }
 #endif
     default: {
-      const std::vector<Run>& runs = RunsOf(lines, portable::Vec::kWidth, 1);
+      const std::vector<Run>& runs = RunsOf(lines, portable::Vec::kWidth);
       portable::FilterGrad(rows, depth, dy, ld_dy, b, b_rows, runs.data(),
                            static_cast<int64_t>(runs.size()), dw, ld_dw);
       return;
