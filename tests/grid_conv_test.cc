@@ -1,9 +1,11 @@
 // The direct grid-convolution products of backend/cpu/grid_conv.h, on every
 // instruction set this CPU supports (AVX-512, AVX2+FMA, portable), against
 // float64 sums: row counts that do and do not fill a register block, depths
-// that do and do not fill a column block, line widths with and without a
-// partial vector, and non-finite values at the grid positions the products
-// must not read.
+// that do and do not fill a column block, run counts that leave every
+// remainder of a block of runs, line widths with and without a partial
+// vector, and non-finite values at the grid positions the products must not
+// read. Also FillGrid's vector plane copy (im2col.h) against the expected
+// zero-padded planes.
 #include "backend/cpu/grid_conv.h"
 
 #include <cmath>
@@ -14,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/im2col.h"
 #include "gtest/gtest.h"
 
 namespace castor::cpu {
@@ -83,6 +86,11 @@ const Shape kShapes[] = {
     {5, 9, 7, 3, 2},       // rows and depth leave remainders; lines narrower than a vector
     {3, 7, 2, 37, 4},      // two full vectors and a partial one per line
     {1, 1, 1, 1, 0},
+    // 9, 10 and 11 runs of one vector or less: with AVX-512's blocks of 6
+    // runs the last block holds 3, 4 and 5 (AVX2's blocks of 3: 0, 1, 2).
+    {4, 10, 9, 16, 2},
+    {6, 5, 10, 8, 1},
+    {2, 3, 11, 5, 3},
 };
 
 std::string Describe(GridIsa isa, const Shape& s) {
@@ -214,6 +222,61 @@ TEST(GridConv, FilterGradAccumulatesFloat64SumsOnEveryInstructionSet) {
           }
           ASSERT_NEAR(got, want, 4e-7 * magnitude + 1e-7) << "dW row " << m << " column " << k;
         }
+      }
+    }
+  }
+}
+
+// FillGrid of unit-stride geometries (AVX-512: one masked pass per plane
+// row; elsewhere the scalar copy) gives the zero-padded planes exactly, and
+// leaves the slack past the last plane alone: pads on one side only, pads
+// wider than the image, rows wider than two vectors.
+TEST(GridConv, FillGridWritesTheZeroPaddedPlanesOnEveryInstructionSet) {
+  struct Case {
+    int64_t in_h, in_w, kernel, pad_top, pad_left, pad_bottom, pad_right;
+  };
+  const Case cases[] = {{28, 28, 3, 1, 1, 1, 1}, {14, 14, 3, 1, 1, 1, 1}, {5, 3, 3, 2, 0, 0, 2},
+                        {4, 4, 3, 5, 6, 7, 3},   {3, 37, 5, 1, 17, 2, 0}, {1, 1, 1, 0, 0, 0, 0}};
+  for (GridIsa isa : SupportedIsas()) {
+    const ScopedGridIsa scoped(isa);
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(GridIsaName(isa)) + " input " + std::to_string(c.in_h) + "x" +
+                   std::to_string(c.in_w) + " pads " + std::to_string(c.pad_top) + "," +
+                   std::to_string(c.pad_left) + "," + std::to_string(c.pad_bottom) + "," +
+                   std::to_string(c.pad_right));
+      WindowGeometry g;
+      g.num_spatial = 2;
+      g.input = {c.in_h, c.in_w};
+      g.kernel = {c.kernel, c.kernel};
+      g.strides = {1, 1};
+      g.dilations = {1, 1};
+      g.pad_begin = {c.pad_top, c.pad_left};
+      g.pad_end = {c.pad_bottom, c.pad_right};
+      g.output = {c.in_h + c.pad_top + c.pad_bottom - c.kernel + 1,
+                  c.in_w + c.pad_left + c.pad_right - c.kernel + 1};
+      const PaddedGrid grid(g);
+      constexpr int64_t kChannels = 3;
+      std::mt19937 rng(3);
+      const std::vector<float> x = Random(kChannels * c.in_h * c.in_w, rng);
+      // NaN where FillGrid must write, a sentinel in the slack it must not.
+      std::vector<float> padded(static_cast<size_t>(grid.buffer_size(kChannels)),
+                                std::numeric_limits<float>::quiet_NaN());
+      const int64_t planes = kChannels * grid.plane();
+      for (int64_t i = planes; i < grid.buffer_size(kChannels); ++i) padded[i] = -7.0f;
+      FillGrid<float, float>(x.data(), 0, kChannels, grid, padded.data());
+      for (int64_t ch = 0; ch < kChannels; ++ch) {
+        for (int64_t i = 0; i < grid.rows; ++i) {
+          for (int64_t j = 0; j < grid.cols; ++j) {
+            const int64_t ih = i - c.pad_top, iw = j - c.pad_left;
+            const bool inside = ih >= 0 && ih < c.in_h && iw >= 0 && iw < c.in_w;
+            const float want = inside ? x[(ch * c.in_h + ih) * c.in_w + iw] : 0.0f;
+            ASSERT_EQ(padded[ch * grid.plane() + i * grid.cols + j], want)
+                << "channel " << ch << " row " << i << " column " << j;
+          }
+        }
+      }
+      for (int64_t i = planes; i < grid.buffer_size(kChannels); ++i) {
+        ASSERT_EQ(padded[i], -7.0f) << "slack position " << i - planes << " was written";
       }
     }
   }

@@ -2,9 +2,16 @@
 #include "backend/cpu/im2col.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backend/cpu/grid_conv.h"
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__clang__)
+#define CASTOR_IM2COL_X86 1
+#include <immintrin.h>
+#endif
 
 namespace castor::cpu {
 namespace {
@@ -13,7 +20,56 @@ int64_t Product(const std::vector<int64_t>& v) {
   for (int64_t x : v) p *= x;
   return p;
 }
+
+#if defined(CASTOR_IM2COL_X86)
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+// FillPaddedPlaneVector's loop. Lane j of a row's vector at column j0 reads
+// src_line[j0 + j - left] where that lies in [0, in_w): masked-off lanes
+// are neither read nor faulted on, and store zeros.
+void FillPaddedPlaneAvx512(const float* src, int64_t in_h, int64_t in_w, int64_t top,
+                           int64_t left, int64_t rows, int64_t cols, float* dst) {
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t i = 0; i < rows; ++i, dst += cols) {
+    const int64_t ih = i - top;
+    const bool inside = ih >= 0 && ih < in_h;
+    const uintptr_t line = inside ? reinterpret_cast<uintptr_t>(src + ih * in_w) : 0;
+    for (int64_t j0 = 0; j0 < cols; j0 += 16) {
+      const __mmask16 store = static_cast<__mmask16>(
+          cols - j0 >= 16 ? 0xFFFFu : (1u << (cols - j0)) - 1u);
+      __mmask16 load = 0;
+      if (inside) {  // lanes with 0 <= j0 + j - left < in_w
+        const __m512i column = _mm512_add_epi32(lanes, _mm512_set1_epi32(int(j0 - left)));
+        load = _mm512_cmpge_epi32_mask(column, _mm512_setzero_si512()) &
+               _mm512_cmplt_epi32_mask(column, _mm512_set1_epi32(int(in_w))) & store;
+      }
+      // (The address is formed only for lanes inside the line: j0 - left may
+      // be negative, so offset the line pointer by integers, not before it.)
+      const float* from = reinterpret_cast<const float*>(
+          line + static_cast<uintptr_t>((j0 - left) * int64_t{sizeof(float)}));
+      const __m512 v = _mm512_maskz_loadu_ps(load, from);
+      _mm512_mask_storeu_ps(dst + j0, store, v);
+    }
+  }
+  _mm256_zeroupper();
+}
+#pragma GCC pop_options
+#endif  // CASTOR_IM2COL_X86
+
 }  // namespace
+
+bool FillPaddedPlaneVector(const float* src, int64_t in_h, int64_t in_w, int64_t top,
+                           int64_t left, int64_t rows, int64_t cols, float* dst) {
+#if defined(CASTOR_IM2COL_X86)
+  constexpr int64_t kLimit = int64_t{1} << 30;  // lane columns are int32
+  if (ActiveGridIsa() == GridIsa::kAvx512 && in_w < kLimit && left < kLimit && cols < kLimit) {
+    FillPaddedPlaneAvx512(src, in_h, in_w, top, left, rows, cols, dst);
+    return true;
+  }
+#endif
+  (void)src, (void)in_h, (void)in_w, (void)top, (void)left, (void)rows, (void)cols, (void)dst;
+  return false;
+}
 
 int64_t WindowGeometry::input_size() const { return Product(input); }
 int64_t WindowGeometry::kernel_size() const { return Product(kernel); }
