@@ -330,12 +330,22 @@ class ConvGradOnGrid {
     const int64_t out_h = g_.output[0], out_w = g_.output[1];
     const int64_t plane = dy_rows_ * dy_cols_;
     thread_local std::vector<float> padded, scratch;
-    padded.assign(static_cast<size_t>(mg_ * plane + kGridReadSlack), 0.0f);
+    padded.resize(static_cast<size_t>(mg_ * plane + kGridReadSlack));
+    std::fill(padded.begin() + mg_ * plane, padded.end(), 0.0f);
+    // dY's lines and columns that fit in the buffer.
+    const int64_t lines_in = std::clamp<int64_t>(dy_rows_ - dy_shift_[0], 0, out_h);
+    const int64_t width_in = std::clamp<int64_t>(dy_cols_ - dy_shift_[1], 0, out_w);
     for (int64_t m = 0; m < mg_; ++m) {
-      for (int64_t oh = 0; oh < out_h && oh + dy_shift_[0] < dy_rows_; ++oh) {
-        const float* src = dy_g + (m * out_h + oh) * out_w;
-        float* dst = padded.data() + m * plane + (oh + dy_shift_[0]) * dy_cols_ + dy_shift_[1];
-        std::copy(src, src + std::min(out_w, dy_cols_ - dy_shift_[1]), dst);
+      const float* src = dy_g + m * out_h * out_w;
+      float* dst = padded.data() + m * plane;
+      if (FillPaddedPlaneVector(src, lines_in, width_in, out_w, dy_shift_[0], dy_shift_[1],
+                                dy_rows_, dy_cols_, dst)) {
+        continue;
+      }
+      std::fill(dst, dst + plane, 0.0f);
+      for (int64_t oh = 0; oh < lines_in; ++oh) {
+        std::copy(src + oh * out_w, src + oh * out_w + width_in,
+                  dst + (oh + dy_shift_[0]) * dy_cols_ + dy_shift_[1]);
       }
     }
     const int64_t in_w = g_.input[1], in_size = g_.input_size();

@@ -27,13 +27,13 @@ int64_t Product(const std::vector<int64_t>& v) {
 // FillPaddedPlaneVector's loop. Lane j of a row's vector at column j0 reads
 // src_line[j0 + j - left] where that lies in [0, in_w): masked-off lanes
 // are neither read nor faulted on, and store zeros.
-void FillPaddedPlaneAvx512(const float* src, int64_t in_h, int64_t in_w, int64_t top,
-                           int64_t left, int64_t rows, int64_t cols, float* dst) {
+void FillPaddedPlaneAvx512(const float* src, int64_t in_h, int64_t in_w, int64_t src_stride,
+                           int64_t top, int64_t left, int64_t rows, int64_t cols, float* dst) {
   const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (int64_t i = 0; i < rows; ++i, dst += cols) {
     const int64_t ih = i - top;
     const bool inside = ih >= 0 && ih < in_h;
-    const uintptr_t line = inside ? reinterpret_cast<uintptr_t>(src + ih * in_w) : 0;
+    const uintptr_t line = inside ? reinterpret_cast<uintptr_t>(src + ih * src_stride) : 0;
     for (int64_t j0 = 0; j0 < cols; j0 += 16) {
       const __mmask16 store = static_cast<__mmask16>(
           cols - j0 >= 16 ? 0xFFFFu : (1u << (cols - j0)) - 1u);
@@ -58,16 +58,17 @@ void FillPaddedPlaneAvx512(const float* src, int64_t in_h, int64_t in_w, int64_t
 
 }  // namespace
 
-bool FillPaddedPlaneVector(const float* src, int64_t in_h, int64_t in_w, int64_t top,
-                           int64_t left, int64_t rows, int64_t cols, float* dst) {
+bool FillPaddedPlaneVector(const float* src, int64_t in_h, int64_t in_w, int64_t src_stride,
+                           int64_t top, int64_t left, int64_t rows, int64_t cols, float* dst) {
 #if defined(CASTOR_IM2COL_X86)
   constexpr int64_t kLimit = int64_t{1} << 30;  // lane columns are int32
   if (ActiveGridIsa() == GridIsa::kAvx512 && in_w < kLimit && left < kLimit && cols < kLimit) {
-    FillPaddedPlaneAvx512(src, in_h, in_w, top, left, rows, cols, dst);
+    FillPaddedPlaneAvx512(src, in_h, in_w, src_stride, top, left, rows, cols, dst);
     return true;
   }
 #endif
-  (void)src, (void)in_h, (void)in_w, (void)top, (void)left, (void)rows, (void)cols, (void)dst;
+  (void)src, (void)in_h, (void)in_w, (void)src_stride, (void)top, (void)left, (void)rows;
+  (void)cols, (void)dst;
   return false;
 }
 

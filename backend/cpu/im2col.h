@@ -129,12 +129,13 @@ void FillGrid(const T* x, int64_t channel_lo, int64_t channel_hi, const PaddedGr
               Acc* padded);
 
 // One zero-padded float32 plane [rows, cols] in a single pass: plane row i
-// holds src line i - top (of in_h lines of in_w floats) at columns [left,
-// left + in_w), zeros elsewhere. True when it ran: AVX-512 whole-vector
-// masked loads and stores (grid_conv.h's active instruction set), so each
-// row is written once, zeros included; false (nothing written) otherwise.
-bool FillPaddedPlaneVector(const float* src, int64_t in_h, int64_t in_w, int64_t top,
-                           int64_t left, int64_t rows, int64_t cols, float* dst);
+// holds the first in_w floats of src line i - top (in_h lines, src_stride
+// floats apart) at columns [left, left + in_w), zeros elsewhere. True when
+// it ran: AVX-512 whole-vector masked loads and stores (grid_conv.h's active
+// instruction set), so each row is written once, zeros included; false
+// (nothing written) otherwise.
+bool FillPaddedPlaneVector(const float* src, int64_t in_h, int64_t in_w, int64_t src_stride,
+                           int64_t top, int64_t left, int64_t rows, int64_t cols, float* dst);
 
 // --- helpers shared with col2im (conv.cc) -----------------------------------
 
@@ -230,8 +231,8 @@ void FillGrid(const T* x, int64_t channel_lo, int64_t channel_hi, const PaddedGr
         Acc* dst = padded + c * grid.channel_size() + (a * s1 + b) * grid.plane();
         if constexpr (std::is_same_v<T, float> && std::is_same_v<Acc, float>) {
           if (s0 == 1 && s1 == 1 &&
-              FillPaddedPlaneVector(src, in_h, in_w, g.pad_begin[0], g.pad_begin[1], rows, cols,
-                                    dst)) {
+              FillPaddedPlaneVector(src, in_h, in_w, in_w, g.pad_begin[0], g.pad_begin[1], rows,
+                                    cols, dst)) {
             continue;
           }
         }
