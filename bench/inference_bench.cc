@@ -34,6 +34,7 @@
 #include "absl/strings/str_join.h"
 #include "backend/backend.h"
 #include "backend/cpu/blas_core.h"
+#include "backend/cpu/gemm.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/executor.h"
 #include "benchmark/benchmark.h"
@@ -309,7 +310,7 @@ absl::Status TimeModel(const BenchOptions& options, std::ostream& out) {
   }
   out << "model " << options.model_path << "  threads " << backend.num_threads() << "  inputs "
       << absl::StrJoin(feed_text, ", ") << "\n";
-  out << "GEMM: " << castor::cpu::DescribeBlasCore() << "\n";
+  out << "GEMM: " << castor::cpu::DescribeGemm() << "\n";
   out << "castor cpu: median " << Ms(median) << " ms/batch (min " << Ms(min) << ", mean "
       << Ms(mean) << "; " << options.runs << " runs after " << options.warmup << " warmup)\n";
   out << "plan: " << DescribePlanStats(executor->last_stats()) << "\n";

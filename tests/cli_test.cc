@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 
 #include "onnx/onnx_pb.h"
+#include "backend/cpu/amx_gemm.h"
 #include "backend/cpu/blas_core.h"
 #include "tools/args.h"
 #include "tools/cli.h"
@@ -427,6 +428,18 @@ TEST(CliTest, VersionPrintsVersionAndCudaLine) {
   EXPECT_THAT(result.out, testing::StartsWith(std::string("castor ") + CASTOR_VERSION + "\n"));
   EXPECT_THAT(result.out, HasSubstr("CUDA backend: "));
   EXPECT_THAT(result.out, HasSubstr("CPU backend: OpenBLAS "));
+}
+
+// --version says whether mixed_bfloat16's GEMMs run on AMX tiles
+// (backend/cpu/amx_gemm.h): exactly where this CPU and OS allow them.
+TEST(CliTest, VersionSaysWhetherBFloat16GemmsRunOnAmx) {
+  RunResult result = RunCastor({"--version"});
+  EXPECT_EQ(result.exit_code, kExitOk);
+  if (cpu::AmxBf16Supported()) {
+    EXPECT_THAT(result.out, HasSubstr("; bfloat16 GEMM on AMX tiles\n"));
+  } else {
+    EXPECT_THAT(result.out, Not(HasSubstr("AMX")));
+  }
 }
 
 // OpenBLAS 0.3.21 runs its generic SSE3 kernels on CPUs it does not know;

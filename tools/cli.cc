@@ -8,7 +8,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
-#include "backend/cpu/blas_core.h"
+#include "backend/cpu/gemm.h"
 #include "backend/cuda_probe.h"
 #include "tools/args.h"
 #include "tools/conformance_command.h"
@@ -111,7 +111,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   }
   if (first == "--version") {
     out << "castor " << CASTOR_VERSION << "\n"
-        << "CPU backend: " << cpu::DescribeBlasCore() << "\n"
+        << "CPU backend: " << cpu::DescribeGemm() << "\n"
         << DescribeCudaProbe(ProbeCuda()) << "\n";
     return kExitOk;
   }

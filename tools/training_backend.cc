@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "backend/cpu/blas_core.h"
+#include "backend/cpu/gemm.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda_backend.h"
 #include "backend/cuda_probe.h"
@@ -74,7 +74,7 @@ absl::StatusOr<ChosenBackend> ChooseTrainingBackend(const std::string& flag, int
 
 std::string DescribeBackend(const Backend& backend) {
   if (const auto* cpu = dynamic_cast<const CpuBackend*>(&backend); cpu != nullptr) {
-    return absl::StrCat("cpu (", cpu->num_threads(), " threads, ", cpu::DescribeBlasCore(), ")");
+    return absl::StrCat("cpu (", cpu->num_threads(), " threads, ", cpu::DescribeGemm(), ")");
   }
   const CudaProbe probe = ProbeCuda();
   if (probe.usable) {

@@ -7,6 +7,8 @@
 #include <mutex>
 #include <vector>
 
+#include "backend/cpu/amx_gemm.h"
+#include "backend/cpu/blas_core.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/parallel.h"
 
@@ -149,6 +151,11 @@ void GemmFloat32Accumulate(DType dtype, bool trans_a, bool trans_b, int64_t m, i
     ScaleC(m, n, beta, c, ldc);
     return;
   }
+  if (dtype == DType::kBFloat16 && AmxBf16Available()) {
+    AmxGemmBf16(trans_a, trans_b, m, n, k, alpha, static_cast<const uint16_t*>(a), lda,
+                static_cast<const uint16_t*>(b), ldb, beta, c, ldc);
+    return;
+  }
   // One panel covers all of K unless the widened operands would be large;
   // then K is split and each panel's product is added to C in float32.
   const int64_t panel =
@@ -178,6 +185,12 @@ void GemmFloat32Accumulate(DType dtype, bool trans_a, bool trans_b, int64_t m, i
     Sgemm(trans_a, trans_b, m, n, kb, alpha, a_panel.data(), trans_a ? m : kb, b_panel.data(),
           trans_b ? kb : n, k0 == 0 ? beta : 1.0f, c, ldc);
   }
+}
+
+std::string DescribeGemm() {
+  std::string line = DescribeBlasCore();
+  if (AmxBf16Available()) line += "; bfloat16 GEMM on AMX tiles";
+  return line;
 }
 
 }  // namespace castor::cpu

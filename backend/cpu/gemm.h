@@ -6,13 +6,16 @@
 // blocks of C's rows or columns run on castor's own ParallelFor threads.
 // (OpenBLAS's own worker threads spin in sched_yield for a long time after
 // each GEMM; with as many castor threads as cores they took the cores from
-// castor's kernels.) 16-bit
-// operands (float16, bfloat16) are widened exactly to float32 in K-panels and
-// multiplied by the same sgemm, so products accumulate in float32 as tensor
-// cores do; C stays float32 and the caller rounds it once on store.
+// castor's kernels.) 16-bit operands (float16, bfloat16) are widened
+// exactly to float32 in K-panels and multiplied by the same sgemm, so
+// products accumulate in float32 as tensor cores do; C stays float32 and the
+// caller rounds it once on store. bfloat16 operands go to AMX tiles instead
+// where the CPU has them (amx_gemm.h: the same exact products and float32
+// sums, added in pairs, subnormals flushed).
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "graph/dtype.h"
 
@@ -32,10 +35,15 @@ void Dgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double a
 
 // A and B stored with float dtype `dtype` (float32, float16 or bfloat16; not
 // float64), C float32. 16-bit operands are widened to float32 panel by panel
-// (at most a few tens of MiB of scratch) and multiplied with Sgemm.
+// (at most a few tens of MiB of scratch) and multiplied with Sgemm; bfloat16
+// ones run on AMX where AmxBf16Available().
 void GemmFloat32Accumulate(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
                            int64_t k, float alpha, const void* a, int64_t lda, const void* b,
                            int64_t ldb, float beta, float* c, int64_t ldc);
+
+// One line for summaries and --version: blas_core.h's DescribeBlasCore(),
+// plus "; bfloat16 GEMM on AMX tiles" where amx_gemm.h runs.
+std::string DescribeGemm();
 
 // True when Sgemm runs a GEMM of this size on the calling thread alone
 // (OpenBLAS's own multithreading threshold), so a caller with many

@@ -1,0 +1,304 @@
+// AMX bfloat16 GEMM (see amx_gemm.h). Packed layouts, with MB = ceil(m /
+// 16), NB = ceil(n / 16) and KB = ceil(k / 32) tiles:
+//   A: [MB][KB] tiles of [16 rows][32 k]                  (zeros past m, k)
+//   B: [NB][KB] tiles of [16 k pairs][16 columns][2 k]    (zeros past k, n)
+// so each tile is 1 KiB of consecutive rows of 64 bytes. C is computed in
+// blocks of up to 2 x 2 tiles (32 x 32): accumulator tiles 0-3, A tiles
+// 4-5, B tiles 6-7.
+#include "backend/cpu/amx_gemm.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "backend/cpu/parallel.h"
+
+#if defined(__linux__) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CASTOR_AMX 1
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace castor::cpu {
+namespace {
+
+constexpr int64_t kTileRows = 16;     // rows of an A or C tile; k pairs of a B tile
+constexpr int64_t kTileK = 32;        // bfloat16 per A tile row (64 bytes)
+constexpr int64_t kTileElements = kTileRows * kTileK;  // 512 bfloat16 = 1 KiB
+constexpr int64_t kBlockTiles = 2;    // C blocks of up to 2 x 2 tiles
+constexpr int64_t kBlock = kBlockTiles * kTileRows;
+// K per packed panel (a multiple of kTileK): 2 x 8 KiB of A and of B tiles
+// per C block.
+constexpr int64_t kPanelK = 256;
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Below this many multiply-adds a GEMM runs on the calling thread: handing
+// work to another thread costs more than the tiles save.
+constexpr int64_t kParallelMultiplyAdds = int64_t{1} << 20;
+
+// fn(0, count) on this thread, or split across threads when `split`.
+void Run(bool split, int64_t count, const std::function<void(int64_t, int64_t)>& fn) {
+  if (split) {
+    ParallelFor(0, count, 1, fn);
+  } else {
+    fn(0, count);
+  }
+}
+
+#if defined(CASTOR_AMX)
+
+bool DetectAmx() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+  const bool amx_bf16 = (edx >> 22) & 1u, amx_tile = (edx >> 24) & 1u;
+  if (!amx_bf16 || !amx_tile) return false;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || ((ecx >> 27) & 1u) == 0) return false;
+  unsigned xcr0_lo = 0, xcr0_hi = 0;  // XGETBV(0): the state the OS enables
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  constexpr unsigned kTileState = (1u << 17) | (1u << 18);  // XTILECFG, XTILEDATA
+  if ((xcr0_lo & kTileState) != kTileState) return false;
+  // Linux hands out the (8 KiB) tile data state per process on request.
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16")
+
+// The palette-1 configuration: all eight tiles 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+  TileConfig() {
+    for (int t = 0; t < 8; ++t) {
+      colsb[t] = 64;
+      rows[t] = kTileRows;
+    }
+  }
+};
+
+// The MT x NT tiles of C at A tile row `a` and B tile column `b` (each KB
+// tiles, one per K step), stored to out [32][32] float32.
+template <int MT, int NT>
+void BlockProduct(const uint16_t* a, const uint16_t* b, int64_t a_next, int64_t b_next,
+                  int64_t kb_count, float* out) {
+  _tile_zero(0);
+  if constexpr (NT == 2) _tile_zero(1);
+  if constexpr (MT == 2) _tile_zero(2);
+  if constexpr (MT == 2 && NT == 2) _tile_zero(3);
+  for (int64_t kb = 0; kb < kb_count; ++kb) {
+    const int64_t at = kb * kTileElements;
+    _tile_loadd(4, a + at, 64);
+    if constexpr (MT == 2) _tile_loadd(5, a + a_next + at, 64);
+    _tile_loadd(6, b + at, 64);
+    if constexpr (NT == 2) _tile_loadd(7, b + b_next + at, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (NT == 2) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (MT == 2) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (MT == 2 && NT == 2) _tile_dpbf16ps(3, 5, 7);
+  }
+  constexpr int64_t kRowBytes = kBlock * sizeof(float);
+  _tile_stored(0, out, kRowBytes);
+  if constexpr (NT == 2) _tile_stored(1, out + kTileRows, kRowBytes);
+  if constexpr (MT == 2) _tile_stored(2, out + kTileRows * kBlock, kRowBytes);
+  if constexpr (MT == 2 && NT == 2) _tile_stored(3, out + kTileRows * kBlock + kTileRows, kRowBytes);
+}
+
+// C blocks [lo, hi) of a grid of nb2 blocks per block row.
+void ProductBlocks(int64_t lo, int64_t hi, int64_t nb2, int64_t mb, int64_t nb, int64_t kb,
+                   const uint16_t* a_pack, const uint16_t* b_pack, int64_t m, int64_t n,
+                   float alpha, float beta, float* c, int64_t ldc) {
+  static const TileConfig config;
+  _tile_loadconfig(&config);
+  alignas(64) float out[kBlock * kBlock];
+  const int64_t tile_stride = kb * kTileElements;  // one tile row of A, column of B
+  for (int64_t block = lo; block < hi; ++block) {
+    const int64_t ib = block / nb2 * kBlockTiles, jb = block % nb2 * kBlockTiles;
+    const int mt = static_cast<int>(std::min(kBlockTiles, mb - ib));
+    const int nt = static_cast<int>(std::min(kBlockTiles, nb - jb));
+    const uint16_t* a = a_pack + ib * tile_stride;
+    const uint16_t* b = b_pack + jb * tile_stride;
+    if (mt == 2 && nt == 2) {
+      BlockProduct<2, 2>(a, b, tile_stride, tile_stride, kb, out);
+    } else if (mt == 2) {
+      BlockProduct<2, 1>(a, b, tile_stride, tile_stride, kb, out);
+    } else if (nt == 2) {
+      BlockProduct<1, 2>(a, b, tile_stride, tile_stride, kb, out);
+    } else {
+      BlockProduct<1, 1>(a, b, tile_stride, tile_stride, kb, out);
+    }
+    const int64_t i0 = ib * kTileRows, j0 = jb * kTileRows;
+    const int64_t rows = std::min<int64_t>(m - i0, mt * kTileRows);
+    const int64_t cols = std::min<int64_t>(n - j0, nt * kTileRows);
+    for (int64_t i = 0; i < rows; ++i) {
+      float* c_row = c + (i0 + i) * ldc + j0;
+      const float* o = out + i * kBlock;
+      if (beta == 0.0f) {
+        for (int64_t j = 0; j < cols; ++j) c_row[j] = alpha * o[j];
+      } else {
+        for (int64_t j = 0; j < cols; ++j) c_row[j] = alpha * o[j] + beta * c_row[j];
+      }
+    }
+  }
+  _tile_release();
+}
+
+#pragma GCC pop_options
+
+#endif  // CASTOR_AMX
+
+#if defined(CASTOR_AMX)
+// Rows kk and kk + 1 of op(B) (not transposed), 16 columns each, into one
+// 64-byte row of a B tile: (r0[0], r1[0], r0[1], r1[1], ...).
+__attribute__((target("avx2"))) void InterleaveRows(const uint16_t* r0, const uint16_t* r1,
+                                                    uint16_t* dst) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0));
+  const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1));
+  const __m256i lo = _mm256_unpacklo_epi16(x, y);  // columns 0-3 | 8-11
+  const __m256i hi = _mm256_unpackhi_epi16(x, y);  // columns 4-7 | 12-15
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_permute2x128_si256(lo, hi, 0x20));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16),
+                      _mm256_permute2x128_si256(lo, hi, 0x31));
+}
+#endif
+
+// op(A) [m, k] into [MB][KB] tiles of [16][32] (see the file note),
+// zero-padded.
+void PackA(bool split, bool trans_a, int64_t m, int64_t k, const uint16_t* a, int64_t lda,
+           int64_t kb, uint16_t* pack) {
+  Run(split, CeilDiv(m, kTileRows), [&](int64_t lo, int64_t hi) {
+    for (int64_t ib = lo; ib < hi; ++ib) {
+      const int64_t i0 = ib * kTileRows, rows = std::min(kTileRows, m - i0);
+      for (int64_t t = 0; t < kb; ++t) {
+        uint16_t* tile = pack + (ib * kb + t) * kTileElements;
+        const int64_t k0 = t * kTileK, ks = std::max<int64_t>(0, std::min(kTileK, k - k0));
+        if (rows < kTileRows || ks < kTileK) {
+          std::memset(tile, 0, kTileElements * sizeof(uint16_t));
+        }
+        if (!trans_a) {  // rows of A are rows of op(A)
+          for (int64_t r = 0; r < rows; ++r) {
+            std::memcpy(tile + r * kTileK, a + (i0 + r) * lda + k0,
+                        static_cast<size_t>(ks) * sizeof(uint16_t));
+          }
+        } else {  // op(A)(i, kk) = a[kk * lda + i]
+          for (int64_t kk = 0; kk < ks; ++kk) {
+            const uint16_t* src = a + (k0 + kk) * lda + i0;
+            for (int64_t r = 0; r < rows; ++r) tile[r * kTileK + kk] = src[r];
+          }
+        }
+      }
+    }
+  });
+}
+
+// op(B) [k, n] into [NB][KB] tiles of [16 k pairs][16 columns][2] (see the
+// file note), zero-padded.
+void PackB(bool split, bool trans_b, int64_t n, int64_t k, const uint16_t* b, int64_t ldb,
+           int64_t kb, uint16_t* pack) {
+  Run(split, CeilDiv(n, kTileRows), [&](int64_t lo, int64_t hi) {
+    for (int64_t jb = lo; jb < hi; ++jb) {
+      const int64_t j0 = jb * kTileRows, cols = std::min(kTileRows, n - j0);
+      for (int64_t t = 0; t < kb; ++t) {
+        uint16_t* tile = pack + (jb * kb + t) * kTileElements;
+        const int64_t k0 = t * kTileK, ks = std::max<int64_t>(0, std::min(kTileK, k - k0));
+        const bool full = cols == kTileRows && ks == kTileK;
+        if (!full) std::memset(tile, 0, kTileElements * sizeof(uint16_t));
+        if (!trans_b) {  // op(B)(kk, j) = b[kk * ldb + j]: interleave row pairs
+          for (int64_t kk = 0; kk < ks; kk += 2) {
+            const uint16_t* r0 = b + (k0 + kk) * ldb + j0;
+            uint16_t* dst = tile + kk / 2 * kTileK;
+#if defined(CASTOR_AMX)
+            if (full) {
+              InterleaveRows(r0, r0 + ldb, dst);
+              continue;
+            }
+#endif
+            for (int64_t c = 0; c < cols; ++c) dst[2 * c] = r0[c];
+            if (kk + 1 < ks) {
+              for (int64_t c = 0; c < cols; ++c) dst[2 * c + 1] = r0[ldb + c];
+            }
+          }
+        } else {  // op(B)(kk, j) = b[j * ldb + kk]: k pairs adjacent in both
+          for (int64_t c = 0; c < cols; ++c) {
+            const uint16_t* src = b + (j0 + c) * ldb + k0;
+            int64_t kk = 0;
+            for (; kk + 2 <= ks; kk += 2) {
+              std::memcpy(tile + kk / 2 * kTileK + 2 * c, src + kk, 2 * sizeof(uint16_t));
+            }
+            if (kk < ks) tile[kk / 2 * kTileK + 2 * c] = src[kk];
+          }
+        }
+      }
+    }
+  });
+}
+
+std::atomic<bool> amx_allowed{true};
+
+}  // namespace
+
+bool AmxBf16Supported() {
+#if defined(CASTOR_AMX)
+  static const bool supported = DetectAmx();
+  return supported;
+#else
+  return false;
+#endif
+}
+
+bool AmxBf16Available() {
+  return amx_allowed.load(std::memory_order_relaxed) && AmxBf16Supported();
+}
+
+bool SetAmxForTesting(bool enabled) {
+  return amx_allowed.exchange(enabled, std::memory_order_relaxed);
+}
+
+void AmxGemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                 const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta,
+                 float* c, int64_t ldc) {
+#if defined(CASTOR_AMX)
+  if (m <= 0 || n <= 0) return;
+  const int64_t mb = CeilDiv(m, kTileRows), nb = CeilDiv(n, kTileRows);
+  const int64_t nb2 = CeilDiv(nb, kBlockTiles);
+  const int64_t blocks = CeilDiv(mb, kBlockTiles) * nb2;
+  const bool split = m * n * std::max<int64_t>(k, 1) >= kParallelMultiplyAdds;
+  // K in panels of kPanelK: a C block's A and B tiles of one panel stay in
+  // the L1 cache while it is computed, and the packed copies stay bounded.
+  const int64_t panel = std::min(std::max<int64_t>(k, 1), kPanelK);
+  const int64_t kb = CeilDiv(panel, kTileK);  // k == 0: one zero tile
+  // (Named through pointers: ParallelFor bodies on other threads see their
+  // own thread_local buffers.)
+  thread_local std::vector<uint16_t> a_scratch, b_scratch;
+  a_scratch.resize(static_cast<size_t>(mb * kb * kTileElements));
+  b_scratch.resize(static_cast<size_t>(nb * kb * kTileElements));
+  uint16_t* a_pack = a_scratch.data();
+  uint16_t* b_pack = b_scratch.data();
+  for (int64_t k0 = 0; k0 == 0 || k0 < k; k0 += panel) {
+    const int64_t kc = std::min(panel, k - k0);
+    // op(A)[:, k0:k0+kc] and op(B)[k0:k0+kc, :]; later panels add to C.
+    PackA(split, trans_a, m, kc, trans_a ? a + k0 * lda : a + k0, lda, kb, a_pack);
+    PackB(split, trans_b, n, kc, trans_b ? b + k0 : b + k0 * ldb, ldb, kb, b_pack);
+    const float panel_beta = k0 == 0 ? beta : 1.0f;
+    Run(split, blocks, [&](int64_t lo, int64_t hi) {
+      ProductBlocks(lo, hi, nb2, mb, nb, kb, a_pack, b_pack, m, n, alpha, panel_beta, c, ldc);
+    });
+  }
+#else
+  (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda;
+  (void)b, (void)ldb, (void)beta, (void)c, (void)ldc;
+  std::abort();  // AmxBf16Available() is false here: no caller gets this far
+#endif
+}
+
+}  // namespace castor::cpu

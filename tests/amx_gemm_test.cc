@@ -1,0 +1,233 @@
+// The AMX bfloat16 GEMM of backend/cpu/amx_gemm.h against float64 sums of
+// the same bfloat16 values: every transpose combination, sizes that leave
+// partial tiles in M, N and K, K over several packed panels, row strides
+// wider than the rows, alpha and beta (beta == 0 must not read C), GEMMs
+// large enough to split across threads and GEMMs run inside a ParallelFor;
+// and gemm.h's GemmFloat32Accumulate taking it for bfloat16 only. On a
+// CPU or OS without AMX tiles each test says so and skips.
+#include "backend/cpu/amx_gemm.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iostream>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/gemm.h"
+#include "backend/cpu/parallel.h"
+#include "gtest/gtest.h"
+
+namespace castor::cpu {
+namespace {
+
+#define SKIP_WITHOUT_AMX()                                                                \
+  if (!AmxBf16Supported()) {                                                              \
+    GTEST_SKIP() << "no AMX-TILE/AMX-BF16 here (CPU flags or the OS's tile-data grant): " \
+                    "the bfloat16 GEMM stays on the widened sgemm path";                  \
+  }
+
+// Restores the AMX setting a test changed.
+class ScopedAmx {
+ public:
+  explicit ScopedAmx(bool enabled) : before_(SetAmxForTesting(enabled)) {}
+  ~ScopedAmx() { SetAmxForTesting(before_); }
+
+ private:
+  bool before_;
+};
+
+float BFloat16Value(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &wide, sizeof(f));
+  return f;
+}
+
+// Random bfloat16 bit patterns in [-1, 1] (normal numbers or zero).
+std::vector<uint16_t> RandomBFloat16(int64_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<uint16_t> v(static_cast<size_t>(n));
+  for (uint16_t& x : v) {
+    const float f = dist(rng);
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof(bits));
+    x = static_cast<uint16_t>(bits >> 16);  // truncation: still in [-1, 1]
+  }
+  return v;
+}
+
+struct Case {
+  int64_t m, n, k;
+  bool trans_a, trans_b;
+  float alpha, beta;
+};
+
+std::string Describe(const Case& c) {
+  return "m " + std::to_string(c.m) + " n " + std::to_string(c.n) + " k " + std::to_string(c.k) +
+         (c.trans_a ? " A^T" : "") + (c.trans_b ? " B^T" : "") + " alpha " +
+         std::to_string(c.alpha) + " beta " + std::to_string(c.beta);
+}
+
+// Runs `gemm` on random operands of case `c` (row strides 3 wider than
+// stored rows) and checks every element of C against float64 sums.
+template <typename Gemm>
+void CheckAgainstFloat64(const Case& c, Gemm gemm) {
+  SCOPED_TRACE(Describe(c));
+  std::mt19937 rng(static_cast<unsigned>(c.m * 131 + c.n * 17 + c.k));
+  const int64_t a_rows = c.trans_a ? c.k : c.m, a_cols = c.trans_a ? c.m : c.k;
+  const int64_t b_rows = c.trans_b ? c.n : c.k, b_cols = c.trans_b ? c.k : c.n;
+  const int64_t lda = a_cols + 3, ldb = b_cols + 3, ldc = c.n + 3;
+  const std::vector<uint16_t> a = RandomBFloat16(a_rows * lda, rng);
+  const std::vector<uint16_t> b = RandomBFloat16(b_rows * ldb, rng);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> c_in(static_cast<size_t>(c.m * ldc));
+  for (float& x : c_in) {
+    // beta == 0: C must not be read, so NaN there must not reach the result.
+    x = c.beta == 0.0f ? std::numeric_limits<float>::quiet_NaN() : dist(rng);
+  }
+  std::vector<float> out = c_in;
+  gemm(c.trans_a, c.trans_b, c.m, c.n, c.k, c.alpha, a.data(), lda, b.data(), ldb, c.beta,
+       out.data(), ldc);
+  for (int64_t i = 0; i < c.m; ++i) {
+    for (int64_t j = 0; j < ldc; ++j) {
+      const float got = out[i * ldc + j];
+      if (j >= c.n) {  // past the row: untouched
+        ASSERT_TRUE(std::isnan(got) ? std::isnan(c_in[i * ldc + j]) : got == c_in[i * ldc + j])
+            << "C(" << i << ", " << j << ") past the row was written";
+        continue;
+      }
+      double sum = 0.0, magnitude = 0.0;
+      for (int64_t kk = 0; kk < c.k; ++kk) {
+        const double x = BFloat16Value(c.trans_a ? a[kk * lda + i] : a[i * lda + kk]);
+        const double y = BFloat16Value(c.trans_b ? b[j * ldb + kk] : b[kk * ldb + j]);
+        sum += x * y;
+        magnitude += std::fabs(x * y);
+      }
+      double want = c.alpha * sum;
+      magnitude = std::fabs(c.alpha) * magnitude;
+      if (c.beta != 0.0f) {
+        want += static_cast<double>(c.beta) * c_in[i * ldc + j];
+        magnitude += std::fabs(c.beta * c_in[i * ldc + j]);
+      }
+      // float32 sums (in pairs, per K panel): a few ulps of the magnitude.
+      ASSERT_NEAR(got, want, 1e-6 * magnitude + 1e-30) << "C(" << i << ", " << j << ")";
+    }
+  }
+}
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  const int64_t sizes[][3] = {
+      {1, 1, 1},      {17, 33, 45},  // partial tiles everywhere
+      {5, 70, 3},     {64, 64, 16},  // K under one tile
+      {31, 47, 300},                 // two K panels, the second partial
+      {33, 17, 513},                 // three K panels
+      {128, 512, 64},                // enough multiply-adds to split across threads
+  };
+  for (const auto& s : sizes) {
+    for (int t = 0; t < 4; ++t) {
+      cases.push_back(Case{s[0], s[1], s[2], (t & 1) != 0, (t & 2) != 0, 1.5f, t < 2 ? 0.0f : 0.25f});
+    }
+  }
+  return cases;
+}
+
+TEST(AmxGemm, MatchesFloat64SumsForEveryTransposeAndPartialTile) {
+  SKIP_WITHOUT_AMX();
+  for (const Case& c : Cases()) {
+    CheckAgainstFloat64(c, AmxGemmBf16);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(AmxGemm, GemmFloat32AccumulateRunsBFloat16OnAmxWhenAvailable) {
+  SKIP_WITHOUT_AMX();
+  const ScopedAmx amx(true);
+  ASSERT_TRUE(AmxBf16Available());
+  auto gemm = [](bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                 const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta,
+                 float* c, int64_t ldc) {
+    GemmFloat32Accumulate(DType::kBFloat16, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  };
+  CheckAgainstFloat64(Case{31, 47, 300, false, true, 1.0f, 0.0f}, gemm);
+  CheckAgainstFloat64(Case{128, 512, 64, true, false, -0.5f, 2.0f}, gemm);
+}
+
+// The two paths differ in summation order only: AMX adds products in pairs.
+// A K of 2 with one zero product per pair makes the sums exact on both, so
+// they must agree bit for bit; float16 never takes AMX.
+TEST(AmxGemm, AgreesWithTheWidenedPathWhereBothAreExact) {
+  SKIP_WITHOUT_AMX();
+  std::mt19937 rng(5);
+  const int64_t m = 20, n = 36, k = 2;
+  std::vector<uint16_t> a = RandomBFloat16(m * k, rng);
+  const std::vector<uint16_t> b = RandomBFloat16(k * n, rng);
+  for (int64_t i = 0; i < m; ++i) a[i * k + 1] = 0;  // the second product of each pair is 0
+  std::vector<float> on(static_cast<size_t>(m * n)), off(static_cast<size_t>(m * n));
+  {
+    const ScopedAmx amx(true);
+    GemmFloat32Accumulate(DType::kBFloat16, false, false, m, n, k, 1.0f, a.data(), k, b.data(),
+                          n, 0.0f, on.data(), n);
+  }
+  {
+    const ScopedAmx amx(false);
+    ASSERT_FALSE(AmxBf16Available());
+    GemmFloat32Accumulate(DType::kBFloat16, false, false, m, n, k, 1.0f, a.data(), k, b.data(),
+                          n, 0.0f, off.data(), n);
+  }
+  EXPECT_EQ(on, off);
+}
+
+// TDPBF16PS treats subnormal inputs as zero (amx_gemm.h's numerics note):
+// the smallest normal bfloat16 halved, times 1, gives 0 on AMX.
+TEST(AmxGemm, SubnormalInputsCountAsZero) {
+  SKIP_WITHOUT_AMX();
+  const uint16_t subnormal = 0x0040;  // 2^-127: half the smallest normal
+  const uint16_t one = 0x3f80;
+  const std::vector<uint16_t> a(32, subnormal), b(32, one);
+  float c = -1.0f;
+  AmxGemmBf16(false, false, 1, 1, 32, 1.0f, a.data(), 32, b.data(), 1, 0.0f, &c, 1);
+  EXPECT_EQ(c, 0.0f);
+}
+
+// Each ParallelFor chunk runs its own GEMM on its own thread (serially
+// there): per-thread tile configuration and scratch.
+TEST(AmxGemm, GemmsInsideAParallelForAreEachCorrect) {
+  SKIP_WITHOUT_AMX();
+  constexpr int64_t kGemms = 8, m = 40, n = 24, k = 70;
+  std::mt19937 rng(9);
+  std::vector<std::vector<uint16_t>> as, bs;
+  for (int64_t g = 0; g < kGemms; ++g) {
+    as.push_back(RandomBFloat16(m * k, rng));
+    bs.push_back(RandomBFloat16(k * n, rng));
+  }
+  std::vector<std::vector<float>> outs(kGemms, std::vector<float>(m * n));
+  ParallelFor(0, kGemms, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t g = lo; g < hi; ++g) {
+      AmxGemmBf16(false, false, m, n, k, 1.0f, as[g].data(), k, bs[g].data(), n, 0.0f,
+                  outs[g].data(), n);
+    }
+  });
+  for (int64_t g = 0; g < kGemms; ++g) {
+    std::vector<float> alone(m * n);
+    AmxGemmBf16(false, false, m, n, k, 1.0f, as[g].data(), k, bs[g].data(), n, 0.0f,
+                alone.data(), n);
+    EXPECT_EQ(outs[g], alone) << "GEMM " << g;  // same order of sums: same bits
+  }
+}
+
+TEST(AmxGemm, TestsCanTurnItOff) {
+  {
+    const ScopedAmx amx(false);
+    EXPECT_FALSE(AmxBf16Available());
+  }
+  EXPECT_EQ(AmxBf16Available(), AmxBf16Supported());
+  std::cout << "AMX bfloat16 GEMM: " << (AmxBf16Supported() ? "available" : "not available")
+            << "\n";
+}
+
+}  // namespace
+}  // namespace castor::cpu
