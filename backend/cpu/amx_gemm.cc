@@ -32,9 +32,8 @@ constexpr int64_t kTileK = 32;        // bfloat16 per A tile row (64 bytes)
 constexpr int64_t kTileElements = kTileRows * kTileK;  // 512 bfloat16 = 1 KiB
 constexpr int64_t kBlockTiles = 2;    // C blocks of up to 2 x 2 tiles
 constexpr int64_t kBlock = kBlockTiles * kTileRows;
-// K per packed panel (a multiple of kTileK): 2 x 8 KiB of A and of B tiles
-// per C block.
-constexpr int64_t kPanelK = 256;
+// Packed bfloat16 per K panel, A and B together (32 MiB).
+constexpr int64_t kPackElements = int64_t{1} << 24;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -172,75 +171,69 @@ __attribute__((target("avx2"))) void InterleaveRows(const uint16_t* r0, const ui
 }
 #endif
 
-// op(A) [m, k] into [MB][KB] tiles of [16][32] (see the file note),
-// zero-padded.
-void PackA(bool split, bool trans_a, int64_t m, int64_t k, const uint16_t* a, int64_t lda,
-           int64_t kb, uint16_t* pack) {
-  Run(split, CeilDiv(m, kTileRows), [&](int64_t lo, int64_t hi) {
-    for (int64_t ib = lo; ib < hi; ++ib) {
-      const int64_t i0 = ib * kTileRows, rows = std::min(kTileRows, m - i0);
-      for (int64_t t = 0; t < kb; ++t) {
-        uint16_t* tile = pack + (ib * kb + t) * kTileElements;
-        const int64_t k0 = t * kTileK, ks = std::max<int64_t>(0, std::min(kTileK, k - k0));
-        if (rows < kTileRows || ks < kTileK) {
-          std::memset(tile, 0, kTileElements * sizeof(uint16_t));
+// Tile rows [first, first + count) of op(A) [m, k] into [MB][kb] tiles of
+// [16][32] (see the file note), zero-padded.
+void PackA(bool trans_a, int64_t count, int64_t first, int64_t m, int64_t k, const uint16_t* a,
+           int64_t lda, int64_t kb, uint16_t* pack) {
+  for (int64_t ib = first; ib < first + count; ++ib) {
+    const int64_t i0 = ib * kTileRows, rows = std::min(kTileRows, m - i0);
+    for (int64_t t = 0; t < kb; ++t) {
+      uint16_t* tile = pack + (ib * kb + t) * kTileElements;
+      const int64_t k0 = t * kTileK, ks = std::max<int64_t>(0, std::min(kTileK, k - k0));
+      if (rows < kTileRows || ks < kTileK) std::memset(tile, 0, kTileElements * sizeof(uint16_t));
+      if (!trans_a) {  // rows of A are rows of op(A)
+        for (int64_t r = 0; r < rows; ++r) {
+          std::memcpy(tile + r * kTileK, a + (i0 + r) * lda + k0,
+                      static_cast<size_t>(ks) * sizeof(uint16_t));
         }
-        if (!trans_a) {  // rows of A are rows of op(A)
-          for (int64_t r = 0; r < rows; ++r) {
-            std::memcpy(tile + r * kTileK, a + (i0 + r) * lda + k0,
-                        static_cast<size_t>(ks) * sizeof(uint16_t));
-          }
-        } else {  // op(A)(i, kk) = a[kk * lda + i]
-          for (int64_t kk = 0; kk < ks; ++kk) {
-            const uint16_t* src = a + (k0 + kk) * lda + i0;
-            for (int64_t r = 0; r < rows; ++r) tile[r * kTileK + kk] = src[r];
-          }
+      } else {  // op(A)(i, kk) = a[kk * lda + i]
+        for (int64_t kk = 0; kk < ks; ++kk) {
+          const uint16_t* src = a + (k0 + kk) * lda + i0;
+          for (int64_t r = 0; r < rows; ++r) tile[r * kTileK + kk] = src[r];
         }
       }
     }
-  });
+  }
 }
 
-// op(B) [k, n] into [NB][KB] tiles of [16 k pairs][16 columns][2] (see the
-// file note), zero-padded.
-void PackB(bool split, bool trans_b, int64_t n, int64_t k, const uint16_t* b, int64_t ldb,
-           int64_t kb, uint16_t* pack) {
-  Run(split, CeilDiv(n, kTileRows), [&](int64_t lo, int64_t hi) {
-    for (int64_t jb = lo; jb < hi; ++jb) {
-      const int64_t j0 = jb * kTileRows, cols = std::min(kTileRows, n - j0);
-      for (int64_t t = 0; t < kb; ++t) {
-        uint16_t* tile = pack + (jb * kb + t) * kTileElements;
-        const int64_t k0 = t * kTileK, ks = std::max<int64_t>(0, std::min(kTileK, k - k0));
-        const bool full = cols == kTileRows && ks == kTileK;
-        if (!full) std::memset(tile, 0, kTileElements * sizeof(uint16_t));
-        if (!trans_b) {  // op(B)(kk, j) = b[kk * ldb + j]: interleave row pairs
-          for (int64_t kk = 0; kk < ks; kk += 2) {
-            const uint16_t* r0 = b + (k0 + kk) * ldb + j0;
-            uint16_t* dst = tile + kk / 2 * kTileK;
+// Tile columns [first, first + count) of op(B) [k, n] into [NB][kb] tiles
+// of [16 k pairs][16 columns][2] (see the file note), zero-padded.
+void PackB(bool trans_b, int64_t count, int64_t first, int64_t n, int64_t k, const uint16_t* b,
+           int64_t ldb, int64_t kb, uint16_t* pack) {
+  for (int64_t jb = first; jb < first + count; ++jb) {
+    const int64_t j0 = jb * kTileRows, cols = std::min(kTileRows, n - j0);
+    for (int64_t t = 0; t < kb; ++t) {
+      uint16_t* tile = pack + (jb * kb + t) * kTileElements;
+      const int64_t k0 = t * kTileK, ks = std::max<int64_t>(0, std::min(kTileK, k - k0));
+      const bool full = cols == kTileRows && ks == kTileK;
+      if (!full) std::memset(tile, 0, kTileElements * sizeof(uint16_t));
+      if (!trans_b) {  // op(B)(kk, j) = b[kk * ldb + j]: interleave row pairs
+        for (int64_t kk = 0; kk < ks; kk += 2) {
+          const uint16_t* r0 = b + (k0 + kk) * ldb + j0;
+          uint16_t* dst = tile + kk / 2 * kTileK;
 #if defined(CASTOR_AMX)
-            if (full) {
-              InterleaveRows(r0, r0 + ldb, dst);
-              continue;
-            }
+          if (full) {
+            InterleaveRows(r0, r0 + ldb, dst);
+            continue;
+          }
 #endif
-            for (int64_t c = 0; c < cols; ++c) dst[2 * c] = r0[c];
-            if (kk + 1 < ks) {
-              for (int64_t c = 0; c < cols; ++c) dst[2 * c + 1] = r0[ldb + c];
-            }
+          for (int64_t c = 0; c < cols; ++c) dst[2 * c] = r0[c];
+          if (kk + 1 < ks) {
+            for (int64_t c = 0; c < cols; ++c) dst[2 * c + 1] = r0[ldb + c];
           }
-        } else {  // op(B)(kk, j) = b[j * ldb + kk]: k pairs adjacent in both
-          for (int64_t c = 0; c < cols; ++c) {
-            const uint16_t* src = b + (j0 + c) * ldb + k0;
-            int64_t kk = 0;
-            for (; kk + 2 <= ks; kk += 2) {
-              std::memcpy(tile + kk / 2 * kTileK + 2 * c, src + kk, 2 * sizeof(uint16_t));
-            }
-            if (kk < ks) tile[kk / 2 * kTileK + 2 * c] = src[kk];
+        }
+      } else {  // op(B)(kk, j) = b[j * ldb + kk]: k pairs adjacent in both
+        for (int64_t c = 0; c < cols; ++c) {
+          const uint16_t* src = b + (j0 + c) * ldb + k0;
+          int64_t kk = 0;
+          for (; kk + 2 <= ks; kk += 2) {
+            std::memcpy(tile + kk / 2 * kTileK + 2 * c, src + kk, 2 * sizeof(uint16_t));
           }
+          if (kk < ks) tile[kk / 2 * kTileK + 2 * c] = src[kk];
         }
       }
     }
-  });
+  }
 }
 
 std::atomic<bool> amx_allowed{true};
@@ -273,22 +266,35 @@ void AmxGemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
   const int64_t nb2 = CeilDiv(nb, kBlockTiles);
   const int64_t blocks = CeilDiv(mb, kBlockTiles) * nb2;
   const bool split = m * n * std::max<int64_t>(k, 1) >= kParallelMultiplyAdds;
-  // K in panels of kPanelK: a C block's A and B tiles of one panel stay in
-  // the L1 cache while it is computed, and the packed copies stay bounded.
-  const int64_t panel = std::min(std::max<int64_t>(k, 1), kPanelK);
-  const int64_t kb = CeilDiv(panel, kTileK);  // k == 0: one zero tile
+  // All of K in one panel unless the packed copies would be large; each
+  // panel is packed in one parallel pass and multiplied in another, and a
+  // C block's accumulators stay in their tiles over the panel's K.
+  const int64_t k_tiles = CeilDiv(std::max<int64_t>(k, 1), kTileK);  // k == 0: one zero tile
+  const int64_t panel_tiles =
+      std::clamp<int64_t>(kPackElements / ((mb + nb) * kTileElements), 1, k_tiles);
+  const int64_t panel = panel_tiles * kTileK;
   // (Named through pointers: ParallelFor bodies on other threads see their
   // own thread_local buffers.)
   thread_local std::vector<uint16_t> a_scratch, b_scratch;
-  a_scratch.resize(static_cast<size_t>(mb * kb * kTileElements));
-  b_scratch.resize(static_cast<size_t>(nb * kb * kTileElements));
+  a_scratch.resize(static_cast<size_t>(mb * panel_tiles * kTileElements));
+  b_scratch.resize(static_cast<size_t>(nb * panel_tiles * kTileElements));
   uint16_t* a_pack = a_scratch.data();
   uint16_t* b_pack = b_scratch.data();
   for (int64_t k0 = 0; k0 == 0 || k0 < k; k0 += panel) {
     const int64_t kc = std::min(panel, k - k0);
-    // op(A)[:, k0:k0+kc] and op(B)[k0:k0+kc, :]; later panels add to C.
-    PackA(split, trans_a, m, kc, trans_a ? a + k0 * lda : a + k0, lda, kb, a_pack);
-    PackB(split, trans_b, n, kc, trans_b ? b + k0 : b + k0 * ldb, ldb, kb, b_pack);
+    const int64_t kb = CeilDiv(std::max<int64_t>(kc, 1), kTileK);
+    // op(A)[:, k0:k0+kc] (tile rows [0, mb)) and op(B)[k0:k0+kc, :] (tile
+    // columns mb + [0, nb)) in one pass; later panels add to C.
+    Run(split, mb + nb, [&](int64_t lo, int64_t hi) {
+      if (lo < mb) {
+        PackA(trans_a, std::min(hi, mb) - lo, lo, m, kc, trans_a ? a + k0 * lda : a + k0, lda,
+              kb, a_pack);
+      }
+      if (hi > mb) {
+        PackB(trans_b, hi - std::max(lo, mb), std::max(lo, mb) - mb, n, kc,
+              trans_b ? b + k0 : b + k0 * ldb, ldb, kb, b_pack);
+      }
+    });
     const float panel_beta = k0 == 0 ? beta : 1.0f;
     Run(split, blocks, [&](int64_t lo, int64_t hi) {
       ProductBlocks(lo, hi, nb2, mb, nb, kb, a_pack, b_pack, m, n, alpha, panel_beta, c, ldc);

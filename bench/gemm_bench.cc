@@ -1,0 +1,136 @@
+// The CPU backend's GEMM entry (backend/cpu/gemm.h) on the GEMM shapes of
+// the sample models' training steps at batch 128: float32 (OpenBLAS sgemm
+// on castor's threads), bfloat16 widened to float32 for that sgemm, and
+// bfloat16 on AMX tiles (backend/cpu/amx_gemm.h) where this CPU has them.
+// Prints the median wall time of each and the time ratios (widened / AMX,
+// float32 / AMX: > 1 where AMX is faster), all measured in the
+// same run:
+//
+//   gemm_bench [--threads N] [--seconds S]
+//
+// (S: the minimum time each variant of each shape runs; default 0.3.)
+// Without AMX the AMX column says so and the table still compares float32
+// and widened bfloat16.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/amx_gemm.h"
+#include "backend/cpu/gemm.h"
+#include "backend/cpu/parallel.h"
+#include "graph/dtype.h"
+
+namespace castor::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Shape {
+  const char* name;
+  int64_t m, n, k;
+  bool trans_a, trans_b;
+};
+
+// From the sample models (models/generate.py) at batch 128: Linear layers
+// are Gemm with transB (forward), and their gradients dX = dY W and dW =
+// dY^T X.
+const Shape kShapes[] = {
+    {"mlp fc1 forward", 128, 512, 784, false, true},
+    {"mlp fc1 dW", 512, 784, 128, true, false},
+    {"mlp fc2 dX", 128, 512, 512, false, false},
+    {"cnn fc1 forward", 128, 128, 5408, false, true},
+    {"cnn fc1 dW", 128, 5408, 128, true, false},
+    {"transformer ffn forward", 3584, 128, 64, false, true},
+    {"transformer ffn dW", 128, 64, 3584, true, false},
+    {"transformer attention", 28, 28, 16, false, true},
+};
+
+// Median seconds per call of fn, run for at least `seconds` (and 5 calls).
+template <typename Fn>
+double MedianSeconds(double seconds, Fn fn) {
+  std::vector<double> times;
+  const auto start = Clock::now();
+  while (times.size() < 5 ||
+         std::chrono::duration<double>(Clock::now() - start).count() < seconds) {
+    const auto t0 = Clock::now();
+    fn();
+    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return times[times.size() / 2];
+}
+
+uint16_t BFloat16Bits(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+int Main(int argc, char** argv) {
+  double seconds = 0.3;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--threads" && i + 1 < argc) {
+      cpu::SetNumThreads(std::max(1, std::atoi(argv[++i])));
+    } else if (arg == "--seconds" && i + 1 < argc) {
+      seconds = std::atof(argv[++i]);
+    } else {
+      std::fprintf(stderr,
+                   "usage: gemm_bench [--threads N] [--seconds S]\n"
+                   "gemm_bench: error: unknown argument '%s'\n",
+                   arg.c_str());
+      return 2;
+    }
+  }
+  const bool amx = cpu::AmxBf16Supported();
+  std::printf("GEMM: %s; %d threads; AMX bfloat16: %s\n\n", cpu::DescribeGemm().c_str(),
+              cpu::NumThreads(), amx ? "yes" : "no (this CPU or OS)");
+  std::printf("| shape | m x n x k | float32 us | bf16 widened us | bf16 AMX us | "
+              "widened / AMX | float32 / AMX |\n");
+  std::printf("| --- | --- | ---: | ---: | ---: | ---: | ---: |\n");
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (const Shape& s : kShapes) {
+    const int64_t a_size = s.m * s.k, b_size = s.k * s.n;
+    std::vector<float> a32(a_size), b32(b_size), c(s.m * s.n);
+    std::vector<uint16_t> a16(a_size), b16(b_size);
+    for (int64_t i = 0; i < a_size; ++i) a16[i] = BFloat16Bits(a32[i] = dist(rng));
+    for (int64_t i = 0; i < b_size; ++i) b16[i] = BFloat16Bits(b32[i] = dist(rng));
+    const int64_t lda = s.trans_a ? s.m : s.k, ldb = s.trans_b ? s.k : s.n;
+    auto run = [&](DType dtype, const void* a, const void* b) {
+      cpu::GemmFloat32Accumulate(dtype, s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0f, a, lda, b,
+                                 ldb, 0.0f, c.data(), s.n);
+    };
+    const double f32 =
+        MedianSeconds(seconds, [&] { run(DType::kFloat32, a32.data(), b32.data()); });
+    cpu::SetAmxForTesting(false);
+    const double widened =
+        MedianSeconds(seconds, [&] { run(DType::kBFloat16, a16.data(), b16.data()); });
+    cpu::SetAmxForTesting(true);
+    const std::string dims = std::to_string(s.m) + " x " + std::to_string(s.n) + " x " +
+                             std::to_string(s.k) + (s.trans_a ? " (A^T)" : "") +
+                             (s.trans_b ? " (B^T)" : "");
+    if (!amx) {
+      std::printf("| %s | %s | %.1f | %.1f | - | - | - |\n", s.name, dims.c_str(), f32 * 1e6,
+                  widened * 1e6);
+      continue;
+    }
+    const double tiles =
+        MedianSeconds(seconds, [&] { run(DType::kBFloat16, a16.data(), b16.data()); });
+    std::printf("| %s | %s | %.1f | %.1f | %.1f | %.2f | %.2f |\n", s.name, dims.c_str(),
+                f32 * 1e6, widened * 1e6, tiles * 1e6, widened / tiles, f32 / tiles);
+  }
+  std::printf("\nratios are times divided by the AMX time: > 1 where AMX is faster\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace castor::bench
+
+int main(int argc, char** argv) { return castor::bench::Main(argc, argv); }
