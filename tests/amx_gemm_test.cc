@@ -1,6 +1,6 @@
 // The AMX bfloat16 GEMM of backend/cpu/amx_gemm.h against float64 sums of
 // the same bfloat16 values: every transpose combination, sizes that leave
-// partial tiles in M, N and K, K over several packed panels, row strides
+// partial tiles in M, N and K, K cut into packed panels, row strides
 // wider than the rows, alpha and beta (beta == 0 must not read C), GEMMs
 // large enough to split across threads and GEMMs run inside a ParallelFor;
 // and gemm.h's GemmFloat32Accumulate taking it for bfloat16 only. On a
@@ -123,13 +123,14 @@ std::vector<Case> Cases() {
   const int64_t sizes[][3] = {
       {1, 1, 1},      {17, 33, 45},  // partial tiles everywhere
       {5, 70, 3},     {64, 64, 16},  // K under one tile
-      {31, 47, 300},                 // two K panels, the second partial
-      {33, 17, 513},                 // three K panels
+      {31, 47, 300},                 // K over many tiles, the last partial
+      {33, 17, 513},
       {128, 512, 64},                // enough multiply-adds to split across threads
   };
   for (const auto& s : sizes) {
     for (int t = 0; t < 4; ++t) {
-      cases.push_back(Case{s[0], s[1], s[2], (t & 1) != 0, (t & 2) != 0, 1.5f, t < 2 ? 0.0f : 0.25f});
+      const float beta = t < 2 ? 0.0f : 0.25f;
+      cases.push_back(Case{s[0], s[1], s[2], (t & 1) != 0, (t & 2) != 0, 1.5f, beta});
     }
   }
   return cases;
@@ -141,6 +142,20 @@ TEST(AmxGemm, MatchesFloat64SumsForEveryTransposeAndPartialTile) {
     CheckAgainstFloat64(c, AmxGemmBf16);
     if (HasFatalFailure()) return;
   }
+}
+
+// With a small packing limit K is cut into panels (each packed, multiplied
+// and added to C in turn): the same sums, beta applied once.
+TEST(AmxGemm, KInSeveralPanelsGivesTheSameSums) {
+  SKIP_WITHOUT_AMX();
+  const int64_t before = SetAmxPanelElementsForTesting(6 * 512);  // 6 tiles per panel
+  for (const Case& c : {Case{31, 47, 300, false, false, 1.5f, 0.25f},   // (2 + 3) tiles: 1 K tile
+                        Case{17, 20, 200, true, true, -1.0f, 0.0f},     // (2 + 2) tiles: 1 K tile
+                        Case{5, 9, 513, false, true, 1.0f, 2.0f}}) {    // (1 + 1) tiles: 3 K tiles
+    CheckAgainstFloat64(c, AmxGemmBf16);
+    if (HasFatalFailure()) break;
+  }
+  SetAmxPanelElementsForTesting(before);
 }
 
 TEST(AmxGemm, GemmFloat32AccumulateRunsBFloat16OnAmxWhenAvailable) {

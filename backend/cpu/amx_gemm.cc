@@ -4,7 +4,9 @@
 //   B: [NB][KB] tiles of [16 k pairs][16 columns][2 k]    (zeros past k, n)
 // so each tile is 1 KiB of consecutive rows of 64 bytes. C is computed in
 // blocks of up to 2 x 2 tiles (32 x 32): accumulator tiles 0-3, A tiles
-// 4-5, B tiles 6-7.
+// 4-5, B tiles 6-7, accumulating over all of K in the tiles. Only when the
+// packed copies would pass kPackElements (32 MiB) is K cut into panels, each packed
+// and multiplied in turn and added to C.
 #include "backend/cpu/amx_gemm.h"
 
 #include <algorithm>
@@ -32,8 +34,9 @@ constexpr int64_t kTileK = 32;        // bfloat16 per A tile row (64 bytes)
 constexpr int64_t kTileElements = kTileRows * kTileK;  // 512 bfloat16 = 1 KiB
 constexpr int64_t kBlockTiles = 2;    // C blocks of up to 2 x 2 tiles
 constexpr int64_t kBlock = kBlockTiles * kTileRows;
-// Packed bfloat16 per K panel, A and B together (32 MiB).
+// Packed bfloat16 per K panel, A and B together (32 MiB; tests lower it).
 constexpr int64_t kPackElements = int64_t{1} << 24;
+std::atomic<int64_t> pack_elements{kPackElements};
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -110,7 +113,9 @@ void BlockProduct(const uint16_t* a, const uint16_t* b, int64_t a_next, int64_t 
   _tile_stored(0, out, kRowBytes);
   if constexpr (NT == 2) _tile_stored(1, out + kTileRows, kRowBytes);
   if constexpr (MT == 2) _tile_stored(2, out + kTileRows * kBlock, kRowBytes);
-  if constexpr (MT == 2 && NT == 2) _tile_stored(3, out + kTileRows * kBlock + kTileRows, kRowBytes);
+  if constexpr (MT == 2 && NT == 2) {
+    _tile_stored(3, out + kTileRows * kBlock + kTileRows, kRowBytes);
+  }
 }
 
 // C blocks [lo, hi) of a grid of nb2 blocks per block row.
@@ -168,6 +173,7 @@ __attribute__((target("avx2"))) void InterleaveRows(const uint16_t* r0, const ui
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_permute2x128_si256(lo, hi, 0x20));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16),
                       _mm256_permute2x128_si256(lo, hi, 0x31));
+  _mm256_zeroupper();  // the caller is SSE code (see float_io.cc's kZeroUpperNote)
 }
 #endif
 
@@ -257,6 +263,11 @@ bool SetAmxForTesting(bool enabled) {
   return amx_allowed.exchange(enabled, std::memory_order_relaxed);
 }
 
+int64_t SetAmxPanelElementsForTesting(int64_t elements) {
+  return pack_elements.exchange(elements > 0 ? elements : kPackElements,
+                                std::memory_order_relaxed);
+}
+
 void AmxGemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                  const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta,
                  float* c, int64_t ldc) {
@@ -271,7 +282,9 @@ void AmxGemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
   // C block's accumulators stay in their tiles over the panel's K.
   const int64_t k_tiles = CeilDiv(std::max<int64_t>(k, 1), kTileK);  // k == 0: one zero tile
   const int64_t panel_tiles =
-      std::clamp<int64_t>(kPackElements / ((mb + nb) * kTileElements), 1, k_tiles);
+      std::clamp<int64_t>(pack_elements.load(std::memory_order_relaxed) /
+                              ((mb + nb) * kTileElements),
+                          1, k_tiles);
   const int64_t panel = panel_tiles * kTileK;
   // (Named through pointers: ParallelFor bodies on other threads see their
   // own thread_local buffers.)

@@ -36,6 +36,11 @@ bool AmxBf16Supported();
 // returns the previous setting.
 bool SetAmxForTesting(bool enabled);
 
+// For tests: pack at most `elements` bfloat16 of A and B per K panel (K is
+// cut into panels of whole tiles, at least one each); <= 0 restores the
+// default (32 MiB). Returns the previous limit.
+int64_t SetAmxPanelElementsForTesting(int64_t elements);
+
 // Row-major C[m, n] = alpha * op(A)[m, k] * op(B)[k, n] + beta * C with A
 // and B bfloat16 bit patterns (row strides lda, ldb as stored), C float32
 // (C is not read when beta == 0). Requires AmxBf16Available(). Splits the
