@@ -479,11 +479,54 @@ TEST(MaxPoolGrad, NaNWinsOverNumbersAndTheFirstNaNWins) {
   EXPECT_EQ(Values(one_d[0]), (std::vector<double>{0, 3, 0, 0}));
 }
 
+// 2x2 windows at stride 2 (each input in at most one window: their own
+// branch-free loop) against the rule written out: dY goes to the window's
+// first maximum in row-major order, a NaN winning over numbers and the
+// first NaN over later ones; positions in no window (the odd last row and
+// column here) get 0. Values from {0, 1, 2, NaN} make ties and NaNs common.
+TEST(MaxPoolGrad, DisjointTwoByTwoWindowsFollowTheFirstMaximumRule) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const int64_t planes = 6, in_h = 7, in_w = 9, out_h = 3, out_w = 4;
+  std::mt19937 rng(91);
+  std::vector<double> x(static_cast<size_t>(planes * in_h * in_w));
+  for (double& v : x) {
+    const int pick = static_cast<int>(rng() % 4);
+    v = pick == 3 ? nan : pick;
+  }
+  const Tensor dy = RandomTensor({2, 3, out_h, out_w}, 92);
+  const std::vector<double> dy_values = Values(dy);
+  const std::vector<Tensor> out =
+      RunOp("MaxPoolGrad", {dy, Make(DType::kFloat32, {2, 3, in_h, in_w}, x)},
+            {Attribute::Ints("kernel_shape", {2, 2}), Attribute::Ints("strides", {2, 2})});
+  ASSERT_EQ(out.size(), 1u);
+  std::vector<double> want(x.size(), 0.0);
+  for (int64_t p = 0; p < planes; ++p) {
+    for (int64_t oh = 0; oh < out_h; ++oh) {
+      for (int64_t ow = 0; ow < out_w; ++ow) {
+        int64_t best = -1;
+        for (int64_t kh = 0; kh < 2; ++kh) {
+          for (int64_t kw = 0; kw < 2; ++kw) {
+            const int64_t at = (p * in_h + 2 * oh + kh) * in_w + 2 * ow + kw;
+            if (best < 0 || x[at] > x[best] || (std::isnan(x[at]) && !std::isnan(x[best]))) {
+              best = at;
+            }
+          }
+        }
+        want[best] = dy_values[(p * out_h + oh) * out_w + ow];
+      }
+    }
+  }
+  EXPECT_EQ(Values(out[0]), want);
+}
+
 TEST(MaxPoolGrad, Float16AndBFloat16MatchFloat32) {
   ExpectLowPrecisionMatchesBoth(
       "MaxPoolGrad", {RandomTensor({2, 3, 3, 3}, 81), DistinctTensor({2, 3, 6, 6}, 82)}, {0, 1},
       {Attribute::Ints("kernel_shape", {3, 3}), Attribute::Ints("strides", {2, 2}),
        Attribute::Ints("pads", {1, 1, 1, 1})});
+  ExpectLowPrecisionMatchesBoth(  // disjoint 2x2 windows: their own loop
+      "MaxPoolGrad", {RandomTensor({2, 3, 3, 3}, 83), DistinctTensor({2, 3, 6, 7}, 84)}, {0, 1},
+      {Attribute::Ints("kernel_shape", {2, 2}), Attribute::Ints("strides", {2, 2})});
 }
 
 TEST(AveragePoolGrad, MatchesFiniteDifferences) {

@@ -653,6 +653,47 @@ void MaxPoolGradPlane2D(const WindowGeometry& g, const U* x, const float* dy, fl
   }
 }
 
+// True when every window of `g` is 2x2, inside the input, and no input
+// position is in two windows: kernel 2x2, strides 2, no pads or dilation
+// (whatever ceil_mode, the output then stays inside the input).
+bool IsDisjoint2x2(const WindowGeometry& g) {
+  return g.num_spatial == 2 && g.kernel[0] == 2 && g.kernel[1] == 2 && g.strides[0] == 2 &&
+         g.strides[1] == 2 && g.dilations[0] == 1 && g.dilations[1] == 1 &&
+         g.pad_begin[0] == 0 && g.pad_begin[1] == 0 && 2 * g.output[0] <= g.input[0] &&
+         2 * g.output[1] <= g.input[1];
+}
+
+// MaxPoolGradPlane2D for IsDisjoint2x2 windows: each window's four dX
+// positions get dY at the first maximum (row-major; a NaN wins over
+// numbers) and 0 elsewhere, stored directly. Branch-free over the windows
+// of a row, so the compiler vectorises it. Positions no window covers (an
+// odd last row or column) are left as they are.
+void MaxPoolGradPlane2x2(const WindowGeometry& g, const float* x, const float* dy, float* dx) {
+  const int64_t in_w = g.input[1], out_h = g.output[0], out_w = g.output[1];
+  for (int64_t oh = 0; oh < out_h; ++oh) {
+    const float* r0 = x + 2 * oh * in_w;
+    const float* r1 = r0 + in_w;
+    float* d0 = dx + 2 * oh * in_w;
+    float* d1 = d0 + in_w;
+    const float* dy_row = dy + oh * out_w;
+    for (int64_t ow = 0; ow < out_w; ++ow) {
+      const float v[4] = {r0[2 * ow], r0[2 * ow + 1], r1[2 * ow], r1[2 * ow + 1]};
+      int best = 0;
+      float best_value = v[0];
+      for (int k = 1; k < 4; ++k) {
+        const bool take = (v[k] > best_value) | ((v[k] != v[k]) & (best_value == best_value));
+        best = take ? k : best;
+        best_value = take ? v[k] : best_value;
+      }
+      const float grad = dy_row[ow];
+      d0[2 * ow] = best == 0 ? grad : 0.0f;
+      d0[2 * ow + 1] = best == 1 ? grad : 0.0f;
+      d1[2 * ow] = best == 2 ? grad : 0.0f;
+      d1[2 * ow + 1] = best == 3 ? grad : 0.0f;
+    }
+  }
+}
+
 template <bool kMax>
 absl::Status PoolGradKernel(KernelContext& ctx) {
   if (kMax) {
@@ -669,6 +710,7 @@ absl::Status PoolGradKernel(KernelContext& ctx) {
   const Float32Out dx(setup.dx);
   const bool count_include_pad = ctx.GetInt("count_include_pad", 0) != 0;
   const int64_t in_size = g.input_size(), out_size = g.output_size();
+  const bool disjoint_2x2 = IsDisjoint2x2(g);
   DispatchFloat(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* xp = x.as<T>();
@@ -687,6 +729,12 @@ absl::Status PoolGradKernel(KernelContext& ctx) {
         const float* dys = dy.data() + plane * out_size;
         float* dxs = dx.data() + plane * in_size;
         if constexpr (kMax) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(*xs)>, float>) {
+            if (disjoint_2x2) {
+              MaxPoolGradPlane2x2(g, xs, dys, dxs);
+              continue;
+            }
+          }
           if (g.num_spatial == 2) {
             MaxPoolGradPlane2D(g, xs, dys, dxs);
             continue;
