@@ -663,13 +663,14 @@ bool IsDisjoint2x2(const WindowGeometry& g) {
          2 * g.output[1] <= g.input[1];
 }
 
-// MaxPoolGradPlane2D for IsDisjoint2x2 windows: each window's four dX
-// positions get dY at the first maximum (row-major; a NaN wins over
-// numbers) and 0 elsewhere, stored directly. Branch-free over the windows
-// of a row, so the compiler vectorises it. Positions no window covers (an
-// odd last row or column) are left as they are.
+// MaxPoolGradPlane2D for IsDisjoint2x2 windows, writing all of the plane's
+// dX (so it needs no zeroed buffer): each window's four positions get dY at
+// the first maximum (row-major; a NaN wins over numbers) and 0 elsewhere,
+// branch-free over the windows of a row; positions no window covers (an odd
+// last row or column) get 0.
 void MaxPoolGradPlane2x2(const WindowGeometry& g, const float* x, const float* dy, float* dx) {
-  const int64_t in_w = g.input[1], out_h = g.output[0], out_w = g.output[1];
+  const int64_t in_h = g.input[0], in_w = g.input[1], out_h = g.output[0], out_w = g.output[1];
+  for (int64_t ih = 2 * out_h; ih < in_h; ++ih) std::fill_n(dx + ih * in_w, in_w, 0.0f);
   for (int64_t oh = 0; oh < out_h; ++oh) {
     const float* r0 = x + 2 * oh * in_w;
     const float* r1 = r0 + in_w;
@@ -691,6 +692,7 @@ void MaxPoolGradPlane2x2(const WindowGeometry& g, const float* x, const float* d
       d1[2 * ow] = best == 2 ? grad : 0.0f;
       d1[2 * ow + 1] = best == 3 ? grad : 0.0f;
     }
+    for (int64_t iw = 2 * out_w; iw < in_w; ++iw) d0[iw] = d1[iw] = 0.0f;
   }
 }
 
@@ -707,10 +709,12 @@ absl::Status PoolGradKernel(KernelContext& ctx) {
   const WindowGeometry& g = setup.g;
   const TensorView& x = ctx.input(1);
   const Float32In dy(ctx.input(0));
-  const Float32Out dx(setup.dx);
+  // MaxPoolGradPlane2x2 (float32 and widened 16-bit X) writes every dX
+  // element; everything else adds into zeros.
+  const bool disjoint_2x2 = kMax && IsDisjoint2x2(g) && x.dtype != DType::kFloat64;
+  const Float32Out dx(setup.dx, /*overwritten=*/disjoint_2x2);
   const bool count_include_pad = ctx.GetInt("count_include_pad", 0) != 0;
   const int64_t in_size = g.input_size(), out_size = g.output_size();
-  const bool disjoint_2x2 = IsDisjoint2x2(g);
   DispatchFloat(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* xp = x.as<T>();
