@@ -177,6 +177,8 @@ void MaxPool2D(const WindowGeometry& g, const std::vector<AxisWindows>& axes, in
   while (full_lo < out_w && cols.begin[full_lo + 1] - cols.begin[full_lo] != kernel_w) ++full_lo;
   int64_t full_hi = full_lo;
   while (full_hi < out_w && cols.begin[full_hi + 1] - cols.begin[full_hi] == kernel_w) ++full_hi;
+  // Windows of two adjacent columns at stride 2 from column 0 (2x2 pools).
+  const bool pairs = kernel_w == 2 && stride_w == 2 && step_w == 1 && pad_w == 0;
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, in_h * in_w));
   ParallelFor(0, planes, grain, [&](int64_t lo, int64_t hi) {
     std::vector<V> column_max(static_cast<size_t>(in_w));
@@ -190,9 +192,15 @@ void MaxPool2D(const WindowGeometry& g, const std::vector<AxisWindows>& axes, in
     };
     auto row_pass = [&](T* yrow, auto nan_safe) {
       for (int64_t ow = 0; ow < full_lo; ++ow) Store(&yrow[ow], edge_max(ow, nan_safe));
-      for (int64_t ow = full_lo; ow < full_hi; ++ow) {
-        Store(&yrow[ow], WindowMax<V, decltype(nan_safe)::value>(cm, ow * stride_w - pad_w,
-                                                                 kernel_w, step_w));
+      if (pairs) {  // each window is cm[2 ow], cm[2 ow + 1]: one branch-free loop
+        for (int64_t ow = full_lo; ow < full_hi; ++ow) {
+          Store(&yrow[ow], NanMax(cm[2 * ow], cm[2 * ow + 1]));
+        }
+      } else {
+        for (int64_t ow = full_lo; ow < full_hi; ++ow) {
+          Store(&yrow[ow], WindowMax<V, decltype(nan_safe)::value>(cm, ow * stride_w - pad_w,
+                                                                   kernel_w, step_w));
+        }
       }
       for (int64_t ow = full_hi; ow < out_w; ++ow) Store(&yrow[ow], edge_max(ow, nan_safe));
     };
