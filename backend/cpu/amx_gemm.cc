@@ -254,6 +254,19 @@ void PackA(bool trans_a, int64_t count, int64_t first, int64_t m, int64_t k, con
                       static_cast<size_t>(ks) * sizeof(uint16_t));
         }
       } else {  // op(A)(i, kk) = a[kk * lda + i]
+#if defined(CASTOR_AMX)
+        if (rows == kTileRows && ks == kTileK) {
+          // Rows kk, kk + 1 of A interleaved give 16 k pairs x 16 columns i;
+          // the tile is their transpose (tile row i: the pairs of column i).
+          alignas(64) uint16_t pairs[kTileElements];
+          for (int64_t p = 0; p < kTileRows; ++p) {
+            const uint16_t* r0 = a + (k0 + 2 * p) * lda + i0;
+            InterleaveRows(r0, r0 + lda, pairs + p * kTileK);
+          }
+          TransposePairs(pairs, kTileK, tile);
+          continue;
+        }
+#endif
         for (int64_t kk = 0; kk < ks; ++kk) {
           const uint16_t* src = a + (k0 + kk) * lda + i0;
           for (int64_t r = 0; r < rows; ++r) tile[r * kTileK + kk] = src[r];
