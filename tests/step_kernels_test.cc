@@ -70,6 +70,28 @@ TEST(StepKernelsTest, UnscalesEveryDtypeInPlace) {
   EXPECT_EQ(next_scale, 512.0f);
 }
 
+// Loss scaling off (mixed_bfloat16's and float32's default): the pass only
+// checks and sums; every gradient keeps its bits, odd ones included.
+TEST(StepKernelsTest, WithoutALossScaleGradientsKeepTheirBits) {
+  StepConfig config = MakeStepConfig(OptimizerKind::kSgd, 0, false, 0, 0, 1024.0);
+  config.scaler.enabled = false;
+  const float tiny = std::numeric_limits<float>::denorm_min();
+  Tensor f32 = Tensor::FromVector<float>(DType::kFloat32, {3}, {3.0f, -0.1f, tiny});
+  Tensor bf16 = Tensor::FromVector<uint16_t>(DType::kBFloat16, {2}, {0x3f81, 0x8001});
+  const Tensor f32_before = f32, bf16_before = bf16;
+  float next_scale = 0;
+  const StepState state = UnscaleAndDecide(config, {&f32, &bf16}, 2.5f, &next_scale);
+  EXPECT_TRUE(SameBits(f32, f32_before));
+  EXPECT_TRUE(SameBits(bf16, bf16_before));
+  EXPECT_EQ(state.skipped, 0);
+  EXPECT_EQ(state.scale_used, 1.0);
+  double squares = 0;
+  for (float v : {3.0f, -0.1f, tiny, BFloat16BitsToFloat(0x3f81), BFloat16BitsToFloat(0x8001)}) {
+    squares += double{v} * v;
+  }
+  EXPECT_DOUBLE_EQ(state.sum_squares, squares);
+}
+
 TEST(StepKernelsTest, NonFiniteGradientOrLossSkipsEverything) {
   const StepConfig config = MakeStepConfig(OptimizerKind::kAdam, 0, false, 0, 0, 4096.0);
   for (const std::string what : {"gradient inf", "gradient nan", "loss nan"}) {
