@@ -159,6 +159,51 @@ TEST_F(TrainCommandTest, Tf32IsACudaSetting) {
   }
 }
 
+// Checkpoints record whether TF32 ran (state.extra "tf32"); --resume keeps
+// it unless --tf32/--no-tf32 is given, and says what happens to it on the
+// CPU. (Here a checkpoint trained on the CPU is edited to say TF32 ran, as
+// one trained with --tf32 on a GPU would.)
+TEST_F(TrainCommandTest, ResumeKeepsTheCheckpointsTf32Setting) {
+  const std::string ckpt = (dir_ / "ckpt").string();
+  ASSERT_EQ(Train({"--max-steps", "1", "--checkpoint-dir", ckpt, "--backend", "cpu"}).code, 0);
+  absl::StatusOr<FoundCheckpoint> saved = FindLatestCheckpoint(ckpt);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  const Json* recorded = saved->checkpoint.state.extra.Find("tf32");
+  ASSERT_NE(recorded, nullptr);
+  EXPECT_TRUE(recorded->is_bool());
+  EXPECT_FALSE(recorded->as_bool());
+
+  Checkpoint with_tf32 = std::move(saved->checkpoint);
+  with_tf32.state.extra.Set("tf32", Json::Bool(true));
+  const std::string edited = (dir_ / "tf32.onnx").string();
+  ASSERT_TRUE(WriteCheckpoint(with_tf32, edited).ok());
+  auto resume = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--resume", edited, "--data", data_, "--max-steps", "2",
+                                     "--backend", "cpu", "--checkpoint-dir",
+                                     (dir_ / "resumed").string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::ostringstream out, err;
+    const int code = RunTrain(args, out, err);
+    return Result{code, out.str(), err.str()};
+  };
+  const Result kept = resume({});
+  ASSERT_EQ(kept.code, 0) << kept.err;
+  EXPECT_THAT(kept.err, HasSubstr("the checkpoint trained with TF32 (--tf32); on the CPU "
+                                  "float32 is exact"));
+  // What ran is recorded: exact float32.
+  absl::StatusOr<FoundCheckpoint> after = FindLatestCheckpoint((dir_ / "resumed").string());
+  ASSERT_TRUE(after.ok()) << after.status();
+  ASSERT_NE(after->checkpoint.state.extra.Find("tf32"), nullptr);
+  EXPECT_FALSE(after->checkpoint.state.extra.Find("tf32")->as_bool());
+
+  fs::remove_all(dir_ / "resumed");
+  const Result changed = resume({"--no-tf32"});
+  ASSERT_EQ(changed.code, 0) << changed.err;
+  EXPECT_THAT(changed.err, HasSubstr("warning: the checkpoint trained with TF32 (--tf32); this "
+                                     "run goes on in exact float32"));
+  EXPECT_THAT(changed.err, Not(HasSubstr("on the CPU float32 is exact")));
+}
+
 std::string Slurp(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream buffer;

@@ -129,6 +129,9 @@ absl::StatusOr<Evaluation> Evaluate(Trainer& trainer, const Dataset& test, const
   return Evaluation{loss_sum / seen, static_cast<double>(correct) / seen};
 }
 
+// The key in TrainingState::extra recording --tf32 as it took effect.
+constexpr const char* kTf32StateKey = "tf32";
+
 // Flags a resumed run takes from its checkpoint instead.
 constexpr const char* kFlagsTheCheckpointDecides[] = {
     "--loss",     "--output",       "--input",     "--optimizer", "--lr",         "--momentum",
@@ -298,6 +301,9 @@ absl::StatusOr<SavedCheckpoint> SaveCheckpoint(const TrainOptions& o, Checkpoint
   state.lr_schedule = trainer_options.lr;
   state.loss_scaler = trainer.scaler().ToJson();
   state.moments = snapshot.optimizer.state();
+  // Whether float32 MatMul/Gemm/Conv ran on TF32 (--tf32 on CUDA): a resumed
+  // run continues the same way unless told otherwise.
+  state.extra.Set(kTf32StateKey, Json::Bool(o.tf32));
   return SaveToCheckpointDir(o.checkpoint_dir, checkpoint, o.keep);
 }
 
@@ -437,6 +443,7 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   }
   const Policy& policy = start->policy;
   TrainerOptions trainer_options;
+  bool tf32_from_checkpoint = false;  // --tf32 taken from the resumed checkpoint
   if (start->resumed.has_value()) {
     // The run continues as it was configured.
     const TrainingState& saved = *start->resumed;
@@ -449,6 +456,22 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
       }
     }
     if (o.data.empty()) o.data = saved.data;
+    // TF32: the checkpoint's setting unless --tf32 or --no-tf32 is given
+    // (then a change is said out loud). Checkpoints from before it was
+    // recorded ran without.
+    const Json* saved_tf32 = saved.extra.Find(kTf32StateKey);
+    const bool checkpoint_tf32 = saved_tf32 != nullptr && saved_tf32->as_bool();
+    bool tf32_given = false;
+    for (const std::string& arg : args) tf32_given |= arg == "--tf32" || arg == "--no-tf32";
+    if (!tf32_given) {
+      o.tf32 = checkpoint_tf32;
+      tf32_from_checkpoint = checkpoint_tf32;
+    } else if (o.tf32 != checkpoint_tf32) {
+      err << "castor train: warning: the checkpoint trained "
+          << (checkpoint_tf32 ? "with TF32 (--tf32)" : "without TF32") << "; this run goes on "
+          << (o.tf32 ? "with TF32" : "in exact float32")
+          << ", so its float32 MatMul/Gemm/Conv round differently from the run so far\n";
+    }
     if (o.checkpoint_dir.empty()) {
       o.checkpoint_dir = std::filesystem::path(start->resumed_from).parent_path().string();
       if (o.checkpoint_dir.empty()) o.checkpoint_dir = ".";
@@ -539,7 +562,13 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   if (!chosen->note.empty()) err << "castor train: " << chosen->note << "\n";
   Backend& backend = *chosen->backend;
   const bool on_cpu = dynamic_cast<CpuBackend*>(&backend) != nullptr;
-  if (o.tf32 && on_cpu) err << "castor train: --tf32 has no effect on the CPU\n";
+  if (o.tf32 && on_cpu) {
+    err << "castor train: "
+        << (tf32_from_checkpoint ? "the checkpoint trained with TF32 (--tf32); on the CPU "
+                                   "float32 is exact\n"
+                                 : "--tf32 has no effect on the CPU\n");
+    o.tf32 = false;  // as it takes effect: the summary and the checkpoints say so
+  }
   absl::StatusOr<std::unique_ptr<Trainer>> created =
       Trainer::Create(*std::move(model), *graph, trainer_options, backend);
   if (!created.ok()) return fail(kExitBadInput, std::string(created.status().message()));
