@@ -28,11 +28,13 @@ echo "== castor inspect $WORK/cnn_mixed_float16.onnx --why /fc2/Gemm"
 "$CASTOR" inspect "$WORK/cnn_mixed_float16.onnx" --why /fc2/Gemm
 
 echo
-echo "== castor train: the sample CNN on Fashion-MNIST, mixed_bfloat16 (150 steps; about a minute on the CPU)"
+echo "== castor train: the sample CNN on Fashion-MNIST, mixed_bfloat16, one epoch (469 steps)"
 rm -rf "$WORK/checkpoints"
 "$CASTOR" train models/cnn_opset17.onnx --data fashion-mnist --policy mixed_bfloat16 \
-  --max-steps 150 --metrics "$WORK/metrics.jsonl" --checkpoint-dir "$WORK/checkpoints" --save-every 50
+  --epochs 1 --metrics "$WORK/metrics.jsonl" --checkpoint-dir "$WORK/checkpoints" --save-every 150
 
+# The newest checkpoint: the one written at the end (zero-padded step numbers).
+LAST="$(ls -1 "$WORK"/checkpoints/ckpt-*.onnx | tail -n 1)"
 echo
-echo "== castor verify $WORK/checkpoints/ckpt-00000150.onnx --policy mixed_bfloat16"
-"$CASTOR" verify "$WORK/checkpoints/ckpt-00000150.onnx" --policy mixed_bfloat16
+echo "== castor verify $LAST --policy mixed_bfloat16"
+"$CASTOR" verify "$LAST" --policy mixed_bfloat16
