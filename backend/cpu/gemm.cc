@@ -1,4 +1,5 @@
-// GEMM through OpenBLAS for every float dtype (see gemm.h).
+// GEMM through OpenBLAS for every float dtype, and bfloat16 on AMX tiles
+// where the CPU has them (see gemm.h).
 #include "backend/cpu/gemm.h"
 
 #include <cblas.h>
