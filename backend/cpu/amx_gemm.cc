@@ -72,7 +72,7 @@ bool DetectAmx() {
 }
 
 #pragma GCC push_options
-#pragma GCC target("amx-tile,amx-bf16")
+#pragma GCC target("amx-tile,amx-bf16,avx512f")
 
 // The palette-1 configuration: all eight tiles 16 rows of 64 bytes.
 struct alignas(64) TileConfig {
@@ -155,6 +155,7 @@ void ProductBlocks(int64_t lo, int64_t hi, int64_t nb2, int64_t mb, int64_t nb, 
     }
   }
   _tile_release();
+  _mm256_zeroupper();  // the write-back loops may use AVX-512 (see InterleaveRows)
 }
 
 #pragma GCC pop_options
