@@ -2,13 +2,14 @@
 // the same bfloat16 values: every transpose combination, sizes that leave
 // partial tiles in M, N and K, K cut into packed panels, row strides
 // wider than the rows, alpha and beta (beta == 0 must not read C), GEMMs
-// large enough to split across threads and GEMMs run inside a ParallelFor;
-// and gemm.h's GemmFloat32Accumulate taking it for bfloat16 only. On a
-// CPU or OS without AMX tiles each test says so and skips.
+// large enough to split across threads and GEMMs run inside a ParallelFor,
+// k == 0; and gemm.h's GemmFloat32Accumulate taking it for bfloat16 only.
+// On a CPU or OS without AMX tiles each test says so and skips.
 #include "backend/cpu/amx_gemm.h"
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <limits>
@@ -112,7 +113,8 @@ void CheckAgainstFloat64(const Case& c, Gemm gemm) {
         want += static_cast<double>(c.beta) * c_in[i * ldc + j];
         magnitude += std::fabs(c.beta * c_in[i * ldc + j]);
       }
-      // float32 sums (in pairs, per K panel): a few ulps of the magnitude.
+      // float32 sums in the tiles' order (per K panel): a few ulps of the
+      // magnitude.
       ASSERT_NEAR(got, want, 1e-6 * magnitude + 1e-30) << "C(" << i << ", " << j << ")";
     }
   }
@@ -158,8 +160,25 @@ TEST(AmxGemm, KInSeveralPanelsGivesTheSameSums) {
   SetAmxPanelElementsForTesting(before);
 }
 
+// GemmFloat32Accumulate takes AMX for bfloat16 exactly when it is available:
+// told apart by a subnormal input, which AMX counts as zero and the widened
+// sgemm keeps; and its results are right.
 TEST(AmxGemm, GemmFloat32AccumulateRunsBFloat16OnAmxWhenAvailable) {
   SKIP_WITHOUT_AMX();
+  {
+    const ScopedAmx amx(true);
+    if (!AmxBf16Available()) {
+      GTEST_SKIP() << "CASTOR_AMX=off in the environment: GemmFloat32Accumulate never takes AMX";
+    }
+  }
+  const std::vector<uint16_t> subnormal(32, 0x0040), one(32, 0x3f80);  // 2^-127, 1
+  for (const bool enabled : {true, false}) {
+    const ScopedAmx amx(enabled);
+    float c = -1.0f;
+    GemmFloat32Accumulate(DType::kBFloat16, false, false, 1, 1, 32, 1.0f, subnormal.data(), 32,
+                          one.data(), 1, 0.0f, &c, 1);
+    EXPECT_EQ(c, enabled ? 0.0f : std::ldexp(1.0f, -122)) << "AMX " << enabled;
+  }
   const ScopedAmx amx(true);
   ASSERT_TRUE(AmxBf16Available());
   auto gemm = [](bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
@@ -171,9 +190,9 @@ TEST(AmxGemm, GemmFloat32AccumulateRunsBFloat16OnAmxWhenAvailable) {
   CheckAgainstFloat64(Case{128, 512, 64, true, false, -0.5f, 2.0f}, gemm);
 }
 
-// The two paths differ in summation order only: AMX adds products in pairs.
-// A K of 2 with one zero product per pair makes the sums exact on both, so
-// they must agree bit for bit; float16 never takes AMX.
+// Away from subnormals the two paths differ in summation order only. A K of
+// 2 with one zero product per row makes the sums exact on both, so they
+// must agree bit for bit.
 TEST(AmxGemm, AgreesWithTheWidenedPathWhereBothAreExact) {
   SKIP_WITHOUT_AMX();
   std::mt19937 rng(5);
@@ -194,6 +213,27 @@ TEST(AmxGemm, AgreesWithTheWidenedPathWhereBothAreExact) {
                           n, 0.0f, off.data(), n);
   }
   EXPECT_EQ(on, off);
+}
+
+// float16 never takes AMX: the same bits with it on and off, and the right
+// values (read as bfloat16, these float16 bit patterns would be tiny).
+TEST(AmxGemm, Float16StaysOnTheWidenedPath) {
+  SKIP_WITHOUT_AMX();
+  const int64_t m = 3, n = 17, k = 40;
+  const std::vector<uint16_t> a(m * k, 0x3c00), b(k * n, 0x4000);  // float16 1 and 2
+  std::vector<float> on(m * n), off(m * n);
+  {
+    const ScopedAmx amx(true);
+    GemmFloat32Accumulate(DType::kFloat16, false, false, m, n, k, 1.0f, a.data(), k, b.data(),
+                          n, 0.0f, on.data(), n);
+  }
+  {
+    const ScopedAmx amx(false);
+    GemmFloat32Accumulate(DType::kFloat16, false, false, m, n, k, 1.0f, a.data(), k, b.data(),
+                          n, 0.0f, off.data(), n);
+  }
+  EXPECT_EQ(on, off);
+  EXPECT_EQ(on, std::vector<float>(m * n, 2.0f * k));
 }
 
 // TDPBF16PS treats subnormal inputs as zero (amx_gemm.h's numerics note):
@@ -234,14 +274,28 @@ TEST(AmxGemm, GemmsInsideAParallelForAreEachCorrect) {
   }
 }
 
+// An empty K: C = beta * C, C not read when beta == 0.
+TEST(AmxGemm, EmptyKScalesC) {
+  SKIP_WITHOUT_AMX();
+  std::vector<float> c = {1.0f, -2.0f, 3.0f, 4.0f};
+  AmxGemmBf16(false, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.5f, c.data(), 2);
+  EXPECT_EQ(c, (std::vector<float>{0.5f, -1.0f, 1.5f, 2.0f}));
+  std::vector<float> nan(4, std::numeric_limits<float>::quiet_NaN());
+  AmxGemmBf16(true, true, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.0f, nan.data(), 2);
+  EXPECT_EQ(nan, std::vector<float>(4, 0.0f));
+}
+
 TEST(AmxGemm, TestsCanTurnItOff) {
   {
     const ScopedAmx amx(false);
     EXPECT_FALSE(AmxBf16Available());
   }
-  EXPECT_EQ(AmxBf16Available(), AmxBf16Supported());
-  std::cout << "AMX bfloat16 GEMM: " << (AmxBf16Supported() ? "available" : "not available")
-            << "\n";
+  const char* env = std::getenv("CASTOR_AMX");
+  const bool env_off = env != nullptr && (std::string(env) == "off" || std::string(env) == "0" ||
+                                          std::string(env) == "no" || std::string(env) == "false");
+  EXPECT_EQ(AmxBf16Available(), AmxBf16Supported() && !env_off);
+  std::cout << "AMX bfloat16 GEMM: " << (AmxBf16Supported() ? "supported" : "not supported")
+            << (env_off ? ", off (CASTOR_AMX)" : "") << "\n";
 }
 
 }  // namespace

@@ -431,15 +431,22 @@ TEST(CliTest, VersionPrintsVersionAndCudaLine) {
 }
 
 // --version says whether mixed_bfloat16's GEMMs run on AMX tiles
-// (backend/cpu/amx_gemm.h): exactly where this CPU and OS allow them.
+// (backend/cpu/amx_gemm.h): exactly where this CPU and OS allow them and
+// CASTOR_AMX=off does not turn them off.
 TEST(CliTest, VersionSaysWhetherBFloat16GemmsRunOnAmx) {
   RunResult result = RunCastor({"--version"});
   EXPECT_EQ(result.exit_code, kExitOk);
-  if (cpu::AmxBf16Supported()) {
-    EXPECT_THAT(result.out, HasSubstr("; bfloat16 GEMM on AMX tiles\n"));
+  if (cpu::AmxBf16Available()) {  // (CASTOR_AMX, if set, reaches the binary too)
+    EXPECT_THAT(result.out, HasSubstr("; AMX for bfloat16 GEMMs\n"));
   } else {
     EXPECT_THAT(result.out, Not(HasSubstr("AMX")));
   }
+  if (!cpu::AmxBf16Supported()) return;
+  // CASTOR_AMX=off turns it off.
+  RunResult off = RunProgram("env", {"CASTOR_AMX=off", CASTOR_BINARY, "--version"});
+  EXPECT_EQ(off.exit_code, kExitOk);
+  EXPECT_THAT(off.out, HasSubstr("CPU backend: OpenBLAS "));
+  EXPECT_THAT(off.out, Not(HasSubstr("AMX")));
 }
 
 // OpenBLAS 0.3.21 runs its generic SSE3 kernels on CPUs it does not know;

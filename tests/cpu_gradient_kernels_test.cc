@@ -495,6 +495,16 @@ TEST(MaxPoolGrad, DisjointTwoByTwoWindowsFollowTheFirstMaximumRule) {
   }
   const Tensor dy = RandomTensor({2, 3, out_h, out_w}, 92);
   const std::vector<double> dy_values = Values(dy);
+  // The kernel writes every dX element itself (its output is not zeroed
+  // first): a same-sized output freed just before leaves 7s in the memory
+  // the allocator is likely to hand out again, which must not show through.
+  {
+    const std::vector<double> sevens(x.size(), 7.0);
+    const std::vector<Tensor> poison = RunOp(
+        "Identity", {Make(DType::kFloat32, {2, 3, in_h, in_w}, sevens)}, {}, 1, "", 17);
+    ASSERT_EQ(poison.size(), 1u);
+    ASSERT_EQ(Values(poison[0]), sevens);
+  }
   const std::vector<Tensor> out =
       RunOp("MaxPoolGrad", {dy, Make(DType::kFloat32, {2, 3, in_h, in_w}, x)},
             {Attribute::Ints("kernel_shape", {2, 2}), Attribute::Ints("strides", {2, 2})});

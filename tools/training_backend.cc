@@ -6,8 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "backend/cpu/gemm.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/gemm.h"
 #include "backend/cuda_backend.h"
 #include "backend/cuda_probe.h"
 

@@ -5,20 +5,27 @@
 // so each tile is 1 KiB of consecutive rows of 64 bytes. C is computed in
 // blocks of up to 2 x 2 tiles (32 x 32): accumulator tiles 0-3, A tiles
 // 4-5, B tiles 6-7, accumulating over all of K in the tiles. Only when the
-// packed copies would pass kPackElements (32 MiB) is K cut into panels, each packed
-// and multiplied in turn and added to C.
+// packed copies would pass kPackElements (32 MiB) is K cut into panels,
+// each packed and multiplied in turn and added to C (alpha applied per
+// panel). Packed buffers are 64-byte aligned.
 #include "backend/cpu/amx_gemm.h"
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/parallel.h"
 
-#if defined(__linux__) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// GCC 11 and newer (AMX intrinsics and target names), on x86-64 Linux (the
+// tile-state request).
+#if defined(__linux__) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    __GNUC__ >= 11
 #define CASTOR_AMX 1
 #include <cpuid.h>
 #include <immintrin.h>
@@ -29,14 +36,19 @@
 namespace castor::cpu {
 namespace {
 
+// Packed bfloat16 per K panel, A and B together (32 MiB; tests lower it).
+constexpr int64_t kPackElements = int64_t{1} << 24;
+std::atomic<int64_t> pack_elements{kPackElements};
+
+std::atomic<bool> amx_allowed{true};  // SetAmxForTesting
+
+#if defined(CASTOR_AMX)
+
 constexpr int64_t kTileRows = 16;     // rows of an A or C tile; k pairs of a B tile
 constexpr int64_t kTileK = 32;        // bfloat16 per A tile row (64 bytes)
 constexpr int64_t kTileElements = kTileRows * kTileK;  // 512 bfloat16 = 1 KiB
 constexpr int64_t kBlockTiles = 2;    // C blocks of up to 2 x 2 tiles
 constexpr int64_t kBlock = kBlockTiles * kTileRows;
-// Packed bfloat16 per K panel, A and B together (32 MiB; tests lower it).
-constexpr int64_t kPackElements = int64_t{1} << 24;
-std::atomic<int64_t> pack_elements{kPackElements};
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -53,9 +65,12 @@ void Run(bool split, int64_t count, const std::function<void(int64_t, int64_t)>&
   }
 }
 
-#if defined(CASTOR_AMX)
-
+// AMX-TILE and AMX-BF16, with the AVX2 and AVX-512F the packing uses
+// (libgcc checks that the OS saves their registers), and the tile state
+// enabled in XCR0 and granted to this process by Linux.
 bool DetectAmx() {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("avx512f")) return false;
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
   const bool amx_bf16 = (edx >> 22) & 1u, amx_tile = (edx >> 24) & 1u;
@@ -160,9 +175,6 @@ void ProductBlocks(int64_t lo, int64_t hi, int64_t nb2, int64_t mb, int64_t nb, 
 
 #pragma GCC pop_options
 
-#endif  // CASTOR_AMX
-
-#if defined(CASTOR_AMX)
 // Rows kk and kk + 1 of op(B) (not transposed), 16 columns each, into one
 // 64-byte row of a B tile: (r0[0], r1[0], r0[1], r1[1], ...).
 __attribute__((target("avx2"))) void InterleaveRows(const uint16_t* r0, const uint16_t* r1,
@@ -177,10 +189,6 @@ __attribute__((target("avx2"))) void InterleaveRows(const uint16_t* r0, const ui
   _mm256_zeroupper();  // the caller is SSE code (see float_io.cc's kZeroUpperNote)
 }
 
-// A full B tile from op(B) stored transposed (B^T rows: b + j * ldb): row
-// j0 + c holds the tile's 16 k pairs of column c as 16 uint32, and tile row
-// p wants pair p of every column, so the tile is the 16 x 16 transpose of
-// those uint32: unpacks within 128-bit lanes, then lane shuffles.
 // 512-bit unpacks and lane shuffles as the masked forms with every lane
 // set: the same instructions, but GCC 12's unmasked forms pass an
 // "undefined" register that -Wuninitialized reports.
@@ -237,7 +245,6 @@ __attribute__((target("avx512f"))) void TransposePairs(const uint16_t* b, int64_
   }
   _mm256_zeroupper();  // see InterleaveRows
 }
-#endif
 
 // Tile rows [first, first + count) of op(A) [m, k] into [MB][kb] tiles of
 // [16][32] (see the file note), zero-padded.
@@ -255,7 +262,6 @@ void PackA(bool trans_a, int64_t count, int64_t first, int64_t m, int64_t k, con
                       static_cast<size_t>(ks) * sizeof(uint16_t));
         }
       } else {  // op(A)(i, kk) = a[kk * lda + i]
-#if defined(CASTOR_AMX)
         if (rows == kTileRows && ks == kTileK) {
           // Rows kk, kk + 1 of A interleaved give 16 k pairs x 16 columns i;
           // the tile is their transpose (tile row i: the pairs of column i).
@@ -267,7 +273,6 @@ void PackA(bool trans_a, int64_t count, int64_t first, int64_t m, int64_t k, con
           TransposePairs(pairs, kTileK, tile);
           continue;
         }
-#endif
         for (int64_t kk = 0; kk < ks; ++kk) {
           const uint16_t* src = a + (k0 + kk) * lda + i0;
           for (int64_t r = 0; r < rows; ++r) tile[r * kTileK + kk] = src[r];
@@ -292,24 +297,20 @@ void PackB(bool trans_b, int64_t count, int64_t first, int64_t n, int64_t k, con
         for (int64_t kk = 0; kk < ks; kk += 2) {
           const uint16_t* r0 = b + (k0 + kk) * ldb + j0;
           uint16_t* dst = tile + kk / 2 * kTileK;
-#if defined(CASTOR_AMX)
           if (full) {
             InterleaveRows(r0, r0 + ldb, dst);
             continue;
           }
-#endif
           for (int64_t c = 0; c < cols; ++c) dst[2 * c] = r0[c];
           if (kk + 1 < ks) {
             for (int64_t c = 0; c < cols; ++c) dst[2 * c + 1] = r0[ldb + c];
           }
         }
       } else {  // op(B)(kk, j) = b[j * ldb + kk]: k pairs adjacent in both
-#if defined(CASTOR_AMX)
         if (full) {
           TransposePairs(b + j0 * ldb + k0, ldb, tile);
           continue;
         }
-#endif
         for (int64_t c = 0; c < cols; ++c) {
           const uint16_t* src = b + (j0 + c) * ldb + k0;
           int64_t kk = 0;
@@ -323,7 +324,32 @@ void PackB(bool trans_b, int64_t count, int64_t first, int64_t n, int64_t k, con
   }
 }
 
-std::atomic<bool> amx_allowed{true};
+// `elements` uint16 of thread-local scratch `v`, 64-byte aligned (tile rows
+// are 64 bytes: unaligned, each row load would touch two cache lines).
+uint16_t* AlignedScratch(std::vector<uint16_t>& v, int64_t elements) {
+  constexpr size_t kAlign = 64;
+  v.resize(static_cast<size_t>(elements) + kAlign / sizeof(uint16_t));
+  const uintptr_t at = reinterpret_cast<uintptr_t>(v.data());
+  return reinterpret_cast<uint16_t*>((at + kAlign - 1) & ~uintptr_t{kAlign - 1});
+}
+
+// C = beta * C (C not read when beta == 0): the product of an empty K.
+void ScaleC(int64_t m, int64_t n, float beta, float* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i) {
+    float* row = c + i * ldc;
+    for (int64_t j = 0; j < n; ++j) row[j] = beta == 0.0f ? 0.0f : beta * row[j];
+  }
+}
+
+#endif  // CASTOR_AMX
+
+// CASTOR_AMX=off (or 0, no, false) in the environment: never use AMX.
+bool AmxOffInEnvironment() {
+  const char* value = std::getenv("CASTOR_AMX");
+  if (value == nullptr) return false;
+  const std::string v = value;
+  return v == "off" || v == "0" || v == "no" || v == "false";
+}
 
 }  // namespace
 
@@ -337,7 +363,8 @@ bool AmxBf16Supported() {
 }
 
 bool AmxBf16Available() {
-  return amx_allowed.load(std::memory_order_relaxed) && AmxBf16Supported();
+  static const bool off = AmxOffInEnvironment();  // checked before asking Linux for tiles
+  return !off && amx_allowed.load(std::memory_order_relaxed) && AmxBf16Supported();
 }
 
 bool SetAmxForTesting(bool enabled) {
@@ -353,30 +380,39 @@ void AmxGemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
                  const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta,
                  float* c, int64_t ldc) {
 #if defined(CASTOR_AMX)
+  if (!AmxBf16Supported()) {  // also what grants this process the tile state
+    std::fprintf(stderr, "castor: AmxGemmBf16 called where AMX cannot run\n");
+    std::abort();
+  }
   if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    ScaleC(m, n, beta, c, ldc);
+    return;
+  }
   const int64_t mb = CeilDiv(m, kTileRows), nb = CeilDiv(n, kTileRows);
   const int64_t nb2 = CeilDiv(nb, kBlockTiles);
   const int64_t blocks = CeilDiv(mb, kBlockTiles) * nb2;
-  const bool split = m * n * std::max<int64_t>(k, 1) >= kParallelMultiplyAdds;
-  // All of K in one panel unless the packed copies would be large; each
-  // panel is packed in one parallel pass and multiplied in another, and a
-  // C block's accumulators stay in their tiles over the panel's K.
-  const int64_t k_tiles = CeilDiv(std::max<int64_t>(k, 1), kTileK);  // k == 0: one zero tile
+  const bool split = m * n * k >= kParallelMultiplyAdds;
+  // All of K in one panel unless the packed copies would pass the limit
+  // (then panels of whole tiles, at least one: for m + n above ~500k the
+  // scratch exceeds it); each panel is packed in one parallel pass and
+  // multiplied in another, and a C block's accumulators stay in their tiles
+  // over the panel's K.
+  const int64_t k_tiles = CeilDiv(k, kTileK);
   const int64_t panel_tiles =
       std::clamp<int64_t>(pack_elements.load(std::memory_order_relaxed) /
                               ((mb + nb) * kTileElements),
                           1, k_tiles);
   const int64_t panel = panel_tiles * kTileK;
-  // (Named through pointers: ParallelFor bodies on other threads see their
-  // own thread_local buffers.)
+  // The calling thread's scratch, kept for the next call (named through
+  // pointers: ParallelFor bodies on other threads see their own
+  // thread_local buffers).
   thread_local std::vector<uint16_t> a_scratch, b_scratch;
-  a_scratch.resize(static_cast<size_t>(mb * panel_tiles * kTileElements));
-  b_scratch.resize(static_cast<size_t>(nb * panel_tiles * kTileElements));
-  uint16_t* a_pack = a_scratch.data();
-  uint16_t* b_pack = b_scratch.data();
-  for (int64_t k0 = 0; k0 == 0 || k0 < k; k0 += panel) {
+  uint16_t* a_pack = AlignedScratch(a_scratch, mb * panel_tiles * kTileElements);
+  uint16_t* b_pack = AlignedScratch(b_scratch, nb * panel_tiles * kTileElements);
+  for (int64_t k0 = 0; k0 < k; k0 += panel) {
     const int64_t kc = std::min(panel, k - k0);
-    const int64_t kb = CeilDiv(std::max<int64_t>(kc, 1), kTileK);
+    const int64_t kb = CeilDiv(kc, kTileK);
     // op(A)[:, k0:k0+kc] (tile rows [0, mb)) and op(B)[k0:k0+kc, :] (tile
     // columns mb + [0, nb)) in one pass; later panels add to C.
     Run(split, mb + nb, [&](int64_t lo, int64_t hi) {
@@ -397,6 +433,7 @@ void AmxGemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
 #else
   (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda;
   (void)b, (void)ldb, (void)beta, (void)c, (void)ldc;
+  std::fprintf(stderr, "castor: AmxGemmBf16 called in a build without AMX\n");
   std::abort();  // AmxBf16Available() is false here: no caller gets this far
 #endif
 }

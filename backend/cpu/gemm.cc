@@ -190,7 +190,7 @@ void GemmFloat32Accumulate(DType dtype, bool trans_a, bool trans_b, int64_t m, i
 
 std::string DescribeGemm() {
   std::string line = DescribeBlasCore();
-  if (AmxBf16Available()) line += "; bfloat16 GEMM on AMX tiles";
+  if (AmxBf16Available()) line += "; AMX for bfloat16 GEMMs";
   return line;
 }
 

@@ -10,8 +10,8 @@
 // exactly to float32 in K-panels and multiplied by the same sgemm, so
 // products accumulate in float32 as tensor cores do; C stays float32 and the
 // caller rounds it once on store. bfloat16 operands go to AMX tiles instead
-// where the CPU has them (amx_gemm.h: the same exact products and float32
-// sums, added in pairs, subnormals flushed).
+// where the CPU has them (amx_gemm.h: float32 sums in another order,
+// subnormals flushed).
 #pragma once
 
 #include <cstdint>
@@ -42,7 +42,7 @@ void GemmFloat32Accumulate(DType dtype, bool trans_a, bool trans_b, int64_t m, i
                            int64_t ldb, float beta, float* c, int64_t ldc);
 
 // One line for summaries and --version: blas_core.h's DescribeBlasCore(),
-// plus "; bfloat16 GEMM on AMX tiles" where amx_gemm.h runs.
+// plus "; AMX for bfloat16 GEMMs" where amx_gemm.h runs.
 std::string DescribeGemm();
 
 // True when Sgemm runs a GEMM of this size on the calling thread alone

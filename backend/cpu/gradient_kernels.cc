@@ -31,6 +31,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -102,8 +103,8 @@ class Float32Out {
     if (t->dtype == DType::kFloat32) {
       data_ = t->as<float>();
     } else {
-      buffer_.resize(static_cast<size_t>(n));
-      data_ = buffer_.data();
+      buffer_.reset(new float[static_cast<size_t>(n)]);  // not value-initialised
+      data_ = buffer_.get();
     }
     if (!overwritten) std::fill(data_, data_ + n, 0.0f);
   }
@@ -123,7 +124,7 @@ class Float32Out {
  private:
   TensorView* view_;
   float* data_ = nullptr;
-  std::vector<float> buffer_;
+  std::unique_ptr<float[]> buffer_;
 };
 
 // Writes float64 values to a new output `index` with `dtype` and `dims`.
