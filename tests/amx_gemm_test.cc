@@ -7,6 +7,7 @@
 // On a CPU or OS without AMX tiles each test says so and skips.
 #include "backend/cpu/amx_gemm.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -216,7 +217,7 @@ TEST(AmxGemm, AgreesWithTheWidenedPathWhereBothAreExact) {
 }
 
 // float16 never takes AMX: the same bits with it on and off, and the right
-// values (read as bfloat16, these float16 bit patterns would be tiny).
+// values (read as bfloat16, float16's 1 would be 2^-7).
 TEST(AmxGemm, Float16StaysOnTheWidenedPath) {
   SKIP_WITHOUT_AMX();
   const int64_t m = 3, n = 17, k = 40;
@@ -290,9 +291,9 @@ TEST(AmxGemm, TestsCanTurnItOff) {
     const ScopedAmx amx(false);
     EXPECT_FALSE(AmxBf16Available());
   }
-  const char* env = std::getenv("CASTOR_AMX");
-  const bool env_off = env != nullptr && (std::string(env) == "off" || std::string(env) == "0" ||
-                                          std::string(env) == "no" || std::string(env) == "false");
+  std::string env = std::getenv("CASTOR_AMX") != nullptr ? std::getenv("CASTOR_AMX") : "";
+  for (char& ch : env) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const bool env_off = env == "off" || env == "0" || env == "no" || env == "false";
   EXPECT_EQ(AmxBf16Available(), AmxBf16Supported() && !env_off);
   std::cout << "AMX bfloat16 GEMM: " << (AmxBf16Supported() ? "supported" : "not supported")
             << (env_off ? ", off (CASTOR_AMX)" : "") << "\n";

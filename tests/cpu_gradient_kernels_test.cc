@@ -496,8 +496,12 @@ TEST(MaxPoolGrad, DisjointTwoByTwoWindowsFollowTheFirstMaximumRule) {
   const Tensor dy = RandomTensor({2, 3, out_h, out_w}, 92);
   const std::vector<double> dy_values = Values(dy);
   // The kernel writes every dX element itself (its output is not zeroed
-  // first): a same-sized output freed just before leaves 7s in the memory
-  // the allocator is likely to hand out again, which must not show through.
+  // first): a same-sized output freed just before the run leaves 7s in the
+  // memory the allocator is likely to hand out next, which must not show
+  // through. (The inputs are made first, so they do not take that memory.)
+  std::vector<Tensor> inputs;
+  inputs.push_back(dy);
+  inputs.push_back(Make(DType::kFloat32, {2, 3, in_h, in_w}, x));
   {
     const std::vector<double> sevens(x.size(), 7.0);
     const std::vector<Tensor> poison = RunOp(
@@ -506,7 +510,7 @@ TEST(MaxPoolGrad, DisjointTwoByTwoWindowsFollowTheFirstMaximumRule) {
     ASSERT_EQ(Values(poison[0]), sevens);
   }
   const std::vector<Tensor> out =
-      RunOp("MaxPoolGrad", {dy, Make(DType::kFloat32, {2, 3, in_h, in_w}, x)},
+      RunOp("MaxPoolGrad", std::move(inputs),
             {Attribute::Ints("kernel_shape", {2, 2}), Attribute::Ints("strides", {2, 2})});
   ASSERT_EQ(out.size(), 1u);
   std::vector<double> want(x.size(), 0.0);

@@ -160,8 +160,8 @@ TEST_F(TrainCommandTest, Tf32IsACudaSetting) {
 }
 
 // Checkpoints record whether TF32 ran (state.extra "tf32"); --resume keeps
-// it unless --tf32/--no-tf32 is given, and says what happens to it on the
-// CPU. (Here a checkpoint trained on the CPU is edited to say TF32 ran, as
+// it unless --tf32/--no-tf32 is given, warns when what runs differs (the
+// CPU computes float32 exactly) and refuses a record that is not a bool. (Here a checkpoint trained on the CPU is edited to say TF32 ran, as
 // one trained with --tf32 on a GPU would.)
 TEST_F(TrainCommandTest, ResumeKeepsTheCheckpointsTf32Setting) {
   const std::string ckpt = (dir_ / "ckpt").string();
@@ -173,12 +173,9 @@ TEST_F(TrainCommandTest, ResumeKeepsTheCheckpointsTf32Setting) {
   EXPECT_TRUE(recorded->is_bool());
   EXPECT_FALSE(recorded->as_bool());
 
-  Checkpoint with_tf32 = std::move(saved->checkpoint);
-  with_tf32.state.extra.Set("tf32", Json::Bool(true));
-  const std::string edited = (dir_ / "tf32.onnx").string();
-  ASSERT_TRUE(WriteCheckpoint(with_tf32, edited).ok());
-  auto resume = [&](std::vector<std::string> extra) {
-    std::vector<std::string> args = {"--resume", edited, "--data", data_, "--max-steps", "2",
+  auto resume = [&](const std::string& from, std::vector<std::string> extra) {
+    fs::remove_all(dir_ / "resumed");
+    std::vector<std::string> args = {"--resume", from, "--data", data_, "--max-steps", "2",
                                      "--backend", "cpu", "--checkpoint-dir",
                                      (dir_ / "resumed").string()};
     args.insert(args.end(), extra.begin(), extra.end());
@@ -186,22 +183,37 @@ TEST_F(TrainCommandTest, ResumeKeepsTheCheckpointsTf32Setting) {
     const int code = RunTrain(args, out, err);
     return Result{code, out.str(), err.str()};
   };
-  const Result kept = resume({});
-  ASSERT_EQ(kept.code, 0) << kept.err;
-  EXPECT_THAT(kept.err, HasSubstr("the checkpoint trained with TF32 (--tf32); on the CPU "
-                                  "float32 is exact"));
-  // What ran is recorded: exact float32.
-  absl::StatusOr<FoundCheckpoint> after = FindLatestCheckpoint((dir_ / "resumed").string());
-  ASSERT_TRUE(after.ok()) << after.status();
-  ASSERT_NE(after->checkpoint.state.extra.Find("tf32"), nullptr);
-  EXPECT_FALSE(after->checkpoint.state.extra.Find("tf32")->as_bool());
+  // The same setting: nothing to say.
+  const Result same = resume(saved->path, {});
+  ASSERT_EQ(same.code, 0) << same.err;
+  EXPECT_THAT(same.err, Not(HasSubstr("TF32")));
 
-  fs::remove_all(dir_ / "resumed");
-  const Result changed = resume({"--no-tf32"});
-  ASSERT_EQ(changed.code, 0) << changed.err;
-  EXPECT_THAT(changed.err, HasSubstr("warning: the checkpoint trained with TF32 (--tf32); this "
-                                     "run goes on in exact float32"));
-  EXPECT_THAT(changed.err, Not(HasSubstr("on the CPU float32 is exact")));
+  Checkpoint edited_checkpoint = std::move(saved->checkpoint);
+  edited_checkpoint.state.extra.Set("tf32", Json::Bool(true));
+  const std::string with_tf32 = (dir_ / "tf32.onnx").string();
+  ASSERT_TRUE(WriteCheckpoint(edited_checkpoint, with_tf32).ok());
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{}, {"--no-tf32"}, {"--tf32=false"}}) {
+    SCOPED_TRACE(flags.empty() ? "no flag" : flags[0]);
+    const Result changed = resume(with_tf32, flags);
+    ASSERT_EQ(changed.code, 0) << changed.err;
+    EXPECT_THAT(changed.err, HasSubstr("warning: the checkpoint trained with TF32 (--tf32); this "
+                                       "run goes on in exact float32 on the CPU"));
+    EXPECT_THAT(changed.err, HasSubstr("its checkpoints record TF32 off"));
+    // What ran is recorded: exact float32.
+    absl::StatusOr<FoundCheckpoint> after = FindLatestCheckpoint((dir_ / "resumed").string());
+    ASSERT_TRUE(after.ok()) << after.status();
+    ASSERT_NE(after->checkpoint.state.extra.Find("tf32"), nullptr);
+    EXPECT_FALSE(after->checkpoint.state.extra.Find("tf32")->as_bool());
+  }
+
+  // A record that is not a bool is refused, naming it.
+  edited_checkpoint.state.extra.Set("tf32", Json::String("yes"));
+  const std::string malformed = (dir_ / "malformed.onnx").string();
+  ASSERT_TRUE(WriteCheckpoint(edited_checkpoint, malformed).ok());
+  const Result refused = resume(malformed, {});
+  EXPECT_EQ(refused.code, 2);
+  EXPECT_THAT(refused.err, HasSubstr("records tf32 as \"yes\"; expected true or false"));
 }
 
 std::string Slurp(const fs::path& path) {

@@ -28,13 +28,20 @@ echo "== castor inspect $WORK/cnn_mixed_float16.onnx --why /fc2/Gemm"
 "$CASTOR" inspect "$WORK/cnn_mixed_float16.onnx" --why /fc2/Gemm
 
 echo
-echo "== castor train: the sample CNN on Fashion-MNIST, mixed_bfloat16, one epoch (469 steps)"
+echo "== castor train: the sample CNN on Fashion-MNIST, mixed_bfloat16, one epoch (469 steps of 128)"
 rm -rf "$WORK/checkpoints"
 "$CASTOR" train models/cnn_opset17.onnx --data fashion-mnist --policy mixed_bfloat16 \
   --epochs 1 --metrics "$WORK/metrics.jsonl" --checkpoint-dir "$WORK/checkpoints" --save-every 150
 
-# The newest checkpoint: the one written at the end (zero-padded step numbers).
-LAST="$(ls -1 "$WORK"/checkpoints/ckpt-*.onnx | tail -n 1)"
+# The newest checkpoint: the one written at the end (the glob sorts the
+# zero-padded step numbers in order).
+shopt -s nullglob
+CHECKPOINTS=("$WORK"/checkpoints/ckpt-*.onnx)
+if ((${#CHECKPOINTS[@]} == 0)); then
+  echo "demo: castor train wrote no checkpoint to $WORK/checkpoints" >&2
+  exit 1
+fi
+LAST="${CHECKPOINTS[-1]}"
 echo
 echo "== castor verify $LAST --policy mixed_bfloat16"
 "$CASTOR" verify "$LAST" --policy mixed_bfloat16

@@ -375,8 +375,9 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
       .AddInt("keep", "K", "keep the newest K checkpoints (0: all)", &o.keep)
       .AddString("resume", "DIR|FILE",
                  "continue from a checkpoint, or the newest usable one in DIR: its model, "
-                 "weights, policy, optimizer and moments, schedule, loss scaler, batch, seed and "
-                 "data position; --data, --epochs, --max-steps and the output flags apply",
+                 "weights, policy, optimizer and moments, schedule, loss scaler, batch, seed, "
+                 "data position and TF32 setting; --data, --epochs, --max-steps, --[no-]tf32 "
+                 "and the output flags apply",
                  &o.resume)
       .AddSwitch("allow-policy-change",
                  "with --resume and another --policy: re-run autocast under it and print which "
@@ -396,7 +397,7 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
       .AddSwitch("tf32",
                  "on CUDA, float32 MatMul/Gemm/Conv on TF32 tensor cores (products of "
                  "10-bit mantissas, faster) and cuDNN's FFT/Winograd float32 convolutions; "
-                 "default: float32 means float32",
+                 "default: float32 means float32 (with --resume: as the checkpoint ran)",
                  &o.tf32)
       .AddInt("threads", "N", "CPU threads (0: all)", &o.threads)
       .AddExample(
@@ -443,7 +444,7 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   }
   const Policy& policy = start->policy;
   TrainerOptions trainer_options;
-  bool tf32_from_checkpoint = false;  // --tf32 taken from the resumed checkpoint
+  std::optional<bool> checkpoint_tf32;  // whether the resumed checkpoint ran on TF32
   if (start->resumed.has_value()) {
     // The run continues as it was configured.
     const TrainingState& saved = *start->resumed;
@@ -457,21 +458,16 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     }
     if (o.data.empty()) o.data = saved.data;
     // TF32: the checkpoint's setting unless --tf32 or --no-tf32 is given
-    // (then a change is said out loud). Checkpoints from before it was
-    // recorded ran without.
+    // (a change is warned about once the backend is known, below).
+    // Checkpoints from before it was recorded count as without.
     const Json* saved_tf32 = saved.extra.Find(kTf32StateKey);
-    const bool checkpoint_tf32 = saved_tf32 != nullptr && saved_tf32->as_bool();
-    bool tf32_given = false;
-    for (const std::string& arg : args) tf32_given |= arg == "--tf32" || arg == "--no-tf32";
-    if (!tf32_given) {
-      o.tf32 = checkpoint_tf32;
-      tf32_from_checkpoint = checkpoint_tf32;
-    } else if (o.tf32 != checkpoint_tf32) {
-      err << "castor train: warning: the checkpoint trained "
-          << (checkpoint_tf32 ? "with TF32 (--tf32)" : "without TF32") << "; this run goes on "
-          << (o.tf32 ? "with TF32" : "in exact float32")
-          << ", so its float32 MatMul/Gemm/Conv round differently from the run so far\n";
+    if (saved_tf32 != nullptr && !saved_tf32->is_bool()) {
+      return fail(kExitBadInput,
+                  absl::StrCat("--resume: the checkpoint ", start->resumed_from,
+                               " records tf32 as ", saved_tf32->Dump(), "; expected true or false"));
     }
+    checkpoint_tf32 = saved_tf32 != nullptr && saved_tf32->as_bool();
+    if (!parser.WasGiven("tf32")) o.tf32 = *checkpoint_tf32;
     if (o.checkpoint_dir.empty()) {
       o.checkpoint_dir = std::filesystem::path(start->resumed_from).parent_path().string();
       if (o.checkpoint_dir.empty()) o.checkpoint_dir = ".";
@@ -562,12 +558,22 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   if (!chosen->note.empty()) err << "castor train: " << chosen->note << "\n";
   Backend& backend = *chosen->backend;
   const bool on_cpu = dynamic_cast<CpuBackend*>(&backend) != nullptr;
-  if (o.tf32 && on_cpu) {
-    err << "castor train: "
-        << (tf32_from_checkpoint ? "the checkpoint trained with TF32 (--tf32); on the CPU "
-                                   "float32 is exact\n"
-                                 : "--tf32 has no effect on the CPU\n");
-    o.tf32 = false;  // as it takes effect: the summary and the checkpoints say so
+  // From here o.tf32 is what takes effect: the summary and the checkpoints
+  // record it.
+  const bool tf32_requested = o.tf32;
+  if (on_cpu) o.tf32 = false;
+  if (checkpoint_tf32.has_value() && o.tf32 != *checkpoint_tf32) {
+    err << "castor train: warning: the checkpoint trained "
+        << (*checkpoint_tf32 ? "with TF32 (--tf32)" : "without TF32") << "; this run goes on "
+        << (o.tf32 ? "with TF32 (--tf32)"
+                   : on_cpu ? "in exact float32 on the CPU" : "in exact float32 (--no-tf32)")
+        << ", so its float32 MatMul/Gemm/Conv round differently from the run so far";
+    if (*checkpoint_tf32 && !o.tf32) {
+      err << "; its checkpoints record TF32 off (give --tf32 when resuming on a GPU to go back)";
+    }
+    err << "\n";
+  } else if (tf32_requested && on_cpu) {
+    err << "castor train: --tf32 has no effect on the CPU\n";
   }
   absl::StatusOr<std::unique_ptr<Trainer>> created =
       Trainer::Create(*std::move(model), *graph, trainer_options, backend);
@@ -780,7 +786,7 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
         "{\"summary\":true,\"backend\":%s,\"tf32\":%s,\"policy\":%s,\"steps\":%d,"
         "\"skipped\":%d,\"step_time_ms\":%.3f,\"samples_per_s\":%.1f,\"steps_run\":%d,"
         "\"replayed_steps\":%d,\"peak_activation_bytes\":%d%s}\n",
-        Json::String(backend.name()).Dump(), o.tf32 && !on_cpu ? "true" : "false",
+        Json::String(backend.name()).Dump(), o.tf32 ? "true" : "false",
         Json::String(policy.name()).Dump(), trainer.steps(),
         trainer.scaler().skipped_steps(), mean_step_ms, samples_per_s, steps_run,
         trainer.replayed_steps(),
@@ -805,7 +811,7 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
                          trainer.scaler().skipped_steps())
       << absl::StrFormat("  loss scale      %g (final)\n", trainer.scaler().scale())
       << absl::StrFormat("  backend         %s%s\n", DescribeBackend(backend),
-                         o.tf32 && !on_cpu ? ", TF32 for float32 MatMul/Gemm/Conv (--tf32)" : "")
+                         o.tf32 ? ", TF32 for float32 MatMul/Gemm/Conv" : "")
       << absl::StrFormat(
              "  graph replay    %s\n",
              o.cuda_graphs == "off" ? std::string("off (--cuda-graphs off)")

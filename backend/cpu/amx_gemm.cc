@@ -11,6 +11,7 @@
 #include "backend/cpu/amx_gemm.h"
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -26,7 +27,7 @@
 // tile-state request).
 #if defined(__linux__) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
     __GNUC__ >= 11
-#define CASTOR_AMX 1
+#define CASTOR_AMX_BUILD 1
 #include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
@@ -42,7 +43,7 @@ std::atomic<int64_t> pack_elements{kPackElements};
 
 std::atomic<bool> amx_allowed{true};  // SetAmxForTesting
 
-#if defined(CASTOR_AMX)
+#if defined(CASTOR_AMX_BUILD)
 
 constexpr int64_t kTileRows = 16;     // rows of an A or C tile; k pairs of a B tile
 constexpr int64_t kTileK = 32;        // bfloat16 per A tile row (64 bytes)
@@ -341,20 +342,27 @@ void ScaleC(int64_t m, int64_t n, float beta, float* c, int64_t ldc) {
   }
 }
 
-#endif  // CASTOR_AMX
+#endif  // CASTOR_AMX_BUILD
 
-// CASTOR_AMX=off (or 0, no, false) in the environment: never use AMX.
+// CASTOR_AMX=off (or 0, no, false; any case) in the environment: never use
+// AMX. on/1/yes/true or unset: use it where it runs; anything else is
+// reported once and ignored.
 bool AmxOffInEnvironment() {
   const char* value = std::getenv("CASTOR_AMX");
   if (value == nullptr) return false;
-  const std::string v = value;
-  return v == "off" || v == "0" || v == "no" || v == "false";
+  std::string v = value;
+  for (char& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (v == "off" || v == "0" || v == "no" || v == "false") return true;
+  if (!(v.empty() || v == "on" || v == "1" || v == "yes" || v == "true")) {
+    std::fprintf(stderr, "castor: warning: CASTOR_AMX=%s is not on or off; ignored\n", value);
+  }
+  return false;
 }
 
 }  // namespace
 
 bool AmxBf16Supported() {
-#if defined(CASTOR_AMX)
+#if defined(CASTOR_AMX_BUILD)
   static const bool supported = DetectAmx();
   return supported;
 #else
@@ -379,7 +387,7 @@ int64_t SetAmxPanelElementsForTesting(int64_t elements) {
 void AmxGemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                  const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta,
                  float* c, int64_t ldc) {
-#if defined(CASTOR_AMX)
+#if defined(CASTOR_AMX_BUILD)
   if (!AmxBf16Supported()) {  // also what grants this process the tile state
     std::fprintf(stderr, "castor: AmxGemmBf16 called where AMX cannot run\n");
     std::abort();

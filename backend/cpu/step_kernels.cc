@@ -31,8 +31,8 @@ constexpr int64_t kUnscaleBlock = 4096;
 // rounding on store for 16-bit) and adds the squares of the stored values
 // to `sums`; false when an element is not finite (the step is skipped and
 // the gradients need no unscaling: the block holding it is left as it was).
-// With inverse 1 (loss scaling off) the values are only read: storing them
-// back would give the same bits.
+// With inverse 1 (loss scaling off, or a scale of 1) the values are only
+// read: storing them back would give the same bits.
 template <typename Load, typename Store>
 [[gnu::always_inline]] inline bool Unscale(int64_t count, float inverse, Load load, Store store,
                                            LaneSums<1>& sums) {
@@ -41,7 +41,7 @@ template <typename Load, typename Store>
     bool finite = true;
     for (int64_t i = begin; i < begin + n; ++i) finite &= IsFiniteFloat(load(i));
     if (!finite) return false;
-    if (inverse == 1.0f) {  // no loss scale: x * 1 is x, so nothing is stored
+    if (inverse == 1.0f) {  // scale 1 (or scaling off): x * 1 is x, nothing to store
       sums.Add(n, [&](int64_t i) {
         const float value = load(begin + i);
         return std::array<double, 1>{double{value} * value};
