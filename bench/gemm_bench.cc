@@ -16,7 +16,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -25,6 +24,7 @@
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/parallel.h"
 #include "graph/dtype.h"
+#include "graph/half.h"
 
 namespace castor::bench {
 namespace {
@@ -66,12 +66,6 @@ double MedianSeconds(double seconds, Fn fn) {
   return times[times.size() / 2];
 }
 
-uint16_t BFloat16Bits(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-
 int Main(int argc, char** argv) {
   double seconds = 0.3;
   for (int i = 1; i < argc; ++i) {
@@ -100,8 +94,8 @@ int Main(int argc, char** argv) {
     const int64_t a_size = s.m * s.k, b_size = s.k * s.n;
     std::vector<float> a32(a_size), b32(b_size), c(s.m * s.n);
     std::vector<uint16_t> a16(a_size), b16(b_size);
-    for (int64_t i = 0; i < a_size; ++i) a16[i] = BFloat16Bits(a32[i] = dist(rng));
-    for (int64_t i = 0; i < b_size; ++i) b16[i] = BFloat16Bits(b32[i] = dist(rng));
+    for (int64_t i = 0; i < a_size; ++i) a16[i] = FloatToBFloat16Bits(a32[i] = dist(rng));
+    for (int64_t i = 0; i < b_size; ++i) b16[i] = FloatToBFloat16Bits(b32[i] = dist(rng));
     const int64_t lda = s.trans_a ? s.m : s.k, ldb = s.trans_b ? s.k : s.n;
     auto run = [&](DType dtype, const void* a, const void* b) {
       cpu::GemmFloat32Accumulate(dtype, s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0f, a, lda, b,

@@ -20,6 +20,7 @@
 
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/parallel.h"
+#include "graph/half.h"
 #include "gtest/gtest.h"
 
 namespace castor::cpu {
@@ -40,13 +41,6 @@ class ScopedAmx {
  private:
   bool before_;
 };
-
-float BFloat16Value(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &wide, sizeof(f));
-  return f;
-}
 
 // Random bfloat16 bit patterns in [-1, 1] (normal numbers or zero).
 std::vector<uint16_t> RandomBFloat16(int64_t n, std::mt19937& rng) {
@@ -103,8 +97,8 @@ void CheckAgainstFloat64(const Case& c, Gemm gemm) {
       }
       double sum = 0.0, magnitude = 0.0;
       for (int64_t kk = 0; kk < c.k; ++kk) {
-        const double x = BFloat16Value(c.trans_a ? a[kk * lda + i] : a[i * lda + kk]);
-        const double y = BFloat16Value(c.trans_b ? b[j * ldb + kk] : b[kk * ldb + j]);
+        const double x = BFloat16BitsToFloat(c.trans_a ? a[kk * lda + i] : a[i * lda + kk]);
+        const double y = BFloat16BitsToFloat(c.trans_b ? b[j * ldb + kk] : b[kk * ldb + j]);
         sum += x * y;
         magnitude += std::fabs(x * y);
       }

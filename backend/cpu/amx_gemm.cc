@@ -256,14 +256,15 @@ void PackA(bool trans_a, int64_t count, int64_t first, int64_t m, int64_t k, con
     for (int64_t t = 0; t < kb; ++t) {
       uint16_t* tile = pack + (ib * kb + t) * kTileElements;
       const int64_t k0 = t * kTileK, ks = std::max<int64_t>(0, std::min(kTileK, k - k0));
-      if (rows < kTileRows || ks < kTileK) std::memset(tile, 0, kTileElements * sizeof(uint16_t));
+      const bool full = rows == kTileRows && ks == kTileK;
+      if (!full) std::memset(tile, 0, kTileElements * sizeof(uint16_t));
       if (!trans_a) {  // rows of A are rows of op(A)
         for (int64_t r = 0; r < rows; ++r) {
           std::memcpy(tile + r * kTileK, a + (i0 + r) * lda + k0,
                       static_cast<size_t>(ks) * sizeof(uint16_t));
         }
       } else {  // op(A)(i, kk) = a[kk * lda + i]
-        if (rows == kTileRows && ks == kTileK) {
+        if (full) {
           // Rows kk, kk + 1 of A interleaved give 16 k pairs x 16 columns i;
           // the tile is their transpose (tile row i: the pairs of column i).
           alignas(64) uint16_t pairs[kTileElements];
