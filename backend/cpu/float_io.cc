@@ -5,6 +5,8 @@
 
 #include <cstring>
 
+#include "backend/cpu/parallel.h"
+
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define CASTOR_FLOAT_IO_X86 1
 #include <immintrin.h>
@@ -214,6 +216,22 @@ void FromFloat32(DType dtype, const float* src, void* dst, int64_t n) {
     } else {
       for (int64_t i = 0; i < n; ++i) StoreF(&d[i], src[i]);
     }
+  });
+}
+
+void ParallelToFloat32(DType dtype, const void* src, float* dst, int64_t n) {
+  const char* bytes = static_cast<const char*>(src);
+  const size_t size = DTypeSize(dtype);
+  ParallelFor(0, n, kParallelConvertGrain, [&](int64_t lo, int64_t hi) {
+    ToFloat32(dtype, bytes + lo * size, dst + lo, hi - lo);
+  });
+}
+
+void ParallelFromFloat32(DType dtype, const float* src, void* dst, int64_t n) {
+  char* bytes = static_cast<char*>(dst);
+  const size_t size = DTypeSize(dtype);
+  ParallelFor(0, n, kParallelConvertGrain, [&](int64_t lo, int64_t hi) {
+    FromFloat32(dtype, src + lo, bytes + lo * size, hi - lo);
   });
 }
 

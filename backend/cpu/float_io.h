@@ -57,6 +57,13 @@ bool DispatchFloat(DType dtype, Fn&& fn) {
 void ToFloat32(DType dtype, const void* src, float* dst, int64_t n);
 void FromFloat32(DType dtype, const float* src, void* dst, int64_t n);
 
+// ToFloat32 / FromFloat32 split across the thread pool (parallel.h) in
+// chunks of at least kParallelConvertGrain elements; serial when n is small
+// or inside a ParallelFor. The same bits as the serial calls.
+inline constexpr int64_t kParallelConvertGrain = 16384;
+void ParallelToFloat32(DType dtype, const void* src, float* dst, int64_t n);
+void ParallelFromFloat32(DType dtype, const float* src, void* dst, int64_t n);
+
 // The same per storage type, for templated kernels.
 void ToFloat32(const Half* src, float* dst, int64_t n);
 void ToFloat32(const BFloat16* src, float* dst, int64_t n);

@@ -113,12 +113,7 @@ class Float32Out {
   float* data() const { return data_; }
   void Finish() const {
     if (view_->dtype == DType::kFloat32) return;
-    const DType dtype = view_->dtype;
-    char* dst = static_cast<char*>(view_->data);
-    const float* src = data_;
-    ParallelFor(0, view_->num_elements(), kElementGrain, [&](int64_t lo, int64_t hi) {
-      FromFloat32(dtype, src + lo, dst + lo * DTypeSize(dtype), hi - lo);
-    });
+    ParallelFromFloat32(view_->dtype, data_, view_->data, view_->num_elements());
   }
 
  private:

@@ -67,7 +67,7 @@ void FloatMatMul(DType dtype, const T* a, const T* b, T* c, int64_t m, int64_t n
     thread_local std::vector<float> product;
     product.resize(static_cast<size_t>(m * n));
     GemmFloat32Accumulate(dtype, false, false, m, n, k, 1.0f, a, k, b, n, 0.0f, product.data(), n);
-    FromFloat32(dtype, product.data(), c, m * n);
+    ParallelFromFloat32(dtype, product.data(), c, m * n);
   }
 }
 
@@ -244,7 +244,7 @@ absl::Status GemmKernel(KernelContext& ctx) {
       if (use_c) fill_c(acc);
       GemmFloat32Accumulate(a.dtype, trans_a, trans_b, m, n, k, alpha, a.data, a.dims[1], b.data,
                             b.dims[1], use_c ? beta : 0.0f, acc, n);
-      if (a.dtype != DType::kFloat32) FromFloat32(a.dtype, acc, y->data, m * n);
+      if (a.dtype != DType::kFloat32) ParallelFromFloat32(a.dtype, acc, y->data, m * n);
       return absl::OkStatus();
     }
     default:

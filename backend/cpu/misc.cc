@@ -202,13 +202,9 @@ bool ConvertElements(DType from, const void* src, DType to, void* dst, int64_t c
         ParallelMemcpy(d, s, static_cast<size_t>(count) * sizeof(Src));
       } else if constexpr (std::is_same_v<Src, float> && kIsFloat16Storage<Dst>) {
         // Bulk (vectorized) conversions: the same bits as CastElement.
-        ParallelFor(0, count, 16384, [&](int64_t lo, int64_t hi) {
-          cpu::FromFloat32(s + lo, d + lo, hi - lo);
-        });
+        ParallelFromFloat32(to, s, d, count);
       } else if constexpr (kIsFloat16Storage<Src> && std::is_same_v<Dst, float>) {
-        ParallelFor(0, count, 16384, [&](int64_t lo, int64_t hi) {
-          cpu::ToFloat32(s + lo, d + lo, hi - lo);
-        });
+        ParallelToFloat32(from, s, d, count);
       } else if constexpr (kIsFloat16Storage<Src> && kIsFloat16Storage<Dst>) {
         // float16 <-> bfloat16: widen exactly, round once.
         ParallelFor(0, count, 16384, [&](int64_t lo, int64_t hi) {
