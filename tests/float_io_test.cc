@@ -1,8 +1,9 @@
-// Bit-exactness of the bulk float conversions in backend/cpu/float_io.h: the
-// AVX2/F16C loops (when this CPU has them) and the dispatched ToFloat32 /
-// FromFloat32 against graph/half.h's scalar conversions, for every 16-bit
-// pattern and for millions of float32 patterns (subnormals, infinities,
-// NaN payloads, rounding ties, float16 overflow), at lengths with tails.
+// Bit-exactness of the bulk float conversions in backend/cpu/float_io.h:
+// every implementation this CPU runs (scalar, AVX2/F16C, AVX-512) and the
+// dispatched ToFloat32 / FromFloat32 against graph/half.h's scalar
+// conversions, for every 16-bit pattern and for millions of float32
+// patterns (subnormals, infinities, NaN payloads, rounding ties, float16
+// overflow), at every length up to 40 from unaligned starts.
 #include <cstdint>
 #include <cstring>
 #include <iostream>
@@ -57,38 +58,39 @@ std::vector<float> StressFloats() {
 
 uint32_t Bits(float f) { return FloatBits(f); }
 
-TEST(FloatIoTest, ReportsWhetherTheVectorPathRuns) {
-  // Not an assertion on the machine: the message says which path the other
-  // tests exercised.
-  std::cout << "vector conversions (AVX2+F16C): "
-            << (fi::HasVectorConversions() ? "yes" : "no, scalar only") << "\n";
-  SUCCEED();
+TEST(FloatIoTest, ReportsTheImplementationsThisCpuRuns) {
+  const std::vector<fi::ConversionLoops> loops = fi::AvailableConversionLoops();
+  ASSERT_FALSE(loops.empty());
+  EXPECT_STREQ(loops.front().name, "scalar");
+  // The message says which loops the other tests exercised here.
+  std::cout << "conversion loops:";
+  for (const fi::ConversionLoops& l : loops) std::cout << " " << l.name;
+  std::cout << " (ToFloat32/FromFloat32 use " << loops.back().name << ")\n";
 }
 
 TEST(FloatIoTest, HalfToFloat32MatchesScalarForAllPatterns) {
   const std::vector<uint16_t> all = AllSixteenBitPatterns();
-  std::vector<float> expected(all.size()), dispatched(all.size()), vector(all.size());
+  const int64_t n = static_cast<int64_t>(all.size());
+  std::vector<float> expected(all.size()), out(all.size());
   for (size_t i = 0; i < all.size(); ++i) expected[i] = HalfBitsToFloat(all[i]);
-  ToFloat32(reinterpret_cast<const Half*>(all.data()), dispatched.data(),
-            static_cast<int64_t>(all.size()));
-  if (fi::HasVectorConversions()) {
-    fi::HalfToFloat32Vector(all.data(), vector.data(), static_cast<int64_t>(all.size()));
-  } else {
-    vector = expected;
+  for (const fi::ConversionLoops& loops : fi::AvailableConversionLoops()) {
+    SCOPED_TRACE(loops.name);
+    loops.half_to_float(all.data(), out.data(), n);
+    for (size_t i = 0; i < all.size(); ++i) {
+      ASSERT_EQ(Bits(out[i]), Bits(expected[i])) << "half 0x" << std::hex << all[i];
+    }
+    // Shifted by 3, vectors straddle the inf/NaN range, mixing lanes that
+    // need the NaN fix-up with lanes that do not.
+    loops.half_to_float(all.data() + 3, out.data(), n - 3);
+    for (size_t i = 3; i < all.size(); ++i) {
+      ASSERT_EQ(Bits(out[i - 3]), Bits(expected[i])) << "half 0x" << std::hex << all[i];
+    }
   }
+  std::vector<float> dispatched(all.size());
+  ToFloat32(reinterpret_cast<const Half*>(all.data()), dispatched.data(), n);
   for (size_t i = 0; i < all.size(); ++i) {
     ASSERT_EQ(Bits(dispatched[i]), Bits(expected[i])) << "half 0x" << std::hex << all[i];
-    ASSERT_EQ(Bits(vector[i]), Bits(expected[i])) << "half 0x" << std::hex << all[i];
   }
-  // Shifted by 3, vectors straddle the inf/NaN range, mixing lanes that
-  // need the NaN fix-up with lanes that do not.
-  ToFloat32(reinterpret_cast<const Half*>(all.data()) + 3, dispatched.data(),
-            static_cast<int64_t>(all.size()) - 3);
-  for (size_t i = 3; i < all.size(); ++i) {
-    ASSERT_EQ(Bits(dispatched[i - 3]), Bits(expected[i])) << "half 0x" << std::hex << all[i];
-  }
-  ToFloat32(reinterpret_cast<const Half*>(all.data()), dispatched.data(),
-            static_cast<int64_t>(all.size()));
   // A signalling NaN keeps its payload unquietened (F16C alone would set the
   // quiet bit).
   EXPECT_EQ(Bits(dispatched[0x7c01]), 0x7f802000u);
@@ -97,78 +99,87 @@ TEST(FloatIoTest, HalfToFloat32MatchesScalarForAllPatterns) {
 
 TEST(FloatIoTest, BFloat16ToFloat32MatchesScalarForAllPatterns) {
   const std::vector<uint16_t> all = AllSixteenBitPatterns();
-  std::vector<float> dispatched(all.size()), vector(all.size());
-  ToFloat32(reinterpret_cast<const BFloat16*>(all.data()), dispatched.data(),
-            static_cast<int64_t>(all.size()));
-  if (fi::HasVectorConversions()) {
-    fi::BFloat16ToFloat32Vector(all.data(), vector.data(), static_cast<int64_t>(all.size()));
-  }
+  const int64_t n = static_cast<int64_t>(all.size());
+  std::vector<float> out(all.size());
   for (size_t i = 0; i < all.size(); ++i) {
-    const uint32_t expected = Bits(BFloat16BitsToFloat(all[i]));
-    ASSERT_EQ(expected, static_cast<uint32_t>(all[i]) << 16);
-    ASSERT_EQ(Bits(dispatched[i]), expected) << "bfloat16 0x" << std::hex << all[i];
-    if (fi::HasVectorConversions()) {
-      ASSERT_EQ(Bits(vector[i]), expected) << "bfloat16 0x" << std::hex << all[i];
+    ASSERT_EQ(Bits(BFloat16BitsToFloat(all[i])), static_cast<uint32_t>(all[i]) << 16);
+  }
+  for (const fi::ConversionLoops& loops : fi::AvailableConversionLoops()) {
+    SCOPED_TRACE(loops.name);
+    loops.bfloat16_to_float(all.data(), out.data(), n);
+    for (size_t i = 0; i < all.size(); ++i) {
+      ASSERT_EQ(Bits(out[i]), static_cast<uint32_t>(all[i]) << 16)
+          << "bfloat16 0x" << std::hex << all[i];
     }
+  }
+  ToFloat32(reinterpret_cast<const BFloat16*>(all.data()), out.data(), n);
+  for (size_t i = 0; i < all.size(); ++i) {
+    ASSERT_EQ(Bits(out[i]), static_cast<uint32_t>(all[i]) << 16)
+        << "bfloat16 0x" << std::hex << all[i];
   }
 }
 
 TEST(FloatIoTest, Float32ToHalfMatchesScalar) {
   const std::vector<float> values = StressFloats();
   ASSERT_GT(values.size(), 5000000u);
-  std::vector<uint16_t> dispatched(values.size()), vector(values.size());
-  FromFloat32(values.data(), reinterpret_cast<Half*>(dispatched.data()),
-              static_cast<int64_t>(values.size()));
-  if (fi::HasVectorConversions()) {
-    fi::Float32ToHalfVector(values.data(), vector.data(), static_cast<int64_t>(values.size()));
-  }
-  for (size_t i = 0; i < values.size(); ++i) {
-    const uint16_t expected = FloatToHalfBits(values[i]);
-    ASSERT_EQ(dispatched[i], expected) << "float bits 0x" << std::hex << Bits(values[i]);
-    if (fi::HasVectorConversions()) {
-      ASSERT_EQ(vector[i], expected) << "float bits 0x" << std::hex << Bits(values[i]);
+  const int64_t n = static_cast<int64_t>(values.size());
+  std::vector<uint16_t> expected(values.size()), out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) expected[i] = FloatToHalfBits(values[i]);
+  for (const fi::ConversionLoops& loops : fi::AvailableConversionLoops()) {
+    SCOPED_TRACE(loops.name);
+    loops.float_to_half(values.data(), out.data(), n);
+    for (size_t i = 0; i < values.size(); ++i) {
+      ASSERT_EQ(out[i], expected[i]) << "float bits 0x" << std::hex << Bits(values[i]);
     }
   }
+  FromFloat32(values.data(), reinterpret_cast<Half*>(out.data()), n);
+  for (size_t i = 0; i < values.size(); ++i) {
+    ASSERT_EQ(out[i], expected[i]) << "float bits 0x" << std::hex << Bits(values[i]);
+  }
   // Spot values: overflow to inf, the largest finite, a tie to even, a NaN.
-  uint16_t out[4];
+  uint16_t spot_out[4];
   const float spot[4] = {65520.0f, 65519.0f, 1.0f + 1.0f / 2048.0f,
                          std::numeric_limits<float>::quiet_NaN()};
-  FromFloat32(spot, reinterpret_cast<Half*>(out), 4);
-  EXPECT_EQ(out[0], 0x7c00);
-  EXPECT_EQ(out[1], 0x7bff);
-  EXPECT_EQ(out[2], 0x3c00);
-  EXPECT_EQ(out[3], 0x7e00);
+  FromFloat32(spot, reinterpret_cast<Half*>(spot_out), 4);
+  EXPECT_EQ(spot_out[0], 0x7c00);
+  EXPECT_EQ(spot_out[1], 0x7bff);
+  EXPECT_EQ(spot_out[2], 0x3c00);
+  EXPECT_EQ(spot_out[3], 0x7e00);
 }
 
 TEST(FloatIoTest, Float32ToBFloat16MatchesScalar) {
   const std::vector<float> values = StressFloats();
-  std::vector<uint16_t> dispatched(values.size()), vector(values.size());
-  FromFloat32(values.data(), reinterpret_cast<BFloat16*>(dispatched.data()),
-              static_cast<int64_t>(values.size()));
-  if (fi::HasVectorConversions()) {
-    fi::Float32ToBFloat16Vector(values.data(), vector.data(), static_cast<int64_t>(values.size()));
-  }
-  for (size_t i = 0; i < values.size(); ++i) {
-    const uint16_t expected = FloatToBFloat16Bits(values[i]);
-    ASSERT_EQ(dispatched[i], expected) << "float bits 0x" << std::hex << Bits(values[i]);
-    if (fi::HasVectorConversions()) {
-      ASSERT_EQ(vector[i], expected) << "float bits 0x" << std::hex << Bits(values[i]);
+  const int64_t n = static_cast<int64_t>(values.size());
+  std::vector<uint16_t> expected(values.size()), out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) expected[i] = FloatToBFloat16Bits(values[i]);
+  for (const fi::ConversionLoops& loops : fi::AvailableConversionLoops()) {
+    SCOPED_TRACE(loops.name);
+    loops.float_to_bfloat16(values.data(), out.data(), n);
+    for (size_t i = 0; i < values.size(); ++i) {
+      ASSERT_EQ(out[i], expected[i]) << "float bits 0x" << std::hex << Bits(values[i]);
     }
   }
+  FromFloat32(values.data(), reinterpret_cast<BFloat16*>(out.data()), n);
+  for (size_t i = 0; i < values.size(); ++i) {
+    ASSERT_EQ(out[i], expected[i]) << "float bits 0x" << std::hex << Bits(values[i]);
+  }
   // Spot values: signalling NaN quietened with its payload, the largest
-  // finite float rounding up to inf, a tie to even.
-  uint16_t out[3];
-  const float spot[3] = {BitsToFloat(0xff810001u), std::numeric_limits<float>::max(),
-                         BitsToFloat(0x3f808000u)};
-  FromFloat32(spot, reinterpret_cast<BFloat16*>(out), 3);
-  EXPECT_EQ(out[0], 0xffc1);
-  EXPECT_EQ(out[1], 0x7f80);
-  EXPECT_EQ(out[2], 0x3f80);
+  // finite float rounding up to inf, a tie to even, a subnormal kept (not
+  // flushed to zero).
+  uint16_t spot_out[4];
+  const float spot[4] = {BitsToFloat(0xff810001u), std::numeric_limits<float>::max(),
+                         BitsToFloat(0x3f808000u), BitsToFloat(0x00018000u)};
+  FromFloat32(spot, reinterpret_cast<BFloat16*>(spot_out), 4);
+  EXPECT_EQ(spot_out[0], 0xffc1);
+  EXPECT_EQ(spot_out[1], 0x7f80);
+  EXPECT_EQ(spot_out[2], 0x3f80);
+  EXPECT_EQ(spot_out[3], 0x0002);
 }
 
-// Every length 0..40 at every start offset 0..7 (unaligned starts, tails
-// shorter than a vector), through the dtype-dispatched entry points; the
-// elements past the end stay untouched.
+// Every implementation at every length 0..40 from every start offset 0..7
+// (unaligned starts, tails shorter than a vector, masked partial vectors):
+// the results match the scalar conversions and the elements past the end
+// stay untouched.
 TEST(FloatIoTest, TailsAndOffsetsMatchScalar) {
   std::mt19937 rng(7);
   std::vector<uint16_t> sixteen(64);
@@ -176,26 +187,31 @@ TEST(FloatIoTest, TailsAndOffsetsMatchScalar) {
   sixteen[3] = 0x7c01;  // a signalling half NaN inside the first vector
   std::vector<float> floats(64);
   for (auto& v : floats) v = BitsToFloat(static_cast<uint32_t>(rng()));
-  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
-    for (int64_t offset = 0; offset < 8; ++offset) {
-      for (int64_t n = 0; n <= 40; ++n) {
-        std::vector<float> widened(64, -1.0f);
-        ToFloat32(dtype, sixteen.data() + offset, widened.data(), n);
-        std::vector<uint16_t> narrowed(64, 0xabcd);
-        FromFloat32(dtype, floats.data() + offset, narrowed.data(), n);
-        for (int64_t i = 0; i < 64; ++i) {
-          const uint16_t h = sixteen[offset + i < 64 ? offset + i : 0];
-          const float expected_wide =
-              i >= n ? -1.0f
-                     : (dtype == DType::kFloat16 ? HalfBitsToFloat(h) : BFloat16BitsToFloat(h));
-          ASSERT_EQ(Bits(widened[i]), Bits(expected_wide)) << "offset " << offset << " n " << n
-                                                           << " i " << i;
-          const uint16_t expected_narrow =
-              i >= n ? 0xabcd
-                     : (dtype == DType::kFloat16 ? FloatToHalfBits(floats[offset + i])
-                                                 : FloatToBFloat16Bits(floats[offset + i]));
-          ASSERT_EQ(narrowed[i], expected_narrow) << "offset " << offset << " n " << n << " i "
-                                                  << i;
+  for (const fi::ConversionLoops& loops : fi::AvailableConversionLoops()) {
+    SCOPED_TRACE(loops.name);
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+      const bool half = dtype == DType::kFloat16;
+      for (int64_t offset = 0; offset < 8; ++offset) {
+        for (int64_t n = 0; n <= 40; ++n) {
+          std::vector<float> widened(64, -1.0f);
+          (half ? loops.half_to_float : loops.bfloat16_to_float)(sixteen.data() + offset,
+                                                                 widened.data(), n);
+          std::vector<uint16_t> narrowed(64, 0xabcd);
+          (half ? loops.float_to_half : loops.float_to_bfloat16)(floats.data() + offset,
+                                                                 narrowed.data(), n);
+          for (int64_t i = 0; i < 64; ++i) {
+            const uint16_t h = sixteen[offset + i < 64 ? offset + i : 0];
+            const float expected_wide =
+                i >= n ? -1.0f : (half ? HalfBitsToFloat(h) : BFloat16BitsToFloat(h));
+            ASSERT_EQ(Bits(widened[i]), Bits(expected_wide))
+                << DTypeName(dtype) << " offset " << offset << " n " << n << " i " << i;
+            const uint16_t expected_narrow =
+                i >= n ? 0xabcd
+                       : (half ? FloatToHalfBits(floats[offset + i])
+                               : FloatToBFloat16Bits(floats[offset + i]));
+            ASSERT_EQ(narrowed[i], expected_narrow)
+                << DTypeName(dtype) << " offset " << offset << " n " << n << " i " << i;
+          }
         }
       }
     }

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "graph/dtype.h"
 #include "graph/half.h"
@@ -52,8 +53,8 @@ bool DispatchFloat(DType dtype, Fn&& fn) {
 
 // Converts n elements of float dtype `dtype` at `src` to float32 (and back).
 // Bit-identical to LoadF / StoreF element by element; the 16-bit
-// conversions run 8 lanes at a time with AVX2 (+F16C for float16) when the
-// CPU has them (chosen once at run time), else the scalar code.
+// conversions run 16 lanes at a time with AVX-512 or 8 with AVX2 (+F16C)
+// when the CPU has them (chosen once at run time), else the scalar code.
 void ToFloat32(DType dtype, const void* src, float* dst, int64_t n);
 void FromFloat32(DType dtype, const float* src, void* dst, int64_t n);
 
@@ -82,18 +83,19 @@ inline constexpr bool kIsFloat16Storage =
 // The conversion loops behind the dispatch, exposed for the exhaustive
 // bit-exactness test (tests/float_io_test.cc).
 namespace float_io_internal {
-// True when this CPU has AVX2 and F16C, so the vector loops below may run
-// (and the dispatched functions use them).
-bool HasVectorConversions();
-void HalfToFloat32Scalar(const uint16_t* src, float* dst, int64_t n);
-void Float32ToHalfScalar(const float* src, uint16_t* dst, int64_t n);
-void BFloat16ToFloat32Scalar(const uint16_t* src, float* dst, int64_t n);
-void Float32ToBFloat16Scalar(const float* src, uint16_t* dst, int64_t n);
-// Only when HasVectorConversions().
-void HalfToFloat32Vector(const uint16_t* src, float* dst, int64_t n);
-void Float32ToHalfVector(const float* src, uint16_t* dst, int64_t n);
-void BFloat16ToFloat32Vector(const uint16_t* src, float* dst, int64_t n);
-void Float32ToBFloat16Vector(const float* src, uint16_t* dst, int64_t n);
+// One implementation of the four bulk conversions.
+struct ConversionLoops {
+  const char* name;  // "scalar", "AVX2+F16C" or "AVX-512"
+  void (*half_to_float)(const uint16_t* src, float* dst, int64_t n);
+  void (*float_to_half)(const float* src, uint16_t* dst, int64_t n);
+  void (*bfloat16_to_float)(const uint16_t* src, float* dst, int64_t n);
+  void (*float_to_bfloat16)(const float* src, uint16_t* dst, int64_t n);
+};
+// Every implementation this CPU runs, narrowest first: the scalar loops,
+// then the AVX2+F16C loops (8 lanes) when it has AVX2 and F16C, then the
+// AVX-512 loops (16 lanes, masked tails) when it also has AVX512F/BW/VL.
+// ToFloat32/FromFloat32 use the last.
+std::vector<ConversionLoops> AvailableConversionLoops();
 }  // namespace float_io_internal
 
 }  // namespace castor::cpu
