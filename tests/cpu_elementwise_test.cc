@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/simd16.h"
 #include "backend/kernel.h"
 #include "graph/half.h"
 #include "graph/onnx_io.h"
@@ -266,11 +267,29 @@ TEST(CpuElementwiseTest, ArithmeticHalfMatchesFloat32RoundedOnce) {
   }
 }
 
-// Long 16-bit runs go through the blocked path (widen a block with the bulk
-// conversion, compute in float32, narrow once): every element must still be
-// the float32 result of the widened inputs rounded once, across block
-// boundaries, tails, and each broadcast pattern (dense, row, column, scalar).
-TEST(CpuElementwiseTest, Long16BitRunsMatchPerElementReference) {
+// Long 16-bit runs go through the fused AVX-512 loop (where the CPU has it)
+// and the blocked path (widen a block with the bulk conversion, compute in
+// float32, narrow once): every element must still be the float32 result of
+// the widened inputs rounded once, across vector and block boundaries,
+// tails, and each broadcast pattern (dense, row, column, scalar).
+class Long16BitRuns : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    if (GetParam() && !cpu::HasSimd16()) GTEST_SKIP() << "this CPU has no AVX-512 (F/BW/VL)";
+    previous_ = cpu::SetFusedSimd16ForTesting(GetParam());
+  }
+  void TearDown() override { cpu::SetFusedSimd16ForTesting(previous_); }
+
+ private:
+  bool previous_ = true;
+};
+
+INSTANTIATE_TEST_SUITE_P(FusedAndBlocked, Long16BitRuns, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Fused" : "Blocked";
+                         });
+
+TEST_P(Long16BitRuns, MatchPerElementReference) {
   constexpr int64_t kRows = 3, kCols = 1037;  // runs over two 512 blocks plus a tail
   std::vector<float> wide(kRows * kCols), row(kCols), column(kRows);
   for (size_t i = 0; i < wide.size(); ++i) wide[i] = 40.0f * std::sin(0.37f * i) + 0.01f * i;

@@ -7,7 +7,8 @@
 // each op lives in backend/cpu/elementwise_math.h (shared with CUDA); this
 // file loads, broadcasts and stores. 16-bit floats compute in float32 and
 // round once on store (unary ops and same-dtype binary ops widen and narrow
-// them in blocks with float_io.h's vectorized bulk conversions); float64
+// them in blocks with float_io.h's vectorized bulk conversions; Add Sub Mul
+// Div run fused on AVX-512, simd16.h); float64
 // computes in double; integers in their own type (wrapping). Broadcast
 // iteration is backend/cpu/broadcast.h, split across threads in chunks of
 // kElementwiseGrain elements; a run where an input is dense or a single
@@ -25,6 +26,7 @@
 #include "backend/cpu/elementwise_math.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/parallel.h"
+#include "backend/cpu/simd16.h"
 
 namespace castor::cpu {
 namespace {
@@ -141,12 +143,57 @@ absl::Status ClipKernel(KernelContext& ctx) {
 
 // ---- binary ----
 
-// BinaryLoop for float16/bfloat16 inputs and output: each run goes in
+#if defined(CASTOR_SIMD16_X86)
+// The arithmetic ops on 16 float32 lanes: the same IEEE operation per lane
+// as the scalar op.
+template <typename Op>
+inline constexpr bool kHasVectorOp =
+    std::is_same_v<Op, math::AddOp> || std::is_same_v<Op, math::SubOp> ||
+    std::is_same_v<Op, math::MulOp> || std::is_same_v<Op, math::DivOp>;
+
+template <typename Op>
+CASTOR_SIMD16_TARGET inline __m512 VectorOp(__m512 a, __m512 b) {
+  if constexpr (std::is_same_v<Op, math::AddOp>) return _mm512_add_ps(a, b);
+  if constexpr (std::is_same_v<Op, math::SubOp>) return _mm512_sub_ps(a, b);
+  if constexpr (std::is_same_v<Op, math::MulOp>) return _mm512_mul_ps(a, b);
+  if constexpr (std::is_same_v<Op, math::DivOp>) return _mm512_div_ps(a, b);
+}
+
+// One broadcast run of a 16-bit arithmetic op, fused: 16 lanes are widened,
+// computed and rounded in registers (each input dense, step 1, or a single
+// value, step 0). The same bits as Load/op/Store per element.
+template <typename Op, typename T>
+CASTOR_SIMD16_TARGET void FusedRun16(const T* a, int64_t step_a, const T* b, int64_t step_b,
+                                     T* out, int64_t count) {
+  const __m512 scalar_a = _mm512_set1_ps(LoadF(*a)), scalar_b = _mm512_set1_ps(LoadF(*b));
+  for (int64_t j = 0; j < count; j += 16) {
+    const __mmask16 lanes = TailMask(count - j);
+    const __m512 va = step_a == 1 ? LoadWidened(a + j, lanes) : scalar_a;
+    const __m512 vb = step_b == 1 ? LoadWidened(b + j, lanes) : scalar_b;
+    StoreRounded(out + j, lanes, VectorOp<Op>(va, vb));
+  }
+  _mm256_zeroupper();  // the callers are SSE code (see float_io.cc's kZeroUpperNote)
+}
+#endif
+
+// BinaryLoop for float16/bfloat16 inputs and output: Add/Sub/Mul/Div run
+// fused (FusedRun16) where the CPU has AVX-512; otherwise each run goes in
 // blocks that are widened to float32 scratch with the bulk conversion,
-// computed in float32 and narrowed once, the same bits as Load/fn/Store per
-// element.
+// computed in float32 and narrowed once. Either way the same bits as
+// Load/fn/Store per element.
 template <typename T, typename Fn>
 void BinaryLoop16(const BroadcastPlan& plan, const T* a, const T* b, T* out, const Fn& fn) {
+#if defined(CASTOR_SIMD16_X86)
+  if constexpr (kHasVectorOp<Fn>) {
+    if (UseFusedSimd16()) {
+      ParallelForEachRun(plan, [&](int64_t o, const int64_t* in, int64_t count,
+                                   const int64_t* step) {
+        FusedRun16<Fn>(a + in[0], step[0], b + in[1], step[1], out + o, count);
+      });
+      return;
+    }
+  }
+#endif
   ParallelForEachRun(plan, [&](int64_t o, const int64_t* in, int64_t count, const int64_t* step) {
     const T* pa = a + in[0];
     const T* pb = b + in[1];

@@ -1,18 +1,16 @@
 // Bulk float conversions (see float_io.h): scalar loops over graph/half.h's
-// conversions, and AVX2/F16C and AVX-512 loops that give the same bits, the
-// widest this CPU runs picked once at run time with __builtin_cpu_supports
-// (the build has no -march flags).
+// conversions, and AVX2/F16C and AVX-512 (simd16.h) loops that give the
+// same bits, the widest this CPU runs picked once at run time with
+// __builtin_cpu_supports (the build has no -march flags).
 #include "backend/cpu/float_io.h"
 
+#include <atomic>
 #include <cstring>
 #include <vector>
 
 #include "backend/cpu/parallel.h"
+#include "backend/cpu/simd16.h"
 
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-#define CASTOR_FLOAT_IO_X86 1
-#include <immintrin.h>
-#endif
 
 namespace castor::cpu {
 namespace float_io_internal {
@@ -34,7 +32,7 @@ void Float32ToBFloat16Scalar(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = FloatToBFloat16Bits(src[i]);
 }
 
-#if defined(CASTOR_FLOAT_IO_X86)
+#if defined(CASTOR_SIMD16_X86)
 
 // kZeroUpperNote: each vector loop clears the upper register halves before
 // its scalar tail or return. GCC does not insert vzeroupper there, and the
@@ -135,113 +133,58 @@ __attribute__((target("avx2"))) void Float32ToBFloat16Vector(const float* src, u
   Float32ToBFloat16Scalar(src + i, dst + i, n - i);
 }
 
-bool HasAvx512Conversions() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return HasVectorConversions() && __builtin_cpu_supports("avx512f") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-  }();
-  return has;
-}
-
-// The AVX-512 loops: 16 lanes per step, the same arithmetic as the AVX2
-// loops above, and the last partial vector under a lane mask instead of a
-// scalar tail (masked-off lanes are neither read nor written). The maskz_
-// forms of the shifts and conversions also keep GCC 12 from warning about
-// the undefined source operand of the unmasked intrinsics.
-#define CASTOR_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,f16c")))
-
-CASTOR_AVX512_TARGET inline __mmask16 TailMask(int64_t remaining) {
-  return remaining >= 16 ? static_cast<__mmask16>(0xffff)
-                         : static_cast<__mmask16>((1u << remaining) - 1);
-}
-
-CASTOR_AVX512_TARGET void HalfToFloat32Avx512(const uint16_t* src, float* dst, int64_t n) {
-  const __m512i exponent_mask = _mm512_set1_epi32(0x7c00);
-  const __m512i mantissa_mask = _mm512_set1_epi32(0x3ff);
-  const __m512i sign_mask = _mm512_set1_epi32(0x8000);
-  const __m512i float_infinity = _mm512_set1_epi32(0x7f800000);
+// The AVX-512 loops (simd16.h): 16 lanes per step and the last partial
+// vector under a lane mask instead of a scalar tail (masked-off lanes are
+// neither read nor written).
+CASTOR_SIMD16_TARGET void HalfToFloat32Avx512(const uint16_t* src, float* dst, int64_t n) {
+  const Half* s = reinterpret_cast<const Half*>(src);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 lanes = TailMask(n - i);
-    const __m256i half = _mm256_maskz_loadu_epi16(lanes, src + i);
-    const __m512 widened = _mm512_maskz_cvtph_ps(lanes, half);
-    const __m512i half32 = _mm512_maskz_cvtepu16_epi32(lanes, half);
-    const __mmask16 is_inf_or_nan =
-        _mm512_cmpeq_epi32_mask(_mm512_and_si512(half32, exponent_mask), exponent_mask);
-    if (is_inf_or_nan == 0) {  // the common case
-      _mm512_mask_storeu_ps(dst + i, lanes, widened);
-      continue;
-    }
-    const __m512i inf_or_nan = _mm512_or_si512(
-        _mm512_or_si512(_mm512_maskz_slli_epi32(lanes, _mm512_and_si512(half32, sign_mask), 16),
-                        float_infinity),
-        _mm512_maskz_slli_epi32(lanes, _mm512_and_si512(half32, mantissa_mask), 13));
-    _mm512_mask_storeu_ps(
-        dst + i, lanes,
-        _mm512_mask_blend_ps(is_inf_or_nan, widened, _mm512_castsi512_ps(inf_or_nan)));
+    _mm512_mask_storeu_ps(dst + i, lanes, LoadWidened(s + i, lanes));
   }
   _mm256_zeroupper();  // see kZeroUpperNote
 }
 
-CASTOR_AVX512_TARGET void Float32ToHalfAvx512(const float* src, uint16_t* dst, int64_t n) {
+CASTOR_SIMD16_TARGET void Float32ToHalfAvx512(const float* src, uint16_t* dst, int64_t n) {
+  Half* d = reinterpret_cast<Half*>(dst);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 lanes = TailMask(n - i);
-    const __m256i half = _mm512_maskz_cvtps_ph(lanes, _mm512_maskz_loadu_ps(lanes, src + i),
-                                               _MM_FROUND_TO_NEAREST_INT);
-    _mm256_mask_storeu_epi16(dst + i, lanes, half);
+    StoreRounded(d + i, lanes, _mm512_maskz_loadu_ps(lanes, src + i));
   }
   _mm256_zeroupper();  // see kZeroUpperNote
 }
 
-CASTOR_AVX512_TARGET void BFloat16ToFloat32Avx512(const uint16_t* src, float* dst, int64_t n) {
+CASTOR_SIMD16_TARGET void BFloat16ToFloat32Avx512(const uint16_t* src, float* dst, int64_t n) {
+  const BFloat16* s = reinterpret_cast<const BFloat16*>(src);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 lanes = TailMask(n - i);
-    const __m256i bf16 = _mm256_maskz_loadu_epi16(lanes, src + i);
-    const __m512i widened = _mm512_maskz_cvtepu16_epi32(lanes, bf16);
-    _mm512_mask_storeu_epi32(dst + i, lanes, _mm512_maskz_slli_epi32(lanes, widened, 16));
+    _mm512_mask_storeu_ps(dst + i, lanes, LoadWidened(s + i, lanes));
   }
   _mm256_zeroupper();  // see kZeroUpperNote
 }
 
-// As Float32ToBFloat16Vector; VCVTNEPS2BF16 (AVX512_BF16) is not used
-// because it flushes subnormal inputs to zero.
-CASTOR_AVX512_TARGET void Float32ToBFloat16Avx512(const float* src, uint16_t* dst, int64_t n) {
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
-  const __m512i float_infinity = _mm512_set1_epi32(0x7f800000);
-  const __m512i one = _mm512_set1_epi32(1);
-  const __m512i half_ulp = _mm512_set1_epi32(0x7fff);
-  const __m512i quiet_bit = _mm512_set1_epi32(0x0040);
+CASTOR_SIMD16_TARGET void Float32ToBFloat16Avx512(const float* src, uint16_t* dst, int64_t n) {
+  BFloat16* d = reinterpret_cast<BFloat16*>(dst);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 lanes = TailMask(n - i);
-    const __m512i bits = _mm512_maskz_loadu_epi32(lanes, src + i);
-    const __m512i top = _mm512_maskz_srli_epi32(lanes, bits, 16);
-    const __mmask16 is_nan =
-        _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, abs_mask), float_infinity);
-    const __m512i rounding_bias = _mm512_add_epi32(half_ulp, _mm512_and_si512(top, one));
-    const __m512i rounded =
-        _mm512_maskz_srli_epi32(lanes, _mm512_add_epi32(bits, rounding_bias), 16);
-    const __m512i result = _mm512_mask_blend_epi32(is_nan, rounded, _mm512_or_si512(top, quiet_bit));
-    // Every lane is <= 0xffff, so the truncating narrow is exact.
-    _mm512_mask_cvtepi32_storeu_epi16(dst + i, lanes, result);
+    StoreRounded(d + i, lanes, _mm512_maskz_loadu_ps(lanes, src + i));
   }
   _mm256_zeroupper();  // see kZeroUpperNote
 }
 
-#undef CASTOR_AVX512_TARGET
-
-#endif  // CASTOR_FLOAT_IO_X86
+#endif  // CASTOR_SIMD16_X86
 
 }  // namespace
 
 std::vector<ConversionLoops> AvailableConversionLoops() {
   std::vector<ConversionLoops> loops = {{"scalar", HalfToFloat32Scalar, Float32ToHalfScalar,
                                          BFloat16ToFloat32Scalar, Float32ToBFloat16Scalar}};
-#if defined(CASTOR_FLOAT_IO_X86)
+#if defined(CASTOR_SIMD16_X86)
   if (HasVectorConversions()) {
     loops.push_back({"AVX2+F16C", HalfToFloat32Vector, Float32ToHalfVector,
                      BFloat16ToFloat32Vector, Float32ToBFloat16Vector});
   }
-  if (HasAvx512Conversions()) {
+  if (HasSimd16()) {
     loops.push_back({"AVX-512", HalfToFloat32Avx512, Float32ToHalfAvx512,
                      BFloat16ToFloat32Avx512, Float32ToBFloat16Avx512});
   }
@@ -250,6 +193,31 @@ std::vector<ConversionLoops> AvailableConversionLoops() {
 }
 
 }  // namespace float_io_internal
+
+bool HasSimd16() {
+#if defined(CASTOR_SIMD16_X86)
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return float_io_internal::HasVectorConversions() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+namespace {
+std::atomic<bool> fused_simd16_allowed{true};
+}  // namespace
+
+bool UseFusedSimd16() {
+  return fused_simd16_allowed.load(std::memory_order_relaxed) && HasSimd16();
+}
+
+bool SetFusedSimd16ForTesting(bool enabled) {
+  return fused_simd16_allowed.exchange(enabled, std::memory_order_relaxed);
+}
 
 namespace {
 

@@ -1,0 +1,112 @@
+// AVX-512 building blocks for kernels on float16/bfloat16 data: 16 lanes
+// widened to float32 and rounded back with exactly the bits of
+// graph/half.h's scalar conversions (round-to-nearest-even; NaN payloads
+// kept as FloatToBFloat16Bits / HalfBitsToFloat do; subnormals kept, not
+// flushed). float_io.cc's bulk conversions and the fused elementwise loops
+// are built from them.
+//
+// The functions carry CASTOR_SIMD16_TARGET and may only run where
+// HasSimd16() is true (the build has no -march flags); code that calls them
+// carries the same attribute. Defined only where CASTOR_SIMD16_X86 is (x86
+// with GCC or clang).
+//
+//   if (HasSimd16()) RunMyLoop(...);   // CASTOR_SIMD16_TARGET void RunMyLoop
+//   ... __m512 v = LoadWidened(x + i, lanes); ... StoreRounded(y + i, lanes, v);
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cpu/float_io.h"
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define CASTOR_SIMD16_X86 1
+#include <immintrin.h>
+#endif
+
+namespace castor::cpu {
+
+// True when this CPU runs the functions below: AVX-512 F/BW/VL and F16C
+// (checked once).
+bool HasSimd16();
+
+// True when kernels should take their fused simd16 loops: HasSimd16() and
+// no test turned them off. (The bulk conversions in float_io.h always use
+// the widest loops; float_io_test checks each implementation directly.)
+bool UseFusedSimd16();
+
+// For tests: let kernels use their fused simd16 loops only when `enabled`
+// (and HasSimd16()), so the blocked float32 paths they replace stay
+// tested; returns the previous setting.
+bool SetFusedSimd16ForTesting(bool enabled);
+
+#if defined(CASTOR_SIMD16_X86)
+
+#define CASTOR_SIMD16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,f16c")))
+
+// The first min(remaining, 16) lanes.
+CASTOR_SIMD16_TARGET inline __mmask16 TailMask(int64_t remaining) {
+  return remaining >= 16 ? static_cast<__mmask16>(0xffff)
+                         : static_cast<__mmask16>((1u << remaining) - 1);
+}
+
+// The maskz_ forms below (inactive lanes read as zero) also keep GCC 12
+// from warning about the undefined source operand of the unmasked
+// intrinsics.
+
+// bfloat16 -> float32 is exact: the bits move to the top half.
+CASTOR_SIMD16_TARGET inline __m512 LoadWidened(const BFloat16* p, __mmask16 lanes) {
+  const __m256i bits = _mm256_maskz_loadu_epi16(lanes, p);
+  return _mm512_castsi512_ps(
+      _mm512_maskz_slli_epi32(lanes, _mm512_maskz_cvtepu16_epi32(lanes, bits), 16));
+}
+
+// float16 -> float32 with F16C, except that inf/NaN lanes are rebuilt with
+// integer ops (sign, all-ones exponent, mantissa << 13): F16C would quieten
+// a signalling NaN, HalfBitsToFloat keeps its payload as is.
+CASTOR_SIMD16_TARGET inline __m512 LoadWidened(const Half* p, __mmask16 lanes) {
+  const __m256i half = _mm256_maskz_loadu_epi16(lanes, p);
+  const __m512 widened = _mm512_maskz_cvtph_ps(lanes, half);
+  const __m512i half32 = _mm512_maskz_cvtepu16_epi32(lanes, half);
+  const __m512i exponent_mask = _mm512_set1_epi32(0x7c00);
+  const __mmask16 is_inf_or_nan =
+      _mm512_cmpeq_epi32_mask(_mm512_and_si512(half32, exponent_mask), exponent_mask);
+  if (is_inf_or_nan == 0) return widened;  // the common case
+  const __m512i sign = _mm512_and_si512(half32, _mm512_set1_epi32(0x8000));
+  const __m512i mantissa = _mm512_and_si512(half32, _mm512_set1_epi32(0x3ff));
+  const __m512i inf_or_nan =
+      _mm512_or_si512(_mm512_or_si512(_mm512_maskz_slli_epi32(lanes, sign, 16),
+                                      _mm512_set1_epi32(0x7f800000)),
+                      _mm512_maskz_slli_epi32(lanes, mantissa, 13));
+  return _mm512_mask_blend_ps(is_inf_or_nan, widened, _mm512_castsi512_ps(inf_or_nan));
+}
+
+// float32 -> bfloat16 as FloatToBFloat16Bits: NaN -> top half | 0x0040
+// (quiet, sign and payload kept); everything else rounds to nearest even by
+// adding 0x7fff + lsb and keeping the top half (finite values may carry
+// into inf). VCVTNEPS2BF16 (AVX512_BF16) is not used: it flushes subnormal
+// inputs to zero.
+CASTOR_SIMD16_TARGET inline void StoreRounded(BFloat16* p, __mmask16 lanes, __m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i top = _mm512_maskz_srli_epi32(lanes, bits, 16);
+  const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(
+      _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  const __m512i rounding_bias =
+      _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(top, _mm512_set1_epi32(1)));
+  const __m512i rounded = _mm512_maskz_srli_epi32(lanes, _mm512_add_epi32(bits, rounding_bias), 16);
+  const __m512i result =
+      _mm512_mask_blend_epi32(is_nan, rounded, _mm512_or_si512(top, _mm512_set1_epi32(0x0040)));
+  // Every lane is <= 0xffff, so the truncating narrow is exact.
+  _mm512_mask_cvtepi32_storeu_epi16(p, lanes, result);
+}
+
+// float32 -> float16: F16C's round-to-nearest-even narrowing matches
+// FloatToHalfBits for every float32 bit pattern (overflow to inf,
+// subnormals, NaN quietened with the top payload bits kept). The rounding
+// mode is the immediate, not MXCSR.
+CASTOR_SIMD16_TARGET inline void StoreRounded(Half* p, __mmask16 lanes, __m512 v) {
+  _mm256_mask_storeu_epi16(p, lanes, _mm512_maskz_cvtps_ph(lanes, v, _MM_FROUND_TO_NEAREST_INT));
+}
+
+#endif  // CASTOR_SIMD16_X86
+
+}  // namespace castor::cpu
