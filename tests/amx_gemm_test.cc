@@ -3,10 +3,12 @@
 // partial tiles in M, N and K, K cut into packed panels, row strides
 // wider than the rows, alpha and beta (beta == 0 must not read C), GEMMs
 // large enough to split across threads and GEMMs run inside a ParallelFor,
-// k == 0; and gemm.h's GemmFloat32Accumulate taking it for bfloat16 only.
+// k == 0; the bfloat16-output variant against the float32 one rounded; and
+// gemm.h's GemmFloat32Accumulate taking it for bfloat16 only.
 // On a CPU or OS without AMX tiles each test says so and skips.
 #include "backend/cpu/amx_gemm.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdint>
@@ -267,6 +269,44 @@ TEST(AmxGemm, GemmsInsideAParallelForAreEachCorrect) {
                 alone.data(), n);
     EXPECT_EQ(outs[g], alone) << "GEMM " << g;  // same order of sums: same bits
   }
+}
+
+// AmxGemmBf16Rounded writes bfloat16 C block by block: the same bits as
+// AmxGemmBf16 (beta 0) followed by FloatToBFloat16Bits, for every case of
+// the float64 test, with C's row stride wider than its rows (the elements
+// past each row untouched), with K cut into panels (the float32 fallback)
+// and with an empty K (C = 0).
+TEST(AmxGemm, RoundedOutputIsTheFloat32ResultRoundedOnce) {
+  SKIP_WITHOUT_AMX();
+  auto check = [](const Case& c) {
+    SCOPED_TRACE(Describe(c));
+    std::mt19937 rng(static_cast<unsigned>(c.m * 7 + c.n * 3 + c.k));
+    const int64_t a_cols = c.trans_a ? c.m : c.k, b_cols = c.trans_b ? c.k : c.n;
+    const int64_t a_rows = c.trans_a ? c.k : c.m, b_rows = c.trans_b ? c.n : c.k;
+    const std::vector<uint16_t> a = RandomBFloat16(std::max<int64_t>(1, a_rows * a_cols), rng);
+    const std::vector<uint16_t> b = RandomBFloat16(std::max<int64_t>(1, b_rows * b_cols), rng);
+    std::vector<float> wide(static_cast<size_t>(c.m * c.n));
+    AmxGemmBf16(c.trans_a, c.trans_b, c.m, c.n, c.k, c.alpha, a.data(), a_cols, b.data(), b_cols,
+                0.0f, wide.data(), c.n);
+    const int64_t ldc = c.n + 5;
+    std::vector<uint16_t> rounded(static_cast<size_t>(c.m * ldc), 0xabcd);
+    AmxGemmBf16Rounded(c.trans_a, c.trans_b, c.m, c.n, c.k, c.alpha, a.data(), a_cols, b.data(),
+                       b_cols, rounded.data(), ldc);
+    for (int64_t i = 0; i < c.m; ++i) {
+      for (int64_t j = 0; j < ldc; ++j) {
+        const uint16_t want = j < c.n ? FloatToBFloat16Bits(wide[i * c.n + j]) : 0xabcd;
+        ASSERT_EQ(rounded[i * ldc + j], want) << "C(" << i << ", " << j << ")";
+      }
+    }
+  };
+  for (const Case& c : Cases()) {
+    check(c);
+    if (HasFatalFailure()) return;
+  }
+  check(Case{3, 5, 0, false, false, 1.0f, 0.0f});
+  const int64_t before = SetAmxPanelElementsForTesting(6 * 512);
+  check(Case{5, 9, 513, false, true, -1.25f, 0.0f});  // 3 K panels: the float32 fallback
+  SetAmxPanelElementsForTesting(before);
 }
 
 // An empty K: C = beta * C, C not read when beta == 0.

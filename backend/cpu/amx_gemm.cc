@@ -21,7 +21,9 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/float_io.h"
 #include "backend/cpu/parallel.h"
+#include "backend/cpu/simd16.h"
 
 // GCC 11 and newer (AMX intrinsics and target names), on x86-64 Linux (the
 // tile-state request).
@@ -66,12 +68,13 @@ void Run(bool split, int64_t count, const std::function<void(int64_t, int64_t)>&
   }
 }
 
-// AMX-TILE and AMX-BF16, with the AVX2 and AVX-512F the packing uses
-// (libgcc checks that the OS saves their registers), and the tile state
+// AMX-TILE and AMX-BF16, with the AVX2 and AVX-512 (F, BW, VL: simd16.h)
+// the packing and the bfloat16 write-back use (libgcc checks that the OS
+// saves their registers), and the tile state
 // enabled in XCR0 and granted to this process by Linux.
 bool DetectAmx() {
   __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("avx512f")) return false;
+  if (!__builtin_cpu_supports("avx2") || !HasSimd16()) return false;
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
   const bool amx_bf16 = (edx >> 22) & 1u, amx_tile = (edx >> 24) & 1u;
@@ -88,7 +91,7 @@ bool DetectAmx() {
 }
 
 #pragma GCC push_options
-#pragma GCC target("amx-tile,amx-bf16,avx512f")
+#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,f16c")
 
 // The palette-1 configuration: all eight tiles 16 rows of 64 bytes.
 struct alignas(64) TileConfig {
@@ -134,14 +137,25 @@ void BlockProduct(const uint16_t* a, const uint16_t* b, int64_t a_next, int64_t 
   }
 }
 
+// Where ProductBlocks writes C: float32 (alpha * product + beta * C) or,
+// when c16 is set, bfloat16 (alpha * product rounded once; beta is 0).
+struct COut {
+  float* c = nullptr;
+  uint16_t* c16 = nullptr;
+  int64_t ldc = 0;
+  float alpha = 1.0f;
+  float beta = 0.0f;
+};
+
 // C blocks [lo, hi) of a grid of nb2 blocks per block row.
 void ProductBlocks(int64_t lo, int64_t hi, int64_t nb2, int64_t mb, int64_t nb, int64_t kb,
                    const uint16_t* a_pack, const uint16_t* b_pack, int64_t m, int64_t n,
-                   float alpha, float beta, float* c, int64_t ldc) {
+                   const COut& to) {
   static const TileConfig config;
   _tile_loadconfig(&config);
   alignas(64) float out[kBlock * kBlock];
   const int64_t tile_stride = kb * kTileElements;  // one tile row of A, column of B
+  const float alpha = to.alpha, beta = to.beta;
   for (int64_t block = lo; block < hi; ++block) {
     const int64_t ib = block / nb2 * kBlockTiles, jb = block % nb2 * kBlockTiles;
     const int mt = static_cast<int>(std::min(kBlockTiles, mb - ib));
@@ -160,8 +174,21 @@ void ProductBlocks(int64_t lo, int64_t hi, int64_t nb2, int64_t mb, int64_t nb, 
     const int64_t i0 = ib * kTileRows, j0 = jb * kTileRows;
     const int64_t rows = std::min<int64_t>(m - i0, mt * kTileRows);
     const int64_t cols = std::min<int64_t>(n - j0, nt * kTileRows);
+    if (to.c16 != nullptr) {
+      const __m512 scale = _mm512_set1_ps(alpha);
+      BFloat16* c16 = reinterpret_cast<BFloat16*>(to.c16);
+      for (int64_t i = 0; i < rows; ++i) {
+        BFloat16* c_row = c16 + (i0 + i) * to.ldc + j0;
+        const float* o = out + i * kBlock;
+        for (int64_t j = 0; j < cols; j += 16) {
+          const __mmask16 lanes = TailMask(cols - j);
+          StoreRounded(c_row + j, lanes, _mm512_mul_ps(scale, _mm512_load_ps(o + j)));
+        }
+      }
+      continue;
+    }
     for (int64_t i = 0; i < rows; ++i) {
-      float* c_row = c + (i0 + i) * ldc + j0;
+      float* c_row = to.c + (i0 + i) * to.ldc + j0;
       const float* o = out + i * kBlock;
       if (beta == 0.0f) {
         for (int64_t j = 0; j < cols; ++j) c_row[j] = alpha * o[j];
@@ -385,33 +412,34 @@ int64_t SetAmxPanelElementsForTesting(int64_t elements) {
                                 std::memory_order_relaxed);
 }
 
-void AmxGemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                 const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta,
-                 float* c, int64_t ldc) {
 #if defined(CASTOR_AMX_BUILD)
+namespace {
+
+// The GEMM behind both entry points. With `to.c16` set, all of K must fit
+// one panel (the caller checks PanelTiles).
+int64_t PanelTiles(int64_t m, int64_t n, int64_t k) {
+  // All of K in one panel unless the packed copies would pass the limit
+  // (then panels of whole tiles, at least one: for m + n above ~500k the
+  // scratch exceeds it).
+  const int64_t mb = CeilDiv(m, kTileRows), nb = CeilDiv(n, kTileRows);
+  return std::clamp<int64_t>(
+      pack_elements.load(std::memory_order_relaxed) / ((mb + nb) * kTileElements), 1,
+      CeilDiv(k, kTileK));
+}
+
+void AmxGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const uint16_t* a,
+             int64_t lda, const uint16_t* b, int64_t ldb, COut to) {
   if (!AmxBf16Supported()) {  // also what grants this process the tile state
     std::fprintf(stderr, "castor: AmxGemmBf16 called where AMX cannot run\n");
     std::abort();
-  }
-  if (m <= 0 || n <= 0) return;
-  if (k <= 0) {
-    ScaleC(m, n, beta, c, ldc);
-    return;
   }
   const int64_t mb = CeilDiv(m, kTileRows), nb = CeilDiv(n, kTileRows);
   const int64_t nb2 = CeilDiv(nb, kBlockTiles);
   const int64_t blocks = CeilDiv(mb, kBlockTiles) * nb2;
   const bool split = m * n * k >= kParallelMultiplyAdds;
-  // All of K in one panel unless the packed copies would pass the limit
-  // (then panels of whole tiles, at least one: for m + n above ~500k the
-  // scratch exceeds it); each panel is packed in one parallel pass and
-  // multiplied in another, and a C block's accumulators stay in their tiles
-  // over the panel's K.
-  const int64_t k_tiles = CeilDiv(k, kTileK);
-  const int64_t panel_tiles =
-      std::clamp<int64_t>(pack_elements.load(std::memory_order_relaxed) /
-                              ((mb + nb) * kTileElements),
-                          1, k_tiles);
+  // Each panel is packed in one parallel pass and multiplied in another,
+  // and a C block's accumulators stay in their tiles over the panel's K.
+  const int64_t panel_tiles = PanelTiles(m, n, k);
   const int64_t panel = panel_tiles * kTileK;
   // The calling thread's scratch, kept for the next call (named through
   // pointers: ParallelFor bodies on other threads see their own
@@ -434,15 +462,64 @@ void AmxGemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
               trans_b ? b + k0 : b + k0 * ldb, ldb, kb, b_pack);
       }
     });
-    const float panel_beta = k0 == 0 ? beta : 1.0f;
+    COut panel_to = to;
+    if (k0 > 0) panel_to.beta = 1.0f;
     Run(split, blocks, [&](int64_t lo, int64_t hi) {
-      ProductBlocks(lo, hi, nb2, mb, nb, kb, a_pack, b_pack, m, n, alpha, panel_beta, c, ldc);
+      ProductBlocks(lo, hi, nb2, mb, nb, kb, a_pack, b_pack, m, n, panel_to);
     });
   }
+}
+
+}  // namespace
+#endif  // CASTOR_AMX_BUILD
+
+void AmxGemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                 const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta,
+                 float* c, int64_t ldc) {
+#if defined(CASTOR_AMX_BUILD)
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    ScaleC(m, n, beta, c, ldc);
+    return;
+  }
+  COut to;
+  to.c = c;
+  to.ldc = ldc;
+  to.alpha = alpha;
+  to.beta = beta;
+  AmxGemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, to);
 #else
   (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda;
   (void)b, (void)ldb, (void)beta, (void)c, (void)ldc;
   std::fprintf(stderr, "castor: AmxGemmBf16 called in a build without AMX\n");
+  std::abort();  // AmxBf16Available() is false here: no caller gets this far
+#endif
+}
+
+void AmxGemmBf16Rounded(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                        float alpha, const uint16_t* a, int64_t lda, const uint16_t* b,
+                        int64_t ldb, uint16_t* c, int64_t ldc) {
+#if defined(CASTOR_AMX_BUILD)
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0 || PanelTiles(m, n, k) * kTileK < k) {
+    // An empty K (C = 0), or K in several panels, whose sums meet in
+    // float32: compute C in float32 and round it once.
+    std::vector<float> product(static_cast<size_t>(m * n));
+    AmxGemmBf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, 0.0f, product.data(), n);
+    for (int64_t i = 0; i < m; ++i) {
+      FromFloat32(product.data() + i * n, reinterpret_cast<BFloat16*>(c + i * ldc), n);
+    }
+    return;
+  }
+  COut to;
+  to.c16 = c;
+  to.ldc = ldc;
+  to.alpha = alpha;
+  AmxGemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, to);
+#else
+  (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda;
+  (void)b, (void)ldb, (void)c, (void)ldc;
+  std::fprintf(stderr, "castor: AmxGemmBf16Rounded called in a build without AMX\n");
   std::abort();  // AmxBf16Available() is false here: no caller gets this far
 #endif
 }

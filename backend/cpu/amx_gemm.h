@@ -18,7 +18,7 @@
 // bit; every run gives the same bits.
 //
 // Runs only where the CPU has AMX-TILE and AMX-BF16 (with AVX2 and
-// AVX-512F, which the packing uses) and Linux grants the process the tile
+// AVX-512 F/BW/VL, which the packing and the bfloat16 write-back use) and Linux grants the process the tile
 // state (arch_prctl ARCH_REQ_XCOMP_PERM, kernel 5.16+), in builds with
 // GCC 11 or newer; elsewhere, or with CASTOR_AMX=off in the environment,
 // AmxBf16Available() is false and callers keep the sgemm path.
@@ -55,5 +55,13 @@ int64_t SetAmxPanelElementsForTesting(int64_t elements);
 void AmxGemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                  const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta,
                  float* c, int64_t ldc);
+
+// C = alpha * op(A) * op(B) as AmxGemmBf16 with beta = 0, but C is bfloat16
+// (bit patterns, row stride ldc): each 32 x 32 block is rounded from its
+// float32 accumulators as it is finished, so C never exists in float32.
+// The same bits as AmxGemmBf16 followed by FloatToBFloat16Bits.
+void AmxGemmBf16Rounded(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                        float alpha, const uint16_t* a, int64_t lda, const uint16_t* b,
+                        int64_t ldb, uint16_t* c, int64_t ldc);
 
 }  // namespace castor::cpu

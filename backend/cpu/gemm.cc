@@ -188,6 +188,34 @@ void GemmFloat32Accumulate(DType dtype, bool trans_a, bool trans_b, int64_t m, i
   }
 }
 
+void GemmRoundedToDType(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                        int64_t k, float alpha, const void* a, int64_t lda, const void* b,
+                        int64_t ldb, void* c, int64_t ldc) {
+  if (dtype == DType::kFloat32) {
+    Sgemm(trans_a, trans_b, m, n, k, alpha, static_cast<const float*>(a), lda,
+          static_cast<const float*>(b), ldb, 0.0f, static_cast<float*>(c), ldc);
+    return;
+  }
+  if (m <= 0 || n <= 0) return;
+  if (dtype == DType::kBFloat16 && AmxBf16Available()) {
+    AmxGemmBf16Rounded(trans_a, trans_b, m, n, k, alpha, static_cast<const uint16_t*>(a), lda,
+                       static_cast<const uint16_t*>(b), ldb, static_cast<uint16_t*>(c), ldc);
+    return;
+  }
+  thread_local std::vector<float> product;
+  product.resize(static_cast<size_t>(m * n));
+  GemmFloat32Accumulate(dtype, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, 0.0f,
+                        product.data(), n);
+  const size_t elem = DTypeSize(dtype);
+  if (ldc == n) {
+    ParallelFromFloat32(dtype, product.data(), c, m * n);
+    return;
+  }
+  for (int64_t i = 0; i < m; ++i) {
+    FromFloat32(dtype, product.data() + i * n, static_cast<char*>(c) + i * ldc * elem, n);
+  }
+}
+
 std::string DescribeGemm() {
   std::string line = DescribeBlasCore();
   if (AmxBf16Available()) line += "; AMX for bfloat16 GEMMs";

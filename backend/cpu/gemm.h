@@ -41,6 +41,16 @@ void GemmFloat32Accumulate(DType dtype, bool trans_a, bool trans_b, int64_t m, i
                            int64_t k, float alpha, const void* a, int64_t lda, const void* b,
                            int64_t ldb, float beta, float* c, int64_t ldc);
 
+// C = alpha * op(A) * op(B) with A, B and C all of float dtype `dtype`
+// (float32, float16 or bfloat16; C's row stride ldc): products accumulate
+// in float32 as in GemmFloat32Accumulate and C is rounded once to `dtype`.
+// bfloat16 on AMX rounds each block of C as it is finished (no float32
+// copy of C); otherwise C is computed in float32 scratch and rounded on
+// every thread.
+void GemmRoundedToDType(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                        int64_t k, float alpha, const void* a, int64_t lda, const void* b,
+                        int64_t ldb, void* c, int64_t ldc);
+
 // One line for summaries and --version: blas_core.h's DescribeBlasCore(),
 // plus "; AMX for bfloat16 GEMMs" where amx_gemm.h runs.
 std::string DescribeGemm();

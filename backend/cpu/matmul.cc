@@ -64,10 +64,7 @@ void FloatMatMul(DType dtype, const T* a, const T* b, T* c, int64_t m, int64_t n
   } else if constexpr (std::is_same_v<T, float>) {
     Sgemm(false, false, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
   } else {
-    thread_local std::vector<float> product;
-    product.resize(static_cast<size_t>(m * n));
-    GemmFloat32Accumulate(dtype, false, false, m, n, k, 1.0f, a, k, b, n, 0.0f, product.data(), n);
-    ParallelFromFloat32(dtype, product.data(), c, m * n);
+    GemmRoundedToDType(dtype, false, false, m, n, k, 1.0f, a, k, b, n, c, n);
   }
 }
 
@@ -233,6 +230,11 @@ absl::Status GemmKernel(KernelContext& ctx) {
     case DType::kFloat32:
     case DType::kFloat16:
     case DType::kBFloat16: {
+      if (!use_c) {
+        GemmRoundedToDType(a.dtype, trans_a, trans_b, m, n, k, alpha, a.data, a.dims[1], b.data,
+                           b.dims[1], y->data, n);
+        return absl::OkStatus();
+      }
       float* acc;
       std::vector<float> scratch;
       if (a.dtype == DType::kFloat32) {
