@@ -234,6 +234,12 @@ TEST(GradientRuleTest, ReduceSumAndMeanWithAndWithoutKeepdims) {
     Value* y = mean.Parameter("x", {2, 3, 4});
     mean.Check(mean.Op("ReduceMean", {y}, {Attribute::Ints("axes", {0, 2}),
                                           Attribute::Int("keepdims", keepdims)}));
+    // Before opset 13 ReduceSum's axes, and Unsqueeze's in the backward
+    // graph, are attributes.
+    GradCheck opset11(11);
+    Value* z = opset11.Parameter("x", {2, 3, 4});
+    opset11.Check(opset11.Op("ReduceSum", {z}, {Attribute::Ints("axes", {1}),
+                                                Attribute::Int("keepdims", keepdims)}));
   }
 }
 

@@ -309,10 +309,14 @@ absl::Status ReduceGradient(GradientBuilder& g, bool mean) {
     } else if (axes.empty()) {
       for (int i = 0; i < x->shape().rank(); ++i) axes.push_back(i);
     }
-    if (axes_value == nullptr) {
-      CASTOR_ASSIGN_OR_RETURN(axes_value, g.Int64s(axes));
+    if (g.opset() < 13) {  // Unsqueeze's axes are an attribute before opset 13
+      CASTOR_ASSIGN_OR_RETURN(dy, g.Emit1("Unsqueeze", {dy}, {Attribute::Ints("axes", axes)}));
+    } else {
+      if (axes_value == nullptr) {
+        CASTOR_ASSIGN_OR_RETURN(axes_value, g.Int64s(axes));
+      }
+      CASTOR_ASSIGN_OR_RETURN(dy, g.Emit1("Unsqueeze", {dy, axes_value}));
     }
-    CASTOR_ASSIGN_OR_RETURN(dy, g.Emit1("Unsqueeze", {dy, axes_value}));
   }
   CASTOR_ASSIGN_OR_RETURN(Value * shape, g.ShapeOf(x));
   CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Expand", {dy, shape}));
