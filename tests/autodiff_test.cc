@@ -189,6 +189,42 @@ TEST(GradientRuleTest, MatMulTwoDimensionalAndBatched) {
   }
 }
 
+// Counts the nodes of `op_type` in the graph.
+int CountOps(const Graph& graph, const std::string& op_type) {
+  int count = 0;
+  for (const Node* node : graph.nodes()) count += node->op_type() == op_type ? 1 : 0;
+  return count;
+}
+
+// A matrix B shared by every batch of A (a linear layer on a sequence): dB
+// is one Gemm over the folded batch (transA), with no Transpose of A; the
+// general rule (a transposed copy of A, per-batch products, a sum over the
+// batch) remains before opset 11, where Gemm needs C.
+TEST(GradientRuleTest, MatMulWithASharedMatrixIsOneGemm) {
+  for (const std::vector<int64_t>& a_dims :
+       {std::vector<int64_t>{2, 3, 4}, std::vector<int64_t>{2, 2, 3, 4}}) {
+    SCOPED_TRACE(a_dims.size() == 3 ? "A rank 3" : "A rank 4");
+    GradCheck check;
+    Value* a = check.Parameter("a", a_dims);
+    Value* b = check.Parameter("b", {4, 2});
+    check.Check(check.Op("MatMul", {a, b}));
+    if (HasFatalFailure()) return;
+    int gemms_with_trans_a = 0;
+    for (const Node* node : check.graph().nodes()) {
+      if (node->op_type() == "Gemm" && node->GetInt("transA", 0) == 1) ++gemms_with_trans_a;
+    }
+    EXPECT_EQ(gemms_with_trans_a, 1);
+    // One Transpose remains: B's, for dA = dY @ B^T.
+    EXPECT_EQ(CountOps(check.graph(), "Transpose"), 1);
+  }
+  GradCheck opset10(10);
+  Value* a = opset10.Parameter("a", {2, 3, 4});
+  Value* b = opset10.Parameter("b", {4, 2});
+  opset10.Check(opset10.Op("MatMul", {a, b}));
+  EXPECT_EQ(CountOps(opset10.graph(), "Gemm"), 0);
+  EXPECT_EQ(CountOps(opset10.graph(), "Transpose"), 2);
+}
+
 TEST(GradientRuleTest, GemmEveryTransposeCombinationAlphaBeta) {
   for (int trans_a : {0, 1}) {
     for (int trans_b : {0, 1}) {

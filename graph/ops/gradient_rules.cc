@@ -201,7 +201,36 @@ absl::StatusOr<Value*> SwapLastAxes(GradientBuilder& g, Value* value) {
   return g.Emit1("Transpose", {value}, {Attribute::Ints("perm", perm)});
 }
 
-// Y = A @ B (rank >= 2, batch dims broadcast): dA = dY @ B^T, dB = A^T @ dY.
+// True when MatMul's B is one matrix [K, N] shared by every batch of a
+// rank > 2 A [..., M, K] (a linear layer applied to a sequence), with K and
+// N static and Gemm's C optional (opset 11+): then dB is one Gemm over the
+// folded batch (SharedMatrixGradient).
+bool SharedMatrixGradientAsOneGemm(const GradientBuilder& g) {
+  const Shape& a = g.input(0)->shape();
+  const Shape& b = g.input(1)->shape();
+  return g.opset() >= 11 && a.rank() > 2 && b.rank() == 2 && a[a.rank() - 1].is_static() &&
+         b[1].is_static();
+}
+
+// dB = sum over the batches of A_i^T dY_i = A'^T dY' with A' = A viewed as
+// [batch * M, K] and dY' = dY as [batch * M, N]: one Gemm (transA), where
+// the general rule makes a transposed copy of A, runs one small product
+// per batch and sums the products over the batch (rounding each to a
+// 16-bit dtype on the way). Here every sum accumulates in float32 once.
+absl::StatusOr<Value*> SharedMatrixGradient(GradientBuilder& g) {
+  const Shape& a = g.input(0)->shape();
+  const int64_t k = a[a.rank() - 1].value();
+  const int64_t n = g.input(1)->shape()[1].value();
+  CASTOR_ASSIGN_OR_RETURN(Value * a_rows_shape, g.Int64s({-1, k}));
+  CASTOR_ASSIGN_OR_RETURN(Value * dy_rows_shape, g.Int64s({-1, n}));
+  CASTOR_ASSIGN_OR_RETURN(Value * a_rows, g.Emit1("Reshape", {g.input(0), a_rows_shape}));
+  CASTOR_ASSIGN_OR_RETURN(Value * dy_rows,
+                          g.Emit1("Reshape", {g.output_grad(0), dy_rows_shape}));
+  return g.Emit1("Gemm", {a_rows, dy_rows}, {Attribute::Int("transA", 1)});
+}
+
+// Y = A @ B (rank >= 2, batch dims broadcast): dA = dY @ B^T, dB = A^T @ dY
+// (for a B shared by every batch, one Gemm: SharedMatrixGradient).
 absl::Status MatMulGradient(GradientBuilder& g) {
   Value* a = g.input(0);
   Value* b = g.input(1);
@@ -216,6 +245,11 @@ absl::Status MatMulGradient(GradientBuilder& g) {
     CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, 0, grad));
   }
   if (g.wants_input_grad(1)) {
+    if (SharedMatrixGradientAsOneGemm(g)) {
+      CASTOR_ASSIGN_OR_RETURN(Value * grad, SharedMatrixGradient(g));
+      g.SetInputGrad(1, grad);
+      return absl::OkStatus();
+    }
     CASTOR_ASSIGN_OR_RETURN(Value * a_t, SwapLastAxes(g, a));
     CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("MatMul", {a_t, g.output_grad(0)}));
     CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, 1, grad));
