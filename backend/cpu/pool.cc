@@ -190,7 +190,17 @@ void MaxPool2D(const WindowGeometry& g, const std::vector<AxisWindows>& axes, in
       return WindowMax<V, decltype(nan_safe)::value>(cm, count > 0 ? cols.idx[first] : 0, count,
                                                      step_w);
     };
-    auto row_pass = [&](T* yrow, auto nan_safe) {
+    // 16-bit rows are computed in float32 and narrowed with the bulk
+    // conversion (exact: each value is one of the widened inputs).
+    std::vector<V> narrow_row(kIsFloat16Storage<T> ? out_w : 0);
+    auto row_pass = [&](T* ys_row, auto nan_safe) {
+      auto* yrow = [&] {
+        if constexpr (kIsFloat16Storage<T>) {
+          return narrow_row.data();
+        } else {
+          return ys_row;
+        }
+      }();
       for (int64_t ow = 0; ow < full_lo; ++ow) Store(&yrow[ow], edge_max(ow, nan_safe));
       if (pairs) {  // each window is cm[2 ow], cm[2 ow + 1]: one branch-free loop
         for (int64_t ow = full_lo; ow < full_hi; ++ow) {
@@ -203,6 +213,7 @@ void MaxPool2D(const WindowGeometry& g, const std::vector<AxisWindows>& axes, in
         }
       }
       for (int64_t ow = full_hi; ow < out_w; ++ow) Store(&yrow[ow], edge_max(ow, nan_safe));
+      if constexpr (kIsFloat16Storage<T>) FromFloat32(yrow, ys_row, out_w);
     };
     // 16-bit planes are widened to float32 once (bulk conversion, exact).
     std::vector<float> widened_plane(kIsFloat16Storage<T> ? in_h * in_w : 0);
