@@ -773,6 +773,41 @@ TEST(ReluGrad, Float16AndBFloat16MatchFloat32) {
                                 {0, 1}, {});
 }
 
+// The 16-bit path decides Y > 0 on the bit patterns: zeros of both signs,
+// subnormals, infinities and NaNs of both signs give what the float32
+// comparison of the widened Y gives (dY, or +0's pattern).
+TEST(ReluGrad, SixteenBitSpecialValues) {
+  struct Kind {
+    DType dtype;
+    std::vector<uint16_t> y;
+  };
+  const std::vector<Kind> kinds = {
+      {DType::kFloat16,
+       {0x0000, 0x8000, 0x0001, 0x8001, 0x03ff, 0x3c00, 0xbc00, 0x7bff, 0x7c00, 0xfc00, 0x7c01,
+        0x7e00, 0xfe00, 0x7fff}},
+      {DType::kBFloat16,
+       {0x0000, 0x8000, 0x0001, 0x8001, 0x007f, 0x3f80, 0xbf80, 0x7f7f, 0x7f80, 0xff80, 0x7f81,
+        0x7fc0, 0xffc0, 0x7fff}},
+  };
+  for (const Kind& kind : kinds) {
+    SCOPED_TRACE(DTypeName(kind.dtype));
+    const int64_t n = static_cast<int64_t>(kind.y.size());
+    Tensor y(kind.dtype, {n}), dy(kind.dtype, {n});
+    for (int64_t i = 0; i < n; ++i) {
+      y.data<uint16_t>()[i] = kind.y[i];
+      dy.data<uint16_t>()[i] = static_cast<uint16_t>(0x3c00 + 0x111 * i);  // any non-zero bits
+    }
+    const std::vector<Tensor> out = RunOp("ReluGrad", {dy, y}, {});
+    ASSERT_EQ(out.size(), 1u);
+    for (int64_t i = 0; i < n; ++i) {
+      const float widened = kind.dtype == DType::kFloat16 ? HalfBitsToFloat(kind.y[i])
+                                                          : BFloat16BitsToFloat(kind.y[i]);
+      const uint16_t want = widened > 0.0f ? dy.data<uint16_t>()[i] : 0;
+      EXPECT_EQ(out[0].data<uint16_t>()[i], want) << "Y bits 0x" << std::hex << kind.y[i];
+    }
+  }
+}
+
 // ---- ReduceToShapeOf -----------------------------------------------------------
 
 void CheckReduceToShapeOf(const std::vector<int64_t>& x_dims, const std::vector<int64_t>& y_dims,

@@ -1161,14 +1161,17 @@ absl::Status ReluGradKernel(KernelContext& ctx) {
     T* dxp = dx->as<T>();
     ParallelFor(0, y.num_elements(), kElementGrain, [&](int64_t lo, int64_t hi) {
       if constexpr (kIsFloat16Storage<T>) {
-        // Y widened in blocks (exact); the stored zero is +0's 16-bit pattern.
-        float values[kFloatConvertBlock];
-        T zero;
-        StoreF(&zero, 0.0f);
-        for (int64_t i0 = lo; i0 < hi; i0 += kFloatConvertBlock) {
-          const int64_t m = std::min(kFloatConvertBlock, hi - i0);
-          ToFloat32(yp + i0, values, m);
-          for (int64_t j = 0; j < m; ++j) dxp[i0 + j] = values[j] > 0.0f ? dyp[i0 + j] : zero;
+        // On the bit patterns: Y > 0 exactly when its bits lie in
+        // [1, +inf's] (+0, negatives, -0 and NaNs lie outside), so one
+        // unsigned compare selects dY or +0's pattern (0), and the loop
+        // vectorizes.
+        const uint16_t positive_infinity = std::is_same_v<T, Half> ? 0x7c00 : 0x7f80;
+        const uint16_t* y_bits = reinterpret_cast<const uint16_t*>(yp);
+        const uint16_t* dy_bits = reinterpret_cast<const uint16_t*>(dyp);
+        uint16_t* dx_bits = reinterpret_cast<uint16_t*>(dxp);
+        for (int64_t i = lo; i < hi; ++i) {
+          const uint16_t d = dy_bits[i];
+          dx_bits[i] = static_cast<uint16_t>(y_bits[i] - 1u) < positive_infinity ? d : 0;
         }
       } else {
         // A select, not a branch: vectorized, and no mispredictions on
