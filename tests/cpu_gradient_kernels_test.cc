@@ -19,6 +19,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/grid_conv.h"
 #include "graph/gradient_builder.h"
+#include "backend/cpu/simd16.h"
 #include "graph/half.h"
 #include "graph/op_registry.h"
 #include "gtest/gtest.h"
@@ -627,10 +628,13 @@ TEST(BatchNormalizationGrad, Float16AndBFloat16ActivationsWithFloat32Parameters)
 
 TEST(LayerNormalizationGrad, MatchesFiniteDifferences) {
   const std::vector<int64_t> dims = {3, 4, 5};
-  for (int64_t axis : {-1, 1}) {
-    SCOPED_TRACE(::testing::Message() << "axis " << axis);
+  // axis 1 twice: a [4, 5] scale (one element per position, the dense
+  // path) and a [5] scale broadcast over the 4 (the indexed path).
+  for (const auto& [axis, broadcast_scale] :
+       std::vector<std::pair<int64_t, bool>>{{-1, false}, {1, false}, {1, true}}) {
+    SCOPED_TRACE(::testing::Message() << "axis " << axis << (broadcast_scale ? " [5] scale" : ""));
     const std::vector<int64_t> norm_dims =
-        axis == -1 ? std::vector<int64_t>{5} : std::vector<int64_t>{4, 5};
+        axis == -1 || broadcast_scale ? std::vector<int64_t>{5} : std::vector<int64_t>{4, 5};
     const Tensor x = RandomTensor(dims, 151, -2.0, 2.0);
     const Tensor scale = RandomTensor(norm_dims, 152, 0.5, 1.5);
     const Tensor bias = RandomTensor(norm_dims, 153);
@@ -837,17 +841,32 @@ TEST(ReduceToShapeOf, Float16AndBFloat16MatchFloat32) {
                                 {});
 }
 
+// Lets the kernels use their fused simd16 loops only when `enabled`, for
+// the scope.
+class ScopedFusedSimd16 {
+ public:
+  explicit ScopedFusedSimd16(bool enabled) : before_(cpu::SetFusedSimd16ForTesting(enabled)) {}
+  ~ScopedFusedSimd16() { cpu::SetFusedSimd16ForTesting(before_); }
+
+ private:
+  bool before_;
+};
+
 // The kernel's summation order, exactly: per output element, a float64 sum
 // over the outer summed axes of float32 partial sums (from +0, in order)
 // along the innermost summed axis. Shapes cover a kept innermost axis wider
 // than one column block (outer kept and outer summed axes around it), a
 // summed innermost axis longer than one conversion block, and no summing
-// at all (dY + 0: -0 becomes +0); in float32, float16 and bfloat16.
+// at all (dY + 0: -0 becomes +0); in float32, float16 and bfloat16, the
+// 16-bit ones on the fused AVX-512 row sums (where the CPU has them) and on
+// the blocked path.
 TEST(ReduceToShapeOf, SumsInTheDocumentedOrderBitExactly) {
   std::mt19937 rng(291);
   std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (const bool fused : {true, false})
   for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
-    SCOPED_TRACE(DTypeName(dtype));
+    SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << (fused ? " fused" : " blocked"));
+    const ScopedFusedSimd16 scoped_fused(fused);
     auto random = [&](const std::vector<int64_t>& dims) {
       int64_t n = 1;
       for (int64_t d : dims) n *= d;
@@ -894,6 +913,20 @@ TEST(ReduceToShapeOf, SumsInTheDocumentedOrderBitExactly) {
           total += partial;
         }
         ASSERT_EQ(got[k], rounded(static_cast<float>(total))) << k;
+      }
+    }
+    {
+      // dY [3, 50, 70] -> X [70] (a bias gradient): 150 rows summed into
+      // column blocks of 64 and 6.
+      const Tensor dy = random({3, 50, 70});
+      const std::vector<double> d = Values(dy);
+      const std::vector<Tensor> out = RunOp("ReduceToShapeOf", {dy, random({70})}, {});
+      ASSERT_EQ(out.size(), 1u);
+      const std::vector<double> got = Values(out[0]);
+      for (int64_t c = 0; c < 70; ++c) {
+        float partial = 0;
+        for (int64_t i = 0; i < 150; ++i) partial += static_cast<float>(d[i * 70 + c]);
+        ASSERT_EQ(got[c], rounded(partial)) << c;
       }
     }
     {

@@ -47,6 +47,7 @@
 #include "backend/cpu/im2col.h"
 #include "backend/cpu/lane_sums.h"
 #include "backend/cpu/parallel.h"
+#include "backend/cpu/simd16.h"
 #include "graph/gradient_builder.h"
 #include "graph/status.h"
 
@@ -176,6 +177,35 @@ inline void AddRow(Acc* __restrict acc, const float* __restrict src, int64_t n) 
   }
   for (; k < n; ++k) acc[k] += src[k];
 }
+
+#if defined(CASTOR_SIMD16_X86)
+// partial[k] += widened src[i * stride + k] for k < m, over rows i in
+// [0, rows) in order: the blocked loop's float32 additions (widen a row,
+// AddRow), fused, 64 columns per pass over the rows.
+template <typename T>
+CASTOR_SIMD16_TARGET void AddWidenedRows(float* partial, const T* src, int64_t stride,
+                                         int64_t rows, int64_t m) {
+  constexpr int64_t kStrips = 4;
+  for (int64_t j0 = 0; j0 < m; j0 += 16 * kStrips) {
+    __mmask16 lanes[kStrips];
+    __m512 acc[kStrips];
+    for (int64_t s = 0; s < kStrips; ++s) {
+      lanes[s] = TailMask(std::max<int64_t>(0, m - j0 - 16 * s));
+      acc[s] = _mm512_maskz_loadu_ps(lanes[s], partial + j0 + 16 * s);
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      const T* row = src + i * stride + j0;
+      for (int64_t s = 0; s < kStrips; ++s) {
+        acc[s] = _mm512_add_ps(acc[s], LoadWidened(row + 16 * s, lanes[s]));
+      }
+    }
+    for (int64_t s = 0; s < kStrips; ++s) {
+      _mm512_mask_storeu_ps(partial + j0 + 16 * s, lanes[s], acc[s]);
+    }
+  }
+  _mm256_zeroupper();  // the callers are SSE code (see float_io.cc's kZeroUpperNote)
+}
+#endif
 
 // ---- ConvGrad ----------------------------------------------------------------
 
@@ -923,6 +953,10 @@ absl::Status LayerNormGradKernel(KernelContext& ctx) {
     scale_index[j] = index;
   }
   const int64_t scale_size = scale_view.num_elements();
+  // Scale holds one element per normalised position, in order (the usual
+  // [D] scale of a [..., D] LayerNorm).
+  bool dense_scale = scale_size == inner;
+  for (int64_t j = 0; dense_scale && j < inner; ++j) dense_scale = scale_index[j] == j;
   const double epsilon = ctx.GetFloat("epsilon", 1e-5f);
   const Float32In xf(x);
   const Float32In dyf(ctx.input(0));
@@ -957,11 +991,23 @@ absl::Status LayerNormGradKernel(KernelContext& ctx) {
         });
         const double inv_std =
             1.0 / std::sqrt((inner > 0 ? squares.Total(0) / inner : 0.0) + epsilon);
-        for (int64_t j = 0; j < inner; ++j) {
-          x_hat[j] = (xr[j] - m) * inv_std;
-          g[j] = static_cast<double>(dyr[j]) * scale.data()[scale_index[j]];
-          ds[scale_index[j]] += dyr[j] * x_hat[j];
-          db[scale_index[j]] += dyr[j];
+        if (dense_scale) {  // the same arithmetic without the index table: it vectorizes
+          const float* sc = scale.data();
+          double* dsp = ds.data();
+          double* dbp = db.data();
+          for (int64_t j = 0; j < inner; ++j) {
+            x_hat[j] = (xr[j] - m) * inv_std;
+            g[j] = static_cast<double>(dyr[j]) * sc[j];
+            dsp[j] += dyr[j] * x_hat[j];
+            dbp[j] += dyr[j];
+          }
+        } else {
+          for (int64_t j = 0; j < inner; ++j) {
+            x_hat[j] = (xr[j] - m) * inv_std;
+            g[j] = static_cast<double>(dyr[j]) * scale.data()[scale_index[j]];
+            ds[scale_index[j]] += dyr[j] * x_hat[j];
+            db[scale_index[j]] += dyr[j];
+          }
         }
         if (!dx) continue;
         LaneSums<2> g_sums;  // g, g * x_hat
@@ -1304,6 +1350,15 @@ absl::Status ReduceToShapeOfKernel(KernelContext& ctx) {
           for (int64_t r = 0; r < outer_count; ++r) {
             const T* block = dyp + base + offset_of(outer_reduced, r);
             std::fill(partial, partial + m, 0.0f);
+#if defined(CASTOR_SIMD16_X86)
+            if constexpr (kIsFloat16Storage<T>) {
+              if (UseFusedSimd16()) {
+                AddWidenedRows(partial, block, inner, last_size, m);
+                AddRow(total, partial, m);
+                continue;
+              }
+            }
+#endif
             for (int64_t i = 0; i < last_size; ++i) {
               const T* src = block + i * inner;
               if constexpr (std::is_same_v<T, float>) {
@@ -1316,7 +1371,12 @@ absl::Status ReduceToShapeOfKernel(KernelContext& ctx) {
             AddRow(total, partial, m);
           }
           T* out = dxp + row * inner + column;
-          for (int64_t k = 0; k < m; ++k) StoreF(&out[k], static_cast<float>(total[k]));
+          if constexpr (kIsFloat16Storage<T>) {  // round the totals to float32, then in bulk
+            for (int64_t k = 0; k < m; ++k) partial[k] = static_cast<float>(total[k]);
+            FromFloat32(partial, out, m);
+          } else {
+            for (int64_t k = 0; k < m; ++k) StoreF(&out[k], static_cast<float>(total[k]));
+          }
         }
       });
     });

@@ -286,6 +286,15 @@ absl::Status LayerNormKernel(KernelContext& ctx) {
   const bool has_bias = ctx.has_input(2);
   const BroadcastOffsets bias_at =
       has_bias ? BroadcastTo(ctx.input(2).dims, x.dims, axis) : BroadcastOffsets{};
+  // Scale and bias hold one element per normalised position, in order (the
+  // usual [D] parameters of a [..., D] LayerNorm).
+  auto dense = [&](const BroadcastOffsets& at) {
+    for (int64_t i = 0; i < inner; ++i) {
+      if (at.inner[i] != i) return false;
+    }
+    return true;
+  };
+  const bool dense_affine = dense(scale_at) && (!has_bias || dense(bias_at));
   absl::StatusOr<TensorView*> y = ctx.Output(0, x.dtype, x.dims);
   if (!y.ok()) return y.status();
   std::vector<double> row_mean(static_cast<size_t>(outer)), row_inv_std(static_cast<size_t>(outer));
@@ -315,6 +324,16 @@ absl::Status LayerNormKernel(KernelContext& ctx) {
         const T* s_row = sp + scale_at.outer[r];
         const T* b_row = has_bias ? bp + bias_at.outer[r] : nullptr;
         T* dst = yp + r * inner;
+        if constexpr (std::is_same_v<T, float>) {
+          if (dense_affine) {  // the same arithmetic without the index tables: it vectorizes
+            if (b_row != nullptr) {
+              for (int64_t i = 0; i < inner; ++i) dst[i] = (src[i] - mv) * iv * s_row[i] + b_row[i];
+            } else {
+              for (int64_t i = 0; i < inner; ++i) dst[i] = (src[i] - mv) * iv * s_row[i];
+            }
+            continue;
+          }
+        }
         for (int64_t i = 0; i < inner; ++i) {
           V v = (static_cast<V>(LoadD(src[i])) - mv) * iv *
                 static_cast<V>(LoadD(s_row[scale_at.inner[i]]));
