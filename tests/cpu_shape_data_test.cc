@@ -197,6 +197,32 @@ TEST(CpuTranspose, PermutesInEveryDType) {
   }
 }
 
+// Transposes whose innermost output axis is strided in the input and whose
+// next axis is contiguous there run as register-transposed square blocks
+// (8 x 8 for 2-byte, 4 x 4 for 4-byte elements) plus element-wise edges:
+// sizes 19 and 21 leave edges on both sides of the blocks, in every dtype
+// (1- and 8-byte elements take the row-by-row copy).
+TEST(CpuTranspose, BlockTransposesAndTheirEdgesInEveryDType) {
+  const std::vector<int64_t> in_dims = {2, 19, 3, 21};
+  const std::vector<std::vector<int64_t>> perms = {
+      {0, 2, 3, 1}, {0, 3, 1, 2}, {0, 1, 3, 2}, {3, 2, 1, 0}, {0, 2, 1, 3}, {1, 3, 0, 2}};
+  for (DType dtype : AllDTypes()) {
+    SCOPED_TRACE(DTypeName(dtype));
+    Tensor in = Pattern(dtype, in_dims);
+    for (const auto& perm : perms) {
+      SCOPED_TRACE(::testing::Message() << "perm " << perm[0] << perm[1] << perm[2] << perm[3]);
+      std::vector<int64_t> dims(4);
+      for (int k = 0; k < 4; ++k) dims[k] = in_dims[perm[k]];
+      Tensor expected = Mapped(in, dims, [&](const std::vector<int64_t>& o) {
+        std::vector<int64_t> i(4);
+        for (int k = 0; k < 4; ++k) i[perm[k]] = o[k];
+        return Ravel(i, in_dims);
+      });
+      EXPECT_EQ(RunOk("Transpose", {in}, {Attribute::Ints("perm", perm)}, 13)[0], expected);
+    }
+  }
+}
+
 TEST(CpuTranspose, LargeMatrixUsesThreadsAndStaysExact) {
   const std::vector<int64_t> in_dims = {300, 257};
   Tensor in = Pattern(DType::kFloat32, in_dims);

@@ -4,6 +4,10 @@
 #include <algorithm>
 #include <cstring>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "absl/strings/str_cat.h"
 #include "backend/cpu/broadcast.h"
 #include "backend/cpu/parallel.h"
@@ -48,6 +52,100 @@ void CopyRowBytes(const char* src, int64_t src_stride, char* dst, int64_t dst_st
       }
   }
 }
+
+#if defined(__SSE2__)
+// The 8 x 8 block of 16-bit elements at src (rows src_stride apart) to dst
+// transposed (rows dst_stride apart): three rounds of interleaves.
+void Transpose8x8Words(const uint16_t* src, int64_t src_stride, uint16_t* dst,
+                       int64_t dst_stride) {
+  __m128i a[8], b[8], c[8];
+  for (int r = 0; r < 8; ++r) {
+    a[r] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + r * src_stride));
+  }
+  for (int r = 0; r < 8; r += 2) {
+    b[r] = _mm_unpacklo_epi16(a[r], a[r + 1]);
+    b[r + 1] = _mm_unpackhi_epi16(a[r], a[r + 1]);
+  }
+  for (int q = 0; q < 8; q += 4) {  // rows q..q+3: pairs (b[q], b[q+2]) and (b[q+1], b[q+3])
+    c[q] = _mm_unpacklo_epi32(b[q], b[q + 2]);
+    c[q + 1] = _mm_unpackhi_epi32(b[q], b[q + 2]);
+    c[q + 2] = _mm_unpacklo_epi32(b[q + 1], b[q + 3]);
+    c[q + 3] = _mm_unpackhi_epi32(b[q + 1], b[q + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {  // columns 2k and 2k + 1 from rows 0-3 and 4-7
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + (2 * k) * dst_stride),
+                     _mm_unpacklo_epi64(c[k], c[k + 4]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + (2 * k + 1) * dst_stride),
+                     _mm_unpackhi_epi64(c[k], c[k + 4]));
+  }
+}
+
+// The same for 4 x 4 blocks of 32-bit elements.
+void Transpose4x4Words(const uint32_t* src, int64_t src_stride, uint32_t* dst,
+                       int64_t dst_stride) {
+  __m128i a[4];
+  for (int r = 0; r < 4; ++r) {
+    a[r] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + r * src_stride));
+  }
+  const __m128i b0 = _mm_unpacklo_epi32(a[0], a[1]), b1 = _mm_unpackhi_epi32(a[0], a[1]);
+  const __m128i b2 = _mm_unpacklo_epi32(a[2], a[3]), b3 = _mm_unpackhi_epi32(a[2], a[3]);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm_unpacklo_epi64(b0, b2));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + dst_stride), _mm_unpackhi_epi64(b0, b2));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * dst_stride), _mm_unpacklo_epi64(b1, b3));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 3 * dst_stride), _mm_unpackhi_epi64(b1, b3));
+}
+
+// A transpose inside the copy: the inner axis (dst stride 1) is strided in
+// src, and the outer axis just before it, `across`, is contiguous in src.
+// Each [across x inner] plane (one per index of the remaining outer axes)
+// is copied in square blocks of kTile x kTile elements that are transposed
+// in registers: every load and store moves kTile contiguous elements, where
+// the row-by-row copy gathered one element per strided load. Edges that do
+// not fill a block are copied element by element.
+template <typename Word, int kTile>
+void CopyTransposedPlanes(const std::vector<Axis>& planes, const Axis& across, const Axis& inner,
+                          const Word* src, Word* dst) {
+  int64_t plane_count = 1;
+  for (const Axis& a : planes) plane_count *= a.size;
+  const int64_t bands = (across.size + kTile - 1) / kTile;  // kTile rows of `across` each
+  const int64_t grain = std::max<int64_t>(1, kBytesPerChunk / (kTile * inner.size * sizeof(Word)));
+  ParallelFor(0, plane_count * bands, grain, [&planes, across, inner, src, dst,
+                                              bands](int64_t lo, int64_t hi) {
+    const std::vector<Axis> outer = planes;  // this thread's copy (see StridedCopy)
+    for (int64_t task = lo; task < hi; ++task) {
+      int64_t plane = task / bands;
+      const int64_t a0 = task % bands * kTile;
+      int64_t src_offset = a0 * across.src_stride, dst_offset = a0 * across.dst_stride;
+      for (int64_t k = static_cast<int64_t>(outer.size()) - 1; k >= 0; --k) {
+        const int64_t index = plane % outer[k].size;
+        plane /= outer[k].size;
+        src_offset += index * outer[k].src_stride;
+        dst_offset += index * outer[k].dst_stride;
+      }
+      const Word* s = src + src_offset;
+      Word* d = dst + dst_offset;
+      const int64_t rows = std::min<int64_t>(kTile, across.size - a0);
+      int64_t c0 = 0;
+      if (rows == kTile) {
+        for (; c0 + kTile <= inner.size; c0 += kTile) {
+          if constexpr (kTile == 8) {
+            Transpose8x8Words(s + c0 * inner.src_stride, inner.src_stride, d + c0,
+                              across.dst_stride);
+          } else {
+            Transpose4x4Words(s + c0 * inner.src_stride, inner.src_stride, d + c0,
+                              across.dst_stride);
+          }
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = c0; c < inner.size; ++c) {
+          d[r * across.dst_stride + c] = s[c * inner.src_stride + r];
+        }
+      }
+    }
+  });
+}
+#endif  // __SSE2__
 
 }  // namespace
 
@@ -100,6 +198,24 @@ void StridedCopy(const std::vector<int64_t>& dims, size_t element_size, const vo
     ParallelMemcpy(dst_bytes, src_bytes, static_cast<size_t>(inner.size * element_bytes));
     return;
   }
+#if defined(__SSE2__)
+  // A transpose of the two innermost axes (see CopyTransposedPlanes).
+  if (!merged.empty() && inner.dst_stride == 1 && inner.src_stride != 1 &&
+      merged.back().src_stride == 1 && (element_size == 2 || element_size == 4)) {
+    const Axis across = merged.back();
+    merged.pop_back();
+    if (element_size == 2) {
+      CopyTransposedPlanes<uint16_t, 8>(merged, across, inner,
+                                        reinterpret_cast<const uint16_t*>(src_bytes),
+                                        reinterpret_cast<uint16_t*>(dst_bytes));
+    } else {
+      CopyTransposedPlanes<uint32_t, 4>(merged, across, inner,
+                                        reinterpret_cast<const uint32_t*>(src_bytes),
+                                        reinterpret_cast<uint32_t*>(dst_bytes));
+    }
+    return;
+  }
+#endif
   const int64_t row_bytes = std::max<int64_t>(1, inner.size * element_bytes);
   const int64_t grain = std::max<int64_t>(1, kBytesPerChunk / row_bytes);
   // Each chunk copies the outer axes before its loop. Read through the
