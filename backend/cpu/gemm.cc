@@ -5,6 +5,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -37,6 +38,24 @@ void WidenRows(DType dtype, const void* src, int64_t src_ld, int64_t rows, int64
     }
   });
 }
+
+// Float32 scratch that grows without initialising its elements (each use
+// writes what it reads): a std::vector zero-filled the product of a large
+// GEMM again each time it regrew after a smaller one.
+class FloatScratch {
+ public:
+  float* Get(int64_t n) {
+    if (n > capacity_) {
+      data_.reset(new float[static_cast<size_t>(n)]);  // not value-initialised
+      capacity_ = n;
+    }
+    return data_.get();
+  }
+
+ private:
+  std::unique_ptr<float[]> data_;
+  int64_t capacity_ = 0;
+};
 
 template <typename T>
 void ScaleC(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
@@ -161,9 +180,9 @@ void GemmFloat32Accumulate(DType dtype, bool trans_a, bool trans_b, int64_t m, i
   // then K is split and each panel's product is added to C in float32.
   const int64_t panel =
       std::clamp<int64_t>(kPanelScratchElements / (m + n), std::min<int64_t>(k, 256), k);
-  thread_local std::vector<float> a_panel, b_panel;
-  a_panel.resize(static_cast<size_t>(m * panel));
-  b_panel.resize(static_cast<size_t>(n * panel));
+  thread_local FloatScratch a_scratch, b_scratch;
+  float* a_panel = a_scratch.Get(m * panel);
+  float* b_panel = b_scratch.Get(n * panel);
   const size_t elem = DTypeSize(dtype);
   const char* a_bytes = static_cast<const char*>(a);
   const char* b_bytes = static_cast<const char*>(b);
@@ -171,19 +190,19 @@ void GemmFloat32Accumulate(DType dtype, bool trans_a, bool trans_b, int64_t m, i
     const int64_t kb = std::min(panel, k - k0);
     // op(A)[:, k0:k0+kb]: stored [m, k] -> [m, kb]; stored [k, m] -> [kb, m].
     if (!trans_a) {
-      WidenRows(dtype, a_bytes + static_cast<size_t>(k0) * elem, lda, m, kb, a_panel.data());
+      WidenRows(dtype, a_bytes + static_cast<size_t>(k0) * elem, lda, m, kb, a_panel);
     } else {
       WidenRows(dtype, a_bytes + static_cast<size_t>(k0 * lda) * elem, lda, kb, m,
-                a_panel.data());
+                a_panel);
     }
     // op(B)[k0:k0+kb, :]: stored [k, n] -> [kb, n]; stored [n, k] -> [n, kb].
     if (!trans_b) {
       WidenRows(dtype, b_bytes + static_cast<size_t>(k0 * ldb) * elem, ldb, kb, n,
-                b_panel.data());
+                b_panel);
     } else {
-      WidenRows(dtype, b_bytes + static_cast<size_t>(k0) * elem, ldb, n, kb, b_panel.data());
+      WidenRows(dtype, b_bytes + static_cast<size_t>(k0) * elem, ldb, n, kb, b_panel);
     }
-    Sgemm(trans_a, trans_b, m, n, kb, alpha, a_panel.data(), trans_a ? m : kb, b_panel.data(),
+    Sgemm(trans_a, trans_b, m, n, kb, alpha, a_panel, trans_a ? m : kb, b_panel,
           trans_b ? kb : n, k0 == 0 ? beta : 1.0f, c, ldc);
   }
 }
@@ -202,17 +221,17 @@ void GemmRoundedToDType(DType dtype, bool trans_a, bool trans_b, int64_t m, int6
                        static_cast<const uint16_t*>(b), ldb, static_cast<uint16_t*>(c), ldc);
     return;
   }
-  thread_local std::vector<float> product;
-  product.resize(static_cast<size_t>(m * n));
+  thread_local FloatScratch product_scratch;
+  float* product = product_scratch.Get(m * n);
   GemmFloat32Accumulate(dtype, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, 0.0f,
-                        product.data(), n);
+                        product, n);
   const size_t elem = DTypeSize(dtype);
   if (ldc == n) {
-    ParallelFromFloat32(dtype, product.data(), c, m * n);
+    ParallelFromFloat32(dtype, product, c, m * n);
     return;
   }
   for (int64_t i = 0; i < m; ++i) {
-    FromFloat32(dtype, product.data() + i * n, static_cast<char*>(c) + i * ldc * elem, n);
+    FromFloat32(dtype, product + i * n, static_cast<char*>(c) + i * ldc * elem, n);
   }
 }
 
