@@ -23,6 +23,7 @@
 
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/parallel.h"
+#include "backend/cpu/scratch.h"
 #include "backend/cpu/simd16.h"
 
 // GCC 11 and newer (AMX intrinsics and target names), on x86-64 Linux (the
@@ -353,15 +354,6 @@ void PackB(bool trans_b, int64_t count, int64_t first, int64_t n, int64_t k, con
   }
 }
 
-// `elements` uint16 of thread-local scratch `v`, 64-byte aligned (tile rows
-// are 64 bytes: unaligned, each row load would touch two cache lines).
-uint16_t* AlignedScratch(std::vector<uint16_t>& v, int64_t elements) {
-  constexpr size_t kAlign = 64;
-  v.resize(static_cast<size_t>(elements) + kAlign / sizeof(uint16_t));
-  const uintptr_t at = reinterpret_cast<uintptr_t>(v.data());
-  return reinterpret_cast<uint16_t*>((at + kAlign - 1) & ~uintptr_t{kAlign - 1});
-}
-
 // C = beta * C (C not read when beta == 0): the product of an empty K.
 void ScaleC(int64_t m, int64_t n, float beta, float* c, int64_t ldc) {
   for (int64_t i = 0; i < m; ++i) {
@@ -444,9 +436,11 @@ void AmxGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const 
   // The calling thread's scratch, kept for the next call (named through
   // pointers: ParallelFor bodies on other threads see their own
   // thread_local buffers).
-  thread_local std::vector<uint16_t> a_scratch, b_scratch;
-  uint16_t* a_pack = AlignedScratch(a_scratch, mb * panel_tiles * kTileElements);
-  uint16_t* b_pack = AlignedScratch(b_scratch, nb * panel_tiles * kTileElements);
+  // (64-byte aligned: tile rows are 64 bytes, and an unaligned row load
+  // would touch two cache lines.)
+  thread_local Scratch<uint16_t, 64> a_scratch, b_scratch;
+  uint16_t* a_pack = a_scratch.Get(mb * panel_tiles * kTileElements);
+  uint16_t* b_pack = b_scratch.Get(nb * panel_tiles * kTileElements);
   for (int64_t k0 = 0; k0 < k; k0 += panel) {
     const int64_t kc = std::min(panel, k - k0);
     const int64_t kb = CeilDiv(kc, kTileK);

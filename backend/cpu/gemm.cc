@@ -5,7 +5,6 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -13,6 +12,7 @@
 #include "backend/cpu/blas_core.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/parallel.h"
+#include "backend/cpu/scratch.h"
 
 namespace castor::cpu {
 namespace {
@@ -38,24 +38,6 @@ void WidenRows(DType dtype, const void* src, int64_t src_ld, int64_t rows, int64
     }
   });
 }
-
-// Float32 scratch that grows without initialising its elements (each use
-// writes what it reads): a std::vector zero-filled the product of a large
-// GEMM again each time it regrew after a smaller one.
-class FloatScratch {
- public:
-  float* Get(int64_t n) {
-    if (n > capacity_) {
-      data_.reset(new float[static_cast<size_t>(n)]);  // not value-initialised
-      capacity_ = n;
-    }
-    return data_.get();
-  }
-
- private:
-  std::unique_ptr<float[]> data_;
-  int64_t capacity_ = 0;
-};
 
 template <typename T>
 void ScaleC(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
@@ -180,7 +162,7 @@ void GemmFloat32Accumulate(DType dtype, bool trans_a, bool trans_b, int64_t m, i
   // then K is split and each panel's product is added to C in float32.
   const int64_t panel =
       std::clamp<int64_t>(kPanelScratchElements / (m + n), std::min<int64_t>(k, 256), k);
-  thread_local FloatScratch a_scratch, b_scratch;
+  thread_local Scratch<float> a_scratch, b_scratch;
   float* a_panel = a_scratch.Get(m * panel);
   float* b_panel = b_scratch.Get(n * panel);
   const size_t elem = DTypeSize(dtype);
@@ -221,7 +203,7 @@ void GemmRoundedToDType(DType dtype, bool trans_a, bool trans_b, int64_t m, int6
                        static_cast<const uint16_t*>(b), ldb, static_cast<uint16_t*>(c), ldc);
     return;
   }
-  thread_local FloatScratch product_scratch;
+  thread_local Scratch<float> product_scratch;
   float* product = product_scratch.Get(m * n);
   GemmFloat32Accumulate(dtype, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, 0.0f,
                         product, n);
