@@ -207,6 +207,90 @@ CASTOR_SIMD16_TARGET void AddWidenedRows(float* partial, const T* src, int64_t s
 }
 #endif
 
+#if defined(CASTOR_SIMD16_X86)
+// The scalar loops below are built without FMA (the build has no -march
+// flags); their AVX-512 twins must not contract a * b + c either, or the
+// bits would differ. (clang contracts only within one source expression,
+// never across intrinsic calls.)
+#if defined(__clang__)
+#define CASTOR_NO_FP_CONTRACT
+#else
+#define CASTOR_NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))
+#endif
+
+CASTOR_SIMD16_TARGET inline __mmask8 TailMask8(int64_t remaining) {
+  return remaining >= 8 ? static_cast<__mmask8>(0xff)
+                        : static_cast<__mmask8>((1u << remaining) - 1);
+}
+
+// Floats [p, p + 8) (lanes outside `lanes` 0) as doubles.
+CASTOR_SIMD16_TARGET inline __m512d LoadAsDoubles(const float* p, __mmask8 lanes) {
+  return _mm512_maskz_cvtps_pd(lanes, _mm256_maskz_loadu_ps(lanes, p));
+}
+
+// LaneSums::Total of 8 lanes: added pairwise in the same order.
+CASTOR_SIMD16_TARGET inline double PairwiseTotal(__m512d lanes) {
+  alignas(64) double v[8];
+  _mm512_store_pd(v, lanes);
+  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
+
+// One row of LayerNormGrad with a dense scale, 8 float64 lanes at a time:
+// the scalar loop's arithmetic in the same order (LaneSums puts element j
+// of the whole blocks of 8 in lane j mod 8 and the tail's in lanes 0..),
+// so the same bits. Adds the row's dScale and dBias terms to ds and db;
+// writes dX when dx is set; x_hat and g are n doubles of scratch.
+CASTOR_SIMD16_TARGET CASTOR_NO_FP_CONTRACT void LayerNormGradRowAvx512(
+    const float* x, const float* dy, const float* scale, int64_t n, double epsilon, double* ds,
+    double* db, double* x_hat, double* g, float* dx) {
+  __m512d sum = _mm512_setzero_pd();
+  for (int64_t j = 0; j < n; j += 8) {
+    const __mmask8 lanes = TailMask8(n - j);
+    sum = _mm512_mask_add_pd(sum, lanes, sum, LoadAsDoubles(x + j, lanes));
+  }
+  const double m = n > 0 ? PairwiseTotal(sum) / static_cast<double>(n) : 0.0;
+  const __m512d mv = _mm512_set1_pd(m);
+  __m512d squares = _mm512_setzero_pd();
+  for (int64_t j = 0; j < n; j += 8) {
+    const __mmask8 lanes = TailMask8(n - j);
+    const __m512d centred = _mm512_sub_pd(LoadAsDoubles(x + j, lanes), mv);
+    squares = _mm512_mask_add_pd(squares, lanes, squares, _mm512_mul_pd(centred, centred));
+  }
+  const double inv_std =
+      1.0 / std::sqrt((n > 0 ? PairwiseTotal(squares) / static_cast<double>(n) : 0.0) + epsilon);
+  const __m512d iv = _mm512_set1_pd(inv_std);
+  __m512d g_sum = _mm512_setzero_pd(), g_xhat_sum = _mm512_setzero_pd();
+  for (int64_t j = 0; j < n; j += 8) {
+    const __mmask8 lanes = TailMask8(n - j);
+    const __m512d dyv = LoadAsDoubles(dy + j, lanes);
+    const __m512d xh = _mm512_mul_pd(_mm512_sub_pd(LoadAsDoubles(x + j, lanes), mv), iv);
+    const __m512d gv = _mm512_mul_pd(dyv, LoadAsDoubles(scale + j, lanes));
+    _mm512_mask_storeu_pd(x_hat + j, lanes, xh);
+    _mm512_mask_storeu_pd(g + j, lanes, gv);
+    const __m512d dsv = _mm512_maskz_loadu_pd(lanes, ds + j);
+    _mm512_mask_storeu_pd(ds + j, lanes, _mm512_add_pd(dsv, _mm512_mul_pd(dyv, xh)));
+    const __m512d dbv = _mm512_maskz_loadu_pd(lanes, db + j);
+    _mm512_mask_storeu_pd(db + j, lanes, _mm512_add_pd(dbv, dyv));
+    g_sum = _mm512_mask_add_pd(g_sum, lanes, g_sum, gv);
+    g_xhat_sum = _mm512_mask_add_pd(g_xhat_sum, lanes, g_xhat_sum, _mm512_mul_pd(gv, xh));
+  }
+  if (dx != nullptr) {
+    const __m512d g_mean = _mm512_set1_pd(PairwiseTotal(g_sum) / static_cast<double>(n));
+    const __m512d g_xhat_mean =
+        _mm512_set1_pd(PairwiseTotal(g_xhat_sum) / static_cast<double>(n));
+    for (int64_t j = 0; j < n; j += 8) {
+      const __mmask8 lanes = TailMask8(n - j);
+      const __m512d centred = _mm512_sub_pd(_mm512_maskz_loadu_pd(lanes, g + j), g_mean);
+      const __m512d v = _mm512_mul_pd(
+          iv, _mm512_sub_pd(centred,
+                            _mm512_mul_pd(_mm512_maskz_loadu_pd(lanes, x_hat + j), g_xhat_mean)));
+      _mm256_mask_storeu_ps(dx + j, lanes, _mm512_maskz_cvtpd_ps(lanes, v));
+    }
+  }
+  _mm256_zeroupper();  // the callers are SSE code (see float_io.cc's kZeroUpperNote)
+}
+#endif
+
 // ---- ConvGrad ----------------------------------------------------------------
 
 // Scatter-adds col [channels * kernel_size, output_size] (Im2Col's layout)
@@ -981,6 +1065,13 @@ absl::Status LayerNormGradKernel(KernelContext& ctx) {
            ++r) {
         const float* xr = xf.data() + r * inner;
         const float* dyr = dyf.data() + r * inner;
+#if defined(CASTOR_SIMD16_X86)
+        if (dense_scale && UseFusedSimd16()) {
+          LayerNormGradRowAvx512(xr, dyr, scale.data(), inner, epsilon, ds.data(), db.data(),
+                                 x_hat.data(), g.data(), dx ? dx->data() + r * inner : nullptr);
+          continue;
+        }
+#endif
         LaneSums<1> sum;
         sum.Add(inner, [&](int64_t j) { return std::array<double, 1>{xr[j]}; });
         const double m = inner > 0 ? sum.Total(0) / inner : 0.0;
