@@ -29,14 +29,17 @@ namespace castor::cpu {
 // (checked once).
 bool HasSimd16();
 
-// True when kernels should take their fused simd16 loops: HasSimd16() and
-// no test turned them off. (The bulk conversions in float_io.h always use
-// the widest loops; float_io_test checks each implementation directly.)
+// True when kernels should take their AVX-512 loops built on this header
+// (fused 16-bit elementwise runs and row sums, LayerNormGrad rows):
+// HasSimd16() and no test turned them off. Each such loop gives the same
+// bits as the portable loop it replaces. (The bulk conversions in
+// float_io.h always use the widest loops; float_io_test checks each
+// implementation directly.)
 bool UseFusedSimd16();
 
-// For tests: let kernels use their fused simd16 loops only when `enabled`
-// (and HasSimd16()), so the blocked float32 paths they replace stay
-// tested; returns the previous setting.
+// For tests: let kernels use those loops only when `enabled` (and
+// HasSimd16()), so the portable paths they replace stay tested; returns
+// the previous setting.
 bool SetFusedSimd16ForTesting(bool enabled);
 
 #if defined(CASTOR_SIMD16_X86)
