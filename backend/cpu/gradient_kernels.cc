@@ -208,16 +208,6 @@ CASTOR_SIMD16_TARGET void AddWidenedRows(float* partial, const T* src, int64_t s
 #endif
 
 #if defined(CASTOR_SIMD16_X86)
-// The scalar loops below are built without FMA (the build has no -march
-// flags); their AVX-512 twins must not contract a * b + c either, or the
-// bits would differ. (clang contracts only within one source expression,
-// never across intrinsic calls.)
-#if defined(__clang__)
-#define CASTOR_NO_FP_CONTRACT
-#else
-#define CASTOR_NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))
-#endif
-
 CASTOR_SIMD16_TARGET inline __mmask8 TailMask8(int64_t remaining) {
   return remaining >= 8 ? static_cast<__mmask8>(0xff)
                         : static_cast<__mmask8>((1u << remaining) - 1);
@@ -238,9 +228,10 @@ CASTOR_SIMD16_TARGET inline double PairwiseTotal(__m512d lanes) {
 // One row of LayerNormGrad with a dense scale, 8 float64 lanes at a time:
 // the scalar loop's arithmetic in the same order (LaneSums puts element j
 // of the whole blocks of 8 in lane j mod 8 and the tail's in lanes 0..),
-// so the same bits. Adds the row's dScale and dBias terms to ds and db;
+// so the same bits (castor builds with -ffp-contract=off: no FMA in target
+// code either). Adds the row's dScale and dBias terms to ds and db;
 // writes dX when dx is set; x_hat and g are n doubles of scratch.
-CASTOR_SIMD16_TARGET CASTOR_NO_FP_CONTRACT void LayerNormGradRowAvx512(
+CASTOR_SIMD16_TARGET void LayerNormGradRowAvx512(
     const float* x, const float* dy, const float* scale, int64_t n, double epsilon, double* ds,
     double* db, double* x_hat, double* g, float* dx) {
   __m512d sum = _mm512_setzero_pd();
