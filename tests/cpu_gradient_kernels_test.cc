@@ -422,6 +422,17 @@ void CheckPoolGrad(const std::string& forward_op, const Tensor& x,
   ExpectMatchesFiniteDifference(out[0], pool, {x}, 0, Values(dy), forward_op + "Grad dX");
 }
 
+// Lets the kernels use their fused simd16 loops only when `enabled`, for
+// the scope.
+class ScopedFusedSimd16 {
+ public:
+  explicit ScopedFusedSimd16(bool enabled) : before_(cpu::SetFusedSimd16ForTesting(enabled)) {}
+  ~ScopedFusedSimd16() { cpu::SetFusedSimd16ForTesting(before_); }
+
+ private:
+  bool before_;
+};
+
 TEST(MaxPoolGrad, MatchesFiniteDifferencesOverlappingPadded) {
   CheckPoolGrad("MaxPool", DistinctTensor({2, 2, 5, 5}, 71),
                 {Attribute::Ints("kernel_shape", {3, 3}), Attribute::Ints("strides", {2, 1}),
@@ -482,57 +493,69 @@ TEST(MaxPoolGrad, NaNWinsOverNumbersAndTheFirstNaNWins) {
 }
 
 // 2x2 windows at stride 2 (each input in at most one window: their own
-// branch-free loop) against the rule written out: dY goes to the window's
-// first maximum in row-major order, a NaN winning over numbers and the
-// first NaN over later ones; positions in no window (the odd last row and
-// column here) get 0. Values from {0, 1, 2, NaN} make ties and NaNs common.
+// loop, 16 windows at a time on AVX-512 where the CPU has it, else
+// branch-free scalar code: both are run) against the rule written out: dY
+// goes to the window's first maximum in row-major order, a NaN winning over
+// numbers and the first NaN over later ones; positions in no window (the
+// odd last row and column here) get 0. Values from {0, 1, 2, NaN} make ties
+// and NaNs common; rows of 4, 20 and 32 windows leave partial and whole
+// vectors.
 TEST(MaxPoolGrad, DisjointTwoByTwoWindowsFollowTheFirstMaximumRule) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  const int64_t planes = 6, in_h = 7, in_w = 9, out_h = 3, out_w = 4;
-  std::mt19937 rng(91);
-  std::vector<double> x(static_cast<size_t>(planes * in_h * in_w));
-  for (double& v : x) {
-    const int pick = static_cast<int>(rng() % 4);
-    v = pick == 3 ? nan : pick;
-  }
-  const Tensor dy = RandomTensor({2, 3, out_h, out_w}, 92);
-  const std::vector<double> dy_values = Values(dy);
-  // The kernel writes every dX element itself (its output is not zeroed
-  // first): a same-sized output freed just before the run leaves 7s in the
-  // memory the allocator is likely to hand out next, which must not show
-  // through. (The inputs are made first, so they do not take that memory.)
-  std::vector<Tensor> inputs;
-  inputs.push_back(dy);
-  inputs.push_back(Make(DType::kFloat32, {2, 3, in_h, in_w}, x));
-  {
-    const std::vector<double> sevens(x.size(), 7.0);
-    const std::vector<Tensor> poison = RunOp(
-        "Identity", {Make(DType::kFloat32, {2, 3, in_h, in_w}, sevens)}, {}, 1, "", 17);
-    ASSERT_EQ(poison.size(), 1u);
-    ASSERT_EQ(Values(poison[0]), sevens);
-  }
-  const std::vector<Tensor> out =
-      RunOp("MaxPoolGrad", std::move(inputs),
-            {Attribute::Ints("kernel_shape", {2, 2}), Attribute::Ints("strides", {2, 2})});
-  ASSERT_EQ(out.size(), 1u);
-  std::vector<double> want(x.size(), 0.0);
-  for (int64_t p = 0; p < planes; ++p) {
-    for (int64_t oh = 0; oh < out_h; ++oh) {
-      for (int64_t ow = 0; ow < out_w; ++ow) {
-        int64_t best = -1;
-        for (int64_t kh = 0; kh < 2; ++kh) {
-          for (int64_t kw = 0; kw < 2; ++kw) {
-            const int64_t at = (p * in_h + 2 * oh + kh) * in_w + 2 * ow + kw;
-            if (best < 0 || x[at] > x[best] || (std::isnan(x[at]) && !std::isnan(x[best]))) {
-              best = at;
+  for (const bool fused : {true, false}) {
+    for (const int64_t in_w : {9, 41, 64}) {
+      SCOPED_TRACE(::testing::Message() << (fused ? "AVX-512 rows" : "scalar rows") << ", width "
+                                        << in_w);
+      const ScopedFusedSimd16 scoped_fused(fused);
+      const int64_t planes = 6, in_h = 7, out_h = 3, out_w = in_w / 2;
+      std::mt19937 rng(91 + static_cast<unsigned>(in_w));
+      std::vector<double> x(static_cast<size_t>(planes * in_h * in_w));
+      for (double& v : x) {
+        const int pick = static_cast<int>(rng() % 4);
+        v = pick == 3 ? nan : pick;
+      }
+      const Tensor dy = RandomTensor({2, 3, out_h, out_w}, 92);
+      const std::vector<double> dy_values = Values(dy);
+      // The kernel writes every dX element itself (its output is not zeroed
+      // first): a same-sized output freed just before the run leaves 7s in
+      // the memory the allocator is likely to hand out next, which must not
+      // show through. (The inputs are made first, so they do not take that
+      // memory.)
+      std::vector<Tensor> inputs;
+      inputs.push_back(dy);
+      inputs.push_back(Make(DType::kFloat32, {2, 3, in_h, in_w}, x));
+      {
+        const std::vector<double> sevens(x.size(), 7.0);
+        const std::vector<Tensor> poison = RunOp(
+            "Identity", {Make(DType::kFloat32, {2, 3, in_h, in_w}, sevens)}, {}, 1, "", 17);
+        ASSERT_EQ(poison.size(), 1u);
+        ASSERT_EQ(Values(poison[0]), sevens);
+      }
+      const std::vector<Tensor> out =
+          RunOp("MaxPoolGrad", std::move(inputs),
+                {Attribute::Ints("kernel_shape", {2, 2}), Attribute::Ints("strides", {2, 2})});
+      ASSERT_EQ(out.size(), 1u);
+      std::vector<double> want(x.size(), 0.0);
+      for (int64_t p = 0; p < planes; ++p) {
+        for (int64_t oh = 0; oh < out_h; ++oh) {
+          for (int64_t ow = 0; ow < out_w; ++ow) {
+            int64_t best = -1;
+            for (int64_t kh = 0; kh < 2; ++kh) {
+              for (int64_t kw = 0; kw < 2; ++kw) {
+                const int64_t at = (p * in_h + 2 * oh + kh) * in_w + 2 * ow + kw;
+                if (best < 0 || x[at] > x[best] ||
+                    (std::isnan(x[at]) && !std::isnan(x[best]))) {
+                  best = at;
+                }
+              }
             }
+            want[best] = dy_values[(p * out_h + oh) * out_w + ow];
           }
         }
-        want[best] = dy_values[(p * out_h + oh) * out_w + ow];
       }
+      EXPECT_EQ(Values(out[0]), want);
     }
   }
-  EXPECT_EQ(Values(out[0]), want);
 }
 
 TEST(MaxPoolGrad, Float16AndBFloat16MatchFloat32) {
@@ -627,16 +650,6 @@ TEST(BatchNormalizationGrad, Float16AndBFloat16ActivationsWithFloat32Parameters)
   ExpectLowPrecisionMatchesBoth("BatchNormalizationGrad", {dy, x, scale}, {0, 1}, {}, 3);
 }
 
-// Lets the kernels use their fused simd16 loops only when `enabled`, for
-// the scope.
-class ScopedFusedSimd16 {
- public:
-  explicit ScopedFusedSimd16(bool enabled) : before_(cpu::SetFusedSimd16ForTesting(enabled)) {}
-  ~ScopedFusedSimd16() { cpu::SetFusedSimd16ForTesting(before_); }
-
- private:
-  bool before_;
-};
 
 TEST(LayerNormalizationGrad, MatchesFiniteDifferences) {
   const std::vector<int64_t> dims = {3, 4, 5};

@@ -769,6 +769,56 @@ bool IsDisjoint2x2(const WindowGeometry& g) {
 // the first maximum (row-major; a NaN wins over numbers) and 0 elsewhere,
 // branch-free over the windows of a row; positions no window covers (an odd
 // last row or column) get 0.
+#if defined(CASTOR_SIMD16_X86)
+// MaxPoolGradPlane2x2's window loop for 16 windows at a time: the two input
+// rows' 32 values are split into the windows' four corners, the first
+// maximum is found with the same comparisons (a NaN wins over a number),
+// and dY goes to its corner, 0 to the others. Windows [0, count) of one
+// output row.
+CASTOR_SIMD16_TARGET void MaxPoolGradRow2x2Avx512(const float* r0, const float* r1,
+                                                  const float* dy_row, float* d0, float* d1,
+                                                  int64_t count) {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  const __m512i low = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i high =
+      _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  for (int64_t w = 0; w < count; w += 16) {
+    const int64_t windows = std::min<int64_t>(16, count - w);
+    const __mmask16 lanes = TailMask(windows);
+    const __mmask16 first = TailMask(2 * windows);
+    const __mmask16 second = TailMask(std::max<int64_t>(0, 2 * windows - 16));
+    const float* a = r0 + 2 * w;
+    const float* b = r1 + 2 * w;
+    const __m512 a_lo = _mm512_maskz_loadu_ps(first, a), a_hi = _mm512_maskz_loadu_ps(second, a + 16);
+    const __m512 b_lo = _mm512_maskz_loadu_ps(first, b), b_hi = _mm512_maskz_loadu_ps(second, b + 16);
+    const __m512 v[4] = {_mm512_permutex2var_ps(a_lo, even, a_hi),
+                         _mm512_permutex2var_ps(a_lo, odd, a_hi),
+                         _mm512_permutex2var_ps(b_lo, even, b_hi),
+                         _mm512_permutex2var_ps(b_lo, odd, b_hi)};
+    __m512 best_value = v[0];
+    __mmask16 is_best[4] = {0xffff, 0, 0, 0};
+    for (int k = 1; k < 4; ++k) {
+      const __mmask16 greater = _mm512_cmp_ps_mask(v[k], best_value, _CMP_GT_OQ);
+      const __mmask16 nan_over_number = _mm512_cmp_ps_mask(v[k], v[k], _CMP_UNORD_Q) &
+                                        _mm512_cmp_ps_mask(best_value, best_value, _CMP_ORD_Q);
+      const __mmask16 take = greater | nan_over_number;
+      for (int j = 0; j < k; ++j) is_best[j] &= static_cast<__mmask16>(~take);
+      is_best[k] = take;
+      best_value = _mm512_mask_blend_ps(take, best_value, v[k]);
+    }
+    const __m512 grad = _mm512_maskz_loadu_ps(lanes, dy_row + w);
+    __m512 out[4];
+    for (int k = 0; k < 4; ++k) out[k] = _mm512_maskz_mov_ps(is_best[k], grad);
+    _mm512_mask_storeu_ps(d0 + 2 * w, first, _mm512_permutex2var_ps(out[0], low, out[1]));
+    _mm512_mask_storeu_ps(d0 + 2 * w + 16, second, _mm512_permutex2var_ps(out[0], high, out[1]));
+    _mm512_mask_storeu_ps(d1 + 2 * w, first, _mm512_permutex2var_ps(out[2], low, out[3]));
+    _mm512_mask_storeu_ps(d1 + 2 * w + 16, second, _mm512_permutex2var_ps(out[2], high, out[3]));
+  }
+  _mm256_zeroupper();  // the callers are SSE code (see float_io.cc's kZeroUpperNote)
+}
+#endif
+
 void MaxPoolGradPlane2x2(const WindowGeometry& g, const float* x, const float* dy, float* dx) {
   const int64_t in_h = g.input[0], in_w = g.input[1], out_h = g.output[0], out_w = g.output[1];
   for (int64_t ih = 2 * out_h; ih < in_h; ++ih) std::fill_n(dx + ih * in_w, in_w, 0.0f);
@@ -778,6 +828,13 @@ void MaxPoolGradPlane2x2(const WindowGeometry& g, const float* x, const float* d
     float* d0 = dx + 2 * oh * in_w;
     float* d1 = d0 + in_w;
     const float* dy_row = dy + oh * out_w;
+#if defined(CASTOR_SIMD16_X86)
+    if (UseFusedSimd16()) {
+      MaxPoolGradRow2x2Avx512(r0, r1, dy_row, d0, d1, out_w);
+      for (int64_t iw = 2 * out_w; iw < in_w; ++iw) d0[iw] = d1[iw] = 0.0f;
+      continue;
+    }
+#endif
     for (int64_t ow = 0; ow < out_w; ++ow) {
       const float v[4] = {r0[2 * ow], r0[2 * ow + 1], r1[2 * ow], r1[2 * ow + 1]};
       int best = 0;
