@@ -11,6 +11,7 @@
 #include <functional>
 #include <iostream>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -276,12 +277,11 @@ class Long16BitRuns : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     if (GetParam() && !cpu::HasSimd16()) GTEST_SKIP() << "this CPU has no AVX-512 (F/BW/VL)";
-    previous_ = cpu::SetFusedSimd16ForTesting(GetParam());
+    scoped_.emplace(GetParam());
   }
-  void TearDown() override { cpu::SetFusedSimd16ForTesting(previous_); }
 
  private:
-  bool previous_ = true;
+  std::optional<cpu::ScopedFusedSimd16ForTesting> scoped_;
 };
 
 INSTANTIATE_TEST_SUITE_P(FusedAndBlocked, Long16BitRuns, ::testing::Bool(),

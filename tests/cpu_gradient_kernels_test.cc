@@ -422,17 +422,6 @@ void CheckPoolGrad(const std::string& forward_op, const Tensor& x,
   ExpectMatchesFiniteDifference(out[0], pool, {x}, 0, Values(dy), forward_op + "Grad dX");
 }
 
-// Lets the kernels use their fused simd16 loops only when `enabled`, for
-// the scope.
-class ScopedFusedSimd16 {
- public:
-  explicit ScopedFusedSimd16(bool enabled) : before_(cpu::SetFusedSimd16ForTesting(enabled)) {}
-  ~ScopedFusedSimd16() { cpu::SetFusedSimd16ForTesting(before_); }
-
- private:
-  bool before_;
-};
-
 TEST(MaxPoolGrad, MatchesFiniteDifferencesOverlappingPadded) {
   CheckPoolGrad("MaxPool", DistinctTensor({2, 2, 5, 5}, 71),
                 {Attribute::Ints("kernel_shape", {3, 3}), Attribute::Ints("strides", {2, 1}),
@@ -506,7 +495,7 @@ TEST(MaxPoolGrad, DisjointTwoByTwoWindowsFollowTheFirstMaximumRule) {
     for (const int64_t in_w : {9, 41, 64}) {
       SCOPED_TRACE(::testing::Message() << (fused ? "AVX-512 rows" : "scalar rows") << ", width "
                                         << in_w);
-      const ScopedFusedSimd16 scoped_fused(fused);
+      const cpu::ScopedFusedSimd16ForTesting scoped_fused(fused);
       const int64_t planes = 6, in_h = 7, out_h = 3, out_w = in_w / 2;
       std::mt19937 rng(91 + static_cast<unsigned>(in_w));
       std::vector<double> x(static_cast<size_t>(planes * in_h * in_w));
@@ -690,11 +679,11 @@ TEST(LayerNormalizationGrad, VectorRowsMatchScalarRowsBitForBit) {
       const std::vector<Attribute> attrs = {Attribute::Int("axis", -1)};
       std::vector<Tensor> vector_rows, scalar_rows;
       {
-        const ScopedFusedSimd16 fused(true);
+        const cpu::ScopedFusedSimd16ForTesting fused(true);
         vector_rows = RunOp("LayerNormalizationGrad", {dy, x, scale}, attrs, 3);
       }
       {
-        const ScopedFusedSimd16 fused(false);
+        const cpu::ScopedFusedSimd16ForTesting fused(false);
         scalar_rows = RunOp("LayerNormalizationGrad", {dy, x, scale}, attrs, 3);
       }
       ASSERT_EQ(vector_rows.size(), 3u);
@@ -914,7 +903,7 @@ TEST(ReduceToShapeOf, SumsInTheDocumentedOrderBitExactly) {
   for (const bool fused : {true, false})
   for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
     SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << (fused ? " fused" : " blocked"));
-    const ScopedFusedSimd16 scoped_fused(fused);
+    const cpu::ScopedFusedSimd16ForTesting scoped_fused(fused);
     auto random = [&](const std::vector<int64_t>& dims) {
       int64_t n = 1;
       for (int64_t d : dims) n *= d;

@@ -21,6 +21,7 @@
 #include "graph/half.h"
 #include "graph/onnx_io.h"
 #include "graph/shape_inference.h"
+#include "backend/cpu/simd16.h"
 #include "gtest/gtest.h"
 #include "tests/kernel_test_util.h"
 
@@ -253,25 +254,34 @@ TEST(CpuPool, MaxPool2DFastPathNanAndInfinity) {
 
 // The 2x2, stride-2 windows' own loop (column pairs): the window holding a
 // NaN gives NaN, in either position of the pair, and every output equals the
-// generic path's.
+// generic path's: on the 16-windows-at-a-time AVX-512 rows (where the CPU
+// has them) and on the separable loops, for rows of 4 and of 35 windows.
 TEST(CpuPool, MaxPool2DColumnPairsNan) {
-  const PoolSpec s = {{1, 2, 8, 8}, {2, 2}, {2, 2}, {}, {}, "NOTSET", false, false};
-  std::vector<double> x = Random(Count(s.x_dims), 812);
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  x[0 * 64 + 3 * 8 + 5] = nan;  // plane 0: window (1, 2), second column of the pair
-  x[1 * 64 + 6 * 8 + 0] = nan;  // plane 1: window (3, 0), first column
-  for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
-    auto fast = RunOk("MaxPool", {Make(dt, s.x_dims, x)}, PoolAttrs(s, true), 22, 1);
-    auto generic = RunOk("MaxPool", {Make(dt, s.x_dims, x)}, PoolAttrs(s, true), 22, 2);
-    ASSERT_EQ(fast.size(), 1u);
-    ASSERT_EQ(generic.size(), 2u);
-    ASSERT_EQ(fast[0].num_elements(), 32);
-    for (int64_t i = 0; i < fast[0].num_elements(); ++i) {
-      const bool sees_nan = i == 0 * 16 + 1 * 4 + 2 || i == 1 * 16 + 3 * 4 + 0;
-      const double got = fast[0].GetDouble(i);
-      EXPECT_EQ(std::isnan(got), sees_nan) << "element " << i;
-      if (!sees_nan) {
-        EXPECT_EQ(got, generic[0].GetDouble(i)) << "element " << i;
+  for (const bool fused : {true, false}) {
+    for (const int64_t in_w : {8, 70}) {
+      SCOPED_TRACE(::testing::Message() << (fused ? "AVX-512 rows" : "separable loops")
+                                        << ", width " << in_w);
+      const cpu::ScopedFusedSimd16ForTesting scoped_fused(fused);
+      const PoolSpec s = {{1, 2, 8, in_w}, {2, 2}, {2, 2}, {}, {}, "NOTSET", false, false};
+      std::vector<double> x = Random(Count(s.x_dims), 812);
+      const double nan = std::numeric_limits<double>::quiet_NaN();
+      x[0 * 8 * in_w + 3 * in_w + 5] = nan;  // plane 0: window (1, 2), second column of the pair
+      x[1 * 8 * in_w + 6 * in_w + 0] = nan;  // plane 1: window (3, 0), first column
+      const int64_t out_w = in_w / 2;
+      for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+        auto fast = RunOk("MaxPool", {Make(dt, s.x_dims, x)}, PoolAttrs(s, true), 22, 1);
+        auto generic = RunOk("MaxPool", {Make(dt, s.x_dims, x)}, PoolAttrs(s, true), 22, 2);
+        ASSERT_EQ(fast.size(), 1u);
+        ASSERT_EQ(generic.size(), 2u);
+        ASSERT_EQ(fast[0].num_elements(), 2 * 4 * out_w);
+        for (int64_t i = 0; i < fast[0].num_elements(); ++i) {
+          const bool sees_nan = i == 0 * 4 * out_w + 1 * out_w + 2 || i == 1 * 4 * out_w + 3 * out_w + 0;
+          const double got = fast[0].GetDouble(i);
+          EXPECT_EQ(std::isnan(got), sees_nan) << "element " << i;
+          if (!sees_nan) {
+            EXPECT_EQ(got, generic[0].GetDouble(i)) << "element " << i;
+          }
+        }
       }
     }
   }

@@ -22,6 +22,7 @@
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/im2col.h"
 #include "backend/cpu/parallel.h"
+#include "backend/cpu/simd16.h"
 
 namespace castor::cpu {
 namespace {
@@ -154,6 +155,38 @@ inline V WindowMax(const V* line, int64_t first, int64_t count, int64_t step) {
   return best;
 }
 
+#if defined(CASTOR_SIMD16_X86)
+// One output row of 2x2 windows at stride 2 (columns from 0, every window
+// whole), 16 windows at a time: y[ow] = NanMax(NanMax(r0[2ow], r1[2ow]),
+// NanMax(r0[2ow + 1], r1[2ow + 1])), the separable path's comparisons in
+// its order (a NaN propagates, with its payload, as there).
+// NanMax on 16 lanes: b where b > a or b is NaN, else a.
+CASTOR_SIMD16_TARGET inline __m512 NanMax16(__m512 a, __m512 b) {
+  const __mmask16 take_b =
+      _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q);
+  return _mm512_mask_blend_ps(take_b, a, b);
+}
+
+CASTOR_SIMD16_TARGET void MaxPoolRow2x2Avx512(const float* r0, const float* r1, float* y,
+                                              int64_t count) {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  for (int64_t w = 0; w < count; w += 16) {
+    const int64_t windows = std::min<int64_t>(16, count - w);
+    const __mmask16 first = TailMask(2 * windows);
+    const __mmask16 second = TailMask(std::max<int64_t>(0, 2 * windows - 16));
+    const __m512 column_lo = NanMax16(_mm512_maskz_loadu_ps(first, r0 + 2 * w),
+                                     _mm512_maskz_loadu_ps(first, r1 + 2 * w));
+    const __m512 column_hi = NanMax16(_mm512_maskz_loadu_ps(second, r0 + 2 * w + 16),
+                                     _mm512_maskz_loadu_ps(second, r1 + 2 * w + 16));
+    const __m512 left = _mm512_permutex2var_ps(column_lo, even, column_hi);
+    const __m512 right = _mm512_permutex2var_ps(column_lo, odd, column_hi);
+    _mm512_mask_storeu_ps(y + w, TailMask(windows), NanMax16(left, right));
+  }
+  _mm256_zeroupper();  // the callers are SSE code (see float_io.cc's kZeroUpperNote)
+}
+#endif
+
 // Y = MaxPool(X) for X [N, C, H, W] without the Indices output: any
 // attributes (pads, strides, dilations, ceil_mode, auto_pad). The window
 // max is separable: per output row, a vertical max over the window's input
@@ -179,6 +212,9 @@ void MaxPool2D(const WindowGeometry& g, const std::vector<AxisWindows>& axes, in
   while (full_hi < out_w && cols.begin[full_hi + 1] - cols.begin[full_hi] == kernel_w) ++full_hi;
   // Windows of two adjacent columns at stride 2 from column 0 (2x2 pools).
   const bool pairs = kernel_w == 2 && stride_w == 2 && step_w == 1 && pad_w == 0;
+  // ... with every window whole (no ceil_mode overhang): MaxPoolRow2x2Avx512.
+  [[maybe_unused]] const bool whole_pairs =
+      pairs && full_lo == 0 && full_hi == out_w && UseFusedSimd16();
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, in_h * in_w));
   ParallelFor(0, planes, grain, [&](int64_t lo, int64_t hi) {
     std::vector<V> column_max(static_cast<size_t>(in_w));
@@ -229,6 +265,23 @@ void MaxPool2D(const WindowGeometry& g, const std::vector<AxisWindows>& axes, in
       T* ys = yp + plane * out_h * out_w;
       for (int64_t oh = 0; oh < out_h; ++oh) {
         const int64_t row_count = rows.begin[oh + 1] - rows.begin[oh];
+#if defined(CASTOR_SIMD16_X86)
+        if constexpr (std::is_same_v<V, float>) {
+          if (whole_pairs && row_count == 2) {
+            const float* first = xs + rows.idx[rows.begin[oh]] * in_w;
+            float* out = [&] {
+              if constexpr (kIsFloat16Storage<T>) {
+                return narrow_row.data();
+              } else {
+                return ys + oh * out_w;
+              }
+            }();
+            MaxPoolRow2x2Avx512(first, first + step_h * in_w, out, out_w);
+            if constexpr (kIsFloat16Storage<T>) FromFloat32(out, ys + oh * out_w, out_w);
+            continue;
+          }
+        }
+#endif
         bool has_nan = false;
         if (row_count == 0) {
           std::fill(cm, cm + in_w, std::numeric_limits<V>::lowest());

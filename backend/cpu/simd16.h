@@ -42,6 +42,18 @@ bool UseFusedSimd16();
 // the previous setting.
 bool SetFusedSimd16ForTesting(bool enabled);
 
+// For tests: SetFusedSimd16ForTesting(enabled) for the scope.
+class ScopedFusedSimd16ForTesting {
+ public:
+  explicit ScopedFusedSimd16ForTesting(bool enabled) : before_(SetFusedSimd16ForTesting(enabled)) {}
+  ~ScopedFusedSimd16ForTesting() { SetFusedSimd16ForTesting(before_); }
+  ScopedFusedSimd16ForTesting(const ScopedFusedSimd16ForTesting&) = delete;
+  ScopedFusedSimd16ForTesting& operator=(const ScopedFusedSimd16ForTesting&) = delete;
+
+ private:
+  bool before_;
+};
+
 #if defined(CASTOR_SIMD16_X86)
 
 #define CASTOR_SIMD16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,f16c")))
