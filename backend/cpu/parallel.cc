@@ -99,18 +99,25 @@ class Pool {
     (*fn_)(lo, hi);
   }
 
+  // A worker takes chunks of the newest region until none is left, then
+  // spins (and then sleeps) until the next one is published. `seen` becomes
+  // the region's generation once the worker finds no chunk left in it,
+  // whether or not it ran one, so every worker spins between regions (a
+  // worker that found the chunks taken used to sleep on the condition
+  // variable at once).
   void Work(int) {
     uint64_t seen = 0;
     in_parallel_ = true;
     for (;;) {
-      int chunk;
       SpinUntil([&] { return published_.load(std::memory_order_acquire) != seen; });
+      int chunk = -1;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [&] { return generation_ != seen && next_chunk_ < chunks_; });
-        chunk = next_chunk_++;
+        cv_.wait(lock, [&] { return generation_ != seen; });
+        if (next_chunk_ < chunks_) chunk = next_chunk_++;
         if (next_chunk_ >= chunks_) seen = generation_;
       }
+      if (chunk < 0) continue;
       RunChunk(chunk);
       if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         // Under the lock: the caller checks pending_ and waits under it.
