@@ -272,10 +272,13 @@ TEST(GradientRuleTest, ReduceSumAndMeanWithAndWithoutKeepdims) {
                                           Attribute::Int("keepdims", keepdims)}));
     // Before opset 13 ReduceSum's axes, and Unsqueeze's in the backward
     // graph, are attributes.
-    GradCheck opset11(11);
-    Value* z = opset11.Parameter("x", {2, 3, 4});
-    opset11.Check(opset11.Op("ReduceSum", {z}, {Attribute::Ints("axes", {1}),
-                                                Attribute::Int("keepdims", keepdims)}));
+    for (const char* op : {"ReduceSum", "ReduceMean"}) {
+      SCOPED_TRACE(::testing::Message() << op << " at opset 11");
+      GradCheck opset11(11);
+      Value* z = opset11.Parameter("x", {2, 3, 4});
+      opset11.Check(opset11.Op(op, {z}, {Attribute::Ints("axes", {1}),
+                                         Attribute::Int("keepdims", keepdims)}));
+    }
   }
 }
 

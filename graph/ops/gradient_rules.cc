@@ -203,13 +203,15 @@ absl::StatusOr<Value*> SwapLastAxes(GradientBuilder& g, Value* value) {
 
 // True when MatMul's B is one matrix [K, N] shared by every batch of a
 // rank > 2 A [..., M, K] (a linear layer applied to a sequence), with K and
-// N static and Gemm's C optional (opset 11+): then dB is one Gemm over the
-// folded batch (SharedMatrixGradient).
+// N static and non-zero and Gemm's C optional (opset 11+): then dB is one
+// Gemm over the folded batch (SharedMatrixGradient).
 bool SharedMatrixGradientAsOneGemm(const GradientBuilder& g) {
   const Shape& a = g.input(0)->shape();
   const Shape& b = g.input(1)->shape();
+  // (K and N must also be non-zero: Reshape reads a 0 in its shape as "copy
+  // this dim", not as a size.)
   return g.opset() >= 11 && a.rank() > 2 && b.rank() == 2 && a[a.rank() - 1].is_static() &&
-         b[1].is_static();
+         b[1].is_static() && a[a.rank() - 1].value() > 0 && b[1].value() > 0;
 }
 
 // dB = sum over the batches of A_i^T dY_i = A'^T dY' with A' = A viewed as
