@@ -305,7 +305,8 @@ TEST(AmxGemm, RoundedOutputIsTheFloat32ResultRoundedOnce) {
   }
   check(Case{3, 5, 0, false, false, 1.0f, 0.0f});
   const int64_t before = SetAmxPanelElementsForTesting(6 * 512);
-  check(Case{5, 9, 513, false, true, -1.25f, 0.0f});  // 3 K panels: the float32 fallback
+  // 6 K panels of 3 tiles: the float32 fallback
+  check(Case{5, 9, 513, false, true, -1.25f, 0.0f});
   SetAmxPanelElementsForTesting(before);
 }
 

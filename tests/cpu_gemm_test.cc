@@ -2,7 +2,8 @@
 // for every transpose combination, with sizes that make Sgemm split the
 // GEMM across threads along M or along N (blocks of 16 that do not divide
 // the axis; five threads), sub-matrix leading dimensions, beta, k == 0, and
-// a call from inside a ParallelFor body (one call, not split).
+// a call from inside a ParallelFor body (one call, not split); and
+// GemmRoundedToDType against GemmFloat32Accumulate rounded.
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -11,6 +12,7 @@
 
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/parallel.h"
+#include "graph/half.h"
 #include "gtest/gtest.h"
 
 namespace castor::cpu {
@@ -106,6 +108,46 @@ TEST_F(CpuGemm, SmallAndDegenerateGemms) {
   // k == 0: C = beta * C.
   CheckGemm<float>({false, false, 40, 70, 0}, 1.0f, 0.5f, 102);
   CheckGemm<float>({false, true, 40, 70, 0}, 1.0f, 0.0f, 103);
+}
+
+// GemmRoundedToDType: the float32 product of GemmFloat32Accumulate
+// rounded once into a 16-bit C, also where C's rows are wider than n (the
+// elements past each row untouched), for float16 (widened path) and
+// bfloat16 (AMX where available, else widened), transposes included.
+TEST_F(CpuGemm, RoundedToDTypeIsTheFloat32ProductRoundedOnce) {
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (const GemmCase& c : {GemmCase{false, false, 37, 45, 70}, GemmCase{true, true, 5, 3, 2},
+                              GemmCase{false, true, 64, 96, 128}}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " m " << c.m << " n " << c.n
+                                        << " k " << c.k);
+      const int64_t a_cols = c.trans_a ? c.m : c.k, b_cols = c.trans_b ? c.k : c.n;
+      const std::vector<float> af = RandomFloats((c.trans_a ? c.k : c.m) * a_cols, 300);
+      const std::vector<float> bf = RandomFloats((c.trans_b ? c.n : c.k) * b_cols, 301);
+      std::vector<uint16_t> a(af.size()), b(bf.size());
+      for (size_t i = 0; i < af.size(); ++i) {
+        a[i] = dtype == DType::kFloat16 ? FloatToHalfBits(af[i]) : FloatToBFloat16Bits(af[i]);
+      }
+      for (size_t i = 0; i < bf.size(); ++i) {
+        b[i] = dtype == DType::kFloat16 ? FloatToHalfBits(bf[i]) : FloatToBFloat16Bits(bf[i]);
+      }
+      std::vector<float> wide(static_cast<size_t>(c.m * c.n));
+      GemmFloat32Accumulate(dtype, c.trans_a, c.trans_b, c.m, c.n, c.k, 0.75f, a.data(), a_cols,
+                            b.data(), b_cols, 0.0f, wide.data(), c.n);
+      const int64_t ldc = c.n + 3;
+      std::vector<uint16_t> rounded(static_cast<size_t>(c.m * ldc), 0xabcd);
+      GemmRoundedToDType(dtype, c.trans_a, c.trans_b, c.m, c.n, c.k, 0.75f, a.data(), a_cols,
+                         b.data(), b_cols, rounded.data(), ldc);
+      for (int64_t i = 0; i < c.m; ++i) {
+        for (int64_t j = 0; j < ldc; ++j) {
+          const float w = j < c.n ? wide[i * c.n + j] : 0.0f;
+          const uint16_t want = j >= c.n ? 0xabcd
+                                : dtype == DType::kFloat16 ? FloatToHalfBits(w)
+                                                           : FloatToBFloat16Bits(w);
+          ASSERT_EQ(rounded[i * ldc + j], want) << "C(" << i << ", " << j << ")";
+        }
+      }
+    }
+  }
 }
 
 TEST_F(CpuGemm, InsideAParallelForBodyIsOneCorrectCall) {

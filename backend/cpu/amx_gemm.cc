@@ -407,22 +407,26 @@ int64_t SetAmxPanelElementsForTesting(int64_t elements) {
 #if defined(CASTOR_AMX_BUILD)
 namespace {
 
-// The GEMM behind both entry points. With `to.c16` set, all of K must fit
-// one panel (the caller checks PanelTiles).
+// K tiles per packed panel: all of K unless the packed copies would pass
+// the limit (then panels of whole tiles, at least one: for m + n above
+// ~500k the scratch exceeds it).
 int64_t PanelTiles(int64_t m, int64_t n, int64_t k) {
-  // All of K in one panel unless the packed copies would pass the limit
-  // (then panels of whole tiles, at least one: for m + n above ~500k the
-  // scratch exceeds it).
   const int64_t mb = CeilDiv(m, kTileRows), nb = CeilDiv(n, kTileRows);
   return std::clamp<int64_t>(
       pack_elements.load(std::memory_order_relaxed) / ((mb + nb) * kTileElements), 1,
       CeilDiv(k, kTileK));
 }
 
+// The GEMM behind both entry points (m, n, k > 0). A bfloat16 C
+// (`to.c16`) is rounded block by block, so all of K must fit one panel.
 void AmxGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const uint16_t* a,
              int64_t lda, const uint16_t* b, int64_t ldb, COut to) {
   if (!AmxBf16Supported()) {  // also what grants this process the tile state
     std::fprintf(stderr, "castor: AmxGemmBf16 called where AMX cannot run\n");
+    std::abort();
+  }
+  if (to.c16 != nullptr && PanelTiles(m, n, k) * kTileK < k) {
+    std::fprintf(stderr, "castor: AmxGemm: a bfloat16 C needs all of K in one panel\n");
     std::abort();
   }
   const int64_t mb = CeilDiv(m, kTileRows), nb = CeilDiv(n, kTileRows);
@@ -498,11 +502,14 @@ void AmxGemmBf16Rounded(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
   if (k <= 0 || PanelTiles(m, n, k) * kTileK < k) {
     // An empty K (C = 0), or K in several panels, whose sums meet in
     // float32: compute C in float32 and round it once.
-    std::vector<float> product(static_cast<size_t>(m * n));
-    AmxGemmBf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, 0.0f, product.data(), n);
-    for (int64_t i = 0; i < m; ++i) {
-      FromFloat32(product.data() + i * n, reinterpret_cast<BFloat16*>(c + i * ldc), n);
-    }
+    thread_local Scratch<float> product_scratch;
+    float* product = product_scratch.Get(m * n);
+    AmxGemmBf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, 0.0f, product, n);
+    ParallelFor(0, m, std::max<int64_t>(1, kParallelConvertGrain / n), [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        FromFloat32(product + i * n, reinterpret_cast<BFloat16*>(c + i * ldc), n);
+      }
+    });
     return;
   }
   COut to;

@@ -161,7 +161,8 @@ CASTOR_SIMD16_TARGET inline __m512 VectorOp(__m512 a, __m512 b) {
 
 // One broadcast run of a 16-bit arithmetic op, fused: 16 lanes are widened,
 // computed and rounded in registers (each input dense, step 1, or a single
-// value, step 0). The same bits as Load/op/Store per element.
+// value, step 0). The same bits as Load/op/Store per element (see
+// BinaryLoop16 for the one exception).
 template <typename Op, typename T>
 CASTOR_SIMD16_TARGET void FusedRun16(const T* a, int64_t step_a, const T* b, int64_t step_b,
                                      T* out, int64_t count) {
@@ -180,7 +181,10 @@ CASTOR_SIMD16_TARGET void FusedRun16(const T* a, int64_t step_a, const T* b, int
 // fused (FusedRun16) where the CPU has AVX-512; otherwise each run goes in
 // blocks that are widened to float32 scratch with the bulk conversion,
 // computed in float32 and narrowed once. Either way the same bits as
-// Load/fn/Store per element.
+// Load/fn/Store per element, except one case: when both inputs of an Add
+// or Mul are NaN, which payload (and sign) the result keeps follows the
+// operand order the compiler chose for the commutative instruction, which
+// may differ between the paths (x86 returns the first operand's NaN).
 template <typename T, typename Fn>
 void BinaryLoop16(const BroadcastPlan& plan, const T* a, const T* b, T* out, const Fn& fn) {
 #if defined(CASTOR_SIMD16_X86)

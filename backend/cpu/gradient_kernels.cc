@@ -208,21 +208,16 @@ CASTOR_SIMD16_TARGET void AddWidenedRows(float* partial, const T* src, int64_t s
 #endif
 
 #if defined(CASTOR_SIMD16_X86)
-CASTOR_SIMD16_TARGET inline __mmask8 TailMask8(int64_t remaining) {
-  return remaining >= 8 ? static_cast<__mmask8>(0xff)
-                        : static_cast<__mmask8>((1u << remaining) - 1);
-}
-
 // Floats [p, p + 8) (lanes outside `lanes` 0) as doubles.
 CASTOR_SIMD16_TARGET inline __m512d LoadAsDoubles(const float* p, __mmask8 lanes) {
   return _mm512_maskz_cvtps_pd(lanes, _mm256_maskz_loadu_ps(lanes, p));
 }
 
-// LaneSums::Total of 8 lanes: added pairwise in the same order.
+// LaneSums' total of 8 lanes held in a vector.
 CASTOR_SIMD16_TARGET inline double PairwiseTotal(__m512d lanes) {
   alignas(64) double v[8];
   _mm512_store_pd(v, lanes);
-  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+  return AddLanesPairwise(v);
 }
 
 // One row of LayerNormGrad with a dense scale, 8 float64 lanes at a time:
@@ -764,11 +759,6 @@ bool IsDisjoint2x2(const WindowGeometry& g) {
          2 * g.output[1] <= g.input[1];
 }
 
-// MaxPoolGradPlane2D for IsDisjoint2x2 windows, writing all of the plane's
-// dX (so it needs no zeroed buffer): each window's four positions get dY at
-// the first maximum (row-major; a NaN wins over numbers) and 0 elsewhere,
-// branch-free over the windows of a row; positions no window covers (an odd
-// last row or column) get 0.
 #if defined(CASTOR_SIMD16_X86)
 // MaxPoolGradPlane2x2's window loop for 16 windows at a time: the two input
 // rows' 32 values are split into the windows' four corners, the first
@@ -778,24 +768,17 @@ bool IsDisjoint2x2(const WindowGeometry& g) {
 CASTOR_SIMD16_TARGET void MaxPoolGradRow2x2Avx512(const float* r0, const float* r1,
                                                   const float* dy_row, float* d0, float* d1,
                                                   int64_t count) {
-  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-  const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-  const __m512i low = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  const __m512i high =
-      _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
   for (int64_t w = 0; w < count; w += 16) {
     const int64_t windows = std::min<int64_t>(16, count - w);
     const __mmask16 lanes = TailMask(windows);
     const __mmask16 first = TailMask(2 * windows);
-    const __mmask16 second = TailMask(std::max<int64_t>(0, 2 * windows - 16));
+    const __mmask16 second = TailMask(2 * windows - 16);
     const float* a = r0 + 2 * w;
     const float* b = r1 + 2 * w;
     const __m512 a_lo = _mm512_maskz_loadu_ps(first, a), a_hi = _mm512_maskz_loadu_ps(second, a + 16);
     const __m512 b_lo = _mm512_maskz_loadu_ps(first, b), b_hi = _mm512_maskz_loadu_ps(second, b + 16);
-    const __m512 v[4] = {_mm512_permutex2var_ps(a_lo, even, a_hi),
-                         _mm512_permutex2var_ps(a_lo, odd, a_hi),
-                         _mm512_permutex2var_ps(b_lo, even, b_hi),
-                         _mm512_permutex2var_ps(b_lo, odd, b_hi)};
+    const __m512 v[4] = {EvenElements(a_lo, a_hi), OddElements(a_lo, a_hi),
+                         EvenElements(b_lo, b_hi), OddElements(b_lo, b_hi)};
     __m512 best_value = v[0];
     __mmask16 is_best[4] = {0xffff, 0, 0, 0};
     for (int k = 1; k < 4; ++k) {
@@ -810,15 +793,20 @@ CASTOR_SIMD16_TARGET void MaxPoolGradRow2x2Avx512(const float* r0, const float* 
     const __m512 grad = _mm512_maskz_loadu_ps(lanes, dy_row + w);
     __m512 out[4];
     for (int k = 0; k < 4; ++k) out[k] = _mm512_maskz_mov_ps(is_best[k], grad);
-    _mm512_mask_storeu_ps(d0 + 2 * w, first, _mm512_permutex2var_ps(out[0], low, out[1]));
-    _mm512_mask_storeu_ps(d0 + 2 * w + 16, second, _mm512_permutex2var_ps(out[0], high, out[1]));
-    _mm512_mask_storeu_ps(d1 + 2 * w, first, _mm512_permutex2var_ps(out[2], low, out[3]));
-    _mm512_mask_storeu_ps(d1 + 2 * w + 16, second, _mm512_permutex2var_ps(out[2], high, out[3]));
+    _mm512_mask_storeu_ps(d0 + 2 * w, first, InterleavedFirst(out[0], out[1]));
+    _mm512_mask_storeu_ps(d0 + 2 * w + 16, second, InterleavedLast(out[0], out[1]));
+    _mm512_mask_storeu_ps(d1 + 2 * w, first, InterleavedFirst(out[2], out[3]));
+    _mm512_mask_storeu_ps(d1 + 2 * w + 16, second, InterleavedLast(out[2], out[3]));
   }
   _mm256_zeroupper();  // the callers are SSE code (see float_io.cc's kZeroUpperNote)
 }
 #endif
 
+// MaxPoolGradPlane2D for IsDisjoint2x2 windows, writing all of the plane's
+// dX (so it needs no zeroed buffer): each window's four positions get dY at
+// the first maximum (row-major; a NaN wins over numbers) and 0 elsewhere,
+// branch-free over the windows of a row (16 at a time on AVX-512);
+// positions no window covers (an odd last row or column) get 0.
 void MaxPoolGradPlane2x2(const WindowGeometry& g, const float* x, const float* dy, float* dx) {
   const int64_t in_h = g.input[0], in_w = g.input[1], out_h = g.output[0], out_w = g.output[1];
   for (int64_t ih = 2 * out_h; ih < in_h; ++ih) std::fill_n(dx + ih * in_w, in_w, 0.0f);

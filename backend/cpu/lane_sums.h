@@ -21,6 +21,13 @@ namespace castor::cpu {
 
 inline constexpr int kSumLanes = 8;
 
+// The total of kSumLanes lane sums, added pairwise (LaneSums::Total's
+// order; vector loops that keep the lanes in a register use it too).
+inline double AddLanesPairwise(const double* v) {
+  static_assert(kSumLanes == 8, "the lanes are added pairwise in three rounds");
+  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
+
 template <int kCount>
 class LaneSums {
  public:
@@ -41,11 +48,7 @@ class LaneSums {
   }
 
   // Quantity q summed over every term added so far.
-  double Total(int q) const {
-    const double* v = lanes_[q];
-    static_assert(kSumLanes == 8, "Total adds 8 lanes pairwise");
-    return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
-  }
+  double Total(int q) const { return AddLanesPairwise(lanes_[q]); }
 
  private:
   double lanes_[kCount][kSumLanes] = {};

@@ -235,6 +235,7 @@ absl::Status GemmKernel(KernelContext& ctx) {
                            b.dims[1], y->data, n);
         return absl::OkStatus();
       }
+      // With C: C broadcast into the float32 accumulator, then the product.
       float* acc;
       std::vector<float> scratch;
       if (a.dtype == DType::kFloat32) {
@@ -243,9 +244,9 @@ absl::Status GemmKernel(KernelContext& ctx) {
         scratch.resize(static_cast<size_t>(m * n));
         acc = scratch.data();
       }
-      if (use_c) fill_c(acc);
+      fill_c(acc);
       GemmFloat32Accumulate(a.dtype, trans_a, trans_b, m, n, k, alpha, a.data, a.dims[1], b.data,
-                            b.dims[1], use_c ? beta : 0.0f, acc, n);
+                            b.dims[1], beta, acc, n);
       if (a.dtype != DType::kFloat32) ParallelFromFloat32(a.dtype, acc, y->data, m * n);
       return absl::OkStatus();
     }

@@ -156,10 +156,6 @@ inline V WindowMax(const V* line, int64_t first, int64_t count, int64_t step) {
 }
 
 #if defined(CASTOR_SIMD16_X86)
-// One output row of 2x2 windows at stride 2 (columns from 0, every window
-// whole), 16 windows at a time: y[ow] = NanMax(NanMax(r0[2ow], r1[2ow]),
-// NanMax(r0[2ow + 1], r1[2ow + 1])), the separable path's comparisons in
-// its order (a NaN propagates, with its payload, as there).
 // NanMax on 16 lanes: b where b > a or b is NaN, else a.
 CASTOR_SIMD16_TARGET inline __m512 NanMax16(__m512 a, __m512 b) {
   const __mmask16 take_b =
@@ -167,21 +163,23 @@ CASTOR_SIMD16_TARGET inline __m512 NanMax16(__m512 a, __m512 b) {
   return _mm512_mask_blend_ps(take_b, a, b);
 }
 
+// One output row of 2x2 windows at stride 2 (columns from 0, every window
+// whole), 16 windows at a time: y[ow] = NanMax(NanMax(r0[2ow], r1[2ow]),
+// NanMax(r0[2ow + 1], r1[2ow + 1])), the separable path's comparisons in
+// its order (a NaN propagates, with its payload, as there).
 CASTOR_SIMD16_TARGET void MaxPoolRow2x2Avx512(const float* r0, const float* r1, float* y,
                                               int64_t count) {
-  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-  const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
   for (int64_t w = 0; w < count; w += 16) {
     const int64_t windows = std::min<int64_t>(16, count - w);
     const __mmask16 first = TailMask(2 * windows);
-    const __mmask16 second = TailMask(std::max<int64_t>(0, 2 * windows - 16));
+    const __mmask16 second = TailMask(2 * windows - 16);
     const __m512 column_lo = NanMax16(_mm512_maskz_loadu_ps(first, r0 + 2 * w),
                                      _mm512_maskz_loadu_ps(first, r1 + 2 * w));
     const __m512 column_hi = NanMax16(_mm512_maskz_loadu_ps(second, r0 + 2 * w + 16),
                                      _mm512_maskz_loadu_ps(second, r1 + 2 * w + 16));
-    const __m512 left = _mm512_permutex2var_ps(column_lo, even, column_hi);
-    const __m512 right = _mm512_permutex2var_ps(column_lo, odd, column_hi);
-    _mm512_mask_storeu_ps(y + w, TailMask(windows), NanMax16(left, right));
+    _mm512_mask_storeu_ps(y + w, TailMask(windows),
+                          NanMax16(EvenElements(column_lo, column_hi),
+                                   OddElements(column_lo, column_hi)));
   }
   _mm256_zeroupper();  // the callers are SSE code (see float_io.cc's kZeroUpperNote)
 }

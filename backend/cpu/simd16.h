@@ -1,9 +1,11 @@
-// AVX-512 building blocks for kernels on float16/bfloat16 data: 16 lanes
-// widened to float32 and rounded back with exactly the bits of
-// graph/half.h's scalar conversions (round-to-nearest-even; NaN payloads
-// kept as FloatToBFloat16Bits / HalfBitsToFloat do; subnormals kept, not
-// flushed). float_io.cc's bulk conversions and the fused elementwise loops
-// are built from them.
+// AVX-512 building blocks for the CPU kernels' vector loops. Chiefly for
+// float16/bfloat16 data: 16 lanes widened to float32 and rounded back with
+// exactly the bits of graph/half.h's scalar conversions
+// (round-to-nearest-even; NaN payloads kept as FloatToBFloat16Bits /
+// HalfBitsToFloat do; subnormals kept, not flushed); float_io.cc's bulk
+// conversions and the fused elementwise loops are built from them. Also
+// lane masks for partial vectors and the (de)interleaving of 2x2 windows'
+// columns that float32 pooling loops use.
 //
 // The functions carry CASTOR_SIMD16_TARGET and may only run where
 // HasSimd16() is true (the build has no -march flags); code that calls them
@@ -25,12 +27,13 @@
 
 namespace castor::cpu {
 
-// True when this CPU runs the functions below: AVX-512 F/BW/VL and F16C
-// (checked once).
+// True when this CPU runs the functions below: AVX2, AVX-512 F/BW/VL and
+// F16C (checked once).
 bool HasSimd16();
 
 // True when kernels should take their AVX-512 loops built on this header
-// (fused 16-bit elementwise runs and row sums, LayerNormGrad rows):
+// (fused 16-bit elementwise runs and row sums; float32 MaxPool and
+// MaxPoolGrad rows of 2x2 windows; LayerNormGrad rows, in float64):
 // HasSimd16() and no test turned them off. Each such loop gives the same
 // bits as the portable loop it replaces. (The bulk conversions in
 // float_io.h always use the widest loops; float_io_test checks each
@@ -58,10 +61,42 @@ class ScopedFusedSimd16ForTesting {
 
 #define CASTOR_SIMD16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,f16c")))
 
-// The first min(remaining, 16) lanes.
+// The first min(remaining, 16) lanes (none for remaining <= 0).
 CASTOR_SIMD16_TARGET inline __mmask16 TailMask(int64_t remaining) {
+  if (remaining <= 0) return 0;
   return remaining >= 16 ? static_cast<__mmask16>(0xffff)
                          : static_cast<__mmask16>((1u << remaining) - 1);
+}
+
+// The same for 8 lanes of float64.
+CASTOR_SIMD16_TARGET inline __mmask8 TailMask8(int64_t remaining) {
+  if (remaining <= 0) return 0;
+  return remaining >= 8 ? static_cast<__mmask8>(0xff)
+                        : static_cast<__mmask8>((1u << remaining) - 1);
+}
+
+// Of 32 consecutive floats `lo` (the first 16) and `hi`: the elements at
+// even positions, and at odd positions (the columns of 2x2 windows).
+CASTOR_SIMD16_TARGET inline __m512 EvenElements(__m512 lo, __m512 hi) {
+  const __m512i even =
+      _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  return _mm512_permutex2var_ps(lo, even, hi);
+}
+CASTOR_SIMD16_TARGET inline __m512 OddElements(__m512 lo, __m512 hi) {
+  const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  return _mm512_permutex2var_ps(lo, odd, hi);
+}
+
+// Their inverse: 32 floats alternating even[i], odd[i]; the first 16, and
+// the last 16.
+CASTOR_SIMD16_TARGET inline __m512 InterleavedFirst(__m512 even, __m512 odd) {
+  const __m512i first = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutex2var_ps(even, first, odd);
+}
+CASTOR_SIMD16_TARGET inline __m512 InterleavedLast(__m512 even, __m512 odd) {
+  const __m512i last =
+      _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  return _mm512_permutex2var_ps(even, last, odd);
 }
 
 // The maskz_ forms below (inactive lanes read as zero) also keep GCC 12
