@@ -9,9 +9,9 @@
 // castor's kernels.) 16-bit operands (float16, bfloat16) are widened
 // exactly to float32 in K-panels and multiplied by the same sgemm, so
 // products accumulate in float32 as tensor cores do; C stays float32 and the
-// caller rounds it once on store. bfloat16 operands go to AMX tiles instead
-// where the CPU has them (amx_gemm.h: float32 sums in another order,
-// subnormals flushed).
+// caller rounds it once on store, or GemmRoundedToDType rounds it into a
+// 16-bit C. bfloat16 operands go to AMX tiles instead where the CPU has
+// them (amx_gemm.h: float32 sums in another order, subnormals flushed).
 #pragma once
 
 #include <cstdint>
