@@ -133,11 +133,13 @@ __attribute__((target("avx2"))) void Float32ToBFloat16Vector(const float* src, u
   Float32ToBFloat16Scalar(src + i, dst + i, n - i);
 }
 
-// The AVX-512 loops (simd16.h): 16 lanes per step and the last partial
-// vector under a lane mask instead of a scalar tail (masked-off lanes are
-// neither read nor written).
-CASTOR_SIMD16_TARGET void HalfToFloat32Avx512(const uint16_t* src, float* dst, int64_t n) {
-  const Half* s = reinterpret_cast<const Half*>(src);
+// The AVX-512 loops (simd16.h), one per direction for both 16-bit types
+// (T: Half or BFloat16): 16 lanes per step and the last partial vector
+// under a lane mask instead of a scalar tail (masked-off lanes are neither
+// read nor written).
+template <typename T>
+CASTOR_SIMD16_TARGET void WidenAvx512(const uint16_t* src, float* dst, int64_t n) {
+  const T* s = reinterpret_cast<const T*>(src);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 lanes = TailMask(n - i);
     _mm512_mask_storeu_ps(dst + i, lanes, LoadWidened(s + i, lanes));
@@ -145,26 +147,9 @@ CASTOR_SIMD16_TARGET void HalfToFloat32Avx512(const uint16_t* src, float* dst, i
   _mm256_zeroupper();  // see kZeroUpperNote
 }
 
-CASTOR_SIMD16_TARGET void Float32ToHalfAvx512(const float* src, uint16_t* dst, int64_t n) {
-  Half* d = reinterpret_cast<Half*>(dst);
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 lanes = TailMask(n - i);
-    StoreRounded(d + i, lanes, _mm512_maskz_loadu_ps(lanes, src + i));
-  }
-  _mm256_zeroupper();  // see kZeroUpperNote
-}
-
-CASTOR_SIMD16_TARGET void BFloat16ToFloat32Avx512(const uint16_t* src, float* dst, int64_t n) {
-  const BFloat16* s = reinterpret_cast<const BFloat16*>(src);
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 lanes = TailMask(n - i);
-    _mm512_mask_storeu_ps(dst + i, lanes, LoadWidened(s + i, lanes));
-  }
-  _mm256_zeroupper();  // see kZeroUpperNote
-}
-
-CASTOR_SIMD16_TARGET void Float32ToBFloat16Avx512(const float* src, uint16_t* dst, int64_t n) {
-  BFloat16* d = reinterpret_cast<BFloat16*>(dst);
+template <typename T>
+CASTOR_SIMD16_TARGET void NarrowAvx512(const float* src, uint16_t* dst, int64_t n) {
+  T* d = reinterpret_cast<T*>(dst);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 lanes = TailMask(n - i);
     StoreRounded(d + i, lanes, _mm512_maskz_loadu_ps(lanes, src + i));
@@ -185,8 +170,8 @@ std::vector<ConversionLoops> AvailableConversionLoops() {
                      BFloat16ToFloat32Vector, Float32ToBFloat16Vector});
   }
   if (HasSimd16()) {
-    loops.push_back({"AVX-512", HalfToFloat32Avx512, Float32ToHalfAvx512,
-                     BFloat16ToFloat32Avx512, Float32ToBFloat16Avx512});
+    loops.push_back({"AVX-512", WidenAvx512<Half>, NarrowAvx512<Half>, WidenAvx512<BFloat16>,
+                     NarrowAvx512<BFloat16>});
   }
 #endif
   return loops;
