@@ -979,40 +979,40 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
   const Float32In dyf(ctx.input(0));
   const Float32In scale(scale_view);
   const double count = static_cast<double>(batch * inner);
-  std::vector<double> mean(channels), inv_std(channels), d_scale(channels), d_bias(channels);
+  std::vector<double> d_scale(channels), d_bias(channels);
   const int64_t stride = channels * inner;
+  std::optional<Float32Out> dx;
+  if (WantsOutput(ctx, 0)) {
+    CASTOR_ASSIGN_OR_RETURN(TensorView * dx_view, ctx.Output(0, x.dtype, x.dims));
+    dx.emplace(dx_view, /*overwritten=*/true);
+  }
+  // Per channel: the sums, then its dX while X and dY are still in cache.
   ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t c = lo; c < hi; ++c) {
       const float* x_first = xf.data() + c * inner;
-      const double m = count > 0 ? ChannelSum(x_first, batch, stride, inner) / count : 0.0;
+      const float* dy_first = dyf.data() + c * inner;
+      const double mean = count > 0 ? ChannelSum(x_first, batch, stride, inner) / count : 0.0;
       // (x - mean)^2, dY, dY * (x - mean)
       const std::array<double, 3> sums =
-          ChannelGradientSums(x_first, dyf.data() + c * inner, batch, stride, inner, m);
+          ChannelGradientSums(x_first, dy_first, batch, stride, inner, mean);
       const double var = count > 0 ? sums[0] / count : 0.0;
-      mean[c] = m;
-      inv_std[c] = 1.0 / std::sqrt(var + epsilon);
+      const double inv_std = 1.0 / std::sqrt(var + epsilon);
       d_bias[c] = sums[1];
-      d_scale[c] = sums[2] * inv_std[c];  // sum(dY * x_hat)
+      d_scale[c] = sums[2] * inv_std;  // sum(dY * x_hat)
+      if (!dx.has_value()) continue;
+      // dX = scale * inv_std * (dY - dBias / M - x_hat * dScale / M)
+      const float a = static_cast<float>(scale.data()[c] * inv_std);
+      const float mean_dy = static_cast<float>(d_bias[c] / count);
+      const float mean_dy_xhat = static_cast<float>(d_scale[c] / count);
+      for (int64_t n = 0; n < batch; ++n) {
+        BatchNormInputGradient(x_first + n * stride, dy_first + n * stride,
+                               dx->data() + c * inner + n * stride, inner, a,
+                               static_cast<float>(mean), static_cast<float>(inv_std), mean_dy,
+                               mean_dy_xhat);
+      }
     }
   });
-  if (WantsOutput(ctx, 0)) {
-    CASTOR_ASSIGN_OR_RETURN(TensorView * dx_view, ctx.Output(0, x.dtype, x.dims));
-    const Float32Out dx(dx_view, /*overwritten=*/true);
-    // dX = scale * inv_std * (dY - dBias / M - x_hat * dScale / M)
-    ParallelFor(0, batch * channels, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t r = lo; r < hi; ++r) {
-        const int64_t c = r % channels;
-        const float a = static_cast<float>(scale.data()[c] * inv_std[c]);
-        const float m = static_cast<float>(mean[c]);
-        const float is = static_cast<float>(inv_std[c]);
-        const float mean_dy = static_cast<float>(d_bias[c] / count);
-        const float mean_dy_xhat = static_cast<float>(d_scale[c] / count);
-        BatchNormInputGradient(xf.data() + r * inner, dyf.data() + r * inner,
-                               dx.data() + r * inner, inner, a, m, is, mean_dy, mean_dy_xhat);
-      }
-    });
-    dx.Finish();
-  }
+  if (dx.has_value()) dx->Finish();
   if (WantsOutput(ctx, 1)) {
     if (absl::Status st = WriteDoubles(ctx, 1, scale_view.dtype, scale_view.dims, d_scale);
         !st.ok()) {

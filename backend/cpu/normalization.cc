@@ -115,12 +115,22 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
 
   absl::StatusOr<TensorView*> y = ctx.Output(0, x.dtype, x.dims);
   if (!y.ok()) return y.status();
+  // y = x * a + b per feature.
+  std::vector<double> a(static_cast<size_t>(features)), b(static_cast<size_t>(features));
+  auto set_coefficients = [&](int64_t f) {
+    a[f] = scale[f] / std::sqrt(var[f] + static_cast<double>(epsilon));
+    b[f] = shift[f] - mean[f] * a[f];
+  };
   bool ok = true;
+  bool y_written = false;
   if (training) {
     // Batch statistics per feature (two passes, float64).
     const double count = static_cast<double>(batch * inner);
     if (x.dtype == DType::kFloat32) {
+      // Each feature's Y is written right after its statistics, while its
+      // values are still in cache (the third pass over them).
       const float* xp = x.as<float>();
+      float* yp = (*y)->as<float>();
       const int64_t stride = features * inner;
       ParallelFor(0, features, 1, [&](int64_t lo, int64_t hi) {
         for (int64_t f = lo; f < hi; ++f) {
@@ -129,8 +139,14 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
           mean[f] = m;
           var[f] = count > 0 ? ChannelSquaredDeviations(first, batch, stride, inner, m) / count
                              : 0.0;
+          set_coefficients(f);
+          for (int64_t n = 0; n < batch; ++n) {
+            ScaleShift(first + n * stride, yp + f * inner + n * stride, inner,
+                       static_cast<float>(a[f]), static_cast<float>(b[f]));
+          }
         }
       });
+      y_written = true;
     } else {
       ok = DispatchFloat(x.dtype, [&](auto tag) {
         using T = typename decltype(tag)::type;
@@ -158,40 +174,37 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
       });
     }
   }
-  // y = x * a + b per feature.
-  std::vector<double> a(static_cast<size_t>(features)), b(static_cast<size_t>(features));
-  for (int64_t f = 0; f < features; ++f) {
-    a[f] = scale[f] / std::sqrt(var[f] + static_cast<double>(epsilon));
-    b[f] = shift[f] - mean[f] * a[f];
-  }
-  if (x.dtype == DType::kFloat32) {
-    const float* xp = x.as<float>();
-    float* yp = (*y)->as<float>();
-    ParallelFor(0, batch * features, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t r = lo; r < hi; ++r) {
-        const int64_t f = r % features;
-        ScaleShift(xp + r * inner, yp + r * inner, inner, static_cast<float>(a[f]),
-                   static_cast<float>(b[f]));
-      }
-    });
-  } else {
-    ok = ok && DispatchFloat(x.dtype, [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      using V = std::conditional_t<std::is_same_v<T, double>, double, float>;
-      const T* xp = x.as<T>();
-      T* yp = (*y)->as<T>();
+  if (!y_written) {  // inference, or a dtype other than float32
+    for (int64_t f = 0; f < features; ++f) set_coefficients(f);
+    if (x.dtype == DType::kFloat32) {
+      const float* xp = x.as<float>();
+      float* yp = (*y)->as<float>();
       ParallelFor(0, batch * features, 1, [&](int64_t lo, int64_t hi) {
         for (int64_t r = lo; r < hi; ++r) {
           const int64_t f = r % features;
-          const V av = static_cast<V>(a[f]), bv = static_cast<V>(b[f]);
-          const T* src = xp + r * inner;
-          T* dst = yp + r * inner;
-          for (int64_t i = 0; i < inner; ++i) {
-            StoreD(&dst[i], static_cast<V>(LoadD(src[i])) * av + bv);
-          }
+          ScaleShift(xp + r * inner, yp + r * inner, inner, static_cast<float>(a[f]),
+                     static_cast<float>(b[f]));
         }
       });
-    });
+    } else {
+      ok = ok && DispatchFloat(x.dtype, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        using V = std::conditional_t<std::is_same_v<T, double>, double, float>;
+        const T* xp = x.as<T>();
+        T* yp = (*y)->as<T>();
+        ParallelFor(0, batch * features, 1, [&](int64_t lo, int64_t hi) {
+          for (int64_t r = lo; r < hi; ++r) {
+            const int64_t f = r % features;
+            const V av = static_cast<V>(a[f]), bv = static_cast<V>(b[f]);
+            const T* src = xp + r * inner;
+            T* dst = yp + r * inner;
+            for (int64_t i = 0; i < inner; ++i) {
+              StoreD(&dst[i], static_cast<V>(LoadD(src[i])) * av + bv);
+            }
+          }
+        });
+      });
+    }
   }
   if (!ok) return ctx.Unimplemented(absl::StrCat("dtype ", DTypeName(x.dtype)));
   if (!training) return absl::OkStatus();
