@@ -5,7 +5,8 @@
 //
 // A channel's values in X [N, C, inner...] are `batch` runs of `inner`
 // contiguous floats, `stride` (= C * inner) apart. Sums run in float64
-// LaneSums over the runs in order, so every clone gives the same bits.
+// LaneSums (32 lanes) over the runs in order, so every clone gives the same
+// bits.
 #pragma once
 
 #include <array>

@@ -2,9 +2,9 @@
 //
 // A plain `for (i) sum += term(i)` in float64 waits on the previous add at
 // every element (and without reassociation the compiler may not split it).
-// LaneSums keeps kSumLanes partial sums per quantity: within each Add, lane
-// l takes terms l, l + kSumLanes, ... and the leftover terms go to lanes
-// 0, 1, ...; Total() adds the lanes pairwise. The adds then pipeline and
+// LaneSums keeps kLanes (by default kSumLanes) partial sums per quantity:
+// within each Add, lane l takes terms l, l + kLanes, ... and the leftover
+// terms go to lanes 0, 1, ...; Total() adds the lanes pairwise. The adds then pipeline and
 // vectorise. Accumulation stays float64 over the same terms, but in another
 // order than the plain loop, so totals may differ from it in the last bits;
 // for a given sequence of Add calls they are always the same.
@@ -21,22 +21,34 @@ namespace castor::cpu {
 
 inline constexpr int kSumLanes = 8;
 
-// The total of kSumLanes lane sums, added pairwise (LaneSums::Total's
-// order; vector loops that keep the lanes in a register use it too).
+// The total of `lanes` lane sums (a power of two), added pairwise: adjacent
+// pairs, then adjacent pairs of those, and so on. For 8 lanes:
+// ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)). LaneSums::Total's
+// order; vector loops that keep the lanes in registers use it too.
+template <int kLanes = kSumLanes>
 inline double AddLanesPairwise(const double* v) {
-  static_assert(kSumLanes == 8, "the lanes are added pairwise in three rounds");
-  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+  static_assert(kLanes >= 1 && (kLanes & (kLanes - 1)) == 0, "a power of two");
+  if constexpr (kLanes == 1) {
+    return v[0];
+  } else {
+    return AddLanesPairwise<kLanes / 2>(v) + AddLanesPairwise<kLanes / 2>(v + kLanes / 2);
+  }
 }
 
-template <int kCount>
+// kLanes partial sums per quantity. Each lane's adds wait on its previous
+// one: with the default 8 (one AVX-512 register per quantity) a single
+// quantity runs at one vector add per add latency. Loops that sum one or
+// two quantities over memory-resident data use more lanes (BatchNorm's
+// statistics: 32) so several adds are in flight.
+template <int kCount, int kLanes = kSumLanes>
 class LaneSums {
  public:
   // Adds terms(i) for i in [0, n); terms returns std::array<double, kCount>.
   template <typename Terms>
   void Add(int64_t n, Terms&& terms) {
     int64_t i = 0;
-    for (; i + kSumLanes <= n; i += kSumLanes) {
-      for (int l = 0; l < kSumLanes; ++l) {
+    for (; i + kLanes <= n; i += kLanes) {
+      for (int l = 0; l < kLanes; ++l) {
         const std::array<double, kCount> t = terms(i + l);
         for (int q = 0; q < kCount; ++q) lanes_[q][l] += t[q];
       }
@@ -48,10 +60,10 @@ class LaneSums {
   }
 
   // Quantity q summed over every term added so far.
-  double Total(int q) const { return AddLanesPairwise(lanes_[q]); }
+  double Total(int q) const { return AddLanesPairwise<kLanes>(lanes_[q]); }
 
  private:
-  double lanes_[kCount][kSumLanes] = {};
+  double lanes_[kCount][kLanes] = {};
 };
 
 }  // namespace castor::cpu
