@@ -79,6 +79,10 @@ struct UpdateScalars {
   double clip = 1.0;         // factor on every gradient (clipping by global norm)
   double correction1 = 1.0;  // Adam's bias corrections 1 - beta^t
   double correction2 = 1.0;
+  // From the above, so that an Adam element takes one division and one
+  // square root (three divisions before: half of the MLP's update time).
+  double lr_over_correction1 = 0.0;
+  double inverse_correction2 = 1.0;
 };
 
 // Everything a step needs beyond the tensors.
@@ -143,6 +147,8 @@ CASTOR_HOST_DEVICE inline UpdateScalars PrepareUpdate(const OptimizerOptions& op
   const double t = static_cast<double>(step);
   u.correction1 = 1.0 - pow(options.beta1, t);
   u.correction2 = 1.0 - pow(options.beta2, t);
+  u.lr_over_correction1 = lr / u.correction1;
+  u.inverse_correction2 = 1.0 / u.correction2;
   return u;
 }
 
@@ -172,8 +178,10 @@ CASTOR_HOST_DEVICE inline void AdamUpdate(const OptimizerOptions& options, const
   const double v_next = options.beta2 * v + (1.0 - options.beta2) * g * g;
   m = static_cast<float>(m_next);
   v = static_cast<float>(v_next);
-  const double denominator = sqrt(v_next / u.correction2) + options.eps;
-  weight = static_cast<float>(w - u.lr * (m_next / u.correction1) / denominator);
+  // lr * (m / correction1) / (sqrt(v / correction2) + eps), in float64:
+  // the scalars' own roundings stay far below float32's.
+  const double denominator = sqrt(v_next * u.inverse_correction2) + options.eps;
+  weight = static_cast<float>(w - u.lr_over_correction1 * m_next / denominator);
 }
 
 // One element of any optimizer: `slot0` is SGD's momentum buffer (nullptr
