@@ -468,7 +468,7 @@ class ConvGradOnGrid {
         for (int64_t l = 0; l < phase.lines; ++l) {
           const float* src = scratch.data() + (c * phase.lines + l) * phase.width;
           float* dst = dx_g + c * in_size + (phase.dx_row + l * s0) * in_w + phase.dx_col;
-          for (int64_t j = 0; j < phase.width; ++j) dst[j * s1] = src[j];
+          SpreadRow(src, phase.width, s1, dst);
         }
       }
     }

@@ -53,6 +53,22 @@ void FillPaddedPlaneAvx512(const float* src, int64_t in_h, int64_t in_w, int64_t
   }
   _mm256_zeroupper();
 }
+
+// SpreadRow with step 2: 8 floats at a time are expanded into the even lanes
+// of a vector and stored under an even-lane mask, so the odd positions (the
+// other column phase's) keep their values.
+void SpreadRowStep2Avx512(const float* src, int64_t n, float* dst) {
+  constexpr __mmask16 kEven = 0x5555;
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    _mm512_mask_storeu_ps(dst + 2 * j, kEven, _mm512_maskz_expandloadu_ps(kEven, src + j));
+  }
+  if (j < n) {  // r < 8 left: lanes 0, 2, ..., 2r - 2
+    const __mmask16 mask = static_cast<__mmask16>(kEven & ((1u << (2 * (n - j) - 1)) - 1u));
+    _mm512_mask_storeu_ps(dst + 2 * j, mask, _mm512_maskz_expandloadu_ps(mask, src + j));
+  }
+  _mm256_zeroupper();
+}
 #pragma GCC pop_options
 #endif  // CASTOR_IM2COL_X86
 
@@ -70,6 +86,16 @@ bool FillPaddedPlaneVector(const float* src, int64_t in_h, int64_t in_w, int64_t
   (void)src, (void)in_h, (void)in_w, (void)src_stride, (void)top, (void)left, (void)rows;
   (void)cols, (void)dst;
   return false;
+}
+
+void SpreadRow(const float* src, int64_t n, int64_t step, float* dst) {
+#if defined(CASTOR_IM2COL_X86)
+  if (step == 2 && ActiveGridIsa() == GridIsa::kAvx512) {
+    SpreadRowStep2Avx512(src, n, dst);
+    return;
+  }
+#endif
+  for (int64_t j = 0; j < n; ++j) dst[j * step] = src[j];
 }
 
 int64_t WindowGeometry::input_size() const { return Product(input); }

@@ -137,6 +137,11 @@ void FillGrid(const T* x, int64_t channel_lo, int64_t channel_hi, const PaddedGr
 bool FillPaddedPlaneVector(const float* src, int64_t in_h, int64_t in_w, int64_t src_stride,
                            int64_t top, int64_t left, int64_t rows, int64_t cols, float* dst);
 
+// dst[j * step] = src[j] for j in [0, n); the positions between are not
+// written. Stride 2 runs in AVX-512 masked stores when grid_conv.h's
+// active instruction set is AVX-512.
+void SpreadRow(const float* src, int64_t n, int64_t step, float* dst);
+
 // --- helpers shared with col2im (conv.cc) -----------------------------------
 
 // The channel of unrolled row `row` (= channel * kernel_size() + kernel
