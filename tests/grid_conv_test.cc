@@ -3,9 +3,9 @@
 // float64 sums: row counts that do and do not fill a register block, depths
 // that do and do not fill a column block, run counts that leave every
 // remainder of a block of runs, line widths with and without a partial
-// vector, and non-finite values at the grid positions the products must not
-// read. Also FillGrid's vector plane copy (im2col.h) against the expected
-// zero-padded planes.
+// vector, several images in one filter-gradient product, and non-finite
+// values at the grid positions the products must not read. Also FillGrid's
+// vector plane copy (im2col.h) against the expected zero-padded planes.
 #include "backend/cpu/grid_conv.h"
 
 #include <cmath>
@@ -179,48 +179,64 @@ TEST(GridConv, ForwardOfDepthZeroWritesInitOrZeros) {
   }
 }
 
+// One image per product, and three in one (GridImages): their sums add up.
 TEST(GridConv, FilterGradAccumulatesFloat64SumsOnEveryInstructionSet) {
   for (GridIsa isa : SupportedIsas()) {
     const ScopedGridIsa scoped(isa);
     for (const Shape& s : kShapes) {
-      SCOPED_TRACE(Describe(isa, s));
-      std::mt19937 rng(11);
-      Gathered b = MakeGathered(s.depth, s.count, s.width, s.extra, rng);
-      // dY with its own line stride and NaN past each line: never read.
-      b.lines.dense_stride = s.width + 1;
-      const int64_t ld_dy = s.count * b.lines.dense_stride + 2;
-      std::vector<float> dy = Random(s.rows * ld_dy, rng);
-      for (int64_t m = 0; m < s.rows; ++m) {
-        for (int64_t q = 0; q < ld_dy; ++q) {
-          if (q >= s.count * b.lines.dense_stride || q % b.lines.dense_stride >= s.width) {
-            dy[m * ld_dy + q] = std::numeric_limits<float>::quiet_NaN();
-          }
+      for (const int64_t images : {1, 3}) {
+        SCOPED_TRACE(Describe(isa, s) + " images " + std::to_string(images));
+        std::mt19937 rng(11);
+        // Each image's grid as MakeGathered lays it out, one after another.
+        std::vector<Gathered> grids;
+        std::vector<float> b;
+        for (int64_t i = 0; i < images; ++i) {
+          grids.push_back(MakeGathered(s.depth, s.count, s.width, s.extra, rng));
+          b.insert(b.end(), grids.back().data.begin(), grids.back().data.end());
         }
-      }
-      const int64_t ld_dw = s.depth + 2;
-      const std::vector<float> dw_before = Random(s.rows * ld_dw, rng);
-      std::vector<float> dw = dw_before;
-      GridConvFilterGrad(s.rows, s.depth, dy.data(), ld_dy, b.data.data(), b.rows.data(),
-                         b.lines, dw.data(), ld_dw);
-      for (int64_t m = 0; m < s.rows; ++m) {
-        for (int64_t k = 0; k < ld_dw; ++k) {
-          const float got = dw[m * ld_dw + k];
-          if (k >= s.depth) {
-            ASSERT_EQ(got, dw_before[m * ld_dw + k]) << "dW row " << m << " column " << k;
-            continue;
-          }
-          double want = dw_before[m * ld_dw + k];
-          double magnitude = std::fabs(want);
-          for (int64_t l = 0; l < s.count; ++l) {
-            for (int64_t j = 0; j < s.width; ++j) {
-              const double term =
-                  static_cast<double>(dy[m * ld_dy + l * b.lines.dense_stride + j]) *
-                  b.data[b.rows[k] + l * b.lines.gathered_stride + j];
-              want += term;
-              magnitude += std::fabs(term);
+        GridLines lines = grids[0].lines;
+        const std::vector<int64_t>& rows = grids[0].rows;
+        const int64_t b_image_stride = static_cast<int64_t>(grids[0].data.size());
+        // dY with its own line stride and NaN past each line: never read.
+        lines.dense_stride = s.width + 1;
+        const int64_t ld_dy = s.count * lines.dense_stride + 2;
+        const int64_t dy_image_stride = s.rows * ld_dy;
+        std::vector<float> dy = Random(images * dy_image_stride, rng);
+        for (int64_t r = 0; r < images * s.rows; ++r) {
+          for (int64_t q = 0; q < ld_dy; ++q) {
+            if (q >= s.count * lines.dense_stride || q % lines.dense_stride >= s.width) {
+              dy[r * ld_dy + q] = std::numeric_limits<float>::quiet_NaN();
             }
           }
-          ASSERT_NEAR(got, want, 4e-7 * magnitude + 1e-7) << "dW row " << m << " column " << k;
+        }
+        const int64_t ld_dw = s.depth + 2;
+        const std::vector<float> dw_before = Random(s.rows * ld_dw, rng);
+        std::vector<float> dw = dw_before;
+        GridConvFilterGrad(s.rows, s.depth, dy.data(), ld_dy, b.data(), rows.data(), lines,
+                           GridImages{images, b_image_stride, dy_image_stride}, dw.data(), ld_dw);
+        for (int64_t m = 0; m < s.rows; ++m) {
+          for (int64_t k = 0; k < ld_dw; ++k) {
+            const float got = dw[m * ld_dw + k];
+            if (k >= s.depth) {
+              ASSERT_EQ(got, dw_before[m * ld_dw + k]) << "dW row " << m << " column " << k;
+              continue;
+            }
+            double want = dw_before[m * ld_dw + k];
+            double magnitude = std::fabs(want);
+            for (int64_t i = 0; i < images; ++i) {
+              for (int64_t l = 0; l < s.count; ++l) {
+                for (int64_t j = 0; j < s.width; ++j) {
+                  const double term = static_cast<double>(dy[i * dy_image_stride + m * ld_dy +
+                                                             l * lines.dense_stride + j]) *
+                                      b[i * b_image_stride + rows[k] +
+                                        l * lines.gathered_stride + j];
+                  want += term;
+                  magnitude += std::fabs(term);
+                }
+              }
+            }
+            ASSERT_NEAR(got, want, 4e-7 * magnitude + 1e-7) << "dW row " << m << " column " << k;
+          }
         }
       }
     }

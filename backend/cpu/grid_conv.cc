@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <type_traits>
 #include <vector>
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__clang__)
@@ -115,9 +116,9 @@ void ForwardEntry(int64_t rows, int64_t depth, const float* a, int64_t lda, cons
   _mm256_zeroupper();
 }
 void FilterGradEntry(int64_t rows, int64_t depth, const float* dy, int64_t ld_dy, const float* b,
-                     const int64_t* b_rows, const Run* runs, int64_t num_runs, float* dw,
-                     int64_t ld_dw) {
-  FilterGrad(rows, depth, dy, ld_dy, b, b_rows, runs, num_runs, dw, ld_dw);
+                     const int64_t* b_rows, const GridLines& lines, const GridImages& images,
+                     float* dw, int64_t ld_dw) {
+  FilterGrad(rows, depth, dy, ld_dy, b, b_rows, lines, images, dw, ld_dw);
   _mm256_zeroupper();
 }
 
@@ -174,9 +175,9 @@ void ForwardEntry(int64_t rows, int64_t depth, const float* a, int64_t lda, cons
   _mm256_zeroupper();
 }
 void FilterGradEntry(int64_t rows, int64_t depth, const float* dy, int64_t ld_dy, const float* b,
-                     const int64_t* b_rows, const Run* runs, int64_t num_runs, float* dw,
-                     int64_t ld_dw) {
-  FilterGrad(rows, depth, dy, ld_dy, b, b_rows, runs, num_runs, dw, ld_dw);
+                     const int64_t* b_rows, const GridLines& lines, const GridImages& images,
+                     float* dw, int64_t ld_dw) {
+  FilterGrad(rows, depth, dy, ld_dy, b, b_rows, lines, images, dw, ld_dw);
   _mm256_zeroupper();
 }
 
@@ -261,30 +262,23 @@ void GridConvForward(int64_t rows, int64_t depth, const float* a, int64_t lda, c
 }
 
 void GridConvFilterGrad(int64_t rows, int64_t depth, const float* dy, int64_t ld_dy,
-                        const float* b, const int64_t* b_rows, const GridLines& lines, float* dw,
-                        int64_t ld_dw) {
-  if (rows <= 0 || depth <= 0 || lines.count <= 0 || lines.width <= 0) return;
+                        const float* b, const int64_t* b_rows, const GridLines& lines,
+                        const GridImages& images, float* dw, int64_t ld_dw) {
+  if (rows <= 0 || depth <= 0 || lines.count <= 0 || lines.width <= 0 || images.count <= 0) {
+    return;
+  }
   switch (ActiveGridIsa()) {
 #if defined(CASTOR_GRID_CONV_X86)
-    case GridIsa::kAvx512: {
-      const std::vector<Run>& runs = RunsOf(lines, avx512::Vec::kWidth);
-      avx512::FilterGradEntry(rows, depth, dy, ld_dy, b, b_rows, runs.data(),
-                              static_cast<int64_t>(runs.size()), dw, ld_dw);
+    case GridIsa::kAvx512:
+      avx512::FilterGradEntry(rows, depth, dy, ld_dy, b, b_rows, lines, images, dw, ld_dw);
       return;
-    }
-    case GridIsa::kAvx2: {
-      const std::vector<Run>& runs = RunsOf(lines, avx2::Vec::kWidth);
-      avx2::FilterGradEntry(rows, depth, dy, ld_dy, b, b_rows, runs.data(),
-                            static_cast<int64_t>(runs.size()), dw, ld_dw);
+    case GridIsa::kAvx2:
+      avx2::FilterGradEntry(rows, depth, dy, ld_dy, b, b_rows, lines, images, dw, ld_dw);
       return;
-    }
 #endif
-    default: {
-      const std::vector<Run>& runs = RunsOf(lines, portable::Vec::kWidth);
-      portable::FilterGrad(rows, depth, dy, ld_dy, b, b_rows, runs.data(),
-                           static_cast<int64_t>(runs.size()), dw, ld_dw);
+    default:
+      portable::FilterGrad(rows, depth, dy, ld_dy, b, b_rows, lines, images, dw, ld_dw);
       return;
-    }
   }
 }
 

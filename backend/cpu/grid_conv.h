@@ -37,6 +37,16 @@ struct GridLines {
   int64_t dense_stride = 0;
 };
 
+// Several images in one filter-gradient product: image i visits the lines
+// of GridLines with its first line at i * gathered_stride in the gathered
+// operand and at i * dense_stride in the dense one (dY). One call then
+// adds each dW entry's lanes once for all of them.
+struct GridImages {
+  int64_t count = 1;
+  int64_t gathered_stride = 0;
+  int64_t dense_stride = 0;
+};
+
 // Floats past the last visited position of every gathered row that
 // GridConvForward may read (callers allocate and zero them).
 inline constexpr int64_t kGridReadSlack = 16;
@@ -49,12 +59,15 @@ void GridConvForward(int64_t rows, int64_t depth, const float* a, int64_t lda, c
                      const int64_t* b_rows, const GridLines& lines, const float* init, float* out,
                      int64_t ld_out);
 
-// Filter-gradient product, for m < rows and k < depth:
-//   dw[m * ld_dw + k] += sum_{(l, j)} dy[m * ld_dy + l * dense_stride + j] *
-//                                     b[b_rows[k] + l * gathered_stride + j]
+// Filter-gradient product, for m < rows and k < depth, over the images i
+// and their visited positions (l, j):
+//   dw[m * ld_dw + k] += sum_{(i, l, j)} dy[m * ld_dy + i * images.dense_stride +
+//                                           l * lines.dense_stride + j] *
+//                        b[b_rows[k] + i * images.gathered_stride +
+//                          l * lines.gathered_stride + j]
 void GridConvFilterGrad(int64_t rows, int64_t depth, const float* dy, int64_t ld_dy,
-                        const float* b, const int64_t* b_rows, const GridLines& lines, float* dw,
-                        int64_t ld_dw);
+                        const float* b, const int64_t* b_rows, const GridLines& lines,
+                        const GridImages& images, float* dw, int64_t ld_dw);
 
 // The instruction sets the kernels come in. The best one the CPU supports
 // runs unless a test picked another.
