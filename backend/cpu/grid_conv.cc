@@ -1,6 +1,7 @@
-// Direct grid-convolution products (see grid_conv.h): the visited lines are
-// cut into runs of at most one vector of positions, and grid_conv_kernels.inc
-// is compiled once per instruction set (AVX-512, AVX2+FMA, portable scalar)
+// Direct grid-convolution products (see grid_conv.h): for the forward
+// product the visited lines are cut into runs of at most one vector of
+// positions (the filter gradient walks the lines itself), and
+// grid_conv_kernels.inc is compiled once per instruction set (AVX-512, AVX2+FMA, portable scalar)
 // with `#pragma GCC target`; the best one the CPU supports is picked once.
 #include "backend/cpu/grid_conv.h"
 
