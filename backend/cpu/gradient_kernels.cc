@@ -47,6 +47,7 @@
 #include "backend/cpu/im2col.h"
 #include "backend/cpu/lane_sums.h"
 #include "backend/cpu/parallel.h"
+#include "backend/cpu/scratch.h"
 #include "backend/cpu/simd16.h"
 #include "graph/gradient_builder.h"
 #include "graph/status.h"
@@ -77,13 +78,13 @@ class Float32In {
       return;
     }
     const int64_t n = t.num_elements();
-    copy_.resize(static_cast<size_t>(n));
-    float* dst = copy_.data();
+    copy_.emplace(n);
+    float* dst = copy_->data();
     ParallelFor(0, n, kElementGrain, [&](int64_t lo, int64_t hi) {
       ToFloat32(t.dtype, static_cast<const char*>(t.data) + lo * DTypeSize(t.dtype), dst + lo,
                 hi - lo);
     });
-    data_ = copy_.data();
+    data_ = dst;
   }
   Float32In(const Float32In&) = delete;
   Float32In& operator=(const Float32In&) = delete;
@@ -91,7 +92,7 @@ class Float32In {
 
  private:
   const float* data_ = nullptr;
-  std::vector<float> copy_;
+  std::optional<PooledBuffer<float>> copy_;
 };
 
 // An output computed in float32: written in place when float32, else in a
@@ -104,8 +105,8 @@ class Float32Out {
     if (t->dtype == DType::kFloat32) {
       data_ = t->as<float>();
     } else {
-      buffer_.reset(new float[static_cast<size_t>(n)]);  // not value-initialised
-      data_ = buffer_.get();
+      buffer_.emplace(n);  // not initialised
+      data_ = buffer_->data();
     }
     if (!overwritten) std::fill(data_, data_ + n, 0.0f);
   }
@@ -120,7 +121,7 @@ class Float32Out {
  private:
   TensorView* view_;
   float* data_ = nullptr;
-  std::unique_ptr<float[]> buffer_;
+  std::optional<PooledBuffer<float>> buffer_;
 };
 
 // Writes float64 values to a new output `index` with `dtype` and `dims`.
