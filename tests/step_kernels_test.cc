@@ -2,12 +2,15 @@
 // the fused unscale-and-check in every float dtype, the step decision and
 // loss-scale update against the host LossScaler, the multi-tensor optimizer
 // against the host Optimizer (itself checked against PyTorch in
-// optimizer_test) bit for bit, the skipped step that changes nothing, and
-// argument errors.
+// optimizer_test) bit for bit, the gradient norm's bits at any thread
+// count, the skipped step that changes nothing, and argument errors.
 #include <cmath>
 #include <limits>
+#include <random>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/parallel.h"
 #include "gmock/gmock.h"
 #include "graph/half.h"
 #include "gtest/gtest.h"
@@ -90,6 +93,50 @@ TEST(StepKernelsTest, WithoutALossScaleGradientsKeepTheirBits) {
     squares += double{v} * v;
   }
   EXPECT_DOUBLE_EQ(state.sum_squares, squares);
+}
+
+// The unscale pass spreads fixed segments of the gradients over the
+// threads and adds their totals in order: the norm has the same bits at
+// any thread count, and matches a float64 sum.
+TEST(StepKernelsTest, GradientNormHasTheSameBitsAtEveryThreadCount) {
+  const StepConfig config = MakeStepConfig(OptimizerKind::kSgd, 0, false, 0, 0, 1024.0);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-2000.0f, 2000.0f);
+  std::vector<std::vector<float>> values(3);
+  double want = 0.0;
+  for (size_t k = 0; k < values.size(); ++k) {
+    values[k].resize(k == 0 ? 200000 : k == 1 ? 70001 : 3);
+    for (float& v : values[k]) {
+      v = dist(rng);
+      const double unscaled = v * (1.0f / 1024.0f);
+      want += unscaled * unscaled;
+    }
+  }
+  const int threads_before = cpu::NumThreads();
+  std::vector<StepState> states;
+  std::vector<std::vector<Tensor>> results;
+  for (int threads : {1, 2, 3}) {
+    cpu::SetNumThreads(threads);
+    std::vector<Tensor> gradients;
+    for (const std::vector<float>& v : values) {
+      gradients.push_back(
+          Tensor::FromVector<float>(DType::kFloat32, {static_cast<int64_t>(v.size())}, v));
+    }
+    std::vector<Tensor*> pointers;
+    for (Tensor& g : gradients) pointers.push_back(&g);
+    float next_scale = 0;
+    states.push_back(UnscaleAndDecide(config, pointers, 1.0f, &next_scale));
+    results.push_back(std::move(gradients));
+  }
+  cpu::SetNumThreads(threads_before);
+  EXPECT_NEAR(states[0].sum_squares, want, 1e-12 * want);
+  for (size_t t = 1; t < states.size(); ++t) {
+    EXPECT_EQ(states[t].sum_squares, states[0].sum_squares) << "thread count " << t + 1;
+    for (size_t k = 0; k < values.size(); ++k) {
+      EXPECT_TRUE(SameBits(results[t][k], results[0][k])) << "gradient " << k;
+    }
+  }
+  EXPECT_EQ(results[0][0].data<float>()[7], values[0][7] * (1.0f / 1024.0f));
 }
 
 TEST(StepKernelsTest, NonFiniteGradientOrLossSkipsEverything) {

@@ -1,8 +1,10 @@
 // The CPU backend's training-step kernels (backend/step_kernels.h): loops
-// over host memory applying graph/update_rules.h. The unscale pass sums
-// the squares in float64 lanes (lane_sums.h) in parameter order, so the
-// gradient norm (and with it clipping) is the same from run to run; the
-// optimizer update is elementwise and runs on the backend's threads.
+// over host memory applying graph/update_rules.h. The unscale pass runs
+// on the backend's threads over fixed segments of the gradients, each
+// summing its squares in float64 lanes (lane_sums.h), the totals added in
+// parameter order: the gradient norm (and with it clipping) is the same
+// from run to run and at any thread count. The optimizer update is
+// elementwise and runs on the backend's threads too.
 //
 // The float32 loops are built for AVX-512, AVX2 and the baseline
 // (vector_clones.h): at the baseline's two float64 lanes Adam and the
@@ -11,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/lane_sums.h"
@@ -24,8 +27,10 @@ namespace {
 
 using cpu::LaneSums;
 
-// Gradients are checked and unscaled in blocks of this many elements.
+// Gradients are checked and unscaled in blocks of this many elements, in
+// segments of this many blocks spread over the threads.
 constexpr int64_t kUnscaleBlock = 4096;
+constexpr int64_t kUnscaleSegment = 16 * kUnscaleBlock;
 
 // The sum of squares keeps 32 float64 lanes (four AVX-512 registers), so
 // four adds are in flight; with 8 it ran at one add per add latency.
@@ -67,13 +72,14 @@ bool UnscaleFloat32(float* data, int64_t count, float inverse, SquareSums& sums)
       [data](int64_t i, float v) { return data[i] = v; }, sums);
 }
 
-bool UnscaleTensor(const TensorView& gradient, float inverse, SquareSums& sums) {
-  const int64_t count = gradient.num_elements();
+// Elements [begin, begin + count) of one gradient.
+bool UnscaleRange(const TensorView& gradient, int64_t begin, int64_t count, float inverse,
+                  SquareSums& sums) {
   switch (gradient.dtype) {
     case DType::kFloat32:
-      return UnscaleFloat32(gradient.as<float>(), count, inverse, sums);
+      return UnscaleFloat32(gradient.as<float>() + begin, count, inverse, sums);
     case DType::kFloat16: {
-      uint16_t* data = gradient.as<uint16_t>();
+      uint16_t* data = gradient.as<uint16_t>() + begin;
       return Unscale(
           count, inverse, [data](int64_t i) { return HalfBitsToFloat(data[i]); },
           [data](int64_t i, float v) {
@@ -83,7 +89,7 @@ bool UnscaleTensor(const TensorView& gradient, float inverse, SquareSums& sums) 
           sums);
     }
     case DType::kBFloat16: {
-      uint16_t* data = gradient.as<uint16_t>();
+      uint16_t* data = gradient.as<uint16_t>() + begin;
       return Unscale(
           count, inverse, [data](int64_t i) { return BFloat16BitsToFloat(data[i]); },
           [data](int64_t i, float v) {
@@ -120,15 +126,37 @@ class CpuStepKernels : public StepKernels {
                                 float* next_loss_scale) override {
     CASTOR_RETURN_IF_ERROR(CheckStepInputs(gradients, loss));
     const float inverse = static_cast<float>(1.0 / CurrentLossScale(config.scaler, state->scaler));
-    SquareSums squares;
-    state->non_finite = 0;
+    // Fixed segments of the gradients, so the sum's order does not depend
+    // on the thread count: each segment's lanes are totalled on their own,
+    // and the totals added in parameter order.
+    struct Segment {
+      const TensorView* gradient;
+      int64_t begin, count;
+    };
+    std::vector<Segment> segments;
     for (const TensorView& gradient : gradients) {
-      if (!UnscaleTensor(gradient, inverse, squares)) {
-        state->non_finite = 1;
-        break;
+      const int64_t n = gradient.num_elements();
+      for (int64_t begin = 0; begin < n; begin += kUnscaleSegment) {
+        segments.push_back({&gradient, begin, std::min(kUnscaleSegment, n - begin)});
       }
     }
-    state->sum_squares = squares.Total(0);
+    std::vector<double> totals(segments.size(), 0.0);
+    std::vector<char> finite(segments.size(), 1);
+    cpu::ParallelFor(0, static_cast<int64_t>(segments.size()), 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        SquareSums squares;
+        finite[i] = UnscaleRange(*segments[i].gradient, segments[i].begin, segments[i].count,
+                                 inverse, squares);
+        totals[i] = squares.Total(0);
+      }
+    });
+    state->non_finite = 0;
+    double sum_squares = 0.0;
+    for (size_t i = 0; i < segments.size(); ++i) {
+      state->non_finite |= finite[i] ? 0 : 1;
+      sum_squares += totals[i];
+    }
+    state->sum_squares = sum_squares;  // DecideStep clears it when a value was not finite
     DecideStep(config, IsFiniteFloat(*loss.as<float>()), *state);
     *next_loss_scale = static_cast<float>(CurrentLossScale(config.scaler, state->scaler));
     return absl::OkStatus();
