@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/elementwise_math.h"
 #include "backend/cpu/simd16.h"
 #include "backend/kernel.h"
 #include "graph/half.h"
@@ -131,6 +132,52 @@ TEST(CpuElementwiseTest, UnaryFloat32MatchesFloat64Reference) {
       const double expected = c.reference(c.inputs[i]);
       EXPECT_NEAR(yd.data<double>()[i], expected, 1e-12 * std::fabs(expected) + 1e-15)
           << c.op << " float64 (" << c.inputs[i] << ")";
+    }
+  }
+}
+
+// The float32 unary loops are built per instruction set (vector_clones.h):
+// whichever clone this CPU runs gives, on long runs with special values
+// and ragged lengths, the bits of the scalar op compiled here for the
+// baseline.
+TEST(CpuElementwiseTest, UnaryFloat32LoopsGiveTheScalarOpsBits) {
+  std::vector<float> inputs = {0.0f, -0.0f, std::numeric_limits<float>::infinity(),
+                               -std::numeric_limits<float>::infinity(),
+                               std::numeric_limits<float>::quiet_NaN(),
+                               std::numeric_limits<float>::denorm_min(), -1e-30f, 3.9999f, 4.0f,
+                               -4.0001f, 88.7f, -104.5f};
+  for (int i = 0; i < 4999; ++i) inputs.push_back(-12.0f + 24.0f * static_cast<float>(i) / 4999);
+  struct Case {
+    std::string op;
+    std::vector<Attribute> attrs;
+    std::function<float(float)> scalar;
+  };
+  const std::vector<Case> cases = {
+      {"Erf", {}, [](float x) { return math::ErfOp{}(x); }},
+      {"Relu", {}, [](float x) { return math::ReluOp{}(x); }},
+      {"Neg", {}, [](float x) { return math::NegOp{}(x); }},
+      {"Abs", {}, [](float x) { return math::AbsOp{}(x); }},
+      {"Exp", {}, [](float x) { return math::ExpOp{}(x); }},
+      {"Sigmoid", {}, [](float x) { return math::SigmoidOp{}(x); }},
+      {"Tanh", {}, [](float x) { return math::TanhOp{}(x); }},
+      {"LeakyRelu", {Attribute::Float("alpha", 0.2f)},
+       [](float x) { return math::LeakyReluOp{0.2f}(x); }},
+      {"Gelu", {}, [](float x) { return math::GeluOp{false}(x); }},
+  };
+  for (const Case& c : cases) {
+    for (const int64_t n : {static_cast<int64_t>(inputs.size()), int64_t{13}}) {
+      const std::vector<float> x(inputs.begin(), inputs.begin() + n);
+      Tensor y = RunOp(c.op, {F32({n}, x)}, c.attrs, c.op == "Gelu" ? 20 : 17);
+      ASSERT_EQ(y.num_elements(), n) << c.op;
+      int64_t differing = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const float want = c.scalar(x[i]);
+        if (FloatBits(y.data<float>()[i]) != FloatBits(want) && ++differing <= 3) {
+          ADD_FAILURE() << c.op << "(" << x[i] << ") = " << y.data<float>()[i] << ", scalar "
+                        << want;
+        }
+      }
+      EXPECT_EQ(differing, 0) << c.op << " over " << n << " inputs";
     }
   }
 }

@@ -7,8 +7,9 @@
 // each op lives in backend/cpu/elementwise_math.h (shared with CUDA); this
 // file loads, broadcasts and stores. 16-bit floats compute in float32 and
 // round once on store (unary ops and same-dtype binary ops widen and narrow
-// them in blocks with float_io.h's vectorized bulk conversions; Add Sub Mul
-// Div run fused on AVX-512, simd16.h); float64
+// them in blocks with float_io.h's vectorized bulk conversions, and the
+// float32 unary loop is built per instruction set, vector_clones.h; Add Sub
+// Mul Div run fused on AVX-512, simd16.h); float64
 // computes in double; integers in their own type (wrapping). Broadcast
 // iteration is backend/cpu/broadcast.h, split across threads in chunks of
 // kElementwiseGrain elements; a run where an input is dense or a single
@@ -27,6 +28,7 @@
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/simd16.h"
+#include "backend/cpu/vector_clones.h"
 
 namespace castor::cpu {
 namespace {
@@ -49,6 +51,14 @@ absl::Status UnsupportedDType(const KernelContext& ctx, int input, DType dtype) 
 
 // ---- unary ----
 
+// y[i] = op(x[i]) in float32 (y may be x), built for AVX-512, AVX2 and the
+// baseline (vector_clones.h): ops written as branch-free float code
+// (ErfFloat, Relu's compare) vectorise, with the same bits in every clone.
+template <typename Op>
+CASTOR_VECTOR_CLONES void UnaryFloat32(const Op& op, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(op(x[i]));
+}
+
 // y[i] = op(x[i]); floats always, integers when kIntegers.
 template <bool kIntegers, typename Op>
 absl::Status RunUnary(KernelContext& ctx, const Op& op) {
@@ -68,9 +78,11 @@ absl::Status RunUnary(KernelContext& ctx, const Op& op) {
         for (int64_t i = lo; i < hi; i += kFloatConvertBlock) {
           const int64_t m = std::min(kFloatConvertBlock, hi - i);
           ToFloat32(xp + i, buffer, m);
-          for (int64_t j = 0; j < m; ++j) buffer[j] = static_cast<float>(op(buffer[j]));
+          UnaryFloat32(op, buffer, buffer, m);
           FromFloat32(buffer, yp + i, m);
         }
+      } else if constexpr (std::is_same_v<T, float>) {
+        UnaryFloat32(op, xp + lo, yp + lo, hi - lo);
       } else {
         for (int64_t i = lo; i < hi; ++i) Store(&yp[i], op(Load(xp[i])));
       }
