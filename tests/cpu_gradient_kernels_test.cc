@@ -5,14 +5,15 @@
 // dY) (the forward runs in float64 on the same values, h = 1e-3). Also: one
 // float16 and one bfloat16 case per op family against the float32 kernel on
 // the same (rounded) inputs, MaxPoolGrad's tie rule, SoftmaxCrossEntropyLossGrad's
-// ignore_index and weights, the registry entries, and error messages for
-// bad inputs.
+// ignore_index and weights, the registry entries, an output nothing reads
+// left out, and error messages for bad inputs.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <random>
 #include <string>
@@ -389,6 +390,65 @@ TEST(ConvGrad, OnlyRequestedOutputs) {
   ASSERT_EQ(all.size(), 3u);
   ASSERT_EQ(dx_only.size(), 1u);
   EXPECT_EQ(Values(dx_only[0]), Values(all[0]));
+}
+
+// Records which outputs a kernel allocates.
+class RecordingAllocator : public OutputAllocator {
+ public:
+  absl::StatusOr<void*> AllocateOutput(int index, DType dtype,
+                                       const std::vector<int64_t>& dims) override {
+    std::vector<char>& buffer = outputs_[index];
+    buffer.resize(static_cast<size_t>(Count(dims)) * DTypeSize(dtype));
+    return static_cast<void*>(buffer.data());
+  }
+  absl::StatusOr<void*> AllocateScratch(size_t bytes) override {
+    scratch_.emplace_back(bytes);
+    return static_cast<void*>(scratch_.back().data());
+  }
+  bool allocated(int index) const { return outputs_.count(index) > 0; }
+  const float* floats(int index) const {
+    return reinterpret_cast<const float*>(outputs_.at(index).data());
+  }
+
+ private:
+  std::map<int, std::vector<char>> outputs_;
+  std::vector<std::vector<char>> scratch_;
+};
+
+// The autodiff emits all three outputs of ConvGrad; dX of an input image
+// has no reader (KernelContext::output_read), so the kernel leaves it out
+// and computes the same dW and dB.
+TEST(ConvGrad, SkipsAnOutputNothingReads) {
+  std::vector<Tensor> inputs = {RandomTensor({2, 3, 2, 2}, 53), RandomTensor({2, 2, 4, 4}, 51),
+                                RandomTensor({3, 2, 3, 3}, 52)};
+  const std::vector<Tensor> all = RunOp("ConvGrad", inputs, {}, 3);
+  ASSERT_EQ(all.size(), 3u);
+  testing::SingleNode node("ConvGrad", inputs, {}, 1, 3, kCastorDomain);
+  ASSERT_TRUE(node.status().ok()) << node.status();
+  Graph& graph = *node.model().graph;
+  graph.ClearOutputs();
+  graph.AddOutput(node.node().output(1));
+  graph.AddOutput(node.node().output(2));
+  std::vector<TensorView> views;
+  for (Tensor& t : inputs) views.push_back({t.raw(), t.dtype(), t.dims()});
+  std::vector<const TensorView*> pointers;
+  for (const TensorView& v : views) pointers.push_back(&v);
+  absl::StatusOr<const KernelDef*> kernel = Cpu().kernels().Find(node.node());
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  RecordingAllocator allocator;
+  KernelContext ctx(node.node(), 1, Cpu(), pointers, allocator);
+  EXPECT_FALSE(ctx.output_read(0));
+  EXPECT_TRUE(ctx.output_read(1));
+  ASSERT_TRUE((*kernel)->run(ctx).ok());
+  EXPECT_FALSE(allocator.allocated(0));
+  ASSERT_TRUE(allocator.allocated(1));
+  ASSERT_TRUE(allocator.allocated(2));
+  for (int k = 1; k <= 2; ++k) {
+    const std::vector<double> want = Values(all[k]);
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(allocator.floats(k)[i], want[i]) << "output " << k << " element " << i;
+    }
+  }
 }
 
 TEST(ConvGrad, Float16AndBFloat16MatchFloat32) {

@@ -134,8 +134,10 @@ absl::Status WriteDoubles(KernelContext& ctx, int index, DType dtype,
   return absl::OkStatus();
 }
 
+// Whether the gradient op's output `i` is computed: only when something
+// reads it (KernelContext::output_read).
 bool WantsOutput(const KernelContext& ctx, int i) {
-  return i < ctx.num_outputs() && ctx.has_output(i);
+  return i < ctx.num_outputs() && ctx.output_read(i);
 }
 
 // Input i must have `expected` dims.
