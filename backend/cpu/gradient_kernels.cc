@@ -574,12 +574,9 @@ void RunConvGrad(const WindowGeometry& g, const ConvGradShapes& s, const float* 
                 p);
           Col2ImAdd(dcol.data(), g, kg, dx_g);
         }
-        if (db_acc != nullptr) {
+        if (db_acc != nullptr) {  // dY's row sums (BatchNorm's vectorised channel sum)
           for (int64_t m = 0; m < mg; ++m) {
-            LaneSums<1> sum;
-            const float* dy_row = dy_g + m * p;
-            sum.Add(p, [&](int64_t i) { return std::array<double, 1>{dy_row[i]}; });
-            db_acc[gi * mg + m] += static_cast<float>(sum.Total(0));
+            db_acc[gi * mg + m] += static_cast<float>(ChannelSum(dy_g + m * p, 1, p, p));
           }
         }
       }
