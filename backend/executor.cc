@@ -410,6 +410,8 @@ void Executor::ComputeLiveness() {
       if (id >= 0 && !pinned_[id] && last_use_[id] < 0) dying.insert(id);  // never read
     }
     step.dying_ids.assign(dying.begin(), dying.end());
+    step.kept_outputs.clear();
+    for (int id : step.output_ids) step.kept_outputs.push_back(id >= 0 && pinned_[id]);
     const int in0 = step.input_ids.empty() ? -1 : step.input_ids[0];
     step.in_place_candidate = step.kernel->in_place_ok && in0 >= 0 && dying.count(in0) > 0 &&
                               std::count(step.input_ids.begin(), step.input_ids.end(), in0) == 1 &&
@@ -633,6 +635,7 @@ absl::Status Executor::RunSteps(RunState& state, PlanStats& stats, const StepObs
     {
       NodeAllocator allocator(*pool_, state, step, stats);
       KernelContext context(node, step.opset, backend_, inputs, allocator);
+      context.SetKeptOutputs(step.kept_outputs);
       CASTOR_RETURN_IF_ERROR(step.kernel->run(context));
       for (size_t k = 0; k < step.output_ids.size(); ++k) {
         const int id = step.output_ids[k];

@@ -86,6 +86,7 @@ struct PlanStep {
   std::vector<int> input_ids;       // value ids; -1 for an omitted input
   std::vector<int> output_ids;      // value ids; -1 for an omitted output
   std::vector<int> dying_ids;       // activations whose last reader is this node
+  std::vector<bool> kept_outputs;   // per output: pinned (graph output, keep_values)
   bool in_place_candidate = false;  // kernel in_place_ok and input 0 may be taken
 };
 

@@ -82,15 +82,19 @@ class KernelContext {
   // Whether the graph has a value for optional output `i` (ONNX leaves
   // unwanted optional outputs out or names them "").
   bool has_output(int i) const { return node_.output(i) != nullptr; }
-  // Whether anything reads output `i`: a node (or subgraph) uses its value
-  // or it is a graph output. The autodiff emits every output of a gradient
-  // op, and the graph cannot leave one out in the middle (ConvGrad's dX of
-  // the input image is output 0), so gradient kernels skip the outputs
-  // nothing reads.
+  // Whether anything reads output `i`: a node (or subgraph) uses its value,
+  // it is a graph output, or the caller keeps it (SetKeptOutputs). The
+  // autodiff emits every output of a gradient op, and the graph cannot
+  // leave one out in the middle (ConvGrad's dX of the input image is output
+  // 0), so gradient kernels skip the outputs nothing reads.
   bool output_read(int i) const {
     const Value* value = node_.output(i);
-    return value != nullptr && (!value->uses().empty() || value->is_graph_output());
+    return value != nullptr && (!value->uses().empty() || value->is_graph_output() ||
+                                (i < static_cast<int>(kept_outputs_.size()) && kept_outputs_[i]));
   }
+  // Outputs the caller reads after the run although no node does (the
+  // executor's keep_values), indexed like the outputs.
+  void SetKeptOutputs(std::vector<bool> kept) { kept_outputs_ = std::move(kept); }
   // Allocates output `i` with `dims` and the dtype inferred for the node's
   // output value. Call at most once per output.
   absl::StatusOr<TensorView*> Output(int i, std::vector<int64_t> dims);
@@ -131,6 +135,7 @@ class KernelContext {
   OutputAllocator& allocator_;
   std::vector<TensorView> outputs_;
   std::vector<std::shared_ptr<const Tensor>> host_copies_;
+  std::vector<bool> kept_outputs_;
 };
 
 using KernelFn = absl::Status (*)(KernelContext&);

@@ -439,6 +439,11 @@ TEST(ConvGrad, SkipsAnOutputNothingReads) {
   KernelContext ctx(node.node(), 1, Cpu(), pointers, allocator);
   EXPECT_FALSE(ctx.output_read(0));
   EXPECT_TRUE(ctx.output_read(1));
+  {  // an output the caller keeps (the executor's keep_values) counts as read
+    KernelContext kept(node.node(), 1, Cpu(), pointers, allocator);
+    kept.SetKeptOutputs({true, false, false});
+    EXPECT_TRUE(kept.output_read(0));
+  }
   ASSERT_TRUE((*kernel)->run(ctx).ok());
   EXPECT_FALSE(allocator.allocated(0));
   ASSERT_TRUE(allocator.allocated(1));
