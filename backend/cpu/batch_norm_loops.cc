@@ -5,18 +5,10 @@
 #include "backend/cpu/vector_clones.h"
 
 namespace castor::cpu {
-namespace {
-
-// Lanes per sum: four AVX-512 registers of float64, so four adds per
-// quantity are in flight (with 8 lanes, one: the sums ran at a third of
-// the speed the cache delivers the values at).
-constexpr int kLanes = 32;
-
-}  // namespace
 
 CASTOR_VECTOR_CLONES double ChannelSum(const float* x, int64_t batch, int64_t stride,
                                        int64_t inner) {
-  LaneSums<1, kLanes> sum;
+  LaneSums<1, kWideSumLanes> sum;
   for (int64_t n = 0; n < batch; ++n) {
     const float* run = x + n * stride;
     sum.Add(inner, [&](int64_t i) { return std::array<double, 1>{run[i]}; });
@@ -27,7 +19,7 @@ CASTOR_VECTOR_CLONES double ChannelSum(const float* x, int64_t batch, int64_t st
 CASTOR_VECTOR_CLONES double ChannelSquaredDeviations(const float* x, int64_t batch,
                                                      int64_t stride, int64_t inner,
                                                      double mean) {
-  LaneSums<1, kLanes> squares;
+  LaneSums<1, kWideSumLanes> squares;
   for (int64_t n = 0; n < batch; ++n) {
     const float* run = x + n * stride;
     squares.Add(inner, [&](int64_t i) {
@@ -41,7 +33,7 @@ CASTOR_VECTOR_CLONES double ChannelSquaredDeviations(const float* x, int64_t bat
 CASTOR_VECTOR_CLONES std::array<double, 3> ChannelGradientSums(const float* x, const float* dy,
                                                                int64_t batch, int64_t stride,
                                                                int64_t inner, double mean) {
-  LaneSums<3, kLanes> sums;
+  LaneSums<3, kWideSumLanes> sums;
   for (int64_t n = 0; n < batch; ++n) {
     const float* run = x + n * stride;
     const float* d_run = dy + n * stride;

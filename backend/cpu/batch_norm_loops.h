@@ -1,11 +1,11 @@
 // The float32 loops of BatchNormalization in training mode, shared by its
 // forward kernel (backend/cpu/normalization.cc) and BatchNormalizationGrad
-// (backend/cpu/gradient_kernels.cc), built for AVX-512/AVX2/baseline
-// (vector_clones.h).
+// (backend/cpu/gradient_kernels.cc; ConvGrad's dB sums rows with RowSum),
+// built for AVX-512/AVX2/baseline (vector_clones.h).
 //
 // A channel's values in X [N, C, inner...] are `batch` runs of `inner`
 // contiguous floats, `stride` (= C * inner) apart. Sums run in float64
-// LaneSums (32 lanes) over the runs in order, so every clone gives the same
+// LaneSums (kWideSumLanes) over the runs in order, so every clone gives the same
 // bits.
 #pragma once
 
@@ -16,6 +16,9 @@ namespace castor::cpu {
 
 // Sum of the channel's values.
 double ChannelSum(const float* x, int64_t batch, int64_t stride, int64_t inner);
+
+// Sum of x[0, n): one run.
+inline double RowSum(const float* x, int64_t n) { return ChannelSum(x, 1, n, n); }
 
 // Sum of (x - mean)^2 over the channel.
 double ChannelSquaredDeviations(const float* x, int64_t batch, int64_t stride, int64_t inner,

@@ -3,12 +3,14 @@
 // ConvGrad: per (image, group), dW += dY_g * im2col(X_g)^T and dX_g =
 // col2im(W_g^T * dY_g) with im2col.h's geometry and gemm.h's Sgemm; 2-D
 // convs use grid_conv.h's direct products instead where a vector kernel
-// runs (dW from X copied onto the padded grid, dX per stride phase from dY;
-// see ConvGradOnGrid). The images run in slices on the thread pool (a
-// partial dW per slice), or one after another with split GEMMs (and split
-// grid products) when there is a single image. 16-bit X, dY and W are
-// widened to float32 up front with float_io.h's vector conversions (a
-// float32 copy of each).
+// runs (dW from X copied onto the padded grid, up to 8 images per product;
+// dX per stride phase from dY; see ConvGradOnGrid). The images run in
+// slices on the thread pool (a partial dW per slice), or one after another
+// with split GEMMs (and split grid products) when there is a single image.
+// 16-bit X, dY and W are widened to float32 up front with float_io.h's
+// vector conversions (a float32 copy of each, in scratch.h's PooledBuffer).
+// ConvGrad, BatchNormalizationGrad and LayerNormalizationGrad skip the
+// outputs nothing reads (KernelContext::output_read).
 // MaxPoolGrad / AveragePoolGrad walk each plane's windows (the forward
 // window tables: ForwardWindowGeometry, ceil_mode, pads, dilations; a 2-D
 // MaxPoolGrad plane scans each window directly);
@@ -574,9 +576,9 @@ void RunConvGrad(const WindowGeometry& g, const ConvGradShapes& s, const float* 
                 p);
           Col2ImAdd(dcol.data(), g, kg, dx_g);
         }
-        if (db_acc != nullptr) {  // dY's row sums (BatchNorm's vectorised channel sum)
+        if (db_acc != nullptr) {  // dY's row sums
           for (int64_t m = 0; m < mg; ++m) {
-            db_acc[gi * mg + m] += static_cast<float>(ChannelSum(dy_g + m * p, 1, p, p));
+            db_acc[gi * mg + m] += static_cast<float>(RowSum(dy_g + m * p, p));
           }
         }
       }

@@ -21,6 +21,12 @@ namespace castor::cpu {
 
 inline constexpr int kSumLanes = 8;
 
+// Lanes for long sums of one to three quantities over memory-resident data
+// (BatchNorm's statistics, the unscale pass's sum of squares): four AVX-512
+// registers of float64 per quantity, so four adds are in flight (with 8
+// lanes such a sum ran at a third of the speed the cache delivers values).
+inline constexpr int kWideSumLanes = 32;
+
 // The total of `lanes` lane sums (a power of two), added pairwise: adjacent
 // pairs, then adjacent pairs of those, and so on. For 8 lanes:
 // ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)). LaneSums::Total's
@@ -37,9 +43,8 @@ inline double AddLanesPairwise(const double* v) {
 
 // kLanes partial sums per quantity. Each lane's adds wait on its previous
 // one: with the default 8 (one AVX-512 register per quantity) a single
-// quantity runs at one vector add per add latency. Loops that sum one or
-// two quantities over memory-resident data use more lanes (BatchNorm's
-// statistics: 32) so several adds are in flight.
+// quantity runs at one vector add per add latency; long sums use
+// kWideSumLanes.
 template <int kCount, int kLanes = kSumLanes>
 class LaneSums {
  public:

@@ -13,8 +13,9 @@
 // broadcast to X; optional Mean and InvStdDev outputs in stash_type's dtype.
 // Statistics accumulate in float64; elementwise math is float32 (float64 for
 // float64 inputs); 16-bit results round once on store. float32
-// BatchNormalization runs the vectorised loops of batch_norm_loops.h (the
-// same sums in the same order as the generic path).
+// BatchNormalization runs the vectorised loops of batch_norm_loops.h, and
+// writes each feature's Y right after its statistics; the generic path
+// (16-bit, float64) adds the same terms in the same order (kWideSumLanes).
 #include <array>
 #include <cmath>
 #include <type_traits>
@@ -153,13 +154,13 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
         const T* xp = x.as<T>();
         ParallelFor(0, features, 1, [&](int64_t lo, int64_t hi) {
           for (int64_t f = lo; f < hi; ++f) {
-            LaneSums<1> sum;
+            LaneSums<1, kWideSumLanes> sum;
             for (int64_t n = 0; n < batch; ++n) {
               const T* row = xp + (n * features + f) * inner;
               sum.Add(inner, [&](int64_t i) { return std::array<double, 1>{LoadD(row[i])}; });
             }
             const double m = count > 0 ? sum.Total(0) / count : 0.0;
-            LaneSums<1> squares;
+            LaneSums<1, kWideSumLanes> squares;
             for (int64_t n = 0; n < batch; ++n) {
               const T* row = xp + (n * features + f) * inner;
               squares.Add(inner, [&](int64_t i) {

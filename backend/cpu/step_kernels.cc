@@ -32,9 +32,8 @@ using cpu::LaneSums;
 constexpr int64_t kUnscaleBlock = 4096;
 constexpr int64_t kUnscaleSegment = 16 * kUnscaleBlock;
 
-// The sum of squares keeps 32 float64 lanes (four AVX-512 registers), so
-// four adds are in flight; with 8 it ran at one add per add latency.
-using SquareSums = LaneSums<1, 32>;
+// The sum of squares is a long sum (lane_sums.h's kWideSumLanes).
+using SquareSums = LaneSums<1, cpu::kWideSumLanes>;
 
 // Multiplies `count` elements by `inverse` (float32 arithmetic, one
 // rounding on store for 16-bit) and adds the squares of the stored values
