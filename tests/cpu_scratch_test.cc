@@ -1,13 +1,15 @@
 // backend/cpu/scratch.h: Scratch keeps its storage while requests fit and
 // grows past them; PooledBuffer hands a returned block to the next buffer
 // on the same thread (the smallest one that fits, else the largest one,
-// grown), gives buffers alive at once distinct blocks, and keeps each
-// thread's pool to itself. Each test runs on a fresh thread, so it starts
+// grown), gives buffers alive at once distinct blocks, frees the smallest
+// block when the pool is full, and keeps each thread's pool to itself. Each test runs on a fresh thread, so it starts
 // with an empty pool.
 #include "backend/cpu/scratch.h"
 
 #include <cstdint>
+#include <memory>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -94,6 +96,25 @@ TEST(PooledBuffer, GrowsTheLargestBlockWhenNoneFits) {
     // The grown block now serves a request of its size.
     PooledBuffer<float> again(100000);
     EXPECT_EQ(again.data(), grown);
+  });
+}
+
+TEST(PooledBuffer, AFullPoolFreesItsSmallestBlock) {
+  OnFreshThread([] {
+    float* largest = nullptr;
+    {
+      std::vector<std::unique_ptr<PooledBuffer<float>>> held;
+      for (int i = 1; i <= 9; ++i) held.push_back(std::make_unique<PooledBuffer<float>>(i * 100));
+      largest = held.back()->data();
+      // Returned smallest first: the 9th (largest) replaces the 100-element block.
+      for (std::unique_ptr<PooledBuffer<float>>& buffer : held) buffer.reset();
+    }
+    EXPECT_EQ(PooledBuffer<float>::PooledBlocks(), 8u);
+    PooledBuffer<float> big(900);
+    EXPECT_EQ(big.data(), largest);
+    // No block of 100 is left: 200 is the smallest that fits.
+    PooledBuffer<float> small(50);
+    EXPECT_EQ(PooledBuffer<float>::PooledBlocks(), 6u);
   });
 }
 
