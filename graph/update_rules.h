@@ -79,8 +79,9 @@ struct UpdateScalars {
   double clip = 1.0;         // factor on every gradient (clipping by global norm)
   double correction1 = 1.0;  // Adam's bias corrections 1 - beta^t
   double correction2 = 1.0;
-  // From the above, so that an Adam element takes one division and one
-  // square root (three divisions before: half of the MLP's update time).
+  // Derived from the above by PrepareUpdate (the only place that fills an
+  // UpdateScalars for an update), so that an Adam element takes one
+  // division and one square root instead of three divisions and one.
   double lr_over_correction1 = 0.0;
   double inverse_correction2 = 1.0;
 };

@@ -5,7 +5,7 @@
 // remainder of a block of runs, line widths with and without a partial
 // vector, several images in one filter-gradient product, and non-finite
 // values at the grid positions the products must not read. Also FillGrid's
-// vector plane copy (im2col.h) against the expected zero-padded planes.
+// vector plane copy and SpreadRow (im2col.h) against the expected values.
 #include "backend/cpu/grid_conv.h"
 
 #include <cmath>
@@ -240,6 +240,31 @@ TEST(GridConv, FilterGradAccumulatesFloat64SumsOnEveryInstructionSet) {
             }
             ASSERT_NEAR(got, want, 4e-7 * magnitude + 1e-7) << "dW row " << m << " column " << k;
           }
+        }
+      }
+    }
+  }
+}
+
+// SpreadRow (im2col.h) writes dst[j * step] = src[j] for j < n and nothing
+// else: every length up to two vectors' worth, steps 1-3, each instruction
+// set (AVX-512 runs step 2 in masked stores), sentinels around and between.
+TEST(GridConv, SpreadRowWritesOnlyItsPositionsOnEveryInstructionSet) {
+  for (GridIsa isa : SupportedIsas()) {
+    const ScopedGridIsa scoped(isa);
+    for (int64_t step = 1; step <= 3; ++step) {
+      for (int64_t n = 0; n <= 17; ++n) {
+        SCOPED_TRACE(std::string(GridIsaName(isa)) + " step " + std::to_string(step) + " n " +
+                     std::to_string(n));
+        std::vector<float> src(static_cast<size_t>(n));
+        for (int64_t j = 0; j < n; ++j) src[j] = static_cast<float>(j + 1);
+        const int64_t margin = 40;
+        std::vector<float> dst(static_cast<size_t>(n * step + 2 * margin), -5.0f);
+        SpreadRow(src.data(), n, step, dst.data() + margin);
+        for (int64_t q = 0; q < static_cast<int64_t>(dst.size()); ++q) {
+          const int64_t at = q - margin;
+          const bool written = at >= 0 && at < n * step && at % step == 0;
+          ASSERT_EQ(dst[q], written ? src[at / step] : -5.0f) << "position " << at;
         }
       }
     }

@@ -112,6 +112,7 @@ TEST(StepKernelsTest, GradientNormHasTheSameBitsAtEveryThreadCount) {
       want += unscaled * unscaled;
     }
   }
+  Cpu();  // constructed first: its constructor sets the thread count
   const int threads_before = cpu::NumThreads();
   std::vector<StepState> states;
   std::vector<std::vector<Tensor>> results;
