@@ -13,7 +13,6 @@
 #include <functional>
 #include <iostream>
 #include <limits>
-#include <map>
 #include <numeric>
 #include <random>
 #include <string>
@@ -392,29 +391,6 @@ TEST(ConvGrad, OnlyRequestedOutputs) {
   EXPECT_EQ(Values(dx_only[0]), Values(all[0]));
 }
 
-// Records which outputs a kernel allocates.
-class RecordingAllocator : public OutputAllocator {
- public:
-  absl::StatusOr<void*> AllocateOutput(int index, DType dtype,
-                                       const std::vector<int64_t>& dims) override {
-    std::vector<char>& buffer = outputs_[index];
-    buffer.resize(static_cast<size_t>(Count(dims)) * DTypeSize(dtype));
-    return static_cast<void*>(buffer.data());
-  }
-  absl::StatusOr<void*> AllocateScratch(size_t bytes) override {
-    scratch_.emplace_back(bytes);
-    return static_cast<void*>(scratch_.back().data());
-  }
-  bool allocated(int index) const { return outputs_.count(index) > 0; }
-  const float* floats(int index) const {
-    return reinterpret_cast<const float*>(outputs_.at(index).data());
-  }
-
- private:
-  std::map<int, std::vector<char>> outputs_;
-  std::vector<std::vector<char>> scratch_;
-};
-
 // The autodiff emits all three outputs of ConvGrad; dX of an input image
 // has no reader (KernelContext::output_read), so the kernel leaves it out
 // and computes the same dW and dB.
@@ -435,7 +411,7 @@ TEST(ConvGrad, SkipsAnOutputNothingReads) {
   for (const TensorView& v : views) pointers.push_back(&v);
   absl::StatusOr<const KernelDef*> kernel = Cpu().kernels().Find(node.node());
   ASSERT_TRUE(kernel.ok()) << kernel.status();
-  RecordingAllocator allocator;
+  testing::HostOutputAllocator allocator;
   KernelContext ctx(node.node(), 1, Cpu(), pointers, allocator);
   EXPECT_FALSE(ctx.output_read(0));
   EXPECT_TRUE(ctx.output_read(1));

@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
-#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -505,25 +504,6 @@ TEST(CpuMatMulConvConformance, AllCasesPass) {
   EXPECT_GE(summary.ran(), 25);
 }
 
-// Reuses one buffer per output across calls, so timing sees the kernel only.
-class ReusingAllocator : public OutputAllocator {
- public:
-  absl::StatusOr<void*> AllocateOutput(int index, DType dtype,
-                                       const std::vector<int64_t>& dims) override {
-    std::vector<char>& buffer = outputs_[index];
-    buffer.resize(static_cast<size_t>(Count(dims)) * DTypeSize(dtype));
-    return static_cast<void*>(buffer.data());
-  }
-  absl::StatusOr<void*> AllocateScratch(size_t bytes) override {
-    scratch_.emplace_back(bytes);
-    return static_cast<void*>(scratch_.back().data());
-  }
-
- private:
-  std::map<int, std::vector<char>> outputs_;
-  std::vector<std::vector<char>> scratch_;
-};
-
 // Timing (not a pass/fail check): the sample CNN's first conv, batch 128,
 // calling the kernel directly (no host copies or output allocation).
 TEST(CpuConvTiming, SampleCnnFirstLayer) {
@@ -539,7 +519,7 @@ TEST(CpuConvTiming, SampleCnnFirstLayer) {
   for (const TensorView& v : views) ptrs.push_back(&v);
   absl::StatusOr<const KernelDef*> kernel = Cpu().kernels().Find(node.node());
   ASSERT_TRUE(kernel.ok()) << kernel.status();
-  ReusingAllocator allocator;
+  testing::HostOutputAllocator allocator;
   auto run_once = [&] {
     KernelContext ctx(node.node(), 17, Cpu(), ptrs, allocator);
     return (*kernel)->run(ctx);

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <ostream>
 #include <random>
 #include <set>
@@ -27,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/kernel.h"
 #include "backend/run_node.h"
 #include "graph/graph.h"
 #include "graph/half.h"
@@ -248,6 +250,32 @@ inline std::vector<float> Ramp(int64_t n, float scale, float offset) {
 }
 
 // ---- Running one node ------------------------------------------------------------
+
+// Host memory for a kernel called directly (KernelContext): one buffer per
+// output index, reused across calls (timing then sees the kernel only),
+// and a record of which outputs the kernel allocated.
+class HostOutputAllocator : public OutputAllocator {
+ public:
+  absl::StatusOr<void*> AllocateOutput(int index, DType dtype,
+                                       const std::vector<int64_t>& dims) override {
+    std::vector<char>& buffer = outputs_[index];
+    buffer.resize(static_cast<size_t>(Count(dims)) * DTypeSize(dtype));
+    return static_cast<void*>(buffer.data());
+  }
+  absl::StatusOr<void*> AllocateScratch(size_t bytes) override {
+    scratch_.emplace_back(bytes);
+    return static_cast<void*>(scratch_.back().data());
+  }
+  bool allocated(int index) const { return outputs_.count(index) > 0; }
+  const float* floats(int index) const {
+    return reinterpret_cast<const float*>(outputs_.at(index).data());
+  }
+
+ private:
+  std::map<int, std::vector<char>> outputs_;
+  std::vector<std::vector<char>> scratch_;
+};
+
 
 // Builds and runs one node (see SingleNode) on the CPU backend.
 inline absl::StatusOr<std::vector<Tensor>> RunNodeOf(const std::string& op,
