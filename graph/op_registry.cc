@@ -102,7 +102,8 @@ void OpRegistry::Register(OpDef def) {
 }
 
 void OpRegistry::SetAutocastCategory(const std::string& domain, const std::string& op_type,
-                                     AutocastCategory category, std::string source) {
+                                     AutocastCategory category, std::string source,
+                                     bool exact) {
   auto it = ops_.find({CanonicalDomain(domain), op_type});
   if (it == ops_.end()) {
     std::fprintf(stderr, "castor: autocast table names unregistered op %s\n", op_type.c_str());
@@ -110,6 +111,7 @@ void OpRegistry::SetAutocastCategory(const std::string& domain, const std::strin
   }
   it->second.autocast = category;
   it->second.autocast_source = std::move(source);
+  it->second.autocast_exact = exact;
 }
 
 namespace {

@@ -135,6 +135,11 @@ struct OpDef {
   // Where the category comes from (PyTorch/TensorFlow list entries), shown
   // by `castor inspect --why`; set with the category by autocast_table.cc.
   std::string autocast_source;
+  // The op commutes with rounding to a 16-bit dtype: on rounded inputs it
+  // gives the rounding of its float32 result (data movement, max/min
+  // selection, sign). The autocast pass may then run a follow op of this
+  // kind in 16-bit when its readers do (passes/autocast.cc, step 3b).
+  bool autocast_exact = false;
   GradientFn gradient;
   std::string no_gradient_reason;  // set when the op deliberately has none
   std::string summary;             // one line, for `castor ops` and docs
@@ -154,7 +159,7 @@ class OpRegistry {
   // Sets an op's default autocast category (graph/ops/autocast_table.cc).
   // An unknown op aborts: the table and the registry must agree.
   void SetAutocastCategory(const std::string& domain, const std::string& op_type,
-                           AutocastCategory category, std::string source);
+                           AutocastCategory category, std::string source, bool exact);
   // Sets an op's gradient rule, or the reason it deliberately has none
   // (graph/ops/gradient_rules.cc). An unknown op aborts.
   void SetGradient(const std::string& domain, const std::string& op_type, GradientFn gradient);

@@ -1,7 +1,8 @@
 // The autocast pass (see autocast.h for what a converted model records).
 //
 // Algorithm: after the decisions of steps 1-2, one walk over the nodes in
-// topological order paints them (step 3) and a second inserts the Casts
+// topological order paints them (step 3), one in reverse order repaints
+// exact follow ops for their readers (3b) and a last one inserts the Casts
 // (step 4); linear in graph size:
 //
 //   1. Policy record. A model whose castor.policy_digest equals the policy's
@@ -32,6 +33,15 @@
 //                  ops stay 16-bit with no Cast, as grappler paints them;
 //        none   -> untouched (Shape, Cast, ...; no float computation).
 //      A node painted 16-bit has its float32 outputs retyped.
+//  3b. Readers (last node first): a follow node left float32 by its one
+//      float input (an activation, not pinned) runs in the compute dtype
+//      when its op is exact (it commutes with rounding to 16 bits: data
+//      movement, Relu, MaxPool, ...; OpDef::autocast_exact) and every
+//      reader of its float outputs computes in the compute dtype. The
+//      Cast its readers shared moves to its input: no Cast more, the same
+//      values, and its output (which a gradient may keep) is half the
+//      size. BatchNormalization -> Relu -> Conv thus stores Relu's output
+//      in 16 bits, as grappler paints clear ops next to allow ops.
 //   4. Casts (DESIGN rules 5-6): every float input of a painted node whose
 //      dtype differs from the node's (float32 for a pinned input) reads a
 //      Cast of its source, one per (source, dtype) shared by all readers and
@@ -55,6 +65,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -126,16 +137,31 @@ class AutocastPass {
     // Step 3 for every node first: a node's decision depends only on its
     // producers' decisions, never on Casts, and step 4 then knows what
     // every reader of a value needs.
+    absl::flat_hash_map<const Node*, Decision> painted;
     for (Node* node : original_order) {
       CASTOR_ASSIGN_OR_RETURN(Decision decision, Paint(*node));
       if (decision.dtype == DType::kUndefined) {
         ++report_.nodes_per_dtype["none"];
         continue;
       }
-      Record(*node, decision);
       RetypeOutputs(*node, decision.dtype);
-      ++report_.nodes_per_dtype[DTypeName(decision.dtype)];
       decisions_.emplace(node, decision.dtype);
+      painted.emplace(node, std::move(decision));
+    }
+    // Step 3b, readers last to first, so that a chain of exact ops before
+    // a 16-bit reader turns 16-bit from its end.
+    for (auto it = original_order.rbegin(); it != original_order.rend(); ++it) {
+      CASTOR_ASSIGN_OR_RETURN(std::optional<std::string> why, PaintForReaders(**it));
+      if (!why.has_value()) continue;
+      RetypeOutputs(**it, lowp_);
+      decisions_[*it] = lowp_;
+      painted[*it] = Decision{lowp_, *std::move(why)};
+    }
+    for (Node* node : original_order) {
+      auto decided = painted.find(node);
+      if (decided == painted.end()) continue;
+      Record(*node, decided->second);
+      ++report_.nodes_per_dtype[DTypeName(decided->second.dtype)];
     }
     std::vector<Node*> new_order;
     new_order.reserve(original_order.size() * 2);
@@ -324,10 +350,61 @@ class AutocastPass {
                                              DTypeName(lowp_)));
   }
 
-  // The compute dtype when the op's inference accepts 16-bit inputs at the
-  // model's opset; float32 (with the op's objection) otherwise. Inputs are
+  // Step 3b for one node: a follow node painted float32 only because its
+  // one float input is float32 runs in the compute dtype instead when its
+  // op is exact (OpDef::autocast_exact: it commutes with the rounding) and
+  // every reader of its float outputs computes in the compute dtype. Its
+  // readers would read a Cast of its output; it reads a Cast of its input
+  // instead: no Cast more, the same values (BatchNormalization -> Relu ->
+  // Conv stores Relu's output, which its gradient keeps, in 16 bits).
+  // Returns the node's new reason, or nullopt to keep float32.
+  absl::StatusOr<std::optional<std::string>> PaintForReaders(Node& node) {
+    auto decided = decisions_.find(&node);
+    if (!policy_.is_mixed() || decided == decisions_.end() ||
+        decided->second != DType::kFloat32 || forced_.contains(&node)) {
+      return std::nullopt;
+    }
+    CASTOR_ASSIGN_OR_RETURN(CategoryReason reason, policy_.CategoryOf(node));
+    const OpDef* def = OpRegistry::Global().Find(node.domain(), node.op_type());
+    if (reason.category != AutocastCategory::kFollow || !def || !def->autocast_exact) {
+      return std::nullopt;
+    }
+    const Value* input = nullptr;
+    for (int i = 0; i < node.num_inputs(); ++i) {
+      const Value* in = node.input(i);
+      if (!in || !IsAutocastFloat(in->dtype())) continue;
+      if (input != nullptr || KindOf(in) != SourceKind::kActivation ||
+          policy_.IsPinned(node, i)) {
+        return std::nullopt;  // a second float input would need a Cast of its own
+      }
+      input = in;
+    }
+    if (input == nullptr) return std::nullopt;
+    int readers = 0;
+    for (const Value* out : node.outputs()) {
+      if (!IsAutocastFloat(out->dtype())) continue;
+      if (out->is_graph_output()) return std::nullopt;
+      for (const Use& use : out->uses()) {
+        auto reader = decisions_.find(use.node);
+        if (reader == decisions_.end() || reader->second != lowp_ ||
+            policy_.IsPinned(*use.node, use.index)) {
+          return std::nullopt;
+        }
+        ++readers;
+      }
+    }
+    if (readers == 0 || !AcceptsLowp(node).ok()) return std::nullopt;
+    return absl::StrCat("rule 3 (follow, exact): ", reason.rule, ": ", reason.entry,
+                        "; its input ", Quoted(input->name()), " is ", DTypeName(input->dtype()),
+                        ", but all ", readers, " reader(s) of its output compute in ",
+                        DTypeName(lowp_), ", so it does too: the Cast moves to its input "
+                        "(no Cast more, the same values, its output stored in 16 bits)");
+  }
+
+  // Whether the op's inference accepts the node's float inputs in the
+  // compute dtype (float32 where pinned) at the model's opset. Inputs are
   // retyped for the probe and restored.
-  absl::StatusOr<Decision> LowpIfAccepted(Node& node, std::string why) {
+  absl::Status AcceptsLowp(Node& node) {
     std::vector<std::pair<Value*, DType>> saved;
     for (int i = 0; i < node.num_inputs(); ++i) {
       Value* in = node.input(i);
@@ -339,6 +416,13 @@ class AutocastPass {
     }
     absl::Status as_lowp = CheckNodeInference(model_, node);
     for (auto it = saved.rbegin(); it != saved.rend(); ++it) it->first->set_dtype(it->second);
+    return as_lowp;
+  }
+
+  // The compute dtype when AcceptsLowp; float32 (with the op's objection)
+  // otherwise.
+  absl::StatusOr<Decision> LowpIfAccepted(Node& node, std::string why) {
+    absl::Status as_lowp = AcceptsLowp(node);
     if (as_lowp.ok()) return Decision{lowp_, std::move(why)};
     // An objection that float32 inputs share is not about the dtype (a
     // shape input the probe cannot see); the final inference decides.

@@ -323,6 +323,86 @@ TEST(AutocastRulesTest, FollowOpWithDisagreeingInputsPromotesToFloat32) {
   EXPECT_THAT(InvariantViolations(model), IsEmpty());
 }
 
+// Exp (deny) -> Relu -> MaxPool -> Flatten -> MatMul (allow) -> Softmax.
+Model DenyThenExactChainThenMatMul() {
+  return ModelBuilder()
+      .Input("x", {2, 3, 4, 4})
+      .Weight("w", {12, 5})
+      .Op("Exp", {"x"}, "e")
+      .Op("Relu", {"e"}, "relu")
+      .Op("MaxPool", {"relu"}, "pool", {Attribute::Ints("kernel_shape", {2, 2}),
+                                        Attribute::Ints("strides", {2, 2})})
+      .Op("Flatten", {"pool"}, "flat")
+      .Op("MatMul", {"flat", "w"}, "mm")
+      .Op("Softmax", {"mm"}, "out")
+      .Output("out")
+      .Build();
+}
+
+TEST(AutocastRulesTest, ExactFollowChainBeforeA16BitReaderTakesItsDtype) {
+  // Rule 3b: Relu, MaxPool and Flatten read float32 Exp, but they are exact
+  // and feed only the float16 MatMul, so they run in float16 and the one
+  // Cast moves from Flatten's output to Exp's: still three Casts.
+  Model model = DenyThenExactChainThenMatMul();
+  Convert(model, "mixed_float16");
+  EXPECT_EQ(RecordedDType(model, "e"), "float32");
+  for (const char* node : {"relu", "pool", "flat", "mm"}) {
+    EXPECT_EQ(RecordedDType(model, node), "float16") << node;
+  }
+  EXPECT_THAT(ReadAutocastRecord(NodeNamed(model, "relu")).why,
+              HasSubstr("rule 3 (follow, exact): op list: follow list: Relu (TF Relu: clear); "
+                        "its input 'e' is float32, but all 1 reader(s) of its output compute "
+                        "in float16"));
+  EXPECT_THAT(CastSummary(model), ElementsAre("e->float16", "w->float16", "mm->float32"));
+  EXPECT_THAT(InvariantViolations(model), IsEmpty());
+
+  // MaxPool takes bfloat16 only from opset 22: it stays float32, and so
+  // does Relu, whose reader it is; Flatten still moves the Cast up.
+  Model bf16 = DenyThenExactChainThenMatMul();
+  Convert(bf16, "mixed_bfloat16");
+  EXPECT_EQ(RecordedDType(bf16, "relu"), "float32");
+  EXPECT_EQ(RecordedDType(bf16, "pool"), "float32");
+  EXPECT_EQ(RecordedDType(bf16, "flat"), "bfloat16");
+  EXPECT_THAT(CastSummary(bf16), ElementsAre("pool->bfloat16", "w->bfloat16", "mm->float32"));
+  EXPECT_THAT(InvariantViolations(bf16), IsEmpty());
+}
+
+TEST(AutocastRulesTest, FollowOpStaysFloat32UnlessExactWithOneInputAndOnly16BitReaders) {
+  // sig: Sigmoid is not exact (rounding its input first changes the result).
+  // relu: exact, but the float32 Add reads it too.
+  // cat: exact, but a second float input would need a Cast of its own.
+  Model model = ModelBuilder()
+                    .Input("x", {4, 8})
+                    .Weight("w", {8, 8})
+                    .Weight("w2", {16, 8})
+                    .Op("Exp", {"x"}, "e")
+                    .Op("Sigmoid", {"e"}, "sig")
+                    .Op("MatMul", {"sig", "w"}, "mm1")
+                    .Op("Relu", {"e"}, "relu")
+                    .Op("MatMul", {"relu", "w"}, "mm2")
+                    .Op("Add", {"relu", "mm2"}, "sum")
+                    .Op("Concat", {"e", "sum"}, "cat", {Attribute::Int("axis", 1)})
+                    .Op("MatMul", {"cat", "w2"}, "mm3")
+                    .Op("Add", {"mm1", "mm3"}, "both")
+                    .Op("Softmax", {"both"}, "out")
+                    .Output("out")
+                    .Build();
+  Convert(model, "mixed_float16");
+  for (const char* node : {"e", "sig", "relu", "sum", "cat", "out"}) {
+    EXPECT_EQ(RecordedDType(model, node), "float32") << node;
+  }
+  for (const char* node : {"mm1", "mm2", "mm3", "both"}) {
+    EXPECT_EQ(RecordedDType(model, node), "float16") << node;
+  }
+  EXPECT_THAT(ReadAutocastRecord(NodeNamed(model, "relu")).why,
+              HasSubstr("rule 3 (follow): op list: follow list: Relu (TF Relu: clear); input "
+                        "'e' is float32"));
+  EXPECT_THAT(CastSummary(model),
+              ElementsAre("sig->float16", "w->float16", "relu->float16", "mm2->float32",
+                          "cat->float16", "w2->float16", "both->float32"));
+  EXPECT_THAT(InvariantViolations(model), IsEmpty());
+}
+
 TEST(AutocastRulesTest, FollowOpReadingOnlyWeightsAndConstantsStaysFloat32) {
   Model model = ModelBuilder()
                     .Input("x", {4, 8})
@@ -501,12 +581,16 @@ TEST(AutocastRulesTest, NodeAndOpOverridesDecide) {
   EXPECT_EQ(RecordedDType(model, "mm1"), "float32");
   EXPECT_THAT(ReadAutocastRecord(NodeNamed(model, "mm1")).why,
               HasSubstr("node override: node regex \"mm[1]\" -> deny"));
-  EXPECT_EQ(RecordedDType(model, "relu"), "float32");  // follows mm1
+  // relu reads float32 mm1, but its one reader mm2 is float16 and Relu is
+  // exact (rule 3b): the Cast moves from its output to its input.
+  EXPECT_EQ(RecordedDType(model, "relu"), "float16");
+  EXPECT_THAT(ReadAutocastRecord(NodeNamed(model, "relu")).why,
+              HasSubstr("rule 3 (follow, exact)"));
   EXPECT_EQ(RecordedDType(model, "mm2"), "float16");
   EXPECT_EQ(RecordedDType(model, "softmax"), "float16");
   EXPECT_THAT(ReadAutocastRecord(NodeNamed(model, "softmax")).why,
               HasSubstr("op override: op_overrides Softmax -> allow"));
-  EXPECT_THAT(CastSummary(model), ElementsAre("relu->float16", "w2->float16", "softmax->float32"));
+  EXPECT_THAT(CastSummary(model), ElementsAre("mm1->float16", "w2->float16", "softmax->float32"));
   EXPECT_THAT(InvariantViolations(model), IsEmpty());
 }
 

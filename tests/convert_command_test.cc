@@ -231,8 +231,9 @@ TEST_F(ConvertTest, InspectJsonAndDotCarryTheAutocastRecord) {
   ASSERT_TRUE(json.ok()) << json.status();
   EXPECT_EQ(json->Find("policy")->Find("name")->as_string(), "mixed_bfloat16");
   EXPECT_THAT(json->Find("policy")->Find("digest")->as_string(), ::testing::StartsWith("sha256:"));
-  // Conv takes bfloat16 only from opset 22, so the first Cast is of the
-  // float32 Flatten output feeding the bfloat16 Gemm.
+  // Conv and MaxPool take bfloat16 only from opset 22, so the first Cast is
+  // of the float32 MaxPool output, read by Flatten, which runs in bfloat16
+  // for its bfloat16 reader Gemm (rule 3b).
   const Json* cast = nullptr;
   for (const Json& node : json->Find("nodes")->items()) {
     if (!cast && node.Find("op_type")->as_string() == "Cast") cast = &node;
@@ -241,11 +242,14 @@ TEST_F(ConvertTest, InspectJsonAndDotCarryTheAutocastRecord) {
   EXPECT_EQ(cast->Find("compute_dtype")->as_string(), "bfloat16");
   EXPECT_EQ(cast->Find("autocast")->Find("inserted_cast")->as_string(), "activation");
   EXPECT_THAT(cast->Find("autocast")->Find("why")->as_string(),
-              HasSubstr("rule 6: activation '/flatten/Flatten_output_0' is float32"));
+              HasSubstr("rule 6: activation '/pool/MaxPool_output_0' is float32 and node "
+                        "'/flatten/Flatten' (and any later reader needing bfloat16) computes in "
+                        "bfloat16"));
   const Json& autocast = *json->Find("summary")->Find("autocast");
   EXPECT_EQ(autocast.Find("inserted_casts")->as_int(), 4);
-  EXPECT_EQ(autocast.Find("nodes_per_dtype")->Find("bfloat16")->as_int(), 2);  // fc1, its Relu
-  EXPECT_EQ(autocast.Find("nodes_per_dtype")->Find("float32")->as_int(), 5);
+  // Flatten, fc1 and its Relu; Conv, its Relu, MaxPool and fc2 (the logits).
+  EXPECT_EQ(autocast.Find("nodes_per_dtype")->Find("bfloat16")->as_int(), 3);
+  EXPECT_EQ(autocast.Find("nodes_per_dtype")->Find("float32")->as_int(), 4);
   const std::string dot = InspectAs(converted, "cnn.onnx", {"--format", "dot"});
   EXPECT_THAT(dot, HasSubstr("peripheries=2, tooltip=\"rule 5: weight"));
   EXPECT_THAT(dot, HasSubstr("tooltip=\"rule 1 (allow): op list: allow list: Conv"));

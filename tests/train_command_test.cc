@@ -321,7 +321,7 @@ TEST_F(TrainCommandTest, ResumeUnderAnotherPolicyIsRefusedUnlessAllowed) {
   EXPECT_TRUE(saved->skipped.empty());
   EXPECT_TRUE(FindCheckpointInconsistencies(saved->checkpoint).empty());
   EXPECT_THAT(out2.str(), HasSubstr("policy change mixed_bfloat16 -> mixed_float16 "
-                                    "(--allow-policy-change): 4 nodes change dtype"));
+                                    "(--allow-policy-change): 5 nodes change dtype"));
   EXPECT_THAT(out2.str(), HasSubstr("node '/fc1/Gemm' (Gemm): bfloat16 -> float16"));
   EXPECT_THAT(out2.str(), HasSubstr("policy mixed_float16 (float16 compute)"));
 }

@@ -23,12 +23,15 @@ struct Entry {
   const char* op_type;
   AutocastCategory category;
   const char* source;
+  bool exact = false;  // OpDef::autocast_exact
 };
 
 constexpr AutocastCategory kAllow = AutocastCategory::kAllow;
 constexpr AutocastCategory kDeny = AutocastCategory::kDeny;
 constexpr AutocastCategory kFollow = AutocastCategory::kFollow;
 constexpr AutocastCategory kNone = AutocastCategory::kNone;
+// Follow ops that commute with rounding to 16 bits (OpDef::autocast_exact).
+constexpr bool kExact = true;
 
 constexpr Entry kTable[] = {
     // --- allow: tensor-core work -------------------------------------------
@@ -76,38 +79,38 @@ constexpr Entry kTable[] = {
     {"", "Min", kFollow, "PyTorch minimum: promote; TF Minimum: infer"},
     {"", "Where", kFollow, "PyTorch where: promote; TF Select: infer"},
     {"", "Equal", kFollow, "PyTorch eq: promote; TF Equal: infer"},
-    {"", "Abs", kFollow, "TF Abs: infer"},
-    {"", "Neg", kFollow, "TF Neg: infer"},
-    {"", "Relu", kFollow, "TF Relu: clear"},
+    {"", "Abs", kFollow, "TF Abs: infer", kExact},
+    {"", "Neg", kFollow, "TF Neg: infer", kExact},
+    {"", "Relu", kFollow, "TF Relu: clear", kExact},
     {"", "LeakyRelu", kFollow, "TF LeakyRelu: infer"},
-    {"", "Clip", kFollow, "TF ClipByValue: infer"},
+    {"", "Clip", kFollow, "TF ClipByValue: infer", kExact},
     {"", "Sigmoid", kFollow, "TF Sigmoid: infer"},
     {"", "Tanh", kFollow, "TF Tanh: infer"},
     {"", "Erf", kFollow, "TF Erf: infer (bounded output)"},
     {"", "Gelu", kFollow, "PyTorch gelu: runs in input type; TF Gelu: infer"},
     {"", "Sqrt", kFollow,
      "TF Sqrt: infer; the pass keeps a Sqrt that feeds a normalisation float32"},
-    {"", "MaxPool", kFollow, "TF MaxPool: clear"},
+    {"", "MaxPool", kFollow, "TF MaxPool: clear", kExact},
     {"", "AveragePool", kFollow, "TF AvgPool: infer"},
     {"", "GlobalAveragePool", kFollow, "TF Mean over spatial dims of pooled maps: infer"},
-    {"", "GlobalMaxPool", kFollow, "TF Max: clear"},
-    {"", "ReduceMax", kFollow, "TF Max: clear (no accumulation)"},
-    {"", "ReduceMin", kFollow, "TF Min: clear (no accumulation)"},
+    {"", "GlobalMaxPool", kFollow, "TF Max: clear", kExact},
+    {"", "ReduceMax", kFollow, "TF Max: clear (no accumulation)", kExact},
+    {"", "ReduceMin", kFollow, "TF Min: clear (no accumulation)", kExact},
     {"", "ArgMax", kFollow, "TF ArgMax: clear"},
     {"", "ArgMin", kFollow, "TF ArgMin: clear"},
-    {"", "Reshape", kFollow, "TF Reshape: clear"},
-    {"", "Flatten", kFollow, "TF Reshape: clear"},
-    {"", "Squeeze", kFollow, "TF Squeeze: clear"},
-    {"", "Unsqueeze", kFollow, "TF ExpandDims: clear"},
-    {"", "Transpose", kFollow, "TF Transpose: clear"},
-    {"", "Expand", kFollow, "TF BroadcastTo: clear"},
-    {"", "Concat", kFollow, "TF ConcatV2: clear"},
-    {"", "Split", kFollow, "TF Split: clear"},
-    {"", "Slice", kFollow, "TF Slice: clear"},
-    {"", "Gather", kFollow, "TF GatherV2: clear"},
-    {"", "Pad", kFollow, "TF Pad: clear"},
-    {"", "Tile", kFollow, "TF Tile: clear"},
-    {"", "Identity", kFollow, "TF Identity: clear"},
+    {"", "Reshape", kFollow, "TF Reshape: clear", kExact},
+    {"", "Flatten", kFollow, "TF Reshape: clear", kExact},
+    {"", "Squeeze", kFollow, "TF Squeeze: clear", kExact},
+    {"", "Unsqueeze", kFollow, "TF ExpandDims: clear", kExact},
+    {"", "Transpose", kFollow, "TF Transpose: clear", kExact},
+    {"", "Expand", kFollow, "TF BroadcastTo: clear", kExact},
+    {"", "Concat", kFollow, "TF ConcatV2: clear", kExact},
+    {"", "Split", kFollow, "TF Split: clear", kExact},
+    {"", "Slice", kFollow, "TF Slice: clear", kExact},
+    {"", "Gather", kFollow, "TF GatherV2: clear", kExact},
+    {"", "Pad", kFollow, "TF Pad: clear", kExact},
+    {"", "Tile", kFollow, "TF Tile: clear", kExact},
+    {"", "Identity", kFollow, "TF Identity: clear", kExact},
     {"", "Dropout", kFollow, "PyTorch dropout: runs in input type"},
 
     // --- none: not a float computation ---------------------------------------
@@ -137,7 +140,7 @@ constexpr Entry kTable[] = {
 
 void AssignAutocastCategories(OpRegistry& registry) {
   for (const Entry& e : kTable) {
-    registry.SetAutocastCategory(e.domain, e.op_type, e.category, e.source);
+    registry.SetAutocastCategory(e.domain, e.op_type, e.category, e.source, e.exact);
   }
 }
 
