@@ -73,25 +73,9 @@ absl::Status RunSplit(KernelContext& ctx) {
 
 absl::Status RunSlice(KernelContext& ctx) {
   const TensorView& in = ctx.input(0);
-  std::vector<int64_t> starts, ends, axes, steps;
-  bool has_axes;
-  if (ctx.opset() < 10) {
-    starts = ctx.GetInts("starts");
-    ends = ctx.GetInts("ends");
-    has_axes = ctx.node().has_attribute("axes");
-    if (has_axes) axes = ctx.GetInts("axes");
-  } else {
-    if (!ctx.has_input(1) || !ctx.has_input(2)) {
-      return ctx.Error("inputs 'starts' and 'ends' are required from opset 10");
-    }
-    starts = ReadInts(ctx.input(1));
-    ends = ReadInts(ctx.input(2));
-    has_axes = ctx.has_input(3);
-    if (has_axes) axes = ReadInts(ctx.input(3));
-    if (ctx.has_input(4)) steps = ReadInts(ctx.input(4));
-  }
-  CASTOR_ASSIGN_OR_RETURN(const SliceGeometry slice,
-                          PlanSlice(ctx, in.dims, starts, ends, has_axes, axes, steps));
+  CASTOR_ASSIGN_OR_RETURN(
+      const SliceGeometry slice,
+      PlanSlice(ctx, in.dims, [&ctx](int i) { return ReadIntInput(ctx, i); }));
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, in.dtype, slice.dims));
   if (out->num_elements() == 0) return absl::OkStatus();
   const size_t element_size = DTypeSize(in.dtype);

@@ -26,6 +26,7 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/elementwise_math.h"
 #include "backend/cpu/float_io.h"
+#include "backend/cpu/op_geometry.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/simd16.h"
 #include "backend/cpu/vector_clones.h"
@@ -116,20 +117,7 @@ absl::Status GeluKernel(KernelContext& ctx) {
 // dtype's extremes (+-inf for floats).
 absl::Status ClipKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
-  for (int i = 1; i <= 2; ++i) {
-    if (!ctx.has_input(i)) continue;
-    const TensorView& bound = ctx.input(i);
-    if (bound.dtype != x.dtype) {
-      return ctx.Error(absl::StrCat("input ", i, " (", i == 1 ? "min" : "max", ") is ",
-                                    DTypeName(bound.dtype), "; expected input 0's dtype ",
-                                    DTypeName(x.dtype)));
-    }
-    if (bound.num_elements() != 1) {
-      return ctx.Error(absl::StrCat("input ", i, " (", i == 1 ? "min" : "max",
-                                    ") must hold one value; its shape is ",
-                                    DimsToString(bound.dims)));
-    }
-  }
+  if (absl::Status s = CheckClipBounds(ctx); !s.ok()) return s;
   absl::Status status;
   auto body = [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -271,17 +259,6 @@ absl::StatusOr<BroadcastPlan> PlanInputs(const KernelContext& ctx, int first, in
   absl::StatusOr<BroadcastPlan> plan = MakeBroadcastPlan(dims);
   if (!plan.ok()) return ctx.Error(std::string(plan.status().message()));
   return plan;
-}
-
-absl::Status RequireSameDType(const KernelContext& ctx, int first, int last) {
-  for (int i = first + 1; i <= last; ++i) {
-    if (ctx.input(i).dtype != ctx.input(first).dtype) {
-      return ctx.Error(absl::StrCat("input ", i, " is ", DTypeName(ctx.input(i).dtype),
-                                    " but input ", first, " is ",
-                                    DTypeName(ctx.input(first).dtype), "; they must match"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 // Add, Sub, Mul, Div: floats and integers, output the inputs' dtype.

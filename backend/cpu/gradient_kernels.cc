@@ -48,6 +48,7 @@
 #include "backend/cpu/grid_conv.h"
 #include "backend/cpu/im2col.h"
 #include "backend/cpu/lane_sums.h"
+#include "backend/cpu/op_geometry.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/scratch.h"
 #include "backend/cpu/simd16.h"
@@ -140,26 +141,6 @@ absl::Status WriteDoubles(KernelContext& ctx, int index, DType dtype,
 // reads it (KernelContext::output_read).
 bool WantsOutput(const KernelContext& ctx, int i) {
   return i < ctx.num_outputs() && ctx.output_read(i);
-}
-
-// Input i must have `expected` dims.
-absl::Status RequireDims(const KernelContext& ctx, int i, const char* name,
-                         const std::vector<int64_t>& expected, const char* why) {
-  if (ctx.input(i).dims != expected) {
-    return ctx.Error(absl::StrCat("input ", i, " (", name, ") is ", DimsString(ctx.input(i).dims),
-                                  "; expected ", DimsString(expected), " (", why, ")"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status RequireSameDType(const KernelContext& ctx, int i, const char* name, int j,
-                              const char* other) {
-  if (ctx.input(i).dtype != ctx.input(j).dtype) {
-    return ctx.Error(absl::StrCat("input ", i, " (", name, ") is ",
-                                  DTypeName(ctx.input(i).dtype), " but input ", j, " (", other,
-                                  ") is ", DTypeName(ctx.input(j).dtype), "; they must match"));
-  }
-  return absl::OkStatus();
 }
 
 // Splits [0, count) into at most NumThreads() contiguous slices.
@@ -605,27 +586,10 @@ absl::Status ConvGradKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& x = ctx.input(1);
   const TensorView& w = ctx.input(2);
-  const int64_t group = ctx.GetInt("group", 1);
-  if (x.dims.size() < 3 || w.dims.size() != x.dims.size()) {
-    return ctx.Error(absl::StrCat("input 1 (X) ", DimsString(x.dims), " and input 2 (W) ",
-                                  DimsString(w.dims), " must have the same rank >= 3"));
-  }
-  if (absl::Status st = RequireSameDType(ctx, 0, "dY", 1, "X"); !st.ok()) return st;
-  if (absl::Status st = RequireSameDType(ctx, 2, "W", 1, "X"); !st.ok()) return st;
-  if (group < 1) return ctx.Error(absl::StrCat("attribute 'group' is ", group, "; expected >= 1"));
+  CASTOR_ASSIGN_OR_RETURN(const int64_t group, CheckConvGrad(ctx));
   const ConvGradShapes s{x.dims[0], x.dims[1], w.dims[0], group};
-  if (w.dims[1] * group != s.channels || s.out_channels % group != 0) {
-    return ctx.Error(absl::StrCat("input 2 (W) ", DimsString(w.dims), " does not fit X ",
-                                  DimsString(x.dims), " with group ", group,
-                                  " (W.dim(1) * group must be C; W.dim(0) divisible by group)"));
-  }
   const std::vector<int64_t> spatial(x.dims.begin() + 2, x.dims.end());
   const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
-  if (ctx.node().has_attribute("kernel_shape") && ctx.GetInts("kernel_shape") != kernel) {
-    return ctx.Error(absl::StrCat("attribute 'kernel_shape' ",
-                                  DimsString(ctx.GetInts("kernel_shape")),
-                                  " does not match W's spatial dims ", DimsString(kernel)));
-  }
   absl::StatusOr<WindowGeometry> g = ForwardWindowGeometry(ctx, spatial, kernel, false);
   if (!g.ok()) return g.status();
   std::vector<int64_t> y_dims = {s.batch, s.out_channels};
@@ -1199,18 +1163,8 @@ template <bool kLog>
 absl::Status SoftmaxGradKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& y = ctx.input(1);
-  if (absl::Status st = RequireSameDType(ctx, 0, "dY", 1, "Y"); !st.ok()) return st;
-  if (absl::Status st = RequireDims(ctx, 0, "dY", y.dims, "Y's shape"); !st.ok()) return st;
-  const int64_t rank = static_cast<int64_t>(y.dims.size());
-  const int64_t axis_attr = ctx.GetInt("axis", -1);
-  const int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
-  if (rank == 0 || axis < 0 || axis >= rank) {
-    return ctx.Error(absl::StrCat("attribute 'axis' ", axis_attr,
-                                  " is out of range for input 1 (Y) ", DimsString(y.dims)));
-  }
-  const int64_t outer = Product(y.dims, 0, axis);
-  const int64_t n = y.dims[axis];
-  const int64_t inner = Product(y.dims, axis + 1);
+  CASTOR_ASSIGN_OR_RETURN(const SoftmaxGeometry geometry, PlanSoftmaxGrad(ctx));
+  const int64_t outer = geometry.outer, n = geometry.n, inner = geometry.inner;
   CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, y.dtype, y.dims));
   DispatchFloat(y.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -1390,23 +1344,13 @@ absl::Status ReluGradKernel(KernelContext& ctx) {
 absl::Status ReduceToShapeOfKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& x = ctx.input(1);
-  const size_t rank = dy.dims.size();
-  if (x.dims.size() > rank) {
-    return ctx.Error(absl::StrCat("input 1 (X) ", DimsString(x.dims),
-                                  " has more axes than input 0 (dY) ", DimsString(dy.dims)));
-  }
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<bool> summed_axes, PlanReduceToShapeOf(ctx));
   // Axes of dY, merged where neighbours are both kept or both summed.
   std::vector<int64_t> sizes;
   std::vector<bool> summed;
-  for (size_t d = 0; d < rank; ++d) {
-    const size_t offset = rank - x.dims.size();
-    const int64_t xd = d < offset ? 1 : x.dims[d - offset];
-    if (xd != dy.dims[d] && xd != 1) {
-      return ctx.Error(absl::StrCat("input 1 (X) ", DimsString(x.dims),
-                                    " does not broadcast to input 0 (dY) ", DimsString(dy.dims)));
-    }
+  for (size_t d = 0; d < dy.dims.size(); ++d) {
     if (dy.dims[d] == 1) continue;
-    const bool sum_axis = xd == 1;
+    const bool sum_axis = summed_axes[d];
     if (!sizes.empty() && summed.back() == sum_axis) {
       sizes.back() *= dy.dims[d];
     } else {
@@ -1573,25 +1517,7 @@ absl::Status GatherGradKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& indices = ctx.input(1);
   const TensorView& data = ctx.input(2);
-  if (absl::Status st = RequireSameDType(ctx, 0, "dY", 2, "data"); !st.ok()) return st;
-  if (indices.dtype != DType::kInt32 && indices.dtype != DType::kInt64) {
-    return ctx.Error(absl::StrCat("input 1 (indices) is ", DTypeName(indices.dtype),
-                                  "; expected int32 or int64"));
-  }
-  const int64_t rank = static_cast<int64_t>(data.dims.size());
-  const int64_t axis_attr = ctx.GetInt("axis", 0);
-  const int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
-  if (axis < 0 || axis >= rank) {
-    return ctx.Error(absl::StrCat("attribute 'axis' ", axis_attr,
-                                  " is out of range for input 2 (data) ", DimsString(data.dims)));
-  }
-  std::vector<int64_t> y_dims(data.dims.begin(), data.dims.begin() + axis);
-  y_dims.insert(y_dims.end(), indices.dims.begin(), indices.dims.end());
-  y_dims.insert(y_dims.end(), data.dims.begin() + axis + 1, data.dims.end());
-  if (absl::Status st = RequireDims(ctx, 0, "dY", y_dims, "Gather's output for data and indices");
-      !st.ok()) {
-    return st;
-  }
+  CASTOR_ASSIGN_OR_RETURN(const int64_t axis, PlanGatherGrad(ctx));
   const int64_t outer = Product(data.dims, 0, axis);
   const int64_t axis_dim = data.dims[axis];
   const int64_t inner = Product(data.dims, axis + 1);

@@ -156,45 +156,14 @@ absl::Status MatMulKernel(KernelContext& ctx) {
 absl::Status GemmKernel(KernelContext& ctx) {
   const TensorView& a = ctx.input(0);
   const TensorView& b = ctx.input(1);
-  if (a.dims.size() != 2 || b.dims.size() != 2) {
-    return ctx.Error(absl::StrCat("A and B must be 2-D; they are ", DimsToString(a.dims), " and ",
-                                  DimsToString(b.dims)));
-  }
-  if (a.dtype != b.dtype) {
-    return ctx.Error(absl::StrCat("A is ", DTypeName(a.dtype), " but B is ", DTypeName(b.dtype)));
-  }
-  const bool trans_a = ctx.GetInt("transA", 0) != 0;
-  const bool trans_b = ctx.GetInt("transB", 0) != 0;
-  const float alpha = ctx.GetFloat("alpha", 1.0f);
-  const float beta = ctx.GetFloat("beta", 1.0f);
-  const int64_t m = a.dims[trans_a ? 1 : 0];
-  const int64_t k = a.dims[trans_a ? 0 : 1];
-  const int64_t k_b = b.dims[trans_b ? 1 : 0];
-  const int64_t n = b.dims[trans_b ? 0 : 1];
-  if (k != k_b) {
-    return ctx.Error(absl::StrCat("inner dimensions differ: A ", DimsToString(a.dims),
-                                  trans_a ? " (transposed)" : "", ", B ", DimsToString(b.dims),
-                                  trans_b ? " (transposed)" : ""));
-  }
+  CASTOR_ASSIGN_OR_RETURN(const GemmGeometry g, PlanGemm(ctx));
+  const bool trans_a = g.trans_a, trans_b = g.trans_b;
+  const float alpha = g.alpha, beta = g.beta;
+  const int64_t m = g.m, n = g.n, k = g.k;
   // C broadcast to [m, n]: c_rows x c_cols with 1 meaning broadcast.
   const TensorView* c = ctx.has_input(2) ? &ctx.input(2) : nullptr;
-  int64_t c_rows = 1, c_cols = 1;
-  if (c != nullptr) {
-    if (c->dtype != a.dtype) {
-      return ctx.Error(
-          absl::StrCat("C is ", DTypeName(c->dtype), " but A is ", DTypeName(a.dtype)));
-    }
-    if (c->dims.size() > 2) {
-      return ctx.Error(absl::StrCat("C ", DimsToString(c->dims), " has rank above 2"));
-    }
-    if (c->dims.size() >= 1) c_cols = c->dims.back();
-    if (c->dims.size() == 2) c_rows = c->dims[0];
-    if ((c_rows != 1 && c_rows != m) || (c_cols != 1 && c_cols != n)) {
-      return ctx.Error(absl::StrCat("C ", DimsToString(c->dims), " does not broadcast to [", m,
-                                    ",", n, "]"));
-    }
-  }
-  const bool use_c = c != nullptr && beta != 0.0f && c->num_elements() > 0;
+  const int64_t c_rows = g.c_rows, c_cols = g.c_cols;
+  const bool use_c = g.use_c;
   absl::StatusOr<TensorView*> out = ctx.Output(0, a.dtype, {m, n});
   if (!out.ok()) return out.status();
   TensorView* y = *out;

@@ -28,6 +28,7 @@
 #include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
+#include "backend/cpu/op_geometry.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/strided_copy.h"
 #include "graph/status.h"
@@ -275,20 +276,7 @@ absl::Status RunConstant(KernelContext& ctx) {
 
 absl::Status RunConstantOfShape(KernelContext& ctx) {
   const std::vector<int64_t> dims = ReadInts(ctx.input(0));
-  for (int64_t d : dims) {
-    if (d < 0) {
-      return ctx.Error(absl::StrCat("shape ", DimsToString(dims), " has a negative entry"));
-    }
-  }
-  Tensor fill = Tensor::Scalar(0.0f);
-  if (const Attribute* a = ctx.node().attribute("value")) {
-    if (a->t.num_elements() != 1 || DTypeSize(a->t.dtype()) == 0) {
-      return ctx.Error(absl::StrCat("attribute 'value' must hold one fixed-size element; it is a ",
-                                    DTypeName(a->t.dtype()), " tensor of ", a->t.num_elements(),
-                                    " elements"));
-    }
-    fill = a->t;
-  }
+  CASTOR_ASSIGN_OR_RETURN(const Tensor fill, ConstantOfShapeFill(ctx, dims));
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, fill.dtype(), dims));
   const size_t element_size = DTypeSize(fill.dtype());
   char* dst = static_cast<char*>(out->data);

@@ -27,7 +27,9 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/lane_sums.h"
+#include "backend/cpu/op_geometry.h"
 #include "backend/cpu/parallel.h"
+#include "graph/status.h"
 
 namespace castor::cpu {
 namespace {
@@ -87,27 +89,11 @@ absl::Status WriteDoubles(KernelContext& ctx, int index, const std::vector<int64
 
 absl::Status BatchNormKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
-  if (x.dims.size() < 2) {
-    return ctx.Error(absl::StrCat("input X must have rank >= 2; it is ", DimsString(x.dims)));
-  }
-  const bool training = ctx.opset() >= 14
-                            ? ctx.GetInt("training_mode", 0) != 0
-                            : (ctx.num_outputs() > 1 && ctx.has_output(1));
-  const bool spatial = ctx.GetInt("spatial", 1) != 0;
-  const float epsilon = ctx.GetFloat("epsilon", 1e-5f);
-  const float momentum = ctx.GetFloat("momentum", 0.9f);
-  const int64_t batch = x.dims[0];
-  int64_t features = x.dims[1];
-  int64_t inner = 1;  // elements per (image, feature)
-  for (size_t d = 2; d < x.dims.size(); ++d) (spatial ? inner : features) *= x.dims[d];
-  const char* const names[] = {"X", "scale", "B", "mean", "var"};
-  for (int i = 1; i <= 4; ++i) {
-    if (ctx.input(i).num_elements() != features) {
-      return ctx.Error(absl::StrCat("input ", i, " (", names[i], ") ",
-                                    DimsString(ctx.input(i).dims), " must have ", features,
-                                    " entries for X ", DimsString(x.dims)));
-    }
-  }
+  CASTOR_ASSIGN_OR_RETURN(const BatchNormGeometry geometry, PlanBatchNorm(ctx));
+  const bool training = geometry.training;
+  const float epsilon = geometry.epsilon;
+  const float momentum = geometry.momentum;
+  const int64_t batch = geometry.batch, features = geometry.features, inner = geometry.inner;
   const std::vector<double> scale = ReadDoubles(ctx.input(1));
   const std::vector<double> shift = ReadDoubles(ctx.input(2));
   const std::vector<double> input_mean = ReadDoubles(ctx.input(3));

@@ -74,9 +74,28 @@ absl::StatusOr<MatMulGeometry> PlanMatMul(const KernelContext& ctx) {
 
 absl::StatusOr<SliceGeometry> PlanSlice(const KernelContext& ctx,
                                         const std::vector<int64_t>& in_dims,
-                                        const std::vector<int64_t>& starts,
-                                        const std::vector<int64_t>& ends, bool has_axes,
-                                        std::vector<int64_t> axes, std::vector<int64_t> steps) {
+                                        const IntInputReader& read_input) {
+  std::vector<int64_t> starts, ends, axes, steps;
+  bool has_axes;
+  if (ctx.opset() < 10) {
+    starts = ctx.GetInts("starts");
+    ends = ctx.GetInts("ends");
+    has_axes = ctx.node().has_attribute("axes");
+    if (has_axes) axes = ctx.GetInts("axes");
+  } else {
+    if (!ctx.has_input(1) || !ctx.has_input(2)) {
+      return ctx.Error("inputs 'starts' and 'ends' are required from opset 10");
+    }
+    CASTOR_ASSIGN_OR_RETURN(starts, read_input(1));
+    CASTOR_ASSIGN_OR_RETURN(ends, read_input(2));
+    has_axes = ctx.has_input(3);
+    if (has_axes) {
+      CASTOR_ASSIGN_OR_RETURN(axes, read_input(3));
+    }
+    if (ctx.has_input(4)) {
+      CASTOR_ASSIGN_OR_RETURN(steps, read_input(4));
+    }
+  }
   const int64_t rank = static_cast<int64_t>(in_dims.size());
   const size_t count = starts.size();
   if (!has_axes) {
@@ -517,6 +536,302 @@ absl::StatusOr<SoftmaxGeometry> PlanSoftmax(const KernelContext& ctx,
     }
   }
   return geometry;
+}
+
+absl::Status RequireSameDType(const KernelContext& ctx, int i, const char* name, int j,
+                              const char* other) {
+  if (ctx.input(i).dtype != ctx.input(j).dtype) {
+    return ctx.Error(absl::StrCat("input ", i, " (", name, ") is ", DTypeName(ctx.input(i).dtype),
+                                  " but input ", j, " (", other, ") is ",
+                                  DTypeName(ctx.input(j).dtype), "; they must match"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RequireSameDType(const KernelContext& ctx, int first, int last) {
+  for (int i = first + 1; i <= last; ++i) {
+    if (ctx.input(i).dtype != ctx.input(first).dtype) {
+      return ctx.Error(absl::StrCat("input ", i, " is ", DTypeName(ctx.input(i).dtype),
+                                    " but input ", first, " is ",
+                                    DTypeName(ctx.input(first).dtype), "; they must match"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RequireDims(const KernelContext& ctx, int i, const char* name,
+                         const std::vector<int64_t>& expected, const char* why) {
+  if (ctx.input(i).dims != expected) {
+    return ctx.Error(absl::StrCat("input ", i, " (", name, ") is ", DimsToString(ctx.input(i).dims),
+                                  "; expected ", DimsToString(expected), " (", why, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GemmGeometry> PlanGemm(const KernelContext& ctx) {
+  const TensorView& a = ctx.input(0);
+  const TensorView& b = ctx.input(1);
+  if (a.dims.size() != 2 || b.dims.size() != 2) {
+    return ctx.Error(absl::StrCat("A and B must be 2-D; they are ", DimsToString(a.dims), " and ",
+                                  DimsToString(b.dims)));
+  }
+  if (a.dtype != b.dtype) {
+    return ctx.Error(absl::StrCat("A is ", DTypeName(a.dtype), " but B is ", DTypeName(b.dtype)));
+  }
+  GemmGeometry g;
+  g.trans_a = ctx.GetInt("transA", 0) != 0;
+  g.trans_b = ctx.GetInt("transB", 0) != 0;
+  g.alpha = ctx.GetFloat("alpha", 1.0f);
+  g.beta = ctx.GetFloat("beta", 1.0f);
+  g.m = a.dims[g.trans_a ? 1 : 0];
+  g.k = a.dims[g.trans_a ? 0 : 1];
+  const int64_t k_b = b.dims[g.trans_b ? 1 : 0];
+  g.n = b.dims[g.trans_b ? 0 : 1];
+  if (g.k != k_b) {
+    return ctx.Error(absl::StrCat("inner dimensions differ: A ", DimsToString(a.dims),
+                                  g.trans_a ? " (transposed)" : "", ", B ", DimsToString(b.dims),
+                                  g.trans_b ? " (transposed)" : ""));
+  }
+  if (!ctx.has_input(2)) return g;
+  const TensorView& c = ctx.input(2);
+  if (c.dtype != a.dtype) {
+    return ctx.Error(absl::StrCat("C is ", DTypeName(c.dtype), " but A is ", DTypeName(a.dtype)));
+  }
+  if (c.dims.size() > 2) {
+    return ctx.Error(absl::StrCat("C ", DimsToString(c.dims), " has rank above 2"));
+  }
+  if (c.dims.size() >= 1) g.c_cols = c.dims.back();
+  if (c.dims.size() == 2) g.c_rows = c.dims[0];
+  if ((g.c_rows != 1 && g.c_rows != g.m) || (g.c_cols != 1 && g.c_cols != g.n)) {
+    return ctx.Error(absl::StrCat("C ", DimsToString(c.dims), " does not broadcast to [", g.m,
+                                  ",", g.n, "]"));
+  }
+  g.use_c = g.beta != 0.0f && c.num_elements() > 0;
+  return g;
+}
+
+ShapeWindow PlanShape(const KernelContext& ctx, int64_t rank) {
+  auto clamp = [rank](int64_t index) {
+    if (index < 0) index += rank;
+    return std::clamp<int64_t>(index, 0, rank);
+  };
+  const int64_t start = clamp(ctx.GetInt("start", 0));
+  const int64_t end = clamp(ctx.GetInt("end", rank));
+  return ShapeWindow{start, std::max<int64_t>(0, end - start)};
+}
+
+absl::StatusOr<Tensor> ConstantOfShapeFill(const KernelContext& ctx,
+                                           const std::vector<int64_t>& dims) {
+  for (int64_t d : dims) {
+    if (d < 0) {
+      return ctx.Error(absl::StrCat("shape ", DimsToString(dims), " has a negative entry"));
+    }
+  }
+  const Attribute* a = ctx.node().attribute("value");
+  if (a == nullptr) return Tensor::Scalar(0.0f);
+  if (a->t.num_elements() != 1 || DTypeSize(a->t.dtype()) == 0) {
+    return ctx.Error(absl::StrCat("attribute 'value' must hold one fixed-size element; it is a ",
+                                  DTypeName(a->t.dtype()), " tensor of ", a->t.num_elements(),
+                                  " elements"));
+  }
+  return a->t;
+}
+
+absl::Status CheckClipBounds(const KernelContext& ctx) {
+  const TensorView& x = ctx.input(0);
+  for (int i = 1; i <= 2; ++i) {
+    if (!ctx.has_input(i)) continue;
+    const TensorView& bound = ctx.input(i);
+    if (bound.dtype != x.dtype) {
+      return ctx.Error(absl::StrCat("input ", i, " (", i == 1 ? "min" : "max", ") is ",
+                                    DTypeName(bound.dtype), "; expected input 0's dtype ",
+                                    DTypeName(x.dtype)));
+    }
+    if (bound.num_elements() != 1) {
+      return ctx.Error(absl::StrCat("input ", i, " (", i == 1 ? "min" : "max",
+                                    ") must hold one value; its shape is ",
+                                    DimsToString(bound.dims)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ReduceAxes> PlanReduceAxes(const KernelContext& ctx, int64_t axes_input_since,
+                                          const IntInputReader& read_input) {
+  const int rank = static_cast<int>(ctx.input(0).dims.size());
+  std::vector<int64_t> axes;
+  if (ctx.opset() >= axes_input_since) {
+    if (ctx.has_input(1)) {
+      const TensorView& t = ctx.input(1);
+      if (t.dtype != DType::kInt64) {
+        return ctx.Error(absl::StrCat("input 1 (axes) is ", DTypeName(t.dtype),
+                                      "; expected int64"));
+      }
+      if (t.dims.size() > 1) {
+        return ctx.Error(absl::StrCat("input 1 (axes) must be 1-D; its shape is ",
+                                      DimsToString(t.dims)));
+      }
+      CASTOR_ASSIGN_OR_RETURN(axes, read_input(1));
+    }
+  } else {
+    axes = ctx.GetInts("axes");
+  }
+  ReduceAxes choice;
+  if (axes.empty()) {
+    choice.noop = ctx.opset() >= axes_input_since && ctx.GetInt("noop_with_empty_axes", 0) != 0;
+    choice.reduced.assign(rank, !choice.noop);
+    return choice;
+  }
+  choice.reduced.assign(rank, false);
+  for (int64_t axis : axes) {
+    const int64_t a = axis < 0 ? axis + rank : axis;
+    if (a < 0 || a >= rank) {
+      return ctx.Error(absl::StrCat("axis ", axis, " is out of range for input of rank ", rank,
+                                    " ", DimsToString(ctx.input(0).dims)));
+    }
+    if (choice.reduced[a]) return ctx.Error(absl::StrCat("axis ", axis, " is listed twice"));
+    choice.reduced[a] = true;
+  }
+  return choice;
+}
+
+absl::StatusOr<ArgReduceGeometry> PlanArgReduce(const KernelContext& ctx, bool is_max) {
+  const TensorView& x = ctx.input(0);
+  const int rank = static_cast<int>(x.dims.size());
+  const int64_t axis_attr = ctx.GetInt("axis", 0);
+  const int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
+  if (axis < 0 || axis >= std::max(rank, 1) || (rank == 0 && axis != 0)) {
+    return ctx.Error(absl::StrCat("axis ", axis_attr, " is out of range for input of rank ", rank));
+  }
+  const bool keepdims = ctx.GetInt("keepdims", 1) != 0;
+  ArgReduceGeometry g;
+  g.axis = axis;
+  g.select_last = ctx.GetInt("select_last_index", 0) != 0;
+  g.n = rank == 0 ? 1 : x.dims[axis];
+  for (int i = 0; i < axis; ++i) g.outer *= x.dims[i];
+  for (int i = static_cast<int>(axis) + 1; i < rank; ++i) g.inner *= x.dims[i];
+  for (int i = 0; i < rank; ++i) {
+    if (i != axis) {
+      g.out_dims.push_back(x.dims[i]);
+    } else if (keepdims) {
+      g.out_dims.push_back(1);
+    }
+  }
+  if (g.n == 0 && g.outer * g.inner > 0) {
+    return ctx.Error(absl::StrCat("cannot take the arg", is_max ? "max" : "min",
+                                  " of an empty axis ", axis, " of ", DimsToString(x.dims)));
+  }
+  return g;
+}
+
+absl::StatusOr<std::vector<bool>> PlanReduceToShapeOf(const KernelContext& ctx) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& x = ctx.input(1);
+  const size_t rank = dy.dims.size();
+  if (x.dims.size() > rank) {
+    return ctx.Error(absl::StrCat("input 1 (X) ", DimsToString(x.dims),
+                                  " has more axes than input 0 (dY) ", DimsToString(dy.dims)));
+  }
+  const size_t offset = rank - x.dims.size();
+  std::vector<bool> summed(rank, false);
+  for (size_t d = 0; d < rank; ++d) {
+    const int64_t xd = d < offset ? 1 : x.dims[d - offset];
+    if (xd != dy.dims[d] && xd != 1) {
+      return ctx.Error(absl::StrCat("input 1 (X) ", DimsToString(x.dims),
+                                    " does not broadcast to input 0 (dY) ", DimsToString(dy.dims)));
+    }
+    summed[d] = xd == 1 && dy.dims[d] != 1;
+  }
+  return summed;
+}
+
+absl::StatusOr<BatchNormGeometry> PlanBatchNorm(const KernelContext& ctx) {
+  const TensorView& x = ctx.input(0);
+  if (x.dims.size() < 2) {
+    return ctx.Error(absl::StrCat("input X must have rank >= 2; it is ", DimsToString(x.dims)));
+  }
+  BatchNormGeometry g;
+  g.training = ctx.opset() >= 14 ? ctx.GetInt("training_mode", 0) != 0
+                                 : (ctx.num_outputs() > 1 && ctx.has_output(1));
+  const bool spatial = ctx.GetInt("spatial", 1) != 0;
+  g.epsilon = ctx.GetFloat("epsilon", 1e-5f);
+  g.momentum = ctx.GetFloat("momentum", 0.9f);
+  g.batch = x.dims[0];
+  g.features = x.dims[1];
+  g.inner = 1;  // elements per (image, feature)
+  for (size_t d = 2; d < x.dims.size(); ++d) (spatial ? g.inner : g.features) *= x.dims[d];
+  const char* const names[] = {"X", "scale", "B", "mean", "var"};
+  for (int i = 1; i <= 4; ++i) {
+    if (ctx.input(i).num_elements() != g.features) {
+      return ctx.Error(absl::StrCat("input ", i, " (", names[i], ") ",
+                                    DimsToString(ctx.input(i).dims), " must have ", g.features,
+                                    " entries for X ", DimsToString(x.dims)));
+    }
+  }
+  return g;
+}
+
+absl::StatusOr<int64_t> CheckConvGrad(const KernelContext& ctx) {
+  const TensorView& x = ctx.input(1);
+  const TensorView& w = ctx.input(2);
+  const int64_t group = ctx.GetInt("group", 1);
+  if (x.dims.size() < 3 || w.dims.size() != x.dims.size()) {
+    return ctx.Error(absl::StrCat("input 1 (X) ", DimsToString(x.dims), " and input 2 (W) ",
+                                  DimsToString(w.dims), " must have the same rank >= 3"));
+  }
+  CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 0, "dY", 1, "X"));
+  CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 2, "W", 1, "X"));
+  if (group < 1) return ctx.Error(absl::StrCat("attribute 'group' is ", group, "; expected >= 1"));
+  if (w.dims[1] * group != x.dims[1] || w.dims[0] % group != 0) {
+    return ctx.Error(absl::StrCat("input 2 (W) ", DimsToString(w.dims), " does not fit X ",
+                                  DimsToString(x.dims), " with group ", group,
+                                  " (W.dim(1) * group must be C; W.dim(0) divisible by group)"));
+  }
+  const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
+  if (ctx.node().has_attribute("kernel_shape") && ctx.GetInts("kernel_shape") != kernel) {
+    return ctx.Error(absl::StrCat("attribute 'kernel_shape' ",
+                                  DimsToString(ctx.GetInts("kernel_shape")),
+                                  " does not match W's spatial dims ", DimsToString(kernel)));
+  }
+  return group;
+}
+
+absl::StatusOr<int64_t> PlanGatherGrad(const KernelContext& ctx) {
+  const TensorView& indices = ctx.input(1);
+  const TensorView& data = ctx.input(2);
+  CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 0, "dY", 2, "data"));
+  if (indices.dtype != DType::kInt32 && indices.dtype != DType::kInt64) {
+    return ctx.Error(absl::StrCat("input 1 (indices) is ", DTypeName(indices.dtype),
+                                  "; expected int32 or int64"));
+  }
+  const int64_t rank = static_cast<int64_t>(data.dims.size());
+  const int64_t axis_attr = ctx.GetInt("axis", 0);
+  const int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
+  if (axis < 0 || axis >= rank) {
+    return ctx.Error(absl::StrCat("attribute 'axis' ", axis_attr,
+                                  " is out of range for input 2 (data) ", DimsToString(data.dims)));
+  }
+  std::vector<int64_t> y_dims(data.dims.begin(), data.dims.begin() + axis);
+  y_dims.insert(y_dims.end(), indices.dims.begin(), indices.dims.end());
+  y_dims.insert(y_dims.end(), data.dims.begin() + axis + 1, data.dims.end());
+  CASTOR_RETURN_IF_ERROR(
+      RequireDims(ctx, 0, "dY", y_dims, "Gather's output for data and indices"));
+  return axis;
+}
+
+absl::StatusOr<SoftmaxGeometry> PlanSoftmaxGrad(const KernelContext& ctx) {
+  const TensorView& y = ctx.input(1);
+  CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 0, "dY", 1, "Y"));
+  CASTOR_RETURN_IF_ERROR(RequireDims(ctx, 0, "dY", y.dims, "Y's shape"));
+  const int64_t rank = static_cast<int64_t>(y.dims.size());
+  const int64_t axis_attr = ctx.GetInt("axis", -1);
+  const int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
+  if (rank == 0 || axis < 0 || axis >= rank) {
+    return ctx.Error(absl::StrCat("attribute 'axis' ", axis_attr,
+                                  " is out of range for input 1 (Y) ", DimsToString(y.dims)));
+  }
+  return SoftmaxGeometry{DimsProduct(y.dims, 0, axis), y.dims[axis],
+                         DimsProduct(y.dims, axis + 1, y.dims.size())};
 }
 
 }  // namespace castor::cpu

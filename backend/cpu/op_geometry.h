@@ -1,14 +1,22 @@
 // Host-side planning of ops whose CPU and CUDA kernels share it: axis
-// normalisation, MatMul's shape rules (NumPy matmul: 1-D operands promoted
-// and dropped, batch axes right-aligned and broadcast), Slice's window,
-// Reshape's, Flatten's, Squeeze's and Unsqueeze's output dims, Concat's
-// and Split's pieces, Transpose, Expand and Tile as one strided copy each,
-// Pad's geometry and index rule, and the lines (Log)Softmax normalises.
+// normalisation, the dtype and dims checks of a node's inputs, MatMul's
+// shape rules (NumPy matmul: 1-D operands promoted and dropped, batch axes
+// right-aligned and broadcast), Gemm's shapes and C broadcast, Slice's
+// arguments and window, Reshape's, Flatten's, Squeeze's and Unsqueeze's
+// output dims, Concat's and Split's pieces, Transpose, Expand and Tile as
+// one strided copy each, Pad's geometry and index rule, Shape's window,
+// ConstantOfShape's fill value, Clip's bound inputs, the axes Reduce*,
+// ArgMax/ArgMin and ReduceToShapeOf reduce over, BatchNormalization's
+// attributes and shapes, ConvGrad's input checks, GatherGrad's axis, and
+// the lines (Log)Softmax and their gradients normalise.
 // Each returns the node's error (through the KernelContext) for invalid
-// attributes or inputs, so both backends word errors the same.
+// attributes or inputs, so both backends word errors the same. Where a plan
+// needs the values of an integer input (axes, starts...), the backend reads
+// them (IntInputReader): the memory access stays the backend's.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -46,16 +54,20 @@ struct SliceGeometry {
   std::vector<int64_t> src_strides;
 };
 
-// Slice of an input of `in_dims` by starts/ends/axes/steps as read from the
-// node (attributes before opset 10, inputs from 10): axes default to
-// 0..count-1 when `has_axes` is false, steps to 1 when empty. Indices count
-// from the end when negative and clamp as ONNX says. Errors for entry
-// counts that differ, an axis out of range or listed twice, a zero step.
+// The values of the node's integer input `index` as int64, read by the
+// backend from wherever it keeps the tensor (host memory on the CPU, a copy
+// from the device on CUDA); the backend's own read errors pass through.
+using IntInputReader = std::function<absl::StatusOr<std::vector<int64_t>>(int index)>;
+
+// Slice of an input of `in_dims` by the node's starts/ends/axes/steps: the
+// attributes before opset 10, inputs 1-4 (read by `read_input`) from then
+// on. Axes default to 0..count-1, steps to 1. Indices count from the end
+// when negative and clamp as ONNX says. Errors for missing starts/ends
+// inputs, entry counts that differ, an axis out of range or listed twice, a
+// zero step.
 absl::StatusOr<SliceGeometry> PlanSlice(const KernelContext& ctx,
                                         const std::vector<int64_t>& in_dims,
-                                        const std::vector<int64_t>& starts,
-                                        const std::vector<int64_t>& ends, bool has_axes,
-                                        std::vector<int64_t> axes, std::vector<int64_t> steps);
+                                        const IntInputReader& read_input);
 
 // Reshape's output dims for an input of `in_dims` and the `target` shape
 // input (0 copies the input dim unless the node's allowzero is set, one -1
@@ -181,5 +193,122 @@ absl::StatusOr<CopyPlan> PlanExpand(const KernelContext& ctx, const std::vector<
 // is not the input's rank or a negative entry.
 absl::StatusOr<CopyPlan> PlanTile(const KernelContext& ctx, const std::vector<int64_t>& in_dims,
                                   const std::vector<int64_t>& repeats);
+
+// ---- input checks --------------------------------------------------------
+
+// OK when input `i` (called `name`) has input `j`'s (`other`'s) dtype; else
+// the error "input i (name) is <dtype> but input j (other) is <dtype>; they
+// must match".
+absl::Status RequireSameDType(const KernelContext& ctx, int i, const char* name, int j,
+                              const char* other);
+
+// OK when inputs first+1..last have input `first`'s dtype; else the error
+// "input i is <dtype> but input first is <dtype>; they must match".
+absl::Status RequireSameDType(const KernelContext& ctx, int first, int last);
+
+// OK when input `i` (called `name`) has `expected` dims; else the error
+// "input i (name) is <dims>; expected <expected> (<why>)".
+absl::Status RequireDims(const KernelContext& ctx, int i, const char* name,
+                         const std::vector<int64_t>& expected, const char* why);
+
+// ---- Gemm ------------------------------------------------------------------
+
+struct GemmGeometry {
+  bool trans_a = false, trans_b = false;
+  float alpha = 1.0f, beta = 1.0f;
+  int64_t m = 0, n = 0, k = 0;  // Y [m, n] = A' [m, k] x B' [k, n]
+  // C broadcast to [m, n] as c_rows x c_cols (1 = broadcast along it).
+  int64_t c_rows = 1, c_cols = 1;
+  bool use_c = false;  // C is given, non-empty and beta != 0
+};
+
+// Gemm's shapes from its inputs and transA/transB/alpha/beta; errors for A
+// or B not 2-D, dtypes that differ (A, B, C), inner dims that differ, and a
+// C of rank above 2 or that does not broadcast to [m, n].
+absl::StatusOr<GemmGeometry> PlanGemm(const KernelContext& ctx);
+
+// ---- Shape, ConstantOfShape, Clip --------------------------------------------
+
+// Shape's output: `count` dims of the input from `start` (the start and end
+// attributes, negative from the end, clamped to [0, rank]).
+struct ShapeWindow {
+  int64_t start = 0, count = 0;
+};
+ShapeWindow PlanShape(const KernelContext& ctx, int64_t rank);
+
+// ConstantOfShape's fill value (the `value` attribute, float32 0 without
+// one) for output `dims` (input 0 as the backend read it); errors for a
+// negative dim or a value that is not one fixed-size element.
+absl::StatusOr<Tensor> ConstantOfShapeFill(const KernelContext& ctx,
+                                           const std::vector<int64_t>& dims);
+
+// OK when Clip's optional inputs 1 (min) and 2 (max) each hold one value of
+// input 0's dtype; else the node's error naming the input.
+absl::Status CheckClipBounds(const KernelContext& ctx);
+
+// ---- Reduce* ---------------------------------------------------------------
+
+// The axes of input 0 a Reduce* node reduces, or `noop` when the input
+// passes through (empty axes with noop_with_empty_axes).
+struct ReduceAxes {
+  std::vector<bool> reduced;  // per input axis
+  bool noop = false;
+};
+
+// Reduce*'s axes: the `axes` attribute before opset `axes_input_since`,
+// from then on input 1 (checked to be 1-D int64, then read by
+// `read_input`); none means every axis. Errors for an axes input of
+// another dtype or rank, an axis out of range or listed twice.
+absl::StatusOr<ReduceAxes> PlanReduceAxes(const KernelContext& ctx, int64_t axes_input_since,
+                                          const IntInputReader& read_input);
+
+// ArgMax (`is_max`) / ArgMin over one axis of input 0.
+struct ArgReduceGeometry {
+  int64_t axis = 0;                     // non-negative (0 for a scalar)
+  int64_t outer = 1, n = 1, inner = 1;  // input 0 as [outer, n, inner]
+  std::vector<int64_t> out_dims;        // the axis dropped, or 1 with keepdims
+  bool select_last = false;             // select_last_index
+};
+
+// ArgMax's / ArgMin's geometry from the axis, keepdims and
+// select_last_index attributes; errors for an axis out of range and an
+// empty axis with a non-empty output.
+absl::StatusOr<ArgReduceGeometry> PlanArgReduce(const KernelContext& ctx, bool is_max);
+
+// ReduceToShapeOf(dY, X): per axis of dY, whether it is summed (X,
+// right-aligned, is 1 along it and dY is not); errors for an X of higher
+// rank than dY or that does not broadcast to it.
+absl::StatusOr<std::vector<bool>> PlanReduceToShapeOf(const KernelContext& ctx);
+
+// ---- BatchNormalization ----------------------------------------------------
+
+struct BatchNormGeometry {
+  bool training = false;  // training_mode (opset 14), else a wanted output 1
+  float epsilon = 1e-5f, momentum = 0.9f;
+  // X as [batch, features, inner]: features is C (the `spatial` attribute,
+  // default 1), else C times the spatial dims.
+  int64_t batch = 0, features = 0, inner = 1;
+};
+
+// BatchNormalization's attributes and X's layout; errors for X of rank
+// below 2 and scale/B/mean/var of other than `features` entries.
+absl::StatusOr<BatchNormGeometry> PlanBatchNorm(const KernelContext& ctx);
+
+// ---- gradients ---------------------------------------------------------------
+
+// ConvGrad(dY, X, W)'s input checks (dY's dims against Conv's output are the
+// caller's, who plans the window): the `group` attribute, or errors for X
+// and W not of one rank >= 3, dY or W not of X's dtype, a group below 1 or
+// that W does not fit, and a kernel_shape that is not W's spatial dims.
+absl::StatusOr<int64_t> CheckConvGrad(const KernelContext& ctx);
+
+// GatherGrad(dY, indices, data)'s axis (non-negative); errors for dY not of
+// data's dtype, indices not int32/int64, an axis out of range, and dY not
+// of Gather's output dims.
+absl::StatusOr<int64_t> PlanGatherGrad(const KernelContext& ctx);
+
+// (Log)SoftmaxGrad(dY, Y)'s lines along `axis` (default -1); errors for dY
+// not of Y's dtype and dims, and an axis out of range (or a scalar Y).
+absl::StatusOr<SoftmaxGeometry> PlanSoftmaxGrad(const KernelContext& ctx);
 
 }  // namespace castor::cpu

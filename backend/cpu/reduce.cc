@@ -28,7 +28,10 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/elementwise_math.h"
 #include "backend/cpu/float_io.h"
+#include "backend/cpu/op_geometry.h"
 #include "backend/cpu/parallel.h"
+#include "backend/cpu/strided_copy.h"
+#include "graph/status.h"
 
 namespace castor::cpu {
 namespace {
@@ -167,53 +170,6 @@ struct LogSumExpReducer {
 
 // ---- the reduction walk ----
 
-// Axes to reduce (normalised, sorted by mask) for this node, or nullopt-like
-// `noop` when the input passes through.
-struct AxesChoice {
-  std::vector<bool> reduced;  // per input axis
-  bool noop = false;
-};
-
-absl::StatusOr<AxesChoice> ChooseAxes(const KernelContext& ctx, int64_t axes_input_since) {
-  const int rank = static_cast<int>(ctx.input(0).dims.size());
-  std::vector<int64_t> axes;
-  if (ctx.opset() >= axes_input_since) {
-    if (ctx.has_input(1)) {
-      const TensorView& t = ctx.input(1);
-      if (t.dtype != DType::kInt64) {
-        return ctx.Error(absl::StrCat("input 1 (axes) is ", DTypeName(t.dtype),
-                                      "; expected int64"));
-      }
-      if (t.dims.size() > 1) {
-        return ctx.Error(absl::StrCat("input 1 (axes) must be 1-D; its shape is ",
-                                      DimsToString(t.dims)));
-      }
-      axes.assign(t.as<int64_t>(), t.as<int64_t>() + t.num_elements());
-    }
-  } else {
-    axes = ctx.GetInts("axes");
-  }
-  AxesChoice choice;
-  if (axes.empty()) {
-    const bool noop =
-        ctx.opset() >= axes_input_since && ctx.GetInt("noop_with_empty_axes", 0) != 0;
-    choice.noop = noop;
-    choice.reduced.assign(rank, !noop);
-    return choice;
-  }
-  choice.reduced.assign(rank, false);
-  for (int64_t axis : axes) {
-    const int64_t a = axis < 0 ? axis + rank : axis;
-    if (a < 0 || a >= rank) {
-      return ctx.Error(absl::StrCat("axis ", axis, " is out of range for input of rank ", rank,
-                                    " ", DimsToString(ctx.input(0).dims)));
-    }
-    if (choice.reduced[a]) return ctx.Error(absl::StrCat("axis ", axis, " is listed twice"));
-    choice.reduced[a] = true;
-  }
-  return choice;
-}
-
 // Input axes collapsed into alternating kept/reduced groups.
 struct ReduceLayout {
   std::vector<int64_t> sizes;
@@ -333,7 +289,8 @@ template <ReduceKind kKind>
 absl::Status ReduceKernel(KernelContext& ctx) {
   const int64_t axes_input_since = kKind == ReduceKind::kSum ? 13 : 18;
   const TensorView& x = ctx.input(0);
-  absl::StatusOr<AxesChoice> choice = ChooseAxes(ctx, axes_input_since);
+  absl::StatusOr<ReduceAxes> choice = PlanReduceAxes(
+      ctx, axes_input_since, [&ctx](int i) { return ReadIntInput(ctx, i); });
   if (!choice.ok()) return choice.status();
   if (choice->noop) {
     absl::StatusOr<TensorView*> y = ctx.Output(0, x.dtype, x.dims);
@@ -390,30 +347,10 @@ absl::Status ReduceKernel(KernelContext& ctx) {
 template <bool kMax>
 absl::Status ArgReduceKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
-  const int rank = static_cast<int>(x.dims.size());
-  const int64_t axis_attr = ctx.GetInt("axis", 0);
-  const int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
-  if (axis < 0 || axis >= std::max(rank, 1) || (rank == 0 && axis != 0)) {
-    return ctx.Error(absl::StrCat("axis ", axis_attr, " is out of range for input of rank ", rank));
-  }
-  const bool keepdims = ctx.GetInt("keepdims", 1) != 0;
-  const bool last = ctx.GetInt("select_last_index", 0) != 0;
-  int64_t outer = 1, inner = 1;
-  const int64_t n = rank == 0 ? 1 : x.dims[axis];
-  for (int i = 0; i < axis; ++i) outer *= x.dims[i];
-  for (int i = static_cast<int>(axis) + 1; i < rank; ++i) inner *= x.dims[i];
-  std::vector<int64_t> out_dims;
-  for (int i = 0; i < rank; ++i) {
-    if (i != axis) {
-      out_dims.push_back(x.dims[i]);
-    } else if (keepdims) {
-      out_dims.push_back(1);
-    }
-  }
-  if (n == 0 && outer * inner > 0) {
-    return ctx.Error(absl::StrCat("cannot take the arg", kMax ? "max" : "min",
-                                  " of an empty axis ", axis, " of ", DimsToString(x.dims)));
-  }
+  CASTOR_ASSIGN_OR_RETURN(const ArgReduceGeometry g, PlanArgReduce(ctx, kMax));
+  const bool last = g.select_last;
+  const int64_t outer = g.outer, n = g.n, inner = g.inner;
+  const std::vector<int64_t>& out_dims = g.out_dims;
   absl::StatusOr<TensorView*> y = ctx.Output(0, DType::kInt64, out_dims);
   if (!y.ok()) return y.status();
   int64_t* yp = (*y)->as<int64_t>();

@@ -74,16 +74,9 @@ absl::Status RunExpand(KernelContext& ctx) {
 
 absl::Status RunShape(KernelContext& ctx) {
   const std::vector<int64_t>& in = ctx.input(0).dims;
-  const int64_t rank = static_cast<int64_t>(in.size());
-  auto clamp = [rank](int64_t index) {
-    if (index < 0) index += rank;
-    return std::clamp<int64_t>(index, 0, rank);
-  };
-  const int64_t start = clamp(ctx.GetInt("start", 0));
-  const int64_t end = clamp(ctx.GetInt("end", rank));
-  const int64_t count = std::max<int64_t>(0, end - start);
-  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, DType::kInt64, {count}));
-  for (int64_t i = 0; i < count; ++i) out->as<int64_t>()[i] = in[start + i];
+  const ShapeWindow w = PlanShape(ctx, static_cast<int64_t>(in.size()));
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, DType::kInt64, {w.count}));
+  for (int64_t i = 0; i < w.count; ++i) out->as<int64_t>()[i] = in[w.start + i];
   return absl::OkStatus();
 }
 

@@ -275,6 +275,10 @@ std::vector<int64_t> ReadInts(const TensorView& view) {
   return values;
 }
 
+absl::StatusOr<std::vector<int64_t>> ReadIntInput(const KernelContext& ctx, int index) {
+  return ReadInts(ctx.input(index));
+}
+
 absl::Status NoStringTensors(const Node& node) {
   auto check = [](const Value* v) -> absl::Status {
     if (v != nullptr && v->dtype() == DType::kString) {

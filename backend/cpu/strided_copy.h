@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "backend/cpu/op_geometry.h"
 #include "backend/kernel.h"
 
@@ -37,6 +38,11 @@ void ParallelMemcpy(void* dst, const void* src, size_t bytes);
 
 // The entries of an integer tensor (int32/int64/other ints) as int64.
 std::vector<int64_t> ReadInts(const TensorView& view);
+
+// ReadInts of the node's input `index` (never an error): the CPU's
+// IntInputReader for op_geometry.h's plans, as
+// `[&ctx](int i) { return ReadIntInput(ctx, i); }`.
+absl::StatusOr<std::vector<int64_t>> ReadIntInput(const KernelContext& ctx, int index);
 
 // A SupportsFn for dtype-agnostic kernels: every tensor of the node must
 // have a fixed element size (no strings).

@@ -33,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "backend/cpu/im2col.h"
+#include "backend/cpu/op_geometry.h"
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
@@ -612,36 +613,11 @@ absl::Status ConvGradKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& x = ctx.input(1);
   const TensorView& w = ctx.input(2);
-  const int64_t group = ctx.GetInt("group", 1);
-  if (x.dims.size() < 3 || w.dims.size() != x.dims.size()) {
-    return ctx.Error(absl::StrCat("input 1 (X) ", DimsToString(x.dims), " and input 2 (W) ",
-                                  DimsToString(w.dims), " must have the same rank >= 3"));
-  }
-  for (const auto& [index, name] : {std::pair<int, const char*>{0, "dY"}, {2, "W"}}) {
-    if (ctx.input(index).dtype != x.dtype) {
-      return ctx.Error(absl::StrCat("input ", index, " (", name, ") is ",
-                                    DTypeName(ctx.input(index).dtype), " but input 1 (X) is ",
-                                    DTypeName(x.dtype), "; they must match"));
-    }
-  }
-  if (group < 1) return ctx.Error(absl::StrCat("attribute 'group' is ", group, "; expected >= 1"));
-  const int64_t channels = x.dims[1], out_channels = w.dims[0];
-  if (w.dims[1] * group != channels || out_channels % group != 0) {
-    return ctx.Error(absl::StrCat("input 2 (W) ", DimsToString(w.dims), " does not fit X ",
-                                  DimsToString(x.dims), " with group ", group,
-                                  " (W.dim(1) * group must be C; W.dim(0) divisible by group)"));
-  }
-  const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
-  if (ctx.node().has_attribute("kernel_shape") && ctx.GetInts("kernel_shape") != kernel) {
-    return ctx.Error(absl::StrCat("attribute 'kernel_shape' ",
-                                  DimsToString(ctx.GetInts("kernel_shape")),
-                                  " does not match W's spatial dims ", DimsToString(kernel)));
-  }
+  CASTOR_ASSIGN_OR_RETURN(const int64_t group, cpu::CheckConvGrad(ctx));
+  const int64_t out_channels = w.dims[0];
   CASTOR_ASSIGN_OR_RETURN(const ConvPlan plan, PlanConv(ctx, x, w, group));
-  if (dy.dims != plan.y_dims) {
-    return ctx.Error(absl::StrCat("input 0 (dY) is ", DimsToString(dy.dims), "; expected ",
-                                  DimsToString(plan.y_dims), " (Conv's output for X and W)"));
-  }
+  CASTOR_RETURN_IF_ERROR(
+      cpu::RequireDims(ctx, 0, "dY", plan.y_dims, "Conv's output for X and W"));
   TensorView* dx = nullptr;
   TensorView* dw = nullptr;
   TensorView* db = nullptr;

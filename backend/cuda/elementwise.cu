@@ -29,6 +29,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "backend/cpu/elementwise_math.h"
+#include "backend/cpu/op_geometry.h"
 #include "backend/cuda/broadcast.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
@@ -113,16 +114,7 @@ absl::Status CopyDevice(const KernelContext& ctx, void* dst, const void* src, si
   return absl::OkStatus();
 }
 
-absl::Status RequireSameDType(const KernelContext& ctx, int first, int last) {
-  for (int i = first + 1; i <= last; ++i) {
-    if (ctx.input(i).dtype != ctx.input(first).dtype) {
-      return ctx.Error(absl::StrCat("input ", i, " is ", DTypeName(ctx.input(i).dtype),
-                                    " but input ", first, " is ",
-                                    DTypeName(ctx.input(first).dtype), "; they must match"));
-    }
-  }
-  return absl::OkStatus();
-}
+using cpu::RequireSameDType;
 
 // The broadcast output dims of inputs [first, first + count).
 absl::StatusOr<std::vector<int64_t>> OutputDims(const KernelContext& ctx, int first, int count) {
@@ -200,19 +192,7 @@ struct ClipBoundsOp {
 absl::Status ClipKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
   const bool bounds_are_inputs = ctx.opset() >= 11;
-  for (int i = 1; i <= 2; ++i) {
-    if (!ctx.has_input(i)) continue;
-    const TensorView& bound = ctx.input(i);
-    if (bound.dtype != x.dtype) {
-      return ctx.Error(absl::StrCat("input ", i, " (", i == 1 ? "min" : "max", ") is ",
-                                    DTypeName(bound.dtype), "; expected input 0's dtype ",
-                                    DTypeName(x.dtype)));
-    }
-    if (bound.num_elements() != 1) {
-      return ctx.Error(absl::StrCat("input ", i, " (", i == 1 ? "min" : "max",
-                                    ") must hold one value; its shape is ", DimsToString(bound.dims)));
-    }
-  }
+  CASTOR_RETURN_IF_ERROR(cpu::CheckClipBounds(ctx));
   float low = -std::numeric_limits<float>::infinity();
   float high = std::numeric_limits<float>::infinity();
   if (!bounds_are_inputs) {

@@ -26,6 +26,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backend/cpu/op_geometry.h"
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
@@ -366,24 +367,8 @@ absl::Status LossKernel(KernelContext& ctx) {
 
 // ---- SoftmaxCrossEntropyLossGrad -------------------------------------------------------
 
-absl::Status RequireDims(const KernelContext& ctx, int i, const char* name,
-                         const std::vector<int64_t>& expected, const char* why) {
-  if (ctx.input(i).dims != expected) {
-    return ctx.Error(absl::StrCat("input ", i, " (", name, ") is ", DimsToString(ctx.input(i).dims),
-                                  "; expected ", DimsToString(expected), " (", why, ")"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status RequireSameDType(const KernelContext& ctx, int i, const char* name, int j,
-                              const char* other) {
-  if (ctx.input(i).dtype != ctx.input(j).dtype) {
-    return ctx.Error(absl::StrCat("input ", i, " (", name, ") is ", DTypeName(ctx.input(i).dtype),
-                                  " but input ", j, " (", other, ") is ",
-                                  DTypeName(ctx.input(j).dtype), "; they must match"));
-  }
-  return absl::OkStatus();
-}
+using cpu::RequireDims;
+using cpu::RequireSameDType;
 
 absl::Status CrossEntropyGradKernel(KernelContext& ctx) {
   const TensorView& d_loss = ctx.input(0);

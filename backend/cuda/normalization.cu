@@ -35,6 +35,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backend/cpu/op_geometry.h"
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/convert.cuh"
 #include "backend/cuda/cuda_common.cuh"
@@ -320,26 +321,11 @@ __global__ void BatchNormApplyKernel(const T* __restrict__ x, int64_t total, int
 
 absl::Status BatchNormKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
-  if (x.dims.size() < 2) {
-    return ctx.Error(absl::StrCat("input X must have rank >= 2; it is ", DimsToString(x.dims)));
-  }
-  const bool training = ctx.opset() >= 14 ? ctx.GetInt("training_mode", 0) != 0
-                                          : WantsOutput(ctx, 1);
-  const bool spatial = ctx.GetInt("spatial", 1) != 0;
-  const float epsilon = ctx.GetFloat("epsilon", 1e-5f);
-  const float momentum = ctx.GetFloat("momentum", 0.9f);
-  const int64_t batch = x.dims[0];
-  int64_t features = x.dims[1];
-  int64_t inner = 1;  // elements per (image, feature)
-  for (size_t d = 2; d < x.dims.size(); ++d) (spatial ? inner : features) *= x.dims[d];
-  const char* const names[] = {"X", "scale", "B", "mean", "var"};
-  for (int i = 1; i <= 4; ++i) {
-    if (ctx.input(i).num_elements() != features) {
-      return ctx.Error(absl::StrCat("input ", i, " (", names[i], ") ",
-                                    DimsToString(ctx.input(i).dims), " must have ", features,
-                                    " entries for X ", DimsToString(x.dims)));
-    }
-  }
+  CASTOR_ASSIGN_OR_RETURN(const cpu::BatchNormGeometry geometry, cpu::PlanBatchNorm(ctx));
+  const bool training = geometry.training;
+  const float epsilon = geometry.epsilon;
+  const float momentum = geometry.momentum;
+  const int64_t batch = geometry.batch, features = geometry.features, inner = geometry.inner;
   CASTOR_ASSIGN_OR_RETURN(TensorView * y, ctx.Output(0, x.dtype, x.dims));
   if (features == 0) {
     // Nothing to normalise; the statistics outputs are empty too.
@@ -451,24 +437,8 @@ __global__ void BatchNormGradInputKernel(const T* __restrict__ dy, const T* __re
   }
 }
 
-absl::Status RequireSameDType(const KernelContext& ctx, int i, const char* name, int j,
-                              const char* other) {
-  if (ctx.input(i).dtype != ctx.input(j).dtype) {
-    return ctx.Error(absl::StrCat("input ", i, " (", name, ") is ",
-                                  DTypeName(ctx.input(i).dtype), " but input ", j, " (", other,
-                                  ") is ", DTypeName(ctx.input(j).dtype), "; they must match"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status RequireDims(const KernelContext& ctx, int i, const char* name,
-                         const std::vector<int64_t>& expected, const char* why) {
-  if (ctx.input(i).dims != expected) {
-    return ctx.Error(absl::StrCat("input ", i, " (", name, ") is ", DimsToString(ctx.input(i).dims),
-                                  "; expected ", DimsToString(expected), " (", why, ")"));
-  }
-  return absl::OkStatus();
-}
+using cpu::RequireDims;
+using cpu::RequireSameDType;
 
 absl::Status BatchNormGradKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);

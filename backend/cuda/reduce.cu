@@ -42,6 +42,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "backend/cpu/elementwise_math.h"
+#include "backend/cpu/op_geometry.h"
 #include "backend/cuda/broadcast.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
@@ -424,51 +425,6 @@ absl::Status RunReduce(KernelContext& ctx, const TIn* x, const std::vector<int64
   return CheckLaunch(ctx);
 }
 
-// Axes of the node's input 0 to reduce, or `noop` when the input passes
-// through (the CPU's ChooseAxes).
-struct AxesChoice {
-  std::vector<bool> reduced;  // per input axis
-  bool noop = false;
-};
-
-absl::StatusOr<AxesChoice> ChooseAxes(const KernelContext& ctx, int64_t axes_input_since) {
-  const int rank = static_cast<int>(ctx.input(0).dims.size());
-  std::vector<int64_t> axes;
-  if (ctx.opset() >= axes_input_since) {
-    if (ctx.has_input(1)) {
-      const TensorView& t = ctx.input(1);
-      if (t.dtype != DType::kInt64) {
-        return ctx.Error(absl::StrCat("input 1 (axes) is ", DTypeName(t.dtype),
-                                      "; expected int64"));
-      }
-      if (t.dims.size() > 1) {
-        return ctx.Error(absl::StrCat("input 1 (axes) must be 1-D; its shape is ",
-                                      DimsToString(t.dims)));
-      }
-      CASTOR_ASSIGN_OR_RETURN(axes, ReadInt64s(ctx, 1));
-    }
-  } else {
-    axes = ctx.GetInts("axes");
-  }
-  AxesChoice choice;
-  if (axes.empty()) {
-    choice.noop = ctx.opset() >= axes_input_since && ctx.GetInt("noop_with_empty_axes", 0) != 0;
-    choice.reduced.assign(rank, !choice.noop);
-    return choice;
-  }
-  choice.reduced.assign(rank, false);
-  for (int64_t axis : axes) {
-    const int64_t a = axis < 0 ? axis + rank : axis;
-    if (a < 0 || a >= rank) {
-      return ctx.Error(absl::StrCat("axis ", axis, " is out of range for input of rank ", rank,
-                                    " ", DimsToString(ctx.input(0).dims)));
-    }
-    if (choice.reduced[a]) return ctx.Error(absl::StrCat("axis ", axis, " is listed twice"));
-    choice.reduced[a] = true;
-  }
-  return choice;
-}
-
 enum class ReduceKind { kSum, kMean, kMax, kMin, kProd, kL1, kL2, kSumSquare, kLogSumExp };
 
 // The reducer of kKind for values V (int64 only for Sum, Max, Min, Prod:
@@ -514,7 +470,9 @@ template <ReduceKind kKind>
 absl::Status ReduceKernel(KernelContext& ctx) {
   const int64_t axes_input_since = kKind == ReduceKind::kSum ? 13 : 18;
   const TensorView& x = ctx.input(0);
-  CASTOR_ASSIGN_OR_RETURN(AxesChoice choice, ChooseAxes(ctx, axes_input_since));
+  CASTOR_ASSIGN_OR_RETURN(
+      const cpu::ReduceAxes choice,
+      cpu::PlanReduceAxes(ctx, axes_input_since, [&ctx](int i) { return ReadInt64s(ctx, i); }));
   if (choice.noop) {
     CASTOR_ASSIGN_OR_RETURN(TensorView * y, ctx.Output(0, x.dtype, x.dims));
     if (y->data != x.data && x.byte_size() > 0) {
@@ -544,31 +502,11 @@ absl::Status ReduceKernel(KernelContext& ctx) {
 template <bool kMax>
 absl::Status ArgReduceKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
-  const int rank = static_cast<int>(x.dims.size());
-  const int64_t axis_attr = ctx.GetInt("axis", 0);
-  const int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
-  if (axis < 0 || axis >= std::max(rank, 1) || (rank == 0 && axis != 0)) {
-    return ctx.Error(absl::StrCat("axis ", axis_attr, " is out of range for input of rank ", rank));
-  }
-  const bool keepdims = ctx.GetInt("keepdims", 1) != 0;
-  const bool last = ctx.GetInt("select_last_index", 0) != 0;
-  std::vector<int64_t> out_dims;
-  std::vector<bool> reduced(rank, false);
-  int64_t out_count = 1;
-  for (int i = 0; i < rank; ++i) {
-    if (i != axis) {
-      out_dims.push_back(x.dims[i]);
-      out_count *= x.dims[i];
-    } else if (keepdims) {
-      out_dims.push_back(1);
-    }
-  }
-  if (rank > 0) reduced[axis] = true;
-  const int64_t n = rank == 0 ? 1 : x.dims[axis];
-  if (n == 0 && out_count > 0) {
-    return ctx.Error(absl::StrCat("cannot take the arg", kMax ? "max" : "min",
-                                  " of an empty axis ", axis, " of ", DimsToString(x.dims)));
-  }
+  CASTOR_ASSIGN_OR_RETURN(const cpu::ArgReduceGeometry g, cpu::PlanArgReduce(ctx, kMax));
+  const bool last = g.select_last;
+  const std::vector<int64_t>& out_dims = g.out_dims;
+  std::vector<bool> reduced(x.dims.size(), false);
+  if (!x.dims.empty()) reduced[g.axis] = true;
   CASTOR_ASSIGN_OR_RETURN(TensorView * y, ctx.Output(0, DType::kInt64, out_dims));
   return DispatchReduceType<true>(ctx, x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -582,21 +520,7 @@ absl::Status ArgReduceKernel(KernelContext& ctx) {
 absl::Status ReduceToShapeOfKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& x = ctx.input(1);
-  const size_t rank = dy.dims.size();
-  if (x.dims.size() > rank) {
-    return ctx.Error(absl::StrCat("input 1 (X) ", DimsToString(x.dims),
-                                  " has more axes than input 0 (dY) ", DimsToString(dy.dims)));
-  }
-  const size_t offset = rank - x.dims.size();
-  std::vector<bool> reduced(rank, false);
-  for (size_t d = 0; d < rank; ++d) {
-    const int64_t xd = d < offset ? 1 : x.dims[d - offset];
-    if (xd != dy.dims[d] && xd != 1) {
-      return ctx.Error(absl::StrCat("input 1 (X) ", DimsToString(x.dims),
-                                    " does not broadcast to input 0 (dY) ", DimsToString(dy.dims)));
-    }
-    reduced[d] = xd == 1 && dy.dims[d] != 1;
-  }
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<bool> reduced, cpu::PlanReduceToShapeOf(ctx));
   CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, dy.dtype, x.dims));
   return DispatchFloat(ctx, dy.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;

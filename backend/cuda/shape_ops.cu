@@ -591,16 +591,9 @@ absl::Status RunTile(KernelContext& ctx) {
 
 absl::Status RunShape(KernelContext& ctx) {
   const std::vector<int64_t>& in = ctx.input(0).dims;
-  const int64_t rank = static_cast<int64_t>(in.size());
-  auto clamp = [rank](int64_t index) {
-    if (index < 0) index += rank;
-    return std::clamp<int64_t>(index, 0, rank);
-  };
-  const int64_t start = clamp(ctx.GetInt("start", 0));
-  const int64_t end = clamp(ctx.GetInt("end", rank));
-  const int64_t count = std::max<int64_t>(0, end - start);
-  return WriteInt64Output(ctx, 0, {count},
-                          std::vector<int64_t>(in.begin() + start, in.begin() + start + count));
+  const cpu::ShapeWindow w = cpu::PlanShape(ctx, static_cast<int64_t>(in.size()));
+  const auto first = in.begin() + w.start;
+  return WriteInt64Output(ctx, 0, {w.count}, std::vector<int64_t>(first, first + w.count));
 }
 
 absl::Status RunSize(KernelContext& ctx) {
@@ -641,20 +634,7 @@ absl::Status RunConstant(KernelContext& ctx) {
 
 absl::Status RunConstantOfShape(KernelContext& ctx) {
   CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> dims, ReadInt64s(ctx, 0));
-  for (int64_t d : dims) {
-    if (d < 0) {
-      return ctx.Error(absl::StrCat("shape ", DimsToString(dims), " has a negative entry"));
-    }
-  }
-  Tensor fill = Tensor::Scalar(0.0f);
-  if (const Attribute* a = ctx.node().attribute("value")) {
-    if (a->t.num_elements() != 1 || DTypeSize(a->t.dtype()) == 0) {
-      return ctx.Error(absl::StrCat("attribute 'value' must hold one fixed-size element; it is a ",
-                                    DTypeName(a->t.dtype()), " tensor of ", a->t.num_elements(),
-                                    " elements"));
-    }
-    fill = a->t;
-  }
+  CASTOR_ASSIGN_OR_RETURN(const Tensor fill, cpu::ConstantOfShapeFill(ctx, dims));
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, fill.dtype(), dims));
   return FillBytes(ctx, out->data, out->num_elements(), DTypeSize(fill.dtype()), fill.raw());
 }
@@ -747,29 +727,9 @@ absl::Status RunSplit(KernelContext& ctx) {
 
 absl::Status RunSlice(KernelContext& ctx) {
   const TensorView& in = ctx.input(0);
-  std::vector<int64_t> starts, ends, axes, steps;
-  bool has_axes;
-  if (ctx.opset() < 10) {
-    starts = ctx.GetInts("starts");
-    ends = ctx.GetInts("ends");
-    has_axes = ctx.node().has_attribute("axes");
-    if (has_axes) axes = ctx.GetInts("axes");
-  } else {
-    if (!ctx.has_input(1) || !ctx.has_input(2)) {
-      return ctx.Error("inputs 'starts' and 'ends' are required from opset 10");
-    }
-    CASTOR_ASSIGN_OR_RETURN(starts, ReadInt64s(ctx, 1));
-    CASTOR_ASSIGN_OR_RETURN(ends, ReadInt64s(ctx, 2));
-    has_axes = ctx.has_input(3);
-    if (has_axes) {
-      CASTOR_ASSIGN_OR_RETURN(axes, ReadInt64s(ctx, 3));
-    }
-    if (ctx.has_input(4)) {
-      CASTOR_ASSIGN_OR_RETURN(steps, ReadInt64s(ctx, 4));
-    }
-  }
-  CASTOR_ASSIGN_OR_RETURN(const cpu::SliceGeometry slice,
-                          cpu::PlanSlice(ctx, in.dims, starts, ends, has_axes, axes, steps));
+  CASTOR_ASSIGN_OR_RETURN(
+      const cpu::SliceGeometry slice,
+      cpu::PlanSlice(ctx, in.dims, [&ctx](int i) { return ReadInt64s(ctx, i); }));
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, in.dtype, slice.dims));
   if (out->num_elements() == 0) return absl::OkStatus();
   const size_t element_size = DTypeSize(in.dtype);
@@ -834,25 +794,7 @@ absl::Status RunGatherGrad(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& indices = ctx.input(1);
   const TensorView& data = ctx.input(2);
-  if (dy.dtype != data.dtype) {
-    return ctx.Error(absl::StrCat("input 0 (dY) is ", DTypeName(dy.dtype),
-                                  " but input 2 (data) is ", DTypeName(data.dtype),
-                                  "; they must match"));
-  }
-  const int64_t rank = static_cast<int64_t>(data.dims.size());
-  const int64_t axis_attr = ctx.GetInt("axis", 0);
-  const int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
-  if (axis < 0 || axis >= rank) {
-    return ctx.Error(absl::StrCat("attribute 'axis' ", axis_attr,
-                                  " is out of range for input 2 (data) ", DimsToString(data.dims)));
-  }
-  std::vector<int64_t> y_dims(data.dims.begin(), data.dims.begin() + axis);
-  y_dims.insert(y_dims.end(), indices.dims.begin(), indices.dims.end());
-  y_dims.insert(y_dims.end(), data.dims.begin() + axis + 1, data.dims.end());
-  if (dy.dims != y_dims) {
-    return ctx.Error(absl::StrCat("input 0 (dY) is ", DimsToString(dy.dims), "; expected ",
-                                  DimsToString(y_dims), " (Gather's output for data and indices)"));
-  }
+  CASTOR_ASSIGN_OR_RETURN(const int64_t axis, cpu::PlanGatherGrad(ctx));
   return DispatchIndex(ctx, indices, "input 1 (indices)", [&](auto index_tag) -> absl::Status {
     using I = typename decltype(index_tag)::type;
     CASTOR_ASSIGN_OR_RETURN(TensorView * dd, ctx.Output(0, data.dtype, data.dims));

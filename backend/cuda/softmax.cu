@@ -183,25 +183,8 @@ template <bool kLog>
 absl::Status SoftmaxGradKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& y = ctx.input(1);
-  if (dy.dtype != y.dtype) {
-    return ctx.Error(absl::StrCat("input 0 (dY) is ", DTypeName(dy.dtype), " but input 1 (Y) is ",
-                                  DTypeName(y.dtype), "; they must match"));
-  }
-  if (dy.dims != y.dims) {
-    return ctx.Error(absl::StrCat("input 0 (dY) is ", DimsToString(dy.dims), "; expected ",
-                                  DimsToString(y.dims), " (Y's shape)"));
-  }
-  const int64_t rank = static_cast<int64_t>(y.dims.size());
-  const int64_t axis_attr = ctx.GetInt("axis", -1);
-  const int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
-  if (rank == 0 || axis < 0 || axis >= rank) {
-    return ctx.Error(absl::StrCat("attribute 'axis' ", axis_attr,
-                                  " is out of range for input 1 (Y) ", DimsToString(y.dims)));
-  }
-  int64_t outer = 1, inner = 1;
-  for (int64_t i = 0; i < axis; ++i) outer *= y.dims[i];
-  for (int64_t i = axis + 1; i < rank; ++i) inner *= y.dims[i];
-  const int64_t n = y.dims[axis];
+  CASTOR_ASSIGN_OR_RETURN(const cpu::SoftmaxGeometry lines, cpu::PlanSoftmaxGrad(ctx));
+  const int64_t outer = lines.outer, n = lines.n, inner = lines.inner;
   CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, y.dtype, y.dims));
   return DispatchFloat(ctx, y.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
