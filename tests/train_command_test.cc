@@ -102,6 +102,9 @@ TEST_F(TrainCommandTest, TrainsEvaluatesAndWritesMetrics) {
       EXPECT_GT(json->Find("step_time_ms")->as_number(), 0.0);
       EXPECT_GT(json->Find("samples_per_s")->as_number(), 0.0);
       EXPECT_GT(json->Find("peak_activation_bytes")->as_int(), 0);
+      // The whole process holds at least the activations and the data set.
+      EXPECT_GT(json->Find("peak_resident_bytes")->as_int(),
+                json->Find("peak_activation_bytes")->as_int());
       EXPECT_EQ(json->Find("steps_run")->as_int(), 6);
       EXPECT_EQ(json->Find("replayed_steps")->as_int(), 0);
       EXPECT_EQ(json->Find("peak_device_memory_bytes"), nullptr) << "no device memory on the CPU";

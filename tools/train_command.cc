@@ -7,6 +7,7 @@
 // evaluations and checkpoints; print the summary.
 #include "tools/train_command.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -84,6 +85,15 @@ std::string Duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
   const int64_t s = static_cast<int64_t>(seconds + 0.5);
   return s >= 60 ? absl::StrFormat("%dm%02ds", s / 60, s % 60) : absl::StrFormat("%ds", s);
+}
+
+// The process's peak resident set size so far (the kernel's high-water
+// mark: data set, weights, libraries and kernel scratch as well as the
+// activations); 0 where getrusage fails.
+int64_t PeakResidentBytes() {
+  struct rusage usage {};
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
 // An error with the exit code it gives.
@@ -781,16 +791,17 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   const double samples_per_s = seen_total / std::max(step_seconds, 1e-9);
   // Device memory: the CUDA pool's peak (activations, weights, workspaces).
   absl::StatusOr<DeviceMemoryStats> device_memory = CudaMemoryStats(backend);
+  const int64_t peak_resident_bytes = PeakResidentBytes();
   if (metrics.is_open()) {
     metrics << absl::StrFormat(
         "{\"summary\":true,\"backend\":%s,\"tf32\":%s,\"policy\":%s,\"steps\":%d,"
         "\"skipped\":%d,\"step_time_ms\":%.3f,\"samples_per_s\":%.1f,\"steps_run\":%d,"
-        "\"replayed_steps\":%d,\"peak_activation_bytes\":%d%s}\n",
+        "\"replayed_steps\":%d,\"peak_activation_bytes\":%d,\"peak_resident_bytes\":%d%s}\n",
         Json::String(backend.name()).Dump(), o.tf32 ? "true" : "false",
         Json::String(policy.name()).Dump(), trainer.steps(),
         trainer.scaler().skipped_steps(), mean_step_ms, samples_per_s, steps_run,
         trainer.replayed_steps(),
-        trainer.peak_activation_bytes(),
+        trainer.peak_activation_bytes(), peak_resident_bytes,
         device_memory.ok()
             ? absl::StrCat(",\"peak_device_memory_bytes\":", device_memory->peak_in_use_bytes)
             : "");
@@ -819,12 +830,14 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
                  ? absl::StrFormat("%d of this run's %d steps replayed as a CUDA graph",
                                    trainer.replayed_steps(), steps_run)
                  : absl::StrCat("none: ", trainer.replay_unavailable()))
-      << absl::StrFormat("  peak memory     %.1f MiB of activations%s\n",
+      << absl::StrFormat("  peak memory     %.1f MiB of activations%s; process %.0f MiB "
+                         "resident\n",
                          trainer.peak_activation_bytes() / 1048576.0,
                          device_memory.ok()
                              ? absl::StrFormat("; %.1f MiB of device memory",
                                                device_memory->peak_in_use_bytes / 1048576.0)
-                             : "")
+                             : "",
+                         peak_resident_bytes / 1048576.0)
       << absl::StrFormat("  step time       %.1f ms (mean), %.0f samples/s, %s in all\n",
                          mean_step_ms, samples_per_s, Duration(Seconds(Clock::now() - started)));
   if (evaluated) {
