@@ -1,8 +1,14 @@
 // BuildTrainingGraph (see training_graph.h): the forward-only evaluation
-// graph, then the loss, BatchNormalization in training mode, parameters and
-// autodiff seeded with the loss scale.
+// graph, then the loss, BatchNormalization in training mode, parameters,
+// autodiff seeded with the loss scale, and 16-bit values re-widened for the
+// backward pass instead of kept in float32.
 #include "passes/training_graph.h"
 
+#include <algorithm>
+#include <map>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -117,6 +123,60 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SwitchBatchNorm
   return stats;
 }
 
+// A widening Cast (float16/bfloat16 -> float32: exact) in the forward pass
+// whose float32 output a backward node reads keeps that float32 copy alive
+// from its forward use to its backward one: a BatchNormalization kept
+// float32 behind a 16-bit Conv, whose gradient reads X. The backward
+// readers read a second Cast of the same 16-bit value instead, placed just
+// before the first of them, so what stays alive across the step is the
+// 16-bit value (half the bytes), and the values read are the same. Nodes
+// from `first_backward` on (in graph order) are the backward ones. Returns
+// the number of Casts added.
+absl::StatusOr<int> RecastWidenedValuesForBackward(Graph& graph, int first_backward) {
+  const std::vector<Node*> order = graph.nodes();
+  absl::flat_hash_map<const Node*, int> position;
+  for (int i = 0; i < static_cast<int>(order.size()); ++i) position[order[i]] = i;
+  std::multimap<int, Node*> insert_before;  // position of the first backward reader -> Cast
+  for (int i = 0; i < first_backward; ++i) {
+    Node* cast = order[i];
+    if (cast->op_type() != "Cast" || !cast->domain().empty()) continue;
+    Value* narrow = cast->input(0);
+    Value* wide = cast->output(0);
+    if (narrow == nullptr || wide->dtype() != DType::kFloat32 ||
+        (narrow->dtype() != DType::kFloat16 && narrow->dtype() != DType::kBFloat16) ||
+        wide->is_graph_output()) {
+      continue;
+    }
+    std::vector<Use> backward_uses;
+    int first = static_cast<int>(order.size());
+    bool implicit = false;
+    for (const Use& use : wide->uses()) {
+      implicit |= use.index < 0;
+      const int at = position.at(use.node);
+      if (at < first_backward) continue;
+      backward_uses.push_back(use);
+      first = std::min(first, at);
+    }
+    if (backward_uses.empty() || implicit) continue;
+    CASTOR_ASSIGN_OR_RETURN(
+        Node * recast, graph.AddNode("Cast", {narrow}, {graph.UniqueName(wide->name() + "/recast")},
+                                     graph.UniqueName(cast->name() + "/recast")));
+    for (const Attribute& attribute : cast->attributes()) recast->SetAttribute(attribute);
+    for (const Use& use : backward_uses) use.node->SetInput(use.index, recast->output(0));
+    insert_before.emplace(first, recast);
+  }
+  if (insert_before.empty()) return 0;
+  std::vector<Node*> new_order;
+  new_order.reserve(order.size() + insert_before.size());
+  for (int i = 0; i < static_cast<int>(order.size()); ++i) {
+    auto [begin, end] = insert_before.equal_range(i);
+    for (auto it = begin; it != end; ++it) new_order.push_back(it->second);
+    new_order.push_back(order[i]);
+  }
+  CASTOR_RETURN_IF_ERROR(graph.ReorderNodes(std::move(new_order)));
+  return static_cast<int>(insert_before.size());
+}
+
 // The model forward only with the loss attached: outputs loss, model output.
 absl::StatusOr<std::shared_ptr<const Model>> BuildEvaluationGraph(const Model& model,
                                                                    const std::string& output,
@@ -187,9 +247,13 @@ absl::StatusOr<TrainingGraph> BuildTrainingGraph(Model& model,
   if (request.parameters.empty()) {
     return absl::InvalidArgumentError("the model has no float32 initializers to train");
   }
+  const int first_backward = graph.num_nodes();
   CASTOR_ASSIGN_OR_RETURN(AutodiffResult gradients, BuildGradients(model, request));
   result.gradients = gradients.gradients;
   result.backward_nodes = gradients.backward_nodes;
+  CASTOR_ASSIGN_OR_RETURN(result.backward_recasts,
+                          RecastWidenedValuesForBackward(graph, first_backward));
+  if (result.backward_recasts > 0) CASTOR_RETURN_IF_ERROR(InferTypes(model));
 
   graph.ClearOutputs();
   graph.AddOutput(loss);

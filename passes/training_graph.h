@@ -14,6 +14,11 @@
 //            its own), and each BatchNormalization's new
 //            running mean/variance (committed only by steps not skipped).
 //
+// A float32 value that the forward pass widened from a 16-bit one and the
+// backward pass reads again (BatchNormalization's X behind a 16-bit Conv)
+// is widened a second time just before its first backward reader, so the
+// step keeps the 16-bit value alive instead of the float32 one.
+//
 // Alongside it, the evaluation graph: the same model forward only, with the
 // loss attached and BatchNormalization left in inference form (it reads the
 // running statistics). Inputs: the model's inputs and the labels; outputs:
@@ -58,6 +63,10 @@ struct TrainingGraph {
   std::string model_output;  // the output the loss is attached to
   LossKind loss = LossKind::kSoftmaxCrossEntropy;
   int backward_nodes = 0;
+  // Widening Casts repeated for the backward pass (its readers read a new
+  // Cast of the 16-bit value, so the float32 copy is not kept across the
+  // step).
+  int backward_recasts = 0;
   // The forward-only evaluation graph (types inferred). Its initializers
   // carry the same names as the training graph's, so the trainer updates
   // both from one state.
