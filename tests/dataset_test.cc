@@ -197,6 +197,14 @@ std::vector<uint8_t> Ramp(size_t count, int step = 37) {
 std::vector<float> Floats(const Tensor& t) {
   return std::vector<float>(t.data<float>(), t.data<float>() + t.num_elements());
 }
+// Every image of `dataset` as a batch sees it: float32, pixels scaled.
+std::vector<float> BatchFloats(const Dataset& dataset) {
+  std::vector<int64_t> rows(static_cast<size_t>(dataset.size()));
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
+  const Batch batch = GatherBatch(dataset, rows);
+  EXPECT_EQ(batch.images.dtype(), DType::kFloat32);
+  return Floats(batch.images);
+}
 std::vector<int64_t> Int64s(const Tensor& t) {
   return std::vector<int64_t>(t.data<int64_t>(), t.data<int64_t>() + t.num_elements());
 }
@@ -205,7 +213,7 @@ std::string Message(const absl::Status& status) { return std::string(status.mess
 
 // ----- IDX ------------------------------------------------------------------------
 
-TEST(IdxTest, ReadsPlainAndGzipImagesScaledToUnitRange) {
+TEST(IdxTest, ReadsPlainAndGzipImagesAsPixels) {
   const std::vector<uint8_t> pixels = Ramp(3 * 2 * 4);
   const std::string bytes = IdxBytes(0x803, {3, 2, 4}, pixels);
   for (const auto& [name, contents] : {std::pair{"plain-images", bytes},
@@ -214,20 +222,36 @@ TEST(IdxTest, ReadsPlainAndGzipImagesScaledToUnitRange) {
     const std::string path = WriteFile(TempDir() / "idx" / name, contents);
     absl::StatusOr<Tensor> images = ReadIdxImages(path);
     ASSERT_TRUE(images.ok()) << images.status();
-    EXPECT_EQ(images->dtype(), DType::kFloat32);
+    EXPECT_EQ(images->dtype(), DType::kUInt8);  // a quarter of float32's memory
     EXPECT_THAT(images->dims(), ElementsAre(3, 1, 2, 4));
     for (size_t i = 0; i < pixels.size(); ++i) {
-      EXPECT_EQ(images->data<float>()[i], pixels[i] / 255.0f) << name << " element " << i;
+      EXPECT_EQ(images->data<uint8_t>()[i], pixels[i]) << name << " element " << i;
     }
   }
 }
 
-TEST(IdxTest, ExtremePixelsMapToZeroAndOne) {
+TEST(IdxTest, BatchesScalePixelsToTheUnitRange) {
+  const std::vector<uint8_t> pixels = Ramp(2 * 1 * 256);
   const std::string path =
-      WriteFile(TempDir() / "idx" / "extremes", IdxBytes(0x803, {1, 1, 3}, {0, 255, 51}));
+      WriteFile(TempDir() / "idx" / "extremes", IdxBytes(0x803, {2, 1, 256}, pixels));
   absl::StatusOr<Tensor> images = ReadIdxImages(path);
   ASSERT_TRUE(images.ok()) << images.status();
-  EXPECT_THAT(Floats(*images), ElementsAre(0.0f, 1.0f, 0.2f));
+  absl::StatusOr<Dataset> dataset =
+      MakeDataset("extremes", *std::move(images), Tensor(DType::kInt64, {2}));
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  const std::vector<float> scaled = BatchFloats(*dataset);
+  ASSERT_EQ(scaled.size(), pixels.size());
+  for (size_t i = 0; i < pixels.size(); ++i) {
+    EXPECT_EQ(scaled[i], static_cast<float>(pixels[i]) / 255.0f) << i;
+  }
+  EXPECT_EQ(*std::min_element(scaled.begin(), scaled.end()), 0.0f);
+  EXPECT_EQ(*std::max_element(scaled.begin(), scaled.end()), 1.0f);
+  // Rows in another order: each batch row is the dataset row it names.
+  const Batch swapped = GatherBatch(*dataset, {1, 0});
+  for (size_t i = 0; i < 256; ++i) {
+    EXPECT_EQ(swapped.images.data<float>()[i], scaled[256 + i]) << i;
+    EXPECT_EQ(swapped.images.data<float>()[256 + i], scaled[i]) << i;
+  }
 }
 
 TEST(IdxTest, ReadsLabelsAsInt64) {
@@ -403,7 +427,7 @@ TEST(LoadDataTest, IdxDirectoryGzipAndPlain) {
     EXPECT_THAT(splits->train.images.dims(), ElementsAre(6, 1, 2, 2));
     EXPECT_THAT(splits->train.sample_dims(), ElementsAre(1, 2, 2));
     EXPECT_THAT(Int64s(splits->train.labels), ElementsAre(0, 1, 2, 3, 4, 5));
-    EXPECT_EQ(splits->train.images.data<float>()[23], static_cast<uint8_t>(23 * 37) / 255.0f);
+    EXPECT_EQ(BatchFloats(splits->train)[23], static_cast<uint8_t>(23 * 37) / 255.0f);
     ASSERT_TRUE(splits->has_test());
     EXPECT_EQ(splits->test.size(), 2);
     EXPECT_THAT(Int64s(splits->test.labels), ElementsAre(9, 8));
@@ -427,7 +451,7 @@ TEST(LoadDataTest, NpyFileLists) {
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_FALSE(one->has_test());
   EXPECT_THAT(one->train.images.dims(), ElementsAre(3, 1, 2, 2));
-  EXPECT_EQ(one->train.images.data<float>()[5], static_cast<uint8_t>(5 * 37) / 255.0f);
+  EXPECT_EQ(BatchFloats(one->train)[5], static_cast<uint8_t>(5 * 37) / 255.0f);
   EXPECT_THAT(Int64s(one->train.labels), ElementsAre(1, 0, 1));
 
   // Four files, mixing .npy and a gzip IDX file.
@@ -460,7 +484,8 @@ TEST(LoadDataTest, NpzFileKerasAndPlainKeys) {
   EXPECT_THAT(splits->train.images.dims(), ElementsAre(2, 1, 2, 2));
   EXPECT_THAT(Int64s(splits->train.labels), ElementsAre(5, 6));
   ASSERT_TRUE(splits->has_test());
-  EXPECT_THAT(Floats(splits->test.images), ElementsAre(.1f, .2f, .3f, .4f));
+  EXPECT_EQ(splits->test.images.dtype(), DType::kFloat32);  // float arrays stay float32
+  EXPECT_THAT(BatchFloats(splits->test), ElementsAre(.1f, .2f, .3f, .4f));
 
   const std::string plain = WriteFile(
       dir / "plain.npz", ZipBytes({{"images.npy", Npy<float>(DType::kFloat32, {2, 3}, {1, 2, 3, 4, 5, 6})},
@@ -488,7 +513,7 @@ TEST(LoadDataTest, NpzDirectory) {
   ASSERT_TRUE(splits.ok()) << splits.status();
   EXPECT_THAT(splits->train.images.dims(), ElementsAre(3, 1, 1, 2));
   EXPECT_THAT(Int64s(splits->train.labels), ElementsAre(2, 1, 0));
-  EXPECT_THAT(Floats(splits->test.images), ElementsAre(0.0f, 1.0f));
+  EXPECT_THAT(BatchFloats(splits->test), ElementsAre(0.0f, 1.0f));
 }
 
 TEST(LoadDataTest, UnknownFormsListWhatIsAccepted) {
@@ -533,13 +558,11 @@ TEST(LoadDataTest, RealFashionMnist) {
     ++counts[label];
   }
   EXPECT_THAT(counts, ::testing::Each(6000));
-  float low = 1, high = 0;
-  for (float v : Floats(splits->train.images)) {
-    low = std::min(low, v);
-    high = std::max(high, v);
-  }
-  EXPECT_EQ(low, 0.0f);
-  EXPECT_EQ(high, 1.0f);
+  ASSERT_EQ(splits->train.images.dtype(), DType::kUInt8);
+  const uint8_t* pixels = splits->train.images.data<uint8_t>();
+  const int64_t count = splits->train.images.num_elements();
+  EXPECT_EQ(*std::min_element(pixels, pixels + count), 0);
+  EXPECT_EQ(*std::max_element(pixels, pixels + count), 255);
 }
 
 TEST(LoadDataTest, NpzWrittenByNumpy) {
@@ -558,7 +581,7 @@ TEST(LoadDataTest, NpzWrittenByNumpy) {
   absl::StatusOr<DataSplits> compressed = LoadData((dir / "c.npz").string());
   ASSERT_TRUE(compressed.ok()) << compressed.status();
   EXPECT_THAT(compressed->train.images.dims(), ElementsAre(2, 1, 3, 4));
-  EXPECT_EQ(compressed->train.images.data<float>()[5], (5 * 7) / 255.0f);
+  EXPECT_EQ(BatchFloats(compressed->train)[5], (5 * 7) / 255.0f);
   EXPECT_THAT(Int64s(compressed->train.labels), ElementsAre(3, 1));
   EXPECT_EQ(compressed->test.size(), 1);
   absl::StatusOr<DataSplits> stored = LoadData((dir / "s.npz").string());

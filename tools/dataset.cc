@@ -518,15 +518,13 @@ std::vector<int64_t> Dataset::sample_dims() const {
 }
 
 absl::StatusOr<Tensor> ReadIdxImages(const std::string& path) {
-  const float* scale = PixelScaleTable();
   return ReadIdx(
       path, kIdxImagesMagic, "uint8 images [N, H, W]",
       [](const std::vector<int64_t>& dims) {
-        return Tensor(DType::kFloat32, {dims[0], 1, dims[1], dims[2]});
+        return Tensor(DType::kUInt8, {dims[0], 1, dims[1], dims[2]});
       },
-      [scale](Tensor& tensor, const uint8_t* chunk, size_t count, uint64_t offset) {
-        float* out = tensor.data<float>() + offset;
-        for (size_t i = 0; i < count; ++i) out[i] = scale[chunk[i]];
+      [](Tensor& tensor, const uint8_t* chunk, size_t count, uint64_t offset) {
+        std::memcpy(tensor.data<uint8_t>() + offset, chunk, count);
       });
 }
 
@@ -562,19 +560,13 @@ absl::StatusOr<Tensor> ImagesFromArray(Tensor array, const std::string& source) 
   }
   std::vector<int64_t> dims = array.dims();
   if (dims.size() == 3) dims.insert(dims.begin() + 1, 1);  // [N, H, W] -> [N, 1, H, W]
-  Tensor images(DType::kFloat32, dims);
+  const DType stored = array.dtype() == DType::kUInt8 ? DType::kUInt8 : DType::kFloat32;
+  Tensor images(stored, dims);
   switch (array.dtype()) {
-    case DType::kFloat32: {
+    case DType::kFloat32:
+    case DType::kUInt8:  // pixels, scaled per batch (GatherBatch)
       if (array.byte_size() > 0) std::memcpy(images.raw(), array.raw(), array.byte_size());
       break;
-    }
-    case DType::kUInt8: {
-      const float* scale = PixelScaleTable();
-      const uint8_t* in = array.data<uint8_t>();
-      float* out = images.data<float>();
-      for (int64_t i = 0; i < array.num_elements(); ++i) out[i] = scale[in[i]];
-      break;
-    }
     case DType::kFloat64:
       WidenToFloat<double>(array, images);
       break;
@@ -789,15 +781,23 @@ Batch GatherBatch(const Dataset& dataset, const std::vector<int64_t>& indices) {
   const int64_t count = static_cast<int64_t>(indices.size());
   std::vector<int64_t> image_dims = dataset.images.dims();
   image_dims[0] = count;
-  batch.images = Tensor(dataset.images.dtype(), image_dims);
+  batch.images = Tensor(DType::kFloat32, image_dims);
   batch.labels = Tensor(dataset.labels.dtype(), {count});
   const int64_t rows = std::max<int64_t>(dataset.size(), 1);
-  const size_t image_bytes = dataset.images.byte_size() / rows;
+  const int64_t row_elements = dataset.images.num_elements() / rows;
   const size_t label_bytes = dataset.labels.byte_size() / rows;
+  const bool pixels = dataset.images.dtype() == DType::kUInt8;
+  const float* scale = PixelScaleTable();
   for (int64_t i = 0; i < count; ++i) {
-    const size_t row = static_cast<size_t>(indices[i]);
-    std::memcpy(batch.images.raw() + i * image_bytes, dataset.images.raw() + row * image_bytes,
-                image_bytes);
+    const int64_t row = indices[i];
+    float* out = batch.images.data<float>() + i * row_elements;
+    if (pixels) {
+      const uint8_t* in = dataset.images.data<uint8_t>() + row * row_elements;
+      for (int64_t j = 0; j < row_elements; ++j) out[j] = scale[in[j]];
+    } else {
+      std::memcpy(out, dataset.images.data<float>() + row * row_elements,
+                  static_cast<size_t>(row_elements) * sizeof(float));
+    }
     std::memcpy(batch.labels.raw() + i * label_bytes, dataset.labels.raw() + row * label_bytes,
                 label_bytes);
   }

@@ -5,9 +5,11 @@
 // array files), and a BatchIterator that shuffles per epoch from a seed and
 // can resume exactly from (epoch, position).
 //
-// Every loaded Dataset holds float32 images [N, ...] (uint8 pixels scaled to
-// [0, 1]; 3-D [N, H, W] image arrays get a channel axis: [N, 1, H, W]) and
-// int64 labels [N]. Label values are not range-checked here.
+// Every loaded Dataset holds images [N, ...] as uint8 pixels (IDX files and
+// uint8 arrays: a quarter of float32's memory) or float32 (3-D [N, H, W]
+// image arrays get a channel axis: [N, 1, H, W]) and int64 labels [N];
+// batches are float32 either way, pixels scaled to [0, 1] as v / 255.0f.
+// Label values are not range-checked here.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +24,7 @@ namespace castor::tools {
 
 struct Dataset {
   std::string name;  // for messages: "fashion-mnist train", "data/train.npz", ...
-  Tensor images;     // float32 [N, ...]
+  Tensor images;     // uint8 pixels or float32 [N, ...]
   Tensor labels;     // int64 [N]
 
   int64_t size() const { return labels.dims().empty() ? 0 : labels.dims()[0]; }
@@ -43,8 +45,8 @@ inline constexpr char kMnistDir[] = "/usr/share/datasets/mnist";
 
 // --- IDX (http://yann.lecun.com/exdb/mnist/ format) -------------------------
 // A file is gzip-decompressed when it starts with the gzip magic, whatever its
-// name. Images: magic 0x00000803 (uint8, [N, H, W]) -> float32 [N, 1, H, W]
-// scaled by 1/255. Labels: magic 0x00000801 (uint8, [N]) -> int64 [N].
+// name. Images: magic 0x00000803 (uint8, [N, H, W]) -> uint8 [N, 1, H, W]
+// (batches scale them). Labels: magic 0x00000801 (uint8, [N]) -> int64 [N].
 // Errors name the file and what was expected versus found (magic, dims,
 // truncated or over-long data, corrupt gzip stream).
 absl::StatusOr<Tensor> ReadIdxImages(const std::string& path);
@@ -57,8 +59,9 @@ absl::StatusOr<Tensor> ReadIdxLabels(const std::string& path);
 absl::StatusOr<std::map<std::string, Tensor>> ReadNpz(const std::string& path);
 
 // --- array conversion -----------------------------------------------------
-// Images: uint8 -> float32 / 255; float16/bfloat16/float64/float32 ->
-// float32; rank 3 [N, H, W] -> [N, 1, H, W]; other ranks (>= 1) as they are.
+// Images: uint8 stays uint8 (pixels, scaled per batch); float16/bfloat16/
+// float64/float32 -> float32; rank 3 [N, H, W] -> [N, 1, H, W]; other ranks
+// (>= 1) as they are.
 // Labels: any integer dtype -> int64; [N] or [N, 1] -> [N]. `source` names the
 // array in errors (wrong dtype or rank).
 absl::StatusOr<Tensor> ImagesFromArray(Tensor array, const std::string& source);
@@ -88,14 +91,15 @@ absl::StatusOr<DataSplits> LoadData(const std::string& spec);
 
 // --- batches ----------------------------------------------------------------
 struct Batch {
-  Tensor images;                 // float32 [B, ...]
+  Tensor images;                 // float32 [B, ...] (pixels scaled to [0, 1])
   Tensor labels;                 // int64 [B]
   std::vector<int64_t> indices;  // the dataset rows, in batch order
   int64_t epoch = 0;             // the epoch this batch belongs to
   int64_t position = 0;          // its first sample's offset within the epoch order
 };
 
-// Copies rows `indices` of `dataset` into one batch.
+// Copies rows `indices` of `dataset` into one batch (uint8 pixels scaled
+// to float32 [0, 1]).
 Batch GatherBatch(const Dataset& dataset, const std::vector<int64_t>& indices);
 
 struct BatchOptions {
