@@ -369,6 +369,51 @@ TEST_F(VerifyExportTest, ATamperedPolicyRecordExitsOne) {
 
 // Edits of what the data digest covers are corruption (exit 2); so are a
 // record that lost an entry and unparseable JSON in it.
+TEST_F(VerifyExportTest, AnotherVersionsKeptSetIsANoteNotAProblem) {
+  // castor 0.1.0 had no autocast rule 3b, so it kept this MLP's Flatten
+  // float32 too. Its checkpoint records that set; this version's pass
+  // differs, which verify reports as a note (exit 0), export and resume
+  // accept. The same record claiming this version is a mismatch.
+  auto record_old_set = [](Record& record) {
+    RecordEntry(record, kCheckpointKeptFloat32Key) = R"(["/flatten/Flatten","/fc3/Gemm"])";
+  };
+  EditRecord(
+      checkpoint_path_,
+      [&](Record& record) {
+        record_old_set(record);
+        RecordEntry(record, kCheckpointCastorVersionKey) = "0.1.0";
+      },
+      /*reseal=*/true);
+  Program p = Verify({});
+  EXPECT_EQ(p.exit_code, kExitOk) << p.out << p.err;
+  EXPECT_THAT(p.out, HasSubstr("verified"));
+  EXPECT_THAT(p.out, HasSubstr("  notes:\n    - the recorded nodes kept float32 (2) differ"));
+  EXPECT_THAT(p.out, HasSubstr("'/flatten/Flatten' recorded float32, now lower"));
+  EXPECT_THAT(p.out, HasSubstr(absl::StrCat("written by castor 0.1.0, checked by castor ",
+                                            kCastorVersion)));
+  EXPECT_THAT(p.out, Not(HasSubstr("problems:")));
+  absl::StatusOr<Json> json = Json::Parse(Verify({"--json"}).out);
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->Find("notes")->items().size(), 1u);
+  EXPECT_TRUE(json->Find("problems")->items().empty());
+
+  const std::string exported = (dir_ / "old.onnx").string();
+  p = RunCommand(RunExport, {checkpoint_path_, "-o", exported});
+  EXPECT_EQ(p.exit_code, kExitOk) << p.out << p.err;
+  EXPECT_THAT(p.err, HasSubstr("castor export: note: the recorded nodes kept float32"));
+  EXPECT_TRUE(fs::exists(exported));
+  EXPECT_TRUE(FindLatestCheckpoint(checkpoint_path_).ok());
+
+  EditRecord(
+      checkpoint_path_,
+      [&](Record& record) { RecordEntry(record, kCheckpointCastorVersionKey) = kCastorVersion; },
+      /*reseal=*/true);
+  p = Verify({});
+  EXPECT_EQ(p.exit_code, kExitFailure) << p.out << p.err;
+  EXPECT_THAT(p.out, HasSubstr("problems:\n    - the recorded nodes kept float32 (2) differ"));
+  EXPECT_FALSE(FindLatestCheckpoint(checkpoint_path_).ok());
+}
+
 TEST_F(VerifyExportTest, AnEditedStateOrABrokenRecordExitsTwo) {
   const std::string pristine = ReadBytes(checkpoint_path_);
   EditRecord(

@@ -493,7 +493,8 @@ void CheckStateAgainstGraph(const Checkpoint& checkpoint, std::vector<std::strin
 }
 
 // The record checks of FindCheckpointInconsistencies.
-void CheckRecord(const Checkpoint& checkpoint, std::vector<std::string>& problems) {
+void CheckRecord(const Checkpoint& checkpoint, std::vector<std::string>& problems,
+                 std::vector<std::string>* notes) {
   const auto& record = checkpoint.record;
   const Policy& policy = checkpoint.policy;
   const std::string* recorded_seal = FindEntry(record, kCheckpointRecordDigestKey);
@@ -548,17 +549,20 @@ void CheckRecord(const Checkpoint& checkpoint, std::vector<std::string>& problem
       differences.resize(8);
       differences.push_back(absl::StrCat("and ", more, " more"));
     }
-    std::string version_note;
-    if (checkpoint.castor_version != kCastorVersion) {
-      version_note =
-          absl::StrCat(" (written by castor ", checkpoint.castor_version, ", checked by castor ",
-                       kCastorVersion, ": the autocast pass may have changed)");
-    }
-    problems.push_back(absl::StrCat(
+    std::string text = absl::StrCat(
         "the recorded nodes kept float32 (", checkpoint.kept_float32_nodes.size(),
         ") differ from what autocast under the recorded policy keeps (", kept->size(),
-        "): ", differences.empty() ? "same set, different order" : absl::StrJoin(differences, "; "),
-        version_note));
+        "): ", differences.empty() ? "same set, different order" : absl::StrJoin(differences, "; "));
+    if (checkpoint.castor_version == kCastorVersion) {
+      problems.push_back(std::move(text));
+    } else if (notes != nullptr) {
+      // Expected: another version's autocast pass; the record digest still
+      // seals what was recorded.
+      notes->push_back(absl::StrCat(text, " (written by castor ", checkpoint.castor_version,
+                                    ", checked by castor ", kCastorVersion,
+                                    ": the autocast pass changed in between, so this is "
+                                    "expected; resuming converts under this version's pass)"));
+    }
   }
 }
 
@@ -787,11 +791,12 @@ absl::StatusOr<TrainingState> TrainingStateFromJson(const Json& json, const std:
   return state;
 }
 
-std::vector<std::string> FindCheckpointInconsistencies(const Checkpoint& checkpoint) {
+std::vector<std::string> FindCheckpointInconsistencies(const Checkpoint& checkpoint,
+                                                       std::vector<std::string>* notes) {
   std::vector<std::string> problems;
   CheckStateAgainstGraph(checkpoint, problems);
   if (!checkpoint.record.empty() && checkpoint.model.graph != nullptr) {
-    CheckRecord(checkpoint, problems);
+    CheckRecord(checkpoint, problems, notes);
   }
   return problems;
 }

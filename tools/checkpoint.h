@@ -230,8 +230,12 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path);
 //   the record (when read from a file): the record digest matches; the
 //     policy JSON's digest equals the recorded digest; the recorded name and
 //     dtypes equal the policy's; autocast of the stored graph under the
-//     policy keeps the recorded set of nodes float32.
-std::vector<std::string> FindCheckpointInconsistencies(const Checkpoint& checkpoint);
+//     policy keeps the recorded set of nodes float32. When another castor
+//     version wrote the checkpoint, a different set is expected (its
+//     autocast pass may differ: 0.2.0 added rule 3b) and goes to `notes`
+//     (may be null) instead of the problems.
+std::vector<std::string> FindCheckpointInconsistencies(const Checkpoint& checkpoint,
+                                                       std::vector<std::string>* notes = nullptr);
 
 // How `recorded` differs from `expected`, one line per field (name,
 // compute_dtype, keep_io_types, each op whose list differs, op overrides,

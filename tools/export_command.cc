@@ -76,12 +76,14 @@ int RunExport(const std::vector<std::string>& args, std::ostream& out, std::ostr
     const int code = absl::IsFailedPrecondition(checkpoint.status()) ? kExitFailure : kExitBadInput;
     return fail(code, std::string(checkpoint.status().message()));
   }
-  if (std::vector<std::string> problems = FindCheckpointInconsistencies(*checkpoint);
+  std::vector<std::string> notes;
+  if (std::vector<std::string> problems = FindCheckpointInconsistencies(*checkpoint, &notes);
       !problems.empty()) {
     return fail(kExitFailure, absl::StrCat(checkpoint_path, " is inconsistent (", problems.size(),
                                            " problem(s); run 'castor verify' for all): ",
                                            problems.front(), "; nothing was written"));
   }
+  for (const std::string& note : notes) err << "castor export: note: " << note << "\n";
   if (policy_name == "recorded") convert_under = checkpoint->policy;
 
   absl::StatusOr<Model> model = InferenceModelFromCheckpoint(*checkpoint);

@@ -100,7 +100,7 @@ VerifyResult VerifyCheckpointFile(const std::string& path, const Policy* expecte
     return result;
   }
   result.summary = SummarizeCheckpoint(*checkpoint, path);
-  result.problems = FindCheckpointInconsistencies(*checkpoint);
+  result.problems = FindCheckpointInconsistencies(*checkpoint, &result.notes);
   if (expected != nullptr) {
     result.expected_policy = absl::StrCat(expected->name(), " (", expected->Digest(), ")");
     result.policy_differences = DescribePolicyDifferences(checkpoint->policy, *expected);
@@ -176,6 +176,10 @@ std::string RenderVerifyText(const VerifyResult& result) {
       absl::StrAppend(&text, "    - ", difference, "\n");
     }
   }
+  if (!result.notes.empty()) {
+    absl::StrAppend(&text, "  notes:\n");
+    for (const std::string& note : result.notes) absl::StrAppend(&text, "    - ", note, "\n");
+  }
   if (!result.problems.empty()) {
     absl::StrAppend(&text, "  problems:\n");
     for (const std::string& problem : result.problems)
@@ -195,6 +199,9 @@ Json VerifyResultToJson(const VerifyResult& result) {
   Json problems = Json::Array();
   for (const std::string& p : result.problems) problems.Append(Json::String(p));
   json.Set("problems", std::move(problems));
+  Json notes = Json::Array();
+  for (const std::string& n : result.notes) notes.Append(Json::String(n));
+  json.Set("notes", std::move(notes));
   if (!result.expected_policy.empty()) {
     Json expected = Json::Object();
     expected.Set("policy", Json::String(result.expected_policy));

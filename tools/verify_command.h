@@ -65,6 +65,7 @@ struct VerifyResult {
   std::string error;                            // exit 2: why the file is unreadable or corrupt
   std::optional<CheckpointSummary> summary;     // when the file was readable
   std::vector<std::string> problems;            // inconsistencies (exit 1)
+  std::vector<std::string> notes;               // expected differences (another castor version)
   std::string expected_policy;                  // "" when no policy was expected
   std::vector<std::string> policy_differences;  // recorded vs expected (exit 1)
 };
