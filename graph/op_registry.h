@@ -136,9 +136,10 @@ struct OpDef {
   // by `castor inspect --why`; set with the category by autocast_table.cc.
   std::string autocast_source;
   // The op commutes with rounding to a 16-bit dtype: on rounded inputs it
-  // gives the rounding of its float32 result (data movement, max/min
-  // selection, sign). The autocast pass may then run a follow op of this
-  // kind in 16-bit when its readers do (passes/autocast.cc, step 3b).
+  // gives the rounding of its float32 result (data movement, Relu,
+  // MaxPool, sign). The autocast pass may then run a follow op of this
+  // kind in 16-bit when its readers do (passes/autocast.cc, step 3b); its
+  // forward values are the same, its gradient sees the rounded values.
   bool autocast_exact = false;
   GradientFn gradient;
   std::string no_gradient_reason;  // set when the op deliberately has none

@@ -2,8 +2,8 @@
 //
 // Algorithm: after the decisions of steps 1-2, one walk over the nodes in
 // topological order paints them (step 3), one in reverse order repaints
-// exact follow ops for their readers (3b) and a last one inserts the Casts
-// (step 4); linear in graph size:
+// exact follow ops for their readers (3b), one records the decisions and a
+// last one inserts the Casts (step 4); linear in graph size:
 //
 //   1. Policy record. A model whose castor.policy_digest equals the policy's
 //      is returned unchanged (converting twice adds nothing). A model
@@ -39,9 +39,11 @@
 //      movement, Relu, MaxPool, ...; OpDef::autocast_exact) and every
 //      reader of its float outputs computes in the compute dtype. The
 //      Cast its readers shared moves to its input: no Cast more, the same
-//      values, and its output (which a gradient may keep) is half the
-//      size. BatchNormalization -> Relu -> Conv thus stores Relu's output
-//      in 16 bits, as grappler paints clear ops next to allow ops.
+//      forward values (its gradient sees the rounded ones: Relu masks an
+//      input in (0, 3e-8) that rounds to 0, MaxPool may meet a tie that
+//      rounding made), and its output (which a gradient may keep) is half
+//      the size. BatchNormalization -> Relu -> Conv thus stores Relu's
+//      output in 16 bits, as grappler paints clear ops next to allow ops.
 //   4. Casts (DESIGN rules 5-6): every float input of a painted node whose
 //      dtype differs from the node's (float32 for a pinned input) reads a
 //      Cast of its source, one per (source, dtype) shared by all readers and
@@ -134,9 +136,9 @@ class AutocastPass {
     CASTOR_RETURN_IF_ERROR(DecideForcedFloat32());
     if (!policy_.keep_io_types() && policy_.is_mixed()) LowerGraphInputs();
     const std::vector<Node*> original_order = graph_.nodes();
-    // Step 3 for every node first: a node's decision depends only on its
-    // producers' decisions, never on Casts, and step 4 then knows what
-    // every reader of a value needs.
+    // Steps 3 and 3b for every node first: a decision depends on its
+    // producers' decisions (3) or its readers' (3b), never on Casts, and
+    // step 4 then knows what every reader of a value needs.
     absl::flat_hash_map<const Node*, Decision> painted;
     for (Node* node : original_order) {
       CASTOR_ASSIGN_OR_RETURN(Decision decision, Paint(*node));
@@ -150,12 +152,24 @@ class AutocastPass {
     }
     // Step 3b, readers last to first, so that a chain of exact ops before
     // a 16-bit reader turns 16-bit from its end.
+    std::vector<std::pair<Node*, const Value*>> for_readers;  // (node, its float input)
     for (auto it = original_order.rbegin(); it != original_order.rend(); ++it) {
-      CASTOR_ASSIGN_OR_RETURN(std::optional<std::string> why, PaintForReaders(**it));
-      if (!why.has_value()) continue;
+      CASTOR_ASSIGN_OR_RETURN(std::optional<ReadersDecision> repainted, PaintForReaders(**it));
+      if (!repainted.has_value()) continue;
       RetypeOutputs(**it, lowp_);
       decisions_[*it] = lowp_;
-      painted[*it] = Decision{lowp_, *std::move(why)};
+      painted[*it] = Decision{lowp_, std::move(repainted->why)};
+      for_readers.emplace_back(*it, repainted->input);
+    }
+    // Along a chain repainted from its end, only the first node reads a
+    // float32 value; the rest follow a 16-bit input as rule 3 says.
+    for (const auto& [node, input] : for_readers) {
+      if (input->dtype() != lowp_) continue;
+      CASTOR_ASSIGN_OR_RETURN(CategoryReason reason, policy_.CategoryOf(*node));
+      painted[node].why = absl::StrCat("rule 3 (follow): ", reason.rule, ": ", reason.entry,
+                                       "; its computed float input is ", DTypeName(lowp_),
+                                       " (the chain before its ", DTypeName(lowp_),
+                                       " reader(s) turned ", DTypeName(lowp_), " by rule 3b)");
     }
     for (Node* node : original_order) {
       auto decided = painted.find(node);
@@ -357,8 +371,13 @@ class AutocastPass {
   // readers would read a Cast of its output; it reads a Cast of its input
   // instead: no Cast more, the same values (BatchNormalization -> Relu ->
   // Conv stores Relu's output, which its gradient keeps, in 16 bits).
-  // Returns the node's new reason, or nullopt to keep float32.
-  absl::StatusOr<std::optional<std::string>> PaintForReaders(Node& node) {
+  // Returns the node's new reason and its float input, or nullopt to keep
+  // float32.
+  struct ReadersDecision {
+    std::string why;
+    const Value* input;
+  };
+  absl::StatusOr<std::optional<ReadersDecision>> PaintForReaders(Node& node) {
     auto decided = decisions_.find(&node);
     if (!policy_.is_mixed() || decided == decisions_.end() ||
         decided->second != DType::kFloat32 || forced_.contains(&node)) {
@@ -394,11 +413,13 @@ class AutocastPass {
       }
     }
     if (readers == 0 || !AcceptsLowp(node).ok()) return std::nullopt;
-    return absl::StrCat("rule 3 (follow, exact): ", reason.rule, ": ", reason.entry,
-                        "; its input ", Quoted(input->name()), " is ", DTypeName(input->dtype()),
-                        ", but all ", readers, " reader(s) of its output compute in ",
-                        DTypeName(lowp_), ", so it does too: the Cast moves to its input "
-                        "(no Cast more, the same values, its output stored in 16 bits)");
+    return ReadersDecision{
+        absl::StrCat("rule 3 (follow, exact): ", reason.rule, ": ", reason.entry, "; its input ",
+                     Quoted(input->name()), " is ", DTypeName(input->dtype()), ", but all ",
+                     readers, " reader(s) of its output compute in ", DTypeName(lowp_),
+                     ", so it does too: the Cast moves to its input (no Cast more, the same "
+                     "forward values, its output stored in 16 bits)"),
+        input};
   }
 
   // Whether the op's inference accepts the node's float inputs in the

@@ -353,6 +353,13 @@ TEST(AutocastRulesTest, ExactFollowChainBeforeA16BitReaderTakesItsDtype) {
               HasSubstr("rule 3 (follow, exact): op list: follow list: Relu (TF Relu: clear); "
                         "its input 'e' is float32, but all 1 reader(s) of its output compute "
                         "in float16"));
+  // pool and flat read relu's and pool's float16 outputs in the end.
+  for (const char* node : {"pool", "flat"}) {
+    EXPECT_THAT(ReadAutocastRecord(NodeNamed(model, node)).why,
+                HasSubstr("; its computed float input is float16 (the chain before its float16 "
+                          "reader(s) turned float16 by rule 3b)"))
+        << node;
+  }
   EXPECT_THAT(CastSummary(model), ElementsAre("e->float16", "w->float16", "mm->float32"));
   EXPECT_THAT(InvariantViolations(model), IsEmpty());
 
@@ -371,6 +378,8 @@ TEST(AutocastRulesTest, FollowOpStaysFloat32UnlessExactWithOneInputAndOnly16BitR
   // sig: Sigmoid is not exact (rounding its input first changes the result).
   // relu: exact, but the float32 Add reads it too.
   // cat: exact, but a second float input would need a Cast of its own.
+  // row: Gather shrinks its input, so it is not marked exact (rule 3b would
+  // cast the whole input and GatherGrad would keep that copy).
   Model model = ModelBuilder()
                     .Input("x", {4, 8})
                     .Weight("w", {8, 8})
@@ -384,11 +393,18 @@ TEST(AutocastRulesTest, FollowOpStaysFloat32UnlessExactWithOneInputAndOnly16BitR
                     .Op("Concat", {"e", "sum"}, "cat", {Attribute::Int("axis", 1)})
                     .Op("MatMul", {"cat", "w2"}, "mm3")
                     .Op("Add", {"mm1", "mm3"}, "both")
+                    .Constant("first", 0.0f)
+                    .Op("Cast", {"first"}, "index", {Attribute::Int("to", 7)})
+                    .Op("Gather", {"e", "index"}, "row")
+                    .Op("MatMul", {"row", "w"}, "mm4")
                     .Op("Softmax", {"both"}, "out")
                     .Output("out")
+                    .Op("Softmax", {"mm4"}, "out2")
+                    .Output("out2")
                     .Build();
   Convert(model, "mixed_float16");
-  for (const char* node : {"e", "sig", "relu", "sum", "cat", "out"}) {
+  EXPECT_EQ(RecordedDType(model, "mm4"), "float16");
+  for (const char* node : {"e", "sig", "relu", "sum", "cat", "row", "out"}) {
     EXPECT_EQ(RecordedDType(model, node), "float32") << node;
   }
   for (const char* node : {"mm1", "mm2", "mm3", "both"}) {
@@ -399,7 +415,8 @@ TEST(AutocastRulesTest, FollowOpStaysFloat32UnlessExactWithOneInputAndOnly16BitR
                         "'e' is float32"));
   EXPECT_THAT(CastSummary(model),
               ElementsAre("sig->float16", "w->float16", "relu->float16", "mm2->float32",
-                          "cat->float16", "w2->float16", "both->float32"));
+                          "cat->float16", "w2->float16", "row->float16", "both->float32",
+                          "mm4->float32"));
   EXPECT_THAT(InvariantViolations(model), IsEmpty());
 }
 

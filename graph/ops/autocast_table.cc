@@ -30,7 +30,12 @@ constexpr AutocastCategory kAllow = AutocastCategory::kAllow;
 constexpr AutocastCategory kDeny = AutocastCategory::kDeny;
 constexpr AutocastCategory kFollow = AutocastCategory::kFollow;
 constexpr AutocastCategory kNone = AutocastCategory::kNone;
-// Follow ops that commute with rounding to 16 bits (OpDef::autocast_exact).
+// Follow ops that commute with rounding to 16 bits (OpDef::autocast_exact):
+// sign, clamping and data movement that keeps or grows the data, and
+// MaxPool, whose gradient reads X anyway (a 16-bit X halves what a step
+// keeps). Selections that shrink their input (Slice, Gather, ReduceMax/Min,
+// GlobalMaxPool) are not marked: rule 3b would cast their whole input, and
+// their gradients would keep that 16-bit copy alive.
 constexpr bool kExact = true;
 
 constexpr Entry kTable[] = {
@@ -93,9 +98,9 @@ constexpr Entry kTable[] = {
     {"", "MaxPool", kFollow, "TF MaxPool: clear", kExact},
     {"", "AveragePool", kFollow, "TF AvgPool: infer"},
     {"", "GlobalAveragePool", kFollow, "TF Mean over spatial dims of pooled maps: infer"},
-    {"", "GlobalMaxPool", kFollow, "TF Max: clear", kExact},
-    {"", "ReduceMax", kFollow, "TF Max: clear (no accumulation)", kExact},
-    {"", "ReduceMin", kFollow, "TF Min: clear (no accumulation)", kExact},
+    {"", "GlobalMaxPool", kFollow, "TF Max: clear"},
+    {"", "ReduceMax", kFollow, "TF Max: clear (no accumulation)"},
+    {"", "ReduceMin", kFollow, "TF Min: clear (no accumulation)"},
     {"", "ArgMax", kFollow, "TF ArgMax: clear"},
     {"", "ArgMin", kFollow, "TF ArgMin: clear"},
     {"", "Reshape", kFollow, "TF Reshape: clear", kExact},
@@ -106,8 +111,8 @@ constexpr Entry kTable[] = {
     {"", "Expand", kFollow, "TF BroadcastTo: clear", kExact},
     {"", "Concat", kFollow, "TF ConcatV2: clear", kExact},
     {"", "Split", kFollow, "TF Split: clear", kExact},
-    {"", "Slice", kFollow, "TF Slice: clear", kExact},
-    {"", "Gather", kFollow, "TF GatherV2: clear", kExact},
+    {"", "Slice", kFollow, "TF Slice: clear"},
+    {"", "Gather", kFollow, "TF GatherV2: clear"},
     {"", "Pad", kFollow, "TF Pad: clear", kExact},
     {"", "Tile", kFollow, "TF Tile: clear", kExact},
     {"", "Identity", kFollow, "TF Identity: clear", kExact},
