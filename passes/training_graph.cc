@@ -253,6 +253,7 @@ absl::StatusOr<TrainingGraph> BuildTrainingGraph(Model& model,
   result.backward_nodes = gradients.backward_nodes;
   CASTOR_ASSIGN_OR_RETURN(result.backward_recasts,
                           RecastWidenedValuesForBackward(graph, first_backward));
+  result.backward_nodes += result.backward_recasts;
   if (result.backward_recasts > 0) CASTOR_RETURN_IF_ERROR(InferTypes(model));
 
   graph.ClearOutputs();

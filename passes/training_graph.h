@@ -62,7 +62,7 @@ struct TrainingGraph {
   std::vector<std::pair<std::string, std::string>> running_stats;
   std::string model_output;  // the output the loss is attached to
   LossKind loss = LossKind::kSoftmaxCrossEntropy;
-  int backward_nodes = 0;
+  int backward_nodes = 0;  // the recasts included
   // Widening Casts repeated for the backward pass (its readers read a new
   // Cast of the 16-bit value, so the float32 copy is not kept across the
   // step).

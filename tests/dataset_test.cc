@@ -246,6 +246,11 @@ TEST(IdxTest, BatchesScalePixelsToTheUnitRange) {
   }
   EXPECT_EQ(*std::min_element(scaled.begin(), scaled.end()), 0.0f);
   EXPECT_EQ(*std::max_element(scaled.begin(), scaled.end()), 1.0f);
+  // Images of another dtype are refused: batches read uint8 or float32.
+  EXPECT_THAT(Message(MakeDataset("halves", Tensor(DType::kFloat16, {2, 1}),
+                                  Tensor(DType::kInt64, {2}))
+                          .status()),
+              HasSubstr("halves: images must be uint8 pixels or float32"));
   // Rows in another order: each batch row is the dataset row it names.
   const Batch swapped = GatherBatch(*dataset, {1, 0});
   for (size_t i = 0; i < 256; ++i) {

@@ -1,5 +1,5 @@
 // Dataset readers and the batch iterator (see dataset.h): IDX files streamed
-// through zlib's gz* reader (gzip or plain) and converted while reading, a
+// through zlib's gz* reader (gzip or plain) into uint8 pixels, a
 // small zip reader for .npz archives (stored and deflated members, ZIP64),
 // the `--data` forms, and per-epoch shuffling.
 #include "tools/dataset.h"
@@ -624,6 +624,11 @@ absl::StatusOr<Dataset> MakeDataset(std::string name, Tensor images, Tensor labe
   if (images.dims()[0] != labels.dims()[0]) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": label count ", labels.dims()[0],
                                                    " != image count ", images.dims()[0]));
+  }
+  if (images.dtype() != DType::kUInt8 && images.dtype() != DType::kFloat32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": images must be uint8 pixels or float32 (ImagesFromArray converts others); got ",
+        DTypeName(images.dtype())));
   }
   Dataset dataset;
   dataset.name = std::move(name);

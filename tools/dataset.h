@@ -67,7 +67,8 @@ absl::StatusOr<std::map<std::string, Tensor>> ReadNpz(const std::string& path);
 absl::StatusOr<Tensor> ImagesFromArray(Tensor array, const std::string& source);
 absl::StatusOr<Tensor> LabelsFromArray(Tensor array, const std::string& source);
 
-// Pairs images with labels: fails, naming `name`, when the counts differ.
+// Pairs images with labels: fails, naming `name`, when the counts differ or
+// the images are neither uint8 pixels nor float32.
 absl::StatusOr<Dataset> MakeDataset(std::string name, Tensor images, Tensor labels);
 
 // One array file for a FILES list: .npy (by its magic) or IDX (anything else,
