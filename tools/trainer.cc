@@ -1,6 +1,8 @@
 // Trainer (see trainer.h).
 #include "tools/trainer.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "graph/status.h"
@@ -327,6 +329,8 @@ absl::StatusOr<StepResult> Trainer::Step(Feeds inputs, Tensor labels) {
 
 absl::StatusOr<StepResult> Trainer::FinishStep(const std::vector<TensorView>& outputs,
                                                Feeds& inputs, bool replayed) {
+  peak_activation_bytes_ =
+      std::max(peak_activation_bytes_, executor_->last_stats().peak_activation_bytes);
   const TensorView& loss = outputs[0];
   const TensorView& output = outputs[1];
   // What the step logs: the only wait for the backend.

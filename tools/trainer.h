@@ -95,8 +95,10 @@ class Trainer {
   absl::Status Restore(const std::map<std::string, Tensor>& state, const Optimizer& optimizer,
                        const LossScaler& scaler, int64_t steps);
 
-  // Peak activation bytes of the latest run (the executor's plan statistics).
-  int64_t peak_activation_bytes() const { return executor_->last_stats().peak_activation_bytes; }
+  // The largest peak of activation bytes of any step so far (the
+  // executor's plan statistics; a replayed step counts its recording's), so
+  // an epoch's smaller last batch does not lower it.
+  int64_t peak_activation_bytes() const { return peak_activation_bytes_; }
 
   // The training state copied from the backend: the float32 master weights
   // and BatchNormalization statistics by name, and the optimizer with its
@@ -188,6 +190,7 @@ class Trainer {
   LossScaler scaler_;             // host copy, refreshed after every step
   int64_t optimizer_step_ = 0;    // host copy
   int64_t steps_ = 0;
+  int64_t peak_activation_bytes_ = 0;
   // Replay: the feed signatures of node-by-node steps that ran (a repeat is
   // recorded), and the recording, declared last so that it goes first (it
   // uses the executor's buffers and the backend's stream).
