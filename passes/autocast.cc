@@ -369,8 +369,9 @@ class AutocastPass {
   // op is exact (OpDef::autocast_exact: it commutes with the rounding) and
   // every reader of its float outputs computes in the compute dtype. Its
   // readers would read a Cast of its output; it reads a Cast of its input
-  // instead: no Cast more, the same values (BatchNormalization -> Relu ->
-  // Conv stores Relu's output, which its gradient keeps, in 16 bits).
+  // instead: no Cast more, the same forward values (BatchNormalization ->
+  // Relu -> Conv stores Relu's output, which its gradient keeps, in 16
+  // bits).
   // Returns the node's new reason and its float input, or nullopt to keep
   // float32.
   struct ReadersDecision {

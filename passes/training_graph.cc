@@ -158,9 +158,10 @@ absl::StatusOr<int> RecastWidenedValuesForBackward(Graph& graph, int first_backw
       first = std::min(first, at);
     }
     if (backward_uses.empty() || implicit) continue;
-    CASTOR_ASSIGN_OR_RETURN(
-        Node * recast, graph.AddNode("Cast", {narrow}, {graph.UniqueName(wide->name() + "/recast")},
-                                     graph.UniqueName(cast->name() + "/recast")));
+    CASTOR_ASSIGN_OR_RETURN(Node * recast,
+                            graph.AddNode("Cast", {narrow},
+                                          {graph.UniqueName(wide->name() + "/recast")},
+                                          graph.UniqueName(cast->name() + "/recast")));
     for (const Attribute& attribute : cast->attributes()) recast->SetAttribute(attribute);
     for (const Use& use : backward_uses) use.node->SetInput(use.index, recast->output(0));
     insert_before.emplace(first, recast);
