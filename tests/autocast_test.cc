@@ -420,6 +420,64 @@ TEST(AutocastRulesTest, FollowOpStaysFloat32UnlessExactWithOneInputAndOnly16BitR
   EXPECT_THAT(InvariantViolations(model), IsEmpty());
 }
 
+TEST(AutocastRulesTest, ExactFollowOpKeepsFloat32ForGraphOutputsAndPinnedReaders) {
+  // Exp (deny) -> Relu "relu" -> MatMul "mm" (float16) -> Softmax; relu is
+  // exact and its reader is float16, yet it stays float32 when ...
+  auto build = [](bool relu_is_output) {
+    ModelBuilder builder;
+    builder.Input("x", {8, 4})
+        .Weight("w", {8, 8})
+        .Op("Exp", {"x"}, "e")
+        .Op("Relu", {"e"}, "relu")
+        .Op("MatMul", {"w", "relu"}, "mm")
+        .Op("Softmax", {"mm"}, "out")
+        .Output("out");
+    if (relu_is_output) builder.Output("relu");
+    return builder.Build();
+  };
+  // ... nothing else holds it: float16 (the baseline of the cases below).
+  Model free = build(false);
+  Convert(free, "mixed_float16");
+  EXPECT_EQ(RecordedDType(free, "relu"), "float16");
+
+  // ... it produces a graph output (rule 4 forces it float32) ...
+  Model output = build(true);
+  Convert(output, "mixed_float16");
+  EXPECT_EQ(RecordedDType(output, "relu"), "float32");
+  EXPECT_THAT(ReadAutocastRecord(NodeNamed(output, "relu")).why, HasSubstr("rule 4"));
+
+  // ... or, with graph outputs lowered, it would change a graph output's
+  // dtype that rule 3 did not choose ...
+  Policy lowered = BuiltinPolicy("mixed_float16");
+  lowered.set_keep_io_types(false);
+  Model lowered_output = build(true);
+  ValueOrDie(RunAutocast(lowered_output, lowered));
+  EXPECT_EQ(RecordedDType(lowered_output, "relu"), "float32");
+  EXPECT_EQ(lowered_output.graph->FindValue("relu")->dtype(), DType::kFloat32);
+
+  // ... or its float16 reader reads it at a float32 pin: Pow (made follow)
+  // with its exponent pinned, its base a float16 MatMul output.
+  Policy pinned = BuiltinPolicy("mixed_float16");
+  ASSERT_TRUE(pinned.OverrideOp("Pow", AutocastCategory::kFollow).ok());
+  ASSERT_TRUE(pinned.PinInput("Pow", 1).ok());
+  Model pinned_reader = ModelBuilder()
+                            .Input("x", {8, 8})
+                            .Weight("w", {8, 8})
+                            .Op("MatMul", {"w", "x"}, "mm")
+                            .Op("Exp", {"x"}, "e")
+                            .Op("Relu", {"e"}, "relu")
+                            .Op("Pow", {"mm", "relu"}, "power")
+                            .Op("Softmax", {"power"}, "out")
+                            .Output("out")
+                            .Build();
+  ValueOrDie(RunAutocast(pinned_reader, pinned));
+  EXPECT_EQ(RecordedDType(pinned_reader, "power"), "float16");
+  EXPECT_EQ(RecordedDType(pinned_reader, "relu"), "float32");
+  EXPECT_THAT(CastSummary(pinned_reader),
+              ElementsAre("w->float16", "x->float16", "power->float32"));
+  EXPECT_THAT(InvariantViolations(pinned_reader), IsEmpty());
+}
+
 TEST(AutocastRulesTest, FollowOpReadingOnlyWeightsAndConstantsStaysFloat32) {
   Model model = ModelBuilder()
                     .Input("x", {4, 8})
