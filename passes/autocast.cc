@@ -127,6 +127,14 @@ struct Decision {
   std::string why;
 };
 
+// A step-3b repaint: the reason, the node's list entry (for the rule-3
+// reason it gets when its input ends 16-bit too) and its one float input.
+struct ReadersDecision {
+  std::string why;
+  std::string entry;
+  const Value* input = nullptr;
+};
+
 class AutocastPass {
  public:
   AutocastPass(Model& model, const Policy& policy)
@@ -152,21 +160,20 @@ class AutocastPass {
     }
     // Step 3b, readers last to first, so that a chain of exact ops before
     // a 16-bit reader turns 16-bit from its end.
-    std::vector<std::pair<Node*, const Value*>> for_readers;  // (node, its float input)
+    std::vector<std::pair<Node*, ReadersDecision>> for_readers;
     for (auto it = original_order.rbegin(); it != original_order.rend(); ++it) {
       CASTOR_ASSIGN_OR_RETURN(std::optional<ReadersDecision> repainted, PaintForReaders(**it));
       if (!repainted.has_value()) continue;
       RetypeOutputs(**it, lowp_);
       decisions_[*it] = lowp_;
-      painted[*it] = Decision{lowp_, std::move(repainted->why)};
-      for_readers.emplace_back(*it, repainted->input);
+      painted[*it] = Decision{lowp_, repainted->why};
+      for_readers.emplace_back(*it, *std::move(repainted));
     }
     // Along a chain repainted from its end, only the first node reads a
     // float32 value; the rest follow a 16-bit input as rule 3 says.
-    for (const auto& [node, input] : for_readers) {
-      if (input->dtype() != lowp_) continue;
-      CASTOR_ASSIGN_OR_RETURN(CategoryReason reason, policy_.CategoryOf(*node));
-      painted[node].why = absl::StrCat("rule 3 (follow): ", reason.rule, ": ", reason.entry,
+    for (const auto& [node, repainted] : for_readers) {
+      if (repainted.input->dtype() != lowp_) continue;
+      painted[node].why = absl::StrCat("rule 3 (follow): ", repainted.entry,
                                        "; its computed float input is ", DTypeName(lowp_),
                                        " (the chain before its ", DTypeName(lowp_),
                                        " reader(s) turned ", DTypeName(lowp_), " by rule 3b)");
@@ -372,12 +379,8 @@ class AutocastPass {
   // instead: no Cast more, the same forward values (BatchNormalization ->
   // Relu -> Conv stores Relu's output, which its gradient keeps, in 16
   // bits).
-  // Returns the node's new reason and its float input, or nullopt to keep
-  // float32.
-  struct ReadersDecision {
-    std::string why;
-    const Value* input;
-  };
+  // Returns the node's new reason, its list entry and its float input, or
+  // nullopt to keep float32.
   absl::StatusOr<std::optional<ReadersDecision>> PaintForReaders(Node& node) {
     auto decided = decisions_.find(&node);
     if (!policy_.is_mixed() || decided == decisions_.end() ||
@@ -414,13 +417,13 @@ class AutocastPass {
       }
     }
     if (readers == 0 || !AcceptsLowp(node).ok()) return std::nullopt;
-    return ReadersDecision{
-        absl::StrCat("rule 3 (follow, exact): ", reason.rule, ": ", reason.entry, "; its input ",
-                     Quoted(input->name()), " is ", DTypeName(input->dtype()), ", but all ",
-                     readers, " reader(s) of its output compute in ", DTypeName(lowp_),
-                     ", so it does too: the Cast moves to its input (no Cast more, the same "
-                     "forward values, its output stored in 16 bits)"),
-        input};
+    std::string entry = absl::StrCat(reason.rule, ": ", reason.entry);
+    std::string why = absl::StrCat(
+        "rule 3 (follow, exact): ", entry, "; its input ", Quoted(input->name()), " is ",
+        DTypeName(input->dtype()), ", but all ", readers, " reader(s) of its output compute in ",
+        DTypeName(lowp_), ", so it does too: the Cast moves to its input (no Cast more, the same "
+        "forward values, its output stored in 16 bits)");
+    return ReadersDecision{std::move(why), std::move(entry), input};
   }
 
   // Whether the op's inference accepts the node's float inputs in the

@@ -275,8 +275,10 @@ std::vector<int64_t> ReadInts(const TensorView& view) {
   return values;
 }
 
-absl::StatusOr<std::vector<int64_t>> ReadIntInput(const KernelContext& ctx, int index) {
-  return ReadInts(ctx.input(index));
+IntInputReader HostIntInputs(const KernelContext& ctx) {
+  return [&ctx](int index) -> absl::StatusOr<std::vector<int64_t>> {
+    return ReadInts(ctx.input(index));
+  };
 }
 
 absl::Status NoStringTensors(const Node& node) {

@@ -39,10 +39,9 @@ void ParallelMemcpy(void* dst, const void* src, size_t bytes);
 // The entries of an integer tensor (int32/int64/other ints) as int64.
 std::vector<int64_t> ReadInts(const TensorView& view);
 
-// ReadInts of the node's input `index` (never an error): the CPU's
-// IntInputReader for op_geometry.h's plans, as
-// `[&ctx](int i) { return ReadIntInput(ctx, i); }`.
-absl::StatusOr<std::vector<int64_t>> ReadIntInput(const KernelContext& ctx, int index);
+// The CPU's IntInputReader for op_geometry.h's plans: ReadInts of the
+// node's input (host memory; never an error). `ctx` must outlive it.
+IntInputReader HostIntInputs(const KernelContext& ctx);
 
 // A SupportsFn for dtype-agnostic kernels: every tensor of the node must
 // have a fixed element size (no strings).
