@@ -73,9 +73,7 @@ absl::Status RunSplit(KernelContext& ctx) {
 
 absl::Status RunSlice(KernelContext& ctx) {
   const TensorView& in = ctx.input(0);
-  CASTOR_ASSIGN_OR_RETURN(
-      const SliceGeometry slice,
-      PlanSlice(ctx, in.dims, HostIntInputs(ctx)));
+  CASTOR_ASSIGN_OR_RETURN(const SliceGeometry slice, PlanSlice(ctx, in.dims, HostIntInputs(ctx)));
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, in.dtype, slice.dims));
   if (out->num_elements() == 0) return absl::OkStatus();
   const size_t element_size = DTypeSize(in.dtype);

@@ -289,8 +289,7 @@ template <ReduceKind kKind>
 absl::Status ReduceKernel(KernelContext& ctx) {
   const int64_t axes_input_since = kKind == ReduceKind::kSum ? 13 : 18;
   const TensorView& x = ctx.input(0);
-  absl::StatusOr<ReduceAxes> choice = PlanReduceAxes(
-      ctx, axes_input_since, HostIntInputs(ctx));
+  absl::StatusOr<ReduceAxes> choice = PlanReduceAxes(ctx, axes_input_since, HostIntInputs(ctx));
   if (!choice.ok()) return choice.status();
   if (choice->noop) {
     absl::StatusOr<TensorView*> y = ctx.Output(0, x.dtype, x.dims);
