@@ -1,7 +1,8 @@
 // The CUDA backend as the rest of castor sees it, without CUDA headers:
 // create one (or learn why not), and reach its kernel table. Implemented by
-// backend/cuda/cuda_backend.cu when castor is built with CUDA and by
-// backend/no_cuda.cc otherwise, so callers need no #ifdefs.
+// backend/cuda_loader.cc in every build: with CUDA it opens the backend's
+// module, libcastor_cuda.so (backend/cuda_module.h), when first needed;
+// without CUDA it says so. Callers need no #ifdefs.
 //
 // A CUDA backend owns one stream, its cuBLAS/cuBLASLt/cuDNN handles and a
 // caching pool of device memory; it keeps no global device state, so two
@@ -40,15 +41,17 @@ struct DeviceMemoryStats {
 bool CudaBackendCompiled();
 
 // A CUDA backend on `options.device`. FailedPrecondition, saying why, when
-// castor was built without CUDA, no driver or device is usable, or the
-// device is older than compute capability 8.0 (the oldest castor's kernels
-// are built for; it also brings bfloat16 math).
+// castor was built without CUDA, no driver or device is usable, the module
+// cannot be loaded, or the device is older than compute capability 8.0 (the
+// oldest castor's kernels are built for; it also brings bfloat16 math).
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options = {});
 
 // The CUDA backend's kernels. They are host-side descriptions (op, dtypes,
 // entry point), so the table exists without a GPU: tools and tests use it
-// to check that a graph could run on CUDA. nullptr without CUDA.
-const KernelTable* CudaKernelTable();
+// to check that a graph could run on CUDA. Loads the module (without asking
+// for a GPU); FailedPrecondition, saying why, in builds without CUDA or when
+// the module cannot be loaded.
+absl::StatusOr<const KernelTable*> CudaKernelTable();
 
 // The memory statistics of `backend` when it is a CUDA backend.
 absl::StatusOr<DeviceMemoryStats> CudaMemoryStats(const Backend& backend);

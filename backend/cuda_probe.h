@@ -1,8 +1,10 @@
 // Asks whether the CUDA backend is compiled in and whether a usable GPU is
-// present. Implemented by backend/cuda/cuda_probe.cu when castor is built
-// with CUDA, and by backend/no_cuda.cc otherwise, so callers never need
-// #ifdefs. Without a GPU every CUDA call returns an error code; the probe
-// turns it into `usable == false` with the reason, never a crash.
+// present. Implemented by backend/cuda_loader.cc in every build, so callers
+// never need #ifdefs: it asks the NVIDIA driver for a device first and only
+// then loads the CUDA backend's module, whose probe (backend/cuda/
+// cuda_probe.cu) describes the device. Without a GPU every CUDA call returns
+// an error code; the probe turns it into `usable == false` with the reason,
+// never a crash.
 #pragma once
 
 #include <string>
@@ -11,14 +13,16 @@ namespace castor {
 
 struct CudaProbe {
   bool compiled = false;  // built with the CUDA backend
+  std::string module_path;  // the backend's module libcastor_cuda.so, found (not yet loaded)
   bool usable = false;    // a device can be used now
   std::string reason;     // why not usable (driver/runtime error text)
   int device_count = 0;
   std::string device_name;           // of device 0
   int compute_capability_major = 0;  // of device 0
   int compute_capability_minor = 0;
+  // Filled in once a device was found (the module's probe ran).
   int runtime_version = 0;  // e.g. 13000
-  int driver_version = 0;   // 0 when no driver is installed
+  int driver_version = 0;
 };
 
 CudaProbe ProbeCuda();

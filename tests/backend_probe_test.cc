@@ -1,8 +1,15 @@
 // CPU-tier checks of the CUDA probe's contract, which must hold on every
 // machine: compiled matches the build, a usable probe describes a device,
-// an unusable one says why (no crash, no exception without a GPU).
+// an unusable one says why (no crash, no exception without a GPU), and a
+// machine without an NVIDIA driver never maps the CUDA backend's module or
+// its libraries.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <string>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda_backend.h"
 #include "backend/cuda_probe.h"
 
 namespace castor {
@@ -35,6 +42,38 @@ TEST(CudaProbeContract, RepeatedProbesAgree) {
   EXPECT_EQ(a.compiled, b.compiled);
   EXPECT_EQ(a.usable, b.usable);
   EXPECT_EQ(a.device_count, b.device_count);
+}
+
+// Whether this process has mapped a file whose path contains `name`.
+bool Mapped(const std::string& name) {
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find(name) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// Asking for CUDA on a machine without a driver costs nothing: the probe,
+// a refused backend and a CPU backend's memory statistics leave the module
+// (and cuBLAS, cuBLASLt, cuDNN) unloaded.
+TEST(CudaModule, StaysUnloadedWithoutADriver) {
+  ASSERT_FALSE(Mapped("libcastor_cuda.so")) << "loaded before anything asked for CUDA";
+  const CudaProbe probe = ProbeCuda();
+  if (probe.usable || Mapped("libcuda.so")) {
+    GTEST_SKIP() << "this machine has an NVIDIA driver: the module loads when a device is found";
+  }
+  absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend();
+  ASSERT_FALSE(cuda.ok());
+  EXPECT_EQ(cuda.status().message(), probe.reason);
+  CpuBackend cpu;
+  absl::StatusOr<DeviceMemoryStats> stats = CudaMemoryStats(cpu);
+  ASSERT_FALSE(stats.ok());
+  EXPECT_NE(stats.status().message().find("backend 'cpu' is not a CUDA backend"),
+            absl::string_view::npos)
+      << stats.status();
+  for (const char* library : {"libcastor_cuda.so", "libcudart", "libcublas", "libcudnn"}) {
+    EXPECT_FALSE(Mapped(library)) << library;
+  }
 }
 
 }  // namespace

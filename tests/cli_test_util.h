@@ -51,12 +51,13 @@ inline Program RunCommand(int (*command)(const std::vector<std::string>&, std::o
   return program;
 }
 
-// Runs the built `castor` binary with `arguments` (shell words, e.g.
-// "run model.onnx --verbose"); stdout and stderr pass through
+// Runs the built `castor` binary (or `binary`) with `arguments` (shell
+// words, e.g. "run model.onnx --verbose"); stdout and stderr pass through
 // `dir`/out.txt and `dir`/err.txt.
-inline Program RunCastor(const std::filesystem::path& dir, const std::string& arguments) {
+inline Program RunCastor(const std::filesystem::path& dir, const std::string& arguments,
+                         const std::string& binary = CASTOR_BINARY) {
   const std::filesystem::path out = dir / "out.txt", err = dir / "err.txt";
-  const std::string command = std::string(CASTOR_BINARY) + " " + arguments + " >" +
+  const std::string command = binary + " " + arguments + " >" +
                               out.string() + " 2>" + err.string();
   const int status = std::system(command.c_str());
   return Program{WEXITSTATUS(status), ReadFile(out), ReadFile(err)};

@@ -7,6 +7,7 @@
 // job, on a GPU.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -27,9 +28,26 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.model << " " << c.polic
 
 class CudaKernelCoverage : public ::testing::TestWithParam<Case> {};
 
+// The table comes from the CUDA backend's module, which a CUDA build loads
+// from beside its executables, GPU or not (backend/cuda_loader.cc).
+TEST(CudaKernelTable, ComesFromTheModule) {
+  if (!CudaBackendCompiled()) GTEST_SKIP() << "castor was built without the CUDA backend";
+  absl::StatusOr<const KernelTable*> table = CudaKernelTable();
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_EQ(*CudaKernelTable(), *table);  // one table, loaded once
+  bool mapped = false;
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    mapped = mapped || line.find("/libcastor_cuda.so") != std::string::npos;
+  }
+  EXPECT_TRUE(mapped) << "libcastor_cuda.so is not mapped after CudaKernelTable()";
+}
+
 TEST_P(CudaKernelCoverage, EveryTrainingNodeHasACudaKernel) {
-  const KernelTable* table = CudaKernelTable();
-  if (table == nullptr) GTEST_SKIP() << "castor was built without the CUDA backend";
+  if (!CudaBackendCompiled()) GTEST_SKIP() << "castor was built without the CUDA backend";
+  // A CUDA build must load its module here, GPU or not.
+  absl::StatusOr<const KernelTable*> table = CudaKernelTable();
+  ASSERT_TRUE(table.ok()) << table.status();
   const Case& c = GetParam();
   absl::StatusOr<Model> model =
       LoadModel(std::string(CASTOR_SOURCE_DIR) + "/models/" + c.model + ".onnx");
@@ -45,7 +63,7 @@ TEST_P(CudaKernelCoverage, EveryTrainingNodeHasACudaKernel) {
   for (const Model* m : std::vector<const Model*>{&*model, graph->evaluation.get()}) {
     for (const Node* node : m->graph->nodes()) {
       ++nodes;
-      absl::StatusOr<const KernelDef*> kernel = table->Find(*node);
+      absl::StatusOr<const KernelDef*> kernel = (*table)->Find(*node);
       EXPECT_TRUE(kernel.ok()) << kernel.status();
     }
   }

@@ -18,8 +18,10 @@
 #include <random>
 #include <sstream>
 
+#include "backend/cuda_backend.h"
 #include "backend/cuda_probe.h"
 #include "graph/json.h"
+#include "tests/cli_test_util.h"
 #include "tools/checkpoint.h"
 #include "tools/npy.h"
 
@@ -409,6 +411,34 @@ TEST_F(TrainCommandTest, BackendChoice) {
   Result cpu = Train({"--backend", "cpu", "--max-steps", "1"});
   ASSERT_EQ(cpu.code, 0) << cpu.err;
   EXPECT_THAT(cpu.err, Not(HasSubstr("--backend")));
+}
+
+// castor copied without its CUDA backend module (libcastor_cuda.so) still
+// trains on the CPU, and says the module is missing where CUDA comes up:
+// --version, --backend auto's choice, --backend cuda's refusal.
+TEST_F(TrainCommandTest, TrainsOnTheCpuWithoutTheCudaModule) {
+  if (!CudaBackendCompiled()) GTEST_SKIP() << "castor was built without the CUDA backend";
+  const fs::path alone = dir_ / "alone";
+  fs::create_directories(alone);
+  fs::copy_file(CASTOR_BINARY, alone / "castor");
+  const std::string binary = (alone / "castor").string();
+  const std::string missing = absl::StrCat(
+      "the CUDA backend module libcastor_cuda.so is missing (looked for ",
+      (alone / "libcastor_cuda.so").string(), " and ", (dir_ / "libcastor_cuda.so").string(), ")");
+  Program version = RunCastor(dir_, "--version", binary);
+  EXPECT_EQ(version.exit_code, 0) << version.err;
+  EXPECT_THAT(version.out, HasSubstr("CUDA backend: compiled, no usable GPU (" + missing + ")"));
+  const std::string train = absl::StrCat("train ", CASTOR_SOURCE_DIR,
+                                         "/models/mlp_opset17.onnx --data ", data_,
+                                         " --batch 16 --max-steps 1 --backend ");
+  Program automatic = RunCastor(dir_, train + "auto", binary);
+  ASSERT_EQ(automatic.exit_code, 0) << automatic.err;
+  EXPECT_THAT(automatic.err, HasSubstr("--backend auto chose the CPU: "));
+  EXPECT_THAT(automatic.err, HasSubstr(missing));
+  EXPECT_THAT(automatic.out, HasSubstr(", backend cpu ("));
+  Program cuda = RunCastor(dir_, train + "cuda", binary);
+  EXPECT_EQ(cuda.exit_code, 2);
+  EXPECT_THAT(cuda.err, HasSubstr(missing));
 }
 
 TEST_F(TrainCommandTest, FlagErrorsAreExit2) {

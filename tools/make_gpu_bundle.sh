@@ -11,7 +11,8 @@
 # CMAKE_CUDA_ARCHITECTURES), builds `castor` and every cuda_*_test target
 # (today one: cuda_backend_test),
 # and assembles gpu-bundle/:
-#   bin/       castor and the cuda_*_test binaries, stripped
+#   bin/       castor, the cuda_*_test binaries and the CUDA backend's
+#              module libcastor_cuda.so, stripped
 #   lib/       the shared libraries they need (found with ldd), except the
 #              system ones the GPU machine surely has (glibc's libc, libm,
 #              libpthread, libdl, librt, ld-linux; libstdc++, libgcc_s) and
@@ -31,16 +32,14 @@
 # with the run tool's carry list ["gpu-bundle.tar.gz"] and runs
 # `bash tools/gpu_check.sh` there.
 #
-# Every test binary carries all of the CUDA backend's device code (it links
-# the static castor_cuda library), and gzip cannot share the copies; that is
-# why tests/CMakeLists.txt builds every tests/cuda_*_test.cc into the one
-# binary cuda_backend_test. Should the bundle still outgrow the limit:
+# The CUDA backend's device code lives once, in the module
+# libcastor_cuda.so, which castor and the tests load from bin/ beside them
+# (backend/cuda_loader.cc). Should the bundle outgrow the limit:
 # --cuda-architectures LIST sets CMAKE_CUDA_ARCHITECTURES (e.g. 90-real, the
 # H200 only: about a third of the device code); without it the project's
 # default applies, even in a build directory configured with a LIST before.
-# --xz packs gpu-bundle.tar.xz with xz -9 instead, whose 64 MiB window does
-# share the copies (~3x smaller, a few minutes to pack); gpu_check.sh takes
-# either (carry ["gpu-bundle.tar.xz"] then).
+# --xz packs gpu-bundle.tar.xz with xz -9 instead (smaller, a few minutes to
+# pack); gpu_check.sh takes either (carry ["gpu-bundle.tar.xz"] then).
 # --no-build packs an existing build directory as it is (its cuda_*_test
 # binaries found by name under tests/); --output writes the archive elsewhere
 # (gpu-bundle/ is then assembled next to it).
@@ -132,7 +131,10 @@ binary_of() {
 }
 
 CASTOR_BIN="$(binary_of castor)" || die "no castor binary in $BUILD_DIR"
-BINARIES=("$CASTOR_BIN")
+# The CUDA backend's module, built beside castor (CMakeLists.txt).
+CUDA_MODULE="$(dirname "$CASTOR_BIN")/libcastor_cuda.so"
+[[ -f "$CUDA_MODULE" ]] || die "no CUDA backend module $CUDA_MODULE (is $BUILD_DIR a CUDA build?)"
+BINARIES=("$CASTOR_BIN" "$CUDA_MODULE")
 for name in "${TEST_TARGETS[@]}"; do
   path="$(binary_of "$name")" || die "target $name built no binary in $BUILD_DIR"
   BINARIES+=("$path")

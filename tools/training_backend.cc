@@ -18,11 +18,12 @@ namespace {
 // needs no check of its own: CreateCudaBackend refuses devices older than
 // 8.0, which all have bfloat16 and float16 tensor cores.)
 absl::Status CudaCanRun(const std::vector<const Model*>& graphs) {
-  const KernelTable* table = CudaKernelTable();
+  absl::StatusOr<const KernelTable*> table = CudaKernelTable();
+  if (!table.ok()) return table.status();
   std::vector<std::string> missing;
   for (const Model* model : graphs) {
     for (const Node* node : model->graph->nodes()) {
-      if (absl::StatusOr<const KernelDef*> kernel = table->Find(*node); !kernel.ok()) {
+      if (absl::StatusOr<const KernelDef*> kernel = (*table)->Find(*node); !kernel.ok()) {
         missing.push_back(std::string(kernel.status().message()));
       }
     }

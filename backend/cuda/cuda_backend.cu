@@ -1,5 +1,5 @@
-// CudaBackend, its DevicePool, and the backend/cuda_backend.h entry points
-// for CUDA builds.
+// CudaBackend, its DevicePool, and the module entry points that create one,
+// list the kernels and read a backend's memory statistics.
 #include "backend/cuda/cuda_backend.h"
 
 #include <cudnn.h>
@@ -355,39 +355,34 @@ absl::Status CudaBackend::Synchronize() {
   return absl::OkStatus();
 }
 
-const KernelTable& CudaBackend::kernels() const { return *CudaKernelTable(); }
+const KernelTable& CudaBackend::kernels() const { return *Kernels(); }
 
-}  // namespace cuda
+// ---- the module's entry points (backend/cuda/module.cc) ----------------------------
 
-// ---- backend/cuda_backend.h ---------------------------------------------------------
-
-bool CudaBackendCompiled() { return true; }
-
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options) {
-  CASTOR_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaBackend> backend,
-                          cuda::CudaBackend::Create(options));
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const CudaBackendOptions& options) {
+  CASTOR_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::Create(options));
   return std::unique_ptr<Backend>(std::move(backend));
 }
 
-const KernelTable* CudaKernelTable() {
+const KernelTable* Kernels() {
   static const KernelTable* table = [] {
     auto* t = new KernelTable();
-    cuda::RegisterElementwiseKernels(*t);
-    cuda::RegisterReduceKernels(*t);
-    cuda::RegisterMatMulKernels(*t);
-    cuda::RegisterConvKernels(*t);
-    cuda::RegisterPoolKernels(*t);
-    cuda::RegisterNormalizationKernels(*t);
-    cuda::RegisterSoftmaxKernels(*t);
-    cuda::RegisterLossKernels(*t);
-    cuda::RegisterShapeKernels(*t);
+    RegisterElementwiseKernels(*t);
+    RegisterReduceKernels(*t);
+    RegisterMatMulKernels(*t);
+    RegisterConvKernels(*t);
+    RegisterPoolKernels(*t);
+    RegisterNormalizationKernels(*t);
+    RegisterSoftmaxKernels(*t);
+    RegisterLossKernels(*t);
+    RegisterShapeKernels(*t);
     return t;
   }();
   return table;
 }
 
-absl::StatusOr<DeviceMemoryStats> CudaMemoryStats(const Backend& backend) {
-  const auto* cuda_backend = dynamic_cast<const cuda::CudaBackend*>(&backend);
+absl::StatusOr<DeviceMemoryStats> MemoryStats(const Backend& backend) {
+  const auto* cuda_backend = dynamic_cast<const CudaBackend*>(&backend);
   if (cuda_backend == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("backend '", backend.name(), "' is not a CUDA backend"));
@@ -395,4 +390,5 @@ absl::StatusOr<DeviceMemoryStats> CudaMemoryStats(const Backend& backend) {
   return cuda_backend->memory_stats();
 }
 
+}  // namespace cuda
 }  // namespace castor

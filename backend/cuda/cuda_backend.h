@@ -27,6 +27,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda_backend.h"
+#include "backend/cuda_probe.h"
 
 namespace castor::cuda {
 
@@ -141,5 +142,12 @@ class CudaBackend : public Backend {
   std::map<std::vector<int64_t>, ConvAlgorithm> conv_algorithms_;
   std::unique_ptr<StepKernels> step_kernels_;  // holds pool memory: released first
 };
+
+// The module's entry points (backend/cuda/module.cc hands them to the
+// loader; backend/cuda_backend.h documents them).
+CudaProbe ProbeDevices();
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const CudaBackendOptions& options);
+const KernelTable* Kernels();
+absl::StatusOr<DeviceMemoryStats> MemoryStats(const Backend& backend);
 
 }  // namespace castor::cuda

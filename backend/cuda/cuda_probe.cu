@@ -1,13 +1,14 @@
-// ProbeCuda for CUDA builds: queries the runtime and device 0. Every call
-// is checked; on a machine without a GPU (or driver) the error text becomes
-// the probe's reason. No global device state is kept.
+// The module's probe (ProbeCuda once the loader has opened the module):
+// queries the runtime and device 0. Every call is checked; on a machine
+// without a GPU (or driver) the error text becomes the probe's reason. No
+// global device state is kept.
 #include <cuda_runtime.h>
 
-#include "backend/cuda_probe.h"
+#include "backend/cuda/cuda_backend.h"
 
-namespace castor {
+namespace castor::cuda {
 
-CudaProbe ProbeCuda() {
+CudaProbe ProbeDevices() {
   CudaProbe probe;
   probe.compiled = true;
   cudaRuntimeGetVersion(&probe.runtime_version);
@@ -33,4 +34,4 @@ CudaProbe ProbeCuda() {
   return probe;
 }
 
-}  // namespace castor
+}  // namespace castor::cuda
