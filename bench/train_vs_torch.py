@@ -343,9 +343,14 @@ def main():
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="train_vs_torch_") as work_dir:
         # Run a private copy, so that a rebuild of the binary during the
-        # run (a shared build directory) cannot switch binaries halfway.
+        # run (a shared build directory) cannot switch binaries halfway
+        # (with its CUDA backend module, which castor loads from beside
+        # itself, when the build has one).
         binary_copy = os.path.join(work_dir, "castor")
         shutil.copy2(binary, binary_copy)
+        module = os.path.join(os.path.dirname(os.path.abspath(binary)), "libcastor_cuda.so")
+        if os.path.exists(module):
+            shutil.copy2(module, os.path.join(work_dir, "libcastor_cuda.so"))
         for name in models:
             steps = args.steps if args.steps is not None else DEFAULT_STEPS[name]
             model_path = os.path.join(args.models_dir, "%s_opset%d.onnx" % (name, args.opset))
