@@ -1,7 +1,8 @@
 // BuildTrainingGraph (see training_graph.h): the forward-only evaluation
-// graph, then the loss, BatchNormalization in training mode, parameters,
-// autodiff seeded with the loss scale, and 16-bit values re-widened for the
-// backward pass instead of kept in float32.
+// graph, then BatchNormalization in training mode, Relu moved behind the
+// MaxPool that reads it, the loss, parameters, autodiff seeded with the loss
+// scale, and 16-bit values re-widened for the backward pass instead of kept
+// in float32.
 #include "passes/training_graph.h"
 
 #include <algorithm>
@@ -123,6 +124,44 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SwitchBatchNorm
   return stats;
 }
 
+// MaxPool(Relu(x)) == Relu(MaxPool(x)): Relu does not decrease, so the
+// window maximum of the clamped values is the clamped window maximum
+// (padding is -inf and never wins). Pooling first runs Relu on the pooled,
+// several times smaller tensor, and so its gradient too: ReluGrad then
+// masks the pooled gradient, and MaxPoolGrad reads x instead of Relu(x).
+// Forward values are the same, and so are the gradients: where x's window
+// maximum is positive both forms pick the same element; where it is not,
+// both give 0. (Only a NaN in x can tell the forms apart.) Applies where a
+// Relu's output is read only by a MaxPool without an Indices output, whose
+// output is not a graph output. Returns the number of pairs swapped.
+absl::StatusOr<int> PoolBeforeRelu(Graph& graph) {
+  int swapped = 0;
+  for (Node* relu : std::vector<Node*>(graph.nodes())) {
+    if (relu->op_type() != "Relu" || !relu->domain().empty()) continue;
+    Value* x = relu->input(0);
+    Value* y = relu->output(0);
+    if (x == nullptr || y->is_graph_output() || y->uses().size() != 1) continue;
+    Node* pool = y->uses()[0].node;
+    if (pool->op_type() != "MaxPool" || !pool->domain().empty() || y->uses()[0].index != 0 ||
+        pool->num_outputs() != 1) {
+      continue;
+    }
+    Value* pooled = pool->output(0);
+    if (pooled->is_graph_output()) continue;
+    const std::vector<Use> readers = pooled->uses();
+    if (std::any_of(readers.begin(), readers.end(), [](const Use& use) { return use.index < 0; })) {
+      continue;
+    }
+    pool->SetInput(0, x);
+    relu->SetInput(0, pooled);
+    y->set_shape(pooled->shape());
+    for (const Use& use : readers) use.node->SetInput(use.index, y);
+    ++swapped;
+  }
+  if (swapped > 0) CASTOR_RETURN_IF_ERROR(graph.TopologicalSort());
+  return swapped;
+}
+
 // A widening Cast (float16/bfloat16 -> float32: exact) in the forward pass
 // whose float32 output a backward node reads keeps that float32 copy alive
 // from its forward use to its backward one: a BatchNormalization kept
@@ -181,10 +220,12 @@ absl::StatusOr<int> RecastWidenedValuesForBackward(Graph& graph, int first_backw
 // The model forward only with the loss attached: outputs loss, model output.
 absl::StatusOr<std::shared_ptr<const Model>> BuildEvaluationGraph(const Model& model,
                                                                    const std::string& output,
-                                                                   LossKind loss_kind) {
+                                                                   LossKind loss_kind,
+                                                                   bool pool_before_relu) {
   CASTOR_ASSIGN_OR_RETURN(Model evaluation, CloneModel(model));
   CASTOR_RETURN_IF_ERROR(InferTypes(evaluation));
   Graph& graph = *evaluation.graph;
+  if (pool_before_relu) CASTOR_RETURN_IF_ERROR(PoolBeforeRelu(graph).status());
   Value* prediction = graph.FindValue(output);
   CASTOR_ASSIGN_OR_RETURN(Value * loss, AttachLoss(graph, prediction, loss_kind));
   graph.ClearOutputs();
@@ -224,8 +265,12 @@ absl::StatusOr<TrainingGraph> BuildTrainingGraph(Model& model,
   result.model_output = output->name();
   result.loss = options.loss;
   CASTOR_ASSIGN_OR_RETURN(result.evaluation,
-                          BuildEvaluationGraph(model, output->name(), options.loss));
+                          BuildEvaluationGraph(model, output->name(), options.loss,
+                                               options.pool_before_relu));
   CASTOR_ASSIGN_OR_RETURN(result.running_stats, SwitchBatchNormToTraining(model));
+  if (options.pool_before_relu) {
+    CASTOR_ASSIGN_OR_RETURN(result.pooled_relus, PoolBeforeRelu(graph));
+  }
   absl::flat_hash_set<std::string> state_names;
   for (const auto& [state, updated] : result.running_stats) state_names.insert(state);
 

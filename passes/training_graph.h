@@ -14,6 +14,9 @@
 //            its own), and each BatchNormalization's new
 //            running mean/variance (committed only by steps not skipped).
 //
+// A Relu read only by a MaxPool runs after it instead (on the pooled,
+// smaller tensor: the same values and gradients), in both graphs.
+//
 // A float32 value that the forward pass widened from a 16-bit one and the
 // backward pass reads again (BatchNormalization's X behind a 16-bit Conv)
 // is widened a second time just before its first backward reader, so the
@@ -51,6 +54,8 @@ absl::StatusOr<LossKind> ParseLossKind(const std::string& name);
 struct TrainingGraphOptions {
   std::string output = "logits";  // the model output the loss is attached to
   LossKind loss = LossKind::kSoftmaxCrossEntropy;
+  // Swap Relu -> MaxPool into MaxPool -> Relu (off only to compare).
+  bool pool_before_relu = true;
 };
 
 struct TrainingGraph {
@@ -67,6 +72,8 @@ struct TrainingGraph {
   // Cast of the 16-bit value, so the float32 copy is not kept across the
   // step).
   int backward_recasts = 0;
+  // Relu -> MaxPool pairs of the training graph run as MaxPool -> Relu.
+  int pooled_relus = 0;
   // The forward-only evaluation graph (types inferred). Its initializers
   // carry the same names as the training graph's, so the trainer updates
   // both from one state.
