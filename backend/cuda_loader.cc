@@ -8,10 +8,10 @@
 //    cuDNN;
 //  - CudaKernelTable opens it regardless: the table is host-side, and tools
 //    check graphs against it without a GPU.
-// The module is looked for beside the running executable, then in its
-// parent directory (a build tree's test and benchmark binaries sit one level
-// below castor and the module). It is never closed: CUDA libraries must not
-// be unloaded while their handles may live.
+// The module is looked for in the running executable's own directory only
+// (the build tree links it into tests/ and bench/ too), and must come from
+// the same build directory (CASTOR_BUILD_ID). It is never closed once in
+// use: CUDA libraries must not be unloaded while their handles may live.
 //
 // Builds without the CUDA backend (CASTOR_CUDA_MODULE_FILE undefined: no
 // nvcc, CASTOR_CUDA=OFF, Bazel) answer from every entry point that it was
@@ -29,6 +29,7 @@
 #include "backend/cuda_backend.h"
 #include "backend/cuda_module.h"
 #include "backend/cuda_probe.h"
+#include "graph/status.h"
 #include "graph/version.h"
 
 namespace castor {
@@ -37,16 +38,18 @@ namespace {
 
 #ifdef CASTOR_CUDA_MODULE_FILE
 constexpr const char* kModuleFile = CASTOR_CUDA_MODULE_FILE;
+constexpr const char* kBuildId = CASTOR_BUILD_ID;
 #else
 constexpr const char* kModuleFile = nullptr;
+constexpr const char* kBuildId = "";
 #endif
 constexpr const char* kNotBuilt = "castor was built without the CUDA backend";
 
 // The module once OpenModule succeeded (CudaMemoryStats must not open it).
 std::atomic<const CudaModule*> opened_module{nullptr};
 
-// Where the module is: beside the running executable, else in its parent
-// directory. Only looks; opening is LoadModule's.
+// Where the module is: beside the running executable (its real path).
+// Only looks; opening is LoadModule's.
 absl::StatusOr<std::string> FindModule() {
   if (kModuleFile == nullptr) return absl::FailedPreconditionError(kNotBuilt);
   static const absl::StatusOr<std::string> found = []() -> absl::StatusOr<std::string> {
@@ -57,41 +60,42 @@ absl::StatusOr<std::string> FindModule() {
           "cannot find the CUDA backend module ", kModuleFile,
           ": the running executable's path is unknown (/proc/self/exe: ", error.message(), ")"));
     }
-    const std::filesystem::path here = executable.parent_path();
-    const std::vector<std::filesystem::path> candidates = {
-        here / kModuleFile, (here.parent_path() / kModuleFile).lexically_normal()};
-    for (const std::filesystem::path& candidate : candidates) {
-      if (std::filesystem::exists(candidate, error)) return candidate.string();
+    const std::filesystem::path path = executable.parent_path() / kModuleFile;
+    if (!std::filesystem::exists(path, error)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the CUDA backend module ", kModuleFile, " is missing (looked for ", path.string(), ")"));
     }
-    return absl::FailedPreconditionError(
-        absl::StrCat("the CUDA backend module ", kModuleFile, " is missing (looked for ",
-                     candidates[0].string(), " and ", candidates[1].string(), ")"));
+    return path.string();
   }();
   return found;
 }
 
 absl::StatusOr<const CudaModule*> LoadModule() {
-  absl::StatusOr<std::string> found = FindModule();
-  if (!found.ok()) return found.status();
-  const std::string& path = *found;
+  CASTOR_ASSIGN_OR_RETURN(const std::string path, FindModule());
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot load the CUDA backend module ", path, ": ", dlerror()));
   }
+  auto refuse = [handle](std::string why) {
+    dlclose(handle);  // nothing of it was used
+    return absl::FailedPreconditionError(std::move(why));
+  };
   using Entry = const CudaModule* (*)();
   auto entry = reinterpret_cast<Entry>(dlsym(handle, CASTOR_CUDA_MODULE_ENTRY));
   if (entry == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        path, " is not a castor CUDA backend module (no ", CASTOR_CUDA_MODULE_ENTRY, ")"));
+    return refuse(absl::StrCat(path, " is not a castor CUDA backend module (no ",
+                               CASTOR_CUDA_MODULE_ENTRY, ")"));
   }
   const CudaModule* module = entry();
   if (module->abi_version != kCudaModuleAbiVersion ||
-      std::string(module->castor_version) != CASTOR_VERSION_STRING) {
-    return absl::FailedPreconditionError(absl::StrCat(
+      std::string(module->castor_version) != CASTOR_VERSION_STRING ||
+      std::string(module->build_id) != kBuildId) {
+    return refuse(absl::StrCat(
         "the CUDA backend module ", path, " is from another build (castor ", module->castor_version,
-        ", module ABI ", module->abi_version, "; this is castor ", CASTOR_VERSION_STRING, ", ABI ",
-        kCudaModuleAbiVersion, "): rebuild it with castor"));
+        ", module ABI ", module->abi_version, ", build ", module->build_id, "; this is castor ",
+        CASTOR_VERSION_STRING, ", ABI ", kCudaModuleAbiVersion, ", build ", kBuildId,
+        "): copy castor and its module from the same build directory"));
   }
   return module;
 }
@@ -142,27 +146,22 @@ absl::Status DriverHasADevice() {
   return status;
 }
 
+// The module, for work on a device: found, a device reported by the
+// driver, then opened (in that order, so every caller gives the same
+// reason for the same machine).
+absl::StatusOr<const CudaModule*> ModuleForADevice() {
+  CASTOR_RETURN_IF_ERROR(FindModule().status());
+  CASTOR_RETURN_IF_ERROR(DriverHasADevice());
+  return OpenModule();
+}
+
 }  // namespace
 
 CudaProbe ProbeCuda() {
   CudaProbe probe;
-  if (kModuleFile == nullptr) {
-    probe.reason = kNotBuilt;
-    return probe;
-  }
-  probe.compiled = true;
-  absl::StatusOr<std::string> found = FindModule();
-  if (!found.ok()) {
-    probe.reason = std::string(found.status().message());
-    return probe;
-  }
-  probe.module_path = *found;
-  absl::Status driver = DriverHasADevice();
-  if (!driver.ok()) {
-    probe.reason = std::string(driver.message());
-    return probe;
-  }
-  absl::StatusOr<const CudaModule*> module = OpenModule();
+  probe.compiled = kModuleFile != nullptr;
+  if (absl::StatusOr<std::string> found = FindModule(); found.ok()) probe.module_path = *found;
+  absl::StatusOr<const CudaModule*> module = ModuleForADevice();
   if (!module.ok()) {
     probe.reason = std::string(module.status().message());
     return probe;
@@ -175,11 +174,8 @@ CudaProbe ProbeCuda() {
 bool CudaBackendCompiled() { return kModuleFile != nullptr; }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options) {
-  if (kModuleFile == nullptr) return absl::FailedPreconditionError(kNotBuilt);
-  if (absl::Status driver = DriverHasADevice(); !driver.ok()) return driver;
-  absl::StatusOr<const CudaModule*> module = OpenModule();
-  if (!module.ok()) return module.status();
-  return (*module)->create_backend(options);
+  CASTOR_ASSIGN_OR_RETURN(const CudaModule* module, ModuleForADevice());
+  return module->create_backend(options);
 }
 
 absl::StatusOr<const KernelTable*> CudaKernelTable() {

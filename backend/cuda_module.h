@@ -9,8 +9,9 @@
 // The module is part of one build with the executable that loads it: it
 // takes castor's own code (graph/, backend/) from that executable (which
 // exports its symbols), so the types passed across are the same types.
-// `abi_version` and `castor_version` let the loader refuse a module left
-// over from another build with a clear error rather than a crash.
+// `abi_version`, `castor_version` and `build_id` (drawn once per build
+// directory) let the loader refuse a module from another build with a
+// clear error rather than a crash.
 #pragma once
 
 #include <memory>
@@ -29,6 +30,7 @@ inline constexpr int kCudaModuleAbiVersion = 1;
 struct CudaModule {
   int abi_version;             // kCudaModuleAbiVersion of the module's build
   const char* castor_version;  // CASTOR_VERSION_STRING of the module's build
+  const char* build_id;        // CASTOR_BUILD_ID of the module's build directory
   CudaProbe (*probe)();
   absl::StatusOr<std::unique_ptr<Backend>> (*create_backend)(const CudaBackendOptions& options);
   const KernelTable* (*kernel_table)();

@@ -7,14 +7,15 @@ namespace castor {
 
 std::string DescribeCudaProbe(const CudaProbe& probe) {
   if (!probe.compiled) return "CUDA backend: not compiled in (built without nvcc)";
-  const std::string module =
-      probe.module_path.empty() ? "" : absl::StrCat(" (", probe.module_path, ")");
   if (!probe.usable) {
+    const std::string module =
+        probe.module_path.empty() ? "" : absl::StrCat(" (", probe.module_path, ")");
     return absl::StrCat("CUDA backend: compiled", module, ", no usable GPU (", probe.reason, ")");
   }
-  return absl::StrCat("CUDA backend", module, ": ", probe.device_count,
+  return absl::StrCat("CUDA backend: ", probe.device_count,
                       " device(s); device 0: ", probe.device_name, ", compute capability ",
-                      probe.compute_capability_major, ".", probe.compute_capability_minor);
+                      probe.compute_capability_major, ".", probe.compute_capability_minor,
+                      " (module ", probe.module_path, ")");
 }
 
 }  // namespace castor

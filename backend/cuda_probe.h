@@ -28,7 +28,10 @@ struct CudaProbe {
 CudaProbe ProbeCuda();
 
 // One line for `castor --version` and logs, e.g.
-// "CUDA backend: compiled, no usable GPU (no CUDA-capable device is detected)".
+// "CUDA backend: compiled (/opt/castor/libcastor_cuda.so), no usable GPU (no
+// NVIDIA driver: libcuda.so.1: cannot open shared object file: ...)" or
+// "CUDA backend: 1 device(s); device 0: NVIDIA H200, compute capability 9.0
+// (module /opt/castor/libcastor_cuda.so)".
 std::string DescribeCudaProbe(const CudaProbe& probe);
 
 }  // namespace castor

@@ -149,6 +149,14 @@ for path in "${BINARIES[@]}"; do
   cp "$path" "$STAGE/bin/"
   strip --strip-all "$STAGE/bin/$(basename "$path")"
 done
+# The module resolves castor's code against the executable that loads it:
+# check, after stripping, that each bundled executable exports all of it.
+stripped=()
+for path in "${BINARIES[@]}"; do
+  [[ "$path" == "$CUDA_MODULE" ]] || stripped+=("$STAGE/bin/$(basename "$path")")
+done
+bash "$ROOT/tests/cuda_module_symbols_check.sh" "$STAGE/bin/$(basename "$CUDA_MODULE")" \
+  "${stripped[@]}" || die "a bundled executable cannot load the CUDA backend module"
 
 # Libraries the GPU machine has itself: glibc and the GCC runtime ...
 is_system_lib() {
@@ -285,8 +293,8 @@ echo
 echo "$OUTPUT: $mib MiB ($bytes bytes)"
 if ((bytes > LIMIT_MIB * 1048576)); then
   echo "make_gpu_bundle: error: the bundle is $mib MiB, over the $LIMIT_MIB MiB limit (the run" \
-    "tool carries at most 64 MiB in all); pack it with --xz (shares the device code the" \
-    "test binaries repeat), or build for fewer CUDA architectures (--cuda-architectures" \
+    "tool carries at most 64 MiB in all); pack it with --xz (smaller, slower to pack)," \
+    "or build for fewer CUDA architectures (--cuda-architectures" \
     "90-real for the H200), or drop test binaries; removed $OUTPUT so that it cannot be" \
     "carried by mistake" >&2
   rm -f "$OUTPUT"

@@ -9,6 +9,7 @@ extern "C" __attribute__((visibility("default"))) const castor::CudaModule* cast
   static const castor::CudaModule module = {
       .abi_version = castor::kCudaModuleAbiVersion,
       .castor_version = CASTOR_VERSION_STRING,
+      .build_id = CASTOR_BUILD_ID,
       .probe = castor::cuda::ProbeDevices,
       .create_backend = castor::cuda::CreateBackend,
       .kernel_table = castor::cuda::Kernels,
