@@ -22,7 +22,6 @@
 #include <filesystem>
 #include <string>
 #include <system_error>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"

@@ -124,16 +124,36 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SwitchBatchNorm
   return stats;
 }
 
+// Whether every window of `pool` covers at least one input element. castor
+// gives a window that lies wholly in the padding (possible with dilations,
+// or pads as large as the kernel) the lowest value, which a Relu behind
+// the pool would turn into 0. Dilation 1 with every pad smaller than the
+// kernel rules it out: SAME_* pads are, and ceil_mode drops windows that
+// would start in the end padding.
+bool EveryWindowCoversInput(const Node& pool) {
+  const std::vector<int64_t> kernel = pool.GetInts("kernel_shape", {});
+  if (kernel.empty()) return false;
+  for (int64_t dilation : pool.GetInts("dilations", {})) {
+    if (dilation != 1) return false;
+  }
+  const std::vector<int64_t> pads = pool.GetInts("pads", {});
+  for (size_t i = 0; i < pads.size(); ++i) {
+    if (pads[i] >= kernel[i % kernel.size()]) return false;
+  }
+  return true;
+}
+
 // MaxPool(Relu(x)) == Relu(MaxPool(x)): Relu does not decrease, so the
-// window maximum of the clamped values is the clamped window maximum
-// (padding is -inf and never wins). Pooling first runs Relu on the pooled,
-// several times smaller tensor, and so its gradient too: ReluGrad then
-// masks the pooled gradient, and MaxPoolGrad reads x instead of Relu(x).
-// Forward values are the same, and so are the gradients: where x's window
-// maximum is positive both forms pick the same element; where it is not,
-// both give 0. (Only a NaN in x can tell the forms apart.) Applies where a
-// Relu's output is read only by a MaxPool without an Indices output, whose
-// output is not a graph output. Returns the number of pairs swapped.
+// window maximum of the clamped values is the clamped window maximum (and
+// Relu maps -0 to +0, so even the sign of a zero maximum agrees). Pooling
+// first runs Relu on the pooled, several times smaller tensor, and so its
+// gradient too: ReluGrad then masks the pooled gradient, and MaxPoolGrad
+// reads x instead of Relu(x). Values and gradients are the same bits:
+// where x's window maximum is positive both forms pick the same (first)
+// maximum; where it is not, both give +0. Applies where a Relu's output is
+// read only by a MaxPool without an Indices output, whose output is not a
+// graph output and none of whose windows is all padding. Returns the
+// number of pairs swapped.
 absl::StatusOr<int> PoolBeforeRelu(Graph& graph) {
   int swapped = 0;
   for (Node* relu : std::vector<Node*>(graph.nodes())) {
@@ -143,7 +163,7 @@ absl::StatusOr<int> PoolBeforeRelu(Graph& graph) {
     if (x == nullptr || y->is_graph_output() || y->uses().size() != 1) continue;
     Node* pool = y->uses()[0].node;
     if (pool->op_type() != "MaxPool" || !pool->domain().empty() || y->uses()[0].index != 0 ||
-        pool->num_outputs() != 1) {
+        pool->num_outputs() != 1 || !EveryWindowCoversInput(*pool)) {
       continue;
     }
     Value* pooled = pool->output(0);

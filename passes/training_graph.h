@@ -14,8 +14,9 @@
 //            its own), and each BatchNormalization's new
 //            running mean/variance (committed only by steps not skipped).
 //
-// A Relu read only by a MaxPool runs after it instead (on the pooled,
-// smaller tensor: the same values and gradients), in both graphs.
+// A Relu read only by a MaxPool (none of whose windows is all padding)
+// runs after it instead, on the pooled, smaller tensor: the same values and
+// gradients to the bit, in both graphs.
 //
 // A float32 value that the forward pass widened from a 16-bit one and the
 // backward pass reads again (BatchNormalization's X behind a 16-bit Conv)

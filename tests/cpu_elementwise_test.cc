@@ -227,9 +227,12 @@ TEST(CpuElementwiseTest, UnaryIntegers) {
 }
 
 TEST(CpuElementwiseTest, ReluKeepsNanAndSigmoidSaturates) {
-  Tensor y = RunOp("Relu", {F32({3}, {std::nanf(""), -2.0f, 2.0f})});
+  Tensor y = RunOp("Relu", {F32({4}, {std::nanf(""), -2.0f, 2.0f, -0.0f})});
   EXPECT_TRUE(std::isnan(y.data<float>()[0]));
   EXPECT_EQ(y.data<float>()[1], 0.0f);
+  // -0 becomes +0, so Relu commutes with MaxPool to the bit
+  // (passes/training_graph.cc).
+  EXPECT_FALSE(std::signbit(y.data<float>()[3]));
   Tensor s = RunOp("Sigmoid", {F32({2}, {-1000.0f, 1000.0f})});
   EXPECT_EQ(s.data<float>()[0], 0.0f);
   EXPECT_EQ(s.data<float>()[1], 1.0f);

@@ -275,10 +275,12 @@ struct AbsOp {
   }
 };
 
+// max(x, 0) with -0 mapped to +0 (so Relu(MaxPool(x)) == MaxPool(Relu(x))
+// bit for bit, see passes/training_graph.cc); NaN stays NaN.
 struct ReluOp {
   template <typename V>
   CASTOR_HOST_DEVICE V operator()(V x) const {
-    return x < V(0) ? V(0) : x;  // NaN stays NaN
+    return x <= V(0) ? V(0) : x;
   }
 };
 
