@@ -9,10 +9,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -22,6 +20,7 @@
 #include "passes/autocast.h"
 #include "passes/policy.h"
 #include "passes/training_graph.h"
+#include "tests/cli_test_util.h"
 
 namespace castor {
 namespace {
@@ -50,50 +49,43 @@ TEST(CudaKernelTable, ComesFromTheModule) {
 
 #if defined(CASTOR_BUILD_ID)
 // Runs this test binary, copied into `dir` beside `module_bytes` as
-// libcastor_cuda.so, on CudaKernelTable.ComesFromTheModule; returns its
-// exit status and output.
-std::pair<int, std::string> RunBesideModule(const std::filesystem::path& dir,
-                                            const std::string& module_bytes) {
+// libcastor_cuda.so, on CudaKernelTable.ComesFromTheModule.
+tools::Program RunBesideModule(const std::filesystem::path& dir, const std::string& module_bytes) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   std::filesystem::copy_file(std::filesystem::read_symlink("/proc/self/exe"), dir / "test");
   std::ofstream(dir / "libcastor_cuda.so", std::ios::binary) << module_bytes;
-  const std::string command = (dir / "test").string() +
-                              " --gtest_filter=CudaKernelTable.ComesFromTheModule > " +
-                              (dir / "out.txt").string() + " 2>&1";
-  const int status = std::system(command.c_str());
-  std::stringstream out;
-  out << std::ifstream(dir / "out.txt").rdbuf();
+  tools::Program run = tools::RunCastor(dir, "--gtest_filter=CudaKernelTable.ComesFromTheModule",
+                                        (dir / "test").string());
   std::filesystem::remove_all(dir);
-  return {status, out.str()};
+  return run;
 }
 
 // A module castor cannot use is refused with the reason: a file that is no
 // library, and this build's module with another build directory's id.
 TEST(CudaKernelTable, RefusesAModuleItCannotUse) {
   const std::filesystem::path here = std::filesystem::read_symlink("/proc/self/exe").parent_path();
-  std::stringstream module;
-  module << std::ifstream(here / "libcastor_cuda.so", std::ios::binary).rdbuf();
-  std::string bytes = module.str();
+  std::string bytes = tools::ReadFile(here / "libcastor_cuda.so");
   ASSERT_FALSE(bytes.empty());
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("castor_module_test_" + std::to_string(getpid()));
 
-  auto [status, out] = RunBesideModule(dir, "not a shared library");
-  EXPECT_NE(status, 0) << out;
-  EXPECT_NE(out.find("cannot load the CUDA backend module " + (dir / "libcastor_cuda.so").string()),
-            std::string::npos)
-      << out;
+  tools::Program run = RunBesideModule(dir, "not a shared library");
+  EXPECT_NE(run.exit_code, 0) << run.out;
+  EXPECT_NE(
+      run.out.find("cannot load the CUDA backend module " + (dir / "libcastor_cuda.so").string()),
+      std::string::npos)
+      << run.out;
 
   const std::string id = CASTOR_BUILD_ID;
   const size_t at = bytes.find(id);
   ASSERT_NE(at, std::string::npos) << "the module does not carry this build's id";
   const std::string other(id.size(), id[0] == 'a' ? 'b' : 'a');
   bytes.replace(at, id.size(), other);
-  std::tie(status, out) = RunBesideModule(dir, bytes);
-  EXPECT_NE(status, 0) << out;
-  EXPECT_NE(out.find("is from another build (castor "), std::string::npos) << out;
-  EXPECT_NE(out.find(", build " + other + "; this is castor "), std::string::npos) << out;
+  run = RunBesideModule(dir, bytes);
+  EXPECT_NE(run.exit_code, 0) << run.out;
+  EXPECT_NE(run.out.find("is from another build (castor "), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find(", build " + other + "; this is castor "), std::string::npos) << run.out;
 }
 #endif
 
