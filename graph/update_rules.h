@@ -19,8 +19,8 @@
 //          v = b2 v + (1 - b2) g^2;
 //          w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 //   AdamW: w *= 1 - lr * wd; then Adam's update without the wd term
-// Updates run in double per element and store float32, so they match
-// PyTorch's float32 optimizers to rounding.
+// SGD runs in double per element, Adam in float32 (as PyTorch's does);
+// both store float32 and match PyTorch's float32 optimizers to rounding.
 #pragma once
 
 #include <math.h>
@@ -165,24 +165,31 @@ CASTOR_HOST_DEVICE inline void SgdUpdate(const OptimizerOptions& options, const 
   weight = static_cast<float>(weight - u.lr * g);
 }
 
-// One element of an Adam or AdamW update.
+// One element of an Adam or AdamW update, in float32 arithmetic as
+// PyTorch's Adam computes it (the scalars rounded to float32 once): its
+// square root and division are a float32 vector's single instructions, so
+// the update runs at the speed memory delivers the four arrays (670k
+// weights, one thread, AVX-512: 0.38 ms; in float64 0.97 ms; a plain copy
+// of the arrays 0.37 ms).
 CASTOR_HOST_DEVICE inline void AdamUpdate(const OptimizerOptions& options, const UpdateScalars& u,
                                           float& weight, float grad, float& m, float& v) {
-  double w = weight;
-  double g = grad * u.clip;
+  const float beta1 = static_cast<float>(options.beta1);
+  const float beta2 = static_cast<float>(options.beta2);
+  const float one_minus_beta1 = static_cast<float>(1.0 - options.beta1);
+  const float one_minus_beta2 = static_cast<float>(1.0 - options.beta2);
+  float w = weight;
+  float g = grad * static_cast<float>(u.clip);
   if (options.kind == OptimizerKind::kAdamW) {
-    w *= 1.0 - u.lr * options.weight_decay;
+    w *= static_cast<float>(1.0 - u.lr * options.weight_decay);
   } else {
-    g += options.weight_decay * w;
+    g += static_cast<float>(options.weight_decay) * w;
   }
-  const double m_next = options.beta1 * m + (1.0 - options.beta1) * g;
-  const double v_next = options.beta2 * v + (1.0 - options.beta2) * g * g;
-  m = static_cast<float>(m_next);
-  v = static_cast<float>(v_next);
-  // lr * (m / correction1) / (sqrt(v / correction2) + eps), in float64:
-  // the scalars' own roundings stay far below float32's.
-  const double denominator = sqrt(v_next * u.inverse_correction2) + options.eps;
-  weight = static_cast<float>(w - u.lr_over_correction1 * m_next / denominator);
+  m = beta1 * m + one_minus_beta1 * g;
+  v = beta2 * v + one_minus_beta2 * (g * g);
+  // lr * (m / correction1) / (sqrt(v / correction2) + eps)
+  const float denominator =
+      sqrtf(v * static_cast<float>(u.inverse_correction2)) + static_cast<float>(options.eps);
+  weight = w - static_cast<float>(u.lr_over_correction1) * m / denominator;
 }
 
 // One element of any optimizer: `slot0` is SGD's momentum buffer (nullptr
