@@ -2,11 +2,12 @@
 // (DESIGN.md "Training", "Dynamic loss scaling"):
 //
 //   1. UnscaleAndDecide: one fused pass over every gradient divides it by
-//      the loss scale in place, checks it (and the loss) for inf/NaN and
-//      sums its squares; then the step is decided (graph/update_rules.h
-//      DecideStep): skipped, or counted with its learning rate, clipping
-//      and bias corrections; the loss scale moves and the next step's scale
-//      is written where the training graph reads it.
+//      the loss scale in place, checks the unscaled values (and the
+//      loss) for inf/NaN and sums their squares; then the step is decided
+//      (graph/update_rules.h DecideStep): skipped, or counted with its
+//      learning rate, clipping and bias corrections; the loss scale moves
+//      and the next step's scale is written where the training graph
+//      reads it.
 //   2. ApplyOptimizer: the optimizer over all parameters at once
 //      (multi-tensor), unless the step was skipped.
 //   3. CopyUnlessSkipped: BatchNormalization running statistics are

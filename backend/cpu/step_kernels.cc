@@ -12,6 +12,7 @@
 // computes the same bits as the host Optimizer.
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -27,78 +28,76 @@ namespace {
 
 using cpu::LaneSums;
 
-// Gradients are checked and unscaled in blocks of this many elements, in
-// segments of this many blocks spread over the threads.
-constexpr int64_t kUnscaleBlock = 4096;
-constexpr int64_t kUnscaleSegment = 16 * kUnscaleBlock;
+// Gradients are unscaled in segments of this many elements, spread over
+// the threads.
+constexpr int64_t kUnscaleSegment = 1 << 16;
 
 // The sum of squares is a long sum (lane_sums.h's kWideSumLanes).
 using SquareSums = LaneSums<1, cpu::kWideSumLanes>;
 
 // Multiplies `count` elements by `inverse` (float32 arithmetic, one
 // rounding on store for 16-bit) and adds the squares of the stored values
-// to `sums`; false when an element is not finite (the step is skipped and
-// the gradients need no unscaling: the block holding it is left as it was).
-// With inverse 1 (loss scaling off, or a scale of 1) the values are only
-// read: storing them back would give the same bits.
+// to `sums`, in one pass. That float64 sum is also the finiteness check: a
+// float32 value squared is finite in float64, and so is a segment's sum of
+// them, so the sum is inf or NaN exactly when a stored value is. (A
+// non-finite value is stored too: its step is skipped, and nothing reads
+// the gradients of a skipped step.) With inverse 1 (loss scaling off, or a
+// scale of 1) the values are only read: storing them back would give the
+// same bits.
 template <typename Load, typename Store>
-[[gnu::always_inline]] inline bool Unscale(int64_t count, float inverse, Load load, Store store,
+[[gnu::always_inline]] inline void Unscale(int64_t count, float inverse, Load load, Store store,
                                            SquareSums& sums) {
-  for (int64_t begin = 0; begin < count; begin += kUnscaleBlock) {
-    const int64_t n = std::min(kUnscaleBlock, count - begin);
-    bool finite = true;
-    for (int64_t i = begin; i < begin + n; ++i) finite &= IsFiniteFloat(load(i));
-    if (!finite) return false;
-    if (inverse == 1.0f) {  // scale 1 (or scaling off): x * 1 is x, nothing to store
-      sums.Add(n, [&](int64_t i) {
-        const float value = load(begin + i);
-        return std::array<double, 1>{double{value} * value};
-      });
-      continue;
-    }
-    sums.Add(n, [&](int64_t i) {
-      const float stored = store(begin + i, load(begin + i) * inverse);
-      return std::array<double, 1>{double{stored} * stored};
+  if (inverse == 1.0f) {
+    sums.Add(count, [&](int64_t i) {
+      const float value = load(i);
+      return std::array<double, 1>{double{value} * value};
     });
+    return;
   }
-  return true;
+  sums.Add(count, [&](int64_t i) {
+    const float stored = store(i, load(i) * inverse);
+    return std::array<double, 1>{double{stored} * stored};
+  });
 }
 
 CASTOR_VECTOR_CLONES
-bool UnscaleFloat32(float* data, int64_t count, float inverse, SquareSums& sums) {
-  return Unscale(
+void UnscaleFloat32(float* data, int64_t count, float inverse, SquareSums& sums) {
+  Unscale(
       count, inverse, [data](int64_t i) { return data[i]; },
       [data](int64_t i, float v) { return data[i] = v; }, sums);
 }
 
 // Elements [begin, begin + count) of one gradient.
-bool UnscaleRange(const TensorView& gradient, int64_t begin, int64_t count, float inverse,
+void UnscaleRange(const TensorView& gradient, int64_t begin, int64_t count, float inverse,
                   SquareSums& sums) {
   switch (gradient.dtype) {
     case DType::kFloat32:
-      return UnscaleFloat32(gradient.as<float>() + begin, count, inverse, sums);
+      UnscaleFloat32(gradient.as<float>() + begin, count, inverse, sums);
+      return;
     case DType::kFloat16: {
       uint16_t* data = gradient.as<uint16_t>() + begin;
-      return Unscale(
+      Unscale(
           count, inverse, [data](int64_t i) { return HalfBitsToFloat(data[i]); },
           [data](int64_t i, float v) {
             data[i] = FloatToHalfBits(v);
             return HalfBitsToFloat(data[i]);
           },
           sums);
+      return;
     }
     case DType::kBFloat16: {
       uint16_t* data = gradient.as<uint16_t>() + begin;
-      return Unscale(
+      Unscale(
           count, inverse, [data](int64_t i) { return BFloat16BitsToFloat(data[i]); },
           [data](int64_t i, float v) {
             data[i] = FloatToBFloat16Bits(v);
             return BFloat16BitsToFloat(data[i]);
           },
           sums);
+      return;
     }
     default:
-      return true;  // rejected by CheckStepInputs
+      return;  // rejected by CheckStepInputs
   }
 }
 
@@ -140,19 +139,18 @@ class CpuStepKernels : public StepKernels {
       }
     }
     std::vector<double> totals(segments.size(), 0.0);
-    std::vector<char> finite(segments.size(), 1);
     cpu::ParallelFor(0, static_cast<int64_t>(segments.size()), 1, [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) {
         SquareSums squares;
-        finite[i] = UnscaleRange(*segments[i].gradient, segments[i].begin, segments[i].count,
-                                 inverse, squares);
+        UnscaleRange(*segments[i].gradient, segments[i].begin, segments[i].count, inverse,
+                     squares);
         totals[i] = squares.Total(0);
       }
     });
     state->non_finite = 0;
     double sum_squares = 0.0;
     for (size_t i = 0; i < segments.size(); ++i) {
-      state->non_finite |= finite[i] ? 0 : 1;
+      state->non_finite |= std::isfinite(totals[i]) ? 0 : 1;
       sum_squares += totals[i];
     }
     state->sum_squares = sum_squares;  // DecideStep clears it when a value was not finite

@@ -57,15 +57,16 @@ __device__ __forceinline__ void UnscaleStripe(T* data, int64_t count, float inve
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += stride) {
-    const float value = ToFloat(data[i]);
-    if (!IsFiniteFloat(value)) {
+    // Non-finite after unscaling, as the CPU backend decides (a finite
+    // value overflows only when the scale is below 1).
+    const T stored = FromFloat<T>(ToFloat(data[i]) * inverse);
+    const float unscaled = ToFloat(stored);
+    if (!IsFiniteFloat(unscaled)) {
       bad = 1;
       continue;
     }
-    const T stored = FromFloat<T>(value * inverse);
     data[i] = stored;
-    const double unscaled = ToFloat(stored);
-    sum += unscaled * unscaled;
+    sum += static_cast<double>(unscaled) * unscaled;
   }
 }
 
