@@ -3,9 +3,12 @@
 // float64 sums: row counts that do and do not fill a register block, depths
 // that do and do not fill a column block, run counts that leave every
 // remainder of a block of runs, line widths with and without a partial
-// vector, several images in one filter-gradient product, and non-finite
-// values at the grid positions the products must not read. Also FillGrid's
-// vector plane copy and SpreadRow (im2col.h) against the expected values.
+// vector (the filter gradient reads a partial vector after whole ones as an
+// overlapping whole vector, and on a line shorter than a vector under a
+// mask: the shapes have both for each instruction set), several images in
+// one filter-gradient product, and non-finite values at the grid positions
+// the products must not read. Also FillGrid's vector plane copy and
+// SpreadRow (im2col.h) against the expected values.
 #include "backend/cpu/grid_conv.h"
 
 #include <cmath>

@@ -46,9 +46,11 @@ struct Vec {
   using Reg = float;
   using Mask = bool;
   static Mask MaskOf(int count) { return count > 0; }
+  static Mask LastLanes(int count) { return count > 0; }
   static Reg Broadcast(float v) { return v; }
   static Reg Zero() { return 0.0f; }
   static Reg Load(const float* p, Mask m) { return m ? *p : 0.0f; }
+  static Reg Keep(Reg v, Mask m) { return m ? v : 0.0f; }
   static Reg LoadFull(const float* p) { return *p; }
   static void Store(float* p, Reg v, Mask m) {
     if (m) *p = v;
@@ -82,9 +84,13 @@ struct Vec {
   static Mask MaskOf(int count) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
+  static Mask LastLanes(int count) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0));
+  }
   static Reg Broadcast(float v) { return _mm256_set1_ps(v); }
   static Reg Zero() { return _mm256_setzero_ps(); }
   static Reg Load(const float* p, Mask m) { return _mm256_maskload_ps(p, m); }
+  static Reg Keep(Reg v, Mask m) { return _mm256_and_ps(v, _mm256_castsi256_ps(m)); }
   static Reg LoadFull(const float* p) { return _mm256_loadu_ps(p); }
   static void Store(float* p, Reg v, Mask m) { _mm256_maskstore_ps(p, m, v); }
   static Reg Fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
@@ -135,9 +141,11 @@ struct Vec {
   using Reg = __m512;
   using Mask = __mmask16;
   static Mask MaskOf(int count) { return static_cast<Mask>((1u << count) - 1u); }
+  static Mask LastLanes(int count) { return static_cast<Mask>(~((1u << (16 - count)) - 1u)); }
   static Reg Broadcast(float v) { return _mm512_set1_ps(v); }
   static Reg Zero() { return _mm512_setzero_ps(); }
   static Reg Load(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
+  static Reg Keep(Reg v, Mask m) { return _mm512_maskz_mov_ps(m, v); }
   static Reg LoadFull(const float* p) { return _mm512_loadu_ps(p); }
   static void Store(float* p, Reg v, Mask m) { _mm512_mask_storeu_ps(p, m, v); }
   static Reg Fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
