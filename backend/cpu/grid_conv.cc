@@ -109,8 +109,9 @@ struct Vec {
 };
 // 16 ymm registers: 12 accumulators, 3 loads, 1 broadcast.
 constexpr int kForwardRows = 4, kForwardRuns = 3;
-// 12 accumulators, 3 + 1 loads (2 x 4, with 8, was 5% slower on a ResNet
-// step on an AMD EPYC: too few chains to hide the FMA latency).
+// 12 accumulators, 3 + 1 loads (2 x 4, with 8 accumulators, made a ResNet
+// step 5% slower on an AMD EPYC, likely too few chains to hide the FMA
+// latency).
 constexpr int kGradRows = 4, kGradCols = 3;
 
 #include "backend/cpu/grid_conv_kernels.inc"
