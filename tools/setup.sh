@@ -14,7 +14,7 @@ BUILD_DIR="${CASTOR_BUILD_DIR:-build}"
 
 PACKAGES=(
   # toolchain
-  build-essential cmake ninja-build pkg-config git
+  build-essential cmake ninja-build pkg-config git ccache
   # libraries castor links
   libonnx-dev libprotobuf-dev protobuf-compiler libabsl-dev zlib1g-dev
   libopenblas-dev

@@ -17,7 +17,9 @@ export CASTOR_SHARED_DIR="$(cd .. && pwd)/shared"
 
 if [[ "${CASTOR_SKIP_BAZEL:-0}" != "1" ]]; then
   echo "== bazel test //..."
-  bazel test //...
+  # The disk cache in the home directory survives a fresh clone elsewhere
+  # on the same machine (Bazel's output base is per workspace path).
+  bazel test --disk_cache="${HOME}/.cache/castor-bazel-disk" //...
   bazel shutdown
 fi
 
