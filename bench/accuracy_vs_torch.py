@@ -6,7 +6,7 @@ For a sample model (cnn or mlp), trains one epoch of Fashion-MNIST with Adam
 Debian's, run with /usr/bin/python3) from the same initial weights
 (models/generate.py's build()) on castor's own shuffle order: epoch 0 of
 `--seed S` is a Fisher-Yates shuffle driven by std::mt19937_64(S)
-(tools/dataset.cc, BatchIterator::EpochOrder), re-implemented here. So the
+(training/dataset.cc, BatchIterator::EpochOrder), re-implemented here. So the
 float32 rows differ only by floating-point rounding, and the mixed rows show
 what the policy costs.
 

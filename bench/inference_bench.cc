@@ -43,7 +43,7 @@
 #include "graph/tensor.h"
 #include "tools/args.h"
 #include "tools/inspect.h"
-#include "tools/npy.h"
+#include "training/npy.h"
 #include "tools/run_command.h"
 
 namespace castor::bench {
@@ -91,7 +91,7 @@ absl::StatusOr<Feeds> MakeFeeds(const Model& model, const std::vector<std::strin
   for (const Value* input : model.graph->inputs()) {
     auto file = files.find(input->name());
     if (file != files.end()) {
-      CASTOR_ASSIGN_OR_RETURN(Tensor tensor, tools::LoadTensorFile(file->second));
+      CASTOR_ASSIGN_OR_RETURN(Tensor tensor, training::LoadTensorFile(file->second));
       feeds.emplace_back(input->name(), std::move(tensor));
       files.erase(file);
       continue;
@@ -329,7 +329,7 @@ absl::Status TimeModel(const BenchOptions& options, std::ostream& out) {
     }
     for (size_t i = 0; i < outputs.size(); ++i) {
       const std::string name = tools::OutputFileName(model.graph->outputs()[i]->name());
-      CASTOR_RETURN_IF_ERROR(tools::WriteNpy(
+      CASTOR_RETURN_IF_ERROR(training::WriteNpy(
           (std::filesystem::path(options.output_dir) / (name + ".npy")).string(), outputs[i]));
     }
   }

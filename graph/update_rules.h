@@ -3,7 +3,7 @@
 // SGD, Adam and AdamW on float32 master weights), the dynamic loss scaler's
 // state machine and the decision that ends a step (skip it, or apply the
 // optimizer with these scalars). The functions are `CASTOR_HOST_DEVICE`:
-// the host optimizer (passes/optimizer.h), the CPU backend's step kernels
+// the host optimizer (training/optimizer.h), the CPU backend's step kernels
 // and the CUDA kernels call the same code. The host optimizer and the CPU
 // kernels agree to the bit; CUDA agrees to rounding (nvcc fuses a * b + c
 // into one FMA, and its pow and its order of summing squares differ).
@@ -217,7 +217,7 @@ CASTOR_HOST_DEVICE inline double CurrentLossScale(const LossScalerOptions& optio
 }
 
 // Records a step's outcome and moves the scale (GradScaler's rules with a
-// floor; see passes/loss_scaler.h).
+// floor; see training/loss_scaler.h).
 CASTOR_HOST_DEVICE inline void UpdateLossScale(const LossScalerOptions& options, bool all_finite,
                                                LossScalerState& state) {
   if (!all_finite) {

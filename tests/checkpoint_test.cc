@@ -1,10 +1,10 @@
-// Tests for tools/checkpoint.h: bit-exact round trips of weights, running
+// Tests for training/checkpoint.h: bit-exact round trips of weights, running
 // statistics, moments and state (inline and with external data), the state
 // JSON, what a write refuses, corruption detected on read, keep-last-K
 // pruning, FindLatestCheckpoint falling back from a corrupt newest file, and
 // kill -9 of a writer in the middle of saving, 200 times, always leaving a
 // checkpoint that reads and verifies.
-#include "tools/checkpoint.h"
+#include "training/checkpoint.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -21,7 +21,7 @@
 #include "gmock/gmock.h"
 #include "graph/version.h"
 #include "gtest/gtest.h"
-#include "passes/loss_scaler.h"
+#include "training/loss_scaler.h"
 #include "tests/checkpoint_test_util.h"
 #include "tests/cli_test_util.h"
 
@@ -50,7 +50,7 @@ class CheckpointTest : public CliTempDirTest {
 
 // Every initializer, moment and state field of `read` equals `written`'s,
 // bit for bit.
-void ExpectSameContents(const Checkpoint& written, const Checkpoint& read) {
+void ExpectSameContents(const training::Checkpoint& written, const training::Checkpoint& read) {
   const Graph& a = *written.model.graph;
   const Graph& b = *read.model.graph;
   ASSERT_EQ(a.initializers().size(), b.initializers().size());
@@ -71,22 +71,22 @@ void ExpectSameContents(const Checkpoint& written, const Checkpoint& read) {
       EXPECT_TRUE(tensor == read_slots.at(slot)) << parameter << " " << slot;
     }
   }
-  EXPECT_EQ(TrainingStateToJson(written.state).Dump(), TrainingStateToJson(read.state).Dump());
+  EXPECT_EQ(training::TrainingStateToJson(written.state).Dump(), training::TrainingStateToJson(read.state).Dump());
   EXPECT_EQ(written.policy.Digest(), read.policy.Digest());
 }
 
 TEST_F(CheckpointTest, RoundTripOfATrainedMlpIsBitExact) {
   // A loss scale of 1e7 overflows the float16 gradients, so steps are
   // skipped and the scale backs off: the state records real skipped steps.
-  Checkpoint checkpoint = TrainedCheckpoint("mlp_opset17", "mixed_float16", 6, 1e7);
+  training::Checkpoint checkpoint = TrainedCheckpoint("mlp_opset17", "mixed_float16", 6, 1e7);
   ASSERT_EQ(LossScaler::FromJson(checkpoint.state.loss_scaler)->skipped_steps(), 2);
   ASSERT_EQ(checkpoint.state.step, 6);
   ASSERT_EQ(checkpoint.state.optimizer_step, 4);
   ASSERT_EQ(checkpoint.state.moments.size(), 6u);  // Adam m and v for 3 Gemm weights + biases
-  EXPECT_THAT(FindCheckpointInconsistencies(checkpoint), IsEmpty());
+  EXPECT_THAT(training::FindCheckpointInconsistencies(checkpoint), IsEmpty());
 
   const std::string path = (dir_ / "mlp.onnx").string();
-  absl::StatusOr<WrittenCheckpoint> written = WriteCheckpoint(checkpoint, path);
+  absl::StatusOr<training::WrittenCheckpoint> written = training::WriteCheckpoint(checkpoint, path);
   ASSERT_TRUE(written.ok()) << written.status();
   EXPECT_EQ(written->external_data_path, "");
   EXPECT_EQ(written->file_bytes, static_cast<int64_t>(fs::file_size(path)));
@@ -94,18 +94,18 @@ TEST_F(CheckpointTest, RoundTripOfATrainedMlpIsBitExact) {
   EXPECT_GT(written->file_bytes, 3 * 669706 * 4);
   EXPECT_THAT(Files(), ElementsAre("mlp.onnx"));
 
-  absl::StatusOr<Checkpoint> read = ReadCheckpoint(path);
+  absl::StatusOr<training::Checkpoint> read = training::ReadCheckpoint(path);
   ASSERT_TRUE(read.ok()) << read.status();
   ExpectSameContents(checkpoint, *read);
   EXPECT_EQ(read->castor_version, kCastorVersion);
   EXPECT_EQ(read->policy.name(), "mixed_float16");
-  EXPECT_EQ(read->kept_float32_nodes, *KeptFloat32Nodes(checkpoint.model, checkpoint.policy));
+  EXPECT_EQ(read->kept_float32_nodes, *training::KeptFloat32Nodes(checkpoint.model, checkpoint.policy));
   // The output Gemm (fc3) stays float32 under every policy (graph outputs).
   EXPECT_THAT(read->kept_float32_nodes, ::testing::Contains(HasSubstr("fc3")));
-  EXPECT_THAT(FindCheckpointInconsistencies(*read), IsEmpty());
+  EXPECT_THAT(training::FindCheckpointInconsistencies(*read), IsEmpty());
   // The model keeps its own metadata; the record is separate.
   EXPECT_NE(read->model.FindMetadata("castor.sample"), nullptr);
-  EXPECT_EQ(read->model.FindMetadata(kCheckpointFormatKey), nullptr);
+  EXPECT_EQ(read->model.FindMetadata(training::kCheckpointFormatKey), nullptr);
   EXPECT_TRUE(read->model.serialized_training_info.empty());
   EXPECT_EQ(read->record.size(), 11u);
 
@@ -113,11 +113,11 @@ TEST_F(CheckpointTest, RoundTripOfATrainedMlpIsBitExact) {
   absl::StatusOr<Model> as_model = LoadAndCheckModel(path);
   ASSERT_TRUE(as_model.ok()) << as_model.status();
   EXPECT_EQ(as_model->serialized_training_info.size(), 1u);
-  EXPECT_EQ(*as_model->FindMetadata(kCheckpointPolicyNameKey), "mixed_float16");
+  EXPECT_EQ(*as_model->FindMetadata(training::kCheckpointPolicyNameKey), "mixed_float16");
 }
 
 TEST_F(CheckpointTest, RoundTripOfAResnetKeepsItsRunningStatistics) {
-  Checkpoint checkpoint = TrainedCheckpoint("resnet_opset17", "mixed_bfloat16", 2);
+  training::Checkpoint checkpoint = TrainedCheckpoint("resnet_opset17", "mixed_bfloat16", 2);
   ASSERT_EQ(checkpoint.state.running_stats.size(), 16u);  // 8 BatchNormalizations
   // Training moved the statistics away from the exported ones.
   Model original = LoadFloat32Sample("resnet_opset17");
@@ -126,12 +126,12 @@ TEST_F(CheckpointTest, RoundTripOfAResnetKeepsItsRunningStatistics) {
                *checkpoint.model.graph->FindValue(mean)->initializer());
 
   const std::string path = (dir_ / "resnet.onnx").string();
-  ASSERT_TRUE(WriteCheckpoint(checkpoint, path).ok());
-  absl::StatusOr<Checkpoint> read = ReadCheckpoint(path);
+  ASSERT_TRUE(training::WriteCheckpoint(checkpoint, path).ok());
+  absl::StatusOr<training::Checkpoint> read = training::ReadCheckpoint(path);
   ASSERT_TRUE(read.ok()) << read.status();
   ExpectSameContents(checkpoint, *read);
   EXPECT_EQ(read->state.running_stats, checkpoint.state.running_stats);
-  EXPECT_THAT(FindCheckpointInconsistencies(*read), IsEmpty());
+  EXPECT_THAT(training::FindCheckpointInconsistencies(*read), IsEmpty());
   // BatchNormalization is on the deny list: all 8 stay float32.
   int kept_batch_norms = 0;
   for (const std::string& name : read->kept_float32_nodes) {
@@ -143,11 +143,11 @@ TEST_F(CheckpointTest, RoundTripOfAResnetKeepsItsRunningStatistics) {
 }
 
 TEST_F(CheckpointTest, ExternalDataRoundTripAndItsDataFiles) {
-  Checkpoint checkpoint = TrainedCheckpoint("mlp_opset17", "mixed_bfloat16", 2);
+  training::Checkpoint checkpoint = TrainedCheckpoint("mlp_opset17", "mixed_bfloat16", 2);
   const fs::path path = dir_ / "mlp.onnx";
-  CheckpointWriteOptions options;
+  training::CheckpointWriteOptions options;
   options.external_data_threshold_bytes = 1;  // force it
-  absl::StatusOr<WrittenCheckpoint> written = WriteCheckpoint(checkpoint, path.string(), options);
+  absl::StatusOr<training::WrittenCheckpoint> written = training::WriteCheckpoint(checkpoint, path.string(), options);
   ASSERT_TRUE(written.ok()) << written.status();
   ASSERT_NE(written->external_data_path, "");
   const std::string data_name = fs::path(written->external_data_path).filename().string();
@@ -161,37 +161,37 @@ TEST_F(CheckpointTest, ExternalDataRoundTripAndItsDataFiles) {
   EXPECT_EQ(static_cast<int64_t>(fs::file_size(written->external_data_path)),
             written->external_data_bytes);
 
-  absl::StatusOr<Checkpoint> read = ReadCheckpoint(path.string());
+  absl::StatusOr<training::Checkpoint> read = training::ReadCheckpoint(path.string());
   ASSERT_TRUE(read.ok()) << read.status();
   ExpectSameContents(checkpoint, *read);
   EXPECT_EQ(read->external_data_file, written->external_data_path);
-  EXPECT_THAT(FindCheckpointInconsistencies(*read), IsEmpty());
+  EXPECT_THAT(training::FindCheckpointInconsistencies(*read), IsEmpty());
 
   // A write of other contents to the same path replaces the data file.
-  Checkpoint later = TrainedCheckpoint("mlp_opset17", "mixed_bfloat16", 3);
-  absl::StatusOr<WrittenCheckpoint> rewritten = WriteCheckpoint(later, path.string(), options);
+  training::Checkpoint later = TrainedCheckpoint("mlp_opset17", "mixed_bfloat16", 3);
+  absl::StatusOr<training::WrittenCheckpoint> rewritten = training::WriteCheckpoint(later, path.string(), options);
   ASSERT_TRUE(rewritten.ok()) << rewritten.status();
   EXPECT_NE(rewritten->external_data_path, written->external_data_path);
   EXPECT_THAT(Files(),
               ElementsAre("mlp.onnx", fs::path(rewritten->external_data_path).filename().string()));
-  ASSERT_TRUE(ReadCheckpoint(path.string()).ok());
+  ASSERT_TRUE(training::ReadCheckpoint(path.string()).ok());
 
   // Without its data file the checkpoint is corrupt, naming the file.
   fs::rename(rewritten->external_data_path, dir_ / "elsewhere.data");
-  absl::StatusOr<Checkpoint> missing = ReadCheckpoint(path.string());
+  absl::StatusOr<training::Checkpoint> missing = training::ReadCheckpoint(path.string());
   ASSERT_FALSE(missing.ok());
   EXPECT_TRUE(absl::IsDataLoss(missing.status())) << missing.status();
   EXPECT_THAT(missing.status().message(), HasSubstr(path.string()));
   EXPECT_THAT(missing.status().message(), HasSubstr("does not exist"));
 
   // Written inline again: no data file is left.
-  ASSERT_TRUE(WriteCheckpoint(later, path.string()).ok());
+  ASSERT_TRUE(training::WriteCheckpoint(later, path.string()).ok());
   EXPECT_THAT(Files(), ElementsAre("elsewhere.data", "mlp.onnx"));
-  ASSERT_TRUE(ReadCheckpoint(path.string()).ok());
+  ASSERT_TRUE(training::ReadCheckpoint(path.string()).ok());
 }
 
 TEST(TrainingStateJsonTest, EveryFieldRoundTrips) {
-  TrainingState state;
+  training::TrainingState state;
   state.step = 12;
   state.optimizer_step = 10;
   state.epoch = 3;
@@ -221,12 +221,12 @@ TEST(TrainingStateJsonTest, EveryFieldRoundTrips) {
   state.extra.Set("note", Json::String("hello"));
   state.moments["w"]["momentum"] = Tensor(DType::kFloat32, {2});
 
-  const Json json = TrainingStateToJson(state);
+  const Json json = training::TrainingStateToJson(state);
   EXPECT_EQ(json.Find("seed")->as_string(), "18446744073709551615");
   EXPECT_EQ(json.Find("moments")->items()[0].as_string(), "castor.moment/momentum/w");
-  absl::StatusOr<TrainingState> back = TrainingStateFromJson(*Json::Parse(json.Dump()), "test");
+  absl::StatusOr<training::TrainingState> back = training::TrainingStateFromJson(*Json::Parse(json.Dump()), "test");
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(TrainingStateToJson(*back).Dump(), json.Dump());
+  EXPECT_EQ(training::TrainingStateToJson(*back).Dump(), json.Dump());
   EXPECT_EQ(back->seed, state.seed);
   EXPECT_EQ(back->optimizer.momentum, 0.9);
   EXPECT_EQ(back->lr_schedule.min_lr, 1e-5);
@@ -234,27 +234,27 @@ TEST(TrainingStateJsonTest, EveryFieldRoundTrips) {
 
   Json broken = json;
   broken.Set("step", Json::String("twelve"));
-  absl::StatusOr<TrainingState> error = TrainingStateFromJson(broken, "state");
+  absl::StatusOr<training::TrainingState> error = training::TrainingStateFromJson(broken, "state");
   ASSERT_FALSE(error.ok());
   EXPECT_EQ(error.status().message(), "state: field 'step' must be an integer");
   broken = json;
   broken.Find("optimizer")->Set("kind", Json::String("lbfgs"));
-  EXPECT_THAT(TrainingStateFromJson(broken, "state").status().message(),
+  EXPECT_THAT(training::TrainingStateFromJson(broken, "state").status().message(),
               HasSubstr("state: optimizer: field 'kind' unknown optimizer 'lbfgs'"));
 
   std::string parameter, slot;
-  EXPECT_TRUE(ParseMomentTensorName("castor.moment/m/enc/layer.0/w", &parameter, &slot));
+  EXPECT_TRUE(training::ParseMomentTensorName("castor.moment/m/enc/layer.0/w", &parameter, &slot));
   EXPECT_EQ(slot, "m");
   EXPECT_EQ(parameter, "enc/layer.0/w");
-  EXPECT_FALSE(ParseMomentTensorName("castor.moment/m", &parameter, &slot));
-  EXPECT_FALSE(ParseMomentTensorName("fc1.weight", &parameter, &slot));
+  EXPECT_FALSE(training::ParseMomentTensorName("castor.moment/m", &parameter, &slot));
+  EXPECT_FALSE(training::ParseMomentTensorName("fc1.weight", &parameter, &slot));
 }
 
 TEST_F(CheckpointTest, WriteRefusesAnInconsistentCheckpointAndWritesNothing) {
-  const Checkpoint good = TrainedCheckpoint("mlp_opset17", "float32", 1);
+  const training::Checkpoint good = TrainedCheckpoint("mlp_opset17", "float32", 1);
   const std::string path = (dir_ / "bad.onnx").string();
-  auto refused = [&](Checkpoint checkpoint, const std::string& expected) {
-    absl::StatusOr<WrittenCheckpoint> written = WriteCheckpoint(checkpoint, path);
+  auto refused = [&](training::Checkpoint checkpoint, const std::string& expected) {
+    absl::StatusOr<training::WrittenCheckpoint> written = training::WriteCheckpoint(checkpoint, path);
     ASSERT_FALSE(written.ok()) << expected;
     EXPECT_TRUE(absl::IsInvalidArgument(written.status())) << written.status();
     EXPECT_THAT(written.status().message(), HasSubstr(path));
@@ -262,36 +262,36 @@ TEST_F(CheckpointTest, WriteRefusesAnInconsistentCheckpointAndWritesNothing) {
     EXPECT_FALSE(fs::exists(path));
   };
   {
-    Checkpoint c = CopyCheckpoint(good);
+    training::Checkpoint c = CopyCheckpoint(good);
     c.state.parameters.push_back("fc9.weight");
     refused(std::move(c), "parameter 'fc9.weight' is not an initializer of the graph");
   }
   {
-    Checkpoint c = CopyCheckpoint(good);
+    training::Checkpoint c = CopyCheckpoint(good);
     c.state.moments["fc1.weight"]["m"] = Tensor(DType::kFloat32, {3});
     refused(std::move(c),
             "moment 'castor.moment/m/fc1.weight' is float32[3]; its parameter is "
             "float32[512,784]");
   }
   {
-    Checkpoint c = CopyCheckpoint(good);
+    training::Checkpoint c = CopyCheckpoint(good);
     c.state.moments["fc1.weight"]["momentum"] = c.state.moments["fc1.weight"]["m"];
     refused(std::move(c), "slot 'momentum' is not a slot of the adam optimizer (slots: m, v)");
   }
   {
-    Checkpoint c = CopyCheckpoint(good);
+    training::Checkpoint c = CopyCheckpoint(good);
     c.state.moments.erase("fc2.bias");
     refused(std::move(c), "parameter 'fc2.bias' has no 'm' moment although 1 update(s)");
   }
   {
-    Checkpoint c = CopyCheckpoint(good);
+    training::Checkpoint c = CopyCheckpoint(good);
     c.state.step = 5;  // 1 update, 0 skipped
     refused(std::move(c),
             "step 5 is not the optimizer's 1 updates plus the loss scaler's 0 "
             "skipped steps");
   }
   {
-    Checkpoint c = CopyCheckpoint(good);
+    training::Checkpoint c = CopyCheckpoint(good);
     std::erase(c.state.parameters, "fc1.bias");
     c.state.moments.erase("fc1.bias");
     c.state.running_stats.push_back("fc1.bias");
@@ -299,20 +299,20 @@ TEST_F(CheckpointTest, WriteRefusesAnInconsistentCheckpointAndWritesNothing) {
   }
   {
     // The converted model instead of the float32 graph.
-    Checkpoint c = CopyCheckpoint(good);
+    training::Checkpoint c = CopyCheckpoint(good);
     ASSERT_TRUE(RunAutocast(c.model, *Policy::Builtin("mixed_float16")).ok());
     refused(std::move(c), "a checkpoint holds the float32 graph (StripAutocast");
   }
 }
 
 TEST_F(CheckpointTest, CorruptFilesAreDataLossNamingTheFile) {
-  const Checkpoint checkpoint = TrainedCheckpoint("mlp_opset17", "mixed_float16", 2);
+  const training::Checkpoint checkpoint = TrainedCheckpoint("mlp_opset17", "mixed_float16", 2);
   const fs::path good = dir_ / "good.onnx";
-  ASSERT_TRUE(WriteCheckpoint(checkpoint, good.string()).ok());
+  ASSERT_TRUE(training::WriteCheckpoint(checkpoint, good.string()).ok());
   const std::string bytes = ReadBytes(good);
   const fs::path bad = dir_ / "bad.onnx";
   auto expect_data_loss = [&](const std::string& what, const std::string& message) {
-    absl::StatusOr<Checkpoint> read = ReadCheckpoint(bad.string());
+    absl::StatusOr<training::Checkpoint> read = training::ReadCheckpoint(bad.string());
     ASSERT_FALSE(read.ok()) << what;
     EXPECT_TRUE(absl::IsDataLoss(read.status())) << what << ": " << read.status();
     EXPECT_THAT(read.status().message(), HasSubstr(bad.string())) << what;
@@ -352,28 +352,28 @@ TEST_F(CheckpointTest, CorruptFilesAreDataLossNamingTheFile) {
   WriteBytes(bad, "");
   expect_data_loss("empty", "the file is empty");
 
-  absl::StatusOr<Checkpoint> missing = ReadCheckpoint((dir_ / "missing.onnx").string());
+  absl::StatusOr<training::Checkpoint> missing = training::ReadCheckpoint((dir_ / "missing.onnx").string());
   EXPECT_TRUE(absl::IsNotFound(missing.status())) << missing.status();
 }
 
 TEST_F(CheckpointTest, SaveToCheckpointDirKeepsTheNewestK) {
-  Checkpoint checkpoint = TrainedCheckpoint("mlp_opset17", "float32", 1);
+  training::Checkpoint checkpoint = TrainedCheckpoint("mlp_opset17", "float32", 1);
   const fs::path dir = dir_ / "run";
   fs::create_directories(dir);
   WriteBytes(dir / "notes.txt", "mine");
   WriteBytes(dir / "ckpt-1.onnx", "not castor's name pattern");
   WriteBytes(dir / "ckpt-00000002.onnx.tmp.AbC123", "a killed writer's temporary file");
-  CheckpointWriteOptions external;
+  training::CheckpointWriteOptions external;
   external.external_data_threshold_bytes = 1;
   std::vector<std::string> removed;
   for (int64_t step : {1, 2, 3, 4, 5}) {
     // Steps 3 and 4 use external data: pruning removes their data files too.
     checkpoint.state.step = step;
     checkpoint.state.optimizer_step = step;
-    absl::StatusOr<SavedCheckpoint> saved = SaveToCheckpointDir(
-        dir.string(), checkpoint, 2, step == 3 || step == 4 ? external : CheckpointWriteOptions{});
+    absl::StatusOr<training::SavedCheckpoint> saved = training::SaveToCheckpointDir(
+        dir.string(), checkpoint, 2, step == 3 || step == 4 ? external : training::CheckpointWriteOptions{});
     ASSERT_TRUE(saved.ok()) << saved.status();
-    EXPECT_EQ(saved->written.path, (dir / CheckpointFileName(step)).string());
+    EXPECT_EQ(saved->written.path, (dir / training::CheckpointFileName(step)).string());
     removed.insert(removed.end(), saved->removed.begin(), saved->removed.end());
   }
   EXPECT_THAT(removed, ElementsAre((dir / "ckpt-00000001.onnx").string(),
@@ -391,30 +391,30 @@ TEST_F(CheckpointTest, SaveToCheckpointDirKeepsTheNewestK) {
   EXPECT_EQ(files[3], "ckpt-1.onnx");
   EXPECT_EQ(files[4], "notes.txt");
 
-  absl::StatusOr<std::vector<CheckpointFile>> listed = ListCheckpoints(dir.string());
+  absl::StatusOr<std::vector<training::CheckpointFile>> listed = training::ListCheckpoints(dir.string());
   ASSERT_TRUE(listed.ok());
   ASSERT_EQ(listed->size(), 2u);
   EXPECT_EQ((*listed)[0].step, 4);
   EXPECT_EQ((*listed)[1].step, 5);
-  EXPECT_EQ(CheckpointFileName(123456789), "ckpt-123456789.onnx");
+  EXPECT_EQ(training::CheckpointFileName(123456789), "ckpt-123456789.onnx");
 }
 
 TEST_F(CheckpointTest, FindLatestFallsBackFromACorruptNewest) {
-  Checkpoint checkpoint = TrainedCheckpoint("mlp_opset17", "mixed_bfloat16", 1);
+  training::Checkpoint checkpoint = TrainedCheckpoint("mlp_opset17", "mixed_bfloat16", 1);
   const fs::path dir = dir_ / "run";
-  EXPECT_TRUE(absl::IsNotFound(FindLatestCheckpoint(dir.string()).status()));
+  EXPECT_TRUE(absl::IsNotFound(training::FindLatestCheckpoint(dir.string()).status()));
   fs::create_directories(dir);
-  EXPECT_TRUE(absl::IsNotFound(FindLatestCheckpoint(dir.string()).status()));
+  EXPECT_TRUE(absl::IsNotFound(training::FindLatestCheckpoint(dir.string()).status()));
   for (int64_t step : {10, 20, 30}) {
     checkpoint.state.step = step;
     checkpoint.state.optimizer_step = step;
-    ASSERT_TRUE(SaveToCheckpointDir(dir.string(), checkpoint, 0).ok());
+    ASSERT_TRUE(training::SaveToCheckpointDir(dir.string(), checkpoint, 0).ok());
   }
   // A killed writer's temporary file is never taken for a checkpoint.
   WriteBytes(dir / "ckpt-00000040.onnx.tmp.x1y2z3",
              ReadBytes(dir / "ckpt-00000030.onnx").substr(0, 100));
 
-  absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(dir.string());
+  absl::StatusOr<training::FoundCheckpoint> found = training::FindLatestCheckpoint(dir.string());
   ASSERT_TRUE(found.ok()) << found.status();
   EXPECT_EQ(found->path, (dir / "ckpt-00000030.onnx").string());
   EXPECT_EQ(found->checkpoint.state.step, 30);
@@ -422,7 +422,7 @@ TEST_F(CheckpointTest, FindLatestFallsBackFromACorruptNewest) {
 
   const fs::path newest = dir / "ckpt-00000030.onnx";
   fs::resize_file(newest, fs::file_size(newest) / 2);
-  found = FindLatestCheckpoint(dir.string());
+  found = training::FindLatestCheckpoint(dir.string());
   ASSERT_TRUE(found.ok()) << found.status();
   EXPECT_EQ(found->path, (dir / "ckpt-00000020.onnx").string());
   EXPECT_EQ(found->checkpoint.state.step, 20);
@@ -431,15 +431,15 @@ TEST_F(CheckpointTest, FindLatestFallsBackFromACorruptNewest) {
   EXPECT_THAT(found->skipped[0], HasSubstr("not a valid ONNX model"));
 
   // A file given directly is read and checked, without fallback.
-  EXPECT_TRUE(absl::IsDataLoss(FindLatestCheckpoint(newest.string()).status()));
-  found = FindLatestCheckpoint((dir / "ckpt-00000010.onnx").string());
+  EXPECT_TRUE(absl::IsDataLoss(training::FindLatestCheckpoint(newest.string()).status()));
+  found = training::FindLatestCheckpoint((dir / "ckpt-00000010.onnx").string());
   ASSERT_TRUE(found.ok()) << found.status();
   EXPECT_EQ(found->checkpoint.state.step, 10);
 
   for (const char* name : {"ckpt-00000010.onnx", "ckpt-00000020.onnx"}) {
     WriteBytes(dir / name, "garbage");
   }
-  absl::StatusOr<FoundCheckpoint> none = FindLatestCheckpoint(dir.string());
+  absl::StatusOr<training::FoundCheckpoint> none = training::FindLatestCheckpoint(dir.string());
   ASSERT_FALSE(none.ok());
   EXPECT_TRUE(absl::IsDataLoss(none.status())) << none.status();
   EXPECT_THAT(none.status().message(), HasSubstr("none of its 3 checkpoints is usable"));
@@ -453,17 +453,17 @@ TEST_F(CheckpointTest, FindLatestFallsBackFromACorruptNewest) {
 // 2 of them (so the content changes between kills), then kills after a
 // random delay of up to 1.2 writes as the child writes on this machine now
 // (the time between its completions), so kills land anywhere in a write.
-void KillWhileSaving(const fs::path& dir, int kills, const CheckpointWriteOptions& options) {
-  Checkpoint first = TrainedCheckpoint("resnet_opset17", "mixed_float16", 1);
-  Checkpoint second = CopyCheckpoint(first);
+void KillWhileSaving(const fs::path& dir, int kills, const training::CheckpointWriteOptions& options) {
+  training::Checkpoint first = TrainedCheckpoint("resnet_opset17", "mixed_float16", 1);
+  training::Checkpoint second = CopyCheckpoint(first);
   second.state.step += 1;
   second.state.optimizer_step += 1;
   second.state.position += 16;
   Tensor& weight =
       *second.model.graph->FindValue(second.state.parameters[0])->mutable_initializer();
   for (int64_t i = 0; i < weight.num_elements(); ++i) weight.data<float>()[i] *= 0.5f;
-  const fs::path path = dir / CheckpointFileName(7);
-  ASSERT_TRUE(WriteCheckpoint(first, path.string(), options).ok());
+  const fs::path path = dir / training::CheckpointFileName(7);
+  ASSERT_TRUE(training::WriteCheckpoint(first, path.string(), options).ok());
 
   using Clock = std::chrono::steady_clock;
   const std::regex temp_pattern(R"(ckpt-00000007\.onnx(\.[0-9a-f]{16}\.data)?\.tmp\.\w{6})");
@@ -485,7 +485,7 @@ void KillWhileSaving(const fs::path& dir, int kills, const CheckpointWriteOption
     if (child == 0) {
       close(completions[0]);
       for (int k = 0;; ++k) {  // never returns: killed by the parent
-        if (WriteCheckpoint(k % 2 == 0 ? second : first, path.string(), options).ok()) {
+        if (training::WriteCheckpoint(k % 2 == 0 ? second : first, path.string(), options).ok()) {
           const char done = 1;
           (void)!write(completions[1], &done, 1);
         }
@@ -521,9 +521,9 @@ void KillWhileSaving(const fs::path& dir, int kills, const CheckpointWriteOption
     for (ssize_t n; (n = read(completions[0], buffer, sizeof(buffer))) > 0;) completed_writes += n;
     close(completions[0]);
 
-    absl::StatusOr<Checkpoint> read = ReadCheckpoint(path.string());
+    absl::StatusOr<training::Checkpoint> read = training::ReadCheckpoint(path.string());
     ASSERT_TRUE(read.ok()) << "after kill " << kill_index << ": " << read.status();
-    ASSERT_THAT(FindCheckpointInconsistencies(*read), IsEmpty()) << "after kill " << kill_index;
+    ASSERT_THAT(training::FindCheckpointInconsistencies(*read), IsEmpty()) << "after kill " << kill_index;
     const int64_t step = read->state.step;
     ASSERT_TRUE(step == first.state.step || step == second.state.step) << step;
     changes += step != previous_step;
@@ -547,7 +547,7 @@ void KillWhileSaving(const fs::path& dir, int kills, const CheckpointWriteOption
     ASSERT_LE(data_files, read->external_data_file.empty() ? 0 : 2) << "after kill " << kill_index;
     kills_leaving_temp += temps;
     // The temporary file is not a checkpoint of the directory.
-    absl::StatusOr<std::vector<CheckpointFile>> listed = ListCheckpoints(dir.string());
+    absl::StatusOr<std::vector<training::CheckpointFile>> listed = training::ListCheckpoints(dir.string());
     ASSERT_TRUE(listed.ok());
     ASSERT_EQ(listed->size(), 1u);
     EXPECT_EQ((*listed)[0].path, path.string());
@@ -562,11 +562,11 @@ void KillWhileSaving(const fs::path& dir, int kills, const CheckpointWriteOption
 }
 
 TEST_F(CheckpointTest, KillDuringSaveAlwaysLeavesAVerifiableCheckpoint) {
-  KillWhileSaving(dir_, 200, CheckpointWriteOptions{});
+  KillWhileSaving(dir_, 200, training::CheckpointWriteOptions{});
 }
 
 TEST_F(CheckpointTest, KillDuringSaveWithExternalDataAlwaysLeavesAVerifiableCheckpoint) {
-  CheckpointWriteOptions options;
+  training::CheckpointWriteOptions options;
   options.external_data_threshold_bytes = 1;
   KillWhileSaving(dir_, 100, options);
 }

@@ -21,9 +21,9 @@
 #include "onnx/onnx_pb.h"
 #include "passes/autocast.h"
 #include "passes/training_graph.h"
-#include "tools/checkpoint.h"
+#include "training/checkpoint.h"
 #include "tools/inspect.h"
-#include "tools/trainer.h"
+#include "training/trainer.h"
 
 namespace castor::tools {
 
@@ -46,7 +46,7 @@ inline Backend& CheckpointTestBackend() {
 // `sample` trained `steps` steps by the Trainer under `policy_name` on a
 // fixed batch of 16 images (Adam, loss scaling for mixed_float16 starting
 // at `initial_scale`), captured the way `castor train` fills a checkpoint.
-inline Checkpoint TrainedCheckpoint(const std::string& sample, const std::string& policy_name,
+inline training::Checkpoint TrainedCheckpoint(const std::string& sample, const std::string& policy_name,
                                     int steps, double initial_scale = 65536.0) {
   absl::StatusOr<Policy> policy = Policy::Builtin(policy_name);
   EXPECT_TRUE(policy.ok()) << policy.status();
@@ -57,11 +57,11 @@ inline Checkpoint TrainedCheckpoint(const std::string& sample, const std::string
   EXPECT_TRUE(RunAutocast(*training, *policy).ok());
   absl::StatusOr<TrainingGraph> graph = BuildTrainingGraph(*training, TrainingGraphOptions{});
   EXPECT_TRUE(graph.ok()) << graph.status();
-  TrainerOptions options;
+  training::TrainerOptions options;
   options.scaler.enabled = policy_name == "mixed_float16";
   options.scaler.initial_scale = initial_scale;
-  absl::StatusOr<std::unique_ptr<Trainer>> trainer =
-      Trainer::Create(std::move(*training), *graph, options, CheckpointTestBackend());
+  absl::StatusOr<std::unique_ptr<training::Trainer>> trainer =
+      training::Trainer::Create(std::move(*training), *graph, options, CheckpointTestBackend());
   EXPECT_TRUE(trainer.ok()) << trainer.status();
 
   constexpr int64_t kBatch = 16;
@@ -72,16 +72,16 @@ inline Checkpoint TrainedCheckpoint(const std::string& sample, const std::string
   Tensor labels(DType::kInt64, {kBatch});
   for (int64_t i = 0; i < kBatch; ++i) labels.data<int64_t>()[i] = i % 10;
   for (int k = 0; k < steps; ++k) {
-    absl::StatusOr<StepResult> step = (*trainer)->Step({{"input", images}}, labels);
+    absl::StatusOr<training::StepResult> step = (*trainer)->Step({{"input", images}}, labels);
     EXPECT_TRUE(step.ok()) << step.status();
   }
 
-  Checkpoint checkpoint(*policy);
+  training::Checkpoint checkpoint(*policy);
   checkpoint.model = std::move(original);
-  absl::StatusOr<Trainer::Snapshot> snapshot = (*trainer)->TakeSnapshot();
+  absl::StatusOr<training::Trainer::Snapshot> snapshot = (*trainer)->TakeSnapshot();
   EXPECT_TRUE(snapshot.ok()) << snapshot.status();
-  EXPECT_TRUE(SetInitializers(checkpoint.model, snapshot->state).ok());
-  TrainingState& state = checkpoint.state;
+  EXPECT_TRUE(training::SetInitializers(checkpoint.model, snapshot->state).ok());
+  training::TrainingState& state = checkpoint.state;
   state.step = (*trainer)->steps();
   state.optimizer_step = snapshot->optimizer.step();
   state.epoch = 2;
@@ -105,8 +105,8 @@ inline Checkpoint TrainedCheckpoint(const std::string& sample, const std::string
 }
 
 // A deep copy (Checkpoint holds a move-only Model).
-inline Checkpoint CopyCheckpoint(const Checkpoint& checkpoint) {
-  Checkpoint copy(checkpoint.policy);
+inline training::Checkpoint CopyCheckpoint(const training::Checkpoint& checkpoint) {
+  training::Checkpoint copy(checkpoint.policy);
   absl::StatusOr<Model> model = CloneModel(checkpoint.model);
   EXPECT_TRUE(model.ok()) << model.status();
   copy.model = std::move(model).value();
@@ -151,7 +151,7 @@ inline void EditRecord(
   edit(record);
   if (reseal) {
     for (auto& [key, value] : record) {
-      if (key == kCheckpointRecordDigestKey) value = CheckpointRecordDigest(record);
+      if (key == training::kCheckpointRecordDigestKey) value = training::CheckpointRecordDigest(record);
     }
   }
   proto.clear_metadata_props();

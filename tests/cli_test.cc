@@ -27,7 +27,7 @@
 #include "backend/cpu/blas_core.h"
 #include "tools/args.h"
 #include "tools/cli.h"
-#include "tools/json_writer.h"
+#include "graph/json_writer.h"
 
 extern char** environ;
 

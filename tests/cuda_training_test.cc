@@ -24,7 +24,7 @@
 #include "passes/training_graph.h"
 #include "tests/cuda_test_util.h"
 #include "tests/trainer_test_util.h"
-#include "tools/trainer.h"
+#include "training/trainer.h"
 
 namespace castor::tools {
 namespace {
@@ -44,14 +44,14 @@ Model LoadSample(const std::string& name, const std::string& policy) {
   return std::move(*model);
 }
 
-std::unique_ptr<Trainer> MakeTrainer(const std::string& name, const std::string& policy,
-                                     Backend& backend, TrainerOptions options = {}) {
+std::unique_ptr<training::Trainer> MakeTrainer(const std::string& name, const std::string& policy,
+                                     Backend& backend, training::TrainerOptions options = {}) {
   Model model = LoadSample(name, policy);
   absl::StatusOr<TrainingGraph> graph = BuildTrainingGraph(model, TrainingGraphOptions{});
   EXPECT_TRUE(graph.ok()) << graph.status();
   options.scaler.enabled = policy == "mixed_float16";
-  absl::StatusOr<std::unique_ptr<Trainer>> trainer =
-      Trainer::Create(std::move(model), *graph, options, backend);
+  absl::StatusOr<std::unique_ptr<training::Trainer>> trainer =
+      training::Trainer::Create(std::move(model), *graph, options, backend);
   EXPECT_TRUE(trainer.ok()) << trainer.status();
   return trainer.ok() ? std::move(*trainer) : nullptr;
 }
@@ -97,16 +97,16 @@ TEST_P(CudaTrainingTest, StepsMatchTheCpuBackend) {
   CASTOR_REQUIRE_CUDA();
   const Case& c = GetParam();
   const double tolerance = c.policy == "float32" ? 1e-3 : 3e-2;
-  TrainerOptions options;
+  training::TrainerOptions options;
   options.optimizer.kind = OptimizerKind::kSgd;
   options.lr.base_lr = 0.05;
-  std::unique_ptr<Trainer> cpu = MakeTrainer(c.model, c.policy, Cpu(), options);
-  std::unique_ptr<Trainer> gpu = MakeTrainer(c.model, c.policy, Gpu(), options);
+  std::unique_ptr<training::Trainer> cpu = MakeTrainer(c.model, c.policy, Cpu(), options);
+  std::unique_ptr<training::Trainer> gpu = MakeTrainer(c.model, c.policy, Gpu(), options);
   ASSERT_TRUE(cpu && gpu);
   for (int step = 0; step < 5; ++step) {
     auto [images, labels] = Batch(step);
-    absl::StatusOr<StepResult> expected = cpu->Step({{"input", images}}, labels);
-    absl::StatusOr<StepResult> got = gpu->Step({{"input", images}}, labels);
+    absl::StatusOr<training::StepResult> expected = cpu->Step({{"input", images}}, labels);
+    absl::StatusOr<training::StepResult> got = gpu->Step({{"input", images}}, labels);
     ASSERT_TRUE(expected.ok()) << expected.status();
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(got->skipped, expected->skipped) << "step " << step;
@@ -122,8 +122,8 @@ TEST_P(CudaTrainingTest, StepsMatchTheCpuBackend) {
     EXPECT_LE(RelativeMaxDifference(got, expected), tolerance) << name;
   }
   auto [images, labels] = Batch(99);
-  absl::StatusOr<StepResult> expected = cpu->Evaluate({{"input", images}}, labels);
-  absl::StatusOr<StepResult> got = gpu->Evaluate({{"input", images}}, labels);
+  absl::StatusOr<training::StepResult> expected = cpu->Evaluate({{"input", images}}, labels);
+  absl::StatusOr<training::StepResult> got = gpu->Evaluate({{"input", images}}, labels);
   ASSERT_TRUE(expected.ok() && got.ok()) << expected.status() << " / " << got.status();
   EXPECT_NEAR(got->loss, expected->loss, tolerance * std::fabs(expected->loss));
 }
@@ -147,15 +147,15 @@ INSTANTIATE_TEST_SUITE_P(SampleModels, CudaTrainingTest, ::testing::ValuesIn(All
 
 TEST(CudaTrainerTest, InjectedOverflowSkipsTheWholeUpdate) {
   CASTOR_REQUIRE_CUDA();
-  TrainerOptions options;
+  training::TrainerOptions options;
   options.scaler.initial_scale = 1e30;  // float16 gradients overflow for sure
-  std::unique_ptr<Trainer> gpu = MakeTrainer("resnet_opset17", "mixed_float16", Gpu(), options);
-  std::unique_ptr<Trainer> cpu = MakeTrainer("resnet_opset17", "mixed_float16", Cpu(), options);
+  std::unique_ptr<training::Trainer> gpu = MakeTrainer("resnet_opset17", "mixed_float16", Gpu(), options);
+  std::unique_ptr<training::Trainer> cpu = MakeTrainer("resnet_opset17", "mixed_float16", Cpu(), options);
   ASSERT_TRUE(gpu && cpu);
   const std::map<std::string, Tensor> before = StateOf(*gpu);
   auto [images, labels] = Batch(0, 8);
-  absl::StatusOr<StepResult> result = gpu->Step({{"input", images}}, labels);
-  absl::StatusOr<StepResult> reference = cpu->Step({{"input", images}}, labels);
+  absl::StatusOr<training::StepResult> result = gpu->Step({{"input", images}}, labels);
+  absl::StatusOr<training::StepResult> reference = cpu->Step({{"input", images}}, labels);
   ASSERT_TRUE(result.ok()) << result.status();
   ASSERT_TRUE(reference.ok()) << reference.status();
   EXPECT_TRUE(result->skipped);
@@ -173,7 +173,7 @@ TEST(CudaTrainerTest, InjectedOverflowSkipsTheWholeUpdate) {
 
 TEST(CudaTrainerTest, RepeatedStepsAllocateNoDeviceMemory) {
   CASTOR_REQUIRE_CUDA();
-  std::unique_ptr<Trainer> gpu = MakeTrainer("cnn_opset17", "mixed_float16", Gpu());
+  std::unique_ptr<training::Trainer> gpu = MakeTrainer("cnn_opset17", "mixed_float16", Gpu());
   ASSERT_TRUE(gpu);
   auto [images, labels] = Batch(0);
   for (int step = 0; step < 2; ++step) ASSERT_TRUE(gpu->Step({{"input", images}}, labels).ok());
@@ -197,18 +197,18 @@ TEST(CudaTrainerTest, RepeatedRunsGiveTheSameBits) {
   for (const char* model : {"cnn_opset17", "resnet_opset17", "transformer_opset17"}) {
     for (const char* policy : {"float32", "mixed_float16"}) {
       SCOPED_TRACE(std::string(model) + " " + policy);
-      TrainerOptions options;
+      training::TrainerOptions options;
       options.optimizer.kind = OptimizerKind::kSgd;
       options.optimizer.momentum = 0.9;
       options.lr.base_lr = 0.05;
       options.replay_steps = false;
-      std::unique_ptr<Trainer> first = MakeTrainer(model, policy, Gpu(), options);
-      std::unique_ptr<Trainer> second = MakeTrainer(model, policy, **fresh, options);
+      std::unique_ptr<training::Trainer> first = MakeTrainer(model, policy, Gpu(), options);
+      std::unique_ptr<training::Trainer> second = MakeTrainer(model, policy, **fresh, options);
       ASSERT_TRUE(first && second);
       for (int step = 0; step < 4; ++step) {
         auto [images, labels] = Batch(step);
-        absl::StatusOr<StepResult> a = first->Step({{"input", images}}, labels);
-        absl::StatusOr<StepResult> b = second->Step({{"input", images}}, labels);
+        absl::StatusOr<training::StepResult> a = first->Step({{"input", images}}, labels);
+        absl::StatusOr<training::StepResult> b = second->Step({{"input", images}}, labels);
         ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " / " << b.status();
         EXPECT_EQ(a->loss, b->loss) << "step " << step;
       }
@@ -234,18 +234,18 @@ TEST(CudaTrainerTest, Tf32StepsStayCloseToFloat32) {
   ASSERT_TRUE(tf32.ok()) << tf32.status();
   for (const char* model : {"mlp_opset17", "resnet_opset17"}) {
     SCOPED_TRACE(model);
-    TrainerOptions options;
+    training::TrainerOptions options;
     options.optimizer.kind = OptimizerKind::kSgd;
     options.optimizer.momentum = 0.9;
     options.lr.base_lr = 0.05;
-    std::unique_ptr<Trainer> exact = MakeTrainer(model, "float32", Gpu(), options);
-    std::unique_ptr<Trainer> fast = MakeTrainer(model, "float32", **tf32, options);
+    std::unique_ptr<training::Trainer> exact = MakeTrainer(model, "float32", Gpu(), options);
+    std::unique_ptr<training::Trainer> fast = MakeTrainer(model, "float32", **tf32, options);
     ASSERT_TRUE(exact && fast);
     bool outputs_differ = false;
     for (int step = 0; step < 5; ++step) {
       auto [images, labels] = Batch(step, 64);
-      absl::StatusOr<StepResult> a = exact->Step({{"input", images}}, labels);
-      absl::StatusOr<StepResult> b = fast->Step({{"input", images}}, labels);
+      absl::StatusOr<training::StepResult> a = exact->Step({{"input", images}}, labels);
+      absl::StatusOr<training::StepResult> b = fast->Step({{"input", images}}, labels);
       ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " / " << b.status();
       EXPECT_NEAR(b->loss, a->loss, 1e-2 * std::fabs(a->loss)) << "step " << step;
       ASSERT_EQ(a->output.byte_size(), b->output.byte_size());
@@ -270,14 +270,14 @@ TEST_P(CudaReplayTest, ReplayedStepsMatchNodeByNodeSteps) {
   CASTOR_REQUIRE_CUDA();
   const Case& c = GetParam();
   const double tolerance = c.policy == "float32" ? 1e-5 : 5e-3;
-  TrainerOptions options;
+  training::TrainerOptions options;
   options.optimizer.kind = OptimizerKind::kSgd;
   options.optimizer.momentum = 0.9;  // the slots are part of the recording too
   options.lr.base_lr = 0.05;
-  TrainerOptions node_by_node = options;
+  training::TrainerOptions node_by_node = options;
   node_by_node.replay_steps = false;
-  std::unique_ptr<Trainer> replay = MakeTrainer(c.model, c.policy, Gpu(), options);
-  std::unique_ptr<Trainer> eager = MakeTrainer(c.model, c.policy, Gpu(), node_by_node);
+  std::unique_ptr<training::Trainer> replay = MakeTrainer(c.model, c.policy, Gpu(), options);
+  std::unique_ptr<training::Trainer> eager = MakeTrainer(c.model, c.policy, Gpu(), node_by_node);
   ASSERT_TRUE(replay && eager);
   EXPECT_EQ(replay->replay_unavailable(), "");
   EXPECT_EQ(eager->replay_unavailable(), "turned off");
@@ -285,8 +285,8 @@ TEST_P(CudaReplayTest, ReplayedStepsMatchNodeByNodeSteps) {
   const std::vector<bool> replayed = {false, true, true, true, false, true, true};
   for (size_t step = 0; step < batch.size(); ++step) {
     auto [images, labels] = Batch(static_cast<int>(step), batch[step]);
-    absl::StatusOr<StepResult> got = replay->Step({{"input", images}}, labels);
-    absl::StatusOr<StepResult> expected = eager->Step({{"input", images}}, labels);
+    absl::StatusOr<training::StepResult> got = replay->Step({{"input", images}}, labels);
+    absl::StatusOr<training::StepResult> expected = eager->Step({{"input", images}}, labels);
     ASSERT_TRUE(got.ok()) << got.status();
     ASSERT_TRUE(expected.ok()) << expected.status();
     EXPECT_EQ(got->replayed, replayed[step]) << "step " << step;
@@ -307,8 +307,8 @@ TEST_P(CudaReplayTest, ReplayedStepsMatchNodeByNodeSteps) {
   }
   // Evaluation after replayed steps reads the weights they wrote.
   auto [images, labels] = Batch(99);
-  absl::StatusOr<StepResult> got = replay->Evaluate({{"input", images}}, labels);
-  absl::StatusOr<StepResult> expected = eager->Evaluate({{"input", images}}, labels);
+  absl::StatusOr<training::StepResult> got = replay->Evaluate({{"input", images}}, labels);
+  absl::StatusOr<training::StepResult> expected = eager->Evaluate({{"input", images}}, labels);
   ASSERT_TRUE(got.ok() && expected.ok()) << got.status() << " / " << expected.status();
   EXPECT_NEAR(got->loss, expected->loss, tolerance * std::fabs(expected->loss));
 }
@@ -327,20 +327,20 @@ INSTANTIATE_TEST_SUITE_P(SampleModels, CudaReplayTest,
 // scale exactly as node-by-node steps do.
 TEST(CudaTrainerTest, ReplayedStepsFollowTheMovingLossScale) {
   CASTOR_REQUIRE_CUDA();
-  TrainerOptions options;
+  training::TrainerOptions options;
   options.scaler.initial_scale = 1 << 22;  // the logits' float16 gradients overflow at first
   options.scaler.growth_interval = 3;
-  TrainerOptions node_by_node = options;
+  training::TrainerOptions node_by_node = options;
   node_by_node.replay_steps = false;
-  std::unique_ptr<Trainer> replay = MakeTrainer("cnn_opset17", "mixed_float16", Gpu(), options);
-  std::unique_ptr<Trainer> eager =
+  std::unique_ptr<training::Trainer> replay = MakeTrainer("cnn_opset17", "mixed_float16", Gpu(), options);
+  std::unique_ptr<training::Trainer> eager =
       MakeTrainer("cnn_opset17", "mixed_float16", Gpu(), node_by_node);
   ASSERT_TRUE(replay && eager);
   int replayed_skips = 0, replayed_updates = 0;
   for (int step = 0; step < 12; ++step) {
     auto [images, labels] = Batch(step);
-    absl::StatusOr<StepResult> got = replay->Step({{"input", images}}, labels);
-    absl::StatusOr<StepResult> expected = eager->Step({{"input", images}}, labels);
+    absl::StatusOr<training::StepResult> got = replay->Step({{"input", images}}, labels);
+    absl::StatusOr<training::StepResult> expected = eager->Step({{"input", images}}, labels);
     ASSERT_TRUE(got.ok()) << got.status();
     ASSERT_TRUE(expected.ok()) << expected.status();
     EXPECT_EQ(got->replayed, step >= 1) << "step " << step;
@@ -364,15 +364,15 @@ TEST(CudaTrainerTest, ReplayedStepsFollowTheMovingLossScale) {
 // is still named (found by an extra node-by-node run).
 TEST(CudaTrainerTest, ReplayedStepsSkipAnOverflowingUpdate) {
   CASTOR_REQUIRE_CUDA();
-  TrainerOptions options;
+  training::TrainerOptions options;
   options.scaler.initial_scale = 1e30;  // float16 gradients overflow for sure
-  std::unique_ptr<Trainer> gpu = MakeTrainer("resnet_opset17", "mixed_float16", Gpu(), options);
+  std::unique_ptr<training::Trainer> gpu = MakeTrainer("resnet_opset17", "mixed_float16", Gpu(), options);
   ASSERT_TRUE(gpu);
   const std::map<std::string, Tensor> before = StateOf(*gpu);
   double scale = 1e30;
   for (int step = 0; step < 4; ++step) {
     auto [images, labels] = Batch(step, 8);
-    absl::StatusOr<StepResult> result = gpu->Step({{"input", images}}, labels);
+    absl::StatusOr<training::StepResult> result = gpu->Step({{"input", images}}, labels);
     ASSERT_TRUE(result.ok()) << result.status();
     EXPECT_EQ(result->replayed, step >= 1) << "step " << step;
     EXPECT_TRUE(result->skipped) << "step " << step;
@@ -394,7 +394,7 @@ TEST(CudaTrainerTest, ReplayedStepsSkipAnOverflowingUpdate) {
 // fails the step with the same kind of message and changes nothing.
 TEST(CudaTrainerTest, ReplayedStepsCheckTheirLabels) {
   CASTOR_REQUIRE_CUDA();
-  std::unique_ptr<Trainer> gpu = MakeTrainer("cnn_opset17", "float32", Gpu());
+  std::unique_ptr<training::Trainer> gpu = MakeTrainer("cnn_opset17", "float32", Gpu());
   ASSERT_TRUE(gpu);
   for (int step = 0; step < 2; ++step) {
     auto [images, labels] = Batch(step);
@@ -404,7 +404,7 @@ TEST(CudaTrainerTest, ReplayedStepsCheckTheirLabels) {
   const std::map<std::string, Tensor> before = StateOf(*gpu);
   auto [images, labels] = Batch(2);
   labels.data<int64_t>()[3] = 10;
-  absl::StatusOr<StepResult> bad = gpu->Step({{"input", images}}, labels);
+  absl::StatusOr<training::StepResult> bad = gpu->Step({{"input", images}}, labels);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("label 10 at position 3 is out of range [0, 10)"),
@@ -416,7 +416,7 @@ TEST(CudaTrainerTest, ReplayedStepsCheckTheirLabels) {
     EXPECT_EQ(std::memcmp(tensor.raw(), after.at(name).raw(), tensor.byte_size()), 0) << name;
   }
   labels.data<int64_t>()[3] = 9;
-  absl::StatusOr<StepResult> good = gpu->Step({{"input", images}}, labels);
+  absl::StatusOr<training::StepResult> good = gpu->Step({{"input", images}}, labels);
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_TRUE(good->replayed);
 }

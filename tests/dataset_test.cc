@@ -6,7 +6,7 @@
 // Fashion-MNIST when /usr/share/datasets/fashion-mnist exists, an .npz
 // written by NumPy itself when /usr/bin/python3 has numpy, and the batch
 // iterator's shuffling, coverage and exact resume.
-#include "tools/dataset.h"
+#include "training/dataset.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -21,7 +21,7 @@
 #include <iostream>
 #include <set>
 
-#include "tools/npy.h"
+#include "training/npy.h"
 
 namespace castor::tools {
 namespace {
@@ -185,7 +185,7 @@ std::string ZipBytes(const std::vector<ZipEntry>& entries, bool numpy_zip64 = fa
 
 template <typename T>
 std::string Npy(DType dtype, std::vector<int64_t> dims, const std::vector<T>& values) {
-  return *SerializeNpy(Tensor::FromVector(dtype, std::move(dims), values));
+  return *training::SerializeNpy(Tensor::FromVector(dtype, std::move(dims), values));
 }
 
 std::vector<uint8_t> Ramp(size_t count, int step = 37) {
@@ -198,10 +198,10 @@ std::vector<float> Floats(const Tensor& t) {
   return std::vector<float>(t.data<float>(), t.data<float>() + t.num_elements());
 }
 // Every image of `dataset` as a batch sees it: float32, pixels scaled.
-std::vector<float> BatchFloats(const Dataset& dataset) {
+std::vector<float> BatchFloats(const training::Dataset& dataset) {
   std::vector<int64_t> rows(static_cast<size_t>(dataset.size()));
   for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
-  const Batch batch = GatherBatch(dataset, rows);
+  const training::Batch batch = training::GatherBatch(dataset, rows);
   EXPECT_EQ(batch.images.dtype(), DType::kFloat32);
   return Floats(batch.images);
 }
@@ -220,7 +220,7 @@ TEST(IdxTest, ReadsPlainAndGzipImagesAsPixels) {
                                        std::pair{"gz-images.gz", Gzip(bytes)},
                                        std::pair{"gz-without-suffix", Gzip(bytes)}}) {
     const std::string path = WriteFile(TempDir() / "idx" / name, contents);
-    absl::StatusOr<Tensor> images = ReadIdxImages(path);
+    absl::StatusOr<Tensor> images = training::ReadIdxImages(path);
     ASSERT_TRUE(images.ok()) << images.status();
     EXPECT_EQ(images->dtype(), DType::kUInt8);  // a quarter of float32's memory
     EXPECT_THAT(images->dims(), ElementsAre(3, 1, 2, 4));
@@ -234,10 +234,10 @@ TEST(IdxTest, BatchesScalePixelsToTheUnitRange) {
   const std::vector<uint8_t> pixels = Ramp(2 * 1 * 256);
   const std::string path =
       WriteFile(TempDir() / "idx" / "extremes", IdxBytes(0x803, {2, 1, 256}, pixels));
-  absl::StatusOr<Tensor> images = ReadIdxImages(path);
+  absl::StatusOr<Tensor> images = training::ReadIdxImages(path);
   ASSERT_TRUE(images.ok()) << images.status();
-  absl::StatusOr<Dataset> dataset =
-      MakeDataset("extremes", *std::move(images), Tensor(DType::kInt64, {2}));
+  absl::StatusOr<training::Dataset> dataset =
+      training::MakeDataset("extremes", *std::move(images), Tensor(DType::kInt64, {2}));
   ASSERT_TRUE(dataset.ok()) << dataset.status();
   const std::vector<float> scaled = BatchFloats(*dataset);
   ASSERT_EQ(scaled.size(), pixels.size());
@@ -247,12 +247,12 @@ TEST(IdxTest, BatchesScalePixelsToTheUnitRange) {
   EXPECT_EQ(*std::min_element(scaled.begin(), scaled.end()), 0.0f);
   EXPECT_EQ(*std::max_element(scaled.begin(), scaled.end()), 1.0f);
   // Images of another dtype are refused: batches read uint8 or float32.
-  EXPECT_THAT(Message(MakeDataset("halves", Tensor(DType::kFloat16, {2, 1}),
+  EXPECT_THAT(Message(training::MakeDataset("halves", Tensor(DType::kFloat16, {2, 1}),
                                   Tensor(DType::kInt64, {2}))
                           .status()),
               HasSubstr("halves: images must be uint8 pixels or float32"));
   // Rows in another order: each batch row is the dataset row it names.
-  const Batch swapped = GatherBatch(*dataset, {1, 0});
+  const training::Batch swapped = training::GatherBatch(*dataset, {1, 0});
   for (size_t i = 0; i < 256; ++i) {
     EXPECT_EQ(swapped.images.data<float>()[i], scaled[256 + i]) << i;
     EXPECT_EQ(swapped.images.data<float>()[256 + i], scaled[i]) << i;
@@ -263,7 +263,7 @@ TEST(IdxTest, ReadsLabelsAsInt64) {
   const std::string bytes = IdxBytes(0x801, {5}, {9, 0, 3, 255, 7});
   for (const std::string& contents : {bytes, Gzip(bytes)}) {
     const std::string path = WriteFile(TempDir() / "idx" / "labels", contents);
-    absl::StatusOr<Tensor> labels = ReadIdxLabels(path);
+    absl::StatusOr<Tensor> labels = training::ReadIdxLabels(path);
     ASSERT_TRUE(labels.ok()) << labels.status();
     EXPECT_EQ(labels->dtype(), DType::kInt64);
     EXPECT_THAT(Int64s(*labels), ElementsAre(9, 0, 3, 255, 7));
@@ -273,22 +273,22 @@ TEST(IdxTest, ReadsLabelsAsInt64) {
 TEST(IdxTest, BadMagicNamesFileExpectedAndFound) {
   const std::string labels = WriteFile(TempDir() / "idx" / "magic-labels",
                                        IdxBytes(0x801, {2}, {1, 2}));
-  EXPECT_THAT(Message(ReadIdxImages(labels).status()),
+  EXPECT_THAT(Message(training::ReadIdxImages(labels).status()),
               AllOf(HasSubstr(labels), HasSubstr("bad IDX magic 0x00000801 (a labels file)"),
                     HasSubstr("expected 0x00000803")));
   const std::string text = WriteFile(TempDir() / "idx" / "text", "hello world, not IDX");
-  EXPECT_THAT(Message(ReadIdxLabels(text).status()),
+  EXPECT_THAT(Message(training::ReadIdxLabels(text).status()),
               AllOf(HasSubstr(text), HasSubstr("not an IDX file"), HasSubstr("0x00000801")));
   const std::string floats = WriteFile(TempDir() / "idx" / "float-idx",
                                        IdxBytes(0xD03, {1, 1, 1}, {0, 0, 0, 0}));
-  EXPECT_THAT(Message(ReadIdxImages(floats).status()), HasSubstr("element type is not uint8"));
+  EXPECT_THAT(Message(training::ReadIdxImages(floats).status()), HasSubstr("element type is not uint8"));
 }
 
 TEST(IdxTest, TruncatedPlainFileSaysWhatWasExpected) {
   std::string bytes = IdxBytes(0x803, {4, 3, 3}, Ramp(36));
   bytes.resize(bytes.size() - 5);
   const std::string path = WriteFile(TempDir() / "idx" / "truncated", bytes);
-  absl::Status status = ReadIdxImages(path).status();
+  absl::Status status = training::ReadIdxImages(path).status();
   EXPECT_FALSE(status.ok());
   EXPECT_THAT(Message(status), AllOf(HasSubstr(path), HasSubstr("truncated"),
                                      HasSubstr("[4, 3, 3]"), HasSubstr("need 52 bytes"),
@@ -296,10 +296,10 @@ TEST(IdxTest, TruncatedPlainFileSaysWhatWasExpected) {
   // Over-long data is also a dims mismatch.
   const std::string longer = WriteFile(TempDir() / "idx" / "longer",
                                        IdxBytes(0x801, {2}, {1, 2, 3}));
-  EXPECT_THAT(Message(ReadIdxLabels(longer).status()), AllOf(HasSubstr(longer),
+  EXPECT_THAT(Message(training::ReadIdxLabels(longer).status()), AllOf(HasSubstr(longer),
                                                              HasSubstr("over-long")));
   const std::string header_only = WriteFile(TempDir() / "idx" / "header", std::string("\0\0\x08", 3));
-  EXPECT_THAT(Message(ReadIdxLabels(header_only).status()),
+  EXPECT_THAT(Message(training::ReadIdxLabels(header_only).status()),
               AllOf(HasSubstr("truncated IDX header"), HasSubstr("expected 8 bytes")));
 }
 
@@ -308,7 +308,7 @@ TEST(IdxTest, TruncatedGzipSaysWhatWasExpected) {
   std::string gz = Gzip(bytes);
   gz.resize(gz.size() / 2);
   const std::string path = WriteFile(TempDir() / "idx" / "truncated.gz", gz);
-  absl::Status status = ReadIdxImages(path).status();
+  absl::Status status = training::ReadIdxImages(path).status();
   EXPECT_FALSE(status.ok());
   EXPECT_THAT(Message(status), AllOf(HasSubstr(path), HasSubstr("truncated IDX data"),
                                      HasSubstr("need 5000 data bytes"),
@@ -317,12 +317,12 @@ TEST(IdxTest, TruncatedGzipSaysWhatWasExpected) {
   std::string no_trailer = Gzip(bytes);
   no_trailer.resize(no_trailer.size() - 8);
   const std::string trailer_path = WriteFile(TempDir() / "idx" / "no-trailer.gz", no_trailer);
-  EXPECT_THAT(Message(ReadIdxImages(trailer_path).status()),
+  EXPECT_THAT(Message(training::ReadIdxImages(trailer_path).status()),
               AllOf(HasSubstr(trailer_path), HasSubstr("gzip stream")));
 }
 
 TEST(IdxTest, MissingFileIsNotFound) {
-  absl::Status status = ReadIdxImages((TempDir() / "idx" / "absent").string()).status();
+  absl::Status status = training::ReadIdxImages((TempDir() / "idx" / "absent").string()).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(Message(status), HasSubstr("absent"));
 }
@@ -337,7 +337,7 @@ TEST(NpzTest, ReadsStoredDeflatedAndZip64Members) {
       const std::string path = WriteFile(
           TempDir() / "npz" / ("a" + std::to_string(deflate) + std::to_string(zip64) + ".npz"),
           ZipBytes({{"x.npy", x, deflate}, {"y.npy", y, deflate}}, zip64 == 1, zip64 == 2));
-      auto arrays = ReadNpz(path);
+      auto arrays = training::ReadNpz(path);
       ASSERT_TRUE(arrays.ok()) << "deflate " << deflate << " zip64 " << zip64 << ": "
                                << arrays.status();
       ASSERT_EQ(arrays->size(), 2u);
@@ -352,30 +352,30 @@ TEST(NpzTest, CorruptArchivesNameFileAndMember) {
   std::string zip = ZipBytes({{"x.npy", x, false}});
   zip[30 + 5 + x.size() - 1] ^= 0x40;  // flip a bit of the stored data
   const std::string crc_path = WriteFile(TempDir() / "npz" / "crc.npz", zip);
-  EXPECT_THAT(Message(ReadNpz(crc_path).status()),
+  EXPECT_THAT(Message(training::ReadNpz(crc_path).status()),
               AllOf(HasSubstr(crc_path + ":x.npy"), HasSubstr("CRC-32 mismatch")));
 
   std::string truncated = ZipBytes({{"x.npy", x, true}});
   truncated.resize(truncated.size() / 2);
   const std::string truncated_path = WriteFile(TempDir() / "npz" / "truncated.npz", truncated);
-  EXPECT_THAT(Message(ReadNpz(truncated_path).status()),
+  EXPECT_THAT(Message(training::ReadNpz(truncated_path).status()),
               AllOf(HasSubstr(truncated_path), HasSubstr("end-of-central-directory")));
 
   std::string deflated = ZipBytes({{"x.npy", x, true}});
   deflated[30 + 5 + 2] ^= 0xff;  // damage the deflate stream
   const std::string deflate_path = WriteFile(TempDir() / "npz" / "deflate.npz", deflated);
-  EXPECT_THAT(Message(ReadNpz(deflate_path).status()), HasSubstr(deflate_path + ":x.npy"));
+  EXPECT_THAT(Message(training::ReadNpz(deflate_path).status()), HasSubstr(deflate_path + ":x.npy"));
 
   std::string method = ZipBytes({{"x.npy", x, false}});
   method[8] = 12;  // bzip2 in the local header ...
   method[method.size() - 22 - (46 + 5) + 10] = 12;  // ... and the central directory
   const std::string method_path = WriteFile(TempDir() / "npz" / "method.npz", method);
-  EXPECT_THAT(Message(ReadNpz(method_path).status()),
+  EXPECT_THAT(Message(training::ReadNpz(method_path).status()),
               AllOf(HasSubstr("compression method 12"), HasSubstr("8 deflate")));
 
   const std::string not_npy = WriteFile(TempDir() / "npz" / "notnpy.npz",
                                         ZipBytes({{"x.npy", "plain text", false}}));
-  EXPECT_THAT(Message(ReadNpz(not_npy).status()),
+  EXPECT_THAT(Message(training::ReadNpz(not_npy).status()),
               AllOf(HasSubstr(not_npy + ":x.npy"), HasSubstr("bad magic")));
 }
 
@@ -383,29 +383,29 @@ TEST(NpzTest, CorruptArchivesNameFileAndMember) {
 
 TEST(ConvertTest, ImageAndLabelDTypes) {
   absl::StatusOr<Tensor> from_double =
-      ImagesFromArray(Tensor::FromVector<double>(DType::kFloat64, {2, 2}, {0.5, -1, 2, 3}), "d");
+      training::ImagesFromArray(Tensor::FromVector<double>(DType::kFloat64, {2, 2}, {0.5, -1, 2, 3}), "d");
   ASSERT_TRUE(from_double.ok());
   EXPECT_THAT(Floats(*from_double), ElementsAre(0.5f, -1.0f, 2.0f, 3.0f));
   EXPECT_THAT(from_double->dims(), ElementsAre(2, 2));  // [N, F] stays as it is
   absl::StatusOr<Tensor> from_float =
-      ImagesFromArray(Tensor::FromVector<float>(DType::kFloat32, {1, 1, 2}, {7.5f, 300}), "f");
+      training::ImagesFromArray(Tensor::FromVector<float>(DType::kFloat32, {1, 1, 2}, {7.5f, 300}), "f");
   ASSERT_TRUE(from_float.ok());
   EXPECT_THAT(Floats(*from_float), ElementsAre(7.5f, 300.0f));  // floats are not rescaled
   EXPECT_THAT(from_float->dims(), ElementsAre(1, 1, 1, 2));
-  absl::StatusOr<Tensor> nhwc = ImagesFromArray(Tensor(DType::kUInt8, {2, 4, 4, 3}), "c");
+  absl::StatusOr<Tensor> nhwc = training::ImagesFromArray(Tensor(DType::kUInt8, {2, 4, 4, 3}), "c");
   ASSERT_TRUE(nhwc.ok());
   EXPECT_THAT(nhwc->dims(), ElementsAre(2, 4, 4, 3));
-  EXPECT_THAT(Message(ImagesFromArray(Tensor(DType::kInt32, {2, 2}), "ints.npy").status()),
+  EXPECT_THAT(Message(training::ImagesFromArray(Tensor(DType::kInt32, {2, 2}), "ints.npy").status()),
               AllOf(HasSubstr("ints.npy"), HasSubstr("uint8"), HasSubstr("int32")));
 
   absl::StatusOr<Tensor> labels =
-      LabelsFromArray(Tensor::FromVector<int32_t>(DType::kInt32, {3, 1}, {2, -1, 7}), "l");
+      training::LabelsFromArray(Tensor::FromVector<int32_t>(DType::kInt32, {3, 1}, {2, -1, 7}), "l");
   ASSERT_TRUE(labels.ok());
   EXPECT_THAT(labels->dims(), ElementsAre(3));
   EXPECT_THAT(Int64s(*labels), ElementsAre(2, -1, 7));
-  EXPECT_THAT(Message(LabelsFromArray(Tensor(DType::kFloat32, {3}), "fl.npy").status()),
+  EXPECT_THAT(Message(training::LabelsFromArray(Tensor(DType::kFloat32, {3}), "fl.npy").status()),
               AllOf(HasSubstr("fl.npy"), HasSubstr("integer"), HasSubstr("float32")));
-  EXPECT_THAT(Message(LabelsFromArray(Tensor(DType::kInt64, {3, 2}), "2d.npy").status()),
+  EXPECT_THAT(Message(training::LabelsFromArray(Tensor(DType::kInt64, {3, 2}), "2d.npy").status()),
               AllOf(HasSubstr("2d.npy"), HasSubstr("[3, 2]")));
 }
 
@@ -427,7 +427,7 @@ fs::path MakeIdxDir(const std::string& name, bool gzip, uint32_t train_labels = 
 TEST(LoadDataTest, IdxDirectoryGzipAndPlain) {
   for (bool gzip : {true, false}) {
     const fs::path dir = MakeIdxDir(gzip ? "idxdir-gz" : "idxdir-plain", gzip);
-    absl::StatusOr<DataSplits> splits = LoadData(dir.string());
+    absl::StatusOr<training::DataSplits> splits = training::LoadData(dir.string());
     ASSERT_TRUE(splits.ok()) << splits.status();
     EXPECT_THAT(splits->train.images.dims(), ElementsAre(6, 1, 2, 2));
     EXPECT_THAT(splits->train.sample_dims(), ElementsAre(1, 2, 2));
@@ -442,7 +442,7 @@ TEST(LoadDataTest, IdxDirectoryGzipAndPlain) {
 
 TEST(LoadDataTest, CountMismatchNamesBothFiles) {
   const fs::path dir = MakeIdxDir("idxdir-mismatch", true, 5);
-  absl::Status status = LoadData(dir.string()).status();
+  absl::Status status = training::LoadData(dir.string()).status();
   EXPECT_THAT(Message(status), AllOf(HasSubstr("label count 5 != image count 6"),
                                      HasSubstr("train-images-idx3-ubyte.gz"),
                                      HasSubstr("train-labels-idx1-ubyte.gz")));
@@ -452,7 +452,7 @@ TEST(LoadDataTest, NpyFileLists) {
   const fs::path dir = TempDir() / "lists";
   const std::string x = WriteFile(dir / "x.npy", Npy<uint8_t>(DType::kUInt8, {3, 2, 2}, Ramp(12)));
   const std::string y = WriteFile(dir / "y.npy", Npy<int32_t>(DType::kInt32, {3}, {1, 0, 1}));
-  absl::StatusOr<DataSplits> one = LoadData(x + "," + y);
+  absl::StatusOr<training::DataSplits> one = training::LoadData(x + "," + y);
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_FALSE(one->has_test());
   EXPECT_THAT(one->train.images.dims(), ElementsAre(3, 1, 2, 2));
@@ -463,15 +463,15 @@ TEST(LoadDataTest, NpyFileLists) {
   const std::string idx_images = WriteFile(dir / "test-images.gz",
                                            Gzip(IdxBytes(0x803, {2, 2, 2}, Ramp(8))));
   const std::string idx_labels = WriteFile(dir / "test-labels", IdxBytes(0x801, {2}, {3, 4}));
-  absl::StatusOr<DataSplits> two = LoadData(x + "," + y + "," + idx_images + "," + idx_labels);
+  absl::StatusOr<training::DataSplits> two = training::LoadData(x + "," + y + "," + idx_images + "," + idx_labels);
   ASSERT_TRUE(two.ok()) << two.status();
   ASSERT_TRUE(two->has_test());
   EXPECT_THAT(Int64s(two->test.labels), ElementsAre(3, 4));
 
   const std::string short_y = WriteFile(dir / "short.npy", Npy<int64_t>(DType::kInt64, {2}, {1, 0}));
-  EXPECT_THAT(Message(LoadData(x + "," + short_y).status()),
+  EXPECT_THAT(Message(training::LoadData(x + "," + short_y).status()),
               AllOf(HasSubstr("label count 2 != image count 3"), HasSubstr("short.npy")));
-  EXPECT_THAT(Message(LoadData(x + "," + y + "," + x).status()),
+  EXPECT_THAT(Message(training::LoadData(x + "," + y + "," + x).status()),
               AllOf(HasSubstr("IMAGES,LABELS"), HasSubstr("got 3 files")));
 }
 
@@ -484,7 +484,7 @@ TEST(LoadDataTest, NpzFileKerasAndPlainKeys) {
                 {"x_test.npy", Npy<float>(DType::kFloat32, {1, 1, 2, 2}, {.1f, .2f, .3f, .4f}), true},
                 {"y_test.npy", Npy<int64_t>(DType::kInt64, {1}, {2}), true}},
                /*numpy_zip64=*/true));
-  absl::StatusOr<DataSplits> splits = LoadData(keras);
+  absl::StatusOr<training::DataSplits> splits = training::LoadData(keras);
   ASSERT_TRUE(splits.ok()) << splits.status();
   EXPECT_THAT(splits->train.images.dims(), ElementsAre(2, 1, 2, 2));
   EXPECT_THAT(Int64s(splits->train.labels), ElementsAre(5, 6));
@@ -495,14 +495,14 @@ TEST(LoadDataTest, NpzFileKerasAndPlainKeys) {
   const std::string plain = WriteFile(
       dir / "plain.npz", ZipBytes({{"images.npy", Npy<float>(DType::kFloat32, {2, 3}, {1, 2, 3, 4, 5, 6})},
                                    {"labels.npy", Npy<int64_t>(DType::kInt64, {2}, {0, 1})}}));
-  splits = LoadData(plain);
+  splits = training::LoadData(plain);
   ASSERT_TRUE(splits.ok()) << splits.status();
   EXPECT_FALSE(splits->has_test());
   EXPECT_THAT(splits->train.images.dims(), ElementsAre(2, 3));
 
   const std::string odd = WriteFile(
       dir / "odd.npz", ZipBytes({{"features.npy", Npy<float>(DType::kFloat32, {1}, {1})}}));
-  EXPECT_THAT(Message(LoadData(odd).status()),
+  EXPECT_THAT(Message(training::LoadData(odd).status()),
               AllOf(HasSubstr(odd), HasSubstr("x_train"), HasSubstr("has features")));
 }
 
@@ -514,7 +514,7 @@ TEST(LoadDataTest, NpzDirectory) {
   WriteFile(dir / "test.npz",
             ZipBytes({{"x_test.npy", Npy<uint8_t>(DType::kUInt8, {1, 1, 2}, {0, 255}), false},
                       {"y_test.npy", Npy<int64_t>(DType::kInt64, {1}, {1}), false}}));
-  absl::StatusOr<DataSplits> splits = LoadData(dir.string());
+  absl::StatusOr<training::DataSplits> splits = training::LoadData(dir.string());
   ASSERT_TRUE(splits.ok()) << splits.status();
   EXPECT_THAT(splits->train.images.dims(), ElementsAre(3, 1, 1, 2));
   EXPECT_THAT(Int64s(splits->train.labels), ElementsAre(2, 1, 0));
@@ -522,28 +522,28 @@ TEST(LoadDataTest, NpzDirectory) {
 }
 
 TEST(LoadDataTest, UnknownFormsListWhatIsAccepted) {
-  const std::string message = Message(LoadData("cifar-100").status());
+  const std::string message = Message(training::LoadData("cifar-100").status());
   EXPECT_THAT(message, AllOf(HasSubstr("--data cifar-100"), HasSubstr("fashion-mnist"),
                              HasSubstr("mnist"), HasSubstr("directory"), HasSubstr(".npz"),
                              HasSubstr("IMAGES,LABELS")));
   const std::string single = WriteFile(TempDir() / "single.npy",
                                        Npy<float>(DType::kFloat32, {1}, {1}));
-  EXPECT_THAT(Message(LoadData(single).status()), HasSubstr("must be an .npz"));
+  EXPECT_THAT(Message(training::LoadData(single).status()), HasSubstr("must be an .npz"));
   const fs::path empty = TempDir() / "emptydir";
   fs::create_directories(empty);
-  EXPECT_THAT(Message(LoadData(empty.string()).status()),
+  EXPECT_THAT(Message(training::LoadData(empty.string()).status()),
               AllOf(HasSubstr(empty.string()), HasSubstr("train-images-idx3-ubyte[.gz]"),
                     HasSubstr("train.npz")));
 }
 
 TEST(LoadDataTest, RealFashionMnist) {
-  if (!fs::is_directory(kFashionMnistDir)) {
-    GTEST_SKIP() << kFashionMnistDir << " is absent (Debian package dataset-fashion-mnist)";
+  if (!fs::is_directory(training::kFashionMnistDir)) {
+    GTEST_SKIP() << training::kFashionMnistDir << " is absent (Debian package dataset-fashion-mnist)";
   }
   // No timing assertion: a loaded CI machine would make it flaky (the load
   // time is printed, about 1 s here).
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<DataSplits> splits = LoadData("fashion-mnist");
+  absl::StatusOr<training::DataSplits> splits = training::LoadData("fashion-mnist");
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_TRUE(splits.ok()) << splits.status();
@@ -583,13 +583,13 @@ TEST(LoadDataTest, NpzWrittenByNumpy) {
       "np.savez_compressed('" + (dir / "c.npz").string() + "', x_train=x, y_train=y, x_test=x[:1], "
       "y_test=y[:1]); np.savez('" + (dir / "s.npz").string() + "', x=x.astype(np.float32), y=y)";
   ASSERT_EQ(std::system(("/usr/bin/python3 -c \"" + script + "\"").c_str()), 0);
-  absl::StatusOr<DataSplits> compressed = LoadData((dir / "c.npz").string());
+  absl::StatusOr<training::DataSplits> compressed = training::LoadData((dir / "c.npz").string());
   ASSERT_TRUE(compressed.ok()) << compressed.status();
   EXPECT_THAT(compressed->train.images.dims(), ElementsAre(2, 1, 3, 4));
   EXPECT_EQ(BatchFloats(compressed->train)[5], (5 * 7) / 255.0f);
   EXPECT_THAT(Int64s(compressed->train.labels), ElementsAre(3, 1));
   EXPECT_EQ(compressed->test.size(), 1);
-  absl::StatusOr<DataSplits> stored = LoadData((dir / "s.npz").string());
+  absl::StatusOr<training::DataSplits> stored = training::LoadData((dir / "s.npz").string());
   ASSERT_TRUE(stored.ok()) << stored.status();
   EXPECT_EQ(stored->train.images.data<float>()[5], 35.0f);
 }
@@ -597,7 +597,7 @@ TEST(LoadDataTest, NpzWrittenByNumpy) {
 // ----- batches ---------------------------------------------------------------------
 
 // N samples whose image i is filled with i and whose label is 100 + i.
-Dataset Numbered(int64_t count) {
+training::Dataset Numbered(int64_t count) {
   Tensor images(DType::kFloat32, {count, 1, 2});
   std::vector<int64_t> labels;
   for (int64_t i = 0; i < count; ++i) {
@@ -605,25 +605,25 @@ Dataset Numbered(int64_t count) {
     images.data<float>()[2 * i + 1] = static_cast<float>(i);
     labels.push_back(100 + i);
   }
-  return *MakeDataset("numbered", std::move(images), Tensor::Int64s(labels));
+  return *training::MakeDataset("numbered", std::move(images), Tensor::Int64s(labels));
 }
 
-std::vector<std::vector<int64_t>> Take(BatchIterator& iterator, int batches) {
+std::vector<std::vector<int64_t>> Take(training::BatchIterator& iterator, int batches) {
   std::vector<std::vector<int64_t>> out;
   for (int i = 0; i < batches; ++i) out.push_back(iterator.Next().indices);
   return out;
 }
 
 TEST(BatchIteratorTest, EachEpochCoversEveryIndexOnceWithMatchingRows) {
-  const Dataset data = Numbered(10);
-  auto iterator = BatchIterator::Create(data, {.batch_size = 3, .shuffle = true, .seed = 7});
+  const training::Dataset data = Numbered(10);
+  auto iterator = training::BatchIterator::Create(data, {.batch_size = 3, .shuffle = true, .seed = 7});
   ASSERT_TRUE(iterator.ok()) << iterator.status();
   EXPECT_EQ(iterator->batches_per_epoch(), 4);
   for (int epoch = 0; epoch < 3; ++epoch) {
     std::multiset<int64_t> seen;
     std::vector<int64_t> sizes;
     while (iterator->epoch() == epoch) {
-      Batch batch = iterator->Next();
+      training::Batch batch = iterator->Next();
       EXPECT_EQ(batch.epoch, epoch);
       sizes.push_back(batch.labels.num_elements());
       EXPECT_EQ(batch.images.dims()[0], batch.labels.num_elements());
@@ -641,39 +641,39 @@ TEST(BatchIteratorTest, EachEpochCoversEveryIndexOnceWithMatchingRows) {
 }
 
 TEST(BatchIteratorTest, ShuffleIsReproduciblePerSeedAndDiffersPerEpoch) {
-  const BatchOptions seven{.batch_size = 100, .shuffle = true, .seed = 7};
-  const BatchOptions eight{.batch_size = 100, .shuffle = true, .seed = 8};
-  EXPECT_EQ(BatchIterator::EpochOrder(100, seven, 0), BatchIterator::EpochOrder(100, seven, 0));
-  EXPECT_NE(BatchIterator::EpochOrder(100, seven, 0), BatchIterator::EpochOrder(100, seven, 1));
-  EXPECT_NE(BatchIterator::EpochOrder(100, seven, 0), BatchIterator::EpochOrder(100, eight, 0));
+  const training::BatchOptions seven{.batch_size = 100, .shuffle = true, .seed = 7};
+  const training::BatchOptions eight{.batch_size = 100, .shuffle = true, .seed = 8};
+  EXPECT_EQ(training::BatchIterator::EpochOrder(100, seven, 0), training::BatchIterator::EpochOrder(100, seven, 0));
+  EXPECT_NE(training::BatchIterator::EpochOrder(100, seven, 0), training::BatchIterator::EpochOrder(100, seven, 1));
+  EXPECT_NE(training::BatchIterator::EpochOrder(100, seven, 0), training::BatchIterator::EpochOrder(100, eight, 0));
   // The same data in a fresh iterator gives the same batches.
-  const Dataset data = Numbered(100);
-  auto a = BatchIterator::Create(data, {.batch_size = 16, .shuffle = true, .seed = 3});
-  auto b = BatchIterator::Create(data, {.batch_size = 16, .shuffle = true, .seed = 3});
+  const training::Dataset data = Numbered(100);
+  auto a = training::BatchIterator::Create(data, {.batch_size = 16, .shuffle = true, .seed = 3});
+  auto b = training::BatchIterator::Create(data, {.batch_size = 16, .shuffle = true, .seed = 3});
   EXPECT_EQ(Take(*a, 20), Take(*b, 20));
   // Pinned: seed 0, epoch 0 of 8 samples (mt19937_64 + unbiased Fisher-Yates
   // is the same on every platform; a change here breaks checkpoint resume).
-  std::vector<int64_t> pinned = BatchIterator::EpochOrder(8, {.shuffle = true, .seed = 0}, 0);
+  std::vector<int64_t> pinned = training::BatchIterator::EpochOrder(8, {.shuffle = true, .seed = 0}, 0);
   std::vector<int64_t> sorted = pinned;
   std::sort(sorted.begin(), sorted.end());
   EXPECT_THAT(sorted, ElementsAre(0, 1, 2, 3, 4, 5, 6, 7));
   EXPECT_NE(pinned, sorted);
-  EXPECT_EQ(pinned, BatchIterator::EpochOrder(8, {.shuffle = true, .seed = 0}, 0));
+  EXPECT_EQ(pinned, training::BatchIterator::EpochOrder(8, {.shuffle = true, .seed = 0}, 0));
 }
 
 TEST(BatchIteratorTest, ResumeFromEpochAndPositionGivesIdenticalBatches) {
-  const Dataset data = Numbered(23);
+  const training::Dataset data = Numbered(23);
   for (bool drop_last : {false, true}) {
-    const BatchOptions options{.batch_size = 5, .shuffle = true, .seed = 42, .drop_last = drop_last};
-    auto original = BatchIterator::Create(data, options);
+    const training::BatchOptions options{.batch_size = 5, .shuffle = true, .seed = 42, .drop_last = drop_last};
+    auto original = training::BatchIterator::Create(data, options);
     ASSERT_TRUE(original.ok());
     Take(*original, 7);  // into the second epoch
     EXPECT_EQ(original->epoch(), 1);
-    auto resumed = BatchIterator::Create(data, options, original->epoch(), original->position());
+    auto resumed = training::BatchIterator::Create(data, options, original->epoch(), original->position());
     ASSERT_TRUE(resumed.ok()) << resumed.status();
     for (int i = 0; i < 12; ++i) {
-      Batch expected = original->Next();
-      Batch got = resumed->Next();
+      training::Batch expected = original->Next();
+      training::Batch got = resumed->Next();
       EXPECT_EQ(got.indices, expected.indices) << "batch " << i;
       EXPECT_EQ(got.images, expected.images);
       EXPECT_EQ(got.labels, expected.labels);
@@ -684,8 +684,8 @@ TEST(BatchIteratorTest, ResumeFromEpochAndPositionGivesIdenticalBatches) {
 }
 
 TEST(BatchIteratorTest, InOrderAndDropLast) {
-  const Dataset data = Numbered(7);
-  auto in_order = BatchIterator::Create(data, {.batch_size = 3, .shuffle = false});
+  const training::Dataset data = Numbered(7);
+  auto in_order = training::BatchIterator::Create(data, {.batch_size = 3, .shuffle = false});
   ASSERT_TRUE(in_order.ok());
   EXPECT_THAT(Take(*in_order, 4),
               ElementsAre(ElementsAre(0, 1, 2), ElementsAre(3, 4, 5), ElementsAre(6),
@@ -694,27 +694,27 @@ TEST(BatchIteratorTest, InOrderAndDropLast) {
   EXPECT_EQ(in_order->position(), 3);
 
   auto dropping =
-      BatchIterator::Create(data, {.batch_size = 3, .shuffle = false, .drop_last = true});
+      training::BatchIterator::Create(data, {.batch_size = 3, .shuffle = false, .drop_last = true});
   ASSERT_TRUE(dropping.ok());
   EXPECT_EQ(dropping->batches_per_epoch(), 2);
   EXPECT_THAT(Take(*dropping, 3),
               ElementsAre(ElementsAre(0, 1, 2), ElementsAre(3, 4, 5), ElementsAre(0, 1, 2)));
   // Resuming at the end of an epoch starts the next one.
-  auto at_end = BatchIterator::Create(data, {.batch_size = 3, .shuffle = false}, 2, 7);
+  auto at_end = training::BatchIterator::Create(data, {.batch_size = 3, .shuffle = false}, 2, 7);
   ASSERT_TRUE(at_end.ok());
   EXPECT_EQ(at_end->epoch(), 3);
   EXPECT_EQ(at_end->position(), 0);
 }
 
 TEST(BatchIteratorTest, RejectsBadSettings) {
-  const Dataset data = Numbered(4);
-  EXPECT_THAT(Message(BatchIterator::Create(data, {.batch_size = 0}).status()),
+  const training::Dataset data = Numbered(4);
+  EXPECT_THAT(Message(training::BatchIterator::Create(data, {.batch_size = 0}).status()),
               AllOf(HasSubstr("numbered"), HasSubstr("batch size must be positive")));
-  EXPECT_THAT(Message(BatchIterator::Create(data, {.batch_size = 5, .drop_last = true}).status()),
+  EXPECT_THAT(Message(training::BatchIterator::Create(data, {.batch_size = 5, .drop_last = true}).status()),
               HasSubstr("leaves no batch"));
-  EXPECT_THAT(Message(BatchIterator::Create(data, {.batch_size = 2}, 0, 5).status()),
+  EXPECT_THAT(Message(training::BatchIterator::Create(data, {.batch_size = 2}, 0, 5).status()),
               HasSubstr("cannot resume at epoch 0, position 5"));
-  EXPECT_FALSE(BatchIterator::Create(Dataset{}, {.batch_size = 2}).ok());
+  EXPECT_FALSE(training::BatchIterator::Create(training::Dataset{}, {.batch_size = 2}).ok());
 }
 
 }  // namespace

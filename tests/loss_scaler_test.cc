@@ -1,8 +1,8 @@
-// Tests for passes/loss_scaler.h: PyTorch GradScaler's defaults and update
+// Tests for training/loss_scaler.h: PyTorch GradScaler's defaults and update
 // rule (backoff on overflow, growth after the interval), the floor and its
 // diagnosis, the disabled form, option validation and the JSON state round
 // trip. The fused unscale-and-check is a step kernel (step_kernels_test).
-#include "passes/loss_scaler.h"
+#include "training/loss_scaler.h"
 
 #include <cmath>
 

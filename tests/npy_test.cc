@@ -2,7 +2,7 @@
 // header layout, malformed files (each error names the file and the
 // problem), a file written by NumPy itself (skipped without /usr/bin/python3
 // and numpy), and LoadTensorFile's choice by extension.
-#include "tools/npy.h"
+#include "training/npy.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -41,10 +41,10 @@ TEST(NpyTest, RoundTripsEveryDType) {
     for (std::vector<int64_t> dims : {std::vector<int64_t>{2, 3, 4}, std::vector<int64_t>{5},
                                       std::vector<int64_t>{}, std::vector<int64_t>{0, 3}}) {
       Tensor t = Filled(dtype, dims);
-      absl::StatusOr<std::string> bytes = SerializeNpy(t);
+      absl::StatusOr<std::string> bytes = training::SerializeNpy(t);
       ASSERT_TRUE(bytes.ok()) << bytes.status();
       EXPECT_EQ((bytes->size() - t.byte_size()) % 64, 0u) << "data must start 64-aligned";
-      absl::StatusOr<Tensor> back = ParseNpy(*bytes, "mem.npy");
+      absl::StatusOr<Tensor> back = training::ParseNpy(*bytes, "mem.npy");
       ASSERT_TRUE(back.ok()) << DTypeName(dtype) << ": " << back.status();
       EXPECT_EQ(*back, t) << DTypeName(dtype);
     }
@@ -52,11 +52,11 @@ TEST(NpyTest, RoundTripsEveryDType) {
 }
 
 TEST(NpyTest, HeaderIsWhatNumpyWrites) {
-  absl::StatusOr<std::string> bytes = SerializeNpy(Filled(DType::kFloat32, {3}));
+  absl::StatusOr<std::string> bytes = training::SerializeNpy(Filled(DType::kFloat32, {3}));
   ASSERT_TRUE(bytes.ok());
   EXPECT_EQ(bytes->substr(0, 8), std::string("\x93NUMPY\x01\x00", 8));
   EXPECT_THAT(*bytes, HasSubstr("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }"));
-  bytes = SerializeNpy(Filled(DType::kBool, {2, 2}));
+  bytes = training::SerializeNpy(Filled(DType::kBool, {2, 2}));
   EXPECT_THAT(*bytes, HasSubstr("'descr': '|b1'"));
   EXPECT_THAT(*bytes, HasSubstr("'shape': (2, 2)"));
 }
@@ -65,7 +65,7 @@ TEST(NpyTest, BFloat16IsWrittenAsExactFloat32) {
   Tensor t(DType::kBFloat16, {3});
   const float values[] = {1.5f, -2.75f, 1e20f};
   for (int i = 0; i < 3; ++i) t.data<uint16_t>()[i] = FloatToBFloat16Bits(values[i]);
-  absl::StatusOr<Tensor> back = ParseNpy(*SerializeNpy(t), "bf16.npy");
+  absl::StatusOr<Tensor> back = training::ParseNpy(*training::SerializeNpy(t), "bf16.npy");
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->dtype(), DType::kFloat32);
   for (int i = 0; i < 3; ++i) {
@@ -74,9 +74,9 @@ TEST(NpyTest, BFloat16IsWrittenAsExactFloat32) {
 }
 
 TEST(NpyTest, MalformedFilesNameFileAndProblem) {
-  std::string good = *SerializeNpy(Filled(DType::kFloat32, {2, 2}));
+  std::string good = *training::SerializeNpy(Filled(DType::kFloat32, {2, 2}));
   auto error = [](const std::string& bytes) {
-    return std::string(ParseNpy(bytes, "bad.npy").status().message());
+    return std::string(training::ParseNpy(bytes, "bad.npy").status().message());
   };
   EXPECT_THAT(error("PK\x03\x04 not numpy"),
               HasSubstr("bad.npy: not a valid .npy file: bad magic"));
@@ -96,7 +96,7 @@ TEST(NpyTest, MalformedFilesNameFileAndProblem) {
   std::string version = good;
   version[6] = 9;
   EXPECT_THAT(error(version), HasSubstr("unsupported .npy format version 9"));
-  EXPECT_THAT(std::string(ReadNpy("/nonexistent/x.npy").status().message()),
+  EXPECT_THAT(std::string(training::ReadNpy("/nonexistent/x.npy").status().message()),
               HasSubstr("/nonexistent/x.npy: cannot open file"));
 }
 
@@ -113,25 +113,25 @@ TEST(NpyTest, ReadsAFileWrittenByNumpy) {
       "/usr/bin/python3 -c \"" + script + "\" " + dir.string() + " 2>/dev/null";
   if (std::system(command.c_str()) != 0)
     GTEST_SKIP() << "numpy is not importable by /usr/bin/python3";
-  absl::StatusOr<Tensor> f = ReadNpy((dir / "f.npy").string());
+  absl::StatusOr<Tensor> f = training::ReadNpy((dir / "f.npy").string());
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ(f->dims(), (std::vector<int64_t>{3, 4}));
   EXPECT_EQ(f->data<float>()[11], 2.75f);
-  absl::StatusOr<Tensor> i = ReadNpy((dir / "i.npy").string());
+  absl::StatusOr<Tensor> i = training::ReadNpy((dir / "i.npy").string());
   ASSERT_TRUE(i.ok()) << i.status();
   EXPECT_EQ(i->data<int64_t>()[1], int64_t{1} << 40);
-  absl::StatusOr<Tensor> b = ReadNpy((dir / "b.npy").string());
+  absl::StatusOr<Tensor> b = training::ReadNpy((dir / "b.npy").string());
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(b->dtype(), DType::kBool);
   EXPECT_EQ(b->dims(), (std::vector<int64_t>{1, 2}));
   EXPECT_EQ(b->raw()[0], 1);
-  absl::StatusOr<Tensor> h = ReadNpy((dir / "h.npy").string());
+  absl::StatusOr<Tensor> h = training::ReadNpy((dir / "h.npy").string());
   ASSERT_TRUE(h.ok()) << h.status();
   EXPECT_TRUE(h->dims().empty());
   EXPECT_EQ(HalfBitsToFloat(h->data<uint16_t>()[0]), 0.5f);
 
   // And numpy reads what castor writes.
-  ASSERT_TRUE(WriteNpy((dir / "c.npy").string(), Filled(DType::kInt32, {2, 3})).ok());
+  ASSERT_TRUE(training::WriteNpy((dir / "c.npy").string(), Filled(DType::kInt32, {2, 3})).ok());
   const std::string check =
       "/usr/bin/python3 -c \"import numpy as np, sys; a = np.load(sys.argv[1]); "
       "sys.exit(0 if a.shape == (2, 3) and a.dtype == np.int32 else 1)\" " +
@@ -143,13 +143,13 @@ TEST(NpyTest, ReadsAFileWrittenByNumpy) {
 TEST(NpyTest, LoadTensorFileChoosesByExtension) {
   const fs::path dir = TempDir();
   Tensor t = Filled(DType::kInt64, {4});
-  ASSERT_TRUE(WriteNpy((dir / "t.npy").string(), t).ok());
-  absl::StatusOr<Tensor> back = LoadTensorFile((dir / "t.npy").string());
+  ASSERT_TRUE(training::WriteNpy((dir / "t.npy").string(), t).ok());
+  absl::StatusOr<Tensor> back = training::LoadTensorFile((dir / "t.npy").string());
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, t);
-  EXPECT_THAT(std::string(LoadTensorFile((dir / "t.txt").string()).status().message()),
+  EXPECT_THAT(std::string(training::LoadTensorFile((dir / "t.txt").string()).status().message()),
               HasSubstr("t.txt: unknown tensor file type (expected .npy, or .pb"));
-  absl::StatusOr<Tensor> pb = LoadTensorFile(std::string(CASTOR_SHARED_DIR) +
+  absl::StatusOr<Tensor> pb = training::LoadTensorFile(std::string(CASTOR_SHARED_DIR) +
                                              "/conformance/onnx-node/test_relu/test_data_set_0/"
                                              "input_0.pb");
   ASSERT_TRUE(pb.ok()) << pb.status();

@@ -1,9 +1,9 @@
-// Tests for passes/optimizer.h: SGD (plain, momentum with weight decay,
+// Tests for training/optimizer.h: SGD (plain, momentum with weight decay,
 // Nesterov), Adam (with L2 weight decay, with clipping) and AdamW against
 // PyTorch's trajectories (tests/data/optimizer_golden.json, written by
 // generate_optimizer_golden.py beside it with Debian's torch 1.13); the
 // learning-rate schedules; option and parameter errors.
-#include "passes/optimizer.h"
+#include "training/optimizer.h"
 
 #include <cmath>
 #include <filesystem>

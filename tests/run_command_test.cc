@@ -12,7 +12,7 @@
 
 #include "graph/onnx_io.h"
 #include "tests/cli_test_util.h"
-#include "tools/npy.h"
+#include "training/npy.h"
 
 namespace castor::tools {
 namespace {
@@ -64,7 +64,7 @@ class RunProgramTest : public CliTempDirTest {
     model_path_ = (dir_ / "model.onnx").string();
     ASSERT_TRUE(SaveModel(model, model_path_).ok());
     x_ = Tensor::FromVector<float>(DType::kFloat32, {2, 3}, {1, 2, 3, 4, 5, 6});
-    ASSERT_TRUE(WriteNpy((dir_ / "x.npy").string(), x_).ok());
+    ASSERT_TRUE(training::WriteNpy((dir_ / "x.npy").string(), x_).ok());
   }
 
   Program Run(const std::string& flags) {
@@ -82,10 +82,10 @@ TEST_F(RunProgramTest, PrintsSummaryAndWritesOutputs) {
   EXPECT_THAT(p.out, AllOf(StartsWith("y  float32[2,3]  min=1 max=6 mean=3.5\n"
                                       "z  int64[2]  min=7 max=8 mean=7.5\n"),
                            HasSubstr("plan: peak activations ")));
-  absl::StatusOr<Tensor> y = ReadNpy((out_dir / "y.npy").string());
+  absl::StatusOr<Tensor> y = training::ReadNpy((out_dir / "y.npy").string());
   ASSERT_TRUE(y.ok()) << y.status();
   EXPECT_EQ(*y, x_);
-  absl::StatusOr<Tensor> z = ReadNpy((out_dir / "z.npy").string());
+  absl::StatusOr<Tensor> z = training::ReadNpy((out_dir / "z.npy").string());
   ASSERT_TRUE(z.ok()) << z.status();
   EXPECT_EQ(*z, Tensor::Int64s({7, 8}));
 }
@@ -108,7 +108,7 @@ TEST_F(RunProgramTest, BadInputsExit2WithClearMessages) {
   p = Run("--input x=" + (dir_ / "x.npy").string() + " --input w=" + (dir_ / "x.npy").string());
   EXPECT_EQ(p.exit_code, 2);
   EXPECT_THAT(p.err, HasSubstr("unknown feed 'w': the graph inputs are x, k"));
-  ASSERT_TRUE(WriteNpy((dir_ / "wide.npy").string(), Tensor(DType::kFloat32, {2, 4})).ok());
+  ASSERT_TRUE(training::WriteNpy((dir_ / "wide.npy").string(), Tensor(DType::kFloat32, {2, 4})).ok());
   p = Run("--input x=" + (dir_ / "wide.npy").string());
   EXPECT_EQ(p.exit_code, 2);
   EXPECT_THAT(p.err, HasSubstr("input 'x': dim 1 is 4, the model expects 3"));

@@ -14,8 +14,8 @@
 #include "gmock/gmock.h"
 #include "graph/half.h"
 #include "gtest/gtest.h"
-#include "passes/loss_scaler.h"
-#include "passes/optimizer.h"
+#include "training/loss_scaler.h"
+#include "training/optimizer.h"
 #include "tests/step_kernels_test_util.h"
 
 namespace castor {

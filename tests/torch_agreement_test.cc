@@ -30,9 +30,9 @@
 #include "gtest/gtest.h"
 #include "passes/training_graph.h"
 #include "passes/verifier.h"
-#include "tools/dataset.h"
+#include "training/dataset.h"
 #include "tests/trainer_test_util.h"
-#include "tools/trainer.h"
+#include "training/trainer.h"
 
 namespace castor::tools {
 namespace {
@@ -88,25 +88,25 @@ const Json& Golden() {
 }
 
 // Fashion-MNIST's training split, read once (Debian's dataset-fashion-mnist).
-const Dataset* FashionMnistTrain() {
-  static const Dataset* train = []() -> const Dataset* {
-    if (!fs::is_directory(kFashionMnistDir)) return nullptr;
-    absl::StatusOr<DataSplits> splits = LoadData("fashion-mnist");
+const training::Dataset* FashionMnistTrain() {
+  static const training::Dataset* train = []() -> const training::Dataset* {
+    if (!fs::is_directory(training::kFashionMnistDir)) return nullptr;
+    absl::StatusOr<training::DataSplits> splits = training::LoadData("fashion-mnist");
     EXPECT_TRUE(splits.ok()) << splits.status();
-    return splits.ok() ? new Dataset(std::move(splits->train)) : nullptr;
+    return splits.ok() ? new training::Dataset(std::move(splits->train)) : nullptr;
   }();
   return train;
 }
 
 // The first `steps` batches in file order, as castor's trainer would see them
 // without shuffling.
-std::vector<Batch> FirstBatches(const Dataset& data, int64_t steps, int64_t batch_size) {
-  BatchOptions options;
+std::vector<training::Batch> FirstBatches(const training::Dataset& data, int64_t steps, int64_t batch_size) {
+  training::BatchOptions options;
   options.batch_size = batch_size;
   options.shuffle = false;
-  absl::StatusOr<BatchIterator> it = BatchIterator::Create(data, options);
+  absl::StatusOr<training::BatchIterator> it = training::BatchIterator::Create(data, options);
   EXPECT_TRUE(it.ok()) << it.status();
-  std::vector<Batch> batches;
+  std::vector<training::Batch> batches;
   for (int64_t k = 0; it.ok() && k < steps; ++k) batches.push_back(it->Next());
   return batches;
 }
@@ -179,13 +179,13 @@ TEST(TorchAgreementTest, GoldenFileHoldsEveryCase) {
 
 // The batches are the ones PyTorch trained on: same labels, same pixel sums.
 TEST(TorchAgreementTest, BatchesMatchTheGolden) {
-  const Dataset* data = FashionMnistTrain();
+  const training::Dataset* data = FashionMnistTrain();
   if (data == nullptr) {
-    GTEST_SKIP() << kFashionMnistDir << " is absent (Debian package dataset-fashion-mnist)";
+    GTEST_SKIP() << training::kFashionMnistDir << " is absent (Debian package dataset-fashion-mnist)";
   }
   const Json& golden = Golden();
   const std::vector<Json>& expected = golden.Find("batches")->items();
-  std::vector<Batch> batches = FirstBatches(*data, static_cast<int64_t>(expected.size()),
+  std::vector<training::Batch> batches = FirstBatches(*data, static_cast<int64_t>(expected.size()),
                                             golden.Find("batch_size")->as_int());
   ASSERT_EQ(batches.size(), expected.size());
   for (size_t k = 0; k < batches.size(); ++k) {
@@ -208,9 +208,9 @@ TEST(TorchAgreementTest, BatchesMatchTheGolden) {
 class TorchAgreementCaseTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TorchAgreementCaseTest, LossesAndWeightsMatchPyTorch) {
-  const Dataset* data = FashionMnistTrain();
+  const training::Dataset* data = FashionMnistTrain();
   if (data == nullptr) {
-    GTEST_SKIP() << kFashionMnistDir << " is absent (Debian package dataset-fashion-mnist)";
+    GTEST_SKIP() << training::kFashionMnistDir << " is absent (Debian package dataset-fashion-mnist)";
   }
   const Json& golden = Golden();
   const Json* golden_case = golden.Find("cases")->Find(GetParam());
@@ -226,28 +226,28 @@ TEST_P(TorchAgreementCaseTest, LossesAndWeightsMatchPyTorch) {
   absl::Status verified = VerifyModel(*model);
   ASSERT_TRUE(verified.ok()) << verified;
 
-  TrainerOptions options;
+  training::TrainerOptions options;
   options.optimizer.kind = OptimizerKind::kSgd;
   const Json* momentum = options_json.Find("momentum");
   options.optimizer.momentum = momentum != nullptr ? momentum->as_number() : 0.0;
   options.lr.base_lr = options_json.Find("lr")->as_number();
   options.scaler.enabled = false;
   static CpuBackend* backend = new CpuBackend();
-  absl::StatusOr<std::unique_ptr<Trainer>> trainer =
-      Trainer::Create(std::move(*model), *graph, options, *backend);
+  absl::StatusOr<std::unique_ptr<training::Trainer>> trainer =
+      training::Trainer::Create(std::move(*model), *graph, options, *backend);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   const std::map<std::string, Tensor> start = StateOf(**trainer);
 
   const std::vector<Json>& losses = golden_case->Find("losses")->items();
   const std::vector<Json>& losses_float64 = golden_case->Find("losses_float64")->items();
   ASSERT_EQ(losses_float64.size(), losses.size());
-  std::vector<Batch> batches = FirstBatches(*data, static_cast<int64_t>(losses.size()),
+  std::vector<training::Batch> batches = FirstBatches(*data, static_cast<int64_t>(losses.size()),
                                             golden.Find("batch_size")->as_int());
   ASSERT_EQ(batches.size(), losses.size());
   double max_loss_error = 0, max_loss_error_float64 = 0;
   std::map<int64_t, std::map<std::string, Tensor>> states;  // after step k
   for (size_t k = 0; k < batches.size(); ++k) {
-    absl::StatusOr<StepResult> step =
+    absl::StatusOr<training::StepResult> step =
         (*trainer)->Step({{"input", batches[k].images}}, batches[k].labels);
     ASSERT_TRUE(step.ok()) << "step " << k + 1 << ": " << step.status();
     ASSERT_FALSE(step->skipped) << "step " << k + 1;

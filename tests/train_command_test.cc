@@ -22,8 +22,8 @@
 #include "backend/cuda_probe.h"
 #include "graph/json.h"
 #include "tests/cli_test_util.h"
-#include "tools/checkpoint.h"
-#include "tools/npy.h"
+#include "training/checkpoint.h"
+#include "training/npy.h"
 
 namespace castor::tools {
 namespace {
@@ -47,8 +47,8 @@ class TrainCommandTest : public ::testing::Test {
       for (int64_t i = 0; i < images.num_elements(); ++i) images.data<uint8_t>()[i] = pixel(rng);
       Tensor labels(DType::kInt64, {n});
       for (int64_t i = 0; i < n; ++i) labels.data<int64_t>()[i] = i % 10;
-      ASSERT_TRUE(WriteNpy((dir_ / (split + "_x.npy")).string(), images).ok());
-      ASSERT_TRUE(WriteNpy((dir_ / (split + "_y.npy")).string(), labels).ok());
+      ASSERT_TRUE(training::WriteNpy((dir_ / (split + "_x.npy")).string(), images).ok());
+      ASSERT_TRUE(training::WriteNpy((dir_ / (split + "_y.npy")).string(), labels).ok());
     }
     data_ = absl::StrCat((dir_ / "train_x.npy").string(), ",", (dir_ / "train_y.npy").string(),
                          ",", (dir_ / "test_x.npy").string(), ",", (dir_ / "test_y.npy").string());
@@ -178,7 +178,7 @@ TEST_F(TrainCommandTest, Tf32IsACudaSetting) {
 TEST_F(TrainCommandTest, ResumeKeepsTheCheckpointsTf32Setting) {
   const std::string ckpt = (dir_ / "ckpt").string();
   ASSERT_EQ(Train({"--max-steps", "1", "--checkpoint-dir", ckpt, "--backend", "cpu"}).code, 0);
-  absl::StatusOr<FoundCheckpoint> saved = FindLatestCheckpoint(ckpt);
+  absl::StatusOr<training::FoundCheckpoint> saved = training::FindLatestCheckpoint(ckpt);
   ASSERT_TRUE(saved.ok()) << saved.status();
   const Json* recorded = saved->checkpoint.state.extra.Find("tf32");
   ASSERT_NE(recorded, nullptr);
@@ -200,10 +200,10 @@ TEST_F(TrainCommandTest, ResumeKeepsTheCheckpointsTf32Setting) {
   ASSERT_EQ(same.code, 0) << same.err;
   EXPECT_THAT(same.err, Not(HasSubstr("TF32")));
 
-  Checkpoint edited_checkpoint = std::move(saved->checkpoint);
+  training::Checkpoint edited_checkpoint = std::move(saved->checkpoint);
   edited_checkpoint.state.extra.Set("tf32", Json::Bool(true));
   const std::string with_tf32 = (dir_ / "tf32.onnx").string();
-  ASSERT_TRUE(WriteCheckpoint(edited_checkpoint, with_tf32).ok());
+  ASSERT_TRUE(training::WriteCheckpoint(edited_checkpoint, with_tf32).ok());
   for (const std::vector<std::string>& flags :
        {std::vector<std::string>{}, {"--no-tf32"}, {"--tf32=false"}}) {
     SCOPED_TRACE(flags.empty() ? "no flag" : flags[0]);
@@ -213,7 +213,7 @@ TEST_F(TrainCommandTest, ResumeKeepsTheCheckpointsTf32Setting) {
                                        "run goes on in exact float32 on the CPU"));
     EXPECT_THAT(changed.err, HasSubstr("its checkpoints record TF32 off"));
     // What ran is recorded: exact float32.
-    absl::StatusOr<FoundCheckpoint> after = FindLatestCheckpoint((dir_ / "resumed").string());
+    absl::StatusOr<training::FoundCheckpoint> after = training::FindLatestCheckpoint((dir_ / "resumed").string());
     ASSERT_TRUE(after.ok()) << after.status();
     ASSERT_NE(after->checkpoint.state.extra.Find("tf32"), nullptr);
     EXPECT_FALSE(after->checkpoint.state.extra.Find("tf32")->as_bool());
@@ -222,7 +222,7 @@ TEST_F(TrainCommandTest, ResumeKeepsTheCheckpointsTf32Setting) {
   // A record that is not a bool is refused, naming it.
   edited_checkpoint.state.extra.Set("tf32", Json::String("yes"));
   const std::string malformed = (dir_ / "malformed.onnx").string();
-  ASSERT_TRUE(WriteCheckpoint(edited_checkpoint, malformed).ok());
+  ASSERT_TRUE(training::WriteCheckpoint(edited_checkpoint, malformed).ok());
   const Result refused = resume(malformed, {});
   EXPECT_EQ(refused.code, 2);
   EXPECT_THAT(refused.err, HasSubstr("records tf32 as \"yes\"; expected true or false"));
@@ -326,12 +326,12 @@ TEST_F(TrainCommandTest, ResumeUnderAnotherPolicyIsRefusedUnlessAllowed) {
   // The run goes on under the new policy, loss scaling switched on, and
   // saves a consistent checkpoint recording it.
   EXPECT_THAT(out2.str(), HasSubstr("loss scaling on"));
-  absl::StatusOr<FoundCheckpoint> saved = FindLatestCheckpoint(ckpt);
+  absl::StatusOr<training::FoundCheckpoint> saved = training::FindLatestCheckpoint(ckpt);
   ASSERT_TRUE(saved.ok()) << saved.status();
   EXPECT_EQ(saved->checkpoint.state.step, 3);
   EXPECT_EQ(saved->checkpoint.policy.name(), "mixed_float16");
   EXPECT_TRUE(saved->skipped.empty());
-  EXPECT_TRUE(FindCheckpointInconsistencies(saved->checkpoint).empty());
+  EXPECT_TRUE(training::FindCheckpointInconsistencies(saved->checkpoint).empty());
   EXPECT_THAT(out2.str(), HasSubstr("policy change mixed_bfloat16 -> mixed_float16 "
                                     "(--allow-policy-change): 5 nodes change dtype"));
   EXPECT_THAT(out2.str(), HasSubstr("node '/fc1/Gemm' (Gemm): bfloat16 -> float16"));

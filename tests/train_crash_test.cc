@@ -20,9 +20,9 @@
 #include <thread>
 #include <vector>
 
-#include "tools/checkpoint.h"
+#include "training/checkpoint.h"
 #include "tests/cli_test_util.h"
-#include "tools/npy.h"
+#include "training/npy.h"
 
 namespace castor::tools {
 namespace {
@@ -41,8 +41,8 @@ class TrainCrashTest : public CliTempDirTest {
     for (int64_t i = 0; i < images.num_elements(); ++i) images.data<uint8_t>()[i] = pixel(rng);
     Tensor labels(DType::kInt64, {64});
     for (int64_t i = 0; i < 64; ++i) labels.data<int64_t>()[i] = i % 10;
-    ASSERT_TRUE(WriteNpy((dir_ / "x.npy").string(), images).ok());
-    ASSERT_TRUE(WriteNpy((dir_ / "y.npy").string(), labels).ok());
+    ASSERT_TRUE(training::WriteNpy((dir_ / "x.npy").string(), images).ok());
+    ASSERT_TRUE(training::WriteNpy((dir_ / "y.npy").string(), labels).ok());
   }
 
   // Starts `castor train` (fresh, or resuming from the checkpoint dir) with
@@ -84,7 +84,7 @@ TEST_F(TrainCrashTest, KillDuringTrainingAlwaysLeavesAUsableCheckpoint) {
   const fs::path ckpt = dir_ / "ckpt";
   auto newest_step = [&]() -> int64_t {
     if (!fs::exists(ckpt)) return 0;
-    absl::StatusOr<std::vector<CheckpointFile>> files = ListCheckpoints(ckpt.string());
+    absl::StatusOr<std::vector<training::CheckpointFile>> files = training::ListCheckpoints(ckpt.string());
     return files.ok() && !files->empty() ? files->back().step : 0;
   };
   int64_t last_step = 0;
@@ -105,10 +105,10 @@ TEST_F(TrainCrashTest, KillDuringTrainingAlwaysLeavesAUsableCheckpoint) {
     for (const auto& entry : fs::directory_iterator(ckpt)) {
       torn_saves += entry.path().filename().string().find(".tmp.") != std::string::npos;
     }
-    absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(ckpt.string());
+    absl::StatusOr<training::FoundCheckpoint> found = training::FindLatestCheckpoint(ckpt.string());
     ASSERT_TRUE(found.ok()) << "kill " << kill_index << ": " << found.status();
     EXPECT_THAT(found->skipped, ::testing::IsEmpty()) << "kill " << kill_index;
-    EXPECT_THAT(FindCheckpointInconsistencies(found->checkpoint), ::testing::IsEmpty());
+    EXPECT_THAT(training::FindCheckpointInconsistencies(found->checkpoint), ::testing::IsEmpty());
     // Every run saved at least one checkpoint past the one it resumed.
     ASSERT_GT(found->checkpoint.state.step, last_step) << "kill " << kill_index;
     last_step = found->checkpoint.state.step;
@@ -116,7 +116,7 @@ TEST_F(TrainCrashTest, KillDuringTrainingAlwaysLeavesAUsableCheckpoint) {
   ::testing::Test::RecordProperty("torn_saves", torn_saves);
   ::testing::Test::RecordProperty("last_step", static_cast<int>(last_step));
   // The newest checkpoint also passes `castor verify`.
-  const std::vector<CheckpointFile> files = *ListCheckpoints((dir_ / "ckpt").string());
+  const std::vector<training::CheckpointFile> files = *training::ListCheckpoints((dir_ / "ckpt").string());
   ASSERT_FALSE(files.empty());
   const Program verify = RunCastor(dir_, "verify " + files.back().path);
   EXPECT_EQ(verify.exit_code, 0) << verify.out << verify.err;

@@ -1,11 +1,11 @@
-// Tests for passes/training_graph.h and tools/trainer.h on the sample
+// Tests for passes/training_graph.h and training/trainer.h on the sample
 // models: the training graph's interface, training that lowers the loss on
 // a fixed batch in float32 and both mixed policies (float32 master weights
 // throughout), BatchNormalization running statistics updated by a step, an
 // injected overflow that skips the step leaving weights, moments and
 // statistics bit-identical while the scale halves, and the errors.
 #include "tests/trainer_test_util.h"
-#include "tools/trainer.h"
+#include "training/trainer.h"
 
 #include <cmath>
 #include <cstring>
@@ -54,14 +54,14 @@ std::pair<Tensor, Tensor> Batch(int64_t n = 16) {
   return {std::move(images), std::move(labels)};
 }
 
-std::unique_ptr<Trainer> MakeTrainer(Model model, TrainerOptions options = {},
+std::unique_ptr<training::Trainer> MakeTrainer(Model model, training::TrainerOptions options = {},
                                      TrainingGraphOptions graph_options = {}) {
   absl::StatusOr<TrainingGraph> graph = BuildTrainingGraph(model, graph_options);
   EXPECT_TRUE(graph.ok()) << graph.status();
   absl::Status verified = VerifyModel(model);
   EXPECT_TRUE(verified.ok()) << verified;
-  absl::StatusOr<std::unique_ptr<Trainer>> trainer =
-      Trainer::Create(std::move(model), *graph, options, Cpu());
+  absl::StatusOr<std::unique_ptr<training::Trainer>> trainer =
+      training::Trainer::Create(std::move(model), *graph, options, Cpu());
   EXPECT_TRUE(trainer.ok()) << trainer.status();
   return std::move(*trainer);
 }
@@ -226,28 +226,28 @@ TEST(TrainerTest, PoolingBeforeReluChangesNoValue) {
   auto [images, labels] = Batch(32);
   for (const char* policy : {"float32", "mixed_float16", "mixed_bfloat16"}) {
     SCOPED_TRACE(policy);
-    TrainerOptions options;
+    training::TrainerOptions options;
     options.scaler.enabled = std::string(policy) == "mixed_float16";
     TrainingGraphOptions off;
     off.pool_before_relu = false;
-    std::unique_ptr<Trainer> swapped = MakeTrainer(LoadSample("cnn_opset17", policy), options);
-    std::unique_ptr<Trainer> plain =
+    std::unique_ptr<training::Trainer> swapped = MakeTrainer(LoadSample("cnn_opset17", policy), options);
+    std::unique_ptr<training::Trainer> plain =
         MakeTrainer(LoadSample("cnn_opset17", policy), options, off);
     ASSERT_EQ(swapped->training_graph().pooled_relus, 1);
     for (int step = 0; step < 6; ++step) {
-      absl::StatusOr<StepResult> a = swapped->Step({{"input", images}}, labels);
-      absl::StatusOr<StepResult> b = plain->Step({{"input", images}}, labels);
+      absl::StatusOr<training::StepResult> a = swapped->Step({{"input", images}}, labels);
+      absl::StatusOr<training::StepResult> b = plain->Step({{"input", images}}, labels);
       ASSERT_TRUE(a.ok() && b.ok());
       EXPECT_EQ(a->loss, b->loss) << "step " << step;
       EXPECT_FALSE(a->skipped);
       EXPECT_FALSE(b->skipped);
     }
-    absl::StatusOr<StepResult> a = swapped->Evaluate({{"input", images}}, labels);
-    absl::StatusOr<StepResult> b = plain->Evaluate({{"input", images}}, labels);
+    absl::StatusOr<training::StepResult> a = swapped->Evaluate({{"input", images}}, labels);
+    absl::StatusOr<training::StepResult> b = plain->Evaluate({{"input", images}}, labels);
     ASSERT_TRUE(a.ok() && b.ok());
     EXPECT_EQ(a->loss, b->loss);
-    absl::StatusOr<Trainer::Snapshot> after_a = swapped->TakeSnapshot();
-    absl::StatusOr<Trainer::Snapshot> after_b = plain->TakeSnapshot();
+    absl::StatusOr<training::Trainer::Snapshot> after_a = swapped->TakeSnapshot();
+    absl::StatusOr<training::Trainer::Snapshot> after_b = plain->TakeSnapshot();
     ASSERT_TRUE(after_a.ok() && after_b.ok());
     for (const auto& [name, tensor] : after_b->state) {
       const Tensor& other = after_a->state.at(name);
@@ -315,7 +315,7 @@ TEST(TrainerTest, PoolingBeforeReluIsExactForEveryPoolShape) {
   };
   for (const PoolCase& c : cases) {
     SCOPED_TRACE(c.name);
-    TrainerOptions options;
+    training::TrainerOptions options;
     options.optimizer.kind = OptimizerKind::kSgd;
     options.lr.base_lr = 0.1;
     TrainingGraphOptions mse;
@@ -323,9 +323,9 @@ TEST(TrainerTest, PoolingBeforeReluIsExactForEveryPoolShape) {
     mse.loss = LossKind::kMeanSquaredError;
     TrainingGraphOptions off = mse;
     off.pool_before_relu = false;
-    std::unique_ptr<Trainer> swapped =
+    std::unique_ptr<training::Trainer> swapped =
         MakeTrainer(MaxPoolBehindReluModel(c.attributes), options, mse);
-    std::unique_ptr<Trainer> plain = MakeTrainer(MaxPoolBehindReluModel(c.attributes), options, off);
+    std::unique_ptr<training::Trainer> plain = MakeTrainer(MaxPoolBehindReluModel(c.attributes), options, off);
     ASSERT_NE(swapped, nullptr);
     ASSERT_NE(plain, nullptr);
     EXPECT_EQ(swapped->training_graph().pooled_relus, c.swapped ? 1 : 0);
@@ -334,8 +334,8 @@ TEST(TrainerTest, PoolingBeforeReluIsExactForEveryPoolShape) {
     Tensor targets(DType::kFloat32, *flat.StaticDims());
     for (int64_t i = 0; i < targets.num_elements(); ++i) targets.data<float>()[i] = 0.25f;
     for (int step = 0; step < 3; ++step) {
-      absl::StatusOr<StepResult> a = swapped->Step({{"input", images}}, targets);
-      absl::StatusOr<StepResult> b = plain->Step({{"input", images}}, targets);
+      absl::StatusOr<training::StepResult> a = swapped->Step({{"input", images}}, targets);
+      absl::StatusOr<training::StepResult> b = plain->Step({{"input", images}}, targets);
       ASSERT_TRUE(a.ok()) << a.status();
       ASSERT_TRUE(b.ok()) << b.status();
       EXPECT_EQ(a->loss, b->loss) << "step " << step;
@@ -359,11 +359,11 @@ TEST(TrainerTest, PoolingBeforeReluIsExactForEveryPoolShape) {
 // Peak activation bytes of one training step on a batch of 128, castor
 // train's default (the executor's plan statistics: exact sizes, no timing).
 int64_t StepPeakActivationBytes(const std::string& model, const std::string& policy) {
-  TrainerOptions options;
+  training::TrainerOptions options;
   options.scaler.enabled = policy == "mixed_float16";
-  std::unique_ptr<Trainer> trainer = MakeTrainer(LoadSample(model, policy), options);
+  std::unique_ptr<training::Trainer> trainer = MakeTrainer(LoadSample(model, policy), options);
   auto [images, labels] = Batch(128);
-  absl::StatusOr<StepResult> result = trainer->Step({{"input", images}}, labels);
+  absl::StatusOr<training::StepResult> result = trainer->Step({{"input", images}}, labels);
   EXPECT_TRUE(result.ok()) << result.status();
   return trainer->peak_activation_bytes();
 }
@@ -371,7 +371,7 @@ int64_t StepPeakActivationBytes(const std::string& model, const std::string& pol
 TEST(TrainerTest, PeakActivationBytesIsTheLargestStepsNotTheLatest) {
   // An epoch's last batch is often smaller; the peak the summary reports
   // must stay the full batches'.
-  std::unique_ptr<Trainer> trainer = MakeTrainer(LoadSample("cnn_opset17", "float32"));
+  std::unique_ptr<training::Trainer> trainer = MakeTrainer(LoadSample("cnn_opset17", "float32"));
   auto [images, labels] = Batch(16);
   ASSERT_TRUE(trainer->Step({{"input", images}}, labels).ok());
   const int64_t full = trainer->peak_activation_bytes();
@@ -421,7 +421,7 @@ Model BiasModel(bool two_biases) {
 // output of its own, unscaled once: one SGD step under loss scaling moves
 // b1 and b2 exactly as it moves the single bias b of the same model.
 TEST(TrainerTest, ParametersSharingAGradientValueEachGetTheirOwn) {
-  TrainerOptions options;
+  training::TrainerOptions options;
   options.optimizer.kind = OptimizerKind::kSgd;
   options.lr.base_lr = 0.5;
   options.scaler.initial_scale = 1024.0;
@@ -430,14 +430,14 @@ TEST(TrainerTest, ParametersSharingAGradientValueEachGetTheirOwn) {
   ASSERT_TRUE(graph.ok()) << graph.status();
   ASSERT_EQ(graph->gradients.size(), 2u);
   EXPECT_NE(graph->gradients[0].second, graph->gradients[1].second);
-  absl::StatusOr<std::unique_ptr<Trainer>> pair =
-      Trainer::Create(std::move(two), *graph, options, Cpu());
+  absl::StatusOr<std::unique_ptr<training::Trainer>> pair =
+      training::Trainer::Create(std::move(two), *graph, options, Cpu());
   ASSERT_TRUE(pair.ok()) << pair.status();
-  std::unique_ptr<Trainer> single = MakeTrainer(BiasModel(false), options);
+  std::unique_ptr<training::Trainer> single = MakeTrainer(BiasModel(false), options);
   const Tensor x = Tensor::FromVector<float>(DType::kFloat32, {2, 4}, {1, 2, 3, 4, -1, 0, 1, 0});
   const Tensor labels = Tensor::FromVector<int64_t>(DType::kInt64, {2}, {3, 1});
-  absl::StatusOr<StepResult> a = (*pair)->Step({{"x", x}}, labels);
-  absl::StatusOr<StepResult> b = single->Step({{"x", x}}, labels);
+  absl::StatusOr<training::StepResult> a = (*pair)->Step({{"x", x}}, labels);
+  absl::StatusOr<training::StepResult> b = single->Step({{"x", x}}, labels);
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
   ASSERT_FALSE(a->skipped);
@@ -458,14 +458,14 @@ TEST(TrainerTest, ParametersSharingAGradientValueEachGetTheirOwn) {
 class TrainerPolicyTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TrainerPolicyTest, AdamLowersTheLossOnAFixedBatch) {
-  TrainerOptions options;
+  training::TrainerOptions options;
   options.lr.base_lr = 1e-3;
   options.scaler.enabled = GetParam() == "mixed_float16";
-  std::unique_ptr<Trainer> trainer = MakeTrainer(LoadSample("mlp_opset17", GetParam()), options);
+  std::unique_ptr<training::Trainer> trainer = MakeTrainer(LoadSample("mlp_opset17", GetParam()), options);
   auto [images, labels] = Batch();
   double first = 0, last = 0;
   for (int step = 0; step < 25; ++step) {
-    absl::StatusOr<StepResult> result = trainer->Step({{"input", images}}, labels);
+    absl::StatusOr<training::StepResult> result = trainer->Step({{"input", images}}, labels);
     ASSERT_TRUE(result.ok()) << result.status();
     EXPECT_FALSE(result->skipped) << "step " << step;
     if (step == 0) first = result->loss;
@@ -483,10 +483,10 @@ INSTANTIATE_TEST_SUITE_P(Policies, TrainerPolicyTest,
                          ::testing::Values("float32", "mixed_float16", "mixed_bfloat16"));
 
 TEST(TrainerTest, BatchNormStatisticsMoveWithAStep) {
-  std::unique_ptr<Trainer> trainer = MakeTrainer(LoadSample("resnet_opset17", "mixed_float16"));
+  std::unique_ptr<training::Trainer> trainer = MakeTrainer(LoadSample("resnet_opset17", "mixed_float16"));
   const Tensor before = StateOf(*trainer).at("stem_bn.running_mean");
   auto [images, labels] = Batch(8);
-  absl::StatusOr<StepResult> result = trainer->Step({{"input", images}}, labels);
+  absl::StatusOr<training::StepResult> result = trainer->Step({{"input", images}}, labels);
   ASSERT_TRUE(result.ok()) << result.status();
   ASSERT_FALSE(result->skipped);
   const Tensor after = StateOf(*trainer).at("stem_bn.running_mean");
@@ -494,20 +494,20 @@ TEST(TrainerTest, BatchNormStatisticsMoveWithAStep) {
 }
 
 TEST(TrainerTest, InjectedOverflowSkipsTheWholeUpdate) {
-  TrainerOptions options;
+  training::TrainerOptions options;
   options.scaler.initial_scale = 1e30;  // float16 gradients overflow for sure
-  std::unique_ptr<Trainer> trainer =
+  std::unique_ptr<training::Trainer> trainer =
       MakeTrainer(LoadSample("resnet_opset17", "mixed_float16"), options);
   const std::map<std::string, Tensor> before = StateOf(*trainer);
   auto [images, labels] = Batch(8);
-  absl::StatusOr<StepResult> result = trainer->Step({{"input", images}}, labels);
+  absl::StatusOr<training::StepResult> result = trainer->Step({{"input", images}}, labels);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_TRUE(result->skipped);
   EXPECT_EQ(result->loss_scale, 1e30);
   EXPECT_EQ(trainer->scaler().scale(), 5e29);
   EXPECT_EQ(trainer->scaler().skipped_steps(), 1);
   EXPECT_EQ(trainer->optimizer_step(), 0);
-  absl::StatusOr<Trainer::Snapshot> after = trainer->TakeSnapshot();
+  absl::StatusOr<training::Trainer::Snapshot> after = trainer->TakeSnapshot();
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_TRUE(after->optimizer.state().empty());  // no update, no moments
   for (const auto& [name, tensor] : before) {
@@ -517,12 +517,12 @@ TEST(TrainerTest, InjectedOverflowSkipsTheWholeUpdate) {
 }
 
 TEST(TrainerTest, OverflowNamesTheFirstNonFiniteNode) {
-  TrainerOptions options;
+  training::TrainerOptions options;
   options.scaler.initial_scale = 1e30;  // the seed itself is inf in float16
-  std::unique_ptr<Trainer> trainer =
+  std::unique_ptr<training::Trainer> trainer =
       MakeTrainer(LoadSample("mlp_opset17", "mixed_float16"), options);
   auto [images, labels] = Batch(8);
-  absl::StatusOr<StepResult> result = trainer->Step({{"input", images}}, labels);
+  absl::StatusOr<training::StepResult> result = trainer->Step({{"input", images}}, labels);
   ASSERT_TRUE(result.ok()) << result.status();
   ASSERT_TRUE(result->skipped);
   // The forward pass and the float32 output layer's gradients are finite;
@@ -534,9 +534,9 @@ TEST(TrainerTest, OverflowNamesTheFirstNonFiniteNode) {
             "'Cast_/Relu_1_output_0_to_float32/grad/Cast_out0': 4096 of 4096 elements "
             "non-finite");
 
-  TrainerOptions quiet = options;
+  training::TrainerOptions quiet = options;
   quiet.name_first_non_finite = false;
-  std::unique_ptr<Trainer> unnamed = MakeTrainer(LoadSample("mlp_opset17", "mixed_float16"), quiet);
+  std::unique_ptr<training::Trainer> unnamed = MakeTrainer(LoadSample("mlp_opset17", "mixed_float16"), quiet);
   result = unnamed->Step({{"input", images}}, labels);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_TRUE(result->skipped);
@@ -550,7 +550,7 @@ TEST(TrainerTest, EvaluationIsForwardOnlyWithRunningStatistics) {
   absl::StatusOr<Model> reference = CloneModel(model);
   ASSERT_TRUE(reference.ok()) << reference.status();
   ASSERT_TRUE(InferTypes(*reference).ok());
-  std::unique_ptr<Trainer> trainer = MakeTrainer(std::move(model));
+  std::unique_ptr<training::Trainer> trainer = MakeTrainer(std::move(model));
   ASSERT_NE(trainer->training_graph().evaluation, nullptr);
   EXPECT_EQ(trainer->training_graph().evaluation->graph->outputs().size(), 2u);
   auto [images, labels] = Batch(8);
@@ -563,7 +563,7 @@ TEST(TrainerTest, EvaluationIsForwardOnlyWithRunningStatistics) {
     ASSERT_TRUE(executor.ok()) << executor.status();
     auto expected = (*executor)->Run({{"input", images}});
     ASSERT_TRUE(expected.ok()) << expected.status();
-    absl::StatusOr<StepResult> evaluated = trainer->Evaluate({{"input", images}}, labels);
+    absl::StatusOr<training::StepResult> evaluated = trainer->Evaluate({{"input", images}}, labels);
     ASSERT_TRUE(evaluated.ok()) << evaluated.status();
     const Tensor& logits = evaluated->output;
     ASSERT_EQ(logits.num_elements(), (*expected)[0].num_elements());

@@ -5,14 +5,14 @@
 #include <string>
 
 #include "gtest/gtest.h"
-#include "tools/trainer.h"
+#include "training/trainer.h"
 
 namespace castor::tools {
 
 // The weights and running statistics by name; empty (and a test failure)
 // when the copy fails.
-inline std::map<std::string, Tensor> StateOf(const Trainer& trainer) {
-  absl::StatusOr<Trainer::Snapshot> snapshot = trainer.TakeSnapshot();
+inline std::map<std::string, Tensor> StateOf(const training::Trainer& trainer) {
+  absl::StatusOr<training::Trainer::Snapshot> snapshot = trainer.TakeSnapshot();
   EXPECT_TRUE(snapshot.ok()) << snapshot.status();
   return snapshot.ok() ? std::move(snapshot->state) : std::map<std::string, Tensor>{};
 }

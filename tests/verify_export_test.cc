@@ -16,7 +16,7 @@
 #include "tests/cli_test_util.h"
 #include "tools/cli.h"
 #include "tools/export_command.h"
-#include "tools/npy.h"
+#include "training/npy.h"
 #include "tools/verify_command.h"
 
 namespace castor::tools {
@@ -35,12 +35,12 @@ class VerifyExportTest : public CliTempDirTest {
   void SetUp() override {
     CliTempDirTest::SetUp();
     checkpoint_path_ = (dir_ / "ckpt.onnx").string();
-    absl::StatusOr<WrittenCheckpoint> written = WriteCheckpoint(*checkpoint_, checkpoint_path_);
+    absl::StatusOr<training::WrittenCheckpoint> written = training::WriteCheckpoint(*checkpoint_, checkpoint_path_);
     ASSERT_TRUE(written.ok()) << written.status();
   }
 
   static void SetUpTestSuite() {
-    checkpoint_ = new Checkpoint(TrainedCheckpoint("mlp_opset17", "mixed_float16", 3));
+    checkpoint_ = new training::Checkpoint(TrainedCheckpoint("mlp_opset17", "mixed_float16", 3));
   }
   static void TearDownTestSuite() {
     delete checkpoint_;
@@ -63,11 +63,11 @@ class VerifyExportTest : public CliTempDirTest {
     EXPECT_EQ(p.out, "");
   }
 
-  static Checkpoint* checkpoint_;
+  static training::Checkpoint* checkpoint_;
   std::string checkpoint_path_;
 };
 
-Checkpoint* VerifyExportTest::checkpoint_ = nullptr;
+training::Checkpoint* VerifyExportTest::checkpoint_ = nullptr;
 
 TEST_F(VerifyExportTest, AGoodCheckpointVerifiesWithASummary) {
   const Program p = Verify({});
@@ -207,9 +207,9 @@ TEST_F(VerifyExportTest, CorruptAndForeignFilesExitTwoNamingTheFile) {
 
 TEST_F(VerifyExportTest, MissingExternalDataExitsTwo) {
   const fs::path path = dir_ / "external.onnx";
-  CheckpointWriteOptions options;
+  training::CheckpointWriteOptions options;
   options.external_data_threshold_bytes = 1;
-  absl::StatusOr<WrittenCheckpoint> written = WriteCheckpoint(*checkpoint_, path.string(), options);
+  absl::StatusOr<training::WrittenCheckpoint> written = training::WriteCheckpoint(*checkpoint_, path.string(), options);
   ASSERT_TRUE(written.ok()) << written.status();
   Program p = VerifyFile(path);
   EXPECT_EQ(p.exit_code, kExitOk) << p.out << p.err;
@@ -239,7 +239,7 @@ TEST_F(VerifyExportTest, MissingExternalDataExitsTwo) {
 TEST_F(VerifyExportTest, ATamperedPolicyRecordExitsOne) {
   const std::string pristine = ReadBytes(checkpoint_path_);
   auto policy_json = [](Record& record) -> Json {
-    return *Json::Parse(RecordEntry(record, kCheckpointPolicyKey));
+    return *Json::Parse(RecordEntry(record, training::kCheckpointPolicyKey));
   };
   // Gemm moved from the allow list to the deny list in the recorded policy.
   auto move_gemm_to_deny = [&](Record& record) {
@@ -251,7 +251,7 @@ TEST_F(VerifyExportTest, ATamperedPolicyRecordExitsOne) {
     }
     deny.Append(Json::String("Gemm"));
     lists->Set("allow", allow).Set("deny", deny);
-    RecordEntry(record, kCheckpointPolicyKey) = policy.Dump();
+    RecordEntry(record, training::kCheckpointPolicyKey) = policy.Dump();
   };
   auto digest_of = [&](Record& record) {
     return Policy::FromJson(policy_json(record), "test")->Digest();
@@ -278,7 +278,7 @@ TEST_F(VerifyExportTest, ATamperedPolicyRecordExitsOne) {
         Json policy = policy_json(record);
         policy.Set("name", Json::String("mixed_float16_certified"));
         policy.Set("compute_dtype", Json::String("float16"));
-        RecordEntry(record, kCheckpointPolicyKey) = policy.Dump();
+        RecordEntry(record, training::kCheckpointPolicyKey) = policy.Dump();
       },
       /*reseal=*/false);
   Program p = Verify({"--json"});
@@ -311,7 +311,7 @@ TEST_F(VerifyExportTest, ATamperedPolicyRecordExitsOne) {
       checkpoint_path_,
       [&](Record& record) {
         move_gemm_to_deny(record);
-        RecordEntry(record, kCheckpointPolicyDigestKey) = digest_of(record);
+        RecordEntry(record, training::kCheckpointPolicyDigestKey) = digest_of(record);
       },
       /*reseal=*/true);
   p = Verify({});
@@ -324,7 +324,7 @@ TEST_F(VerifyExportTest, ATamperedPolicyRecordExitsOne) {
   WriteBytes(checkpoint_path_, pristine);
   EditRecord(
       checkpoint_path_,
-      [&](Record& record) { RecordEntry(record, kCheckpointComputeDTypeKey) = "bfloat16"; },
+      [&](Record& record) { RecordEntry(record, training::kCheckpointComputeDTypeKey) = "bfloat16"; },
       /*reseal=*/true);
   p = Verify({});
   EXPECT_EQ(p.exit_code, kExitFailure) << p.out << p.err;
@@ -338,7 +338,7 @@ TEST_F(VerifyExportTest, ATamperedPolicyRecordExitsOne) {
       [&](Record& record) {
         Json policy = policy_json(record);
         policy.Set("op_overrides", Json::Object().Set("NoSuchOp", Json::String("allow")));
-        RecordEntry(record, kCheckpointPolicyKey) = policy.Dump();
+        RecordEntry(record, training::kCheckpointPolicyKey) = policy.Dump();
       },
       /*reseal=*/true);
   p = Verify({});
@@ -356,9 +356,9 @@ TEST_F(VerifyExportTest, ATamperedPolicyRecordExitsOne) {
         Json policy = policy_json(record);
         policy.Set("name", Json::String("certified"));
         policy.Set("compute_dtype", Json::String("float16"));
-        RecordEntry(record, kCheckpointPolicyKey) = policy.Dump();
-        RecordEntry(record, kCheckpointPolicyNameKey) = "certified";
-        RecordEntry(record, kCheckpointPolicyDigestKey) = digest_of(record);
+        RecordEntry(record, training::kCheckpointPolicyKey) = policy.Dump();
+        RecordEntry(record, training::kCheckpointPolicyNameKey) = "certified";
+        RecordEntry(record, training::kCheckpointPolicyDigestKey) = digest_of(record);
       },
       /*reseal=*/true);
   EXPECT_EQ(Verify({}).exit_code, kExitOk);
@@ -375,13 +375,13 @@ TEST_F(VerifyExportTest, AnotherVersionsKeptSetIsANoteNotAProblem) {
   // differs, which verify reports as a note (exit 0), export and resume
   // accept. The same record claiming this version is a mismatch.
   auto record_old_set = [](Record& record) {
-    RecordEntry(record, kCheckpointKeptFloat32Key) = R"(["/flatten/Flatten","/fc3/Gemm"])";
+    RecordEntry(record, training::kCheckpointKeptFloat32Key) = R"(["/flatten/Flatten","/fc3/Gemm"])";
   };
   EditRecord(
       checkpoint_path_,
       [&](Record& record) {
         record_old_set(record);
-        RecordEntry(record, kCheckpointCastorVersionKey) = "0.1.0";
+        RecordEntry(record, training::kCheckpointCastorVersionKey) = "0.1.0";
       },
       /*reseal=*/true);
   Program p = Verify({});
@@ -402,16 +402,16 @@ TEST_F(VerifyExportTest, AnotherVersionsKeptSetIsANoteNotAProblem) {
   EXPECT_EQ(p.exit_code, kExitOk) << p.out << p.err;
   EXPECT_THAT(p.err, HasSubstr("castor export: note: the recorded nodes kept float32"));
   EXPECT_TRUE(fs::exists(exported));
-  EXPECT_TRUE(FindLatestCheckpoint(checkpoint_path_).ok());
+  EXPECT_TRUE(training::FindLatestCheckpoint(checkpoint_path_).ok());
 
   EditRecord(
       checkpoint_path_,
-      [&](Record& record) { RecordEntry(record, kCheckpointCastorVersionKey) = kCastorVersion; },
+      [&](Record& record) { RecordEntry(record, training::kCheckpointCastorVersionKey) = kCastorVersion; },
       /*reseal=*/true);
   p = Verify({});
   EXPECT_EQ(p.exit_code, kExitFailure) << p.out << p.err;
   EXPECT_THAT(p.out, HasSubstr("problems:\n    - the recorded nodes kept float32 (2) differ"));
-  EXPECT_FALSE(FindLatestCheckpoint(checkpoint_path_).ok());
+  EXPECT_FALSE(training::FindLatestCheckpoint(checkpoint_path_).ok());
 }
 
 TEST_F(VerifyExportTest, AnEditedStateOrABrokenRecordExitsTwo) {
@@ -419,9 +419,9 @@ TEST_F(VerifyExportTest, AnEditedStateOrABrokenRecordExitsTwo) {
   EditRecord(
       checkpoint_path_,
       [](Record& record) {
-        Json state = *Json::Parse(RecordEntry(record, kCheckpointStateKey));
+        Json state = *Json::Parse(RecordEntry(record, training::kCheckpointStateKey));
         state.Set("position", Json::Int(0));
-        RecordEntry(record, kCheckpointStateKey) = state.Dump();
+        RecordEntry(record, training::kCheckpointStateKey) = state.Dump();
       },
       /*reseal=*/true);
   ExpectCorrupt(checkpoint_path_, "data digest mismatch");
@@ -430,7 +430,7 @@ TEST_F(VerifyExportTest, AnEditedStateOrABrokenRecordExitsTwo) {
   EditRecord(
       checkpoint_path_,
       [](Record& record) {
-        std::erase_if(record, [](const auto& e) { return e.first == kCheckpointKeptFloat32Key; });
+        std::erase_if(record, [](const auto& e) { return e.first == training::kCheckpointKeptFloat32Key; });
       },
       /*reseal=*/true);
   ExpectCorrupt(checkpoint_path_,
@@ -440,14 +440,14 @@ TEST_F(VerifyExportTest, AnEditedStateOrABrokenRecordExitsTwo) {
   WriteBytes(checkpoint_path_, pristine);
   EditRecord(
       checkpoint_path_,
-      [](Record& record) { RecordEntry(record, kCheckpointPolicyKey) = "{\"name\": "; },
+      [](Record& record) { RecordEntry(record, training::kCheckpointPolicyKey) = "{\"name\": "; },
       /*reseal=*/false);
   ExpectCorrupt(checkpoint_path_, "castor.checkpoint.policy is not valid JSON");
 
   WriteBytes(checkpoint_path_, pristine);
   EditRecord(
       checkpoint_path_,
-      [](Record& record) { RecordEntry(record, kCheckpointFormatKey) = "castor.checkpoint/9"; },
+      [](Record& record) { RecordEntry(record, training::kCheckpointFormatKey) = "castor.checkpoint/9"; },
       /*reseal=*/true);
   ExpectCorrupt(checkpoint_path_, "checkpoint format 'castor.checkpoint/9'; this castor");
 }
@@ -480,7 +480,7 @@ TEST_F(VerifyExportTest, ExportWritesTheFloat32InferenceModel) {
   for (int64_t i = 0; i < images.num_elements(); ++i) {
     images.data<float>()[i] = static_cast<float>((i * 37) % 101) / 101.0f;
   }
-  ASSERT_TRUE(WriteNpy((dir_ / "x.npy").string(), images).ok());
+  ASSERT_TRUE(training::WriteNpy((dir_ / "x.npy").string(), images).ok());
   for (const std::string& model_path : {out, checkpoint_path_}) {
     const std::string outputs = (dir_ / fs::path(model_path).stem()).string();
     const Program run = RunCastor(
@@ -513,10 +513,10 @@ TEST_F(VerifyExportTest, ExportConvertsUnderAPolicy) {
   EXPECT_EQ(*model->FindMetadata(kPolicyNameKey), "mixed_bfloat16");
 
   // An external-data checkpoint exports to one inline file.
-  CheckpointWriteOptions options;
+  training::CheckpointWriteOptions options;
   options.external_data_threshold_bytes = 1;
   const std::string external = (dir_ / "external.onnx").string();
-  ASSERT_TRUE(WriteCheckpoint(*checkpoint_, external, options).ok());
+  ASSERT_TRUE(training::WriteCheckpoint(*checkpoint_, external, options).ok());
   const std::string inline_model = (dir_ / "inline.onnx").string();
   p = RunCommand(RunExport, {external, "-o", inline_model});
   ASSERT_EQ(p.exit_code, kExitOk) << p.out << p.err;
@@ -533,7 +533,7 @@ TEST_F(VerifyExportTest, ExportRefusesBadCheckpointsAndFlags) {
 
   EditRecord(
       checkpoint_path_,
-      [](Record& record) { RecordEntry(record, kCheckpointPolicyNameKey) = "float32"; },
+      [](Record& record) { RecordEntry(record, training::kCheckpointPolicyNameKey) = "float32"; },
       /*reseal=*/false);
   p = RunCommand(RunExport, {checkpoint_path_, "-o", out});
   EXPECT_EQ(p.exit_code, kExitFailure);

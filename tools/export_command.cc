@@ -10,7 +10,7 @@
 #include "passes/policy.h"
 #include "passes/verifier.h"
 #include "tools/args.h"
-#include "tools/checkpoint.h"
+#include "training/checkpoint.h"
 #include "tools/cli.h"
 #include "tools/inspect.h"
 
@@ -71,13 +71,13 @@ int RunExport(const std::vector<std::string>& args, std::ostream& out, std::ostr
     convert_under = std::move(loaded).value();
   }
 
-  absl::StatusOr<Checkpoint> checkpoint = ReadCheckpoint(checkpoint_path);
+  absl::StatusOr<training::Checkpoint> checkpoint = training::ReadCheckpoint(checkpoint_path);
   if (!checkpoint.ok()) {
     const int code = absl::IsFailedPrecondition(checkpoint.status()) ? kExitFailure : kExitBadInput;
     return fail(code, std::string(checkpoint.status().message()));
   }
   std::vector<std::string> notes;
-  if (std::vector<std::string> problems = FindCheckpointInconsistencies(*checkpoint, &notes);
+  if (std::vector<std::string> problems = training::FindCheckpointInconsistencies(*checkpoint, &notes);
       !problems.empty()) {
     return fail(kExitFailure, absl::StrCat(checkpoint_path, " is inconsistent (", problems.size(),
                                            " problem(s); run 'castor verify' for all): ",
@@ -86,7 +86,7 @@ int RunExport(const std::vector<std::string>& args, std::ostream& out, std::ostr
   for (const std::string& note : notes) err << "castor export: note: " << note << "\n";
   if (policy_name == "recorded") convert_under = checkpoint->policy;
 
-  absl::StatusOr<Model> model = InferenceModelFromCheckpoint(*checkpoint);
+  absl::StatusOr<Model> model = training::InferenceModelFromCheckpoint(*checkpoint);
   if (!model.ok()) {
     return fail(kExitBadInput, absl::StrCat(checkpoint_path, ": ", model.status().message()));
   }

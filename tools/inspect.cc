@@ -17,7 +17,7 @@
 #include "passes/verifier.h"
 #include "tools/args.h"
 #include "tools/cli.h"
-#include "tools/json_writer.h"
+#include "graph/json_writer.h"
 
 namespace castor::tools {
 namespace {

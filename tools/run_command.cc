@@ -17,7 +17,7 @@
 #include "tools/args.h"
 #include "tools/cli.h"
 #include "tools/inspect.h"
-#include "tools/npy.h"
+#include "training/npy.h"
 
 namespace castor::tools {
 namespace {
@@ -53,7 +53,7 @@ absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> ReadFeeds(
   for (const std::string& flag : flags) {
     CASTOR_ASSIGN_OR_RETURN(auto name_and_file, ParseInputFlag(flag));
     const auto& [name, file] = name_and_file;
-    CASTOR_ASSIGN_OR_RETURN(Tensor tensor, LoadTensorFile(file));
+    CASTOR_ASSIGN_OR_RETURN(Tensor tensor, training::LoadTensorFile(file));
     const Value* input = model.graph->FindValue(name);
     if (input != nullptr && input->is_graph_input()) {
       tensor = AdaptToInput(std::move(tensor), input->dtype());
@@ -75,7 +75,7 @@ absl::Status WriteOutputs(const std::string& dir, const Model& model,
     const std::string path =
         (std::filesystem::path(dir) / (OutputFileName(model.graph->outputs()[i]->name()) + ".npy"))
             .string();
-    CASTOR_RETURN_IF_ERROR(WriteNpy(path, outputs[i]));
+    CASTOR_RETURN_IF_ERROR(training::WriteNpy(path, outputs[i]));
   }
   return absl::OkStatus();
 }

@@ -30,12 +30,12 @@
 #include "graph/status.h"
 #include "passes/autocast.h"
 #include "tools/args.h"
-#include "tools/checkpoint.h"
+#include "training/checkpoint.h"
 #include "tools/cli.h"
-#include "tools/dataset.h"
+#include "training/dataset.h"
 #include "tools/inspect.h"
-#include "tools/trainer.h"
-#include "tools/training_backend.h"
+#include "training/trainer.h"
+#include "training/training_backend.h"
 
 namespace castor::tools {
 namespace {
@@ -122,16 +122,16 @@ struct Evaluation {
   double accuracy = 0;
 };
 
-absl::StatusOr<Evaluation> Evaluate(Trainer& trainer, const Dataset& test, const std::string& input,
+absl::StatusOr<Evaluation> Evaluate(training::Trainer& trainer, const training::Dataset& test, const std::string& input,
                                     int64_t batch) {
-  CASTOR_ASSIGN_OR_RETURN(BatchIterator batches,
-                          BatchIterator::Create(test, BatchOptions{batch, false, 0, false}));
+  CASTOR_ASSIGN_OR_RETURN(training::BatchIterator batches,
+                          training::BatchIterator::Create(test, training::BatchOptions{batch, false, 0, false}));
   double loss_sum = 0;
   int64_t correct = 0, seen = 0;
   while (batches.epoch() == 0) {
-    Batch b = batches.Next();
+    training::Batch b = batches.Next();
     const int64_t n = b.labels.num_elements();
-    CASTOR_ASSIGN_OR_RETURN(StepResult r, trainer.Evaluate({{input, b.images}}, b.labels));
+    CASTOR_ASSIGN_OR_RETURN(training::StepResult r, trainer.Evaluate({{input, b.images}}, b.labels));
     loss_sum += r.loss * n;
     correct += CountCorrect(r.output, b.labels);
     seen += n;
@@ -218,7 +218,7 @@ absl::StatusOr<std::vector<std::string>> PolicyChangeByNode(const Model& model, 
 struct Start {
   Model float32_model;
   Policy policy;
-  std::optional<TrainingState> resumed;  // with its moments
+  std::optional<training::TrainingState> resumed;  // with its moments
   std::string resumed_from;              // the checkpoint path
   bool policy_changed = false;
 };
@@ -238,7 +238,7 @@ absl::StatusOr<Start> StartFresh(const TrainOptions& o, std::optional<Policy> re
 std::variant<Start, Failure> StartFromCheckpoint(const TrainOptions& o,
                                                  std::optional<Policy> requested, std::ostream& out,
                                                  std::ostream& err) {
-  absl::StatusOr<FoundCheckpoint> found = FindLatestCheckpoint(o.resume);
+  absl::StatusOr<training::FoundCheckpoint> found = training::FindLatestCheckpoint(o.resume);
   if (!found.ok()) {
     return Failure{found.status().code() == absl::StatusCode::kFailedPrecondition ? kExitFailure
                                                                                   : kExitBadInput,
@@ -247,7 +247,7 @@ std::variant<Start, Failure> StartFromCheckpoint(const TrainOptions& o,
   for (const std::string& skipped : found->skipped) {
     err << "castor train: warning: --resume skipped " << skipped << "\n";
   }
-  Checkpoint& checkpoint = found->checkpoint;
+  training::Checkpoint& checkpoint = found->checkpoint;
   Start start{std::move(checkpoint.model), checkpoint.policy, std::move(checkpoint.state),
               found->path, false};
   out << absl::StrFormat("resuming from %s: step %d, epoch %d, policy %s\n", found->path,
@@ -258,7 +258,7 @@ std::variant<Start, Failure> StartFromCheckpoint(const TrainOptions& o,
           "--resume: the checkpoint ", found->path, " was trained under policy '",
           start.policy.name(), "' (", start.policy.Digest(), "); the requested policy '",
           requested->name(), "' (", requested->Digest(), ") differs:");
-      for (const std::string& line : DescribePolicyDifferences(start.policy, *requested)) {
+      for (const std::string& line : training::DescribePolicyDifferences(start.policy, *requested)) {
         absl::StrAppend(&message, "\n  ", line);
       }
       absl::StrAppend(&message, "\npass --allow-policy-change to re-run autocast under '",
@@ -279,13 +279,13 @@ std::variant<Start, Failure> StartFromCheckpoint(const TrainOptions& o,
 }
 
 // The float32 model (weights replaced by the trainer's) and the state to save.
-absl::StatusOr<SavedCheckpoint> SaveCheckpoint(const TrainOptions& o, Checkpoint& checkpoint,
-                                               const Trainer& trainer, const BatchIterator& batches,
-                                               const Dataset& train,
-                                               const TrainerOptions& trainer_options) {
-  CASTOR_ASSIGN_OR_RETURN(Trainer::Snapshot snapshot, trainer.TakeSnapshot());
-  CASTOR_RETURN_IF_ERROR(SetInitializers(checkpoint.model, snapshot.state));
-  TrainingState& state = checkpoint.state;
+absl::StatusOr<training::SavedCheckpoint> SaveCheckpoint(const TrainOptions& o, training::Checkpoint& checkpoint,
+                                               const training::Trainer& trainer, const training::BatchIterator& batches,
+                                               const training::Dataset& train,
+                                               const training::TrainerOptions& trainer_options) {
+  CASTOR_ASSIGN_OR_RETURN(training::Trainer::Snapshot snapshot, trainer.TakeSnapshot());
+  CASTOR_RETURN_IF_ERROR(training::SetInitializers(checkpoint.model, snapshot.state));
+  training::TrainingState& state = checkpoint.state;
   state.step = trainer.steps();
   state.optimizer_step = snapshot.optimizer.step();
   state.epoch = batches.epoch();
@@ -314,7 +314,7 @@ absl::StatusOr<SavedCheckpoint> SaveCheckpoint(const TrainOptions& o, Checkpoint
   // Whether float32 MatMul/Gemm/Conv ran on TF32 (--tf32 on CUDA): a resumed
   // run continues the same way unless told otherwise.
   state.extra.Set(kTf32StateKey, Json::Bool(o.tf32));
-  return SaveToCheckpointDir(o.checkpoint_dir, checkpoint, o.keep);
+  return training::SaveToCheckpointDir(o.checkpoint_dir, checkpoint, o.keep);
 }
 
 }  // namespace
@@ -453,11 +453,11 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     start = std::get<Start>(std::move(resumed));
   }
   const Policy& policy = start->policy;
-  TrainerOptions trainer_options;
+  training::TrainerOptions trainer_options;
   std::optional<bool> checkpoint_tf32;  // whether the resumed checkpoint ran on TF32
   if (start->resumed.has_value()) {
     // The run continues as it was configured.
-    const TrainingState& saved = *start->resumed;
+    const training::TrainingState& saved = *start->resumed;
     for (const std::string& arg : args) {
       for (const char* flag : kFlagsTheCheckpointDecides) {
         if (arg == flag || arg.rfind(absl::StrCat(flag, "="), 0) == 0) {
@@ -536,7 +536,7 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   if (!graph.ok())
     return fail(kExitBadInput, absl::StrCat(model_name, ": ", graph.status().message()));
 
-  absl::StatusOr<DataSplits> data = LoadData(o.data);
+  absl::StatusOr<training::DataSplits> data = training::LoadData(o.data);
   if (!data.ok()) return fail(kExitBadInput, std::string(data.status().message()));
   if (start->resumed.has_value() && start->resumed->dataset_size != 0 &&
       start->resumed->dataset_size != data->train.size()) {
@@ -561,8 +561,8 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
 
   CudaBackendOptions cuda_options;
   cuda_options.allow_tf32 = o.tf32;
-  absl::StatusOr<ChosenBackend> chosen =
-      ChooseTrainingBackend(o.backend, static_cast<int>(o.threads),
+  absl::StatusOr<training::ChosenBackend> chosen =
+      training::ChooseTrainingBackend(o.backend, static_cast<int>(o.threads),
                             {&*model, graph->evaluation.get()}, cuda_options);
   if (!chosen.ok()) return fail(kExitBadInput, std::string(chosen.status().message()));
   if (!chosen->note.empty()) err << "castor train: " << chosen->note << "\n";
@@ -585,13 +585,13 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   } else if (tf32_requested && on_cpu) {
     err << "castor train: --tf32 has no effect on the CPU\n";
   }
-  absl::StatusOr<std::unique_ptr<Trainer>> created =
-      Trainer::Create(*std::move(model), *graph, trainer_options, backend);
+  absl::StatusOr<std::unique_ptr<training::Trainer>> created =
+      training::Trainer::Create(*std::move(model), *graph, trainer_options, backend);
   if (!created.ok()) return fail(kExitBadInput, std::string(created.status().message()));
-  Trainer& trainer = **created;
+  training::Trainer& trainer = **created;
   int64_t epoch0 = 0, position0 = 0;
   if (start->resumed.has_value()) {
-    TrainingState& saved = *start->resumed;
+    training::TrainingState& saved = *start->resumed;
     absl::StatusOr<Optimizer> optimizer =
         Optimizer::Restore(saved.optimizer, saved.optimizer_step, std::move(saved.moments));
     // The scaler keeps its scale and counters (a checkpoint's step count is
@@ -620,8 +620,8 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     epoch0 = saved.epoch;
     position0 = saved.position;
   }
-  absl::StatusOr<BatchIterator> batches = BatchIterator::Create(
-      data->train, BatchOptions{o.batch, o.shuffle, static_cast<uint64_t>(o.seed), false}, epoch0,
+  absl::StatusOr<training::BatchIterator> batches = training::BatchIterator::Create(
+      data->train, training::BatchOptions{o.batch, o.shuffle, static_cast<uint64_t>(o.seed), false}, epoch0,
       position0);
   if (!batches.ok()) return fail(kExitBadInput, std::string(batches.status().message()));
 
@@ -638,7 +638,7 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     if (!metrics)
       return fail(kExitBadInput, absl::StrCat("cannot write --metrics ", o.metrics_path));
   }
-  std::optional<Checkpoint> checkpoint;
+  std::optional<training::Checkpoint> checkpoint;
   if (!o.checkpoint_dir.empty()) {
     // Saving into a directory that holds a later checkpoint of another run
     // (or branch) would interleave the two, pruning by step would delete
@@ -646,9 +646,9 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     // Later checkpoints that do not read (--resume skipped them) are moved
     // aside to <name>.broken, kept for inspection.
     const int64_t resumed_step = start->resumed.has_value() ? start->resumed->step : 0;
-    absl::StatusOr<std::vector<CheckpointFile>> existing = ListCheckpoints(o.checkpoint_dir);
+    absl::StatusOr<std::vector<training::CheckpointFile>> existing = training::ListCheckpoints(o.checkpoint_dir);
     while (start->resumed.has_value() && existing.ok() && !existing->empty() &&
-           existing->back().step > resumed_step && !ReadCheckpoint(existing->back().path).ok()) {
+           existing->back().step > resumed_step && !training::ReadCheckpoint(existing->back().path).ok()) {
       const std::string broken = existing->back().path;
       std::error_code error;
       std::filesystem::rename(broken, broken + ".broken", error);
@@ -683,7 +683,7 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
       "%d steps, loss scaling %s, backend %s\n",
       model_name, data->train.name, data->train.size(), data->test.size(), policy.name(),
       DTypeName(policy.compute_dtype()), o.optimizer, trainer_options.lr.base_lr, o.batch, total,
-      trainer.scaler().enabled() ? "on" : "off", DescribeBackend(backend));
+      trainer.scaler().enabled() ? "on" : "off", training::DescribeBackend(backend));
   if (first_step > total) {
     out << absl::StrFormat("nothing to do: the checkpoint is at step %d of %d\n", first_step - 1,
                            total);
@@ -711,7 +711,7 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     return absl::OkStatus();
   };
   auto save = [&]() -> absl::Status {
-    CASTOR_ASSIGN_OR_RETURN(SavedCheckpoint saved, SaveCheckpoint(o, *checkpoint, trainer, *batches,
+    CASTOR_ASSIGN_OR_RETURN(training::SavedCheckpoint saved, SaveCheckpoint(o, *checkpoint, trainer, *batches,
                                                                   data->train, trainer_options));
     last_checkpoint = saved.written.path;
     if (live) err << "\n";
@@ -722,10 +722,10 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     return absl::OkStatus();
   };
   for (int64_t step = first_step; step <= total; ++step) {
-    Batch b = batches->Next();
+    training::Batch b = batches->Next();
     const int64_t epoch = b.epoch;
     const auto t0 = Clock::now();
-    absl::StatusOr<StepResult> r = trainer.Step({{o.input, b.images}}, b.labels);
+    absl::StatusOr<training::StepResult> r = trainer.Step({{o.input, b.images}}, b.labels);
     if (!r.ok()) return fail(kExitFailure, absl::StrCat("step ", step, ": ", r.status().message()));
     const double dt = Seconds(Clock::now() - t0);
     step_seconds += dt;
@@ -821,7 +821,7 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
       << absl::StrFormat("  steps           %d, %d skipped\n", trainer.steps(),
                          trainer.scaler().skipped_steps())
       << absl::StrFormat("  loss scale      %g (final)\n", trainer.scaler().scale())
-      << absl::StrFormat("  backend         %s%s\n", DescribeBackend(backend),
+      << absl::StrFormat("  backend         %s%s\n", training::DescribeBackend(backend),
                          o.tf32 ? ", TF32 for float32 MatMul/Gemm/Conv" : "")
       << absl::StrFormat(
              "  graph replay    %s\n",

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "passes/loss_scaler.h"
+#include "training/loss_scaler.h"
 #include "passes/policy.h"
 #include "tools/args.h"
 #include "tools/cli.h"
@@ -29,7 +29,7 @@ std::string FormatNumber(double value) { return absl::StrFormat("%.6g", value); 
 
 }  // namespace
 
-CheckpointSummary SummarizeCheckpoint(const Checkpoint& checkpoint, const std::string& path) {
+CheckpointSummary SummarizeCheckpoint(const training::Checkpoint& checkpoint, const std::string& path) {
   CheckpointSummary summary;
   summary.file = path;
   summary.file_bytes = FileSize(path);
@@ -78,10 +78,10 @@ CheckpointSummary SummarizeCheckpoint(const Checkpoint& checkpoint, const std::s
       summary.skipped_steps = scaler->skipped_steps();
     }
   }
-  if (const std::string* digest = FindCheckpointRecord(checkpoint, kCheckpointDataDigestKey)) {
+  if (const std::string* digest = training::FindCheckpointRecord(checkpoint, training::kCheckpointDataDigestKey)) {
     summary.data_digest = *digest;
   }
-  if (const std::string* digest = FindCheckpointRecord(checkpoint, kCheckpointRecordDigestKey)) {
+  if (const std::string* digest = training::FindCheckpointRecord(checkpoint, training::kCheckpointRecordDigestKey)) {
     summary.record_digest = *digest;
   }
   return summary;
@@ -89,7 +89,7 @@ CheckpointSummary SummarizeCheckpoint(const Checkpoint& checkpoint, const std::s
 
 VerifyResult VerifyCheckpointFile(const std::string& path, const Policy* expected) {
   VerifyResult result;
-  absl::StatusOr<Checkpoint> checkpoint = ReadCheckpoint(path);
+  absl::StatusOr<training::Checkpoint> checkpoint = training::ReadCheckpoint(path);
   if (!checkpoint.ok()) {
     // An edited record whose policy no longer parses is a mismatch; every
     // other failure means the file is unreadable or corrupt.
@@ -100,10 +100,10 @@ VerifyResult VerifyCheckpointFile(const std::string& path, const Policy* expecte
     return result;
   }
   result.summary = SummarizeCheckpoint(*checkpoint, path);
-  result.problems = FindCheckpointInconsistencies(*checkpoint, &result.notes);
+  result.problems = training::FindCheckpointInconsistencies(*checkpoint, &result.notes);
   if (expected != nullptr) {
     result.expected_policy = absl::StrCat(expected->name(), " (", expected->Digest(), ")");
-    result.policy_differences = DescribePolicyDifferences(checkpoint->policy, *expected);
+    result.policy_differences = training::DescribePolicyDifferences(checkpoint->policy, *expected);
   }
   result.exit_code =
       result.problems.empty() && result.policy_differences.empty() ? kExitOk : kExitFailure;
@@ -118,7 +118,7 @@ std::string RenderVerifyText(const VerifyResult& result) {
     return text;
   }
   const CheckpointSummary& s = *result.summary;
-  const TrainingState& st = s.state;
+  const training::TrainingState& st = s.state;
   std::string text = absl::StrCat("castor verify: ", s.file, ": ",
                                   result.exit_code == kExitOk ? "verified" : "MISMATCH", "\n");
   auto line = [&text](const char* label, const std::string& value) {
@@ -160,7 +160,7 @@ std::string RenderVerifyText(const VerifyResult& result) {
   }
   line("training", absl::StrCat("loss ", st.loss.empty() ? "?" : st.loss, " on output ",
                                 st.output.empty() ? "?" : st.output));
-  line("written by", absl::StrCat("castor ", s.castor_version, " (", kCheckpointFormat, ")"));
+  line("written by", absl::StrCat("castor ", s.castor_version, " (", training::kCheckpointFormat, ")"));
   line("storage", s.external_data_file.empty()
                       ? absl::StrCat(WithThousandsSeparators(s.file_bytes), " bytes, one file")
                       : absl::StrCat(WithThousandsSeparators(s.file_bytes),
@@ -220,7 +220,7 @@ Json VerifyResultToJson(const VerifyResult& result) {
     json.Set("external_data_bytes", Json::Int(s.external_data_bytes));
   }
   json.Set("castor_version", Json::String(s.castor_version));
-  json.Set("format", Json::String(kCheckpointFormat));
+  json.Set("format", Json::String(training::kCheckpointFormat));
   Json policy = Json::Object();
   policy.Set("name", Json::String(s.policy_name));
   policy.Set("digest", Json::String(s.policy_digest));
@@ -247,7 +247,7 @@ Json VerifyResultToJson(const VerifyResult& result) {
     scaler.Set("skipped_steps", Json::Int(s.skipped_steps));
   }
   json.Set("loss_scaler", s.has_loss_scaler ? std::move(scaler) : Json());
-  json.Set("state", TrainingStateToJson(s.state));
+  json.Set("state", training::TrainingStateToJson(s.state));
   Json digests = Json::Object();
   digests.Set("data", Json::String(s.data_digest));
   digests.Set("record", Json::String(s.record_digest));

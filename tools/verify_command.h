@@ -1,7 +1,7 @@
 // `castor verify CKPT [--policy P | --policy-file F] [--json]`: proves which
 // dtype policy a checkpoint was trained under and that it is intact.
 //
-// Reads the checkpoint (tools/checkpoint.h: format, data digest over the
+// Reads the checkpoint (training/checkpoint.h: format, data digest over the
 // graph, weights, statistics, moments and state), runs the consistency checks
 // (record digest, policy digest, recorded name and dtypes, the nodes kept
 // float32 recomputed by autocast, master weights float32, the state against
@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "graph/json.h"
-#include "tools/checkpoint.h"
+#include "training/checkpoint.h"
 
 namespace castor::tools {
 
@@ -46,7 +46,7 @@ struct CheckpointSummary {
   int64_t running_stats = 0;
   int64_t running_stat_elements = 0;
   int64_t moment_tensors = 0;
-  TrainingState state;  // the moments' names, without their tensors
+  training::TrainingState state;  // the moments' names, without their tensors
   // From the loss-scaler state (absent: not recorded).
   bool has_loss_scaler = false;
   bool loss_scaling_enabled = false;
@@ -57,7 +57,7 @@ struct CheckpointSummary {
   std::string record_digest;
 };
 
-CheckpointSummary SummarizeCheckpoint(const Checkpoint& checkpoint, const std::string& path);
+CheckpointSummary SummarizeCheckpoint(const training::Checkpoint& checkpoint, const std::string& path);
 
 // The outcome of verifying one file.
 struct VerifyResult {

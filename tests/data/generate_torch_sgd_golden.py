@@ -81,7 +81,7 @@ def load_batches():
     count = STEPS * BATCH
     pixels = read_idx(os.path.join(DATA_DIR, "train-images-idx3-ubyte.gz"), 0x803)[:count]
     labels = read_idx(os.path.join(DATA_DIR, "train-labels-idx1-ubyte.gz"), 0x801)[:count]
-    # Exactly castor's conversion (tools/dataset.cc): float32(v) / 255.0f.
+    # Exactly castor's conversion (training/dataset.cc): float32(v) / 255.0f.
     images = pixels.astype(np.float32).reshape(count, 1, 28, 28) / np.float32(255.0)
     labels = labels.astype(np.int64)
     return [(torch.from_numpy(images[k * BATCH:(k + 1) * BATCH].copy()),

@@ -1,5 +1,5 @@
 // Trainer (see trainer.h).
-#include "tools/trainer.h"
+#include "training/trainer.h"
 
 #include <algorithm>
 
@@ -7,7 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "graph/status.h"
 
-namespace castor::tools {
+namespace castor::training {
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Model model, TrainingGraph graph,
                                                          const TrainerOptions& options,
@@ -371,4 +371,4 @@ absl::StatusOr<StepResult> Trainer::FinishStep(const std::vector<TensorView>& ou
   return result;
 }
 
-}  // namespace castor::tools
+}  // namespace castor::training

@@ -17,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "graph/tensor.h"
 
-namespace castor::tools {
+namespace castor::training {
 
 // Parses the bytes of a .npy file; `source` names it in errors (bad magic,
 // unsupported version or dtype, Fortran order, big-endian, truncated data).
@@ -33,4 +33,4 @@ absl::Status WriteNpy(const std::string& path, const Tensor& tensor);
 // extension is an error naming the file.
 absl::StatusOr<Tensor> LoadTensorFile(const std::string& path);
 
-}  // namespace castor::tools
+}  // namespace castor::training

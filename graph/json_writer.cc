@@ -1,11 +1,11 @@
 // JsonWriter: streaming JSON output with RFC 8259 string escaping.
-#include "tools/json_writer.h"
+#include "graph/json_writer.h"
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
-namespace castor::tools {
+namespace castor {
 namespace {
 
 [[noreturn]] void Misuse(const char* what) {
@@ -163,4 +163,4 @@ JsonWriter& JsonWriter::Null() {
   return *this;
 }
 
-}  // namespace castor::tools
+}  // namespace castor

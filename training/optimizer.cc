@@ -1,6 +1,6 @@
 // Optimizer (see optimizer.h): option checks, restored state, and the host
 // Step over Tensors, which applies graph/update_rules.h per element.
-#include "passes/optimizer.h"
+#include "training/optimizer.h"
 
 #include <cmath>
 

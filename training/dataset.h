@@ -20,7 +20,7 @@
 #include "absl/status/statusor.h"
 #include "graph/tensor.h"
 
-namespace castor::tools {
+namespace castor::training {
 
 struct Dataset {
   std::string name;  // for messages: "fashion-mnist train", "data/train.npz", ...
@@ -150,4 +150,4 @@ class BatchIterator {
   std::vector<int64_t> order_;
 };
 
-}  // namespace castor::tools
+}  // namespace castor::training

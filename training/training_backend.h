@@ -13,7 +13,7 @@
 #include "backend/cuda_backend.h"
 #include "graph/graph.h"
 
-namespace castor::tools {
+namespace castor::training {
 
 struct ChosenBackend {
   std::unique_ptr<Backend> backend;
@@ -34,4 +34,4 @@ absl::StatusOr<ChosenBackend> ChooseTrainingBackend(const std::string& flag, int
 // "cuda:0 (NVIDIA H200, compute capability 9.0)" or "cpu (2 threads)".
 std::string DescribeBackend(const Backend& backend);
 
-}  // namespace castor::tools
+}  // namespace castor::training

@@ -37,11 +37,11 @@
 #include "backend/backend.h"
 #include "backend/executor.h"
 #include "graph/graph.h"
-#include "passes/loss_scaler.h"
-#include "passes/optimizer.h"
+#include "training/loss_scaler.h"
+#include "training/optimizer.h"
 #include "passes/training_graph.h"
 
-namespace castor::tools {
+namespace castor::training {
 
 struct TrainerOptions {
   OptimizerOptions optimizer;
@@ -200,4 +200,4 @@ class Trainer {
   std::unique_ptr<RecordedStep> recorded_;
 };
 
-}  // namespace castor::tools
+}  // namespace castor::training

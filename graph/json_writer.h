@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-namespace castor::tools {
+namespace castor {
 
 class JsonWriter {
  public:
@@ -64,4 +64,4 @@ class JsonWriter {
   bool wrote_top_level_ = false;
 };
 
-}  // namespace castor::tools
+}  // namespace castor

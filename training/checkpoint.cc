@@ -1,7 +1,7 @@
 // Checkpoint files (see checkpoint.h): the state JSON, the two digests, the
 // atomic write with optional external data, the read with its corruption
 // checks, the consistency checks, and checkpoint directories.
-#include "tools/checkpoint.h"
+#include "training/checkpoint.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -27,9 +27,9 @@
 #include "graph/status.h"
 #include "graph/version.h"
 #include "passes/autocast.h"
-#include "passes/loss_scaler.h"
+#include "training/loss_scaler.h"
 
-namespace castor::tools {
+namespace castor::training {
 namespace {
 
 namespace fs = std::filesystem;
@@ -1302,4 +1302,4 @@ absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& dir_or_f
                    " checkpoints is usable: ", absl::StrJoin(skipped, "; ")));
 }
 
-}  // namespace castor::tools
+}  // namespace castor::training

@@ -1,5 +1,5 @@
 // ChooseTrainingBackend and DescribeBackend (see training_backend.h).
-#include "tools/training_backend.h"
+#include "training/training_backend.h"
 
 #include <utility>
 
@@ -11,7 +11,7 @@
 #include "backend/cuda_backend.h"
 #include "backend/cuda_probe.h"
 
-namespace castor::tools {
+namespace castor::training {
 namespace {
 
 // Why the CUDA kernels cannot run these graphs, or OK. (Compute capability
@@ -85,4 +85,4 @@ std::string DescribeBackend(const Backend& backend) {
   return backend.name();
 }
 
-}  // namespace castor::tools
+}  // namespace castor::training

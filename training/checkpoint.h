@@ -57,10 +57,10 @@
 #include "graph/graph.h"
 #include "graph/json.h"
 #include "graph/tensor.h"
-#include "passes/optimizer.h"
+#include "training/optimizer.h"
 #include "passes/policy.h"
 
-namespace castor::tools {
+namespace castor::training {
 
 // The format version this castor writes and reads.
 inline constexpr const char* kCheckpointFormat = "castor.checkpoint/1";
@@ -286,4 +286,4 @@ struct FoundCheckpoint {
 // (listing each) when none is usable.
 absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& dir_or_file);
 
-}  // namespace castor::tools
+}  // namespace castor::training

@@ -2,7 +2,7 @@
 // through zlib's gz* reader (gzip or plain) into uint8 pixels, a
 // small zip reader for .npz archives (stored and deflated members, ZIP64),
 // the `--data` forms, and per-epoch shuffling.
-#include "tools/dataset.h"
+#include "training/dataset.h"
 
 #include <zlib.h>
 
@@ -22,9 +22,9 @@
 #include "absl/strings/str_split.h"
 #include "graph/half.h"
 #include "graph/status.h"
-#include "tools/npy.h"
+#include "training/npy.h"
 
-namespace castor::tools {
+namespace castor::training {
 namespace {
 
 namespace fs = std::filesystem;
@@ -889,4 +889,4 @@ Batch BatchIterator::Next() {
   return batch;
 }
 
-}  // namespace castor::tools
+}  // namespace castor::training

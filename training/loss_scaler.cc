@@ -1,7 +1,7 @@
 // LossScaler (see loss_scaler.h): option checks, the update rule
 // (graph/update_rules.h), the floor diagnosis, and the checkpointed state
 // as JSON.
-#include "passes/loss_scaler.h"
+#include "training/loss_scaler.h"
 
 #include <cmath>
 #include <utility>

@@ -1,6 +1,6 @@
 // .npy reading and writing (see npy.h): the header dictionary, the dtype
 // descriptors, and the size checks that catch truncated files.
-#include "tools/npy.h"
+#include "training/npy.h"
 
 #include <cctype>
 #include <cstring>
@@ -15,7 +15,7 @@
 #include "graph/onnx_io.h"
 #include "graph/status.h"
 
-namespace castor::tools {
+namespace castor::training {
 namespace {
 
 constexpr char kMagic[] = "\x93NUMPY";
@@ -227,4 +227,4 @@ absl::StatusOr<Tensor> LoadTensorFile(const std::string& path) {
       path, ": unknown tensor file type (expected .npy, or .pb for an ONNX TensorProto)"));
 }
 
-}  // namespace castor::tools
+}  // namespace castor::training
