@@ -34,6 +34,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using tools::Program;
 using tools::ReadFile;
 using tools::RunCommand;
@@ -175,6 +176,16 @@ TEST_F(CanonicalizeTest, ConvertAcceptsAndCanonicalisesAnExporterStyleModel) {
   EXPECT_TRUE(fs::exists(dumps / "02-autocast.txt"));
   EXPECT_THAT(ReadFile(dumps / "00-input.txt"), HasSubstr("/Identity_2 = Identity(r) -> y"));
   EXPECT_THAT(ReadFile(dumps / "01-canonicalize.txt"), HasSubstr("/Relu = Relu(x) -> y"));
+
+  // castor inspect shows the model as it is, or as the canonicalize pass
+  // leaves it.
+  const Program as_is = RunCommand(tools::RunInspect, {input});
+  ASSERT_EQ(as_is.exit_code, 0) << as_is.err;
+  EXPECT_THAT(as_is.out, HasSubstr("/Identity_2"));
+  const Program canonical = RunCommand(tools::RunInspect, {input, "--canonicalize"});
+  ASSERT_EQ(canonical.exit_code, 0) << canonical.err;
+  EXPECT_THAT(canonical.out, Not(HasSubstr("/Identity_2")));
+  EXPECT_THAT(canonical.out, HasSubstr("note: canonicalize: 1 no-op Cast folded"));
 }
 
 TEST_F(CanonicalizeTest, TheTrainingPipelineTakesAnExporterStyleModel) {

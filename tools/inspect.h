@@ -24,6 +24,7 @@ struct InspectOptions {
   std::string format = "text";  // text | json | dot
   std::string output_path;      // "" = stdout
   std::string why_node;         // --why NODE: explain that node's dtype instead
+  bool canonicalize = false;    // show the graph after the canonicalize pass
 };
 
 // A value as the report shows it: `input float32[N,1,28,28]`.
