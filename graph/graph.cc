@@ -267,6 +267,15 @@ void Graph::ReplaceAllUsesWith(Value* from, Value* to) {
   }
 }
 
+absl::Status Graph::RenameValue(Value* value, const std::string& name) {
+  if (value->name_ == name) return absl::OkStatus();
+  if (absl::Status s = CheckNameFree(name); !s.ok()) return s;
+  values_by_name_.erase(value->name_);
+  value->name_ = name;
+  values_by_name_[name] = value;
+  return absl::OkStatus();
+}
+
 absl::Status Graph::RemoveNode(Node* node) {
   for (Value* out : node->outputs_) {
     if (!out->uses_.empty() || out->is_graph_output()) {

@@ -187,6 +187,9 @@ class Graph {
   // Points every use of `from` (node inputs, implicit inputs and graph
   // outputs) at `to`.
   void ReplaceAllUsesWith(Value* from, Value* to);
+  // Gives `value` a new name, which must be free (a pass that folds a node
+  // into its input hands the input the name a graph output must keep).
+  absl::Status RenameValue(Value* value, const std::string& name);
   // Removes a node whose outputs have no uses and are not graph outputs.
   absl::Status RemoveNode(Node* node);
   // Removes an unused initializer or value without producer.

@@ -520,17 +520,11 @@ absl::Status ImportNodeMetadata(const onnx::NodeProto& proto, Node* node) {
 
 // ------------------------------------------------------------- graph import
 
-absl::Status ImportGraph(const onnx::GraphProto& proto, const std::string& base_dir,
-                         Graph& graph) {
-  graph.set_name(proto.name());
-  graph.set_doc_string(proto.doc_string());
-  if (proto.sparse_initializer_size() > 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        "sparse initializer '", proto.sparse_initializer(0).values().name(),
-        "' is not supported; store it as a dense initializer"));
-  }
+// ImportGraph's steps, in order; each names what it refuses.
 
-  // (1) Graph inputs and initializers.
+// (1) Graph inputs and initializers.
+absl::Status ImportInputsAndInitializers(const onnx::GraphProto& proto,
+                                         const std::string& base_dir, Graph& graph) {
   for (int k = 0; k < proto.input_size(); ++k) {
     const onnx::ValueInfoProto& input = proto.input(k);
     if (input.name().empty()) {
@@ -568,8 +562,14 @@ absl::Status ImportGraph(const onnx::GraphProto& proto, const std::string& base_
     }
   }
 
-  // (2) Every name a node defines; each value is defined once.
-  const std::vector<std::string> node_names = AssignNodeNames(proto);
+  return absl::OkStatus();
+}
+
+// (2) Every name a node defines (value name -> node index); each value is
+// defined once.
+absl::StatusOr<absl::flat_hash_map<std::string, int>> MapNodeDefinitions(
+    const onnx::GraphProto& proto, const std::vector<std::string>& node_names,
+    const Graph& graph) {
   absl::flat_hash_map<std::string, int> defining_node;
   for (int k = 0; k < proto.node_size(); ++k) {
     for (const std::string& output : proto.node(k).output()) {
@@ -589,11 +589,19 @@ absl::Status ImportGraph(const onnx::GraphProto& proto, const std::string& base_
       defining_node[output] = k;
     }
   }
+  return defining_node;
+}
+
+// (3) Nodes in file order; inputs defined by later nodes are patched at the
+// end. Omitted outputs before a given one get generated names.
+absl::StatusOr<std::vector<Node*>> ImportNodes(const onnx::GraphProto& proto,
+                                               const std::string& base_dir,
+                                               const std::vector<std::string>& node_names,
+                                               absl::flat_hash_map<std::string, int> defining_node,
+                                               Graph& graph) {
   auto name_taken = [&](const std::string& name) {
     return graph.FindValue(name) != nullptr || defining_node.contains(name);
   };
-
-  // (3) Nodes in file order; inputs defined by later nodes are patched below.
   struct ForwardInput {
     Node* node;
     int index;
@@ -646,8 +654,13 @@ absl::Status ImportGraph(const onnx::GraphProto& proto, const std::string& base_
   for (const ForwardInput& forward : forward_inputs) {
     forward.node->SetInput(forward.index, graph.FindValue(forward.name));
   }
+  return nodes;
+}
 
-  // (4) Outer values read by subgraph attributes become implicit inputs.
+// (4) Outer values read by subgraph attributes become implicit inputs.
+absl::Status AddSubgraphImplicitInputs(const onnx::GraphProto& proto,
+                                       const std::vector<std::string>& node_names,
+                                       const std::vector<Node*>& nodes, Graph& graph) {
   for (int k = 0; k < proto.node_size(); ++k) {
     absl::flat_hash_set<std::string> added;
     for (const onnx::AttributeProto& attribute : proto.node(k).attribute()) {
@@ -670,7 +683,11 @@ absl::Status ImportGraph(const onnx::GraphProto& proto, const std::string& base_
     }
   }
 
-  // (5) Declared types: value_info, then graph outputs.
+  return absl::OkStatus();
+}
+
+// (5) Declared types: value_info, then graph outputs.
+absl::Status ImportDeclaredTypes(const onnx::GraphProto& proto, Graph& graph) {
   absl::flat_hash_set<std::string> output_names;
   for (const onnx::ValueInfoProto& output : proto.output()) output_names.insert(output.name());
   for (const onnx::ValueInfoProto& info : proto.value_info()) {
@@ -703,6 +720,25 @@ absl::Status ImportGraph(const onnx::GraphProto& proto, const std::string& base_
     graph.AddOutput(value);
   }
 
+  return absl::OkStatus();
+}
+
+absl::Status ImportGraph(const onnx::GraphProto& proto, const std::string& base_dir,
+                         Graph& graph) {
+  graph.set_name(proto.name());
+  graph.set_doc_string(proto.doc_string());
+  if (proto.sparse_initializer_size() > 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "sparse initializer '", proto.sparse_initializer(0).values().name(),
+        "' is not supported; store it as a dense initializer"));
+  }
+  CASTOR_RETURN_IF_ERROR(ImportInputsAndInitializers(proto, base_dir, graph));
+  const std::vector<std::string> node_names = AssignNodeNames(proto);
+  CASTOR_ASSIGN_OR_RETURN(auto defining_node, MapNodeDefinitions(proto, node_names, graph));
+  CASTOR_ASSIGN_OR_RETURN(std::vector<Node*> nodes,
+                          ImportNodes(proto, base_dir, node_names, std::move(defining_node), graph));
+  CASTOR_RETURN_IF_ERROR(AddSubgraphImplicitInputs(proto, node_names, nodes, graph));
+  CASTOR_RETURN_IF_ERROR(ImportDeclaredTypes(proto, graph));
   // (6) Topological order.
   return graph.TopologicalSort();
 }

@@ -3,11 +3,14 @@
 //   - the input/output arity,
 //   - dtype + shape inference, which also handles the op's opset-version
 //     differences (axes as attribute vs input, ...),
-//   - the autocast category (filled by the autocast work) and
-//   - the gradient rule, or an explicit reason why the op has none (filled
-//     by the autodiff work).
+//   - the autocast category, with the list entry it comes from (set for
+//     every op by the one table in graph/ops/autocast_table.cc) and
+//   - the gradient rule, or an explicit reason why the op has none (set by
+//     graph/ops/gradient_rules.cc).
 // Each op (or small family) is defined in one file under graph/ops/ and
-// registered by that file's Register*Ops function, listed in all_ops.cc.
+// registered by that file's Register*Ops function, listed in all_ops.cc;
+// tests/registry_test.cc checks every registered op has both (the known
+// gaps are listed in tests/registry_gaps.txt).
 #pragma once
 
 #include <climits>

@@ -804,4 +804,35 @@ absl::StatusOr<AutocastReport> RunAutocast(Model& model, const Policy& policy,
   return report;
 }
 
+namespace {
+
+class AutocastPassAdapter : public Pass {
+ public:
+  AutocastPassAdapter(const Policy& policy, AutocastOptions options, AutocastReport* report)
+      : policy_(policy), options_(options), report_(report) {}
+  std::string name() const override { return "autocast"; }
+  std::string description() const override {
+    return absl::StrCat("gives each node a compute dtype under policy '", policy_.name(),
+                        "' and inserts the fewest Casts that make it so");
+  }
+  absl::Status Run(Model& model, PassContext& context) override {
+    (void)context;
+    CASTOR_ASSIGN_OR_RETURN(AutocastReport report, RunAutocast(model, policy_, options_));
+    if (report_ != nullptr) *report_ = std::move(report);
+    return absl::OkStatus();
+  }
+
+ private:
+  const Policy& policy_;
+  AutocastOptions options_;
+  AutocastReport* report_;
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> MakeAutocastPass(const Policy& policy, AutocastOptions options,
+                                       AutocastReport* report) {
+  return std::make_unique<AutocastPassAdapter>(policy, options, report);
+}
+
 }  // namespace castor

@@ -24,11 +24,13 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "graph/graph.h"
+#include "passes/pass.h"
 #include "passes/policy.h"
 
 namespace castor {
@@ -79,6 +81,11 @@ struct AutocastReport {
 // LoadModel leaves it). Errors name the node, the op or the policies.
 absl::StatusOr<AutocastReport> RunAutocast(Model& model, const Policy& policy,
                                            const AutocastOptions& options = {});
+
+// RunAutocast as a pass for a PassManager: `policy` must outlive it; the
+// report goes to `*report` when given.
+std::unique_ptr<Pass> MakeAutocastPass(const Policy& policy, AutocastOptions options = {},
+                                       AutocastReport* report = nullptr);
 
 // Removes what RunAutocast added (its Casts, node and model records,
 // lowered graph inputs) and re-infers types: the float32 graph again.

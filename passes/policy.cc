@@ -387,7 +387,117 @@ Json Policy::ToJson() const {
   return json;
 }
 
-absl::StatusOr<Policy> Policy::FromJson(const Json& json, const std::string& source) {
+namespace {
+
+// FromJson's steps for the optional fields that go through Policy's public
+// setters.
+
+absl::Status ReadOpOverridesJson(const Json& overrides, const std::string& source,
+                                 Policy& policy) {
+  if (!overrides.is_object()) {
+    return FieldError(source, "op_overrides",
+                      absl::StrCat("expected an object, got ", JsonTypeName(overrides)));
+  }
+  for (const auto& [op, category_json] : overrides.members()) {
+    const std::string field = absl::StrCat("op_overrides.", op);
+    if (!category_json.is_string()) {
+      return FieldError(source, field,
+                        absl::StrCat("expected a category string, got ",
+                                     JsonTypeName(category_json)));
+    }
+    absl::StatusOr<AutocastCategory> category =
+        ParseAutocastCategory(category_json.as_string());
+    if (!category.ok()) return FieldError(source, field, category.status());
+    absl::Status status = policy.OverrideOp(op, *category);
+    if (!status.ok()) return FieldError(source, "op_overrides", status);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadNodeOverridesJson(const Json& nodes, const std::string& source, Policy& policy) {
+  if (!nodes.is_array()) {
+    return FieldError(source, "node_overrides",
+                      absl::StrCat("expected an array, got ", JsonTypeName(nodes)));
+  }
+  for (size_t i = 0; i < nodes.items().size(); ++i) {
+    const Json& entry = nodes.items()[i];
+    const std::string field = absl::StrCat("node_overrides[", i, "]");
+    if (!entry.is_object()) {
+      return FieldError(source, field,
+                        absl::StrCat("expected an object, got ", JsonTypeName(entry)));
+    }
+    NodeOverride rule;
+    bool has_category = false;
+    for (const auto& [key, value] : entry.members()) {
+      if (key != "name" && key != "regex" && key != "category") {
+        return FieldError(source, field,
+                          absl::StrCat("unknown field ", Quoted(key),
+                                       " (known fields: name, regex, category)"));
+      }
+      if (!value.is_string()) {
+        return FieldError(source, absl::StrCat(field, ".", key),
+                          absl::StrCat("expected a string, got ", JsonTypeName(value)));
+      }
+      if (key == "name") {
+        rule.name = value.as_string();
+      } else if (key == "regex") {
+        rule.regex = value.as_string();
+      } else {
+        absl::StatusOr<AutocastCategory> category = ParseAutocastCategory(value.as_string());
+        if (!category.ok()) {
+          return FieldError(source, absl::StrCat(field, ".category"), category.status());
+        }
+        rule.category = *category;
+        has_category = true;
+      }
+    }
+    if (!has_category) return FieldError(source, field, "missing \"category\"");
+    absl::Status status = policy.OverrideNode(std::move(rule));
+    if (!status.ok()) return FieldError(source, field, status);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadPinsJson(const Json& pins, const std::string& source, Policy& policy) {
+  if (!pins.is_array()) {
+    return FieldError(source, "pins",
+                      absl::StrCat("expected an array, got ", JsonTypeName(pins)));
+  }
+  for (size_t i = 0; i < pins.items().size(); ++i) {
+    const Json& entry = pins.items()[i];
+    const std::string field = absl::StrCat("pins[", i, "]");
+    if (!entry.is_object()) {
+      return FieldError(source, field,
+                        absl::StrCat("expected an object, got ", JsonTypeName(entry)));
+    }
+    for (const auto& [key, value] : entry.members()) {
+      if (key != "op" && key != "input") {
+        return FieldError(source, field,
+                          absl::StrCat("unknown field ", Quoted(key),
+                                       " (known fields: op, input)"));
+      }
+    }
+    const Json* op = entry.Find("op");
+    const Json* input = entry.Find("input");
+    if (op == nullptr || !op->is_string()) {
+      return FieldError(source, field, "needs \"op\", a string");
+    }
+    if (input == nullptr || !input->is_int() || input->as_int() < 0 ||
+        input->as_int() > INT_MAX) {
+      return FieldError(source, field, "needs \"input\", a non-negative integer");
+    }
+    absl::Status status = policy.PinInput(op->as_string(), static_cast<int>(input->as_int()));
+    if (!status.ok()) return FieldError(source, field, status);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// The fields every policy has (format, name, compute_dtype, variable_dtype,
+// keep_io_types) on top of the built-in policy of that name, or
+// mixed_float16's lists with the given compute dtype.
+absl::StatusOr<Policy> Policy::StartFromJson(const Json& json, const std::string& source) {
   if (!json.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": a policy must be a JSON object, not ", JsonTypeName(json)));
@@ -469,146 +579,68 @@ absl::StatusOr<Policy> Policy::FromJson(const Json& json, const std::string& sou
     }
     policy.keep_io_types_ = keep->as_bool();
   }
+  return policy;
+}
 
-  if (const Json* lists = json.Find("op_lists"); lists != nullptr) {
-    if (!lists->is_object()) {
+absl::Status Policy::ReadOpListsJson(const Json& lists, const std::string& source) {
+  if (!lists.is_object()) {
+    return FieldError(source, "op_lists",
+                      absl::StrCat("expected an object, got ", JsonTypeName(lists)));
+  }
+  std::map<std::string, std::string> list_of_op;  // op -> the list naming it
+  for (const auto& [list_name, ops] : lists.members()) {
+    const std::string field = absl::StrCat("op_lists.", list_name);
+    AutocastCategory category = AutocastCategory::kUnset;
+    for (AutocastCategory candidate : kListCategories) {
+      if (list_name == AutocastCategoryName(candidate)) category = candidate;
+    }
+    if (category == AutocastCategory::kUnset) {
       return FieldError(source, "op_lists",
-                        absl::StrCat("expected an object, got ", JsonTypeName(*lists)));
+                        absl::StrCat("unknown list ", Quoted(list_name),
+                                     "; expected allow, deny, follow or none"));
     }
-    std::map<std::string, std::string> list_of_op;  // op -> the list naming it
-    for (const auto& [list_name, ops] : lists->members()) {
-      const std::string field = absl::StrCat("op_lists.", list_name);
-      AutocastCategory category = AutocastCategory::kUnset;
-      for (AutocastCategory candidate : kListCategories) {
-        if (list_name == AutocastCategoryName(candidate)) category = candidate;
+    if (!ops.is_array()) {
+      return FieldError(source, field,
+                        absl::StrCat("expected an array of op names, got ", JsonTypeName(ops)));
+    }
+    for (const Json& op : ops.items()) {
+      if (!op.is_string()) {
+        return FieldError(source, field,
+                          absl::StrCat("expected op names, got ", JsonTypeName(op)));
       }
-      if (category == AutocastCategory::kUnset) {
+      std::string key = CanonicalOpListKey(op.as_string());
+      auto list_it = op_lists_.find(key);
+      if (list_it == op_lists_.end()) {
+        return FieldError(source, field,
+                          absl::StrCat("unknown op ", Quoted(op.as_string()), "; ",
+                                       KnownOpsHint(op_lists_, op.as_string())));
+      }
+      auto [seen, inserted] = list_of_op.emplace(key, list_name);
+      if (!inserted && seen->second != list_name) {
         return FieldError(source, "op_lists",
-                          absl::StrCat("unknown list ", Quoted(list_name),
-                                       "; expected allow, deny, follow or none"));
+                          absl::StrCat("op ", Quoted(key), " is in both the ",
+                                       Quoted(seen->second), " and the ", Quoted(list_name),
+                                       " lists; the lists must not overlap"));
       }
-      if (!ops.is_array()) {
-        return FieldError(source, field,
-                          absl::StrCat("expected an array of op names, got ", JsonTypeName(ops)));
-      }
-      for (const Json& op : ops.items()) {
-        if (!op.is_string()) {
-          return FieldError(source, field,
-                            absl::StrCat("expected op names, got ", JsonTypeName(op)));
-        }
-        std::string key = CanonicalOpListKey(op.as_string());
-        auto list_it = policy.op_lists_.find(key);
-        if (list_it == policy.op_lists_.end()) {
-          return FieldError(source, field,
-                            absl::StrCat("unknown op ", Quoted(op.as_string()), "; ",
-                                         KnownOpsHint(policy.op_lists_, op.as_string())));
-        }
-        auto [seen, inserted] = list_of_op.emplace(key, list_name);
-        if (!inserted && seen->second != list_name) {
-          return FieldError(source, "op_lists",
-                            absl::StrCat("op ", Quoted(key), " is in both the ",
-                                         Quoted(seen->second), " and the ", Quoted(list_name),
-                                         " lists; the lists must not overlap"));
-        }
-        list_it->second = category;
-      }
+      list_it->second = category;
     }
   }
+  return absl::OkStatus();
+}
 
+absl::StatusOr<Policy> Policy::FromJson(const Json& json, const std::string& source) {
+  CASTOR_ASSIGN_OR_RETURN(Policy policy, StartFromJson(json, source));
+  if (const Json* lists = json.Find("op_lists"); lists != nullptr) {
+    CASTOR_RETURN_IF_ERROR(policy.ReadOpListsJson(*lists, source));
+  }
   if (const Json* overrides = json.Find("op_overrides"); overrides != nullptr) {
-    if (!overrides->is_object()) {
-      return FieldError(source, "op_overrides",
-                        absl::StrCat("expected an object, got ", JsonTypeName(*overrides)));
-    }
-    for (const auto& [op, category_json] : overrides->members()) {
-      const std::string field = absl::StrCat("op_overrides.", op);
-      if (!category_json.is_string()) {
-        return FieldError(source, field,
-                          absl::StrCat("expected a category string, got ",
-                                       JsonTypeName(category_json)));
-      }
-      absl::StatusOr<AutocastCategory> category =
-          ParseAutocastCategory(category_json.as_string());
-      if (!category.ok()) return FieldError(source, field, category.status());
-      absl::Status status = policy.OverrideOp(op, *category);
-      if (!status.ok()) return FieldError(source, "op_overrides", status);
-    }
+    CASTOR_RETURN_IF_ERROR(ReadOpOverridesJson(*overrides, source, policy));
   }
-
   if (const Json* nodes = json.Find("node_overrides"); nodes != nullptr) {
-    if (!nodes->is_array()) {
-      return FieldError(source, "node_overrides",
-                        absl::StrCat("expected an array, got ", JsonTypeName(*nodes)));
-    }
-    for (size_t i = 0; i < nodes->items().size(); ++i) {
-      const Json& entry = nodes->items()[i];
-      const std::string field = absl::StrCat("node_overrides[", i, "]");
-      if (!entry.is_object()) {
-        return FieldError(source, field,
-                          absl::StrCat("expected an object, got ", JsonTypeName(entry)));
-      }
-      NodeOverride rule;
-      bool has_category = false;
-      for (const auto& [key, value] : entry.members()) {
-        if (key != "name" && key != "regex" && key != "category") {
-          return FieldError(source, field,
-                            absl::StrCat("unknown field ", Quoted(key),
-                                         " (known fields: name, regex, category)"));
-        }
-        if (!value.is_string()) {
-          return FieldError(source, absl::StrCat(field, ".", key),
-                            absl::StrCat("expected a string, got ", JsonTypeName(value)));
-        }
-        if (key == "name") {
-          rule.name = value.as_string();
-        } else if (key == "regex") {
-          rule.regex = value.as_string();
-        } else {
-          absl::StatusOr<AutocastCategory> category = ParseAutocastCategory(value.as_string());
-          if (!category.ok()) {
-            return FieldError(source, absl::StrCat(field, ".category"), category.status());
-          }
-          rule.category = *category;
-          has_category = true;
-        }
-      }
-      if (!has_category) return FieldError(source, field, "missing \"category\"");
-      absl::Status status = policy.OverrideNode(std::move(rule));
-      if (!status.ok()) return FieldError(source, field, status);
-    }
+    CASTOR_RETURN_IF_ERROR(ReadNodeOverridesJson(*nodes, source, policy));
   }
-
   if (const Json* pins = json.Find("pins"); pins != nullptr) {
-    if (!pins->is_array()) {
-      return FieldError(source, "pins",
-                        absl::StrCat("expected an array, got ", JsonTypeName(*pins)));
-    }
-    for (size_t i = 0; i < pins->items().size(); ++i) {
-      const Json& entry = pins->items()[i];
-      const std::string field = absl::StrCat("pins[", i, "]");
-      if (!entry.is_object()) {
-        return FieldError(source, field,
-                          absl::StrCat("expected an object, got ", JsonTypeName(entry)));
-      }
-      for (const auto& [key, value] : entry.members()) {
-        if (key != "op" && key != "input") {
-          return FieldError(source, field,
-                            absl::StrCat("unknown field ", Quoted(key),
-                                         " (known fields: op, input)"));
-        }
-      }
-      const Json* op = entry.Find("op");
-      const Json* input = entry.Find("input");
-      if (op == nullptr || !op->is_string()) {
-        return FieldError(source, field, "needs \"op\", a string");
-      }
-      if (input == nullptr || !input->is_int() || input->as_int() < 0 ||
-          input->as_int() > INT_MAX) {
-        return FieldError(source, field, "needs \"input\", a non-negative integer");
-      }
-      absl::Status status = policy.PinInput(op->as_string(), static_cast<int>(input->as_int()));
-      if (!status.ok()) return FieldError(source, field, status);
-    }
+    CASTOR_RETURN_IF_ERROR(ReadPinsJson(*pins, source, policy));
   }
   return policy;
 }

@@ -124,6 +124,10 @@ class Policy {
 
  private:
   Policy() = default;
+  // FromJson's steps (policy.cc): the policy the name and compute dtype
+  // start from, then each optional field in the order of the format.
+  static absl::StatusOr<Policy> StartFromJson(const Json& json, const std::string& source);
+  absl::Status ReadOpListsJson(const Json& lists, const std::string& source);
 
   std::string name_;
   DType compute_dtype_ = DType::kFloat32;

@@ -17,6 +17,7 @@
 #include "graph/shape_inference.h"
 #include "graph/status.h"
 #include "passes/autodiff.h"
+#include "passes/pass_manager.h"
 
 namespace castor {
 namespace {
@@ -267,42 +268,71 @@ absl::StatusOr<LossKind> ParseLossKind(const std::string& name) {
       "unknown loss '", name, "'; expected cross-entropy, mse or output"));
 }
 
-absl::StatusOr<TrainingGraph> BuildTrainingGraph(Model& model,
-                                                 const TrainingGraphOptions& options) {
+namespace {
+
+// What the training passes hand on to one another.
+struct TrainingPassState {
+  TrainingGraphOptions options;
+  TrainingGraph* result = nullptr;
+  std::string loss;        // the loss value
+  int first_backward = 0;  // the first node autodiff added
+};
+
+using State = std::shared_ptr<TrainingPassState>;
+
+// The model output the loss is attached to, and the evaluation graph.
+absl::Status EvaluationGraphStep(Model& model, TrainingPassState& state) {
   Graph& graph = *model.graph;
   Value* output = nullptr;
   std::vector<std::string> output_names;
   for (Value* candidate : graph.outputs()) {
     output_names.push_back(candidate->name());
-    if (candidate->name() == options.output) output = candidate;
+    if (candidate->name() == state.options.output) output = candidate;
   }
   if (output == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("--output ", Quoted(options.output),
+    return absl::InvalidArgumentError(absl::StrCat("--output ", Quoted(state.options.output),
                                                    " is not a model output; the outputs are: ",
                                                    absl::StrJoin(output_names, ", ")));
   }
-  TrainingGraph result;
+  TrainingGraph& result = *state.result;
   result.model_output = output->name();
-  result.loss = options.loss;
+  result.loss = state.options.loss;
   CASTOR_ASSIGN_OR_RETURN(result.evaluation,
-                          BuildEvaluationGraph(model, output->name(), options.loss,
-                                               options.pool_before_relu));
-  CASTOR_ASSIGN_OR_RETURN(result.running_stats, SwitchBatchNormToTraining(model));
-  if (options.pool_before_relu) {
-    CASTOR_ASSIGN_OR_RETURN(result.pooled_relus, PoolBeforeRelu(graph));
-  }
-  absl::flat_hash_set<std::string> state_names;
-  for (const auto& [state, updated] : result.running_stats) state_names.insert(state);
+                          BuildEvaluationGraph(model, output->name(), state.options.loss,
+                                               state.options.pool_before_relu));
+  return absl::OkStatus();
+}
 
-  CASTOR_ASSIGN_OR_RETURN(Value * loss, AttachLoss(graph, output, options.loss));
+absl::Status BatchNormTrainingStep(Model& model, TrainingPassState& state) {
+  CASTOR_ASSIGN_OR_RETURN(state.result->running_stats, SwitchBatchNormToTraining(model));
+  // The new statistics outputs get their types (the final inference of
+  // attach-loss would give them the same).
+  if (!state.result->running_stats.empty()) CASTOR_RETURN_IF_ERROR(InferTypes(model));
+  return absl::OkStatus();
+}
+
+// The loss, and the loss scale the backward pass is seeded with.
+absl::Status AttachLossStep(Model& model, TrainingPassState& state) {
+  Graph& graph = *model.graph;
+  Value* output = graph.FindValue(state.result->model_output);
+  CASTOR_ASSIGN_OR_RETURN(Value * loss, AttachLoss(graph, output, state.options.loss));
+  state.loss = loss->name();
   CASTOR_ASSIGN_OR_RETURN(Value * scale,
                           graph.AddInput(kLossScaleInput, DType::kFloat32, Shape::Scalar()));
   graph.SetInitializerOfInput(scale, Tensor::Scalar(1.0f));
-  CASTOR_RETURN_IF_ERROR(InferTypes(model));
+  return InferTypes(model);
+}
 
+// The gradient of every float32 parameter (BatchNormalization statistics
+// excepted), float32 values re-widened for the backward pass.
+absl::Status AutodiffStep(Model& model, TrainingPassState& state) {
+  Graph& graph = *model.graph;
+  TrainingGraph& result = *state.result;
+  absl::flat_hash_set<std::string> state_names;
+  for (const auto& [stat, updated] : result.running_stats) state_names.insert(stat);
   AutodiffRequest request;
-  request.loss = loss->name();
-  request.loss_seed = scale->name();
+  request.loss = state.loss;
+  request.loss_seed = kLossScaleInput;
   for (const Value* initializer : graph.initializers()) {
     if (initializer->dtype() != DType::kFloat32 || initializer->is_graph_input() ||
         initializer->uses().empty() || state_names.contains(initializer->name())) {
@@ -321,7 +351,16 @@ absl::StatusOr<TrainingGraph> BuildTrainingGraph(Model& model,
                           RecastWidenedValuesForBackward(graph, first_backward));
   result.backward_nodes += result.backward_recasts;
   if (result.backward_recasts > 0) CASTOR_RETURN_IF_ERROR(InferTypes(model));
+  return absl::OkStatus();
+}
 
+// The step's outputs: loss, model output, one buffer per gradient, the new
+// BatchNormalization statistics.
+absl::Status StepOutputsStep(Model& model, TrainingPassState& state) {
+  Graph& graph = *model.graph;
+  TrainingGraph& result = *state.result;
+  Value* loss = graph.FindValue(state.loss);
+  Value* output = graph.FindValue(result.model_output);
   graph.ClearOutputs();
   graph.AddOutput(loss);
   graph.AddOutput(output);
@@ -344,10 +383,63 @@ absl::StatusOr<TrainingGraph> BuildTrainingGraph(Model& model,
     taken.insert(value);
     graph.AddOutput(value);
   }
-  for (const auto& [state, updated] : result.running_stats) {
+  for (const auto& [stat, updated] : result.running_stats) {
     graph.AddOutput(graph.FindValue(updated));
   }
   if (copied) CASTOR_RETURN_IF_ERROR(InferTypes(model));
+  return absl::OkStatus();
+}
+
+void AddStep(PassManager& manager, const State& state, const char* name, const char* description,
+             absl::Status (*step)(Model&, TrainingPassState&)) {
+  manager.Add(std::make_unique<FunctionPass>(
+      name, description,
+      [state, step](Model& model, PassContext&) { return step(model, *state); }));
+}
+
+}  // namespace
+
+void AddTrainingPasses(PassManager& manager, const TrainingGraphOptions& options,
+                       TrainingGraph* result) {
+  auto state = std::make_shared<TrainingPassState>();
+  state->options = options;
+  state->result = result;
+  AddStep(manager, state, "evaluation-graph",
+          "builds the forward-only evaluation graph (loss attached, BatchNormalization on its "
+          "running statistics) beside the model; the model is unchanged",
+          EvaluationGraphStep);
+  AddStep(manager, state, "batchnorm-training",
+          "switches BatchNormalization to training mode, with running-statistic outputs",
+          BatchNormTrainingStep);
+  if (options.pool_before_relu) {
+    manager.Add(std::make_unique<FunctionPass>(
+        "pool-before-relu", "runs a Relu read only by a MaxPool after it, on the pooled tensor",
+        [state](Model& model, PassContext&) -> absl::Status {
+          CASTOR_ASSIGN_OR_RETURN(state->result->pooled_relus, PoolBeforeRelu(*model.graph));
+          return absl::OkStatus();
+        }));
+  }
+  AddStep(manager, state, "attach-loss",
+          "attaches the loss to the model output and adds the loss-scale input",
+          AttachLossStep);
+  AddStep(manager, state, "autodiff",
+          "builds the backward graph seeded with the loss scale; float32 values widened from "
+          "16-bit ones are widened again for their backward readers",
+          AutodiffStep);
+  AddStep(manager, state, "step-outputs",
+          "makes the outputs the step kernels read: loss, model output, one buffer per "
+          "parameter gradient, the new BatchNormalization statistics",
+          StepOutputsStep);
+}
+
+absl::StatusOr<TrainingGraph> BuildTrainingGraph(Model& model,
+                                                 const TrainingGraphOptions& options,
+                                                 const PassManagerOptions& manager_options) {
+  TrainingGraph result;
+  PassManager manager(manager_options);
+  AddTrainingPasses(manager, options, &result);
+  PassContext context;
+  CASTOR_RETURN_IF_ERROR(manager.Run(model, context));
   return result;
 }
 

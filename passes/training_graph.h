@@ -36,6 +36,7 @@
 
 #include "absl/status/statusor.h"
 #include "graph/graph.h"
+#include "passes/pass_manager.h"
 
 namespace castor {
 
@@ -81,10 +82,19 @@ struct TrainingGraph {
   std::shared_ptr<const Model> evaluation;
 };
 
-// Rewrites `model` (types inferred) into its training graph. Errors name the
-// output, the node or the op (e.g. a BatchNormalization below opset 14, an
-// op without a gradient on the way to a parameter).
+// The training rewrites as passes, in order (pass_manager.h): evaluation-
+// graph, batchnorm-training, pool-before-relu (when asked), attach-loss,
+// autodiff, step-outputs. Running them fills `*result`, which must outlive
+// the manager's run.
+void AddTrainingPasses(PassManager& manager, const TrainingGraphOptions& options,
+                       TrainingGraph* result);
+
+// Rewrites `model` (types inferred) into its training graph by running those
+// passes, the graph verified after each. Errors name the output, the node
+// or the op (e.g. a BatchNormalization below opset 14, an op without a
+// gradient on the way to a parameter).
 absl::StatusOr<TrainingGraph> BuildTrainingGraph(Model& model,
-                                                 const TrainingGraphOptions& options);
+                                                 const TrainingGraphOptions& options,
+                                                 const PassManagerOptions& manager_options = {});
 
 }  // namespace castor

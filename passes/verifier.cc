@@ -123,8 +123,8 @@ absl::Status VerifyModel(const Model& model, const VerifyOptions& options) {
       }
     }
     CheckSchema(model, node, problems);  // 4
-    // 6: Cast to the same type.
-    if (node->op_type() == "Cast" && node->domain().empty() && node->input(0)) {
+    // 6: Cast to the same type (graphs castor produces).
+    if (options.rules == VerifyRules::kCastor && node->op_type() == "Cast" && node->domain().empty() && node->input(0)) {
       const Attribute* to = node->attribute("to");
       if (to && static_cast<int64_t>(node->input(0)->dtype()) == to->i) {
         problems.Add(absl::StrCat(Describe(node), " casts '", node->input(0)->name(), "' to ",

@@ -1,5 +1,12 @@
-// The graph verifier: the invariants every pass must keep. Used by tests
-// and, through the pass manager, after every pass.
+// The graph verifier: the invariants every graph must keep. Used by tests,
+// by the commands that read or write a model, and, through the pass manager
+// (passes/pass_manager.h), after every pass.
+//
+// Rules 1-5 hold for every graph castor accepts: an imported model that the
+// ONNX checker accepts meets them (VerifyRules::kValid). Rule 6 is a rule
+// of style that castor's own passes keep and exporters need not
+// (VerifyRules::kCastor): an imported model with a no-op Cast is taken as it
+// is, and the canonicalize pass (passes/canonicalize.h) folds it.
 //
 //   1. SSA: every value has exactly one definition (graph input,
 //      initializer or one node output) and producer links are consistent.
@@ -17,9 +24,15 @@
 
 namespace castor {
 
+enum class VerifyRules {
+  kValid,  // rules 1-5: every graph castor accepts (imported models too)
+  kCastor, // rules 1-6: graphs castor's passes produce
+};
+
 struct VerifyOptions {
   // Skip invariant 5 (for graphs whose types are not inferred yet).
   bool check_types = true;
+  VerifyRules rules = VerifyRules::kCastor;
 };
 
 // OK, or FailedPrecondition listing every violation found (one per line,

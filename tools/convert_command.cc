@@ -11,6 +11,9 @@
 #include "absl/strings/str_split.h"
 #include "graph/onnx_io.h"
 #include "graph/status.h"
+#include "passes/autocast.h"
+#include "passes/canonicalize.h"
+#include "passes/pass_manager.h"
 #include "passes/verifier.h"
 #include "tools/args.h"
 #include "tools/cli.h"
@@ -165,6 +168,10 @@ int RunConvert(const std::vector<std::string>& args, std::ostream& out, std::ost
                  &options.restart_from_float32)
       .AddString("save-policy", "FILE", "also write the resolved policy as JSON to FILE",
                  &options.save_policy_path)
+      .AddString("dump-passes", "DIR",
+                 "write the graph before the first pass and after each pass as text to "
+                 "DIR/NN-PASS.txt",
+                 &options.dump_passes_dir)
       .AddExample("castor convert models/cnn_opset13.onnx -o cnn_fp16.onnx --policy mixed_float16")
       .AddExample("castor convert model.onnx -o model_bf16.onnx --policy mixed_bfloat16 "
                   "--fp32-ops Erf --fp32-nodes 'head/.*'");
@@ -194,12 +201,25 @@ int RunConvert(const std::vector<std::string>& args, std::ostream& out, std::ost
 
   AutocastOptions autocast;
   autocast.restart_from_float32 = options.restart_from_float32;
-  absl::StatusOr<AutocastReport> report = RunAutocast(*model, *policy, autocast);
-  if (!report.ok()) {
-    // A refusal (converted under another policy) is a check that failed.
-    const int code = absl::IsFailedPrecondition(report.status()) ? kExitFailure : kExitBadInput;
-    return fail(code, absl::StrCat(options.model_path, ": ", report.status().message()));
+  // The pipeline: canonicalize the imported model, then autocast.
+  PassDumper dumper(options.dump_passes_dir);
+  PassManagerOptions manager_options;
+  if (!options.dump_passes_dir.empty()) {
+    manager_options.dumper = &dumper;
+    manager_options.dump_input = true;
   }
+  AutocastReport report;
+  PassManager manager(manager_options);
+  manager.Add(MakeCanonicalizePass()).Add(MakeAutocastPass(*policy, autocast, &report));
+  PassContext context;
+  if (absl::Status ran = manager.Run(*model, context); !ran.ok()) {
+    // A refusal (converted under another policy) or a pass bug is a check
+    // that failed.
+    const int code = absl::IsFailedPrecondition(ran) || absl::IsInternal(ran) ? kExitFailure
+                                                                                : kExitBadInput;
+    return fail(code, absl::StrCat(options.model_path, ": ", ran.message()));
+  }
+  report.notes.insert(report.notes.begin(), context.notes.begin(), context.notes.end());
   // The verifier stands between a pass bug and a broken file on disk.
   if (absl::Status s = VerifyModel(*model); !s.ok()) {
     return fail(kExitFailure, absl::StrCat("internal error: the converted model of ",
@@ -216,7 +236,7 @@ int RunConvert(const std::vector<std::string>& args, std::ostream& out, std::ost
                                               options.save_policy_path, ": ", s.message()));
     }
   }
-  out << RenderConvertSummary(options, *policy, *report);
+  out << RenderConvertSummary(options, *policy, report);
   return kExitOk;
 }
 

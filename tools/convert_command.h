@@ -30,6 +30,7 @@ struct ConvertOptions {
   bool keep_io_types_given = false;     // overrides the policy (file)'s setting
   bool restart_from_float32 = false;
   std::string save_policy_path;
+  std::string dump_passes_dir;  // "": no dumps
 };
 
 // The Policy the flags describe: the built-in or file policy, then op

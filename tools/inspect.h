@@ -24,6 +24,7 @@ struct InspectOptions {
   std::string format = "text";  // text | json | dot
   std::string output_path;      // "" = stdout
   std::string why_node;         // --why NODE: explain that node's dtype instead
+  bool canonicalize = false;    // show the graph after the canonicalize pass
 };
 
 // A value as the report shows it: `input float32[N,1,28,28]`.
@@ -105,7 +106,8 @@ struct InspectReport {
 
 // Loads `path` and checks it the way every subcommand that reads a model
 // should: LoadModel, CheckOpsets, UnsupportedOps (all unknown ops reported
-// at once), InferTypes, VerifyModel. Error messages name the file.
+// at once), InferTypes, VerifyModel with the rules every valid graph meets
+// (VerifyRules::kValid). Error messages name the file.
 absl::StatusOr<Model> LoadAndCheckModel(const std::string& path);
 
 InspectReport BuildInspectReport(const Model& model, const std::string& file);

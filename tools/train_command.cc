@@ -29,6 +29,8 @@
 #include "graph/shape_inference.h"
 #include "graph/status.h"
 #include "passes/autocast.h"
+#include "passes/canonicalize.h"
+#include "passes/pass_manager.h"
 #include "tools/args.h"
 #include "training/checkpoint.h"
 #include "tools/cli.h"
@@ -48,6 +50,7 @@ struct TrainOptions {
   std::string loss = "cross-entropy";
   std::string output = "logits";
   std::string input;  // the model input the images feed; "" = its only input
+  std::string dump_passes_dir;  // "": no dumps
   std::string optimizer = "adam";
   double lr = 1e-3;
   double momentum = 0.0;
@@ -374,6 +377,10 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
               &o.eval_every)
       .AddString("metrics", "FILE", "write one JSON object per step and per evaluation",
                  &o.metrics_path)
+      .AddString("dump-passes", "DIR",
+                 "write the graph before the first pass and after each pass of the pipeline "
+                 "(canonicalize, autocast, the training rewrites) as text to DIR/NN-PASS.txt",
+                 &o.dump_passes_dir)
       .AddString("checkpoint-dir", "DIR",
                  "save checkpoints there (ckpt-<step>.onnx, written atomically); with --resume "
                  "it defaults to the resumed checkpoint's directory",
@@ -509,6 +516,25 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
       o.loss_scaling == "on" ||
       (o.loss_scaling == "auto" && policy.compute_dtype() == DType::kFloat16);
 
+  // The pipeline (passes/pass_manager.h): a fresh model is canonicalised
+  // (what the checkpoints keep), then converted under the policy and
+  // rewritten into its training graph.
+  const std::string model_name = start->resumed.has_value() ? start->resumed_from : o.model_path;
+  PassDumper dumper(o.dump_passes_dir);
+  PassManagerOptions manager_options;
+  if (!o.dump_passes_dir.empty()) manager_options.dumper = &dumper;
+  if (!start->resumed.has_value()) {
+    PassManagerOptions import_options = manager_options;
+    import_options.dump_input = true;
+    PassManager import(import_options);
+    import.Add(MakeCanonicalizePass());
+    PassContext context;
+    if (absl::Status s = import.Run(start->float32_model, context); !s.ok()) {
+      return fail(kExitFailure, absl::StrCat(model_name, ": ", s.message()));
+    }
+    for (const std::string& note : context.notes) out << "note: " << note << "\n";
+  }
+
   // The model under the policy, its training graph and the data.
   const Graph& float32_graph = *start->float32_model.graph;
   if (o.input.empty()) {
@@ -517,22 +543,25 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     }
     o.input = float32_graph.inputs()[0]->name();
   }
-  const std::string model_name = start->resumed.has_value() ? start->resumed_from : o.model_path;
   absl::StatusOr<Model> model = CloneModel(start->float32_model);
   if (!model.ok()) return fail(kExitFailure, std::string(model.status().message()));
   if (absl::Status inferred = InferTypes(*model); !inferred.ok()) {
     return fail(kExitBadInput, absl::StrCat(model_name, ": ", inferred.message()));
   }
-  absl::StatusOr<AutocastReport> converted = RunAutocast(*model, policy);
-  if (!converted.ok()) {
-    return fail(kExitFailure, absl::StrCat(model_name, ": ", converted.status().message()));
+  {
+    PassManager convert(manager_options);
+    convert.Add(MakeAutocastPass(policy));
+    PassContext context;
+    if (absl::Status s = convert.Run(*model, context); !s.ok()) {
+      return fail(kExitFailure, absl::StrCat(model_name, ": ", s.message()));
+    }
   }
   TrainingGraphOptions graph_options;
   graph_options.output = o.output;
   absl::StatusOr<LossKind> loss_kind = ParseLossKind(o.loss);
   if (!loss_kind.ok()) return fail(kExitBadInput, std::string(loss_kind.status().message()));
   graph_options.loss = *loss_kind;
-  absl::StatusOr<TrainingGraph> graph = BuildTrainingGraph(*model, graph_options);
+  absl::StatusOr<TrainingGraph> graph = BuildTrainingGraph(*model, graph_options, manager_options);
   if (!graph.ok())
     return fail(kExitBadInput, absl::StrCat(model_name, ": ", graph.status().message()));
 
