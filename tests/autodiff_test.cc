@@ -11,6 +11,7 @@
 // non-scalar loss) name what is wrong.
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <utility>
@@ -373,6 +374,158 @@ TEST(GradientRuleTest, SoftmaxCrossEntropyLossAndGather) {
     Value* table = check.Parameter("table", {5, 3});
     Value* indices = check.Constant("indices", Tensor::Int64s({4, 0, 4, 2}));
     check.Check(check.Op("Gather", {table, indices}));
+  }
+}
+
+// ---- data movement: Concat, Split, Slice, Expand, Tile, Pad ------------------
+
+// Output `k` of the node that produced `value`.
+Value* OutputOf(Value* value, int k) { return value->producer()->output(k); }
+
+// `value` reshaped to `dims` (the check's loss needs a static shape, which
+// inference cannot give an output whose shape depends on run-time values).
+Value* StaticShape(GradCheck& check, Value* value, const std::vector<int64_t>& dims) {
+  static int count = 0;
+  Value* shape = check.Constant(absl::StrCat("static_shape_", count++), Tensor::Int64s(dims));
+  return check.Op("Reshape", {value, shape});
+}
+
+TEST(GradientRuleTest, ConcatSplitsTheGradientBySizes) {
+  // Split's sizes: an input from opset 13, an attribute before.
+  for (int64_t opset : {17, 11}) {
+    SCOPED_TRACE(absl::StrCat("opset ", opset));
+    GradCheck check(opset);
+    Value* a = check.Parameter("a", {2, 3});
+    Value* b = check.Parameter("b", {2, 1});
+    Value* c = check.Parameter("c", {2, 2});
+    check.Check(check.Op("Concat", {a, b, c}, {Attribute::Int("axis", -1)}));
+  }
+  GradCheck single;
+  Value* x = single.Parameter("x", {2, 3});
+  single.Check(single.Op("Concat", {x}, {Attribute::Int("axis", 0)}));
+}
+
+TEST(GradientRuleTest, SplitWithUnusedOutputsGivesThemZeroGradient) {
+  {  // opset 13: sizes as an input; outputs 0 and 2 used, 1 not
+    GradCheck check(13);
+    Value* x = check.Parameter("x", {2, 6});
+    Value* sizes = check.Constant("sizes", Tensor::Int64s({1, 3, 2}));
+    Value* split = check.Op("Split", {x, sizes}, {Attribute::Int("axis", 1)}, 3);
+    check.Check(check.Op("Concat", {OutputOf(split, 2), OutputOf(split, 0)},
+                         {Attribute::Int("axis", 1)}));
+  }
+  {  // opset 18: num_outputs, negative axis; only the middle output used
+    GradCheck check(18);
+    Value* x = check.Parameter("x", {2, 3, 6});
+    Value* split = check.Op("Split", {x},
+                            {Attribute::Int("axis", -1), Attribute::Int("num_outputs", 3)}, 3);
+    check.Check(OutputOf(split, 1));
+  }
+  {  // opset 11: sizes as an attribute
+    GradCheck check(11);
+    Value* x = check.Parameter("x", {5, 2});
+    Value* split = check.Op("Split", {x}, {Attribute::Int("axis", 0), Attribute::Ints("split", {2, 3})}, 2);
+    check.Check(OutputOf(split, 1));
+  }
+}
+
+TEST(GradientRuleTest, SliceNegativeClampedSteppedAndRunTimeBounds) {
+  constexpr int64_t kBig = std::numeric_limits<int64_t>::max();
+  struct Case {
+    const char* name;
+    std::vector<int64_t> starts, ends, axes, steps;
+    std::vector<int64_t> dims;  // Y's
+  };
+  for (const Case& c : std::vector<Case>{
+           {"negative axis, clamped end, negative step", {1, -1}, {kBig, -100}, {0, -2}, {1, -2}, {3, 3, 5}},
+           {"stepped", {0}, {5}, {2}, {2}, {4, 6, 3}},
+           {"step 1 on two axes", {1, 2}, {3, -1}, {1, 2}, {1, 1}, {4, 2, 2}},
+           {"whole axis", {0}, {kBig}, {1}, {1}, {4, 6, 5}}}) {
+    for (bool run_time : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(c.name, run_time ? ", bounds known at run time" : ""));
+      GradCheck check(13);
+      Value* x = check.Parameter("x", {4, 6, 5});
+      Value* starts = check.Constant("starts", Tensor::Int64s(c.starts));
+      Value* ends = check.Constant("ends", Tensor::Int64s(c.ends));
+      if (run_time) {  // not a constant to the rule: indices via Range and Slice
+        starts = check.Op("Identity", {starts});
+        ends = check.Op("Identity", {ends});
+      }
+      Value* axes = check.Constant("axes", Tensor::Int64s(c.axes));
+      Value* steps = check.Constant("steps", Tensor::Int64s(c.steps));
+      Value* y = check.Op("Slice", {x, starts, ends, axes, steps});
+      check.Check(run_time ? StaticShape(check, y, c.dims) : y);
+    }
+  }
+  {  // starts/ends only (axes and steps omitted)
+    GradCheck check(13);
+    Value* x = check.Parameter("x", {4, 3});
+    Value* starts = check.Constant("starts", Tensor::Int64s({-3}));
+    Value* ends = check.Constant("ends", Tensor::Int64s({-1}));
+    check.Check(check.Op("Slice", {x, starts, ends}));
+  }
+  {  // opset 9: bounds as attributes
+    GradCheck check(9);
+    Value* x = check.Parameter("x", {4, 3});
+    check.Check(check.Op("Slice", {x}, {Attribute::Ints("starts", {1, 0}),
+                                        Attribute::Ints("ends", {-1, 2}),
+                                        Attribute::Ints("axes", {0, 1})}));
+  }
+}
+
+TEST(GradientRuleTest, ExpandAndTile) {
+  {
+    GradCheck check;
+    Value* x = check.Parameter("x", {3, 1});
+    Value* shape = check.Constant("shape", Tensor::Int64s({2, 3, 4}));
+    check.Check(check.Op("Expand", {x, shape}));
+  }
+  for (int64_t opset : {13, 11}) {
+    for (bool run_time : {false, true}) {
+      SCOPED_TRACE(absl::StrCat("opset ", opset, run_time ? ", repeats known at run time" : ""));
+      GradCheck check(opset);
+      Value* x = check.Parameter("x", {2, 3, 1});
+      Value* repeats = check.Constant("repeats", Tensor::Int64s({2, 1, 3}));
+      if (run_time) repeats = check.Op("Identity", {repeats});
+      Value* y = check.Op("Tile", {x, repeats});
+      check.Check(run_time ? StaticShape(check, y, {4, 3, 3}) : y);
+    }
+  }
+}
+
+TEST(GradientRuleTest, PadConstantModeWithNegativePadsAxesAndAttributes) {
+  for (bool run_time : {false, true}) {
+    SCOPED_TRACE(run_time ? "pads known at run time" : "constant pads");
+    GradCheck check(13);
+    Value* x = check.Parameter("x", {2, 3});
+    Value* pads = check.Constant("pads", Tensor::Int64s({1, 0, 2, -1}));
+    if (run_time) pads = check.Op("Identity", {pads});
+    Value* y = check.Op("Pad", {x, pads});
+    check.Check(run_time ? StaticShape(check, y, {5, 2}) : y);
+  }
+  {  // opset 18: pads for the listed axes only
+    GradCheck check(18);
+    Value* x = check.Parameter("x", {2, 3, 2});
+    Value* pads = check.Constant("pads", Tensor::Int64s({2, 1}));
+    Value* axes = check.Constant("axes", Tensor::Int64s({-2}));
+    check.Check(check.Op("Pad", {x, pads, nullptr, axes}));
+  }
+  {  // opset 10: pads as an attribute
+    GradCheck check(10);
+    Value* x = check.Parameter("x", {2, 3});
+    check.Check(check.Op("Pad", {x}, {Attribute::Ints("pads", {0, 1, 1, 2})}));
+  }
+  {  // reflect mode: a clear error
+    GradCheck check(13);
+    Value* x = check.Parameter("x", {2, 3});
+    Value* pads = check.Constant("pads", Tensor::Int64s({0, 1, 0, 1}));
+    Value* y = check.Op("Pad", {x, pads}, {Attribute::String("mode", "reflect")});
+    Value* loss = check.Op("ReduceSum", {y}, {Attribute::Int("keepdims", 0)});
+    ASSERT_TRUE(InferTypes(check.model()).ok());
+    absl::StatusOr<AutodiffResult> result =
+        BuildGradients(check.model(), AutodiffRequest{loss->name(), {"x"}, ""});
+    ASSERT_FALSE(result.ok());
+    EXPECT_THAT(result.status().message(), HasSubstr("node 'Pad_0' (Pad): Pad in mode 'reflect'"));
   }
 }
 

@@ -9,7 +9,9 @@
 // gradient down to an input that numpy broadcasting expanded. Backward
 // values have no types until the pass infers them at the end, so dtypes are
 // read from forward values (a gradient has its value's dtype).
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -328,6 +330,338 @@ absl::Status TransposeGradient(GradientBuilder& g) {
   return absl::OkStatus();
 }
 
+// The tensor a value always holds when the graph fixes it: a Constant
+// node's value or an initializer that is not also a graph input (ONNX lets
+// a caller override those); nullptr otherwise.
+const Tensor* ConstantTensor(const Value* value) {
+  if (value == nullptr) return nullptr;
+  if (value->initializer() != nullptr && !value->is_graph_input()) return value->initializer();
+  const Node* producer = value->producer();
+  if (producer != nullptr && producer->op_type() == "Constant" && producer->domain().empty()) {
+    const Attribute* attribute = producer->attribute("value");
+    if (attribute != nullptr && attribute->kind == AttrKind::kTensor) return &attribute->t;
+  }
+  return nullptr;
+}
+
+// A 0-D int64 Constant (Range's and Gather's scalar operands).
+absl::StatusOr<Value*> Int64Scalar(GradientBuilder& g, int64_t value) {
+  CASTOR_ASSIGN_OR_RETURN(Value * out, g.Emit1("Constant", {}));
+  out->producer()->SetAttribute(
+      Attribute::TensorValue("value", Tensor::FromVector<int64_t>(DType::kInt64, {}, {value})));
+  return out;
+}
+
+// Zeros of `like`'s dtype (a float type) and shape: Expand(0, Shape(like)).
+absl::StatusOr<Value*> ZerosLike(GradientBuilder& g, Value* like) {
+  CASTOR_ASSIGN_OR_RETURN(Value * zero, g.Scalar(0.0, like->dtype()));
+  CASTOR_ASSIGN_OR_RETURN(Value * shape, g.ShapeOf(like));
+  return g.Emit1("Expand", {zero, shape});
+}
+
+// `axis` in [0, rank), or an error naming the node's attribute.
+absl::StatusOr<int64_t> NormalizedAxis(int64_t axis, int rank) {
+  if (rank < 0) return absl::UnimplementedError("the input's rank is unknown");
+  const int64_t normalized = axis < 0 ? axis + rank : axis;
+  if (normalized < 0 || normalized >= rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("axis ", axis, " is out of range for rank ", rank));
+  }
+  return normalized;
+}
+
+// ReduceSum(value, axes, keepdims) written for the model's opset (axes an
+// attribute before 13, an input from 13); empty `axes` reduces every axis.
+absl::StatusOr<Value*> EmitReduceSum(GradientBuilder& g, Value* value,
+                                     const std::vector<int64_t>& axes, bool keepdims) {
+  std::vector<Attribute> attributes = {Attribute::Int("keepdims", keepdims ? 1 : 0)};
+  if (axes.empty()) return g.Emit1("ReduceSum", {value}, attributes);
+  if (g.opset() < 13) {
+    attributes.push_back(Attribute::Ints("axes", axes));
+    return g.Emit1("ReduceSum", {value}, attributes);
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * axes_value, g.Int64s(axes));
+  return g.Emit1("ReduceSum", {value, axes_value}, attributes);
+}
+
+// Y = Concat(X_0, ..., X_n; axis): dX_i = the i-th piece of Split(dY) on
+// axis, sized like X_i (static sizes; from opset 13 sizes read at run time).
+absl::Status ConcatGradient(GradientBuilder& g) {
+  const Node& node = g.node();
+  const int n = node.num_inputs();
+  if (n == 1) return IdentityGradient(g);
+  CASTOR_ASSIGN_OR_RETURN(const int64_t axis,
+                          NormalizedAxis(node.GetInt("axis", 0), g.output(0)->shape().rank()));
+  std::vector<int64_t> sizes;
+  for (int i = 0; i < n; ++i) {
+    const Shape& shape = g.input(i)->shape();
+    if (!shape.rank_known() || !shape[axis].is_static()) break;
+    sizes.push_back(shape[axis].value());
+  }
+  std::vector<Value*> pieces;
+  if (static_cast<int>(sizes.size()) == n && g.opset() < 13) {
+    CASTOR_ASSIGN_OR_RETURN(pieces, g.Emit("Split", {g.output_grad(0)}, n,
+                                           {Attribute::Int("axis", axis),
+                                            Attribute::Ints("split", sizes)}));
+  } else {
+    Value* split = nullptr;
+    if (static_cast<int>(sizes.size()) == n) {
+      CASTOR_ASSIGN_OR_RETURN(split, g.Int64s(sizes));
+    } else if (g.opset() >= 13) {
+      // Gather(Shape(X_i), [axis]) for each input, concatenated.
+      CASTOR_ASSIGN_OR_RETURN(Value * at_axis, g.Int64s({axis}));
+      std::vector<Value*> dims;
+      for (int i = 0; i < n; ++i) {
+        CASTOR_ASSIGN_OR_RETURN(Value * shape, g.ShapeOf(g.input(i)));
+        CASTOR_ASSIGN_OR_RETURN(Value * dim, g.Emit1("Gather", {shape, at_axis}));
+        dims.push_back(dim);
+      }
+      CASTOR_ASSIGN_OR_RETURN(split, g.Emit1("Concat", dims, {Attribute::Int("axis", 0)}));
+    } else {
+      return absl::UnimplementedError(absl::StrCat(
+          "Concat inputs of unknown size along axis ", axis,
+          " before opset 13 (Split's sizes are an attribute there)"));
+    }
+    CASTOR_ASSIGN_OR_RETURN(pieces, g.Emit("Split", {g.output_grad(0), split}, n,
+                                           {Attribute::Int("axis", axis)}));
+  }
+  for (int i = 0; i < n; ++i) g.SetInputGrad(i, pieces[i]);
+  return absl::OkStatus();
+}
+
+// Y_0..Y_n = Split(X; axis): dX = Concat(dY_0, ..., dY_n; axis), zeros
+// standing in for outputs no gradient reaches.
+absl::Status SplitGradient(GradientBuilder& g) {
+  const Node& node = g.node();
+  CASTOR_ASSIGN_OR_RETURN(const int64_t axis,
+                          NormalizedAxis(node.GetInt("axis", 0), g.input(0)->shape().rank()));
+  std::vector<Value*> pieces;
+  for (int i = 0; i < node.num_outputs(); ++i) {
+    Value* grad = g.output_grad(i);
+    if (grad == nullptr) {
+      CASTOR_ASSIGN_OR_RETURN(grad, ZerosLike(g, g.output(i)));
+    }
+    pieces.push_back(grad);
+  }
+  if (pieces.size() == 1) {
+    g.SetInputGrad(0, pieces[0]);
+    return absl::OkStatus();
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Concat", pieces, {Attribute::Int("axis", axis)}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Element k of a Slice parameter (starts, ends, axes or steps): from the
+// attribute before opset 10, else from the input when it is a constant.
+struct SliceParam {
+  const Tensor* constant = nullptr;    // the input's fixed value, if any
+  std::vector<int64_t> values;         // the attribute's or constant's values
+  Value* value = nullptr;              // the input (opset 10+), if present
+  bool known() const { return value == nullptr || constant != nullptr; }
+};
+
+SliceParam ReadSliceParam(const GradientBuilder& g, const char* name, int input) {
+  SliceParam param;
+  if (g.opset() < 10) {
+    param.values = g.node().GetInts(name, {});
+    return param;
+  }
+  param.value = g.input(input);
+  param.constant = ConstantTensor(param.value);
+  if (param.constant != nullptr) param.values = param.constant->ToInt64Vector();
+  return param;
+}
+
+// The indices Slice takes along an axis of `dim` elements (ONNX's
+// clamping: negative bounds count from the end; steps may be negative).
+std::vector<int64_t> SliceIndices(int64_t start, int64_t end, int64_t step, int64_t dim) {
+  if (start < 0) start += dim;
+  if (end < 0) end += dim;
+  if (step > 0) {
+    start = std::clamp<int64_t>(start, 0, dim);
+    end = std::clamp<int64_t>(end, 0, dim);
+  } else {
+    start = std::clamp<int64_t>(start, 0, dim - 1);
+    end = std::clamp<int64_t>(end, -1, dim - 1);
+  }
+  std::vector<int64_t> indices;
+  for (int64_t i = start; step > 0 ? i < end : i > end; i += step) indices.push_back(i);
+  return indices;
+}
+
+// Y = Slice(X; starts, ends, axes, steps): a slice is one Gather per
+// sliced axis (with the indices the slice takes there), so dX is one
+// GatherGrad (a scatter-add into zeros) per axis, last axis first. The
+// indices are constants when the bounds and the axis length are known;
+// otherwise (opset 11+) they are Slice(Range(0, dim), start, end, step) at
+// run time, so the Slice kernel itself does the clamping. Any step works.
+absl::Status SliceGradient(GradientBuilder& g) {
+  Value* x = g.input(0);
+  const int rank = x->shape().rank();
+  if (!x->shape().rank_known()) return absl::UnimplementedError("the input's rank is unknown");
+  SliceParam starts = ReadSliceParam(g, "starts", 1);
+  SliceParam ends = ReadSliceParam(g, "ends", 2);
+  SliceParam axes = ReadSliceParam(g, "axes", 3);
+  SliceParam steps = ReadSliceParam(g, "steps", 4);
+  if (!axes.known()) {
+    return absl::UnimplementedError("its axes (input 3) are computed at run time, not constants");
+  }
+  int64_t count = static_cast<int64_t>(starts.values.size());
+  if (!starts.known()) {
+    const Shape& shape = starts.value->shape();
+    if (!shape.rank_known() || shape.rank() != 1 || !shape[0].is_static()) {
+      return absl::UnimplementedError("the number of sliced axes (starts' length) is unknown");
+    }
+    count = shape[0].value();
+  }
+  std::vector<int64_t> axis_list = axes.values;
+  if (axes.value == nullptr && axis_list.empty()) {
+    for (int64_t k = 0; k < count; ++k) axis_list.push_back(k);
+  }
+  struct Step {
+    int64_t axis;
+    Value* indices;
+  };
+  std::vector<Step> plan;
+  for (int64_t k = 0; k < static_cast<int64_t>(axis_list.size()); ++k) {
+    CASTOR_ASSIGN_OR_RETURN(const int64_t axis, NormalizedAxis(axis_list[k], rank));
+    const Dim& dim = x->shape()[axis];
+    if (starts.known() && ends.known() && steps.known() && dim.is_static()) {
+      const int64_t step = steps.values.empty() && steps.value == nullptr ? 1 : steps.values[k];
+      if (step == 0) return absl::InvalidArgumentError("a slice step is 0");
+      std::vector<int64_t> indices =
+          SliceIndices(starts.values[k], ends.values[k], step, dim.value());
+      bool whole = static_cast<int64_t>(indices.size()) == dim.value();
+      for (size_t i = 0; whole && i < indices.size(); ++i) whole = indices[i] == static_cast<int64_t>(i);
+      if (whole) continue;  // this axis is taken whole: nothing to scatter
+      CASTOR_ASSIGN_OR_RETURN(Value * constant, g.Int64s(indices));
+      plan.push_back({axis, constant});
+      continue;
+    }
+    if (g.opset() < 11) {
+      return absl::UnimplementedError(
+          "slice bounds only known at run time before opset 11 (no Range to index them)");
+    }
+    // One element of a 1-D parameter, as a 1-D tensor of one element.
+    auto element = [&](const SliceParam& param, int64_t fallback) -> absl::StatusOr<Value*> {
+      if (param.value == nullptr) return g.Int64s({fallback});
+      if (param.constant != nullptr) return g.Int64s({param.values[k]});
+      CASTOR_ASSIGN_OR_RETURN(Value * from, g.Int64s({k}));
+      CASTOR_ASSIGN_OR_RETURN(Value * to, g.Int64s({k + 1}));
+      return g.Emit1("Slice", {param.value, from, to});
+    };
+    CASTOR_ASSIGN_OR_RETURN(Value * start, element(starts, 0));
+    CASTOR_ASSIGN_OR_RETURN(Value * end, element(ends, 0));
+    CASTOR_ASSIGN_OR_RETURN(Value * step, element(steps, 1));
+    CASTOR_ASSIGN_OR_RETURN(Value * shape, g.ShapeOf(x));
+    CASTOR_ASSIGN_OR_RETURN(Value * at_axis, Int64Scalar(g, axis));
+    CASTOR_ASSIGN_OR_RETURN(Value * length, g.Emit1("Gather", {shape, at_axis}));
+    CASTOR_ASSIGN_OR_RETURN(Value * zero, Int64Scalar(g, 0));
+    CASTOR_ASSIGN_OR_RETURN(Value * one, Int64Scalar(g, 1));
+    CASTOR_ASSIGN_OR_RETURN(Value * iota, g.Emit1("Range", {zero, length, one}));
+    CASTOR_ASSIGN_OR_RETURN(Value * first_axis, g.Int64s({0}));
+    CASTOR_ASSIGN_OR_RETURN(Value * indices,
+                            g.Emit1("Slice", {iota, start, end, first_axis, step}));
+    plan.push_back({axis, indices});
+  }
+  if (plan.empty()) return IdentityGradient(g);
+  // The forward slice as a chain of Gathers: X = Z_0 -> Z_1 -> ... -> Y;
+  // GatherGrad reads each Z_k's shape.
+  std::vector<Value*> gathered = {x};
+  for (size_t k = 0; k + 1 < plan.size(); ++k) {
+    CASTOR_ASSIGN_OR_RETURN(Value * next,
+                            g.Emit1("Gather", {gathered.back(), plan[k].indices},
+                                    {Attribute::Int("axis", plan[k].axis)}));
+    gathered.push_back(next);
+  }
+  Value* grad = g.output_grad(0);
+  for (size_t k = plan.size(); k-- > 0;) {
+    CASTOR_ASSIGN_OR_RETURN(grad, g.Emit1("GatherGrad", {grad, plan[k].indices, gathered[k]},
+                                          {Attribute::Int("axis", plan[k].axis)}, kCastorDomain));
+  }
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = Expand(X, shape): dX = dY summed back to X's shape.
+absl::Status ExpandGradient(GradientBuilder& g) { return SetUnbroadcast(g, 0, g.output_grad(0)); }
+
+// Y = Tile(X, repeats), X of shape [d_0, ..., d_n-1]: dY viewed as
+// [r_0, d_0, r_1, d_1, ...] summed over the r axes.
+absl::Status TileGradient(GradientBuilder& g) {
+  Value* x = g.input(0);
+  const Shape& shape = x->shape();
+  if (!shape.rank_known()) return absl::UnimplementedError("the input's rank is unknown");
+  const int rank = shape.rank();
+  if (rank == 0) return IdentityGradient(g);
+  const Tensor* repeats = ConstantTensor(g.input(1));
+  std::optional<std::vector<int64_t>> dims = shape.StaticDims();
+  Value* interleaved = nullptr;
+  if (repeats != nullptr && dims.has_value()) {
+    const std::vector<int64_t> r = repeats->ToInt64Vector();
+    std::vector<int64_t> view;
+    for (int a = 0; a < rank; ++a) {
+      view.push_back(r[a]);
+      view.push_back((*dims)[a]);
+    }
+    CASTOR_ASSIGN_OR_RETURN(interleaved, g.Int64s(view));
+  } else {
+    // Concat([repeats as a column, Shape(X) as a column], axis 1), flattened.
+    CASTOR_ASSIGN_OR_RETURN(Value * column, g.Int64s({-1, 1}));
+    CASTOR_ASSIGN_OR_RETURN(Value * r, g.Emit1("Reshape", {g.input(1), column}));
+    CASTOR_ASSIGN_OR_RETURN(Value * x_shape, g.ShapeOf(x));
+    CASTOR_ASSIGN_OR_RETURN(Value * d, g.Emit1("Reshape", {x_shape, column}));
+    CASTOR_ASSIGN_OR_RETURN(Value * pairs, g.Emit1("Concat", {r, d}, {Attribute::Int("axis", 1)}));
+    CASTOR_ASSIGN_OR_RETURN(Value * flat, g.Int64s({-1}));
+    CASTOR_ASSIGN_OR_RETURN(interleaved, g.Emit1("Reshape", {pairs, flat}));
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * viewed, g.Emit1("Reshape", {g.output_grad(0), interleaved}));
+  std::vector<int64_t> repeat_axes;
+  for (int a = 0; a < rank; ++a) repeat_axes.push_back(2 * a);
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, EmitReduceSum(g, viewed, repeat_axes, false));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = Pad(X, pads) in constant mode: dX = Pad(dY, -pads), which crops what
+// was padded (and zero-pads what negative pads cropped).
+absl::Status PadGradient(GradientBuilder& g) {
+  const Node& node = g.node();
+  const std::string mode = node.GetString("mode", "constant");
+  if (mode != "constant") {
+    return absl::UnimplementedError(absl::StrCat(
+        "Pad in mode '", mode, "' (only constant mode has a gradient rule; ", mode,
+        " mode would need a gradient kernel that folds the mirrored/copied border back)"));
+  }
+  if (g.wants_input_grad(2)) {
+    return absl::UnimplementedError("a gradient for Pad's constant_value (input 2)");
+  }
+  const auto constant_mode = Attribute::String("mode", "constant");
+  if (g.opset() < 11) {
+    std::vector<int64_t> pads = node.GetInts("pads", {});
+    for (int64_t& p : pads) p = -p;
+    CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Pad", {g.output_grad(0)},
+                                                  {constant_mode, Attribute::Ints("pads", pads)}));
+    g.SetInputGrad(0, grad);
+    return absl::OkStatus();
+  }
+  Value* negated = nullptr;
+  if (const Tensor* pads = ConstantTensor(g.input(1))) {
+    std::vector<int64_t> values = pads->ToInt64Vector();
+    for (int64_t& p : values) p = -p;
+    CASTOR_ASSIGN_OR_RETURN(negated, g.Int64s(values));
+  } else {
+    CASTOR_ASSIGN_OR_RETURN(Value * zero, g.Int64s({0}));
+    CASTOR_ASSIGN_OR_RETURN(negated, g.Emit1("Sub", {zero, g.input(1)}));  // pads are int64
+  }
+  std::vector<Value*> inputs = {g.output_grad(0), negated};
+  if (g.input(3) != nullptr) inputs = {g.output_grad(0), negated, nullptr, g.input(3)};  // axes
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Pad", inputs, {constant_mode}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
 // ---- reductions ------------------------------------------------------------------------
 
 // ReduceSum / ReduceMean: dY (with the reduced axes restored) expanded to X,
@@ -540,6 +874,12 @@ constexpr RuleEntry kRules[] = {
     {"Squeeze", ReshapeLikeInputGradient},
     {"Unsqueeze", ReshapeLikeInputGradient},
     {"Transpose", TransposeGradient},
+    {"Concat", ConcatGradient},
+    {"Split", SplitGradient},
+    {"Slice", SliceGradient},
+    {"Expand", ExpandGradient},
+    {"Tile", TileGradient},
+    {"Pad", PadGradient},
     {"ReduceSum", ReduceSumGradient},
     {"ReduceMean", ReduceMeanGradient},
     {"Conv", ConvGradient},
