@@ -64,6 +64,13 @@ class GradCheck {
     parameters_.push_back(name);
     return input;
   }
+  // A parameter with the given float32 values (to keep clear of kinks).
+  Value* Parameter(const std::string& name, Tensor value) {
+    Value* input = ValueOrDie(graph().AddInput(name, DType::kFloat32, value.shape()));
+    feeds_.emplace_back(name, std::move(value));
+    parameters_.push_back(name);
+    return input;
+  }
   Value* Constant(const std::string& name, Tensor value) {
     return ValueOrDie(graph().AddInitializer(name, std::move(value)));
   }
@@ -526,6 +533,184 @@ TEST(GradientRuleTest, PadConstantModeWithNegativePadsAxesAndAttributes) {
         BuildGradients(check.model(), AutodiffRequest{loss->name(), {"x"}, ""});
     ASSERT_FALSE(result.ok());
     EXPECT_THAT(result.status().message(), HasSubstr("node 'Pad_0' (Pad): Pad in mode 'reflect'"));
+  }
+}
+
+// ---- elementwise: Reciprocal, Abs, LeakyRelu, Gelu, Clip, Where, Max/Min, Dropout ----
+
+Tensor Floats(std::vector<int64_t> dims, const std::vector<float>& values) {
+  return Tensor::FromVector<float>(DType::kFloat32, std::move(dims), values);
+}
+
+Tensor Bools(std::vector<int64_t> dims, const std::vector<uint8_t>& values) {
+  return Tensor::FromVector<uint8_t>(DType::kBool, std::move(dims), values);
+}
+
+TEST(GradientRuleTest, ReciprocalAbsLeakyRelu) {
+  {
+    GradCheck check;
+    Value* x = check.Parameter("x", {2, 5}, 0.5f, 2.0f);
+    Value* negative = check.Op("Neg", {x});
+    check.Check(check.Op("Add", {check.Op("Reciprocal", {x}), check.Op("Reciprocal", {negative})}));
+  }
+  {
+    GradCheck check;
+    Value* x = check.Parameter("x", {3, 4});  // no value within 0.05 of the kink
+    check.Check(check.Op("Abs", {x}));
+  }
+  {
+    GradCheck check;
+    Value* x = check.Parameter("x", {3, 4});
+    check.Check(check.Op("LeakyRelu", {x}, {Attribute::Float("alpha", 0.2f)}));
+    GradCheck default_alpha;
+    Value* y = default_alpha.Parameter("x", {3, 4});
+    default_alpha.Check(default_alpha.Op("LeakyRelu", {y}));
+  }
+}
+
+TEST(GradientRuleTest, AbsLeakyReluAndClipAtTheirKinksFollowPyTorch) {
+  // d|x|/dx at 0 is 0; LeakyRelu's slope at 0 is alpha; Clip passes no
+  // gradient at a bound (hardtanh/relu6). With L = sum(Y) the gradient is
+  // the slope itself.
+  for (const char* op : {"Abs", "LeakyRelu", "Clip"}) {
+    SCOPED_TRACE(op);
+    GradCheck check(13);
+    Value* x = check.Parameter("x", Floats({3}, {0.0f, 0.5f, -0.5f}));
+    Value* y = nullptr;
+    if (op == std::string("LeakyRelu")) {
+      y = check.Op(op, {x}, {Attribute::Float("alpha", 0.25f)});
+    } else if (op == std::string("Clip")) {
+      y = check.Op(op, {x, check.Constant("min", Tensor::Scalar(-0.5f)),
+                        check.Constant("max", Tensor::Scalar(1.0f))});
+    } else {
+      y = check.Op(op, {x});
+    }
+    Value* loss = check.Op("ReduceSum", {y}, {Attribute::Int("keepdims", 0)});
+    check.graph().AddOutput(loss);
+    ASSERT_TRUE(InferTypes(check.model()).ok());
+    AutodiffResult result =
+        ValueOrDie(BuildGradients(check.model(), AutodiffRequest{loss->name(), {"x"}, ""}));
+    check.graph().AddOutput(check.graph().FindValue(result.gradients[0].second));
+    auto executor = ValueOrDie(Executor::Create(check.model(), Cpu()));
+    const Tensor grad = ValueOrDie(executor->Run({{"x", Floats({3}, {0.0f, 0.5f, -0.5f})}}))[1];
+    const std::string name = op;
+    const float at_zero = name == "Abs" ? 0.0f : name == "Clip" ? 1.0f : 0.25f;
+    const float below = name == "Abs" ? -1.0f : name == "Clip" ? 0.0f : 0.25f;
+    EXPECT_EQ(grad.data<float>()[0], at_zero);
+    EXPECT_EQ(grad.data<float>()[1], 1.0f);
+    EXPECT_EQ(grad.data<float>()[2], below);
+  }
+}
+
+TEST(GradientRuleTest, GeluExactAndTanh) {
+  for (const char* approximate : {"none", "tanh"}) {
+    SCOPED_TRACE(approximate);
+    GradCheck check(20);
+    Value* x = check.Parameter("x", {3, 5}, -3.0f, 3.0f);
+    check.Check(check.Op("Gelu", {x}, {Attribute::String("approximate", approximate)}));
+  }
+}
+
+TEST(GradientRuleTest, ClipAttributesInputsAndTrainableBounds) {
+  const Tensor x_values = Floats({2, 4}, {-0.9f, -0.3f, 0.2f, 0.7f, 0.45f, -0.6f, 0.1f, 0.95f});
+  {  // opset 10: bounds as attributes (ReLU6-style)
+    GradCheck check(10);
+    Value* x = check.Parameter("x", x_values);
+    check.Check(check.Op("Clip", {x}, {Attribute::Float("min", -0.5f), Attribute::Float("max", 0.5f)}));
+  }
+  {  // opset 13: bounds as constant inputs, only max given
+    GradCheck check(13);
+    Value* x = check.Parameter("x", x_values);
+    Value* max = check.Constant("max", Tensor::Scalar(0.5f));
+    check.Check(check.Op("Clip", {x, nullptr, max}));
+  }
+  {  // opset 13: trainable bounds
+    GradCheck check(13);
+    Value* x = check.Parameter("x", x_values);
+    Value* min = check.Parameter("min", Floats({}, {-0.5f}));
+    Value* max = check.Parameter("max", Floats({}, {0.5f}));
+    check.Check(check.Op("Clip", {x, min, max}));
+  }
+}
+
+TEST(GradientRuleTest, WhereBroadcasting) {
+  GradCheck check;
+  Value* a = check.Parameter("a", {3, 1});
+  Value* b = check.Parameter("b", {2, 3, 4});
+  Value* condition = check.Constant("c", Bools({2, 1, 4}, {1, 0, 0, 1, 0, 1, 1, 0}));
+  check.Check(check.Op("Where", {condition, a, b}));
+}
+
+TEST(GradientRuleTest, MaxMinVariadicBroadcastingAndTies) {
+  for (const char* op : {"Max", "Min"}) {
+    SCOPED_TRACE(op);
+    {
+      GradCheck check;
+      Value* a = check.Parameter("a", {2, 3});
+      Value* b = check.Parameter("b", {3});
+      Value* c = check.Parameter("c", {2, 1});
+      check.Check(check.Op(op, {a, b, c}));
+    }
+    {  // a tie with itself: each side takes half, so the total is dY
+      GradCheck check;
+      Value* x = check.Parameter("x", {2, 3});
+      check.Check(check.Op(op, {x, x}));
+    }
+    {
+      GradCheck check;
+      Value* x = check.Parameter("x", {2, 3});
+      check.Check(check.Op(op, {x}));
+    }
+  }
+}
+
+TEST(GradientRuleTest, DropoutTrainingMaskRatioAndInference) {
+  // The kernels draw the same mask on every run (seeded by the node), so
+  // the finite differences see one fixed mask.
+  for (bool run_time : {false, true}) {
+    SCOPED_TRACE(run_time ? "ratio and training_mode known at run time" : "constants");
+    GradCheck check(13);
+    Value* x = check.Parameter("x", {4, 5});
+    Value* ratio = check.Constant("ratio", Tensor::Scalar(0.3f));
+    Value* training = check.Constant("training", Bools({}, {1}));
+    if (run_time) {
+      ratio = check.Op("Identity", {ratio});
+      training = check.Op("Identity", {training});
+    }
+    Value* y = check.Op("Dropout", {x, ratio, training}, {Attribute::Int("seed", 7)}, 2);
+    check.Check(y);
+  }
+  {  // training_mode false: identity (the mask is unused)
+    GradCheck check(13);
+    Value* x = check.Parameter("x", {2, 3});
+    Value* ratio = check.Constant("ratio", Tensor::Scalar(0.5f));
+    Value* training = check.Constant("training", Bools({}, {0}));
+    check.Check(check.Op("Dropout", {x, ratio, training}, {}, 2));
+  }
+  {  // ratio 0 in training: identity
+    GradCheck check(13);
+    Value* x = check.Parameter("x", {2, 3});
+    Value* ratio = check.Constant("ratio", Tensor::Scalar(0.0f));
+    Value* training = check.Constant("training", Bools({}, {1}));
+    check.Check(check.Op("Dropout", {x, ratio, training}));
+  }
+  {  // before opset 12 the kernels never drop
+    GradCheck check(10);
+    Value* x = check.Parameter("x", {2, 3});
+    check.Check(check.Op("Dropout", {x}, {Attribute::Float("ratio", 0.5f)}, 2));
+  }
+  {  // training without a mask output: a clear error
+    GradCheck check(13);
+    Value* x = check.Parameter("x", {2, 3});
+    Value* ratio = check.Constant("ratio", Tensor::Scalar(0.5f));
+    Value* training = check.Constant("training", Bools({}, {1}));
+    Value* y = check.Op("Dropout", {x, ratio, training});
+    Value* loss = check.Op("ReduceSum", {y}, {Attribute::Int("keepdims", 0)});
+    ASSERT_TRUE(InferTypes(check.model()).ok());
+    absl::StatusOr<AutodiffResult> result =
+        BuildGradients(check.model(), AutodiffRequest{loss->name(), {"x"}, ""});
+    ASSERT_FALSE(result.ok());
+    EXPECT_THAT(result.status().message(), HasSubstr("without its mask output"));
   }
 }
 

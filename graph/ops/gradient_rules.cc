@@ -42,6 +42,14 @@ absl::Status SetUnbroadcast(GradientBuilder& g, int i, Value* grad) {
   return absl::OkStatus();
 }
 
+// `fill` (0 unless given) in `like`'s dtype (a float type) and shape:
+// Expand(fill, Shape(like)).
+absl::StatusOr<Value*> ZerosLike(GradientBuilder& g, Value* like, double fill = 0.0) {
+  CASTOR_ASSIGN_OR_RETURN(Value * value, g.Scalar(fill, like->dtype()));
+  CASTOR_ASSIGN_OR_RETURN(Value * shape, g.ShapeOf(like));
+  return g.Emit1("Expand", {value, shape});
+}
+
 // ---- elementwise -------------------------------------------------------------
 
 absl::Status AddGradient(GradientBuilder& g) {
@@ -190,6 +198,205 @@ absl::Status PowGradient(GradientBuilder& g) {
     CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, 1, grad));
   }
   return absl::OkStatus();
+}
+
+// Y = 1 / X: dX = -dY * Y^2.
+absl::Status ReciprocalGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * square, g.Emit1("Mul", {g.output(0), g.output(0)}));
+  CASTOR_ASSIGN_OR_RETURN(Value * scaled, g.Emit1("Mul", {g.output_grad(0), square}));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Neg", {scaled}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// The elementwise rules below test signs with ReluGrad(dY, V) = dY where
+// V > 0, else 0: there are no Greater, Less or Sign kernels, and Equal on
+// floats exists only from opset 11 while these ops are older.
+
+// Y = |X|: dX = dY * sign(X), 0 at X = 0 (as PyTorch):
+// ReluGrad(dY, X) - ReluGrad(dY, -X).
+absl::Status AbsGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * negated, g.Emit1("Neg", {g.input(0)}));
+  CASTOR_ASSIGN_OR_RETURN(Value * positive, g.Emit1("ReluGrad", {g.output_grad(0), g.input(0)}, {},
+                                                    kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * negative, g.Emit1("ReluGrad", {g.output_grad(0), negated}, {},
+                                                    kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Sub", {positive, negative}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = LeakyRelu(X): dX = dY where X > 0, alpha * dY where X <= 0 (PyTorch's
+// side at 0): P + alpha * (dY - P) with P = ReluGrad(dY, X), exact on both
+// sides.
+absl::Status LeakyReluGradient(GradientBuilder& g) {
+  const DType dtype = g.input(0)->dtype();
+  CASTOR_ASSIGN_OR_RETURN(Value * alpha, g.Scalar(g.node().GetFloat("alpha", 0.01f), dtype));
+  CASTOR_ASSIGN_OR_RETURN(Value * positive, g.Emit1("ReluGrad", {g.output_grad(0), g.input(0)}, {},
+                                                    kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * rest, g.Emit1("Sub", {g.output_grad(0), positive}));
+  CASTOR_ASSIGN_OR_RETURN(Value * scaled, g.Emit1("Mul", {rest, alpha}));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Add", {positive, scaled}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = Clip(X, min, max) (bounds as attributes before opset 11, optional
+// inputs from 11): dX = dY where min < X < max, else 0 (a bound-equal X
+// gets 0, as PyTorch's hardtanh/relu6, which export as Clip; torch.clamp
+// would pass it): ReluGrad(ReluGrad(dY, X - min), max - X). A trainable
+// bound gets dY where X is beyond it, summed to its shape.
+absl::Status ClipGradient(GradientBuilder& g) {
+  const Node& node = g.node();
+  Value* x = g.input(0);
+  const DType dtype = x->dtype();
+  Value* dy = g.output_grad(0);
+  Value* min = nullptr;
+  Value* max = nullptr;
+  if (g.opset() < 11) {
+    if (node.attribute("min") != nullptr) {
+      CASTOR_ASSIGN_OR_RETURN(min, g.Scalar(node.GetFloat("min", 0.0f), dtype));
+    }
+    if (node.attribute("max") != nullptr) {
+      CASTOR_ASSIGN_OR_RETURN(max, g.Scalar(node.GetFloat("max", 0.0f), dtype));
+    }
+  } else {
+    min = g.input(1);
+    max = g.input(2);
+  }
+  Value* above_min = nullptr;  // X - min
+  Value* below_max = nullptr;  // max - X
+  if (min != nullptr) {
+    CASTOR_ASSIGN_OR_RETURN(above_min, g.Emit1("Sub", {x, min}));
+  }
+  if (max != nullptr) {
+    CASTOR_ASSIGN_OR_RETURN(below_max, g.Emit1("Sub", {max, x}));
+  }
+  if (g.wants_input_grad(0)) {
+    Value* grad = dy;
+    for (Value* margin : {above_min, below_max}) {
+      if (margin == nullptr) continue;
+      CASTOR_ASSIGN_OR_RETURN(grad, g.Emit1("ReluGrad", {grad, margin}, {}, kCastorDomain));
+    }
+    g.SetInputGrad(0, grad);
+  }
+  for (int bound : {1, 2}) {
+    if (!g.wants_input_grad(bound)) continue;
+    // X beyond the bound: min - X > 0, or X - max > 0.
+    CASTOR_ASSIGN_OR_RETURN(Value * beyond, g.Emit1("Neg", {bound == 1 ? above_min : below_max}));
+    CASTOR_ASSIGN_OR_RETURN(Value * clipped, g.Emit1("ReluGrad", {dy, beyond}, {}, kCastorDomain));
+    CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("ReduceToShapeOf", {clipped, g.input(bound)}, {},
+                                                  kCastorDomain));
+    g.SetInputGrad(bound, grad);
+  }
+  return absl::OkStatus();
+}
+
+// Y = Where(C, A, B): dA = dY where C, dB = dY where not C, each summed to
+// its input's shape.
+absl::Status WhereGradient(GradientBuilder& g) {
+  const DType dtype = g.output(0)->dtype();
+  CASTOR_ASSIGN_OR_RETURN(Value * zero, g.Scalar(0.0, dtype));
+  if (g.wants_input_grad(1)) {
+    CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Where", {g.input(0), g.output_grad(0), zero}));
+    CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, 1, grad));
+  }
+  if (g.wants_input_grad(2)) {
+    CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Where", {g.input(0), zero, g.output_grad(0)}));
+    CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, 2, grad));
+  }
+  return absl::OkStatus();
+}
+
+// 1 where `value` equals `extreme` (its max or min over some inputs or
+// axes, broadcast to `ones`' shape), else 0: 1 - ReluGrad(ones, gap) with
+// gap = extreme - value (max) or value - extreme (min), never negative.
+absl::StatusOr<Value*> ExtremeMask(GradientBuilder& g, Value* value, Value* extreme, Value* ones,
+                                   bool max) {
+  CASTOR_ASSIGN_OR_RETURN(Value * gap, max ? g.Emit1("Sub", {extreme, value})
+                                           : g.Emit1("Sub", {value, extreme}));
+  CASTOR_ASSIGN_OR_RETURN(Value * not_extreme, g.Emit1("ReluGrad", {ones, gap}, {}, kCastorDomain));
+  return g.Emit1("Sub", {ones, not_extreme});
+}
+
+// Y = Max(X_0, ..., X_n) or Min (broadcasting): each input equal to Y takes
+// an equal share of dY: dX_i = dY * [X_i == Y] / #{j : X_j == Y}, summed to
+// X_i's shape. For two inputs that is PyTorch's torch.maximum/minimum
+// convention (a tie splits the gradient half and half).
+absl::Status MaxMinGradient(GradientBuilder& g) {
+  const int n = g.node().num_inputs();
+  if (n == 1) return IdentityGradient(g);
+  const bool max = g.node().op_type() == "Max";
+  CASTOR_ASSIGN_OR_RETURN(Value * ones, ZerosLike(g, g.output(0), 1.0));
+  std::vector<Value*> masks;
+  for (int i = 0; i < n; ++i) {
+    CASTOR_ASSIGN_OR_RETURN(Value * mask, ExtremeMask(g, g.input(i), g.output(0), ones, max));
+    masks.push_back(mask);
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * ties, g.Emit1("Sum", masks));
+  CASTOR_ASSIGN_OR_RETURN(Value * share, g.Emit1("Div", {g.output_grad(0), ties}));
+  for (int i = 0; i < n; ++i) {
+    if (!g.wants_input_grad(i)) continue;
+    CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Mul", {share, masks[i]}));
+    CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, i, grad));
+  }
+  return absl::OkStatus();
+}
+
+// Y = Gelu(X) (opset 20). approximate="none": Y = X * Phi(X), dX = dY *
+// (Phi(X) + X * phi(X)), Phi(x) = (1 + erf(x / sqrt 2)) / 2, phi(x) =
+// exp(-x^2 / 2) / sqrt(2 pi). approximate="tanh": Y = X (1 + tanh(u)) / 2,
+// u = c (X + k X^3), dX = dY * ((1 + t) / 2 + X (1 - t^2) c (1 + 3 k X^2) / 2),
+// t = tanh(u), c = sqrt(2 / pi), k = 0.044715.
+absl::Status GeluGradient(GradientBuilder& g) {
+  Value* x = g.input(0);
+  const DType dtype = x->dtype();
+  const std::string approximate = g.node().GetString("approximate", "none");
+  auto scalar = [&](double v) { return g.Scalar(v, dtype); };
+  CASTOR_ASSIGN_OR_RETURN(Value * half, scalar(0.5));
+  CASTOR_ASSIGN_OR_RETURN(Value * one, scalar(1.0));
+  CASTOR_ASSIGN_OR_RETURN(Value * square, g.Emit1("Mul", {x, x}));
+  Value* derivative = nullptr;
+  if (approximate == "none") {
+    CASTOR_ASSIGN_OR_RETURN(Value * inv_sqrt2, scalar(1.0 / std::sqrt(2.0)));
+    CASTOR_ASSIGN_OR_RETURN(Value * scaled, g.Emit1("Mul", {x, inv_sqrt2}));
+    CASTOR_ASSIGN_OR_RETURN(Value * erf, g.Emit1("Erf", {scaled}));
+    CASTOR_ASSIGN_OR_RETURN(Value * one_plus, g.Emit1("Add", {erf, one}));
+    CASTOR_ASSIGN_OR_RETURN(Value * cdf, g.Emit1("Mul", {one_plus, half}));
+    CASTOR_ASSIGN_OR_RETURN(Value * minus_half, scalar(-0.5));
+    CASTOR_ASSIGN_OR_RETURN(Value * exponent, g.Emit1("Mul", {square, minus_half}));
+    CASTOR_ASSIGN_OR_RETURN(Value * gauss, g.Emit1("Exp", {exponent}));
+    CASTOR_ASSIGN_OR_RETURN(Value * inv_sqrt_2pi, scalar(1.0 / std::sqrt(2.0 * M_PI)));
+    CASTOR_ASSIGN_OR_RETURN(Value * pdf, g.Emit1("Mul", {gauss, inv_sqrt_2pi}));
+    CASTOR_ASSIGN_OR_RETURN(Value * x_pdf, g.Emit1("Mul", {x, pdf}));
+    CASTOR_ASSIGN_OR_RETURN(derivative, g.Emit1("Add", {cdf, x_pdf}));
+  } else if (approximate == "tanh") {
+    const double c = std::sqrt(2.0 / M_PI);
+    const double k = 0.044715;
+    CASTOR_ASSIGN_OR_RETURN(Value * k_value, scalar(k));
+    CASTOR_ASSIGN_OR_RETURN(Value * c_value, scalar(c));
+    CASTOR_ASSIGN_OR_RETURN(Value * k_square, g.Emit1("Mul", {square, k_value}));
+    CASTOR_ASSIGN_OR_RETURN(Value * inner, g.Emit1("Add", {k_square, one}));      // 1 + k X^2
+    CASTOR_ASSIGN_OR_RETURN(Value * x_inner, g.Emit1("Mul", {x, inner}));
+    CASTOR_ASSIGN_OR_RETURN(Value * u, g.Emit1("Mul", {x_inner, c_value}));
+    CASTOR_ASSIGN_OR_RETURN(Value * t, g.Emit1("Tanh", {u}));
+    CASTOR_ASSIGN_OR_RETURN(Value * one_plus_t, g.Emit1("Add", {t, one}));
+    CASTOR_ASSIGN_OR_RETURN(Value * left, g.Emit1("Mul", {one_plus_t, half}));
+    CASTOR_ASSIGN_OR_RETURN(Value * t_square, g.Emit1("Mul", {t, t}));
+    CASTOR_ASSIGN_OR_RETURN(Value * sech2, g.Emit1("Sub", {one, t_square}));
+    CASTOR_ASSIGN_OR_RETURN(Value * three_k, scalar(3.0 * k));
+    CASTOR_ASSIGN_OR_RETURN(Value * k3_square, g.Emit1("Mul", {square, three_k}));
+    CASTOR_ASSIGN_OR_RETURN(Value * du, g.Emit1("Add", {k3_square, one}));      // 1 + 3k X^2
+    CASTOR_ASSIGN_OR_RETURN(Value * half_c, scalar(0.5 * c));
+    CASTOR_ASSIGN_OR_RETURN(Value * du_scaled, g.Emit1("Mul", {du, half_c}));
+    CASTOR_ASSIGN_OR_RETURN(Value * x_sech2, g.Emit1("Mul", {x, sech2}));
+    CASTOR_ASSIGN_OR_RETURN(Value * right, g.Emit1("Mul", {x_sech2, du_scaled}));
+    CASTOR_ASSIGN_OR_RETURN(derivative, g.Emit1("Add", {left, right}));
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attribute 'approximate' is \"", approximate, "\"; expected none or tanh"));
+  }
+  return TimesDerivative(g, derivative);
 }
 
 // ---- matrix products -----------------------------------------------------------
@@ -350,13 +557,6 @@ absl::StatusOr<Value*> Int64Scalar(GradientBuilder& g, int64_t value) {
   out->producer()->SetAttribute(
       Attribute::TensorValue("value", Tensor::FromVector<int64_t>(DType::kInt64, {}, {value})));
   return out;
-}
-
-// Zeros of `like`'s dtype (a float type) and shape: Expand(0, Shape(like)).
-absl::StatusOr<Value*> ZerosLike(GradientBuilder& g, Value* like) {
-  CASTOR_ASSIGN_OR_RETURN(Value * zero, g.Scalar(0.0, like->dtype()));
-  CASTOR_ASSIGN_OR_RETURN(Value * shape, g.ShapeOf(like));
-  return g.Emit1("Expand", {zero, shape});
 }
 
 // `axis` in [0, rank), or an error naming the node's attribute.
@@ -662,6 +862,58 @@ absl::Status PadGradient(GradientBuilder& g) {
   return absl::OkStatus();
 }
 
+// Y[, mask] = Dropout(X[, ratio, training_mode]). The kernels drop only
+// from opset 12 with training_mode true (before 12, and with it false or
+// absent, Y = X and the mask is all true): then dX = dY * mask / (1 - ratio),
+// read from the node's mask output; otherwise dX = dY. A training_mode
+// known only at run time uses scale Where(training_mode, 1 / (1 - ratio), 1)
+// (the mask is all true in inference).
+absl::Status DropoutGradient(GradientBuilder& g) {
+  const Node& node = g.node();
+  Value* dy = g.output_grad(0);
+  if (g.opset() < 12 || g.input(2) == nullptr) return IdentityGradient(g);
+  const Tensor* training = ConstantTensor(g.input(2));
+  if (training != nullptr && training->num_elements() == 1 && training->GetInt64(0) == 0) {
+    return IdentityGradient(g);
+  }
+  const DType dtype = g.input(0)->dtype();
+  Value* ratio = g.input(1);
+  Value* scale = nullptr;
+  const Tensor* ratio_value = ratio == nullptr ? nullptr : ConstantTensor(ratio);
+  const bool ratio_known = ratio == nullptr || ratio_value != nullptr;
+  const double r = ratio == nullptr ? 0.5 : ratio_value != nullptr ? ratio_value->GetDouble(0) : 0;
+  if (ratio_known) {
+    if (r == 0.0) return IdentityGradient(g);  // keeps every element, unscaled
+    if (!(r > 0.0 && r < 1.0)) {
+      return absl::InvalidArgumentError(absl::StrCat("ratio ", r, " is outside [0, 1)"));
+    }
+  }
+  if (node.num_outputs() < 2 || node.output(1) == nullptr) {
+    return absl::UnimplementedError(
+        "Dropout in training mode without its mask output: the mask it drew is needed for the "
+        "gradient (give the node a second output)");
+  }
+  if (ratio_known) {
+    CASTOR_ASSIGN_OR_RETURN(scale, g.Scalar(1.0 / (1.0 - r), dtype));
+  } else {
+    CASTOR_ASSIGN_OR_RETURN(Value * one, g.Scalar(1.0, dtype));
+    if (ratio->dtype() != dtype) {
+      CASTOR_ASSIGN_OR_RETURN(ratio, g.Emit1("Cast", {ratio}, {Attribute::Int("to", DTypeToOnnx(dtype))}));
+    }
+    CASTOR_ASSIGN_OR_RETURN(Value * keep, g.Emit1("Sub", {one, ratio}));
+    CASTOR_ASSIGN_OR_RETURN(scale, g.Emit1("Div", {one, keep}));
+  }
+  if (training == nullptr) {
+    CASTOR_ASSIGN_OR_RETURN(Value * one, g.Scalar(1.0, dtype));
+    CASTOR_ASSIGN_OR_RETURN(scale, g.Emit1("Where", {g.input(2), scale, one}));
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * zero, g.Scalar(0.0, dtype));
+  CASTOR_ASSIGN_OR_RETURN(Value * scaled, g.Emit1("Mul", {dy, scale}));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Where", {node.output(1), scaled, zero}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
 // ---- reductions ------------------------------------------------------------------------
 
 // ReduceSum / ReduceMean: dY (with the reduced axes restored) expanded to X,
@@ -867,6 +1119,15 @@ constexpr RuleEntry kRules[] = {
     {"Sigmoid", SigmoidGradient},
     {"Erf", ErfGradient},
     {"Pow", PowGradient},
+    {"Reciprocal", ReciprocalGradient},
+    {"Abs", AbsGradient},
+    {"LeakyRelu", LeakyReluGradient},
+    {"Clip", ClipGradient},
+    {"Where", WhereGradient},
+    {"Max", MaxMinGradient},
+    {"Min", MaxMinGradient},
+    {"Gelu", GeluGradient},
+    {"Dropout", DropoutGradient},
     {"MatMul", MatMulGradient},
     {"Gemm", GemmGradient},
     {"Reshape", ReshapeLikeInputGradient},
