@@ -714,6 +714,96 @@ TEST(GradientRuleTest, DropoutTrainingMaskRatioAndInference) {
   }
 }
 
+// ---- reductions: ReduceMax/Min, ReduceL2, ReduceSumSquare, ReduceL1, ReduceLogSumExp ----
+
+// Runs d sum(Y) / d x for Y = body(x) at the given x (no finite differences:
+// for values on a kink, where the rule's convention decides).
+std::vector<float> GradientOfSum(int64_t opset, const Tensor& x_value,
+                                 const std::function<Value*(GradCheck&, Value*)>& body) {
+  GradCheck check(opset);
+  Value* x = check.Parameter("x", x_value);
+  Value* loss = check.Op("ReduceSum", {body(check, x)}, {Attribute::Int("keepdims", 0)});
+  check.graph().AddOutput(loss);
+  EXPECT_TRUE(InferTypes(check.model()).ok());
+  AutodiffResult result =
+      ValueOrDie(BuildGradients(check.model(), AutodiffRequest{loss->name(), {"x"}, ""}));
+  check.graph().AddOutput(check.graph().FindValue(result.gradients[0].second));
+  auto executor = ValueOrDie(Executor::Create(check.model(), Cpu()));
+  const Tensor grad = ValueOrDie(executor->Run({{"x", x_value}}))[1];
+  return std::vector<float>(grad.data<float>(), grad.data<float>() + grad.num_elements());
+}
+
+TEST(GradientRuleTest, ReduceMaxMinAxesAttributeAndInputKeepdims) {
+  for (const char* op : {"ReduceMax", "ReduceMin"}) {
+    for (int keepdims : {0, 1}) {
+      SCOPED_TRACE(absl::StrCat(op, " keepdims=", keepdims));
+      {  // opset 13: axes an attribute
+        GradCheck check(13);
+        Value* x = check.Parameter("x", {2, 3, 4});
+        check.Check(check.Op(op, {x}, {Attribute::Ints("axes", {-1, 0}),
+                                       Attribute::Int("keepdims", keepdims)}));
+      }
+      {  // opset 18: axes an input, constant or known at run time
+        for (bool run_time : {false, true}) {
+          GradCheck check(18);
+          Value* x = check.Parameter("x", {2, 3, 4});
+          Value* axes = check.Constant("axes", Tensor::Int64s({-2}));
+          if (run_time) axes = check.Op("Identity", {axes});
+          Value* y = check.Op(op, {x, axes}, {Attribute::Int("keepdims", keepdims)});
+          check.Check(run_time ? StaticShape(check, y, keepdims ? std::vector<int64_t>{2, 1, 4}
+                                                                : std::vector<int64_t>{2, 4})
+                               : y);
+        }
+      }
+      {  // every axis, opset 11
+        GradCheck check(11);
+        Value* x = check.Parameter("x", {3, 2});
+        check.Check(check.Op(op, {x}, {Attribute::Int("keepdims", keepdims)}));
+      }
+    }
+  }
+}
+
+TEST(GradientRuleTest, ReduceMaxSplitsTiesEvenly) {
+  const std::vector<float> grad = GradientOfSum(
+      13, Floats({2, 3}, {1.0f, 3.0f, 3.0f, 2.0f, 0.5f, 1.0f}), [](GradCheck& check, Value* x) {
+        return check.Op("ReduceMax", {x}, {Attribute::Ints("axes", {1}), Attribute::Int("keepdims", 0)});
+      });
+  EXPECT_THAT(grad, ::testing::ElementsAre(0.0f, 0.5f, 0.5f, 1.0f, 0.0f, 0.0f));
+  const std::vector<float> elementwise = GradientOfSum(
+      13, Floats({3}, {1.0f, 2.0f, -1.0f}), [](GradCheck& check, Value* x) {
+        Value* other = check.Constant("other", Floats({3}, {1.0f, 0.0f, 0.0f}));
+        return check.Op("Max", {x, other});
+      });
+  EXPECT_THAT(elementwise, ::testing::ElementsAre(0.5f, 1.0f, 0.0f));
+}
+
+TEST(GradientRuleTest, ReduceL2SumSquareL1LogSumExp) {
+  for (const char* op : {"ReduceL2", "ReduceSumSquare", "ReduceL1", "ReduceLogSumExp"}) {
+    for (int keepdims : {0, 1}) {
+      SCOPED_TRACE(absl::StrCat(op, " keepdims=", keepdims));
+      {
+        GradCheck check(13);
+        Value* x = check.Parameter("x", {2, 3, 4});
+        check.Check(check.Op(op, {x}, {Attribute::Ints("axes", {1}),
+                                       Attribute::Int("keepdims", keepdims)}));
+      }
+      {
+        GradCheck check(18);
+        Value* x = check.Parameter("x", {2, 3, 4});
+        Value* axes = check.Constant("axes", Tensor::Int64s({0, -1}));
+        check.Check(check.Op(op, {x, axes}, {Attribute::Int("keepdims", keepdims)}));
+      }
+    }
+  }
+  // A zero norm has a zero gradient (as PyTorch's norm), not 0/0.
+  const std::vector<float> grad = GradientOfSum(
+      13, Floats({2, 2}, {0.0f, 0.0f, 3.0f, -4.0f}), [](GradCheck& check, Value* x) {
+        return check.Op("ReduceL2", {x}, {Attribute::Ints("axes", {1})});
+      });
+  EXPECT_THAT(grad, ::testing::ElementsAre(0.0f, 0.0f, 0.6f, -0.8f));
+}
+
 TEST(AutodiffTest, ErrorsNameTheNodeTheParameterAndTheLoss) {
   {
     GradCheck check;

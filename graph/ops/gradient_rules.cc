@@ -42,10 +42,12 @@ absl::Status SetUnbroadcast(GradientBuilder& g, int i, Value* grad) {
   return absl::OkStatus();
 }
 
-// `fill` (0 unless given) in `like`'s dtype (a float type) and shape:
-// Expand(fill, Shape(like)).
-absl::StatusOr<Value*> ZerosLike(GradientBuilder& g, Value* like, double fill = 0.0) {
-  CASTOR_ASSIGN_OR_RETURN(Value * value, g.Scalar(fill, like->dtype()));
+// `fill` (0 unless given) in `like`'s shape and dtype (a float type; pass
+// it for a backward value, which has none yet): Expand(fill, Shape(like)).
+absl::StatusOr<Value*> ZerosLike(GradientBuilder& g, Value* like, double fill = 0.0,
+                                 DType dtype = DType::kUndefined) {
+  if (dtype == DType::kUndefined) dtype = like->dtype();
+  CASTOR_ASSIGN_OR_RETURN(Value * value, g.Scalar(fill, dtype));
   CASTOR_ASSIGN_OR_RETURN(Value * shape, g.ShapeOf(like));
   return g.Emit1("Expand", {value, shape});
 }
@@ -916,30 +918,69 @@ absl::Status DropoutGradient(GradientBuilder& g) {
 
 // ---- reductions ------------------------------------------------------------------------
 
+// Which axes a Reduce* node reduces: the axes attribute, else its axes
+// input (ReduceSum 13+, the others 18+; read as constants when they are),
+// else all of them, unless noop_with_empty_axes makes it the identity.
+struct ReducedAxes {
+  std::vector<int64_t> axes;  // empty with value == nullptr: every axis
+  Value* value = nullptr;     // an axes input known only at run time
+  bool noop = false;
+  bool all() const { return axes.empty() && value == nullptr; }
+};
+
+ReducedAxes ReadReducedAxes(const GradientBuilder& g) {
+  const Node& node = g.node();
+  ReducedAxes spec;
+  spec.axes = node.GetInts("axes", {});
+  if (spec.axes.empty() && node.input(1) != nullptr) {
+    if (const Tensor* constant = ConstantTensor(node.input(1))) {
+      spec.axes = constant->ToInt64Vector();
+    } else {
+      spec.value = node.input(1);
+    }
+  }
+  spec.noop = spec.all() && node.GetInt("noop_with_empty_axes", 0) != 0;
+  return spec;
+}
+
+// `value` (shaped like the node's output) with the reduced axes put back as
+// size 1 when keepdims is 0, so it broadcasts against X.
+absl::StatusOr<Value*> RestoreReducedAxes(GradientBuilder& g, const ReducedAxes& spec,
+                                          Value* value) {
+  if (g.node().GetInt("keepdims", 1) != 0) return value;
+  std::vector<int64_t> axes = spec.axes;
+  if (spec.all()) {
+    const int rank = g.input(0)->shape().rank();
+    if (!g.input(0)->shape().rank_known()) {
+      return absl::UnimplementedError("the input's rank is unknown");
+    }
+    for (int i = 0; i < rank; ++i) axes.push_back(i);
+  }
+  if (g.opset() < 13) {  // Unsqueeze's axes are an attribute before opset 13
+    return g.Emit1("Unsqueeze", {value}, {Attribute::Ints("axes", axes)});
+  }
+  Value* axes_value = spec.value;
+  if (axes_value == nullptr) {
+    CASTOR_ASSIGN_OR_RETURN(axes_value, g.Int64s(axes));
+  }
+  return g.Emit1("Unsqueeze", {value, axes_value});
+}
+
+// ReduceSum(value) over the node's reduced axes, keeping them.
+absl::StatusOr<Value*> ReduceSumKept(GradientBuilder& g, const ReducedAxes& spec, Value* value) {
+  if (spec.value != nullptr) {  // an axes input exists, so opset >= 13
+    return g.Emit1("ReduceSum", {value, spec.value}, {Attribute::Int("keepdims", 1)});
+  }
+  return EmitReduceSum(g, value, spec.axes, true);
+}
+
 // ReduceSum / ReduceMean: dY (with the reduced axes restored) expanded to X,
 // divided by the number of reduced elements for the mean.
 absl::Status ReduceGradient(GradientBuilder& g, bool mean) {
-  const Node& node = g.node();
   Value* x = g.input(0);
-  Value* dy = g.output_grad(0);
-  const bool keepdims = node.GetInt("keepdims", 1) != 0;
-  if (!keepdims) {
-    std::vector<int64_t> axes = node.GetInts("axes", {});
-    Value* axes_value = nullptr;
-    if (axes.empty() && node.input(1) != nullptr) {
-      axes_value = node.input(1);  // axes as an input (ReduceSum 13+, ReduceMean 18+)
-    } else if (axes.empty()) {
-      for (int i = 0; i < x->shape().rank(); ++i) axes.push_back(i);
-    }
-    if (g.opset() < 13) {  // Unsqueeze's axes are an attribute before opset 13
-      CASTOR_ASSIGN_OR_RETURN(dy, g.Emit1("Unsqueeze", {dy}, {Attribute::Ints("axes", axes)}));
-    } else {
-      if (axes_value == nullptr) {
-        CASTOR_ASSIGN_OR_RETURN(axes_value, g.Int64s(axes));
-      }
-      CASTOR_ASSIGN_OR_RETURN(dy, g.Emit1("Unsqueeze", {dy, axes_value}));
-    }
-  }
+  const ReducedAxes spec = ReadReducedAxes(g);
+  if (spec.noop) return IdentityGradient(g);
+  CASTOR_ASSIGN_OR_RETURN(Value * dy, RestoreReducedAxes(g, spec, g.output_grad(0)));
   CASTOR_ASSIGN_OR_RETURN(Value * shape, g.ShapeOf(x));
   CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Expand", {dy, shape}));
   if (mean) {
@@ -962,6 +1003,92 @@ absl::Status ReduceGradient(GradientBuilder& g, bool mean) {
 
 absl::Status ReduceSumGradient(GradientBuilder& g) { return ReduceGradient(g, false); }
 absl::Status ReduceMeanGradient(GradientBuilder& g) { return ReduceGradient(g, true); }
+
+// ReduceMax / ReduceMin: dY shared evenly by the elements equal to the
+// extreme (as torch.amax/amin; torch.max(dim) would give it all to one
+// index): dX = mask * dY / ReduceSum(mask), mask = [X == Y] (ExtremeMask).
+absl::Status ReduceExtremeGradient(GradientBuilder& g) {
+  const ReducedAxes spec = ReadReducedAxes(g);
+  if (spec.noop) return IdentityGradient(g);
+  const bool max = g.node().op_type() == "ReduceMax";
+  Value* x = g.input(0);
+  CASTOR_ASSIGN_OR_RETURN(Value * y, RestoreReducedAxes(g, spec, g.output(0)));
+  CASTOR_ASSIGN_OR_RETURN(Value * dy, RestoreReducedAxes(g, spec, g.output_grad(0)));
+  CASTOR_ASSIGN_OR_RETURN(Value * ones, ZerosLike(g, x, 1.0));
+  CASTOR_ASSIGN_OR_RETURN(Value * mask, ExtremeMask(g, x, y, ones, max));
+  CASTOR_ASSIGN_OR_RETURN(Value * ties, ReduceSumKept(g, spec, mask));
+  CASTOR_ASSIGN_OR_RETURN(Value * share, g.Emit1("Div", {dy, ties}));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Mul", {mask, share}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = ReduceL2(X) = sqrt(sum X^2): dX = X * dY / Y, 0 where Y = 0 (as
+// PyTorch's norm): X * ReluGrad(dY, Y) / (Y + [Y == 0]), Y never negative.
+absl::Status ReduceL2Gradient(GradientBuilder& g) {
+  const ReducedAxes spec = ReadReducedAxes(g);
+  Value* x = g.input(0);
+  Value* y = g.output(0);  // with noop_with_empty_axes, Y = |X| elementwise
+  Value* dy = g.output_grad(0);
+  if (!spec.noop) {
+    CASTOR_ASSIGN_OR_RETURN(y, RestoreReducedAxes(g, spec, y));
+    CASTOR_ASSIGN_OR_RETURN(dy, RestoreReducedAxes(g, spec, dy));
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * ones, ZerosLike(g, y, 1.0, x->dtype()));
+  CASTOR_ASSIGN_OR_RETURN(Value * positive, g.Emit1("ReluGrad", {ones, y}, {}, kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * is_zero, g.Emit1("Sub", {ones, positive}));
+  CASTOR_ASSIGN_OR_RETURN(Value * safe, g.Emit1("Add", {y, is_zero}));
+  CASTOR_ASSIGN_OR_RETURN(Value * kept, g.Emit1("ReluGrad", {dy, y}, {}, kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * ratio, g.Emit1("Div", {kept, safe}));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Mul", {x, ratio}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = ReduceSumSquare(X): dX = 2 X dY.
+absl::Status ReduceSumSquareGradient(GradientBuilder& g) {
+  const ReducedAxes spec = ReadReducedAxes(g);
+  Value* dy = g.output_grad(0);  // with noop_with_empty_axes, Y = X^2 elementwise
+  if (!spec.noop) {
+    CASTOR_ASSIGN_OR_RETURN(dy, RestoreReducedAxes(g, spec, dy));
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * two, g.Scalar(2.0, g.input(0)->dtype()));
+  CASTOR_ASSIGN_OR_RETURN(Value * twice, g.Emit1("Mul", {g.input(0), two}));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Mul", {twice, dy}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = ReduceL1(X) = sum |X|: dX = dY * sign(X) (0 at 0, as Abs).
+absl::Status ReduceL1Gradient(GradientBuilder& g) {
+  const ReducedAxes spec = ReadReducedAxes(g);
+  Value* x = g.input(0);
+  Value* dy = g.output_grad(0);
+  if (!spec.noop) {
+    CASTOR_ASSIGN_OR_RETURN(dy, RestoreReducedAxes(g, spec, dy));
+    CASTOR_ASSIGN_OR_RETURN(Value * shape, g.ShapeOf(x));
+    CASTOR_ASSIGN_OR_RETURN(dy, g.Emit1("Expand", {dy, shape}));
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * negated, g.Emit1("Neg", {x}));
+  CASTOR_ASSIGN_OR_RETURN(Value * positive, g.Emit1("ReluGrad", {dy, x}, {}, kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * negative, g.Emit1("ReluGrad", {dy, negated}, {}, kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Sub", {positive, negative}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = ReduceLogSumExp(X): dX = dY * exp(X - Y).
+absl::Status ReduceLogSumExpGradient(GradientBuilder& g) {
+  const ReducedAxes spec = ReadReducedAxes(g);
+  if (spec.noop) return IdentityGradient(g);
+  CASTOR_ASSIGN_OR_RETURN(Value * y, RestoreReducedAxes(g, spec, g.output(0)));
+  CASTOR_ASSIGN_OR_RETURN(Value * dy, RestoreReducedAxes(g, spec, g.output_grad(0)));
+  CASTOR_ASSIGN_OR_RETURN(Value * shifted, g.Emit1("Sub", {g.input(0), y}));
+  CASTOR_ASSIGN_OR_RETURN(Value * softmax, g.Emit1("Exp", {shifted}));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Mul", {softmax, dy}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
 
 // ---- ops with a castor gradient op ------------------------------------------------------
 
@@ -1143,6 +1270,12 @@ constexpr RuleEntry kRules[] = {
     {"Pad", PadGradient},
     {"ReduceSum", ReduceSumGradient},
     {"ReduceMean", ReduceMeanGradient},
+    {"ReduceMax", ReduceExtremeGradient},
+    {"ReduceMin", ReduceExtremeGradient},
+    {"ReduceL2", ReduceL2Gradient},
+    {"ReduceSumSquare", ReduceSumSquareGradient},
+    {"ReduceL1", ReduceL1Gradient},
+    {"ReduceLogSumExp", ReduceLogSumExpGradient},
     {"Conv", ConvGradient},
     {"MaxPool", MaxPoolGradient},
     {"AveragePool", AveragePoolGradient},
