@@ -804,6 +804,49 @@ TEST(GradientRuleTest, ReduceL2SumSquareL1LogSumExp) {
   EXPECT_THAT(grad, ::testing::ElementsAre(0.0f, 0.0f, 0.6f, -0.8f));
 }
 
+// 16-bit activations (as under mixed_float16 / mixed_bfloat16) keep 16-bit
+// gradients through the new rules; the float32 master gets a float32 one.
+TEST(GradientRuleTest, SixteenBitActivationsGetSixteenBitGradientsThroughNewRules) {
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    GradCheck check(20);
+    // Values clear of LeakyRelu's kink and of ReduceMax near-ties by more
+    // than the step.
+    Value* x = check.Parameter("x", Floats({2, 4}, {0.3f, -0.7f, 0.9f, -0.2f, 0.6f, -0.4f, 0.15f, 0.8f}));
+    Value* x16 = check.Op("Cast", {x}, {Attribute::Int("to", DTypeToOnnx(dtype))});
+    std::vector<Value*> watched;
+    auto watch = [&](Value* value) {
+      watched.push_back(value);
+      return value;
+    };
+    Value* sliced = watch(check.Op("Slice", {x16, check.Constant("starts", Tensor::Int64s({1})),
+                                             check.Constant("ends", Tensor::Int64s({4})),
+                                             check.Constant("axes", Tensor::Int64s({1}))}));
+    Value* joined = watch(check.Op("Concat", {sliced, x16}, {Attribute::Int("axis", 1)}));
+    Value* leaky = watch(check.Op("LeakyRelu", {joined}, {Attribute::Float("alpha", 0.1f)}));
+    Value* padded = watch(check.Op("Pad", {leaky, check.Constant("pads", Tensor::Int64s({0, 1, 0, 1}))}));
+    Value* peak = watch(check.Op("ReduceMax", {padded, check.Constant("max_axes", Tensor::Int64s({1}))}));
+    Value* sum = check.Op("Add", {padded, peak});
+    Value* gelu = watch(check.Op("Gelu", {sum}));
+    const double tolerance = dtype == DType::kFloat16 ? 2e-2 : 6e-2;
+    check.Check(check.Op("Cast", {gelu}, {Attribute::Int("to", 1)}), tolerance, tolerance,
+                /*step=*/5e-2);
+    int checked = 0;
+    for (const Node* node : check.model().graph->nodes()) {
+      for (Value* value : watched) {
+        const std::string prefix = value->producer()->name() + "/grad/";
+        if (node->name().rfind(prefix, 0) != 0) continue;
+        for (const Value* out : node->outputs()) {
+          if (!IsFloatingPoint(out->dtype())) continue;
+          EXPECT_EQ(out->dtype(), dtype) << node->name();
+          ++checked;
+        }
+      }
+    }
+    EXPECT_GT(checked, 10);
+  }
+}
+
 TEST(AutodiffTest, ErrorsNameTheNodeTheParameterAndTheLoss) {
   {
     GradCheck check;
