@@ -764,6 +764,12 @@ TEST(GradientRuleTest, ReduceMaxMinAxesAttributeAndInputKeepdims) {
   }
 }
 
+TEST(GradientRuleTest, GlobalMaxPool) {
+  GradCheck check;
+  Value* x = check.Parameter("x", {2, 3, 2, 3});
+  check.Check(check.Op("GlobalMaxPool", {x}));
+}
+
 TEST(GradientRuleTest, ReduceMaxSplitsTiesEvenly) {
   const std::vector<float> grad = GradientOfSum(
       13, Floats({2, 3}, {1.0f, 3.0f, 3.0f, 2.0f, 0.5f, 1.0f}), [](GradCheck& check, Value* x) {

@@ -1023,6 +1023,24 @@ absl::Status ReduceExtremeGradient(GradientBuilder& g) {
   return absl::OkStatus();
 }
 
+// Y = GlobalMaxPool(X), [N, C, D1, ...] -> [N, C, 1, ...]: ReduceMax over
+// the spatial axes with keepdims, so the same rule (ties share evenly).
+absl::Status GlobalMaxPoolGradient(GradientBuilder& g) {
+  Value* x = g.input(0);
+  if (!x->shape().rank_known() || x->shape().rank() < 3) {
+    return absl::UnimplementedError("the input's rank is unknown or below 3");
+  }
+  std::vector<int64_t> spatial;
+  for (int a = 2; a < x->shape().rank(); ++a) spatial.push_back(a);
+  CASTOR_ASSIGN_OR_RETURN(Value * ones, ZerosLike(g, x, 1.0));
+  CASTOR_ASSIGN_OR_RETURN(Value * mask, ExtremeMask(g, x, g.output(0), ones, /*max=*/true));
+  CASTOR_ASSIGN_OR_RETURN(Value * ties, EmitReduceSum(g, mask, spatial, true));
+  CASTOR_ASSIGN_OR_RETURN(Value * share, g.Emit1("Div", {g.output_grad(0), ties}));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Mul", {mask, share}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
 // Y = ReduceL2(X) = sqrt(sum X^2): dX = X * dY / Y, 0 where Y = 0 (as
 // PyTorch's norm): X * ReluGrad(dY, Y) / (Y + [Y == 0]), Y never negative.
 absl::Status ReduceL2Gradient(GradientBuilder& g) {
@@ -1280,6 +1298,7 @@ constexpr RuleEntry kRules[] = {
     {"MaxPool", MaxPoolGradient},
     {"AveragePool", AveragePoolGradient},
     {"GlobalAveragePool", GlobalAveragePoolGradient},
+    {"GlobalMaxPool", GlobalMaxPoolGradient},
     {"BatchNormalization", BatchNormalizationGradient},
     {"LayerNormalization", LayerNormalizationGradient},
     {"Softmax", SoftmaxGradient},
