@@ -11,6 +11,7 @@
 // non-scalar loss) name what is wrong.
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <utility>
@@ -59,6 +60,13 @@ class GradCheck {
                    float hi = 1.0f) {
     Tensor value = RandomTensor(dims, rng_, lo, hi);
     Value* input = ValueOrDie(graph().AddInput(name, DType::kFloat32, Shape::FromDims(dims)));
+    feeds_.emplace_back(name, std::move(value));
+    parameters_.push_back(name);
+    return input;
+  }
+  // A parameter with the given float32 values (to keep clear of kinks).
+  Value* Parameter(const std::string& name, Tensor value) {
+    Value* input = ValueOrDie(graph().AddInput(name, DType::kFloat32, value.shape()));
     feeds_.emplace_back(name, std::move(value));
     parameters_.push_back(name);
     return input;
@@ -373,6 +381,475 @@ TEST(GradientRuleTest, SoftmaxCrossEntropyLossAndGather) {
     Value* table = check.Parameter("table", {5, 3});
     Value* indices = check.Constant("indices", Tensor::Int64s({4, 0, 4, 2}));
     check.Check(check.Op("Gather", {table, indices}));
+  }
+}
+
+// ---- data movement: Concat, Split, Slice, Expand, Tile, Pad ------------------
+
+// Output `k` of the node that produced `value`.
+Value* OutputOf(Value* value, int k) { return value->producer()->output(k); }
+
+// `value` reshaped to `dims` (the check's loss needs a static shape, which
+// inference cannot give an output whose shape depends on run-time values).
+Value* StaticShape(GradCheck& check, Value* value, const std::vector<int64_t>& dims) {
+  static int count = 0;
+  Value* shape = check.Constant(absl::StrCat("static_shape_", count++), Tensor::Int64s(dims));
+  return check.Op("Reshape", {value, shape});
+}
+
+TEST(GradientRuleTest, ConcatSplitsTheGradientBySizes) {
+  // Split's sizes: an input from opset 13, an attribute before.
+  for (int64_t opset : {17, 11}) {
+    SCOPED_TRACE(absl::StrCat("opset ", opset));
+    GradCheck check(opset);
+    Value* a = check.Parameter("a", {2, 3});
+    Value* b = check.Parameter("b", {2, 1});
+    Value* c = check.Parameter("c", {2, 2});
+    check.Check(check.Op("Concat", {a, b, c}, {Attribute::Int("axis", -1)}));
+  }
+  GradCheck single;
+  Value* x = single.Parameter("x", {2, 3});
+  single.Check(single.Op("Concat", {x}, {Attribute::Int("axis", 0)}));
+}
+
+TEST(GradientRuleTest, SplitWithUnusedOutputsGivesThemZeroGradient) {
+  {  // opset 13: sizes as an input; outputs 0 and 2 used, 1 not
+    GradCheck check(13);
+    Value* x = check.Parameter("x", {2, 6});
+    Value* sizes = check.Constant("sizes", Tensor::Int64s({1, 3, 2}));
+    Value* split = check.Op("Split", {x, sizes}, {Attribute::Int("axis", 1)}, 3);
+    check.Check(check.Op("Concat", {OutputOf(split, 2), OutputOf(split, 0)},
+                         {Attribute::Int("axis", 1)}));
+  }
+  {  // opset 18: num_outputs, negative axis; only the middle output used
+    GradCheck check(18);
+    Value* x = check.Parameter("x", {2, 3, 6});
+    Value* split = check.Op("Split", {x},
+                            {Attribute::Int("axis", -1), Attribute::Int("num_outputs", 3)}, 3);
+    check.Check(OutputOf(split, 1));
+  }
+  {  // opset 11: sizes as an attribute
+    GradCheck check(11);
+    Value* x = check.Parameter("x", {5, 2});
+    Value* split = check.Op("Split", {x}, {Attribute::Int("axis", 0), Attribute::Ints("split", {2, 3})}, 2);
+    check.Check(OutputOf(split, 1));
+  }
+}
+
+TEST(GradientRuleTest, SliceNegativeClampedSteppedAndRunTimeBounds) {
+  constexpr int64_t kBig = std::numeric_limits<int64_t>::max();
+  struct Case {
+    const char* name;
+    std::vector<int64_t> starts, ends, axes, steps;
+    std::vector<int64_t> dims;  // Y's
+  };
+  for (const Case& c : std::vector<Case>{
+           {"negative axis, clamped end, negative step", {1, -1}, {kBig, -100}, {0, -2}, {1, -2}, {3, 3, 5}},
+           {"stepped", {0}, {5}, {2}, {2}, {4, 6, 3}},
+           {"step 1 on two axes", {1, 2}, {3, -1}, {1, 2}, {1, 1}, {4, 2, 2}},
+           {"whole axis", {0}, {kBig}, {1}, {1}, {4, 6, 5}}}) {
+    for (bool run_time : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(c.name, run_time ? ", bounds known at run time" : ""));
+      GradCheck check(13);
+      Value* x = check.Parameter("x", {4, 6, 5});
+      Value* starts = check.Constant("starts", Tensor::Int64s(c.starts));
+      Value* ends = check.Constant("ends", Tensor::Int64s(c.ends));
+      if (run_time) {  // not a constant to the rule: indices via Range and Slice
+        starts = check.Op("Identity", {starts});
+        ends = check.Op("Identity", {ends});
+      }
+      Value* axes = check.Constant("axes", Tensor::Int64s(c.axes));
+      Value* steps = check.Constant("steps", Tensor::Int64s(c.steps));
+      Value* y = check.Op("Slice", {x, starts, ends, axes, steps});
+      check.Check(run_time ? StaticShape(check, y, c.dims) : y);
+    }
+  }
+  {  // starts/ends only (axes and steps omitted)
+    GradCheck check(13);
+    Value* x = check.Parameter("x", {4, 3});
+    Value* starts = check.Constant("starts", Tensor::Int64s({-3}));
+    Value* ends = check.Constant("ends", Tensor::Int64s({-1}));
+    check.Check(check.Op("Slice", {x, starts, ends}));
+  }
+  {  // opset 9: bounds as attributes
+    GradCheck check(9);
+    Value* x = check.Parameter("x", {4, 3});
+    check.Check(check.Op("Slice", {x}, {Attribute::Ints("starts", {1, 0}),
+                                        Attribute::Ints("ends", {-1, 2}),
+                                        Attribute::Ints("axes", {0, 1})}));
+  }
+}
+
+TEST(GradientRuleTest, ExpandAndTile) {
+  {
+    GradCheck check;
+    Value* x = check.Parameter("x", {3, 1});
+    Value* shape = check.Constant("shape", Tensor::Int64s({2, 3, 4}));
+    check.Check(check.Op("Expand", {x, shape}));
+  }
+  for (int64_t opset : {13, 11}) {
+    for (bool run_time : {false, true}) {
+      SCOPED_TRACE(absl::StrCat("opset ", opset, run_time ? ", repeats known at run time" : ""));
+      GradCheck check(opset);
+      Value* x = check.Parameter("x", {2, 3, 1});
+      Value* repeats = check.Constant("repeats", Tensor::Int64s({2, 1, 3}));
+      if (run_time) repeats = check.Op("Identity", {repeats});
+      Value* y = check.Op("Tile", {x, repeats});
+      check.Check(run_time ? StaticShape(check, y, {4, 3, 3}) : y);
+    }
+  }
+}
+
+TEST(GradientRuleTest, PadConstantModeWithNegativePadsAxesAndAttributes) {
+  for (bool run_time : {false, true}) {
+    SCOPED_TRACE(run_time ? "pads known at run time" : "constant pads");
+    GradCheck check(13);
+    Value* x = check.Parameter("x", {2, 3});
+    Value* pads = check.Constant("pads", Tensor::Int64s({1, 0, 2, -1}));
+    if (run_time) pads = check.Op("Identity", {pads});
+    Value* y = check.Op("Pad", {x, pads});
+    check.Check(run_time ? StaticShape(check, y, {5, 2}) : y);
+  }
+  {  // opset 18: pads for the listed axes only
+    GradCheck check(18);
+    Value* x = check.Parameter("x", {2, 3, 2});
+    Value* pads = check.Constant("pads", Tensor::Int64s({2, 1}));
+    Value* axes = check.Constant("axes", Tensor::Int64s({-2}));
+    check.Check(check.Op("Pad", {x, pads, nullptr, axes}));
+  }
+  {  // opset 10: pads as an attribute
+    GradCheck check(10);
+    Value* x = check.Parameter("x", {2, 3});
+    check.Check(check.Op("Pad", {x}, {Attribute::Ints("pads", {0, 1, 1, 2})}));
+  }
+  {  // reflect mode: a clear error
+    GradCheck check(13);
+    Value* x = check.Parameter("x", {2, 3});
+    Value* pads = check.Constant("pads", Tensor::Int64s({0, 1, 0, 1}));
+    Value* y = check.Op("Pad", {x, pads}, {Attribute::String("mode", "reflect")});
+    Value* loss = check.Op("ReduceSum", {y}, {Attribute::Int("keepdims", 0)});
+    ASSERT_TRUE(InferTypes(check.model()).ok());
+    absl::StatusOr<AutodiffResult> result =
+        BuildGradients(check.model(), AutodiffRequest{loss->name(), {"x"}, ""});
+    ASSERT_FALSE(result.ok());
+    EXPECT_THAT(result.status().message(), HasSubstr("node 'Pad_0' (Pad): Pad in mode 'reflect'"));
+  }
+}
+
+// ---- elementwise: Reciprocal, Abs, LeakyRelu, Gelu, Clip, Where, Max/Min, Dropout ----
+
+Tensor Floats(std::vector<int64_t> dims, const std::vector<float>& values) {
+  return Tensor::FromVector<float>(DType::kFloat32, std::move(dims), values);
+}
+
+Tensor Bools(std::vector<int64_t> dims, const std::vector<uint8_t>& values) {
+  return Tensor::FromVector<uint8_t>(DType::kBool, std::move(dims), values);
+}
+
+TEST(GradientRuleTest, ReciprocalAbsLeakyRelu) {
+  {
+    GradCheck check;
+    Value* x = check.Parameter("x", {2, 5}, 0.5f, 2.0f);
+    Value* negative = check.Op("Neg", {x});
+    check.Check(check.Op("Add", {check.Op("Reciprocal", {x}), check.Op("Reciprocal", {negative})}));
+  }
+  {
+    GradCheck check;
+    Value* x = check.Parameter("x", {3, 4});  // no value within 0.05 of the kink
+    check.Check(check.Op("Abs", {x}));
+  }
+  {
+    GradCheck check;
+    Value* x = check.Parameter("x", {3, 4});
+    check.Check(check.Op("LeakyRelu", {x}, {Attribute::Float("alpha", 0.2f)}));
+    GradCheck default_alpha;
+    Value* y = default_alpha.Parameter("x", {3, 4});
+    default_alpha.Check(default_alpha.Op("LeakyRelu", {y}));
+  }
+}
+
+TEST(GradientRuleTest, AbsLeakyReluAndClipAtTheirKinksFollowPyTorch) {
+  // d|x|/dx at 0 is 0; LeakyRelu's slope at 0 is alpha; Clip passes no
+  // gradient at a bound (hardtanh/relu6). With L = sum(Y) the gradient is
+  // the slope itself.
+  for (const char* op : {"Abs", "LeakyRelu", "Clip"}) {
+    SCOPED_TRACE(op);
+    GradCheck check(13);
+    Value* x = check.Parameter("x", Floats({3}, {0.0f, 0.5f, -0.5f}));
+    Value* y = nullptr;
+    if (op == std::string("LeakyRelu")) {
+      y = check.Op(op, {x}, {Attribute::Float("alpha", 0.25f)});
+    } else if (op == std::string("Clip")) {
+      y = check.Op(op, {x, check.Constant("min", Tensor::Scalar(-0.5f)),
+                        check.Constant("max", Tensor::Scalar(1.0f))});
+    } else {
+      y = check.Op(op, {x});
+    }
+    Value* loss = check.Op("ReduceSum", {y}, {Attribute::Int("keepdims", 0)});
+    check.graph().AddOutput(loss);
+    ASSERT_TRUE(InferTypes(check.model()).ok());
+    AutodiffResult result =
+        ValueOrDie(BuildGradients(check.model(), AutodiffRequest{loss->name(), {"x"}, ""}));
+    check.graph().AddOutput(check.graph().FindValue(result.gradients[0].second));
+    auto executor = ValueOrDie(Executor::Create(check.model(), Cpu()));
+    const Tensor grad = ValueOrDie(executor->Run({{"x", Floats({3}, {0.0f, 0.5f, -0.5f})}}))[1];
+    const std::string name = op;
+    const float at_zero = name == "Abs" ? 0.0f : name == "Clip" ? 1.0f : 0.25f;
+    const float below = name == "Abs" ? -1.0f : name == "Clip" ? 0.0f : 0.25f;
+    EXPECT_EQ(grad.data<float>()[0], at_zero);
+    EXPECT_EQ(grad.data<float>()[1], 1.0f);
+    EXPECT_EQ(grad.data<float>()[2], below);
+  }
+}
+
+TEST(GradientRuleTest, GeluExactAndTanh) {
+  for (const char* approximate : {"none", "tanh"}) {
+    SCOPED_TRACE(approximate);
+    GradCheck check(20);
+    Value* x = check.Parameter("x", {3, 5}, -3.0f, 3.0f);
+    check.Check(check.Op("Gelu", {x}, {Attribute::String("approximate", approximate)}));
+  }
+}
+
+TEST(GradientRuleTest, ClipAttributesInputsAndTrainableBounds) {
+  const Tensor x_values = Floats({2, 4}, {-0.9f, -0.3f, 0.2f, 0.7f, 0.45f, -0.6f, 0.1f, 0.95f});
+  {  // opset 10: bounds as attributes (ReLU6-style)
+    GradCheck check(10);
+    Value* x = check.Parameter("x", x_values);
+    check.Check(check.Op("Clip", {x}, {Attribute::Float("min", -0.5f), Attribute::Float("max", 0.5f)}));
+  }
+  {  // opset 13: bounds as constant inputs, only max given
+    GradCheck check(13);
+    Value* x = check.Parameter("x", x_values);
+    Value* max = check.Constant("max", Tensor::Scalar(0.5f));
+    check.Check(check.Op("Clip", {x, nullptr, max}));
+  }
+  {  // opset 13: trainable bounds
+    GradCheck check(13);
+    Value* x = check.Parameter("x", x_values);
+    Value* min = check.Parameter("min", Floats({}, {-0.5f}));
+    Value* max = check.Parameter("max", Floats({}, {0.5f}));
+    check.Check(check.Op("Clip", {x, min, max}));
+  }
+}
+
+TEST(GradientRuleTest, WhereBroadcasting) {
+  GradCheck check;
+  Value* a = check.Parameter("a", {3, 1});
+  Value* b = check.Parameter("b", {2, 3, 4});
+  Value* condition = check.Constant("c", Bools({2, 1, 4}, {1, 0, 0, 1, 0, 1, 1, 0}));
+  check.Check(check.Op("Where", {condition, a, b}));
+}
+
+TEST(GradientRuleTest, MaxMinVariadicBroadcastingAndTies) {
+  for (const char* op : {"Max", "Min"}) {
+    SCOPED_TRACE(op);
+    {
+      GradCheck check;
+      Value* a = check.Parameter("a", {2, 3});
+      Value* b = check.Parameter("b", {3});
+      Value* c = check.Parameter("c", {2, 1});
+      check.Check(check.Op(op, {a, b, c}));
+    }
+    {  // a tie with itself: each side takes half, so the total is dY
+      GradCheck check;
+      Value* x = check.Parameter("x", {2, 3});
+      check.Check(check.Op(op, {x, x}));
+    }
+    {
+      GradCheck check;
+      Value* x = check.Parameter("x", {2, 3});
+      check.Check(check.Op(op, {x}));
+    }
+  }
+}
+
+TEST(GradientRuleTest, DropoutTrainingMaskRatioAndInference) {
+  // The kernels draw the same mask on every run (seeded by the node), so
+  // the finite differences see one fixed mask.
+  for (bool run_time : {false, true}) {
+    SCOPED_TRACE(run_time ? "ratio and training_mode known at run time" : "constants");
+    GradCheck check(13);
+    Value* x = check.Parameter("x", {4, 5});
+    Value* ratio = check.Constant("ratio", Tensor::Scalar(0.3f));
+    Value* training = check.Constant("training", Bools({}, {1}));
+    if (run_time) {
+      ratio = check.Op("Identity", {ratio});
+      training = check.Op("Identity", {training});
+    }
+    Value* y = check.Op("Dropout", {x, ratio, training}, {Attribute::Int("seed", 7)}, 2);
+    check.Check(y);
+  }
+  {  // training_mode false: identity (the mask is unused)
+    GradCheck check(13);
+    Value* x = check.Parameter("x", {2, 3});
+    Value* ratio = check.Constant("ratio", Tensor::Scalar(0.5f));
+    Value* training = check.Constant("training", Bools({}, {0}));
+    check.Check(check.Op("Dropout", {x, ratio, training}, {}, 2));
+  }
+  {  // ratio 0 in training: identity
+    GradCheck check(13);
+    Value* x = check.Parameter("x", {2, 3});
+    Value* ratio = check.Constant("ratio", Tensor::Scalar(0.0f));
+    Value* training = check.Constant("training", Bools({}, {1}));
+    check.Check(check.Op("Dropout", {x, ratio, training}));
+  }
+  {  // before opset 12 the kernels never drop
+    GradCheck check(10);
+    Value* x = check.Parameter("x", {2, 3});
+    check.Check(check.Op("Dropout", {x}, {Attribute::Float("ratio", 0.5f)}, 2));
+  }
+  {  // training without a mask output: a clear error
+    GradCheck check(13);
+    Value* x = check.Parameter("x", {2, 3});
+    Value* ratio = check.Constant("ratio", Tensor::Scalar(0.5f));
+    Value* training = check.Constant("training", Bools({}, {1}));
+    Value* y = check.Op("Dropout", {x, ratio, training});
+    Value* loss = check.Op("ReduceSum", {y}, {Attribute::Int("keepdims", 0)});
+    ASSERT_TRUE(InferTypes(check.model()).ok());
+    absl::StatusOr<AutodiffResult> result =
+        BuildGradients(check.model(), AutodiffRequest{loss->name(), {"x"}, ""});
+    ASSERT_FALSE(result.ok());
+    EXPECT_THAT(result.status().message(), HasSubstr("without its mask output"));
+  }
+}
+
+// ---- reductions: ReduceMax/Min, ReduceL2, ReduceSumSquare, ReduceL1, ReduceLogSumExp ----
+
+// Runs d sum(Y) / d x for Y = body(x) at the given x (no finite differences:
+// for values on a kink, where the rule's convention decides).
+std::vector<float> GradientOfSum(int64_t opset, const Tensor& x_value,
+                                 const std::function<Value*(GradCheck&, Value*)>& body) {
+  GradCheck check(opset);
+  Value* x = check.Parameter("x", x_value);
+  Value* loss = check.Op("ReduceSum", {body(check, x)}, {Attribute::Int("keepdims", 0)});
+  check.graph().AddOutput(loss);
+  EXPECT_TRUE(InferTypes(check.model()).ok());
+  AutodiffResult result =
+      ValueOrDie(BuildGradients(check.model(), AutodiffRequest{loss->name(), {"x"}, ""}));
+  check.graph().AddOutput(check.graph().FindValue(result.gradients[0].second));
+  auto executor = ValueOrDie(Executor::Create(check.model(), Cpu()));
+  const Tensor grad = ValueOrDie(executor->Run({{"x", x_value}}))[1];
+  return std::vector<float>(grad.data<float>(), grad.data<float>() + grad.num_elements());
+}
+
+TEST(GradientRuleTest, ReduceMaxMinAxesAttributeAndInputKeepdims) {
+  for (const char* op : {"ReduceMax", "ReduceMin"}) {
+    for (int keepdims : {0, 1}) {
+      SCOPED_TRACE(absl::StrCat(op, " keepdims=", keepdims));
+      {  // opset 13: axes an attribute
+        GradCheck check(13);
+        Value* x = check.Parameter("x", {2, 3, 4});
+        check.Check(check.Op(op, {x}, {Attribute::Ints("axes", {-1, 0}),
+                                       Attribute::Int("keepdims", keepdims)}));
+      }
+      {  // opset 18: axes an input, constant or known at run time
+        for (bool run_time : {false, true}) {
+          GradCheck check(18);
+          Value* x = check.Parameter("x", {2, 3, 4});
+          Value* axes = check.Constant("axes", Tensor::Int64s({-2}));
+          if (run_time) axes = check.Op("Identity", {axes});
+          Value* y = check.Op(op, {x, axes}, {Attribute::Int("keepdims", keepdims)});
+          check.Check(run_time ? StaticShape(check, y, keepdims ? std::vector<int64_t>{2, 1, 4}
+                                                                : std::vector<int64_t>{2, 4})
+                               : y);
+        }
+      }
+      {  // every axis, opset 11
+        GradCheck check(11);
+        Value* x = check.Parameter("x", {3, 2});
+        check.Check(check.Op(op, {x}, {Attribute::Int("keepdims", keepdims)}));
+      }
+    }
+  }
+}
+
+TEST(GradientRuleTest, GlobalMaxPool) {
+  GradCheck check;
+  Value* x = check.Parameter("x", {2, 3, 2, 3});
+  check.Check(check.Op("GlobalMaxPool", {x}));
+}
+
+TEST(GradientRuleTest, ReduceMaxSplitsTiesEvenly) {
+  const std::vector<float> grad = GradientOfSum(
+      13, Floats({2, 3}, {1.0f, 3.0f, 3.0f, 2.0f, 0.5f, 1.0f}), [](GradCheck& check, Value* x) {
+        return check.Op("ReduceMax", {x}, {Attribute::Ints("axes", {1}), Attribute::Int("keepdims", 0)});
+      });
+  EXPECT_THAT(grad, ::testing::ElementsAre(0.0f, 0.5f, 0.5f, 1.0f, 0.0f, 0.0f));
+  const std::vector<float> elementwise = GradientOfSum(
+      13, Floats({3}, {1.0f, 2.0f, -1.0f}), [](GradCheck& check, Value* x) {
+        Value* other = check.Constant("other", Floats({3}, {1.0f, 0.0f, 0.0f}));
+        return check.Op("Max", {x, other});
+      });
+  EXPECT_THAT(elementwise, ::testing::ElementsAre(0.5f, 1.0f, 0.0f));
+}
+
+TEST(GradientRuleTest, ReduceL2SumSquareL1LogSumExp) {
+  for (const char* op : {"ReduceL2", "ReduceSumSquare", "ReduceL1", "ReduceLogSumExp"}) {
+    for (int keepdims : {0, 1}) {
+      SCOPED_TRACE(absl::StrCat(op, " keepdims=", keepdims));
+      {
+        GradCheck check(13);
+        Value* x = check.Parameter("x", {2, 3, 4});
+        check.Check(check.Op(op, {x}, {Attribute::Ints("axes", {1}),
+                                       Attribute::Int("keepdims", keepdims)}));
+      }
+      {
+        GradCheck check(18);
+        Value* x = check.Parameter("x", {2, 3, 4});
+        Value* axes = check.Constant("axes", Tensor::Int64s({0, -1}));
+        check.Check(check.Op(op, {x, axes}, {Attribute::Int("keepdims", keepdims)}));
+      }
+    }
+  }
+  // A zero norm has a zero gradient (as PyTorch's norm), not 0/0.
+  const std::vector<float> grad = GradientOfSum(
+      13, Floats({2, 2}, {0.0f, 0.0f, 3.0f, -4.0f}), [](GradCheck& check, Value* x) {
+        return check.Op("ReduceL2", {x}, {Attribute::Ints("axes", {1})});
+      });
+  EXPECT_THAT(grad, ::testing::ElementsAre(0.0f, 0.0f, 0.6f, -0.8f));
+}
+
+// 16-bit activations (as under mixed_float16 / mixed_bfloat16) keep 16-bit
+// gradients through the new rules; the float32 master gets a float32 one.
+TEST(GradientRuleTest, SixteenBitActivationsGetSixteenBitGradientsThroughNewRules) {
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    GradCheck check(20);
+    // Values clear of LeakyRelu's kink and of ReduceMax near-ties by more
+    // than the step.
+    Value* x = check.Parameter("x", Floats({2, 4}, {0.3f, -0.7f, 0.9f, -0.2f, 0.6f, -0.4f, 0.15f, 0.8f}));
+    Value* x16 = check.Op("Cast", {x}, {Attribute::Int("to", DTypeToOnnx(dtype))});
+    std::vector<Value*> watched;
+    auto watch = [&](Value* value) {
+      watched.push_back(value);
+      return value;
+    };
+    Value* sliced = watch(check.Op("Slice", {x16, check.Constant("starts", Tensor::Int64s({1})),
+                                             check.Constant("ends", Tensor::Int64s({4})),
+                                             check.Constant("axes", Tensor::Int64s({1}))}));
+    Value* joined = watch(check.Op("Concat", {sliced, x16}, {Attribute::Int("axis", 1)}));
+    Value* leaky = watch(check.Op("LeakyRelu", {joined}, {Attribute::Float("alpha", 0.1f)}));
+    Value* padded = watch(check.Op("Pad", {leaky, check.Constant("pads", Tensor::Int64s({0, 1, 0, 1}))}));
+    Value* peak = watch(check.Op("ReduceMax", {padded, check.Constant("max_axes", Tensor::Int64s({1}))}));
+    Value* sum = check.Op("Add", {padded, peak});
+    Value* gelu = watch(check.Op("Gelu", {sum}));
+    const double tolerance = dtype == DType::kFloat16 ? 2e-2 : 6e-2;
+    check.Check(check.Op("Cast", {gelu}, {Attribute::Int("to", 1)}), tolerance, tolerance,
+                /*step=*/5e-2);
+    int checked = 0;
+    for (const Node* node : check.model().graph->nodes()) {
+      for (Value* value : watched) {
+        const std::string prefix = value->producer()->name() + "/grad/";
+        if (node->name().rfind(prefix, 0) != 0) continue;
+        for (const Value* out : node->outputs()) {
+          if (!IsFloatingPoint(out->dtype())) continue;
+          EXPECT_EQ(out->dtype(), dtype) << node->name();
+          ++checked;
+        }
+      }
+    }
+    EXPECT_GT(checked, 10);
   }
 }
 

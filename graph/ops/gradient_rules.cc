@@ -9,7 +9,9 @@
 // gradient down to an input that numpy broadcasting expanded. Backward
 // values have no types until the pass infers them at the end, so dtypes are
 // read from forward values (a gradient has its value's dtype).
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -38,6 +40,16 @@ absl::Status SetUnbroadcast(GradientBuilder& g, int i, Value* grad) {
   CASTOR_ASSIGN_OR_RETURN(Value * reduced, Unbroadcast(g, grad, g.input(i)));
   g.SetInputGrad(i, reduced);
   return absl::OkStatus();
+}
+
+// `fill` (0 unless given) in `like`'s shape and dtype (a float type; pass
+// it for a backward value, which has none yet): Expand(fill, Shape(like)).
+absl::StatusOr<Value*> ZerosLike(GradientBuilder& g, Value* like, double fill = 0.0,
+                                 DType dtype = DType::kUndefined) {
+  if (dtype == DType::kUndefined) dtype = like->dtype();
+  CASTOR_ASSIGN_OR_RETURN(Value * value, g.Scalar(fill, dtype));
+  CASTOR_ASSIGN_OR_RETURN(Value * shape, g.ShapeOf(like));
+  return g.Emit1("Expand", {value, shape});
 }
 
 // ---- elementwise -------------------------------------------------------------
@@ -190,6 +202,205 @@ absl::Status PowGradient(GradientBuilder& g) {
   return absl::OkStatus();
 }
 
+// Y = 1 / X: dX = -dY * Y^2.
+absl::Status ReciprocalGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * square, g.Emit1("Mul", {g.output(0), g.output(0)}));
+  CASTOR_ASSIGN_OR_RETURN(Value * scaled, g.Emit1("Mul", {g.output_grad(0), square}));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Neg", {scaled}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// The elementwise rules below test signs with ReluGrad(dY, V) = dY where
+// V > 0, else 0: there are no Greater, Less or Sign kernels, and Equal on
+// floats exists only from opset 11 while these ops are older.
+
+// Y = |X|: dX = dY * sign(X), 0 at X = 0 (as PyTorch):
+// ReluGrad(dY, X) - ReluGrad(dY, -X).
+absl::Status AbsGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * negated, g.Emit1("Neg", {g.input(0)}));
+  CASTOR_ASSIGN_OR_RETURN(Value * positive, g.Emit1("ReluGrad", {g.output_grad(0), g.input(0)}, {},
+                                                    kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * negative, g.Emit1("ReluGrad", {g.output_grad(0), negated}, {},
+                                                    kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Sub", {positive, negative}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = LeakyRelu(X): dX = dY where X > 0, alpha * dY where X <= 0 (PyTorch's
+// side at 0): P + alpha * (dY - P) with P = ReluGrad(dY, X), exact on both
+// sides.
+absl::Status LeakyReluGradient(GradientBuilder& g) {
+  const DType dtype = g.input(0)->dtype();
+  CASTOR_ASSIGN_OR_RETURN(Value * alpha, g.Scalar(g.node().GetFloat("alpha", 0.01f), dtype));
+  CASTOR_ASSIGN_OR_RETURN(Value * positive, g.Emit1("ReluGrad", {g.output_grad(0), g.input(0)}, {},
+                                                    kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * rest, g.Emit1("Sub", {g.output_grad(0), positive}));
+  CASTOR_ASSIGN_OR_RETURN(Value * scaled, g.Emit1("Mul", {rest, alpha}));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Add", {positive, scaled}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = Clip(X, min, max) (bounds as attributes before opset 11, optional
+// inputs from 11): dX = dY where min < X < max, else 0 (a bound-equal X
+// gets 0, as PyTorch's hardtanh/relu6, which export as Clip; torch.clamp
+// would pass it): ReluGrad(ReluGrad(dY, X - min), max - X). A trainable
+// bound gets dY where X is beyond it, summed to its shape.
+absl::Status ClipGradient(GradientBuilder& g) {
+  const Node& node = g.node();
+  Value* x = g.input(0);
+  const DType dtype = x->dtype();
+  Value* dy = g.output_grad(0);
+  Value* min = nullptr;
+  Value* max = nullptr;
+  if (g.opset() < 11) {
+    if (node.attribute("min") != nullptr) {
+      CASTOR_ASSIGN_OR_RETURN(min, g.Scalar(node.GetFloat("min", 0.0f), dtype));
+    }
+    if (node.attribute("max") != nullptr) {
+      CASTOR_ASSIGN_OR_RETURN(max, g.Scalar(node.GetFloat("max", 0.0f), dtype));
+    }
+  } else {
+    min = g.input(1);
+    max = g.input(2);
+  }
+  Value* above_min = nullptr;  // X - min
+  Value* below_max = nullptr;  // max - X
+  if (min != nullptr) {
+    CASTOR_ASSIGN_OR_RETURN(above_min, g.Emit1("Sub", {x, min}));
+  }
+  if (max != nullptr) {
+    CASTOR_ASSIGN_OR_RETURN(below_max, g.Emit1("Sub", {max, x}));
+  }
+  if (g.wants_input_grad(0)) {
+    Value* grad = dy;
+    for (Value* margin : {above_min, below_max}) {
+      if (margin == nullptr) continue;
+      CASTOR_ASSIGN_OR_RETURN(grad, g.Emit1("ReluGrad", {grad, margin}, {}, kCastorDomain));
+    }
+    g.SetInputGrad(0, grad);
+  }
+  for (int bound : {1, 2}) {
+    if (!g.wants_input_grad(bound)) continue;
+    // X beyond the bound: min - X > 0, or X - max > 0.
+    CASTOR_ASSIGN_OR_RETURN(Value * beyond, g.Emit1("Neg", {bound == 1 ? above_min : below_max}));
+    CASTOR_ASSIGN_OR_RETURN(Value * clipped, g.Emit1("ReluGrad", {dy, beyond}, {}, kCastorDomain));
+    CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("ReduceToShapeOf", {clipped, g.input(bound)}, {},
+                                                  kCastorDomain));
+    g.SetInputGrad(bound, grad);
+  }
+  return absl::OkStatus();
+}
+
+// Y = Where(C, A, B): dA = dY where C, dB = dY where not C, each summed to
+// its input's shape.
+absl::Status WhereGradient(GradientBuilder& g) {
+  const DType dtype = g.output(0)->dtype();
+  CASTOR_ASSIGN_OR_RETURN(Value * zero, g.Scalar(0.0, dtype));
+  if (g.wants_input_grad(1)) {
+    CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Where", {g.input(0), g.output_grad(0), zero}));
+    CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, 1, grad));
+  }
+  if (g.wants_input_grad(2)) {
+    CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Where", {g.input(0), zero, g.output_grad(0)}));
+    CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, 2, grad));
+  }
+  return absl::OkStatus();
+}
+
+// 1 where `value` equals `extreme` (its max or min over some inputs or
+// axes, broadcast to `ones`' shape), else 0: 1 - ReluGrad(ones, gap) with
+// gap = extreme - value (max) or value - extreme (min), never negative.
+absl::StatusOr<Value*> ExtremeMask(GradientBuilder& g, Value* value, Value* extreme, Value* ones,
+                                   bool max) {
+  CASTOR_ASSIGN_OR_RETURN(Value * gap, max ? g.Emit1("Sub", {extreme, value})
+                                           : g.Emit1("Sub", {value, extreme}));
+  CASTOR_ASSIGN_OR_RETURN(Value * not_extreme, g.Emit1("ReluGrad", {ones, gap}, {}, kCastorDomain));
+  return g.Emit1("Sub", {ones, not_extreme});
+}
+
+// Y = Max(X_0, ..., X_n) or Min (broadcasting): each input equal to Y takes
+// an equal share of dY: dX_i = dY * [X_i == Y] / #{j : X_j == Y}, summed to
+// X_i's shape. For two inputs that is PyTorch's torch.maximum/minimum
+// convention (a tie splits the gradient half and half).
+absl::Status MaxMinGradient(GradientBuilder& g) {
+  const int n = g.node().num_inputs();
+  if (n == 1) return IdentityGradient(g);
+  const bool max = g.node().op_type() == "Max";
+  CASTOR_ASSIGN_OR_RETURN(Value * ones, ZerosLike(g, g.output(0), 1.0));
+  std::vector<Value*> masks;
+  for (int i = 0; i < n; ++i) {
+    CASTOR_ASSIGN_OR_RETURN(Value * mask, ExtremeMask(g, g.input(i), g.output(0), ones, max));
+    masks.push_back(mask);
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * ties, g.Emit1("Sum", masks));
+  CASTOR_ASSIGN_OR_RETURN(Value * share, g.Emit1("Div", {g.output_grad(0), ties}));
+  for (int i = 0; i < n; ++i) {
+    if (!g.wants_input_grad(i)) continue;
+    CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Mul", {share, masks[i]}));
+    CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, i, grad));
+  }
+  return absl::OkStatus();
+}
+
+// Y = Gelu(X) (opset 20). approximate="none": Y = X * Phi(X), dX = dY *
+// (Phi(X) + X * phi(X)), Phi(x) = (1 + erf(x / sqrt 2)) / 2, phi(x) =
+// exp(-x^2 / 2) / sqrt(2 pi). approximate="tanh": Y = X (1 + tanh(u)) / 2,
+// u = c (X + k X^3), dX = dY * ((1 + t) / 2 + X (1 - t^2) c (1 + 3 k X^2) / 2),
+// t = tanh(u), c = sqrt(2 / pi), k = 0.044715.
+absl::Status GeluGradient(GradientBuilder& g) {
+  Value* x = g.input(0);
+  const DType dtype = x->dtype();
+  const std::string approximate = g.node().GetString("approximate", "none");
+  auto scalar = [&](double v) { return g.Scalar(v, dtype); };
+  CASTOR_ASSIGN_OR_RETURN(Value * half, scalar(0.5));
+  CASTOR_ASSIGN_OR_RETURN(Value * one, scalar(1.0));
+  CASTOR_ASSIGN_OR_RETURN(Value * square, g.Emit1("Mul", {x, x}));
+  Value* derivative = nullptr;
+  if (approximate == "none") {
+    CASTOR_ASSIGN_OR_RETURN(Value * inv_sqrt2, scalar(1.0 / std::sqrt(2.0)));
+    CASTOR_ASSIGN_OR_RETURN(Value * scaled, g.Emit1("Mul", {x, inv_sqrt2}));
+    CASTOR_ASSIGN_OR_RETURN(Value * erf, g.Emit1("Erf", {scaled}));
+    CASTOR_ASSIGN_OR_RETURN(Value * one_plus, g.Emit1("Add", {erf, one}));
+    CASTOR_ASSIGN_OR_RETURN(Value * cdf, g.Emit1("Mul", {one_plus, half}));
+    CASTOR_ASSIGN_OR_RETURN(Value * minus_half, scalar(-0.5));
+    CASTOR_ASSIGN_OR_RETURN(Value * exponent, g.Emit1("Mul", {square, minus_half}));
+    CASTOR_ASSIGN_OR_RETURN(Value * gauss, g.Emit1("Exp", {exponent}));
+    CASTOR_ASSIGN_OR_RETURN(Value * inv_sqrt_2pi, scalar(1.0 / std::sqrt(2.0 * M_PI)));
+    CASTOR_ASSIGN_OR_RETURN(Value * pdf, g.Emit1("Mul", {gauss, inv_sqrt_2pi}));
+    CASTOR_ASSIGN_OR_RETURN(Value * x_pdf, g.Emit1("Mul", {x, pdf}));
+    CASTOR_ASSIGN_OR_RETURN(derivative, g.Emit1("Add", {cdf, x_pdf}));
+  } else if (approximate == "tanh") {
+    const double c = std::sqrt(2.0 / M_PI);
+    const double k = 0.044715;
+    CASTOR_ASSIGN_OR_RETURN(Value * k_value, scalar(k));
+    CASTOR_ASSIGN_OR_RETURN(Value * c_value, scalar(c));
+    CASTOR_ASSIGN_OR_RETURN(Value * k_square, g.Emit1("Mul", {square, k_value}));
+    CASTOR_ASSIGN_OR_RETURN(Value * inner, g.Emit1("Add", {k_square, one}));      // 1 + k X^2
+    CASTOR_ASSIGN_OR_RETURN(Value * x_inner, g.Emit1("Mul", {x, inner}));
+    CASTOR_ASSIGN_OR_RETURN(Value * u, g.Emit1("Mul", {x_inner, c_value}));
+    CASTOR_ASSIGN_OR_RETURN(Value * t, g.Emit1("Tanh", {u}));
+    CASTOR_ASSIGN_OR_RETURN(Value * one_plus_t, g.Emit1("Add", {t, one}));
+    CASTOR_ASSIGN_OR_RETURN(Value * left, g.Emit1("Mul", {one_plus_t, half}));
+    CASTOR_ASSIGN_OR_RETURN(Value * t_square, g.Emit1("Mul", {t, t}));
+    CASTOR_ASSIGN_OR_RETURN(Value * sech2, g.Emit1("Sub", {one, t_square}));
+    CASTOR_ASSIGN_OR_RETURN(Value * three_k, scalar(3.0 * k));
+    CASTOR_ASSIGN_OR_RETURN(Value * k3_square, g.Emit1("Mul", {square, three_k}));
+    CASTOR_ASSIGN_OR_RETURN(Value * du, g.Emit1("Add", {k3_square, one}));      // 1 + 3k X^2
+    CASTOR_ASSIGN_OR_RETURN(Value * half_c, scalar(0.5 * c));
+    CASTOR_ASSIGN_OR_RETURN(Value * du_scaled, g.Emit1("Mul", {du, half_c}));
+    CASTOR_ASSIGN_OR_RETURN(Value * x_sech2, g.Emit1("Mul", {x, sech2}));
+    CASTOR_ASSIGN_OR_RETURN(Value * right, g.Emit1("Mul", {x_sech2, du_scaled}));
+    CASTOR_ASSIGN_OR_RETURN(derivative, g.Emit1("Add", {left, right}));
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attribute 'approximate' is \"", approximate, "\"; expected none or tanh"));
+  }
+  return TimesDerivative(g, derivative);
+}
+
 // ---- matrix products -----------------------------------------------------------
 
 // `value` with its last two axes swapped.
@@ -328,32 +539,448 @@ absl::Status TransposeGradient(GradientBuilder& g) {
   return absl::OkStatus();
 }
 
+// The tensor a value always holds when the graph fixes it: a Constant
+// node's value or an initializer that is not also a graph input (ONNX lets
+// a caller override those); nullptr otherwise.
+const Tensor* ConstantTensor(const Value* value) {
+  if (value == nullptr) return nullptr;
+  if (value->initializer() != nullptr && !value->is_graph_input()) return value->initializer();
+  const Node* producer = value->producer();
+  if (producer != nullptr && producer->op_type() == "Constant" && producer->domain().empty()) {
+    const Attribute* attribute = producer->attribute("value");
+    if (attribute != nullptr && attribute->kind == AttrKind::kTensor) return &attribute->t;
+  }
+  return nullptr;
+}
+
+// A 0-D int64 Constant (Range's and Gather's scalar operands).
+absl::StatusOr<Value*> Int64Scalar(GradientBuilder& g, int64_t value) {
+  CASTOR_ASSIGN_OR_RETURN(Value * out, g.Emit1("Constant", {}));
+  out->producer()->SetAttribute(
+      Attribute::TensorValue("value", Tensor::FromVector<int64_t>(DType::kInt64, {}, {value})));
+  return out;
+}
+
+// `axis` in [0, rank), or an error naming the node's attribute.
+absl::StatusOr<int64_t> NormalizedAxis(int64_t axis, int rank) {
+  if (rank < 0) return absl::UnimplementedError("the input's rank is unknown");
+  const int64_t normalized = axis < 0 ? axis + rank : axis;
+  if (normalized < 0 || normalized >= rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("axis ", axis, " is out of range for rank ", rank));
+  }
+  return normalized;
+}
+
+// ReduceSum(value, axes, keepdims) written for the model's opset (axes an
+// attribute before 13, an input from 13); empty `axes` reduces every axis.
+absl::StatusOr<Value*> EmitReduceSum(GradientBuilder& g, Value* value,
+                                     const std::vector<int64_t>& axes, bool keepdims) {
+  std::vector<Attribute> attributes = {Attribute::Int("keepdims", keepdims ? 1 : 0)};
+  if (axes.empty()) return g.Emit1("ReduceSum", {value}, attributes);
+  if (g.opset() < 13) {
+    attributes.push_back(Attribute::Ints("axes", axes));
+    return g.Emit1("ReduceSum", {value}, attributes);
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * axes_value, g.Int64s(axes));
+  return g.Emit1("ReduceSum", {value, axes_value}, attributes);
+}
+
+// Y = Concat(X_0, ..., X_n; axis): dX_i = the i-th piece of Split(dY) on
+// axis, sized like X_i (static sizes; from opset 13 sizes read at run time).
+absl::Status ConcatGradient(GradientBuilder& g) {
+  const Node& node = g.node();
+  const int n = node.num_inputs();
+  if (n == 1) return IdentityGradient(g);
+  CASTOR_ASSIGN_OR_RETURN(const int64_t axis,
+                          NormalizedAxis(node.GetInt("axis", 0), g.output(0)->shape().rank()));
+  std::vector<int64_t> sizes;
+  for (int i = 0; i < n; ++i) {
+    const Shape& shape = g.input(i)->shape();
+    if (!shape.rank_known() || !shape[axis].is_static()) break;
+    sizes.push_back(shape[axis].value());
+  }
+  std::vector<Value*> pieces;
+  if (static_cast<int>(sizes.size()) == n && g.opset() < 13) {
+    CASTOR_ASSIGN_OR_RETURN(pieces, g.Emit("Split", {g.output_grad(0)}, n,
+                                           {Attribute::Int("axis", axis),
+                                            Attribute::Ints("split", sizes)}));
+  } else {
+    Value* split = nullptr;
+    if (static_cast<int>(sizes.size()) == n) {
+      CASTOR_ASSIGN_OR_RETURN(split, g.Int64s(sizes));
+    } else if (g.opset() >= 13) {
+      // Gather(Shape(X_i), [axis]) for each input, concatenated.
+      CASTOR_ASSIGN_OR_RETURN(Value * at_axis, g.Int64s({axis}));
+      std::vector<Value*> dims;
+      for (int i = 0; i < n; ++i) {
+        CASTOR_ASSIGN_OR_RETURN(Value * shape, g.ShapeOf(g.input(i)));
+        CASTOR_ASSIGN_OR_RETURN(Value * dim, g.Emit1("Gather", {shape, at_axis}));
+        dims.push_back(dim);
+      }
+      CASTOR_ASSIGN_OR_RETURN(split, g.Emit1("Concat", dims, {Attribute::Int("axis", 0)}));
+    } else {
+      return absl::UnimplementedError(absl::StrCat(
+          "Concat inputs of unknown size along axis ", axis,
+          " before opset 13 (Split's sizes are an attribute there)"));
+    }
+    CASTOR_ASSIGN_OR_RETURN(pieces, g.Emit("Split", {g.output_grad(0), split}, n,
+                                           {Attribute::Int("axis", axis)}));
+  }
+  for (int i = 0; i < n; ++i) g.SetInputGrad(i, pieces[i]);
+  return absl::OkStatus();
+}
+
+// Y_0..Y_n = Split(X; axis): dX = Concat(dY_0, ..., dY_n; axis), zeros
+// standing in for outputs no gradient reaches.
+absl::Status SplitGradient(GradientBuilder& g) {
+  const Node& node = g.node();
+  CASTOR_ASSIGN_OR_RETURN(const int64_t axis,
+                          NormalizedAxis(node.GetInt("axis", 0), g.input(0)->shape().rank()));
+  std::vector<Value*> pieces;
+  for (int i = 0; i < node.num_outputs(); ++i) {
+    Value* grad = g.output_grad(i);
+    if (grad == nullptr) {
+      CASTOR_ASSIGN_OR_RETURN(grad, ZerosLike(g, g.output(i)));
+    }
+    pieces.push_back(grad);
+  }
+  if (pieces.size() == 1) {
+    g.SetInputGrad(0, pieces[0]);
+    return absl::OkStatus();
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Concat", pieces, {Attribute::Int("axis", axis)}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Element k of a Slice parameter (starts, ends, axes or steps): from the
+// attribute before opset 10, else from the input when it is a constant.
+struct SliceParam {
+  const Tensor* constant = nullptr;    // the input's fixed value, if any
+  std::vector<int64_t> values;         // the attribute's or constant's values
+  Value* value = nullptr;              // the input (opset 10+), if present
+  bool known() const { return value == nullptr || constant != nullptr; }
+};
+
+SliceParam ReadSliceParam(const GradientBuilder& g, const char* name, int input) {
+  SliceParam param;
+  if (g.opset() < 10) {
+    param.values = g.node().GetInts(name, {});
+    return param;
+  }
+  param.value = g.input(input);
+  param.constant = ConstantTensor(param.value);
+  if (param.constant != nullptr) param.values = param.constant->ToInt64Vector();
+  return param;
+}
+
+// The indices Slice takes along an axis of `dim` elements (ONNX's
+// clamping: negative bounds count from the end; steps may be negative).
+std::vector<int64_t> SliceIndices(int64_t start, int64_t end, int64_t step, int64_t dim) {
+  if (start < 0) start += dim;
+  if (end < 0) end += dim;
+  if (step > 0) {
+    start = std::clamp<int64_t>(start, 0, dim);
+    end = std::clamp<int64_t>(end, 0, dim);
+  } else {
+    start = std::clamp<int64_t>(start, 0, dim - 1);
+    end = std::clamp<int64_t>(end, -1, dim - 1);
+  }
+  std::vector<int64_t> indices;
+  for (int64_t i = start; step > 0 ? i < end : i > end; i += step) indices.push_back(i);
+  return indices;
+}
+
+// Y = Slice(X; starts, ends, axes, steps): a slice is one Gather per
+// sliced axis (with the indices the slice takes there), so dX is one
+// GatherGrad (a scatter-add into zeros) per axis, last axis first. The
+// indices are constants when the bounds and the axis length are known;
+// otherwise (opset 11+) they are Slice(Range(0, dim), start, end, step) at
+// run time, so the Slice kernel itself does the clamping. Any step works.
+absl::Status SliceGradient(GradientBuilder& g) {
+  Value* x = g.input(0);
+  const int rank = x->shape().rank();
+  if (!x->shape().rank_known()) return absl::UnimplementedError("the input's rank is unknown");
+  SliceParam starts = ReadSliceParam(g, "starts", 1);
+  SliceParam ends = ReadSliceParam(g, "ends", 2);
+  SliceParam axes = ReadSliceParam(g, "axes", 3);
+  SliceParam steps = ReadSliceParam(g, "steps", 4);
+  if (!axes.known()) {
+    return absl::UnimplementedError("its axes (input 3) are computed at run time, not constants");
+  }
+  int64_t count = static_cast<int64_t>(starts.values.size());
+  if (!starts.known()) {
+    const Shape& shape = starts.value->shape();
+    if (!shape.rank_known() || shape.rank() != 1 || !shape[0].is_static()) {
+      return absl::UnimplementedError("the number of sliced axes (starts' length) is unknown");
+    }
+    count = shape[0].value();
+  }
+  std::vector<int64_t> axis_list = axes.values;
+  if (axes.value == nullptr && axis_list.empty()) {
+    for (int64_t k = 0; k < count; ++k) axis_list.push_back(k);
+  }
+  struct Step {
+    int64_t axis;
+    Value* indices;
+  };
+  std::vector<Step> plan;
+  for (int64_t k = 0; k < static_cast<int64_t>(axis_list.size()); ++k) {
+    CASTOR_ASSIGN_OR_RETURN(const int64_t axis, NormalizedAxis(axis_list[k], rank));
+    const Dim& dim = x->shape()[axis];
+    if (starts.known() && ends.known() && steps.known() && dim.is_static()) {
+      const int64_t step = steps.values.empty() && steps.value == nullptr ? 1 : steps.values[k];
+      if (step == 0) return absl::InvalidArgumentError("a slice step is 0");
+      std::vector<int64_t> indices =
+          SliceIndices(starts.values[k], ends.values[k], step, dim.value());
+      bool whole = static_cast<int64_t>(indices.size()) == dim.value();
+      for (size_t i = 0; whole && i < indices.size(); ++i) whole = indices[i] == static_cast<int64_t>(i);
+      if (whole) continue;  // this axis is taken whole: nothing to scatter
+      CASTOR_ASSIGN_OR_RETURN(Value * constant, g.Int64s(indices));
+      plan.push_back({axis, constant});
+      continue;
+    }
+    if (g.opset() < 11) {
+      return absl::UnimplementedError(
+          "slice bounds only known at run time before opset 11 (no Range to index them)");
+    }
+    // One element of a 1-D parameter, as a 1-D tensor of one element.
+    auto element = [&](const SliceParam& param, int64_t fallback) -> absl::StatusOr<Value*> {
+      if (param.value == nullptr) return g.Int64s({fallback});
+      if (param.constant != nullptr) return g.Int64s({param.values[k]});
+      CASTOR_ASSIGN_OR_RETURN(Value * from, g.Int64s({k}));
+      CASTOR_ASSIGN_OR_RETURN(Value * to, g.Int64s({k + 1}));
+      return g.Emit1("Slice", {param.value, from, to});
+    };
+    CASTOR_ASSIGN_OR_RETURN(Value * start, element(starts, 0));
+    CASTOR_ASSIGN_OR_RETURN(Value * end, element(ends, 0));
+    CASTOR_ASSIGN_OR_RETURN(Value * step, element(steps, 1));
+    CASTOR_ASSIGN_OR_RETURN(Value * shape, g.ShapeOf(x));
+    CASTOR_ASSIGN_OR_RETURN(Value * at_axis, Int64Scalar(g, axis));
+    CASTOR_ASSIGN_OR_RETURN(Value * length, g.Emit1("Gather", {shape, at_axis}));
+    CASTOR_ASSIGN_OR_RETURN(Value * zero, Int64Scalar(g, 0));
+    CASTOR_ASSIGN_OR_RETURN(Value * one, Int64Scalar(g, 1));
+    CASTOR_ASSIGN_OR_RETURN(Value * iota, g.Emit1("Range", {zero, length, one}));
+    CASTOR_ASSIGN_OR_RETURN(Value * first_axis, g.Int64s({0}));
+    CASTOR_ASSIGN_OR_RETURN(Value * indices,
+                            g.Emit1("Slice", {iota, start, end, first_axis, step}));
+    plan.push_back({axis, indices});
+  }
+  if (plan.empty()) return IdentityGradient(g);
+  // The forward slice as a chain of Gathers: X = Z_0 -> Z_1 -> ... -> Y;
+  // GatherGrad reads each Z_k's shape.
+  std::vector<Value*> gathered = {x};
+  for (size_t k = 0; k + 1 < plan.size(); ++k) {
+    CASTOR_ASSIGN_OR_RETURN(Value * next,
+                            g.Emit1("Gather", {gathered.back(), plan[k].indices},
+                                    {Attribute::Int("axis", plan[k].axis)}));
+    gathered.push_back(next);
+  }
+  Value* grad = g.output_grad(0);
+  for (size_t k = plan.size(); k-- > 0;) {
+    CASTOR_ASSIGN_OR_RETURN(grad, g.Emit1("GatherGrad", {grad, plan[k].indices, gathered[k]},
+                                          {Attribute::Int("axis", plan[k].axis)}, kCastorDomain));
+  }
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = Expand(X, shape): dX = dY summed back to X's shape.
+absl::Status ExpandGradient(GradientBuilder& g) { return SetUnbroadcast(g, 0, g.output_grad(0)); }
+
+// Y = Tile(X, repeats), X of shape [d_0, ..., d_n-1]: dY viewed as
+// [r_0, d_0, r_1, d_1, ...] summed over the r axes.
+absl::Status TileGradient(GradientBuilder& g) {
+  Value* x = g.input(0);
+  const Shape& shape = x->shape();
+  if (!shape.rank_known()) return absl::UnimplementedError("the input's rank is unknown");
+  const int rank = shape.rank();
+  if (rank == 0) return IdentityGradient(g);
+  const Tensor* repeats = ConstantTensor(g.input(1));
+  std::optional<std::vector<int64_t>> dims = shape.StaticDims();
+  Value* interleaved = nullptr;
+  if (repeats != nullptr && dims.has_value()) {
+    const std::vector<int64_t> r = repeats->ToInt64Vector();
+    std::vector<int64_t> view;
+    for (int a = 0; a < rank; ++a) {
+      view.push_back(r[a]);
+      view.push_back((*dims)[a]);
+    }
+    CASTOR_ASSIGN_OR_RETURN(interleaved, g.Int64s(view));
+  } else {
+    // Concat([repeats as a column, Shape(X) as a column], axis 1), flattened.
+    CASTOR_ASSIGN_OR_RETURN(Value * column, g.Int64s({-1, 1}));
+    CASTOR_ASSIGN_OR_RETURN(Value * r, g.Emit1("Reshape", {g.input(1), column}));
+    CASTOR_ASSIGN_OR_RETURN(Value * x_shape, g.ShapeOf(x));
+    CASTOR_ASSIGN_OR_RETURN(Value * d, g.Emit1("Reshape", {x_shape, column}));
+    CASTOR_ASSIGN_OR_RETURN(Value * pairs, g.Emit1("Concat", {r, d}, {Attribute::Int("axis", 1)}));
+    CASTOR_ASSIGN_OR_RETURN(Value * flat, g.Int64s({-1}));
+    CASTOR_ASSIGN_OR_RETURN(interleaved, g.Emit1("Reshape", {pairs, flat}));
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * viewed, g.Emit1("Reshape", {g.output_grad(0), interleaved}));
+  std::vector<int64_t> repeat_axes;
+  for (int a = 0; a < rank; ++a) repeat_axes.push_back(2 * a);
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, EmitReduceSum(g, viewed, repeat_axes, false));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = Pad(X, pads) in constant mode: dX = Pad(dY, -pads), which crops what
+// was padded (and zero-pads what negative pads cropped).
+absl::Status PadGradient(GradientBuilder& g) {
+  const Node& node = g.node();
+  const std::string mode = node.GetString("mode", "constant");
+  if (mode != "constant") {
+    return absl::UnimplementedError(absl::StrCat(
+        "Pad in mode '", mode, "' (only constant mode has a gradient rule; ", mode,
+        " mode would need a gradient kernel that folds the mirrored/copied border back)"));
+  }
+  if (g.wants_input_grad(2)) {
+    return absl::UnimplementedError("a gradient for Pad's constant_value (input 2)");
+  }
+  const auto constant_mode = Attribute::String("mode", "constant");
+  if (g.opset() < 11) {
+    std::vector<int64_t> pads = node.GetInts("pads", {});
+    for (int64_t& p : pads) p = -p;
+    CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Pad", {g.output_grad(0)},
+                                                  {constant_mode, Attribute::Ints("pads", pads)}));
+    g.SetInputGrad(0, grad);
+    return absl::OkStatus();
+  }
+  Value* negated = nullptr;
+  if (const Tensor* pads = ConstantTensor(g.input(1))) {
+    std::vector<int64_t> values = pads->ToInt64Vector();
+    for (int64_t& p : values) p = -p;
+    CASTOR_ASSIGN_OR_RETURN(negated, g.Int64s(values));
+  } else {
+    CASTOR_ASSIGN_OR_RETURN(Value * zero, g.Int64s({0}));
+    CASTOR_ASSIGN_OR_RETURN(negated, g.Emit1("Sub", {zero, g.input(1)}));  // pads are int64
+  }
+  std::vector<Value*> inputs = {g.output_grad(0), negated};
+  if (g.input(3) != nullptr) inputs = {g.output_grad(0), negated, nullptr, g.input(3)};  // axes
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Pad", inputs, {constant_mode}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y[, mask] = Dropout(X[, ratio, training_mode]). The kernels drop only
+// from opset 12 with training_mode true (before 12, and with it false or
+// absent, Y = X and the mask is all true): then dX = dY * mask / (1 - ratio),
+// read from the node's mask output; otherwise dX = dY. A training_mode
+// known only at run time uses scale Where(training_mode, 1 / (1 - ratio), 1)
+// (the mask is all true in inference).
+absl::Status DropoutGradient(GradientBuilder& g) {
+  const Node& node = g.node();
+  Value* dy = g.output_grad(0);
+  if (g.opset() < 12 || g.input(2) == nullptr) return IdentityGradient(g);
+  const Tensor* training = ConstantTensor(g.input(2));
+  if (training != nullptr && training->num_elements() == 1 && training->GetInt64(0) == 0) {
+    return IdentityGradient(g);
+  }
+  const DType dtype = g.input(0)->dtype();
+  Value* ratio = g.input(1);
+  Value* scale = nullptr;
+  const Tensor* ratio_value = ratio == nullptr ? nullptr : ConstantTensor(ratio);
+  const bool ratio_known = ratio == nullptr || ratio_value != nullptr;
+  const double r = ratio == nullptr ? 0.5 : ratio_value != nullptr ? ratio_value->GetDouble(0) : 0;
+  if (ratio_known) {
+    if (r == 0.0) return IdentityGradient(g);  // keeps every element, unscaled
+    if (!(r > 0.0 && r < 1.0)) {
+      return absl::InvalidArgumentError(absl::StrCat("ratio ", r, " is outside [0, 1)"));
+    }
+  }
+  if (node.num_outputs() < 2 || node.output(1) == nullptr) {
+    return absl::UnimplementedError(
+        "Dropout in training mode without its mask output: the mask it drew is needed for the "
+        "gradient (give the node a second output)");
+  }
+  if (ratio_known) {
+    CASTOR_ASSIGN_OR_RETURN(scale, g.Scalar(1.0 / (1.0 - r), dtype));
+  } else {
+    CASTOR_ASSIGN_OR_RETURN(Value * one, g.Scalar(1.0, dtype));
+    if (ratio->dtype() != dtype) {
+      CASTOR_ASSIGN_OR_RETURN(ratio, g.Emit1("Cast", {ratio}, {Attribute::Int("to", DTypeToOnnx(dtype))}));
+    }
+    CASTOR_ASSIGN_OR_RETURN(Value * keep, g.Emit1("Sub", {one, ratio}));
+    CASTOR_ASSIGN_OR_RETURN(scale, g.Emit1("Div", {one, keep}));
+  }
+  if (training == nullptr) {
+    CASTOR_ASSIGN_OR_RETURN(Value * one, g.Scalar(1.0, dtype));
+    CASTOR_ASSIGN_OR_RETURN(scale, g.Emit1("Where", {g.input(2), scale, one}));
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * zero, g.Scalar(0.0, dtype));
+  CASTOR_ASSIGN_OR_RETURN(Value * scaled, g.Emit1("Mul", {dy, scale}));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Where", {node.output(1), scaled, zero}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
 // ---- reductions ------------------------------------------------------------------------
+
+// Which axes a Reduce* node reduces: the axes attribute, else its axes
+// input (ReduceSum 13+, the others 18+; read as constants when they are),
+// else all of them, unless noop_with_empty_axes makes it the identity.
+struct ReducedAxes {
+  std::vector<int64_t> axes;  // empty with value == nullptr: every axis
+  Value* value = nullptr;     // an axes input known only at run time
+  bool noop = false;
+  bool all() const { return axes.empty() && value == nullptr; }
+};
+
+ReducedAxes ReadReducedAxes(const GradientBuilder& g) {
+  const Node& node = g.node();
+  ReducedAxes spec;
+  spec.axes = node.GetInts("axes", {});
+  if (spec.axes.empty() && node.input(1) != nullptr) {
+    if (const Tensor* constant = ConstantTensor(node.input(1))) {
+      spec.axes = constant->ToInt64Vector();
+    } else {
+      spec.value = node.input(1);
+    }
+  }
+  spec.noop = spec.all() && node.GetInt("noop_with_empty_axes", 0) != 0;
+  return spec;
+}
+
+// `value` (shaped like the node's output) with the reduced axes put back as
+// size 1 when keepdims is 0, so it broadcasts against X.
+absl::StatusOr<Value*> RestoreReducedAxes(GradientBuilder& g, const ReducedAxes& spec,
+                                          Value* value) {
+  if (g.node().GetInt("keepdims", 1) != 0) return value;
+  std::vector<int64_t> axes = spec.axes;
+  if (spec.all()) {
+    const int rank = g.input(0)->shape().rank();
+    if (!g.input(0)->shape().rank_known()) {
+      return absl::UnimplementedError("the input's rank is unknown");
+    }
+    for (int i = 0; i < rank; ++i) axes.push_back(i);
+  }
+  if (g.opset() < 13) {  // Unsqueeze's axes are an attribute before opset 13
+    return g.Emit1("Unsqueeze", {value}, {Attribute::Ints("axes", axes)});
+  }
+  Value* axes_value = spec.value;
+  if (axes_value == nullptr) {
+    CASTOR_ASSIGN_OR_RETURN(axes_value, g.Int64s(axes));
+  }
+  return g.Emit1("Unsqueeze", {value, axes_value});
+}
+
+// ReduceSum(value) over the node's reduced axes, keeping them.
+absl::StatusOr<Value*> ReduceSumKept(GradientBuilder& g, const ReducedAxes& spec, Value* value) {
+  if (spec.value != nullptr) {  // an axes input exists, so opset >= 13
+    return g.Emit1("ReduceSum", {value, spec.value}, {Attribute::Int("keepdims", 1)});
+  }
+  return EmitReduceSum(g, value, spec.axes, true);
+}
 
 // ReduceSum / ReduceMean: dY (with the reduced axes restored) expanded to X,
 // divided by the number of reduced elements for the mean.
 absl::Status ReduceGradient(GradientBuilder& g, bool mean) {
-  const Node& node = g.node();
   Value* x = g.input(0);
-  Value* dy = g.output_grad(0);
-  const bool keepdims = node.GetInt("keepdims", 1) != 0;
-  if (!keepdims) {
-    std::vector<int64_t> axes = node.GetInts("axes", {});
-    Value* axes_value = nullptr;
-    if (axes.empty() && node.input(1) != nullptr) {
-      axes_value = node.input(1);  // axes as an input (ReduceSum 13+, ReduceMean 18+)
-    } else if (axes.empty()) {
-      for (int i = 0; i < x->shape().rank(); ++i) axes.push_back(i);
-    }
-    if (g.opset() < 13) {  // Unsqueeze's axes are an attribute before opset 13
-      CASTOR_ASSIGN_OR_RETURN(dy, g.Emit1("Unsqueeze", {dy}, {Attribute::Ints("axes", axes)}));
-    } else {
-      if (axes_value == nullptr) {
-        CASTOR_ASSIGN_OR_RETURN(axes_value, g.Int64s(axes));
-      }
-      CASTOR_ASSIGN_OR_RETURN(dy, g.Emit1("Unsqueeze", {dy, axes_value}));
-    }
-  }
+  const ReducedAxes spec = ReadReducedAxes(g);
+  if (spec.noop) return IdentityGradient(g);
+  CASTOR_ASSIGN_OR_RETURN(Value * dy, RestoreReducedAxes(g, spec, g.output_grad(0)));
   CASTOR_ASSIGN_OR_RETURN(Value * shape, g.ShapeOf(x));
   CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Expand", {dy, shape}));
   if (mean) {
@@ -376,6 +1003,110 @@ absl::Status ReduceGradient(GradientBuilder& g, bool mean) {
 
 absl::Status ReduceSumGradient(GradientBuilder& g) { return ReduceGradient(g, false); }
 absl::Status ReduceMeanGradient(GradientBuilder& g) { return ReduceGradient(g, true); }
+
+// ReduceMax / ReduceMin: dY shared evenly by the elements equal to the
+// extreme (as torch.amax/amin; torch.max(dim) would give it all to one
+// index): dX = mask * dY / ReduceSum(mask), mask = [X == Y] (ExtremeMask).
+absl::Status ReduceExtremeGradient(GradientBuilder& g) {
+  const ReducedAxes spec = ReadReducedAxes(g);
+  if (spec.noop) return IdentityGradient(g);
+  const bool max = g.node().op_type() == "ReduceMax";
+  Value* x = g.input(0);
+  CASTOR_ASSIGN_OR_RETURN(Value * y, RestoreReducedAxes(g, spec, g.output(0)));
+  CASTOR_ASSIGN_OR_RETURN(Value * dy, RestoreReducedAxes(g, spec, g.output_grad(0)));
+  CASTOR_ASSIGN_OR_RETURN(Value * ones, ZerosLike(g, x, 1.0));
+  CASTOR_ASSIGN_OR_RETURN(Value * mask, ExtremeMask(g, x, y, ones, max));
+  CASTOR_ASSIGN_OR_RETURN(Value * ties, ReduceSumKept(g, spec, mask));
+  CASTOR_ASSIGN_OR_RETURN(Value * share, g.Emit1("Div", {dy, ties}));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Mul", {mask, share}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = GlobalMaxPool(X), [N, C, D1, ...] -> [N, C, 1, ...]: ReduceMax over
+// the spatial axes with keepdims, so the same rule (ties share evenly).
+absl::Status GlobalMaxPoolGradient(GradientBuilder& g) {
+  Value* x = g.input(0);
+  if (!x->shape().rank_known() || x->shape().rank() < 3) {
+    return absl::UnimplementedError("the input's rank is unknown or below 3");
+  }
+  std::vector<int64_t> spatial;
+  for (int a = 2; a < x->shape().rank(); ++a) spatial.push_back(a);
+  CASTOR_ASSIGN_OR_RETURN(Value * ones, ZerosLike(g, x, 1.0));
+  CASTOR_ASSIGN_OR_RETURN(Value * mask, ExtremeMask(g, x, g.output(0), ones, /*max=*/true));
+  CASTOR_ASSIGN_OR_RETURN(Value * ties, EmitReduceSum(g, mask, spatial, true));
+  CASTOR_ASSIGN_OR_RETURN(Value * share, g.Emit1("Div", {g.output_grad(0), ties}));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Mul", {mask, share}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = ReduceL2(X) = sqrt(sum X^2): dX = X * dY / Y, 0 where Y = 0 (as
+// PyTorch's norm): X * ReluGrad(dY, Y) / (Y + [Y == 0]), Y never negative.
+absl::Status ReduceL2Gradient(GradientBuilder& g) {
+  const ReducedAxes spec = ReadReducedAxes(g);
+  Value* x = g.input(0);
+  Value* y = g.output(0);  // with noop_with_empty_axes, Y = |X| elementwise
+  Value* dy = g.output_grad(0);
+  if (!spec.noop) {
+    CASTOR_ASSIGN_OR_RETURN(y, RestoreReducedAxes(g, spec, y));
+    CASTOR_ASSIGN_OR_RETURN(dy, RestoreReducedAxes(g, spec, dy));
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * ones, ZerosLike(g, y, 1.0, x->dtype()));
+  CASTOR_ASSIGN_OR_RETURN(Value * positive, g.Emit1("ReluGrad", {ones, y}, {}, kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * is_zero, g.Emit1("Sub", {ones, positive}));
+  CASTOR_ASSIGN_OR_RETURN(Value * safe, g.Emit1("Add", {y, is_zero}));
+  CASTOR_ASSIGN_OR_RETURN(Value * kept, g.Emit1("ReluGrad", {dy, y}, {}, kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * ratio, g.Emit1("Div", {kept, safe}));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Mul", {x, ratio}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = ReduceSumSquare(X): dX = 2 X dY.
+absl::Status ReduceSumSquareGradient(GradientBuilder& g) {
+  const ReducedAxes spec = ReadReducedAxes(g);
+  Value* dy = g.output_grad(0);  // with noop_with_empty_axes, Y = X^2 elementwise
+  if (!spec.noop) {
+    CASTOR_ASSIGN_OR_RETURN(dy, RestoreReducedAxes(g, spec, dy));
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * two, g.Scalar(2.0, g.input(0)->dtype()));
+  CASTOR_ASSIGN_OR_RETURN(Value * twice, g.Emit1("Mul", {g.input(0), two}));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Mul", {twice, dy}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = ReduceL1(X) = sum |X|: dX = dY * sign(X) (0 at 0, as Abs).
+absl::Status ReduceL1Gradient(GradientBuilder& g) {
+  const ReducedAxes spec = ReadReducedAxes(g);
+  Value* x = g.input(0);
+  Value* dy = g.output_grad(0);
+  if (!spec.noop) {
+    CASTOR_ASSIGN_OR_RETURN(dy, RestoreReducedAxes(g, spec, dy));
+    CASTOR_ASSIGN_OR_RETURN(Value * shape, g.ShapeOf(x));
+    CASTOR_ASSIGN_OR_RETURN(dy, g.Emit1("Expand", {dy, shape}));
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * negated, g.Emit1("Neg", {x}));
+  CASTOR_ASSIGN_OR_RETURN(Value * positive, g.Emit1("ReluGrad", {dy, x}, {}, kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * negative, g.Emit1("ReluGrad", {dy, negated}, {}, kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Sub", {positive, negative}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = ReduceLogSumExp(X): dX = dY * exp(X - Y).
+absl::Status ReduceLogSumExpGradient(GradientBuilder& g) {
+  const ReducedAxes spec = ReadReducedAxes(g);
+  if (spec.noop) return IdentityGradient(g);
+  CASTOR_ASSIGN_OR_RETURN(Value * y, RestoreReducedAxes(g, spec, g.output(0)));
+  CASTOR_ASSIGN_OR_RETURN(Value * dy, RestoreReducedAxes(g, spec, g.output_grad(0)));
+  CASTOR_ASSIGN_OR_RETURN(Value * shifted, g.Emit1("Sub", {g.input(0), y}));
+  CASTOR_ASSIGN_OR_RETURN(Value * softmax, g.Emit1("Exp", {shifted}));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Mul", {softmax, dy}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
 
 // ---- ops with a castor gradient op ------------------------------------------------------
 
@@ -533,6 +1264,15 @@ constexpr RuleEntry kRules[] = {
     {"Sigmoid", SigmoidGradient},
     {"Erf", ErfGradient},
     {"Pow", PowGradient},
+    {"Reciprocal", ReciprocalGradient},
+    {"Abs", AbsGradient},
+    {"LeakyRelu", LeakyReluGradient},
+    {"Clip", ClipGradient},
+    {"Where", WhereGradient},
+    {"Max", MaxMinGradient},
+    {"Min", MaxMinGradient},
+    {"Gelu", GeluGradient},
+    {"Dropout", DropoutGradient},
     {"MatMul", MatMulGradient},
     {"Gemm", GemmGradient},
     {"Reshape", ReshapeLikeInputGradient},
@@ -540,12 +1280,25 @@ constexpr RuleEntry kRules[] = {
     {"Squeeze", ReshapeLikeInputGradient},
     {"Unsqueeze", ReshapeLikeInputGradient},
     {"Transpose", TransposeGradient},
+    {"Concat", ConcatGradient},
+    {"Split", SplitGradient},
+    {"Slice", SliceGradient},
+    {"Expand", ExpandGradient},
+    {"Tile", TileGradient},
+    {"Pad", PadGradient},
     {"ReduceSum", ReduceSumGradient},
     {"ReduceMean", ReduceMeanGradient},
+    {"ReduceMax", ReduceExtremeGradient},
+    {"ReduceMin", ReduceExtremeGradient},
+    {"ReduceL2", ReduceL2Gradient},
+    {"ReduceSumSquare", ReduceSumSquareGradient},
+    {"ReduceL1", ReduceL1Gradient},
+    {"ReduceLogSumExp", ReduceLogSumExpGradient},
     {"Conv", ConvGradient},
     {"MaxPool", MaxPoolGradient},
     {"AveragePool", AveragePoolGradient},
     {"GlobalAveragePool", GlobalAveragePoolGradient},
+    {"GlobalMaxPool", GlobalMaxPoolGradient},
     {"BatchNormalization", BatchNormalizationGradient},
     {"LayerNormalization", LayerNormalizationGradient},
     {"Softmax", SoftmaxGradient},
