@@ -37,6 +37,11 @@ Usage (Debian's interpreter, or any Python with numpy + onnx):
   /usr/bin/python3 tests/zoo/compare.py --castor build/castor OUT
       [--models a,b | --subset ci] [--policies float32,mixed_float16,mixed_bfloat16]
       [--expected-failures tests/zoo/expected_failures.txt] [--json F] [--threads N]
+      [--generate]   (first run generate.py for models without a reference)
+
+The ctest subset, in one command (about N minutes on 2 cores, see README.md):
+  /usr/bin/python3 tests/zoo/compare.py --castor build/castor build/zoo --subset ci \
+      --generate --expected-failures tests/zoo/expected_failures.txt
 """
 
 import argparse
@@ -213,7 +218,24 @@ def main(argv=None):
                     help="lines 'model: reason'; such a model may fail, and must not pass")
     ap.add_argument("--json", default="", help="write the results as JSON")
     ap.add_argument("--keep-work", default="", help="keep castor's metrics/checkpoints here")
+    ap.add_argument("--generate", action="store_true",
+                    help="first run generate.py into OUT for the models (or --subset) "
+                         "that have no reference there yet (needs torch + torchvision)")
     args = ap.parse_args(argv)
+    if args.generate:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import generate
+        if args.models:
+            wanted = args.models.split(",")
+        else:
+            wanted = [n for n, (_, _, sub) in generate.MODELS.items()
+                      if args.subset == "full" or sub]
+        missing = [n for n in wanted
+                   if not os.path.exists(os.path.join(args.out, n + ".ref.json"))]
+        if missing and generate.main([args.out, "--models", ",".join(missing)]) != 0:
+            print("compare.py: generate.py failed for some of %s" % ", ".join(missing),
+                  file=sys.stderr)
+            return 2
 
     if not os.access(args.castor, os.X_OK):
         print("compare.py: %s is not an executable" % args.castor, file=sys.stderr)

@@ -63,7 +63,9 @@ Bands written to the JSON (compare.py applies them):
                  legitimate mixed-precision run; castor casts at other
                  places (4x margin), and a floor of 5% of the initial loss
                  covers models where bf16 autocast happens to track float32
-                 very closely.
+                 very closely. Where torch 1.13 cannot run bf16 autocast
+                 (no bf16 hardtanh backward: ReLU6 in mobilenet_v2), the
+                 tolerance is 10% of the initial loss and the JSON says why.
 
 Dropout: every nn.Dropout gets p = 0 (and stochastic depth probability 0)
 before export, so torch and castor draw no masks and the runs are
@@ -164,12 +166,12 @@ LM = ("lm", (SEQ,))
 
 # name: (builder, input, in the ctest subset). The subset is the fast ones
 # (generation + castor float32 + both mixed runs in a few seconds each on
-# 2 cores) that still cover the op families: Conv/BN/Relu/pools/Gemm
-# (resnet18), depthwise + Clip/HardSwish/HardSigmoid + Dropout (mobilenet_v3_small),
+# 2 cores) that still cover the op families: Conv/BN/Relu/pools/Gemm and
+# depthwise + Clip/HardSwish/HardSigmoid + Dropout (mobilenet_v3_small),
 # Concat/ceil-mode MaxPool (squeezenet1_1), channel shuffle (Transpose/Reshape/Split:
 # shufflenet_v2_x0_5), attention/LayerNorm/Gelu (vit_small) and the token models.
 MODELS = {
-    "resnet18": (tv("resnet18"), IMG32, True),
+    "resnet18": (tv("resnet18"), IMG32, False),
     "mobilenet_v2": (tv("mobilenet_v2"), IMG32, False),
     "mobilenet_v3_small": (tv("mobilenet_v3_small"), IMG32, True),
     "squeezenet1_1": (tv("squeezenet1_1"), IMG32, True),
@@ -192,6 +194,28 @@ MODELS = {
 }
 
 
+# Any other torchvision 0.14 classification model can be asked for by name
+# (--models vgg11_bn, or --torchvision-all): built with weights=None,
+# num_classes=10, stochastic depth 0, no aux heads, at 32x32 (alexnet 64x64,
+# inception_v3 80x80, maxvit_t 224x224, which its block partition needs).
+# The list above is one or two of each family; the others differ in width
+# and depth, not in op types.
+AUTO_SIZE = {"alexnet": IMG64, "inception_v3": IMG80, "maxvit_t": ("image", (3, 224, 224))}
+
+
+def auto_entry(name):
+    import torchvision.models as m
+    if name not in m.list_models(module=m):
+        return None
+    kwargs = {}
+    # The families whose model class takes a stochastic depth probability.
+    if name.startswith(("convnext", "swin", "maxvit", "efficientnet")):
+        kwargs["stochastic_depth_prob"] = 0.0
+    if name in ("googlenet", "inception_v3"):
+        kwargs.update(aux_logits=False, init_weights=True)
+    return (tv(name, **kwargs), AUTO_SIZE.get(name, IMG32), False)
+
+
 # --------------------------------------------------------------------------
 # Data
 # --------------------------------------------------------------------------
@@ -200,8 +224,12 @@ def make_data(kind, shape, samples):
     """Seeded data for `samples` samples: (x, y) as NumPy arrays."""
     rng = np.random.default_rng(SEED)
     if kind == "image":
-        x = rng.standard_normal((samples,) + tuple(shape)).astype(np.float32)
+        # Learnable: each class has a fixed random pattern, each sample is its
+        # class pattern plus as much noise (so the loss falls steadily and the
+        # curves the mixed policies are held to are not pure chaos).
         y = rng.integers(0, NUM_CLASSES, size=samples).astype(np.int64)
+        patterns = rng.standard_normal((NUM_CLASSES,) + tuple(shape))
+        x = (patterns[y] + rng.standard_normal((samples,) + tuple(shape))).astype(np.float32)
     elif kind == "tokens":
         x = rng.integers(0, VOCAB, size=(samples, SEQ)).astype(np.int64)
         # A learnable rule: the label is the first token mod 10.
@@ -336,10 +364,17 @@ def l2(a):
     return float(np.sqrt(np.sum(np.square(a, dtype=np.float64))))
 
 
-def generate_one(name, out_dir, steps_f32, mixed_steps, data_cache):
+class SkipModel(Exception):
+    pass
+
+
+def generate_one(name, out_dir, steps_f32, mixed_steps, data_cache, max_params=0):
     builder, (kind, shape), in_subset = MODELS[name]
     torch.manual_seed(SEED)
     model = zero_dropout(builder())
+    count = sum(p.numel() for p in model.parameters())
+    if max_params and count > max_params:
+        raise SkipModel("%d parameters > --max-params %d" % (count, max_params))
     model.train()
     samples = BATCH * max(steps_f32, mixed_steps)
     data_name = "data_%s_%s.npz" % (kind, "x".join(str(d) for d in shape))
@@ -369,10 +404,13 @@ def generate_one(name, out_dir, steps_f32, mixed_steps, data_cache):
     lnu, unu, _ = train_run(nudge_one_ulp(copy.deepcopy(model), SEED + 1), x, y, steps_f32,
                             record_update=True)
     timings["nudged"] = time.perf_counter() - t0
-    lbf = []
+    lbf, bf16_error = [], None
     if mixed_steps:
         t0 = time.perf_counter()
-        lbf, _, _ = train_run(model, x, y, mixed_steps, autocast_bf16=True)
+        try:
+            lbf, _, _ = train_run(model, x, y, mixed_steps, autocast_bf16=True)
+        except RuntimeError as e:  # e.g. torch 1.13 has no bf16 hardtanh backward (ReLU6)
+            bf16_error = str(e).splitlines()[0]
         timings["bf16"] = time.perf_counter() - t0
 
     loss_tol = []
@@ -408,8 +446,11 @@ def generate_one(name, out_dir, steps_f32, mixed_steps, data_cache):
         "batch": BATCH, "lr": LR, "steps_f32": steps_f32, "mixed_steps": mixed_steps,
         "loss_f64": l64, "loss_f32": l32, "loss_nudged": lnu, "loss_bf16_autocast": lbf,
         "loss_tol": loss_tol,
-        "mixed_tol": max(0.05 * abs(l64[0]), 4 * mixed_gap) if finite_bf else 0.05 * abs(l64[0]),
-        "torch_bf16_autocast_max_gap": mixed_gap,
+        # Without a usable bf16-autocast curve: 10% of the initial loss.
+        "mixed_tol": (max(0.05 * abs(l64[0]), 4 * mixed_gap) if lbf and finite_bf
+                      else 0.1 * abs(l64[0])),
+        "torch_bf16_autocast_max_gap": mixed_gap if lbf else None,
+        "torch_bf16_autocast_error": bf16_error,
         "torch_samples_per_s": BATCH / sec32, "torch_threads": torch.get_num_threads(),
         "parameters": params, "generate_seconds": timings,
     }
@@ -428,7 +469,17 @@ def main(argv=None):
                     help="float32 and bf16-autocast reference steps (0: no mixed reference)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--list", action="store_true", help="print the model list and exit")
+    ap.add_argument("--torchvision-all", action="store_true",
+                    help="add every torchvision 0.14 classification model (large ones take "
+                         "minutes and GBs; see --max-params)")
+    ap.add_argument("--max-params", type=float, default=0,
+                    help="skip models with more parameters than this (0: no limit)")
     args = ap.parse_args(argv)
+    if args.torchvision_all:
+        import torchvision.models as m
+        for name in m.list_models(module=m):
+            if name not in MODELS:
+                MODELS[name] = auto_entry(name)
     if args.list:
         for name, (_, (kind, shape), sub) in MODELS.items():
             print("%-20s %-6s %-12s %s" % (name, kind, "x".join(map(str, shape)),
@@ -440,6 +491,9 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     if args.models:
         names = args.models.split(",")
+        for n in names:
+            if n not in MODELS and auto_entry(n):
+                MODELS[n] = auto_entry(n)
         unknown = [n for n in names if n not in MODELS]
         if unknown:
             print("unknown models: %s (see --list)" % ", ".join(unknown), file=sys.stderr)
@@ -450,7 +504,11 @@ def main(argv=None):
     for name in names:
         t0 = time.perf_counter()
         try:
-            ref = generate_one(name, args.out, args.steps_f32, args.mixed_steps, cache)
+            ref = generate_one(name, args.out, args.steps_f32, args.mixed_steps, cache,
+                               args.max_params)
+        except SkipModel as e:
+            print("%-20s skipped: %s" % (name, e), flush=True)
+            continue
         except Exception as e:  # report and go on: one model must not hide the rest
             msg = "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
             print("%-20s FAILED to generate (%.1f s): %s" % (name, time.perf_counter() - t0, msg),
