@@ -315,8 +315,9 @@ def main(argv=None):
             if e is None:
                 mixed.append("-")
             elif "gap" in e:
-                mixed.append("%s %.3f%s" % ("ok" if e["ok"] else "FAIL", e["gap"],
-                                            " s%d" % e["skipped"] if e["skipped"] else ""))
+                mixed.append("%s %.2g/%.2g%s" % ("ok" if e["ok"] else "FAIL", e["gap"],
+                                                 ref["mixed_tol"],
+                                                 " s%d" % e["skipped"] if e["skipped"] else ""))
             else:
                 mixed.append("ERR")
         verdict = "pass" if res["passed"] else ("xfail" if name in expected else "FAIL")
@@ -344,8 +345,8 @@ def main(argv=None):
     print("\nloss1 rel: |castor - torch f64| / torch f64 at step 1 (tol 1e-5); loss2+ /tol: "
           "worst later-step diff over its tolerance (<= 1 passes); upd rel: worst relative L2 "
           "update diff over tensors with a nonzero gradient; upd /tol: worst diff over its "
-          "tolerance over all tensors; gap: max |castor mixed - torch f32| loss over the steps "
-          "(sN: N steps skipped by loss scaling); sps: float32 training samples/s.")
+          "tolerance over all tensors; gap: max |castor mixed - torch f32| loss over the steps / "
+          "its tolerance (sN: N steps skipped by loss scaling); sps: float32 training samples/s.")
     errors = [(n, r["error"]) for n, r in results.items() if r["error"]]
     if errors:
         print("\ncastor errors:")

@@ -97,6 +97,9 @@ LR = 0.01
 NUM_CLASSES = 10
 VOCAB = 64
 SEQ = 16
+# At most this much training data per input shape: larger inputs (224x224)
+# get fewer batches, which the runs cycle through (epochs in file order).
+DATA_BYTES = 64e6
 
 
 # --------------------------------------------------------------------------
@@ -161,6 +164,7 @@ def small_vit():
 IMG32 = ("image", (3, 32, 32))
 IMG64 = ("image", (3, 64, 64))
 IMG80 = ("image", (3, 80, 80))
+IMG224 = ("image", (3, 224, 224))
 TOKENS = ("tokens", (SEQ,))
 LM = ("lm", (SEQ,))
 
@@ -176,19 +180,21 @@ MODELS = {
     "mobilenet_v3_small": (tv("mobilenet_v3_small"), IMG32, True),
     "squeezenet1_1": (tv("squeezenet1_1"), IMG32, True),
     "shufflenet_v2_x0_5": (tv("shufflenet_v2_x0_5"), IMG32, True),
-    "efficientnet_b0": (tv("efficientnet_b0", stochastic_depth_prob=0.0), IMG32, False),
+    "efficientnet_b0": (tv("efficientnet_b0"), IMG32, False),
     "mnasnet0_5": (tv("mnasnet0_5"), IMG32, False),
     "regnet_x_400mf": (tv("regnet_x_400mf"), IMG32, False),
     "regnet_y_400mf": (tv("regnet_y_400mf"), IMG32, False),
     "densenet121": (tv("densenet121"), IMG32, False),
-    "convnext_tiny": (tv("convnext_tiny", stochastic_depth_prob=0.0), IMG32, False),
+    "convnext_tiny": (tv("convnext_tiny"), IMG32, False),
     "vit_small": (small_vit, IMG32, True),
-    "swin_t": (tv("swin_t", stochastic_depth_prob=0.0), IMG32, False),
+    "swin_t": (tv("swin_t"), IMG32, False),
     "googlenet": (tv("googlenet", aux_logits=False, init_weights=True), IMG32, False),
     "inception_v3": (tv("inception_v3", aux_logits=False, init_weights=True), IMG80, False),
     "resnext50_32x4d": (tv("resnext50_32x4d"), IMG32, False),
-    "efficientnet_v2_s": (tv("efficientnet_v2_s", stochastic_depth_prob=0.0), IMG32, False),
-    "alexnet": (tv("alexnet"), IMG64, False),
+    "efficientnet_v2_s": (tv("efficientnet_v2_s"), IMG32, False),
+    # alexnet and vgg end in AdaptiveAvgPool2d((6, 6)) / ((7, 7)), which torch
+    # 1.13 exports only when the feature map is a multiple of it: 224x224.
+    "alexnet": (tv("alexnet"), IMG224, False),
     "token_classifier": (TokenClassifier, TOKENS, True),
     "causal_lm": (CausalLM, LM, True),
 }
@@ -196,21 +202,21 @@ MODELS = {
 
 # Any other torchvision 0.14 classification model can be asked for by name
 # (--models vgg11_bn, or --torchvision-all): built with weights=None,
-# num_classes=10, stochastic depth 0, no aux heads, at 32x32 (alexnet 64x64,
-# inception_v3 80x80, maxvit_t 224x224, which its block partition needs).
+# num_classes=10, no aux heads, at 32x32 (alexnet and vgg 224x224, see
+# above; inception_v3 80x80, its minimum is 75; maxvit_t 224x224, which its
+# block partition needs).
 # The list above is one or two of each family; the others differ in width
 # and depth, not in op types.
-AUTO_SIZE = {"alexnet": IMG64, "inception_v3": IMG80, "maxvit_t": ("image", (3, 224, 224))}
+AUTO_SIZE = {"alexnet": IMG224, "inception_v3": IMG80, "maxvit_t": IMG224}
+AUTO_SIZE.update({n: IMG224 for n in ("vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16",
+                                      "vgg16_bn", "vgg19", "vgg19_bn")})
 
 
 def auto_entry(name):
     import torchvision.models as m
     if name not in m.list_models(module=m):
         return None
-    kwargs = {}
-    # The families whose model class takes a stochastic depth probability.
-    if name.startswith(("convnext", "swin", "maxvit", "efficientnet")):
-        kwargs["stochastic_depth_prob"] = 0.0
+    kwargs = {}  # stochastic depth: zero_dropout sets p = 0 after building
     if name in ("googlenet", "inception_v3"):
         kwargs.update(aux_logits=False, init_weights=True)
     return (tv(name, **kwargs), AUTO_SIZE.get(name, IMG32), False)
@@ -256,8 +262,11 @@ def input_names(kind):
 # --------------------------------------------------------------------------
 
 def zero_dropout(model):
+    """p = 0 for every Dropout and torchvision StochasticDepth (a builder may
+    fix stochastic_depth_prob itself: swin_t passes 0.2)."""
+    from torchvision.ops import StochasticDepth
     for module in model.modules():
-        if isinstance(module, nn.Dropout):
+        if isinstance(module, (nn.Dropout, StochasticDepth)):
             module.p = 0.0
     return model
 
@@ -286,10 +295,11 @@ def train_run(model, x, y, steps, dtype=torch.float32, autocast_bf16=False, reco
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.0)
     losses, times, update = [], [], None
     for k in range(steps):
-        xb = torch.from_numpy(x[k * BATCH:(k + 1) * BATCH])
+        b = k % (len(x) // BATCH)  # castor --no-shuffle cycles epochs in file order
+        xb = torch.from_numpy(x[b * BATCH:(b + 1) * BATCH])
         if xb.is_floating_point():
             xb = xb.to(dtype)
-        yb = torch.from_numpy(y[k * BATCH:(k + 1) * BATCH])
+        yb = torch.from_numpy(y[b * BATCH:(b + 1) * BATCH])
         if record_update and k == 0:
             before = {n: p.detach().clone() for n, p in model.named_parameters()}
         t0 = time.perf_counter()
@@ -376,7 +386,11 @@ def generate_one(name, out_dir, steps_f32, mixed_steps, data_cache, max_params=0
     if max_params and count > max_params:
         raise SkipModel("%d parameters > --max-params %d" % (count, max_params))
     model.train()
-    samples = BATCH * max(steps_f32, mixed_steps)
+    batches = max(steps_f32, mixed_steps)
+    sample_bytes = 4 * int(np.prod(shape))
+    if BATCH * batches * sample_bytes > DATA_BYTES:  # 224x224: a few batches, cycled
+        batches = max(steps_f32, int(DATA_BYTES // (BATCH * sample_bytes)))
+    samples = BATCH * batches
     data_name = "data_%s_%s.npz" % (kind, "x".join(str(d) for d in shape))
     data_path = os.path.join(out_dir, data_name)
     key = (kind, shape, samples)
