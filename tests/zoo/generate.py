@@ -40,8 +40,8 @@ model is in train() mode (BatchNorm uses batch statistics). Runs:
             against float64 on every loss and every step-1 update, and the
             float32 curve the mixed policies are held to.
   nudged    float32 from weights nudged by one ulp (each element moved one
-            ulp up or down at random), and again by 16 ulps, --steps-f32
-            steps each: how chaotic the trajectory is (BatchNorm at batch 16
+            ulp up or down at random), and three times by 16 ulps (other
+            seeds), --steps-f32 steps each: how chaotic the trajectory is (BatchNorm at batch 16
             amplifies rounding quickly) and whether a kink (ReLU, max-pool
             tie) sits within rounding reach (see NUDGE_ULPS).
   bf16      torch.autocast('cpu', dtype=torch.bfloat16), --mixed-steps steps:
@@ -50,10 +50,10 @@ model is in train() mode (BatchNorm uses batch statistics). Runs:
 
 Bands written to the JSON (compare.py applies them):
   loss_tol[k]  = max(1e-5 * |l64[k]|, 10 * max(|l32[k] - l64[k]|,
-                 |lnudged[k] - l32[k]|, |lnudged16[k] - l32[k]|)); step 1 is held to 1e-5 relative
+                 |lnudged[k] - l32[k]|, max_s |lnudged16_s[k] - l32[k]|)); step 1 is held to 1e-5 relative
                  of float64 (loss_tol[0] = 1e-5 * |l64[0]| exactly).
   update_tol_abs[p] = max(1e-3 * |u64|, 10 * max(|u32 - u64|,
-                 |unudged - u64|, |unudged16 - u64|))  (L2 norms over the tensor; u = weight
+                 |unudged - u64|, max_s |unudged16_s - u64|))  (L2 norms over the tensor; u = weight
                  after step 1 minus before, u32 rounded through float32
                  weights as castor's checkpoint is). A tensor whose true
                  gradient is zero (a bias right before BatchNormalization)
@@ -108,8 +108,11 @@ DATA_BYTES = 64e6
 # ~sqrt(K) ulps for K-term sums, which can flip a ReLU or a max-pool tie. On
 # resnet18 a 16-ulp nudge in float64 moves the step-1 update of conv1 by
 # 1e-2 (a 4-ulp nudge: 4e-6): one flipped kink, and castor's update is that
-# same 1e-2 away. So the band is the larger of the 1-ulp and 16-ulp nudges.
+# same 1e-2 away. Whether a random 16-ulp nudge crosses a given kink is a
+# draw (3 of 4 seeds did there), so NUDGE_SEEDS runs are made; the band is
+# the largest deviation over the 1-ulp run and all of them.
 NUDGE_ULPS = 16
+NUDGE_SEEDS = 3
 
 
 # --------------------------------------------------------------------------
@@ -441,8 +444,12 @@ def generate_one(name, out_dir, steps_f32, mixed_steps, data_cache, max_params=0
     t0 = time.perf_counter()
     lnu, unu, _ = train_run(nudge(copy.deepcopy(model), SEED + 1, 1), x, y, steps_f32,
                             record_update=True)
-    lnu16, unu16, _ = train_run(nudge(copy.deepcopy(model), SEED + 2, NUDGE_ULPS), x, y,
-                                steps_f32, record_update=True)
+    lnu16, unu16 = [], []
+    for i in range(NUDGE_SEEDS):
+        losses, upd, _ = train_run(nudge(copy.deepcopy(model), SEED + 2 + i, NUDGE_ULPS), x, y,
+                                   steps_f32, record_update=True)
+        lnu16.append(losses)
+        unu16.append(upd)
     timings["nudged"] = time.perf_counter() - t0
     lbf, bf16_error = [], None
     if mixed_steps:
@@ -459,15 +466,15 @@ def generate_one(name, out_dir, steps_f32, mixed_steps, data_cache, max_params=0
             loss_tol.append(1e-5 * abs(l64[0]))
         else:
             loss_tol.append(max(1e-5 * abs(l64[k]),
-                                10 * max(abs(l32[k] - l64[k]), abs(lnu[k] - l32[k]),
-                                         abs(lnu16[k] - l32[k]))))
+                                10 * max([abs(l32[k] - l64[k]), abs(lnu[k] - l32[k])] +
+                                         [abs(l[k] - l32[k]) for l in lnu16])))
     params = {}
     upd_arrays = {}
     for tname, iname in mapping.items():
         ref = u64[tname]
         n64 = l2(ref)
         e32 = l2(u32[tname] - ref)
-        enu = max(l2(unu[tname] - ref), l2(unu16[tname] - ref))
+        enu = max([l2(unu[tname] - ref)] + [l2(u[tname] - ref) for u in unu16])
         tol = max(1e-3 * n64, 10 * max(e32, enu))
         params[iname] = {"torch_name": tname, "shape": list(ref.shape),
                          "update_norm_f64": n64, "f32_err": e32, "nudged_err": enu,
