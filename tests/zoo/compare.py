@@ -212,7 +212,10 @@ def main(argv=None):
     ap.add_argument("--models", default="")
     ap.add_argument("--subset", choices=["ci", "full"], default="full")
     ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--threads", type=int, default=0, help="castor --threads (0: all)")
+    ap.add_argument("--threads", type=int, default=-1,
+                    help="castor --threads (0: all; default: the thread count PyTorch's "
+                         "reference ran with, torch_threads in the JSON, so the samples/s "
+                         "columns compare like with like; Debian's torch uses 1 on 2 vCPUs)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per castor run")
     ap.add_argument("--expected-failures", default="",
                     help="lines 'model: reason'; such a model may fail, and must not pass")
@@ -269,14 +272,15 @@ def main(argv=None):
         res = {"model": name, "policies": {}, "failures": [], "error": None}
         t0 = time.perf_counter()
         for policy in policies:
+            threads = ref.get("torch_threads", 0) if args.threads < 0 else args.threads
             if policy == "float32":
                 run = run_castor(castor, ref, args.out, policy, ref["steps_f32"], work,
-                                 args.threads, True, args.timeout)
+                                 threads, True, args.timeout)
             else:
                 if not ref["mixed_steps"]:
                     continue
                 run = run_castor(castor, ref, args.out, policy, ref["mixed_steps"], work,
-                                 args.threads, False, args.timeout)
+                                 threads, False, args.timeout)
             entry = {"seconds": run.get("seconds")}
             if not run["ok"]:
                 entry.update(ok=False, error=run["error"])
@@ -346,7 +350,9 @@ def main(argv=None):
           "worst later-step diff over its tolerance (<= 1 passes); upd rel: worst relative L2 "
           "update diff over tensors with a nonzero gradient; upd /tol: worst diff over its "
           "tolerance over all tensors; gap: max |castor mixed - torch f32| loss over the steps / "
-          "its tolerance (sN: N steps skipped by loss scaling); sps: float32 training samples/s.")
+          "its tolerance (sN: N steps skipped by loss scaling); sps: float32 training samples/s "
+          "(castor: median over steps 2-4 of its --metrics; torch: median over its 50 float32 "
+          "reference steps; same thread count unless --threads).")
     errors = [(n, r["error"]) for n, r in results.items() if r["error"]]
     if errors:
         print("\ncastor errors:")
