@@ -223,7 +223,8 @@ def main(argv=None):
     ap.add_argument("--keep-work", default="", help="keep castor's metrics/checkpoints here")
     ap.add_argument("--generate", action="store_true",
                     help="first run generate.py into OUT for the models (or --subset) "
-                         "that have no reference there yet (needs torch + torchvision)")
+                         "that have no reference there yet, or one an older generate.py "
+                         "wrote (needs torch + torchvision)")
     args = ap.parse_args(argv)
     if args.generate:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -233,8 +234,15 @@ def main(argv=None):
         else:
             wanted = [n for n, (_, _, sub) in generate.MODELS.items()
                       if args.subset == "full" or sub]
-        missing = [n for n in wanted
-                   if not os.path.exists(os.path.join(args.out, n + ".ref.json"))]
+        digest = generate.generator_digest()
+
+        def current(name):  # a reference this version of generate.py wrote
+            try:
+                with open(os.path.join(args.out, name + ".ref.json")) as f:
+                    return json.load(f).get("generator_digest") == digest
+            except (OSError, ValueError):
+                return False
+        missing = [n for n in wanted if not current(n)]
         if missing and generate.main([args.out, "--models", ",".join(missing)]) != 0:
             print("compare.py: generate.py failed for some of %s" % ", ".join(missing),
                   file=sys.stderr)

@@ -397,6 +397,14 @@ def initializer_map(onnx_path, model):
 
 # --------------------------------------------------------------------------
 
+def generator_digest():
+    """sha256 of this file: compare.py --generate regenerates references
+    written by another version of it."""
+    import hashlib
+    with open(os.path.abspath(__file__), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
 def l2(a):
     return float(np.sqrt(np.sum(np.square(a, dtype=np.float64))))
 
@@ -502,6 +510,7 @@ def generate_one(name, out_dir, steps_f32, mixed_steps, data_cache, max_params=0
         "torch_bf16_autocast_error": bf16_error,
         "torch_samples_per_s": BATCH / sec32, "torch_threads": torch.get_num_threads(),
         "parameters": params, "generate_seconds": timings,
+        "generator_digest": generator_digest(), "torch_version": torch.__version__,
     }
     with open(os.path.join(out_dir, name + ".ref.json"), "w") as f:
         json.dump(ref, f, indent=1)
