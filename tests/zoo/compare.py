@@ -31,7 +31,8 @@ loss diff / tolerance, worst update diff / tolerance, mixed gaps, castor and
 PyTorch float32 samples/s) and, for every model castor could not train, the
 exact error line castor printed. Exit status: 0 when every model passes (or
 fails as --expected-failures lists it, and no listed model passes), 1 on a
-failure, 2 on a setup error.
+failure, 2 on a setup error, 77 when --generate has no torch/torchvision to
+run generate.py with (ctest's SKIP_RETURN_CODE).
 
 Usage (Debian's interpreter, or any Python with numpy + onnx):
   /usr/bin/python3 tests/zoo/compare.py --castor build/castor OUT
@@ -228,7 +229,13 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.generate:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        import generate
+        try:
+            import generate
+            import torchvision  # noqa: F401  (generate.py imports it lazily)
+        except ImportError as e:
+            # ctest: SKIP_RETURN_CODE 77 (install python3-torch, python3-torchvision)
+            print("compare.py: cannot generate the zoo here: %s" % e, file=sys.stderr)
+            return 77
         if args.models:
             wanted = args.models.split(",")
         else:
