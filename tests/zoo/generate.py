@@ -29,7 +29,9 @@ no downloads: weights=None, seeded with torch.manual_seed) writes into OUT:
 
 REFERENCE. SGD, lr 0.01, no momentum, no weight decay, batch 16, no shuffle:
 step k (1-based) trains on samples [16(k-1), 16k), exactly what
-`castor train --optimizer sgd --lr 0.01 --batch 16 --no-shuffle` sees. Loss:
+`castor train --optimizer sgd --lr 0.01 --batch 16 --no-shuffle` sees
+(inputs over DATA_BYTES, 224x224, keep fewer batches, cycled in file order
+as castor's epochs are). Loss:
 mean softmax cross-entropy on the logits (token classifier: one label per
 sequence; causal LM: next-token labels, mean over all N*T positions). The
 model is in train() mode (BatchNorm uses batch statistics). Runs:
@@ -41,20 +43,22 @@ model is in train() mode (BatchNorm uses batch statistics). Runs:
             float32 curve the mixed policies are held to.
   nudged    float32 from weights nudged by one ulp (each element moved one
             ulp up or down at random), and three times by 16 ulps (other
-            seeds), --steps-f32 steps each: how chaotic the trajectory is (BatchNorm at batch 16
-            amplifies rounding quickly) and whether a kink (ReLU, max-pool
-            tie) sits within rounding reach (see NUDGE_ULPS).
+            seeds), --steps-f32 steps each: how chaotic the trajectory is
+            (BatchNorm at batch 16 amplifies rounding quickly) and whether
+            a kink (ReLU, max-pool tie) sits within rounding reach (see
+            NUDGE_ULPS).
   bf16      torch.autocast('cpu', dtype=torch.bfloat16), --mixed-steps steps:
             how far PyTorch's own mixed precision strays from its float32
             curve; the mixed-policy tolerance is derived from it.
 
 Bands written to the JSON (compare.py applies them):
   loss_tol[k]  = max(1e-5 * |l64[k]|, 10 * max(|l32[k] - l64[k]|,
-                 |lnudged[k] - l32[k]|, max_s |lnudged16_s[k] - l32[k]|)); step 1 is held to 1e-5 relative
-                 of float64 (loss_tol[0] = 1e-5 * |l64[0]| exactly).
+                 |lnudged[k] - l32[k]|, max_s |lnudged16_s[k] - l32[k]|));
+                 step 1 is held to 1e-5 relative of float64 (loss_tol[0] =
+                 1e-5 * |l64[0]| exactly).
   update_tol_abs[p] = max(1e-3 * |u64|, 10 * max(|u32 - u64|,
-                 |unudged - u64|, max_s |unudged16_s - u64|))  (L2 norms over the tensor; u = weight
-                 after step 1 minus before, u32 rounded through float32
+                 |unudged - u64|, max_s |unudged16_s - u64|))  (L2 norms
+                 over the tensor; u = weight after step 1 minus before, u32 rounded through float32
                  weights as castor's checkpoint is). A tensor whose true
                  gradient is zero (a bias right before BatchNormalization)
                  has |u64| ~ 0 and is judged by the float32 noise band alone.
@@ -76,7 +80,8 @@ training_mode true), which castor must accept.
 
 Usage (Debian's interpreter):
   /usr/bin/python3 tests/zoo/generate.py OUT [--subset ci|full] [--models a,b]
-     [--steps-f32 4] [--mixed-steps 50] [--threads 2]
+     [--steps-f32 4] [--mixed-steps 50] [--threads N] [--torchvision-all]
+     [--max-params P] [--list]
 It prints one line per model with its run time and writes OUT/index.json.
 """
 
