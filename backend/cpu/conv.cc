@@ -158,8 +158,8 @@ constexpr int64_t kLargeTileColumnElements = int64_t{4} << 20;
 // with larger tiles, the unrolling split across threads and each GEMM
 // split across threads by Sgemm.
 template <typename T, typename Acc>
-void RunConv(const KernelContext& ctx, const WindowGeometry& g, int64_t batch, int64_t channels,
-             int64_t out_channels, int64_t group, TensorView* y) {
+void RunConv(const KernelContext& ctx, const common::WindowGeometry& g, int64_t batch,
+             int64_t channels, int64_t out_channels, int64_t group, TensorView* y) {
   const ConvOperands<T, Acc> ops(ctx, y, out_channels);
   const int64_t cg = channels / group;
   const int64_t mg = out_channels / group;
@@ -354,7 +354,8 @@ absl::Status ConvKernel(KernelContext& ctx) {
   }
   const std::vector<int64_t> spatial(x.dims.begin() + 2, x.dims.end());
   const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
-  absl::StatusOr<WindowGeometry> g = ForwardWindowGeometry(ctx, spatial, kernel, false);
+  absl::StatusOr<common::WindowGeometry> g =
+      common::ForwardWindowGeometry(ctx, spatial, kernel, false);
   if (!g.ok()) return g.status();
   std::vector<int64_t> out_dims = {batch, out_channels};
   out_dims.insert(out_dims.end(), g->output.begin(), g->output.end());
@@ -380,21 +381,21 @@ int64_t FloorDiv(int64_t a, int64_t b) {
 }
 
 // ConvTranspose geometry: `input` are X's spatial dims, `output` the result's.
-absl::StatusOr<WindowGeometry> TransposeGeometry(const KernelContext& ctx,
-                                                 const std::vector<int64_t>& input,
-                                                 const std::vector<int64_t>& kernel) {
+absl::StatusOr<common::WindowGeometry> TransposeGeometry(const KernelContext& ctx,
+                                                         const std::vector<int64_t>& input,
+                                                         const std::vector<int64_t>& kernel) {
   const size_t n = input.size();
-  WindowGeometry g;
+  common::WindowGeometry g;
   g.num_spatial = static_cast<int>(n);
   g.input = input;
   g.kernel = kernel;
-  auto strides = WindowInts(ctx, "strides", n, 1);
+  auto strides = common::WindowInts(ctx, "strides", n, 1);
   if (!strides.ok()) return strides.status();
-  auto dilations = WindowInts(ctx, "dilations", n, 1);
+  auto dilations = common::WindowInts(ctx, "dilations", n, 1);
   if (!dilations.ok()) return dilations.status();
-  auto pads = WindowInts(ctx, "pads", 2 * n, 0);
+  auto pads = common::WindowInts(ctx, "pads", 2 * n, 0);
   if (!pads.ok()) return pads.status();
-  auto output_padding = WindowInts(ctx, "output_padding", n, 0);
+  auto output_padding = common::WindowInts(ctx, "output_padding", n, 0);
   if (!output_padding.ok()) return output_padding.status();
   g.strides = *strides;
   g.dilations = *dilations;
@@ -460,7 +461,7 @@ absl::StatusOr<WindowGeometry> TransposeGeometry(const KernelContext& ctx,
 // for output channels [m_lo, m_hi): im2col's transpose, with the roles of
 // the input and output axes swapped (the window index runs over the input).
 template <typename Acc>
-void Col2Im(const Acc* col, const WindowGeometry& g, Acc* out, int64_t m_lo, int64_t m_hi) {
+void Col2Im(const Acc* col, const common::WindowGeometry& g, Acc* out, int64_t m_lo, int64_t m_hi) {
   const int nd = g.num_spatial;
   const int64_t ksize = g.kernel_size();
   const int64_t in_size = g.input_size();
@@ -486,7 +487,7 @@ void Col2Im(const Acc* col, const WindowGeometry& g, Acc* out, int64_t m_lo, int
 }
 
 template <typename T, typename Acc>
-void RunConvTranspose(const KernelContext& ctx, const WindowGeometry& g, int64_t batch,
+void RunConvTranspose(const KernelContext& ctx, const common::WindowGeometry& g, int64_t batch,
                       int64_t channels, int64_t out_channels, int64_t group, TensorView* y) {
   const ConvOperands<T, Acc> ops(ctx, y, out_channels);
   const int64_t cg = channels / group;
@@ -560,7 +561,7 @@ absl::Status ConvTransposeKernel(KernelContext& ctx) {
   }
   const std::vector<int64_t> spatial(x.dims.begin() + 2, x.dims.end());
   const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
-  absl::StatusOr<WindowGeometry> g = TransposeGeometry(ctx, spatial, kernel);
+  absl::StatusOr<common::WindowGeometry> g = TransposeGeometry(ctx, spatial, kernel);
   if (!g.ok()) return g.status();
   std::vector<int64_t> out_dims = {batch, out_channels};
   out_dims.insert(out_dims.end(), g->output.begin(), g->output.end());

@@ -4,7 +4,7 @@
 // Log Sqrt Reciprocal), binary arithmetic with numpy broadcasting (Add Sub
 // Mul Div, Pow with a base and exponent of different dtypes), Equal (bool
 // out), the variadic Max/Min/Sum, Where and Clip. The scalar arithmetic of
-// each op lives in backend/cpu/elementwise_math.h (shared with CUDA); this
+// each op lives in backend/common/elementwise_math.h (shared with CUDA); this
 // file loads, broadcasts and stores. 16-bit floats compute in float32 and
 // round once on store (unary ops and same-dtype binary ops widen and narrow
 // them in blocks with float_io.h's vectorized bulk conversions, and the
@@ -22,11 +22,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backend/common/elementwise_math.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_kernels.h"
-#include "backend/cpu/elementwise_math.h"
 #include "backend/cpu/float_io.h"
-#include "backend/cpu/op_geometry.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/simd16.h"
 #include "backend/cpu/vector_clones.h"
@@ -117,7 +117,7 @@ absl::Status GeluKernel(KernelContext& ctx) {
 // dtype's extremes (+-inf for floats).
 absl::Status ClipKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
-  if (absl::Status s = CheckClipBounds(ctx); !s.ok()) return s;
+  if (absl::Status s = common::CheckClipBounds(ctx); !s.ok()) return s;
   absl::Status status;
   auto body = [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -264,7 +264,7 @@ absl::StatusOr<BroadcastPlan> PlanInputs(const KernelContext& ctx, int first, in
 // Add, Sub, Mul, Div: floats and integers, output the inputs' dtype.
 template <typename Op>
 absl::Status ArithmeticKernel(KernelContext& ctx) {
-  if (absl::Status s = RequireSameDType(ctx, 0, 1); !s.ok()) return s;
+  if (absl::Status s = common::RequireSameDType(ctx, 0, 1); !s.ok()) return s;
   absl::StatusOr<BroadcastPlan> plan = PlanInputs(ctx, 0, 2);
   if (!plan.ok()) return plan.status();
   const TensorView& a = ctx.input(0);
@@ -280,7 +280,7 @@ absl::Status ArithmeticKernel(KernelContext& ctx) {
 // Equal: any numeric dtype or bool in, bool out. Floats compare by value
 // (+0 == -0, NaN != NaN).
 absl::Status EqualKernel(KernelContext& ctx) {
-  if (absl::Status s = RequireSameDType(ctx, 0, 1); !s.ok()) return s;
+  if (absl::Status s = common::RequireSameDType(ctx, 0, 1); !s.ok()) return s;
   absl::StatusOr<BroadcastPlan> plan = PlanInputs(ctx, 0, 2);
   if (!plan.ok()) return plan.status();
   const TensorView& a = ctx.input(0);
@@ -334,7 +334,7 @@ absl::Status VariadicKernel(KernelContext& ctx) {
   for (int i = 0; i < n; ++i) {
     if (!ctx.has_input(i)) return ctx.Error(absl::StrCat("input ", i, " is missing"));
   }
-  if (absl::Status s = RequireSameDType(ctx, 0, n - 1); !s.ok()) return s;
+  if (absl::Status s = common::RequireSameDType(ctx, 0, n - 1); !s.ok()) return s;
   absl::StatusOr<BroadcastPlan> plan = PlanInputs(ctx, 0, n);
   if (!plan.ok()) return plan.status();
   const DType dtype = ctx.input(0).dtype;
@@ -413,7 +413,7 @@ absl::Status WhereKernel(KernelContext& ctx) {
     return ctx.Error(absl::StrCat("input 0 (condition) is ", DTypeName(cond.dtype),
                                   "; expected bool"));
   }
-  if (absl::Status s = RequireSameDType(ctx, 1, 2); !s.ok()) return s;
+  if (absl::Status s = common::RequireSameDType(ctx, 1, 2); !s.ok()) return s;
   absl::StatusOr<BroadcastPlan> plan = PlanInputs(ctx, 0, 3);
   if (!plan.ok()) return plan.status();
   const DType dtype = ctx.input(1).dtype;

@@ -41,6 +41,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cpu/batch_norm_loops.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
@@ -48,7 +49,6 @@
 #include "backend/cpu/grid_conv.h"
 #include "backend/cpu/im2col.h"
 #include "backend/cpu/lane_sums.h"
-#include "backend/cpu/op_geometry.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/scratch.h"
 #include "backend/cpu/simd16.h"
@@ -267,7 +267,7 @@ CASTOR_SIMD16_TARGET void LayerNormGradRowAvx512(
 
 // Scatter-adds col [channels * kernel_size, output_size] (Im2Col's layout)
 // into the image x [channels, input...]: Im2Col's transpose.
-void Col2ImAdd(const float* col, const WindowGeometry& g, int64_t rows, float* x) {
+void Col2ImAdd(const float* col, const common::WindowGeometry& g, int64_t rows, float* x) {
   const int nd = g.num_spatial;
   const int64_t in_size = g.input_size();
   const int64_t out_size = g.output_size();
@@ -298,7 +298,9 @@ struct ConvGradShapes {
 
 // True when ConvGrad takes ConvGradOnGrid's products (2-D, and a vector
 // kernel runs: grid_conv.h's UseGridProducts); else the column path.
-bool UsesGrid(const WindowGeometry& g) { return PaddedGrid::Applies(g) && UseGridProducts(); }
+bool UsesGrid(const common::WindowGeometry& g) {
+  return PaddedGrid::Applies(g) && UseGridProducts();
+}
 
 // The direct products (grid_conv.h) of a 2-D ConvGrad, set up once per call.
 //
@@ -319,7 +321,7 @@ bool UsesGrid(const WindowGeometry& g) { return PaddedGrid::Applies(g) && UseGri
 // phase no tap reaches comes out as zeros, so every dX element is written.
 class ConvGradOnGrid {
  public:
-  ConvGradOnGrid(const WindowGeometry& g, const ConvGradShapes& s, const float* w)
+  ConvGradOnGrid(const common::WindowGeometry& g, const ConvGradShapes& s, const float* w)
       : g_(g), x_grid_(g_), cg_(s.channels / s.group), mg_(s.out_channels / s.group) {
     const int64_t kernel_size = g_.kernel_size();
     for (int64_t row = 0; row < cg_ * kernel_size; ++row) x_rows_.push_back(x_grid_.RowOffset(row));
@@ -486,7 +488,7 @@ class ConvGradOnGrid {
     std::vector<float> a;              // [group][cg][mg * taps]: W's entries
   };
 
-  const WindowGeometry& g_;
+  const common::WindowGeometry& g_;
   const PaddedGrid x_grid_;
   const int64_t cg_, mg_;
   std::vector<int64_t> x_rows_;  // column row k of X_g: padded + x_rows_[k]
@@ -495,8 +497,8 @@ class ConvGradOnGrid {
   std::vector<Phase> phases_;
 };
 
-void RunConvGrad(const WindowGeometry& g, const ConvGradShapes& s, const float* x, const float* dy,
-                 const float* w, float* dx, float* dw, float* db) {
+void RunConvGrad(const common::WindowGeometry& g, const ConvGradShapes& s, const float* x,
+                 const float* dy, const float* w, float* dx, float* dw, float* db) {
   const int64_t cg = s.channels / s.group;
   const int64_t mg = s.out_channels / s.group;
   const int64_t kg = cg * g.kernel_size();
@@ -586,15 +588,17 @@ absl::Status ConvGradKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& x = ctx.input(1);
   const TensorView& w = ctx.input(2);
-  CASTOR_ASSIGN_OR_RETURN(const int64_t group, CheckConvGrad(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const int64_t group, common::CheckConvGrad(ctx));
   const ConvGradShapes s{x.dims[0], x.dims[1], w.dims[0], group};
   const std::vector<int64_t> spatial(x.dims.begin() + 2, x.dims.end());
   const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
-  absl::StatusOr<WindowGeometry> g = ForwardWindowGeometry(ctx, spatial, kernel, false);
+  absl::StatusOr<common::WindowGeometry> g =
+      common::ForwardWindowGeometry(ctx, spatial, kernel, false);
   if (!g.ok()) return g.status();
   std::vector<int64_t> y_dims = {s.batch, s.out_channels};
   y_dims.insert(y_dims.end(), g->output.begin(), g->output.end());
-  if (absl::Status st = RequireDims(ctx, 0, "dY", y_dims, "Conv's output for X and W"); !st.ok()) {
+  if (absl::Status st = common::RequireDims(ctx, 0, "dY", y_dims, "Conv's output for X and W");
+      !st.ok()) {
     return st;
   }
   TensorView* dx = nullptr;
@@ -637,7 +641,7 @@ absl::Status ConvGradKernel(KernelContext& ctx) {
 // per-axis index), `offsets` being the row-major input offsets its window
 // reads inside the input, in row-major window order.
 template <typename Fn>
-void ForEachWindow(const WindowGeometry& g, const std::vector<AxisWindows>& axes, Fn&& fn) {
+void ForEachWindow(const common::WindowGeometry& g, const std::vector<AxisWindows>& axes, Fn&& fn) {
   const int nd = g.num_spatial;
   std::vector<int64_t> stride(nd);
   int64_t step = 1;
@@ -672,7 +676,7 @@ void ForEachWindow(const WindowGeometry& g, const std::vector<AxisWindows>& axes
 
 // Shared set-up of MaxPoolGrad and AveragePoolGrad: checks, geometry, dX.
 struct PoolGradSetUp {
-  WindowGeometry g;
+  common::WindowGeometry g;
   std::vector<AxisWindows> axes;
   int64_t planes = 0;
   TensorView* dx = nullptr;
@@ -684,17 +688,19 @@ absl::StatusOr<PoolGradSetUp> SetUpPoolGrad(KernelContext& ctx) {
     return ctx.Error(absl::StrCat("input 1 (X) must have rank >= 3 ([N, C, D1, ...]); it is ",
                                   DimsString(x.dims)));
   }
-  if (absl::Status st = RequireSameDType(ctx, 0, "dY", 1, "X"); !st.ok()) return st;
+  if (absl::Status st = common::RequireSameDType(ctx, 0, "dY", 1, "X"); !st.ok()) return st;
   if (!ctx.node().has_attribute("kernel_shape")) {
     return ctx.Error("attribute 'kernel_shape' is required");
   }
   const std::vector<int64_t> spatial(x.dims.begin() + 2, x.dims.end());
   PoolGradSetUp setup;
-  CASTOR_ASSIGN_OR_RETURN(setup.g, ForwardWindowGeometry(ctx, spatial, ctx.GetInts("kernel_shape"),
-                                                         ctx.GetInt("ceil_mode", 0) != 0));
+  CASTOR_ASSIGN_OR_RETURN(setup.g,
+                          common::ForwardWindowGeometry(ctx, spatial, ctx.GetInts("kernel_shape"),
+                                                        ctx.GetInt("ceil_mode", 0) != 0));
   std::vector<int64_t> y_dims = {x.dims[0], x.dims[1]};
   y_dims.insert(y_dims.end(), setup.g.output.begin(), setup.g.output.end());
-  if (absl::Status st = RequireDims(ctx, 0, "dY", y_dims, "the pool's output for X"); !st.ok()) {
+  if (absl::Status st = common::RequireDims(ctx, 0, "dY", y_dims, "the pool's output for X");
+      !st.ok()) {
     return st;
   }
   setup.axes = BuildAxisWindows(setup.g);
@@ -708,7 +714,7 @@ absl::StatusOr<PoolGradSetUp> SetUpPoolGrad(KernelContext& ctx) {
 // and dY goes to the first maximum (a NaN wins over numbers), exactly as the
 // generic walk does.
 template <typename U>
-void MaxPoolGradPlane2D(const WindowGeometry& g, const U* x, const float* dy, float* dx) {
+void MaxPoolGradPlane2D(const common::WindowGeometry& g, const U* x, const float* dy, float* dx) {
   const int64_t in_h = g.input[0], in_w = g.input[1];
   for (int64_t oh = 0; oh < g.output[0]; ++oh) {
     const int64_t h0 = oh * g.strides[0] - g.pad_begin[0];
@@ -741,7 +747,7 @@ void MaxPoolGradPlane2D(const WindowGeometry& g, const U* x, const float* dy, fl
 // True when every window of `g` is 2x2, inside the input, and no input
 // position is in two windows: kernel 2x2, strides 2, no pads or dilation
 // (whatever ceil_mode, the output then stays inside the input).
-bool IsDisjoint2x2(const WindowGeometry& g) {
+bool IsDisjoint2x2(const common::WindowGeometry& g) {
   return g.num_spatial == 2 && g.kernel[0] == 2 && g.kernel[1] == 2 && g.strides[0] == 2 &&
          g.strides[1] == 2 && g.dilations[0] == 1 && g.dilations[1] == 1 &&
          g.pad_begin[0] == 0 && g.pad_begin[1] == 0 && 2 * g.output[0] <= g.input[0] &&
@@ -796,7 +802,8 @@ CASTOR_SIMD16_TARGET void MaxPoolGradRow2x2Avx512(const float* r0, const float* 
 // the first maximum (row-major; a NaN wins over numbers) and 0 elsewhere,
 // branch-free over the windows of a row (16 at a time on AVX-512);
 // positions no window covers (an odd last row or column) get 0.
-void MaxPoolGradPlane2x2(const WindowGeometry& g, const float* x, const float* dy, float* dx) {
+void MaxPoolGradPlane2x2(const common::WindowGeometry& g, const float* x, const float* dy,
+                         float* dx) {
   const int64_t in_h = g.input[0], in_w = g.input[1], out_h = g.output[0], out_w = g.output[1];
   for (int64_t ih = 2 * out_h; ih < in_h; ++ih) std::fill_n(dx + ih * in_w, in_w, 0.0f);
   for (int64_t oh = 0; oh < out_h; ++oh) {
@@ -841,7 +848,7 @@ absl::Status PoolGradKernel(KernelContext& ctx) {
     }
   }
   CASTOR_ASSIGN_OR_RETURN(PoolGradSetUp setup, SetUpPoolGrad(ctx));
-  const WindowGeometry& g = setup.g;
+  const common::WindowGeometry& g = setup.g;
   const TensorView& x = ctx.input(1);
   const Float32In dy(ctx.input(0));
   // MaxPoolGradPlane2x2 (float32 and widened 16-bit X) writes every dX
@@ -918,11 +925,12 @@ absl::Status GlobalAveragePoolGradKernel(KernelContext& ctx) {
     return ctx.Error(absl::StrCat("input 1 (X) must have rank >= 3 ([N, C, D1, ...]); it is ",
                                   DimsString(x.dims)));
   }
-  if (absl::Status st = RequireSameDType(ctx, 0, "dY", 1, "X"); !st.ok()) return st;
+  if (absl::Status st = common::RequireSameDType(ctx, 0, "dY", 1, "X"); !st.ok()) return st;
   std::vector<int64_t> y_dims(x.dims.size(), 1);
   y_dims[0] = x.dims[0];
   y_dims[1] = x.dims[1];
-  if (absl::Status st = RequireDims(ctx, 0, "dY", y_dims, "GlobalAveragePool's output for X");
+  if (absl::Status st =
+          common::RequireDims(ctx, 0, "dY", y_dims, "GlobalAveragePool's output for X");
       !st.ok()) {
     return st;
   }
@@ -954,8 +962,8 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
     return ctx.Error(absl::StrCat("input 1 (X) must have rank >= 2 ([N, C, ...]); it is ",
                                   DimsString(x.dims)));
   }
-  if (absl::Status st = RequireSameDType(ctx, 0, "dY", 1, "X"); !st.ok()) return st;
-  if (absl::Status st = RequireDims(ctx, 0, "dY", x.dims, "X's shape"); !st.ok()) return st;
+  if (absl::Status st = common::RequireSameDType(ctx, 0, "dY", 1, "X"); !st.ok()) return st;
+  if (absl::Status st = common::RequireDims(ctx, 0, "dY", x.dims, "X's shape"); !st.ok()) return st;
   const int64_t batch = x.dims[0], channels = x.dims[1];
   const int64_t inner = Product(x.dims, 2);
   if (scale_view.dims.size() != 1 || scale_view.dims[0] != channels) {
@@ -1022,8 +1030,8 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
 absl::Status LayerNormGradKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(1);
   const TensorView& scale_view = ctx.input(2);
-  if (absl::Status st = RequireSameDType(ctx, 0, "dY", 1, "X"); !st.ok()) return st;
-  if (absl::Status st = RequireDims(ctx, 0, "dY", x.dims, "X's shape"); !st.ok()) return st;
+  if (absl::Status st = common::RequireSameDType(ctx, 0, "dY", 1, "X"); !st.ok()) return st;
+  if (absl::Status st = common::RequireDims(ctx, 0, "dY", x.dims, "X's shape"); !st.ok()) return st;
   const int64_t rank = static_cast<int64_t>(x.dims.size());
   const int64_t axis_attr = ctx.GetInt("axis", -1);
   const int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
@@ -1163,7 +1171,7 @@ template <bool kLog>
 absl::Status SoftmaxGradKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& y = ctx.input(1);
-  CASTOR_ASSIGN_OR_RETURN(const SoftmaxGeometry geometry, PlanSoftmaxGrad(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const common::SoftmaxGeometry geometry, common::PlanSoftmaxGrad(ctx));
   const int64_t outer = geometry.outer, n = geometry.n, inner = geometry.inner;
   CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, y.dtype, y.dims));
   DispatchFloat(y.dtype, [&](auto tag) {
@@ -1215,7 +1223,7 @@ absl::Status SoftmaxCrossEntropyLossGradKernel(KernelContext& ctx) {
     return ctx.Error(absl::StrCat("input 1 (scores) must have rank >= 2 ([N, C, d1, ...]); it is ",
                                   DimsString(scores.dims)));
   }
-  if (absl::Status st = RequireSameDType(ctx, 0, "dLoss", 1, "scores"); !st.ok()) return st;
+  if (absl::Status st = common::RequireSameDType(ctx, 0, "dLoss", 1, "scores"); !st.ok()) return st;
   if (labels.dtype != DType::kInt32 && labels.dtype != DType::kInt64) {
     return ctx.Error(absl::StrCat("input 2 (labels) is ", DTypeName(labels.dtype),
                                   "; expected int32 or int64"));
@@ -1224,17 +1232,21 @@ absl::Status SoftmaxCrossEntropyLossGradKernel(KernelContext& ctx) {
   const int64_t inner = Product(scores.dims, 2);
   std::vector<int64_t> label_dims = {batch};
   label_dims.insert(label_dims.end(), scores.dims.begin() + 2, scores.dims.end());
-  if (absl::Status st = RequireDims(ctx, 2, "labels", label_dims, "scores without C"); !st.ok()) {
+  if (absl::Status st = common::RequireDims(ctx, 2, "labels", label_dims, "scores without C");
+      !st.ok()) {
     return st;
   }
   if (weights != nullptr) {
-    if (absl::Status st = RequireSameDType(ctx, 3, "weights", 1, "scores"); !st.ok()) return st;
-    if (absl::Status st = RequireDims(ctx, 3, "weights", {classes}, "one per class"); !st.ok()) {
+    if (absl::Status st = common::RequireSameDType(ctx, 3, "weights", 1, "scores"); !st.ok())
+      return st;
+    if (absl::Status st = common::RequireDims(ctx, 3, "weights", {classes}, "one per class");
+        !st.ok()) {
       return st;
     }
   }
   if (reduction == "none") {
-    if (absl::Status st = RequireDims(ctx, 0, "dLoss", label_dims, "labels' shape for 'none'");
+    if (absl::Status st =
+            common::RequireDims(ctx, 0, "dLoss", label_dims, "labels' shape for 'none'");
         !st.ok()) {
       return st;
     }
@@ -1303,8 +1315,8 @@ absl::Status SoftmaxCrossEntropyLossGradKernel(KernelContext& ctx) {
 absl::Status ReluGradKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& y = ctx.input(1);
-  if (absl::Status st = RequireSameDType(ctx, 0, "dY", 1, "Y"); !st.ok()) return st;
-  if (absl::Status st = RequireDims(ctx, 0, "dY", y.dims, "Y's shape"); !st.ok()) return st;
+  if (absl::Status st = common::RequireSameDType(ctx, 0, "dY", 1, "Y"); !st.ok()) return st;
+  if (absl::Status st = common::RequireDims(ctx, 0, "dY", y.dims, "Y's shape"); !st.ok()) return st;
   CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, y.dtype, y.dims));
   DispatchFloat(y.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -1344,7 +1356,7 @@ absl::Status ReluGradKernel(KernelContext& ctx) {
 absl::Status ReduceToShapeOfKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& x = ctx.input(1);
-  CASTOR_ASSIGN_OR_RETURN(const std::vector<bool> summed_axes, PlanReduceToShapeOf(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<bool> summed_axes, common::PlanReduceToShapeOf(ctx));
   // Axes of dY, merged where neighbours are both kept or both summed.
   std::vector<int64_t> sizes;
   std::vector<bool> summed;
@@ -1517,7 +1529,7 @@ absl::Status GatherGradKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& indices = ctx.input(1);
   const TensorView& data = ctx.input(2);
-  CASTOR_ASSIGN_OR_RETURN(const int64_t axis, PlanGatherGrad(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const int64_t axis, common::PlanGatherGrad(ctx));
   const int64_t outer = Product(data.dims, 0, axis);
   const int64_t axis_dim = data.dims[axis];
   const int64_t inner = Product(data.dims, axis + 1);

@@ -23,11 +23,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cpu/batch_norm_loops.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/lane_sums.h"
-#include "backend/cpu/op_geometry.h"
 #include "backend/cpu/parallel.h"
 #include "graph/status.h"
 
@@ -89,7 +89,7 @@ absl::Status WriteDoubles(KernelContext& ctx, int index, const std::vector<int64
 
 absl::Status BatchNormKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
-  CASTOR_ASSIGN_OR_RETURN(const BatchNormGeometry geometry, PlanBatchNorm(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const common::BatchNormGeometry geometry, common::PlanBatchNorm(ctx));
   const bool training = geometry.training;
   const float epsilon = geometry.epsilon;
   const float momentum = geometry.momentum;

@@ -24,11 +24,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backend/common/elementwise_math.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_kernels.h"
-#include "backend/cpu/elementwise_math.h"
 #include "backend/cpu/float_io.h"
-#include "backend/cpu/op_geometry.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/strided_copy.h"
 #include "graph/status.h"
@@ -289,7 +289,8 @@ template <ReduceKind kKind>
 absl::Status ReduceKernel(KernelContext& ctx) {
   const int64_t axes_input_since = kKind == ReduceKind::kSum ? 13 : 18;
   const TensorView& x = ctx.input(0);
-  absl::StatusOr<ReduceAxes> choice = PlanReduceAxes(ctx, axes_input_since, HostIntInputs(ctx));
+  absl::StatusOr<common::ReduceAxes> choice =
+      common::PlanReduceAxes(ctx, axes_input_since, HostIntInputs(ctx));
   if (!choice.ok()) return choice.status();
   if (choice->noop) {
     absl::StatusOr<TensorView*> y = ctx.Output(0, x.dtype, x.dims);
@@ -346,7 +347,7 @@ absl::Status ReduceKernel(KernelContext& ctx) {
 template <bool kMax>
 absl::Status ArgReduceKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
-  CASTOR_ASSIGN_OR_RETURN(const ArgReduceGeometry g, PlanArgReduce(ctx, kMax));
+  CASTOR_ASSIGN_OR_RETURN(const common::ArgReduceGeometry g, common::PlanArgReduce(ctx, kMax));
   const bool last = g.select_last;
   const int64_t outer = g.outer, n = g.n, inner = g.inner;
   const std::vector<int64_t>& out_dims = g.out_dims;
@@ -396,7 +397,7 @@ absl::Status CumSumKernel(KernelContext& ctx) {
   const TensorView& axis_tensor = ctx.input(1);
   if (axis_tensor.num_elements() != 1) {
     return ctx.Error(absl::StrCat("input 1 (axis) must hold one value; its shape is ",
-                                  DimsToString(axis_tensor.dims)));
+                                  common::DimsToString(axis_tensor.dims)));
   }
   int64_t axis_value;
   if (axis_tensor.dtype == DType::kInt32) {

@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backend/common/elementwise_math.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_kernels.h"
-#include "backend/cpu/elementwise_math.h"
 #include "backend/cpu/float_io.h"
-#include "backend/cpu/op_geometry.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/vector_clones.h"
 #include "graph/status.h"
@@ -99,7 +99,7 @@ void SoftmaxLines(const T* in, T* out, int64_t count, int64_t n, std::vector<V>&
 template <bool kLog>
 absl::Status SoftmaxKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
-  CASTOR_ASSIGN_OR_RETURN(const SoftmaxGeometry lines, PlanSoftmax(ctx, x.dims));
+  CASTOR_ASSIGN_OR_RETURN(const common::SoftmaxGeometry lines, common::PlanSoftmax(ctx, x.dims));
   const int64_t outer = lines.outer, n = lines.n, inner = lines.inner;
   absl::StatusOr<TensorView*> y = ctx.Output(0, x.dtype, x.dims);
   if (!y.ok()) return y.status();

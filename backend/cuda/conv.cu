@@ -6,7 +6,7 @@
 //
 // NCHW tensors with 1 to 3 spatial axes (1-D runs as 2-D with H = 1);
 // group, strides, dilations, pads and auto_pad resolve exactly as on the CPU
-// (cpu::ForwardWindowGeometry). cuDNN pads each axis symmetrically, so an
+// (common::ForwardWindowGeometry). cuDNN pads each axis symmetrically, so an
 // asymmetric axis (explicit pads or SAME_* with an odd total) pads by
 // min(begin, end) in cuDNN and the rest explicitly: X is copied into a
 // zero-padded scratch tensor, and ConvGrad's dX is computed for that padded
@@ -32,8 +32,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "backend/cpu/im2col.h"
-#include "backend/cpu/op_geometry.h"
+#include "backend/common/op_geometry.h"
+#include "backend/common/window_geometry.h"
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
@@ -146,7 +146,7 @@ using ConvolutionDescriptor =
 struct ConvPlan {
   DType dtype = DType::kUndefined;
   int64_t group = 1;
-  cpu::WindowGeometry geometry;
+  common::WindowGeometry geometry;
   std::vector<int64_t> w_dims;
   std::vector<int64_t> y_dims;
   // X as cuDNN reads it (X itself unless explicit_padding): X placed at
@@ -165,8 +165,9 @@ absl::StatusOr<ConvPlan> PlanConv(const KernelContext& ctx, const TensorView& x,
   plan.w_dims = w.dims;
   const std::vector<int64_t> spatial(x.dims.begin() + 2, x.dims.end());
   const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
-  CASTOR_ASSIGN_OR_RETURN(plan.geometry, cpu::ForwardWindowGeometry(ctx, spatial, kernel, false));
-  const cpu::WindowGeometry& g = plan.geometry;
+  CASTOR_ASSIGN_OR_RETURN(plan.geometry,
+                          common::ForwardWindowGeometry(ctx, spatial, kernel, false));
+  const common::WindowGeometry& g = plan.geometry;
   plan.y_dims = {x.dims[0], w.dims[0]};
   plan.y_dims.insert(plan.y_dims.end(), g.output.begin(), g.output.end());
   plan.padded_x_dims = x.dims;
@@ -238,7 +239,7 @@ struct ConvDescriptors {
 };
 
 absl::Status Describe(const KernelContext& ctx, const ConvPlan& plan, ConvDescriptors& d) {
-  const cpu::WindowGeometry& g = plan.geometry;
+  const common::WindowGeometry& g = plan.geometry;
   if (g.num_spatial < 1 || g.num_spatial > 3) {
     return ctx.Unimplemented(absl::StrCat(
         "cuDNN convolutions have 1 to 3 spatial axes; this one has ", g.num_spatial));
@@ -613,11 +614,11 @@ absl::Status ConvGradKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& x = ctx.input(1);
   const TensorView& w = ctx.input(2);
-  CASTOR_ASSIGN_OR_RETURN(const int64_t group, cpu::CheckConvGrad(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const int64_t group, common::CheckConvGrad(ctx));
   const int64_t out_channels = w.dims[0];
   CASTOR_ASSIGN_OR_RETURN(const ConvPlan plan, PlanConv(ctx, x, w, group));
   CASTOR_RETURN_IF_ERROR(
-      cpu::RequireDims(ctx, 0, "dY", plan.y_dims, "Conv's output for X and W"));
+      common::RequireDims(ctx, 0, "dY", plan.y_dims, "Conv's output for X and W"));
   TensorView* dx = nullptr;
   TensorView* dw = nullptr;
   TensorView* db = nullptr;

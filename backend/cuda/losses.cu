@@ -26,7 +26,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "backend/cpu/op_geometry.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
@@ -367,8 +367,8 @@ absl::Status LossKernel(KernelContext& ctx) {
 
 // ---- SoftmaxCrossEntropyLossGrad -------------------------------------------------------
 
-using cpu::RequireDims;
-using cpu::RequireSameDType;
+using common::RequireDims;
+using common::RequireSameDType;
 
 absl::Status CrossEntropyGradKernel(KernelContext& ctx) {
   const TensorView& d_loss = ctx.input(0);

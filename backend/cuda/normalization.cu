@@ -35,7 +35,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "backend/cpu/op_geometry.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/convert.cuh"
 #include "backend/cuda/cuda_common.cuh"
@@ -321,7 +321,7 @@ __global__ void BatchNormApplyKernel(const T* __restrict__ x, int64_t total, int
 
 absl::Status BatchNormKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
-  CASTOR_ASSIGN_OR_RETURN(const cpu::BatchNormGeometry geometry, cpu::PlanBatchNorm(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const common::BatchNormGeometry geometry, common::PlanBatchNorm(ctx));
   const bool training = geometry.training;
   const float epsilon = geometry.epsilon;
   const float momentum = geometry.momentum;
@@ -437,8 +437,8 @@ __global__ void BatchNormGradInputKernel(const T* __restrict__ dy, const T* __re
   }
 }
 
-using cpu::RequireDims;
-using cpu::RequireSameDType;
+using common::RequireDims;
+using common::RequireSameDType;
 
 absl::Status BatchNormGradKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);

@@ -28,7 +28,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "backend/cpu/im2col.h"
+#include "backend/common/window_geometry.h"
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/convert.cuh"
 #include "backend/cuda/cuda_common.cuh"
@@ -343,10 +343,9 @@ absl::StatusOr<WindowedPool> SetUpWindowedPool(const KernelContext& ctx, int x_i
     return ctx.Error("attribute 'kernel_shape' is required");
   }
   const std::vector<int64_t> spatial(x.dims.begin() + 2, x.dims.end());
-  CASTOR_ASSIGN_OR_RETURN(
-      const cpu::WindowGeometry g,
-      cpu::ForwardWindowGeometry(ctx, spatial, ctx.GetInts("kernel_shape"),
-                                 ctx.GetInt("ceil_mode", 0) != 0));
+  CASTOR_ASSIGN_OR_RETURN(const common::WindowGeometry g,
+                          common::ForwardWindowGeometry(ctx, spatial, ctx.GetInts("kernel_shape"),
+                                                        ctx.GetInt("ceil_mode", 0) != 0));
   WindowedPool pool;
   pool.nd = g.num_spatial;
   if (pool.nd > kMaxPoolDims) {

@@ -21,10 +21,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "backend/common/dims.h"
 #include "backend/kernel.h"
 #include "graph/half.h"  // CASTOR_HOST_DEVICE
 
-namespace castor::cpu {
+namespace castor::common {
 
 // `axis` in [-rank, rank) as a non-negative axis; otherwise the node's error
 // "<what> <axis> is out of range [-rank, rank-1] for rank <rank>".
@@ -121,9 +122,6 @@ absl::StatusOr<PadGeometry> PlanPad(const KernelContext& ctx, const std::vector<
                                     const std::optional<std::vector<int64_t>>& pads_input,
                                     const std::optional<std::vector<int64_t>>& axes_input);
 
-// Row-major element strides of a dense tensor with `dims`.
-std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& dims);
-
 // Flatten's output dims [d0 * ... * d(axis-1), d(axis) * ...]; errors for
 // an axis outside [-rank, rank].
 absl::StatusOr<std::vector<int64_t>> PlanFlatten(const KernelContext& ctx,
@@ -140,9 +138,6 @@ absl::StatusOr<std::vector<int64_t>> PlanSqueeze(
 absl::StatusOr<std::vector<int64_t>> PlanUnsqueeze(
     const KernelContext& ctx, const std::vector<int64_t>& in_dims,
     const std::optional<std::vector<int64_t>>& axes_input);
-
-// The product of dims[begin, end) (1 when empty).
-int64_t DimsProduct(const std::vector<int64_t>& dims, size_t begin, size_t end);
 
 // Concat and Split move rows: each tensor seen as [outer, size along the
 // axis * inner].
@@ -311,4 +306,4 @@ absl::StatusOr<int64_t> PlanGatherGrad(const KernelContext& ctx);
 // not of Y's dtype and dims, and an axis out of range (or a scalar Y).
 absl::StatusOr<SoftmaxGeometry> PlanSoftmaxGrad(const KernelContext& ctx);
 
-}  // namespace castor::cpu
+}  // namespace castor::common

@@ -1,17 +1,15 @@
 // Host-side planning shared by the CPU and CUDA kernels (see
 // op_geometry.h).
-#include "backend/cpu/op_geometry.h"
+#include "backend/common/op_geometry.h"
 
 #include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "backend/cpu/broadcast.h"
-#include "backend/cpu/strided_copy.h"
 #include "graph/status.h"
 
-namespace castor::cpu {
+namespace castor::common {
 
 absl::StatusOr<int64_t> NormalizeAxis(const KernelContext& ctx, int64_t axis, int64_t rank,
                                       const char* what) {
@@ -198,20 +196,6 @@ absl::StatusOr<std::vector<int64_t>> PlanReshape(const KernelContext& ctx,
                                   " (", count, " elements)"));
   }
   return dims;
-}
-
-std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& dims) {
-  std::vector<int64_t> strides(dims.size(), 1);
-  for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) {
-    strides[i] = strides[i + 1] * dims[i + 1];
-  }
-  return strides;
-}
-
-int64_t DimsProduct(const std::vector<int64_t>& dims, size_t begin, size_t end) {
-  int64_t p = 1;
-  for (size_t i = begin; i < end && i < dims.size(); ++i) p *= dims[i];
-  return p;
 }
 
 absl::StatusOr<ConcatGeometry> PlanConcat(const KernelContext& ctx) {
@@ -834,4 +818,4 @@ absl::StatusOr<SoftmaxGeometry> PlanSoftmaxGrad(const KernelContext& ctx) {
                          DimsProduct(y.dims, axis + 1, y.dims.size())};
 }
 
-}  // namespace castor::cpu
+}  // namespace castor::common
