@@ -37,6 +37,15 @@ absl::StatusOr<std::vector<int64_t>> BroadcastDims(
   return out;
 }
 
+bool BroadcastsTo(const std::vector<int64_t>& dims, const std::vector<int64_t>& to) {
+  if (dims.size() > to.size()) return false;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const int64_t d = dims[dims.size() - 1 - i];
+    if (d != 1 && d != to[to.size() - 1 - i]) return false;
+  }
+  return true;
+}
+
 std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& dims) {
   std::vector<int64_t> strides(dims.size(), 1);
   for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) {

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/gemm.h"
@@ -37,10 +37,6 @@ namespace {
 
 const std::vector<DType> kConvDTypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16,
                                         DType::kFloat64};
-
-std::string DimsString(const std::vector<int64_t>& dims) {
-  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
-}
 
 // Row-major GEMM in the accumulation type (float32 or float64).
 template <typename Acc>
@@ -100,34 +96,6 @@ class ConvOperands {
   }
   std::vector<Acc> w_widened_;
 };
-
-// Shared input checks of Conv and ConvTranspose: ranks, dtypes, group, bias.
-absl::Status CheckConvInputs(const KernelContext& ctx, int64_t group, int64_t bias_size) {
-  const TensorView& x = ctx.input(0);
-  const TensorView& w = ctx.input(1);
-  if (x.dims.size() < 3 || w.dims.size() != x.dims.size()) {
-    return ctx.Error(absl::StrCat("X ", DimsString(x.dims), " and W ", DimsString(w.dims),
-                                  " must have the same rank >= 3"));
-  }
-  if (w.dtype != x.dtype || (ctx.has_input(2) && ctx.input(2).dtype != x.dtype)) {
-    return ctx.Error("X, W and B must have the same dtype");
-  }
-  if (group < 1) return ctx.Error(absl::StrCat("attribute 'group' is ", group, "; expected >= 1"));
-  if (ctx.has_input(2) && ctx.input(2).num_elements() != bias_size) {
-    return ctx.Error(absl::StrCat("bias B ", DimsString(ctx.input(2).dims), " must have ",
-                                  bias_size, " entries"));
-  }
-  // kernel_shape, when given, must match W's spatial dims.
-  if (ctx.node().has_attribute("kernel_shape")) {
-    const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
-    if (ctx.GetInts("kernel_shape") != kernel) {
-      return ctx.Error(absl::StrCat("attribute 'kernel_shape' ",
-                                    DimsString(ctx.GetInts("kernel_shape")),
-                                    " does not match W's spatial dims ", DimsString(kernel)));
-    }
-  }
-  return absl::OkStatus();
-}
 
 // ---- Conv ------------------------------------------------------------------
 
@@ -340,18 +308,8 @@ absl::Status ConvKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
   const TensorView& w = ctx.input(1);
   const int64_t group = ctx.GetInt("group", 1);
-  if (absl::Status s = CheckConvInputs(ctx, group, w.dims.empty() ? 0 : w.dims[0]); !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = common::CheckConv(ctx, group); !s.ok()) return s;
   const int64_t batch = x.dims[0], channels = x.dims[1], out_channels = w.dims[0];
-  if (w.dims[1] * group != channels) {
-    return ctx.Error(absl::StrCat("input channels ", channels, " (X ", DimsString(x.dims),
-                                  ") must equal W.dim(1) * group = ", w.dims[1], " * ", group));
-  }
-  if (out_channels % group != 0) {
-    return ctx.Error(absl::StrCat("output channels ", out_channels,
-                                  " are not divisible by group ", group));
-  }
   const std::vector<int64_t> spatial(x.dims.begin() + 2, x.dims.end());
   const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
   absl::StatusOr<common::WindowGeometry> g =
@@ -413,7 +371,8 @@ absl::StatusOr<common::WindowGeometry> TransposeGeometry(const KernelContext& ct
     // A full [N, C, ...] form is accepted too (as the registry does).
     if (output_shape.size() == n + 2) output_shape.erase(output_shape.begin(), output_shape.begin() + 2);
     if (output_shape.size() != n) {
-      return ctx.Error(absl::StrCat("attribute 'output_shape' ", DimsString(ctx.GetInts("output_shape")),
+      return ctx.Error(absl::StrCat("attribute 'output_shape' ",
+                                    common::DimsToString(ctx.GetInts("output_shape")),
                                     " must have ", n, " entries (the spatial dims)"));
     }
   }
@@ -549,10 +508,10 @@ absl::Status ConvTransposeKernel(KernelContext& ctx) {
   const TensorView& w = ctx.input(1);
   const int64_t group = ctx.GetInt("group", 1);
   const int64_t out_channels = w.dims.size() >= 2 ? w.dims[1] * group : 0;
-  if (absl::Status s = CheckConvInputs(ctx, group, out_channels); !s.ok()) return s;
+  if (absl::Status s = common::CheckConvInputs(ctx, group, out_channels); !s.ok()) return s;
   const int64_t batch = x.dims[0], channels = x.dims[1];
   if (w.dims[0] != channels) {
-    return ctx.Error(absl::StrCat("input channels ", channels, " (X ", DimsString(x.dims),
+    return ctx.Error(absl::StrCat("input channels ", channels, " (X ", common::DimsToString(x.dims),
                                   ") must equal W.dim(0) = ", w.dims[0]));
   }
   if (channels % group != 0) {

@@ -40,7 +40,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "backend/common/op_geometry.h"
 #include "backend/cpu/batch_norm_loops.h"
 #include "backend/cpu/cpu_kernels.h"
@@ -60,10 +59,6 @@ namespace {
 
 const std::vector<DType> kGradDTypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
 constexpr int64_t kElementGrain = int64_t{1} << 14;
-
-std::string DimsString(const std::vector<int64_t>& dims) {
-  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
-}
 
 int64_t Product(const std::vector<int64_t>& dims, size_t from = 0, size_t to = SIZE_MAX) {
   int64_t p = 1;
@@ -686,7 +681,7 @@ absl::StatusOr<PoolGradSetUp> SetUpPoolGrad(KernelContext& ctx) {
   const TensorView& x = ctx.input(1);
   if (x.dims.size() < 3) {
     return ctx.Error(absl::StrCat("input 1 (X) must have rank >= 3 ([N, C, D1, ...]); it is ",
-                                  DimsString(x.dims)));
+                                  common::DimsToString(x.dims)));
   }
   if (absl::Status st = common::RequireSameDType(ctx, 0, "dY", 1, "X"); !st.ok()) return st;
   if (!ctx.node().has_attribute("kernel_shape")) {
@@ -921,19 +916,7 @@ absl::Status PoolGradKernel(KernelContext& ctx) {
 absl::Status GlobalAveragePoolGradKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& x = ctx.input(1);
-  if (x.dims.size() < 3) {
-    return ctx.Error(absl::StrCat("input 1 (X) must have rank >= 3 ([N, C, D1, ...]); it is ",
-                                  DimsString(x.dims)));
-  }
-  if (absl::Status st = common::RequireSameDType(ctx, 0, "dY", 1, "X"); !st.ok()) return st;
-  std::vector<int64_t> y_dims(x.dims.size(), 1);
-  y_dims[0] = x.dims[0];
-  y_dims[1] = x.dims[1];
-  if (absl::Status st =
-          common::RequireDims(ctx, 0, "dY", y_dims, "GlobalAveragePool's output for X");
-      !st.ok()) {
-    return st;
-  }
+  CASTOR_RETURN_IF_ERROR(common::CheckGlobalAveragePoolGrad(ctx));
   CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, x.dtype, x.dims));
   const int64_t planes = x.dims[0] * x.dims[1];
   const int64_t size = Product(x.dims, 2);
@@ -958,19 +941,9 @@ absl::Status GlobalAveragePoolGradKernel(KernelContext& ctx) {
 absl::Status BatchNormGradKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(1);
   const TensorView& scale_view = ctx.input(2);
-  if (x.dims.size() < 2) {
-    return ctx.Error(absl::StrCat("input 1 (X) must have rank >= 2 ([N, C, ...]); it is ",
-                                  DimsString(x.dims)));
-  }
-  if (absl::Status st = common::RequireSameDType(ctx, 0, "dY", 1, "X"); !st.ok()) return st;
-  if (absl::Status st = common::RequireDims(ctx, 0, "dY", x.dims, "X's shape"); !st.ok()) return st;
-  const int64_t batch = x.dims[0], channels = x.dims[1];
-  const int64_t inner = Product(x.dims, 2);
-  if (scale_view.dims.size() != 1 || scale_view.dims[0] != channels) {
-    return ctx.Error(absl::StrCat("input 2 (scale) is ", DimsString(scale_view.dims),
-                                  "; expected [", channels, "] (C of X ", DimsString(x.dims),
-                                  ")"));
-  }
+  CASTOR_ASSIGN_OR_RETURN(const common::BatchNormGradGeometry geometry,
+                          common::PlanBatchNormGrad(ctx));
+  const int64_t batch = geometry.batch, channels = geometry.channels, inner = geometry.inner;
   const double epsilon = ctx.GetFloat("epsilon", 1e-5f);
   const Float32In xf(x);
   const Float32In dyf(ctx.input(0));
@@ -1030,32 +1003,12 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
 absl::Status LayerNormGradKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(1);
   const TensorView& scale_view = ctx.input(2);
-  if (absl::Status st = common::RequireSameDType(ctx, 0, "dY", 1, "X"); !st.ok()) return st;
-  if (absl::Status st = common::RequireDims(ctx, 0, "dY", x.dims, "X's shape"); !st.ok()) return st;
+  CASTOR_ASSIGN_OR_RETURN(const common::LayerNormGeometry geometry, common::PlanLayerNormGrad(ctx));
   const int64_t rank = static_cast<int64_t>(x.dims.size());
-  const int64_t axis_attr = ctx.GetInt("axis", -1);
-  const int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
-  if (axis < 0 || axis >= rank) {
-    return ctx.Error(absl::StrCat("attribute 'axis' ", axis_attr,
-                                  " is out of range for input 1 (X) ", DimsString(x.dims)));
-  }
-  const int64_t outer = Product(x.dims, 0, axis);
-  const int64_t inner = Product(x.dims, axis);
+  const int64_t axis = geometry.axis, outer = geometry.outer, inner = geometry.inner;
   // scale (right-aligned against X's axes from `axis` on, 1 = broadcast):
   // the scale element of each of the `inner` positions.
   const std::vector<int64_t>& sd = scale_view.dims;
-  const int64_t norm_rank = rank - axis;
-  bool scale_ok = static_cast<int64_t>(sd.size()) <= norm_rank;
-  for (size_t i = 0; scale_ok && i < sd.size(); ++i) {
-    const int64_t xd = x.dims[rank - sd.size() + i];
-    scale_ok = sd[i] == xd || sd[i] == 1;
-  }
-  if (!scale_ok) {
-    return ctx.Error(absl::StrCat("input 2 (scale) ", DimsString(sd),
-                                  " does not broadcast to X's normalised axes ",
-                                  DimsString(std::vector<int64_t>(x.dims.begin() + axis,
-                                                                  x.dims.end()))));
-  }
   std::vector<int64_t> scale_index(static_cast<size_t>(inner));
   for (int64_t j = 0; j < inner; ++j) {
     int64_t rem = j, index = 0, step = 1;
@@ -1212,48 +1165,11 @@ absl::Status SoftmaxCrossEntropyLossGradKernel(KernelContext& ctx) {
   const TensorView& scores = ctx.input(1);
   const TensorView& labels = ctx.input(2);
   const TensorView* weights = ctx.has_input(3) ? &ctx.input(3) : nullptr;
-  const std::string reduction = ctx.GetString("reduction", "mean");
   const bool has_ignore = ctx.node().has_attribute("ignore_index");
   const int64_t ignore_index = ctx.GetInt("ignore_index", 0);
-  if (reduction != "none" && reduction != "sum" && reduction != "mean") {
-    return ctx.Error(absl::StrCat("attribute 'reduction' is \"", reduction,
-                                  "\"; expected \"mean\", \"sum\" or \"none\""));
-  }
-  if (scores.dims.size() < 2) {
-    return ctx.Error(absl::StrCat("input 1 (scores) must have rank >= 2 ([N, C, d1, ...]); it is ",
-                                  DimsString(scores.dims)));
-  }
-  if (absl::Status st = common::RequireSameDType(ctx, 0, "dLoss", 1, "scores"); !st.ok()) return st;
-  if (labels.dtype != DType::kInt32 && labels.dtype != DType::kInt64) {
-    return ctx.Error(absl::StrCat("input 2 (labels) is ", DTypeName(labels.dtype),
-                                  "; expected int32 or int64"));
-  }
-  const int64_t batch = scores.dims[0], classes = scores.dims[1];
-  const int64_t inner = Product(scores.dims, 2);
-  std::vector<int64_t> label_dims = {batch};
-  label_dims.insert(label_dims.end(), scores.dims.begin() + 2, scores.dims.end());
-  if (absl::Status st = common::RequireDims(ctx, 2, "labels", label_dims, "scores without C");
-      !st.ok()) {
-    return st;
-  }
-  if (weights != nullptr) {
-    if (absl::Status st = common::RequireSameDType(ctx, 3, "weights", 1, "scores"); !st.ok())
-      return st;
-    if (absl::Status st = common::RequireDims(ctx, 3, "weights", {classes}, "one per class");
-        !st.ok()) {
-      return st;
-    }
-  }
-  if (reduction == "none") {
-    if (absl::Status st =
-            common::RequireDims(ctx, 0, "dLoss", label_dims, "labels' shape for 'none'");
-        !st.ok()) {
-      return st;
-    }
-  } else if (d_loss.num_elements() != 1) {
-    return ctx.Error(absl::StrCat("input 0 (dLoss) is ", DimsString(d_loss.dims),
-                                  "; expected a scalar for reduction \"", reduction, "\""));
-  }
+  CASTOR_ASSIGN_OR_RETURN(const common::LossGeometry geometry, common::PlanCrossEntropyGrad(ctx));
+  const std::string& reduction = geometry.reduction;
+  const int64_t batch = geometry.batch, classes = geometry.classes, inner = geometry.inner;
   const int64_t positions = batch * inner;
   std::optional<Float32In> w;
   if (weights != nullptr) w.emplace(*weights);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/parallel.h"
@@ -26,12 +27,6 @@ namespace castor::cpu {
 namespace {
 
 enum class LossKind { kSoftmaxCrossEntropy, kNegativeLogLikelihood };
-
-std::string DimsString(const std::vector<int64_t>& dims) {
-  std::string s = "[";
-  for (size_t i = 0; i < dims.size(); ++i) absl::StrAppend(&s, i ? "," : "", dims[i]);
-  return s + "]";
-}
 
 // Sum in blocks of a fixed size: deterministic, and more accurate than one
 // running sum.
@@ -70,38 +65,11 @@ absl::Status RunLossTyped(KernelContext& ctx, LossKind kind) {
   const TensorView& scores = ctx.input(0);
   const TensorView& labels = ctx.input(1);
   const TensorView* weights = ctx.has_input(2) ? &ctx.input(2) : nullptr;
-  const std::string reduction = ctx.GetString("reduction", "mean");
   const bool has_ignore = ctx.node().has_attribute("ignore_index");
   const int64_t ignore_index = ctx.GetInt("ignore_index", 0);
-
-  if (reduction != "none" && reduction != "sum" && reduction != "mean") {
-    return ctx.Error(absl::StrCat("reduction \"", reduction, "\" is not none, sum or mean"));
-  }
-  if (scores.dims.size() < 2) {
-    return ctx.Error(absl::StrCat("input 0 must have rank >= 2 ([N, C, d1, ...]); got ",
-                                  DimsString(scores.dims)));
-  }
-  const int64_t n_batch = scores.dims[0];
-  const int64_t classes = scores.dims[1];
-  int64_t inner = 1;  // d1 * ... * dk
-  std::vector<int64_t> expected_label_dims = {n_batch};
-  for (size_t k = 2; k < scores.dims.size(); ++k) {
-    inner *= scores.dims[k];
-    expected_label_dims.push_back(scores.dims[k]);
-  }
-  if (labels.dims != expected_label_dims) {
-    return ctx.Error(absl::StrCat("labels ", DimsString(labels.dims), " do not match scores ",
-                                  DimsString(scores.dims), " (expected ",
-                                  DimsString(expected_label_dims), ")"));
-  }
-  if (labels.dtype != DType::kInt32 && labels.dtype != DType::kInt64) {
-    return ctx.Error(
-        absl::StrCat("labels are ", DTypeName(labels.dtype), "; expected int32 or int64"));
-  }
-  if (weights != nullptr && (weights->dims.size() != 1 || weights->dims[0] != classes)) {
-    return ctx.Error(
-        absl::StrCat("weights ", DimsString(weights->dims), " must be [C] = [", classes, "]"));
-  }
+  CASTOR_ASSIGN_OR_RETURN(const common::LossGeometry geometry, common::PlanLoss(ctx));
+  const std::string& reduction = geometry.reduction;
+  const int64_t n_batch = geometry.batch, classes = geometry.classes, inner = geometry.inner;
   const int64_t positions = n_batch * inner;
   for (int64_t p = 0; p < positions; ++p) {
     const int64_t label = LabelAt(labels, p);

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "backend/common/dims.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/im2col.h"
@@ -69,11 +69,6 @@ bool DispatchPool(DType dtype, Fn&& fn) {
   }
   return false;
 }
-
-std::string DimsString(const std::vector<int64_t>& dims) {
-  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
-}
-
 
 // Calls fn(output_flat, o, visit) for every output position q (row-major;
 // o its per-axis index) of one plane, where visit(cb) calls
@@ -310,7 +305,7 @@ absl::Status CheckPoolInput(const KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
   if (x.dims.size() < 3) {
     return ctx.Error(absl::StrCat("input X must have rank >= 3 ([N, C, D1, ...]); it is ",
-                                  DimsString(x.dims)));
+                                  common::DimsToString(x.dims)));
   }
   return absl::OkStatus();
 }

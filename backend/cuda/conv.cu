@@ -548,45 +548,11 @@ absl::Status ZeroFill(const KernelContext& ctx, const TensorView& t) {
 
 // ---- Conv --------------------------------------------------------------------------
 
-// Conv's input checks, as the CPU kernel makes them.
-absl::Status CheckConvInputs(const KernelContext& ctx, int64_t group) {
-  const TensorView& x = ctx.input(0);
-  const TensorView& w = ctx.input(1);
-  if (x.dims.size() < 3 || w.dims.size() != x.dims.size()) {
-    return ctx.Error(absl::StrCat("X ", DimsToString(x.dims), " and W ", DimsToString(w.dims),
-                                  " must have the same rank >= 3"));
-  }
-  if (w.dtype != x.dtype || (ctx.has_input(2) && ctx.input(2).dtype != x.dtype)) {
-    return ctx.Error("X, W and B must have the same dtype");
-  }
-  if (group < 1) return ctx.Error(absl::StrCat("attribute 'group' is ", group, "; expected >= 1"));
-  if (ctx.has_input(2) && ctx.input(2).num_elements() != w.dims[0]) {
-    return ctx.Error(absl::StrCat("bias B ", DimsToString(ctx.input(2).dims), " must have ",
-                                  w.dims[0], " entries"));
-  }
-  const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
-  if (ctx.node().has_attribute("kernel_shape") && ctx.GetInts("kernel_shape") != kernel) {
-    return ctx.Error(absl::StrCat("attribute 'kernel_shape' ",
-                                  DimsToString(ctx.GetInts("kernel_shape")),
-                                  " does not match W's spatial dims ", DimsToString(kernel)));
-  }
-  const int64_t channels = x.dims[1], out_channels = w.dims[0];
-  if (w.dims[1] * group != channels) {
-    return ctx.Error(absl::StrCat("input channels ", channels, " (X ", DimsToString(x.dims),
-                                  ") must equal W.dim(1) * group = ", w.dims[1], " * ", group));
-  }
-  if (out_channels % group != 0) {
-    return ctx.Error(absl::StrCat("output channels ", out_channels,
-                                  " are not divisible by group ", group));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status ConvKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
   const TensorView& w = ctx.input(1);
   const int64_t group = ctx.GetInt("group", 1);
-  CASTOR_RETURN_IF_ERROR(CheckConvInputs(ctx, group));
+  CASTOR_RETURN_IF_ERROR(common::CheckConv(ctx, group));
   CASTOR_ASSIGN_OR_RETURN(const ConvPlan plan, PlanConv(ctx, x, w, group));
   CASTOR_ASSIGN_OR_RETURN(TensorView * y, ctx.Output(0, x.dtype, plan.y_dims));
   if (y->num_elements() == 0) return absl::OkStatus();

@@ -28,6 +28,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backend/common/op_geometry.h"
 #include "backend/common/window_geometry.h"
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/convert.cuh"
@@ -490,21 +491,7 @@ absl::Status GlobalPoolKernelFor(KernelContext& ctx) {
 absl::Status GlobalAveragePoolGrad(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& x = ctx.input(1);
-  if (x.dims.size() < 3) {
-    return ctx.Error(absl::StrCat("input 1 (X) must have rank >= 3 ([N, C, D1, ...]); it is ",
-                                  DimsToString(x.dims)));
-  }
-  if (dy.dtype != x.dtype) {
-    return ctx.Error(absl::StrCat("input 0 (dY) is ", DTypeName(dy.dtype), " but input 1 (X) is ",
-                                  DTypeName(x.dtype), "; they must match"));
-  }
-  std::vector<int64_t> y_dims(x.dims.size(), 1);
-  y_dims[0] = x.dims[0];
-  y_dims[1] = x.dims[1];
-  if (dy.dims != y_dims) {
-    return ctx.Error(absl::StrCat("input 0 (dY) is ", DimsToString(dy.dims), "; expected ",
-                                  DimsToString(y_dims), " (GlobalAveragePool's output for X)"));
-  }
+  CASTOR_RETURN_IF_ERROR(common::CheckGlobalAveragePoolGrad(ctx));
   CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, x.dtype, x.dims));
   const int64_t total = dx->num_elements();
   if (total == 0) return absl::OkStatus();
