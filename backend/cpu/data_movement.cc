@@ -5,6 +5,8 @@
 // input from 13, or `num_outputs` chunks from 18; Slice's starts/ends/axes
 // are attributes before 10 and inputs (with steps) from 10; Pad's pads are
 // an attribute before 11, an input from 11, with an `axes` input from 18.
+// GatherGrad (com.castor, graph/ops/gradient_ops.cc) scatter-adds dY into
+// zeros of data's shape, in float32.
 #include <algorithm>
 #include <cstring>
 #include <optional>
@@ -17,6 +19,7 @@
 #include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
+#include "backend/cpu/gradient_util.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/strided_copy.h"
 #include "graph/status.h"
@@ -212,6 +215,50 @@ absl::Status RunPad(KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// ---- GatherGrad ------------------------------------------------------------------
+
+absl::Status GatherGradKernel(KernelContext& ctx) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& indices = ctx.input(1);
+  const TensorView& data = ctx.input(2);
+  CASTOR_ASSIGN_OR_RETURN(const int64_t axis, common::PlanGatherGrad(ctx));
+  const int64_t outer = common::DimsProduct(data.dims, 0, axis);
+  const int64_t axis_dim = data.dims[axis];
+  const int64_t inner = common::DimsProduct(data.dims, axis + 1, data.dims.size());
+  const int64_t count = indices.num_elements();
+  std::vector<int64_t> wrapped(static_cast<size_t>(count));
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t index = IntAt(indices, k);
+    if (index < -axis_dim || index >= axis_dim) {
+      return ctx.Error(absl::StrCat("input 1 (indices): index ", index, " at position ", k,
+                                    " is out of range [", -axis_dim, ", ", axis_dim, ")"));
+    }
+    wrapped[k] = index < 0 ? index + axis_dim : index;
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * dd, ctx.Output(0, data.dtype, data.dims));
+  const Float32Out out(dd);
+  constexpr int64_t kBlock = 256;
+  const int64_t blocks = (inner + kBlock - 1) / kBlock;
+  DispatchFloat(dy.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* dyp = dy.as<T>();
+    float* acc = out.data();
+    ParallelFor(0, outer * blocks, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t task = lo; task < hi; ++task) {
+        const int64_t o = task / blocks;
+        const int64_t i0 = task % blocks * kBlock;
+        const int64_t i1 = std::min(inner, i0 + kBlock);
+        for (int64_t k = 0; k < count; ++k) {
+          const T* src = dyp + (o * count + k) * inner;
+          float* dst = acc + (o * axis_dim + wrapped[k]) * inner;
+          for (int64_t i = i0; i < i1; ++i) dst[i] += LoadF(src[i]);
+        }
+      }
+    });
+  });
+  out.Finish();
+  return absl::OkStatus();
+}
 }  // namespace
 
 void RegisterDataMovementKernels(KernelTable& table) {
@@ -223,6 +270,7 @@ void RegisterDataMovementKernels(KernelTable& table) {
                                                                            {"Pad", RunPad}}) {
     table.Register(KernelDef{"", op_type, NoStringTensors, run, /*in_place_ok=*/false});
   }
+  RegisterGradientKernel(table, "GatherGrad", GatherGradKernel);
 }
 
 }  // namespace castor::cpu

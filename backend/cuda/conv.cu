@@ -1,8 +1,7 @@
 // CUDA kernels: Conv (ops of graph/ops/conv.cc) and com.castor ConvGrad
 // (graph/gradient_builder.h) through cuDNN 9's legacy convolution API, for
 // float32, float16 and bfloat16 (bfloat16 on compute capability 8.0+). The
-// CPU kernels (backend/cpu/conv.cc, ConvGrad in
-// backend/cpu/gradient_kernels.cc) are the reference.
+// CPU kernels (backend/cpu/conv.cc and conv_grad.cc) are the reference.
 //
 // NCHW tensors with 1 to 3 spatial axes (1-D runs as 2-D with H = 1);
 // group, strides, dilations, pads and auto_pad resolve exactly as on the CPU

@@ -1,5 +1,5 @@
 // CUDA kernels: elementwise family (the CPU's backend/cpu/elementwise.cc,
-// Cast from misc.cc and com.castor ReluGrad from gradient_kernels.cc).
+// Cast from misc.cc and com.castor ReluGrad from elementwise.cc).
 //
 // Unary math/activations (Neg Abs Relu LeakyRelu Sigmoid Tanh Gelu Erf Exp
 // Log Sqrt Reciprocal Clip), binary arithmetic with numpy broadcasting (Add

@@ -4,10 +4,10 @@
 //   NegativeLogLikelihoodLoss(log_probs, labels[, weights]) -> loss
 //   SoftmaxCrossEntropyLossGrad(dLoss, scores, labels[, weights]) -> dScores
 // over scores [N, C, d1, ..., dk] with int32/int64 labels [N, d1, ..., dk],
-// as backend/cpu/losses.cc and gradient_kernels.cc: optional per-class
-// weights [C], optional ignore_index, reduction none | sum | mean (mean =
-// sum(w_i * loss_i) / sum(w_i), w_i = weights[label_i] or 1, 0 for ignored
-// positions; all positions ignored gives 0 / 0 = NaN, as on the CPU).
+// as backend/cpu/losses.cc: optional per-class weights [C], optional
+// ignore_index, reduction none | sum | mean (mean = sum(w_i * loss_i) /
+// sum(w_i), w_i = weights[label_i] or 1, 0 for ignored positions; all
+// positions ignored gives 0 / 0 = NaN, as on the CPU).
 //
 // One warp handles one position (the C scores of one (n, d1..dk), `inner`
 // apart): line maximum, sum of exp(x - max), log-softmax of the label, the

@@ -1,6 +1,6 @@
 // CUDA kernels: normalization family (ops of graph/ops/normalization.cc) and
 // the com.castor BatchNormalizationGrad / LayerNormalizationGrad, matching
-// backend/cpu/normalization.cc and backend/cpu/gradient_kernels.cc.
+// backend/cpu/normalization.cc and backend/cpu/normalization_grad.cc.
 //
 // BatchNormalization: X [N, C, D1, ...] in float32/float16/bfloat16; scale,
 // B, mean and var in any of those (widened to float32 first). Inference

@@ -1,6 +1,6 @@
 // CUDA kernels: pool family (ops of graph/ops/pool.cc) and their gradients
 // (com.castor MaxPoolGrad, AveragePoolGrad, GlobalAveragePoolGrad), matching
-// backend/cpu/pool.cc and backend/cpu/gradient_kernels.cc.
+// backend/cpu/pool.cc and backend/cpu/pool_grad.cc.
 //
 // MaxPool (float32/float16/bfloat16/int8/uint8, optional int64 Indices in
 // storage_order 0 or 1) and AveragePool (count_include_pad) run one thread

@@ -1,5 +1,5 @@
 // CUDA kernels: reduce family (the CPU's backend/cpu/reduce.cc) and
-// com.castor ReduceToShapeOf (backend/cpu/gradient_kernels.cc).
+// com.castor ReduceToShapeOf (backend/cpu/reduce.cc).
 //
 // ReduceSum/Mean/Max/Min/Prod/L1/L2/SumSquare/LogSumExp take `axes` as an
 // attribute before opset 13 (ReduceSum) / 18 (the others) and as an
