@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backend/common/dims.h"
 #include "graph/status.h"
 
 namespace castor {
@@ -28,10 +29,6 @@ std::string FormatBytes(int64_t bytes) {
   char buffer[32];
   std::snprintf(buffer, sizeof(buffer), unit == 0 ? "%.0f %s" : "%.1f %s", value, units[unit]);
   return buffer;
-}
-
-std::string DimsText(const std::vector<int64_t>& dims) {
-  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
 }
 
 int64_t ByteSize(DType dtype, const std::vector<int64_t>& dims) {
@@ -458,7 +455,7 @@ absl::Status Executor::CheckFeedList(const std::vector<Feed>& feeds) const {
     if (!shape.rank_known()) continue;
     if (shape.rank() != static_cast<int>(dims.size())) {
       problems.push_back(absl::StrCat("input '", name, "': fed rank ", dims.size(), " ",
-                                      DimsText(dims), ", the model expects rank ",
+                                      common::DimsToString(dims), ", the model expects rank ",
                                       shape.rank(), " ", shape.ToString()));
       continue;
     }
@@ -466,7 +463,8 @@ absl::Status Executor::CheckFeedList(const std::vector<Feed>& feeds) const {
       if (shape[d].is_static() && shape[d].value() != dims[d]) {
         problems.push_back(absl::StrCat("input '", name, "': dim ", d, " is ", dims[d],
                                         ", the model expects ", shape[d].value(), " (shape ",
-                                        shape.ToString(), ", fed ", DimsText(dims), ")"));
+                                        shape.ToString(), ", fed ", common::DimsToString(dims),
+                                        ")"));
       }
     }
   }
@@ -682,8 +680,8 @@ absl::Status Executor::CheckOutputs(const PlanStep& step, const RunState& state)
       dims_agree = !shape[d].is_static() || shape[d].value() == b.dims[d];
     }
     if (!dims_agree) {
-      return error(
-          absl::StrCat("has dims ", DimsText(b.dims), ", inference said ", shape.ToString()));
+      return error(absl::StrCat("has dims ", common::DimsToString(b.dims), ", inference said ",
+                                shape.ToString()));
     }
   }
   return absl::OkStatus();
@@ -739,9 +737,9 @@ std::vector<std::string> Executor::ResidentNames() const {
 absl::Status Executor::UpdateResident(const std::string& name, const Tensor& tensor) {
   CASTOR_ASSIGN_OR_RETURN(Buffer * b, MutableResident(name));
   if (tensor.dtype() != b->dtype || tensor.dims() != b->dims) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("resident tensor '", name, "' is ", DTypeName(b->dtype), DimsText(b->dims),
-                     ", update is ", DTypeName(tensor.dtype()), DimsText(tensor.dims())));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resident tensor '", name, "' is ", DTypeName(b->dtype), common::DimsToString(b->dims),
+        ", update is ", DTypeName(tensor.dtype()), common::DimsToString(tensor.dims())));
   }
   b->host = HostCopyOf(tensor);
   return backend_.CopyFromHost(b->data, tensor.raw(), tensor.byte_size());
@@ -750,9 +748,9 @@ absl::Status Executor::UpdateResident(const std::string& name, const Tensor& ten
 absl::Status Executor::AssignResident(const std::string& name, const TensorView& source) {
   CASTOR_ASSIGN_OR_RETURN(Buffer * b, MutableResident(name));
   if (source.dtype != b->dtype || source.dims != b->dims) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("resident tensor '", name, "' is ", DTypeName(b->dtype), DimsText(b->dims),
-                     ", source is ", DTypeName(source.dtype), DimsText(source.dims)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resident tensor '", name, "' is ", DTypeName(b->dtype), common::DimsToString(b->dims),
+        ", source is ", DTypeName(source.dtype), common::DimsToString(source.dims)));
   }
   b->host = nullptr;  // the new values are on the backend only
   return backend_.CopyWithin(b->data, source.data, source.byte_size());

@@ -4,8 +4,9 @@
 //   1. UnscaleAndDecide: one fused pass over every gradient divides it by
 //      the loss scale in place, checks the unscaled values (and the
 //      loss) for inf/NaN and sums their squares; then the step is decided
-//      (graph/update_rules.h DecideStep): skipped, or counted with its
-//      learning rate, clipping and bias corrections; the loss scale moves
+//      (backend/common/update_rules.h DecideStep): skipped, or counted
+//      with its learning rate, clipping and bias corrections; the loss
+//      scale moves
 //      and the next step's scale is written where the training graph
 //      reads it.
 //   2. ApplyOptimizer: the optimizer over all parameters at once
@@ -16,15 +17,16 @@
 // Every input lives in backend memory, the StepState included, and every
 // decision is read from there: the host queues the whole step without
 // waiting for the device, and reads the StepState once afterwards, for
-// logging. The rules are graph/update_rules.h, the same for every backend.
+// logging. The rules are backend/common/update_rules.h, the same for every
+// backend.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "backend/common/update_rules.h"
 #include "backend/kernel.h"
-#include "graph/update_rules.h"
 
 namespace castor {
 

@@ -16,9 +16,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backend/common/dims.h"
+#include "backend/common/elementwise_math.h"
 #include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cpu/elementwise_math.h"
 #include "backend/cpu/simd16.h"
 #include "backend/kernel.h"
 #include "graph/half.h"
@@ -265,7 +266,7 @@ TEST(CpuElementwiseTest, ArithmeticBroadcastingFloat32) {
       {{3, 1, 2, 1}, {1, 4, 1, 5}},
   };
   for (const auto& [da, db] : shapes) {
-    const std::vector<int64_t> out_dims = *cpu::BroadcastDims({da, db});
+    const std::vector<int64_t> out_dims = *common::BroadcastDims({da, db});
     const std::vector<float> a = Ramp(Count(da), 3.0f, 0.1f);
     std::vector<float> b = Ramp(Count(db), 2.0f, 4.5f);  // stays away from 0 for Div
     for (const BinaryOpRef& op : ArithmeticOps()) {
@@ -279,8 +280,9 @@ TEST(CpuElementwiseTest, ArithmeticBroadcastingFloat32) {
         const float expected = static_cast<float>(op.f(x0, x1));
         if (y.data<float>()[i] != expected) {
           ++mismatches;
-          ADD_FAILURE() << op.op << " " << cpu::DimsToString(da) << " " << cpu::DimsToString(db)
-                        << " element " << i << ": " << y.data<float>()[i] << " vs " << expected;
+          ADD_FAILURE() << op.op << " " << common::DimsToString(da) << " "
+                        << common::DimsToString(db) << " element " << i << ": "
+                        << y.data<float>()[i] << " vs " << expected;
         }
       }
     }

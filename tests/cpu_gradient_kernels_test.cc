@@ -1,4 +1,5 @@
-// castor's gradient ops (graph/ops/gradient_ops.cc, backend/cpu/gradient_kernels.cc)
+// castor's gradient ops (graph/ops/gradient_ops.cc; their CPU kernels, backend/cpu/,
+// live with their op families)
 // against finite differences of their forward ONNX ops on the CPU backend:
 // for float32 inputs x and a random upstream gradient dY, each kernel's
 // gradient is compared with central differences of L(x) = sum(forward(x) *

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backend/common/dims.h"
 #include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_backend.h"
 #include "graph/half.h"
@@ -134,7 +135,7 @@ TEST(CpuReduceTest, AllReductionsMatchFloat64Reference) {
           }
           Tensor y = Reduce(op, F32(dims, x), axes, keepdims, opset);
           const std::string what = absl::StrCat(op, " opset ", opset, " axes ",
-                                                cpu::DimsToString(axes), " keepdims ", keepdims);
+                                                common::DimsToString(axes), " keepdims ", keepdims);
           ASSERT_EQ(y.dtype(), DType::kFloat32) << what;
           ASSERT_EQ(y.dims(), out_dims) << what;
           const std::vector<double> expected = ReferenceReduce(x, dims, reduced, op);
@@ -163,7 +164,7 @@ TEST(CpuReduceTest, LargeReductionsOnEveryLayout) {
       ASSERT_EQ(y.num_elements(), static_cast<int64_t>(expected.size()));
       for (size_t i = 0; i < expected.size(); ++i) {
         EXPECT_NEAR(y.data<float>()[i], expected[i], 1e-5 * std::fabs(expected[i]) + 1e-5)
-            << op << " axes " << cpu::DimsToString(axes) << " element " << i;
+            << op << " axes " << common::DimsToString(axes) << " element " << i;
       }
     }
   }

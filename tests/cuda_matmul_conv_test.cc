@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "backend/common/dims.h"
 #include "graph/gradient_builder.h"
 #include "gtest/gtest.h"
 #include "tests/cuda_test_util.h"
@@ -29,10 +29,6 @@ using testing::RandomTensor;
 using testing::RunOk;
 using testing::SingleNode;
 using testing::Tolerance;
-
-std::string DimsString(const std::vector<int64_t>& dims) {
-  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
-}
 
 // ---- MatMul -----------------------------------------------------------------------
 
@@ -52,10 +48,11 @@ void ExpectMatMul(const std::vector<int64_t>& a_dims, const std::vector<int64_t>
     SingleNode node("MatMul",
                     {RandomTensor(dtype, a_dims, seed), RandomTensor(dtype, b_dims, seed + 1)},
                     {}, 17);
-    ExpectCudaMatchesCpu(node,
-                         absl::StrCat("MatMul ", DTypeName(dtype), " ", DimsString(a_dims), " x ",
-                                      DimsString(b_dims)),
-                         DotTolerance(dtype, a_dims.back()));
+    ExpectCudaMatchesCpu(
+        node,
+        absl::StrCat("MatMul ", DTypeName(dtype), " ", common::DimsToString(a_dims), " x ",
+                     common::DimsToString(b_dims)),
+        DotTolerance(dtype, a_dims.back()));
   }
 }
 
@@ -136,9 +133,10 @@ void ExpectGemm(int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
     if (c_dims != nullptr) inputs.push_back(RandomTensor(dtype, *c_dims, seed + 2));
     SingleNode node("Gemm", inputs, attributes, 13);
     ExpectCudaMatchesCpu(
-        node, absl::StrCat("Gemm ", DTypeName(dtype), " M=", m, " N=", n, " K=", k,
-                           " transA=", trans_a ? 1 : 0, " transB=", trans_b ? 1 : 0, " C ",
-                           c_dims != nullptr ? DimsString(*c_dims) : std::string("none")),
+        node,
+        absl::StrCat("Gemm ", DTypeName(dtype), " M=", m, " N=", n, " K=", k,
+                     " transA=", trans_a ? 1 : 0, " transB=", trans_b ? 1 : 0, " C ",
+                     c_dims != nullptr ? common::DimsToString(*c_dims) : std::string("none")),
         DotTolerance(dtype, k));
   }
 }

@@ -291,7 +291,7 @@ TEST(GridConv, FillGridWritesTheZeroPaddedPlanesOnEveryInstructionSet) {
                    std::to_string(c.in_w) + " pads " + std::to_string(c.pad_top) + "," +
                    std::to_string(c.pad_left) + "," + std::to_string(c.pad_bottom) + "," +
                    std::to_string(c.pad_right));
-      WindowGeometry g;
+      common::WindowGeometry g;
       g.num_spatial = 2;
       g.input = {c.in_h, c.in_w};
       g.kernel = {c.kernel, c.kernel};

@@ -13,9 +13,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "backend/backend.h"
+#include "backend/common/update_rules.h"
 #include "graph/status.h"
 #include "graph/tensor.h"
-#include "graph/update_rules.h"
 
 namespace castor {
 

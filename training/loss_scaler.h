@@ -20,8 +20,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "backend/common/update_rules.h"
 #include "graph/json.h"
-#include "graph/update_rules.h"
 
 namespace castor {
 

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "backend/common/update_rules.h"
 #include "graph/tensor.h"
-#include "graph/update_rules.h"
 
 namespace castor {
 

@@ -1,6 +1,7 @@
 // The float32 loops of BatchNormalization in training mode, shared by its
 // forward kernel (backend/cpu/normalization.cc) and BatchNormalizationGrad
-// (backend/cpu/gradient_kernels.cc; ConvGrad's dB sums rows with RowSum),
+// (backend/cpu/normalization_grad.cc; ConvGrad's dB, conv_grad.cc, sums
+// rows with RowSum),
 // built for AVX-512/AVX2/baseline (vector_clones.h).
 //
 // A channel's values in X [N, C, inner...] are `batch` runs of `inner`

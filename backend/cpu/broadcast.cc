@@ -1,43 +1,13 @@
 // Broadcast planning for CPU elementwise kernels (see broadcast.h).
 #include "backend/cpu/broadcast.h"
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "backend/common/dims.h"
 
 namespace castor::cpu {
 
-std::string DimsToString(const std::vector<int64_t>& dims) {
-  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
-}
-
-absl::StatusOr<std::vector<int64_t>> BroadcastDims(
-    const std::vector<std::vector<int64_t>>& shapes) {
-  size_t rank = 0;
-  for (const auto& s : shapes) rank = std::max(rank, s.size());
-  std::vector<int64_t> out(rank, 1);
-  for (size_t k = 0; k < shapes.size(); ++k) {
-    const std::vector<int64_t>& s = shapes[k];
-    const size_t pad = rank - s.size();
-    for (size_t i = 0; i < s.size(); ++i) {
-      int64_t& o = out[pad + i];
-      if (s[i] == o || s[i] == 1) continue;
-      if (o == 1) {
-        o = s[i];
-        continue;
-      }
-      std::vector<std::string> all;
-      for (const auto& t : shapes) all.push_back(DimsToString(t));
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shapes ", absl::StrJoin(all, ", "), " do not broadcast: input ", k, " has ", s[i],
-          " at output axis ", pad + i, " where another input has ", o));
-    }
-  }
-  return out;
-}
-
 absl::StatusOr<BroadcastPlan> MakeBroadcastPlan(
     const std::vector<std::vector<int64_t>>& input_dims) {
-  absl::StatusOr<std::vector<int64_t>> out = BroadcastDims(input_dims);
+  absl::StatusOr<std::vector<int64_t>> out = common::BroadcastDims(input_dims);
   if (!out.ok()) return out.status();
   BroadcastPlan plan;
   plan.out_dims = *out;

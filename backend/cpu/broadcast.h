@@ -31,13 +31,6 @@ namespace castor::cpu {
 // Elements per ParallelFor chunk for elementwise work.
 inline constexpr int64_t kElementwiseGrain = 16384;
 
-// The numpy broadcast of `shapes`, or an error naming the shapes and the axis
-// where they disagree.
-absl::StatusOr<std::vector<int64_t>> BroadcastDims(const std::vector<std::vector<int64_t>>& shapes);
-
-// "[2,3,4]".
-std::string DimsToString(const std::vector<int64_t>& dims);
-
 struct BroadcastPlan {
   std::vector<int64_t> out_dims;  // the broadcast output dims
   int64_t num_elements = 0;       // elements of the output

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/gemm.h"
@@ -37,10 +37,6 @@ namespace {
 
 const std::vector<DType> kConvDTypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16,
                                         DType::kFloat64};
-
-std::string DimsString(const std::vector<int64_t>& dims) {
-  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
-}
 
 // Row-major GEMM in the accumulation type (float32 or float64).
 template <typename Acc>
@@ -101,34 +97,6 @@ class ConvOperands {
   std::vector<Acc> w_widened_;
 };
 
-// Shared input checks of Conv and ConvTranspose: ranks, dtypes, group, bias.
-absl::Status CheckConvInputs(const KernelContext& ctx, int64_t group, int64_t bias_size) {
-  const TensorView& x = ctx.input(0);
-  const TensorView& w = ctx.input(1);
-  if (x.dims.size() < 3 || w.dims.size() != x.dims.size()) {
-    return ctx.Error(absl::StrCat("X ", DimsString(x.dims), " and W ", DimsString(w.dims),
-                                  " must have the same rank >= 3"));
-  }
-  if (w.dtype != x.dtype || (ctx.has_input(2) && ctx.input(2).dtype != x.dtype)) {
-    return ctx.Error("X, W and B must have the same dtype");
-  }
-  if (group < 1) return ctx.Error(absl::StrCat("attribute 'group' is ", group, "; expected >= 1"));
-  if (ctx.has_input(2) && ctx.input(2).num_elements() != bias_size) {
-    return ctx.Error(absl::StrCat("bias B ", DimsString(ctx.input(2).dims), " must have ",
-                                  bias_size, " entries"));
-  }
-  // kernel_shape, when given, must match W's spatial dims.
-  if (ctx.node().has_attribute("kernel_shape")) {
-    const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
-    if (ctx.GetInts("kernel_shape") != kernel) {
-      return ctx.Error(absl::StrCat("attribute 'kernel_shape' ",
-                                    DimsString(ctx.GetInts("kernel_shape")),
-                                    " does not match W's spatial dims ", DimsString(kernel)));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // ---- Conv ------------------------------------------------------------------
 
 // Column-scratch budget (elements) of one tile when tiles run one at a time
@@ -158,8 +126,8 @@ constexpr int64_t kLargeTileColumnElements = int64_t{4} << 20;
 // with larger tiles, the unrolling split across threads and each GEMM
 // split across threads by Sgemm.
 template <typename T, typename Acc>
-void RunConv(const KernelContext& ctx, const WindowGeometry& g, int64_t batch, int64_t channels,
-             int64_t out_channels, int64_t group, TensorView* y) {
+void RunConv(const KernelContext& ctx, const common::WindowGeometry& g, int64_t batch,
+             int64_t channels, int64_t out_channels, int64_t group, TensorView* y) {
   const ConvOperands<T, Acc> ops(ctx, y, out_channels);
   const int64_t cg = channels / group;
   const int64_t mg = out_channels / group;
@@ -340,21 +308,12 @@ absl::Status ConvKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
   const TensorView& w = ctx.input(1);
   const int64_t group = ctx.GetInt("group", 1);
-  if (absl::Status s = CheckConvInputs(ctx, group, w.dims.empty() ? 0 : w.dims[0]); !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = common::CheckConv(ctx, group); !s.ok()) return s;
   const int64_t batch = x.dims[0], channels = x.dims[1], out_channels = w.dims[0];
-  if (w.dims[1] * group != channels) {
-    return ctx.Error(absl::StrCat("input channels ", channels, " (X ", DimsString(x.dims),
-                                  ") must equal W.dim(1) * group = ", w.dims[1], " * ", group));
-  }
-  if (out_channels % group != 0) {
-    return ctx.Error(absl::StrCat("output channels ", out_channels,
-                                  " are not divisible by group ", group));
-  }
   const std::vector<int64_t> spatial(x.dims.begin() + 2, x.dims.end());
   const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
-  absl::StatusOr<WindowGeometry> g = ForwardWindowGeometry(ctx, spatial, kernel, false);
+  absl::StatusOr<common::WindowGeometry> g =
+      common::ForwardWindowGeometry(ctx, spatial, kernel, false);
   if (!g.ok()) return g.status();
   std::vector<int64_t> out_dims = {batch, out_channels};
   out_dims.insert(out_dims.end(), g->output.begin(), g->output.end());
@@ -380,21 +339,21 @@ int64_t FloorDiv(int64_t a, int64_t b) {
 }
 
 // ConvTranspose geometry: `input` are X's spatial dims, `output` the result's.
-absl::StatusOr<WindowGeometry> TransposeGeometry(const KernelContext& ctx,
-                                                 const std::vector<int64_t>& input,
-                                                 const std::vector<int64_t>& kernel) {
+absl::StatusOr<common::WindowGeometry> TransposeGeometry(const KernelContext& ctx,
+                                                         const std::vector<int64_t>& input,
+                                                         const std::vector<int64_t>& kernel) {
   const size_t n = input.size();
-  WindowGeometry g;
+  common::WindowGeometry g;
   g.num_spatial = static_cast<int>(n);
   g.input = input;
   g.kernel = kernel;
-  auto strides = WindowInts(ctx, "strides", n, 1);
+  auto strides = common::WindowInts(ctx, "strides", n, 1);
   if (!strides.ok()) return strides.status();
-  auto dilations = WindowInts(ctx, "dilations", n, 1);
+  auto dilations = common::WindowInts(ctx, "dilations", n, 1);
   if (!dilations.ok()) return dilations.status();
-  auto pads = WindowInts(ctx, "pads", 2 * n, 0);
+  auto pads = common::WindowInts(ctx, "pads", 2 * n, 0);
   if (!pads.ok()) return pads.status();
-  auto output_padding = WindowInts(ctx, "output_padding", n, 0);
+  auto output_padding = common::WindowInts(ctx, "output_padding", n, 0);
   if (!output_padding.ok()) return output_padding.status();
   g.strides = *strides;
   g.dilations = *dilations;
@@ -412,7 +371,8 @@ absl::StatusOr<WindowGeometry> TransposeGeometry(const KernelContext& ctx,
     // A full [N, C, ...] form is accepted too (as the registry does).
     if (output_shape.size() == n + 2) output_shape.erase(output_shape.begin(), output_shape.begin() + 2);
     if (output_shape.size() != n) {
-      return ctx.Error(absl::StrCat("attribute 'output_shape' ", DimsString(ctx.GetInts("output_shape")),
+      return ctx.Error(absl::StrCat("attribute 'output_shape' ",
+                                    common::DimsToString(ctx.GetInts("output_shape")),
                                     " must have ", n, " entries (the spatial dims)"));
     }
   }
@@ -460,7 +420,7 @@ absl::StatusOr<WindowGeometry> TransposeGeometry(const KernelContext& ctx,
 // for output channels [m_lo, m_hi): im2col's transpose, with the roles of
 // the input and output axes swapped (the window index runs over the input).
 template <typename Acc>
-void Col2Im(const Acc* col, const WindowGeometry& g, Acc* out, int64_t m_lo, int64_t m_hi) {
+void Col2Im(const Acc* col, const common::WindowGeometry& g, Acc* out, int64_t m_lo, int64_t m_hi) {
   const int nd = g.num_spatial;
   const int64_t ksize = g.kernel_size();
   const int64_t in_size = g.input_size();
@@ -486,7 +446,7 @@ void Col2Im(const Acc* col, const WindowGeometry& g, Acc* out, int64_t m_lo, int
 }
 
 template <typename T, typename Acc>
-void RunConvTranspose(const KernelContext& ctx, const WindowGeometry& g, int64_t batch,
+void RunConvTranspose(const KernelContext& ctx, const common::WindowGeometry& g, int64_t batch,
                       int64_t channels, int64_t out_channels, int64_t group, TensorView* y) {
   const ConvOperands<T, Acc> ops(ctx, y, out_channels);
   const int64_t cg = channels / group;
@@ -548,10 +508,10 @@ absl::Status ConvTransposeKernel(KernelContext& ctx) {
   const TensorView& w = ctx.input(1);
   const int64_t group = ctx.GetInt("group", 1);
   const int64_t out_channels = w.dims.size() >= 2 ? w.dims[1] * group : 0;
-  if (absl::Status s = CheckConvInputs(ctx, group, out_channels); !s.ok()) return s;
+  if (absl::Status s = common::CheckConvInputs(ctx, group, out_channels); !s.ok()) return s;
   const int64_t batch = x.dims[0], channels = x.dims[1];
   if (w.dims[0] != channels) {
-    return ctx.Error(absl::StrCat("input channels ", channels, " (X ", DimsString(x.dims),
+    return ctx.Error(absl::StrCat("input channels ", channels, " (X ", common::DimsToString(x.dims),
                                   ") must equal W.dim(0) = ", w.dims[0]));
   }
   if (channels % group != 0) {
@@ -560,7 +520,7 @@ absl::Status ConvTransposeKernel(KernelContext& ctx) {
   }
   const std::vector<int64_t> spatial(x.dims.begin() + 2, x.dims.end());
   const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
-  absl::StatusOr<WindowGeometry> g = TransposeGeometry(ctx, spatial, kernel);
+  absl::StatusOr<common::WindowGeometry> g = TransposeGeometry(ctx, spatial, kernel);
   if (!g.ok()) return g.status();
   std::vector<int64_t> out_dims = {batch, out_channels};
   out_dims.insert(out_dims.end(), g->output.begin(), g->output.end());

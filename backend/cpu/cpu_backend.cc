@@ -50,8 +50,11 @@ const KernelTable& CpuBackend::kernels() const {
     cpu::RegisterElementwiseKernels(*t);
     cpu::RegisterMatMulKernels(*t);
     cpu::RegisterConvKernels(*t);
+    cpu::RegisterConvGradKernels(*t);
     cpu::RegisterPoolKernels(*t);
+    cpu::RegisterPoolGradKernels(*t);
     cpu::RegisterNormalizationKernels(*t);
+    cpu::RegisterNormalizationGradKernels(*t);
     cpu::RegisterSoftmaxKernels(*t);
     cpu::RegisterLossKernels(*t);
     cpu::RegisterTrainingKernels(*t);
@@ -59,7 +62,6 @@ const KernelTable& CpuBackend::kernels() const {
     cpu::RegisterShapeKernels(*t);
     cpu::RegisterDataMovementKernels(*t);
     cpu::RegisterMiscKernels(*t);
-    cpu::RegisterGradientKernels(*t);
     return t;
   }();
   return *table;

@@ -5,6 +5,8 @@
 // input from 13, or `num_outputs` chunks from 18; Slice's starts/ends/axes
 // are attributes before 10 and inputs (with steps) from 10; Pad's pads are
 // an attribute before 11, an input from 11, with an `axes` input from 18.
+// GatherGrad (com.castor, graph/ops/gradient_ops.cc) scatter-adds dY into
+// zeros of data's shape, in float32.
 #include <algorithm>
 #include <cstring>
 #include <optional>
@@ -13,10 +15,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
-#include "backend/cpu/op_geometry.h"
+#include "backend/cpu/gradient_util.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/strided_copy.h"
 #include "graph/status.h"
@@ -27,7 +30,7 @@ namespace {
 // ---- Concat --------------------------------------------------------------------
 
 absl::Status RunConcat(KernelContext& ctx) {
-  CASTOR_ASSIGN_OR_RETURN(const ConcatGeometry g, PlanConcat(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const common::ConcatGeometry g, common::PlanConcat(ctx));
   const DType dtype = ctx.input(0).dtype;
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, dtype, g.dims));
   const size_t element_size = DTypeSize(dtype);
@@ -50,7 +53,7 @@ absl::Status RunSplit(KernelContext& ctx) {
   const TensorView& in = ctx.input(0);
   std::optional<std::vector<int64_t>> split_input;
   if (ctx.opset() >= 13 && ctx.has_input(1)) split_input = ReadInts(ctx.input(1));
-  CASTOR_ASSIGN_OR_RETURN(const SplitGeometry g, PlanSplit(ctx, split_input));
+  CASTOR_ASSIGN_OR_RETURN(const common::SplitGeometry g, common::PlanSplit(ctx, split_input));
   const size_t element_size = DTypeSize(in.dtype);
   const int64_t in_row = in.dims[g.axis] * g.inner;
   int64_t offset = 0;
@@ -73,13 +76,14 @@ absl::Status RunSplit(KernelContext& ctx) {
 
 absl::Status RunSlice(KernelContext& ctx) {
   const TensorView& in = ctx.input(0);
-  CASTOR_ASSIGN_OR_RETURN(const SliceGeometry slice, PlanSlice(ctx, in.dims, HostIntInputs(ctx)));
+  CASTOR_ASSIGN_OR_RETURN(const common::SliceGeometry slice,
+                          common::PlanSlice(ctx, in.dims, HostIntInputs(ctx)));
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, in.dtype, slice.dims));
   if (out->num_elements() == 0) return absl::OkStatus();
   const size_t element_size = DTypeSize(in.dtype);
   StridedCopy(slice.dims, element_size,
               static_cast<const char*>(in.data) + slice.offset * element_size, slice.src_strides,
-              out->data, ContiguousStrides(slice.dims));
+              out->data, common::ContiguousStrides(slice.dims));
   return absl::OkStatus();
 }
 
@@ -91,13 +95,14 @@ absl::Status RunGather(KernelContext& ctx) {
   const int64_t rank = static_cast<int64_t>(data.dims.size());
   if (rank == 0) return ctx.Error("input 0 (data) must have rank >= 1; got a scalar");
   CASTOR_ASSIGN_OR_RETURN(const int64_t axis,
-                          NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank, "axis"));
+                          common::NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank, "axis"));
   const int64_t axis_size = data.dims[axis];
   std::vector<int64_t> index_values = ReadInts(indices);
   for (int64_t& index : index_values) {
     if (index < -axis_size || index >= axis_size) {
       return ctx.Error(absl::StrCat("index ", index, " is out of range for axis ", axis,
-                                    " of size ", axis_size, " (data ", DimsToString(data.dims), ")"));
+                                    " of size ", axis_size, " (data ",
+                                    common::DimsToString(data.dims), ")"));
     }
     if (index < 0) index += axis_size;
   }
@@ -106,8 +111,8 @@ absl::Status RunGather(KernelContext& ctx) {
   dims.insert(dims.end(), data.dims.begin() + axis + 1, data.dims.end());
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, dims));
   const size_t element_size = DTypeSize(data.dtype);
-  const int64_t outer = DimsProduct(data.dims, 0, axis);
-  const int64_t inner = DimsProduct(data.dims, axis + 1, data.dims.size());
+  const int64_t outer = common::DimsProduct(data.dims, 0, axis);
+  const int64_t inner = common::DimsProduct(data.dims, axis + 1, data.dims.size());
   const int64_t count = static_cast<int64_t>(index_values.size());
   const size_t block = static_cast<size_t>(inner) * element_size;
   if (block == 0 || outer * count == 0) return absl::OkStatus();
@@ -127,7 +132,8 @@ absl::Status RunGather(KernelContext& ctx) {
 
 absl::Status RunTile(KernelContext& ctx) {
   const TensorView& in = ctx.input(0);
-  CASTOR_ASSIGN_OR_RETURN(const CopyPlan plan, PlanTile(ctx, in.dims, ReadInts(ctx.input(1))));
+  CASTOR_ASSIGN_OR_RETURN(const common::CopyPlan plan,
+                          common::PlanTile(ctx, in.dims, ReadInts(ctx.input(1))));
   return CopyByPlan(ctx, plan);
 }
 
@@ -158,7 +164,7 @@ absl::Status RunPad(KernelContext& ctx) {
   std::optional<std::vector<int64_t>> pads, axes;
   if (ctx.opset() >= 11 && ctx.has_input(1)) pads = ReadInts(ctx.input(1));
   if (ctx.opset() >= 11 && ctx.has_input(3)) axes = ReadInts(ctx.input(3));
-  CASTOR_ASSIGN_OR_RETURN(const PadGeometry g, PlanPad(ctx, in.dims, pads, axes));
+  CASTOR_ASSIGN_OR_RETURN(const common::PadGeometry g, common::PlanPad(ctx, in.dims, pads, axes));
   const std::vector<int64_t>& dims = g.dims;
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, in.dtype, dims));
   const int64_t total = out->num_elements();
@@ -172,13 +178,13 @@ absl::Status RunPad(KernelContext& ctx) {
   for (int64_t a = 0; a < rank; ++a) {
     source[a].resize(dims[a]);
     for (int64_t o = 0; o < dims[a]; ++o) {
-      source[a][o] = PadSource(o, in.dims[a], g.before[a], g.mode);
+      source[a][o] = common::PadSource(o, in.dims[a], g.before[a], g.mode);
     }
   }
   unsigned char value[8];
   PadValueBytes(ctx, in.dtype, value);
   const size_t element_size = DTypeSize(in.dtype);
-  const std::vector<int64_t> in_strides = ContiguousStrides(in.dims);
+  const std::vector<int64_t> in_strides = common::ContiguousStrides(in.dims);
   const int64_t row_length = dims[rank - 1];
   const int64_t rows = total / row_length;
   const char* src = static_cast<const char*>(in.data);
@@ -209,6 +215,50 @@ absl::Status RunPad(KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// ---- GatherGrad ------------------------------------------------------------------
+
+absl::Status GatherGradKernel(KernelContext& ctx) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& indices = ctx.input(1);
+  const TensorView& data = ctx.input(2);
+  CASTOR_ASSIGN_OR_RETURN(const int64_t axis, common::PlanGatherGrad(ctx));
+  const int64_t outer = common::DimsProduct(data.dims, 0, axis);
+  const int64_t axis_dim = data.dims[axis];
+  const int64_t inner = common::DimsProduct(data.dims, axis + 1, data.dims.size());
+  const int64_t count = indices.num_elements();
+  std::vector<int64_t> wrapped(static_cast<size_t>(count));
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t index = IntAt(indices, k);
+    if (index < -axis_dim || index >= axis_dim) {
+      return ctx.Error(absl::StrCat("input 1 (indices): index ", index, " at position ", k,
+                                    " is out of range [", -axis_dim, ", ", axis_dim, ")"));
+    }
+    wrapped[k] = index < 0 ? index + axis_dim : index;
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * dd, ctx.Output(0, data.dtype, data.dims));
+  const Float32Out out(dd);
+  constexpr int64_t kBlock = 256;
+  const int64_t blocks = (inner + kBlock - 1) / kBlock;
+  DispatchFloat(dy.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* dyp = dy.as<T>();
+    float* acc = out.data();
+    ParallelFor(0, outer * blocks, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t task = lo; task < hi; ++task) {
+        const int64_t o = task / blocks;
+        const int64_t i0 = task % blocks * kBlock;
+        const int64_t i1 = std::min(inner, i0 + kBlock);
+        for (int64_t k = 0; k < count; ++k) {
+          const T* src = dyp + (o * count + k) * inner;
+          float* dst = acc + (o * axis_dim + wrapped[k]) * inner;
+          for (int64_t i = i0; i < i1; ++i) dst[i] += LoadF(src[i]);
+        }
+      }
+    });
+  });
+  out.Finish();
+  return absl::OkStatus();
+}
 }  // namespace
 
 void RegisterDataMovementKernels(KernelTable& table) {
@@ -220,6 +270,7 @@ void RegisterDataMovementKernels(KernelTable& table) {
                                                                            {"Pad", RunPad}}) {
     table.Register(KernelDef{"", op_type, NoStringTensors, run, /*in_place_ok=*/false});
   }
+  RegisterGradientKernel(table, "GatherGrad", GatherGradKernel);
 }
 
 }  // namespace castor::cpu

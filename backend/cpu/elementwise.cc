@@ -4,7 +4,7 @@
 // Log Sqrt Reciprocal), binary arithmetic with numpy broadcasting (Add Sub
 // Mul Div, Pow with a base and exponent of different dtypes), Equal (bool
 // out), the variadic Max/Min/Sum, Where and Clip. The scalar arithmetic of
-// each op lives in backend/cpu/elementwise_math.h (shared with CUDA); this
+// each op lives in backend/common/elementwise_math.h (shared with CUDA); this
 // file loads, broadcasts and stores. 16-bit floats compute in float32 and
 // round once on store (unary ops and same-dtype binary ops widen and narrow
 // them in blocks with float_io.h's vectorized bulk conversions, and the
@@ -13,7 +13,8 @@
 // computes in double; integers in their own type (wrapping). Broadcast
 // iteration is backend/cpu/broadcast.h, split across threads in chunks of
 // kElementwiseGrain elements; a run where an input is dense or a single
-// broadcast value gets its own tight loop.
+// broadcast value gets its own tight loop. ReluGrad (com.castor,
+// graph/ops/gradient_ops.cc) passes dY where Y > 0.
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -22,14 +23,16 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backend/common/elementwise_math.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_kernels.h"
-#include "backend/cpu/elementwise_math.h"
 #include "backend/cpu/float_io.h"
-#include "backend/cpu/op_geometry.h"
+#include "backend/cpu/gradient_util.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/simd16.h"
 #include "backend/cpu/vector_clones.h"
+#include "graph/status.h"
 
 namespace castor::cpu {
 namespace {
@@ -117,7 +120,7 @@ absl::Status GeluKernel(KernelContext& ctx) {
 // dtype's extremes (+-inf for floats).
 absl::Status ClipKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
-  if (absl::Status s = CheckClipBounds(ctx); !s.ok()) return s;
+  if (absl::Status s = common::CheckClipBounds(ctx); !s.ok()) return s;
   absl::Status status;
   auto body = [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -264,7 +267,7 @@ absl::StatusOr<BroadcastPlan> PlanInputs(const KernelContext& ctx, int first, in
 // Add, Sub, Mul, Div: floats and integers, output the inputs' dtype.
 template <typename Op>
 absl::Status ArithmeticKernel(KernelContext& ctx) {
-  if (absl::Status s = RequireSameDType(ctx, 0, 1); !s.ok()) return s;
+  if (absl::Status s = common::RequireSameDType(ctx, 0, 1); !s.ok()) return s;
   absl::StatusOr<BroadcastPlan> plan = PlanInputs(ctx, 0, 2);
   if (!plan.ok()) return plan.status();
   const TensorView& a = ctx.input(0);
@@ -280,7 +283,7 @@ absl::Status ArithmeticKernel(KernelContext& ctx) {
 // Equal: any numeric dtype or bool in, bool out. Floats compare by value
 // (+0 == -0, NaN != NaN).
 absl::Status EqualKernel(KernelContext& ctx) {
-  if (absl::Status s = RequireSameDType(ctx, 0, 1); !s.ok()) return s;
+  if (absl::Status s = common::RequireSameDType(ctx, 0, 1); !s.ok()) return s;
   absl::StatusOr<BroadcastPlan> plan = PlanInputs(ctx, 0, 2);
   if (!plan.ok()) return plan.status();
   const TensorView& a = ctx.input(0);
@@ -334,7 +337,7 @@ absl::Status VariadicKernel(KernelContext& ctx) {
   for (int i = 0; i < n; ++i) {
     if (!ctx.has_input(i)) return ctx.Error(absl::StrCat("input ", i, " is missing"));
   }
-  if (absl::Status s = RequireSameDType(ctx, 0, n - 1); !s.ok()) return s;
+  if (absl::Status s = common::RequireSameDType(ctx, 0, n - 1); !s.ok()) return s;
   absl::StatusOr<BroadcastPlan> plan = PlanInputs(ctx, 0, n);
   if (!plan.ok()) return plan.status();
   const DType dtype = ctx.input(0).dtype;
@@ -413,7 +416,7 @@ absl::Status WhereKernel(KernelContext& ctx) {
     return ctx.Error(absl::StrCat("input 0 (condition) is ", DTypeName(cond.dtype),
                                   "; expected bool"));
   }
-  if (absl::Status s = RequireSameDType(ctx, 1, 2); !s.ok()) return s;
+  if (absl::Status s = common::RequireSameDType(ctx, 1, 2); !s.ok()) return s;
   absl::StatusOr<BroadcastPlan> plan = PlanInputs(ctx, 0, 3);
   if (!plan.ok()) return plan.status();
   const DType dtype = ctx.input(1).dtype;
@@ -454,6 +457,46 @@ void Add(KernelTable& table, const std::string& op, std::vector<DType> dtypes, K
   table.Register(std::move(def));
 }
 
+// ---- ReluGrad ------------------------------------------------------------------
+
+absl::Status ReluGradKernel(KernelContext& ctx) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& y = ctx.input(1);
+  if (absl::Status st = common::RequireSameDType(ctx, 0, "dY", 1, "Y"); !st.ok()) return st;
+  if (absl::Status st = common::RequireDims(ctx, 0, "dY", y.dims, "Y's shape"); !st.ok()) return st;
+  CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, y.dtype, y.dims));
+  DispatchFloat(y.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* dyp = dy.as<T>();
+    const T* yp = y.as<T>();
+    T* dxp = dx->as<T>();
+    ParallelFor(0, y.num_elements(), kElementGrain, [&](int64_t lo, int64_t hi) {
+      if constexpr (kIsFloat16Storage<T>) {
+        // On the bit patterns: Y > 0 exactly when its bits lie in
+        // [1, +inf's] (+0, negatives, -0 and NaNs lie outside), so one
+        // unsigned compare selects dY or +0's pattern (0), and the loop
+        // vectorizes.
+        const uint16_t positive_infinity = std::is_same_v<T, Half> ? 0x7c00 : 0x7f80;
+        const uint16_t* y_bits = reinterpret_cast<const uint16_t*>(yp);
+        const uint16_t* dy_bits = reinterpret_cast<const uint16_t*>(dyp);
+        uint16_t* dx_bits = reinterpret_cast<uint16_t*>(dxp);
+        for (int64_t i = lo; i < hi; ++i) {
+          const uint16_t d = dy_bits[i];
+          dx_bits[i] = static_cast<uint16_t>(y_bits[i] - 1u) < positive_infinity ? d : 0;
+        }
+      } else {
+        // A select, not a branch: vectorized, and no mispredictions on
+        // signs that alternate at random.
+        // (dY is loaded unconditionally, so the loop has no control flow.)
+        for (int64_t i = lo; i < hi; ++i) {
+          const T d = dyp[i];
+          dxp[i] = LoadF(yp[i]) > 0.0f ? d : T(0);
+        }
+      }
+    });
+  });
+  return absl::OkStatus();
+}
 }  // namespace
 
 void RegisterElementwiseKernels(KernelTable& table) {
@@ -490,6 +533,8 @@ void RegisterElementwiseKernels(KernelTable& table) {
 
   std::vector<DType> where_values = Join(numeric, {DType::kBool});
   Add(table, "Where", where_values, &WhereKernel, /*in_place_ok=*/false, /*checked_input=*/1);
+
+  RegisterGradientKernel(table, "ReluGrad", ReluGradKernel);
 }
 
 }  // namespace castor::cpu

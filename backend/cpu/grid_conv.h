@@ -75,7 +75,7 @@ enum class GridIsa { kPortable, kAvx2, kAvx512 };
 const char* GridIsaName(GridIsa isa);
 bool GridIsaSupported(GridIsa isa);
 GridIsa ActiveGridIsa();
-// True when a vector kernel runs. The kernels (conv.cc, gradient_kernels.cc)
+// True when a vector kernel runs. The kernels (conv.cc, conv_grad.cc)
 // take the grid products only then: the portable scalar loop is slower than
 // OpenBLAS's GEMM on the column path (im2col), which they take otherwise.
 bool UseGridProducts();

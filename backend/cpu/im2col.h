@@ -1,6 +1,8 @@
-// Sliding-window geometry shared by the CPU Conv, ConvTranspose and pooling
-// kernels, and im2col: unrolling the windows of one image into the columns
-// of a [C * prod(kernel), prod(output)] matrix so a convolution is one GEMM.
+// im2col for the CPU Conv, ConvTranspose and pooling kernels: unrolling the
+// windows of one image into the columns of a [C * prod(kernel),
+// prod(output)] matrix so a convolution is one GEMM, the padded grid of the
+// 2-D window ops, the pools' per-axis window tables and col2im's helpers.
+// The window geometry itself is common/window_geometry.h (CUDA uses it too).
 #pragma once
 
 #include <algorithm>
@@ -10,21 +12,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "backend/kernel.h"
+#include "backend/common/window_geometry.h"
 #include "backend/cpu/float_io.h"
 
 namespace castor::cpu {
-
-// Per spatial axis: input size, kernel, stride, dilation, begin/end pads and
-// output size, resolved from the node's attributes for concrete input dims.
-struct WindowGeometry {
-  int num_spatial = 0;
-  std::vector<int64_t> input, kernel, strides, dilations, pad_begin, pad_end, output;
-
-  int64_t input_size() const;   // prod(input)
-  int64_t kernel_size() const;  // prod(kernel)
-  int64_t output_size() const;  // prod(output)
-};
 
 // For one spatial axis and each output index: the input indices its window
 // reads (inside the input) and how many window positions lie inside the
@@ -34,22 +25,7 @@ struct AxisWindows {
   std::vector<int64_t> idx;
   std::vector<int64_t> padded_count;
 };
-std::vector<AxisWindows> BuildAxisWindows(const WindowGeometry& g);
-
-// Reads strides, dilations, pads and auto_pad of `ctx`'s node for a forward
-// window op (Conv and the pools) over `input` spatial dims with `kernel`, and
-// computes the output dims as ONNX does (SAME_UPPER/SAME_LOWER: output =
-// ceil(input / stride), the odd pad unit at the end / beginning; VALID: no
-// pads; ceil_mode rounds up but drops a last window starting in the end pad).
-absl::StatusOr<WindowGeometry> ForwardWindowGeometry(const KernelContext& ctx,
-                                                     const std::vector<int64_t>& input,
-                                                     const std::vector<int64_t>& kernel,
-                                                     bool ceil_mode);
-
-// Attribute `name` as `count` ints (default `fill` when absent); an error
-// naming the attribute when its length differs.
-absl::StatusOr<std::vector<int64_t>> WindowInts(const KernelContext& ctx, const std::string& name,
-                                                size_t count, int64_t fill);
+std::vector<AxisWindows> BuildAxisWindows(const common::WindowGeometry& g);
 
 // Unrolls the windows of one image `x` ([channels, input...], storage type
 // T) into rows [first_row, end_row) of the [channels * kernel_size(),
@@ -61,7 +37,7 @@ absl::StatusOr<std::vector<int64_t>> WindowInts(const KernelContext& ctx, const 
 // outer [0, output_size() / output[last]) with col_ld >= output_size().
 // Positions in the padding read as 0. Values are widened to Acc.
 template <typename T, typename Acc>
-void Im2Col(const T* x, const WindowGeometry& g, int64_t first_row, int64_t end_row,
+void Im2Col(const T* x, const common::WindowGeometry& g, int64_t first_row, int64_t end_row,
             int64_t outer_lo, int64_t outer_hi, Acc* col, int64_t col_ld);
 
 // Column-scratch budget (elements) of one task when (image, group) tasks
@@ -84,8 +60,8 @@ inline constexpr int64_t kTileColumnElements = int64_t{1} << 17;
 // the next plane.
 struct PaddedGrid {
   // True when `g` is 2-D.
-  static bool Applies(const WindowGeometry& g) { return g.num_spatial == 2; }
-  explicit PaddedGrid(const WindowGeometry& g)
+  static bool Applies(const common::WindowGeometry& g) { return g.num_spatial == 2; }
+  explicit PaddedGrid(const common::WindowGeometry& g)
       : geometry(&g),
         rows(g.output[0] + (g.kernel[0] - 1) * g.dilations[0] / g.strides[0]),
         cols(g.output[1] + (g.kernel[1] - 1) * g.dilations[1] / g.strides[1]),
@@ -100,7 +76,7 @@ struct PaddedGrid {
   int64_t positions(int64_t lines) const { return lines * cols; }
   // Where row `row` = c * kernel_size + kh * kernel[1] + kw starts.
   int64_t RowOffset(int64_t row) const {
-    const WindowGeometry& g = *geometry;
+    const common::WindowGeometry& g = *geometry;
     const int64_t c = row / g.kernel_size(), k = row % g.kernel_size();
     const int64_t th = k / g.kernel[1] * g.dilations[0], tw = k % g.kernel[1] * g.dilations[1];
     const int64_t s0 = g.strides[0], s1 = g.strides[1];
@@ -108,14 +84,14 @@ struct PaddedGrid {
   }
   // True when some kernel tap reads phase plane (a, b).
   bool PhaseUsed(int64_t a, int64_t b) const {
-    const WindowGeometry& g = *geometry;
+    const common::WindowGeometry& g = *geometry;
     bool row_used = false, col_used = false;
     for (int64_t k = 0; k < g.kernel[0]; ++k) row_used |= k * g.dilations[0] % g.strides[0] == a;
     for (int64_t k = 0; k < g.kernel[1]; ++k) col_used |= k * g.dilations[1] % g.strides[1] == b;
     return row_used && col_used;
   }
 
-  const WindowGeometry* geometry;
+  const common::WindowGeometry* geometry;
   int64_t rows, cols, slack;
 };
 
@@ -147,7 +123,7 @@ void SpreadRow(const float* src, int64_t n, int64_t step, float* dst);
 // The channel of unrolled row `row` (= channel * kernel_size() + kernel
 // offset, row-major over the kernel axes); kidx[d] receives the kernel index
 // along each spatial axis d.
-inline int64_t DecodeKernelRow(const WindowGeometry& g, int64_t row, int64_t* kidx) {
+inline int64_t DecodeKernelRow(const common::WindowGeometry& g, int64_t row, int64_t* kidx) {
   int64_t rem = row % g.kernel_size();
   for (int d = g.num_spatial - 1; d >= 0; --d) {
     kidx[d] = rem % g.kernel[d];
@@ -164,7 +140,7 @@ inline int64_t DecodeKernelRow(const WindowGeometry& g, int64_t row, int64_t* ki
 struct LastAxisSpan {
   int64_t shift, lo, hi;
 };
-inline LastAxisSpan LastAxisSpanOf(const WindowGeometry& g, int64_t k, int64_t count,
+inline LastAxisSpan LastAxisSpanOf(const common::WindowGeometry& g, int64_t k, int64_t count,
                                    int64_t extent) {
   const int last = g.num_spatial - 1;
   const int64_t s = g.strides[last];
@@ -181,8 +157,8 @@ inline LastAxisSpan LastAxisSpanOf(const WindowGeometry& g, int64_t k, int64_t c
 // of an axis of extent[d] positions. Returns the row-major offset of those
 // positions times extent[last] (where their line starts), or -1 when any of
 // them lies outside.
-inline int64_t OuterOffset(const WindowGeometry& g, const int64_t* widx, const int64_t* kidx,
-                           const std::vector<int64_t>& extent) {
+inline int64_t OuterOffset(const common::WindowGeometry& g, const int64_t* widx,
+                           const int64_t* kidx, const std::vector<int64_t>& extent) {
   const int last = g.num_spatial - 1;
   int64_t offset = 0, step = extent[last];
   for (int d = last - 1; d >= 0; --d) {
@@ -224,7 +200,7 @@ inline Acc WidenTo(T v) {
 template <typename T, typename Acc>
 void FillGrid(const T* x, int64_t channel_lo, int64_t channel_hi, const PaddedGrid& grid,
               Acc* padded) {
-  const WindowGeometry& g = *grid.geometry;
+  const common::WindowGeometry& g = *grid.geometry;
   const int64_t in_h = g.input[0], in_w = g.input[1];
   const int64_t s0 = g.strides[0], s1 = g.strides[1];
   const int64_t rows = grid.rows, cols = grid.cols;
@@ -264,7 +240,7 @@ void FillGrid(const T* x, int64_t channel_lo, int64_t channel_hi, const PaddedGr
 }
 
 template <typename T, typename Acc>
-void Im2Col(const T* x, const WindowGeometry& g, int64_t first_row, int64_t end_row,
+void Im2Col(const T* x, const common::WindowGeometry& g, int64_t first_row, int64_t end_row,
             int64_t outer_lo, int64_t outer_hi, Acc* col, int64_t col_ld) {
   const int nd = g.num_spatial;
   const int64_t in_size = g.input_size();

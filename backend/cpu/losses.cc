@@ -9,6 +9,9 @@
 // float64): 16-bit inputs widen exactly, the loss (and log_prob) round once
 // on store, and sums accumulate in the compute type in fixed-size blocks so
 // the result does not depend on the thread count.
+// SoftmaxCrossEntropyLossGrad (com.castor, graph/ops/gradient_ops.cc)
+// recomputes the softmax per position in float32 and scales dLoss by the
+// reduction's weights.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -17,8 +20,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
+#include "backend/cpu/gradient_util.h"
 #include "backend/cpu/parallel.h"
 #include "graph/status.h"
 
@@ -26,12 +31,6 @@ namespace castor::cpu {
 namespace {
 
 enum class LossKind { kSoftmaxCrossEntropy, kNegativeLogLikelihood };
-
-std::string DimsString(const std::vector<int64_t>& dims) {
-  std::string s = "[";
-  for (size_t i = 0; i < dims.size(); ++i) absl::StrAppend(&s, i ? "," : "", dims[i]);
-  return s + "]";
-}
 
 // Sum in blocks of a fixed size: deterministic, and more accurate than one
 // running sum.
@@ -46,10 +45,6 @@ Acc BlockedSum(const std::vector<Acc>& values) {
     total += block;
   }
   return total;
-}
-
-int64_t LabelAt(const TensorView& labels, int64_t i) {
-  return labels.dtype == DType::kInt32 ? labels.as<int32_t>()[i] : labels.as<int64_t>()[i];
 }
 
 // Element reads and writes in the compute type: float64 stays float64,
@@ -70,41 +65,14 @@ absl::Status RunLossTyped(KernelContext& ctx, LossKind kind) {
   const TensorView& scores = ctx.input(0);
   const TensorView& labels = ctx.input(1);
   const TensorView* weights = ctx.has_input(2) ? &ctx.input(2) : nullptr;
-  const std::string reduction = ctx.GetString("reduction", "mean");
   const bool has_ignore = ctx.node().has_attribute("ignore_index");
   const int64_t ignore_index = ctx.GetInt("ignore_index", 0);
-
-  if (reduction != "none" && reduction != "sum" && reduction != "mean") {
-    return ctx.Error(absl::StrCat("reduction \"", reduction, "\" is not none, sum or mean"));
-  }
-  if (scores.dims.size() < 2) {
-    return ctx.Error(absl::StrCat("input 0 must have rank >= 2 ([N, C, d1, ...]); got ",
-                                  DimsString(scores.dims)));
-  }
-  const int64_t n_batch = scores.dims[0];
-  const int64_t classes = scores.dims[1];
-  int64_t inner = 1;  // d1 * ... * dk
-  std::vector<int64_t> expected_label_dims = {n_batch};
-  for (size_t k = 2; k < scores.dims.size(); ++k) {
-    inner *= scores.dims[k];
-    expected_label_dims.push_back(scores.dims[k]);
-  }
-  if (labels.dims != expected_label_dims) {
-    return ctx.Error(absl::StrCat("labels ", DimsString(labels.dims), " do not match scores ",
-                                  DimsString(scores.dims), " (expected ",
-                                  DimsString(expected_label_dims), ")"));
-  }
-  if (labels.dtype != DType::kInt32 && labels.dtype != DType::kInt64) {
-    return ctx.Error(
-        absl::StrCat("labels are ", DTypeName(labels.dtype), "; expected int32 or int64"));
-  }
-  if (weights != nullptr && (weights->dims.size() != 1 || weights->dims[0] != classes)) {
-    return ctx.Error(
-        absl::StrCat("weights ", DimsString(weights->dims), " must be [C] = [", classes, "]"));
-  }
+  CASTOR_ASSIGN_OR_RETURN(const common::LossGeometry geometry, common::PlanLoss(ctx));
+  const std::string& reduction = geometry.reduction;
+  const int64_t n_batch = geometry.batch, classes = geometry.classes, inner = geometry.inner;
   const int64_t positions = n_batch * inner;
   for (int64_t p = 0; p < positions; ++p) {
-    const int64_t label = LabelAt(labels, p);
+    const int64_t label = IntAt(labels, p);
     if (has_ignore && label == ignore_index) continue;
     if (label < 0 || label >= classes) {
       return ctx.Error(absl::StrCat(
@@ -126,7 +94,7 @@ absl::Status RunLossTyped(KernelContext& ctx, LossKind kind) {
     for (int64_t p = lo; p < hi; ++p) {
       const int64_t n = p / inner, d = p % inner;
       const T* column = x + n * classes * inner + d;  // element c at column[c * inner]
-      const int64_t label = LabelAt(labels, p);
+      const int64_t label = IntAt(labels, p);
       const bool ignored = has_ignore && label == ignore_index;
       Acc picked = 0;  // log-probability of the label
       if (kind == LossKind::kSoftmaxCrossEntropy) {
@@ -178,6 +146,73 @@ absl::Status RunLoss(KernelContext& ctx) {
   return status;
 }
 
+// ---- SoftmaxCrossEntropyLossGrad ---------------------------------------------
+
+absl::Status SoftmaxCrossEntropyLossGradKernel(KernelContext& ctx) {
+  const TensorView& d_loss = ctx.input(0);
+  const TensorView& scores = ctx.input(1);
+  const TensorView& labels = ctx.input(2);
+  const TensorView* weights = ctx.has_input(3) ? &ctx.input(3) : nullptr;
+  const bool has_ignore = ctx.node().has_attribute("ignore_index");
+  const int64_t ignore_index = ctx.GetInt("ignore_index", 0);
+  CASTOR_ASSIGN_OR_RETURN(const common::LossGeometry geometry, common::PlanCrossEntropyGrad(ctx));
+  const std::string& reduction = geometry.reduction;
+  const int64_t batch = geometry.batch, classes = geometry.classes, inner = geometry.inner;
+  const int64_t positions = batch * inner;
+  std::optional<Float32In> w;
+  if (weights != nullptr) w.emplace(*weights);
+  const Float32In dl(d_loss);
+  double weight_total = 0;
+  for (int64_t p = 0; p < positions; ++p) {
+    const int64_t label = IntAt(labels, p);
+    if (has_ignore && label == ignore_index) continue;
+    if (label < 0 || label >= classes) {
+      return ctx.Error(absl::StrCat(
+          "input 2 (labels): label ", label, " at position ", p, " is out of range [0, ", classes,
+          ")",
+          has_ignore ? absl::StrCat(" and is not ignore_index ", ignore_index) : std::string()));
+    }
+    weight_total += weights != nullptr ? w->data()[label] : 1.0;
+  }
+  const float scale =
+      reduction == "mean" ? static_cast<float>(1.0 / weight_total) : 1.0f;  // 0 / 0: NaN
+  CASTOR_ASSIGN_OR_RETURN(TensorView * ds, ctx.Output(0, scores.dtype, scores.dims));
+  DispatchFloat(scores.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* x = scores.as<T>();
+    T* out = ds->as<T>();
+    const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, classes));
+    ParallelFor(0, positions, grain, [&](int64_t lo, int64_t hi) {
+      std::vector<float> e(static_cast<size_t>(classes));
+      for (int64_t p = lo; p < hi; ++p) {
+        const int64_t n = p / inner, d = p % inner;
+        const T* column = x + n * classes * inner + d;
+        T* out_column = out + n * classes * inner + d;
+        const int64_t label = IntAt(labels, p);
+        if (has_ignore && label == ignore_index) {
+          for (int64_t c = 0; c < classes; ++c) StoreF(&out_column[c * inner], 0.0f);
+          continue;
+        }
+        const float upstream = reduction == "none" ? dl.data()[p] : dl.data()[0];
+        const float factor = (weights != nullptr ? w->data()[label] : 1.0f) * upstream * scale;
+        float max_value = -std::numeric_limits<float>::infinity();
+        for (int64_t c = 0; c < classes; ++c) {
+          max_value = std::max(max_value, LoadF(column[c * inner]));
+        }
+        float sum = 0;
+        for (int64_t c = 0; c < classes; ++c) {
+          e[c] = std::exp(LoadF(column[c * inner]) - max_value);
+          sum += e[c];
+        }
+        for (int64_t c = 0; c < classes; ++c) {
+          const float prob = e[c] / sum;
+          StoreF(&out_column[c * inner], (prob - (c == label ? 1.0f : 0.0f)) * factor);
+        }
+      }
+    });
+  });
+  return absl::OkStatus();
+}
 }  // namespace
 
 void RegisterLossKernels(KernelTable& table) {
@@ -187,6 +222,7 @@ void RegisterLossKernels(KernelTable& table) {
                            RunLoss<LossKind::kSoftmaxCrossEntropy>, false});
   table.Register(KernelDef{"", "NegativeLogLikelihoodLoss", FloatDTypesIn(floats),
                            RunLoss<LossKind::kNegativeLogLikelihood>, false});
+  RegisterGradientKernel(table, "SoftmaxCrossEntropyLossGrad", SoftmaxCrossEntropyLossGradKernel);
 }
 
 }  // namespace castor::cpu

@@ -12,11 +12,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/gemm.h"
-#include "backend/cpu/op_geometry.h"
 #include "backend/cpu/parallel.h"
 #include "graph/status.h"
 
@@ -71,7 +71,7 @@ void FloatMatMul(DType dtype, const T* a, const T* b, T* c, int64_t m, int64_t n
 absl::Status MatMulKernel(KernelContext& ctx) {
   const TensorView& a = ctx.input(0);
   const TensorView& b = ctx.input(1);
-  CASTOR_ASSIGN_OR_RETURN(const MatMulGeometry geometry, PlanMatMul(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const common::MatMulGeometry geometry, common::PlanMatMul(ctx));
   const int64_t m = geometry.m, n = geometry.n, k = geometry.k;
   const std::vector<int64_t>& batch = geometry.batch;
   const std::vector<int64_t>& a_stride = geometry.a_stride;
@@ -156,7 +156,7 @@ absl::Status MatMulKernel(KernelContext& ctx) {
 absl::Status GemmKernel(KernelContext& ctx) {
   const TensorView& a = ctx.input(0);
   const TensorView& b = ctx.input(1);
-  CASTOR_ASSIGN_OR_RETURN(const GemmGeometry g, PlanGemm(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const common::GemmGeometry g, common::PlanGemm(ctx));
   const bool trans_a = g.trans_a, trans_b = g.trans_b;
   const float alpha = g.alpha, beta = g.beta;
   const int64_t m = g.m, n = g.n, k = g.k;

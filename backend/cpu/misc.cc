@@ -25,10 +25,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
-#include "backend/cpu/op_geometry.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/strided_copy.h"
 #include "graph/status.h"
@@ -276,7 +276,7 @@ absl::Status RunConstant(KernelContext& ctx) {
 
 absl::Status RunConstantOfShape(KernelContext& ctx) {
   const std::vector<int64_t> dims = ReadInts(ctx.input(0));
-  CASTOR_ASSIGN_OR_RETURN(const Tensor fill, ConstantOfShapeFill(ctx, dims));
+  CASTOR_ASSIGN_OR_RETURN(const Tensor fill, common::ConstantOfShapeFill(ctx, dims));
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, fill.dtype(), dims));
   const size_t element_size = DTypeSize(fill.dtype());
   char* dst = static_cast<char*>(out->data);

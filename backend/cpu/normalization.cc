@@ -22,12 +22,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cpu/batch_norm_loops.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/lane_sums.h"
-#include "backend/cpu/op_geometry.h"
 #include "backend/cpu/parallel.h"
 #include "graph/status.h"
 
@@ -36,10 +35,6 @@ namespace {
 
 const std::vector<DType> kNormDTypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16,
                                         DType::kFloat64};
-
-std::string DimsString(const std::vector<int64_t>& dims) {
-  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
-}
 
 template <typename T>
 double LoadD(T v) {
@@ -89,7 +84,7 @@ absl::Status WriteDoubles(KernelContext& ctx, int index, const std::vector<int64
 
 absl::Status BatchNormKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
-  CASTOR_ASSIGN_OR_RETURN(const BatchNormGeometry geometry, PlanBatchNorm(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const common::BatchNormGeometry geometry, common::PlanBatchNorm(ctx));
   const bool training = geometry.training;
   const float epsilon = geometry.epsilon;
   const float momentum = geometry.momentum;
@@ -246,42 +241,12 @@ BroadcastOffsets BroadcastTo(const std::vector<int64_t>& dims, const std::vector
   return {offsets(0, axis), offsets(axis, xr)};
 }
 
-// Whether `dims` broadcasts one way (right-aligned) to `x_dims`.
-bool Broadcastable(const std::vector<int64_t>& dims, const std::vector<int64_t>& x_dims) {
-  if (dims.size() > x_dims.size()) return false;
-  for (size_t i = 0; i < dims.size(); ++i) {
-    const int64_t d = dims[dims.size() - 1 - i];
-    if (d != 1 && d != x_dims[x_dims.size() - 1 - i]) return false;
-  }
-  return true;
-}
-
 absl::Status LayerNormKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
   const int64_t rank = static_cast<int64_t>(x.dims.size());
-  int64_t axis = ctx.GetInt("axis", -1);
-  if (axis < -rank || axis >= rank) {
-    return ctx.Error(absl::StrCat("attribute 'axis' is ", axis, "; X ", DimsString(x.dims),
-                                  " has rank ", rank));
-  }
-  if (axis < 0) axis += rank;
+  CASTOR_ASSIGN_OR_RETURN(const common::LayerNormGeometry geometry, common::PlanLayerNorm(ctx));
+  const int64_t axis = geometry.axis, outer = geometry.outer, inner = geometry.inner;
   const float epsilon = ctx.GetFloat("epsilon", 1e-5f);
-  int64_t outer = 1, inner = 1;
-  for (int64_t d = 0; d < rank; ++d) (d < axis ? outer : inner) *= x.dims[d];
-  const char* const names[] = {"X", "Scale", "B"};
-  for (int i = 1; i <= 2; ++i) {
-    if (!ctx.has_input(i)) continue;
-    if (ctx.input(i).dtype != x.dtype) {
-      return ctx.Error(absl::StrCat("input ", i, " (", names[i], ") is ",
-                                    DTypeName(ctx.input(i).dtype), "; X is ",
-                                    DTypeName(x.dtype)));
-    }
-    if (!Broadcastable(ctx.input(i).dims, x.dims)) {
-      return ctx.Error(absl::StrCat("input ", i, " (", names[i], ") ",
-                                    DimsString(ctx.input(i).dims), " does not broadcast to X ",
-                                    DimsString(x.dims)));
-    }
-  }
   const BroadcastOffsets scale_at = BroadcastTo(ctx.input(1).dims, x.dims, axis);
   const bool has_bias = ctx.has_input(2);
   const BroadcastOffsets bias_at =

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "backend/common/dims.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/im2col.h"
@@ -70,18 +70,13 @@ bool DispatchPool(DType dtype, Fn&& fn) {
   return false;
 }
 
-std::string DimsString(const std::vector<int64_t>& dims) {
-  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
-}
-
-
 // Calls fn(output_flat, o, visit) for every output position q (row-major;
 // o its per-axis index) of one plane, where visit(cb) calls
 // cb(row_major_offset, column_major_offset) for each input position of the
 // window that lies inside the input, in row-major window order. The output
 // index advances as an odometer (no division per position).
 template <typename Fn>
-void ForEachWindow(const WindowGeometry& g, const std::vector<AxisWindows>& axes, Fn&& fn) {
+void ForEachWindow(const common::WindowGeometry& g, const std::vector<AxisWindows>& axes, Fn&& fn) {
   const int nd = g.num_spatial;
   std::vector<int64_t> row_stride(nd), col_stride(nd);
   int64_t rs = 1, cs = 1;
@@ -194,8 +189,8 @@ CASTOR_SIMD16_TARGET void MaxPoolRow2x2Avx512(const float* r0, const float* r1, 
 // window tables. Empty windows give the lowest value and a NaN anywhere in a
 // window gives NaN, as the generic path does. Planes run in parallel.
 template <typename T>
-void MaxPool2D(const WindowGeometry& g, const std::vector<AxisWindows>& axes, int64_t planes,
-               const T* xp, T* yp) {
+void MaxPool2D(const common::WindowGeometry& g, const std::vector<AxisWindows>& axes,
+               int64_t planes, const T* xp, T* yp) {
   using V = ValueOf<T>;
   const int64_t in_h = g.input[0], in_w = g.input[1];
   const int64_t out_h = g.output[0], out_w = g.output[1];
@@ -310,7 +305,7 @@ absl::Status CheckPoolInput(const KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
   if (x.dims.size() < 3) {
     return ctx.Error(absl::StrCat("input X must have rank >= 3 ([N, C, D1, ...]); it is ",
-                                  DimsString(x.dims)));
+                                  common::DimsToString(x.dims)));
   }
   return absl::OkStatus();
 }
@@ -319,7 +314,7 @@ absl::Status CheckPoolInput(const KernelContext& ctx) {
 // (kernel_shape required), Y [N, C, output...] in X's dtype, and the
 // per-axis window tables.
 struct WindowedPool {
-  WindowGeometry g;
+  common::WindowGeometry g;
   std::vector<int64_t> out_dims;
   TensorView* y = nullptr;
   int64_t planes = 0;    // N * C
@@ -336,8 +331,8 @@ absl::StatusOr<WindowedPool> SetUpWindowedPool(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
   const std::vector<int64_t> spatial(x.dims.begin() + 2, x.dims.end());
   const int64_t ceil_mode = ctx.GetInt("ceil_mode", 0);
-  absl::StatusOr<WindowGeometry> g =
-      ForwardWindowGeometry(ctx, spatial, ctx.GetInts("kernel_shape"), ceil_mode != 0);
+  absl::StatusOr<common::WindowGeometry> g =
+      common::ForwardWindowGeometry(ctx, spatial, ctx.GetInts("kernel_shape"), ceil_mode != 0);
   if (!g.ok()) return g.status();
   WindowedPool pool;
   pool.g = *std::move(g);
@@ -361,7 +356,7 @@ absl::Status MaxPoolKernel(KernelContext& ctx) {
   }
   absl::StatusOr<WindowedPool> pool = SetUpWindowedPool(ctx);
   if (!pool.ok()) return pool.status();
-  const WindowGeometry& g = pool->g;
+  const common::WindowGeometry& g = pool->g;
   const TensorView& x = ctx.input(0);
   int64_t* indices = nullptr;
   if (ctx.num_outputs() > 1 && ctx.has_output(1)) {
@@ -410,7 +405,7 @@ absl::Status MaxPoolKernel(KernelContext& ctx) {
 absl::Status AveragePoolKernel(KernelContext& ctx) {
   absl::StatusOr<WindowedPool> pool = SetUpWindowedPool(ctx);
   if (!pool.ok()) return pool.status();
-  const WindowGeometry& g = pool->g;
+  const common::WindowGeometry& g = pool->g;
   const bool count_include_pad = ctx.GetInt("count_include_pad", 0) != 0;
   const TensorView& x = ctx.input(0);
   const int64_t planes = pool->planes, in_size = pool->in_size, out_size = pool->out_size;

@@ -16,6 +16,8 @@
 // groups; one trailing reduced group reduces contiguous rows, a reduced
 // group followed by kept ones accumulates rows elementwise, and anything
 // else walks a table of reduced-element offsets.
+// ReduceToShapeOf (com.castor, the gradient of a broadcast; see
+// graph/ops/gradient_ops.cc) sums dY over the axes X is broadcast along.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -24,11 +26,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backend/common/elementwise_math.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_kernels.h"
-#include "backend/cpu/elementwise_math.h"
 #include "backend/cpu/float_io.h"
-#include "backend/cpu/op_geometry.h"
+#include "backend/cpu/gradient_util.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/strided_copy.h"
 #include "graph/status.h"
@@ -289,7 +292,8 @@ template <ReduceKind kKind>
 absl::Status ReduceKernel(KernelContext& ctx) {
   const int64_t axes_input_since = kKind == ReduceKind::kSum ? 13 : 18;
   const TensorView& x = ctx.input(0);
-  absl::StatusOr<ReduceAxes> choice = PlanReduceAxes(ctx, axes_input_since, HostIntInputs(ctx));
+  absl::StatusOr<common::ReduceAxes> choice =
+      common::PlanReduceAxes(ctx, axes_input_since, HostIntInputs(ctx));
   if (!choice.ok()) return choice.status();
   if (choice->noop) {
     absl::StatusOr<TensorView*> y = ctx.Output(0, x.dtype, x.dims);
@@ -346,7 +350,7 @@ absl::Status ReduceKernel(KernelContext& ctx) {
 template <bool kMax>
 absl::Status ArgReduceKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
-  CASTOR_ASSIGN_OR_RETURN(const ArgReduceGeometry g, PlanArgReduce(ctx, kMax));
+  CASTOR_ASSIGN_OR_RETURN(const common::ArgReduceGeometry g, common::PlanArgReduce(ctx, kMax));
   const bool last = g.select_last;
   const int64_t outer = g.outer, n = g.n, inner = g.inner;
   const std::vector<int64_t>& out_dims = g.out_dims;
@@ -396,7 +400,7 @@ absl::Status CumSumKernel(KernelContext& ctx) {
   const TensorView& axis_tensor = ctx.input(1);
   if (axis_tensor.num_elements() != 1) {
     return ctx.Error(absl::StrCat("input 1 (axis) must hold one value; its shape is ",
-                                  DimsToString(axis_tensor.dims)));
+                                  common::DimsToString(axis_tensor.dims)));
   }
   int64_t axis_value;
   if (axis_tensor.dtype == DType::kInt32) {
@@ -448,6 +452,220 @@ absl::Status CumSumKernel(KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// acc[k] += src[k] (k < n), each element on its own: the same bits as the
+// plain loop. Written in chunks of 8 with a constant trip count because an
+// -O2 build's "very cheap" vectorizer cost model (Bazel's; CMake builds the
+// backend at -O3) skips loops of unknown length, while the unrolled chunk is
+// still vectorized (SLP).
+template <typename Acc>
+inline void AddRow(Acc* __restrict acc, const float* __restrict src, int64_t n) {
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    for (int l = 0; l < 8; ++l) acc[k + l] += src[k + l];
+  }
+  for (; k < n; ++k) acc[k] += src[k];
+}
+
+#if defined(CASTOR_SIMD16_X86)
+// partial[k] += widened src[i * stride + k] for k < m, over rows i in
+// [0, rows) in order: the blocked loop's float32 additions (widen a row,
+// AddRow), fused, 64 columns per pass over the rows.
+template <typename T>
+CASTOR_SIMD16_TARGET void AddWidenedRows(float* partial, const T* src, int64_t stride, int64_t rows,
+                                         int64_t m) {
+  constexpr int64_t kStrips = 4;
+  for (int64_t j0 = 0; j0 < m; j0 += 16 * kStrips) {
+    __mmask16 lanes[kStrips];
+    __m512 acc[kStrips];
+    for (int64_t s = 0; s < kStrips; ++s) {
+      lanes[s] = TailMask(std::max<int64_t>(0, m - j0 - 16 * s));
+      acc[s] = _mm512_maskz_loadu_ps(lanes[s], partial + j0 + 16 * s);
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      const T* row = src + i * stride + j0;
+      for (int64_t s = 0; s < kStrips; ++s) {
+        acc[s] = _mm512_add_ps(acc[s], LoadWidened(row + 16 * s, lanes[s]));
+      }
+    }
+    for (int64_t s = 0; s < kStrips; ++s) {
+      _mm512_mask_storeu_ps(partial + j0 + 16 * s, lanes[s], acc[s]);
+    }
+  }
+  _mm256_zeroupper();  // the callers are SSE code (see float_io.cc's kZeroUpperNote)
+}
+#endif
+
+// ---- ReduceToShapeOf -----------------------------------------------------------
+
+absl::Status ReduceToShapeOfKernel(KernelContext& ctx) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& x = ctx.input(1);
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<bool> summed_axes, common::PlanReduceToShapeOf(ctx));
+  // Axes of dY, merged where neighbours are both kept or both summed.
+  std::vector<int64_t> sizes;
+  std::vector<bool> summed;
+  for (size_t d = 0; d < dy.dims.size(); ++d) {
+    if (dy.dims[d] == 1) continue;
+    const bool sum_axis = summed_axes[d];
+    if (!sizes.empty() && summed.back() == sum_axis) {
+      sizes.back() *= dy.dims[d];
+    } else {
+      sizes.push_back(dy.dims[d]);
+      summed.push_back(sum_axis);
+    }
+  }
+  if (sizes.empty()) {  // a single element
+    sizes.push_back(1);
+    summed.push_back(false);
+  }
+  const int axes = static_cast<int>(sizes.size());
+  std::vector<int64_t> strides(axes);
+  int64_t step = 1;
+  for (int d = axes - 1; d >= 0; --d) {
+    strides[d] = step;
+    step *= sizes[d];
+  }
+  std::vector<int> kept, reduced;
+  for (int d = 0; d < axes; ++d) (summed[d] ? reduced : kept).push_back(d);
+  CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, dy.dtype, x.dims));
+  const int64_t out_count = dx->num_elements();
+  if (out_count == 0) return absl::OkStatus();
+  // Every output element is the float64 sum, over the combinations of the
+  // outer summed axes, of float32 partial sums along the innermost summed
+  // axis (in order, starting from +0). Both loops below keep exactly that
+  // order per element; they differ in memory access.
+  // Offset in dY of index `index` over the groups `groups` (row-major).
+  auto offset_of = [&](const std::vector<int>& groups, int64_t index) {
+    int64_t offset = 0;
+    for (int k = static_cast<int>(groups.size()) - 1; k >= 0; --k) {
+      offset += index % sizes[groups[k]] * strides[groups[k]];
+      index /= sizes[groups[k]];
+    }
+    return offset;
+  };
+  std::vector<int> outer_reduced = reduced;
+  if (!outer_reduced.empty()) outer_reduced.pop_back();
+  int64_t outer_count = 1;
+  for (int d : outer_reduced) outer_count *= sizes[d];
+  const int64_t last_size = reduced.empty() ? 1 : sizes[reduced.back()];
+  if (reduced.empty()) {
+    // Nothing to sum: dX is dY + 0 (float32 +0.0f + v, the first step of
+    // every sum below: -0 becomes +0, NaN stays NaN).
+    DispatchFloat(dy.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const T* dyp = dy.as<T>();
+      T* dxp = dx->as<T>();
+      ParallelFor(0, out_count, kElementGrain, [&](int64_t lo, int64_t hi) {
+        float values[kFloatConvertBlock];
+        for (int64_t i = lo; i < hi; i += kFloatConvertBlock) {
+          const int64_t m = std::min(kFloatConvertBlock, hi - i);
+          ToFloat32(dy.dtype, dyp + i, values, m);
+          float zeros[kFloatConvertBlock] = {};
+          AddRow(zeros, values, m);
+          FromFloat32(dy.dtype, zeros, dxp + i, m);
+        }
+      });
+    });
+    return absl::OkStatus();
+  }
+  if (!summed.back()) {
+    // The innermost axis is kept: dY is [.., rows, inner] blocks whose rows
+    // are summed. Each task owns a column block of one output row and adds
+    // whole contiguous rows into float32 partials (vectorizable), then the
+    // partials into float64 totals.
+    const int64_t inner = sizes.back();
+    std::vector<int> outer_kept(kept.begin(), kept.end() - 1);
+    const int64_t outer_kept_count = out_count / inner;
+    constexpr int64_t kMaxWidth = 256;
+    auto task_count = [&](int64_t width) {
+      return outer_kept_count * ((inner + width - 1) / width);
+    };
+    int64_t width = kMaxWidth;
+    while (width > 16 && task_count(width) < NumThreads()) width /= 2;
+    const int64_t blocks = (inner + width - 1) / width;
+    const int64_t work_per_task = std::max<int64_t>(1, outer_count * last_size * width);
+    const int64_t grain = std::max<int64_t>(1, kElementGrain / work_per_task);
+    DispatchFloat(dy.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const T* dyp = dy.as<T>();
+      T* dxp = dx->as<T>();
+      ParallelFor(0, outer_kept_count * blocks, grain, [&](int64_t lo, int64_t hi) {
+        float partial[kMaxWidth];
+        float widened[kMaxWidth];
+        double total[kMaxWidth];
+        for (int64_t task = lo; task < hi; ++task) {
+          const int64_t row = task / blocks;
+          const int64_t column = task % blocks * width;
+          const int64_t m = std::min(width, inner - column);
+          const int64_t base = offset_of(outer_kept, row) + column;
+          std::fill(total, total + m, 0.0);
+          for (int64_t r = 0; r < outer_count; ++r) {
+            const T* block = dyp + base + offset_of(outer_reduced, r);
+            std::fill(partial, partial + m, 0.0f);
+#if defined(CASTOR_SIMD16_X86)
+            if constexpr (kIsFloat16Storage<T>) {
+              if (UseFusedSimd16()) {
+                AddWidenedRows(partial, block, inner, last_size, m);
+                AddRow(total, partial, m);
+                continue;
+              }
+            }
+#endif
+            for (int64_t i = 0; i < last_size; ++i) {
+              const T* src = block + i * inner;
+              if constexpr (std::is_same_v<T, float>) {
+                AddRow(partial, src, m);
+              } else {
+                ToFloat32(dy.dtype, src, widened, m);
+                AddRow(partial, widened, m);
+              }
+            }
+            AddRow(total, partial, m);
+          }
+          T* out = dxp + row * inner + column;
+          if constexpr (kIsFloat16Storage<T>) {  // round the totals to float32, then in bulk
+            for (int64_t k = 0; k < m; ++k) partial[k] = static_cast<float>(total[k]);
+            FromFloat32(partial, out, m);
+          } else {
+            for (int64_t k = 0; k < m; ++k) StoreF(&out[k], static_cast<float>(total[k]));
+          }
+        }
+      });
+    });
+    return absl::OkStatus();
+  }
+  // The innermost axis is summed: each output element adds contiguous runs.
+  DispatchFloat(dy.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* dyp = dy.as<T>();
+    T* dxp = dx->as<T>();
+    const int64_t grain =
+        std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, outer_count * last_size));
+    ParallelFor(0, out_count, grain, [&](int64_t lo, int64_t hi) {
+      float widened[kFloatConvertBlock];
+      for (int64_t o = lo; o < hi; ++o) {
+        const int64_t base = offset_of(kept, o);
+        double sum = 0;
+        for (int64_t r = 0; r < outer_count; ++r) {
+          const T* src = dyp + base + offset_of(outer_reduced, r);
+          float partial = 0;
+          if constexpr (kIsFloat16Storage<T>) {
+            for (int64_t i0 = 0; i0 < last_size; i0 += kFloatConvertBlock) {
+              const int64_t m = std::min(kFloatConvertBlock, last_size - i0);
+              ToFloat32(src + i0, widened, m);
+              for (int64_t i = 0; i < m; ++i) partial += widened[i];
+            }
+          } else {
+            for (int64_t i = 0; i < last_size; ++i) partial += LoadF(src[i]);
+          }
+          sum += partial;
+        }
+        StoreF(&dxp[o], static_cast<float>(sum));
+      }
+    });
+  });
+  return absl::OkStatus();
+}
 }  // namespace
 
 void RegisterReduceKernels(KernelTable& table) {
@@ -476,6 +694,7 @@ void RegisterReduceKernels(KernelTable& table) {
   add("ArgMax", &ArgReduceKernel<true>, numeric);
   add("ArgMin", &ArgReduceKernel<false>, numeric);
   add("CumSum", &CumSumKernel, numeric);
+  RegisterGradientKernel(table, "ReduceToShapeOf", ReduceToShapeOfKernel);
 }
 
 }  // namespace castor::cpu

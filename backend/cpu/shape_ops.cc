@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/common/op_geometry.h"
 #include "backend/cpu/cpu_kernels.h"
-#include "backend/cpu/op_geometry.h"
 #include "backend/cpu/strided_copy.h"
 #include "graph/status.h"
 
@@ -22,14 +22,14 @@ namespace {
 absl::Status RunReshape(KernelContext& ctx) {
   const std::vector<int64_t> target = ReadInts(ctx.input(1));
   CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> dims,
-                          PlanReshape(ctx, ctx.input(0).dims, target));
+                          common::PlanReshape(ctx, ctx.input(0).dims, target));
   return CopyInputToOutput(ctx, std::move(dims));
 }
 
 // ---- Flatten -----------------------------------------------------------------
 
 absl::Status RunFlatten(KernelContext& ctx) {
-  CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> dims, PlanFlatten(ctx, ctx.input(0).dims));
+  CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> dims, common::PlanFlatten(ctx, ctx.input(0).dims));
   return CopyInputToOutput(ctx, std::move(dims));
 }
 
@@ -43,13 +43,13 @@ std::optional<std::vector<int64_t>> AxesInput(const KernelContext& ctx) {
 
 absl::Status RunSqueeze(KernelContext& ctx) {
   CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> dims,
-                          PlanSqueeze(ctx, ctx.input(0).dims, AxesInput(ctx)));
+                          common::PlanSqueeze(ctx, ctx.input(0).dims, AxesInput(ctx)));
   return CopyInputToOutput(ctx, std::move(dims));
 }
 
 absl::Status RunUnsqueeze(KernelContext& ctx) {
   CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> dims,
-                          PlanUnsqueeze(ctx, ctx.input(0).dims, AxesInput(ctx)));
+                          common::PlanUnsqueeze(ctx, ctx.input(0).dims, AxesInput(ctx)));
   return CopyInputToOutput(ctx, std::move(dims));
 }
 
@@ -57,7 +57,7 @@ absl::Status RunUnsqueeze(KernelContext& ctx) {
 
 absl::Status RunTranspose(KernelContext& ctx) {
   const TensorView& data = ctx.input(0);
-  CASTOR_ASSIGN_OR_RETURN(const CopyPlan plan, PlanTranspose(ctx, data.dims));
+  CASTOR_ASSIGN_OR_RETURN(const common::CopyPlan plan, common::PlanTranspose(ctx, data.dims));
   return CopyByPlan(ctx, plan);
 }
 
@@ -65,8 +65,8 @@ absl::Status RunTranspose(KernelContext& ctx) {
 
 absl::Status RunExpand(KernelContext& ctx) {
   const TensorView& data = ctx.input(0);
-  CASTOR_ASSIGN_OR_RETURN(const CopyPlan plan,
-                          PlanExpand(ctx, data.dims, ReadInts(ctx.input(1))));
+  CASTOR_ASSIGN_OR_RETURN(const common::CopyPlan plan,
+                          common::PlanExpand(ctx, data.dims, ReadInts(ctx.input(1))));
   return CopyByPlan(ctx, plan);
 }
 
@@ -74,7 +74,7 @@ absl::Status RunExpand(KernelContext& ctx) {
 
 absl::Status RunShape(KernelContext& ctx) {
   const std::vector<int64_t>& in = ctx.input(0).dims;
-  const ShapeWindow w = PlanShape(ctx, static_cast<int64_t>(in.size()));
+  const common::ShapeWindow w = common::PlanShape(ctx, static_cast<int64_t>(in.size()));
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, DType::kInt64, {w.count}));
   for (int64_t i = 0; i < w.count; ++i) out->as<int64_t>()[i] = in[w.start + i];
   return absl::OkStatus();

@@ -8,6 +8,8 @@
 // large inputs), computes in float32 (float64 for float64 inputs) and rounds
 // once on store. float32 exp is elementwise_math.h's vectorizable ExpFloat;
 // lines along the last axis (inner == 1) get their own contiguous loops.
+// The gradients SoftmaxGrad and LogSoftmaxGrad (com.castor, formulas in
+// graph/ops/gradient_ops.cc) run per line in float32 too.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -16,11 +18,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backend/common/elementwise_math.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_kernels.h"
-#include "backend/cpu/elementwise_math.h"
 #include "backend/cpu/float_io.h"
-#include "backend/cpu/op_geometry.h"
+#include "backend/cpu/gradient_util.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/vector_clones.h"
 #include "graph/status.h"
@@ -99,7 +102,7 @@ void SoftmaxLines(const T* in, T* out, int64_t count, int64_t n, std::vector<V>&
 template <bool kLog>
 absl::Status SoftmaxKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
-  CASTOR_ASSIGN_OR_RETURN(const SoftmaxGeometry lines, PlanSoftmax(ctx, x.dims));
+  CASTOR_ASSIGN_OR_RETURN(const common::SoftmaxGeometry lines, common::PlanSoftmax(ctx, x.dims));
   const int64_t outer = lines.outer, n = lines.n, inner = lines.inner;
   absl::StatusOr<TensorView*> y = ctx.Output(0, x.dtype, x.dims);
   if (!y.ok()) return y.status();
@@ -167,6 +170,41 @@ absl::Status SoftmaxKernel(KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// ---- SoftmaxGrad / LogSoftmaxGrad --------------------------------------------
+
+template <bool kLog>
+absl::Status SoftmaxGradKernel(KernelContext& ctx) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& y = ctx.input(1);
+  CASTOR_ASSIGN_OR_RETURN(const common::SoftmaxGeometry geometry, common::PlanSoftmaxGrad(ctx));
+  const int64_t outer = geometry.outer, n = geometry.n, inner = geometry.inner;
+  CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, y.dtype, y.dims));
+  DispatchFloat(y.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* dyp = dy.as<T>();
+    const T* yp = y.as<T>();
+    T* dxp = dx->as<T>();
+    const int64_t lines = outer * inner;
+    ParallelFor(0, lines, std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, n)),
+                [&](int64_t lo, int64_t hi) {
+                  for (int64_t line = lo; line < hi; ++line) {
+                    const int64_t base = (line / inner) * n * inner + line % inner;
+                    float sum = 0;
+                    for (int64_t k = 0; k < n; ++k) {
+                      const int64_t i = base + k * inner;
+                      sum += kLog ? LoadF(dyp[i]) : LoadF(dyp[i]) * LoadF(yp[i]);
+                    }
+                    for (int64_t k = 0; k < n; ++k) {
+                      const int64_t i = base + k * inner;
+                      const float yv = LoadF(yp[i]);
+                      const float g = LoadF(dyp[i]);
+                      StoreF(&dxp[i], kLog ? g - std::exp(yv) * sum : yv * (g - sum));
+                    }
+                  }
+                });
+  });
+  return absl::OkStatus();
+}
 }  // namespace
 
 void RegisterSoftmaxKernels(KernelTable& table) {
@@ -181,6 +219,8 @@ void RegisterSoftmaxKernels(KernelTable& table) {
     def.in_place_ok = true;
     table.Register(std::move(def));
   }
+  RegisterGradientKernel(table, "SoftmaxGrad", SoftmaxGradKernel<false>);
+  RegisterGradientKernel(table, "LogSoftmaxGrad", SoftmaxGradKernel<true>);
 }
 
 }  // namespace castor::cpu

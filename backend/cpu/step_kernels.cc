@@ -1,6 +1,6 @@
 // The CPU backend's training-step kernels (backend/step_kernels.h): loops
-// over host memory applying graph/update_rules.h. The unscale pass runs
-// on the backend's threads over fixed segments of the gradients, each
+// over host memory applying backend/common/update_rules.h. The unscale pass
+// runs on the backend's threads over fixed segments of the gradients, each
 // summing its squares in float64 lanes (lane_sums.h), the totals added in
 // parameter order: the gradient norm (and with it clipping) is the same
 // from run to run and at any thread count. The optimizer update is

@@ -275,7 +275,7 @@ std::vector<int64_t> ReadInts(const TensorView& view) {
   return values;
 }
 
-IntInputReader HostIntInputs(const KernelContext& ctx) {
+common::IntInputReader HostIntInputs(const KernelContext& ctx) {
   return [&ctx](int index) -> absl::StatusOr<std::vector<int64_t>> {
     return ReadInts(ctx.input(index));
   };
@@ -305,18 +305,19 @@ absl::Status CopyInputToOutput(KernelContext& ctx, std::vector<int64_t> dims) {
   absl::StatusOr<TensorView*> output = ctx.Output(0, input.dtype, std::move(dims));
   if (!output.ok()) return output.status();
   if ((*output)->num_elements() != input.num_elements()) {
-    return ctx.Error(absl::StrCat("internal: output ", DimsToString((*output)->dims), " and input ",
-                                  DimsToString(input.dims), " differ in element count"));
+    return ctx.Error(absl::StrCat("internal: output ", common::DimsToString((*output)->dims),
+                                  " and input ", common::DimsToString(input.dims),
+                                  " differ in element count"));
   }
   ParallelMemcpy((*output)->data, input.data, input.byte_size());
   return absl::OkStatus();
 }
 
-absl::Status CopyByPlan(KernelContext& ctx, const CopyPlan& plan) {
+absl::Status CopyByPlan(KernelContext& ctx, const common::CopyPlan& plan) {
   const TensorView& input = ctx.input(0);
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, input.dtype, plan.out_dims));
   StridedCopy(plan.copy_dims, DTypeSize(input.dtype), input.data, plan.src_strides, out->data,
-              ContiguousStrides(plan.copy_dims));
+              common::ContiguousStrides(plan.copy_dims));
   return absl::OkStatus();
 }
 

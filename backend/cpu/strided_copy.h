@@ -18,7 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "backend/cpu/op_geometry.h"
+#include "backend/common/op_geometry.h"
 #include "backend/kernel.h"
 
 namespace castor::cpu {
@@ -41,7 +41,7 @@ std::vector<int64_t> ReadInts(const TensorView& view);
 
 // The CPU's IntInputReader for op_geometry.h's plans: ReadInts of the
 // node's input (host memory; never an error). `ctx` must outlive it.
-IntInputReader HostIntInputs(const KernelContext& ctx);
+common::IntInputReader HostIntInputs(const KernelContext& ctx);
 
 // A SupportsFn for dtype-agnostic kernels: every tensor of the node must
 // have a fixed element size (no strings).
@@ -53,6 +53,6 @@ absl::Status CopyInputToOutput(KernelContext& ctx, std::vector<int64_t> dims);
 
 // Allocates output 0 (input 0's dtype, plan.out_dims) and copies input 0
 // into it as `plan` (op_geometry.h) says.
-absl::Status CopyByPlan(KernelContext& ctx, const CopyPlan& plan);
+absl::Status CopyByPlan(KernelContext& ctx, const common::CopyPlan& plan);
 
 }  // namespace castor::cpu

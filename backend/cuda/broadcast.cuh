@@ -45,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backend/common/dims.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/kernel.h"
 
@@ -139,7 +140,7 @@ inline std::vector<int64_t> DenseStrides(const std::vector<int64_t>& dims) {
 
 // The numpy broadcast of `shapes`, or an InvalidArgument error naming the
 // shapes and the axis where they disagree: the CPU backend's own planning.
-using cpu::BroadcastDims;
+using common::BroadcastDims;
 
 // Up to kInputs inputs broadcast to one output: the collapsed output dims
 // and each input's element strides along them (0 where it is broadcast).

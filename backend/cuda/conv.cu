@@ -1,12 +1,11 @@
 // CUDA kernels: Conv (ops of graph/ops/conv.cc) and com.castor ConvGrad
 // (graph/gradient_builder.h) through cuDNN 9's legacy convolution API, for
 // float32, float16 and bfloat16 (bfloat16 on compute capability 8.0+). The
-// CPU kernels (backend/cpu/conv.cc, ConvGrad in
-// backend/cpu/gradient_kernels.cc) are the reference.
+// CPU kernels (backend/cpu/conv.cc and conv_grad.cc) are the reference.
 //
 // NCHW tensors with 1 to 3 spatial axes (1-D runs as 2-D with H = 1);
 // group, strides, dilations, pads and auto_pad resolve exactly as on the CPU
-// (cpu::ForwardWindowGeometry). cuDNN pads each axis symmetrically, so an
+// (common::ForwardWindowGeometry). cuDNN pads each axis symmetrically, so an
 // asymmetric axis (explicit pads or SAME_* with an odd total) pads by
 // min(begin, end) in cuDNN and the rest explicitly: X is copied into a
 // zero-padded scratch tensor, and ConvGrad's dX is computed for that padded
@@ -32,8 +31,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "backend/cpu/im2col.h"
-#include "backend/cpu/op_geometry.h"
+#include "backend/common/op_geometry.h"
+#include "backend/common/window_geometry.h"
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
@@ -146,7 +145,7 @@ using ConvolutionDescriptor =
 struct ConvPlan {
   DType dtype = DType::kUndefined;
   int64_t group = 1;
-  cpu::WindowGeometry geometry;
+  common::WindowGeometry geometry;
   std::vector<int64_t> w_dims;
   std::vector<int64_t> y_dims;
   // X as cuDNN reads it (X itself unless explicit_padding): X placed at
@@ -165,8 +164,9 @@ absl::StatusOr<ConvPlan> PlanConv(const KernelContext& ctx, const TensorView& x,
   plan.w_dims = w.dims;
   const std::vector<int64_t> spatial(x.dims.begin() + 2, x.dims.end());
   const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
-  CASTOR_ASSIGN_OR_RETURN(plan.geometry, cpu::ForwardWindowGeometry(ctx, spatial, kernel, false));
-  const cpu::WindowGeometry& g = plan.geometry;
+  CASTOR_ASSIGN_OR_RETURN(plan.geometry,
+                          common::ForwardWindowGeometry(ctx, spatial, kernel, false));
+  const common::WindowGeometry& g = plan.geometry;
   plan.y_dims = {x.dims[0], w.dims[0]};
   plan.y_dims.insert(plan.y_dims.end(), g.output.begin(), g.output.end());
   plan.padded_x_dims = x.dims;
@@ -238,7 +238,7 @@ struct ConvDescriptors {
 };
 
 absl::Status Describe(const KernelContext& ctx, const ConvPlan& plan, ConvDescriptors& d) {
-  const cpu::WindowGeometry& g = plan.geometry;
+  const common::WindowGeometry& g = plan.geometry;
   if (g.num_spatial < 1 || g.num_spatial > 3) {
     return ctx.Unimplemented(absl::StrCat(
         "cuDNN convolutions have 1 to 3 spatial axes; this one has ", g.num_spatial));
@@ -547,45 +547,11 @@ absl::Status ZeroFill(const KernelContext& ctx, const TensorView& t) {
 
 // ---- Conv --------------------------------------------------------------------------
 
-// Conv's input checks, as the CPU kernel makes them.
-absl::Status CheckConvInputs(const KernelContext& ctx, int64_t group) {
-  const TensorView& x = ctx.input(0);
-  const TensorView& w = ctx.input(1);
-  if (x.dims.size() < 3 || w.dims.size() != x.dims.size()) {
-    return ctx.Error(absl::StrCat("X ", DimsToString(x.dims), " and W ", DimsToString(w.dims),
-                                  " must have the same rank >= 3"));
-  }
-  if (w.dtype != x.dtype || (ctx.has_input(2) && ctx.input(2).dtype != x.dtype)) {
-    return ctx.Error("X, W and B must have the same dtype");
-  }
-  if (group < 1) return ctx.Error(absl::StrCat("attribute 'group' is ", group, "; expected >= 1"));
-  if (ctx.has_input(2) && ctx.input(2).num_elements() != w.dims[0]) {
-    return ctx.Error(absl::StrCat("bias B ", DimsToString(ctx.input(2).dims), " must have ",
-                                  w.dims[0], " entries"));
-  }
-  const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
-  if (ctx.node().has_attribute("kernel_shape") && ctx.GetInts("kernel_shape") != kernel) {
-    return ctx.Error(absl::StrCat("attribute 'kernel_shape' ",
-                                  DimsToString(ctx.GetInts("kernel_shape")),
-                                  " does not match W's spatial dims ", DimsToString(kernel)));
-  }
-  const int64_t channels = x.dims[1], out_channels = w.dims[0];
-  if (w.dims[1] * group != channels) {
-    return ctx.Error(absl::StrCat("input channels ", channels, " (X ", DimsToString(x.dims),
-                                  ") must equal W.dim(1) * group = ", w.dims[1], " * ", group));
-  }
-  if (out_channels % group != 0) {
-    return ctx.Error(absl::StrCat("output channels ", out_channels,
-                                  " are not divisible by group ", group));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status ConvKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
   const TensorView& w = ctx.input(1);
   const int64_t group = ctx.GetInt("group", 1);
-  CASTOR_RETURN_IF_ERROR(CheckConvInputs(ctx, group));
+  CASTOR_RETURN_IF_ERROR(common::CheckConv(ctx, group));
   CASTOR_ASSIGN_OR_RETURN(const ConvPlan plan, PlanConv(ctx, x, w, group));
   CASTOR_ASSIGN_OR_RETURN(TensorView * y, ctx.Output(0, x.dtype, plan.y_dims));
   if (y->num_elements() == 0) return absl::OkStatus();
@@ -613,11 +579,11 @@ absl::Status ConvGradKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& x = ctx.input(1);
   const TensorView& w = ctx.input(2);
-  CASTOR_ASSIGN_OR_RETURN(const int64_t group, cpu::CheckConvGrad(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const int64_t group, common::CheckConvGrad(ctx));
   const int64_t out_channels = w.dims[0];
   CASTOR_ASSIGN_OR_RETURN(const ConvPlan plan, PlanConv(ctx, x, w, group));
   CASTOR_RETURN_IF_ERROR(
-      cpu::RequireDims(ctx, 0, "dY", plan.y_dims, "Conv's output for X and W"));
+      common::RequireDims(ctx, 0, "dY", plan.y_dims, "Conv's output for X and W"));
   TensorView* dx = nullptr;
   TensorView* dw = nullptr;
   TensorView* db = nullptr;

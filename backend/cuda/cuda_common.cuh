@@ -26,7 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "backend/cpu/broadcast.h"
+#include "backend/common/dims.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/kernel.h"
 #include "graph/dtype.h"
@@ -136,7 +136,7 @@ absl::Status DispatchFloat(const KernelContext& ctx, DType dtype, F&& f) {
 // ---- messages ------------------------------------------------------------------------
 
 // "[2,3,4]": dims as error messages print them (the CPU backend's).
-using cpu::DimsToString;
+using common::DimsToString;
 
 // ---- host reads ----------------------------------------------------------------------
 

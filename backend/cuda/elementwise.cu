@@ -1,12 +1,12 @@
 // CUDA kernels: elementwise family (the CPU's backend/cpu/elementwise.cc,
-// Cast from misc.cc and com.castor ReluGrad from gradient_kernels.cc).
+// Cast from misc.cc and com.castor ReluGrad from elementwise.cc).
 //
 // Unary math/activations (Neg Abs Relu LeakyRelu Sigmoid Tanh Gelu Erf Exp
 // Log Sqrt Reciprocal Clip), binary arithmetic with numpy broadcasting (Add
 // Sub Mul Div on float32/float16/bfloat16/int32/int64, Pow with a float base
 // and a float or int exponent), Equal (bool out), Where (three-way
 // broadcast), the variadic Sum/Max/Min, Cast and ReluGrad. The scalar
-// arithmetic is backend/cpu/elementwise_math.h, the functors the CPU runs;
+// arithmetic is backend/common/elementwise_math.h, the functors the CPU runs;
 // this file loads, broadcasts (backend/cuda/broadcast.cuh) and stores. 16-bit
 // floats compute in float32 and round once on store; integers compute in
 // their own type (wrapping). Every kernel is a grid-stride loop over output
@@ -28,8 +28,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "backend/cpu/elementwise_math.h"
-#include "backend/cpu/op_geometry.h"
+#include "backend/common/elementwise_math.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cuda/broadcast.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
@@ -114,7 +114,7 @@ absl::Status CopyDevice(const KernelContext& ctx, void* dst, const void* src, si
   return absl::OkStatus();
 }
 
-using cpu::RequireSameDType;
+using common::RequireSameDType;
 
 // The broadcast output dims of inputs [first, first + count).
 absl::StatusOr<std::vector<int64_t>> OutputDims(const KernelContext& ctx, int first, int count) {
@@ -192,7 +192,7 @@ struct ClipBoundsOp {
 absl::Status ClipKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
   const bool bounds_are_inputs = ctx.opset() >= 11;
-  CASTOR_RETURN_IF_ERROR(cpu::CheckClipBounds(ctx));
+  CASTOR_RETURN_IF_ERROR(common::CheckClipBounds(ctx));
   float low = -std::numeric_limits<float>::infinity();
   float high = std::numeric_limits<float>::infinity();
   if (!bounds_are_inputs) {

@@ -4,10 +4,10 @@
 //   NegativeLogLikelihoodLoss(log_probs, labels[, weights]) -> loss
 //   SoftmaxCrossEntropyLossGrad(dLoss, scores, labels[, weights]) -> dScores
 // over scores [N, C, d1, ..., dk] with int32/int64 labels [N, d1, ..., dk],
-// as backend/cpu/losses.cc and gradient_kernels.cc: optional per-class
-// weights [C], optional ignore_index, reduction none | sum | mean (mean =
-// sum(w_i * loss_i) / sum(w_i), w_i = weights[label_i] or 1, 0 for ignored
-// positions; all positions ignored gives 0 / 0 = NaN, as on the CPU).
+// as backend/cpu/losses.cc: optional per-class weights [C], optional
+// ignore_index, reduction none | sum | mean (mean = sum(w_i * loss_i) /
+// sum(w_i), w_i = weights[label_i] or 1, 0 for ignored positions; all
+// positions ignored gives 0 / 0 = NaN, as on the CPU).
 //
 // One warp handles one position (the C scores of one (n, d1..dk), `inner`
 // apart): line maximum, sum of exp(x - max), log-softmax of the label, the
@@ -26,7 +26,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "backend/cpu/op_geometry.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
@@ -274,12 +274,12 @@ absl::Status FinishLabelCheck(const KernelContext& ctx, const LabelCheck& check,
   return LabelError(ctx, check, label, position, classes, prefix);
 }
 
-absl::StatusOr<Reduction> ParseReduction(const KernelContext& ctx, const std::string& reduction,
-                                         const std::string& error) {
+// The reduction attribute as common::PlanLoss and PlanCrossEntropyGrad
+// checked it.
+Reduction ReductionOf(const std::string& reduction) {
   if (reduction == "none") return Reduction::kNone;
   if (reduction == "sum") return Reduction::kSum;
-  if (reduction == "mean") return Reduction::kMean;
-  return ctx.Error(error);
+  return Reduction::kMean;
 }
 
 // ---- SoftmaxCrossEntropyLoss / NegativeLogLikelihoodLoss ----------------------------
@@ -289,35 +289,9 @@ absl::Status LossKernel(KernelContext& ctx) {
   const TensorView& scores = ctx.input(0);
   const TensorView& labels = ctx.input(1);
   const TensorView* weights = ctx.has_input(2) ? &ctx.input(2) : nullptr;
-  const std::string reduction_name = ctx.GetString("reduction", "mean");
-  CASTOR_ASSIGN_OR_RETURN(
-      const Reduction reduction,
-      ParseReduction(ctx, reduction_name,
-                     absl::StrCat("reduction \"", reduction_name, "\" is not none, sum or mean")));
-  if (scores.dims.size() < 2) {
-    return ctx.Error(absl::StrCat("input 0 must have rank >= 2 ([N, C, d1, ...]); got ",
-                                  DimsToString(scores.dims)));
-  }
-  const int64_t classes = scores.dims[1];
-  int64_t inner = 1;  // d1 * ... * dk
-  std::vector<int64_t> expected_label_dims = {scores.dims[0]};
-  for (size_t k = 2; k < scores.dims.size(); ++k) {
-    inner *= scores.dims[k];
-    expected_label_dims.push_back(scores.dims[k]);
-  }
-  if (labels.dims != expected_label_dims) {
-    return ctx.Error(absl::StrCat("labels ", DimsToString(labels.dims), " do not match scores ",
-                                  DimsToString(scores.dims), " (expected ",
-                                  DimsToString(expected_label_dims), ")"));
-  }
-  if (labels.dtype != DType::kInt32 && labels.dtype != DType::kInt64) {
-    return ctx.Error(
-        absl::StrCat("labels are ", DTypeName(labels.dtype), "; expected int32 or int64"));
-  }
-  if (weights != nullptr && (weights->dims.size() != 1 || weights->dims[0] != classes)) {
-    return ctx.Error(
-        absl::StrCat("weights ", DimsToString(weights->dims), " must be [C] = [", classes, "]"));
-  }
+  CASTOR_ASSIGN_OR_RETURN(const common::LossGeometry geometry, common::PlanLoss(ctx));
+  const Reduction reduction = ReductionOf(geometry.reduction);
+  const int64_t classes = geometry.classes, inner = geometry.inner;
   if (weights != nullptr && weights->dtype != scores.dtype) {
     return ctx.Error(absl::StrCat("weights are ", DTypeName(weights->dtype), " but scores are ",
                                   DTypeName(scores.dtype), "; they must match"));
@@ -367,47 +341,14 @@ absl::Status LossKernel(KernelContext& ctx) {
 
 // ---- SoftmaxCrossEntropyLossGrad -------------------------------------------------------
 
-using cpu::RequireDims;
-using cpu::RequireSameDType;
-
 absl::Status CrossEntropyGradKernel(KernelContext& ctx) {
   const TensorView& d_loss = ctx.input(0);
   const TensorView& scores = ctx.input(1);
   const TensorView& labels = ctx.input(2);
   const TensorView* weights = ctx.has_input(3) ? &ctx.input(3) : nullptr;
-  const std::string reduction_name = ctx.GetString("reduction", "mean");
-  CASTOR_ASSIGN_OR_RETURN(
-      const Reduction reduction,
-      ParseReduction(ctx, reduction_name,
-                     absl::StrCat("attribute 'reduction' is \"", reduction_name,
-                                  "\"; expected \"mean\", \"sum\" or \"none\"")));
-  if (scores.dims.size() < 2) {
-    return ctx.Error(absl::StrCat("input 1 (scores) must have rank >= 2 ([N, C, d1, ...]); it is ",
-                                  DimsToString(scores.dims)));
-  }
-  CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 0, "dLoss", 1, "scores"));
-  if (labels.dtype != DType::kInt32 && labels.dtype != DType::kInt64) {
-    return ctx.Error(
-        absl::StrCat("input 2 (labels) is ", DTypeName(labels.dtype), "; expected int32 or int64"));
-  }
-  const int64_t classes = scores.dims[1];
-  int64_t inner = 1;
-  std::vector<int64_t> label_dims = {scores.dims[0]};
-  for (size_t k = 2; k < scores.dims.size(); ++k) {
-    inner *= scores.dims[k];
-    label_dims.push_back(scores.dims[k]);
-  }
-  CASTOR_RETURN_IF_ERROR(RequireDims(ctx, 2, "labels", label_dims, "scores without C"));
-  if (weights != nullptr) {
-    CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 3, "weights", 1, "scores"));
-    CASTOR_RETURN_IF_ERROR(RequireDims(ctx, 3, "weights", {classes}, "one per class"));
-  }
-  if (reduction == Reduction::kNone) {
-    CASTOR_RETURN_IF_ERROR(RequireDims(ctx, 0, "dLoss", label_dims, "labels' shape for 'none'"));
-  } else if (d_loss.num_elements() != 1) {
-    return ctx.Error(absl::StrCat("input 0 (dLoss) is ", DimsToString(d_loss.dims),
-                                  "; expected a scalar for reduction \"", reduction_name, "\""));
-  }
+  CASTOR_ASSIGN_OR_RETURN(const common::LossGeometry geometry, common::PlanCrossEntropyGrad(ctx));
+  const Reduction reduction = ReductionOf(geometry.reduction);
+  const int64_t classes = geometry.classes, inner = geometry.inner;
   const int64_t positions = scores.dims[0] * inner;
   CASTOR_ASSIGN_OR_RETURN(TensorView * d_scores, ctx.Output(0, scores.dtype, scores.dims));
   if (positions == 0) return absl::OkStatus();

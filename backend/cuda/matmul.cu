@@ -26,7 +26,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "backend/cpu/op_geometry.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
 
@@ -158,7 +158,7 @@ __global__ void FillBatchPointers(BatchAxes axes, const char* a, int64_t a_bytes
 absl::Status MatMulKernel(KernelContext& ctx) {
   const TensorView& a = ctx.input(0);
   const TensorView& b = ctx.input(1);
-  CASTOR_ASSIGN_OR_RETURN(const cpu::MatMulGeometry geometry, cpu::PlanMatMul(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const common::MatMulGeometry geometry, common::PlanMatMul(ctx));
   const int64_t m = geometry.m, n = geometry.n, k = geometry.k;
   const std::vector<int64_t>& batch = geometry.batch;
   const std::vector<int64_t>& a_stride = geometry.a_stride;
@@ -256,7 +256,7 @@ __global__ void BroadcastScaledC(const T* c, int64_t c_rows, int64_t c_cols, flo
 absl::Status GemmKernel(KernelContext& ctx) {
   const TensorView& a = ctx.input(0);
   const TensorView& b = ctx.input(1);
-  CASTOR_ASSIGN_OR_RETURN(const cpu::GemmGeometry g, cpu::PlanGemm(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const common::GemmGeometry g, common::PlanGemm(ctx));
   GemmShape shape;
   shape.trans_a = g.trans_a;
   shape.trans_b = g.trans_b;

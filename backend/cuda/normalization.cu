@@ -1,6 +1,6 @@
 // CUDA kernels: normalization family (ops of graph/ops/normalization.cc) and
 // the com.castor BatchNormalizationGrad / LayerNormalizationGrad, matching
-// backend/cpu/normalization.cc and backend/cpu/gradient_kernels.cc.
+// backend/cpu/normalization.cc and backend/cpu/normalization_grad.cc.
 //
 // BatchNormalization: X [N, C, D1, ...] in float32/float16/bfloat16; scale,
 // B, mean and var in any of those (widened to float32 first). Inference
@@ -35,7 +35,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "backend/cpu/op_geometry.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/convert.cuh"
 #include "backend/cuda/cuda_common.cuh"
@@ -53,12 +53,6 @@ constexpr int kMaxBroadcastRank = 8;
 // Grid cap for the kernels with a block (or a grid row) per channel; they
 // loop beyond it.
 constexpr int64_t kMaxChannelBlocks = 65535;
-
-int64_t Product(const std::vector<int64_t>& dims, size_t from, size_t to) {
-  int64_t p = 1;
-  for (size_t i = from; i < std::min(to, dims.size()); ++i) p *= dims[i];
-  return p;
-}
 
 bool WantsOutput(const KernelContext& ctx, int i) {
   return i < ctx.num_outputs() && ctx.has_output(i);
@@ -321,7 +315,7 @@ __global__ void BatchNormApplyKernel(const T* __restrict__ x, int64_t total, int
 
 absl::Status BatchNormKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
-  CASTOR_ASSIGN_OR_RETURN(const cpu::BatchNormGeometry geometry, cpu::PlanBatchNorm(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const common::BatchNormGeometry geometry, common::PlanBatchNorm(ctx));
   const bool training = geometry.training;
   const float epsilon = geometry.epsilon;
   const float momentum = geometry.momentum;
@@ -437,26 +431,13 @@ __global__ void BatchNormGradInputKernel(const T* __restrict__ dy, const T* __re
   }
 }
 
-using cpu::RequireDims;
-using cpu::RequireSameDType;
-
 absl::Status BatchNormGradKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& x = ctx.input(1);
   const TensorView& scale_view = ctx.input(2);
-  if (x.dims.size() < 2) {
-    return ctx.Error(absl::StrCat("input 1 (X) must have rank >= 2 ([N, C, ...]); it is ",
-                                  DimsToString(x.dims)));
-  }
-  CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 0, "dY", 1, "X"));
-  CASTOR_RETURN_IF_ERROR(RequireDims(ctx, 0, "dY", x.dims, "X's shape"));
-  const int64_t batch = x.dims[0], channels = x.dims[1];
-  const int64_t inner = Product(x.dims, 2, x.dims.size());
-  if (scale_view.dims.size() != 1 || scale_view.dims[0] != channels) {
-    return ctx.Error(absl::StrCat("input 2 (scale) is ", DimsToString(scale_view.dims),
-                                  "; expected [", channels, "] (C of X ", DimsToString(x.dims),
-                                  ")"));
-  }
+  CASTOR_ASSIGN_OR_RETURN(const common::BatchNormGradGeometry geometry,
+                          common::PlanBatchNormGrad(ctx));
+  const int64_t batch = geometry.batch, channels = geometry.channels, inner = geometry.inner;
   const float epsilon = ctx.GetFloat("epsilon", 1e-5f);
   TensorView* dx = nullptr;
   if (WantsOutput(ctx, 0)) {
@@ -636,53 +617,11 @@ absl::Status LaunchRows(int64_t outer, int64_t inner, F&& launch) {
   return launch(std::integral_constant<int, kThreads>{}, Blocks(outer * kThreads));
 }
 
-// Checks the LayerNormalization-style `axis` attribute against X's rank and
-// returns it normalised to [0, rank).
-absl::StatusOr<int64_t> NormalizedAxis(const KernelContext& ctx, const std::vector<int64_t>& dims,
-                                       bool forward) {
-  const int64_t rank = static_cast<int64_t>(dims.size());
-  const int64_t axis = ctx.GetInt("axis", -1);
-  if (axis < -rank || axis >= rank) {
-    if (forward) {
-      return ctx.Error(absl::StrCat("attribute 'axis' is ", axis, "; X ", DimsToString(dims),
-                                    " has rank ", rank));
-    }
-    return ctx.Error(absl::StrCat("attribute 'axis' ", axis, " is out of range for input 1 (X) ",
-                                  DimsToString(dims)));
-  }
-  return axis < 0 ? axis + rank : axis;
-}
-
-// Whether `dims` broadcasts one way (right-aligned) to `x_dims`.
-bool Broadcastable(const std::vector<int64_t>& dims, const std::vector<int64_t>& x_dims) {
-  if (dims.size() > x_dims.size()) return false;
-  for (size_t i = 0; i < dims.size(); ++i) {
-    const int64_t d = dims[dims.size() - 1 - i];
-    if (d != 1 && d != x_dims[x_dims.size() - 1 - i]) return false;
-  }
-  return true;
-}
-
 absl::Status LayerNormKernelFor(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
-  CASTOR_ASSIGN_OR_RETURN(const int64_t axis, NormalizedAxis(ctx, x.dims, /*forward=*/true));
+  CASTOR_ASSIGN_OR_RETURN(const common::LayerNormGeometry geometry, common::PlanLayerNorm(ctx));
+  const int64_t axis = geometry.axis, outer = geometry.outer, inner = geometry.inner;
   const float epsilon = ctx.GetFloat("epsilon", 1e-5f);
-  const int64_t outer = Product(x.dims, 0, axis);
-  const int64_t inner = Product(x.dims, axis, x.dims.size());
-  const char* const names[] = {"X", "Scale", "B"};
-  for (int i = 1; i <= 2; ++i) {
-    if (!ctx.has_input(i)) continue;
-    if (ctx.input(i).dtype != x.dtype) {
-      return ctx.Error(absl::StrCat("input ", i, " (", names[i], ") is ",
-                                    DTypeName(ctx.input(i).dtype), "; X is ",
-                                    DTypeName(x.dtype)));
-    }
-    if (!Broadcastable(ctx.input(i).dims, x.dims)) {
-      return ctx.Error(absl::StrCat("input ", i, " (", names[i], ") ",
-                                    DimsToString(ctx.input(i).dims), " does not broadcast to X ",
-                                    DimsToString(x.dims)));
-    }
-  }
   CASTOR_ASSIGN_OR_RETURN(const ParamIndex scale_at,
                           MakeParamIndex(ctx, ctx.input(1).dims, x.dims, axis));
   const bool has_bias = ctx.has_input(2);
@@ -816,19 +755,10 @@ absl::Status LayerNormGradKernelFor(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& x = ctx.input(1);
   const TensorView& scale_view = ctx.input(2);
-  CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 0, "dY", 1, "X"));
-  CASTOR_RETURN_IF_ERROR(RequireDims(ctx, 0, "dY", x.dims, "X's shape"));
-  CASTOR_ASSIGN_OR_RETURN(const int64_t axis, NormalizedAxis(ctx, x.dims, /*forward=*/false));
+  CASTOR_ASSIGN_OR_RETURN(const common::LayerNormGeometry geometry, common::PlanLayerNormGrad(ctx));
+  const int64_t axis = geometry.axis, outer = geometry.outer, inner = geometry.inner;
   const std::vector<int64_t> norm_dims(x.dims.begin() + axis, x.dims.end());
-  const int64_t outer = Product(x.dims, 0, axis);
-  const int64_t inner = Product(x.dims, axis, x.dims.size());
-  // scale broadcasts (right-aligned) against the normalised axes only.
   const std::vector<int64_t>& sd = scale_view.dims;
-  if (!Broadcastable(sd, norm_dims)) {
-    return ctx.Error(absl::StrCat("input 2 (scale) ", DimsToString(sd),
-                                  " does not broadcast to X's normalised axes ",
-                                  DimsToString(norm_dims)));
-  }
   CASTOR_ASSIGN_OR_RETURN(const ParamIndex scale_at, MakeParamIndex(ctx, sd, norm_dims, 0));
   const int64_t scale_size = scale_view.num_elements();
   const float epsilon = ctx.GetFloat("epsilon", 1e-5f);

@@ -1,6 +1,6 @@
 // CUDA kernels: pool family (ops of graph/ops/pool.cc) and their gradients
 // (com.castor MaxPoolGrad, AveragePoolGrad, GlobalAveragePoolGrad), matching
-// backend/cpu/pool.cc and backend/cpu/gradient_kernels.cc.
+// backend/cpu/pool.cc and backend/cpu/pool_grad.cc.
 //
 // MaxPool (float32/float16/bfloat16/int8/uint8, optional int64 Indices in
 // storage_order 0 or 1) and AveragePool (count_include_pad) run one thread
@@ -28,7 +28,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "backend/cpu/im2col.h"
+#include "backend/common/op_geometry.h"
+#include "backend/common/window_geometry.h"
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/convert.cuh"
 #include "backend/cuda/cuda_common.cuh"
@@ -343,10 +344,9 @@ absl::StatusOr<WindowedPool> SetUpWindowedPool(const KernelContext& ctx, int x_i
     return ctx.Error("attribute 'kernel_shape' is required");
   }
   const std::vector<int64_t> spatial(x.dims.begin() + 2, x.dims.end());
-  CASTOR_ASSIGN_OR_RETURN(
-      const cpu::WindowGeometry g,
-      cpu::ForwardWindowGeometry(ctx, spatial, ctx.GetInts("kernel_shape"),
-                                 ctx.GetInt("ceil_mode", 0) != 0));
+  CASTOR_ASSIGN_OR_RETURN(const common::WindowGeometry g,
+                          common::ForwardWindowGeometry(ctx, spatial, ctx.GetInts("kernel_shape"),
+                                                        ctx.GetInt("ceil_mode", 0) != 0));
   WindowedPool pool;
   pool.nd = g.num_spatial;
   if (pool.nd > kMaxPoolDims) {
@@ -491,21 +491,7 @@ absl::Status GlobalPoolKernelFor(KernelContext& ctx) {
 absl::Status GlobalAveragePoolGrad(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& x = ctx.input(1);
-  if (x.dims.size() < 3) {
-    return ctx.Error(absl::StrCat("input 1 (X) must have rank >= 3 ([N, C, D1, ...]); it is ",
-                                  DimsToString(x.dims)));
-  }
-  if (dy.dtype != x.dtype) {
-    return ctx.Error(absl::StrCat("input 0 (dY) is ", DTypeName(dy.dtype), " but input 1 (X) is ",
-                                  DTypeName(x.dtype), "; they must match"));
-  }
-  std::vector<int64_t> y_dims(x.dims.size(), 1);
-  y_dims[0] = x.dims[0];
-  y_dims[1] = x.dims[1];
-  if (dy.dims != y_dims) {
-    return ctx.Error(absl::StrCat("input 0 (dY) is ", DimsToString(dy.dims), "; expected ",
-                                  DimsToString(y_dims), " (GlobalAveragePool's output for X)"));
-  }
+  CASTOR_RETURN_IF_ERROR(common::CheckGlobalAveragePoolGrad(ctx));
   CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, x.dtype, x.dims));
   const int64_t total = dx->num_elements();
   if (total == 0) return absl::OkStatus();

@@ -1,5 +1,5 @@
 // CUDA kernels: reduce family (the CPU's backend/cpu/reduce.cc) and
-// com.castor ReduceToShapeOf (backend/cpu/gradient_kernels.cc).
+// com.castor ReduceToShapeOf (backend/cpu/reduce.cc).
 //
 // ReduceSum/Mean/Max/Min/Prod/L1/L2/SumSquare/LogSumExp take `axes` as an
 // attribute before opset 13 (ReduceSum) / 18 (the others) and as an
@@ -41,8 +41,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "backend/cpu/elementwise_math.h"
-#include "backend/cpu/op_geometry.h"
+#include "backend/common/elementwise_math.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cuda/broadcast.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
@@ -471,8 +471,8 @@ absl::Status ReduceKernel(KernelContext& ctx) {
   const int64_t axes_input_since = kKind == ReduceKind::kSum ? 13 : 18;
   const TensorView& x = ctx.input(0);
   CASTOR_ASSIGN_OR_RETURN(
-      const cpu::ReduceAxes choice,
-      cpu::PlanReduceAxes(ctx, axes_input_since, [&ctx](int i) { return ReadInt64s(ctx, i); }));
+      const common::ReduceAxes choice,
+      common::PlanReduceAxes(ctx, axes_input_since, [&ctx](int i) { return ReadInt64s(ctx, i); }));
   if (choice.noop) {
     CASTOR_ASSIGN_OR_RETURN(TensorView * y, ctx.Output(0, x.dtype, x.dims));
     if (y->data != x.data && x.byte_size() > 0) {
@@ -502,7 +502,7 @@ absl::Status ReduceKernel(KernelContext& ctx) {
 template <bool kMax>
 absl::Status ArgReduceKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
-  CASTOR_ASSIGN_OR_RETURN(const cpu::ArgReduceGeometry g, cpu::PlanArgReduce(ctx, kMax));
+  CASTOR_ASSIGN_OR_RETURN(const common::ArgReduceGeometry g, common::PlanArgReduce(ctx, kMax));
   const bool last = g.select_last;
   const std::vector<int64_t>& out_dims = g.out_dims;
   std::vector<bool> reduced(x.dims.size(), false);
@@ -520,7 +520,7 @@ absl::Status ArgReduceKernel(KernelContext& ctx) {
 absl::Status ReduceToShapeOfKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& x = ctx.input(1);
-  CASTOR_ASSIGN_OR_RETURN(const std::vector<bool> reduced, cpu::PlanReduceToShapeOf(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<bool> reduced, common::PlanReduceToShapeOf(ctx));
   CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, dy.dtype, x.dims));
   return DispatchFloat(ctx, dy.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;

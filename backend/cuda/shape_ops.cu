@@ -42,8 +42,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cuda/convert.cuh"
-#include "backend/cpu/op_geometry.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "graph/gradient_builder.h"
@@ -61,9 +61,9 @@ constexpr int kTileRows = 8;  // rows of threads per transpose block
 // Both sides of a transpose must be at least this long for the tiled path.
 constexpr int64_t kMinTiledEdge = 16;
 
-using cpu::ContiguousStrides;
+using common::ContiguousStrides;
 
-using cpu::NormalizeAxis;
+using common::NormalizeAxis;
 
 // A SupportsFn: every tensor of the node has a fixed element size (the
 // kernels move bytes; string tensors are refused).
@@ -193,8 +193,8 @@ __global__ void GatherGradKernel(const T* dy, const I* indices, float* acc, int6
   }
 }
 
-using cpu::PadMode;
-using cpu::PadSource;
+using common::PadMode;
+using common::PadSource;
 
 // The geometry PadKernel reads (kernel-argument arrays).
 struct PadKernelGeometry {
@@ -377,8 +377,8 @@ absl::Status CopyInputToOutput(KernelContext& ctx, std::vector<int64_t> dims) {
 }
 
 // Allocates output 0 (input 0's dtype, plan.out_dims) and copies input 0
-// into it as `plan` (cpu/op_geometry.h) says.
-absl::Status CopyByPlan(KernelContext& ctx, const cpu::CopyPlan& plan) {
+// into it as `plan` (common/op_geometry.h) says.
+absl::Status CopyByPlan(KernelContext& ctx, const common::CopyPlan& plan) {
   const TensorView& input = ctx.input(0);
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, input.dtype, plan.out_dims));
   return CopyStrided(ctx, plan.copy_dims, DTypeSize(input.dtype), input.data, plan.src_strides,
@@ -430,12 +430,12 @@ absl::StatusOr<float> ReadFloatScalar(const KernelContext& ctx, int index, const
 absl::Status RunReshape(KernelContext& ctx) {
   CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> target, ReadInt64s(ctx, 1));
   CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> dims,
-                          cpu::PlanReshape(ctx, ctx.input(0).dims, target));
+                          common::PlanReshape(ctx, ctx.input(0).dims, target));
   return CopyInputToOutput(ctx, std::move(dims));
 }
 
 absl::Status RunFlatten(KernelContext& ctx) {
-  CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> dims, cpu::PlanFlatten(ctx, ctx.input(0).dims));
+  CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> dims, common::PlanFlatten(ctx, ctx.input(0).dims));
   return CopyInputToOutput(ctx, std::move(dims));
 }
 
@@ -449,14 +449,14 @@ absl::StatusOr<std::optional<std::vector<int64_t>>> AxesInput(const KernelContex
 absl::Status RunSqueeze(KernelContext& ctx) {
   CASTOR_ASSIGN_OR_RETURN(const std::optional<std::vector<int64_t>> axes, AxesInput(ctx));
   CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> dims,
-                          cpu::PlanSqueeze(ctx, ctx.input(0).dims, axes));
+                          common::PlanSqueeze(ctx, ctx.input(0).dims, axes));
   return CopyInputToOutput(ctx, std::move(dims));
 }
 
 absl::Status RunUnsqueeze(KernelContext& ctx) {
   CASTOR_ASSIGN_OR_RETURN(const std::optional<std::vector<int64_t>> axes, AxesInput(ctx));
   CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> dims,
-                          cpu::PlanUnsqueeze(ctx, ctx.input(0).dims, axes));
+                          common::PlanUnsqueeze(ctx, ctx.input(0).dims, axes));
   return CopyInputToOutput(ctx, std::move(dims));
 }
 
@@ -569,21 +569,22 @@ absl::Status RunDropout(KernelContext& ctx) {
 // ---- Transpose / Expand / Tile -------------------------------------------------------
 
 absl::Status RunTranspose(KernelContext& ctx) {
-  CASTOR_ASSIGN_OR_RETURN(const cpu::CopyPlan plan, cpu::PlanTranspose(ctx, ctx.input(0).dims));
+  CASTOR_ASSIGN_OR_RETURN(const common::CopyPlan plan,
+                          common::PlanTranspose(ctx, ctx.input(0).dims));
   return CopyByPlan(ctx, plan);
 }
 
 absl::Status RunExpand(KernelContext& ctx) {
   CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> shape, ReadInt64s(ctx, 1));
-  CASTOR_ASSIGN_OR_RETURN(const cpu::CopyPlan plan,
-                          cpu::PlanExpand(ctx, ctx.input(0).dims, shape));
+  CASTOR_ASSIGN_OR_RETURN(const common::CopyPlan plan,
+                          common::PlanExpand(ctx, ctx.input(0).dims, shape));
   return CopyByPlan(ctx, plan);
 }
 
 absl::Status RunTile(KernelContext& ctx) {
   CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> repeats, ReadInt64s(ctx, 1));
-  CASTOR_ASSIGN_OR_RETURN(const cpu::CopyPlan plan,
-                          cpu::PlanTile(ctx, ctx.input(0).dims, repeats));
+  CASTOR_ASSIGN_OR_RETURN(const common::CopyPlan plan,
+                          common::PlanTile(ctx, ctx.input(0).dims, repeats));
   return CopyByPlan(ctx, plan);
 }
 
@@ -591,7 +592,7 @@ absl::Status RunTile(KernelContext& ctx) {
 
 absl::Status RunShape(KernelContext& ctx) {
   const std::vector<int64_t>& in = ctx.input(0).dims;
-  const cpu::ShapeWindow w = cpu::PlanShape(ctx, static_cast<int64_t>(in.size()));
+  const common::ShapeWindow w = common::PlanShape(ctx, static_cast<int64_t>(in.size()));
   const auto first = in.begin() + w.start;
   return WriteInt64Output(ctx, 0, {w.count}, std::vector<int64_t>(first, first + w.count));
 }
@@ -634,7 +635,7 @@ absl::Status RunConstant(KernelContext& ctx) {
 
 absl::Status RunConstantOfShape(KernelContext& ctx) {
   CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> dims, ReadInt64s(ctx, 0));
-  CASTOR_ASSIGN_OR_RETURN(const Tensor fill, cpu::ConstantOfShapeFill(ctx, dims));
+  CASTOR_ASSIGN_OR_RETURN(const Tensor fill, common::ConstantOfShapeFill(ctx, dims));
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, fill.dtype(), dims));
   return FillBytes(ctx, out->data, out->num_elements(), DTypeSize(fill.dtype()), fill.raw());
 }
@@ -682,7 +683,7 @@ absl::Status RunRange(KernelContext& ctx) {
 // ---- Concat / Split / Slice ------------------------------------------------------------
 
 absl::Status RunConcat(KernelContext& ctx) {
-  CASTOR_ASSIGN_OR_RETURN(const cpu::ConcatGeometry g, cpu::PlanConcat(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const common::ConcatGeometry g, common::PlanConcat(ctx));
   const DType dtype = ctx.input(0).dtype;
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, dtype, g.dims));
   const size_t element_size = DTypeSize(dtype);
@@ -706,7 +707,7 @@ absl::Status RunSplit(KernelContext& ctx) {
   if (ctx.opset() >= 13 && ctx.has_input(1)) {
     CASTOR_ASSIGN_OR_RETURN(split_input, ReadInt64s(ctx, 1));
   }
-  CASTOR_ASSIGN_OR_RETURN(const cpu::SplitGeometry g, cpu::PlanSplit(ctx, split_input));
+  CASTOR_ASSIGN_OR_RETURN(const common::SplitGeometry g, common::PlanSplit(ctx, split_input));
   const size_t element_size = DTypeSize(in.dtype);
   const int64_t in_row = in.dims[g.axis] * g.inner;
   int64_t offset = 0;
@@ -728,8 +729,8 @@ absl::Status RunSplit(KernelContext& ctx) {
 absl::Status RunSlice(KernelContext& ctx) {
   const TensorView& in = ctx.input(0);
   CASTOR_ASSIGN_OR_RETURN(
-      const cpu::SliceGeometry slice,
-      cpu::PlanSlice(ctx, in.dims, [&ctx](int i) { return ReadInt64s(ctx, i); }));
+      const common::SliceGeometry slice,
+      common::PlanSlice(ctx, in.dims, [&ctx](int i) { return ReadInt64s(ctx, i); }));
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, in.dtype, slice.dims));
   if (out->num_elements() == 0) return absl::OkStatus();
   const size_t element_size = DTypeSize(in.dtype);
@@ -763,8 +764,8 @@ absl::Status RunGather(KernelContext& ctx) {
   return DispatchIndex(ctx, indices, "input 1 (indices)", [&](auto index_tag) -> absl::Status {
     using I = typename decltype(index_tag)::type;
     CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, dims));
-    const int64_t outer = cpu::DimsProduct(data.dims, 0, axis);
-    const int64_t inner = cpu::DimsProduct(data.dims, axis + 1, data.dims.size());
+    const int64_t outer = common::DimsProduct(data.dims, 0, axis);
+    const int64_t inner = common::DimsProduct(data.dims, axis + 1, data.dims.size());
     const int64_t count = indices.num_elements();
     if (out->num_elements() == 0) return absl::OkStatus();
     // Rows of `inner` elements move in the widest unit that divides them.
@@ -794,7 +795,7 @@ absl::Status RunGatherGrad(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& indices = ctx.input(1);
   const TensorView& data = ctx.input(2);
-  CASTOR_ASSIGN_OR_RETURN(const int64_t axis, cpu::PlanGatherGrad(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const int64_t axis, common::PlanGatherGrad(ctx));
   return DispatchIndex(ctx, indices, "input 1 (indices)", [&](auto index_tag) -> absl::Status {
     using I = typename decltype(index_tag)::type;
     CASTOR_ASSIGN_OR_RETURN(TensorView * dd, ctx.Output(0, data.dtype, data.dims));
@@ -815,7 +816,7 @@ absl::Status RunGatherGrad(KernelContext& ctx) {
       if (total > 0) {
         GatherGradKernel<T, I><<<Blocks(total), kThreads, 0, Stream(ctx)>>>(
             dy.as<T>(), indices.as<I>(), acc, indices.num_elements(), data.dims[axis],
-            cpu::DimsProduct(data.dims, axis + 1, data.dims.size()), total);
+            common::DimsProduct(data.dims, axis + 1, data.dims.size()), total);
         CASTOR_RETURN_IF_ERROR(CheckLaunch(ctx));
       }
       if constexpr (!std::is_same_v<T, float>) {
@@ -838,7 +839,8 @@ absl::Status RunPad(KernelContext& ctx) {
   if (ctx.opset() >= 11 && ctx.has_input(3)) {
     CASTOR_ASSIGN_OR_RETURN(axes, ReadInt64s(ctx, 3));
   }
-  CASTOR_ASSIGN_OR_RETURN(const cpu::PadGeometry plan, cpu::PlanPad(ctx, in.dims, pads, axes));
+  CASTOR_ASSIGN_OR_RETURN(const common::PadGeometry plan,
+                          common::PlanPad(ctx, in.dims, pads, axes));
   const std::vector<int64_t>& dims = plan.dims;
   const PadMode mode = plan.mode;
   if (rank > kMaxDims) {

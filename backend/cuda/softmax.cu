@@ -25,7 +25,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "backend/cpu/op_geometry.h"
+#include "backend/common/op_geometry.h"
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
@@ -168,7 +168,7 @@ absl::Status RunLines(const KernelContext& ctx, const Op& op, int64_t outer, int
 template <bool kLog>
 absl::Status SoftmaxKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
-  CASTOR_ASSIGN_OR_RETURN(const cpu::SoftmaxGeometry lines, cpu::PlanSoftmax(ctx, x.dims));
+  CASTOR_ASSIGN_OR_RETURN(const common::SoftmaxGeometry lines, common::PlanSoftmax(ctx, x.dims));
   const int64_t outer = lines.outer, n = lines.n, inner = lines.inner;
   CASTOR_ASSIGN_OR_RETURN(TensorView * y, ctx.Output(0, x.dtype, x.dims));
   return DispatchFloat(ctx, x.dtype, [&](auto tag) {
@@ -183,7 +183,7 @@ template <bool kLog>
 absl::Status SoftmaxGradKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& y = ctx.input(1);
-  CASTOR_ASSIGN_OR_RETURN(const cpu::SoftmaxGeometry lines, cpu::PlanSoftmaxGrad(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const common::SoftmaxGeometry lines, common::PlanSoftmaxGrad(ctx));
   const int64_t outer = lines.outer, n = lines.n, inner = lines.inner;
   CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, y.dtype, y.dims));
   return DispatchFloat(ctx, y.dtype, [&](auto tag) {

@@ -1,5 +1,5 @@
 // The CUDA backend's training-step kernels (backend/step_kernels.h), on the
-// backend's stream, applying graph/update_rules.h:
+// backend's stream, applying backend/common/update_rules.h:
 //
 //   Unscale      grid (kBlocksPerGradient, gradients): each block unscales
 //                a stripe of one gradient in place (float32 arithmetic, one

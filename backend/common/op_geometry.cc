@@ -1,17 +1,15 @@
 // Host-side planning shared by the CPU and CUDA kernels (see
 // op_geometry.h).
-#include "backend/cpu/op_geometry.h"
+#include "backend/common/op_geometry.h"
 
 #include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "backend/cpu/broadcast.h"
-#include "backend/cpu/strided_copy.h"
 #include "graph/status.h"
 
-namespace castor::cpu {
+namespace castor::common {
 
 absl::StatusOr<int64_t> NormalizeAxis(const KernelContext& ctx, int64_t axis, int64_t rank,
                                       const char* what) {
@@ -198,20 +196,6 @@ absl::StatusOr<std::vector<int64_t>> PlanReshape(const KernelContext& ctx,
                                   " (", count, " elements)"));
   }
   return dims;
-}
-
-std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& dims) {
-  std::vector<int64_t> strides(dims.size(), 1);
-  for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) {
-    strides[i] = strides[i + 1] * dims[i + 1];
-  }
-  return strides;
-}
-
-int64_t DimsProduct(const std::vector<int64_t>& dims, size_t begin, size_t end) {
-  int64_t p = 1;
-  for (size_t i = begin; i < end && i < dims.size(); ++i) p *= dims[i];
-  return p;
 }
 
 absl::StatusOr<ConcatGeometry> PlanConcat(const KernelContext& ctx) {
@@ -568,6 +552,134 @@ absl::Status RequireDims(const KernelContext& ctx, int i, const char* name,
   return absl::OkStatus();
 }
 
+absl::StatusOr<LayerNormGeometry> PlanLayerNorm(const KernelContext& ctx) {
+  const TensorView& x = ctx.input(0);
+  const int64_t rank = static_cast<int64_t>(x.dims.size());
+  const int64_t axis = ctx.GetInt("axis", -1);
+  if (axis < -rank || axis >= rank) {
+    return ctx.Error(absl::StrCat("attribute 'axis' is ", axis, "; X ", DimsToString(x.dims),
+                                  " has rank ", rank));
+  }
+  LayerNormGeometry g;
+  g.axis = axis < 0 ? axis + rank : axis;
+  g.outer = DimsProduct(x.dims, 0, g.axis);
+  g.inner = DimsProduct(x.dims, g.axis, x.dims.size());
+  const char* const names[] = {"X", "Scale", "B"};
+  for (int i = 1; i <= 2; ++i) {
+    if (!ctx.has_input(i)) continue;
+    if (ctx.input(i).dtype != x.dtype) {
+      return ctx.Error(absl::StrCat("input ", i, " (", names[i], ") is ",
+                                    DTypeName(ctx.input(i).dtype), "; X is ", DTypeName(x.dtype)));
+    }
+    if (!BroadcastsTo(ctx.input(i).dims, x.dims)) {
+      return ctx.Error(absl::StrCat("input ", i, " (", names[i], ") ",
+                                    DimsToString(ctx.input(i).dims), " does not broadcast to X ",
+                                    DimsToString(x.dims)));
+    }
+  }
+  return g;
+}
+
+absl::Status CheckConvInputs(const KernelContext& ctx, int64_t group, int64_t bias_size) {
+  const TensorView& x = ctx.input(0);
+  const TensorView& w = ctx.input(1);
+  if (x.dims.size() < 3 || w.dims.size() != x.dims.size()) {
+    return ctx.Error(absl::StrCat("X ", DimsToString(x.dims), " and W ", DimsToString(w.dims),
+                                  " must have the same rank >= 3"));
+  }
+  if (w.dtype != x.dtype || (ctx.has_input(2) && ctx.input(2).dtype != x.dtype)) {
+    return ctx.Error("X, W and B must have the same dtype");
+  }
+  if (group < 1) return ctx.Error(absl::StrCat("attribute 'group' is ", group, "; expected >= 1"));
+  if (ctx.has_input(2) && ctx.input(2).num_elements() != bias_size) {
+    return ctx.Error(absl::StrCat("bias B ", DimsToString(ctx.input(2).dims), " must have ",
+                                  bias_size, " entries"));
+  }
+  // kernel_shape, when given, must match W's spatial dims.
+  if (ctx.node().has_attribute("kernel_shape")) {
+    const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
+    if (ctx.GetInts("kernel_shape") != kernel) {
+      return ctx.Error(absl::StrCat("attribute 'kernel_shape' ",
+                                    DimsToString(ctx.GetInts("kernel_shape")),
+                                    " does not match W's spatial dims ", DimsToString(kernel)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckConv(const KernelContext& ctx, int64_t group) {
+  const TensorView& x = ctx.input(0);
+  const TensorView& w = ctx.input(1);
+  CASTOR_RETURN_IF_ERROR(CheckConvInputs(ctx, group, w.dims.empty() ? 0 : w.dims[0]));
+  const int64_t channels = x.dims[1], out_channels = w.dims[0];
+  if (w.dims[1] * group != channels) {
+    return ctx.Error(absl::StrCat("input channels ", channels, " (X ", DimsToString(x.dims),
+                                  ") must equal W.dim(1) * group = ", w.dims[1], " * ", group));
+  }
+  if (out_channels % group != 0) {
+    return ctx.Error(
+        absl::StrCat("output channels ", out_channels, " are not divisible by group ", group));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The reduction attribute (default "mean") when it is "mean", "sum" or
+// "none", else the node's error `error(reduction)`.
+template <typename ErrorText>
+absl::StatusOr<std::string> LossReduction(const KernelContext& ctx, ErrorText error) {
+  std::string reduction = ctx.GetString("reduction", "mean");
+  if (reduction != "none" && reduction != "sum" && reduction != "mean") {
+    return ctx.Error(error(reduction));
+  }
+  return reduction;
+}
+
+// Scores [batch, classes, d1, ...] as [batch, classes, inner] and the
+// labels' dims [batch, d1, ...] (scores of rank >= 2).
+void LossLayout(const std::vector<int64_t>& scores, LossGeometry& g) {
+  g.batch = scores[0];
+  g.classes = scores[1];
+  g.inner = DimsProduct(scores, 2, scores.size());
+  g.label_dims = {scores[0]};
+  g.label_dims.insert(g.label_dims.end(), scores.begin() + 2, scores.end());
+}
+
+}  // namespace
+
+absl::StatusOr<LossGeometry> PlanLoss(const KernelContext& ctx) {
+  const TensorView& scores = ctx.input(0);
+  const TensorView& labels = ctx.input(1);
+  LossGeometry g;
+  CASTOR_ASSIGN_OR_RETURN(g.reduction, LossReduction(ctx, [](const std::string& reduction) {
+                            return absl::StrCat("reduction \"", reduction,
+                                                "\" is not none, sum or mean");
+                          }));
+  if (scores.dims.size() < 2) {
+    return ctx.Error(absl::StrCat("input 0 must have rank >= 2 ([N, C, d1, ...]); got ",
+                                  DimsToString(scores.dims)));
+  }
+  LossLayout(scores.dims, g);
+  if (labels.dims != g.label_dims) {
+    return ctx.Error(absl::StrCat("labels ", DimsToString(labels.dims), " do not match scores ",
+                                  DimsToString(scores.dims), " (expected ",
+                                  DimsToString(g.label_dims), ")"));
+  }
+  if (labels.dtype != DType::kInt32 && labels.dtype != DType::kInt64) {
+    return ctx.Error(
+        absl::StrCat("labels are ", DTypeName(labels.dtype), "; expected int32 or int64"));
+  }
+  if (ctx.has_input(2)) {
+    const TensorView& weights = ctx.input(2);
+    if (weights.dims.size() != 1 || weights.dims[0] != g.classes) {
+      return ctx.Error(
+          absl::StrCat("weights ", DimsToString(weights.dims), " must be [C] = [", g.classes, "]"));
+    }
+  }
+  return g;
+}
+
 absl::StatusOr<GemmGeometry> PlanGemm(const KernelContext& ctx) {
   const TensorView& a = ctx.input(0);
   const TensorView& b = ctx.input(1);
@@ -796,6 +908,97 @@ absl::StatusOr<int64_t> CheckConvGrad(const KernelContext& ctx) {
   return group;
 }
 
+absl::StatusOr<BatchNormGradGeometry> PlanBatchNormGrad(const KernelContext& ctx) {
+  const TensorView& x = ctx.input(1);
+  const TensorView& scale = ctx.input(2);
+  if (x.dims.size() < 2) {
+    return ctx.Error(absl::StrCat("input 1 (X) must have rank >= 2 ([N, C, ...]); it is ",
+                                  DimsToString(x.dims)));
+  }
+  CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 0, "dY", 1, "X"));
+  CASTOR_RETURN_IF_ERROR(RequireDims(ctx, 0, "dY", x.dims, "X's shape"));
+  BatchNormGradGeometry g;
+  g.batch = x.dims[0];
+  g.channels = x.dims[1];
+  g.inner = DimsProduct(x.dims, 2, x.dims.size());
+  if (scale.dims.size() != 1 || scale.dims[0] != g.channels) {
+    return ctx.Error(absl::StrCat("input 2 (scale) is ", DimsToString(scale.dims), "; expected [",
+                                  g.channels, "] (C of X ", DimsToString(x.dims), ")"));
+  }
+  return g;
+}
+
+absl::StatusOr<LayerNormGeometry> PlanLayerNormGrad(const KernelContext& ctx) {
+  const TensorView& x = ctx.input(1);
+  CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 0, "dY", 1, "X"));
+  CASTOR_RETURN_IF_ERROR(RequireDims(ctx, 0, "dY", x.dims, "X's shape"));
+  const int64_t rank = static_cast<int64_t>(x.dims.size());
+  const int64_t axis = ctx.GetInt("axis", -1);
+  if (axis < -rank || axis >= rank) {
+    return ctx.Error(absl::StrCat("attribute 'axis' ", axis, " is out of range for input 1 (X) ",
+                                  DimsToString(x.dims)));
+  }
+  LayerNormGeometry g;
+  g.axis = axis < 0 ? axis + rank : axis;
+  g.outer = DimsProduct(x.dims, 0, g.axis);
+  g.inner = DimsProduct(x.dims, g.axis, x.dims.size());
+  // scale broadcasts (right-aligned) against the normalised axes only.
+  const std::vector<int64_t> norm_dims(x.dims.begin() + g.axis, x.dims.end());
+  const std::vector<int64_t>& sd = ctx.input(2).dims;
+  if (!BroadcastsTo(sd, norm_dims)) {
+    return ctx.Error(absl::StrCat("input 2 (scale) ", DimsToString(sd),
+                                  " does not broadcast to X's normalised axes ",
+                                  DimsToString(norm_dims)));
+  }
+  return g;
+}
+
+absl::Status CheckGlobalAveragePoolGrad(const KernelContext& ctx) {
+  const TensorView& x = ctx.input(1);
+  if (x.dims.size() < 3) {
+    return ctx.Error(absl::StrCat("input 1 (X) must have rank >= 3 ([N, C, D1, ...]); it is ",
+                                  DimsToString(x.dims)));
+  }
+  CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 0, "dY", 1, "X"));
+  std::vector<int64_t> y_dims(x.dims.size(), 1);
+  y_dims[0] = x.dims[0];
+  y_dims[1] = x.dims[1];
+  return RequireDims(ctx, 0, "dY", y_dims, "GlobalAveragePool's output for X");
+}
+
+absl::StatusOr<LossGeometry> PlanCrossEntropyGrad(const KernelContext& ctx) {
+  const TensorView& d_loss = ctx.input(0);
+  const TensorView& scores = ctx.input(1);
+  const TensorView& labels = ctx.input(2);
+  LossGeometry g;
+  CASTOR_ASSIGN_OR_RETURN(g.reduction, LossReduction(ctx, [](const std::string& reduction) {
+                            return absl::StrCat("attribute 'reduction' is \"", reduction,
+                                                "\"; expected \"mean\", \"sum\" or \"none\"");
+                          }));
+  if (scores.dims.size() < 2) {
+    return ctx.Error(absl::StrCat("input 1 (scores) must have rank >= 2 ([N, C, d1, ...]); it is ",
+                                  DimsToString(scores.dims)));
+  }
+  CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 0, "dLoss", 1, "scores"));
+  if (labels.dtype != DType::kInt32 && labels.dtype != DType::kInt64) {
+    return ctx.Error(
+        absl::StrCat("input 2 (labels) is ", DTypeName(labels.dtype), "; expected int32 or int64"));
+  }
+  LossLayout(scores.dims, g);
+  CASTOR_RETURN_IF_ERROR(RequireDims(ctx, 2, "labels", g.label_dims, "scores without C"));
+  if (ctx.has_input(3)) {
+    CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 3, "weights", 1, "scores"));
+    CASTOR_RETURN_IF_ERROR(RequireDims(ctx, 3, "weights", {g.classes}, "one per class"));
+  }
+  if (g.reduction == "none") {
+    CASTOR_RETURN_IF_ERROR(RequireDims(ctx, 0, "dLoss", g.label_dims, "labels' shape for 'none'"));
+  } else if (d_loss.num_elements() != 1) {
+    return ctx.Error(absl::StrCat("input 0 (dLoss) is ", DimsToString(d_loss.dims),
+                                  "; expected a scalar for reduction \"", g.reduction, "\""));
+  }
+  return g;
+}
+
 absl::StatusOr<int64_t> PlanGatherGrad(const KernelContext& ctx) {
   const TensorView& indices = ctx.input(1);
   const TensorView& data = ctx.input(2);
@@ -834,4 +1037,4 @@ absl::StatusOr<SoftmaxGeometry> PlanSoftmaxGrad(const KernelContext& ctx) {
                          DimsProduct(y.dims, axis + 1, y.dims.size())};
 }
 
-}  // namespace castor::cpu
+}  // namespace castor::common

@@ -7,8 +7,11 @@
 // one strided copy each, Pad's geometry and index rule, Shape's window,
 // ConstantOfShape's fill value, Clip's bound inputs, the axes Reduce*,
 // ArgMax/ArgMin and ReduceToShapeOf reduce over, BatchNormalization's
-// attributes and shapes, ConvGrad's input checks, GatherGrad's axis, and
-// the lines (Log)Softmax and their gradients normalise.
+// attributes and shapes, LayerNormalization's axis and parameters, the
+// input checks of Conv, ConvTranspose, ConvGrad, BatchNormalizationGrad,
+// LayerNormalizationGrad, GlobalAveragePoolGrad and
+// SoftmaxCrossEntropyLossGrad, GatherGrad's axis, and the lines
+// (Log)Softmax and their gradients normalise.
 // Each returns the node's error (through the KernelContext) for invalid
 // attributes or inputs, so both backends word errors the same. Where a plan
 // needs the values of an integer input (axes, starts...), the backend reads
@@ -18,13 +21,15 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "backend/common/dims.h"
 #include "backend/kernel.h"
 #include "graph/half.h"  // CASTOR_HOST_DEVICE
 
-namespace castor::cpu {
+namespace castor::common {
 
 // `axis` in [-rank, rank) as a non-negative axis; otherwise the node's error
 // "<what> <axis> is out of range [-rank, rank-1] for rank <rank>".
@@ -121,9 +126,6 @@ absl::StatusOr<PadGeometry> PlanPad(const KernelContext& ctx, const std::vector<
                                     const std::optional<std::vector<int64_t>>& pads_input,
                                     const std::optional<std::vector<int64_t>>& axes_input);
 
-// Row-major element strides of a dense tensor with `dims`.
-std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& dims);
-
 // Flatten's output dims [d0 * ... * d(axis-1), d(axis) * ...]; errors for
 // an axis outside [-rank, rank].
 absl::StatusOr<std::vector<int64_t>> PlanFlatten(const KernelContext& ctx,
@@ -140,9 +142,6 @@ absl::StatusOr<std::vector<int64_t>> PlanSqueeze(
 absl::StatusOr<std::vector<int64_t>> PlanUnsqueeze(
     const KernelContext& ctx, const std::vector<int64_t>& in_dims,
     const std::optional<std::vector<int64_t>>& axes_input);
-
-// The product of dims[begin, end) (1 when empty).
-int64_t DimsProduct(const std::vector<int64_t>& dims, size_t begin, size_t end);
 
 // Concat and Split move rows: each tensor seen as [outer, size along the
 // axis * inner].
@@ -294,6 +293,47 @@ struct BatchNormGeometry {
 // below 2 and scale/B/mean/var of other than `features` entries.
 absl::StatusOr<BatchNormGeometry> PlanBatchNorm(const KernelContext& ctx);
 
+// ---- LayerNormalization ------------------------------------------------------
+
+// X as [outer, inner] around the normalised axes [axis, rank).
+struct LayerNormGeometry {
+  int64_t axis = 0;  // non-negative
+  int64_t outer = 1, inner = 1;
+};
+
+// LayerNormalization's `axis` (default -1) and X's layout; errors for an
+// axis out of range, and a Scale or B of another dtype than X or that does
+// not broadcast to X.
+absl::StatusOr<LayerNormGeometry> PlanLayerNorm(const KernelContext& ctx);
+
+// ---- SoftmaxCrossEntropyLoss, NegativeLogLikelihoodLoss ------------------------
+
+// The scores [batch, classes, d1, ...] seen as [batch, classes, inner], the
+// labels' dims [batch, d1, ...] and the `reduction` attribute.
+struct LossGeometry {
+  std::string reduction;  // "mean", "sum" or "none"
+  int64_t batch = 0, classes = 0, inner = 1;
+  std::vector<int64_t> label_dims;
+};
+
+// The loss(scores, labels[, weights]) forward ops' LossGeometry; errors for
+// a reduction other than "mean", "sum" or "none", scores of rank below 2,
+// labels not of the scores' dims without C or not int32/int64, and weights
+// that are not [classes].
+absl::StatusOr<LossGeometry> PlanLoss(const KernelContext& ctx);
+
+// ---- Conv ----------------------------------------------------------------------
+
+// The input checks Conv and ConvTranspose share: errors for X and W not of
+// one rank >= 3, X, W and B not of one dtype, a group below 1, a B of other
+// than `bias_size` entries, and a kernel_shape that is not W's spatial dims.
+absl::Status CheckConvInputs(const KernelContext& ctx, int64_t group, int64_t bias_size);
+
+// Conv's input checks: CheckConvInputs with a B of W.dim(0) entries, then
+// errors for X's channels other than W.dim(1) * group and W.dim(0) not
+// divisible by group.
+absl::Status CheckConv(const KernelContext& ctx, int64_t group);
+
 // ---- gradients ---------------------------------------------------------------
 
 // ConvGrad(dY, X, W)'s input checks (dY's dims against Conv's output are the
@@ -301,6 +341,31 @@ absl::StatusOr<BatchNormGeometry> PlanBatchNorm(const KernelContext& ctx);
 // and W not of one rank >= 3, dY or W not of X's dtype, a group below 1 or
 // that W does not fit, and a kernel_shape that is not W's spatial dims.
 absl::StatusOr<int64_t> CheckConvGrad(const KernelContext& ctx);
+
+// BatchNormalizationGrad(dY, X, scale, ...)'s layout of X as [batch,
+// channels, inner]; errors for X of rank below 2, dY not of X's dtype and
+// dims, and a scale that is not [channels].
+struct BatchNormGradGeometry {
+  int64_t batch = 0, channels = 0, inner = 1;
+};
+absl::StatusOr<BatchNormGradGeometry> PlanBatchNormGrad(const KernelContext& ctx);
+
+// LayerNormalizationGrad(dY, X, scale, ...)'s axis and X's layout; errors
+// for dY not of X's dtype and dims, an axis out of range, and a scale that
+// does not broadcast to X's normalised axes.
+absl::StatusOr<LayerNormGeometry> PlanLayerNormGrad(const KernelContext& ctx);
+
+// GlobalAveragePoolGrad(dY, X)'s input checks: errors for X of rank below
+// 3 and dY not of X's dtype or not of GlobalAveragePool's output dims.
+absl::Status CheckGlobalAveragePoolGrad(const KernelContext& ctx);
+
+// SoftmaxCrossEntropyLossGrad(dLoss, scores, labels[, weights])'s
+// LossGeometry; errors for a `reduction` other than "mean", "sum" or
+// "none", scores of rank below 2, dLoss not of the scores' dtype, labels
+// not int32/int64 or not of the scores' dims without C, weights not of the
+// scores' dtype or not one per class, and a dLoss that is not the labels'
+// shape (reduction "none") or a scalar.
+absl::StatusOr<LossGeometry> PlanCrossEntropyGrad(const KernelContext& ctx);
 
 // GatherGrad(dY, indices, data)'s axis (non-negative); errors for dY not of
 // data's dtype, indices not int32/int64, an axis out of range, and dY not
@@ -311,4 +376,4 @@ absl::StatusOr<int64_t> PlanGatherGrad(const KernelContext& ctx);
 // not of Y's dtype and dims, and an axis out of range (or a scalar Y).
 absl::StatusOr<SoftmaxGeometry> PlanSoftmaxGrad(const KernelContext& ctx);
 
-}  // namespace castor::cpu
+}  // namespace castor::common

@@ -1,0 +1,90 @@
+// Window geometry of Conv and the pools (see window_geometry.h).
+#include "backend/common/window_geometry.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace castor::common {
+namespace {
+
+int64_t Product(const std::vector<int64_t>& v) {
+  int64_t p = 1;
+  for (int64_t x : v) p *= x;
+  return p;
+}
+
+}  // namespace
+
+int64_t WindowGeometry::input_size() const { return Product(input); }
+int64_t WindowGeometry::kernel_size() const { return Product(kernel); }
+int64_t WindowGeometry::output_size() const { return Product(output); }
+
+absl::StatusOr<std::vector<int64_t>> WindowInts(const KernelContext& ctx, const std::string& name,
+                                                size_t count, int64_t fill) {
+  if (!ctx.node().has_attribute(name)) return std::vector<int64_t>(count, fill);
+  std::vector<int64_t> values = ctx.GetInts(name);
+  if (values.size() != count) {
+    return ctx.Error(absl::StrCat("attribute '", name, "' has ", values.size(),
+                                  " entries; expected ", count));
+  }
+  return values;
+}
+
+absl::StatusOr<WindowGeometry> ForwardWindowGeometry(const KernelContext& ctx,
+                                                     const std::vector<int64_t>& input,
+                                                     const std::vector<int64_t>& kernel,
+                                                     bool ceil_mode) {
+  const size_t n = input.size();
+  WindowGeometry g;
+  g.num_spatial = static_cast<int>(n);
+  g.input = input;
+  g.kernel = kernel;
+  if (kernel.size() != n) {
+    return ctx.Error(absl::StrCat("kernel has ", kernel.size(), " axes; the input has ", n,
+                                  " spatial axes"));
+  }
+  auto strides = WindowInts(ctx, "strides", n, 1);
+  if (!strides.ok()) return strides.status();
+  auto dilations = WindowInts(ctx, "dilations", n, 1);
+  if (!dilations.ok()) return dilations.status();
+  auto pads = WindowInts(ctx, "pads", 2 * n, 0);
+  if (!pads.ok()) return pads.status();
+  g.strides = *strides;
+  g.dilations = *dilations;
+  const std::string auto_pad = ctx.GetString("auto_pad", "NOTSET");
+  g.pad_begin.assign(pads->begin(), pads->begin() + n);
+  g.pad_end.assign(pads->begin() + n, pads->end());
+  g.output.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (g.strides[i] < 1 || g.dilations[i] < 1 || g.kernel[i] < 1) {
+      return ctx.Error(absl::StrCat("axis ", i, ": kernel ", g.kernel[i], ", stride ",
+                                    g.strides[i], ", dilation ", g.dilations[i],
+                                    "; all must be >= 1"));
+    }
+    const int64_t window = (g.kernel[i] - 1) * g.dilations[i] + 1;
+    const int64_t stride = g.strides[i];
+    if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+      const int64_t out = (input[i] + stride - 1) / stride;
+      const int64_t total = std::max<int64_t>(0, (out - 1) * stride + window - input[i]);
+      g.pad_begin[i] = auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
+      g.pad_end[i] = total - g.pad_begin[i];
+    } else if (auto_pad == "VALID") {
+      g.pad_begin[i] = g.pad_end[i] = 0;
+    } else if (auto_pad != "NOTSET") {
+      return ctx.Error(absl::StrCat("attribute 'auto_pad' is \"", auto_pad,
+                                    "\"; expected NOTSET, SAME_UPPER, SAME_LOWER or VALID"));
+    }
+    const int64_t padded = input[i] + g.pad_begin[i] + g.pad_end[i];
+    if (padded < window) {
+      return ctx.Error(absl::StrCat("spatial axis ", i, ": the window spans ", window,
+                                    " but the padded input has only ", padded));
+    }
+    int64_t out = (padded - window + (ceil_mode ? stride - 1 : 0)) / stride + 1;
+    if (ceil_mode && (out - 1) * stride >= input[i] + g.pad_begin[i]) --out;
+    g.output[i] = out;
+  }
+  return g;
+}
+
+}  // namespace castor::common

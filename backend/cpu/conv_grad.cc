@@ -1,0 +1,415 @@
+// CPU kernel of ConvGrad (castor's gradient op, graph/ops/gradient_ops.cc):
+// per (image, group), dW += dY_g * im2col(X_g)^T and dX_g =
+// col2im(W_g^T * dY_g) with im2col.h's geometry and gemm.h's Sgemm; 2-D
+// convs use grid_conv.h's direct products instead where a vector kernel
+// runs (dW from X copied onto the padded grid, up to 8 images per product;
+// dX per stride phase from dY; see ConvGradOnGrid). The images run in
+// slices on the thread pool (a partial dW per slice), or one after another
+// with split GEMMs (and split grid products) when there is a single image.
+// 16-bit X, dY and W are widened to float32 up front with float_io.h's
+// vector conversions (a float32 copy of each, in scratch.h's PooledBuffer);
+// outputs nothing reads are skipped (KernelContext::output_read), and
+// every output rounds once on store.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "backend/common/op_geometry.h"
+#include "backend/common/window_geometry.h"
+#include "backend/cpu/batch_norm_loops.h"
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/float_io.h"
+#include "backend/cpu/gemm.h"
+#include "backend/cpu/gradient_util.h"
+#include "backend/cpu/grid_conv.h"
+#include "backend/cpu/im2col.h"
+#include "backend/cpu/parallel.h"
+#include "backend/cpu/scratch.h"
+#include "graph/status.h"
+
+namespace castor::cpu {
+namespace {
+
+// ---- ConvGrad ----------------------------------------------------------------
+
+// Scatter-adds col [channels * kernel_size, output_size] (Im2Col's layout)
+// into the image x [channels, input...]: Im2Col's transpose.
+void Col2ImAdd(const float* col, const common::WindowGeometry& g, int64_t rows, float* x) {
+  const int nd = g.num_spatial;
+  const int64_t in_size = g.input_size();
+  const int64_t out_size = g.output_size();
+  const int64_t out_last = g.output[nd - 1];
+  const int64_t in_last = g.input[nd - 1];
+  const int64_t outer_count = out_size / out_last;
+  const int64_t s = g.strides[nd - 1];
+  std::vector<int64_t> kidx(nd), oidx(nd);
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t c = DecodeKernelRow(g, row, kidx.data());
+    float* plane = x + c * in_size;
+    const LastAxisSpan span = LastAxisSpanOf(g, kidx[nd - 1], out_last, in_last);
+    UnravelOuter(g.output, 0, oidx.data());
+    for (int64_t outer = 0; outer < outer_count; ++outer) {
+      const int64_t offset = OuterOffset(g, oidx.data(), kidx.data(), g.input);
+      NextOuter(g.output, oidx.data());
+      if (offset < 0) continue;
+      const float* src = col + row * out_size + outer * out_last;
+      float* dst = plane + offset + span.shift;
+      for (int64_t o = span.lo; o < span.hi; ++o) dst[o * s] += src[o];
+    }
+  }
+}
+
+struct ConvGradShapes {
+  int64_t batch, channels, out_channels, group;
+};
+
+// True when ConvGrad takes ConvGradOnGrid's products (2-D, and a vector
+// kernel runs: grid_conv.h's UseGridProducts); else the column path.
+bool UsesGrid(const common::WindowGeometry& g) {
+  return PaddedGrid::Applies(g) && UseGridProducts();
+}
+
+// The direct products (grid_conv.h) of a 2-D ConvGrad, set up once per call.
+//
+// dW_g += dY_g * columns(X_g)^T reads the column rows in place from X_g
+// copied onto the conv's grid (im2col.h's PaddedGrid: phase planes when
+// strided).
+//
+// dX_g is the conv's transpose, computed as forward products on dY_g, one
+// per stride phase. Along an axis (stride s, tap offsets t = k * dilation,
+// begin pad p), input position i sits at padded position u = i + p = v * s
+// + phi; the taps that reach it are those with t % s == phi, from output
+// v - t / s. So for each phase (phi0, phi1):
+//   dX[u] = sum_{m, taps of the phase} W[m][c][tap] * dY[m][v - t / s],
+// a forward product over dY copied once into a zero-bordered buffer with
+// `shift` = max(t / s) rows and columns before it (tap t reads at offset
+// shift - t / s). Phase positions are dX lines of stride s0 rows; they are
+// written in place when s1 == 1, else gathered in a scratch and spread. A
+// phase no tap reaches comes out as zeros, so every dX element is written.
+class ConvGradOnGrid {
+ public:
+  ConvGradOnGrid(const common::WindowGeometry& g, const ConvGradShapes& s, const float* w)
+      : g_(g), x_grid_(g_), cg_(s.channels / s.group), mg_(s.out_channels / s.group) {
+    const int64_t kernel_size = g_.kernel_size();
+    for (int64_t row = 0; row < cg_ * kernel_size; ++row) x_rows_.push_back(x_grid_.RowOffset(row));
+    // dY's buffer: `shift` zeros before it along each axis, and room for
+    // the largest phase position v.
+    int64_t shift[2], size[2];
+    for (int d = 0; d < 2; ++d) {
+      shift[d] = (g_.kernel[d] - 1) * g_.dilations[d] / g_.strides[d];
+      size[d] = (g_.pad_begin[d] + g_.input[d] - 1) / g_.strides[d] + shift[d] + 1;
+      dy_shift_[d] = shift[d];
+    }
+    dy_rows_ = size[0];
+    dy_cols_ = size[1];
+    const int64_t plane = dy_rows_ * dy_cols_;
+    for (int64_t phi0 = 0; phi0 < g_.strides[0]; ++phi0) {
+      for (int64_t phi1 = 0; phi1 < g_.strides[1]; ++phi1) {
+        Phase phase;
+        const int64_t phi[2] = {phi0, phi1};
+        int64_t first[2], last[2];  // phase positions v, inclusive
+        for (int d = 0; d < 2; ++d) {
+          const int64_t s_d = g_.strides[d];
+          first[d] = std::max<int64_t>(0, CeilDiv(g_.pad_begin[d] - phi[d], s_d));
+          last[d] = (g_.pad_begin[d] + g_.input[d] - 1 - phi[d]) / s_d;
+        }
+        if (g_.pad_begin[0] + g_.input[0] - 1 < phi0 || g_.pad_begin[1] + g_.input[1] - 1 < phi1 ||
+            last[0] < first[0] || last[1] < first[1]) {
+          continue;  // no dX position in this phase
+        }
+        phase.lines = last[0] - first[0] + 1;
+        phase.width = last[1] - first[1] + 1;
+        phase.gathered = first[0] * dy_cols_ + first[1];
+        phase.dx_row = first[0] * g_.strides[0] + phi0 - g_.pad_begin[0];
+        phase.dx_col = first[1] * g_.strides[1] + phi1 - g_.pad_begin[1];
+        std::vector<int64_t> taps;
+        for (int64_t kh = 0; kh < g_.kernel[0]; ++kh) {
+          const int64_t t0 = kh * g_.dilations[0];
+          if (t0 % g_.strides[0] != phi0) continue;
+          for (int64_t kw = 0; kw < g_.kernel[1]; ++kw) {
+            const int64_t t1 = kw * g_.dilations[1];
+            if (t1 % g_.strides[1] != phi1) continue;
+            taps.push_back(kh * g_.kernel[1] + kw);
+            phase.tap_offsets.push_back((shift[0] - t0 / g_.strides[0]) * dy_cols_ + shift[1] -
+                                        t1 / g_.strides[1]);
+          }
+        }
+        const int64_t num_taps = static_cast<int64_t>(taps.size());
+        for (int64_t m = 0; m < mg_; ++m) {
+          for (int64_t j = 0; j < num_taps; ++j) {
+            phase.b_rows.push_back(m * plane + phase.tap_offsets[j]);
+          }
+        }
+        // a[gi][c][m * num_taps + j] = W[gi * mg + m][c][taps[j]]
+        phase.a.resize(static_cast<size_t>(s.group * cg_ * mg_ * num_taps));
+        for (int64_t gi = 0; gi < s.group; ++gi) {
+          for (int64_t c = 0; c < cg_; ++c) {
+            for (int64_t m = 0; m < mg_; ++m) {
+              const float* src = w + ((gi * mg_ + m) * cg_ + c) * kernel_size;
+              float* dst = phase.a.data() + ((gi * cg_ + c) * mg_ + m) * num_taps;
+              for (int64_t j = 0; j < num_taps; ++j) dst[j] = src[taps[j]];
+            }
+          }
+        }
+        phases_.push_back(std::move(phase));
+      }
+    }
+  }
+
+  // How many images one AddFilterGrad call should take: enough positions
+  // that each dW entry's vector lanes are added up once per ~2048 of them
+  // (a 14x14 image alone spent a fifth of its time there), at most 8.
+  int64_t ImagesPerFilterGrad() const {
+    return std::clamp<int64_t>(2048 / std::max<int64_t>(1, g_.output_size()), 1, 8);
+  }
+
+  // dW_g [mg, cg * kernel_size] += sum over `images` images of dY_g *
+  // columns(X_g)^T, for one group: image i's X_g at x_g + i * x_stride and
+  // dY_g at dy_g + i * dy_stride (the columns split across threads when the
+  // caller runs alone).
+  void AddFilterGrad(const float* x_g, int64_t x_stride, const float* dy_g, int64_t dy_stride,
+                     int64_t images, float* dw_g) const {
+    thread_local std::vector<float> padded;
+    const int64_t grid_size = cg_ * x_grid_.channel_size();
+    padded.resize(static_cast<size_t>(images * grid_size));
+    for (int64_t i = 0; i < images; ++i) {
+      FillGrid<float, float>(x_g + i * x_stride, 0, cg_, x_grid_, padded.data() + i * grid_size);
+    }
+    const float* b = padded.data();
+    const GridLines lines{g_.output[0], g_.output[1], x_grid_.cols, g_.output[1]};
+    const GridImages image_strides{images, grid_size, dy_stride};
+    const int64_t kg = static_cast<int64_t>(x_rows_.size());
+    // Split in whole blocks of 12 columns (a multiple of every kernel's
+    // column block), so a thread's share has no leftover columns but the last.
+    constexpr int64_t kSplit = 12;
+    ParallelFor(0, (kg + kSplit - 1) / kSplit, 1, [&](int64_t lo, int64_t hi) {
+      const int64_t k0 = lo * kSplit, k1 = std::min(kg, hi * kSplit);
+      GridConvFilterGrad(mg_, k1 - k0, dy_g, g_.output_size(), b, x_rows_.data() + k0, lines,
+                         image_strides, dw_g + k0, kg);
+    });
+  }
+
+  // Writes all of dX_g [cg, input] of group gi for one image (the lines of
+  // each phase split across threads when the caller runs alone).
+  void FillInputGrad(int64_t gi, const float* dy_g, float* dx_g) const {
+    const int64_t out_h = g_.output[0], out_w = g_.output[1];
+    const int64_t plane = dy_rows_ * dy_cols_;
+    thread_local std::vector<float> padded, scratch;
+    padded.resize(static_cast<size_t>(mg_ * plane + kGridReadSlack));
+    std::fill(padded.begin() + mg_ * plane, padded.end(), 0.0f);
+    // dY's lines and columns that fit in the buffer.
+    const int64_t lines_in = std::clamp<int64_t>(dy_rows_ - dy_shift_[0], 0, out_h);
+    const int64_t width_in = std::clamp<int64_t>(dy_cols_ - dy_shift_[1], 0, out_w);
+    for (int64_t m = 0; m < mg_; ++m) {
+      const float* src = dy_g + m * out_h * out_w;
+      float* dst = padded.data() + m * plane;
+      if (FillPaddedPlaneVector(src, lines_in, width_in, out_w, dy_shift_[0], dy_shift_[1],
+                                dy_rows_, dy_cols_, dst)) {
+        continue;
+      }
+      std::fill(dst, dst + plane, 0.0f);
+      for (int64_t oh = 0; oh < lines_in; ++oh) {
+        std::copy(src + oh * out_w, src + oh * out_w + width_in,
+                  dst + (oh + dy_shift_[0]) * dy_cols_ + dy_shift_[1]);
+      }
+    }
+    const int64_t in_w = g_.input[1], in_size = g_.input_size();
+    const int64_t s0 = g_.strides[0], s1 = g_.strides[1];
+    for (const Phase& phase : phases_) {
+      const int64_t depth = static_cast<int64_t>(phase.b_rows.size());
+      const float* a = phase.a.data() + gi * cg_ * depth;
+      const float* b = padded.data() + phase.gathered;
+      float* out = dx_g + phase.dx_row * in_w + phase.dx_col;
+      int64_t ld_out = in_size, dense_stride = s0 * in_w;
+      if (s1 != 1) {  // gathered in [cg, lines, width], spread below
+        scratch.resize(static_cast<size_t>(cg_ * phase.lines * phase.width));
+        out = scratch.data();
+        ld_out = phase.lines * phase.width;
+        dense_stride = phase.width;
+      }
+      ParallelFor(0, phase.lines, 1, [&](int64_t lo, int64_t hi) {
+        const GridLines lines{hi - lo, phase.width, dy_cols_, dense_stride};
+        GridConvForward(cg_, depth, a, depth, b + lo * dy_cols_, phase.b_rows.data(), lines,
+                        nullptr, out + lo * dense_stride, ld_out);
+      });
+      if (s1 == 1) continue;
+      for (int64_t c = 0; c < cg_; ++c) {
+        for (int64_t l = 0; l < phase.lines; ++l) {
+          const float* src = scratch.data() + (c * phase.lines + l) * phase.width;
+          float* dst = dx_g + c * in_size + (phase.dx_row + l * s0) * in_w + phase.dx_col;
+          SpreadRow(src, phase.width, s1, dst);
+        }
+      }
+    }
+  }
+
+ private:
+  static int64_t CeilDiv(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -(-a / b); }
+
+  // One stride phase of dX: its positions (lines x width, the first at
+  // dX (dx_row, dx_col) and dY-buffer offset `gathered`) and taps.
+  struct Phase {
+    int64_t lines = 0, width = 0, gathered = 0, dx_row = 0, dx_col = 0;
+    std::vector<int64_t> tap_offsets;  // per tap: its offset in a dY plane
+    std::vector<int64_t> b_rows;       // (m, tap): m * plane + tap offset
+    std::vector<float> a;              // [group][cg][mg * taps]: W's entries
+  };
+
+  const common::WindowGeometry& g_;
+  const PaddedGrid x_grid_;
+  const int64_t cg_, mg_;
+  std::vector<int64_t> x_rows_;  // column row k of X_g: padded + x_rows_[k]
+  int64_t dy_shift_[2] = {0, 0};  // zeros before dY in its buffer, per axis
+  int64_t dy_rows_ = 0, dy_cols_ = 0;
+  std::vector<Phase> phases_;
+};
+
+void RunConvGrad(const common::WindowGeometry& g, const ConvGradShapes& s, const float* x,
+                 const float* dy, const float* w, float* dx, float* dw, float* db) {
+  const int64_t cg = s.channels / s.group;
+  const int64_t mg = s.out_channels / s.group;
+  const int64_t kg = cg * g.kernel_size();
+  const int64_t p = g.output_size();
+  const int64_t in_size = g.input_size();
+  const int64_t lines = p / g.output[g.num_spatial - 1];
+  const int64_t w_size = s.out_channels * kg;
+  const int64_t slices = SliceCount(s.batch);
+  std::optional<ConvGradOnGrid> grid;
+  if (UsesGrid(g) && (dx != nullptr || dw != nullptr)) grid.emplace(g, s, w);
+  // Per slice: partial dW and dB (slice 0 writes the outputs directly).
+  std::vector<std::vector<float>> dw_parts(static_cast<size_t>(slices)),
+      db_parts(static_cast<size_t>(slices));
+  auto run_slice = [&](int64_t slice) {
+    float* dw_acc = dw;
+    float* db_acc = db;
+    if (slice > 0) {
+      if (dw != nullptr) {
+        dw_parts[slice].assign(static_cast<size_t>(w_size), 0.0f);
+        dw_acc = dw_parts[slice].data();
+      }
+      if (db != nullptr) {
+        db_parts[slice].assign(static_cast<size_t>(s.out_channels), 0.0f);
+        db_acc = db_parts[slice].data();
+      }
+    }
+    const int64_t first = SliceBegin(slice, slices, s.batch);
+    const int64_t last = SliceBegin(slice + 1, slices, s.batch);
+    std::vector<float> col, dcol;
+    if (dw_acc != nullptr && grid.has_value()) {
+      const int64_t chunk = grid->ImagesPerFilterGrad();
+      for (int64_t n = first; n < last; n += chunk) {
+        for (int64_t gi = 0; gi < s.group; ++gi) {
+          grid->AddFilterGrad(x + (n * s.channels + gi * cg) * in_size, s.channels * in_size,
+                              dy + (n * s.out_channels + gi * mg) * p, s.out_channels * p,
+                              std::min(chunk, last - n), dw_acc + gi * mg * kg);
+        }
+      }
+    }
+    for (int64_t n = first; n < last; ++n) {
+      for (int64_t gi = 0; gi < s.group; ++gi) {
+        const float* x_g = x + (n * s.channels + gi * cg) * in_size;
+        const float* dy_g = dy + (n * s.out_channels + gi * mg) * p;
+        if (dw_acc != nullptr && !grid.has_value()) {
+          col.resize(static_cast<size_t>(kg * p));
+          Im2Col<float, float>(x_g, g, 0, kg, 0, lines, col.data(), p);
+          // dW_g [mg, kg] += dY_g [mg, p] * col^T [p, kg]
+          Sgemm(false, true, mg, kg, p, 1.0f, dy_g, p, col.data(), p, 1.0f,
+                dw_acc + gi * mg * kg, kg);
+        }
+        float* dx_g = dx != nullptr ? dx + (n * s.channels + gi * cg) * in_size : nullptr;
+        if (dx_g != nullptr && grid.has_value()) {
+          grid->FillInputGrad(gi, dy_g, dx_g);
+        } else if (dx_g != nullptr) {
+          dcol.resize(static_cast<size_t>(kg * p));
+          // dcol [kg, p] = W_g^T [kg, mg] * dY_g [mg, p]
+          Sgemm(true, false, kg, p, mg, 1.0f, w + gi * mg * kg, kg, dy_g, p, 0.0f, dcol.data(),
+                p);
+          Col2ImAdd(dcol.data(), g, kg, dx_g);
+        }
+        if (db_acc != nullptr) {  // dY's row sums
+          for (int64_t m = 0; m < mg; ++m) {
+            db_acc[gi * mg + m] += static_cast<float>(RowSum(dy_g + m * p, p));
+          }
+        }
+      }
+    }
+  };
+  if (slices > 1) {
+    ParallelFor(0, slices, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t slice = lo; slice < hi; ++slice) run_slice(slice);
+    });
+  } else {
+    run_slice(0);
+  }
+  for (int64_t slice = 1; slice < slices; ++slice) {
+    if (dw != nullptr) {
+      for (int64_t i = 0; i < w_size; ++i) dw[i] += dw_parts[slice][i];
+    }
+    if (db != nullptr) {
+      for (int64_t m = 0; m < s.out_channels; ++m) db[m] += db_parts[slice][m];
+    }
+  }
+}
+
+absl::Status ConvGradKernel(KernelContext& ctx) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& x = ctx.input(1);
+  const TensorView& w = ctx.input(2);
+  CASTOR_ASSIGN_OR_RETURN(const int64_t group, common::CheckConvGrad(ctx));
+  const ConvGradShapes s{x.dims[0], x.dims[1], w.dims[0], group};
+  const std::vector<int64_t> spatial(x.dims.begin() + 2, x.dims.end());
+  const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
+  absl::StatusOr<common::WindowGeometry> g =
+      common::ForwardWindowGeometry(ctx, spatial, kernel, false);
+  if (!g.ok()) return g.status();
+  std::vector<int64_t> y_dims = {s.batch, s.out_channels};
+  y_dims.insert(y_dims.end(), g->output.begin(), g->output.end());
+  if (absl::Status st = common::RequireDims(ctx, 0, "dY", y_dims, "Conv's output for X and W");
+      !st.ok()) {
+    return st;
+  }
+  TensorView* dx = nullptr;
+  TensorView* dw = nullptr;
+  TensorView* db = nullptr;
+  if (WantsOutput(ctx, 0)) {
+    CASTOR_ASSIGN_OR_RETURN(dx, ctx.Output(0, x.dtype, x.dims));
+  }
+  if (WantsOutput(ctx, 1)) {
+    CASTOR_ASSIGN_OR_RETURN(dw, ctx.Output(1, x.dtype, w.dims));
+  }
+  if (WantsOutput(ctx, 2)) {
+    CASTOR_ASSIGN_OR_RETURN(db, ctx.Output(2, x.dtype, {s.out_channels}));
+  }
+  const bool runs = dy.num_elements() > 0 && x.num_elements() > 0;
+  std::optional<Float32Out> dx_out, dw_out, db_out;
+  // The grid's phases write every element of dX; col2im adds.
+  if (dx) dx_out.emplace(dx, runs && UsesGrid(*g));
+  if (dw) dw_out.emplace(dw);
+  if (db) db_out.emplace(db);
+  if (runs) {
+    // X widened once with the vector conversions (float_io.h), like dY and
+    // W: the unrolling then copies float32 instead of converting each of
+    // the kernel-size copies of every element.
+    const Float32In x_f(x);
+    const Float32In dy_f(dy);
+    const Float32In w_f(w);
+    RunConvGrad(*g, s, x_f.data(), dy_f.data(), w_f.data(), dx ? dx_out->data() : nullptr,
+                dw ? dw_out->data() : nullptr, db ? db_out->data() : nullptr);
+  }
+  for (auto* out : {&dx_out, &dw_out, &db_out}) {
+    if (out->has_value()) (*out)->Finish();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void RegisterConvGradKernels(KernelTable& table) {
+  RegisterGradientKernel(table, "ConvGrad", ConvGradKernel);
+}
+
+}  // namespace castor::cpu

@@ -1,0 +1,298 @@
+// CPU kernels of BatchNormalizationGrad (training mode: batch statistics
+// recomputed from X over all axes but 1, biased variance) and
+// LayerNormalizationGrad (statistics over the axes from `axis` on),
+// castor's gradient ops (graph/ops/gradient_ops.cc). Both accumulate their
+// statistics and parameter gradients in float64, skip the outputs nothing
+// reads (KernelContext::output_read), and run channels or rows in parallel
+// on backend/cpu/parallel.h; 16-bit inputs widen exactly and every output
+// rounds once on store.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "backend/common/op_geometry.h"
+#include "backend/cpu/batch_norm_loops.h"
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/float_io.h"
+#include "backend/cpu/gradient_util.h"
+#include "backend/cpu/lane_sums.h"
+#include "backend/cpu/parallel.h"
+#include "backend/cpu/simd16.h"
+#include "graph/status.h"
+
+namespace castor::cpu {
+namespace {
+
+// Writes float64 values to a new output `index` with `dtype` and `dims`.
+absl::Status WriteDoubles(KernelContext& ctx, int index, DType dtype,
+                          const std::vector<int64_t>& dims, const std::vector<double>& values) {
+  absl::StatusOr<TensorView*> out = ctx.Output(index, dtype, dims);
+  if (!out.ok()) return out.status();
+  std::vector<float> narrowed(values.begin(), values.end());
+  FromFloat32(dtype, narrowed.data(), (*out)->data, static_cast<int64_t>(narrowed.size()));
+  return absl::OkStatus();
+}
+
+#if defined(CASTOR_SIMD16_X86)
+// Floats [p, p + 8) (lanes outside `lanes` 0) as doubles.
+CASTOR_SIMD16_TARGET inline __m512d LoadAsDoubles(const float* p, __mmask8 lanes) {
+  return _mm512_maskz_cvtps_pd(lanes, _mm256_maskz_loadu_ps(lanes, p));
+}
+
+// LaneSums' total of 8 lanes held in a vector.
+CASTOR_SIMD16_TARGET inline double PairwiseTotal(__m512d lanes) {
+  alignas(64) double v[8];
+  _mm512_store_pd(v, lanes);
+  return AddLanesPairwise(v);
+}
+
+// One row of LayerNormGrad with a dense scale, 8 float64 lanes at a time:
+// the scalar loop's arithmetic in the same order (LaneSums puts element j
+// of the whole blocks of 8 in lane j mod 8 and the tail's in lanes 0..),
+// so the same bits (castor builds with -ffp-contract=off: no FMA in target
+// code either). Adds the row's dScale and dBias terms to ds and db;
+// writes dX when dx is set; x_hat and g are n doubles of scratch.
+CASTOR_SIMD16_TARGET void LayerNormGradRowAvx512(
+    const float* x, const float* dy, const float* scale, int64_t n, double epsilon, double* ds,
+    double* db, double* x_hat, double* g, float* dx) {
+  __m512d sum = _mm512_setzero_pd();
+  for (int64_t j = 0; j < n; j += 8) {
+    const __mmask8 lanes = TailMask8(n - j);
+    sum = _mm512_mask_add_pd(sum, lanes, sum, LoadAsDoubles(x + j, lanes));
+  }
+  const double m = n > 0 ? PairwiseTotal(sum) / static_cast<double>(n) : 0.0;
+  const __m512d mv = _mm512_set1_pd(m);
+  __m512d squares = _mm512_setzero_pd();
+  for (int64_t j = 0; j < n; j += 8) {
+    const __mmask8 lanes = TailMask8(n - j);
+    const __m512d centred = _mm512_sub_pd(LoadAsDoubles(x + j, lanes), mv);
+    squares = _mm512_mask_add_pd(squares, lanes, squares, _mm512_mul_pd(centred, centred));
+  }
+  const double inv_std =
+      1.0 / std::sqrt((n > 0 ? PairwiseTotal(squares) / static_cast<double>(n) : 0.0) + epsilon);
+  const __m512d iv = _mm512_set1_pd(inv_std);
+  __m512d g_sum = _mm512_setzero_pd(), g_xhat_sum = _mm512_setzero_pd();
+  for (int64_t j = 0; j < n; j += 8) {
+    const __mmask8 lanes = TailMask8(n - j);
+    const __m512d dyv = LoadAsDoubles(dy + j, lanes);
+    const __m512d xh = _mm512_mul_pd(_mm512_sub_pd(LoadAsDoubles(x + j, lanes), mv), iv);
+    const __m512d gv = _mm512_mul_pd(dyv, LoadAsDoubles(scale + j, lanes));
+    _mm512_mask_storeu_pd(x_hat + j, lanes, xh);
+    _mm512_mask_storeu_pd(g + j, lanes, gv);
+    const __m512d dsv = _mm512_maskz_loadu_pd(lanes, ds + j);
+    _mm512_mask_storeu_pd(ds + j, lanes, _mm512_add_pd(dsv, _mm512_mul_pd(dyv, xh)));
+    const __m512d dbv = _mm512_maskz_loadu_pd(lanes, db + j);
+    _mm512_mask_storeu_pd(db + j, lanes, _mm512_add_pd(dbv, dyv));
+    g_sum = _mm512_mask_add_pd(g_sum, lanes, g_sum, gv);
+    g_xhat_sum = _mm512_mask_add_pd(g_xhat_sum, lanes, g_xhat_sum, _mm512_mul_pd(gv, xh));
+  }
+  if (dx != nullptr) {
+    const __m512d g_mean = _mm512_set1_pd(PairwiseTotal(g_sum) / static_cast<double>(n));
+    const __m512d g_xhat_mean =
+        _mm512_set1_pd(PairwiseTotal(g_xhat_sum) / static_cast<double>(n));
+    for (int64_t j = 0; j < n; j += 8) {
+      const __mmask8 lanes = TailMask8(n - j);
+      const __m512d centred = _mm512_sub_pd(_mm512_maskz_loadu_pd(lanes, g + j), g_mean);
+      const __m512d v = _mm512_mul_pd(
+          iv, _mm512_sub_pd(centred,
+                            _mm512_mul_pd(_mm512_maskz_loadu_pd(lanes, x_hat + j), g_xhat_mean)));
+      _mm256_mask_storeu_ps(dx + j, lanes, _mm512_maskz_cvtpd_ps(lanes, v));
+    }
+  }
+  _mm256_zeroupper();  // the callers are SSE code (see float_io.cc's kZeroUpperNote)
+}
+#endif
+
+// ---- BatchNormalizationGrad --------------------------------------------------
+
+absl::Status BatchNormGradKernel(KernelContext& ctx) {
+  const TensorView& x = ctx.input(1);
+  const TensorView& scale_view = ctx.input(2);
+  CASTOR_ASSIGN_OR_RETURN(const common::BatchNormGradGeometry geometry,
+                          common::PlanBatchNormGrad(ctx));
+  const int64_t batch = geometry.batch, channels = geometry.channels, inner = geometry.inner;
+  const double epsilon = ctx.GetFloat("epsilon", 1e-5f);
+  const Float32In xf(x);
+  const Float32In dyf(ctx.input(0));
+  const Float32In scale(scale_view);
+  const double count = static_cast<double>(batch * inner);
+  std::vector<double> d_scale(channels), d_bias(channels);
+  const int64_t stride = channels * inner;
+  std::optional<Float32Out> dx;
+  if (WantsOutput(ctx, 0)) {
+    CASTOR_ASSIGN_OR_RETURN(TensorView * dx_view, ctx.Output(0, x.dtype, x.dims));
+    dx.emplace(dx_view, /*overwritten=*/true);
+  }
+  // Per channel: the sums, then its dX while X and dY are still in cache.
+  ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t c = lo; c < hi; ++c) {
+      const float* x_first = xf.data() + c * inner;
+      const float* dy_first = dyf.data() + c * inner;
+      const double mean = count > 0 ? ChannelSum(x_first, batch, stride, inner) / count : 0.0;
+      // (x - mean)^2, dY, dY * (x - mean)
+      const std::array<double, 3> sums =
+          ChannelGradientSums(x_first, dy_first, batch, stride, inner, mean);
+      const double var = count > 0 ? sums[0] / count : 0.0;
+      const double inv_std = 1.0 / std::sqrt(var + epsilon);
+      d_bias[c] = sums[1];
+      d_scale[c] = sums[2] * inv_std;  // sum(dY * x_hat)
+      if (!dx.has_value()) continue;
+      // dX = scale * inv_std * (dY - dBias / M - x_hat * dScale / M)
+      const float a = static_cast<float>(scale.data()[c] * inv_std);
+      const float mean_dy = static_cast<float>(d_bias[c] / count);
+      const float mean_dy_xhat = static_cast<float>(d_scale[c] / count);
+      for (int64_t n = 0; n < batch; ++n) {
+        BatchNormInputGradient(x_first + n * stride, dy_first + n * stride,
+                               dx->data() + c * inner + n * stride, inner, a,
+                               static_cast<float>(mean), static_cast<float>(inv_std), mean_dy,
+                               mean_dy_xhat);
+      }
+    }
+  });
+  if (dx.has_value()) dx->Finish();
+  if (WantsOutput(ctx, 1)) {
+    if (absl::Status st = WriteDoubles(ctx, 1, scale_view.dtype, scale_view.dims, d_scale);
+        !st.ok()) {
+      return st;
+    }
+  }
+  if (WantsOutput(ctx, 2)) {
+    if (absl::Status st = WriteDoubles(ctx, 2, scale_view.dtype, scale_view.dims, d_bias);
+        !st.ok()) {
+      return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---- LayerNormalizationGrad ----------------------------------------------------
+
+absl::Status LayerNormGradKernel(KernelContext& ctx) {
+  const TensorView& x = ctx.input(1);
+  const TensorView& scale_view = ctx.input(2);
+  CASTOR_ASSIGN_OR_RETURN(const common::LayerNormGeometry geometry, common::PlanLayerNormGrad(ctx));
+  const int64_t rank = static_cast<int64_t>(x.dims.size());
+  const int64_t axis = geometry.axis, outer = geometry.outer, inner = geometry.inner;
+  // scale (right-aligned against X's axes from `axis` on, 1 = broadcast):
+  // the scale element of each of the `inner` positions.
+  const std::vector<int64_t>& sd = scale_view.dims;
+  std::vector<int64_t> scale_index(static_cast<size_t>(inner));
+  for (int64_t j = 0; j < inner; ++j) {
+    int64_t rem = j, index = 0, step = 1;
+    for (int64_t d = rank - 1, k = static_cast<int64_t>(sd.size()) - 1; d >= axis; --d, --k) {
+      const int64_t pos = rem % x.dims[d];
+      rem /= x.dims[d];
+      if (k >= 0) {
+        if (sd[k] != 1) index += pos * step;
+        step *= sd[k];
+      }
+    }
+    scale_index[j] = index;
+  }
+  const int64_t scale_size = scale_view.num_elements();
+  // Scale holds one element per normalised position, in order (the usual
+  // [D] scale of a [..., D] LayerNorm).
+  bool dense_scale = scale_size == inner;
+  for (int64_t j = 0; dense_scale && j < inner; ++j) dense_scale = scale_index[j] == j;
+  const double epsilon = ctx.GetFloat("epsilon", 1e-5f);
+  const Float32In xf(x);
+  const Float32In dyf(ctx.input(0));
+  const Float32In scale(scale_view);
+  TensorView* dx_view = nullptr;
+  if (WantsOutput(ctx, 0)) {
+    CASTOR_ASSIGN_OR_RETURN(dx_view, ctx.Output(0, x.dtype, x.dims));
+  }
+  std::optional<Float32Out> dx;
+  if (dx_view) dx.emplace(dx_view);
+  const int64_t slices = SliceCount(std::max<int64_t>(outer, 1));
+  std::vector<std::vector<double>> d_scale(static_cast<size_t>(slices)),
+      d_bias(static_cast<size_t>(slices));
+  ParallelFor(0, slices, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<double> x_hat(static_cast<size_t>(inner)), g(static_cast<size_t>(inner));
+    for (int64_t slice = lo; slice < hi; ++slice) {
+      std::vector<double>& ds = d_scale[slice];
+      std::vector<double>& db = d_bias[slice];
+      ds.assign(static_cast<size_t>(scale_size), 0.0);
+      db.assign(static_cast<size_t>(scale_size), 0.0);
+      for (int64_t r = SliceBegin(slice, slices, outer); r < SliceBegin(slice + 1, slices, outer);
+           ++r) {
+        const float* xr = xf.data() + r * inner;
+        const float* dyr = dyf.data() + r * inner;
+#if defined(CASTOR_SIMD16_X86)
+        if (dense_scale && UseFusedSimd16()) {
+          LayerNormGradRowAvx512(xr, dyr, scale.data(), inner, epsilon, ds.data(), db.data(),
+                                 x_hat.data(), g.data(), dx ? dx->data() + r * inner : nullptr);
+          continue;
+        }
+#endif
+        LaneSums<1> sum;
+        sum.Add(inner, [&](int64_t j) { return std::array<double, 1>{xr[j]}; });
+        const double m = inner > 0 ? sum.Total(0) / inner : 0.0;
+        LaneSums<1> squares;
+        squares.Add(inner, [&](int64_t j) {
+          const double centred = xr[j] - m;
+          return std::array<double, 1>{centred * centred};
+        });
+        const double inv_std =
+            1.0 / std::sqrt((inner > 0 ? squares.Total(0) / inner : 0.0) + epsilon);
+        if (dense_scale) {  // the same arithmetic without the index table: it vectorizes
+          const float* sc = scale.data();
+          double* dsp = ds.data();
+          double* dbp = db.data();
+          for (int64_t j = 0; j < inner; ++j) {
+            x_hat[j] = (xr[j] - m) * inv_std;
+            g[j] = static_cast<double>(dyr[j]) * sc[j];
+            dsp[j] += dyr[j] * x_hat[j];
+            dbp[j] += dyr[j];
+          }
+        } else {
+          for (int64_t j = 0; j < inner; ++j) {
+            x_hat[j] = (xr[j] - m) * inv_std;
+            g[j] = static_cast<double>(dyr[j]) * scale.data()[scale_index[j]];
+            ds[scale_index[j]] += dyr[j] * x_hat[j];
+            db[scale_index[j]] += dyr[j];
+          }
+        }
+        if (!dx) continue;
+        LaneSums<2> g_sums;  // g, g * x_hat
+        g_sums.Add(inner, [&](int64_t j) { return std::array<double, 2>{g[j], g[j] * x_hat[j]}; });
+        const double g_mean = g_sums.Total(0) / static_cast<double>(inner);
+        const double g_xhat_mean = g_sums.Total(1) / static_cast<double>(inner);
+        float* dxr = dx->data() + r * inner;
+        for (int64_t j = 0; j < inner; ++j) {
+          dxr[j] = static_cast<float>(inv_std * (g[j] - g_mean - x_hat[j] * g_xhat_mean));
+        }
+      }
+    }
+  });
+  if (dx) dx->Finish();
+  for (int64_t slice = 1; slice < slices; ++slice) {
+    for (int64_t i = 0; i < scale_size; ++i) {
+      d_scale[0][i] += d_scale[slice][i];
+      d_bias[0][i] += d_bias[slice][i];
+    }
+  }
+  if (WantsOutput(ctx, 1)) {
+    if (absl::Status st = WriteDoubles(ctx, 1, scale_view.dtype, sd, d_scale[0]); !st.ok()) {
+      return st;
+    }
+  }
+  if (WantsOutput(ctx, 2)) {
+    if (absl::Status st = WriteDoubles(ctx, 2, scale_view.dtype, sd, d_bias[0]); !st.ok()) {
+      return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void RegisterNormalizationGradKernels(KernelTable& table) {
+  RegisterGradientKernel(table, "BatchNormalizationGrad", BatchNormGradKernel);
+  RegisterGradientKernel(table, "LayerNormalizationGrad", LayerNormGradKernel);
+}
+
+}  // namespace castor::cpu
