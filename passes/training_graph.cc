@@ -77,8 +77,15 @@ absl::StatusOr<Value*> AttachLoss(Graph& graph, Value* output, LossKind kind) {
   return absl::InternalError("unhandled loss kind");
 }
 
-// Inference-form BatchNormalization -> training mode with running-stat
-// outputs. Returns (initializer, new value) pairs.
+// Every BatchNormalization -> training mode with the two running-statistic
+// outputs, whatever form the model holds it in: inference form (one output,
+// training_mode 0, as castor's sample models and Keras write it) or the
+// training form torch exports (training_mode 1, one or three outputs, the
+// running-statistic outputs usually read by nobody). The node is rebuilt
+// with outputs of castor's naming, so the trainer finds each statistic's
+// update; readers of the old outputs read the new ones. Returns
+// (initializer, updated value) pairs: the running statistics are state
+// updated by the step, never parameters.
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SwitchBatchNormToTraining(
     Model& model) {
   std::vector<std::pair<std::string, std::string>> stats;
@@ -93,7 +100,10 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SwitchBatchNorm
           model.OpsetVersion(""), "; training it needs opset 14 or later (training_mode), "
           "e.g. the model exported at opset 17"));
     }
-    if (node->num_outputs() > 1) continue;  // already in training form
+    if (node->output(0)->is_graph_output()) {
+      return absl::UnimplementedError(absl::StrCat(
+          "BatchNormalization node ", Quoted(node->name()), " produces a graph output"));
+    }
     std::vector<std::string> outputs = {
         graph.UniqueName(absl::StrCat(node->output(0)->name(), "/training"))};
     for (int k : {3, 4}) {
@@ -113,16 +123,56 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SwitchBatchNorm
     for (const Attribute& attribute : node->attributes()) training->SetAttribute(attribute);
     training->SetAttribute(Attribute::Int("training_mode", 1));
     for (const auto& [key, value] : node->metadata()) training->SetMetadata(key, value);
-    if (node->output(0)->is_graph_output()) {
-      return absl::UnimplementedError(absl::StrCat(
-          "BatchNormalization node ", Quoted(node->name()), " produces a graph output"));
+    for (int i = 0; i < node->num_outputs(); ++i) {
+      if (node->output(i) != nullptr) graph.ReplaceAllUsesWith(node->output(i), training->output(i));
     }
-    graph.ReplaceAllUsesWith(node->output(0), training->output(0));
     CASTOR_RETURN_IF_ERROR(graph.RemoveNode(node));
     replaced = true;
   }
   if (replaced) CASTOR_RETURN_IF_ERROR(graph.TopologicalSort());
   return stats;
+}
+
+// The model as it predicts (PyTorch's eval()): a BatchNormalization in
+// training form normalises with its running statistics (training_mode 0,
+// one output) and a Dropout passes its input through. Exporters write both
+// in training form when asked for a training export; the evaluation graph
+// must not use batch statistics or drop units.
+absl::Status SwitchToInferenceMode(Graph& graph) {
+  const std::vector<Node*> nodes = graph.nodes();
+  for (Node* node : nodes) {
+    if (!node->domain().empty()) continue;
+    const bool batch_norm = node->op_type() == "BatchNormalization";
+    if (!batch_norm && node->op_type() != "Dropout") continue;
+    for (int i = 1; i < node->num_outputs(); ++i) {
+      const Value* extra = node->output(i);
+      if (extra != nullptr && (!extra->uses().empty() || extra->is_graph_output())) {
+        return absl::UnimplementedError(absl::StrCat(
+            node->op_type(), " node ", Quoted(node->name()), ": output ", i, " (",
+            Quoted(extra->name()), ") is read, so the evaluation graph cannot drop it"));
+      }
+    }
+    if (batch_norm && node->GetInt("training_mode", 0) == 0 && node->num_outputs() == 1) continue;
+    std::vector<Value*> inputs = node->inputs();
+    const std::string op_type = batch_norm ? "BatchNormalization" : "Identity";
+    if (!batch_norm) inputs.resize(1);
+    CASTOR_ASSIGN_OR_RETURN(
+        Node * inference,
+        graph.AddNode(op_type, inputs, {graph.UniqueName(node->output(0)->name() + "/eval")},
+                      graph.UniqueName(node->name() + "/eval")));
+    if (batch_norm) {
+      for (const Attribute& attribute : node->attributes()) {
+        if (attribute.name != "training_mode") inference->SetAttribute(attribute);
+      }
+    }
+    for (const auto& [key, value] : node->metadata()) inference->SetMetadata(key, value);
+    // The output keeps its name (the model output may be one of these).
+    const std::string name = node->output(0)->name();
+    graph.ReplaceAllUsesWith(node->output(0), inference->output(0));
+    CASTOR_RETURN_IF_ERROR(graph.RemoveNode(node));
+    CASTOR_RETURN_IF_ERROR(graph.RenameValue(inference->output(0), name));
+  }
+  return graph.TopologicalSort();
 }
 
 // Whether every window of `pool` covers at least one input element. castor
@@ -244,8 +294,9 @@ absl::StatusOr<std::shared_ptr<const Model>> BuildEvaluationGraph(const Model& m
                                                                    LossKind loss_kind,
                                                                    bool pool_before_relu) {
   CASTOR_ASSIGN_OR_RETURN(Model evaluation, CloneModel(model));
-  CASTOR_RETURN_IF_ERROR(InferTypes(evaluation));
   Graph& graph = *evaluation.graph;
+  CASTOR_RETURN_IF_ERROR(SwitchToInferenceMode(graph));
+  CASTOR_RETURN_IF_ERROR(InferTypes(evaluation));
   if (pool_before_relu) CASTOR_RETURN_IF_ERROR(PoolBeforeRelu(graph).status());
   Value* prediction = graph.FindValue(output);
   CASTOR_ASSIGN_OR_RETURN(Value * loss, AttachLoss(graph, prediction, loss_kind));

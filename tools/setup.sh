@@ -23,7 +23,7 @@ PACKAGES=(
   # the offline Bazel build (see third_party/bazel/README.md)
   bazel-bootstrap bazel-rules-java
   # data and sample-model generation
-  dataset-fashion-mnist python3-onnx python3-torch python3-numpy python3-venv
+  dataset-fashion-mnist python3-onnx python3-torch python3-torchvision python3-numpy python3-venv
 )
 
 missing=()

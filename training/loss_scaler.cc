@@ -1,5 +1,5 @@
 // LossScaler (see loss_scaler.h): option checks, the update rule
-// (graph/update_rules.h), the floor diagnosis, and the checkpointed state
+// (backend/common/update_rules.h), the floor diagnosis, and the checkpointed state
 // as JSON.
 #include "training/loss_scaler.h"
 

@@ -2,7 +2,7 @@
 // multiplied by before backward and the update of S after the fused
 // unscale-and-check over every gradient (a backend step kernel,
 // backend/step_kernels.h), with PyTorch GradScaler's defaults and rules
-// plus a floor (the rule itself is UpdateLossScale, graph/update_rules.h):
+// plus a floor (the rule itself is UpdateLossScale, backend/common/update_rules.h):
 //   overflow (any gradient inf/NaN): the step is skipped (no weight,
 //     moment or BatchNorm-statistic update), S = max(S * backoff, floor),
 //     the good-step counter restarts;
@@ -47,7 +47,7 @@ class LossScaler {
   bool enabled() const { return options_.enabled; }
 
   // Records the step's outcome and moves the scale (UpdateLossScale in
-  // graph/update_rules.h). The fused unscale-and-check that decides
+  // backend/common/update_rules.h). The fused unscale-and-check that decides
   // `all_finite` is a backend's step kernel (backend/step_kernels.h).
   ScalerStep Update(bool all_finite);
 

@@ -1,5 +1,5 @@
 // Optimizer (see optimizer.h): option checks, restored state, and the host
-// Step over Tensors, which applies graph/update_rules.h per element.
+// Step over Tensors, which applies backend/common/update_rules.h per element.
 #include "training/optimizer.h"
 
 #include <cmath>

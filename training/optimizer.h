@@ -2,7 +2,7 @@
 // defaults (torch.optim.SGD, Adam, AdamW), gradient clipping by global norm
 // (torch.nn.utils.clip_grad_norm_) and learning-rate schedules (constant,
 // step, cosine with linear warmup). The rules themselves are in
-// graph/update_rules.h, shared with the backends' step kernels; this is the
+// backend/common/update_rules.h, shared with the backends' step kernels; this is the
 // host side: option checks, the per-parameter state a checkpoint keeps, and
 // a host Step over Tensors (the reference the step kernels are tested
 // against).
