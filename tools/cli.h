@@ -23,11 +23,11 @@
 #include <optional>
 #include <ostream>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "passes/policy.h"
 #include "tools/args.h"
 
