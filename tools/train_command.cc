@@ -18,10 +18,8 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
