@@ -1,5 +1,6 @@
 // The `castor` program's top level: the subcommand table, global flags
-// (--help, --version), and the error line + exit code for bad invocations.
+// (--help, --version), the error line + exit code for bad invocations, and
+// what every subcommand shares (Command, ResolvePolicyFlags).
 #include "tools/cli.h"
 
 #include "graph/version.h"
@@ -42,6 +43,47 @@ const std::vector<Subcommand>& Subcommands() {
        RunConformance},
   };
   return kSubcommands;
+}
+
+std::optional<int> Command::Parse(const std::vector<std::string>& args) const {
+  absl::StatusOr<ParseOutcome> outcome = parser_.Parse(args);
+  if (!outcome.ok()) return Fail(kExitBadInput, outcome.status());
+  if (*outcome == ParseOutcome::kHelp) {
+    out_ << parser_.Help();
+    return kExitOk;
+  }
+  return std::nullopt;
+}
+
+int Command::Fail(int code, absl::string_view message) const {
+  err_ << parser_.command() << ": error: " << message << "\n";
+  return code;
+}
+
+absl::StatusOr<std::optional<Policy>> ResolvePolicyFlags(const PolicyFlags& flags) {
+  if (!flags.name.empty() && !flags.file.empty()) {
+    return absl::InvalidArgumentError("give --policy or --policy-file, not both");
+  }
+  if (!flags.name.empty() && flags.name != flags.keyword) {
+    absl::StatusOr<Policy> builtin = Policy::Builtin(flags.name);
+    if (!builtin.ok() && flags.name_the_flag) {
+      return absl::Status(builtin.status().code(),
+                          absl::StrCat("--policy ", flags.name, ": ", builtin.status().message(),
+                                       flags.hint));
+    }
+    if (!builtin.ok()) return builtin.status();
+    return std::optional<Policy>(*std::move(builtin));
+  }
+  if (!flags.file.empty()) {
+    absl::StatusOr<Policy> loaded = Policy::LoadFile(flags.file);
+    if (!loaded.ok() && flags.name_the_flag) {
+      return absl::Status(loaded.status().code(),
+                          absl::StrCat("--policy-file: ", loaded.status().message()));
+    }
+    if (!loaded.ok()) return loaded.status();
+    return std::optional<Policy>(*std::move(loaded));
+  }
+  return std::optional<Policy>();
 }
 
 namespace {

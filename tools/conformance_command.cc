@@ -363,34 +363,26 @@ CaseResult RunConformanceCase(const std::string& case_dir, Backend& backend) {
 int RunConformance(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   ConformanceOptions options;
   ArgParser parser = MakeParser(options);
-  auto fail = [&err](const absl::Status& status) {
-    err << "castor conformance: error: " << status.message() << "\n";
-    return kExitBadInput;
-  };
-  absl::StatusOr<ParseOutcome> outcome = parser.Parse(args);
-  if (!outcome.ok()) return fail(outcome.status());
-  if (*outcome == ParseOutcome::kHelp) {
-    out << parser.Help();
-    return kExitOk;
-  }
+  const Command command(parser, out, err);
+  if (std::optional<int> done = command.Parse(args)) return *done;
   std::regex filter;
   try {
     filter = std::regex(options.filter);
   } catch (const std::regex_error& e) {
-    return fail(absl::InvalidArgumentError(
-        absl::StrCat("--filter '", options.filter, "' is not a valid regex: ", e.what())));
+    return command.Fail(kExitBadInput, absl::StrCat("--filter '", options.filter,
+                                                    "' is not a valid regex: ", e.what()));
   }
   absl::StatusOr<std::vector<std::string>> cases = CaseNames(options.dir);
-  if (!cases.ok()) return fail(cases.status());
+  if (!cases.ok()) return command.Fail(kExitBadInput, cases.status());
   auto expected = LoadExpectedFailures(options.expected_failures_path, *cases);
-  if (!expected.ok()) return fail(expected.status());
+  if (!expected.ok()) return command.Fail(kExitBadInput, expected.status());
 
   std::unique_ptr<Backend> backend;
   if (options.backend == "cuda") {
     absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend();
     if (!cuda.ok()) {
-      return fail(absl::InvalidArgumentError(
-          absl::StrCat("--backend cuda: ", cuda.status().message())));
+      return command.Fail(kExitBadInput,
+                          absl::StrCat("--backend cuda: ", cuda.status().message()));
     }
     backend = *std::move(cuda);
   } else {

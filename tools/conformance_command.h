@@ -1,7 +1,8 @@
 // `castor conformance DIR`: runs ONNX backend node test cases
 // (DIR/<case>/model.onnx + test_data_set_*/input_K.pb, output_K.pb) on the
-// CPU backend and compares the outputs the way ONNX's backend test runner
-// does (onnx/backend/test/runner): dtype and shape exactly, then
+// CPU backend, or the CUDA one with --backend cuda (where a case whose op has
+// no CUDA kernel fails as a missing kernel, counted apart), and compares the
+// outputs the way ONNX's backend test runner does (onnx/backend/test/runner): dtype and shape exactly, then
 // np.testing.assert_allclose(rtol=1e-3, atol=1e-7) semantics — NaNs must sit
 // in the same places, infinities must match, bool and integers compare
 // exactly. Inputs bind to the graph inputs that have no initializer, in
@@ -9,8 +10,8 @@
 //
 // An expected-failures file lists cases that cannot pass (one
 // `case_name  # reason` per line); the run exits 0 only when every failure
-// is listed, and a listed case that passes is an error, so the list stays
-// honest.
+// is listed, and a listed case that passes (or is not in DIR) is an error,
+// so the list stays honest.
 #pragma once
 
 #include <map>

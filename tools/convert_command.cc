@@ -176,28 +176,20 @@ int RunConvert(const std::vector<std::string>& args, std::ostream& out, std::ost
       .AddExample("castor convert model.onnx -o model_bf16.onnx --policy mixed_bfloat16 "
                   "--fp32-ops Erf --fp32-nodes 'head/.*'");
 
-  auto fail = [&err](int code, const std::string& message) {
-    err << "castor convert: error: " << message << "\n";
-    return code;
-  };
-  absl::StatusOr<ParseOutcome> outcome = parser.Parse(args);
-  if (!outcome.ok()) return fail(kExitBadInput, std::string(outcome.status().message()));
-  if (*outcome == ParseOutcome::kHelp) {
-    out << parser.Help();
-    return kExitOk;
-  }
+  const Command command(parser, out, err);
+  if (std::optional<int> done = command.Parse(args)) return *done;
   if (options.output_path.empty()) {
-    return fail(kExitBadInput, "missing -o/--output FILE: where to write the converted model");
+    return command.Fail(kExitBadInput, "missing -o/--output FILE: where to write the converted model");
   }
   if (parser.WasGiven("policy") && !options.policy_file.empty()) {
-    return fail(kExitBadInput, "give --policy or --policy-file, not both");
+    return command.Fail(kExitBadInput, "give --policy or --policy-file, not both");
   }
   options.keep_io_types_given = parser.WasGiven("keep-io-types");
 
   absl::StatusOr<Policy> policy = PolicyFromOptions(options);
-  if (!policy.ok()) return fail(kExitBadInput, std::string(policy.status().message()));
+  if (!policy.ok()) return command.Fail(kExitBadInput, std::string(policy.status().message()));
   absl::StatusOr<Model> model = LoadAndCheckModel(options.model_path);
-  if (!model.ok()) return fail(kExitBadInput, std::string(model.status().message()));
+  if (!model.ok()) return command.Fail(kExitBadInput, std::string(model.status().message()));
 
   AutocastOptions autocast;
   autocast.restart_from_float32 = options.restart_from_float32;
@@ -217,22 +209,22 @@ int RunConvert(const std::vector<std::string>& args, std::ostream& out, std::ost
     // that failed.
     const int code = absl::IsFailedPrecondition(ran) || absl::IsInternal(ran) ? kExitFailure
                                                                                 : kExitBadInput;
-    return fail(code, absl::StrCat(options.model_path, ": ", ran.message()));
+    return command.Fail(code, absl::StrCat(options.model_path, ": ", ran.message()));
   }
   report.notes.insert(report.notes.begin(), context.notes.begin(), context.notes.end());
   // The verifier stands between a pass bug and a broken file on disk.
   if (absl::Status s = VerifyModel(*model); !s.ok()) {
-    return fail(kExitFailure, absl::StrCat("internal error: the converted model of ",
+    return command.Fail(kExitFailure, absl::StrCat("internal error: the converted model of ",
                                            options.model_path, " fails the verifier (",
                                            s.message(), "); nothing was written"));
   }
   if (absl::Status s = SaveModel(*model, options.output_path); !s.ok()) {
-    return fail(kExitBadInput, absl::StrCat("cannot write -o ", options.output_path, ": ",
+    return command.Fail(kExitBadInput, absl::StrCat("cannot write -o ", options.output_path, ": ",
                                             s.message()));
   }
   if (!options.save_policy_path.empty()) {
     if (absl::Status s = policy->SaveFile(options.save_policy_path); !s.ok()) {
-      return fail(kExitBadInput, absl::StrCat("cannot write --save-policy ",
+      return command.Fail(kExitBadInput, absl::StrCat("cannot write --save-policy ",
                                               options.save_policy_path, ": ", s.message()));
     }
   }

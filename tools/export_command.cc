@@ -38,48 +38,30 @@ int RunExport(const std::vector<std::string>& args, std::ostream& out, std::ostr
       .AddString("policy-file", "FILE", "convert under the policy in this JSON file", &policy_file)
       .AddExample("castor export runs/ckpt-00001000.onnx -o model.onnx")
       .AddExample("castor export ckpt.onnx -o model_bf16.onnx --policy recorded");
-  auto fail = [&err](int code, const std::string& message) {
-    err << "castor export: error: " << message << "\n";
-    return code;
-  };
-  absl::StatusOr<ParseOutcome> outcome = parser.Parse(args);
-  if (!outcome.ok()) return fail(kExitBadInput, std::string(outcome.status().message()));
-  if (*outcome == ParseOutcome::kHelp) {
-    out << parser.Help();
-    return kExitOk;
-  }
+  const Command command(parser, out, err);
+  if (std::optional<int> done = command.Parse(args)) return *done;
   if (output_path.empty()) {
-    return fail(kExitBadInput, "missing -o/--output FILE: where to write the inference model");
+    return command.Fail(kExitBadInput,
+                        "missing -o/--output FILE: where to write the inference model");
   }
-  if (!policy_name.empty() && !policy_file.empty()) {
-    return fail(kExitBadInput, "give --policy or --policy-file, not both");
-  }
-  std::optional<Policy> convert_under;
-  if (!policy_name.empty() && policy_name != "recorded") {
-    absl::StatusOr<Policy> builtin = Policy::Builtin(policy_name);
-    if (!builtin.ok()) {
-      return fail(kExitBadInput,
-                  absl::StrCat("--policy ", policy_name, ": ", builtin.status().message(),
-                               " (or 'recorded': the checkpoint's policy)"));
-    }
-    convert_under = std::move(builtin).value();
-  } else if (!policy_file.empty()) {
-    absl::StatusOr<Policy> loaded = Policy::LoadFile(policy_file);
-    if (!loaded.ok()) {
-      return fail(kExitBadInput, absl::StrCat("--policy-file: ", loaded.status().message()));
-    }
-    convert_under = std::move(loaded).value();
-  }
+  PolicyFlags flags;
+  flags.name = policy_name;
+  flags.file = policy_file;
+  flags.keyword = "recorded";  // the checkpoint's policy, known once it is read
+  flags.hint = " (or 'recorded': the checkpoint's policy)";
+  absl::StatusOr<std::optional<Policy>> requested = ResolvePolicyFlags(flags);
+  if (!requested.ok()) return command.Fail(kExitBadInput, requested.status());
+  std::optional<Policy> convert_under = *std::move(requested);
 
   absl::StatusOr<training::Checkpoint> checkpoint = training::ReadCheckpoint(checkpoint_path);
   if (!checkpoint.ok()) {
     const int code = absl::IsFailedPrecondition(checkpoint.status()) ? kExitFailure : kExitBadInput;
-    return fail(code, std::string(checkpoint.status().message()));
+    return command.Fail(code, std::string(checkpoint.status().message()));
   }
   std::vector<std::string> notes;
   if (std::vector<std::string> problems = training::FindCheckpointInconsistencies(*checkpoint, &notes);
       !problems.empty()) {
-    return fail(kExitFailure, absl::StrCat(checkpoint_path, " is inconsistent (", problems.size(),
+    return command.Fail(kExitFailure, absl::StrCat(checkpoint_path, " is inconsistent (", problems.size(),
                                            " problem(s); run 'castor verify' for all): ",
                                            problems.front(), "; nothing was written"));
   }
@@ -88,13 +70,13 @@ int RunExport(const std::vector<std::string>& args, std::ostream& out, std::ostr
 
   absl::StatusOr<Model> model = training::InferenceModelFromCheckpoint(*checkpoint);
   if (!model.ok()) {
-    return fail(kExitBadInput, absl::StrCat(checkpoint_path, ": ", model.status().message()));
+    return command.Fail(kExitBadInput, absl::StrCat(checkpoint_path, ": ", model.status().message()));
   }
   std::string converted;
   if (convert_under.has_value()) {
     absl::StatusOr<AutocastReport> report = RunAutocast(*model, *convert_under);
     if (!report.ok()) {
-      return fail(kExitFailure,
+      return command.Fail(kExitFailure,
                   absl::StrCat(checkpoint_path, ": autocast under ", convert_under->name(),
                                " fails: ", report.status().message()));
     }
@@ -103,12 +85,12 @@ int RunExport(const std::vector<std::string>& args, std::ostream& out, std::ostr
                      "): ", report->casts_inserted(), " Casts inserted");
   }
   if (absl::Status s = VerifyModel(*model); !s.ok()) {
-    return fail(kExitFailure,
+    return command.Fail(kExitFailure,
                 absl::StrCat("internal error: the exported model of ", checkpoint_path,
                              " fails the verifier (", s.message(), "); nothing was written"));
   }
   if (absl::Status s = SaveModel(*model, output_path); !s.ok()) {
-    return fail(kExitBadInput, absl::StrCat("cannot write -o ", output_path, ": ", s.message()));
+    return command.Fail(kExitBadInput, absl::StrCat("cannot write -o ", output_path, ": ", s.message()));
   }
   int64_t parameters = 0;
   for (const std::string& name : checkpoint->state.parameters) {

@@ -158,30 +158,22 @@ std::string OutputFileName(const std::string& value_name) {
 int RunRun(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   RunOptions options;
   ArgParser parser = MakeParser(options);
-  auto fail = [&err](int code, const absl::Status& status) {
-    err << "castor run: error: " << status.message() << "\n";
-    return code;
-  };
-  absl::StatusOr<ParseOutcome> outcome = parser.Parse(args);
-  if (!outcome.ok()) return fail(kExitBadInput, outcome.status());
-  if (*outcome == ParseOutcome::kHelp) {
-    out << parser.Help();
-    return kExitOk;
-  }
+  const Command command(parser, out, err);
+  if (std::optional<int> done = command.Parse(args)) return *done;
   if (options.threads < 0) {
-    return fail(kExitBadInput, absl::InvalidArgumentError("--threads must be 0 or more"));
+    return command.Fail(kExitBadInput, absl::InvalidArgumentError("--threads must be 0 or more"));
   }
   absl::StatusOr<Model> model = LoadAndCheckModel(options.model_path);
-  if (!model.ok()) return fail(kExitBadInput, model.status());
+  if (!model.ok()) return command.Fail(kExitBadInput, model.status());
   auto feeds = ReadFeeds(options.inputs, *model);
-  if (!feeds.ok()) return fail(kExitBadInput, feeds.status());
+  if (!feeds.ok()) return command.Fail(kExitBadInput, feeds.status());
 
   CpuBackend backend(CpuBackendOptions{static_cast<int>(options.threads)});
   auto executor = Executor::Create(*model, backend);
-  if (!executor.ok()) return fail(kExitFailure, executor.status());
-  if (absl::Status s = (*executor)->CheckFeeds(*feeds); !s.ok()) return fail(kExitBadInput, s);
+  if (!executor.ok()) return command.Fail(kExitFailure, executor.status());
+  if (absl::Status s = (*executor)->CheckFeeds(*feeds); !s.ok()) return command.Fail(kExitBadInput, s);
   absl::StatusOr<std::vector<Tensor>> outputs = (*executor)->Run(*feeds);
-  if (!outputs.ok()) return fail(kExitFailure, outputs.status());
+  if (!outputs.ok()) return command.Fail(kExitFailure, outputs.status());
 
   for (size_t i = 0; i < outputs->size(); ++i) {
     out << SummarizeTensor(model->graph->outputs()[i]->name(), (*outputs)[i]) << "\n";
@@ -189,7 +181,7 @@ int RunRun(const std::vector<std::string>& args, std::ostream& out, std::ostream
   out << "plan: " << DescribePlanStats((*executor)->last_stats()) << "\n";
   if (!options.output_dir.empty()) {
     if (absl::Status s = WriteOutputs(options.output_dir, *model, *outputs); !s.ok()) {
-      return fail(kExitBadInput, s);
+      return command.Fail(kExitBadInput, s);
     }
   }
   return kExitOk;

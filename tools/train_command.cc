@@ -1,10 +1,16 @@
 // `castor train` (see train_command.h).
 //
-// The run in order: parse the flags; start fresh from MODEL or resume from a
-// checkpoint (its float32 graph and weights, policy, optimizer, schedule,
-// loss scaler and data order); convert under the policy; build the training
-// graph and the trainer; loop over batches with progress, metrics,
-// evaluations and checkpoints; print the summary.
+// RunTrain in order, one function a step: MakeParser and CheckFlags;
+// SetUpOrResume (start fresh from MODEL, or resume from a checkpoint: its
+// float32 graph and weights, policy, optimizer, schedule, loss scaler and
+// data order); PrepareGraphAndData (convert under the policy, build the
+// training graph, load the data, count the steps); ChooseBackend,
+// CreateTrainer (and restore it), OpenMetrics and OpenCheckpointDir;
+// TrainLoop (steps with progress, metrics, evaluations and checkpoints);
+// Report (the metrics file's summary record and the printed summary).
+//
+// A step that fails returns a status whose code says the exit code
+// (BadInput: 2, CheckFailed: 1; see ExitCodeOf); RunTrain prints its message.
 #include "tools/train_command.h"
 
 #include <sys/resource.h>
@@ -12,12 +18,9 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <optional>
-#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -32,63 +35,20 @@
 #include "passes/canonicalize.h"
 #include "passes/pass_manager.h"
 #include "tools/args.h"
-#include "training/checkpoint.h"
 #include "tools/cli.h"
-#include "training/dataset.h"
 #include "tools/inspect.h"
+#include "training/checkpoint.h"
+#include "training/dataset.h"
+#include "training/session.h"
 #include "training/trainer.h"
 #include "training/training_backend.h"
 
 namespace castor::tools {
 namespace {
 
-struct TrainOptions {
-  std::string model_path;
-  std::string data;    // "": the checkpoint's when resuming, else fashion-mnist
-  std::string policy;  // "": the checkpoint's when resuming, else mixed_float16
-  std::string policy_file;
-  std::string loss = "cross-entropy";
-  std::string output = "logits";
-  std::string input;  // the model input the images feed; "" = its only input
-  std::string dump_passes_dir;  // "": no dumps
-  std::string optimizer = "adam";
-  double lr = 1e-3;
-  double momentum = 0.0;
-  bool nesterov = false;
-  double weight_decay = 0.0;
-  double clip_norm = 0.0;
-  std::string schedule = "constant";
-  int64_t warmup = 0;
-  int64_t step_size = 1000;
-  double gamma = 0.1;
-  int64_t batch = 128;
-  int64_t epochs = 1;
-  int64_t max_steps = 0;
-  int64_t seed = 0;
-  bool shuffle = true;
-  int64_t eval_every = 0;
-  std::string metrics_path;
-  std::string backend = "auto";
-  std::string loss_scaling = "auto";
-  std::string cuda_graphs = "auto";
-  bool tf32 = false;
-  int64_t threads = 0;
-  std::string checkpoint_dir;
-  int64_t save_every = 0;
-  int64_t keep = 3;
-  std::string resume;
-  bool allow_policy_change = false;
-};
-
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-std::string Duration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "?";
-  const int64_t s = static_cast<int64_t>(seconds + 0.5);
-  return s >= 60 ? absl::StrFormat("%dm%02ds", s / 60, s % 60) : absl::StrFormat("%ds", s);
-}
 
 // The process's peak resident set size so far (the kernel's high-water
 // mark: data set, weights, libraries and kernel scratch as well as the
@@ -99,51 +59,16 @@ int64_t PeakResidentBytes() {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-// An error with the exit code it gives.
-struct Failure {
-  int code;
-  std::string message;
-};
-
-// Correct predictions (argmax of each row of `output` [B, C]) in a batch.
-int64_t CountCorrect(const Tensor& output, const Tensor& labels) {
-  const int64_t rows = labels.num_elements();
-  const int64_t classes = rows > 0 ? output.num_elements() / rows : 0;
-  int64_t correct = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    int64_t best = 0;
-    for (int64_t c = 1; c < classes; ++c) {
-      if (output.GetDouble(r * classes + c) > output.GetDouble(r * classes + best)) best = c;
-    }
-    correct += best == labels.data<int64_t>()[r];
-  }
-  return correct;
+// A step's failure, by the exit code it gives.
+absl::Status BadInput(absl::string_view message) {  // exit 2
+  return absl::InvalidArgumentError(message);
 }
-
-struct Evaluation {
-  double loss = 0;
-  double accuracy = 0;
-};
-
-absl::StatusOr<Evaluation> Evaluate(training::Trainer& trainer, const training::Dataset& test, const std::string& input,
-                                    int64_t batch) {
-  CASTOR_ASSIGN_OR_RETURN(training::BatchIterator batches,
-                          training::BatchIterator::Create(test, training::BatchOptions{batch, false, 0, false}));
-  double loss_sum = 0;
-  int64_t correct = 0, seen = 0;
-  while (batches.epoch() == 0) {
-    training::Batch b = batches.Next();
-    const int64_t n = b.labels.num_elements();
-    CASTOR_ASSIGN_OR_RETURN(training::StepResult r, trainer.Evaluate({{input, b.images}}, b.labels));
-    loss_sum += r.loss * n;
-    correct += CountCorrect(r.output, b.labels);
-    seen += n;
-  }
-  return Evaluation{loss_sum / seen, static_cast<double>(correct) / seen};
+absl::Status CheckFailed(absl::string_view message) {  // exit 1
+  return absl::FailedPreconditionError(message);
 }
-
-// The key in TrainingState::extra recording --tf32 as it took effect.
-constexpr const char* kTf32StateKey = "tf32";
+int ExitCodeOf(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kFailedPrecondition ? kExitFailure : kExitBadInput;
+}
 
 // Flags a resumed run takes from its checkpoint instead.
 constexpr const char* kFlagsTheCheckpointDecides[] = {
@@ -151,179 +76,7 @@ constexpr const char* kFlagsTheCheckpointDecides[] = {
     "--nesterov", "--weight-decay", "--clip-norm", "--schedule",  "--step-size",  "--gamma",
     "--warmup",   "--batch",        "--seed",      "--shuffle",   "--no-shuffle", "--loss-scaling"};
 
-// Keeps the metrics lines of steps up to `step` (JSON objects with a "step"
-// at most `step`), dropping later ones and a torn last line; rewritten
-// atomically. A missing file is fine.
-absl::Status TrimMetrics(const std::string& path, int64_t step) {
-  std::ifstream in(path);
-  if (!in) return absl::OkStatus();
-  std::string kept, line;
-  while (std::getline(in, line)) {
-    absl::StatusOr<Json> json = Json::Parse(line);
-    if (!json.ok() || !json->is_object()) continue;
-    const Json* line_step = json->Find("step");
-    if (line_step != nullptr && line_step->is_int() && line_step->as_int() <= step) {
-      absl::StrAppend(&kept, line, "\n");
-    }
-  }
-  absl::Status written = WriteFileAtomically(path, kept);
-  if (!written.ok()) {
-    return absl::Status(written.code(), absl::StrCat("--metrics ", path, ": ", written.message()));
-  }
-  return absl::OkStatus();
-}
-
-// The policy the flags ask for; nullopt when neither --policy nor
-// --policy-file is given.
-absl::StatusOr<std::optional<Policy>> RequestedPolicy(const TrainOptions& o) {
-  if (!o.policy.empty() && !o.policy_file.empty()) {
-    return absl::InvalidArgumentError("give --policy or --policy-file, not both");
-  }
-  if (!o.policy_file.empty()) return Policy::LoadFile(o.policy_file);
-  if (!o.policy.empty()) return Policy::Builtin(o.policy);
-  return std::nullopt;
-}
-
-// The dtype each node of the float32 `model` computes in under `policy`.
-absl::StatusOr<std::map<std::string, std::string>> NodeDTypes(const Model& model,
-                                                              const Policy& policy) {
-  CASTOR_ASSIGN_OR_RETURN(Model converted, CloneModel(model));
-  CASTOR_RETURN_IF_ERROR(InferTypes(converted));
-  CASTOR_RETURN_IF_ERROR(RunAutocast(converted, policy).status());
-  std::map<std::string, std::string> dtypes;
-  for (const Node* node : converted.graph->nodes()) {
-    if (node->FindMetadata(kInsertedCastKey) != nullptr) continue;
-    const std::string* dtype = node->FindMetadata(kNodeDTypeKey);
-    dtypes[node->name()] = dtype != nullptr ? *dtype : "-";
-  }
-  return dtypes;
-}
-
-// "node 'conv1': float16 -> bfloat16" for every node whose dtype differs.
-absl::StatusOr<std::vector<std::string>> PolicyChangeByNode(const Model& model, const Policy& from,
-                                                            const Policy& to) {
-  CASTOR_ASSIGN_OR_RETURN(auto before, NodeDTypes(model, from));
-  CASTOR_ASSIGN_OR_RETURN(auto after, NodeDTypes(model, to));
-  std::vector<std::string> changes;
-  for (const Node* node : model.graph->nodes()) {
-    const std::string& was = before[node->name()];
-    const std::string& now = after[node->name()];
-    if (was != now) {
-      changes.push_back(
-          absl::StrCat("node '", node->name(), "' (", node->op_type(), "): ", was, " -> ", now));
-    }
-  }
-  return changes;
-}
-
-// Everything a run starts from: the float32 model, the policy, and, when
-// resuming, the saved state.
-struct Start {
-  Model float32_model;
-  Policy policy;
-  std::optional<training::TrainingState> resumed;  // with its moments
-  std::string resumed_from;              // the checkpoint path
-  bool policy_changed = false;
-};
-
-absl::StatusOr<Start> StartFresh(const TrainOptions& o, std::optional<Policy> requested) {
-  if (o.model_path.empty()) {
-    return absl::InvalidArgumentError("give MODEL, or --resume with a checkpoint");
-  }
-  CASTOR_ASSIGN_OR_RETURN(Model model, LoadAndCheckModel(o.model_path));
-  Policy policy = requested.has_value() ? *std::move(requested) : *Policy::Builtin("mixed_float16");
-  return Start{std::move(model), std::move(policy), std::nullopt, "", false};
-}
-
-// Resumes from a checkpoint file or the newest usable one in a directory.
-// Refuses another policy than the recorded one unless --allow-policy-change,
-// which prints the node-level difference.
-std::variant<Start, Failure> StartFromCheckpoint(const TrainOptions& o,
-                                                 std::optional<Policy> requested, std::ostream& out,
-                                                 std::ostream& err) {
-  absl::StatusOr<training::FoundCheckpoint> found = training::FindLatestCheckpoint(o.resume);
-  if (!found.ok()) {
-    return Failure{found.status().code() == absl::StatusCode::kFailedPrecondition ? kExitFailure
-                                                                                  : kExitBadInput,
-                   absl::StrCat("--resume: ", found.status().message())};
-  }
-  for (const std::string& skipped : found->skipped) {
-    err << "castor train: warning: --resume skipped " << skipped << "\n";
-  }
-  training::Checkpoint& checkpoint = found->checkpoint;
-  Start start{std::move(checkpoint.model), checkpoint.policy, std::move(checkpoint.state),
-              found->path, false};
-  out << absl::StrFormat("resuming from %s: step %d, epoch %d, policy %s\n", found->path,
-                         start.resumed->step, start.resumed->epoch, start.policy.name());
-  if (requested.has_value() && requested->Digest() != start.policy.Digest()) {
-    if (!o.allow_policy_change) {
-      std::string message = absl::StrCat(
-          "--resume: the checkpoint ", found->path, " was trained under policy '",
-          start.policy.name(), "' (", start.policy.Digest(), "); the requested policy '",
-          requested->name(), "' (", requested->Digest(), ") differs:");
-      for (const std::string& line : training::DescribePolicyDifferences(start.policy, *requested)) {
-        absl::StrAppend(&message, "\n  ", line);
-      }
-      absl::StrAppend(&message, "\npass --allow-policy-change to re-run autocast under '",
-                      requested->name(), "', or drop --policy to keep '", start.policy.name(), "'");
-      return Failure{kExitFailure, message};
-    }
-    absl::StatusOr<std::vector<std::string>> changes =
-        PolicyChangeByNode(start.float32_model, start.policy, *requested);
-    if (!changes.ok()) return Failure{kExitFailure, std::string(changes.status().message())};
-    out << absl::StrFormat(
-        "policy change %s -> %s (--allow-policy-change): %d nodes change dtype\n",
-        start.policy.name(), requested->name(), changes->size());
-    for (const std::string& change : *changes) out << "  " << change << "\n";
-    start.policy = *std::move(requested);
-    start.policy_changed = true;
-  }
-  return start;
-}
-
-// The float32 model (weights replaced by the trainer's) and the state to save.
-absl::StatusOr<training::SavedCheckpoint> SaveCheckpoint(const TrainOptions& o, training::Checkpoint& checkpoint,
-                                               const training::Trainer& trainer, const training::BatchIterator& batches,
-                                               const training::Dataset& train,
-                                               const training::TrainerOptions& trainer_options) {
-  CASTOR_ASSIGN_OR_RETURN(training::Trainer::Snapshot snapshot, trainer.TakeSnapshot());
-  CASTOR_RETURN_IF_ERROR(training::SetInitializers(checkpoint.model, snapshot.state));
-  training::TrainingState& state = checkpoint.state;
-  state.step = trainer.steps();
-  state.optimizer_step = snapshot.optimizer.step();
-  state.epoch = batches.epoch();
-  state.position = batches.position();
-  state.seed = static_cast<uint64_t>(o.seed);
-  state.shuffle = o.shuffle;
-  state.drop_last = false;
-  state.batch_size = o.batch;
-  state.dataset_size = train.size();
-  state.data = o.data;
-  state.loss = o.loss;
-  state.output = o.output;
-  state.input = o.input;
-  state.parameters.clear();
-  for (const auto& [parameter, gradient] : trainer.training_graph().gradients) {
-    state.parameters.push_back(parameter);
-  }
-  state.running_stats.clear();
-  for (const auto& [statistic, updated] : trainer.training_graph().running_stats) {
-    state.running_stats.push_back(statistic);
-  }
-  state.optimizer = trainer_options.optimizer;
-  state.lr_schedule = trainer_options.lr;
-  state.loss_scaler = trainer.scaler().ToJson();
-  state.moments = snapshot.optimizer.state();
-  // Whether float32 MatMul/Gemm/Conv ran on TF32 (--tf32 on CUDA): a resumed
-  // run continues the same way unless told otherwise.
-  state.extra.Set(kTf32StateKey, Json::Bool(o.tf32));
-  return training::SaveToCheckpointDir(o.checkpoint_dir, checkpoint, o.keep);
-}
-
-}  // namespace
-
-int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  TrainOptions o;
+ArgParser MakeParser(TrainOptions& o) {
   ArgParser parser(
       "castor train",
       "Trains MODEL in mixed precision on a GPU or the CPU: converts it under --policy\n"
@@ -421,186 +174,259 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
           "castor train models/cnn_opset17.onnx --data fashion-mnist --policy "
           "mixed_bfloat16 --epochs 1 --metrics run.jsonl --checkpoint-dir ckpt")
       .AddExample("castor train --resume ckpt --epochs 2");
+  return parser;
+}
 
-  auto fail = [&err](int code, const std::string& message) {
-    err << "castor train: error: " << message << "\n";
-    return code;
-  };
-  absl::StatusOr<ParseOutcome> outcome = parser.Parse(args);
-  if (!outcome.ok()) return fail(kExitBadInput, std::string(outcome.status().message()));
-  if (*outcome == ParseOutcome::kHelp) {
-    out << parser.Help();
-    return kExitOk;
-  }
+// The checks of flag values and combinations that need no file.
+absl::Status CheckFlags(const TrainOptions& o) {
   if (o.batch < 1 || o.epochs < 1 || o.max_steps < 0 || o.eval_every < 0 || o.warmup < 0 ||
       o.save_every < 0 || o.keep < 0 || o.step_size < 1) {
-    return fail(kExitBadInput,
-                "--batch, --epochs and --step-size must be >= 1; --max-steps, "
-                "--eval-every, --warmup, --save-every and --keep >= 0");
+    return BadInput(
+        "--batch, --epochs and --step-size must be >= 1; --max-steps, "
+        "--eval-every, --warmup, --save-every and --keep >= 0");
   }
   if (o.allow_policy_change && o.resume.empty()) {
-    return fail(kExitBadInput, "--allow-policy-change only applies with --resume");
+    return BadInput("--allow-policy-change only applies with --resume");
   }
   if (o.tf32 && o.backend == "cpu") {
-    return fail(kExitBadInput, "--tf32 applies to the CUDA backend only; --backend is cpu");
+    return BadInput("--tf32 applies to the CUDA backend only; --backend is cpu");
   }
+  return absl::OkStatus();
+}
 
-  // Where the run starts.
-  absl::StatusOr<std::optional<Policy>> requested = RequestedPolicy(o);
-  if (!requested.ok()) return fail(kExitBadInput, std::string(requested.status().message()));
-  std::optional<Start> start;
-  if (o.resume.empty()) {
-    absl::StatusOr<Start> fresh = StartFresh(o, *std::move(requested));
-    if (!fresh.ok()) return fail(kExitBadInput, std::string(fresh.status().message()));
-    start = *std::move(fresh);
-  } else {
-    std::variant<Start, Failure> resumed = StartFromCheckpoint(o, *std::move(requested), out, err);
-    if (Failure* failure = std::get_if<Failure>(&resumed))
-      return fail(failure->code, failure->message);
-    start = std::get<Start>(std::move(resumed));
-  }
-  const Policy& policy = start->policy;
-  training::TrainerOptions trainer_options;
+// Everything a run starts from: the float32 model, the policy, the trainer
+// options, and, when resuming, the saved state.
+struct Start {
+  Start(Model model, Policy policy) : float32_model(std::move(model)), policy(std::move(policy)) {}
+
+  Model float32_model;
+  Policy policy;
+  std::optional<training::TrainingState> resumed;  // with its moments
+  std::string resumed_from;                        // the checkpoint path
+  bool policy_changed = false;
   std::optional<bool> checkpoint_tf32;  // whether the resumed checkpoint ran on TF32
+  training::TrainerOptions trainer_options;
+};
+
+absl::StatusOr<Start> StartFresh(const TrainOptions& o, std::optional<Policy> requested) {
+  if (o.model_path.empty()) return BadInput("give MODEL, or --resume with a checkpoint");
+  absl::StatusOr<Model> model = LoadAndCheckModel(o.model_path);
+  if (!model.ok()) return BadInput(model.status().message());
+  Policy policy = requested.has_value() ? *std::move(requested) : *Policy::Builtin("mixed_float16");
+  return Start(*std::move(model), std::move(policy));
+}
+
+// The refusal to resume under another policy without --allow-policy-change.
+std::string PolicyChangeRefusal(const std::string& path, const Policy& recorded,
+                                const Policy& requested) {
+  std::string message = absl::StrCat(
+      "--resume: the checkpoint ", path, " was trained under policy '", recorded.name(), "' (",
+      recorded.Digest(), "); the requested policy '", requested.name(), "' (",
+      requested.Digest(), ") differs:");
+  for (const std::string& line : training::DescribePolicyDifferences(recorded, requested)) {
+    absl::StrAppend(&message, "\n  ", line);
+  }
+  absl::StrAppend(&message, "\npass --allow-policy-change to re-run autocast under '",
+                  requested.name(), "', or drop --policy to keep '", recorded.name(), "'");
+  return message;
+}
+
+// Resumes from a checkpoint file or the newest usable one in a directory.
+// Refuses another policy than the recorded one unless --allow-policy-change,
+// which prints the node-level difference.
+absl::StatusOr<Start> StartFromCheckpoint(const TrainOptions& o, std::optional<Policy> requested,
+                                          std::ostream& out, std::ostream& err) {
+  absl::StatusOr<training::FoundCheckpoint> found = training::FindLatestCheckpoint(o.resume);
+  if (!found.ok()) {
+    const std::string message = absl::StrCat("--resume: ", found.status().message());
+    return found.status().code() == absl::StatusCode::kFailedPrecondition ? CheckFailed(message)
+                                                                          : BadInput(message);
+  }
+  for (const std::string& skipped : found->skipped) {
+    err << "castor train: warning: --resume skipped " << skipped << "\n";
+  }
+  training::Checkpoint& checkpoint = found->checkpoint;
+  Start start(std::move(checkpoint.model), checkpoint.policy);
+  start.resumed = std::move(checkpoint.state);
+  start.resumed_from = found->path;
+  out << absl::StrFormat("resuming from %s: step %d, epoch %d, policy %s\n", found->path,
+                         start.resumed->step, start.resumed->epoch, start.policy.name());
+  if (requested.has_value() && requested->Digest() != start.policy.Digest()) {
+    if (!o.allow_policy_change) {
+      return CheckFailed(PolicyChangeRefusal(found->path, start.policy, *requested));
+    }
+    absl::StatusOr<std::vector<std::string>> changes =
+        training::PolicyChangeByNode(start.float32_model, start.policy, *requested);
+    if (!changes.ok()) return CheckFailed(changes.status().message());
+    out << absl::StrFormat(
+        "policy change %s -> %s (--allow-policy-change): %d nodes change dtype\n",
+        start.policy.name(), requested->name(), changes->size());
+    for (const std::string& change : *changes) out << "  " << change << "\n";
+    start.policy = *std::move(requested);
+    start.policy_changed = true;
+  }
+  return start;
+}
+
+// Step 1: where the run starts (fresh from MODEL or resumed), and how it is
+// configured: a resumed run as its checkpoint was (warning about the flags
+// it ignores), a fresh one by the flags. `tf32_given`: --tf32 or --no-tf32
+// was on the command line.
+absl::StatusOr<Start> SetUpOrResume(TrainOptions& o, bool tf32_given,
+                                    const std::vector<std::string>& args, std::ostream& out,
+                                    std::ostream& err) {
+  PolicyFlags flags;
+  flags.name = o.policy;
+  flags.file = o.policy_file;
+  flags.name_the_flag = false;  // Policy::Builtin's and LoadFile's messages as they are
+  absl::StatusOr<std::optional<Policy>> requested = ResolvePolicyFlags(flags);
+  if (!requested.ok()) return BadInput(requested.status().message());
+  absl::StatusOr<Start> start = o.resume.empty()
+                                    ? StartFresh(o, *std::move(requested))
+                                    : StartFromCheckpoint(o, *std::move(requested), out, err);
+  if (!start.ok()) return start.status();
   if (start->resumed.has_value()) {
-    // The run continues as it was configured.
     const training::TrainingState& saved = *start->resumed;
-    for (const std::string& arg : args) {
-      for (const char* flag : kFlagsTheCheckpointDecides) {
-        if (arg == flag || arg.rfind(absl::StrCat(flag, "="), 0) == 0) {
-          err << "castor train: warning: " << flag << " is ignored with --resume: the "
-              << "checkpoint decides it\n";
-        }
-      }
+    for (const std::string& flag : FlagsTheCheckpointDecides(args)) {
+      err << "castor train: warning: " << flag << " is ignored with --resume: the "
+          << "checkpoint decides it\n";
     }
-    if (o.data.empty()) o.data = saved.data;
+    start->trainer_options = TakeCheckpointSettings(saved, start->resumed_from, o);
     // TF32: the checkpoint's setting unless --tf32 or --no-tf32 is given
-    // (a change is warned about once the backend is known, below).
-    // Checkpoints from before it was recorded count as without.
-    const Json* saved_tf32 = saved.extra.Find(kTf32StateKey);
-    if (saved_tf32 != nullptr && !saved_tf32->is_bool()) {
-      return fail(kExitBadInput,
-                  absl::StrCat("--resume: the checkpoint ", start->resumed_from,
-                               " records tf32 as ", saved_tf32->Dump(), "; expected true or false"));
+    // (a change is warned about once the backend is known, in
+    // ChooseBackend).
+    absl::StatusOr<bool> recorded_tf32 = training::RecordedTf32(saved);
+    if (!recorded_tf32.ok()) {
+      return BadInput(absl::StrCat("--resume: the checkpoint ", start->resumed_from, " ",
+                                   recorded_tf32.status().message()));
     }
-    checkpoint_tf32 = saved_tf32 != nullptr && saved_tf32->as_bool();
-    if (!parser.WasGiven("tf32")) o.tf32 = *checkpoint_tf32;
-    if (o.checkpoint_dir.empty()) {
-      o.checkpoint_dir = std::filesystem::path(start->resumed_from).parent_path().string();
-      if (o.checkpoint_dir.empty()) o.checkpoint_dir = ".";
-    }
-    o.loss = saved.loss;
-    o.output = saved.output;
-    o.input = saved.input;
-    o.batch = saved.batch_size;
-    o.seed = static_cast<int64_t>(saved.seed);
-    o.shuffle = saved.shuffle;
-    o.optimizer = OptimizerKindName(saved.optimizer.kind);
-    trainer_options.optimizer = saved.optimizer;
-    trainer_options.lr = saved.lr_schedule;
+    start->checkpoint_tf32 = *recorded_tf32;
+    if (!tf32_given) o.tf32 = *recorded_tf32;
   } else {
     if (o.data.empty()) o.data = "fashion-mnist";
-    absl::StatusOr<OptimizerKind> kind = ParseOptimizerKind(o.optimizer);
-    trainer_options.optimizer.kind = *kind;
-    trainer_options.optimizer.momentum = o.momentum;
-    trainer_options.optimizer.nesterov = o.nesterov;
-    trainer_options.optimizer.weight_decay = o.weight_decay;
-    trainer_options.optimizer.clip_norm = o.clip_norm;
-    trainer_options.lr.base_lr = o.lr;
-    trainer_options.lr.warmup_steps = o.warmup;
-    trainer_options.lr.step_size = o.step_size;
-    trainer_options.lr.gamma = o.gamma;
+    start->trainer_options = TrainerOptionsFromFlags(o);
   }
-  trainer_options.replay_steps = o.cuda_graphs == "auto";
-  trainer_options.scaler.enabled =
+  start->trainer_options.replay_steps = o.cuda_graphs == "auto";
+  start->trainer_options.scaler.enabled =
       o.loss_scaling == "on" ||
-      (o.loss_scaling == "auto" && policy.compute_dtype() == DType::kFloat16);
+      (o.loss_scaling == "auto" && start->policy.compute_dtype() == DType::kFloat16);
+  return start;
+}
 
-  // The pipeline (passes/pass_manager.h): a fresh model is canonicalised
-  // (what the checkpoints keep), then converted under the policy and
-  // rewritten into its training graph.
-  const std::string model_name = start->resumed.has_value() ? start->resumed_from : o.model_path;
+// The model under the policy, its training graph, the data and the step
+// count.
+struct Prepared {
+  std::string model_name;  // MODEL, or the resumed checkpoint
+  Model model;             // converted under the policy
+  TrainingGraph graph;
+  training::DataSplits data;
+  int64_t total = 0;  // steps in all, resumed ones included
+};
+
+// Step 2: runs the pipeline (passes/pass_manager.h): a fresh model is
+// canonicalised (what the checkpoints keep), then converted under the
+// policy and rewritten into its training graph; loads the data and counts
+// the steps (a fresh run's schedule learns the count).
+absl::StatusOr<Prepared> PrepareGraphAndData(TrainOptions& o, Start& start, std::ostream& out) {
+  Prepared prepared;
+  prepared.model_name = start.resumed.has_value() ? start.resumed_from : o.model_path;
+  const std::string& model_name = prepared.model_name;
   PassDumper dumper(o.dump_passes_dir);
   PassManagerOptions manager_options;
   if (!o.dump_passes_dir.empty()) manager_options.dumper = &dumper;
-  if (!start->resumed.has_value()) {
+  if (!start.resumed.has_value()) {
     PassManagerOptions import_options = manager_options;
     import_options.dump_input = true;
     PassManager import(import_options);
     import.Add(MakeCanonicalizePass());
     PassContext context;
-    if (absl::Status s = import.Run(start->float32_model, context); !s.ok()) {
-      return fail(kExitFailure, absl::StrCat(model_name, ": ", s.message()));
+    if (absl::Status s = import.Run(start.float32_model, context); !s.ok()) {
+      return CheckFailed(absl::StrCat(model_name, ": ", s.message()));
     }
     for (const std::string& note : context.notes) out << "note: " << note << "\n";
   }
-
-  // The model under the policy, its training graph and the data.
-  const Graph& float32_graph = *start->float32_model.graph;
+  const Graph& float32_graph = *start.float32_model.graph;
   if (o.input.empty()) {
     if (float32_graph.inputs().size() != 1) {
-      return fail(kExitBadInput, "the model has several inputs; name the image input with --input");
+      return BadInput("the model has several inputs; name the image input with --input");
     }
     o.input = float32_graph.inputs()[0]->name();
   }
-  absl::StatusOr<Model> model = CloneModel(start->float32_model);
-  if (!model.ok()) return fail(kExitFailure, std::string(model.status().message()));
-  if (absl::Status inferred = InferTypes(*model); !inferred.ok()) {
-    return fail(kExitBadInput, absl::StrCat(model_name, ": ", inferred.message()));
+  absl::StatusOr<Model> model = CloneModel(start.float32_model);
+  if (!model.ok()) return CheckFailed(model.status().message());
+  prepared.model = *std::move(model);
+  if (absl::Status inferred = InferTypes(prepared.model); !inferred.ok()) {
+    return BadInput(absl::StrCat(model_name, ": ", inferred.message()));
   }
   {
     PassManager convert(manager_options);
-    convert.Add(MakeAutocastPass(policy));
+    convert.Add(MakeAutocastPass(start.policy));
     PassContext context;
-    if (absl::Status s = convert.Run(*model, context); !s.ok()) {
-      return fail(kExitFailure, absl::StrCat(model_name, ": ", s.message()));
+    if (absl::Status s = convert.Run(prepared.model, context); !s.ok()) {
+      return CheckFailed(absl::StrCat(model_name, ": ", s.message()));
     }
   }
   TrainingGraphOptions graph_options;
   graph_options.output = o.output;
   absl::StatusOr<LossKind> loss_kind = ParseLossKind(o.loss);
-  if (!loss_kind.ok()) return fail(kExitBadInput, std::string(loss_kind.status().message()));
+  if (!loss_kind.ok()) return BadInput(loss_kind.status().message());
   graph_options.loss = *loss_kind;
-  absl::StatusOr<TrainingGraph> graph = BuildTrainingGraph(*model, graph_options, manager_options);
-  if (!graph.ok())
-    return fail(kExitBadInput, absl::StrCat(model_name, ": ", graph.status().message()));
+  absl::StatusOr<TrainingGraph> graph =
+      BuildTrainingGraph(prepared.model, graph_options, manager_options);
+  if (!graph.ok()) return BadInput(absl::StrCat(model_name, ": ", graph.status().message()));
+  prepared.graph = *std::move(graph);
 
   absl::StatusOr<training::DataSplits> data = training::LoadData(o.data);
-  if (!data.ok()) return fail(kExitBadInput, std::string(data.status().message()));
-  if (start->resumed.has_value() && start->resumed->dataset_size != 0 &&
-      start->resumed->dataset_size != data->train.size()) {
-    return fail(
-        kExitBadInput,
-        absl::StrFormat(
-            "--resume: the checkpoint's data order is over %d training samples (--data %s); "
-            "--data %s has %d",
-            start->resumed->dataset_size, start->resumed->data, o.data, data->train.size()));
+  if (!data.ok()) return BadInput(data.status().message());
+  prepared.data = *std::move(data);
+  if (start.resumed.has_value() && start.resumed->dataset_size != 0 &&
+      start.resumed->dataset_size != prepared.data.train.size()) {
+    return BadInput(absl::StrFormat(
+        "--resume: the checkpoint's data order is over %d training samples (--data %s); "
+        "--data %s has %d",
+        start.resumed->dataset_size, start.resumed->data, o.data, prepared.data.train.size()));
   }
-  const int64_t per_epoch = (data->train.size() + o.batch - 1) / o.batch;
-  int64_t total = per_epoch * o.epochs;
-  if (o.max_steps > 0) total = std::min(total, o.max_steps);
-  if (!start->resumed.has_value()) {
+  prepared.total = training::TotalSteps(prepared.data.train.size(), o.batch, o.epochs,
+                                        o.max_steps);
+  if (!start.resumed.has_value()) {
     if (o.schedule == "cosine") {
-      trainer_options.lr.kind = LrSchedule::Kind::kCosine;
-      trainer_options.lr.total_steps = total;
+      start.trainer_options.lr.kind = LrSchedule::Kind::kCosine;
+      start.trainer_options.lr.total_steps = prepared.total;
     } else if (o.schedule == "step") {
-      trainer_options.lr.kind = LrSchedule::Kind::kStep;
+      start.trainer_options.lr.kind = LrSchedule::Kind::kStep;
     }
   }
+  return prepared;
+}
 
+// The backend, the trainer on it and what the run writes. Built in place
+// (the batches point into Prepared's data, the trainer at the backend).
+struct Session {
+  training::ChosenBackend chosen;
+  std::unique_ptr<training::Trainer> trainer;
+  std::optional<training::BatchIterator> batches;
+  std::ofstream metrics;
+  std::optional<training::Checkpoint> checkpoint;  // with --checkpoint-dir
+  Backend& backend() const { return *chosen.backend; }
+};
+
+// Step 3a: the backend --backend asks for (noting why auto fell back to
+// the CPU), and whether TF32 takes effect on it: from here o.tf32 is what
+// took effect, as the summary and the checkpoints record it.
+absl::Status ChooseBackend(TrainOptions& o, const Start& start, const Prepared& prepared,
+                           Session& session, std::ostream& err) {
   CudaBackendOptions cuda_options;
   cuda_options.allow_tf32 = o.tf32;
-  absl::StatusOr<training::ChosenBackend> chosen =
-      training::ChooseTrainingBackend(o.backend, static_cast<int>(o.threads),
-                            {&*model, graph->evaluation.get()}, cuda_options);
-  if (!chosen.ok()) return fail(kExitBadInput, std::string(chosen.status().message()));
-  if (!chosen->note.empty()) err << "castor train: " << chosen->note << "\n";
-  Backend& backend = *chosen->backend;
-  const bool on_cpu = dynamic_cast<CpuBackend*>(&backend) != nullptr;
-  // From here o.tf32 is what takes effect: the summary and the checkpoints
-  // record it.
+  absl::StatusOr<training::ChosenBackend> chosen = training::ChooseTrainingBackend(
+      o.backend, static_cast<int>(o.threads), {&prepared.model, prepared.graph.evaluation.get()},
+      cuda_options);
+  if (!chosen.ok()) return BadInput(chosen.status().message());
+  session.chosen = *std::move(chosen);
+  if (!session.chosen.note.empty()) err << "castor train: " << session.chosen.note << "\n";
+  const bool on_cpu = dynamic_cast<CpuBackend*>(&session.backend()) != nullptr;
   const bool tf32_requested = o.tf32;
   if (on_cpu) o.tf32 = false;
+  const std::optional<bool>& checkpoint_tf32 = start.checkpoint_tf32;
   if (checkpoint_tf32.has_value() && o.tf32 != *checkpoint_tf32) {
     err << "castor train: warning: the checkpoint trained "
         << (*checkpoint_tf32 ? "with TF32 (--tf32)" : "without TF32") << "; this run goes on "
@@ -614,135 +440,202 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   } else if (tf32_requested && on_cpu) {
     err << "castor train: --tf32 has no effect on the CPU\n";
   }
-  absl::StatusOr<std::unique_ptr<training::Trainer>> created =
-      training::Trainer::Create(*std::move(model), *graph, trainer_options, backend);
-  if (!created.ok()) return fail(kExitBadInput, std::string(created.status().message()));
-  training::Trainer& trainer = **created;
+  return absl::OkStatus();
+}
+
+// Step 3b: the trainer on the chosen backend, restored from the checkpoint
+// when resuming, and the batches from the data position it saved.
+absl::Status CreateTrainer(const TrainOptions& o, Start& start, Prepared& prepared,
+                           Session& session) {
+  absl::StatusOr<std::unique_ptr<training::Trainer>> created = training::Trainer::Create(
+      std::move(prepared.model), prepared.graph, start.trainer_options, session.backend());
+  if (!created.ok()) return BadInput(created.status().message());
+  session.trainer = *std::move(created);
   int64_t epoch0 = 0, position0 = 0;
-  if (start->resumed.has_value()) {
-    training::TrainingState& saved = *start->resumed;
-    absl::StatusOr<Optimizer> optimizer =
-        Optimizer::Restore(saved.optimizer, saved.optimizer_step, std::move(saved.moments));
-    // The scaler keeps its scale and counters (a checkpoint's step count is
-    // its updates plus its skipped steps); a policy change only switches it
-    // on or off as the new policy's default says.
-    Json scaler_state = saved.loss_scaler;
-    if (start->policy_changed && scaler_state.is_object()) {
-      scaler_state.Set("enabled", Json::Bool(trainer_options.scaler.enabled));
-    }
-    absl::StatusOr<LossScaler> scaler = LossScaler::FromJson(scaler_state);
-    std::map<std::string, Tensor> weights;  // the checkpoint's, by name
-    for (const std::string& name : trainer.state_names()) {
-      const Value* saved = start->float32_model.graph->FindValue(name);
-      if (saved != nullptr && saved->initializer() != nullptr) {
-        weights[name] = *saved->initializer();
-      }
-    }
-    absl::Status restored = !optimizer.ok() ? optimizer.status()
-                            : !scaler.ok()  ? scaler.status()
-                                            : trainer.Restore(weights, *std::move(optimizer),
-                                                              *std::move(scaler), saved.step);
-    if (!restored.ok()) {
-      return fail(kExitBadInput,
-                  absl::StrCat("--resume ", start->resumed_from, ": ", restored.message()));
+  if (start.resumed.has_value()) {
+    training::TrainingState& saved = *start.resumed;
+    std::optional<bool> scaler_enabled;
+    if (start.policy_changed) scaler_enabled = start.trainer_options.scaler.enabled;
+    if (absl::Status restored = training::RestoreTrainer(*session.trainer, saved,
+                                                         start.float32_model, scaler_enabled);
+        !restored.ok()) {
+      return BadInput(absl::StrCat("--resume ", start.resumed_from, ": ", restored.message()));
     }
     epoch0 = saved.epoch;
     position0 = saved.position;
   }
   absl::StatusOr<training::BatchIterator> batches = training::BatchIterator::Create(
-      data->train, training::BatchOptions{o.batch, o.shuffle, static_cast<uint64_t>(o.seed), false}, epoch0,
+      prepared.data.train,
+      training::BatchOptions{o.batch, o.shuffle, static_cast<uint64_t>(o.seed), false}, epoch0,
       position0);
-  if (!batches.ok()) return fail(kExitBadInput, std::string(batches.status().message()));
+  if (!batches.ok()) return BadInput(batches.status().message());
+  session.batches.emplace(*std::move(batches));
+  return absl::OkStatus();
+}
 
-  std::ofstream metrics;
-  if (!o.metrics_path.empty() && start->resumed.has_value()) {
+// Step 3c: --metrics, appended to when resuming (after dropping the lines
+// of steps after the checkpoint), else written afresh.
+absl::Status OpenMetrics(const TrainOptions& o, const Start& start, Session& session) {
+  if (o.metrics_path.empty()) return absl::OkStatus();
+  if (start.resumed.has_value()) {
     // Lines of steps after the checkpoint (written before a crash) and a
     // torn last line would repeat or garble the record: keep the rest.
-    if (absl::Status trimmed = TrimMetrics(o.metrics_path, start->resumed->step); !trimmed.ok()) {
-      return fail(kExitBadInput, std::string(trimmed.message()));
+    if (absl::Status trimmed = training::TrimMetrics(o.metrics_path, start.resumed->step);
+        !trimmed.ok()) {
+      return BadInput(absl::StrCat("--metrics ", o.metrics_path, ": ", trimmed.message()));
     }
   }
-  if (!o.metrics_path.empty()) {
-    metrics.open(o.metrics_path, start->resumed.has_value() ? std::ios::app : std::ios::trunc);
-    if (!metrics)
-      return fail(kExitBadInput, absl::StrCat("cannot write --metrics ", o.metrics_path));
-  }
-  std::optional<training::Checkpoint> checkpoint;
-  if (!o.checkpoint_dir.empty()) {
-    // Saving into a directory that holds a later checkpoint of another run
-    // (or branch) would interleave the two, pruning by step would delete
-    // this run's files, and a later --resume DIR would pick the other's.
-    // Later checkpoints that do not read (--resume skipped them) are moved
-    // aside to <name>.broken, kept for inspection.
-    const int64_t resumed_step = start->resumed.has_value() ? start->resumed->step : 0;
-    absl::StatusOr<std::vector<training::CheckpointFile>> existing = training::ListCheckpoints(o.checkpoint_dir);
-    while (start->resumed.has_value() && existing.ok() && !existing->empty() &&
-           existing->back().step > resumed_step && !training::ReadCheckpoint(existing->back().path).ok()) {
-      const std::string broken = existing->back().path;
-      std::error_code error;
-      std::filesystem::rename(broken, broken + ".broken", error);
-      if (error)
-        return fail(kExitFailure,
-                    absl::StrCat("cannot move ", broken, " aside: ", error.message()));
-      err << "castor train: warning: moved the unreadable " << broken << " aside to " << broken
-          << ".broken\n";
-      existing->pop_back();
+  session.metrics.open(o.metrics_path,
+                       start.resumed.has_value() ? std::ios::app : std::ios::trunc);
+  if (!session.metrics) return BadInput(absl::StrCat("cannot write --metrics ", o.metrics_path));
+  return absl::OkStatus();
+}
+
+// Step 3d: --checkpoint-dir. Saving into a directory that holds a later
+// checkpoint of another run (or branch) would interleave the two, pruning
+// by step would delete this run's files, and a later --resume DIR would
+// pick the other's: refused. Later checkpoints that do not read (--resume
+// skipped them) are moved aside to <name>.broken, kept for inspection.
+absl::Status OpenCheckpointDir(const TrainOptions& o, const Start& start, Session& session,
+                               std::ostream& err) {
+  if (o.checkpoint_dir.empty()) return absl::OkStatus();
+  const int64_t resumed_step = start.resumed.has_value() ? start.resumed->step : 0;
+  absl::StatusOr<std::vector<training::CheckpointFile>> existing =
+      training::ListCheckpoints(o.checkpoint_dir);
+  while (start.resumed.has_value() && existing.ok() && !existing->empty() &&
+         existing->back().step > resumed_step &&
+         !training::ReadCheckpoint(existing->back().path).ok()) {
+    const std::string broken = existing->back().path;
+    std::error_code error;
+    std::filesystem::rename(broken, broken + ".broken", error);
+    if (error) {
+      return CheckFailed(absl::StrCat("cannot move ", broken, " aside: ", error.message()));
     }
-    if (existing.ok() && !existing->empty() && existing->back().step > resumed_step) {
-      return fail(
-          kExitBadInput,
-          absl::StrFormat(
-              "--checkpoint-dir %s holds %s, later than the %s; resume from it, or save this run "
-              "into another --checkpoint-dir",
-              o.checkpoint_dir, existing->back().path,
-              start->resumed.has_value() ? absl::StrCat("resumed step ", resumed_step)
-                                         : std::string("start of this fresh run")));
-    }
+    err << "castor train: warning: moved the unreadable " << broken << " aside to " << broken
+        << ".broken\n";
+    existing->pop_back();
   }
-  if (!o.checkpoint_dir.empty()) {
-    checkpoint.emplace(policy);
-    absl::StatusOr<Model> float32_copy = CloneModel(start->float32_model);
-    if (!float32_copy.ok()) return fail(kExitFailure, std::string(float32_copy.status().message()));
-    checkpoint->model = *std::move(float32_copy);
+  if (existing.ok() && !existing->empty() && existing->back().step > resumed_step) {
+    return BadInput(absl::StrFormat(
+        "--checkpoint-dir %s holds %s, later than the %s; resume from it, or save this run "
+        "into another --checkpoint-dir",
+        o.checkpoint_dir, existing->back().path,
+        start.resumed.has_value() ? absl::StrCat("resumed step ", resumed_step)
+                                  : std::string("start of this fresh run")));
   }
-  const bool live = isatty(STDERR_FILENO) != 0;
-  const int64_t first_step = trainer.steps() + 1;
-  out << absl::StrFormat(
+  session.checkpoint.emplace(start.policy);
+  absl::StatusOr<Model> float32_copy = CloneModel(start.float32_model);
+  if (!float32_copy.ok()) return CheckFailed(float32_copy.status().message());
+  session.checkpoint->model = *std::move(float32_copy);
+  return absl::OkStatus();
+}
+
+// The line a run opens with.
+std::string RunHeader(const TrainOptions& o, const Start& start, const Prepared& prepared,
+                      const Session& session) {
+  const Policy& policy = start.policy;
+  return absl::StrFormat(
       "castor train: %s on %s (%d train / %d test), policy %s (%s compute), %s lr %g, batch %d, "
       "%d steps, loss scaling %s, backend %s\n",
-      model_name, data->train.name, data->train.size(), data->test.size(), policy.name(),
-      DTypeName(policy.compute_dtype()), o.optimizer, trainer_options.lr.base_lr, o.batch, total,
-      trainer.scaler().enabled() ? "on" : "off", training::DescribeBackend(backend));
+      prepared.model_name, prepared.data.train.name, prepared.data.train.size(),
+      prepared.data.test.size(), policy.name(), DTypeName(policy.compute_dtype()), o.optimizer,
+      start.trainer_options.lr.base_lr, o.batch, prepared.total,
+      session.trainer->scaler().enabled() ? "on" : "off",
+      training::DescribeBackend(session.backend()));
+}
+
+// What the loop leaves for the report.
+struct LoopTotals {
+  Clock::time_point started;
+  double step_seconds = 0;
+  int64_t seen_total = 0;
+  int64_t steps_run = 0;
+  std::optional<training::Evaluation> last_eval;
+  std::string last_checkpoint;
+};
+
+// A step's warnings on stderr: a skipped step (and the first non-finite
+// node), the loss scaler's diagnosis, and once, graph replay that stopped
+// being available.
+void WarnAboutStep(int64_t step, const training::StepResult& r, const training::Trainer& trainer,
+                   bool live, bool& replay_warned, std::ostream& err) {
+  if (r.skipped) {
+    if (live) err << "\n";
+    err << absl::StrFormat("castor train: step %d skipped: inf/NaN gradients at loss scale %g",
+                           step, r.loss_scale);
+    if (!r.first_non_finite.empty()) err << "; first non-finite: " << r.first_non_finite;
+    err << "\n";
+  }
+  if (!r.diagnosis.empty()) {
+    err << "castor train: warning: step " << step << ": " << r.diagnosis << "\n";
+  }
+  if (!replay_warned && !trainer.replay_unavailable().empty()) {  // it was available
+    if (live) err << "\n";
+    err << "castor train: warning: steps run node by node: " << trainer.replay_unavailable()
+        << "\n";
+    replay_warned = true;
+  }
+}
+
+// A step's JSONL metrics line; `n` samples in `dt` seconds.
+std::string StepMetricsLine(int64_t step, int64_t epoch, const training::StepResult& r, int64_t n,
+                            double dt) {
+  // %.9g prints a float32 loss exactly, so resumed runs compare bit for bit.
+  return absl::StrFormat(
+      "{\"step\":%d,\"epoch\":%d,\"loss\":%.9g,\"loss_scale\":%g,\"skipped\":%s,\"lr\":%g,"
+      "\"samples_per_s\":%.1f,\"grad_norm\":%.6g,\"replayed\":%s%s}\n",
+      step, epoch, r.loss, r.loss_scale, r.skipped ? "true" : "false", r.lr, n / dt, r.grad_norm,
+      r.replayed ? "true" : "false",
+      r.first_non_finite.empty()
+          ? ""
+          : absl::StrCat(",\"first_non_finite\":", Json::String(r.first_non_finite).Dump()));
+}
+
+// Step 4: the steps from the trainer's next one to `prepared.total`, with
+// the progress line (redrawn in place when stderr is a terminal, else
+// about ten plain lines), metrics, evaluations and checkpoints.
+absl::StatusOr<LoopTotals> TrainLoop(const TrainOptions& o, const Start& start,
+                                     const Prepared& prepared, Session& session,
+                                     std::ostream& out, std::ostream& err) {
+  training::Trainer& trainer = *session.trainer;
+  training::BatchIterator& batches = *session.batches;
+  const int64_t total = prepared.total;
+  const bool live = isatty(STDERR_FILENO) != 0;
+  const int64_t first_step = trainer.steps() + 1;
   if (first_step > total) {
     out << absl::StrFormat("nothing to do: the checkpoint is at step %d of %d\n", first_step - 1,
                            total);
   }
-
-  const auto started = Clock::now();
-  double step_seconds = 0, loss_ema = 0;
-  int64_t correct = 0, seen = 0, seen_total = 0, steps_run = 0;
-  Evaluation last_eval;
-  bool evaluated = false;
+  LoopTotals totals;
+  totals.started = Clock::now();
+  double loss_ema = 0;
+  int64_t correct = 0, seen = 0;
   bool replay_warned = !trainer.replay_unavailable().empty();  // warn when recording fails
-  std::string last_checkpoint;
+  const training::RunSettings settings{o.data,  o.loss,    o.output,
+                                       o.input, o.batch,   static_cast<uint64_t>(o.seed),
+                                       o.shuffle, o.tf32};
   auto evaluate = [&](int64_t epoch) -> absl::Status {
-    if (!data->has_test()) return absl::OkStatus();
-    CASTOR_ASSIGN_OR_RETURN(last_eval, Evaluate(trainer, data->test, o.input, o.batch));
-    evaluated = true;
+    if (!prepared.data.has_test()) return absl::OkStatus();
+    CASTOR_ASSIGN_OR_RETURN(training::Evaluation eval,
+                            training::Evaluate(trainer, prepared.data.test, o.input, o.batch));
+    totals.last_eval = eval;
     if (live) err << "\n";
     out << absl::StrFormat("eval  epoch %d step %d: test loss %.4f, test accuracy %.2f%%\n", epoch,
-                           trainer.steps(), last_eval.loss, 100 * last_eval.accuracy);
-    if (metrics.is_open()) {
-      metrics << absl::StrFormat(
+                           trainer.steps(), eval.loss, 100 * eval.accuracy);
+    if (session.metrics.is_open()) {
+      session.metrics << absl::StrFormat(
           "{\"epoch\":%d,\"step\":%d,\"test_loss\":%.6g,\"test_accuracy\":%.6g}\n", epoch,
-          trainer.steps(), last_eval.loss, last_eval.accuracy);
+          trainer.steps(), eval.loss, eval.accuracy);
     }
     return absl::OkStatus();
   };
   auto save = [&]() -> absl::Status {
-    CASTOR_ASSIGN_OR_RETURN(training::SavedCheckpoint saved, SaveCheckpoint(o, *checkpoint, trainer, *batches,
-                                                                  data->train, trainer_options));
-    last_checkpoint = saved.written.path;
+    training::Checkpoint& checkpoint = *session.checkpoint;
+    CASTOR_RETURN_IF_ERROR(training::RecordTrainingState(
+        trainer, batches, prepared.data.train, start.trainer_options, settings, checkpoint));
+    CASTOR_ASSIGN_OR_RETURN(training::SavedCheckpoint saved,
+                            training::SaveToCheckpointDir(o.checkpoint_dir, checkpoint, o.keep));
+    totals.last_checkpoint = saved.written.path;
     if (live) err << "\n";
     out << absl::StrFormat(
         "checkpoint step %d: %s (%.1f MiB)%s\n", trainer.steps(), saved.written.path,
@@ -751,132 +644,213 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     return absl::OkStatus();
   };
   for (int64_t step = first_step; step <= total; ++step) {
-    training::Batch b = batches->Next();
+    training::Batch b = batches.Next();
     const int64_t epoch = b.epoch;
     const auto t0 = Clock::now();
     absl::StatusOr<training::StepResult> r = trainer.Step({{o.input, b.images}}, b.labels);
-    if (!r.ok()) return fail(kExitFailure, absl::StrCat("step ", step, ": ", r.status().message()));
+    if (!r.ok()) return CheckFailed(absl::StrCat("step ", step, ": ", r.status().message()));
     const double dt = Seconds(Clock::now() - t0);
-    step_seconds += dt;
-    ++steps_run;
+    totals.step_seconds += dt;
+    ++totals.steps_run;
     const int64_t n = b.labels.num_elements();
-    correct += CountCorrect(r->output, b.labels);
+    correct += training::CountCorrect(r->output, b.labels);
     seen += n;
-    seen_total += n;
-    loss_ema = steps_run == 1 ? r->loss : 0.95 * loss_ema + 0.05 * r->loss;
-    if (r->skipped) {
-      if (live) err << "\n";
-      err << absl::StrFormat("castor train: step %d skipped: inf/NaN gradients at loss scale %g",
-                             step, r->loss_scale);
-      if (!r->first_non_finite.empty()) err << "; first non-finite: " << r->first_non_finite;
-      err << "\n";
-    }
-    if (!r->diagnosis.empty())
-      err << "castor train: warning: step " << step << ": " << r->diagnosis << "\n";
-    if (!replay_warned && !trainer.replay_unavailable().empty()) {  // it was available
-      if (live) err << "\n";
-      err << "castor train: warning: steps run node by node: " << trainer.replay_unavailable()
-          << "\n";
-      replay_warned = true;
-    }
-    if (metrics.is_open()) {
-      // %.9g prints a float32 loss exactly, so resumed runs compare bit for bit.
-      metrics << absl::StrFormat(
-          "{\"step\":%d,\"epoch\":%d,\"loss\":%.9g,\"loss_scale\":%g,\"skipped\":%s,\"lr\":%g,"
-          "\"samples_per_s\":%.1f,\"grad_norm\":%.6g,\"replayed\":%s%s}\n",
-          step, epoch, r->loss, r->loss_scale, r->skipped ? "true" : "false", r->lr, n / dt,
-          r->grad_norm, r->replayed ? "true" : "false",
-          r->first_non_finite.empty()
-              ? ""
-              : absl::StrCat(",\"first_non_finite\":", Json::String(r->first_non_finite).Dump()));
-    }
-    const double elapsed = Seconds(Clock::now() - started);
-    const std::string line =
-        absl::StrFormat("step %d/%d  loss %.4f  acc %.2f%%  scale %g  %.0f samples/s  eta %s", step,
-                        total, loss_ema, 100.0 * correct / seen, r->loss_scale, seen / step_seconds,
-                        Duration(elapsed / steps_run * (total - step)));
+    totals.seen_total += n;
+    loss_ema = totals.steps_run == 1 ? r->loss : 0.95 * loss_ema + 0.05 * r->loss;
+    WarnAboutStep(step, *r, trainer, live, replay_warned, err);
+    if (session.metrics.is_open()) session.metrics << StepMetricsLine(step, epoch, *r, n, dt);
+    const double elapsed = Seconds(Clock::now() - totals.started);
+    const std::string line = absl::StrFormat(
+        "step %d/%d  loss %.4f  acc %.2f%%  scale %g  %.0f samples/s  eta %s", step, total,
+        loss_ema, 100.0 * correct / seen, r->loss_scale, seen / totals.step_seconds,
+        FormatDuration(elapsed / totals.steps_run * (total - step)));
     if (live) {
       err << "\r" << line << "\033[K" << std::flush;
-    } else if (steps_run == 1 || step == total || step % std::max<int64_t>(1, total / 10) == 0) {
+    } else if (totals.steps_run == 1 || step == total ||
+               step % std::max<int64_t>(1, total / 10) == 0) {
       err << line << "\n";
     }
-    const bool epoch_done = batches->epoch() > epoch;
+    const bool epoch_done = batches.epoch() > epoch;
     if ((o.eval_every > 0 && step % o.eval_every == 0) || epoch_done || step == total) {
-      if (absl::Status s = evaluate(epoch); !s.ok())
-        return fail(kExitFailure, std::string(s.message()));
+      if (absl::Status s = evaluate(epoch); !s.ok()) return CheckFailed(s.message());
       correct = seen = 0;
     }
     const bool save_now = o.save_every > 0 ? step % o.save_every == 0 : epoch_done;
-    if (checkpoint.has_value() && (save_now || step == total)) {
+    if (session.checkpoint.has_value() && (save_now || step == total)) {
       if (absl::Status s = save(); !s.ok()) {
-        return fail(kExitFailure, absl::StrCat("step ", step, ": saving a checkpoint in ",
-                                               o.checkpoint_dir, ": ", s.message()));
+        return CheckFailed(absl::StrCat("step ", step, ": saving a checkpoint in ",
+                                        o.checkpoint_dir, ": ", s.message()));
       }
     }
   }
   if (live) err << "\n";
+  return totals;
+}
 
-  const double mean_step_ms = 1000 * step_seconds / std::max<int64_t>(1, steps_run);
-  const double samples_per_s = seen_total / std::max(step_seconds, 1e-9);
+// Step 5: the metrics file's summary record and the printed summary.
+absl::Status Report(const TrainOptions& o, const Start& start, Session& session,
+                    const LoopTotals& totals, std::ostream& out) {
+  const training::Trainer& trainer = *session.trainer;
+  const Policy& policy = start.policy;
+  TrainSummary summary;
+  summary.mean_step_ms = 1000 * totals.step_seconds / std::max<int64_t>(1, totals.steps_run);
+  summary.samples_per_s = totals.seen_total / std::max(totals.step_seconds, 1e-9);
   // Device memory: the CUDA pool's peak (activations, weights, workspaces).
-  absl::StatusOr<DeviceMemoryStats> device_memory = CudaMemoryStats(backend);
-  const int64_t peak_resident_bytes = PeakResidentBytes();
-  if (metrics.is_open()) {
-    metrics << absl::StrFormat(
+  absl::StatusOr<DeviceMemoryStats> device_memory = CudaMemoryStats(session.backend());
+  if (device_memory.ok()) summary.peak_device_bytes = device_memory->peak_in_use_bytes;
+  summary.peak_resident_bytes = PeakResidentBytes();
+  summary.peak_activation_bytes = trainer.peak_activation_bytes();
+  if (session.metrics.is_open()) {
+    session.metrics << absl::StrFormat(
         "{\"summary\":true,\"backend\":%s,\"tf32\":%s,\"policy\":%s,\"steps\":%d,"
         "\"skipped\":%d,\"step_time_ms\":%.3f,\"samples_per_s\":%.1f,\"steps_run\":%d,"
         "\"replayed_steps\":%d,\"peak_activation_bytes\":%d,\"peak_resident_bytes\":%d%s}\n",
-        Json::String(backend.name()).Dump(), o.tf32 ? "true" : "false",
-        Json::String(policy.name()).Dump(), trainer.steps(),
-        trainer.scaler().skipped_steps(), mean_step_ms, samples_per_s, steps_run,
-        trainer.replayed_steps(),
-        trainer.peak_activation_bytes(), peak_resident_bytes,
+        Json::String(session.backend().name()).Dump(), o.tf32 ? "true" : "false",
+        Json::String(policy.name()).Dump(), trainer.steps(), trainer.scaler().skipped_steps(),
+        summary.mean_step_ms, summary.samples_per_s, totals.steps_run, trainer.replayed_steps(),
+        summary.peak_activation_bytes, summary.peak_resident_bytes,
         device_memory.ok()
             ? absl::StrCat(",\"peak_device_memory_bytes\":", device_memory->peak_in_use_bytes)
             : "");
-    if (!metrics.flush()) {
-      return fail(kExitFailure, absl::StrCat("writing --metrics ", o.metrics_path, " failed"));
+    if (!session.metrics.flush()) {
+      return CheckFailed(absl::StrCat("writing --metrics ", o.metrics_path, " failed"));
     }
   }
-  int64_t float32_weights = 0;
-  for (const std::string& name : trainer.state_names())
-    float32_weights += trainer.model().graph->FindValue(name)->dtype() == DType::kFloat32;
-  out << "summary:\n"
-      << absl::StrFormat("  policy          %s (%s compute, float32 variables)\n", policy.name(),
-                         DTypeName(policy.compute_dtype()))
-      << absl::StrFormat(
-             "  weights         %d of %d tensors float32 (master weights and BN statistics)\n",
-             float32_weights, trainer.state_names().size())
-      << absl::StrFormat("  steps           %d, %d skipped\n", trainer.steps(),
-                         trainer.scaler().skipped_steps())
-      << absl::StrFormat("  loss scale      %g (final)\n", trainer.scaler().scale())
-      << absl::StrFormat("  backend         %s%s\n", training::DescribeBackend(backend),
-                         o.tf32 ? ", TF32 for float32 MatMul/Gemm/Conv" : "")
-      << absl::StrFormat(
-             "  graph replay    %s\n",
-             o.cuda_graphs == "off" ? std::string("off (--cuda-graphs off)")
-             : trainer.replay_unavailable().empty()
-                 ? absl::StrFormat("%d of this run's %d steps replayed as a CUDA graph",
-                                   trainer.replayed_steps(), steps_run)
-                 : absl::StrCat("none: ", trainer.replay_unavailable()))
-      << absl::StrFormat("  peak memory     %.1f MiB of activations%s; process %.0f MiB "
-                         "resident\n",
-                         trainer.peak_activation_bytes() / 1048576.0,
-                         device_memory.ok()
-                             ? absl::StrFormat("; %.1f MiB of device memory",
-                                               device_memory->peak_in_use_bytes / 1048576.0)
-                             : "",
-                         peak_resident_bytes / 1048576.0)
-      << absl::StrFormat("  step time       %.1f ms (mean), %.0f samples/s, %s in all\n",
-                         mean_step_ms, samples_per_s, Duration(Seconds(Clock::now() - started)));
-  if (evaluated) {
-    out << absl::StrFormat("  test            loss %.4f, accuracy %.2f%%\n", last_eval.loss,
-                           100 * last_eval.accuracy);
+  summary.policy = policy.name();
+  summary.compute_dtype = DTypeName(policy.compute_dtype());
+  for (const std::string& name : trainer.state_names()) {
+    summary.float32_weights += trainer.model().graph->FindValue(name)->dtype() == DType::kFloat32;
   }
-  if (!last_checkpoint.empty()) {
-    out << absl::StrFormat("  checkpoint      %s (check it: castor verify %s)\n", last_checkpoint,
-                           last_checkpoint);
+  summary.weights = static_cast<int64_t>(trainer.state_names().size());
+  summary.steps = trainer.steps();
+  summary.skipped_steps = trainer.scaler().skipped_steps();
+  summary.loss_scale = trainer.scaler().scale();
+  summary.backend = training::DescribeBackend(session.backend());
+  summary.tf32 = o.tf32;
+  summary.graph_replay =
+      o.cuda_graphs == "off" ? std::string("off (--cuda-graphs off)")
+      : trainer.replay_unavailable().empty()
+          ? absl::StrFormat("%d of this run's %d steps replayed as a CUDA graph",
+                            trainer.replayed_steps(), totals.steps_run)
+          : absl::StrCat("none: ", trainer.replay_unavailable());
+  summary.seconds = Seconds(Clock::now() - totals.started);
+  summary.test = totals.last_eval;
+  summary.last_checkpoint = totals.last_checkpoint;
+  out << RenderTrainSummary(summary);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string FormatDuration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  return s >= 60 ? absl::StrFormat("%dm%02ds", s / 60, s % 60) : absl::StrFormat("%ds", s);
+}
+
+training::TrainerOptions TrainerOptionsFromFlags(const TrainOptions& o) {
+  training::TrainerOptions trainer_options;
+  absl::StatusOr<OptimizerKind> kind = ParseOptimizerKind(o.optimizer);
+  trainer_options.optimizer.kind = *kind;
+  trainer_options.optimizer.momentum = o.momentum;
+  trainer_options.optimizer.nesterov = o.nesterov;
+  trainer_options.optimizer.weight_decay = o.weight_decay;
+  trainer_options.optimizer.clip_norm = o.clip_norm;
+  trainer_options.lr.base_lr = o.lr;
+  trainer_options.lr.warmup_steps = o.warmup;
+  trainer_options.lr.step_size = o.step_size;
+  trainer_options.lr.gamma = o.gamma;
+  return trainer_options;
+}
+
+std::vector<std::string> FlagsTheCheckpointDecides(const std::vector<std::string>& args) {
+  std::vector<std::string> given;
+  for (const std::string& arg : args) {
+    for (const char* flag : kFlagsTheCheckpointDecides) {
+      if (arg == flag || arg.rfind(absl::StrCat(flag, "="), 0) == 0) given.push_back(flag);
+    }
   }
+  return given;
+}
+
+training::TrainerOptions TakeCheckpointSettings(const training::TrainingState& saved,
+                                                const std::string& resumed_from,
+                                                TrainOptions& o) {
+  if (o.data.empty()) o.data = saved.data;
+  if (o.checkpoint_dir.empty()) {
+    o.checkpoint_dir = std::filesystem::path(resumed_from).parent_path().string();
+    if (o.checkpoint_dir.empty()) o.checkpoint_dir = ".";
+  }
+  o.loss = saved.loss;
+  o.output = saved.output;
+  o.input = saved.input;
+  o.batch = saved.batch_size;
+  o.seed = static_cast<int64_t>(saved.seed);
+  o.shuffle = saved.shuffle;
+  o.optimizer = OptimizerKindName(saved.optimizer.kind);
+  training::TrainerOptions trainer_options;
+  trainer_options.optimizer = saved.optimizer;
+  trainer_options.lr = saved.lr_schedule;
+  return trainer_options;
+}
+
+std::string RenderTrainSummary(const TrainSummary& s) {
+  std::string text = absl::StrCat(
+      "summary:\n",
+      absl::StrFormat("  policy          %s (%s compute, float32 variables)\n", s.policy,
+                      s.compute_dtype),
+      absl::StrFormat(
+          "  weights         %d of %d tensors float32 (master weights and BN statistics)\n",
+          s.float32_weights, s.weights),
+      absl::StrFormat("  steps           %d, %d skipped\n", s.steps, s.skipped_steps),
+      absl::StrFormat("  loss scale      %g (final)\n", s.loss_scale),
+      absl::StrFormat("  backend         %s%s\n", s.backend,
+                      s.tf32 ? ", TF32 for float32 MatMul/Gemm/Conv" : ""),
+      absl::StrFormat("  graph replay    %s\n", s.graph_replay),
+      absl::StrFormat("  peak memory     %.1f MiB of activations%s; process %.0f MiB "
+                      "resident\n",
+                      s.peak_activation_bytes / 1048576.0,
+                      s.peak_device_bytes.has_value()
+                          ? absl::StrFormat("; %.1f MiB of device memory",
+                                            *s.peak_device_bytes / 1048576.0)
+                          : "",
+                      s.peak_resident_bytes / 1048576.0),
+      absl::StrFormat("  step time       %.1f ms (mean), %.0f samples/s, %s in all\n",
+                      s.mean_step_ms, s.samples_per_s, FormatDuration(s.seconds)));
+  if (s.test.has_value()) {
+    absl::StrAppend(&text, absl::StrFormat("  test            loss %.4f, accuracy %.2f%%\n",
+                                           s.test->loss, 100 * s.test->accuracy));
+  }
+  if (!s.last_checkpoint.empty()) {
+    absl::StrAppend(&text,
+                    absl::StrFormat("  checkpoint      %s (check it: castor verify %s)\n",
+                                    s.last_checkpoint, s.last_checkpoint));
+  }
+  return text;
+}
+
+int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  TrainOptions o;
+  ArgParser parser = MakeParser(o);
+  const Command command(parser, out, err);
+  if (std::optional<int> done = command.Parse(args)) return *done;
+  auto fail = [&command](const absl::Status& status) {
+    return command.Fail(ExitCodeOf(status), status);
+  };
+  if (absl::Status s = CheckFlags(o); !s.ok()) return fail(s);
+  absl::StatusOr<Start> start = SetUpOrResume(o, parser.WasGiven("tf32"), args, out, err);
+  if (!start.ok()) return fail(start.status());
+  absl::StatusOr<Prepared> prepared = PrepareGraphAndData(o, *start, out);
+  if (!prepared.ok()) return fail(prepared.status());
+  Session session;
+  if (absl::Status s = ChooseBackend(o, *start, *prepared, session, err); !s.ok()) return fail(s);
+  if (absl::Status s = CreateTrainer(o, *start, *prepared, session); !s.ok()) return fail(s);
+  if (absl::Status s = OpenMetrics(o, *start, session); !s.ok()) return fail(s);
+  if (absl::Status s = OpenCheckpointDir(o, *start, session, err); !s.ok()) return fail(s);
+  out << RunHeader(o, *start, *prepared, session);
+  absl::StatusOr<LoopTotals> totals = TrainLoop(o, *start, *prepared, session, out, err);
+  if (!totals.ok()) return fail(totals.status());
+  if (absl::Status s = Report(o, *start, session, *totals, out); !s.ok()) return fail(s);
   return kExitOk;
 }
 

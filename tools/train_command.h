@@ -1,17 +1,120 @@
 // `castor train MODEL --data ...`: converts the model under a policy, builds
-// its training graph, and trains it on the CPU backend with dynamic loss
-// scaling: a live progress line (plain periodic lines when stderr is not a
-// terminal), JSONL metrics per step and per evaluation, an evaluation on
-// the test split per epoch, and a closing summary (policy, compute dtype,
-// dtype of every weight, skipped steps, final loss scale, peak memory,
-// step time, test accuracy).
+// its training graph, and trains it on the CUDA or the CPU backend
+// (--backend) with dynamic loss scaling: a live progress line (plain
+// periodic lines when stderr is not a terminal), JSONL metrics per step and
+// per evaluation and a closing summary record, an evaluation on the test
+// split per epoch (or every --eval-every steps), checkpoints in
+// --checkpoint-dir that --resume continues bit for bit, and a closing
+// summary (policy, how many weights are float32, steps and skipped steps,
+// final loss scale, backend, CUDA graph replay, peak memory, step time, test
+// loss and accuracy, the last checkpoint).
+//
+// RunTrain is a few named steps (tools/train_command.cc): parse and check
+// the flags; set up or resume (SetUpOrResume: the float32 model, the policy,
+// the trainer options, and when resuming the checkpoint's settings); build
+// the training graph and load the data; choose the backend, create (and
+// restore) the trainer and open the metrics file and checkpoint directory;
+// the step loop; the report. The library parts of these steps live in
+// training/session.h; what is declared here is the part tests call.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
 
+#include "training/checkpoint.h"
+#include "training/session.h"
+#include "training/trainer.h"
+
 namespace castor::tools {
+
+// The flags of `castor train`; the member initializers are the defaults.
+struct TrainOptions {
+  std::string model_path;
+  std::string data;    // "": the checkpoint's when resuming, else fashion-mnist
+  std::string policy;  // "": the checkpoint's when resuming, else mixed_float16
+  std::string policy_file;
+  std::string loss = "cross-entropy";
+  std::string output = "logits";
+  std::string input;  // the model input the images feed; "" = its only input
+  std::string dump_passes_dir;  // "": no dumps
+  std::string optimizer = "adam";
+  double lr = 1e-3;
+  double momentum = 0.0;
+  bool nesterov = false;
+  double weight_decay = 0.0;
+  double clip_norm = 0.0;
+  std::string schedule = "constant";
+  int64_t warmup = 0;
+  int64_t step_size = 1000;
+  double gamma = 0.1;
+  int64_t batch = 128;
+  int64_t epochs = 1;
+  int64_t max_steps = 0;
+  int64_t seed = 0;
+  bool shuffle = true;
+  int64_t eval_every = 0;
+  std::string metrics_path;
+  std::string backend = "auto";
+  std::string loss_scaling = "auto";
+  std::string cuda_graphs = "auto";
+  bool tf32 = false;
+  int64_t threads = 0;
+  std::string checkpoint_dir;
+  int64_t save_every = 0;
+  int64_t keep = 3;
+  std::string resume;
+  bool allow_policy_change = false;
+};
+
+// A fresh run: the optimizer and learning-rate schedule the flags ask for
+// (the schedule's kind and length are set once the step count is known).
+training::TrainerOptions TrainerOptionsFromFlags(const TrainOptions& options);
+
+// The flags among `args` that a resumed run ignores because the checkpoint
+// decides them ("--lr", "--batch", ...), once per occurrence, in order.
+std::vector<std::string> FlagsTheCheckpointDecides(const std::vector<std::string>& args);
+
+// A resumed run continues as it was configured: takes the checkpoint's data
+// spec (when --data is not given), loss, output, input, batch, seed, shuffle
+// and optimizer into `options`, its checkpoint directory (the checkpoint's
+// own, when --checkpoint-dir is not given; `resumed_from` is its path) and
+// returns its optimizer and schedule.
+training::TrainerOptions TakeCheckpointSettings(const training::TrainingState& saved,
+                                                const std::string& resumed_from,
+                                                TrainOptions& options);
+
+// What the closing summary reports.
+struct TrainSummary {
+  std::string policy;         // its name
+  std::string compute_dtype;  // "bfloat16"
+  int64_t float32_weights = 0;
+  int64_t weights = 0;
+  int64_t steps = 0;
+  int64_t skipped_steps = 0;
+  double loss_scale = 0;
+  std::string backend;  // training::DescribeBackend
+  bool tf32 = false;
+  // "off (--cuda-graphs off)", "N of this run's M steps replayed ...", or
+  // "none: WHY".
+  std::string graph_replay;
+  int64_t peak_activation_bytes = 0;
+  std::optional<int64_t> peak_device_bytes;  // the CUDA memory pool's peak
+  int64_t peak_resident_bytes = 0;
+  double mean_step_ms = 0;
+  double samples_per_s = 0;
+  double seconds = 0;  // the whole run
+  std::optional<training::Evaluation> test;  // the last evaluation, if any
+  std::string last_checkpoint;               // "" when none
+};
+
+// The "summary:" block `castor train` ends with.
+std::string RenderTrainSummary(const TrainSummary& summary);
+
+// "45s", "2m05s"; "?" for a negative or non-finite time.
+std::string FormatDuration(double seconds);
 
 int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 

@@ -282,50 +282,29 @@ int RunVerify(const std::vector<std::string>& args, std::ostream& out, std::ostr
       .AddSwitch("json", "print the report as one JSON object", &json)
       .AddExample("castor verify runs/ckpt-00001000.onnx --policy mixed_bfloat16")
       .AddExample("castor verify ckpt.onnx --policy-file policy.json --json");
-  auto fail = [&err](int code, const std::string& message) {
-    err << "castor verify: error: " << message << "\n";
-    return code;
-  };
-  absl::StatusOr<ParseOutcome> outcome = parser.Parse(args);
-  if (!outcome.ok()) return fail(kExitBadInput, std::string(outcome.status().message()));
-  if (*outcome == ParseOutcome::kHelp) {
-    out << parser.Help();
-    return kExitOk;
-  }
-  if (!policy_name.empty() && !policy_file.empty()) {
-    return fail(kExitBadInput, "give --policy or --policy-file, not both");
-  }
-  std::optional<Policy> expected;
-  if (!policy_name.empty()) {
-    absl::StatusOr<Policy> builtin = Policy::Builtin(policy_name);
-    if (!builtin.ok()) {
-      return fail(kExitBadInput,
-                  absl::StrCat("--policy ", policy_name, ": ", builtin.status().message()));
-    }
-    expected = std::move(builtin).value();
-  } else if (!policy_file.empty()) {
-    absl::StatusOr<Policy> loaded = Policy::LoadFile(policy_file);
-    if (!loaded.ok()) {
-      return fail(kExitBadInput, absl::StrCat("--policy-file: ", loaded.status().message()));
-    }
-    expected = std::move(loaded).value();
-  }
+  const Command command(parser, out, err);
+  if (std::optional<int> done = command.Parse(args)) return *done;
+  PolicyFlags flags;
+  flags.name = policy_name;
+  flags.file = policy_file;
+  absl::StatusOr<std::optional<Policy>> expected = ResolvePolicyFlags(flags);
+  if (!expected.ok()) return command.Fail(kExitBadInput, expected.status());
 
   const VerifyResult result =
-      VerifyCheckpointFile(checkpoint_path, expected.has_value() ? &*expected : nullptr);
+      VerifyCheckpointFile(checkpoint_path, expected->has_value() ? &**expected : nullptr);
   if (json) {
     out << VerifyResultToJson(result).Dump(2) << "\n";
   } else if (result.summary.has_value()) {
     out << RenderVerifyText(result);
   }
   if (result.exit_code == kExitBadInput) {
-    return fail(kExitBadInput, absl::StrCat(result.error, " (unreadable or corrupt checkpoint)"));
+    return command.Fail(kExitBadInput, absl::StrCat(result.error, " (unreadable or corrupt checkpoint)"));
   }
   if (result.exit_code == kExitFailure) {
     const size_t count = result.problems.size() + result.policy_differences.size();
     std::string first =
         !result.problems.empty() ? result.problems.front() : result.policy_differences.front();
-    return fail(kExitFailure,
+    return command.Fail(kExitFailure,
                 absl::StrCat(checkpoint_path, " does not verify: ", count,
                              count == 1 ? " mismatch" : " mismatches", "; first: ", first));
   }

@@ -1,6 +1,9 @@
-// Checkpoint files (see checkpoint.h): the state JSON, the two digests, the
-// atomic write with optional external data, the read with its corruption
-// checks, the consistency checks, and checkpoint directories.
+// The checkpoint file format (see checkpoint.h): the training state as
+// JSON, the data and record digests, the atomic write (with an external data
+// file for large models) and the read with its corruption checks, plus the
+// record and moment-tensor names, SetInitializers and the inference model.
+// Consistency checks are in checkpoint_checks.cc, directories and the
+// cleanup of interrupted writes in checkpoint_dir.cc.
 #include "training/checkpoint.h"
 
 #include <fcntl.h>
@@ -13,8 +16,6 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
-#include <regex>
-#include <set>
 #include <string_view>
 
 #include "absl/strings/numbers.h"
@@ -26,13 +27,13 @@
 #include "graph/shape_inference.h"
 #include "graph/status.h"
 #include "graph/version.h"
-#include "passes/autocast.h"
-#include "training/loss_scaler.h"
+#include "training/checkpoint_internal.h"
 
 namespace castor::training {
 namespace {
 
 namespace fs = std::filesystem;
+using namespace checkpoint_internal;
 
 // The training_info algorithm graph that carries the optimizer moments.
 constexpr const char* kStateGraphName = "castor.optimizer_state";
@@ -48,22 +49,9 @@ constexpr int64_t kTrainingInfoIrVersion = 7;
 // Hex digits of the data digest in a data file's name.
 constexpr size_t kDataNameDigits = 16;
 
-std::string Quoted(const std::string& s) { return absl::StrCat("'", s, "'"); }
-
 absl::Status ErrnoError(int error_number, const std::string& message) {
   return absl::Status(absl::ErrnoToStatusCode(error_number),
                       absl::StrCat(message, ": ", std::strerror(error_number)));
-}
-
-std::string DirectoryOf(const std::string& path) {
-  std::string dir = fs::path(path).parent_path().string();
-  return dir.empty() ? "." : dir;
-}
-
-std::string FileNameOf(const std::string& path) { return fs::path(path).filename().string(); }
-
-std::string DimsText(const std::vector<int64_t>& dims) {
-  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
 }
 
 // ------------------------------------------------------------- digests
@@ -139,34 +127,6 @@ std::vector<std::pair<std::string, const Tensor*>> GraphInitializers(const Graph
     result.emplace_back(value->name(), value->initializer());
   }
   return result;
-}
-
-bool IsRecordKey(const std::string& key) { return key.rfind(kCheckpointKeyPrefix, 0) == 0; }
-
-// The record digest: every record entry but the digest itself, by key.
-std::string RecordDigest(const std::vector<std::pair<std::string, std::string>>& record) {
-  std::vector<std::pair<std::string, std::string>> sorted;
-  for (const auto& entry : record) {
-    if (IsRecordKey(entry.first) && entry.first != kCheckpointRecordDigestKey) {
-      sorted.push_back(entry);
-    }
-  }
-  std::sort(sorted.begin(), sorted.end());
-  FieldHasher hasher;
-  hasher.Field(std::string(kCheckpointFormat));
-  for (const auto& [key, value] : sorted) {
-    hasher.Field(key);
-    hasher.Field(value);
-  }
-  return hasher.Finish();
-}
-
-const std::string* FindEntry(const std::vector<std::pair<std::string, std::string>>& record,
-                             const std::string& key) {
-  for (const auto& [k, v] : record) {
-    if (k == key) return &v;
-  }
-  return nullptr;
 }
 
 // ------------------------------------------------------------- JSON helpers
@@ -308,269 +268,202 @@ absl::Status WriteDataFileAtomically(const std::string& path, const std::vector<
   return FsyncDirectory(DirectoryOf(path), path);
 }
 
-// Temporary files castor's atomic writers leave when killed:
-// "<name>.tmp.XXXXXX" and "<name>.<hex>.data.tmp.XXXXXX".
-bool IsStaleTempOf(const std::string& file, const std::string& name) {
-  static const std::regex kTempSuffix(R"((\.[0-9a-f]{16}\.data)?\.tmp\.[A-Za-z0-9]{6})");
-  return file.size() > name.size() && file.compare(0, name.size(), name) == 0 &&
-         std::regex_match(file.substr(name.size()), kTempSuffix);
-}
-
-// "<name>.<16 hex>.data".
-bool IsDataFileOf(const std::string& file, const std::string& name) {
-  static const std::regex kDataSuffix(R"(\.[0-9a-f]{16}\.data)");
-  return file.size() > name.size() && file.compare(0, name.size(), name) == 0 &&
-         std::regex_match(file.substr(name.size()), kDataSuffix);
-}
-
-std::vector<std::string> FilesInDirectory(const std::string& dir) {
-  std::vector<std::string> names;
-  std::error_code error;
-  for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
-    std::error_code type_error;
-    if (entry.is_regular_file(type_error)) names.push_back(entry.path().filename().string());
-  }
-  return names;
-}
-
-// Removes `name`'s stale temporary files in `dir` and, unless `keep_data`
-// is one, its data files other than `keep_data` ("" removes all).
-void RemoveLeftovers(const std::string& dir, const std::string& name, bool remove_temps,
-                     bool remove_data, const std::string& keep_data) {
-  for (const std::string& file : FilesInDirectory(dir)) {
-    const bool temp = remove_temps && IsStaleTempOf(file, name);
-    const bool data = remove_data && file != keep_data && IsDataFileOf(file, name);
-    if (temp || data) {
-      std::error_code ignored;
-      fs::remove(fs::path(dir) / file, ignored);
-    }
-  }
-}
-
-// ------------------------------------------------------------- the model
-
-// Every BatchNormalization input slot 3/4 reading `value`.
-bool ReadByBatchNormStatistic(const Value& value) {
-  for (const Use& use : value.uses()) {
-    if (use.node->op_type() == "BatchNormalization" && use.node->domain().empty() &&
-        (use.index == 3 || use.index == 4)) {
-      return true;
-    }
-  }
-  return false;
-}
-
-std::vector<std::string> SlotsOf(const OptimizerOptions& options) {
-  switch (options.kind) {
-    case OptimizerKind::kSgd:
-      return options.momentum > 0 ? std::vector<std::string>{"momentum"}
-                                  : std::vector<std::string>{};
-    case OptimizerKind::kAdam:
-    case OptimizerKind::kAdamW:
-      return {"m", "v"};
-  }
-  return {};
-}
-
-// The in-memory checks of FindCheckpointInconsistencies.
-void CheckStateAgainstGraph(const Checkpoint& checkpoint, std::vector<std::string>& problems) {
-  const Model& model = checkpoint.model;
-  if (model.graph == nullptr) {
-    problems.push_back("the checkpoint has no model graph");
-    return;
-  }
-  const Graph& graph = *model.graph;
-  const TrainingState& state = checkpoint.state;
-  if (const std::string* digest = model.FindMetadata(kPolicyDigestKey)) {
-    problems.push_back(absl::StrCat(
-        "the model carries an autocast record (", kPolicyDigestKey, " ", *digest,
-        "): a checkpoint holds the float32 graph (StripAutocast the converted model)"));
-  }
-  int inserted_casts = 0;
-  for (const Node* node : graph.nodes())
-    inserted_casts += node->FindMetadata(kInsertedCastKey) != nullptr;
-  if (inserted_casts > 0) {
-    problems.push_back(absl::StrCat("the model holds ", inserted_casts,
-                                    " Cast(s) inserted by autocast: a checkpoint holds the "
-                                    "float32 graph (StripAutocast the converted model)"));
-  }
-
-  std::set<std::string> seen;
-  auto check_initializer = [&](const std::string& name, const char* what) -> const Value* {
-    if (!seen.insert(name).second) {
-      problems.push_back(absl::StrCat(what, " ", Quoted(name), " is listed more than once"));
-      return nullptr;
-    }
-    const Value* value = graph.FindValue(name);
-    if (value == nullptr || value->initializer() == nullptr) {
-      problems.push_back(
-          absl::StrCat(what, " ", Quoted(name), " is not an initializer of the graph"));
-      return nullptr;
-    }
-    if (value->initializer()->dtype() != DType::kFloat32) {
-      problems.push_back(absl::StrCat(what, " ", Quoted(name), " is ",
-                                      DTypeName(value->initializer()->dtype()),
-                                      "; master weights and statistics must be float32"));
-      return nullptr;
-    }
-    return value;
-  };
-  std::map<std::string, const Value*> parameters;
-  for (const std::string& name : state.parameters) {
-    if (const Value* value = check_initializer(name, "parameter")) parameters[name] = value;
-  }
-  for (const std::string& name : state.running_stats) {
-    const Value* value = check_initializer(name, "running statistic");
-    if (value != nullptr && !ReadByBatchNormStatistic(*value)) {
-      problems.push_back(absl::StrCat("running statistic ", Quoted(name),
-                                      " is not the running mean or variance of a "
-                                      "BatchNormalization node"));
-    }
-  }
-
-  const std::vector<std::string> slots = SlotsOf(state.optimizer);
-  for (const auto& [parameter, tensors] : state.moments) {
-    auto it = parameters.find(parameter);
-    if (it == parameters.end()) {
-      problems.push_back(absl::StrCat("optimizer moments of ", Quoted(parameter),
-                                      ", which is not a trained parameter of the state"));
-      continue;
-    }
-    const Tensor& weight = *it->second->initializer();
-    for (const auto& [slot, tensor] : tensors) {
-      const std::string label = absl::StrCat("moment ", Quoted(MomentTensorName(parameter, slot)));
-      if (std::find(slots.begin(), slots.end(), slot) == slots.end()) {
-        problems.push_back(absl::StrCat(
-            label, ": slot ", Quoted(slot), " is not a slot of the ",
-            OptimizerKindName(state.optimizer.kind),
-            " optimizer (slots: ", slots.empty() ? "none" : absl::StrJoin(slots, ", "), ")"));
-      }
-      if (tensor.dtype() != DType::kFloat32 || tensor.dims() != weight.dims()) {
-        problems.push_back(absl::StrCat(label, " is ", DTypeName(tensor.dtype()),
-                                        DimsText(tensor.dims()), "; its parameter is float32",
-                                        DimsText(weight.dims())));
-      }
-    }
-  }
-  if (state.optimizer_step > 0) {
-    for (const auto& [parameter, value] : parameters) {
-      auto it = state.moments.find(parameter);
-      for (const std::string& slot : slots) {
-        if (it == state.moments.end() || !it->second.contains(slot)) {
-          problems.push_back(absl::StrCat("parameter ", Quoted(parameter), " has no ", Quoted(slot),
-                                          " moment although ", state.optimizer_step,
-                                          " update(s) were applied"));
-        }
-      }
-    }
-  }
-
-  if (state.step < 0 || state.optimizer_step < 0 || state.epoch < 0 || state.position < 0 ||
-      state.batch_size < 0 || state.dataset_size < 0) {
-    problems.push_back(absl::StrCat("negative counter in the state: step ", state.step,
-                                    ", optimizer_step ", state.optimizer_step, ", epoch ",
-                                    state.epoch, ", position ", state.position, ", batch_size ",
-                                    state.batch_size, ", dataset_size ", state.dataset_size));
-  }
-  if (state.dataset_size > 0 && state.position > state.dataset_size) {
-    problems.push_back(absl::StrCat("data position ", state.position, " is past the dataset's ",
-                                    state.dataset_size, " samples"));
-  }
-  if (!state.loss_scaler.is_null()) {
-    absl::StatusOr<LossScaler> scaler = LossScaler::FromJson(state.loss_scaler);
-    if (!scaler.ok()) {
-      problems.push_back(std::string(scaler.status().message()));
-    } else if (state.step != state.optimizer_step + scaler->skipped_steps()) {
-      problems.push_back(absl::StrCat("step ", state.step, " is not the optimizer's ",
-                                      state.optimizer_step, " updates plus the loss scaler's ",
-                                      scaler->skipped_steps(), " skipped steps"));
-    }
-  } else if (state.optimizer_step > state.step) {
-    problems.push_back(
-        absl::StrCat("optimizer_step ", state.optimizer_step, " is larger than step ", state.step));
-  }
-  if (!state.extra.is_object()) problems.push_back("the state's 'extra' must be a JSON object");
-}
-
-// The record checks of FindCheckpointInconsistencies.
-void CheckRecord(const Checkpoint& checkpoint, std::vector<std::string>& problems,
-                 std::vector<std::string>* notes) {
-  const auto& record = checkpoint.record;
-  const Policy& policy = checkpoint.policy;
-  const std::string* recorded_seal = FindEntry(record, kCheckpointRecordDigestKey);
-  const std::string seal = RecordDigest(record);
-  if (recorded_seal == nullptr || *recorded_seal != seal) {
-    problems.push_back(absl::StrCat(
-        "the record digest does not match: a castor.checkpoint.* entry was edited after the "
-        "checkpoint was written (recorded ",
-        recorded_seal ? *recorded_seal : "nothing", ", computed ", seal, ")"));
-  }
-  const std::string digest = policy.Digest();
-  const std::string* recorded_digest = FindEntry(record, kCheckpointPolicyDigestKey);
-  if (recorded_digest == nullptr || *recorded_digest != digest) {
-    problems.push_back(absl::StrCat("the policy was modified: the recorded policy digest is ",
-                                    recorded_digest ? *recorded_digest : "missing",
-                                    " but the recorded policy (", kCheckpointPolicyKey, ", name ",
-                                    Quoted(policy.name()), ") has digest ", digest));
-  }
-  auto compare = [&](const char* key, const std::string& expected, const char* what) {
-    const std::string* value = FindEntry(record, key);
-    if (value == nullptr || *value != expected) {
-      problems.push_back(absl::StrCat(key, " is ", value ? Quoted(*value) : "missing",
-                                      " but the recorded policy's ", what, " is ",
-                                      Quoted(expected)));
-    }
-  };
-  compare(kCheckpointPolicyNameKey, policy.name(), "name");
-  compare(kCheckpointComputeDTypeKey, DTypeName(policy.compute_dtype()), "compute dtype");
-  compare(kCheckpointVariableDTypeKey, DTypeName(policy.variable_dtype()), "variable dtype");
-
-  absl::StatusOr<std::vector<std::string>> kept = KeptFloat32Nodes(checkpoint.model, policy);
-  if (!kept.ok()) {
-    problems.push_back(absl::StrCat(
-        "autocast of the stored graph under the recorded policy fails: ", kept.status().message()));
-    return;
-  }
-  if (*kept != checkpoint.kept_float32_nodes) {
-    const std::set<std::string> now(kept->begin(), kept->end());
-    const std::set<std::string> then(checkpoint.kept_float32_nodes.begin(),
-                                     checkpoint.kept_float32_nodes.end());
-    std::vector<std::string> differences;
-    for (const std::string& name : then) {
-      if (!now.contains(name))
-        differences.push_back(absl::StrCat(Quoted(name), " recorded float32, now lower"));
-    }
-    for (const std::string& name : now) {
-      if (!then.contains(name))
-        differences.push_back(absl::StrCat(Quoted(name), " now float32, not recorded"));
-    }
-    if (differences.size() > 8) {
-      const size_t more = differences.size() - 8;
-      differences.resize(8);
-      differences.push_back(absl::StrCat("and ", more, " more"));
-    }
-    std::string text = absl::StrCat(
-        "the recorded nodes kept float32 (", checkpoint.kept_float32_nodes.size(),
-        ") differ from what autocast under the recorded policy keeps (", kept->size(),
-        "): ", differences.empty() ? "same set, different order" : absl::StrJoin(differences, "; "));
-    if (checkpoint.castor_version == kCastorVersion) {
-      problems.push_back(std::move(text));
-    } else if (notes != nullptr) {
-      // Expected: another version's autocast pass; the record digest still
-      // seals what was recorded.
-      notes->push_back(absl::StrCat(text, " (written by castor ", checkpoint.castor_version,
-                                    ", checked by castor ", kCastorVersion,
-                                    ": the autocast pass changed in between, so this is "
-                                    "expected; resuming converts under this version's pass)"));
-    }
-  }
-}
-
 absl::Status DataLoss(const std::string& path, const std::string& what) {
   return absl::DataLossError(absl::StrCat(path, ": ", what));
 }
 
+
+// ------------------------------------------------------------------ write
+
+// training_info[0] of `proto`: the moments, one initializer each (an older
+// castor entry is replaced; other entries stay, after it).
+void PutMomentsInTrainingInfo(const Checkpoint& checkpoint, onnx::ModelProto& proto) {
+  google::protobuf::RepeatedPtrField<onnx::TrainingInfoProto> others;
+  for (const onnx::TrainingInfoProto& info : proto.training_info()) {
+    if (info.algorithm().name() != kStateGraphName) *others.Add() = info;
+  }
+  proto.clear_training_info();
+  onnx::TrainingInfoProto* info = proto.add_training_info();
+  info->mutable_algorithm()->set_name(kStateGraphName);
+  info->mutable_algorithm()->set_doc_string(
+      "castor's optimizer state (moments), one initializer castor.moment/<slot>/<parameter> "
+      "each; castor runs the training step itself");
+  for (const auto& [parameter, slots] : checkpoint.state.moments) {
+    for (const auto& [slot, tensor] : slots) {
+      *info->mutable_algorithm()->add_initializer() =
+          TensorToProto(tensor, MomentTensorName(parameter, slot));
+    }
+  }
+  for (const onnx::TrainingInfoProto& other : others) *proto.add_training_info() = other;
+}
+
+// Moves the tensors of `proto` (graph initializers and moments) of at least
+// kExternalTensorMinBytes into the data file `dir`/`data_name`, page aligned,
+// written atomically; records it in `written`.
+absl::Status WriteExternalData(onnx::ModelProto& proto, const std::string& dir,
+                               const std::string& data_name, WrittenCheckpoint& written) {
+  std::vector<DataPiece> pieces;
+  uint64_t offset = 0;
+  auto externalize = [&](onnx::TensorProto& tensor) {
+    if (!tensor.has_raw_data() || tensor.raw_data().size() < kExternalTensorMinBytes) return;
+    offset = (offset + kExternalAlignment - 1) / kExternalAlignment * kExternalAlignment;
+    pieces.push_back({offset, tensor.raw_data()});
+    tensor.set_data_location(onnx::TensorProto::EXTERNAL);
+    auto add = [&tensor](const char* key, const std::string& value) {
+      onnx::StringStringEntryProto* entry = tensor.add_external_data();
+      entry->set_key(key);
+      entry->set_value(value);
+    };
+    add("location", data_name);
+    add("offset", std::to_string(offset));
+    add("length", std::to_string(tensor.raw_data().size()));
+    offset += tensor.raw_data().size();
+  };
+  for (onnx::TensorProto& tensor : *proto.mutable_graph()->mutable_initializer())
+    externalize(tensor);
+  for (onnx::TensorProto& tensor :
+       *proto.mutable_training_info(0)->mutable_algorithm()->mutable_initializer()) {
+    externalize(tensor);
+  }
+  CASTOR_RETURN_IF_ERROR(
+      WriteDataFileAtomically((fs::path(dir) / data_name).string(), pieces, offset));
+  // The pieces pointed into raw_data; drop it now that it is on disk.
+  for (onnx::TensorProto& tensor : *proto.mutable_graph()->mutable_initializer()) {
+    if (tensor.data_location() == onnx::TensorProto::EXTERNAL) tensor.clear_raw_data();
+  }
+  for (onnx::TensorProto& tensor :
+       *proto.mutable_training_info(0)->mutable_algorithm()->mutable_initializer()) {
+    if (tensor.data_location() == onnx::TensorProto::EXTERNAL) tensor.clear_raw_data();
+  }
+  written.external_data_path = (fs::path(dir) / data_name).string();
+  written.external_data_bytes = static_cast<int64_t>(offset);
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------------- read
+
+// The ModelProto in the file at `path`: DataLoss when it is empty, does not
+// parse, or lacks what every ONNX model has.
+absl::StatusOr<onnx::ModelProto> ReadModelProto(const std::string& path) {
+  std::error_code error;
+  if (fs::is_directory(path, error)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": is a directory, not a checkpoint file"));
+  }
+  CASTOR_ASSIGN_OR_RETURN(
+      std::string bytes,
+      ReadWholeFile(path, kMaxProtoBytes,
+                    "protobuf's 2 GB limit; not a castor checkpoint (its tensors would be "
+                    "external)"));
+  if (bytes.empty()) return DataLoss(path, "not a checkpoint: the file is empty");
+  onnx::ModelProto proto;
+  {
+    google::protobuf::io::CodedInputStream stream(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                                  static_cast<int>(bytes.size()));
+    stream.SetTotalBytesLimit(INT_MAX);
+    if (!proto.ParseFromCodedStream(&stream) || !stream.ConsumedEntireMessage()) {
+      return DataLoss(path,
+                      "not a valid ONNX model (protobuf parsing failed: truncated, "
+                      "corrupt or not a ModelProto)");
+    }
+  }
+  if (proto.ir_version() <= 0 || !proto.has_graph() || proto.opset_import_size() == 0) {
+    return DataLoss(path,
+                    "not a valid ONNX model (no ir_version, graph or opset_import: "
+                    "truncated, corrupt or another kind of file)");
+  }
+  return proto;
+}
+
+// The optimizer moments of `proto`'s training_info into `state` (which
+// lists them): every tensor listed and nothing else; DataLoss otherwise.
+absl::Status ReadMoments(const onnx::ModelProto& proto, const std::string& path,
+                         const std::string& dir, TrainingState& state) {
+  const onnx::TrainingInfoProto* info = nullptr;
+  for (const onnx::TrainingInfoProto& candidate : proto.training_info()) {
+    if (candidate.algorithm().name() == kStateGraphName) info = &candidate;
+  }
+  if (info == nullptr && !state.moments.empty()) {
+    return DataLoss(
+        path, absl::StrCat("training_info has no ", kStateGraphName, " graph, but the state lists ",
+                           state.moments.size(), " parameter(s) with optimizer moments"));
+  }
+  if (info != nullptr) {
+    for (const onnx::TensorProto& tensor_proto : info->algorithm().initializer()) {
+      std::string parameter, slot;
+      if (!ParseMomentTensorName(tensor_proto.name(), &parameter, &slot) ||
+          !state.moments.contains(parameter) || !state.moments[parameter].contains(slot)) {
+        return DataLoss(path,
+                        absl::StrCat("training_info holds tensor ", Quoted(tensor_proto.name()),
+                                     ", which the state does not list as a moment"));
+      }
+      absl::StatusOr<Tensor> tensor = TensorFromProto(tensor_proto, dir);
+      if (!tensor.ok()) {
+        return DataLoss(path, absl::StrCat("moment ", Quoted(tensor_proto.name()), ": ",
+                                           tensor.status().message()));
+      }
+      state.moments[parameter][slot] = std::move(tensor).value();
+    }
+  }
+  for (const auto& [parameter, slots] : state.moments) {
+    for (const auto& [slot, tensor] : slots) {
+      if (tensor.dtype() == DType::kUndefined) {
+        return DataLoss(path, absl::StrCat("moment ", Quoted(MomentTensorName(parameter, slot)),
+                                           " is listed in the state but missing from "
+                                           "training_info"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+// ------------------------------------------------ shared with the other parts
+
+namespace checkpoint_internal {
+
+std::string Quoted(const std::string& s) { return absl::StrCat("'", s, "'"); }
+
+std::string DimsText(const std::vector<int64_t>& dims) {
+  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
+}
+
+std::string DirectoryOf(const std::string& path) {
+  std::string dir = fs::path(path).parent_path().string();
+  return dir.empty() ? "." : dir;
+}
+
+std::string FileNameOf(const std::string& path) { return fs::path(path).filename().string(); }
+
+bool IsRecordKey(const std::string& key) { return key.rfind(kCheckpointKeyPrefix, 0) == 0; }
+
+std::string RecordDigest(const std::vector<std::pair<std::string, std::string>>& record) {
+  std::vector<std::pair<std::string, std::string>> sorted;
+  for (const auto& entry : record) {
+    if (IsRecordKey(entry.first) && entry.first != kCheckpointRecordDigestKey) {
+      sorted.push_back(entry);
+    }
+  }
+  std::sort(sorted.begin(), sorted.end());
+  FieldHasher hasher;
+  hasher.Field(std::string(kCheckpointFormat));
+  for (const auto& [key, value] : sorted) {
+    hasher.Field(key);
+    hasher.Field(value);
+  }
+  return hasher.Finish();
+}
+
+const std::string* FindEntry(const std::vector<std::pair<std::string, std::string>>& record,
+                             const std::string& key) {
+  for (const auto& [k, v] : record) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+}  // namespace checkpoint_internal
 
 // ===================================================================== API
 
@@ -615,23 +508,6 @@ absl::Status SetInitializers(Model& model, const std::map<std::string, Tensor>& 
     *target = tensor;
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<std::string>> KeptFloat32Nodes(const Model& model,
-                                                          const Policy& policy) {
-  CASTOR_ASSIGN_OR_RETURN(Model copy, CloneModel(model));
-  CASTOR_RETURN_IF_ERROR(InferTypes(copy));
-  CASTOR_RETURN_IF_ERROR(RunAutocast(copy, policy).status());
-  std::vector<std::string> kept;
-  for (const Node* node : model.graph->nodes()) {
-    const Node* converted = copy.graph->FindNode(node->name());
-    if (converted == nullptr) continue;
-    const AutocastRecord record = ReadAutocastRecord(*converted);
-    if (record.inserted_cast.empty() && record.dtype == DTypeName(DType::kFloat32)) {
-      kept.push_back(node->name());
-    }
-  }
-  return kept;
 }
 
 Json OptimizerOptionsToJson(const OptimizerOptions& options) {
@@ -791,77 +667,6 @@ absl::StatusOr<TrainingState> TrainingStateFromJson(const Json& json, const std:
   return state;
 }
 
-std::vector<std::string> FindCheckpointInconsistencies(const Checkpoint& checkpoint,
-                                                       std::vector<std::string>* notes) {
-  std::vector<std::string> problems;
-  CheckStateAgainstGraph(checkpoint, problems);
-  if (!checkpoint.record.empty() && checkpoint.model.graph != nullptr) {
-    CheckRecord(checkpoint, problems, notes);
-  }
-  return problems;
-}
-
-std::vector<std::string> DescribePolicyDifferences(const Policy& recorded, const Policy& expected) {
-  std::vector<std::string> lines;
-  if (recorded.Digest() == expected.Digest()) return lines;
-  if (recorded.name() != expected.name()) {
-    lines.push_back(absl::StrCat("name: recorded ", Quoted(recorded.name()), ", expected ",
-                                 Quoted(expected.name())));
-  }
-  if (recorded.compute_dtype() != expected.compute_dtype()) {
-    lines.push_back(absl::StrCat("compute_dtype: recorded ", DTypeName(recorded.compute_dtype()),
-                                 ", expected ", DTypeName(expected.compute_dtype())));
-  }
-  if (recorded.keep_io_types() != expected.keep_io_types()) {
-    lines.push_back(absl::StrCat("keep_io_types: recorded ",
-                                 recorded.keep_io_types() ? "true" : "false", ", expected ",
-                                 expected.keep_io_types() ? "true" : "false"));
-  }
-  auto compare_maps = [&](const std::map<std::string, AutocastCategory>& a,
-                          const std::map<std::string, AutocastCategory>& b, const char* field) {
-    std::set<std::string> keys;
-    for (const auto& [k, v] : a) keys.insert(k);
-    for (const auto& [k, v] : b) keys.insert(k);
-    for (const std::string& key : keys) {
-      auto ia = a.find(key), ib = b.find(key);
-      const std::string va = ia == a.end() ? "absent" : AutocastCategoryName(ia->second);
-      const std::string vb = ib == b.end() ? "absent" : AutocastCategoryName(ib->second);
-      if (va != vb) {
-        lines.push_back(absl::StrCat(field, " ", key, ": recorded ", va, ", expected ", vb));
-      }
-    }
-  };
-  compare_maps(recorded.op_lists(), expected.op_lists(), "op_lists");
-  compare_maps(recorded.op_overrides(), expected.op_overrides(), "op_overrides");
-  auto describe_nodes = [](const Policy& p) {
-    std::vector<std::string> rules;
-    for (const NodeOverride& rule : p.node_overrides()) {
-      rules.push_back(absl::StrCat(rule.Describe(), " -> ", AutocastCategoryName(rule.category)));
-    }
-    return rules;
-  };
-  if (describe_nodes(recorded) != describe_nodes(expected)) {
-    lines.push_back(absl::StrCat("node_overrides: recorded [",
-                                 absl::StrJoin(describe_nodes(recorded), "; "), "], expected [",
-                                 absl::StrJoin(describe_nodes(expected), "; "), "]"));
-  }
-  auto describe_pins = [](const Policy& p) {
-    std::vector<std::string> pins;
-    for (const InputPin& pin : p.pins()) pins.push_back(absl::StrCat(pin.op, ":", pin.input));
-    return pins;
-  };
-  if (describe_pins(recorded) != describe_pins(expected)) {
-    lines.push_back(absl::StrCat("pins: recorded [", absl::StrJoin(describe_pins(recorded), ", "),
-                                 "], expected [", absl::StrJoin(describe_pins(expected), ", "),
-                                 "]"));
-  }
-  if (lines.empty()) {
-    lines.push_back(
-        absl::StrCat("digest: recorded ", recorded.Digest(), ", expected ", expected.Digest()));
-  }
-  return lines;
-}
-
 absl::StatusOr<Model> InferenceModelFromCheckpoint(const Checkpoint& checkpoint) {
   CASTOR_ASSIGN_OR_RETURN(Model model, CloneModel(checkpoint.model));
   model.serialized_training_info.clear();
@@ -911,25 +716,7 @@ absl::StatusOr<WrittenCheckpoint> WriteCheckpoint(const Checkpoint& checkpoint,
     proto.mutable_metadata_props()->Swap(&kept_props);
   }
   // training_info[0]: the moments (an older castor entry is replaced).
-  {
-    google::protobuf::RepeatedPtrField<onnx::TrainingInfoProto> others;
-    for (const onnx::TrainingInfoProto& info : proto.training_info()) {
-      if (info.algorithm().name() != kStateGraphName) *others.Add() = info;
-    }
-    proto.clear_training_info();
-    onnx::TrainingInfoProto* info = proto.add_training_info();
-    info->mutable_algorithm()->set_name(kStateGraphName);
-    info->mutable_algorithm()->set_doc_string(
-        "castor's optimizer state (moments), one initializer castor.moment/<slot>/<parameter> "
-        "each; castor runs the training step itself");
-    for (const auto& [parameter, slots] : checkpoint.state.moments) {
-      for (const auto& [slot, tensor] : slots) {
-        *info->mutable_algorithm()->add_initializer() =
-            TensorToProto(tensor, MomentTensorName(parameter, slot));
-      }
-    }
-    for (const onnx::TrainingInfoProto& other : others) *proto.add_training_info() = other;
-  }
+  PutMomentsInTrainingInfo(checkpoint, proto);
 
   const std::string state_json = TrainingStateToJson(checkpoint.state).Dump(-1);
   const std::string data_digest =
@@ -966,45 +753,10 @@ absl::StatusOr<WrittenCheckpoint> WriteCheckpoint(const Checkpoint& checkpoint,
   if (external) {
     const std::string hex = data_digest.substr(std::string("sha256:").size(), kDataNameDigits);
     data_name = absl::StrCat(name, ".", hex, ".data");
-    std::vector<DataPiece> pieces;
-    uint64_t offset = 0;
-    auto externalize = [&](onnx::TensorProto& tensor) {
-      if (!tensor.has_raw_data() || tensor.raw_data().size() < kExternalTensorMinBytes) return;
-      offset = (offset + kExternalAlignment - 1) / kExternalAlignment * kExternalAlignment;
-      pieces.push_back({offset, tensor.raw_data()});
-      tensor.set_data_location(onnx::TensorProto::EXTERNAL);
-      auto add = [&tensor](const char* key, const std::string& value) {
-        onnx::StringStringEntryProto* entry = tensor.add_external_data();
-        entry->set_key(key);
-        entry->set_value(value);
-      };
-      add("location", data_name);
-      add("offset", std::to_string(offset));
-      add("length", std::to_string(tensor.raw_data().size()));
-      offset += tensor.raw_data().size();
-    };
-    for (onnx::TensorProto& tensor : *proto.mutable_graph()->mutable_initializer())
-      externalize(tensor);
-    for (onnx::TensorProto& tensor :
-         *proto.mutable_training_info(0)->mutable_algorithm()->mutable_initializer()) {
-      externalize(tensor);
-    }
-    if (absl::Status s =
-            WriteDataFileAtomically((fs::path(dir) / data_name).string(), pieces, offset);
-        !s.ok()) {
+    if (absl::Status s = WriteExternalData(proto, dir, data_name, written); !s.ok()) {
       return fail(s);
     }
-    // The pieces pointed into raw_data; drop it now that it is on disk.
-    for (onnx::TensorProto& tensor : *proto.mutable_graph()->mutable_initializer()) {
-      if (tensor.data_location() == onnx::TensorProto::EXTERNAL) tensor.clear_raw_data();
-    }
-    for (onnx::TensorProto& tensor :
-         *proto.mutable_training_info(0)->mutable_algorithm()->mutable_initializer()) {
-      if (tensor.data_location() == onnx::TensorProto::EXTERNAL) tensor.clear_raw_data();
-    }
     record.emplace_back(kCheckpointExternalDataKey, data_name);
-    written.external_data_path = (fs::path(dir) / data_name).string();
-    written.external_data_bytes = static_cast<int64_t>(offset);
   }
   record.emplace_back(kCheckpointRecordDigestKey, RecordDigest(record));
   for (const auto& [key, value] : record) {
@@ -1034,33 +786,7 @@ absl::StatusOr<WrittenCheckpoint> WriteCheckpoint(const Checkpoint& checkpoint,
 // ------------------------------------------------------------------- read
 
 absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
-  std::error_code error;
-  if (fs::is_directory(path, error)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": is a directory, not a checkpoint file"));
-  }
-  CASTOR_ASSIGN_OR_RETURN(
-      std::string bytes,
-      ReadWholeFile(path, kMaxProtoBytes,
-                    "protobuf's 2 GB limit; not a castor checkpoint (its tensors would be "
-                    "external)"));
-  if (bytes.empty()) return DataLoss(path, "not a checkpoint: the file is empty");
-  onnx::ModelProto proto;
-  {
-    google::protobuf::io::CodedInputStream stream(reinterpret_cast<const uint8_t*>(bytes.data()),
-                                                  static_cast<int>(bytes.size()));
-    stream.SetTotalBytesLimit(INT_MAX);
-    if (!proto.ParseFromCodedStream(&stream) || !stream.ConsumedEntireMessage()) {
-      return DataLoss(path,
-                      "not a valid ONNX model (protobuf parsing failed: truncated, "
-                      "corrupt or not a ModelProto)");
-    }
-  }
-  if (proto.ir_version() <= 0 || !proto.has_graph() || proto.opset_import_size() == 0) {
-    return DataLoss(path,
-                    "not a valid ONNX model (no ir_version, graph or opset_import: "
-                    "truncated, corrupt or another kind of file)");
-  }
+  CASTOR_ASSIGN_OR_RETURN(onnx::ModelProto proto, ReadModelProto(path));
   std::vector<std::pair<std::string, std::string>> record;
   for (const onnx::StringStringEntryProto& entry : proto.metadata_props()) {
     if (IsRecordKey(entry.key())) record.emplace_back(entry.key(), entry.value());
@@ -1127,41 +853,7 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
                     absl::StrCat("cannot import the stored model: ", model.status().message()));
   }
   // The moments.
-  const onnx::TrainingInfoProto* info = nullptr;
-  for (const onnx::TrainingInfoProto& candidate : proto.training_info()) {
-    if (candidate.algorithm().name() == kStateGraphName) info = &candidate;
-  }
-  if (info == nullptr && !state->moments.empty()) {
-    return DataLoss(
-        path, absl::StrCat("training_info has no ", kStateGraphName, " graph, but the state lists ",
-                           state->moments.size(), " parameter(s) with optimizer moments"));
-  }
-  if (info != nullptr) {
-    for (const onnx::TensorProto& tensor_proto : info->algorithm().initializer()) {
-      std::string parameter, slot;
-      if (!ParseMomentTensorName(tensor_proto.name(), &parameter, &slot) ||
-          !state->moments.contains(parameter) || !state->moments[parameter].contains(slot)) {
-        return DataLoss(path,
-                        absl::StrCat("training_info holds tensor ", Quoted(tensor_proto.name()),
-                                     ", which the state does not list as a moment"));
-      }
-      absl::StatusOr<Tensor> tensor = TensorFromProto(tensor_proto, dir);
-      if (!tensor.ok()) {
-        return DataLoss(path, absl::StrCat("moment ", Quoted(tensor_proto.name()), ": ",
-                                           tensor.status().message()));
-      }
-      state->moments[parameter][slot] = std::move(tensor).value();
-    }
-  }
-  for (const auto& [parameter, slots] : state->moments) {
-    for (const auto& [slot, tensor] : slots) {
-      if (tensor.dtype() == DType::kUndefined) {
-        return DataLoss(path, absl::StrCat("moment ", Quoted(MomentTensorName(parameter, slot)),
-                                           " is listed in the state but missing from "
-                                           "training_info"));
-      }
-    }
-  }
+  CASTOR_RETURN_IF_ERROR(ReadMoments(proto, path, dir, *state));
   const std::string digest =
       DataDigest(GraphStructureBytes(proto.graph()), GraphInitializers(*model->graph),
                  state->moments, state_text);
@@ -1194,112 +886,6 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
   }
   checkpoint.record = std::move(record);
   return checkpoint;
-}
-
-// ------------------------------------------------------------ directories
-
-std::string CheckpointFileName(int64_t step) {
-  std::string digits = std::to_string(step);
-  if (digits.size() < 8) digits.insert(0, 8 - digits.size(), '0');
-  return absl::StrCat("ckpt-", digits, ".onnx");
-}
-
-absl::StatusOr<std::vector<CheckpointFile>> ListCheckpoints(const std::string& dir) {
-  std::error_code error;
-  if (!fs::is_directory(dir, error)) {
-    return absl::NotFoundError(absl::StrCat(dir, ": no such directory"));
-  }
-  static const std::regex kName(R"(ckpt-([0-9]{8,18})\.onnx)");
-  std::vector<CheckpointFile> files;
-  for (const std::string& file : FilesInDirectory(dir)) {
-    std::smatch match;
-    if (!std::regex_match(file, match, kName)) continue;
-    int64_t step = 0;
-    if (!absl::SimpleAtoi(match[1].str(), &step)) continue;
-    files.push_back({step, (fs::path(dir) / file).string()});
-  }
-  std::sort(files.begin(), files.end(), [](const CheckpointFile& a, const CheckpointFile& b) {
-    return a.step != b.step ? a.step < b.step : a.path < b.path;
-  });
-  return files;
-}
-
-absl::StatusOr<SavedCheckpoint> SaveToCheckpointDir(const std::string& dir,
-                                                    const Checkpoint& checkpoint, int64_t keep_last,
-                                                    const CheckpointWriteOptions& options) {
-  std::error_code error;
-  fs::create_directories(dir, error);
-  if (error) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot create checkpoint directory ", dir, ": ", error.message()));
-  }
-  SavedCheckpoint saved;
-  const std::string path = (fs::path(dir) / CheckpointFileName(checkpoint.state.step)).string();
-  CASTOR_ASSIGN_OR_RETURN(saved.written, WriteCheckpoint(checkpoint, path, options));
-  CASTOR_ASSIGN_OR_RETURN(std::vector<CheckpointFile> files, ListCheckpoints(dir));
-  if (keep_last > 0 && static_cast<int64_t>(files.size()) > keep_last) {
-    const size_t remove_count = files.size() - static_cast<size_t>(keep_last);
-    for (size_t k = 0; k < remove_count; ++k) {
-      if (files[k].path == path) continue;  // never the one just written
-      std::error_code remove_error;
-      if (fs::remove(files[k].path, remove_error)) saved.removed.push_back(files[k].path);
-      // Its data files (removed even if the model file was already gone).
-      RemoveLeftovers(dir, FileNameOf(files[k].path), true, true, "");
-    }
-  }
-  // Leftovers of checkpoints no longer present: data files, temporary files.
-  static const std::regex kOwnFile(R"((ckpt-[0-9]{8,18}\.onnx)\..+)");
-  for (const std::string& file : FilesInDirectory(dir)) {
-    std::smatch match;
-    if (!std::regex_match(file, match, kOwnFile)) continue;
-    const std::string base = match[1].str();
-    const bool base_exists = fs::exists(fs::path(dir) / base, error);
-    if ((IsStaleTempOf(file, base)) || (!base_exists && IsDataFileOf(file, base))) {
-      std::error_code ignored;
-      fs::remove(fs::path(dir) / file, ignored);
-    }
-  }
-  return saved;
-}
-
-absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& dir_or_file) {
-  std::error_code error;
-  auto read_and_check = [](const std::string& path) -> absl::StatusOr<Checkpoint> {
-    CASTOR_ASSIGN_OR_RETURN(Checkpoint checkpoint, ReadCheckpoint(path));
-    std::vector<std::string> problems = FindCheckpointInconsistencies(checkpoint);
-    if (!problems.empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(path, ": inconsistent checkpoint: ", absl::StrJoin(problems, "; ")));
-    }
-    return checkpoint;
-  };
-  if (!fs::is_directory(dir_or_file, error)) {
-    CASTOR_ASSIGN_OR_RETURN(Checkpoint checkpoint, read_and_check(dir_or_file));
-    FoundCheckpoint found(std::move(checkpoint));
-    found.path = dir_or_file;
-    return found;
-  }
-  CASTOR_ASSIGN_OR_RETURN(std::vector<CheckpointFile> files, ListCheckpoints(dir_or_file));
-  if (files.empty()) {
-    return absl::NotFoundError(absl::StrCat(dir_or_file,
-                                            ": no checkpoint (ckpt-<step>.onnx) in "
-                                            "this directory"));
-  }
-  std::vector<std::string> skipped;
-  for (auto it = files.rbegin(); it != files.rend(); ++it) {
-    absl::StatusOr<Checkpoint> checkpoint = read_and_check(it->path);
-    if (!checkpoint.ok()) {
-      skipped.push_back(std::string(checkpoint.status().message()));
-      continue;
-    }
-    FoundCheckpoint found(std::move(checkpoint).value());
-    found.path = it->path;
-    found.skipped = std::move(skipped);
-    return found;
-  }
-  return absl::DataLossError(
-      absl::StrCat(dir_or_file, ": none of its ", files.size(),
-                   " checkpoints is usable: ", absl::StrJoin(skipped, "; ")));
 }
 
 }  // namespace castor::training

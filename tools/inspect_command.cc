@@ -769,24 +769,17 @@ int RunInspect(const std::vector<std::string>& args, std::ostream& out, std::ost
       .AddExample("castor inspect model.onnx --format dot --output model.dot && dot -Tsvg "
                   "model.dot -o model.svg");
 
-  auto fail = [&err](const std::string& message) {
-    err << "castor inspect: error: " << message << "\n";
-    return kExitBadInput;
-  };
-  absl::StatusOr<ParseOutcome> outcome = parser.Parse(args);
-  if (!outcome.ok()) return fail(std::string(outcome.status().message()));
-  if (*outcome == ParseOutcome::kHelp) {
-    out << parser.Help();
-    return kExitOk;
-  }
+  const Command command(parser, out, err);
+  if (std::optional<int> done = command.Parse(args)) return *done;
   absl::StatusOr<std::string> report = InspectModel(options);
-  if (!report.ok()) return fail(std::string(report.status().message()));
+  if (!report.ok()) return command.Fail(kExitBadInput, report.status());
   if (options.output_path.empty()) {
     out << *report;
     return kExitOk;
   }
   if (absl::Status s = WriteFileAtomically(options.output_path, *report); !s.ok()) {
-    return fail(absl::StrCat("cannot write --output ", options.output_path, ": ", s.message()));
+    return command.Fail(kExitBadInput, absl::StrCat("cannot write --output ",
+                                                    options.output_path, ": ", s.message()));
   }
   return kExitOk;
 }

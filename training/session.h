@@ -1,0 +1,91 @@
+// The library steps of one training run that `castor train` strings
+// together (tools/train_command.cc keeps the flags and the printing):
+// the number of steps, the node-level effect of a policy change on resume,
+// restoring a trainer from a checkpoint's state and recording its state for
+// the next checkpoint, evaluation on the test split, and trimming the
+// metrics file back to a resumed step.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "graph/graph.h"
+#include "graph/tensor.h"
+#include "passes/policy.h"
+#include "training/checkpoint.h"
+#include "training/dataset.h"
+#include "training/trainer.h"
+
+namespace castor::training {
+
+// The key in TrainingState::extra recording whether float32
+// MatMul/Gemm/Conv ran on TF32 (--tf32 on CUDA).
+inline constexpr char kTf32StateKey[] = "tf32";
+
+// Whether a checkpoint's run used TF32; false for checkpoints from before it
+// was recorded. InvalidArgument "records tf32 as V; expected true or false"
+// when the entry is not a bool.
+absl::StatusOr<bool> RecordedTf32(const TrainingState& state);
+
+// Steps a run takes in all: ceil(train_size / batch) per epoch, `epochs`
+// epochs, at most `max_steps` when positive.
+int64_t TotalSteps(int64_t train_size, int64_t batch, int64_t epochs, int64_t max_steps);
+
+// "node 'conv1' (Conv): float16 -> bfloat16" for every node of the float32
+// `model` whose autocast dtype differs between the two policies, in graph
+// order ("-" for a node autocast gives no dtype).
+absl::StatusOr<std::vector<std::string>> PolicyChangeByNode(const Model& model,
+                                                            const Policy& from,
+                                                            const Policy& to);
+
+// Puts a checkpoint's state into a freshly created `trainer`: the weights
+// and statistics of `float32_model` for every state name it holds, the
+// optimizer with its step and moments (moved out of `saved`), the loss
+// scaler with its scale and counters, and the step count. When
+// `scaler_enabled` is set (a policy change), the scaler is switched on or
+// off as it says and keeps the rest.
+absl::Status RestoreTrainer(Trainer& trainer, TrainingState& saved, const Model& float32_model,
+                            std::optional<bool> scaler_enabled);
+
+// How a run was set up, as its checkpoints record it.
+struct RunSettings {
+  std::string data;    // the --data spec
+  std::string loss;    // "cross-entropy", "mse" or "output"
+  std::string output;  // the model output the loss is attached to
+  std::string input;   // the model input the images feed
+  int64_t batch = 0;
+  uint64_t seed = 0;
+  bool shuffle = true;
+  bool tf32 = false;  // as it took effect
+};
+
+// The checkpoint's model gets the trainer's weights and statistics, its
+// state the step, data position, settings, optimizer, schedule, loss scaler
+// and moments: what a resumed run needs to continue bit for bit.
+absl::Status RecordTrainingState(const Trainer& trainer, const BatchIterator& batches,
+                                 const Dataset& train, const TrainerOptions& trainer_options,
+                                 const RunSettings& settings, Checkpoint& checkpoint);
+
+// Correct predictions (argmax of each row of `output` [B, C]) in a batch.
+int64_t CountCorrect(const Tensor& output, const Tensor& labels);
+
+struct Evaluation {
+  double loss = 0;
+  double accuracy = 0;
+};
+
+// Mean loss and accuracy over the whole `test` split, in order, in batches
+// of `batch`, `input` fed the images.
+absl::StatusOr<Evaluation> Evaluate(Trainer& trainer, const Dataset& test,
+                                    const std::string& input, int64_t batch);
+
+// Keeps the metrics lines of steps up to `step` (JSON objects with a "step"
+// at most `step`), dropping later ones and a torn last line; rewritten
+// atomically. A missing file is fine.
+absl::Status TrimMetrics(const std::string& path, int64_t step);
+
+}  // namespace castor::training
