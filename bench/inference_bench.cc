@@ -41,8 +41,8 @@
 #include "graph/graph.h"
 #include "graph/status.h"
 #include "graph/tensor.h"
+#include "passes/model_loader.h"
 #include "tools/args.h"
-#include "tools/inspect.h"
 #include "training/npy.h"
 #include "tools/run_command.h"
 
@@ -281,7 +281,7 @@ absl::Status TimeModel(const BenchOptions& options, std::ostream& out) {
     return absl::InvalidArgumentError(
         "--batch and --runs must be at least 1, --warmup and --threads at least 0");
   }
-  CASTOR_ASSIGN_OR_RETURN(Model model, tools::LoadAndCheckModel(options.model_path));
+  CASTOR_ASSIGN_OR_RETURN(Model model, LoadAndCheckModel(options.model_path));
   CASTOR_ASSIGN_OR_RETURN(Feeds feeds, MakeFeeds(model, options.inputs, options.batch, options.seed));
   CpuBackend backend(CpuBackendOptions{static_cast<int>(options.threads)});
   CASTOR_ASSIGN_OR_RETURN(std::unique_ptr<Executor> executor, Executor::Create(model, backend));
@@ -353,7 +353,7 @@ absl::Status RegisterSampleBenchmarks(const BenchOptions& options, CpuBackend& b
     const std::string path =
         (std::filesystem::path(options.models_dir) / absl::StrCat(name, "_opset17.onnx")).string();
     auto entry = std::make_unique<LoadedModel>();
-    CASTOR_ASSIGN_OR_RETURN(entry->model, tools::LoadAndCheckModel(path));
+    CASTOR_ASSIGN_OR_RETURN(entry->model, LoadAndCheckModel(path));
     CASTOR_ASSIGN_OR_RETURN(entry->feeds, MakeFeeds(entry->model, {}, options.batch, options.seed));
     CASTOR_ASSIGN_OR_RETURN(entry->executor, Executor::Create(entry->model, backend));
     LoadedModel* model = entry.get();

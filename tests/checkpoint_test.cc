@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "graph/version.h"
 #include "gtest/gtest.h"
+#include "passes/model_loader.h"
 #include "training/loss_scaler.h"
 #include "tests/checkpoint_test_util.h"
 #include "tests/cli_test_util.h"

@@ -20,9 +20,9 @@
 #include "graph/shape_inference.h"
 #include "onnx/onnx_pb.h"
 #include "passes/autocast.h"
+#include "passes/model_loader.h"
 #include "passes/training_graph.h"
 #include "training/checkpoint.h"
-#include "tools/inspect.h"
 #include "training/trainer.h"
 
 namespace castor::tools {

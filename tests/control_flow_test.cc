@@ -16,9 +16,9 @@
 #include "graph/op_registry.h"
 #include "graph/shape_inference.h"
 #include "passes/autocast.h"
+#include "passes/model_loader.h"
 #include "passes/policy.h"
 #include "passes/verifier.h"
-#include "tools/inspect.h"
 
 namespace castor {
 namespace {
@@ -89,7 +89,7 @@ TEST(ControlFlowRegistry, IfAndLoopAreRegisteredForEverySupportedOpset) {
 // ---- the checked-in models ---------------------------------------------------
 
 TEST(ControlFlowLoad, IfModelLoadsAndChecks) {
-  absl::StatusOr<Model> model = tools::LoadAndCheckModel(DataPath("if_model.onnx"));
+  absl::StatusOr<Model> model = LoadAndCheckModel(DataPath("if_model.onnx"));
   ASSERT_TRUE(model.ok()) << model.status();
   const Node* if_node = model->graph->FindNode("if_node");
   ASSERT_NE(if_node, nullptr);
@@ -102,7 +102,7 @@ TEST(ControlFlowLoad, IfModelLoadsAndChecks) {
 }
 
 TEST(ControlFlowLoad, LoopModelLoadsAndChecks) {
-  absl::StatusOr<Model> model = tools::LoadAndCheckModel(DataPath("loop_model.onnx"));
+  absl::StatusOr<Model> model = LoadAndCheckModel(DataPath("loop_model.onnx"));
   ASSERT_TRUE(model.ok()) << model.status();
   const Node* loop = model->graph->FindNode("loop_node");
   ASSERT_NE(loop, nullptr);
@@ -392,7 +392,7 @@ void ExpectMentions(const AutocastReport& report, const std::string& text) {
 }
 
 TEST(ControlFlowAutocast, IfModelUnderMixedFloat16) {
-  absl::StatusOr<Model> model = tools::LoadAndCheckModel(DataPath("if_model.onnx"));
+  absl::StatusOr<Model> model = LoadAndCheckModel(DataPath("if_model.onnx"));
   ASSERT_TRUE(model.ok()) << model.status();
   absl::StatusOr<Policy> policy = Policy::Builtin("mixed_float16");
   ASSERT_TRUE(policy.ok()) << policy.status();
@@ -411,7 +411,7 @@ TEST(ControlFlowAutocast, IfModelUnderMixedFloat16) {
 }
 
 TEST(ControlFlowAutocast, LoopModelUnderMixedFloat16) {
-  absl::StatusOr<Model> model = tools::LoadAndCheckModel(DataPath("loop_model.onnx"));
+  absl::StatusOr<Model> model = LoadAndCheckModel(DataPath("loop_model.onnx"));
   ASSERT_TRUE(model.ok()) << model.status();
   absl::StatusOr<Policy> policy = Policy::Builtin("mixed_float16");
   ASSERT_TRUE(policy.ok()) << policy.status();
@@ -437,7 +437,7 @@ TEST(ControlFlowAutocast, LoopModelUnderMixedFloat16) {
 // ---- execution ----------------------------------------------------------------
 
 TEST(ControlFlowExecution, CpuExecutorRefusesSubgraphNodesByName) {
-  absl::StatusOr<Model> model = tools::LoadAndCheckModel(DataPath("loop_model.onnx"));
+  absl::StatusOr<Model> model = LoadAndCheckModel(DataPath("loop_model.onnx"));
   ASSERT_TRUE(model.ok()) << model.status();
   CpuBackend backend;
   absl::StatusOr<std::unique_ptr<Executor>> executor = Executor::Create(*model, backend);

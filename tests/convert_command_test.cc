@@ -18,7 +18,7 @@
 #include "graph/onnx_io.h"
 #include "passes/autocast.h"
 #include "tests/cli_test_util.h"
-#include "tools/inspect.h"
+#include "tools/inspect_command.h"
 
 namespace castor::tools {
 namespace {

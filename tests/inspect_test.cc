@@ -20,8 +20,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "passes/model_loader.h"
 #include "tools/cli.h"
-#include "tools/inspect.h"
+#include "tools/inspect_command.h"
 
 extern char** environ;
 

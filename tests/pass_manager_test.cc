@@ -20,13 +20,14 @@
 #include "passes/autocast.h"
 #include "passes/canonicalize.h"
 #include "passes/graph_text.h"
+#include "passes/model_loader.h"
 #include "passes/pass_manager.h"
 #include "passes/policy.h"
 #include "passes/training_graph.h"
 #include "passes/verifier.h"
 #include "tests/cli_test_util.h"
 #include "tools/convert_command.h"
-#include "tools/inspect.h"
+#include "tools/inspect_command.h"
 
 namespace castor {
 namespace {
@@ -146,7 +147,7 @@ TEST_F(CanonicalizeTest, LeavesTheSampleModelsUnchanged) {
   for (const char* name : {"cnn_opset17", "mlp_opset17", "resnet_opset17", "transformer_opset17",
                            "transformer_opset13"}) {
     const std::string path = std::string(CASTOR_SOURCE_DIR) + "/models/" + name + ".onnx";
-    Model model = ValueOrDie(tools::LoadAndCheckModel(path));
+    Model model = ValueOrDie(LoadAndCheckModel(path));
     const std::string before = GraphToText(model);
     EXPECT_FALSE(ValueOrDie(Canonicalize(model)).changed()) << name;
     EXPECT_EQ(GraphToText(model), before) << name;
@@ -168,7 +169,7 @@ TEST_F(CanonicalizeTest, ConvertAcceptsAndCanonicalisesAnExporterStyleModel) {
   ASSERT_EQ(program.exit_code, 0) << program.err;
   EXPECT_THAT(program.out, HasSubstr("note: canonicalize: 1 no-op Cast folded, 3 Identity nodes "
                                      "folded, 2 nodes nobody reads removed"));
-  Model converted = ValueOrDie(tools::LoadAndCheckModel(output));
+  Model converted = ValueOrDie(LoadAndCheckModel(output));
   EXPECT_EQ(VerifyModel(converted), absl::OkStatus());
   EXPECT_THAT(OutputNames(converted), ElementsAre("y"));
   EXPECT_TRUE(fs::exists(dumps / "00-input.txt"));
@@ -302,7 +303,7 @@ TEST(PipelineGoldenTest, DumpsOfTheSampleMlpUnderMixedFloat16) {
   const fs::path dumps = fs::path(::testing::TempDir()) / "pipeline_golden";
   fs::remove_all(dumps);
   Model model = ValueOrDie(
-      tools::LoadAndCheckModel(std::string(CASTOR_SOURCE_DIR) + "/models/mlp_opset17.onnx"));
+      LoadAndCheckModel(std::string(CASTOR_SOURCE_DIR) + "/models/mlp_opset17.onnx"));
   const Policy policy = ValueOrDie(Policy::Builtin("mixed_float16"));
   PassDumper dumper(dumps.string());
   PassManagerOptions options;

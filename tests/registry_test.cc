@@ -95,7 +95,11 @@ TEST(OpRegistry, GapsMatchTheCheckedInList) {
     if (!actual.contains(gap)) filled << "  " << gap << "\n";
   }
   EXPECT_TRUE(unlisted.str().empty())
-      << "ops missing a part that tests/registry_gaps.txt does not list:\n" << unlisted.str();
+      << "ops missing a part that tests/registry_gaps.txt does not list:\n" << unlisted.str()
+      << "Fill each part (graph/ops/README.md, 'Adding an op'): an autocast category is one "
+         "entry in graph/ops/autocast_table.cc; a gradient is a rule in "
+         "graph/ops/gradient_rules.cc (kRules) or the reason there is none (kNoGradient). "
+         "A part left open on purpose is listed in tests/registry_gaps.txt.\n";
   EXPECT_TRUE(filled.str().empty())
       << "tests/registry_gaps.txt lists gaps that are now filled (remove them):\n"
       << filled.str();

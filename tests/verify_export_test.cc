@@ -12,10 +12,12 @@
 #include "graph/onnx_io.h"
 #include "graph/version.h"
 #include "gtest/gtest.h"
+#include "passes/model_loader.h"
 #include "tests/checkpoint_test_util.h"
 #include "tests/cli_test_util.h"
 #include "tools/cli.h"
 #include "tools/export_command.h"
+#include "tools/inspect_command.h"
 #include "training/npy.h"
 #include "tools/verify_command.h"
 

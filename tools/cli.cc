@@ -15,7 +15,7 @@
 #include "tools/conformance_command.h"
 #include "tools/convert_command.h"
 #include "tools/export_command.h"
-#include "tools/inspect.h"
+#include "tools/inspect_command.h"
 #include "tools/run_command.h"
 #include "tools/train_command.h"
 #include "tools/verify_command.h"

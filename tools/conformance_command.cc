@@ -20,9 +20,9 @@
 #include "backend/executor.h"
 #include "graph/onnx_io.h"
 #include "graph/status.h"
+#include "passes/model_loader.h"
 #include "tools/args.h"
 #include "tools/cli.h"
-#include "tools/inspect.h"
 
 namespace castor::tools {
 namespace {

@@ -13,11 +13,12 @@
 #include "graph/status.h"
 #include "passes/autocast.h"
 #include "passes/canonicalize.h"
+#include "passes/model_loader.h"
 #include "passes/pass_manager.h"
 #include "passes/verifier.h"
 #include "tools/args.h"
 #include "tools/cli.h"
-#include "tools/inspect.h"
+#include "tools/inspect_command.h"
 
 namespace castor::tools {
 namespace {

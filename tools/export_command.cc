@@ -12,7 +12,7 @@
 #include "tools/args.h"
 #include "training/checkpoint.h"
 #include "tools/cli.h"
-#include "tools/inspect.h"
+#include "tools/inspect_command.h"
 
 namespace castor::tools {
 

@@ -1,6 +1,6 @@
 // `castor inspect`: the model checks, the report rows built from a checked
 // Model, and the text, JSON and Graphviz renderers over those rows.
-#include "tools/inspect.h"
+#include "tools/inspect_command.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -15,6 +15,7 @@
 #include "graph/shape_inference.h"
 #include "passes/autocast.h"
 #include "passes/canonicalize.h"
+#include "passes/model_loader.h"
 #include "passes/pass_manager.h"
 #include "passes/verifier.h"
 #include "tools/args.h"
@@ -23,12 +24,6 @@
 
 namespace castor::tools {
 namespace {
-
-// Prefixes "path: " unless the message already names the file.
-absl::Status NameFile(const absl::Status& status, const std::string& path) {
-  if (status.ok() || absl::StrContains(status.message(), path)) return status;
-  return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
-}
 
 std::string DomainName(const std::string& domain) {
   return domain.empty() ? "ai.onnx" : domain;
@@ -257,32 +252,6 @@ std::string WithThousandsSeparators(int64_t value) {
 
 std::string QualifiedOpName(const std::string& domain, const std::string& op_type) {
   return domain.empty() ? op_type : absl::StrCat(domain, ":", op_type);
-}
-
-absl::StatusOr<Model> LoadAndCheckModel(const std::string& path) {
-  std::error_code error;
-  if (std::filesystem::is_directory(path, error)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": is a directory, not an ONNX model file"));
-  }
-  absl::StatusOr<Model> loaded = LoadModel(path);
-  if (!loaded.ok()) return NameFile(loaded.status(), path);
-  Model model = std::move(loaded).value();
-
-  if (absl::Status s = CheckOpsets(model); !s.ok()) return NameFile(s, path);
-  // Every unsupported op at once, so one run tells the whole story.
-  if (std::vector<std::string> unsupported = UnsupportedOps(model); !unsupported.empty()) {
-    return absl::UnimplementedError(absl::StrCat(
-        path, ": ", unsupported.size(), " unsupported op type", unsupported.size() == 1 ? "" : "s",
-        ": ", absl::StrJoin(unsupported, "; ")));
-  }
-  if (absl::Status s = InferTypes(model); !s.ok()) return NameFile(s, path);
-  // The rules every valid graph meets; an exporter's style (a no-op Cast)
-  // is no reason to refuse a model (the canonicalize pass folds it).
-  VerifyOptions rules;
-  rules.rules = VerifyRules::kValid;
-  if (absl::Status s = VerifyModel(model, rules); !s.ok()) return NameFile(s, path);
-  return model;
 }
 
 InspectReport BuildInspectReport(const Model& model, const std::string& file) {

@@ -14,9 +14,9 @@
 #include "backend/executor.h"
 #include "graph/half.h"
 #include "graph/status.h"
+#include "passes/model_loader.h"
 #include "tools/args.h"
 #include "tools/cli.h"
-#include "tools/inspect.h"
 #include "training/npy.h"
 
 namespace castor::tools {

@@ -10,7 +10,7 @@
 #include "passes/policy.h"
 #include "tools/args.h"
 #include "tools/cli.h"
-#include "tools/inspect.h"
+#include "tools/inspect_command.h"
 
 namespace castor::tools {
 namespace {

@@ -104,11 +104,6 @@ struct InspectReport {
   InspectSummary summary;
 };
 
-// Loads `path` and checks it the way every subcommand that reads a model
-// should: LoadModel, CheckOpsets, UnsupportedOps (all unknown ops reported
-// at once), InferTypes, VerifyModel with the rules every valid graph meets
-// (VerifyRules::kValid). Error messages name the file.
-absl::StatusOr<Model> LoadAndCheckModel(const std::string& path);
 
 InspectReport BuildInspectReport(const Model& model, const std::string& file);
 
