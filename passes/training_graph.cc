@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -25,7 +26,8 @@ namespace {
 std::string Quoted(const std::string& name) { return absl::StrCat("'", name, "'"); }
 
 // The loss, float32: computed from `output` (cast up if 16-bit).
-absl::StatusOr<Value*> AttachLoss(Graph& graph, Value* output, LossKind kind) {
+absl::StatusOr<Value*> AttachLoss(Graph& graph, Value* output, LossKind kind,
+                                  std::optional<int64_t> ignore_index) {
   Value* prediction = output;
   if (output->dtype() != DType::kFloat32) {
     CASTOR_ASSIGN_OR_RETURN(Node * cast,
@@ -42,12 +44,34 @@ absl::StatusOr<Value*> AttachLoss(Graph& graph, Value* output, LossKind kind) {
             "cross-entropy loss needs logits [N, C, ...]; output ", Quoted(output->name()),
             " has shape ", output->shape().ToString()));
       }
-      CASTOR_ASSIGN_OR_RETURN(Value * labels,
-                              graph.AddInput(kLabelsInput, DType::kInt64, Shape({batch})));
+      // Logits [N, C]: labels [N]. Logits [N, d1, ..., C] (class axis last,
+      // as torch's [N, T, V] sequence logits): labels [N, d1, ...], the
+      // logits transposed to ONNX's [N, C, d1, ...]; the mean is over every
+      // position not ignored, as F.cross_entropy(logits.reshape(-1, C),
+      // labels.reshape(-1)).
+      const int rank = output->shape().rank();
+      std::vector<Dim> label_dims = {batch};
+      Value* scores = prediction;
+      if (rank >= 3) {
+        for (int axis = 1; axis + 1 < rank; ++axis) label_dims.push_back(output->shape()[axis]);
+        std::vector<int64_t> perm = {0, rank - 1};
+        for (int axis = 1; axis + 1 < rank; ++axis) perm.push_back(axis);
+        CASTOR_ASSIGN_OR_RETURN(Node * transpose,
+                                graph.AddNode("Transpose", {prediction},
+                                              {"castor.loss/scores_class_axis_1"},
+                                              "castor.loss/Transpose"));
+        transpose->SetAttribute(Attribute::Ints("perm", perm));
+        scores = transpose->output(0);
+      }
+      CASTOR_ASSIGN_OR_RETURN(
+          Value * labels, graph.AddInput(kLabelsInput, DType::kInt64, Shape(label_dims)));
       CASTOR_ASSIGN_OR_RETURN(Node * loss, graph.AddNode("SoftmaxCrossEntropyLoss",
-                                                         {prediction, labels}, {kLossOutput},
+                                                         {scores, labels}, {kLossOutput},
                                                          "castor.loss/SoftmaxCrossEntropyLoss"));
       loss->SetAttribute(Attribute::String("reduction", "mean"));
+      if (ignore_index.has_value()) {
+        loss->SetAttribute(Attribute::Int("ignore_index", *ignore_index));
+      }
       return loss->output(0);
     }
     case LossKind::kMeanSquaredError: {
@@ -292,6 +316,7 @@ absl::StatusOr<int> RecastWidenedValuesForBackward(Graph& graph, int first_backw
 absl::StatusOr<std::shared_ptr<const Model>> BuildEvaluationGraph(const Model& model,
                                                                    const std::string& output,
                                                                    LossKind loss_kind,
+                                                                   std::optional<int64_t> ignore_index,
                                                                    bool pool_before_relu) {
   CASTOR_ASSIGN_OR_RETURN(Model evaluation, CloneModel(model));
   Graph& graph = *evaluation.graph;
@@ -299,7 +324,7 @@ absl::StatusOr<std::shared_ptr<const Model>> BuildEvaluationGraph(const Model& m
   CASTOR_RETURN_IF_ERROR(InferTypes(evaluation));
   if (pool_before_relu) CASTOR_RETURN_IF_ERROR(PoolBeforeRelu(graph).status());
   Value* prediction = graph.FindValue(output);
-  CASTOR_ASSIGN_OR_RETURN(Value * loss, AttachLoss(graph, prediction, loss_kind));
+  CASTOR_ASSIGN_OR_RETURN(Value * loss, AttachLoss(graph, prediction, loss_kind, ignore_index));
   graph.ClearOutputs();
   graph.AddOutput(loss);
   graph.AddOutput(prediction);
@@ -348,8 +373,10 @@ absl::Status EvaluationGraphStep(Model& model, TrainingPassState& state) {
   TrainingGraph& result = *state.result;
   result.model_output = output->name();
   result.loss = state.options.loss;
+  result.ignore_index = state.options.ignore_index;
   CASTOR_ASSIGN_OR_RETURN(result.evaluation,
                           BuildEvaluationGraph(model, output->name(), state.options.loss,
+                                               state.options.ignore_index,
                                                state.options.pool_before_relu));
   return absl::OkStatus();
 }
@@ -366,7 +393,8 @@ absl::Status BatchNormTrainingStep(Model& model, TrainingPassState& state) {
 absl::Status AttachLossStep(Model& model, TrainingPassState& state) {
   Graph& graph = *model.graph;
   Value* output = graph.FindValue(state.result->model_output);
-  CASTOR_ASSIGN_OR_RETURN(Value * loss, AttachLoss(graph, output, state.options.loss));
+  CASTOR_ASSIGN_OR_RETURN(Value * loss, AttachLoss(graph, output, state.options.loss,
+                                                   state.options.ignore_index));
   state.loss = loss->name();
   CASTOR_ASSIGN_OR_RETURN(Value * scale,
                           graph.AddInput(kLossScaleInput, DType::kFloat32, Shape::Scalar()));

@@ -3,7 +3,9 @@
 // backward graph from the autodiff pass seeded with the loss scale.
 //
 // The result is one ONNX graph a backend runs per step:
-//   inputs   the model's inputs, the labels (castor.labels), the loss scale
+//   inputs   the model's inputs, the labels (castor.labels: int64 [N] for
+//            cross-entropy on [N, C] logits, [N, d1, ...] on [N, d1, ..., C]
+//            logits, float32 shaped like the output for mse), the loss scale
 //            (castor.loss_scale, float32 scalar, an input with initializer
 //            1: the trainer's step kernels write each step's scale into the
 //            backend's copy, so it is not fed)
@@ -29,7 +31,9 @@
 // the loss and the model output.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,7 +49,11 @@ inline constexpr const char* kLossScaleInput = "castor.loss_scale";
 inline constexpr const char* kLossOutput = "castor.loss";
 
 enum class LossKind {
-  kSoftmaxCrossEntropy,  // integer labels [N] against logits [N, C] (mean)
+  // Integer labels [N] against logits [N, C], or [N, d1, ...] against
+  // [N, d1, ..., C] (class axis last, as torch's [N, T, V] sequence
+  // logits: the logits are transposed to ONNX's [N, C, d1, ...]); the mean
+  // over every position whose label is not the ignore index.
+  kSoftmaxCrossEntropy,
   kMeanSquaredError,     // float targets shaped like the output (mean)
   kModelOutput,          // the named output already is a scalar loss
 };
@@ -56,6 +64,9 @@ absl::StatusOr<LossKind> ParseLossKind(const std::string& name);
 struct TrainingGraphOptions {
   std::string output = "logits";  // the model output the loss is attached to
   LossKind loss = LossKind::kSoftmaxCrossEntropy;
+  // Cross-entropy: labels equal to it count neither in the loss nor in the
+  // mean (SoftmaxCrossEntropyLoss's ignore_index; torch's default is -100).
+  std::optional<int64_t> ignore_index;
   // Swap Relu -> MaxPool into MaxPool -> Relu (off only to compare).
   bool pool_before_relu = true;
 };
@@ -69,6 +80,7 @@ struct TrainingGraph {
   std::vector<std::pair<std::string, std::string>> running_stats;
   std::string model_output;  // the output the loss is attached to
   LossKind loss = LossKind::kSoftmaxCrossEntropy;
+  std::optional<int64_t> ignore_index;  // as the options gave it
   int backward_nodes = 0;  // the recasts included
   // Widening Casts repeated for the backward pass (its readers read a new
   // Cast of the 16-bit value, so the float32 copy is not kept across the

@@ -395,8 +395,15 @@ TEST(ConvertTest, ImageAndLabelDTypes) {
   absl::StatusOr<Tensor> nhwc = training::ImagesFromArray(Tensor(DType::kUInt8, {2, 4, 4, 3}), "c");
   ASSERT_TRUE(nhwc.ok());
   EXPECT_THAT(nhwc->dims(), ElementsAre(2, 4, 4, 3));
-  EXPECT_THAT(Message(training::ImagesFromArray(Tensor(DType::kInt32, {2, 2}), "ints.npy").status()),
-              AllOf(HasSubstr("ints.npy"), HasSubstr("uint8"), HasSubstr("int32")));
+  // Integer arrays other than uint8 (token ids) stay as they are, no channel
+  // axis added; FitDatasetToInput matches them to the model input.
+  absl::StatusOr<Tensor> ids = training::ImagesFromArray(
+      Tensor::FromVector<int32_t>(DType::kInt32, {2, 1, 2}, {5, -1, 7, 9}), "ids.npy");
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(ids->dtype(), DType::kInt32);
+  EXPECT_THAT(ids->dims(), ElementsAre(2, 1, 2));
+  EXPECT_THAT(Message(training::ImagesFromArray(Tensor(DType::kBool, {2, 2}), "bools.npy").status()),
+              AllOf(HasSubstr("bools.npy"), HasSubstr("uint8"), HasSubstr("bool")));
 
   absl::StatusOr<Tensor> labels =
       training::LabelsFromArray(Tensor::FromVector<int32_t>(DType::kInt32, {3, 1}, {2, -1, 7}), "l");
@@ -405,8 +412,75 @@ TEST(ConvertTest, ImageAndLabelDTypes) {
   EXPECT_THAT(Int64s(*labels), ElementsAre(2, -1, 7));
   EXPECT_THAT(Message(training::LabelsFromArray(Tensor(DType::kFloat32, {3}), "fl.npy").status()),
               AllOf(HasSubstr("fl.npy"), HasSubstr("integer"), HasSubstr("float32")));
-  EXPECT_THAT(Message(training::LabelsFromArray(Tensor(DType::kInt64, {3, 2}), "2d.npy").status()),
-              AllOf(HasSubstr("2d.npy"), HasSubstr("[3, 2]")));
+  // Per-position labels [N, T] (next-token labels) stay [N, T], as int64.
+  absl::StatusOr<Tensor> per_token = training::LabelsFromArray(
+      Tensor::FromVector<uint8_t>(DType::kUInt8, {3, 2}, {1, 2, 3, 4, 5, 6}), "2d.npy");
+  ASSERT_TRUE(per_token.ok()) << per_token.status();
+  EXPECT_EQ(per_token->dtype(), DType::kInt64);
+  EXPECT_THAT(per_token->dims(), ElementsAre(3, 2));
+  EXPECT_THAT(Int64s(*per_token), ElementsAre(1, 2, 3, 4, 5, 6));
+  EXPECT_THAT(Message(training::LabelsFromArray(Tensor(DType::kInt64, {}), "0d.npy").status()),
+              AllOf(HasSubstr("0d.npy"), HasSubstr("scalar")));
+}
+
+// Token ids: an int64 x_train stays int64 and feeds an int64 input as it
+// is; int32 ids widen to an int64 input; [N, T] labels are gathered row by
+// row with the ids; a dtype the input cannot take is an error naming the
+// array, the input and both dtypes.
+TEST(ConvertTest, TokenIdsStayIntegerAndFitTheModelInput) {
+  const fs::path dir = TempDir() / "tokens";
+  const std::string npz = WriteFile(
+      dir / "tokens.npz",
+      ZipBytes({{"x_train.npy", Npy<int64_t>(DType::kInt64, {3, 2}, {10, 11, 20, 21, 30, 31}), true},
+                {"y_train.npy", Npy<int64_t>(DType::kInt64, {3, 2}, {11, 12, 21, 22, 31, 32}), true},
+                {"x_test.npy", Npy<int32_t>(DType::kInt32, {1, 2}, {40, 41}), false},
+                {"y_test.npy", Npy<int64_t>(DType::kInt64, {1, 2}, {41, 42}), false}}));
+  absl::StatusOr<training::DataSplits> splits = training::LoadData(npz);
+  ASSERT_TRUE(splits.ok()) << splits.status();
+  training::Dataset& train = splits->train;
+  EXPECT_EQ(train.images.dtype(), DType::kInt64);
+  EXPECT_THAT(train.images.dims(), ElementsAre(3, 2));
+  EXPECT_THAT(train.labels.dims(), ElementsAre(3, 2));
+  EXPECT_EQ(train.images_source, npz + ":x_train");
+  EXPECT_EQ(train.labels_source, npz + ":y_train");
+  ASSERT_TRUE(training::FitDatasetToInput(train, "input_ids", DType::kInt64).ok());
+  EXPECT_EQ(train.images.dtype(), DType::kInt64);
+  const training::Batch batch = training::GatherBatch(train, {2, 0});
+  EXPECT_EQ(batch.images.dtype(), DType::kInt64);
+  EXPECT_THAT(batch.images.dims(), ElementsAre(2, 2));
+  EXPECT_THAT(Int64s(batch.images), ElementsAre(30, 31, 10, 11));
+  EXPECT_EQ(batch.labels.dtype(), DType::kInt64);
+  EXPECT_THAT(batch.labels.dims(), ElementsAre(2, 2));
+  EXPECT_THAT(Int64s(batch.labels), ElementsAre(31, 32, 11, 12));
+
+  // int32 ids widen to an int64 input, values kept.
+  training::Dataset& test = splits->test;
+  EXPECT_EQ(test.images.dtype(), DType::kInt32);
+  ASSERT_TRUE(training::FitDatasetToInput(test, "input_ids", DType::kInt64).ok());
+  EXPECT_EQ(test.images.dtype(), DType::kInt64);
+  EXPECT_THAT(Int64s(training::GatherBatch(test, {0}).images), ElementsAre(40, 41));
+
+  // Dtypes that do not fit: named with the array, the input, both dtypes.
+  EXPECT_THAT(Message(training::FitDatasetToInput(train, "input", DType::kFloat32)),
+              AllOf(HasSubstr(npz + ":x_train: int64 data cannot feed the model input "
+                              "'input' (float32)"),
+                    HasSubstr("uint8")));
+  EXPECT_THAT(Message(training::FitDatasetToInput(train, "input_ids", DType::kInt32)),
+              HasSubstr(npz + ":x_train: int64 data cannot feed the model input "
+                              "'input_ids' (int32): not every int64 value is a int32"));
+  absl::StatusOr<Tensor> floats = training::ImagesFromArray(
+      Tensor::FromVector<double>(DType::kFloat64, {1, 2}, {1, 2}), "f.npy");
+  ASSERT_TRUE(floats.ok());
+  absl::StatusOr<training::Dataset> float_data =
+      training::MakeDataset("f", *std::move(floats), Tensor(DType::kInt64, {1}));
+  ASSERT_TRUE(float_data.ok()) << float_data.status();
+  EXPECT_THAT(Message(training::FitDatasetToInput(*float_data, "input_ids", DType::kInt64)),
+              AllOf(HasSubstr("f: float32 data cannot feed the model input 'input_ids' "
+                              "(int64)"),
+                    HasSubstr("integer ids")));
+  // Images for a float input are as they always were.
+  EXPECT_TRUE(training::FitDatasetToInput(*float_data, "input", DType::kFloat32).ok());
+  EXPECT_EQ(float_data->images.dtype(), DType::kFloat32);
 }
 
 // Writes the four IDX files of a tiny MNIST-like directory.

@@ -8,6 +8,7 @@
 #include "training/trainer.h"
 
 #include <cmath>
+#include <optional>
 #include <cstring>
 #include <map>
 #include <random>
@@ -20,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "passes/autocast.h"
 #include "passes/verifier.h"
+#include "training/session.h"
 
 namespace castor::tools {
 namespace {
@@ -575,6 +577,96 @@ TEST(TrainerTest, EvaluationIsForwardOnlyWithRunningStatistics) {
   check("before training");
   for (int step = 0; step < 3; ++step) ASSERT_TRUE(trainer->Step({{"input", images}}, labels).ok());
   check("after 3 steps");  // new weights and running statistics reach the evaluation graph
+}
+
+// A token model as torch exports one: int64 ids [2, 3] pick rows of the
+// embedding E [4, 4] (Gather), which are the logits [N, T, V] = [2, 3, 4].
+Model TokenModel() {
+  Model model;
+  model.ir_version = 8;
+  model.opset_imports.push_back({"", 17});
+  Graph& g = *model.graph;
+  Value* ids = *g.AddInput("ids", DType::kInt64, Shape{Dim(2), Dim(3)});
+  std::vector<float> table(16);
+  for (int i = 0; i < 16; ++i) table[i] = 0.25f * static_cast<float>((i * 7) % 11) - 1.0f;
+  Value* embedding = *g.AddInitializer("E", Tensor::FromVector<float>(DType::kFloat32, {4, 4}, table));
+  Node* gather = *g.AddNode("Gather", {embedding, ids}, {"logits"}, "embed");
+  gather->SetAttribute(Attribute::Int("axis", 0));
+  g.AddOutput(gather->output(0));
+  EXPECT_TRUE(InferTypes(model).ok());
+  return model;
+}
+
+// Cross-entropy on [N, T, V] logits takes the class axis last and the mean
+// over every token not ignored, as torch's F.cross_entropy(logits.reshape(-1,
+// V), labels.reshape(-1), ignore_index=...): the loss, its evaluation and
+// one SGD step's update of E agree with a hand computation in double.
+TEST(TrainingGraphTest, SequenceLogitsTakeTheClassAxisLast) {
+  const std::vector<int64_t> ids = {0, 2, 3, 2, 1, 0};
+  for (const bool ignore : {false, true}) {
+    SCOPED_TRACE(ignore ? "ignore_index -100" : "no ignore_index");
+    std::vector<int64_t> labels = {1, 3, 0, 2, 2, 1};
+    if (ignore) labels[1] = labels[4] = -100;
+    Model model = TokenModel();
+    const Tensor table = *model.graph->FindValue("E")->initializer();
+    TrainingGraphOptions graph_options;
+    if (ignore) graph_options.ignore_index = -100;
+    training::TrainerOptions options;
+    options.optimizer.kind = OptimizerKind::kSgd;
+    options.lr.base_lr = 0.5;
+    options.scaler.enabled = false;
+    std::unique_ptr<training::Trainer> trainer = MakeTrainer(std::move(model), options, graph_options);
+    const Value* labels_input = trainer->model().graph->FindValue(kLabelsInput);
+    ASSERT_NE(labels_input, nullptr);
+    EXPECT_EQ(labels_input->dtype(), DType::kInt64);
+    EXPECT_EQ(labels_input->shape().ToString(), Shape({Dim(2), Dim(3)}).ToString());
+
+    // By hand: the mean over counted tokens of -log softmax(E[id])[label],
+    // and its gradient with respect to E.
+    double loss = 0;
+    int counted = 0;
+    std::vector<double> grad(16, 0.0);
+    for (size_t t = 0; t < ids.size(); ++t) {
+      if (labels[t] == -100) continue;
+      ++counted;
+      const float* row = table.data<float>() + ids[t] * 4;
+      double sum = 0;
+      for (int c = 0; c < 4; ++c) sum += std::exp(static_cast<double>(row[c]));
+      loss -= std::log(std::exp(static_cast<double>(row[labels[t]])) / sum);
+      for (int c = 0; c < 4; ++c) {
+        grad[ids[t] * 4 + c] += std::exp(static_cast<double>(row[c])) / sum - (c == labels[t]);
+      }
+    }
+    loss /= counted;
+    EXPECT_EQ(counted, ignore ? 4 : 6);
+
+    const Tensor id_feed = Tensor::FromVector<int64_t>(DType::kInt64, {2, 3}, ids);
+    const Tensor label_feed = Tensor::FromVector<int64_t>(DType::kInt64, {2, 3}, labels);
+    absl::StatusOr<training::StepResult> evaluated = trainer->Evaluate({{"ids", id_feed}}, label_feed);
+    ASSERT_TRUE(evaluated.ok()) << evaluated.status();
+    EXPECT_NEAR(evaluated->loss, loss, 1e-6 * loss);
+    EXPECT_EQ(evaluated->output.dims(), (std::vector<int64_t>{2, 3, 4}));
+    absl::StatusOr<training::StepResult> step = trainer->Step({{"ids", id_feed}}, label_feed);
+    ASSERT_TRUE(step.ok()) << step.status();
+    EXPECT_NEAR(step->loss, loss, 1e-6 * loss);
+    const Tensor after = StateOf(*trainer).at("E");
+    for (int i = 0; i < 16; ++i) {
+      const double expected = table.data<float>()[i] - 0.5 * grad[i] / counted;
+      EXPECT_NEAR(after.data<float>()[i], expected, 1e-6) << i;
+    }
+    // Token accuracy: the argmax of each position's logits against its
+    // label, ignored positions not counted.
+    const training::Scored scored = training::ScoreBatch(
+        evaluated->output, label_feed, ignore ? std::optional<int64_t>(-100) : std::nullopt);
+    EXPECT_EQ(scored.counted, counted);
+
+    // A label out of range still names itself, its position and the classes.
+    const Tensor bad = Tensor::FromVector<int64_t>(DType::kInt64, {2, 3}, {1, 3, 0, 4, 2, 1});
+    absl::StatusOr<training::StepResult> refused = trainer->Step({{"ids", id_feed}}, bad);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_THAT(std::string(refused.status().message()),
+                HasSubstr("label 4 at position 3 is out of range [0, 4)"));
+  }
 }
 
 TEST(TrainingGraphTest, ErrorsNameTheOutputAndTheOpset) {

@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -74,7 +75,8 @@ int ExitCodeOf(const absl::Status& status) {
 constexpr const char* kFlagsTheCheckpointDecides[] = {
     "--loss",     "--output",       "--input",     "--optimizer", "--lr",         "--momentum",
     "--nesterov", "--weight-decay", "--clip-norm", "--schedule",  "--step-size",  "--gamma",
-    "--warmup",   "--batch",        "--seed",      "--shuffle",   "--no-shuffle", "--loss-scaling"};
+    "--warmup",   "--batch",        "--seed",      "--shuffle",   "--no-shuffle", "--loss-scaling",
+    "--ignore-index"};
 
 ArgParser MakeParser(TrainOptions& o) {
   ArgParser parser(
@@ -103,8 +105,16 @@ ArgParser MakeParser(TrainOptions& o) {
       .AddEnum("loss", {"cross-entropy", "mse", "output"},
                "cross-entropy on logits with integer labels, mse, or the output is the loss",
                &o.loss)
-      .AddString("output", "NAME", "the model output the loss is attached to", &o.output)
-      .AddString("input", "NAME", "the model input the images feed (default: the only one)",
+      .AddString("output", "NAME",
+                 "the model output the loss is attached to (cross-entropy: logits [N, C] with "
+                 "labels [N], or [N, T, V] with labels [N, T], class axis last)",
+                 &o.output)
+      .AddInt("ignore-index", "N",
+              "cross-entropy: labels equal to N count in neither the loss nor its mean nor the "
+              "accuracy (PyTorch's default ignore_index is -100; default: none)",
+              &o.ignore_index_arg)
+      .AddString("input", "NAME",
+                 "the model input the images (or integer ids) feed (default: the only one)",
                  &o.input)
       .AddEnum("optimizer", {"sgd", "adam", "adamw"}, "the optimizer", &o.optimizer)
       .AddFloat("lr", "RATE", "learning rate", &o.lr)
@@ -190,6 +200,10 @@ absl::Status CheckFlags(const TrainOptions& o) {
   }
   if (o.tf32 && o.backend == "cpu") {
     return BadInput("--tf32 applies to the CUDA backend only; --backend is cpu");
+  }
+  if (o.ignore_index.has_value() && o.loss != "cross-entropy") {
+    return BadInput(absl::StrCat("--ignore-index applies to --loss cross-entropy; --loss is ",
+                                 o.loss));
   }
   return absl::OkStatus();
 }
@@ -292,6 +306,10 @@ absl::StatusOr<Start> SetUpOrResume(TrainOptions& o, bool tf32_given,
           << "checkpoint decides it\n";
     }
     start->trainer_options = TakeCheckpointSettings(saved, start->resumed_from, o);
+    if (absl::Status recorded = training::RecordedIgnoreIndex(saved).status(); !recorded.ok()) {
+      return BadInput(absl::StrCat("--resume: the checkpoint ", start->resumed_from, " ",
+                                   recorded.message()));
+    }
     // TF32: the checkpoint's setting unless --tf32 or --no-tf32 is given
     // (a change is warned about once the backend is known, in
     // ChooseBackend).
@@ -322,6 +340,51 @@ struct Prepared {
   training::DataSplits data;
   int64_t total = 0;  // steps in all, resumed ones included
 };
+
+// The data as the model takes it: every split's inputs in the dtype of the
+// model input they feed (token ids stay integer; int32 ids widen to an
+// int64 input) and, for cross-entropy, labels of the shape the loss reads
+// ([N] for logits [N, C], [N, T] for [N, T, V]).
+absl::Status FitDataToModel(const TrainOptions& o, const Graph& float32_graph,
+                            Prepared& prepared) {
+  const Value* input = nullptr;
+  for (const Value* candidate : float32_graph.inputs()) {
+    if (candidate->name() == o.input) input = candidate;
+  }
+  const Value* labels = prepared.model.graph->FindValue(kLabelsInput);
+  for (training::Dataset* split : {&prepared.data.train, &prepared.data.test}) {
+    if (split->size() == 0) continue;
+    if (input != nullptr) {
+      CASTOR_RETURN_IF_ERROR(training::FitDatasetToInput(*split, o.input, input->dtype()));
+    }
+    if (prepared.graph.loss != LossKind::kSoftmaxCrossEntropy || labels == nullptr) continue;
+    const Shape& want = labels->shape();
+    const std::vector<int64_t>& have = split->labels.dims();
+    if (want.rank() == 2 && have.size() == 1 && want[1].is_static() && want[1].value() == 1) {
+      // [N, 1] labels were read as [N]: the loss of [N, 1, V] logits reads [N, 1].
+      Tensor reshaped(split->labels.dtype(), {have[0], 1});
+      std::memcpy(reshaped.raw(), split->labels.raw(), split->labels.byte_size());
+      split->labels = std::move(reshaped);
+      continue;
+    }
+    bool fits = static_cast<int>(have.size()) == want.rank();
+    for (int axis = 1; fits && axis < want.rank(); ++axis) {
+      fits = !want[axis].is_static() || want[axis].value() == have[axis];
+    }
+    if (!fits) {
+      const Value* output = prepared.model.graph->FindValue(prepared.graph.model_output);
+      return absl::InvalidArgumentError(absl::StrCat(
+          split->labels_source.empty() ? split->name : split->labels_source, ": labels ",
+          Shape::FromDims(have).ToString(), " do not fit the cross-entropy loss on output '",
+          prepared.graph.model_output, "' ",
+          output != nullptr ? output->shape().ToString() : std::string(), ": it reads labels ",
+          want.ToString(),
+          want.rank() >= 2 ? " (one per position; the class axis is the output's last)"
+                           : " (one class index per sample)"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 // Step 2: runs the pipeline (passes/pass_manager.h): a fresh model is
 // canonicalised (what the checkpoints keep), then converted under the
@@ -371,6 +434,7 @@ absl::StatusOr<Prepared> PrepareGraphAndData(TrainOptions& o, Start& start, std:
   absl::StatusOr<LossKind> loss_kind = ParseLossKind(o.loss);
   if (!loss_kind.ok()) return BadInput(loss_kind.status().message());
   graph_options.loss = *loss_kind;
+  graph_options.ignore_index = o.ignore_index;
   absl::StatusOr<TrainingGraph> graph =
       BuildTrainingGraph(prepared.model, graph_options, manager_options);
   if (!graph.ok()) return BadInput(absl::StrCat(model_name, ": ", graph.status().message()));
@@ -379,6 +443,9 @@ absl::StatusOr<Prepared> PrepareGraphAndData(TrainOptions& o, Start& start, std:
   absl::StatusOr<training::DataSplits> data = training::LoadData(o.data);
   if (!data.ok()) return BadInput(data.status().message());
   prepared.data = *std::move(data);
+  if (absl::Status fitted = FitDataToModel(o, float32_graph, prepared); !fitted.ok()) {
+    return BadInput(fitted.message());
+  }
   if (start.resumed.has_value() && start.resumed->dataset_size != 0 &&
       start.resumed->dataset_size != prepared.data.train.size()) {
     return BadInput(absl::StrFormat(
@@ -609,15 +676,16 @@ absl::StatusOr<LoopTotals> TrainLoop(const TrainOptions& o, const Start& start,
   LoopTotals totals;
   totals.started = Clock::now();
   double loss_ema = 0;
-  int64_t correct = 0, seen = 0;
+  int64_t correct = 0, seen = 0, samples = 0;
   bool replay_warned = !trainer.replay_unavailable().empty();  // warn when recording fails
   const training::RunSettings settings{o.data,  o.loss,    o.output,
                                        o.input, o.batch,   static_cast<uint64_t>(o.seed),
-                                       o.shuffle, o.tf32};
+                                       o.shuffle, o.tf32, o.ignore_index};
   auto evaluate = [&](int64_t epoch) -> absl::Status {
     if (!prepared.data.has_test()) return absl::OkStatus();
     CASTOR_ASSIGN_OR_RETURN(training::Evaluation eval,
-                            training::Evaluate(trainer, prepared.data.test, o.input, o.batch));
+                            training::Evaluate(trainer, prepared.data.test, o.input, o.batch,
+                                               o.ignore_index));
     totals.last_eval = eval;
     if (live) err << "\n";
     out << absl::StrFormat("eval  epoch %d step %d: test loss %.4f, test accuracy %.2f%%\n", epoch,
@@ -652,9 +720,13 @@ absl::StatusOr<LoopTotals> TrainLoop(const TrainOptions& o, const Start& start,
     const double dt = Seconds(Clock::now() - t0);
     totals.step_seconds += dt;
     ++totals.steps_run;
-    const int64_t n = b.labels.num_elements();
-    correct += training::CountCorrect(r->output, b.labels);
-    seen += n;
+    // Samples (sequences, for token models) for the throughput; scored
+    // positions (tokens, with [N, T] labels) for the accuracy.
+    const int64_t n = b.labels.dims().empty() ? 0 : b.labels.dims()[0];
+    const training::Scored scored = training::ScoreBatch(r->output, b.labels, o.ignore_index);
+    correct += scored.correct;
+    seen += scored.counted;
+    samples += n;
     totals.seen_total += n;
     loss_ema = totals.steps_run == 1 ? r->loss : 0.95 * loss_ema + 0.05 * r->loss;
     WarnAboutStep(step, *r, trainer, live, replay_warned, err);
@@ -662,7 +734,7 @@ absl::StatusOr<LoopTotals> TrainLoop(const TrainOptions& o, const Start& start,
     const double elapsed = Seconds(Clock::now() - totals.started);
     const std::string line = absl::StrFormat(
         "step %d/%d  loss %.4f  acc %.2f%%  scale %g  %.0f samples/s  eta %s", step, total,
-        loss_ema, 100.0 * correct / seen, r->loss_scale, seen / totals.step_seconds,
+        loss_ema, 100.0 * correct / seen, r->loss_scale, samples / totals.step_seconds,
         FormatDuration(elapsed / totals.steps_run * (total - step)));
     if (live) {
       err << "\r" << line << "\033[K" << std::flush;
@@ -673,7 +745,7 @@ absl::StatusOr<LoopTotals> TrainLoop(const TrainOptions& o, const Start& start,
     const bool epoch_done = batches.epoch() > epoch;
     if ((o.eval_every > 0 && step % o.eval_every == 0) || epoch_done || step == total) {
       if (absl::Status s = evaluate(epoch); !s.ok()) return CheckFailed(s.message());
-      correct = seen = 0;
+      correct = seen = samples = 0;
     }
     const bool save_now = o.save_every > 0 ? step % o.save_every == 0 : epoch_done;
     if (session.checkpoint.has_value() && (save_now || step == total)) {
@@ -784,6 +856,8 @@ training::TrainerOptions TakeCheckpointSettings(const training::TrainingState& s
   o.loss = saved.loss;
   o.output = saved.output;
   o.input = saved.input;
+  absl::StatusOr<std::optional<int64_t>> ignore_index = training::RecordedIgnoreIndex(saved);
+  o.ignore_index = ignore_index.ok() ? *ignore_index : std::nullopt;
   o.batch = saved.batch_size;
   o.seed = static_cast<int64_t>(saved.seed);
   o.shuffle = saved.shuffle;
@@ -834,6 +908,7 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   ArgParser parser = MakeParser(o);
   const Command command(parser, out, err);
   if (std::optional<int> done = command.Parse(args)) return *done;
+  if (parser.WasGiven("ignore-index")) o.ignore_index = o.ignore_index_arg;
   auto fail = [&command](const absl::Status& status) {
     return command.Fail(ExitCodeOf(status), status);
   };

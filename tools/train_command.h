@@ -39,6 +39,10 @@ struct TrainOptions {
   std::string loss = "cross-entropy";
   std::string output = "logits";
   std::string input;  // the model input the images feed; "" = its only input
+  // --ignore-index: cross-entropy labels equal to it are not scored (set
+  // from ignore_index_arg when the flag is given, or from the checkpoint).
+  std::optional<int64_t> ignore_index;
+  int64_t ignore_index_arg = 0;
   std::string dump_passes_dir;  // "": no dumps
   std::string optimizer = "adam";
   double lr = 1e-3;
@@ -78,8 +82,8 @@ training::TrainerOptions TrainerOptionsFromFlags(const TrainOptions& options);
 std::vector<std::string> FlagsTheCheckpointDecides(const std::vector<std::string>& args);
 
 // A resumed run continues as it was configured: takes the checkpoint's data
-// spec (when --data is not given), loss, output, input, batch, seed, shuffle
-// and optimizer into `options`, its checkpoint directory (the checkpoint's
+// spec (when --data is not given), loss, output, input, ignore index, batch,
+// seed, shuffle and optimizer into `options`, its checkpoint directory (the checkpoint's
 // own, when --checkpoint-dir is not given; `resumed_from` is its path) and
 // returns its optimizer and schedule.
 training::TrainerOptions TakeCheckpointSettings(const training::TrainingState& saved,

@@ -418,6 +418,62 @@ void WidenToInt64(const Tensor& from, Tensor& to) {
   int64_t* out = to.data<int64_t>();
   for (int64_t i = 0; i < from.num_elements(); ++i) out[i] = static_cast<int64_t>(in[i]);
 }
+template <typename From, typename To>
+void WidenInteger(const Tensor& from, Tensor& to) {
+  const From* in = from.data<From>();
+  To* out = to.data<To>();
+  for (int64_t i = 0; i < from.num_elements(); ++i) out[i] = static_cast<To>(in[i]);
+}
+
+bool IsIntegerDType(DType dtype) {
+  switch (dtype) {
+    case DType::kInt8:
+    case DType::kInt16:
+    case DType::kInt32:
+    case DType::kInt64:
+    case DType::kUInt8:
+    case DType::kUInt16:
+    case DType::kUInt32:
+    case DType::kUInt64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Whether every value of integer dtype `from` is one of `to` (int32 or int64).
+bool IntegerFits(DType from, DType to) {
+  if (from == to) return true;
+  switch (from) {
+    case DType::kInt8:
+    case DType::kUInt8:
+    case DType::kInt16:
+    case DType::kUInt16:
+      return true;
+    case DType::kInt32:
+    case DType::kUInt32:
+      return to == DType::kInt64;
+    default:
+      return false;
+  }
+}
+
+// `array` (an integer dtype IntegerFits into `to`) as `to`.
+template <typename To>
+Tensor WidenIntegers(const Tensor& array, DType to) {
+  Tensor out(to, array.dims());
+  switch (array.dtype()) {
+    case DType::kInt8: WidenInteger<int8_t, To>(array, out); break;
+    case DType::kUInt8: WidenInteger<uint8_t, To>(array, out); break;
+    case DType::kInt16: WidenInteger<int16_t, To>(array, out); break;
+    case DType::kUInt16: WidenInteger<uint16_t, To>(array, out); break;
+    case DType::kInt32: WidenInteger<int32_t, To>(array, out); break;
+    case DType::kUInt32: WidenInteger<uint32_t, To>(array, out); break;
+    case DType::kInt64: WidenInteger<int64_t, To>(array, out); break;
+    default: break;
+  }
+  return out;
+}
 
 // ----- data forms -----------------------------------------------------------
 
@@ -485,6 +541,8 @@ absl::StatusOr<Dataset> DatasetFromArrays(std::map<std::string, Tensor>& arrays,
     return absl::InvalidArgumentError(
         absl::StrCat(dataset.status().message(), " (", images_source, ", ", labels_source, ")"));
   }
+  dataset->images_source = images_source;
+  dataset->labels_source = labels_source;
   return dataset;
 }
 
@@ -558,6 +616,9 @@ absl::StatusOr<Tensor> ImagesFromArray(Tensor array, const std::string& source) 
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": images must have a leading sample axis [N, ...]; got a scalar"));
   }
+  // Integer arrays (token ids) stay as they are: FitDatasetToInput matches
+  // them to the model input.
+  if (IsIntegerDType(array.dtype()) && array.dtype() != DType::kUInt8) return array;
   std::vector<int64_t> dims = array.dims();
   if (dims.size() == 3) dims.insert(dims.begin() + 1, 1);  // [N, H, W] -> [N, 1, H, W]
   const DType stored = array.dtype() == DType::kUInt8 ? DType::kUInt8 : DType::kFloat32;
@@ -582,7 +643,8 @@ absl::StatusOr<Tensor> ImagesFromArray(Tensor array, const std::string& source) 
     }
     default:
       return absl::InvalidArgumentError(
-          absl::StrCat(source, ": images must be uint8 (scaled to [0, 1]) or floating point; got ",
+          absl::StrCat(source, ": images must be uint8 (scaled to [0, 1]) or floating point, "
+                       "or integer ids for an integer model input; got ",
                        DTypeName(array.dtype())));
   }
   return images;
@@ -591,10 +653,10 @@ absl::StatusOr<Tensor> ImagesFromArray(Tensor array, const std::string& source) 
 absl::StatusOr<Tensor> LabelsFromArray(Tensor array, const std::string& source) {
   std::vector<int64_t> dims = array.dims();
   if (dims.size() == 2 && dims[1] == 1) dims.pop_back();  // [N, 1] -> [N]
-  if (dims.size() != 1) {
+  if (dims.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        source, ": labels must be class indices of shape [N] (or [N, 1]); got shape ",
-        DimsText(array.dims())));
+        source, ": labels must be class indices of shape [N] (or [N, 1]), or per-position "
+                "labels [N, d1, ...]; got a scalar"));
   }
   Tensor labels(DType::kInt64, dims);
   switch (array.dtype()) {
@@ -616,18 +678,19 @@ absl::StatusOr<Tensor> LabelsFromArray(Tensor array, const std::string& source) 
 }
 
 absl::StatusOr<Dataset> MakeDataset(std::string name, Tensor images, Tensor labels) {
-  if (images.dims().empty() || labels.dims().size() != 1) {
+  if (images.dims().empty() || labels.dims().empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(name, ": images must be [N, ...] and labels [N]; got images ",
+        absl::StrCat(name, ": images must be [N, ...] and labels [N, ...]; got images ",
                      DimsText(images.dims()), ", labels ", DimsText(labels.dims())));
   }
   if (images.dims()[0] != labels.dims()[0]) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": label count ", labels.dims()[0],
                                                    " != image count ", images.dims()[0]));
   }
-  if (images.dtype() != DType::kUInt8 && images.dtype() != DType::kFloat32) {
+  if (images.dtype() != DType::kFloat32 && !IsIntegerDType(images.dtype())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        name, ": images must be uint8 pixels or float32 (ImagesFromArray converts others); got ",
+        name, ": images must be uint8 pixels or float32 (ImagesFromArray converts others), or "
+              "integer ids; got ",
         DTypeName(images.dtype())));
   }
   Dataset dataset;
@@ -635,6 +698,41 @@ absl::StatusOr<Dataset> MakeDataset(std::string name, Tensor images, Tensor labe
   dataset.images = std::move(images);
   dataset.labels = std::move(labels);
   return dataset;
+}
+
+absl::Status FitDatasetToInput(Dataset& dataset, const std::string& input, DType input_dtype) {
+  const DType have = dataset.images.dtype();
+  const std::string& source = dataset.images_source.empty() ? dataset.name : dataset.images_source;
+  auto refuse = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": ", DTypeName(have), " data cannot feed the model input '",
+                     input, "' (", DTypeName(input_dtype), "): ", why));
+  };
+  if (IsFloatingPoint(input_dtype)) {
+    if (have == DType::kUInt8 || have == DType::kFloat32) return absl::OkStatus();
+    return refuse(
+        "inputs of a floating-point model input must be uint8 (scaled to [0, 1]) or floating "
+        "point");
+  }
+  if (input_dtype == DType::kInt64 || input_dtype == DType::kInt32) {
+    if (!IsIntegerDType(have)) {
+      return refuse(absl::StrCat("an integer input takes integer ids (",
+                                 DTypeName(input_dtype), " or narrower)"));
+    }
+    if (!IntegerFits(have, input_dtype)) {
+      return refuse(absl::StrCat("not every ", DTypeName(have), " value is a ",
+                                 DTypeName(input_dtype), "; store the ids as ",
+                                 DTypeName(input_dtype), " or narrower"));
+    }
+    if (have != input_dtype) {
+      dataset.images = input_dtype == DType::kInt64
+                           ? WidenIntegers<int64_t>(dataset.images, DType::kInt64)
+                           : WidenIntegers<int32_t>(dataset.images, DType::kInt32);
+    }
+    return absl::OkStatus();
+  }
+  return refuse("castor train feeds floating-point inputs (float32 batches) and int32/int64 "
+                "ids only");
 }
 
 absl::StatusOr<Tensor> ReadArrayFile(const std::string& path, bool as_labels) {
@@ -763,6 +861,8 @@ absl::StatusOr<DataSplits> LoadData(const std::string& spec) {
       const std::string name = absl::StrCat(images_path, ",", labels_path);
       CASTOR_ASSIGN_OR_RETURN(Dataset dataset,
                               MakeDataset(name, std::move(images), std::move(labels)));
+      dataset.images_source = images_path;
+      dataset.labels_source = labels_path;
       (split == 0 ? splits.train : splits.test) = std::move(dataset);
     }
     return splits;
@@ -786,22 +886,26 @@ Batch GatherBatch(const Dataset& dataset, const std::vector<int64_t>& indices) {
   const int64_t count = static_cast<int64_t>(indices.size());
   std::vector<int64_t> image_dims = dataset.images.dims();
   image_dims[0] = count;
-  batch.images = Tensor(DType::kFloat32, image_dims);
-  batch.labels = Tensor(dataset.labels.dtype(), {count});
+  const bool pixels = dataset.images.dtype() == DType::kUInt8;
+  // Pixels become float32; float32 and integer inputs (token ids) are copied.
+  batch.images = Tensor(pixels ? DType::kFloat32 : dataset.images.dtype(), image_dims);
+  std::vector<int64_t> label_dims = dataset.labels.dims();
+  label_dims[0] = count;
+  batch.labels = Tensor(dataset.labels.dtype(), label_dims);
   const int64_t rows = std::max<int64_t>(dataset.size(), 1);
   const int64_t row_elements = dataset.images.num_elements() / rows;
+  const size_t row_bytes = dataset.images.byte_size() / rows;
   const size_t label_bytes = dataset.labels.byte_size() / rows;
-  const bool pixels = dataset.images.dtype() == DType::kUInt8;
   const float* scale = PixelScaleTable();
   for (int64_t i = 0; i < count; ++i) {
     const int64_t row = indices[i];
-    float* out = batch.images.data<float>() + i * row_elements;
     if (pixels) {
+      float* out = batch.images.data<float>() + i * row_elements;
       const uint8_t* in = dataset.images.data<uint8_t>() + row * row_elements;
       for (int64_t j = 0; j < row_elements; ++j) out[j] = scale[in[j]];
     } else {
-      std::memcpy(out, dataset.images.data<float>() + row * row_elements,
-                  static_cast<size_t>(row_elements) * sizeof(float));
+      std::memcpy(batch.images.raw() + i * row_bytes, dataset.images.raw() + row * row_bytes,
+                  row_bytes);
     }
     std::memcpy(batch.labels.raw() + i * label_bytes, dataset.labels.raw() + row * label_bytes,
                 label_bytes);

@@ -7,9 +7,13 @@
 //
 // Every loaded Dataset holds images [N, ...] as uint8 pixels (IDX files and
 // uint8 arrays: a quarter of float32's memory) or float32 (3-D [N, H, W]
-// image arrays get a channel axis: [N, 1, H, W]) and int64 labels [N];
-// batches are float32 either way, pixels scaled to [0, 1] as v / 255.0f.
-// Label values are not range-checked here.
+// image arrays get a channel axis: [N, 1, H, W]), or integer arrays (token
+// ids [N, T], ...) as they are, and int64 labels [N] (class labels) or
+// [N, T, ...] (per-position labels, e.g. next-token labels [N, T]);
+// batches of images are float32, pixels scaled to [0, 1] as v / 255.0f;
+// batches of integer inputs keep their dtype. FitDatasetToInput matches the
+// inputs to the model input they feed (an int32 id array widens to an int64
+// input). Label values are not range-checked here.
 #pragma once
 
 #include <cstdint>
@@ -24,8 +28,12 @@ namespace castor::training {
 
 struct Dataset {
   std::string name;  // for messages: "fashion-mnist train", "data/train.npz", ...
-  Tensor images;     // uint8 pixels or float32 [N, ...]
-  Tensor labels;     // int64 [N]
+  Tensor images;     // uint8 pixels, float32 or integer (token ids) [N, ...]
+  Tensor labels;     // int64 [N] or [N, d1, ...]
+  // The arrays the two came from, for messages ("data.npz:x_train", a
+  // file); "" where `name` says it.
+  std::string images_source;
+  std::string labels_source;
 
   int64_t size() const { return labels.dims().empty() ? 0 : labels.dims()[0]; }
   // The dims of one sample: images.dims() without the leading N.
@@ -61,15 +69,30 @@ absl::StatusOr<std::map<std::string, Tensor>> ReadNpz(const std::string& path);
 // --- array conversion -----------------------------------------------------
 // Images: uint8 stays uint8 (pixels, scaled per batch); float16/bfloat16/
 // float64/float32 -> float32; rank 3 [N, H, W] -> [N, 1, H, W]; other ranks
-// (>= 1) as they are.
-// Labels: any integer dtype -> int64; [N] or [N, 1] -> [N]. `source` names the
-// array in errors (wrong dtype or rank).
+// (>= 1) as they are. Other integer arrays (int8..int64, uint16..uint64:
+// token ids) stay as they are, dtype and shape: FitDatasetToInput decides
+// whether they can feed the model input. bool is refused.
+// Labels: any integer dtype -> int64; [N] or [N, 1] -> [N]; [N, d1, ...]
+// (per-position labels, e.g. [N, T] next-token labels) as they are. `source`
+// names the array in errors (wrong dtype, or a scalar).
 absl::StatusOr<Tensor> ImagesFromArray(Tensor array, const std::string& source);
 absl::StatusOr<Tensor> LabelsFromArray(Tensor array, const std::string& source);
 
 // Pairs images with labels: fails, naming `name`, when the counts differ or
-// the images are neither uint8 pixels nor float32.
+// the images are neither uint8 pixels, float32 nor integer.
 absl::StatusOr<Dataset> MakeDataset(std::string name, Tensor images, Tensor labels);
+
+// Matches `dataset`'s inputs to the model input `input` of dtype
+// `input_dtype` they feed:
+//   floating-point input: uint8 pixels or float32 (as ImagesFromArray gives
+//     them; batches are float32);
+//   int64 or int32 input: integer arrays whose every value the input's
+//     dtype holds (int32 -> int64, uint8 -> int32, ...) are widened in
+//     place; the same dtype stays as it is;
+// anything else (an int64 array for a float32 input, float data or int64
+// ids for an int32 input, uint64 for int64) is InvalidArgument naming the
+// array, the input and both dtypes.
+absl::Status FitDatasetToInput(Dataset& dataset, const std::string& input, DType input_dtype);
 
 // One array file for a FILES list: .npy (by its magic) or IDX (anything else,
 // gzip or not). `as_labels` selects the label conversion.
@@ -92,15 +115,16 @@ absl::StatusOr<DataSplits> LoadData(const std::string& spec);
 
 // --- batches ----------------------------------------------------------------
 struct Batch {
-  Tensor images;                 // float32 [B, ...] (pixels scaled to [0, 1])
-  Tensor labels;                 // int64 [B]
+  Tensor images;                 // float32 [B, ...] (pixels scaled to [0, 1]), or the
+                                 // dataset's integer dtype (token ids)
+  Tensor labels;                 // int64 [B] or [B, d1, ...]
   std::vector<int64_t> indices;  // the dataset rows, in batch order
   int64_t epoch = 0;             // the epoch this batch belongs to
   int64_t position = 0;          // its first sample's offset within the epoch order
 };
 
 // Copies rows `indices` of `dataset` into one batch (uint8 pixels scaled
-// to float32 [0, 1]).
+// to float32 [0, 1]; integer inputs and every label row as they are).
 Batch GatherBatch(const Dataset& dataset, const std::vector<int64_t>& indices);
 
 struct BatchOptions {

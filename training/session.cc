@@ -42,6 +42,16 @@ absl::StatusOr<bool> RecordedTf32(const TrainingState& state) {
   return recorded->as_bool();
 }
 
+absl::StatusOr<std::optional<int64_t>> RecordedIgnoreIndex(const TrainingState& state) {
+  const Json* recorded = state.extra.Find(kIgnoreIndexStateKey);
+  if (recorded == nullptr) return std::optional<int64_t>();
+  if (!recorded->is_int()) {
+    return absl::InvalidArgumentError(absl::StrCat("records ignore_index as ", recorded->Dump(),
+                                                   "; expected an integer"));
+  }
+  return std::optional<int64_t>(recorded->as_int());
+}
+
 int64_t TotalSteps(int64_t train_size, int64_t batch, int64_t epochs, int64_t max_steps) {
   const int64_t per_epoch = (train_size + batch - 1) / batch;
   int64_t total = per_epoch * epochs;
@@ -124,36 +134,50 @@ absl::Status RecordTrainingState(const Trainer& trainer, const BatchIterator& ba
   // Whether float32 MatMul/Gemm/Conv ran on TF32 (--tf32 on CUDA): a resumed
   // run continues the same way unless told otherwise.
   state.extra.Set(kTf32StateKey, Json::Bool(settings.tf32));
+  if (settings.ignore_index.has_value()) {
+    state.extra.Set(kIgnoreIndexStateKey, Json::Int(*settings.ignore_index));
+  }
   return absl::OkStatus();
 }
 
-int64_t CountCorrect(const Tensor& output, const Tensor& labels) {
+Scored ScoreBatch(const Tensor& output, const Tensor& labels,
+                  std::optional<int64_t> ignore_index) {
   const int64_t rows = labels.num_elements();
   const int64_t classes = rows > 0 ? output.num_elements() / rows : 0;
-  int64_t correct = 0;
+  Scored scored;
   for (int64_t r = 0; r < rows; ++r) {
+    const int64_t label = labels.data<int64_t>()[r];
+    if (ignore_index.has_value() && label == *ignore_index) continue;
+    ++scored.counted;
     int64_t best = 0;
     for (int64_t c = 1; c < classes; ++c) {
       if (output.GetDouble(r * classes + c) > output.GetDouble(r * classes + best)) best = c;
     }
-    correct += best == labels.data<int64_t>()[r];
+    scored.correct += best == label;
   }
-  return correct;
+  return scored;
+}
+
+int64_t CountCorrect(const Tensor& output, const Tensor& labels) {
+  return ScoreBatch(output, labels, std::nullopt).correct;
 }
 
 absl::StatusOr<Evaluation> Evaluate(Trainer& trainer, const Dataset& test,
-                                    const std::string& input, int64_t batch) {
+                                    const std::string& input, int64_t batch,
+                                    std::optional<int64_t> ignore_index) {
   CASTOR_ASSIGN_OR_RETURN(BatchIterator batches,
                           BatchIterator::Create(test, BatchOptions{batch, false, 0, false}));
   double loss_sum = 0;
   int64_t correct = 0, seen = 0;
   while (batches.epoch() == 0) {
     Batch b = batches.Next();
-    const int64_t n = b.labels.num_elements();
     CASTOR_ASSIGN_OR_RETURN(StepResult r, trainer.Evaluate({{input, b.images}}, b.labels));
-    loss_sum += r.loss * n;
-    correct += CountCorrect(r.output, b.labels);
-    seen += n;
+    const Scored scored = ScoreBatch(r.output, b.labels, ignore_index);
+    // The batch's loss is the mean over its counted positions (a batch
+    // with none has a NaN mean and adds nothing).
+    if (scored.counted > 0) loss_sum += r.loss * scored.counted;
+    correct += scored.correct;
+    seen += scored.counted;
   }
   return Evaluation{loss_sum / seen, static_cast<double>(correct) / seen};
 }

@@ -25,11 +25,18 @@ namespace castor::training {
 // The key in TrainingState::extra recording whether float32
 // MatMul/Gemm/Conv ran on TF32 (--tf32 on CUDA).
 inline constexpr char kTf32StateKey[] = "tf32";
+// The key in TrainingState::extra recording the cross-entropy ignore index
+// (--ignore-index); absent when none was given.
+inline constexpr char kIgnoreIndexStateKey[] = "ignore_index";
 
 // Whether a checkpoint's run used TF32; false for checkpoints from before it
 // was recorded. InvalidArgument "records tf32 as V; expected true or false"
 // when the entry is not a bool.
 absl::StatusOr<bool> RecordedTf32(const TrainingState& state);
+
+// A checkpoint's ignore index; none when it records none. InvalidArgument
+// "records ignore_index as V; expected an integer" when it is not one.
+absl::StatusOr<std::optional<int64_t>> RecordedIgnoreIndex(const TrainingState& state);
 
 // Steps a run takes in all: ceil(train_size / batch) per epoch, `epochs`
 // epochs, at most `max_steps` when positive.
@@ -61,6 +68,7 @@ struct RunSettings {
   uint64_t seed = 0;
   bool shuffle = true;
   bool tf32 = false;  // as it took effect
+  std::optional<int64_t> ignore_index;  // the cross-entropy ignore index
 };
 
 // The checkpoint's model gets the trainer's weights and statistics, its
@@ -71,7 +79,18 @@ absl::Status RecordTrainingState(const Trainer& trainer, const BatchIterator& ba
                                  const RunSettings& settings, Checkpoint& checkpoint);
 
 // Correct predictions (argmax of each row of `output` [B, C]) in a batch.
+// With per-position labels [B, T, ...] and output [B, T, ..., C] (class axis
+// last) each position is a row: token accuracy.
 int64_t CountCorrect(const Tensor& output, const Tensor& labels);
+
+// The predictions a batch scores: `counted` rows (label positions whose
+// label is not `ignore_index`), `correct` of them right (as CountCorrect).
+struct Scored {
+  int64_t correct = 0;
+  int64_t counted = 0;
+};
+Scored ScoreBatch(const Tensor& output, const Tensor& labels,
+                  std::optional<int64_t> ignore_index);
 
 struct Evaluation {
   double loss = 0;
@@ -79,9 +98,11 @@ struct Evaluation {
 };
 
 // Mean loss and accuracy over the whole `test` split, in order, in batches
-// of `batch`, `input` fed the images.
+// of `batch`, `input` fed the images (or ids). Both are over label
+// positions (tokens, for [N, T] labels) not equal to `ignore_index`.
 absl::StatusOr<Evaluation> Evaluate(Trainer& trainer, const Dataset& test,
-                                    const std::string& input, int64_t batch);
+                                    const std::string& input, int64_t batch,
+                                    std::optional<int64_t> ignore_index = std::nullopt);
 
 // Keeps the metrics lines of steps up to `step` (JSON objects with a "step"
 // at most `step`), dropping later ones and a torn last line; rewritten

@@ -286,11 +286,13 @@ absl::Status Trainer::LoadRecordedFeeds(const Feeds& inputs) {
     const TensorView& buffer = recorded_->feeds[k].second;
     if (name == kLabelsInput && graph_.loss == LossKind::kSoftmaxCrossEntropy &&
         !IsFloatingPoint(tensor.dtype()) && recorded_->outputs[1].dims.size() >= 2) {
-      // The loss kernel's own check ran once, while recording.
-      const int64_t classes = recorded_->outputs[1].dims[1];
+      // The loss kernel's own check ran once, while recording. The class
+      // axis is the output's last ([N, C], or [N, T, V] sequence logits).
+      const int64_t classes = recorded_->outputs[1].dims.back();
       for (int64_t p = 0; p < tensor.num_elements(); ++p) {
         const int64_t label = tensor.dtype() == DType::kInt32 ? tensor.data<int32_t>()[p]
                                                               : tensor.data<int64_t>()[p];
+        if (graph_.ignore_index.has_value() && label == *graph_.ignore_index) continue;
         if (label < 0 || label >= classes) {
           return absl::InvalidArgumentError(absl::StrCat(
               "labels: label ", label, " at position ", p, " is out of range [0, ", classes,
