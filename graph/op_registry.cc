@@ -1,6 +1,7 @@
 // OpRegistry storage and InferenceContext accessors.
 #include "graph/op_registry.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -136,6 +137,15 @@ void OpRegistry::SetGradient(const std::string& domain, const std::string& op_ty
 void OpRegistry::SetNoGradient(const std::string& domain, const std::string& op_type,
                                std::string reason) {
   FindForGradient(ops_, domain, op_type).no_gradient_reason = std::move(reason);
+}
+
+void OpRegistry::SetSettingInputs(const std::string& domain, const std::string& op_type,
+                                  std::vector<int> inputs) {
+  FindForGradient(ops_, domain, op_type).setting_inputs = std::move(inputs);
+}
+
+bool OpDef::IsSettingInput(int index) const {
+  return std::find(setting_inputs.begin(), setting_inputs.end(), index) != setting_inputs.end();
 }
 
 }  // namespace castor

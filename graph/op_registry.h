@@ -146,6 +146,11 @@ struct OpDef {
   bool autocast_exact = false;
   GradientFn gradient;
   std::string no_gradient_reason;  // set when the op deliberately has none
+  // Inputs that are settings rather than values (Dropout's ratio): the
+  // autodiff pass never differentiates through them,
+  // and a float initializer read only there is not a parameter.
+  std::vector<int> setting_inputs;
+  bool IsSettingInput(int index) const;
   std::string summary;             // one line, for `castor ops` and docs
 };
 
@@ -168,6 +173,8 @@ class OpRegistry {
   // (graph/ops/gradient_rules.cc). An unknown op aborts.
   void SetGradient(const std::string& domain, const std::string& op_type, GradientFn gradient);
   void SetNoGradient(const std::string& domain, const std::string& op_type, std::string reason);
+  void SetSettingInputs(const std::string& domain, const std::string& op_type,
+                        std::vector<int> inputs);
 
  private:
   std::map<std::pair<std::string, std::string>, OpDef> ops_;

@@ -26,6 +26,14 @@ class Autodiff {
   absl::StatusOr<AutodiffResult> Run() {
     CASTOR_RETURN_IF_ERROR(Resolve());
     Mark();
+    std::vector<std::string> unreached;
+    if (request_.skip_unreached) {
+      std::erase_if(parameters_, [&](const Value* parameter) {
+        if (marked_.contains(parameter)) return false;
+        unreached.push_back(parameter->name());
+        return true;
+      });
+    }
     CASTOR_RETURN_IF_ERROR(Seed());
     const std::vector<Node*> forward = graph_.nodes();
     const int forward_count = static_cast<int>(forward.size());
@@ -33,6 +41,7 @@ class Autodiff {
       CASTOR_RETURN_IF_ERROR(Differentiate(**it));
     }
     AutodiffResult result;
+    result.unreached = std::move(unreached);
     for (Value* parameter : parameters_) {
       CASTOR_ASSIGN_OR_RETURN(Value * grad, Accumulated(parameter));
       if (grad == nullptr) {
@@ -104,8 +113,12 @@ class Autodiff {
   void Mark() {
     absl::flat_hash_set<const Value*> from_parameters(parameters_.begin(), parameters_.end());
     for (const Node* node : graph_.nodes()) {
+      const OpDef* def = OpRegistry::Global().Find(node->domain(), node->op_type());
       bool reached = false;
-      for (const Value* in : node->inputs()) reached = reached || from_parameters.contains(in);
+      for (int i = 0; i < node->num_inputs(); ++i) {
+        if (def != nullptr && def->IsSettingInput(i)) continue;
+        reached = reached || from_parameters.contains(node->input(i));
+      }
       if (!reached) continue;
       for (const Value* out : node->outputs()) {
         if (IsDifferentiable(out)) from_parameters.insert(out);
@@ -117,8 +130,10 @@ class Autodiff {
       bool reaches = false;
       for (const Value* out : (*it)->outputs()) reaches = reaches || to_loss.contains(out);
       if (!reaches) continue;
-      for (const Value* in : (*it)->inputs()) {
-        if (in) to_loss.insert(in);
+      const OpDef* def = OpRegistry::Global().Find((*it)->domain(), (*it)->op_type());
+      for (int i = 0; i < (*it)->num_inputs(); ++i) {
+        if (def != nullptr && def->IsSettingInput(i)) continue;
+        if (const Value* in = (*it)->input(i)) to_loss.insert(in);
       }
     }
     for (const Value* value : from_parameters) {
@@ -171,10 +186,12 @@ class Autodiff {
 
   // Step 3 for one node.
   absl::Status Differentiate(const Node& node) {
+    const OpDef* def = OpRegistry::Global().Find(node.domain(), node.op_type());
     std::vector<bool> wants(node.num_inputs(), false);
     bool any_wanted = false;
     for (int i = 0; i < node.num_inputs(); ++i) {
-      wants[i] = node.input(i) != nullptr && marked_.contains(node.input(i));
+      wants[i] = node.input(i) != nullptr && marked_.contains(node.input(i)) &&
+                 (def == nullptr || !def->IsSettingInput(i));
       any_wanted = any_wanted || wants[i];
     }
     if (!any_wanted) return absl::OkStatus();
@@ -187,7 +204,6 @@ class Autodiff {
     }
     if (!any_grad) return absl::OkStatus();
 
-    const OpDef* def = OpRegistry::Global().Find(node.domain(), node.op_type());
     if (def == nullptr || !def->gradient) {
       const std::string reason =
           def == nullptr ? "the op is unknown to castor"

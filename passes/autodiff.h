@@ -34,11 +34,16 @@ struct AutodiffRequest {
   // The gradient seeded at the loss, a value of the loss's dtype and shape;
   // "" seeds a Constant 1.
   std::string loss_seed;
+  // Leave out the parameters with no differentiable path to the loss (a
+  // float initializer read only as an op's setting, such as Dropout's
+  // ratio, or by a branch the loss does not use) instead of refusing them.
+  bool skip_unreached = false;
 };
 
 struct AutodiffResult {
   // (parameter, its gradient's value name), in the request's order.
   std::vector<std::pair<std::string, std::string>> gradients;
+  std::vector<std::string> unreached;  // left out (skip_unreached), in the request's order
   int backward_nodes = 0;
 };
 

@@ -412,6 +412,7 @@ absl::Status AutodiffStep(Model& model, TrainingPassState& state) {
   AutodiffRequest request;
   request.loss = state.loss;
   request.loss_seed = kLossScaleInput;
+  request.skip_unreached = true;  // settings and unused branches are no parameters
   for (const Value* initializer : graph.initializers()) {
     if (initializer->dtype() != DType::kFloat32 || initializer->is_graph_input() ||
         initializer->uses().empty() || state_names.contains(initializer->name())) {
@@ -424,6 +425,11 @@ absl::Status AutodiffStep(Model& model, TrainingPassState& state) {
   }
   const int first_backward = graph.num_nodes();
   CASTOR_ASSIGN_OR_RETURN(AutodiffResult gradients, BuildGradients(model, request));
+  if (gradients.gradients.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "none of the model's float32 initializers has a differentiable path to the loss (",
+        absl::StrJoin(gradients.unreached, ", "), ")"));
+  }
   result.gradients = gradients.gradients;
   result.backward_nodes = gradients.backward_nodes;
   CASTOR_ASSIGN_OR_RETURN(result.backward_recasts,

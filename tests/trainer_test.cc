@@ -579,6 +579,108 @@ TEST(TrainerTest, EvaluationIsForwardOnlyWithRunningStatistics) {
   check("after 3 steps");  // new weights and running statistics reach the evaluation graph
 }
 
+// A model with the two ops torch exports in training form when asked for
+// a training export: BatchNormalization with training_mode=1 and three
+// outputs (the running-statistic outputs read by nobody) and Dropout with
+// its ratio and training_mode inputs and a mask output. With
+// `training_form` false, the same weights in inference form (what PyTorch's
+// eval() computes): one-output BatchNormalization, no Dropout.
+// x [4, 2, 3] -> BatchNormalization -> Dropout -> Flatten -> MatMul W [6, 3].
+Model ExportedTrainingFormModel(bool training_form) {
+  Model model;
+  model.ir_version = 8;
+  model.opset_imports.push_back({"", 17});
+  Graph& g = *model.graph;
+  Value* x = *g.AddInput("x", DType::kFloat32, Shape{Dim(4), Dim(2), Dim(3)});
+  auto floats = [&](const std::string& name, std::vector<int64_t> dims, std::vector<float> v) {
+    return *g.AddInitializer(name, Tensor::FromVector<float>(DType::kFloat32, std::move(dims), v));
+  };
+  Value* scale = floats("scale", {2}, {1.5f, 0.5f});
+  Value* bias = floats("B", {2}, {0.25f, -0.5f});
+  Value* mean = floats("mean", {2}, {0.1f, -0.2f});
+  Value* var = floats("var", {2}, {0.9f, 1.3f});
+  std::vector<float> w(18);
+  for (int i = 0; i < 18; ++i) w[i] = 0.125f * static_cast<float>((i * 5) % 9) - 0.5f;
+  Value* weight = floats("W", {6, 3}, w);
+  Value* normalized = nullptr;
+  if (training_form) {
+    Node* bn = *g.AddNode("BatchNormalization", {x, scale, bias, mean, var},
+                          {"bn", "bn_running_mean", "bn_running_var"}, "bn");
+    bn->SetAttribute(Attribute::Int("training_mode", 1));
+    bn->SetAttribute(Attribute::Float("momentum", 0.9f));
+    Value* ratio = *g.AddInitializer("ratio", Tensor::Scalar(0.5f));
+    Tensor yes(DType::kBool, {});
+    yes.data<bool>()[0] = true;
+    Value* training = *g.AddInitializer("training", std::move(yes));
+    Node* dropout = *g.AddNode("Dropout", {bn->output(0), ratio, training}, {"dropped", "mask"},
+                               "dropout");
+    normalized = dropout->output(0);
+  } else {
+    Node* bn = *g.AddNode("BatchNormalization", {x, scale, bias, mean, var}, {"bn"}, "bn");
+    bn->SetAttribute(Attribute::Float("momentum", 0.9f));
+    normalized = bn->output(0);
+  }
+  Node* flat = *g.AddNode("Flatten", {normalized}, {"flat"}, "flatten");
+  Node* matmul = *g.AddNode("MatMul", {flat->output(0), weight}, {"logits"}, "head");
+  g.AddOutput(matmul->output(0));
+  EXPECT_TRUE(InferTypes(model).ok());
+  return model;
+}
+
+// Training-form BatchNormalization trains with its running statistics as
+// state (updated by the step, never parameters), and the evaluation graph
+// runs the model as eval() does: running statistics, no Dropout. Its
+// logits equal the inference-form model's on the same weights.
+TEST(TrainingGraphTest, ExportedTrainingFormBatchNormAndDropout) {
+  Model model = ExportedTrainingFormModel(true);
+  absl::StatusOr<TrainingGraph> graph = BuildTrainingGraph(model, {});
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  std::set<std::string> stats, parameters;
+  for (const auto& [state, updated] : graph->running_stats) stats.insert(state);
+  for (const auto& [parameter, gradient] : graph->gradients) parameters.insert(parameter);
+  EXPECT_EQ(stats, (std::set<std::string>{"mean", "var"}));
+  EXPECT_EQ(parameters, (std::set<std::string>{"B", "W", "scale"}));
+  int batch_norms = 0, dropouts = 0;
+  for (const Node* node : graph->evaluation->graph->nodes()) {
+    if (node->op_type() == "Dropout") ++dropouts;
+    if (node->op_type() != "BatchNormalization") continue;
+    ++batch_norms;
+    EXPECT_EQ(node->GetInt("training_mode", 0), 0);
+    EXPECT_EQ(node->num_outputs(), 1);
+    EXPECT_EQ(node->GetFloat("momentum", 0.0f), 0.9f);
+  }
+  EXPECT_EQ(batch_norms, 1);
+  EXPECT_EQ(dropouts, 0);
+
+  absl::StatusOr<std::unique_ptr<training::Trainer>> trainer =
+      training::Trainer::Create(std::move(model), *graph, {}, Cpu());
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  Tensor x(DType::kFloat32, {4, 2, 3});
+  for (int64_t i = 0; i < x.num_elements(); ++i) {
+    x.data<float>()[i] = 0.3f * static_cast<float>((i * 7) % 5) - 0.6f;
+  }
+  Tensor labels = Tensor::FromVector<int64_t>(DType::kInt64, {4}, {0, 1, 2, 1});
+  const std::map<std::string, Tensor> before = StateOf(**trainer);
+  ASSERT_TRUE((*trainer)->Step({{"x", x}}, labels).ok());
+  const std::map<std::string, Tensor> after = StateOf(**trainer);
+  EXPECT_NE(after.at("mean").data<float>()[0], before.at("mean").data<float>()[0]);
+
+  Model reference = ExportedTrainingFormModel(false);
+  for (const auto& [name, tensor] : after) {
+    if (Value* value = reference.graph->FindValue(name)) *value->mutable_initializer() = tensor;
+  }
+  auto executor = Executor::Create(reference, Cpu());
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  auto expected = (*executor)->Run({{"x", x}});
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  absl::StatusOr<training::StepResult> evaluated = (*trainer)->Evaluate({{"x", x}}, labels);
+  ASSERT_TRUE(evaluated.ok()) << evaluated.status();
+  ASSERT_EQ(evaluated->output.num_elements(), 12);
+  for (int64_t i = 0; i < 12; ++i) {
+    EXPECT_EQ(evaluated->output.data<float>()[i], (*expected)[0].data<float>()[i]) << i;
+  }
+}
+
 // A token model as torch exports one: int64 ids [2, 3] pick rows of the
 // embedding E [4, 4] (Gather), which are the logits [N, T, V] = [2, 3, 4].
 Model TokenModel() {

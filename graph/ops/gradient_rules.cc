@@ -1331,6 +1331,9 @@ constexpr NoGradientEntry kNoGradient[] = {
 
 void AssignGradientRules(OpRegistry& registry) {
   for (const RuleEntry& entry : kRules) registry.SetGradient("", entry.op_type, entry.rule);
+  // Float inputs that set how an op works rather than feed its values, as
+  // PyTorch's dropout p: never trained.
+  registry.SetSettingInputs("", "Dropout", {1});
   for (const NoGradientEntry& entry : kNoGradient) {
     registry.SetNoGradient(entry.domain, entry.op_type, entry.reason);
   }
