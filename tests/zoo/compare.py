@@ -83,6 +83,10 @@ def run_castor(castor, ref, out_dir, policy, steps, work, threads, checkpoint, t
            "--data", os.path.join(out_dir, ref["data"]), "--policy", policy,
            "--optimizer", "sgd", "--lr", repr(ref["lr"]), "--batch", str(ref["batch"]),
            "--no-shuffle", "--max-steps", str(steps), "--metrics", metrics,
+           # as many epochs as steps: --max-steps ends the run, and data of
+           # fewer batches than steps (alexnet's few 224x224 ones) cycle as
+           # PyTorch's reference cycles them
+           "--epochs", str(steps),
            "--backend", "cpu", "--threads", str(threads)]
     ckpt_dir = None
     if checkpoint:
