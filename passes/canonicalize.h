@@ -20,8 +20,7 @@
 //
 // Kept as they are: Constant nodes, shape subgraphs (Shape, Gather,
 // Unsqueeze, Concat, Reshape computed at run time), node names.
-// The model the sample models are is unchanged by it (they have none of
-// the above).
+// The sample models are unchanged by it (they have none of the above).
 #pragma once
 
 #include <memory>

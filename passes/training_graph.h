@@ -1,6 +1,11 @@
 // Builds the training graph of a (converted) model: the loss attached to a
-// named output, BatchNormalization switched to training mode, and the
-// backward graph from the autodiff pass seeded with the loss scale.
+// named output, every BatchNormalization in training mode with castor's
+// running-statistic outputs (whatever form the exporter wrote: inference
+// form, or training_mode=1 with one or three outputs), and the backward
+// graph from the autodiff pass seeded with the loss scale. The parameters
+// are the float32 initializers with a differentiable path to the loss
+// (not the running statistics, not an op's settings such as Dropout's
+// ratio).
 //
 // The result is one ONNX graph a backend runs per step:
 //   inputs   the model's inputs, the labels (castor.labels: int64 [N] for
@@ -26,8 +31,8 @@
 // step keeps the 16-bit value alive instead of the float32 one.
 //
 // Alongside it, the evaluation graph: the same model forward only, with the
-// loss attached and BatchNormalization left in inference form (it reads the
-// running statistics). Inputs: the model's inputs and the labels; outputs:
+// loss attached, as PyTorch's eval() runs it: BatchNormalization in
+// inference form (it reads the running statistics) and Dropout as identity. Inputs: the model's inputs and the labels; outputs:
 // the loss and the model output.
 #pragma once
 
