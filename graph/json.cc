@@ -142,7 +142,7 @@ bool operator==(const Json& a, const Json& b) {
 
 namespace {
 
-void AppendEscapedString(std::string& out, const std::string& text) {
+void AppendEscapedString(std::string& out, std::string_view text) {
   static constexpr char kHex[] = "0123456789abcdef";
   out.push_back('"');
   for (char c : text) {
@@ -191,6 +191,13 @@ void AppendNewline(std::string& out, int indent, int level) {
 }
 
 }  // namespace
+
+std::string JsonQuoted(std::string_view text) {
+  std::string out;
+  out.reserve(text.size() + 2);
+  AppendEscapedString(out, text);
+  return out;
+}
 
 void Json::DumpTo(std::string& out, int indent, int level) const {
   switch (type_) {

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -111,5 +112,9 @@ class Json {
 // Reads and parses the JSON file at `path`; errors are prefixed with the path
 // ("<path>: line L, column C: ...").
 absl::StatusOr<Json> ParseJsonFile(const std::string& path);
+
+// `text` as a JSON string literal, quotes included ("a\"b" for a"b):
+// control characters as \uXXXX, bytes >= 0x80 as they are (UTF-8).
+std::string JsonQuoted(std::string_view text);
 
 }  // namespace castor

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "graph/json.h"
+
 namespace castor {
 namespace {
 
@@ -15,33 +17,7 @@ namespace {
 
 }  // namespace
 
-std::string JsonWriter::Quote(std::string_view value) {
-  std::string out;
-  out.reserve(value.size() + 2);
-  out.push_back('"');
-  for (char c : value) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char escaped[8];
-          std::snprintf(escaped, sizeof(escaped), "\\u%04x", static_cast<unsigned char>(c));
-          out += escaped;
-        } else {
-          // Bytes >= 0x80 pass through: castor's names are UTF-8.
-          out.push_back(c);
-        }
-    }
-  }
-  out.push_back('"');
-  return out;
-}
+std::string JsonWriter::Quote(std::string_view value) { return JsonQuoted(value); }
 
 void JsonWriter::NewLineAndIndent(size_t depth) {
   if (indent_ <= 0) return;
