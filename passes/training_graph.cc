@@ -148,7 +148,8 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SwitchBatchNorm
     training->SetAttribute(Attribute::Int("training_mode", 1));
     for (const auto& [key, value] : node->metadata()) training->SetMetadata(key, value);
     for (int i = 0; i < node->num_outputs(); ++i) {
-      if (node->output(i) != nullptr) graph.ReplaceAllUsesWith(node->output(i), training->output(i));
+      if (node->output(i) == nullptr) continue;
+      graph.ReplaceAllUsesWith(node->output(i), training->output(i));
     }
     CASTOR_RETURN_IF_ERROR(graph.RemoveNode(node));
     replaced = true;
