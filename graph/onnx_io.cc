@@ -53,6 +53,12 @@ constexpr int64_t kDefaultIrVersion = 8;
 // Protobuf cannot parse or serialize messages of 2 GB or more.
 constexpr uint64_t kMaxProtoBytes = INT_MAX;
 
+// The newest ONNX IR version castor reads. IR versions move with ONNX
+// releases (IR 8: opsets 15-18, 9: 19-20, 10: 21-22, 11: 23); 13 covers
+// the releases up to opset 25, castor's kMaxOnnxOpset. A higher ir_version
+// may hold structures castor would misread, so such a model is refused.
+constexpr int64_t kMaxIrVersion = 13;
+
 absl::Status Annotate(const absl::Status& status, const std::string& prefix) {
   if (status.ok()) return status;
   return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
@@ -67,14 +73,16 @@ absl::Status ErrnoError(int error_number, const std::string& message) {
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path, uint64_t max_bytes,
                                           const char* limit_reason) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused
+  // below like any file that is not a regular one.
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int error_number = errno;
     if (error_number == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
     return ErrnoError(error_number, absl::StrCat("cannot open ", path));
   }
   struct stat info;
-  if (fstat(fd, &info) != 0 || S_ISDIR(info.st_mode)) {
+  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
     close(fd);
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
   }
@@ -141,8 +149,13 @@ absl::Status CopyTypedField(const Field& field, const char* field_name, const st
   return absl::OkStatus();
 }
 
-absl::Status ReadExternalData(const onnx::TensorProto& proto, const std::string& base_dir,
-                              const std::string& label, Tensor& tensor) {
+// Reads an external-data tensor of `dtype` and `dims` (`needed` bytes):
+// the location must name a regular file that resolves, symlinks followed,
+// inside the model's directory, and hold the bytes at the offset; only
+// then is the tensor allocated.
+absl::StatusOr<Tensor> ReadExternalData(const onnx::TensorProto& proto,
+                                        const std::string& base_dir, const std::string& label,
+                                        DType dtype, std::vector<int64_t> dims, uint64_t needed) {
   std::string location;
   int64_t offset = 0;
   int64_t length = -1;
@@ -171,31 +184,50 @@ absl::Status ReadExternalData(const onnx::TensorProto& proto, const std::string&
         label, ": external data location '", location,
         "' must be a relative path inside the model's directory (no absolute path, no '..')"));
   }
-  const uint64_t needed = tensor.byte_size();
   if (length >= 0 && static_cast<uint64_t>(length) != needed) {
     return absl::InvalidArgumentError(absl::StrCat(label, ": external data length ", length,
                                                    " does not match the tensor's ", needed,
                                                    " bytes"));
   }
   const std::string path = JoinPath(base_dir, location);
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int error_number = errno;
-    if (error_number == ENOENT) {
+  // A symlink on the way (a directory `etc -> /etc` beside the model) must
+  // not lead outside the model's directory either.
+  std::error_code error;
+  const std::filesystem::path resolved = std::filesystem::canonical(path, error);
+  if (error) {
+    if (error == std::errc::no_such_file_or_directory) {
       return absl::NotFoundError(
           absl::StrCat(label, ": external data file ", path, " does not exist"));
     }
-    return ErrnoError(error_number, absl::StrCat(label, ": cannot open external data file ", path));
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": cannot resolve external data file ", path, ": ", error.message()));
+  }
+  const std::filesystem::path directory =
+      std::filesystem::canonical(base_dir.empty() ? "." : base_dir, error);
+  const std::filesystem::path inside = resolved.lexically_relative(directory);
+  if (error || inside.empty() || *inside.begin() == "..") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        label, ": external data location '", location, "' resolves to ", resolved.string(),
+        ", outside the model's directory ", directory.string(), " (a symlink on the way?)"));
+  }
+  const int fd = open(resolved.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    return ErrnoError(errno, absl::StrCat(label, ": cannot open external data file ", path));
   }
   struct stat info;
-  if (fstat(fd, &info) != 0 || static_cast<uint64_t>(info.st_size) < needed ||
+  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": external data file ", path, " is not a regular file"));
+  }
+  if (static_cast<uint64_t>(info.st_size) < needed ||
       static_cast<uint64_t>(offset) > static_cast<uint64_t>(info.st_size) - needed) {
-    const int64_t file_size = fstat(fd, &info) == 0 ? info.st_size : -1;
     close(fd);
     return absl::DataLossError(absl::StrCat(label, ": external data file ", path, " has ",
-                                            file_size, " bytes; the tensor needs ", needed,
+                                            info.st_size, " bytes; the tensor needs ", needed,
                                             " bytes at offset ", offset));
   }
+  Tensor tensor(dtype, std::move(dims));
   size_t done = 0;
   while (done < needed) {
     const ssize_t n = pread(fd, tensor.raw() + done, needed - done, offset + done);
@@ -209,7 +241,35 @@ absl::Status ReadExternalData(const onnx::TensorProto& proto, const std::string&
     done += static_cast<size_t>(n);
   }
   close(fd);
-  return absl::OkStatus();
+  return tensor;
+}
+
+// The typed data field that holds a `dtype` tensor's values when it has
+// neither raw nor external data: its name and element count ({nullptr, -1}
+// for a dtype without one).
+std::pair<const char*, int64_t> TypedField(const onnx::TensorProto& proto, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return {"float_data", proto.float_data_size()};
+    case DType::kFloat64:
+      return {"double_data", proto.double_data_size()};
+    case DType::kInt64:
+      return {"int64_data", proto.int64_data_size()};
+    case DType::kUInt32:
+    case DType::kUInt64:
+      return {"uint64_data", proto.uint64_data_size()};
+    case DType::kInt8:
+    case DType::kInt16:
+    case DType::kInt32:
+    case DType::kUInt8:
+    case DType::kUInt16:
+    case DType::kFloat16:
+    case DType::kBFloat16:
+    case DType::kBool:
+      return {"int32_data", proto.int32_data_size()};
+    default:
+      return {nullptr, -1};
+  }
 }
 
 // ------------------------------------------------------------ value types
@@ -252,7 +312,12 @@ absl::StatusOr<ValueType> ValueTypeFromProto(const onnx::ValueInfoProto& info,
   if (tensor_type.has_shape()) {
     std::vector<Dim> dims;
     for (const onnx::TensorShapeProto::Dimension& dim : tensor_type.shape().dim()) {
-      if (dim.has_dim_value() && dim.dim_value() >= 0) {
+      if (dim.has_dim_value() && dim.dim_value() < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(what, " has negative dimension ",
+                                                       dim.dim_value(), " at axis ", dims.size(),
+                                                       "; a dimension is >= 0 or symbolic"));
+      }
+      if (dim.has_dim_value()) {
         dims.push_back(Dim(dim.dim_value()));
       } else if (dim.has_dim_param() && !dim.dim_param().empty()) {
         dims.push_back(Dim::Symbol(dim.dim_param()));
@@ -846,37 +911,43 @@ absl::StatusOr<Tensor> TensorFromProto(const onnx::TensorProto& proto,
     }
     elements *= static_cast<uint64_t>(dim);
   }
-  Tensor tensor(*dtype, std::move(dims));
-
+  // Nothing is allocated before the data the file holds is known to fill
+  // the declared shape: a 40-byte tensor declaring [2^40] is refused here.
   const bool external = proto.data_location() == onnx::TensorProto::EXTERNAL;
   if (*dtype == DType::kString) {
     if (external || proto.has_raw_data()) {
       return absl::InvalidArgumentError(
           absl::StrCat(label, ": string tensors must store their values in string_data"));
     }
-    if (proto.string_data_size() != tensor.num_elements()) {
-      return absl::InvalidArgumentError(absl::StrCat(label, " (string, ", tensor.num_elements(),
+    if (static_cast<uint64_t>(proto.string_data_size()) != elements) {
+      return absl::InvalidArgumentError(absl::StrCat(label, " (string, ", elements,
                                                      " elements) has ", proto.string_data_size(),
                                                      " values in string_data"));
     }
+    Tensor tensor(*dtype, std::move(dims));
     tensor.strings().assign(proto.string_data().begin(), proto.string_data().end());
     return tensor;
   }
-  if (external) {
-    CASTOR_RETURN_IF_ERROR(ReadExternalData(proto, base_dir, label, tensor));
-    return tensor;
-  }
+  const uint64_t bytes = elements * DTypeSize(*dtype);
+  if (external) return ReadExternalData(proto, base_dir, label, *dtype, std::move(dims), bytes);
   if (proto.has_raw_data()) {
-    if (proto.raw_data().size() != tensor.byte_size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          label, " (", DTypeName(*dtype), ", ", tensor.num_elements(), " elements) has ",
-          proto.raw_data().size(), " bytes of raw_data; expected ", tensor.byte_size()));
+    if (proto.raw_data().size() != bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(label, " (", DTypeName(*dtype), ", ",
+                                                     elements, " elements) has ",
+                                                     proto.raw_data().size(),
+                                                     " bytes of raw_data; expected ", bytes));
     }
-    if (tensor.byte_size() > 0) {
-      std::memcpy(tensor.raw(), proto.raw_data().data(), tensor.byte_size());
-    }
+    Tensor tensor(*dtype, std::move(dims));
+    if (bytes > 0) std::memcpy(tensor.raw(), proto.raw_data().data(), bytes);
     return tensor;
   }
+  const auto [field_name, field_size] = TypedField(proto, *dtype);
+  if (field_name != nullptr && static_cast<uint64_t>(field_size) != elements) {
+    return absl::InvalidArgumentError(absl::StrCat(label, " (", DTypeName(*dtype), ", ", elements,
+                                                   " elements) has ", field_size, " values in ",
+                                                   field_name));
+  }
+  Tensor tensor(*dtype, std::move(dims));
   absl::Status status;
   switch (*dtype) {
     case DType::kFloat32:
@@ -1004,6 +1075,11 @@ absl::StatusOr<Model> LoadModel(const std::string& path) {
         : !proto.has_graph()    ? "it has no graph"
                                 : "it has no opset_import",
         ")"));
+  }
+  if (proto.ir_version() > kMaxIrVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": IR version ", proto.ir_version(), " is newer than castor knows (IR 3..",
+        kMaxIrVersion, "); re-export with an older ONNX, or update castor"));
   }
   return ImportModel(proto, DirectoryOf(path), path);
 }

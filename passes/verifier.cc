@@ -1,6 +1,8 @@
 // Graph verifier (see verifier.h for the numbered invariants).
 #include "passes/verifier.h"
 
+#include <algorithm>
+
 #include <string>
 #include <vector>
 
@@ -63,6 +65,22 @@ void CheckSchema(const Model& model, const Node* node, Problems& problems) {
   if (node->num_outputs() < def->min_outputs || node->num_outputs() > def->max_outputs) {
     problems.Add(absl::StrCat(Describe(node), ": has ", node->num_outputs(), " outputs; expected ",
                               def->min_outputs, "..", def->max_outputs));
+  }
+  // An attribute the op does not define is an error, as in ONNX's checker:
+  // a misspelt one (Gemm's `transb` for `transB`) would otherwise run with
+  // the default silently.
+  for (const Attribute& a : node->attributes()) {
+    const bool known = std::any_of(def->attributes.begin(), def->attributes.end(),
+                                   [&](const AttrSpec& spec) { return spec.name == a.name; });
+    if (!known) {
+      std::string expected;
+      for (const AttrSpec& spec : def->attributes) {
+        absl::StrAppend(&expected, expected.empty() ? "" : ", ", spec.name);
+      }
+      problems.Add(absl::StrCat(Describe(node), ": unknown attribute '", a.name, "' (",
+                                node->op_type(), " has ",
+                                expected.empty() ? "no attributes" : expected, ")"));
+    }
   }
   for (const AttrSpec& spec : def->attributes) {
     const Attribute* a = node->attribute(spec.name);

@@ -5,6 +5,7 @@
 #include "graph/onnx_io.h"
 
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -495,6 +496,121 @@ TEST(OnnxIoTensors, ExternalData) {
     EXPECT_EQ(escaped.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(escaped.status().message(), HasSubstr(location));
   }
+}
+
+// A tensor declaring far more elements than its data holds is refused
+// before anything is allocated (each case would otherwise allocate 4 TiB and
+// abort on std::bad_alloc): raw, typed, string and external data.
+TEST(OnnxIoTensors, DeclaredSizeIsCheckedBeforeAllocating) {
+  const int64_t huge = int64_t{1} << 40;
+  onnx::TensorProto raw;
+  raw.set_name("bias");
+  raw.set_data_type(onnx::TensorProto::FLOAT);
+  raw.add_dims(huge);
+  raw.set_raw_data(std::string(40, '\0'));
+  absl::StatusOr<Tensor> t = TensorFromProto(raw, "");
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(t.status().message(),
+              HasSubstr("'bias' (float32, 1099511627776 elements) has 40 bytes of raw_data; "
+                        "expected 4398046511104"));
+
+  onnx::TensorProto typed;
+  typed.set_name("w");
+  typed.set_data_type(onnx::TensorProto::FLOAT);
+  typed.add_dims(huge);
+  typed.add_float_data(1);
+  t = TensorFromProto(typed, "");
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(t.status().message(), HasSubstr("has 1 values in float_data"));
+
+  onnx::TensorProto strings;
+  strings.set_name("s");
+  strings.set_data_type(onnx::TensorProto::STRING);
+  strings.add_dims(huge);
+  strings.add_string_data("a");
+  t = TensorFromProto(strings, "");
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(t.status().message(), HasSubstr("has 1 values in string_data"));
+
+  TempDir dir;
+  WriteBytes(dir.Path("weights.bin"), std::string(40, 'x'));
+  onnx::TensorProto external = ExternalTensor("weights.bin", 0, -1);
+  external.set_dims(0, huge);
+  t = TensorFromProto(external, dir.path());
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(t.status().message(),
+              HasSubstr("weights.bin has 40 bytes; the tensor needs 4398046511104 bytes"));
+
+  // Past 2^62 bytes the count itself is refused (no overflow to 0 bytes).
+  onnx::TensorProto overflow;
+  overflow.set_name("o");
+  overflow.set_data_type(onnx::TensorProto::FLOAT);
+  overflow.add_dims(int64_t{1} << 62);
+  overflow.add_dims(4);
+  t = TensorFromProto(overflow, "");
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(t.status().message(), HasSubstr("'o' is too large"));
+}
+
+// External data is read from regular files inside the model's directory
+// only, symlinks followed: a directory link `etc -> /etc` beside the model
+// does not let `etc/passwd` through, and a FIFO is refused, not waited on.
+TEST(OnnxIoTensors, ExternalDataStaysInsideTheModelsDirectory) {
+  TempDir outside;
+  WriteBytes(outside.Path("secret.bin"), std::string(12, 's'));
+  TempDir dir;
+  fs::create_directory_symlink(outside.path(), dir.Path("etc"));
+  absl::StatusOr<Tensor> t = TensorFromProto(ExternalTensor("etc/secret.bin", 0, 12), dir.path());
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(t.status().message(), HasSubstr("'etc/secret.bin' resolves to "));
+  EXPECT_THAT(t.status().message(), HasSubstr("outside the model's directory"));
+
+  fs::create_symlink(outside.Path("secret.bin"), dir.Path("link.bin"));
+  t = TensorFromProto(ExternalTensor("link.bin", 0, 12), dir.path());
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(t.status().message(), HasSubstr("outside the model's directory"));
+
+  // A link that stays inside is fine.
+  WriteBytes(dir.Path("real.bin"), std::string(12, '\0'));
+  fs::create_symlink("real.bin", dir.Path("alias.bin"));
+  t = TensorFromProto(ExternalTensor("alias.bin", 0, 12), dir.path());
+  EXPECT_TRUE(t.ok()) << t.status();
+
+  ASSERT_EQ(mkfifo(dir.Path("fifo.bin").c_str(), 0600), 0);
+  t = TensorFromProto(ExternalTensor("fifo.bin", 0, 12), dir.path());
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(t.status().message(), HasSubstr("fifo.bin is not a regular file"));
+}
+
+TEST(OnnxIoErrors, ModelThatIsNotARegularFile) {
+  TempDir dir;
+  ASSERT_EQ(mkfifo(dir.Path("model.onnx").c_str(), 0600), 0);
+  absl::StatusOr<Model> loaded = LoadModel(dir.Path("model.onnx"));  // must not block
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_THAT(loaded.status().message(), HasSubstr("model.onnx: not a regular file"));
+  loaded = LoadModel(dir.path());
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_THAT(loaded.status().message(), HasSubstr("not a regular file"));
+}
+
+TEST(OnnxIoErrors, UnknownIrVersionAndNegativeDims) {
+  TempDir dir;
+  onnx::ModelProto model = ReluModel();
+  model.set_ir_version(99);
+  WriteBytes(dir.Path("model.onnx"), model.SerializeAsString());
+  absl::StatusOr<Model> loaded = LoadModel(dir.Path("model.onnx"));
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_THAT(loaded.status().message(), HasSubstr("IR version 99 is newer than castor knows"));
+
+  model = ReluModel();
+  model.mutable_graph()->mutable_input(0)->mutable_type()->mutable_tensor_type()
+      ->mutable_shape()->mutable_dim(1)->set_dim_value(-3);
+  absl::StatusOr<Model> negative = Import(model);
+  ASSERT_FALSE(negative.ok());
+  EXPECT_THAT(negative.status().message(), HasSubstr("has negative dimension -3 at axis 1"));
+  EXPECT_THAT(negative.status().message(), HasSubstr("'x'"));
 }
 
 // ------------------------------------------------------------------ import

@@ -3,6 +3,7 @@
 // (autocast category, gradient rule) are tracked in tests/registry_gaps.txt.
 // The test fails both when a gap is filled without updating that file and
 // when a new op arrives with unlisted gaps, so the list is always true.
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -11,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "graph/op_registry.h"
+#include "onnx/defs/schema.h"
 
 namespace castor {
 namespace {
@@ -82,6 +84,36 @@ std::set<std::string> ListedGaps() {
     gaps.insert(line.substr(0, line.find("  ")));  // text after two spaces is a comment
   }
   return gaps;
+}
+
+// The verifier refuses an attribute an op's schema does not list (ONNX's
+// checker does the same), so every attribute ONNX defines for an op must be
+// in castor's schema, or a valid model using it would be refused. Checked
+// against the ONNX library's schemas (libonnx-dev: opsets up to its newest,
+// 17 for ONNX 1.12) at every opset castor registers the op for.
+TEST(OpRegistry, SchemasListEveryAttributeOnnxDefines) {
+  const int max_known = onnx::OpSchemaRegistry::DomainToVersionRange::Instance()
+                            .Map()
+                            .at(onnx::ONNX_DOMAIN)
+                            .second;
+  int checked = 0;
+  for (const OpDef* def : OpRegistry::Global().All()) {
+    if (!def->domain.empty()) continue;
+    for (int64_t opset = def->min_opset; opset <= std::min<int64_t>(def->max_opset, max_known);
+         ++opset) {
+      const onnx::OpSchema* schema =
+          onnx::OpSchemaRegistry::Schema(def->op_type, static_cast<int>(opset), onnx::ONNX_DOMAIN);
+      if (schema == nullptr) continue;
+      ++checked;
+      for (const auto& [name, attribute] : schema->attributes()) {
+        bool listed = false;
+        for (const AttrSpec& spec : def->attributes) listed = listed || spec.name == name;
+        EXPECT_TRUE(listed) << def->op_type << " at opset " << opset << ": ONNX defines attribute '"
+                            << name << "', castor's schema (graph/ops/) does not list it";
+      }
+    }
+  }
+  EXPECT_GT(checked, 100);
 }
 
 TEST(OpRegistry, GapsMatchTheCheckedInList) {

@@ -157,6 +157,22 @@ TEST_F(VerifierTest, AttributeSchema) {
               HasSubstr("Cast node 'cast': attribute 'to' is string; expected int"));
 }
 
+// An attribute the op does not define is refused, as ONNX's checker does: a
+// misspelt `transb` must not run Gemm with the default transB = 0.
+TEST_F(VerifierTest, UnknownAttribute) {
+  Node* relu = ValueOrDie(graph().AddNode("Relu", {x_}, {"y"}, "relu"));
+  graph().AddOutput(relu->output(0));
+  relu->SetAttribute(Attribute::Int("alpha", 1));
+  EXPECT_THAT(Problems({.check_types = false}),
+              HasSubstr("Relu node 'relu': unknown attribute 'alpha' (Relu has no attributes)"));
+  Node* cast = ValueOrDie(graph().AddNode("Cast", {x_}, {"z"}, "cast"));
+  graph().AddOutput(cast->output(0));
+  cast->SetAttribute(Attribute::Int("to", 1));
+  cast->SetAttribute(Attribute::Int("too", 1));
+  EXPECT_THAT(Problems({.check_types = false}),
+              HasSubstr("Cast node 'cast': unknown attribute 'too' (Cast has "));
+}
+
 TEST_F(VerifierTest, OpsetOutsideTheOpsRange) {
   model_.opset_imports = {{"", 5}};
   Node* relu = ValueOrDie(graph().AddNode("Relu", {x_}, {"y"}, "relu"));
