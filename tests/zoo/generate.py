@@ -43,7 +43,8 @@ model is in train() mode (BatchNorm uses batch statistics). Runs:
             float32 curve the mixed policies are held to.
   nudged    float32 from weights nudged by one ulp (each element moved one
             ulp up or down at random), and three times by 16 ulps (other
-            seeds), --steps-f32 steps each: how chaotic the trajectory is
+            seeds), --steps-f32 steps each (the 1-ulp run --mixed-steps
+            steps, for the mixed tolerance): how chaotic the trajectory is
             (BatchNorm at batch 16 amplifies rounding quickly) and whether
             a kink (ReLU, max-pool tie) sits within rounding reach (see
             NUDGE_ULPS).
@@ -54,8 +55,11 @@ model is in train() mode (BatchNorm uses batch statistics). Runs:
 Bands written to the JSON (compare.py applies them):
   loss_tol[k]  = max(1e-5 * |l64[k]|, 10 * max(|l32[k] - l64[k]|,
                  |lnudged[k] - l32[k]|, max_s |lnudged16_s[k] - l32[k]|));
-                 step 1 is held to 1e-5 relative of float64 (loss_tol[0] =
-                 1e-5 * |l64[0]| exactly).
+                 step 1 (a pure forward pass: nothing is updated yet) is
+                 held to 1e-5 relative of float64, or to twice PyTorch
+                 float32's own error where float32 cannot resolve 1e-5 on a
+                 deep network (loss_tol[0] = max(1e-5 * |l64[0]|,
+                 2 * |l32[0] - l64[0]|); inception_v3: 1.06e-5).
   update_tol_abs[p] = max(1e-3 * |u64|, 10 * max(|u32 - u64|,
                  |unudged - u64|, max_s |unudged16_s - u64|))  (L2 norms
                  over the tensor; u = weight after step 1 minus before, u32 rounded through float32
@@ -72,6 +76,12 @@ Bands written to the JSON (compare.py applies them):
                  very closely. Where torch 1.13 cannot run bf16 autocast
                  (no bf16 hardtanh backward: ReLU6 in mobilenet_v2), the
                  tolerance is 10% of the initial loss and the JSON says why.
+                 Either way it is at least 2 * max_k |lnudged[k] - l32[k]|
+                 over the mixed steps (float32_chaos_gap): where a one-ulp
+                 change of the weights moves PyTorch's own float32 curve that
+                 far, a mixed run (far more than one ulp of perturbation)
+                 cannot be expected closer (mobilenet_v2: castor's float32
+                 run drifts 0.27 from PyTorch's in 50 steps).
 
 Dropout: every nn.Dropout gets p = 0 (and stochastic depth probability 0)
 before export, so torch and castor draw no masks and the runs are
@@ -455,8 +465,10 @@ def generate_one(name, out_dir, steps_f32, mixed_steps, data_cache, max_params=0
     l32, u32, sec32 = train_run(model, x, y, max(steps_f32, mixed_steps), record_update=True)
     timings["float32"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    lnu, unu, _ = train_run(nudge(copy.deepcopy(model), SEED + 1, 1), x, y, steps_f32,
-                            record_update=True)
+    # The 1-ulp run goes as far as the mixed runs: its drift from the float32
+    # curve is the float32 chaos term of mixed_tol.
+    lnu, unu, _ = train_run(nudge(copy.deepcopy(model), SEED + 1, 1), x, y,
+                            max(steps_f32, mixed_steps), record_update=True)
     lnu16, unu16 = [], []
     for i in range(NUDGE_SEEDS):
         losses, upd, _ = train_run(nudge(copy.deepcopy(model), SEED + 2 + i, NUDGE_ULPS), x, y,
@@ -476,7 +488,7 @@ def generate_one(name, out_dir, steps_f32, mixed_steps, data_cache, max_params=0
     loss_tol = []
     for k in range(steps_f32):
         if k == 0:
-            loss_tol.append(1e-5 * abs(l64[0]))
+            loss_tol.append(max(1e-5 * abs(l64[0]), 2 * abs(l32[0] - l64[0])))
         else:
             loss_tol.append(max(1e-5 * abs(l64[k]),
                                 10 * max([abs(l32[k] - l64[k]), abs(lnu[k] - l32[k])] +
@@ -496,6 +508,7 @@ def generate_one(name, out_dir, steps_f32, mixed_steps, data_cache, max_params=0
         upd_arrays[iname] = ref.astype(np.float32)
     np.savez(os.path.join(out_dir, name + ".upd.npz"), **upd_arrays)
     mixed_gap = max((abs(a - b) for a, b in zip(lbf, l32)), default=0.0)
+    chaos_gap = max((abs(a - b) for a, b in zip(lnu[:mixed_steps], l32)), default=0.0)
     finite_bf = all(np.isfinite(lbf))
     ref = {
         "model": name, "kind": kind, "input_shape": [BATCH] + list(shape),
@@ -509,8 +522,9 @@ def generate_one(name, out_dir, steps_f32, mixed_steps, data_cache, max_params=0
         "nudge_ulps": [1, NUDGE_ULPS], "loss_bf16_autocast": lbf,
         "loss_tol": loss_tol,
         # Without a usable bf16-autocast curve: 10% of the initial loss.
-        "mixed_tol": (max(0.05 * abs(l64[0]), 4 * mixed_gap) if lbf and finite_bf
-                      else 0.1 * abs(l64[0])),
+        "mixed_tol": max((max(0.05 * abs(l64[0]), 4 * mixed_gap) if lbf and finite_bf
+                          else 0.1 * abs(l64[0])), 2 * chaos_gap),
+        "float32_chaos_gap": chaos_gap,
         "torch_bf16_autocast_max_gap": mixed_gap if lbf else None,
         "torch_bf16_autocast_error": bf16_error,
         "torch_samples_per_s": BATCH / sec32, "torch_threads": torch.get_num_threads(),
