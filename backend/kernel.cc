@@ -1,8 +1,10 @@
 // KernelContext and KernelTable (see kernel.h).
 #include "backend/kernel.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -51,15 +53,32 @@ absl::StatusOr<TensorView*> KernelContext::Output(int i, DType dtype,
   if (i < 0 || i >= num_outputs()) {
     return Error(absl::StrCat("kernel asked for output ", i, " of ", num_outputs()));
   }
+  // The byte size must fit int64 (shapes computed from a model's values
+  // can be anything).
+  int64_t bytes = static_cast<int64_t>(std::max<size_t>(DTypeSize(dtype), 1));
   for (int64_t d : dims) {
     if (d < 0) return Error(absl::StrCat("negative output dim ", d, " for output ", i));
+    if (d > 0 && bytes > std::numeric_limits<int64_t>::max() / d) {
+      return Error(absl::StrCat("output ", i, " [", absl::StrJoin(dims, ","), "] ",
+                                DTypeName(dtype), " is too large to address"));
+    }
+    bytes *= d;
   }
   TensorView& out = outputs_[i];
   if (out.data != nullptr) return Error(absl::StrCat("output ", i, " allocated twice"));
   out.dtype = dtype;
   out.dims = std::move(dims);
   absl::StatusOr<void*> data = allocator_.AllocateOutput(i, dtype, out.dims);
-  if (!data.ok()) return data.status();
+  if (!data.ok()) {
+    // Name the node and the value: "Conv node 'c1': output 'y' float32
+    // [64,256,512,512]: cpu: ... would pass the memory budget ...".
+    const Value* value = node_.output(i);
+    return absl::Status(data.status().code(),
+                        absl::StrCat(node_.op_type(), " node '", node_.name(), "': output '",
+                                     value != nullptr ? value->name() : std::to_string(i), "' ",
+                                     DTypeName(dtype), " [", absl::StrJoin(out.dims, ","),
+                                     "]: ", data.status().message()));
+  }
   out.data = *data;
   return &out;
 }

@@ -372,6 +372,9 @@ int RunConformance(const std::vector<std::string>& args, std::ostream& out, std:
     return command.Fail(kExitBadInput, absl::StrCat("--filter '", options.filter,
                                                     "' is not a valid regex: ", e.what()));
   }
+  if (absl::Status s = CheckCpuThreadsFlag(options.threads); !s.ok()) {
+    return command.Fail(kExitBadInput, s);
+  }
   absl::StatusOr<std::vector<std::string>> cases = CaseNames(options.dir);
   if (!cases.ok()) return command.Fail(kExitBadInput, cases.status());
   auto expected = LoadExpectedFailures(options.expected_failures_path, *cases);

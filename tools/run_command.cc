@@ -160,8 +160,11 @@ int RunRun(const std::vector<std::string>& args, std::ostream& out, std::ostream
   ArgParser parser = MakeParser(options);
   const Command command(parser, out, err);
   if (std::optional<int> done = command.Parse(args)) return *done;
-  if (options.threads < 0) {
-    return command.Fail(kExitBadInput, absl::InvalidArgumentError("--threads must be 0 or more"));
+  if (absl::Status s = CheckCpuThreadsFlag(options.threads); !s.ok()) {
+    return command.Fail(kExitBadInput, s);
+  }
+  if (absl::StatusOr<int64_t> limit = DefaultCpuMemoryLimit(); !limit.ok()) {
+    return command.Fail(kExitBadInput, limit.status());
   }
   absl::StatusOr<Model> model = LoadAndCheckModel(options.model_path);
   if (!model.ok()) return command.Fail(kExitBadInput, model.status());
