@@ -18,6 +18,10 @@
 #   4. runs the bundled ONNX node conformance cases on CUDA (`castor
 #      conformance --backend cuda`; a failure other than a missing kernel is a
 #      problem);
+#   4b. trains the bundled zoo models (tests/zoo/gpu_agreement.py): float32
+#      on cuda against the cpu backend, 3 steps, within the zoo's PyTorch
+#      float32 bands, and mixed_float16/mixed_bfloat16 on cuda finite
+#      (bounded by GPU_CHECK_ZOO_BUDGET_S, 90);
 #   5. runs bench/gpu_train_vs_torch.py --quick (castor vs PyTorch training
 #      throughput; bounded to ~2.5 minutes), then cnn and resnet at batch 16
 #      with --cuda-graphs off (node-by-node steps; bounded to ~1 minute);
@@ -43,7 +47,7 @@
 # Benchmark rows that fail are listed in the summary (and bench.json).
 #
 # Tunables (environment): GPU_CHECK_TEST_BUDGET_S (200), GPU_CHECK_TEST_TIMEOUT_S
-# (200, per binary), GPU_CHECK_BENCH_BUDGET_S (140),
+# (200, per binary), GPU_CHECK_ZOO_BUDGET_S (90), GPU_CHECK_BENCH_BUDGET_S (140),
 # GPU_CHECK_NODE_BENCH_BUDGET_S (60; less when the run is past 400 s),
 # GPU_CHECK_SKIP_BENCH=1 (both benchmarks), GPU_CHECK_BENCH_ARGS (more
 # arguments for the first benchmark only, split on spaces).
@@ -59,6 +63,7 @@ fi
 TEST_BUDGET_S="${GPU_CHECK_TEST_BUDGET_S:-200}"
 TEST_TIMEOUT_S="${GPU_CHECK_TEST_TIMEOUT_S:-200}"
 BENCH_BUDGET_S="${GPU_CHECK_BENCH_BUDGET_S:-140}"
+ZOO_BUDGET_S="${GPU_CHECK_ZOO_BUDGET_S:-90}"
 NODE_BENCH_BUDGET_S="${GPU_CHECK_NODE_BENCH_BUDGET_S:-60}"
 STARTED="$(date +%s)"
 
@@ -309,6 +314,26 @@ EOF
     fi
   fi
 
+  # --- the zoo: real exports trained on cuda against the cpu backend ---------------------
+  local zoo="not run (no zoo/ in the bundle)"
+  if ((!have_gpu)); then
+    zoo="not run (nvidia-smi sees no GPU)"
+  elif [[ -f "$BUNDLE/zoo/gpu_agreement.py" ]]; then
+    say
+    say "== zoo on cuda vs cpu (budget ${ZOO_BUDGET_S} s): $BUNDLE/zoo"
+    mkdir -p "$WORK/wrapper"
+    printf '#!/bin/bash\nLD_LIBRARY_PATH=%q exec %q "$@"\n' "$CASTOR_LD" "$BUNDLE/bin/castor" \
+      >"$WORK/wrapper/castor"
+    chmod +x "$WORK/wrapper/castor"
+    timeout -k 5 "$ZOO_BUDGET_S" python3 "$BUNDLE/zoo/gpu_agreement.py" \
+      --castor "$WORK/wrapper/castor" --timeout 60 \
+      --expected-failures "$BUNDLE/zoo/expected_failures.txt" "$BUNDLE/zoo" \
+      2>&1 | tee "$OUT_DIR/logs/zoo.log"
+    local zoo_rc="${PIPESTATUS[0]}"
+    zoo="$(tail -n 1 "$OUT_DIR/logs/zoo.log") (exit $zoo_rc; logs/zoo.log)"
+    ((zoo_rc == 0)) || problems=1
+  fi
+
   # --- the benchmark ---------------------------------------------------------------------
   local bench_rc="not run" node_bench_rc="" bench_script
   say
@@ -399,6 +424,7 @@ if times:
         print("  %7.1f s  %s" % (seconds, name))
 EOF
   say "conformance on cuda: $conformance"
+  say "zoo on cuda vs cpu: $zoo"
   if [[ "$bench_rc" == "not run" ]]; then
     say "benchmark: not run"
   else

@@ -4,7 +4,7 @@
 #
 # Run here, from anywhere inside the repository:
 #   bash tools/make_gpu_bundle.sh [--build-dir DIR] [--jobs N] [--cuda-architectures LIST]
-#                                 [--xz] [--no-build] [--output FILE]
+#                                 [--xz] [--no-build] [--output FILE] [--zoo DIR]
 #
 # It configures a separate build directory (default build-gpu-bundle:
 # Release, -DCASTOR_CUDA=ON, Ninja, the project's default
@@ -24,6 +24,12 @@
 #   conformance/onnx-node/  the ONNX node conformance cases from ../shared
 #              (tools/gpu_check.sh runs them with castor conformance --backend
 #              cuda); left out, with a warning, when ../shared lacks them
+#   zoo/       the small models of the test zoo (tests/zoo/; .onnx of at most
+#              4 MiB with their .ref.json, the data cut to 64 samples) and
+#              tests/zoo/gpu_agreement.py, which gpu_check.sh runs (CUDA
+#              against CPU); from --zoo DIR (default build/tests/zoo, where
+#              ctest's zoo_ci generates it); left out, with a warning, when
+#              there is none
 #   bench/gpu_train_vs_torch.py, tools/gpu_check.sh
 #   MANIFEST   what was built, from which paths, with which toolkit, and the
 #              newest GLIBC_/GLIBCXX_ symbol versions the binaries need
@@ -54,6 +60,7 @@ USE_XZ=0
 OUTPUT_GIVEN=0
 DO_BUILD=1
 OUTPUT="$ROOT/gpu-bundle.tar.gz"
+ZOO_DIR="$ROOT/build/tests/zoo"
 
 die() { echo "make_gpu_bundle: error: $*" >&2; exit 1; }
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
@@ -70,6 +77,8 @@ while (($#)); do
     --no-build) DO_BUILD=0; shift ;;
     --output) OUTPUT="${2:?--output needs a file}"; OUTPUT_GIVEN=1; shift 2 ;;
     --output=*) OUTPUT="${1#*=}"; OUTPUT_GIVEN=1; shift ;;
+    --zoo) ZOO_DIR="${2:?--zoo needs a directory}"; shift 2 ;;
+    --zoo=*) ZOO_DIR="${1#*=}"; shift ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -230,6 +239,33 @@ if [[ -d "$CONFORMANCE_DIR" ]]; then
 else
   echo "make_gpu_bundle: warning: no $CONFORMANCE_DIR; the bundle has no conformance cases" >&2
 fi
+# The zoo's small models and their data (64 samples: gpu_agreement.py
+# trains 3 steps of 16).
+if compgen -G "$ZOO_DIR/*.ref.json" >/dev/null; then
+  mkdir -p "$STAGE/zoo"
+  /usr/bin/python3 - "$ZOO_DIR" "$STAGE/zoo" <<'PY' || die "cannot pack the zoo from $ZOO_DIR"
+import glob, json, os, shutil, sys
+import numpy as np
+src, dst = sys.argv[1], sys.argv[2]
+data = set()
+for path in sorted(glob.glob(os.path.join(src, "*.ref.json"))):
+    ref = json.load(open(path))
+    onnx = os.path.join(src, ref["onnx"])
+    if not os.path.exists(onnx) or os.path.getsize(onnx) > 4 << 20:
+        continue
+    shutil.copy(path, dst)
+    shutil.copy(onnx, dst)
+    data.add(ref["data"])
+for name in sorted(data):
+    arrays = np.load(os.path.join(src, name))
+    np.savez(os.path.join(dst, name), **{k: arrays[k][:64] for k in arrays.files})
+print("zoo: %d models, %d data files" % (len(glob.glob(os.path.join(dst, "*.onnx"))), len(data)))
+PY
+  cp "$ROOT/tests/zoo/gpu_agreement.py" "$ROOT/tests/zoo/expected_failures.txt" "$STAGE/zoo/"
+else
+  echo "make_gpu_bundle: warning: no zoo in $ZOO_DIR (run ctest -R zoo_ci, or pass --zoo DIR);" \
+    "the bundle has no zoo models" >&2
+fi
 cp "$ROOT/bench/gpu_train_vs_torch.py" "$STAGE/bench/"
 cp "$ROOT/tools/gpu_check.sh" "$STAGE/tools/"
 
@@ -282,6 +318,7 @@ mib="$(awk -v b="$bytes" 'BEGIN {printf "%.1f", b / 1048576}')"
 echo
 echo "contents (uncompressed):"
 du -sh "$STAGE"/bin "$STAGE"/lib "$STAGE"/lib-fallback "$STAGE"/models "$STAGE"/conformance \
+  "$STAGE"/zoo \
   2>/dev/null | sed 's/^/  /'
 find "$STAGE/bin" -type f -printf '%f %s\n' | sort \
   | awk '{printf "  bin/%-40s %6.1f MiB\n", $1, $2 / 1048576}'
