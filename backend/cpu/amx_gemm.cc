@@ -11,7 +11,6 @@
 #include "backend/cpu/amx_gemm.h"
 
 #include <algorithm>
-#include <cctype>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -22,6 +21,7 @@
 #include <vector>
 
 #include "backend/cpu/float_io.h"
+#include "backend/cpu/gemm.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/scratch.h"
 #include "backend/cpu/simd16.h"
@@ -364,21 +364,6 @@ void ScaleC(int64_t m, int64_t n, float beta, float* c, int64_t ldc) {
 
 #endif  // CASTOR_AMX_BUILD
 
-// CASTOR_AMX=off (or 0, no, false; any case) in the environment: never use
-// AMX. on/1/yes/true or unset: use it where it runs; anything else is
-// reported once and ignored.
-bool AmxOffInEnvironment() {
-  const char* value = std::getenv("CASTOR_AMX");
-  if (value == nullptr) return false;
-  std::string v = value;
-  for (char& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  if (v == "off" || v == "0" || v == "no" || v == "false") return true;
-  if (!(v.empty() || v == "on" || v == "1" || v == "yes" || v == "true")) {
-    std::fprintf(stderr, "castor: warning: CASTOR_AMX=%s is not on or off; ignored\n", value);
-  }
-  return false;
-}
-
 }  // namespace
 
 bool AmxBf16Supported() {
@@ -391,7 +376,8 @@ bool AmxBf16Supported() {
 }
 
 bool AmxBf16Available() {
-  static const bool off = AmxOffInEnvironment();  // checked before asking Linux for tiles
+  // Checked before asking Linux for tiles.
+  static const bool off = GemmKernelOffInEnvironment("CASTOR_AMX");
   return !off && amx_allowed.load(std::memory_order_relaxed) && AmxBf16Supported();
 }
 
