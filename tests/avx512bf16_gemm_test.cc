@@ -243,7 +243,7 @@ std::vector<Case> Cases() {
   const int64_t sizes[][3] = {
       {1, 1, 1},    {1, 1, 2},     {3, 5, 1},      // one k pair, half empty
       {17, 33, 45},                                // partial panels everywhere, odd K
-      {8, 32, 64},  {9, 31, 63},   {7, 65, 7},     // whole panels, and one past / short
+      {16, 16, 64}, {17, 15, 63},  {7, 65, 7},     // whole panels, and one past / short
       {5, 70, 3},   {31, 47, 300}, {33, 17, 513},  // K over many pairs
       {128, 512, 64},                              // enough multiply-adds to split
   };
@@ -371,7 +371,7 @@ TEST(Avx512Bf16Gemm, KInSeveralPanels) {
                         Case{5, 9, 513, false, true, 1.0f, 2.0f}}) {
     SCOPED_TRACE(Describe(s));
     // PanelK in avx512bf16_gemm.cc: whole pairs of (padded m + padded n).
-    const int64_t padded = (s.m + 7) / 8 * 8 + (s.n + 31) / 32 * 32;
+    const int64_t padded = (s.m + 15) / 16 * 16 + (s.n + 15) / 16 * 16;
     const int64_t panel = 2 * std::max<int64_t>(1, limit / (2 * padded));
     ASSERT_LT(panel, s.k);
     std::mt19937 rng(static_cast<unsigned>(s.k));

@@ -1,10 +1,12 @@
 // AVX512-BF16 bfloat16 GEMM (see avx512bf16_gemm.h). Packed layouts, in
 // 32-bit words (one k pair of bfloat16: k even in the low half), with
-// P = ceil(kc / 2) k pairs per K panel, MB = ceil(m / 8), NB = ceil(n / 32):
-//   A: [MB][P][8 rows]      (zeros past m and k)
-//   B: [NB][P][32 columns]  (zeros past n and k)
-// so one k pair of a B panel is two ZMM loads and each A word one
-// broadcast. C is computed in blocks of 8 x 32 (16 accumulator registers),
+// P = ceil(kc / 2) k pairs per K panel, MB = ceil(m / 16), NB = ceil(n / 16):
+//   A: [MB][P][16 rows]     (zeros past m and k)
+//   B: [NB][P][16 columns]  (zeros past n and k)
+// so one k pair of a B panel is one ZMM load and each A word one
+// broadcast. C is computed in blocks of 16 x 16 (16 accumulator registers:
+// VDPBF16PS's latency is covered, and on Zen 4, which runs one 512-bit
+// VDPBF16PS per two cycles, the 16 broadcasts per load are free),
 // block b = column panel (b / MB), row panel (b % MB): consecutive blocks
 // share their B panel, and each thread takes a contiguous range of blocks.
 // Each block sums all of the panel's K in registers, so the order of sums
@@ -23,6 +25,7 @@
 
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/pair_transpose.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/scratch.h"
 #include "backend/cpu/simd16.h"
@@ -50,9 +53,10 @@ std::atomic<bool> avx512bf16_allowed{true};  // SetAvx512Bf16ForTesting
 #define CASTOR_AVX512BF16_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,f16c")))
 
-constexpr int64_t kRows = 8;     // rows of op(A) per packed panel and C block
-constexpr int64_t kCols = 32;    // columns of op(B) per packed panel and C block
+constexpr int64_t kRows = 16;    // rows of op(A) per packed panel and C block
+constexpr int64_t kCols = 16;    // columns of op(B) per packed panel and C block
 constexpr int64_t kLanes = 16;   // float32 lanes of a ZMM register
+constexpr int kColVectors = static_cast<int>(kCols / kLanes);
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -125,17 +129,25 @@ CASTOR_AVX512BF16_TARGET void PackAlongRows(const uint16_t* src, int64_t ld, int
 // The same for the layout where k runs along each stored row: element
 // (kk, item) at src[item * ld + kk] (op(A) of an A stored [m, k]; op(B) of
 // a B stored [n, k]). A k pair is one (unaligned) 32-bit word of a stored
-// row, gathered across the items; an odd K's last pair is read element by
-// element (its word would reach past the row).
+// row: 16 items x 16 pairs at a time are a 16 x 16 transpose of words
+// (pair_transpose.h); partial ones are gathered across the items, and an
+// odd K's last pair is read element by element (its word would reach past
+// the row).
 CASTOR_AVX512BF16_TARGET void PackAlongColumns(const uint16_t* src, int64_t ld, int64_t items,
                                                int64_t k, int64_t width, uint32_t* dst) {
   const int64_t whole_pairs = k / 2, pairs = CeilDiv(k, 2);
   // Gather offsets item * ld (in bfloat16 units) must fit int32.
-  const bool gather = (width - 1) * ld < (int64_t{1} << 30);
+  const bool gather = (kLanes - 1) * ld < (int64_t{1} << 30);
   for (int64_t c = 0; c < width; c += kLanes) {
     const __mmask16 lanes = TailMask(items - c), store = TailMask(width - c);
     const uint16_t* base = src + c * ld;
     int64_t p = 0;
+    if (c + kLanes <= items && c + kLanes <= width) {
+      for (; p + 16 <= whole_pairs; p += 16) {
+        TransposeWords16x16(base + 2 * p, ld, reinterpret_cast<uint16_t*>(dst + p * width + c),
+                            2 * width);
+      }
+    }
     if (gather) {
       const __m512i offsets = _mm512_mullo_epi32(
           _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
@@ -172,39 +184,43 @@ CASTOR_AVX512BF16_TARGET void ProductBlocks(int64_t lo, int64_t hi, int64_t mb, 
     const int64_t jb = block / mb, ib = block % mb;
     const uint32_t* a = a_pack + ib * pairs * kRows;
     const uint32_t* b = b_pack + jb * pairs * kCols;
-    __m512 acc[kRows][2];
-#pragma GCC unroll 8
-    for (int r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    __m512 acc[kRows][kColVectors];
+#pragma GCC unroll 16
+    for (int r = 0; r < kRows; ++r) {
+      for (int h = 0; h < kColVectors; ++h) acc[r][h] = _mm512_setzero_ps();
+    }
     for (int64_t p = 0; p < pairs; ++p) {
-      const __m512bh b0 = (__m512bh)_mm512_load_si512(b + p * kCols);
-      const __m512bh b1 = (__m512bh)_mm512_load_si512(b + p * kCols + kLanes);
-#pragma GCC unroll 8
+      __m512bh columns[kColVectors];
+      for (int h = 0; h < kColVectors; ++h) {
+        columns[h] = (__m512bh)_mm512_load_si512(b + p * kCols + h * kLanes);
+      }
+#pragma GCC unroll 16
       for (int r = 0; r < kRows; ++r) {
         const __m512bh word = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[p * kRows + r]));
-        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], word, b0);
-        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], word, b1);
+        for (int h = 0; h < kColVectors; ++h) {
+          acc[r][h] = _mm512_dpbf16_ps(acc[r][h], word, columns[h]);
+        }
       }
     }
     const int64_t i0 = ib * kRows, j0 = jb * kCols;
     const int64_t rows = std::min(kRows, m - i0), cols = std::min(kCols, n - j0);
-    const __mmask16 lanes[2] = {TailMask(cols), TailMask(cols - kLanes)};
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int r = 0; r < kRows; ++r) {
       if (r >= rows) break;
-      for (int h = 0; h < 2; ++h) {
+      for (int h = 0; h < kColVectors; ++h) {
+        const __mmask16 lanes = TailMask(cols - h * kLanes);
         const __m512 product = _mm512_mul_ps(alpha, acc[r][h]);
         if (to.c16 != nullptr) {
           StoreRounded(reinterpret_cast<BFloat16*>(to.c16 + (i0 + r) * to.ldc + j0 + h * kLanes),
-                       lanes[h], product);
+                       lanes, product);
           continue;
         }
         float* c_row = to.c + (i0 + r) * to.ldc + j0 + h * kLanes;
         if (to.beta == 0.0f) {
-          _mm512_mask_storeu_ps(c_row, lanes[h], product);
+          _mm512_mask_storeu_ps(c_row, lanes, product);
         } else {
-          const __m512 old = _mm512_maskz_loadu_ps(lanes[h], c_row);
-          _mm512_mask_storeu_ps(c_row, lanes[h],
-                                _mm512_add_ps(product, _mm512_mul_ps(beta, old)));
+          const __m512 old = _mm512_maskz_loadu_ps(lanes, c_row);
+          _mm512_mask_storeu_ps(c_row, lanes, _mm512_add_ps(product, _mm512_mul_ps(beta, old)));
         }
       }
     }

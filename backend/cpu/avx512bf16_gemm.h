@@ -3,10 +3,10 @@
 // the CPU backend's 16-bit MatMul/Gemm/Conv under mixed_bfloat16 where the
 // CPU has no AMX (gemm.h's GemmFloat32Accumulate takes it after AMX).
 //
-// op(A) is packed into panels of 8 rows and op(B) into panels of 32
+// op(A) is packed into panels of 16 rows and op(B) into panels of 16
 // columns, both in the pair-interleaved layout VDPBF16PS reads (k and k + 1
 // of one row or column side by side in one 32-bit word, zero-padded to an
-// even K and to whole panels); an 8 x 32 block of C is 16 ZMM registers of
+// even K and to whole panels); a 16 x 16 block of C is 16 ZMM registers of
 // float32 accumulators fed over all of K by one VDPBF16PS per register per
 // k pair (A's word broadcast, B's 16 words loaded). alpha and beta are
 // applied when a block is written back (alpha once per K panel: only when
@@ -66,7 +66,7 @@ void Avx512Bf16Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                     float* c, int64_t ldc);
 
 // C = alpha * op(A) * op(B) as Avx512Bf16Gemm with beta = 0, but C is
-// bfloat16 (bit patterns, row stride ldc): each 8 x 32 block is rounded
+// bfloat16 (bit patterns, row stride ldc): each 16 x 16 block is rounded
 // from its float32 accumulators as it is finished, so C never exists in
 // float32. The same bits as Avx512Bf16Gemm followed by
 // FloatToBFloat16Bits.
