@@ -4,9 +4,9 @@
 //   A: [MB][P][16 rows]     (zeros past m and k)
 //   B: [NB][P][16 columns]  (zeros past n and k)
 // so one k pair of a B panel is one ZMM load and each A word one
-// broadcast. C is computed in blocks of 16 x 16 (16 accumulator registers:
-// VDPBF16PS's latency is covered, and on Zen 4, which runs one 512-bit
-// VDPBF16PS per two cycles, the 16 broadcasts per load are free),
+// broadcast. C is computed in blocks of 16 x 16 (16 accumulator registers,
+// enough to cover VDPBF16PS's latency; the 16 broadcasts per k pair are
+// loads, which have ports to spare beside one VDPBF16PS per cycle),
 // block b = column panel (b / MB), row panel (b % MB): consecutive blocks
 // share their B panel, and each thread takes a contiguous range of blocks.
 // Each block sums all of the panel's K in registers, so the order of sums
