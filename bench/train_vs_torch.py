@@ -36,6 +36,10 @@ of both runtimes sees the same batch, so the first step's loss (before any
 update) must agree; the script prints both and warns when the float32 ones
 differ by more than 1e-3 relative.
 
+--baseline-env VAR=VALUE (repeatable) adds a castor mixed_bfloat16 run
+with VAR=VALUE in its environment (e.g. CASTOR_AVX512BF16=off: the widened
+GEMMs) right after the plain one, and a before/after table.
+
 Ratios are castor samples/s divided by PyTorch samples/s: > 1 means castor
 is faster. The mixed_float16 ratio is against PyTorch's bfloat16 autocast
 (PyTorch has no float16 autocast on the CPU).
