@@ -1,16 +1,21 @@
 // The CPU backend's GEMM entry (backend/cpu/gemm.h) on the GEMM shapes of
-// the sample models' training steps at batch 128: float32 (OpenBLAS sgemm
-// on castor's threads), bfloat16 widened to float32 for that sgemm, and
-// bfloat16 on AMX tiles (backend/cpu/amx_gemm.h) where this CPU has them.
-// Prints the median wall time of each and the time ratios (widened / AMX,
-// float32 / AMX: > 1 where AMX is faster), all measured in the
-// same run:
+// the sample models' training steps at batch 128 and a few square-ish
+// MLP/transformer sizes: float32 (OpenBLAS sgemm on castor's threads),
+// bfloat16 widened to float32 for that sgemm, bfloat16 on AMX tiles
+// (backend/cpu/amx_gemm.h) and bfloat16 on AVX512-BF16 dot products
+// (backend/cpu/avx512bf16_gemm.h), each where this CPU has it. Prints the
+// median wall time and GFLOP/s (2 m n k / time) of each and the time ratios
+// widened / native and float32 / native (> 1 where the native bfloat16
+// kernel is faster; native = AMX where present, else AVX512-BF16), all
+// measured in the same run:
 //
-//   gemm_bench [--threads N] [--seconds S]
+//   gemm_bench [--threads N] [--seconds S] [--fastest]
 //
-// (S: the minimum time each variant of each shape runs; default 0.3.)
-// Without AMX the AMX column says so and the table still compares float32
-// and widened bfloat16.
+// (S: the minimum time each variant of each shape runs; default 0.3.
+// --fastest reports the fastest call instead of the median: on a machine
+// shared with other busy processes, the time of a call that ran alone.)
+// Without a native kernel its columns say "-" and the table still compares
+// float32 and widened bfloat16.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -21,6 +26,7 @@
 #include <vector>
 
 #include "backend/cpu/amx_gemm.h"
+#include "backend/cpu/avx512bf16_gemm.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/parallel.h"
 #include "graph/dtype.h"
@@ -49,9 +55,15 @@ const Shape kShapes[] = {
     {"transformer ffn forward", 3584, 128, 64, false, true},
     {"transformer ffn dW", 128, 64, 3584, true, false},
     {"transformer attention", 28, 28, 16, false, true},
+    {"square 512", 512, 512, 512, false, false},
+    {"bert-base ffn-like", 2048, 768, 768, false, true},
+    {"bert-base ffn-like dW", 768, 768, 2048, true, false},
 };
 
-// Median seconds per call of fn, run for at least `seconds` (and 5 calls).
+bool report_fastest = false;  // --fastest
+
+// Median (or with --fastest the least) seconds per call of fn, run for at
+// least `seconds` (and 5 calls).
 template <typename Fn>
 double MedianSeconds(double seconds, Fn fn) {
   std::vector<double> times;
@@ -62,6 +74,7 @@ double MedianSeconds(double seconds, Fn fn) {
     fn();
     times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
+  if (report_fastest) return *std::min_element(times.begin(), times.end());
   std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
   return times[times.size() / 2];
 }
@@ -74,20 +87,24 @@ int Main(int argc, char** argv) {
       cpu::SetNumThreads(std::max(1, std::atoi(argv[++i])));
     } else if (arg == "--seconds" && i + 1 < argc) {
       seconds = std::atof(argv[++i]);
+    } else if (arg == "--fastest") {
+      report_fastest = true;
     } else {
       std::fprintf(stderr,
-                   "usage: gemm_bench [--threads N] [--seconds S]\n"
+                   "usage: gemm_bench [--threads N] [--seconds S] [--fastest]\n"
                    "gemm_bench: error: unknown argument '%s'\n",
                    arg.c_str());
       return 2;
     }
   }
-  const bool amx = cpu::AmxBf16Supported();
-  std::printf("GEMM: %s; %d threads; AMX bfloat16: %s\n\n", cpu::DescribeGemm().c_str(),
-              cpu::NumThreads(), amx ? "yes" : "no (this CPU or OS)");
-  std::printf("| shape | m x n x k | float32 us | bf16 widened us | bf16 AMX us | "
-              "widened / AMX | float32 / AMX |\n");
-  std::printf("| --- | --- | ---: | ---: | ---: | ---: | ---: |\n");
+  const bool amx = cpu::AmxBf16Supported(), avx512bf16 = cpu::Avx512Bf16Supported();
+  std::printf("GEMM: %s; %d threads; AMX bfloat16: %s; AVX512-BF16: %s; %s time per call\n\n",
+              cpu::DescribeGemm().c_str(), cpu::NumThreads(), amx ? "yes" : "no",
+              avx512bf16 ? "yes" : "no", report_fastest ? "fastest" : "median");
+  std::printf("| shape | m x n x k | float32 us (GFLOP/s) | bf16 widened us (GFLOP/s) | "
+              "bf16 AMX us (GFLOP/s) | bf16 AVX512-BF16 us (GFLOP/s) | widened / native | "
+              "float32 / native |\n");
+  std::printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   for (const Shape& s : kShapes) {
@@ -101,26 +118,45 @@ int Main(int argc, char** argv) {
       cpu::GemmFloat32Accumulate(dtype, s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0f, a, lda, b,
                                  ldb, 0.0f, c.data(), s.n);
     };
+    // bfloat16 with only the chosen native kernel (or none) allowed.
+    auto bf16 = [&](bool use_amx, bool use_avx512bf16) {
+      cpu::SetAmxForTesting(use_amx);
+      cpu::SetAvx512Bf16ForTesting(use_avx512bf16);
+      const double t =
+          MedianSeconds(seconds, [&] { run(DType::kBFloat16, a16.data(), b16.data()); });
+      cpu::SetAmxForTesting(true);
+      cpu::SetAvx512Bf16ForTesting(true);
+      return t;
+    };
     const double f32 =
         MedianSeconds(seconds, [&] { run(DType::kFloat32, a32.data(), b32.data()); });
-    cpu::SetAmxForTesting(false);
-    const double widened =
-        MedianSeconds(seconds, [&] { run(DType::kBFloat16, a16.data(), b16.data()); });
-    cpu::SetAmxForTesting(true);
+    const double widened = bf16(false, false);
+    const double tiles = amx ? bf16(true, false) : 0.0;
+    const double dots = avx512bf16 ? bf16(false, true) : 0.0;
+    const double native = amx ? tiles : dots;
+    const double flop = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) *
+                        static_cast<double>(s.k);
+    auto cell = [&](double t) {
+      char text[64];
+      if (t <= 0.0) return std::string("-");
+      std::snprintf(text, sizeof(text), "%.1f (%.0f)", t * 1e6, flop / t * 1e-9);
+      return std::string(text);
+    };
+    auto ratio = [&](double t) {
+      char text[32];
+      if (native <= 0.0) return std::string("-");
+      std::snprintf(text, sizeof(text), "%.2f", t / native);
+      return std::string(text);
+    };
     const std::string dims = std::to_string(s.m) + " x " + std::to_string(s.n) + " x " +
                              std::to_string(s.k) + (s.trans_a ? " (A^T)" : "") +
                              (s.trans_b ? " (B^T)" : "");
-    if (!amx) {
-      std::printf("| %s | %s | %.1f | %.1f | - | - | - |\n", s.name, dims.c_str(), f32 * 1e6,
-                  widened * 1e6);
-      continue;
-    }
-    const double tiles =
-        MedianSeconds(seconds, [&] { run(DType::kBFloat16, a16.data(), b16.data()); });
-    std::printf("| %s | %s | %.1f | %.1f | %.1f | %.2f | %.2f |\n", s.name, dims.c_str(),
-                f32 * 1e6, widened * 1e6, tiles * 1e6, widened / tiles, f32 / tiles);
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", s.name, dims.c_str(),
+                cell(f32).c_str(), cell(widened).c_str(), cell(tiles).c_str(),
+                cell(dots).c_str(), ratio(widened).c_str(), ratio(f32).c_str());
   }
-  std::printf("\nratios are times divided by the AMX time: > 1 where AMX is faster\n");
+  std::printf("\nratios are times divided by the native bfloat16 kernel's time (AMX where "
+              "present, else AVX512-BF16): > 1 where it is faster\n");
   return 0;
 }
 

@@ -36,6 +36,10 @@ of both runtimes sees the same batch, so the first step's loss (before any
 update) must agree; the script prints both and warns when the float32 ones
 differ by more than 1e-3 relative.
 
+--baseline-env VAR=VALUE (repeatable) adds a castor mixed_bfloat16 run
+with VAR=VALUE in its environment (e.g. CASTOR_AVX512BF16=off: the widened
+GEMMs) right after the plain one, and a before/after table.
+
 Ratios are castor samples/s divided by PyTorch samples/s: > 1 means castor
 is faster. The mixed_float16 ratio is against PyTorch's bfloat16 autocast
 (PyTorch has no float16 autocast on the CPU).
@@ -141,16 +145,19 @@ def load_generate_module(path):
 # --------------------------------------------------------------------------
 
 def run_castor(binary, model_path, data_spec, policy, batch, warmup, steps, threads,
-               work_dir):
-    """Runs castor train; returns a dict with the median samples/s etc."""
-    metrics_path = os.path.join(work_dir, "%s_%s.jsonl" % (
-        os.path.basename(model_path).split(".")[0], policy))
+               work_dir, extra_env=None):
+    """Runs castor train (with `extra_env` added to the environment, if
+    given); returns a dict with the median samples/s etc."""
+    metrics_path = os.path.join(work_dir, "%s_%s%s.jsonl" % (
+        os.path.basename(model_path).split(".")[0], policy, "_baseline" if extra_env else ""))
     cmd = [binary, "train", model_path, "--data", data_spec, "--policy", policy,
            "--optimizer", "adam", "--lr", "0.001", "--batch", str(batch),
            "--max-steps", str(warmup + steps), "--no-shuffle",
            "--threads", str(threads), "--metrics", metrics_path]
     started = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = dict(os.environ, **extra_env) if extra_env else None
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=env)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         return {"error": "exit %d: %s" % (proc.returncode, proc.stdout.strip()[-2000:]),
@@ -278,8 +285,20 @@ def main():
     parser.add_argument("--torch-own-blas-core", action="store_true",
                         help="let PyTorch's OpenBLAS pick its kernels itself instead of "
                              "using castor's (see bench/README.md)")
+    parser.add_argument("--baseline-env", action="append", default=[], metavar="VAR=VALUE",
+                        help="also run castor mixed_bfloat16 with VAR=VALUE in its environment "
+                             "(repeatable; e.g. CASTOR_AVX512BF16=off for the widened GEMMs), "
+                             "right after the plain mixed_bfloat16 run, and print it as the "
+                             "'before' column of a before/after table")
     parser.add_argument("--json", default=None, help="write every number to this file")
     args = parser.parse_args()
+    baseline_env = {}
+    for item in args.baseline_env:
+        if "=" not in item:
+            print("error: --baseline-env %s: expected VAR=VALUE" % item, file=sys.stderr)
+            return 2
+        var, value = item.split("=", 1)
+        baseline_env[var] = value
 
     binary = args.castor
     if binary is None:
@@ -359,10 +378,15 @@ def main():
             order = [("castor", "float32"), ("torch", "float32"),
                      ("castor", "mixed_bfloat16"), ("torch", "bf16_autocast"),
                      ("castor", "mixed_float16")]
+            if baseline_env:
+                order.insert(3, ("castor", "mixed_bfloat16_baseline"))
             for runtime, row in order:
                 if runtime == "castor":
-                    r = run_castor(binary_copy, model_path, data_spec, row, args.batch,
-                                   args.warmup, steps, args.threads, work_dir)
+                    baseline = row.endswith("_baseline")
+                    r = run_castor(binary_copy, model_path, data_spec,
+                                   row[:-len("_baseline")] if baseline else row, args.batch,
+                                   args.warmup, steps, args.threads, work_dir,
+                                   baseline_env if baseline else None)
                     if "command" in r:
                         r["command"] = r["command"].replace(binary_copy, binary, 1)
                 else:
@@ -417,6 +441,24 @@ def main():
             fmt_rate(e["castor_mixed_float16"]),
             fmt_ratio(e["ratio_mixed_float16_vs_torch_bf16"])))
     print()
+    if baseline_env:
+        label = " ".join("%s=%s" % kv for kv in sorted(baseline_env.items()))
+        print("castor mixed_bfloat16 before (%s) and after, same run; ratios over castor "
+              "float32 and torch bf16 autocast" % label)
+        print()
+        print("| model | castor f32 | mixed_bf16 before | mixed_bf16 after | after / before | "
+              "before / f32 | after / f32 | before / torch bf16 | after / torch bf16 |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for name in models:
+            e = results[name]
+            before, after = e["castor_mixed_bfloat16_baseline"], e["castor_mixed_bfloat16"]
+            f32, tbf = e["castor_float32"], e["torch_bf16_autocast"]
+            print("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                name, fmt_rate(f32), fmt_rate(before), fmt_rate(after),
+                fmt_ratio(ratio(after, before)), fmt_ratio(ratio(before, f32)),
+                fmt_ratio(ratio(after, f32)), fmt_ratio(ratio(before, tbf)),
+                fmt_ratio(ratio(after, tbf))))
+        print()
     goals = []
     for name in models:
         e = results[name]
@@ -450,6 +492,7 @@ def main():
             "optimizer": "adam lr 1e-3",
             "data": data_spec,
             "total_s": total_s,
+            "baseline_env": baseline_env,
             "models": results,
         }
         with open(args.json, "w") as f:

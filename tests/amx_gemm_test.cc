@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/avx512bf16_gemm.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/parallel.h"
 #include "graph/half.h"
@@ -34,14 +35,20 @@ namespace {
                     "the bfloat16 GEMM stays on the widened sgemm path";                  \
   }
 
-// Restores the AMX setting a test changed.
+// Sets AMX on or off for the scope, with the AVX512-BF16 kernel off (CPUs
+// with AMX have it too, and gemm.h would take it when AMX is off): "off"
+// here means the widened sgemm path.
 class ScopedAmx {
  public:
-  explicit ScopedAmx(bool enabled) : before_(SetAmxForTesting(enabled)) {}
-  ~ScopedAmx() { SetAmxForTesting(before_); }
+  explicit ScopedAmx(bool enabled)
+      : before_(SetAmxForTesting(enabled)), avx512bf16_before_(SetAvx512Bf16ForTesting(false)) {}
+  ~ScopedAmx() {
+    SetAmxForTesting(before_);
+    SetAvx512Bf16ForTesting(avx512bf16_before_);
+  }
 
  private:
-  bool before_;
+  bool before_, avx512bf16_before_;
 };
 
 // Random bfloat16 bit patterns in [-1, 1] (normal numbers or zero).

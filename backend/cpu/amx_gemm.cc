@@ -11,7 +11,6 @@
 #include "backend/cpu/amx_gemm.h"
 
 #include <algorithm>
-#include <cctype>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -22,6 +21,8 @@
 #include <vector>
 
 #include "backend/cpu/float_io.h"
+#include "backend/cpu/gemm.h"
+#include "backend/cpu/pair_transpose.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/scratch.h"
 #include "backend/cpu/simd16.h"
@@ -218,63 +219,6 @@ __attribute__((target("avx2"))) void InterleaveRows(const uint16_t* r0, const ui
   _mm256_zeroupper();  // the caller is SSE code (see float_io.cc's kZeroUpperNote)
 }
 
-// 512-bit unpacks and lane shuffles as the masked forms with every lane
-// set: the same instructions, but GCC 12's unmasked forms pass an
-// "undefined" register that -Wuninitialized reports.
-__attribute__((target("avx512f"))) inline __m512i UnpackLo32(__m512i a, __m512i b) {
-  return _mm512_mask_unpacklo_epi32(a, 0xFFFF, a, b);
-}
-__attribute__((target("avx512f"))) inline __m512i UnpackHi32(__m512i a, __m512i b) {
-  return _mm512_mask_unpackhi_epi32(a, 0xFFFF, a, b);
-}
-__attribute__((target("avx512f"))) inline __m512i UnpackLo64(__m512i a, __m512i b) {
-  return _mm512_mask_unpacklo_epi64(a, 0xFF, a, b);
-}
-__attribute__((target("avx512f"))) inline __m512i UnpackHi64(__m512i a, __m512i b) {
-  return _mm512_mask_unpackhi_epi64(a, 0xFF, a, b);
-}
-// Result lanes: a[imm & 3], a[imm >> 2 & 3], b[imm >> 4 & 3], b[imm >> 6].
-template <int kImm>
-__attribute__((target("avx512f"))) inline __m512i ShuffleLanes(__m512i a, __m512i b) {
-  return _mm512_mask_shuffle_i32x4(a, 0xFFFF, a, b, kImm);
-}
-
-// A full B tile from op(B) stored transposed (B^T rows: b + j * ldb): row
-// j0 + c holds the tile's 16 k pairs of column c as 16 uint32, and tile row
-// p wants pair p of every column, so the tile is the 16 x 16 transpose of
-// those uint32: unpacks within 128-bit lanes, then lane shuffles.
-__attribute__((target("avx512f"))) void TransposePairs(const uint16_t* b, int64_t ldb,
-                                                      uint16_t* tile) {
-  __m512i r[16], t[16], u[16];
-  for (int c = 0; c < 16; ++c) r[c] = _mm512_loadu_si512(b + c * ldb);
-  for (int i = 0; i < 16; i += 2) {  // per lane: r[i][0], r[i+1][0], r[i][1], r[i+1][1]
-    t[i] = UnpackLo32(r[i], r[i + 1]);
-    t[i + 1] = UnpackHi32(r[i], r[i + 1]);
-  }
-  // u[g + q]: pairs q, q + 4, q + 8, q + 12 (one per 128-bit lane) of
-  // columns g .. g + 3.
-  for (int g = 0; g < 16; g += 4) {
-    u[g] = UnpackLo64(t[g], t[g + 2]);
-    u[g + 1] = UnpackHi64(t[g], t[g + 2]);
-    u[g + 2] = UnpackLo64(t[g + 1], t[g + 3]);
-    u[g + 3] = UnpackHi64(t[g + 1], t[g + 3]);
-  }
-  for (int q = 0; q < 4; ++q) {  // tile rows q, q + 4, q + 8, q + 12
-    const __m512i lanes01_0to7 = ShuffleLanes<0x44>(u[q], u[q + 4]);
-    const __m512i lanes23_0to7 = ShuffleLanes<0xee>(u[q], u[q + 4]);
-    const __m512i lanes01_8to15 = ShuffleLanes<0x44>(u[q + 8], u[q + 12]);
-    const __m512i lanes23_8to15 = ShuffleLanes<0xee>(u[q + 8], u[q + 12]);
-    _mm512_storeu_si512(tile + q * kTileK, ShuffleLanes<0x88>(lanes01_0to7, lanes01_8to15));
-    _mm512_storeu_si512(tile + (q + 4) * kTileK,
-                        ShuffleLanes<0xdd>(lanes01_0to7, lanes01_8to15));
-    _mm512_storeu_si512(tile + (q + 8) * kTileK,
-                        ShuffleLanes<0x88>(lanes23_0to7, lanes23_8to15));
-    _mm512_storeu_si512(tile + (q + 12) * kTileK,
-                        ShuffleLanes<0xdd>(lanes23_0to7, lanes23_8to15));
-  }
-  _mm256_zeroupper();  // see InterleaveRows
-}
-
 // Tile rows [first, first + count) of op(A) [m, k] into [MB][kb] tiles of
 // [16][32] (see the file note), zero-padded.
 void PackA(bool trans_a, int64_t count, int64_t first, int64_t m, int64_t k, const uint16_t* a,
@@ -300,7 +244,7 @@ void PackA(bool trans_a, int64_t count, int64_t first, int64_t m, int64_t k, con
             const uint16_t* r0 = a + (k0 + 2 * p) * lda + i0;
             InterleaveRows(r0, r0 + lda, pairs + p * kTileK);
           }
-          TransposePairs(pairs, kTileK, tile);
+          TransposeWords16x16(pairs, kTileK, tile, kTileK);
           continue;
         }
         for (int64_t kk = 0; kk < ks; ++kk) {
@@ -338,7 +282,7 @@ void PackB(bool trans_b, int64_t count, int64_t first, int64_t n, int64_t k, con
         }
       } else {  // op(B)(kk, j) = b[j * ldb + kk]: k pairs adjacent in both
         if (full) {
-          TransposePairs(b + j0 * ldb + k0, ldb, tile);
+          TransposeWords16x16(b + j0 * ldb + k0, ldb, tile, kTileK);
           continue;
         }
         for (int64_t c = 0; c < cols; ++c) {
@@ -364,21 +308,6 @@ void ScaleC(int64_t m, int64_t n, float beta, float* c, int64_t ldc) {
 
 #endif  // CASTOR_AMX_BUILD
 
-// CASTOR_AMX=off (or 0, no, false; any case) in the environment: never use
-// AMX. on/1/yes/true or unset: use it where it runs; anything else is
-// reported once and ignored.
-bool AmxOffInEnvironment() {
-  const char* value = std::getenv("CASTOR_AMX");
-  if (value == nullptr) return false;
-  std::string v = value;
-  for (char& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  if (v == "off" || v == "0" || v == "no" || v == "false") return true;
-  if (!(v.empty() || v == "on" || v == "1" || v == "yes" || v == "true")) {
-    std::fprintf(stderr, "castor: warning: CASTOR_AMX=%s is not on or off; ignored\n", value);
-  }
-  return false;
-}
-
 }  // namespace
 
 bool AmxBf16Supported() {
@@ -391,7 +320,8 @@ bool AmxBf16Supported() {
 }
 
 bool AmxBf16Available() {
-  static const bool off = AmxOffInEnvironment();  // checked before asking Linux for tiles
+  // Checked before asking Linux for tiles.
+  static const bool off = GemmKernelOffInEnvironment("CASTOR_AMX");
   return !off && amx_allowed.load(std::memory_order_relaxed) && AmxBf16Supported();
 }
 

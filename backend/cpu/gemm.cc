@@ -1,14 +1,18 @@
-// GEMM through OpenBLAS for every float dtype, and bfloat16 on AMX tiles
-// where the CPU has them (see gemm.h).
+// GEMM through OpenBLAS for every float dtype, and bfloat16 on AMX tiles or
+// AVX512-BF16 dot products where the CPU has them (see gemm.h).
 #include "backend/cpu/gemm.h"
 
 #include <cblas.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <vector>
 
 #include "backend/cpu/amx_gemm.h"
+#include "backend/cpu/avx512bf16_gemm.h"
 #include "backend/cpu/blas_core.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/parallel.h"
@@ -158,6 +162,11 @@ void GemmFloat32Accumulate(DType dtype, bool trans_a, bool trans_b, int64_t m, i
                 static_cast<const uint16_t*>(b), ldb, beta, c, ldc);
     return;
   }
+  if (dtype == DType::kBFloat16 && Avx512Bf16Available()) {
+    Avx512Bf16Gemm(trans_a, trans_b, m, n, k, alpha, static_cast<const uint16_t*>(a), lda,
+                   static_cast<const uint16_t*>(b), ldb, beta, c, ldc);
+    return;
+  }
   // One panel covers all of K unless the widened operands would be large;
   // then K is split and each panel's product is added to C in float32.
   const int64_t panel =
@@ -203,6 +212,12 @@ void GemmRoundedToDType(DType dtype, bool trans_a, bool trans_b, int64_t m, int6
                        static_cast<const uint16_t*>(b), ldb, static_cast<uint16_t*>(c), ldc);
     return;
   }
+  if (dtype == DType::kBFloat16 && Avx512Bf16Available()) {
+    Avx512Bf16GemmRounded(trans_a, trans_b, m, n, k, alpha, static_cast<const uint16_t*>(a),
+                          lda, static_cast<const uint16_t*>(b), ldb, static_cast<uint16_t*>(c),
+                          ldc);
+    return;
+  }
   thread_local Scratch<float> product_scratch;
   float* product = product_scratch.Get(m * n);
   GemmFloat32Accumulate(dtype, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, 0.0f,
@@ -219,8 +234,24 @@ void GemmRoundedToDType(DType dtype, bool trans_a, bool trans_b, int64_t m, int6
 
 std::string DescribeGemm() {
   std::string line = DescribeBlasCore();
-  if (AmxBf16Available()) line += "; AMX for bfloat16 GEMMs";
+  if (AmxBf16Available()) {
+    line += "; AMX for bfloat16 GEMMs";
+  } else if (Avx512Bf16Available()) {
+    line += "; AVX512-BF16 for bfloat16 GEMMs";
+  }
   return line;
+}
+
+bool GemmKernelOffInEnvironment(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr) return false;
+  std::string v = value;
+  for (char& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (v == "off" || v == "0" || v == "no" || v == "false") return true;
+  if (!(v.empty() || v == "on" || v == "1" || v == "yes" || v == "true")) {
+    std::fprintf(stderr, "castor: warning: %s=%s is not on or off; ignored\n", name, value);
+  }
+  return false;
 }
 
 }  // namespace castor::cpu

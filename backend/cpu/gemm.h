@@ -11,7 +11,9 @@
 // products accumulate in float32 as tensor cores do; C stays float32 and the
 // caller rounds it once on store, or GemmRoundedToDType rounds it into a
 // 16-bit C. bfloat16 operands go to AMX tiles instead where the CPU has
-// them (amx_gemm.h: float32 sums in another order, subnormals flushed).
+// them (amx_gemm.h), else to AVX512-BF16 dot products where it has those
+// (avx512bf16_gemm.h); both sum in float32 in another order and flush
+// subnormals.
 #pragma once
 
 #include <cstdint>
@@ -36,7 +38,8 @@ void Dgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double a
 // A and B stored with float dtype `dtype` (float32, float16 or bfloat16; not
 // float64), C float32. 16-bit operands are widened to float32 panel by panel
 // (at most a few tens of MiB of scratch) and multiplied with Sgemm; bfloat16
-// ones run on AMX where AmxBf16Available().
+// ones run on AMX where AmxBf16Available(), else on AVX512-BF16 where
+// Avx512Bf16Available().
 void GemmFloat32Accumulate(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
                            int64_t k, float alpha, const void* a, int64_t lda, const void* b,
                            int64_t ldb, float beta, float* c, int64_t ldc);
@@ -52,8 +55,15 @@ void GemmRoundedToDType(DType dtype, bool trans_a, bool trans_b, int64_t m, int6
                         int64_t ldb, void* c, int64_t ldc);
 
 // One line for summaries and --version: blas_core.h's DescribeBlasCore(),
-// plus "; AMX for bfloat16 GEMMs" where amx_gemm.h runs.
+// plus "; AMX for bfloat16 GEMMs" where amx_gemm.h runs, or
+// "; AVX512-BF16 for bfloat16 GEMMs" where avx512bf16_gemm.h does.
 std::string DescribeGemm();
+
+// The switch of a native GEMM kernel (CASTOR_AMX, CASTOR_AVX512BF16):
+// true when environment variable `name` says off (or 0, no, false; any
+// case). on/1/yes/true or unset: false; anything else is reported once on
+// stderr and ignored.
+bool GemmKernelOffInEnvironment(const char* name);
 
 // True when Sgemm runs a GEMM of this size on the calling thread alone
 // (OpenBLAS's own multithreading threshold), so a caller with many

@@ -1,0 +1,77 @@
+// bfloat16 GEMM on AVX512-BF16 (VDPBF16PS, the bfloat16 dot-product
+// instruction of Intel Cooper Lake / Sapphire Rapids and AMD Zen 4), for
+// the CPU backend's 16-bit MatMul/Gemm/Conv under mixed_bfloat16 where the
+// CPU has no AMX (gemm.h's GemmFloat32Accumulate takes it after AMX).
+//
+// op(A) is packed into panels of 16 rows and op(B) into panels of 16
+// columns, both in the pair-interleaved layout VDPBF16PS reads (k and k + 1
+// of one row or column side by side in one 32-bit word, zero-padded to an
+// even K and to whole panels); a 16 x 16 block of C is 16 ZMM registers of
+// float32 accumulators fed over all of K by one VDPBF16PS per register per
+// k pair (A's word broadcast, B's 16 words loaded). alpha and beta are
+// applied when a block is written back (alpha once per K panel: only when
+// the packed copies would pass 32 MiB is K cut into panels).
+//
+// Numerics (Intel's SDM for VDPBF16PS, and measured on an AMD EPYC Zen 4
+// by avx512bf16_gemm_test): products of two bfloat16 are exact in float32;
+// each k pair adds its odd product, then its even one, to the float32
+// accumulator, each addition fused (the exact product) and rounded to
+// nearest even whatever MXCSR says; subnormal inputs (bfloat16 operands and
+// the accumulator) count as zero and sums that underflow are flushed to
+// zero, where the widened sgemm path keeps subnormals (so a subnormal times
+// an infinity is NaN here, Inf there). Results agree with the sgemm path to
+// float32 rounding of the sum's magnitude, not bit for bit (another order
+// of sums); every C element is summed over K in one fixed order, so the
+// bits do not depend on the number of threads or on run-to-run timing.
+// Inf and NaN propagate as in float32 (Inf * 0 is NaN; a signalling NaN
+// comes out quiet); -0 products sum to +0 as in sgemm.
+//
+// Runs only where the CPU has AVX512-BF16 with AVX-512 F/BW/VL and AVX2
+// (and F16C: simd16.h's HasSimd16) and the OS saves the ZMM state (XCR0),
+// in builds with GCC 10+ or clang on x86-64; the code carries
+// function-level target attributes, so the binary still runs on AVX2-only
+// CPUs. Elsewhere, or with CASTOR_AVX512BF16=off in the environment,
+// Avx512Bf16Available() is false and callers keep the sgemm path.
+#pragma once
+
+#include <cstdint>
+
+namespace castor::cpu {
+
+// True when castor uses VDPBF16PS for bfloat16 GEMMs (where AMX does not
+// take them first): Avx512Bf16Supported(), the environment does not say
+// CASTOR_AVX512BF16=off (or 0, no, false) and no test turned it off.
+bool Avx512Bf16Available();
+
+// True when the hardware, OS and build allow it (checked once), whatever
+// the environment or a test chose.
+bool Avx512Bf16Supported();
+
+// For tests: use it from now on only when `enabled` (and supported);
+// returns the previous setting.
+bool SetAvx512Bf16ForTesting(bool enabled);
+
+// For tests: pack at most `elements` bfloat16 of A and B per K panel (K is
+// cut into panels of whole k pairs, at least one each); <= 0 restores the
+// default (32 MiB). Returns the previous limit.
+int64_t SetAvx512Bf16PanelElementsForTesting(int64_t elements);
+
+// Row-major C[m, n] = alpha * op(A)[m, k] * op(B)[k, n] + beta * C with A
+// and B bfloat16 bit patterns (row strides lda, ldb as stored), C float32
+// (C is not read when beta == 0; k <= 0 gives beta * C). Requires
+// Avx512Bf16Supported() (aborts otherwise). Splits the work across threads
+// (serial inside a ParallelFor).
+void Avx512Bf16Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                    const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta,
+                    float* c, int64_t ldc);
+
+// C = alpha * op(A) * op(B) as Avx512Bf16Gemm with beta = 0, but C is
+// bfloat16 (bit patterns, row stride ldc): each 16 x 16 block is rounded
+// from its float32 accumulators as it is finished, so C never exists in
+// float32. The same bits as Avx512Bf16Gemm followed by
+// FloatToBFloat16Bits.
+void Avx512Bf16GemmRounded(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                           float alpha, const uint16_t* a, int64_t lda, const uint16_t* b,
+                           int64_t ldb, uint16_t* c, int64_t ldc);
+
+}  // namespace castor::cpu
