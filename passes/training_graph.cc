@@ -105,9 +105,15 @@ absl::StatusOr<Value*> AttachLoss(Graph& graph, Value* output, LossKind kind,
 // outputs, whatever form the model holds it in: inference form (one output,
 // training_mode 0, as castor's sample models and Keras write it) or the
 // training form torch exports (training_mode 1, one or three outputs, the
-// running-statistic outputs usually read by nobody). The node is rebuilt
-// with outputs of castor's naming, so the trainer finds each statistic's
-// update; readers of the old outputs read the new ones. Returns
+// running-statistic outputs usually read by nobody; below opset 14, five
+// outputs Y, mean, var, saved_mean, saved_var). The node is rebuilt with
+// outputs of castor's naming, so the trainer finds each statistic's update;
+// readers of the old outputs read the new ones. Each opset's own training
+// form, so the graph stays valid for its opset: from opset 14
+// training_mode=1 with outputs (Y, running_mean, running_var); opsets 7-13
+// have no training_mode, and a node trains when its optional outputs are
+// asked for: (Y, mean, var), the updated running statistics (the same
+// update, running * momentum + batch * (1 - momentum)). Returns
 // (initializer, updated value) pairs: the running statistics are state
 // updated by the step, never parameters.
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SwitchBatchNormToTraining(
@@ -115,18 +121,30 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SwitchBatchNorm
   std::vector<std::pair<std::string, std::string>> stats;
   Graph& graph = *model.graph;
   const std::vector<Node*> nodes = graph.nodes();
+  const int64_t opset = model.OpsetVersion("");
   bool replaced = false;
   for (Node* node : nodes) {
     if (node->op_type() != "BatchNormalization" || !node->domain().empty()) continue;
-    if (model.OpsetVersion("") < 14) {
+    if (node->GetInt("spatial", 1) == 0) {
       return absl::UnimplementedError(absl::StrCat(
-          "BatchNormalization node ", Quoted(node->name()), " is at opset ",
-          model.OpsetVersion(""), "; training it needs opset 14 or later (training_mode), "
-          "e.g. the model exported at opset 17"));
+          "BatchNormalization node ", Quoted(node->name()), " (opset ", opset,
+          ") has spatial=0 (statistics per activation, not per channel); castor trains "
+          "per-channel BatchNormalization only (spatial=1, the default)"));
     }
     if (node->output(0)->is_graph_output()) {
       return absl::UnimplementedError(absl::StrCat(
           "BatchNormalization node ", Quoted(node->name()), " produces a graph output"));
+    }
+    // saved_mean / saved_var (opsets 7-13): the training node has no such
+    // outputs, so nobody may read them.
+    for (int i = 3; i < node->num_outputs(); ++i) {
+      const Value* saved = node->output(i);
+      if (saved != nullptr && (!saved->uses().empty() || saved->is_graph_output())) {
+        return absl::UnimplementedError(absl::StrCat(
+            "BatchNormalization node ", Quoted(node->name()), ": output ", i, " (",
+            i == 3 ? "saved_mean" : "saved_var", ", ", Quoted(saved->name()),
+            ") is read; castor's training graph computes Y and the running statistics only"));
+      }
     }
     std::vector<std::string> outputs = {
         graph.UniqueName(absl::StrCat(node->output(0)->name(), "/training"))};
@@ -145,9 +163,9 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SwitchBatchNorm
                             graph.AddNode("BatchNormalization", node->inputs(), outputs,
                                           graph.UniqueName(node->name() + "/training")));
     for (const Attribute& attribute : node->attributes()) training->SetAttribute(attribute);
-    training->SetAttribute(Attribute::Int("training_mode", 1));
+    if (opset >= 14) training->SetAttribute(Attribute::Int("training_mode", 1));
     for (const auto& [key, value] : node->metadata()) training->SetMetadata(key, value);
-    for (int i = 0; i < node->num_outputs(); ++i) {
+    for (int i = 0; i < std::min(node->num_outputs(), training->num_outputs()); ++i) {
       if (node->output(i) == nullptr) continue;
       graph.ReplaceAllUsesWith(node->output(i), training->output(i));
     }
@@ -495,7 +513,9 @@ void AddTrainingPasses(PassManager& manager, const TrainingGraphOptions& options
           "running statistics) beside the model; the model is unchanged",
           EvaluationGraphStep);
   AddStep(manager, state, "batchnorm-training",
-          "switches BatchNormalization to training mode, with running-statistic outputs",
+          "switches BatchNormalization to training mode in its opset's form (training_mode=1 "
+          "from opset 14; below, the optional outputs mean and var ask for it), with "
+          "running-statistic outputs",
           BatchNormTrainingStep);
   if (options.pool_before_relu) {
     manager.Add(std::make_unique<FunctionPass>(

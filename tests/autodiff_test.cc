@@ -347,8 +347,18 @@ TEST(GradientRuleTest, ConvWithBiasAndPooling) {
 }
 
 TEST(GradientRuleTest, NormalizationsInTrainingForm) {
-  {
-    GradCheck check;
+  // BatchNormalization's training form in each opset: training_mode=1 from
+  // opset 14; below it no training_mode, training asked for by the
+  // optional outputs (three, as castor's training graph writes it, or all
+  // five, as torch exports it).
+  struct BatchNormForm {
+    int64_t opset;
+    int num_outputs;
+  };
+  for (const BatchNormForm form : {BatchNormForm{17, 3}, BatchNormForm{14, 3},
+                                   BatchNormForm{13, 3}, BatchNormForm{9, 5}}) {
+    SCOPED_TRACE(absl::StrCat("BatchNormalization opset ", form.opset));
+    GradCheck check(form.opset);
     Value* x = check.Parameter("x", {4, 3, 2, 2});
     Value* scale = check.Parameter("scale", {3}, 0.5f, 1.5f);
     Value* bias = check.Parameter("bias", {3});
@@ -356,8 +366,10 @@ TEST(GradientRuleTest, NormalizationsInTrainingForm) {
     Tensor ones(DType::kFloat32, {3});
     for (int i = 0; i < 3; ++i) ones.data<float>()[i] = 1.0f;
     Value* var = check.Constant("var", std::move(ones));
-    check.Check(check.Op("BatchNormalization", {x, scale, bias, mean, var},
-                         {Attribute::Int("training_mode", 1)}, /*num_outputs=*/3),
+    std::vector<Attribute> attributes;
+    if (form.opset >= 14) attributes.push_back(Attribute::Int("training_mode", 1));
+    check.Check(check.Op("BatchNormalization", {x, scale, bias, mean, var}, attributes,
+                         form.num_outputs),
                 /*rtol=*/5e-3, /*atol=*/5e-4);
   }
   {
