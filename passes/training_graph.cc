@@ -14,6 +14,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "graph/gradient_builder.h"
 #include "graph/onnx_io.h"
 #include "graph/shape_inference.h"
 #include "graph/status.h"
@@ -101,32 +102,50 @@ absl::StatusOr<Value*> AttachLoss(Graph& graph, Value* output, LossKind kind,
   return absl::InternalError("unhandled loss kind");
 }
 
-// Every BatchNormalization -> training mode with the two running-statistic
-// outputs, whatever form the model holds it in: inference form (one output,
-// training_mode 0, as castor's sample models and Keras write it) or the
-// training form torch exports (training_mode 1, one or three outputs, the
-// running-statistic outputs usually read by nobody). The node is rebuilt
-// with outputs of castor's naming, so the trainer finds each statistic's
-// update; readers of the old outputs read the new ones. Returns
-// (initializer, updated value) pairs: the running statistics are state
-// updated by the step, never parameters.
+// Every BatchNormalization -> castor's BatchNormalizationTraining (domain
+// com.castor, graph/ops/normalization.cc), PyTorch's train(): batch
+// statistics for Y, and running statistics updated with the node's
+// momentum, the running variance with the unbiased batch variance as
+// PyTorch updates it (the ONNX op's spec takes the biased one). Whatever
+// form the model holds it in: inference form (one output, as castor's
+// sample models and Keras write it), the training form torch exports from
+// opset 14 (training_mode 1, one or three outputs, the running-statistic
+// outputs usually read by nobody) or below opset 14 (five outputs Y, mean,
+// var, saved_mean, saved_var, no training_mode). castor's own op keeps the
+// graph valid at every opset (ONNX has no training_mode below 14, and no
+// unbiased update at all). The node is rebuilt with outputs of castor's
+// naming, so the trainer finds each statistic's update; readers of the old
+// outputs read the new ones. Returns (initializer, updated value) pairs:
+// the running statistics are state updated by the step, never parameters.
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SwitchBatchNormToTraining(
     Model& model) {
   std::vector<std::pair<std::string, std::string>> stats;
   Graph& graph = *model.graph;
   const std::vector<Node*> nodes = graph.nodes();
+  const int64_t opset = model.OpsetVersion("");
   bool replaced = false;
   for (Node* node : nodes) {
     if (node->op_type() != "BatchNormalization" || !node->domain().empty()) continue;
-    if (model.OpsetVersion("") < 14) {
+    if (node->GetInt("spatial", 1) == 0) {
       return absl::UnimplementedError(absl::StrCat(
-          "BatchNormalization node ", Quoted(node->name()), " is at opset ",
-          model.OpsetVersion(""), "; training it needs opset 14 or later (training_mode), "
-          "e.g. the model exported at opset 17"));
+          "BatchNormalization node ", Quoted(node->name()), " (opset ", opset,
+          ") has spatial=0 (statistics per activation, not per channel); castor trains "
+          "per-channel BatchNormalization only (spatial=1, the default)"));
     }
     if (node->output(0)->is_graph_output()) {
       return absl::UnimplementedError(absl::StrCat(
           "BatchNormalization node ", Quoted(node->name()), " produces a graph output"));
+    }
+    // saved_mean / saved_var (opsets 7-13): the training node has no such
+    // outputs, so nobody may read them.
+    for (int i = 3; i < node->num_outputs(); ++i) {
+      const Value* saved = node->output(i);
+      if (saved != nullptr && (!saved->uses().empty() || saved->is_graph_output())) {
+        return absl::UnimplementedError(absl::StrCat(
+            "BatchNormalization node ", Quoted(node->name()), ": output ", i, " (",
+            i == 3 ? "saved_mean" : "saved_var", ", ", Quoted(saved->name()),
+            ") is read; castor's training graph computes Y and the running statistics only"));
+      }
     }
     std::vector<std::string> outputs = {
         graph.UniqueName(absl::StrCat(node->output(0)->name(), "/training"))};
@@ -140,21 +159,28 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SwitchBatchNorm
       outputs.push_back(graph.UniqueName(absl::StrCat(state->name(), "/updated")));
       stats.emplace_back(state->name(), outputs.back());
     }
-    // The same node with the two running-statistic outputs, in training mode.
-    CASTOR_ASSIGN_OR_RETURN(Node * training,
-                            graph.AddNode("BatchNormalization", node->inputs(), outputs,
-                                          graph.UniqueName(node->name() + "/training")));
-    for (const Attribute& attribute : node->attributes()) training->SetAttribute(attribute);
-    training->SetAttribute(Attribute::Int("training_mode", 1));
+    // The same inputs, epsilon and momentum; Y and the two running statistics.
+    CASTOR_ASSIGN_OR_RETURN(
+        Node * training,
+        graph.AddNode("BatchNormalizationTraining", node->inputs(), outputs,
+                      graph.UniqueName(node->name() + "/training"), kCastorDomain));
+    for (const Attribute& attribute : node->attributes()) {
+      if (attribute.name == "epsilon" || attribute.name == "momentum") {
+        training->SetAttribute(attribute);
+      }
+    }
     for (const auto& [key, value] : node->metadata()) training->SetMetadata(key, value);
-    for (int i = 0; i < node->num_outputs(); ++i) {
+    for (int i = 0; i < std::min(node->num_outputs(), training->num_outputs()); ++i) {
       if (node->output(i) == nullptr) continue;
       graph.ReplaceAllUsesWith(node->output(i), training->output(i));
     }
     CASTOR_RETURN_IF_ERROR(graph.RemoveNode(node));
     replaced = true;
   }
-  if (replaced) CASTOR_RETURN_IF_ERROR(graph.TopologicalSort());
+  if (replaced) {
+    if (model.OpsetVersion(kCastorDomain) == 0) model.opset_imports.push_back({kCastorDomain, 1});
+    CASTOR_RETURN_IF_ERROR(graph.TopologicalSort());
+  }
   return stats;
 }
 
@@ -495,7 +521,9 @@ void AddTrainingPasses(PassManager& manager, const TrainingGraphOptions& options
           "running statistics) beside the model; the model is unchanged",
           EvaluationGraphStep);
   AddStep(manager, state, "batchnorm-training",
-          "switches BatchNormalization to training mode, with running-statistic outputs",
+          "replaces every BatchNormalization (any opset, any form) by castor's "
+          "BatchNormalizationTraining (com.castor): batch statistics, running-statistic "
+          "outputs updated with the node's momentum, the variance unbiased as PyTorch's",
           BatchNormTrainingStep);
   if (options.pool_before_relu) {
     manager.Add(std::make_unique<FunctionPass>(

@@ -1,7 +1,10 @@
 // Builds the training graph of a (converted) model: the loss attached to a
-// named output, every BatchNormalization in training mode with castor's
-// running-statistic outputs (whatever form the exporter wrote: inference
-// form, or training_mode=1 with one or three outputs), and the backward
+// named output, every BatchNormalization replaced by castor's
+// BatchNormalizationTraining (batch statistics, running statistics updated
+// as PyTorch's train() updates them: the variance unbiased) with castor's
+// running-statistic outputs (whatever form and opset the exporter wrote:
+// inference form, training_mode=1 with one or three outputs, or five
+// outputs below opset 14), and the backward
 // graph from the autodiff pass seeded with the loss scale. The parameters
 // are the float32 initializers with a differentiable path to the loss
 // (not the running statistics, not an op's settings such as Dropout's

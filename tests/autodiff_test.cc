@@ -21,6 +21,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/executor.h"
 #include "gmock/gmock.h"
+#include "graph/gradient_builder.h"
 #include "graph/shape_inference.h"
 #include "gtest/gtest.h"
 #include "passes/autodiff.h"
@@ -346,8 +347,78 @@ TEST(GradientRuleTest, ConvWithBiasAndPooling) {
   check.Check(check.Op("GlobalAveragePool", {averaged}), /*rtol=*/5e-3, /*atol=*/5e-4);
 }
 
+// The pool forms torchvision and timm export: ceil_mode windows running
+// into the end padding (GoogLeNet, SqueezeNet, timm's avg_down
+// AvgPool2d(ceil_mode=True, count_include_pad=False)), padding counted or
+// not, and dilated MaxPool. Each at opset 13 and 17 (AveragePool changed at
+// opset 19 only; dilations exist on MaxPool from opset 10).
+TEST(GradientRuleTest, PoolsAsExportersWriteThem) {
+  struct PoolForm {
+    const char* op;
+    std::vector<Attribute> attributes;
+  };
+  const std::vector<PoolForm> forms = {
+      {"AveragePool",
+       {Attribute::Ints("kernel_shape", {3, 3}), Attribute::Ints("strides", {2, 2}),
+        Attribute::Ints("pads", {1, 1, 1, 1}), Attribute::Int("ceil_mode", 1),
+        Attribute::Int("count_include_pad", 0)}},
+      {"AveragePool",
+       {Attribute::Ints("kernel_shape", {3, 3}), Attribute::Ints("strides", {2, 2}),
+        Attribute::Ints("pads", {1, 1, 1, 1}), Attribute::Int("ceil_mode", 1),
+        Attribute::Int("count_include_pad", 1)}},
+      {"AveragePool",
+       {Attribute::Ints("kernel_shape", {2, 2}), Attribute::Ints("strides", {2, 2}),
+        Attribute::Int("ceil_mode", 1), Attribute::Int("count_include_pad", 0)}},
+      {"MaxPool",
+       {Attribute::Ints("kernel_shape", {3, 3}), Attribute::Ints("strides", {2, 2}),
+        Attribute::Ints("pads", {1, 1, 1, 1}), Attribute::Int("ceil_mode", 1)}},
+      {"MaxPool",
+       {Attribute::Ints("kernel_shape", {3, 3}), Attribute::Ints("strides", {1, 1}),
+        Attribute::Ints("pads", {1, 1, 1, 1}), Attribute::Ints("dilations", {2, 2})}},
+  };
+  for (int64_t opset : {13, 17}) {
+    for (size_t i = 0; i < forms.size(); ++i) {
+      SCOPED_TRACE(absl::StrCat(forms[i].op, " form ", i, " opset ", opset));
+      GradCheck check(opset);
+      // Distinct values 0.01 apart (a permutation): no two within the
+      // finite-difference step of each other, so no max-pool tie.
+      Tensor values(DType::kFloat32, {1, 2, 7, 9});
+      for (int64_t k = 0; k < values.num_elements(); ++k) {
+        values.data<float>()[k] = 0.01f * static_cast<float>((k * 37) % 126 - 63) + 0.005f;
+      }
+      Value* x = check.Parameter("x", std::move(values));
+      check.Check(check.Op(forms[i].op, {x}, forms[i].attributes));
+    }
+  }
+}
+
 TEST(GradientRuleTest, NormalizationsInTrainingForm) {
-  {
+  // BatchNormalization's training form in each opset: training_mode=1 from
+  // opset 14; below it no training_mode, training asked for by the
+  // optional outputs (three, as castor's training graph writes it, or all
+  // five, as torch exports it).
+  struct BatchNormForm {
+    int64_t opset;
+    int num_outputs;
+  };
+  for (const BatchNormForm form : {BatchNormForm{17, 3}, BatchNormForm{14, 3},
+                                   BatchNormForm{13, 3}, BatchNormForm{9, 5}}) {
+    SCOPED_TRACE(absl::StrCat("BatchNormalization opset ", form.opset));
+    GradCheck check(form.opset);
+    Value* x = check.Parameter("x", {4, 3, 2, 2});
+    Value* scale = check.Parameter("scale", {3}, 0.5f, 1.5f);
+    Value* bias = check.Parameter("bias", {3});
+    Value* mean = check.Constant("mean", Tensor(DType::kFloat32, {3}));
+    Tensor ones(DType::kFloat32, {3});
+    for (int i = 0; i < 3; ++i) ones.data<float>()[i] = 1.0f;
+    Value* var = check.Constant("var", std::move(ones));
+    std::vector<Attribute> attributes;
+    if (form.opset >= 14) attributes.push_back(Attribute::Int("training_mode", 1));
+    check.Check(check.Op("BatchNormalization", {x, scale, bias, mean, var}, attributes,
+                         form.num_outputs),
+                /*rtol=*/5e-3, /*atol=*/5e-4);
+  }
+  {  // castor's BatchNormalizationTraining, the form the training graph runs
     GradCheck check;
     Value* x = check.Parameter("x", {4, 3, 2, 2});
     Value* scale = check.Parameter("scale", {3}, 0.5f, 1.5f);
@@ -356,9 +427,10 @@ TEST(GradientRuleTest, NormalizationsInTrainingForm) {
     Tensor ones(DType::kFloat32, {3});
     for (int i = 0; i < 3; ++i) ones.data<float>()[i] = 1.0f;
     Value* var = check.Constant("var", std::move(ones));
-    check.Check(check.Op("BatchNormalization", {x, scale, bias, mean, var},
-                         {Attribute::Int("training_mode", 1)}, /*num_outputs=*/3),
-                /*rtol=*/5e-3, /*atol=*/5e-4);
+    Node* training = ValueOrDie(check.graph().AddNode(
+        "BatchNormalizationTraining", {x, scale, bias, mean, var}, {"y", "new_mean", "new_var"},
+        "bn_training", kCastorDomain));
+    check.Check(training->output(0), /*rtol=*/5e-3, /*atol=*/5e-4);
   }
   {
     GradCheck check;

@@ -3,7 +3,8 @@
 // windowed max/average (ceil_mode, pads, count_include_pad, dilations,
 // auto_pad, MaxPool Indices in both storage orders; the direct 2-D MaxPool
 // path against the reference and the generic path, NaN and infinities),
-// global pools, BatchNormalization in inference and training mode,
+// global pools, BatchNormalization in inference and training mode (and
+// castor's BatchNormalizationTraining, PyTorch's unbiased running variance),
 // LayerNormalization over every axis with its Mean/InvStdDev outputs. Also
 // runs the ONNX conformance cases of these ops.
 #include <algorithm>
@@ -19,6 +20,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/run_node.h"
+#include "graph/gradient_builder.h"
 #include "graph/half.h"
 #include "graph/onnx_io.h"
 #include "graph/shape_inference.h"
@@ -438,6 +440,44 @@ TEST(CpuBatchNorm, TrainingModeOutputs) {
   ExpectNear(y, out[0], 5e-3, 5e-3, "BatchNorm training Y f16");
   ExpectNear(rmean, out[1], 1e-3, 1e-3, "running_mean f16 X");
   ExpectNear(rvar, out[2], 1e-3, 1e-3, "running_var f16 X");
+
+  // castor's BatchNormalizationTraining (the training graph's form): the
+  // same Y and running mean; the running variance takes PyTorch's unbiased
+  // batch variance, bvar * 15 / 14.
+  std::vector<double> rvar_unbiased(2);
+  for (int c = 0; c < 2; ++c) {
+    rvar_unbiased[c] = var[c] * momentum + bvar[c] * 15.0 / 14.0 * (1 - momentum);
+  }
+  for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64}) {
+    const std::vector<double> xt = RoundTo(dt, x);
+    const double tol = dt == DType::kFloat16    ? 5e-3
+                       : dt == DType::kBFloat16 ? 3e-2
+                                                : 1e-5;
+    auto castor = RunOk("BatchNormalizationTraining",
+                        {Make(dt, xd, xt), Make(DType::kFloat32, {2}, scale),
+                         Make(DType::kFloat32, {2}, bias), Make(DType::kFloat32, {2}, mean),
+                         Make(DType::kFloat32, {2}, var)},
+                        {Attribute::Float("epsilon", static_cast<float>(eps)),
+                         Attribute::Float("momentum", static_cast<float>(momentum))},
+                        1, 3, kCastorDomain);
+    ASSERT_EQ(castor.size(), 3u);
+    EXPECT_EQ(castor[0].dtype(), dt);
+    EXPECT_EQ(castor[2].dtype(), DType::kFloat32);
+    const std::string what = std::string("BatchNormalizationTraining ") + DTypeName(dt);
+    ExpectNear(y, castor[0], tol, tol, what + " Y");
+    ExpectNear(rmean, castor[1], tol, tol, what + " running_mean");
+    ExpectNear(rvar_unbiased, castor[2], tol, tol, what + " running_var (unbiased)");
+  }
+  // One value per channel has no unbiased variance: a clear error.
+  absl::StatusOr<std::vector<Tensor>> single = testing::RunNodeOf(
+      "BatchNormalizationTraining",
+      {Make(DType::kFloat32, {1, 2}, {0.5, 1.5}), Make(DType::kFloat32, {2}, scale),
+       Make(DType::kFloat32, {2}, bias), Make(DType::kFloat32, {2}, mean),
+       Make(DType::kFloat32, {2}, var)},
+      {}, 1, 3, kCastorDomain);
+  ASSERT_FALSE(single.ok());
+  EXPECT_NE(single.status().message().find("1 value per channel"), std::string::npos)
+      << single.status();
 }
 
 TEST(CpuLayerNorm, AxesAndStatisticsOutputs) {

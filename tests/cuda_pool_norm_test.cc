@@ -2,7 +2,8 @@
 // normalization.cu) against the CPU backend: MaxPool (Indices in both
 // storage orders, ties, NaN, int8/uint8), AveragePool (count_include_pad),
 // the global pools, BatchNormalization (inference, training with running
-// statistics at opsets 9/14/15, spatial = 0), LayerNormalization (last axis
+// statistics at opsets 9/14/15, spatial = 0, castor's
+// BatchNormalizationTraining), LayerNormalization (last axis
 // and last two axes, warp and block rows, broadcast Scale/B, optional
 // outputs, stash_type) and the com.castor gradients of each, in float32,
 // float16 and bfloat16, over overlapping and disjoint windows, padding,
@@ -374,6 +375,29 @@ TEST(CudaBatchNorm, TrainingModeOlderOpsets) {
   Check("BatchNormalization",
         BatchNormInputs({7, 3, 5}, DType::kFloat32, DType::kFloat32, DType::kFloat32, 73, true),
         {Attribute::Int("spatial", 0)}, 8, 5, "BN training spatial=0");
+}
+
+// castor's BatchNormalizationTraining (the training graph's form): the
+// running variance takes the unbiased batch variance.
+TEST(CudaBatchNorm, CastorTrainingForm) {
+  CASTOR_REQUIRE_CUDA();
+  const std::vector<Attribute> attrs = {Attribute::Float("epsilon", 1e-2f),
+                                        Attribute::Float("momentum", 0.8f)};
+  for (const std::vector<int64_t>& dims : BatchNormShapes()) {
+    for (DType dtype : CudaFloatTypes()) {
+      const std::string what = std::string(DTypeName(dtype)) + " " + std::to_string(Count(dims));
+      CheckGrad("BatchNormalizationTraining",
+                BatchNormInputs(dims, dtype, DType::kFloat32, DType::kFloat32, 81), attrs, 3,
+                "BatchNormalizationTraining f32 params, X " + what);
+      CheckGrad("BatchNormalizationTraining", BatchNormInputs(dims, dtype, dtype, dtype, 82),
+                attrs, 3, "BatchNormalizationTraining X-typed params " + what);
+    }
+  }
+  // One value per channel: both backends refuse it.
+  SingleNode single("BatchNormalizationTraining",
+                    BatchNormInputs({1, 4}, DType::kFloat32, DType::kFloat32, DType::kFloat32, 83),
+                    attrs, 1, 3, kCastorDomain);
+  ExpectBothRefuse(single, "1 value per channel", "BatchNormalizationTraining X [1, 4]");
 }
 
 TEST(CudaBatchNormGrad, TrainingGradients) {

@@ -211,9 +211,6 @@ std::vector<Case> AllCases() {
   std::vector<Case> cases;
   for (const char* model : {"mlp", "cnn", "resnet", "transformer"}) {
     for (const char* opset : {"_opset13", "_opset17"}) {
-      // Training BatchNormalization needs opset 14 (the training graph
-      // refuses resnet_opset13; trainer_test checks that error).
-      if (std::string(model) == "resnet" && std::string(opset) == "_opset13") continue;
       for (const char* policy : {"float32", "mixed_float16", "mixed_bfloat16"}) {
         cases.push_back({std::string(model) + opset, policy});
       }

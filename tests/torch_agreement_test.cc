@@ -11,9 +11,9 @@
 // be within 1e-4 relative of PyTorch's, and the checksums (sums and sums of
 // squares of the weights and of their change from the start) within the
 // tolerances below. The ResNet's BatchNorm running statistics are compared
-// with the golden's ONNX-definition values (biased batch variance), which is
-// what castor implements; PyTorch's own running variance uses the unbiased
-// one (see the generating script).
+// with PyTorch's own (running_stats: the running variance updated with the
+// unbiased batch variance, as castor's training graph updates it; the
+// golden's running_stats_onnx hold the ONNX definition's biased update).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -273,10 +273,9 @@ TEST_P(TorchAgreementCaseTest, LossesAndWeightsMatchPyTorch) {
     ASSERT_TRUE(states.count(step)) << "no castor state after step " << step;
     const std::map<std::string, Tensor>& state = states.at(step);
     const ChecksumTolerance tolerance = step == 1 ? kAfterFirstStep : FinalTolerance(GetParam());
-    // Parameters against PyTorch's; BatchNorm statistics against the ONNX
-    // definition's (running_stats_onnx).
+    // Parameters and BatchNorm statistics against PyTorch's.
     size_t compared = 0;
-    for (const char* group : {"weights", "running_stats_onnx"}) {
+    for (const char* group : {"weights", "running_stats"}) {
       const Json* checksums = checkpoint.Find(group);
       ASSERT_NE(checksums, nullptr) << group;
       for (const auto& [name, want_json] : checksums->members()) {

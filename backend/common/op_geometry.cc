@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "graph/gradient_builder.h"
 #include "graph/status.h"
 
 namespace castor::common {
@@ -863,9 +864,14 @@ absl::StatusOr<BatchNormGeometry> PlanBatchNorm(const KernelContext& ctx) {
     return ctx.Error(absl::StrCat("input X must have rank >= 2; it is ", DimsToString(x.dims)));
   }
   BatchNormGeometry g;
-  g.training = ctx.opset() >= 14 ? ctx.GetInt("training_mode", 0) != 0
-                                 : (ctx.num_outputs() > 1 && ctx.has_output(1));
-  const bool spatial = ctx.GetInt("spatial", 1) != 0;
+  const bool castor_training = ctx.node().domain() == kCastorDomain;
+  if (castor_training) {
+    g.training = true;
+  } else {
+    g.training = ctx.opset() >= 14 ? ctx.GetInt("training_mode", 0) != 0
+                                   : (ctx.num_outputs() > 1 && ctx.has_output(1));
+  }
+  const bool spatial = castor_training || ctx.GetInt("spatial", 1) != 0;
   g.epsilon = ctx.GetFloat("epsilon", 1e-5f);
   g.momentum = ctx.GetFloat("momentum", 0.9f);
   g.batch = x.dims[0];
@@ -879,6 +885,15 @@ absl::StatusOr<BatchNormGeometry> PlanBatchNorm(const KernelContext& ctx) {
                                     DimsToString(ctx.input(i).dims), " must have ", g.features,
                                     " entries for X ", DimsToString(x.dims)));
     }
+  }
+  if (castor_training) {
+    const int64_t count = g.batch * g.inner;
+    if (count < 2 && g.features > 0) {
+      return ctx.Error(absl::StrCat("X ", DimsToString(x.dims), " has ", count,
+                                    " value per channel; training needs more than 1 (the "
+                                    "unbiased batch variance divides by count - 1)"));
+    }
+    g.running_var_factor = static_cast<double>(count) / static_cast<double>(count - 1);
   }
   return g;
 }

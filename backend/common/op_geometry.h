@@ -282,15 +282,25 @@ absl::StatusOr<std::vector<bool>> PlanReduceToShapeOf(const KernelContext& ctx);
 // ---- BatchNormalization ----------------------------------------------------
 
 struct BatchNormGeometry {
-  bool training = false;  // training_mode (opset 14), else a wanted output 1
+  // training_mode (opset 14), else a wanted output 1; always for castor's
+  // BatchNormalizationTraining.
+  bool training = false;
+  // The factor on the batch variance in the running-variance update: 1 for
+  // ONNX's BatchNormalization (its spec and reference data use the biased
+  // variance); count / (count - 1) for castor's BatchNormalizationTraining,
+  // the unbiased variance PyTorch's running_var takes (count = batch *
+  // inner, the values per feature).
+  double running_var_factor = 1.0;
   float epsilon = 1e-5f, momentum = 0.9f;
   // X as [batch, features, inner]: features is C (the `spatial` attribute,
   // default 1), else C times the spatial dims.
   int64_t batch = 0, features = 0, inner = 1;
 };
 
-// BatchNormalization's attributes and X's layout; errors for X of rank
-// below 2 and scale/B/mean/var of other than `features` entries.
+// BatchNormalization's (or castor's BatchNormalizationTraining's)
+// attributes and X's layout; errors for X of rank below 2, scale/B/mean/var
+// of other than `features` entries, and a BatchNormalizationTraining with
+// one value per feature (no unbiased variance; PyTorch refuses it too).
 absl::StatusOr<BatchNormGeometry> PlanBatchNorm(const KernelContext& ctx);
 
 // ---- LayerNormalization ------------------------------------------------------

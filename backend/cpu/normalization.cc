@@ -7,6 +7,12 @@
 // variance is the biased one (divided by N * spatial), used both to
 // normalise and in the running-variance update
 //   running = input * momentum + batch * (1 - momentum).
+// com.castor BatchNormalizationTraining, the form castor's training graph
+// runs, is the same kernel in training mode with one difference, PyTorch's:
+// the running-variance update takes the unbiased batch variance (times
+// count / (count - 1)). That running variance is what users compare
+// castor's with and what the trained model is evaluated with; the ONNX op
+// keeps the spec's biased update (its conformance data use it).
 // X (T), scale/B (T1) and mean/var (T2) may have different float dtypes
 // (opset 15). `spatial` = 0 (opsets 7-8) normalises per [C, D1, ...] entry.
 // LayerNormalization: statistics over the axes from `axis` on; Scale and B
@@ -28,6 +34,7 @@
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/lane_sums.h"
 #include "backend/cpu/parallel.h"
+#include "graph/gradient_builder.h"
 #include "graph/status.h"
 
 namespace castor::cpu {
@@ -195,7 +202,8 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
       running_var(static_cast<size_t>(features));
   for (int64_t f = 0; f < features; ++f) {
     running_mean[f] = input_mean[f] * momentum + mean[f] * (1.0 - momentum);
-    running_var[f] = input_var[f] * momentum + var[f] * (1.0 - momentum);
+    running_var[f] =
+        input_var[f] * momentum + var[f] * geometry.running_var_factor * (1.0 - momentum);
   }
   const std::vector<int64_t>& stats_dims = ctx.input(3).dims;
   // Opset 14+: (running_mean, running_var); before: (mean, var, saved_mean,
@@ -324,6 +332,8 @@ absl::Status LayerNormKernel(KernelContext& ctx) {
 
 void RegisterNormalizationKernels(KernelTable& table) {
   table.Register({"", "BatchNormalization", InputDTypeIn(0, kNormDTypes), BatchNormKernel});
+  table.Register({kCastorDomain, "BatchNormalizationTraining", InputDTypeIn(0, kNormDTypes),
+                  BatchNormKernel});
   table.Register({"", "LayerNormalization", InputDTypeIn(0, kNormDTypes), LayerNormKernel});
 }
 

@@ -8,7 +8,9 @@
 // (opset 14+ training_mode = 1; below 14 when output 1 is requested) takes
 // the batch statistics in two float32 passes over X (mean, then the biased
 // variance, which both normalises and feeds running_var = var_in *
-// momentum + var * (1 - momentum), as the CPU and the ONNX reference do),
+// momentum + var * (1 - momentum), as the CPU and the ONNX reference do;
+// castor's BatchNormalizationTraining, the training graph's form, is the
+// same with PyTorch's unbiased var * count / (count - 1) in that update),
 // each pass summing a channel in chunks, one block per (chunk, channel),
 // and adding the chunk sums in a fixed pattern (deterministic). `spatial` =
 // 0 (opsets 7-8) normalises each [C, D1, ...] entry. Per-channel
@@ -279,14 +281,19 @@ absl::Status LaunchChannelMeans(KernelContext& ctx, const T* x, int64_t features
 }
 
 // Training: from the chunk sums of (X - mean)^2, the biased variance, the
-// running statistics and a, b; one block per channel.
+// running statistics and a, b; one block per channel. The running variance
+// takes the batch variance times `running_var_factor`: 1 for ONNX's
+// BatchNormalization (the spec's biased update), count / (count - 1) for
+// castor's BatchNormalizationTraining (PyTorch's unbiased update; see
+// common::BatchNormGeometry).
 __global__ void BatchNormTrainingStatsKernel(const float* __restrict__ partial, int64_t features,
                                              int64_t count, int64_t chunks,
                                              const float* __restrict__ scale,
                                              const float* __restrict__ shift,
                                              const float* __restrict__ input_mean,
                                              const float* __restrict__ input_var, float epsilon,
-                                             float momentum, BatchNormStats stats) {
+                                             float momentum, double running_var_factor,
+                                             BatchNormStats stats) {
   for (int64_t f = blockIdx.x; f < features; f += gridDim.x) {
     const float squares = ChannelTotal(partial, 0, f, features, chunks);
     if (threadIdx.x == 0) {
@@ -295,7 +302,8 @@ __global__ void BatchNormTrainingStatsKernel(const float* __restrict__ partial, 
       stats.var[f] = var;
       const double keep = momentum;
       stats.running_mean[f] = static_cast<float>(input_mean[f] * keep + mean * (1.0 - keep));
-      stats.running_var[f] = static_cast<float>(input_var[f] * keep + var * (1.0 - keep));
+      stats.running_var[f] =
+          static_cast<float>(input_var[f] * keep + var * running_var_factor * (1.0 - keep));
       NormCoefficients(scale[f], shift[f], mean, var, epsilon, &stats.a[f], &stats.b[f]);
     }
   }
@@ -357,7 +365,7 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
       const unsigned blocks = static_cast<unsigned>(std::min(features, kMaxChannelBlocks));
       BatchNormTrainingStatsKernel<<<blocks, kThreads, 0, Stream(ctx)>>>(
           partial, features, count, ChannelChunks(count), scale, shift, input_mean, input_var,
-          epsilon, momentum, stats);
+          epsilon, momentum, geometry.running_var_factor, stats);
     } else {
       BatchNormInferenceCoefficientsKernel<<<Blocks(features), kThreads, 0, Stream(ctx)>>>(
           scale, shift, input_mean, input_var, features, epsilon, stats.a, stats.b);
@@ -843,6 +851,8 @@ absl::Status LayerNormGradKernelFor(KernelContext& ctx) {
 
 void RegisterNormalizationKernels(KernelTable& table) {
   table.Register({"", "BatchNormalization", FloatDTypesIn(CudaFloatDTypes()), BatchNormKernel});
+  table.Register({kCastorDomain, "BatchNormalizationTraining", FloatDTypesIn(CudaFloatDTypes()),
+                  BatchNormKernel});
   table.Register(
       {"", "LayerNormalization", FloatDTypesIn(CudaFloatDTypes()), LayerNormKernelFor});
   table.Register({kCastorDomain, "BatchNormalizationGrad", FloatDTypesIn(CudaFloatDTypes()),

@@ -64,6 +64,8 @@ constexpr Entry kTable[] = {
     {"", "LayerNormalization", kDeny, "PyTorch layer_norm: fp32"},
     {"", "BatchNormalization", kDeny,
      "DESIGN.md rule 2: statistics and parameters float32 (Keras keeps BN float32)"},
+    {"com.castor", "BatchNormalizationTraining", kDeny,
+     "castor's training form of BatchNormalization (deny like it, DESIGN.md rule 2)"},
     {"", "SoftmaxCrossEntropyLoss", kDeny, "PyTorch cross_entropy: fp32; TF "
      "SoftmaxCrossEntropyWithLogits: deny"},
     {"", "NegativeLogLikelihoodLoss", kDeny, "PyTorch nll_loss: fp32"},

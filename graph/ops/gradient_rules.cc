@@ -1162,8 +1162,9 @@ absl::Status GlobalAveragePoolGradient(GradientBuilder& g) {
   return absl::OkStatus();
 }
 
-// Training-mode BatchNormalization: gradients of X, scale and B; the running
-// statistics (inputs 3 and 4) are state, not parameters.
+// Training-mode BatchNormalization (and castor's BatchNormalizationTraining,
+// the form the training graph gives it): gradients of X, scale and B; the
+// running statistics (inputs 3 and 4) are state, not parameters.
 absl::Status BatchNormalizationGradient(GradientBuilder& g) {
   const Node& node = g.node();
   if (node.GetInt("training_mode", 0) == 0 && node.num_outputs() == 1) {
@@ -1331,6 +1332,8 @@ constexpr NoGradientEntry kNoGradient[] = {
 
 void AssignGradientRules(OpRegistry& registry) {
   for (const RuleEntry& entry : kRules) registry.SetGradient("", entry.op_type, entry.rule);
+  // castor's own forward op: BatchNormalization as the training graph runs it.
+  registry.SetGradient(kCastorDomain, "BatchNormalizationTraining", BatchNormalizationGradient);
   // Float inputs that set how an op works rather than feed its values, as
   // PyTorch's dropout p: never trained.
   registry.SetSettingInputs("", "Dropout", {1});

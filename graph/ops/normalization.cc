@@ -8,6 +8,16 @@
 //   - opset 14+:  `training_mode`; in training Y, running_mean, running_var
 //                 (the latter of the mean/var inputs' dtype U), else Y only;
 //   - opset 15+:  scale/B (T1) and mean/var (T2) may differ from X's dtype.
+// com.castor BatchNormalizationTraining (castor's own op, version 1): the
+// form castor's training graph gives every BatchNormalization, whatever its
+// opset: PyTorch's train() semantics. Inputs as opset 15's (X: T; scale, B:
+// T1; input_mean, input_var: T2), attributes epsilon and momentum (ONNX's
+// meaning: the weight of the old running value), always three outputs Y,
+// running_mean, running_var. Y uses the batch mean and biased batch
+// variance, as ONNX's training mode; running_var is updated with the
+// unbiased batch variance (times count / (count - 1)) as PyTorch does,
+// where the ONNX spec's text and reference use the biased one (what the
+// ONNX op keeps, conformance included).
 // LayerNormalization (opset 17): normalizes over the axes from `axis` on;
 // the optional Mean and InvStdDev outputs have dtype `stash_type` (float32
 // by default) and X's shape with the normalized axes set to 1.
@@ -15,6 +25,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "graph/gradient_builder.h"
 #include "graph/op_registry.h"
 #include "graph/ops/all_ops.h"
 #include "graph/ops/op_helpers.h"
@@ -45,24 +56,8 @@ absl::Status CheckBatchNormDTypes(const InferenceContext& ctx) {
   return ops::RequireSameDType(ctx, 3, 4);
 }
 
-absl::Status InferBatchNormalization(InferenceContext& ctx) {
-  CASTOR_RETURN_IF_ERROR(ops::CheckAttributeOpsets(ctx, "spatial", 1, 8));
-  CASTOR_RETURN_IF_ERROR(ops::CheckAttributeOpsets(ctx, "training_mode", 14));
-  CASTOR_RETURN_IF_ERROR(CheckBatchNormDTypes(ctx));
-  const bool training = ctx.GetInt("training_mode", 0) != 0;
-  if (ctx.opset() >= 14) {
-    if (!training && ctx.num_outputs() > 1) {
-      return ctx.Error(absl::StrCat("has ", ctx.num_outputs(),
-                                    " outputs but training_mode is 0; only Y is valid in "
-                                    "inference mode (opset 14+)"));
-    }
-    if (ctx.num_outputs() > 3) {
-      return ctx.Error(absl::StrCat("has ", ctx.num_outputs(),
-                                    " outputs; from opset 14 there are at most 3 (Y, "
-                                    "running_mean, running_var)"));
-    }
-  }
-
+// X, scale, B, mean, var's shapes; Y and the statistics outputs.
+absl::Status InferBatchNormShapes(InferenceContext& ctx) {
   const Shape& x = ctx.input_shape(0);
   if (x.rank_known() && x.rank() < 2) {
     return ctx.Error(
@@ -92,6 +87,36 @@ absl::Status InferBatchNormalization(InferenceContext& ctx) {
   const DType stats_dtype = ctx.input_dtype(3);
   for (int i = 1; i < ctx.num_outputs(); ++i) ctx.SetOutput(i, stats_dtype, stats_shape);
   return absl::OkStatus();
+}
+
+absl::Status InferBatchNormalization(InferenceContext& ctx) {
+  CASTOR_RETURN_IF_ERROR(ops::CheckAttributeOpsets(ctx, "spatial", 1, 8));
+  CASTOR_RETURN_IF_ERROR(ops::CheckAttributeOpsets(ctx, "training_mode", 14));
+  CASTOR_RETURN_IF_ERROR(CheckBatchNormDTypes(ctx));
+  const bool training = ctx.GetInt("training_mode", 0) != 0;
+  if (ctx.opset() >= 14) {
+    if (!training && ctx.num_outputs() > 1) {
+      return ctx.Error(absl::StrCat("has ", ctx.num_outputs(),
+                                    " outputs but training_mode is 0; only Y is valid in "
+                                    "inference mode (opset 14+)"));
+    }
+    if (ctx.num_outputs() > 3) {
+      return ctx.Error(absl::StrCat("has ", ctx.num_outputs(),
+                                    " outputs; from opset 14 there are at most 3 (Y, "
+                                    "running_mean, running_var)"));
+    }
+  }
+  return InferBatchNormShapes(ctx);
+}
+
+// castor's BatchNormalizationTraining: opset 15's dtypes, per-channel only.
+absl::Status InferBatchNormalizationTraining(InferenceContext& ctx) {
+  CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 0, kFloatsAndBFloat16));
+  CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 1, kFloatsAndBFloat16));
+  CASTOR_RETURN_IF_ERROR(ops::RequireSameDType(ctx, 1, 2));
+  CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 3, kFloatsAndBFloat16));
+  CASTOR_RETURN_IF_ERROR(ops::RequireSameDType(ctx, 3, 4));
+  return InferBatchNormShapes(ctx);
 }
 
 absl::Status InferLayerNormalization(InferenceContext& ctx) {
@@ -144,6 +169,24 @@ void RegisterNormalizationOps(OpRegistry& registry) {
                       {"training_mode", AttrKind::kInt, false}};  // opset 14+, default 0
     def.infer = InferBatchNormalization;
     def.summary = "per-channel normalization of X [N,C,...] by mean/var (batch stats in training)";
+    registry.Register(std::move(def));
+  }
+  {
+    OpDef def;
+    def.op_type = "BatchNormalizationTraining";
+    def.domain = kCastorDomain;
+    def.min_opset = 1;
+    def.max_opset = 1;
+    def.min_inputs = 5;
+    def.max_inputs = 5;
+    def.min_outputs = 3;
+    def.max_outputs = 3;
+    def.attributes = {{"epsilon", AttrKind::kFloat, false},    // default 1e-5
+                      {"momentum", AttrKind::kFloat, false}};  // default 0.9
+    def.infer = InferBatchNormalizationTraining;
+    def.summary =
+        "castor's training BatchNormalization (PyTorch's train()): Y from batch statistics; "
+        "running_var updated with the unbiased batch variance";
     registry.Register(std::move(def));
   }
   {

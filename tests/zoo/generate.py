@@ -8,6 +8,7 @@ no downloads: weights=None, seeded with torch.manual_seed) writes into OUT:
                      torch.onnx.export(model, x, f, opset_version=17,
                                        training=TrainingMode.TRAINING,
                                        do_constant_folding=False)
+                   (EXPORT_OPSET names the models exported at another opset)
                    (plus input/output names; the batch is static, 16).
                    Training-mode export keeps BatchNormalization with
                    training_mode=1 (three outputs) and Dropout nodes.
@@ -214,6 +215,7 @@ LM = ("lm", (SEQ,))
 # LayerNorm over channels (convnext_mini, which trains today) and the token models.
 MODELS = {
     "resnet18": (tv("resnet18"), IMG32, False),
+    "resnet18_opset13": (tv("resnet18"), IMG32, False),  # exported at opset 13 (EXPORT_OPSET)
     "mobilenet_v2": (tv("mobilenet_v2"), IMG32, False),
     "mobilenet_v3_small": (tv("mobilenet_v3_small"), IMG32, True),
     "squeezenet1_1": (tv("squeezenet1_1"), IMG32, True),
@@ -237,6 +239,13 @@ MODELS = {
     "token_classifier": (TokenClassifier, TOKENS, True),
     "causal_lm": (CausalLM, LM, True),
 }
+
+
+# Models exported at another opset than 17: resnet18 at opset 13, as older
+# export scripts write it (BatchNormalization with five outputs and no
+# training_mode, which castor's training rewrite must turn into batch
+# statistics itself).
+EXPORT_OPSET = {"resnet18_opset13": 13}
 
 
 # Any other torchvision 0.14 classification model can be asked for by name
@@ -368,13 +377,13 @@ def train_run(model, x, y, steps, dtype=torch.float32, autocast_bf16=False, reco
 # Export and the torch-name -> ONNX-initializer map
 # --------------------------------------------------------------------------
 
-def export(model, x, path, kind):
+def export(model, x, path, kind, opset=17):
     xb = torch.from_numpy(x[:BATCH])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(copy.deepcopy(model), xb, path,
                           training=torch.onnx.TrainingMode.TRAINING,
-                          do_constant_folding=False, opset_version=17,
+                          do_constant_folding=False, opset_version=opset,
                           input_names=input_names(kind), output_names=["logits"])
 
 
@@ -454,7 +463,7 @@ def generate_one(name, out_dir, steps_f32, mixed_steps, data_cache, max_params=0
     timings = {}
     t0 = time.perf_counter()
     onnx_path = os.path.join(out_dir, name + ".onnx")
-    export(model, x, onnx_path, kind)
+    export(model, x, onnx_path, kind, EXPORT_OPSET.get(name, 17))
     mapping, op_types, nodes = initializer_map(onnx_path, model)
     timings["export"] = time.perf_counter() - t0
 
