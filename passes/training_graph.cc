@@ -390,6 +390,37 @@ absl::Status BatchNormTrainingStep(Model& model, TrainingPassState& state) {
   return absl::OkStatus();
 }
 
+// Every Dropout that can draw (opset 12 or later, with a training_mode
+// input) reads the RNG state as its input 3; the mask output its gradient
+// reads is the one the forward pass drew.
+absl::Status DropoutRngStep(Model& model, TrainingPassState& state) {
+  if (model.OpsetVersion("") < 12) return absl::OkStatus();
+  Graph& graph = *model.graph;
+  Value* rng = nullptr;
+  int dropouts = 0;
+  for (Node* node : graph.nodes()) {
+    if (!node->domain().empty() || node->op_type() != "Dropout") continue;
+    if (node->num_inputs() < 3 || node->input(2) == nullptr) continue;  // never draws
+    if (node->num_inputs() > 3) {
+      return absl::InvalidArgumentError(absl::StrCat("Dropout node ", Quoted(node->name()),
+                                                     " has ", node->num_inputs(),
+                                                     " inputs; ONNX's Dropout takes at most 3"));
+    }
+    if (rng == nullptr) {
+      CASTOR_ASSIGN_OR_RETURN(rng, graph.AddInput(kRngStateInput, DType::kInt64, Shape({Dim(2)})));
+      Tensor initial(DType::kInt64, {2});
+      initial.data<int64_t>()[0] = 0;
+      initial.data<int64_t>()[1] = 0;
+      graph.SetInitializerOfInput(rng, std::move(initial));
+    }
+    node->SetInput(3, rng);
+    ++dropouts;
+  }
+  state.result->rng_dropouts = dropouts;
+  if (dropouts > 0) CASTOR_RETURN_IF_ERROR(InferTypes(model));
+  return absl::OkStatus();
+}
+
 // The loss, and the loss scale the backward pass is seeded with.
 absl::Status AttachLossStep(Model& model, TrainingPassState& state) {
   Graph& graph = *model.graph;
@@ -497,6 +528,9 @@ void AddTrainingPasses(PassManager& manager, const TrainingGraphOptions& options
   AddStep(manager, state, "batchnorm-training",
           "switches BatchNormalization to training mode, with running-statistic outputs",
           BatchNormTrainingStep);
+  AddStep(manager, state, "dropout-rng",
+          "gives every Dropout that can draw the step's RNG state (castor.rng) as input 3",
+          DropoutRngStep);
   if (options.pool_before_relu) {
     manager.Add(std::make_unique<FunctionPass>(
         "pool-before-relu", "runs a Relu read only by a MaxPool after it, on the pooled tensor",

@@ -13,7 +13,12 @@
 //            logits, float32 shaped like the output for mse), the loss scale
 //            (castor.loss_scale, float32 scalar, an input with initializer
 //            1: the trainer's step kernels write each step's scale into the
-//            backend's copy, so it is not fed)
+//            backend's copy, so it is not fed), and where a Dropout can draw
+//            (opset 12 or later with a training_mode input) the RNG state
+//            (castor.rng, int64 [seed, counter], an input with initializer
+//            the trainer overwrites before each run: the masks are a
+//            function of the run seed, the node, the counter and the
+//            element, backend/common/philox.h)
 //   outputs  the loss (castor.loss, float32 scalar, unscaled), the model
 //            output it is attached to, the gradient of every parameter
 //            (scaled by the loss scale: the trainer's step kernels unscale
@@ -52,6 +57,10 @@ namespace castor {
 inline constexpr const char* kLabelsInput = "castor.labels";
 inline constexpr const char* kLossScaleInput = "castor.loss_scale";
 inline constexpr const char* kLossOutput = "castor.loss";
+// The RNG state of the step's Dropout draws: int64 [seed, counter], an
+// input with initializer [0, 0] that the trainer overwrites before each run
+// (training/trainer.h); input 3 of every training-mode Dropout.
+inline constexpr const char* kRngStateInput = "castor.rng";
 
 enum class LossKind {
   // Integer labels [N] against logits [N, C], or [N, d1, ...] against
@@ -93,6 +102,9 @@ struct TrainingGraph {
   int backward_recasts = 0;
   // Relu -> MaxPool pairs of the training graph run as MaxPool -> Relu.
   int pooled_relus = 0;
+  // Dropout nodes that read the RNG state (kRngStateInput; the input
+  // exists only when there is one).
+  int rng_dropouts = 0;
   // The forward-only evaluation graph (types inferred). Its initializers
   // carry the same names as the training graph's, so the trainer updates
   // both from one state.
@@ -100,8 +112,8 @@ struct TrainingGraph {
 };
 
 // The training rewrites as passes, in order (pass_manager.h): evaluation-
-// graph, batchnorm-training, pool-before-relu (when asked), attach-loss,
-// autodiff, step-outputs. Running them fills `*result`, which must outlive
+// graph, batchnorm-training, dropout-rng, pool-before-relu (when asked),
+// attach-loss, autodiff, step-outputs. Running them fills `*result`, which must outlive
 // the manager's run.
 void AddTrainingPasses(PassManager& manager, const TrainingGraphOptions& options,
                        TrainingGraph* result);

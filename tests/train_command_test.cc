@@ -21,6 +21,8 @@
 #include "backend/cuda_backend.h"
 #include "backend/cuda_probe.h"
 #include "graph/json.h"
+#include "graph/onnx_io.h"
+#include "graph/shape_inference.h"
 #include "tests/cli_test_util.h"
 #include "training/checkpoint.h"
 #include "training/npy.h"
@@ -252,6 +254,44 @@ struct ResumeCase {
   std::string model, policy, optimizer;
 };
 
+// An MLP with Dropout(0.5) in training mode, as torch exports nn.Dropout:
+// input [N, 1, 28, 28] -> Flatten -> Gemm 784x16 -> Relu -> Dropout ->
+// Gemm 16x10 -> logits. Written to `path`.
+void WriteDropoutMlp(const std::string& path) {
+  Model model;
+  model.ir_version = 8;
+  model.opset_imports.push_back({"", 17});
+  Graph& g = *model.graph;
+  Value* input = *g.AddInput("input", DType::kFloat32,
+                             Shape{Dim::Symbol("N"), Dim(1), Dim(28), Dim(28)});
+  auto weights = [&](const std::string& name, std::vector<int64_t> dims, float scale) {
+    Tensor t(DType::kFloat32, std::move(dims));
+    for (int64_t i = 0; i < t.num_elements(); ++i) {
+      t.data<float>()[i] = scale * static_cast<float>((i * 37) % 19 - 9);
+    }
+    return *g.AddInitializer(name, std::move(t));
+  };
+  Node* flatten = *g.AddNode("Flatten", {input}, {"flat"}, "flatten");
+  Node* fc1 = *g.AddNode("Gemm", {flatten->output(0), weights("fc1.weight", {16, 784}, 1e-4f),
+                                  weights("fc1.bias", {16}, 1e-2f)},
+                         {"fc1"}, "fc1");
+  fc1->SetAttribute(Attribute::Int("transB", 1));
+  Node* relu = *g.AddNode("Relu", {fc1->output(0)}, {"relu"}, "relu");
+  Value* ratio = *g.AddInitializer("ratio", Tensor::Scalar(0.5f));
+  Tensor yes(DType::kBool, {});
+  yes.data<uint8_t>()[0] = 1;
+  Value* training = *g.AddInitializer("training_mode", std::move(yes));
+  Node* dropout =
+      *g.AddNode("Dropout", {relu->output(0), ratio, training}, {"dropped", "mask"}, "dropout");
+  Node* fc2 = *g.AddNode("Gemm", {dropout->output(0), weights("fc2.weight", {10, 16}, 1e-2f),
+                                  weights("fc2.bias", {10}, 1e-2f)},
+                         {"logits"}, "fc2");
+  fc2->SetAttribute(Attribute::Int("transB", 1));
+  g.AddOutput(fc2->output(0));
+  ASSERT_TRUE(InferTypes(model).ok());
+  ASSERT_TRUE(SaveModel(model, path).ok());
+}
+
 class TrainResumeTest : public TrainCommandTest,
                         public ::testing::WithParamInterface<ResumeCase> {};
 
@@ -261,7 +301,12 @@ class TrainResumeTest : public TrainCommandTest,
 // is the same float.
 TEST_P(TrainResumeTest, ResumeIsBitExact) {
   const ResumeCase& c = GetParam();
-  const std::string model = std::string(CASTOR_SOURCE_DIR) + "/models/" + c.model + ".onnx";
+  std::string model = std::string(CASTOR_SOURCE_DIR) + "/models/" + c.model + ".onnx";
+  const bool dropout = c.model == "dropout_mlp";
+  if (dropout) {
+    model = (dir_ / "dropout_mlp.onnx").string();
+    WriteDropoutMlp(model);
+  }
   auto run = [&](std::vector<std::string> extra) {
     std::vector<std::string> args = {"--data", data_, "--batch", "16", "--policy", c.policy,
                                      "--optimizer", c.optimizer, "--momentum",
@@ -294,12 +339,45 @@ TEST_P(TrainResumeTest, ResumeIsBitExact) {
   const std::vector<std::string> losses = StepLosses(dir_ / "a.jsonl");
   EXPECT_EQ(losses.size(), 6u);
   EXPECT_EQ(losses, StepLosses(dir_ / "b.jsonl"));
+  if (!dropout) return;
+
+  // The checkpoint records Dropout's RNG state: the run's seed and 3 draws.
+  absl::StatusOr<training::Checkpoint> third =
+      training::ReadCheckpoint((b / "ckpt-00000003.onnx").string());
+  ASSERT_TRUE(third.ok()) << third.status();
+  const Json* rng = third->state.extra.Find("rng");
+  ASSERT_NE(rng, nullptr);
+  EXPECT_EQ(rng->Dump(), "{\"seed\":0,\"counter\":3}");
+  // A checkpoint from before the RNG state was recorded (no "rng") resumes
+  // with the run's seed and its step as the counter: for a run this castor
+  // started, the same masks, so the same bytes at step 6.
+  training::Checkpoint older = *std::move(third);
+  Json extra = Json::Object();
+  for (const auto& [key, value] : older.state.extra.members()) {
+    if (key != "rng") extra.Set(key, value);
+  }
+  older.state.extra = extra;
+  const fs::path c_dir = dir_ / "c";
+  fs::create_directories(c_dir);
+  ASSERT_TRUE(training::WriteCheckpoint(older, (c_dir / "ckpt-00000003.onnx").string()).ok());
+  run({"--resume", c_dir.string(), "--max-steps", "6", "--checkpoint-dir", c_dir.string()});
+  EXPECT_TRUE(straight == Slurp(c_dir / "ckpt-00000006.onnx"));
+  // A malformed record is refused, naming it.
+  older.state.extra.Set("rng", Json::String("lucky"));
+  const fs::path d_dir = dir_ / "d";
+  fs::create_directories(d_dir);
+  ASSERT_TRUE(training::WriteCheckpoint(older, (d_dir / "ckpt-00000003.onnx").string()).ok());
+  std::ostringstream out, err;
+  EXPECT_EQ(RunTrain({"--resume", d_dir.string(), "--data", data_, "--max-steps", "6"}, out, err),
+            2);
+  EXPECT_THAT(err.str(), HasSubstr("records rng as \"lucky\""));
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Models, TrainResumeTest,
     ::testing::Values(ResumeCase{"mlp_opset17", "mixed_float16", "adam"},
-                      ResumeCase{"resnet_opset17", "mixed_bfloat16", "sgd"}),
+                      ResumeCase{"resnet_opset17", "mixed_bfloat16", "sgd"},
+                      ResumeCase{"dropout_mlp", "mixed_float16", "adam"}),
     [](const ::testing::TestParamInfo<ResumeCase>& info) {
       return info.param.model.substr(0, info.param.model.find('_')) + "_" + info.param.optimizer;
     });

@@ -134,7 +134,10 @@ ArgParser MakeParser(TrainOptions& o) {
       .AddInt("epochs", "N", "epochs over the training split", &o.epochs)
       .AddInt("max-steps", "N", "stop after N steps in all, resumed ones included (0: no limit)",
               &o.max_steps)
-      .AddInt("seed", "S", "shuffle seed", &o.seed)
+      .AddInt("seed", "S",
+              "seed of the shuffle and of Dropout's masks (a function of the seed, the node, "
+              "the step and the element: a checkpoint records the state, --resume continues it)",
+              &o.seed)
       .AddSwitch("shuffle", "shuffle the training split every epoch", &o.shuffle)
       .AddInt("eval-every", "K", "also evaluate on the test split every K steps (0: per epoch)",
               &o.eval_every)
@@ -832,6 +835,7 @@ training::TrainerOptions TrainerOptionsFromFlags(const TrainOptions& o) {
   trainer_options.lr.warmup_steps = o.warmup;
   trainer_options.lr.step_size = o.step_size;
   trainer_options.lr.gamma = o.gamma;
+  trainer_options.rng_seed = static_cast<uint64_t>(o.seed);
   return trainer_options;
 }
 
@@ -865,6 +869,7 @@ training::TrainerOptions TakeCheckpointSettings(const training::TrainingState& s
   training::TrainerOptions trainer_options;
   trainer_options.optimizer = saved.optimizer;
   trainer_options.lr = saved.lr_schedule;
+  trainer_options.rng_seed = saved.seed;  // RestoreTrainer sets the recorded RNG state
   return trainer_options;
 }
 

@@ -42,6 +42,20 @@ absl::StatusOr<bool> RecordedTf32(const TrainingState& state) {
   return recorded->as_bool();
 }
 
+absl::StatusOr<RngState> RecordedRngState(const TrainingState& state) {
+  const Json* recorded = state.extra.Find(kRngStateKey);
+  if (recorded == nullptr) return RngState{state.seed, state.step};
+  const Json* seed = recorded->is_object() ? recorded->Find("seed") : nullptr;
+  const Json* counter = recorded->is_object() ? recorded->Find("counter") : nullptr;
+  if (seed == nullptr || counter == nullptr || !seed->is_int() || !counter->is_int() ||
+      counter->as_int() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "records rng as ", recorded->Dump(),
+        "; expected {\"seed\": integer, \"counter\": integer >= 0}"));
+  }
+  return RngState{static_cast<uint64_t>(seed->as_int()), counter->as_int()};
+}
+
 absl::StatusOr<std::optional<int64_t>> RecordedIgnoreIndex(const TrainingState& state) {
   const Json* recorded = state.extra.Find(kIgnoreIndexStateKey);
   if (recorded == nullptr) return std::optional<int64_t>();
@@ -97,7 +111,11 @@ absl::Status RestoreTrainer(Trainer& trainer, TrainingState& saved, const Model&
   }
   if (!optimizer.ok()) return optimizer.status();
   if (!scaler.ok()) return scaler.status();
-  return trainer.Restore(weights, *std::move(optimizer), *std::move(scaler), saved.step);
+  CASTOR_ASSIGN_OR_RETURN(const RngState rng, RecordedRngState(saved));
+  CASTOR_RETURN_IF_ERROR(
+      trainer.Restore(weights, *std::move(optimizer), *std::move(scaler), saved.step));
+  trainer.set_rng_state(rng);
+  return absl::OkStatus();
 }
 
 absl::Status RecordTrainingState(const Trainer& trainer, const BatchIterator& batches,
@@ -137,6 +155,11 @@ absl::Status RecordTrainingState(const Trainer& trainer, const BatchIterator& ba
   if (settings.ignore_index.has_value()) {
     state.extra.Set(kIgnoreIndexStateKey, Json::Int(*settings.ignore_index));
   }
+  // Dropout's masks continue where they were.
+  Json rng = Json::Object();
+  rng.Set("seed", Json::Int(static_cast<int64_t>(trainer.rng_state().seed)));
+  rng.Set("counter", Json::Int(trainer.rng_state().counter));
+  state.extra.Set(kRngStateKey, std::move(rng));
   return absl::OkStatus();
 }
 

@@ -29,6 +29,17 @@ inline constexpr char kTf32StateKey[] = "tf32";
 // (--ignore-index); absent when none was given.
 inline constexpr char kIgnoreIndexStateKey[] = "ignore_index";
 
+// The key in TrainingState::extra recording Dropout's RNG state (an object
+// {"seed": S, "counter": C}, Trainer::rng_state()).
+inline constexpr char kRngStateKey[] = "rng";
+
+// A checkpoint's Dropout RNG state. A checkpoint written before it was
+// recorded gets {the run's seed, the checkpoint's step}: the state this
+// castor reaches after that many steps (its Dropouts drew with the older
+// per-node MT19937 scheme, the same mask every step). InvalidArgument
+// "records rng as V; expected ..." when the entry is malformed.
+absl::StatusOr<RngState> RecordedRngState(const TrainingState& state);
+
 // Whether a checkpoint's run used TF32; false for checkpoints from before it
 // was recorded. InvalidArgument "records tf32 as V; expected true or false"
 // when the entry is not a bool.
@@ -52,7 +63,8 @@ absl::StatusOr<std::vector<std::string>> PolicyChangeByNode(const Model& model,
 // Puts a checkpoint's state into a freshly created `trainer`: the weights
 // and statistics of `float32_model` for every state name it holds, the
 // optimizer with its step and moments (moved out of `saved`), the loss
-// scaler with its scale and counters, and the step count. When
+// scaler with its scale and counters, the step count and Dropout's RNG
+// state (RecordedRngState). When
 // `scaler_enabled` is set (a policy change), the scaler is switched on or
 // off as it says and keeps the rest.
 absl::Status RestoreTrainer(Trainer& trainer, TrainingState& saved, const Model& float32_model,

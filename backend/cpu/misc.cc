@@ -10,22 +10,25 @@
 // leaves them undefined); anything -> bool is `!= 0`; bool -> x is 0 or 1.
 //
 // Dropout is the identity with an all-true mask in inference (opset < 12,
-// training_mode absent/false, or ratio 0). In training it keeps an element
-// when u >= ratio for u uniform in [0, 1) and scales it by 1/(1-ratio). u
-// comes from an MT19937 seeded with the `seed` attribute (default 0) and
-// drawn as 53-bit doubles, the scheme of numpy's legacy RandomState, so the
-// mask is deterministic per node; other frameworks' RNGs give other masks.
+// training_mode absent/false, or ratio 0): nothing is drawn. In training it
+// keeps an element with probability 1 - ratio and scales it by
+// 1/(1-ratio); the keep decision is backend/common/philox.h's, a function
+// of (run seed, node, call counter, element index): the seed and counter
+// come from input 3 (castor's RNG state, int64 [seed, counter], which the
+// training graph feeds each step; see passes/training_graph.h), else they
+// are the `seed` attribute (default 0) and 0. The CUDA kernel draws the
+// same bits; other frameworks' RNGs give other masks.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "backend/common/op_geometry.h"
+#include "backend/common/philox.h"
 #include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
@@ -344,26 +347,33 @@ absl::Status RunDropout(KernelContext& ctx) {
     CASTOR_ASSIGN_OR_RETURN(TensorView * m, ctx.Output(1, DType::kBool, data.dims));
     mask = m->as<uint8_t>();
   }
-  std::mt19937 rng(static_cast<uint32_t>(ctx.GetInt("seed", 0)));
-  const double threshold = ratio;
+  uint64_t run_seed = static_cast<uint64_t>(ctx.GetInt("seed", 0)), call = 0;
+  if (ctx.has_input(3)) {
+    const TensorView& rng = ctx.input(3);
+    if (rng.dtype != DType::kInt64 || rng.num_elements() != 2) {
+      return ctx.Error("input 3 (RNG state) must be int64 [seed, counter]");
+    }
+    run_seed = static_cast<uint64_t>(rng.as<int64_t>()[0]);
+    call = static_cast<uint64_t>(rng.as<int64_t>()[1]);
+  }
+  const uint64_t key = common::DropoutKey(run_seed, common::DropoutNodeStream(ctx.node().name()));
+  const uint32_t threshold = common::DropoutThreshold(ratio);
   const float scale = 1.0f / (1.0f - ratio);
   bool handled = DispatchFloat(data.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using Compute = std::conditional_t<std::is_same_v<T, double>, double, float>;
     const T* x = data.as<T>();
     T* y = out->as<T>();
-    for (int64_t i = 0; i < n; ++i) {
-      // A uniform double in [0, 1) from 53 random bits (genrand_res53).
-      const uint32_t a = rng() >> 5, b = rng() >> 6;
-      const double u = (a * 67108864.0 + b) * (1.0 / 9007199254740992.0);
-      const bool keep = u >= threshold;
-      if (mask != nullptr) mask[i] = keep ? 1 : 0;
-      if constexpr (std::is_same_v<T, double>) {
-        y[i] = keep ? x[i] * static_cast<Compute>(scale) : 0.0;
-      } else {
-        StoreF(&y[i], keep ? LoadF(x[i]) * scale : 0.0f);
+    ParallelFor(0, n, 16384, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        const bool keep = common::DropoutKeeps(key, call, static_cast<uint64_t>(i), threshold);
+        if (mask != nullptr) mask[i] = keep ? 1 : 0;
+        if constexpr (std::is_same_v<T, double>) {
+          y[i] = keep ? x[i] * static_cast<double>(scale) : 0.0;
+        } else {
+          StoreF(&y[i], keep ? LoadF(x[i]) * scale : 0.0f);
+        }
       }
-    }
+    });
   });
   if (!handled) return ctx.Error(absl::StrCat("data is ", DTypeName(data.dtype)));
   return absl::OkStatus();

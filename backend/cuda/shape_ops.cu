@@ -27,15 +27,16 @@
 // only be reported through a synchronisation: Gather and GatherGrad read
 // their indices on the device, and an index outside [-size, size) gives
 // zeros (Gather) or is skipped (GatherGrad) instead of the CPU's error.
-// Dropout in training mode draws its mask on the host with the CPU's
-// MT19937 scheme (the same mask bit for bit), uploads it, and applies it on
-// the device; reading training_mode and ratio synchronises.
+// Dropout in training mode draws its mask on the device with
+// backend/common/philox.h, the CPU's arithmetic (the same mask bit for
+// bit), reading the RNG state input (castor.rng) on the device, so a
+// recorded step replays with each step's counter; reading training_mode
+// and ratio synchronises.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <optional>
-#include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -43,6 +44,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "backend/common/op_geometry.h"
+#include "backend/common/philox.h"
 #include "backend/cuda/convert.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
@@ -239,15 +241,23 @@ __global__ void RangeKernel(T* out, T start, T delta, int64_t n) {
   }
 }
 
-// Dropout in training: y = keep ? x / (1 - ratio) : 0, in float32 (float64
-// for float64 data).
+// Dropout in training: keep as backend/common/philox.h decides, y = keep ?
+// x / (1 - ratio) : 0, in float32 (float64 for float64 data). The run seed
+// and call counter are rng[0] and rng[1] when `rng` is given (device
+// memory), else `seed` and 0.
 template <typename T>
-__global__ void ApplyDropoutKernel(const T* x, const uint8_t* keep, T* y, float scale, int64_t n) {
+__global__ void DropoutKernel(const T* x, T* y, uint8_t* mask, const int64_t* rng, uint64_t seed,
+                              uint64_t node_stream, uint32_t threshold, float scale, int64_t n) {
+  const uint64_t run_seed = rng != nullptr ? static_cast<uint64_t>(rng[0]) : seed;
+  const uint64_t call = rng != nullptr ? static_cast<uint64_t>(rng[1]) : 0;
+  const uint64_t key = common::DropoutKey(run_seed, node_stream);
   CASTOR_GRID_STRIDE(i, n) {
+    const bool keep = common::DropoutKeeps(key, call, static_cast<uint64_t>(i), threshold);
+    if (mask != nullptr) mask[i] = keep ? 1 : 0;
     if constexpr (std::is_same_v<T, double>) {
-      y[i] = keep[i] ? x[i] * static_cast<double>(scale) : 0.0;
+      y[i] = keep ? x[i] * static_cast<double>(scale) : 0.0;
     } else {
-      y[i] = FromFloat<T>(keep[i] ? ToFloat(x[i]) * scale : 0.0f);
+      y[i] = FromFloat<T>(keep ? ToFloat(x[i]) * scale : 0.0f);
     }
   }
 }
@@ -534,32 +544,28 @@ absl::Status RunDropout(KernelContext& ctx) {
   }
   const int64_t n = data.num_elements();
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, data.dims));
-  // The CPU's mask: MT19937 seeded with `seed`, u from 53 random bits
-  // (genrand_res53), keep when u >= ratio.
-  std::vector<uint8_t> keep(static_cast<size_t>(n));
-  std::mt19937 rng(static_cast<uint32_t>(ctx.GetInt("seed", 0)));
-  const double threshold = ratio;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t a = rng() >> 5, b = rng() >> 6;
-    const double u = (a * 67108864.0 + b) * (1.0 / 9007199254740992.0);
-    keep[i] = u >= threshold ? 1 : 0;
+  const int64_t* rng = nullptr;
+  if (ctx.has_input(3)) {
+    const TensorView& state = ctx.input(3);
+    if (state.dtype != DType::kInt64 || state.num_elements() != 2) {
+      return ctx.Error("input 3 (RNG state) must be int64 [seed, counter]");
+    }
+    rng = state.as<int64_t>();
   }
-  void* keep_device = nullptr;
+  uint8_t* mask = nullptr;
   if (ctx.num_outputs() > 1 && ctx.has_output(1)) {
-    CASTOR_ASSIGN_OR_RETURN(TensorView * mask, ctx.Output(1, DType::kBool, data.dims));
-    keep_device = mask->data;
-  } else {
-    CASTOR_ASSIGN_OR_RETURN(keep_device, ctx.Scratch(static_cast<size_t>(n)));
+    CASTOR_ASSIGN_OR_RETURN(TensorView * m, ctx.Output(1, DType::kBool, data.dims));
+    mask = static_cast<uint8_t*>(m->data);
   }
   if (n == 0) return absl::OkStatus();
-  // The copy from pageable memory returns once `keep` is staged.
-  CASTOR_RETURN_IF_ERROR(ctx.backend().CopyFromHost(keep_device, keep.data(), keep.size()));
+  const uint64_t seed = static_cast<uint64_t>(ctx.GetInt("seed", 0));
+  const uint64_t node_stream = common::DropoutNodeStream(ctx.node().name());
+  const uint32_t threshold = common::DropoutThreshold(ratio);
   const float scale = 1.0f / (1.0f - ratio);
-  const uint8_t* keep_bytes = static_cast<const uint8_t*>(keep_device);
   auto apply = [&](auto tag) {
     using T = typename decltype(tag)::type;
-    ApplyDropoutKernel<T>
-        <<<Blocks(n), kThreads, 0, Stream(ctx)>>>(data.as<T>(), keep_bytes, out->as<T>(), scale, n);
+    DropoutKernel<T><<<Blocks(n), kThreads, 0, Stream(ctx)>>>(
+        data.as<T>(), out->as<T>(), mask, rng, seed, node_stream, threshold, scale, n);
     return CheckLaunch(ctx);
   };
   if (data.dtype == DType::kFloat64) return apply(TypeTag<double>{});
