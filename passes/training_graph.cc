@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <regex>
+#include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -434,8 +436,79 @@ absl::Status AttachLossStep(Model& model, TrainingPassState& state) {
   return InferTypes(model);
 }
 
+// Fine-tuning: takes the parameters `options.freeze` matches, or
+// `options.train_only` does not, out of `request` into `frozen`. Only
+// initializers that would train count (a Dropout ratio, a weight with no
+// path to the loss is no parameter, frozen or not): with a pattern given,
+// autodiff runs once on a copy to learn which those are.
+absl::Status LeaveOutFrozen(const Model& model, const TrainingGraphOptions& options,
+                            AutodiffRequest& request, std::vector<std::string>& frozen) {
+  if (options.freeze.empty() && options.train_only.empty()) return absl::OkStatus();
+  auto compile = [](const std::string& flag,
+                    const std::string& pattern) -> absl::StatusOr<std::optional<std::regex>> {
+    if (pattern.empty()) return std::optional<std::regex>();
+    try {
+      return std::optional<std::regex>(std::regex(pattern, std::regex::ECMAScript));
+    } catch (const std::regex_error& e) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, " ", Quoted(pattern),
+                                                     " is not a valid regular expression: ",
+                                                     e.what()));
+    }
+  };
+  CASTOR_ASSIGN_OR_RETURN(const std::optional<std::regex> freeze,
+                          compile("--freeze", options.freeze));
+  CASTOR_ASSIGN_OR_RETURN(const std::optional<std::regex> train_only,
+                          compile("--train-only", options.train_only));
+  std::vector<std::string> trainable;  // what would train without the patterns
+  {
+    CASTOR_ASSIGN_OR_RETURN(Model copy, CloneModel(model));
+    CASTOR_RETURN_IF_ERROR(InferTypes(copy));  // a clone carries no inferred types
+    CASTOR_ASSIGN_OR_RETURN(AutodiffResult all, BuildGradients(copy, request));
+    for (const auto& [parameter, gradient] : all.gradients) trainable.push_back(parameter);
+  }
+  auto examples = [&]() {
+    std::vector<std::string> some(trainable.begin(),
+                                  trainable.begin() + std::min<size_t>(trainable.size(), 8));
+    return absl::StrCat(absl::StrJoin(some, ", "), trainable.size() > some.size() ? ", ..." : "");
+  };
+  int freeze_matches = 0, train_only_matches = 0;
+  absl::flat_hash_set<std::string> fixed;
+  for (const std::string& name : trainable) {
+    const bool frozen_by_freeze = freeze.has_value() && std::regex_search(name, *freeze);
+    const bool kept_by_train_only = train_only.has_value() && std::regex_search(name, *train_only);
+    freeze_matches += frozen_by_freeze;
+    train_only_matches += kept_by_train_only;
+    if (frozen_by_freeze || (train_only.has_value() && !kept_by_train_only)) fixed.insert(name);
+  }
+  for (const auto& [flag, pattern, matches] :
+       {std::tuple{"--freeze", &options.freeze, freeze_matches},
+        std::tuple{"--train-only", &options.train_only, train_only_matches}}) {
+    if (!pattern->empty() && matches == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, " ", Quoted(*pattern), " matches none of the model's ", trainable.size(),
+          " parameters (", examples(), "); the pattern is searched for in each name"));
+    }
+  }
+  if (fixed.size() == trainable.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--freeze ", Quoted(options.freeze), " / --train-only ", Quoted(options.train_only),
+        " leave none of the model's ", trainable.size(), " parameters to train"));
+  }
+  std::vector<std::string> kept;
+  for (const std::string& name : request.parameters) {
+    if (fixed.contains(name)) {
+      frozen.push_back(name);
+    } else {
+      kept.push_back(name);
+    }
+  }
+  request.parameters = std::move(kept);
+  return absl::OkStatus();
+}
+
 // The gradient of every float32 parameter (BatchNormalization statistics
-// excepted), float32 values re-widened for the backward pass.
+// excepted, and those fine-tuning freezes), float32 values re-widened for
+// the backward pass.
 absl::Status AutodiffStep(Model& model, TrainingPassState& state) {
   Graph& graph = *model.graph;
   TrainingGraph& result = *state.result;
@@ -455,6 +528,7 @@ absl::Status AutodiffStep(Model& model, TrainingPassState& state) {
   if (request.parameters.empty()) {
     return absl::InvalidArgumentError("the model has no float32 initializers to train");
   }
+  CASTOR_RETURN_IF_ERROR(LeaveOutFrozen(model, state.options, request, result.frozen));
   const int first_backward = graph.num_nodes();
   CASTOR_ASSIGN_OR_RETURN(AutodiffResult gradients, BuildGradients(model, request));
   if (gradients.gradients.empty()) {

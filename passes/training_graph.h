@@ -83,12 +83,23 @@ struct TrainingGraphOptions {
   std::optional<int64_t> ignore_index;
   // Swap Relu -> MaxPool into MaxPool -> Relu (off only to compare).
   bool pool_before_relu = true;
+  // Fine-tuning (ECMAScript regular expressions, matched anywhere in the
+  // name as std::regex_search does; anchor with ^...$ for a whole name):
+  // parameters whose initializer name matches `freeze`, or does not match
+  // `train_only`, stay fixed: no gradient is built for them. "" = unset.
+  // A pattern that is invalid, or matches no parameter, is an error
+  // naming it.
+  std::string freeze;
+  std::string train_only;
 };
 
 struct TrainingGraph {
   // Parameters (float32 initializers) and their gradient outputs, in
   // initializer order.
   std::vector<std::pair<std::string, std::string>> gradients;
+  // Parameters kept fixed by `freeze` / `train_only` (initializer order):
+  // they would train otherwise.
+  std::vector<std::string> frozen;
   // BatchNormalization running statistics: (initializer, output holding
   // its value after the step).
   std::vector<std::pair<std::string, std::string>> running_stats;

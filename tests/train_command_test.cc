@@ -230,6 +230,83 @@ TEST_F(TrainCommandTest, ResumeKeepsTheCheckpointsTf32Setting) {
   EXPECT_THAT(refused.err, HasSubstr("records tf32 as \"yes\"; expected true or false"));
 }
 
+// --freeze / --train-only: the matching parameters keep their values, get
+// no optimizer state, the summary counts them, the checkpoint records the
+// pattern and --resume keeps them fixed. mlp_opset17's parameters:
+// fc1.weight [512, 784], fc1.bias [512], fc2.* (512 x 512 + 512), fc3.*
+// (10 x 512 + 10).
+TEST_F(TrainCommandTest, FreezeKeepsMatchingParametersFixed) {
+  absl::StatusOr<Model> original =
+      LoadModel(std::string(CASTOR_SOURCE_DIR) + "/models/mlp_opset17.onnx");
+  ASSERT_TRUE(original.ok()) << original.status();
+  auto initializer = [](const Model& model, const std::string& name) {
+    const Value* value = model.graph->FindValue(name);
+    EXPECT_NE(value, nullptr) << name;
+    return value != nullptr && value->initializer() != nullptr ? *value->initializer() : Tensor();
+  };
+  const std::string ckpt = (dir_ / "ckpt").string();
+  const Result r = Train({"--freeze", "^fc1\\.", "--max-steps", "2", "--optimizer", "adam",
+                          "--checkpoint-dir", ckpt});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("  parameters      4 tensors (267786 elements) train, 2 (401920 "
+                               "elements) frozen\n"));
+  absl::StatusOr<training::FoundCheckpoint> saved = training::FindLatestCheckpoint(ckpt);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  const training::TrainingState& state = saved->checkpoint.state;
+  EXPECT_EQ(state.parameters, (std::vector<std::string>{"fc2.weight", "fc2.bias", "fc3.weight",
+                                                        "fc3.bias"}));
+  EXPECT_EQ(state.moments.count("fc1.weight"), 0u);
+  EXPECT_EQ(state.moments.count("fc1.bias"), 0u);
+  EXPECT_EQ(state.moments.count("fc2.weight"), 1u);
+  ASSERT_NE(state.extra.Find("freeze"), nullptr);
+  EXPECT_EQ(state.extra.Find("freeze")->as_string(), "^fc1\\.");
+  for (const char* name : {"fc1.weight", "fc1.bias"}) {
+    EXPECT_EQ(initializer(saved->checkpoint.model, name), initializer(*original, name)) << name;
+  }
+  EXPECT_NE(initializer(saved->checkpoint.model, "fc2.weight"),
+            initializer(*original, "fc2.weight"));
+
+  // Resumed, they stay fixed; the flag is the checkpoint's to decide.
+  std::ostringstream out, err;
+  ASSERT_EQ(RunTrain({"--resume", ckpt, "--data", data_, "--max-steps", "3", "--freeze", "fc3"},
+                     out, err),
+            0)
+      << err.str();
+  EXPECT_THAT(err.str(), HasSubstr("--freeze is ignored with --resume: the checkpoint decides it"));
+  EXPECT_THAT(out.str(), HasSubstr("4 tensors (267786 elements) train, 2 (401920 elements) "
+                                   "frozen"));
+  absl::StatusOr<training::FoundCheckpoint> resumed = training::FindLatestCheckpoint(ckpt);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->checkpoint.state.step, 3);
+  EXPECT_EQ(initializer(resumed->checkpoint.model, "fc1.weight"),
+            initializer(*original, "fc1.weight"));
+
+  // --train-only: the complement.
+  const Result only = Train({"--train-only", "fc3", "--max-steps", "1"});
+  ASSERT_EQ(only.code, 0) << only.err;
+  EXPECT_THAT(only.out, HasSubstr("  parameters      2 tensors (5130 elements) train, 4 (664576 "
+                                  "elements) frozen\n"));
+  // Without the flags, nothing is frozen.
+  const Result all = Train({"--max-steps", "1"});
+  ASSERT_EQ(all.code, 0) << all.err;
+  EXPECT_THAT(all.out, HasSubstr("6 tensors (669706 elements) train, 0 (0 elements) frozen"));
+
+  // Patterns that match nothing, freeze everything, or do not parse.
+  const Result none = Train({"--freeze", "^encoder\\.", "--max-steps", "1"});
+  EXPECT_EQ(none.code, 2);
+  EXPECT_THAT(none.err, HasSubstr("--freeze '^encoder\\.' matches none of the model's 6 "
+                                  "parameters (fc1.weight, fc1.bias, fc2.weight"));
+  const Result unmatched = Train({"--train-only", "decoder", "--max-steps", "1"});
+  EXPECT_EQ(unmatched.code, 2);
+  EXPECT_THAT(unmatched.err, HasSubstr("--train-only 'decoder' matches none"));
+  const Result everything = Train({"--freeze", "fc", "--max-steps", "1"});
+  EXPECT_EQ(everything.code, 2);
+  EXPECT_THAT(everything.err, HasSubstr("leave none of the model's 6 parameters to train"));
+  const Result invalid = Train({"--freeze", "fc(", "--max-steps", "1"});
+  EXPECT_EQ(invalid.code, 2);
+  EXPECT_THAT(invalid.err, HasSubstr("--freeze 'fc(' is not a valid regular expression"));
+}
+
 std::string Slurp(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream buffer;

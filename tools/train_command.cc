@@ -76,7 +76,7 @@ constexpr const char* kFlagsTheCheckpointDecides[] = {
     "--loss",     "--output",       "--input",     "--optimizer", "--lr",         "--momentum",
     "--nesterov", "--weight-decay", "--clip-norm", "--schedule",  "--step-size",  "--gamma",
     "--warmup",   "--batch",        "--seed",      "--shuffle",   "--no-shuffle", "--loss-scaling",
-    "--ignore-index"};
+    "--ignore-index", "--freeze", "--train-only"};
 
 ArgParser MakeParser(TrainOptions& o) {
   ArgParser parser(
@@ -113,6 +113,18 @@ ArgParser MakeParser(TrainOptions& o) {
               "cross-entropy: labels equal to N count in neither the loss nor its mean nor the "
               "accuracy (PyTorch's default ignore_index is -100; default: none)",
               &o.ignore_index_arg)
+      .AddString("freeze", "REGEX",
+                 "fine-tuning: keep the parameters (float32 initializers) whose name matches "
+                 "REGEX fixed: no gradient, no optimizer state (ECMAScript, searched for "
+                 "anywhere in the name: 'conv' matches 'layer1.conv.weight'; ^...$ for whole "
+                 "names); a pattern that matches no parameter is an error; the checkpoint "
+                 "records it and --resume keeps it",
+                 &o.freeze)
+      .AddString("train-only", "REGEX",
+                 "fine-tuning: train only the parameters whose name matches REGEX (as "
+                 "--freeze matches), keep the rest fixed; with --freeze, a parameter trains "
+                 "when it matches this and not --freeze",
+                 &o.train_only)
       .AddString("input", "NAME",
                  "the model input the images (or integer ids) feed (default: the only one)",
                  &o.input)
@@ -438,6 +450,8 @@ absl::StatusOr<Prepared> PrepareGraphAndData(TrainOptions& o, Start& start, std:
   if (!loss_kind.ok()) return BadInput(loss_kind.status().message());
   graph_options.loss = *loss_kind;
   graph_options.ignore_index = o.ignore_index;
+  graph_options.freeze = o.freeze;
+  graph_options.train_only = o.train_only;
   absl::StatusOr<TrainingGraph> graph =
       BuildTrainingGraph(prepared.model, graph_options, manager_options);
   if (!graph.ok()) return BadInput(absl::StrCat(model_name, ": ", graph.status().message()));
@@ -683,7 +697,8 @@ absl::StatusOr<LoopTotals> TrainLoop(const TrainOptions& o, const Start& start,
   bool replay_warned = !trainer.replay_unavailable().empty();  // warn when recording fails
   const training::RunSettings settings{o.data,  o.loss,    o.output,
                                        o.input, o.batch,   static_cast<uint64_t>(o.seed),
-                                       o.shuffle, o.tf32, o.ignore_index};
+                                       o.shuffle, o.tf32, o.ignore_index,
+                                       o.freeze, o.train_only};
   auto evaluate = [&](int64_t epoch) -> absl::Status {
     if (!prepared.data.has_test()) return absl::OkStatus();
     CASTOR_ASSIGN_OR_RETURN(training::Evaluation eval,
@@ -797,6 +812,20 @@ absl::Status Report(const TrainOptions& o, const Start& start, Session& session,
     summary.float32_weights += trainer.model().graph->FindValue(name)->dtype() == DType::kFloat32;
   }
   summary.weights = static_cast<int64_t>(trainer.state_names().size());
+  auto elements = [&](const std::string& name) {
+    const Value* value = trainer.model().graph->FindValue(name);
+    return value != nullptr && value->initializer() != nullptr
+               ? value->initializer()->num_elements()
+               : int64_t{0};
+  };
+  for (const auto& [parameter, gradient] : trainer.training_graph().gradients) {
+    ++summary.trained_tensors;
+    summary.trained_elements += elements(parameter);
+  }
+  for (const std::string& parameter : trainer.training_graph().frozen) {
+    ++summary.frozen_tensors;
+    summary.frozen_elements += elements(parameter);
+  }
   summary.steps = trainer.steps();
   summary.skipped_steps = trainer.scaler().skipped_steps();
   summary.loss_scale = trainer.scaler().scale();
@@ -862,6 +891,10 @@ training::TrainerOptions TakeCheckpointSettings(const training::TrainingState& s
   o.input = saved.input;
   absl::StatusOr<std::optional<int64_t>> ignore_index = training::RecordedIgnoreIndex(saved);
   o.ignore_index = ignore_index.ok() ? *ignore_index : std::nullopt;
+  const Json* freeze = saved.extra.Find(training::kFreezeStateKey);
+  const Json* train_only = saved.extra.Find(training::kTrainOnlyStateKey);
+  o.freeze = freeze != nullptr && freeze->is_string() ? freeze->as_string() : "";
+  o.train_only = train_only != nullptr && train_only->is_string() ? train_only->as_string() : "";
   o.batch = saved.batch_size;
   o.seed = static_cast<int64_t>(saved.seed);
   o.shuffle = saved.shuffle;
@@ -881,6 +914,10 @@ std::string RenderTrainSummary(const TrainSummary& s) {
       absl::StrFormat(
           "  weights         %d of %d tensors float32 (master weights and BN statistics)\n",
           s.float32_weights, s.weights),
+      absl::StrFormat("  parameters      %d tensors (%d elements) train, %d (%d elements) "
+                      "frozen\n",
+                      s.trained_tensors, s.trained_elements, s.frozen_tensors,
+                      s.frozen_elements),
       absl::StrFormat("  steps           %d, %d skipped\n", s.steps, s.skipped_steps),
       absl::StrFormat("  loss scale      %g (final)\n", s.loss_scale),
       absl::StrFormat("  backend         %s%s\n", s.backend,

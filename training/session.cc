@@ -155,6 +155,12 @@ absl::Status RecordTrainingState(const Trainer& trainer, const BatchIterator& ba
   if (settings.ignore_index.has_value()) {
     state.extra.Set(kIgnoreIndexStateKey, Json::Int(*settings.ignore_index));
   }
+  // Fine-tuning: the parameters that train are state.parameters; the
+  // patterns that chose them, so that a resumed run keeps the others fixed.
+  if (!settings.freeze.empty()) state.extra.Set(kFreezeStateKey, Json::String(settings.freeze));
+  if (!settings.train_only.empty()) {
+    state.extra.Set(kTrainOnlyStateKey, Json::String(settings.train_only));
+  }
   // Dropout's masks continue where they were.
   Json rng = Json::Object();
   rng.Set("seed", Json::Int(static_cast<int64_t>(trainer.rng_state().seed)));

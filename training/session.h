@@ -32,6 +32,10 @@ inline constexpr char kIgnoreIndexStateKey[] = "ignore_index";
 // The key in TrainingState::extra recording Dropout's RNG state (an object
 // {"seed": S, "counter": C}, Trainer::rng_state()).
 inline constexpr char kRngStateKey[] = "rng";
+// The keys in TrainingState::extra recording the fine-tuning patterns
+// (--freeze, --train-only); absent when not given.
+inline constexpr char kFreezeStateKey[] = "freeze";
+inline constexpr char kTrainOnlyStateKey[] = "train_only";
 
 // A checkpoint's Dropout RNG state. A checkpoint written before it was
 // recorded gets {the run's seed, the checkpoint's step}: the state this
@@ -81,6 +85,8 @@ struct RunSettings {
   bool shuffle = true;
   bool tf32 = false;  // as it took effect
   std::optional<int64_t> ignore_index;  // the cross-entropy ignore index
+  std::string freeze;      // --freeze ("" when not given)
+  std::string train_only;  // --train-only ("" when not given)
 };
 
 // The checkpoint's model gets the trainer's weights and statistics, its
