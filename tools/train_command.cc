@@ -23,6 +23,7 @@
 #include <fstream>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -94,7 +95,12 @@ ArgParser MakeParser(TrainOptions& o) {
       .AddString("data", "SPEC",
                  "fashion-mnist, mnist, a directory of IDX files or train/test.npz, a .npz, or "
                  "IMAGES,LABELS[,TEST_IMAGES,TEST_LABELS] (.npy or IDX); default fashion-mnist, "
-                 "or the checkpoint's with --resume",
+                 "or the checkpoint's with --resume. A .npz is x_train, y_train [, x_test, "
+                 "y_test] (one model input; integer x stays integer for an integer input), or "
+                 "keyed by the model's input names: one array per input (input_ids, "
+                 "attention_mask, ...: its rank, its static dims, a dtype that fits: int64 ids "
+                 "stay int64, uint8 pixels are scaled to [0, 1]) plus 'labels', and for a test "
+                 "split the same names with '_test' appended (input_ids_test, labels_test)",
                  &o.data)
       .AddString("policy", "NAME",
                  absl::StrCat("the autocast policy: ", absl::StrJoin(Policy::BuiltinNames(), ", "),
@@ -397,6 +403,21 @@ absl::Status FitDataToModel(const TrainOptions& o, const Graph& float32_graph,
           want.rank() >= 2 ? " (one per position; the class axis is the output's last)"
                            : " (one class index per sample)"));
     }
+    // Class indices in [0, C) (or the ignore index), C the output's last dim.
+    const Value* output = prepared.model.graph->FindValue(prepared.graph.model_output);
+    const Shape& logits = output->shape();
+    if (logits.rank() < 2 || !logits[logits.rank() - 1].is_static()) continue;
+    const int64_t classes = logits[logits.rank() - 1].value();
+    const int64_t* label = split->labels.data<int64_t>();
+    for (int64_t p = 0; p < split->labels.num_elements(); ++p) {
+      if ((label[p] >= 0 && label[p] < classes) || label[p] == o.ignore_index) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          split->labels_source.empty() ? split->name : split->labels_source, ": label ",
+          label[p], " (element ", p, ") is out of range [0, ", classes, "): the output '",
+          prepared.graph.model_output, "' ", logits.ToString(), " has ", classes, " classes",
+          o.ignore_index.has_value() ? absl::StrCat(" (--ignore-index ", *o.ignore_index, ")")
+                                     : std::string()));
+    }
   }
   return absl::OkStatus();
 }
@@ -424,9 +445,31 @@ absl::StatusOr<Prepared> PrepareGraphAndData(TrainOptions& o, Start& start, std:
     for (const std::string& note : context.notes) out << "note: " << note << "\n";
   }
   const Graph& float32_graph = *start.float32_model.graph;
+  // An .npz keyed by the model's input names feeds every input (images go
+  // to the first); other forms feed one input.
+  std::optional<training::DataSplits> named;
+  std::error_code error;
+  if (absl::EndsWith(o.data, ".npz") && std::filesystem::is_regular_file(o.data, error)) {
+    std::vector<training::ModelInputSpec> inputs;
+    for (const Value* input : float32_graph.inputs()) {
+      training::ModelInputSpec spec{input->name(), input->dtype(), {}, input->initializer() == nullptr};
+      for (int axis = 0; axis < input->shape().rank(); ++axis) {
+        const Dim& dim = input->shape()[axis];
+        spec.dims.push_back(dim.is_static() ? dim.value() : -1);
+      }
+      inputs.push_back(std::move(spec));
+    }
+    absl::StatusOr<std::optional<training::DataSplits>> loaded =
+        training::LoadNpzByInputNames(o.data, inputs);
+    if (!loaded.ok()) return BadInput(loaded.status().message());
+    named = *std::move(loaded);
+    if (named.has_value()) o.input = named->train.images_input;
+  }
   if (o.input.empty()) {
     if (float32_graph.inputs().size() != 1) {
-      return BadInput("the model has several inputs; name the image input with --input");
+      return BadInput(
+          "the model has several inputs; name the image input with --input, or give --data an "
+          ".npz keyed by the input names (and labels)");
     }
     o.input = float32_graph.inputs()[0]->name();
   }
@@ -457,9 +500,13 @@ absl::StatusOr<Prepared> PrepareGraphAndData(TrainOptions& o, Start& start, std:
   if (!graph.ok()) return BadInput(absl::StrCat(model_name, ": ", graph.status().message()));
   prepared.graph = *std::move(graph);
 
-  absl::StatusOr<training::DataSplits> data = training::LoadData(o.data);
-  if (!data.ok()) return BadInput(data.status().message());
-  prepared.data = *std::move(data);
+  if (named.has_value()) {
+    prepared.data = *std::move(named);
+  } else {
+    absl::StatusOr<training::DataSplits> data = training::LoadData(o.data);
+    if (!data.ok()) return BadInput(data.status().message());
+    prepared.data = *std::move(data);
+  }
   if (absl::Status fitted = FitDataToModel(o, float32_graph, prepared); !fitted.ok()) {
     return BadInput(fitted.message());
   }
@@ -733,7 +780,7 @@ absl::StatusOr<LoopTotals> TrainLoop(const TrainOptions& o, const Start& start,
     training::Batch b = batches.Next();
     const int64_t epoch = b.epoch;
     const auto t0 = Clock::now();
-    absl::StatusOr<training::StepResult> r = trainer.Step({{o.input, b.images}}, b.labels);
+    absl::StatusOr<training::StepResult> r = trainer.Step(training::BatchFeeds(b, o.input), b.labels);
     if (!r.ok()) return CheckFailed(absl::StrCat("step ", step, ": ", r.status().message()));
     const double dt = Seconds(Clock::now() - t0);
     totals.step_seconds += dt;

@@ -561,6 +561,119 @@ absl::StatusOr<Dataset> LoadNpzSplit(const std::string& path, const std::string&
   return DatasetFromArrays(arrays, path, images_key, labels_key, name);
 }
 
+// `array` (the .npz member `source`) as the model input `input` takes it
+// (LoadNpzByInputNames).
+absl::StatusOr<Tensor> FitArrayToInput(Tensor array, const std::string& source,
+                                       const ModelInputSpec& input) {
+  std::vector<std::string> want = {"N"};
+  for (size_t axis = 1; axis < input.dims.size(); ++axis) {
+    want.push_back(input.dims[axis] >= 0 ? absl::StrCat(input.dims[axis]) : "?");
+  }
+  auto refuse = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": ", DTypeName(array.dtype()), " ", DimsText(array.dims()),
+        " does not fit the model input '", input.name, "' (", DTypeName(input.dtype), " [",
+        absl::StrJoin(want, ", "), "]): ", why));
+  };
+  if (array.dims().size() != input.dims.size() || array.dims().empty()) {
+    return refuse(absl::StrCat("expected rank ", input.dims.size(), ", samples on axis 0"));
+  }
+  for (size_t axis = 1; axis < input.dims.size(); ++axis) {
+    if (input.dims[axis] >= 0 && input.dims[axis] != array.dims()[axis]) {
+      return refuse(absl::StrCat("axis ", axis, " must be ", input.dims[axis]));
+    }
+  }
+  const DType have = array.dtype();
+  if (IsFloatingPoint(input.dtype)) {
+    if (input.dtype != DType::kFloat32) {
+      return refuse("castor train feeds float32 batches; this floating-point input is not float32");
+    }
+    if (have == DType::kFloat32 || have == DType::kUInt8) return array;  // uint8: pixels
+    Tensor widened(DType::kFloat32, array.dims());
+    switch (have) {
+      case DType::kFloat64: WidenToFloat<double>(array, widened); return widened;
+      case DType::kFloat16:
+      case DType::kBFloat16: {
+        const uint16_t* in = array.data<uint16_t>();
+        float* out = widened.data<float>();
+        for (int64_t i = 0; i < array.num_elements(); ++i) {
+          out[i] = have == DType::kFloat16 ? HalfBitsToFloat(in[i]) : BFloat16BitsToFloat(in[i]);
+        }
+        return widened;
+      }
+      default:
+        return refuse("a floating-point input takes floating-point arrays or uint8 pixels "
+                      "(scaled to [0, 1])");
+    }
+  }
+  if (input.dtype == DType::kInt64 || input.dtype == DType::kInt32) {
+    if (!IsIntegerDType(have)) {
+      return refuse(absl::StrCat("an integer input takes integer arrays (", DTypeName(input.dtype),
+                                 " or narrower)"));
+    }
+    if (!IntegerFits(have, input.dtype)) {
+      return refuse(absl::StrCat("not every ", DTypeName(have), " value is a ",
+                                 DTypeName(input.dtype), "; store it as ", DTypeName(input.dtype),
+                                 " or narrower"));
+    }
+    if (have == input.dtype) return array;
+    return input.dtype == DType::kInt64 ? WidenIntegers<int64_t>(array, DType::kInt64)
+                                        : WidenIntegers<int32_t>(array, DType::kInt32);
+  }
+  if (input.dtype == DType::kBool) {
+    if (have == DType::kBool) return array;
+    return refuse("a bool input takes a bool array");
+  }
+  return refuse("castor train feeds float32, int32, int64 and bool inputs");
+}
+
+// One split of the named form: every input's array (`suffix` appended to
+// its name) and the labels, of one length.
+absl::StatusOr<Dataset> NamedSplit(std::map<std::string, Tensor>& arrays, const std::string& path,
+                                   const std::vector<ModelInputSpec>& inputs,
+                                   const std::string& suffix, const std::string& split_name) {
+  Dataset dataset;
+  dataset.name = absl::StrCat(path, " ", split_name);
+  const std::string labels_key = absl::StrCat(kNamedLabelsArray, suffix);
+  auto source = [&](const std::string& key) { return absl::StrCat(path, ":", key); };
+  if (!arrays.count(labels_key)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": no array '", labels_key, "' (the ", split_name,
+        " labels: class indices [N] or per-position labels [N, ...]); the file has ",
+        KeysText(arrays)));
+  }
+  CASTOR_ASSIGN_OR_RETURN(dataset.labels,
+                          LabelsFromArray(std::move(arrays[labels_key]), source(labels_key)));
+  dataset.labels_source = source(labels_key);
+  const int64_t count = dataset.labels.dims()[0];
+  bool first = true;
+  for (const ModelInputSpec& input : inputs) {
+    const std::string key = input.name + suffix;
+    if (!arrays.count(key)) {
+      if (!input.required) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": the model input '", input.name, "' has no array '", key, "' (", split_name,
+          " split); the file has ", KeysText(arrays)));
+    }
+    CASTOR_ASSIGN_OR_RETURN(Tensor fitted,
+                            FitArrayToInput(std::move(arrays[key]), source(key), input));
+    if (fitted.dims()[0] != count) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source(key), " has ", fitted.dims()[0], " samples but ", source(labels_key), " has ",
+          count, "; every array of a split must have the same length (axis 0)"));
+    }
+    if (first) {
+      dataset.images = std::move(fitted);
+      dataset.images_source = source(key);
+      dataset.images_input = input.name;
+      first = false;
+    } else {
+      dataset.extra_inputs.emplace_back(input.name, std::move(fitted));
+    }
+  }
+  return dataset;
+}
+
 constexpr char kAcceptedForms[] =
     "expected one of: fashion-mnist (" "/usr/share/datasets/fashion-mnist" "), mnist ("
     "/usr/share/datasets/mnist" "), a directory holding the IDX files train-images-idx3-ubyte, "
@@ -830,6 +943,43 @@ absl::StatusOr<DataSplits> LoadNpzFile(const std::string& path) {
   return splits;
 }
 
+absl::StatusOr<std::optional<DataSplits>> LoadNpzByInputNames(
+    const std::string& path, const std::vector<ModelInputSpec>& inputs) {
+  CASTOR_ASSIGN_OR_RETURN(auto arrays, ReadNpz(path));
+  if ((arrays.count("x_train") && arrays.count("y_train")) ||
+      !FindArrayPair(arrays, {{"x", "y"}, {"images", "labels"}}).first.empty()) {
+    return std::optional<DataSplits>();  // a form LoadNpzFile reads
+  }
+  bool named = false;
+  for (const ModelInputSpec& input : inputs) named |= arrays.count(input.name) > 0;
+  if (!named) return std::optional<DataSplits>();
+  // Every array must be an input's, the labels, or their _test twins.
+  std::vector<std::string> expected;
+  for (const ModelInputSpec& input : inputs) {
+    expected.push_back(input.name);
+    expected.push_back(input.name + kTestSuffix);
+  }
+  expected.push_back(kNamedLabelsArray);
+  expected.push_back(absl::StrCat(kNamedLabelsArray, kTestSuffix));
+  bool has_test = false;
+  for (const auto& [key, array] : arrays) {
+    if (std::find(expected.begin(), expected.end(), key) == expected.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": array '", key, "' is neither a model input nor the labels; keyed by input "
+          "names, the arrays are ", absl::StrJoin(expected, ", ")));
+    }
+    has_test |= absl::EndsWith(key, kTestSuffix) &&
+                std::find(expected.begin(), expected.end(),
+                          key.substr(0, key.size() - std::strlen(kTestSuffix))) != expected.end();
+  }
+  DataSplits splits;
+  CASTOR_ASSIGN_OR_RETURN(splits.train, NamedSplit(arrays, path, inputs, "", "train"));
+  if (has_test) {
+    CASTOR_ASSIGN_OR_RETURN(splits.test, NamedSplit(arrays, path, inputs, kTestSuffix, "test"));
+  }
+  return std::optional<DataSplits>(std::move(splits));
+}
+
 absl::StatusOr<DataSplits> LoadData(const std::string& spec) {
   if (spec == "fashion-mnist" || spec == "mnist") {
     const std::string dir = spec == "mnist" ? kMnistDir : kFashionMnistDir;
@@ -881,6 +1031,13 @@ absl::StatusOr<DataSplits> LoadData(const std::string& spec) {
 
 // ----- batches ----------------------------------------------------------------
 
+std::vector<std::pair<std::string, Tensor>> BatchFeeds(const Batch& batch,
+                                                       const std::string& input) {
+  std::vector<std::pair<std::string, Tensor>> feeds = {{input, batch.images}};
+  for (const auto& [name, tensor] : batch.extra_inputs) feeds.emplace_back(name, tensor);
+  return feeds;
+}
+
 Batch GatherBatch(const Dataset& dataset, const std::vector<int64_t>& indices) {
   Batch batch;
   const int64_t count = static_cast<int64_t>(indices.size());
@@ -909,6 +1066,26 @@ Batch GatherBatch(const Dataset& dataset, const std::vector<int64_t>& indices) {
     }
     std::memcpy(batch.labels.raw() + i * label_bytes, dataset.labels.raw() + row * label_bytes,
                 label_bytes);
+  }
+  for (const auto& [name, source] : dataset.extra_inputs) {
+    // uint8 stays only for a floating-point input (pixels, scaled).
+    const bool scaled = source.dtype() == DType::kUInt8;
+    std::vector<int64_t> dims = source.dims();
+    dims[0] = count;
+    Tensor rows_out(scaled ? DType::kFloat32 : source.dtype(), dims);
+    const int64_t elements = source.num_elements() / rows;
+    const size_t bytes = source.byte_size() / rows;
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t row = indices[i];
+      if (scaled) {
+        float* out = rows_out.data<float>() + i * elements;
+        const uint8_t* in = source.data<uint8_t>() + row * elements;
+        for (int64_t j = 0; j < elements; ++j) out[j] = scale[in[j]];
+      } else {
+        std::memcpy(rows_out.raw() + i * bytes, source.raw() + row * bytes, bytes);
+      }
+    }
+    batch.extra_inputs.emplace_back(name, std::move(rows_out));
   }
   batch.indices = indices;
   return batch;

@@ -18,7 +18,9 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -34,6 +36,12 @@ struct Dataset {
   // file); "" where `name` says it.
   std::string images_source;
   std::string labels_source;
+  // Further model inputs by name, each [N, ...] in the dtype of the input it
+  // feeds (an .npz keyed by input names: input_ids + attention_mask, ...);
+  // `images` feeds the first. Empty in the other forms.
+  std::vector<std::pair<std::string, Tensor>> extra_inputs;
+  // The model input `images` feeds in that form ("" in the others).
+  std::string images_input;
 
   int64_t size() const { return labels.dims().empty() ? 0 : labels.dims()[0]; }
   // The dims of one sample: images.dims() without the leading N.
@@ -94,6 +102,37 @@ absl::StatusOr<Dataset> MakeDataset(std::string name, Tensor images, Tensor labe
 // array, the input and both dtypes.
 absl::Status FitDatasetToInput(Dataset& dataset, const std::string& input, DType input_dtype);
 
+// --- an .npz keyed by the model's input names ------------------------------
+// What the loader needs of one model input: its name, dtype and dims (-1
+// for a dim that is not static), and whether it must be fed (false: it has
+// an initializer).
+struct ModelInputSpec {
+  std::string name;
+  DType dtype = DType::kUndefined;
+  std::vector<int64_t> dims;
+  bool required = true;
+};
+
+// The labels array of the named form, and the suffix of the test split's
+// arrays ("input_ids_test", "labels_test").
+inline constexpr char kNamedLabelsArray[] = "labels";
+inline constexpr char kTestSuffix[] = "_test";
+
+// The .npz at `path` keyed by input names: one array per model input named
+// after it, `labels`, and optionally a test split of the same names with
+// "_test" appended (every array or none). nullopt when the file is in
+// another form (it holds x_train/y_train, x/y or images/labels, or no array
+// is named after an input). Each array must have the input's rank and its
+// static dims after the leading N, and a dtype that fits it: float32 (or
+// float16/bfloat16/float64, widened) or uint8 pixels (scaled to [0, 1] per
+// batch) for a floating-point input, integers that the input's int32/int64
+// holds (widened; int64 token ids stay int64), bool for a bool input. Errors
+// name the array, the input and what was expected: a required input with
+// no array, an array that is no input, a dtype or shape that does not fit,
+// arrays of different lengths.
+absl::StatusOr<std::optional<DataSplits>> LoadNpzByInputNames(
+    const std::string& path, const std::vector<ModelInputSpec>& inputs);
+
 // One array file for a FILES list: .npy (by its magic) or IDX (anything else,
 // gzip or not). `as_labels` selects the label conversion.
 absl::StatusOr<Tensor> ReadArrayFile(const std::string& path, bool as_labels);
@@ -114,10 +153,16 @@ absl::StatusOr<DataSplits> LoadNpzFile(const std::string& path);
 absl::StatusOr<DataSplits> LoadData(const std::string& spec);
 
 // --- batches ----------------------------------------------------------------
+// The feeds of a batch: `input` gets the images, then the extra inputs.
+struct Batch;
+std::vector<std::pair<std::string, Tensor>> BatchFeeds(const Batch& batch,
+                                                       const std::string& input);
+
 struct Batch {
   Tensor images;                 // float32 [B, ...] (pixels scaled to [0, 1]), or the
                                  // dataset's integer dtype (token ids)
   Tensor labels;                 // int64 [B] or [B, d1, ...]
+  std::vector<std::pair<std::string, Tensor>> extra_inputs;  // Dataset::extra_inputs' rows
   std::vector<int64_t> indices;  // the dataset rows, in batch order
   int64_t epoch = 0;             // the epoch this batch belongs to
   int64_t position = 0;          // its first sample's offset within the epoch order

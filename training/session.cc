@@ -200,7 +200,7 @@ absl::StatusOr<Evaluation> Evaluate(Trainer& trainer, const Dataset& test,
   int64_t correct = 0, seen = 0;
   while (batches.epoch() == 0) {
     Batch b = batches.Next();
-    CASTOR_ASSIGN_OR_RETURN(StepResult r, trainer.Evaluate({{input, b.images}}, b.labels));
+    CASTOR_ASSIGN_OR_RETURN(StepResult r, trainer.Evaluate(BatchFeeds(b, input), b.labels));
     const Scored scored = ScoreBatch(r.output, b.labels, ignore_index);
     // The batch's loss is the mean over its counted positions (a batch
     // with none has a NaN mean and adds nothing).
