@@ -89,6 +89,37 @@ absl::StatusOr<Value*> AttachLoss(Graph& graph, Value* output, LossKind kind,
       mean->SetAttribute(Attribute::Int("keepdims", 0));
       return mean->output(0);
     }
+    case LossKind::kBinaryCrossEntropy: {
+      // max(x, 0) - x * y + log(1 + exp(-|x|)): never exp of a positive
+      // number, so no overflow for any logit (torch's formulation).
+      CASTOR_ASSIGN_OR_RETURN(Value * targets,
+                              graph.AddInput(kLabelsInput, DType::kFloat32, output->shape()));
+      auto op = [&](const std::string& type, std::vector<Value*> inputs,
+                    const std::string& name) -> absl::StatusOr<Value*> {
+        CASTOR_ASSIGN_OR_RETURN(Node * node, graph.AddNode(type, std::move(inputs),
+                                                           {"castor.loss/" + name},
+                                                           "castor.loss/" + name));
+        return node->output(0);
+      };
+      CASTOR_ASSIGN_OR_RETURN(Value * positive, op("Relu", {prediction}, "positive_part"));
+      CASTOR_ASSIGN_OR_RETURN(Value * product, op("Mul", {prediction, targets}, "logit_target"));
+      CASTOR_ASSIGN_OR_RETURN(Value * linear, op("Sub", {positive, product}, "linear_part"));
+      CASTOR_ASSIGN_OR_RETURN(Value * magnitude, op("Abs", {prediction}, "magnitude"));
+      CASTOR_ASSIGN_OR_RETURN(Value * negated, op("Neg", {magnitude}, "negated_magnitude"));
+      CASTOR_ASSIGN_OR_RETURN(Value * exp, op("Exp", {negated}, "exp"));
+      // A Constant node, not an initializer: an initializer would be a parameter.
+      CASTOR_ASSIGN_OR_RETURN(Node * one_node, graph.AddNode("Constant", {}, {"castor.loss/one"},
+                                                             "castor.loss/one"));
+      one_node->SetAttribute(Attribute::TensorValue("value", Tensor::Scalar(1.0f)));
+      Value* one = one_node->output(0);
+      CASTOR_ASSIGN_OR_RETURN(Value * shifted, op("Add", {exp, one}, "one_plus_exp"));
+      CASTOR_ASSIGN_OR_RETURN(Value * softplus, op("Log", {shifted}, "log_one_plus_exp"));
+      CASTOR_ASSIGN_OR_RETURN(Value * elementwise, op("Add", {linear, softplus}, "elementwise"));
+      CASTOR_ASSIGN_OR_RETURN(Node * mean, graph.AddNode("ReduceMean", {elementwise},
+                                                         {kLossOutput}, "castor.loss/ReduceMean"));
+      mean->SetAttribute(Attribute::Int("keepdims", 0));
+      return mean->output(0);
+    }
     case LossKind::kModelOutput: {
       if (output->dtype() != DType::kFloat32 && output->dtype() != DType::kFloat16 &&
           output->dtype() != DType::kBFloat16) {
@@ -342,9 +373,10 @@ absl::StatusOr<LossKind> ParseLossKind(const std::string& name) {
     return LossKind::kSoftmaxCrossEntropy;
   }
   if (name == "mse") return LossKind::kMeanSquaredError;
+  if (name == "bce") return LossKind::kBinaryCrossEntropy;
   if (name == "output") return LossKind::kModelOutput;
   return absl::InvalidArgumentError(absl::StrCat(
-      "unknown loss '", name, "'; expected cross-entropy, mse or output"));
+      "unknown loss '", name, "'; expected cross-entropy, mse, bce or output"));
 }
 
 namespace {

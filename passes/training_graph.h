@@ -10,7 +10,7 @@
 // The result is one ONNX graph a backend runs per step:
 //   inputs   the model's inputs, the labels (castor.labels: int64 [N] for
 //            cross-entropy on [N, C] logits, [N, d1, ...] on [N, d1, ..., C]
-//            logits, float32 shaped like the output for mse), the loss scale
+//            logits, float32 shaped like the output for mse and bce), the loss scale
 //            (castor.loss_scale, float32 scalar, an input with initializer
 //            1: the trainer's step kernels write each step's scale into the
 //            backend's copy, so it is not fed), and where a Dropout can draw
@@ -69,10 +69,14 @@ enum class LossKind {
   // over every position whose label is not the ignore index.
   kSoftmaxCrossEntropy,
   kMeanSquaredError,     // float targets shaped like the output (mean)
+  // Binary cross-entropy with logits, multi-label (torch's
+  // BCEWithLogitsLoss): float targets shaped like the output, the mean over
+  // every element of max(x, 0) - x * y + log(1 + exp(-|x|)).
+  kBinaryCrossEntropy,
   kModelOutput,          // the named output already is a scalar loss
 };
 
-// "cross-entropy" (also "softmax-cross-entropy", "sce"), "mse", "output".
+// "cross-entropy" (also "softmax-cross-entropy", "sce"), "mse", "bce", "output".
 absl::StatusOr<LossKind> ParseLossKind(const std::string& name);
 
 struct TrainingGraphOptions {

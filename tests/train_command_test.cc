@@ -13,11 +13,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
 
+#include "absl/strings/str_join.h"
 #include "backend/cuda_backend.h"
 #include "backend/cuda_probe.h"
 #include "graph/json.h"
@@ -305,6 +307,56 @@ TEST_F(TrainCommandTest, FreezeKeepsMatchingParametersFixed) {
   const Result invalid = Train({"--freeze", "fc(", "--max-steps", "1"});
   EXPECT_EQ(invalid.code, 2);
   EXPECT_THAT(invalid.err, HasSubstr("--freeze 'fc(' is not a valid regular expression"));
+}
+
+// --loss bce: float multi-label targets shaped like the logits [N, 10]
+// (an .npy list here); the evaluation reports the loss and no accuracy.
+// Targets of another shape, and float labels for cross-entropy, are refused.
+TEST_F(TrainCommandTest, BinaryCrossEntropyTrainsOnFloatTargets) {
+  std::vector<std::string> paths;
+  for (const auto& [split, n] : {std::pair<std::string, int64_t>{"train", 48}, {"test", 16}}) {
+    Tensor targets(DType::kFloat32, {n, 10});
+    for (int64_t i = 0; i < n * 10; ++i) targets.data<float>()[i] = (i * 7) % 3 == 0 ? 1.0f : 0.0f;
+    const std::string path = (dir_ / (split + "_targets.npy")).string();
+    ASSERT_TRUE(training::WriteNpy(path, targets).ok());
+    paths.push_back((dir_ / (split + "_x.npy")).string());
+    paths.push_back(path);
+  }
+  const std::string data = absl::StrJoin(paths, ",");
+  const std::string metrics = (dir_ / "bce.jsonl").string();
+  std::vector<std::string> args = {std::string(CASTOR_SOURCE_DIR) + "/models/mlp_opset17.onnx",
+                                   "--data", data, "--batch", "16", "--loss", "bce",
+                                   "--max-steps", "3", "--metrics", metrics};
+  std::ostringstream out, err;
+  ASSERT_EQ(RunTrain(args, out, err), 0) << err.str();
+  EXPECT_THAT(out.str(), HasSubstr("eval  epoch 0 step 3: test loss "));
+  EXPECT_THAT(out.str(), Not(HasSubstr("accuracy")));
+  EXPECT_THAT(err.str(), HasSubstr("acc -"));
+  std::ifstream in(metrics);
+  std::string line;
+  bool evaluated = false;
+  while (std::getline(in, line)) {
+    absl::StatusOr<Json> json = Json::Parse(line);
+    ASSERT_TRUE(json.ok()) << line;
+    if (json->Find("test_loss") == nullptr) continue;
+    evaluated = true;
+    EXPECT_TRUE(json->Find("test_accuracy")->is_null());
+    // Random logits near 0 against 1/3 positives: about log(2).
+    EXPECT_NEAR(json->Find("test_loss")->as_number(), std::log(2.0), 0.2);
+  }
+  EXPECT_TRUE(evaluated);
+
+  // Class labels [N] do not fit bce; float targets do not fit cross-entropy.
+  const Result labels = Train({"--loss", "bce", "--max-steps", "1"});
+  EXPECT_EQ(labels.code, 2);
+  EXPECT_THAT(labels.err, HasSubstr("train_y.npy: targets [48] do not fit --loss bce: it takes "
+                                    "float targets shaped like the output, [N,10]"));
+  std::ostringstream out2, err2;
+  args = {std::string(CASTOR_SOURCE_DIR) + "/models/mlp_opset17.onnx", "--data", data,
+          "--max-steps", "1"};
+  EXPECT_EQ(RunTrain(args, out2, err2), 2);
+  EXPECT_THAT(err2.str(), HasSubstr("train_targets.npy: labels are float32; cross-entropy takes "
+                                    "integer class indices (float targets: --loss mse or bce)"));
 }
 
 std::string Slurp(const fs::path& path) {

@@ -108,8 +108,13 @@ ArgParser MakeParser(TrainOptions& o) {
                  &o.policy)
       .AddString("policy-file", "FILE", "a policy JSON file (see 'castor convert --save-policy')",
                  &o.policy_file)
-      .AddEnum("loss", {"cross-entropy", "mse", "output"},
-               "cross-entropy on logits with integer labels, mse, or the output is the loss",
+      .AddEnum("loss", {"cross-entropy", "mse", "bce", "output"},
+               "cross-entropy: softmax cross-entropy on logits with integer class labels; mse: "
+               "mean squared error on float targets shaped like the output; bce: binary "
+               "cross-entropy with logits, multi-label (torch's BCEWithLogitsLoss: float "
+               "targets in [0, 1] shaped like the output, the mean over every element); "
+               "output: the model computes its own loss (--output, default its first output, "
+               "a float scalar; every input from --data, no labels)",
                &o.loss)
       .AddString("output", "NAME",
                  "the model output the loss is attached to (cross-entropy: logits [N, C] with "
@@ -362,6 +367,36 @@ struct Prepared {
   int64_t total = 0;  // steps in all, resumed ones included
 };
 
+// Float targets for mse and bce: shaped like the loss input castor.labels
+// (the model output; integer 0/1 labels become float32).
+absl::Status FitTargets(training::Dataset& split, const Value& labels, const std::string& loss) {
+  const std::string source = split.labels_source.empty() ? split.name : split.labels_source;
+  Tensor& targets = split.labels;
+  if (targets.dtype() != DType::kFloat32) {
+    Tensor widened(DType::kFloat32, targets.dims());
+    for (int64_t i = 0; i < targets.num_elements(); ++i) {
+      widened.data<float>()[i] = static_cast<float>(targets.GetDouble(i));
+    }
+    targets = std::move(widened);
+  }
+  const Shape& want = labels.shape();
+  bool fits = want.rank() == static_cast<int>(targets.dims().size());
+  for (int axis = 1; fits && axis < want.rank(); ++axis) {
+    fits = !want[axis].is_static() || want[axis].value() == targets.dims()[axis];
+  }
+  if (fits) return absl::OkStatus();
+  if (want.rank() == 1 && targets.dims().size() == 2 && targets.dims()[1] == 1) {
+    targets = Tensor::FromVector<float>(DType::kFloat32, {targets.dims()[0]},
+                                        std::vector<float>(targets.data<float>(),
+                                                           targets.data<float>() +
+                                                               targets.num_elements()));
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      source, ": targets ", Shape::FromDims(targets.dims()).ToString(), " do not fit --loss ",
+      loss, ": it takes float targets shaped like the output, ", want.ToString()));
+}
+
 // The data as the model takes it: every split's inputs in the dtype of the
 // model input they feed (token ids stay integer; int32 ids widen to an
 // int64 input) and, for cross-entropy, labels of the shape the loss reads
@@ -378,7 +413,19 @@ absl::Status FitDataToModel(const TrainOptions& o, const Graph& float32_graph,
     if (input != nullptr) {
       CASTOR_RETURN_IF_ERROR(training::FitDatasetToInput(*split, o.input, input->dtype()));
     }
-    if (prepared.graph.loss != LossKind::kSoftmaxCrossEntropy || labels == nullptr) continue;
+    if (labels == nullptr) continue;
+    if (prepared.graph.loss == LossKind::kMeanSquaredError ||
+        prepared.graph.loss == LossKind::kBinaryCrossEntropy) {
+      CASTOR_RETURN_IF_ERROR(FitTargets(*split, *labels, o.loss));
+      continue;
+    }
+    if (prepared.graph.loss != LossKind::kSoftmaxCrossEntropy) continue;
+    if (split->labels.dtype() != DType::kInt64) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          split->labels_source.empty() ? split->name : split->labels_source, ": labels are ",
+          DTypeName(split->labels.dtype()),
+          "; cross-entropy takes integer class indices (float targets: --loss mse or bce)"));
+    }
     const Shape& want = labels->shape();
     const std::vector<int64_t>& have = split->labels.dims();
     if (want.rank() == 2 && have.size() == 1 && want[1].is_static() && want[1].value() == 1) {
@@ -753,12 +800,16 @@ absl::StatusOr<LoopTotals> TrainLoop(const TrainOptions& o, const Start& start,
                                                o.ignore_index));
     totals.last_eval = eval;
     if (live) err << "\n";
-    out << absl::StrFormat("eval  epoch %d step %d: test loss %.4f, test accuracy %.2f%%\n", epoch,
-                           trainer.steps(), eval.loss, 100 * eval.accuracy);
+    const bool scored = !std::isnan(eval.accuracy);
+    out << absl::StrFormat("eval  epoch %d step %d: test loss %.4f%s\n", epoch, trainer.steps(),
+                           eval.loss,
+                           scored ? absl::StrFormat(", test accuracy %.2f%%", 100 * eval.accuracy)
+                                  : std::string());
     if (session.metrics.is_open()) {
       session.metrics << absl::StrFormat(
-          "{\"epoch\":%d,\"step\":%d,\"test_loss\":%.6g,\"test_accuracy\":%.6g}\n", epoch,
-          trainer.steps(), eval.loss, eval.accuracy);
+          "{\"epoch\":%d,\"step\":%d,\"test_loss\":%.6g,\"test_accuracy\":%s}\n", epoch,
+          trainer.steps(), eval.loss,
+          scored ? absl::StrFormat("%.6g", eval.accuracy) : std::string("null"));
     }
     return absl::OkStatus();
   };
@@ -798,8 +849,9 @@ absl::StatusOr<LoopTotals> TrainLoop(const TrainOptions& o, const Start& start,
     if (session.metrics.is_open()) session.metrics << StepMetricsLine(step, epoch, *r, n, dt);
     const double elapsed = Seconds(Clock::now() - totals.started);
     const std::string line = absl::StrFormat(
-        "step %d/%d  loss %.4f  acc %.2f%%  scale %g  %.0f samples/s  eta %s", step, total,
-        loss_ema, 100.0 * correct / seen, r->loss_scale, samples / totals.step_seconds,
+        "step %d/%d  loss %.4f  %s  scale %g  %.0f samples/s  eta %s", step, total, loss_ema,
+        seen > 0 ? absl::StrFormat("acc %.2f%%", 100.0 * correct / seen) : std::string("acc -"),
+        r->loss_scale, samples / totals.step_seconds,
         FormatDuration(elapsed / totals.steps_run * (total - step)));
     if (live) {
       err << "\r" << line << "\033[K" << std::flush;
@@ -981,8 +1033,12 @@ std::string RenderTrainSummary(const TrainSummary& s) {
       absl::StrFormat("  step time       %.1f ms (mean), %.0f samples/s, %s in all\n",
                       s.mean_step_ms, s.samples_per_s, FormatDuration(s.seconds)));
   if (s.test.has_value()) {
-    absl::StrAppend(&text, absl::StrFormat("  test            loss %.4f, accuracy %.2f%%\n",
-                                           s.test->loss, 100 * s.test->accuracy));
+    absl::StrAppend(&text,
+                    absl::StrFormat("  test            loss %.4f%s\n", s.test->loss,
+                                    std::isnan(s.test->accuracy)
+                                        ? std::string()
+                                        : absl::StrFormat(", accuracy %.2f%%",
+                                                          100 * s.test->accuracy)));
   }
   if (!s.last_checkpoint.empty()) {
     absl::StrAppend(&text,

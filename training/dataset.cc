@@ -783,9 +783,21 @@ absl::StatusOr<Tensor> LabelsFromArray(Tensor array, const std::string& source) 
     case DType::kUInt32: WidenToInt64<uint32_t>(array, labels); break;
     case DType::kInt32: WidenToInt64<int32_t>(array, labels); break;
     case DType::kUInt64: WidenToInt64<uint64_t>(array, labels); break;
+    case DType::kFloat32:
+    case DType::kFloat64:
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      // Float targets (mse, bce), as they are: no [N, 1] squeeze.
+      Tensor targets(DType::kFloat32, array.dims());
+      for (int64_t i = 0; i < array.num_elements(); ++i) {
+        targets.data<float>()[i] = static_cast<float>(array.GetDouble(i));
+      }
+      return targets;
+    }
     default:
       return absl::InvalidArgumentError(absl::StrCat(
-          source, ": labels must be integer class indices; got ", DTypeName(array.dtype())));
+          source, ": labels must be integer class indices or float targets; got ",
+          DTypeName(array.dtype())));
   }
   return labels;
 }

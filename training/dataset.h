@@ -31,7 +31,7 @@ namespace castor::training {
 struct Dataset {
   std::string name;  // for messages: "fashion-mnist train", "data/train.npz", ...
   Tensor images;     // uint8 pixels, float32 or integer (token ids) [N, ...]
-  Tensor labels;     // int64 [N] or [N, d1, ...]
+  Tensor labels;     // int64 [N] or [N, d1, ...], or float32 targets (mse, bce)
   // The arrays the two came from, for messages ("data.npz:x_train", a
   // file); "" where `name` says it.
   std::string images_source;
@@ -81,7 +81,8 @@ absl::StatusOr<std::map<std::string, Tensor>> ReadNpz(const std::string& path);
 // token ids) stay as they are, dtype and shape: FitDatasetToInput decides
 // whether they can feed the model input. bool is refused.
 // Labels: any integer dtype -> int64; [N] or [N, 1] -> [N]; [N, d1, ...]
-// (per-position labels, e.g. [N, T] next-token labels) as they are. `source`
+// (per-position labels, e.g. [N, T] next-token labels) as they are; float
+// arrays (targets for mse and bce) -> float32 of their own shape. `source`
 // names the array in errors (wrong dtype, or a scalar).
 absl::StatusOr<Tensor> ImagesFromArray(Tensor array, const std::string& source);
 absl::StatusOr<Tensor> LabelsFromArray(Tensor array, const std::string& source);

@@ -2,6 +2,7 @@
 #include "training/session.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 
@@ -171,9 +172,10 @@ absl::Status RecordTrainingState(const Trainer& trainer, const BatchIterator& ba
 
 Scored ScoreBatch(const Tensor& output, const Tensor& labels,
                   std::optional<int64_t> ignore_index) {
+  Scored scored;
+  if (labels.dtype() != DType::kInt64) return scored;  // float targets: no classes to score
   const int64_t rows = labels.num_elements();
   const int64_t classes = rows > 0 ? output.num_elements() / rows : 0;
-  Scored scored;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t label = labels.data<int64_t>()[r];
     if (ignore_index.has_value() && label == *ignore_index) continue;
@@ -197,17 +199,24 @@ absl::StatusOr<Evaluation> Evaluate(Trainer& trainer, const Dataset& test,
   CASTOR_ASSIGN_OR_RETURN(BatchIterator batches,
                           BatchIterator::Create(test, BatchOptions{batch, false, 0, false}));
   double loss_sum = 0;
-  int64_t correct = 0, seen = 0;
+  int64_t correct = 0, seen = 0, elements = 0;
   while (batches.epoch() == 0) {
     Batch b = batches.Next();
     CASTOR_ASSIGN_OR_RETURN(StepResult r, trainer.Evaluate(BatchFeeds(b, input), b.labels));
     const Scored scored = ScoreBatch(r.output, b.labels, ignore_index);
     // The batch's loss is the mean over its counted positions (a batch
     // with none has a NaN mean and adds nothing).
+    if (b.labels.dtype() != DType::kInt64) {
+      // Float targets (mse, bce): the loss is a mean over elements.
+      loss_sum += r.loss * b.labels.num_elements();
+      elements += b.labels.num_elements();
+      continue;
+    }
     if (scored.counted > 0) loss_sum += r.loss * scored.counted;
     correct += scored.correct;
     seen += scored.counted;
   }
+  if (elements > 0) return Evaluation{loss_sum / elements, std::nan("")};
   return Evaluation{loss_sum / seen, static_cast<double>(correct) / seen};
 }
 

@@ -112,7 +112,7 @@ Scored ScoreBatch(const Tensor& output, const Tensor& labels,
 
 struct Evaluation {
   double loss = 0;
-  double accuracy = 0;
+  double accuracy = 0;  // NaN for float targets (mse, bce): no classes to score
 };
 
 // Mean loss and accuracy over the whole `test` split, in order, in batches
