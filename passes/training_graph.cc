@@ -126,6 +126,16 @@ absl::StatusOr<Value*> AttachLoss(Graph& graph, Value* output, LossKind kind,
         return absl::InvalidArgumentError(absl::StrCat("output ", Quoted(output->name()),
                                                        " is not a float loss"));
       }
+      const Shape& shape = output->shape();
+      bool scalar = shape.rank() >= 0;
+      for (int axis = 0; scalar && axis < shape.rank(); ++axis) {
+        scalar = shape[axis].is_static() && shape[axis].value() == 1;
+      }
+      if (!scalar) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--loss output: output ", Quoted(output->name()), " has shape ", shape.ToString(),
+            "; the model's own loss must be a float scalar (name it with --output)"));
+      }
       CASTOR_ASSIGN_OR_RETURN(Node * identity, graph.AddNode("Identity", {prediction},
                                                              {kLossOutput}, "castor.loss/Identity"));
       return identity->output(0);

@@ -23,6 +23,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "graph/json.h"
 #include "graph/onnx_io.h"
 #include "graph/shape_inference.h"
 #include "tools/train_command.h"
@@ -415,8 +416,14 @@ TEST(ConvertTest, ImageAndLabelDTypes) {
   ASSERT_TRUE(labels.ok());
   EXPECT_THAT(labels->dims(), ElementsAre(3));
   EXPECT_THAT(Int64s(*labels), ElementsAre(2, -1, 7));
-  EXPECT_THAT(Message(training::LabelsFromArray(Tensor(DType::kFloat32, {3}), "fl.npy").status()),
-              AllOf(HasSubstr("fl.npy"), HasSubstr("integer"), HasSubstr("float32")));
+  // Float arrays are targets (mse, bce): float32 of their own shape, [N, 1] kept.
+  absl::StatusOr<Tensor> targets = training::LabelsFromArray(
+      Tensor::FromVector<double>(DType::kFloat64, {3, 1}, {0.25, 1, 0}), "fl.npy");
+  ASSERT_TRUE(targets.ok()) << targets.status();
+  EXPECT_EQ(*targets, Tensor::FromVector<float>(DType::kFloat32, {3, 1}, {0.25f, 1, 0}));
+  EXPECT_THAT(Message(training::LabelsFromArray(Tensor(DType::kBool, {3}), "b.npy").status()),
+              AllOf(HasSubstr("b.npy"), HasSubstr("integer class indices or float targets"),
+                    HasSubstr("bool")));
   // Per-position labels [N, T] (next-token labels) stay [N, T], as int64.
   absl::StatusOr<Tensor> per_token = training::LabelsFromArray(
       Tensor::FromVector<uint8_t>(DType::kUInt8, {3, 2}, {1, 2, 3, 4, 5, 6}), "2d.npy");
@@ -997,6 +1004,83 @@ TEST(NamedNpzTest, CastorTrainFeedsSeveralInputsAndChecksLabels) {
   EXPECT_EQ(missing_code, 2);
   EXPECT_THAT(missing_err, HasSubstr("the model input 'attention_mask' has no array "
                                      "'attention_mask'"));
+}
+
+
+// A model that computes its own loss: pred = x [N, 3] @ W [3, 2] (W zero),
+// loss = mean((pred - y)^2), outputs (loss, pred). Both inputs from data.
+void WriteOwnLossModel(const std::string& path) {
+  Model model;
+  model.ir_version = 8;
+  model.opset_imports.push_back({"", 17});
+  Graph& g = *model.graph;
+  Value* x = *g.AddInput("x", DType::kFloat32, Shape{Dim::Symbol("N"), Dim(3)});
+  Value* y = *g.AddInput("y", DType::kFloat32, Shape{Dim::Symbol("N"), Dim(2)});
+  Value* w = *g.AddInitializer("W", Tensor(DType::kFloat32, {3, 2}));
+  Node* pred = *g.AddNode("MatMul", {x, w}, {"pred"}, "matmul");
+  Node* diff = *g.AddNode("Sub", {pred->output(0), y}, {"diff"}, "sub");
+  Node* square = *g.AddNode("Mul", {diff->output(0), diff->output(0)}, {"square"}, "mul");
+  Node* mean = *g.AddNode("ReduceMean", {square->output(0)}, {"loss"}, "mean");
+  mean->SetAttribute(Attribute::Int("keepdims", 0));
+  g.AddOutput(mean->output(0));
+  g.AddOutput(pred->output(0));
+  ASSERT_TRUE(InferTypes(model).ok());
+  ASSERT_TRUE(SaveModel(model, path).ok());
+}
+
+TEST(NamedNpzTest, CastorTrainWithTheModelsOwnLoss) {
+  const std::string model = (TempDir() / "named" / "own_loss.onnx").string();
+  WriteOwnLossModel(model);
+  const std::vector<float> y = {1, -2, 0.5f, 3, -1, 2, 4, 0.25f};
+  const std::string data = NamedNpz(
+      "own_loss.npz",
+      {{"x.npy", Npy<float>(DType::kFloat32, {4, 3}, {1, 2, 3, -1, 0, 1, 2, -2, 1, 0, 1, -1})},
+       {"y.npy", Npy<float>(DType::kFloat32, {4, 2}, y)}});
+  const std::string metrics = (TempDir() / "named" / "own_loss.jsonl").string();
+  auto train = [&](const std::string& data_path, std::vector<std::string> extra) {
+    std::vector<std::string> args = {model, "--data", data_path, "--batch", "4", "--loss",
+                                     "output", "--policy", "float32", "--optimizer", "sgd",
+                                     "--lr", "0.05", "--no-shuffle"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::ostringstream out, err;
+    const int code = RunTrain(args, out, err);
+    return std::make_tuple(code, out.str(), err.str());
+  };
+  const auto [code, out, err] = train(data, {"--max-steps", "3", "--metrics", metrics,
+                                             "--epochs", "3"});
+  ASSERT_EQ(code, 0) << err;
+  // W starts at zero: the first loss is mean(y^2).
+  double expected = 0;
+  for (float v : y) expected += static_cast<double>(v) * v / y.size();
+  std::ifstream in(metrics);
+  std::string line;
+  std::vector<double> losses;
+  while (std::getline(in, line)) {
+    absl::StatusOr<Json> json = Json::Parse(line);
+    ASSERT_TRUE(json.ok()) << line;
+    if (json->Find("step") != nullptr && json->Find("loss") != nullptr) {
+      losses.push_back(json->Find("loss")->as_number());
+    }
+  }
+  ASSERT_EQ(losses.size(), 3u);
+  EXPECT_NEAR(losses[0], expected, 1e-6 * expected);
+  EXPECT_LT(losses[2], losses[1]);
+  EXPECT_LT(losses[1], losses[0]);
+
+  // The output must be a scalar; the data holds no labels.
+  const auto [pred_code, pred_out, pred_err] = train(data, {"--output", "pred", "--max-steps", "1"});
+  EXPECT_EQ(pred_code, 2);
+  EXPECT_THAT(pred_err, HasSubstr("--loss output: output 'pred' has shape [N,2]; the model's own "
+                                  "loss must be a float scalar"));
+  const std::string with_labels = NamedNpz(
+      "own_loss_labels.npz",
+      {{"x.npy", Npy<float>(DType::kFloat32, {4, 3}, std::vector<float>(12, 1.0f))},
+       {"y.npy", Npy<float>(DType::kFloat32, {4, 2}, y)},
+       {"labels.npy", Npy<int64_t>(DType::kInt64, {4}, {0, 1, 0, 1})}});
+  const auto [labels_code, labels_out, labels_err] = train(with_labels, {"--max-steps", "1"});
+  EXPECT_EQ(labels_code, 2);
+  EXPECT_THAT(labels_err, HasSubstr("array 'labels' is neither a model input nor the labels"));
+  EXPECT_THAT(labels_err, HasSubstr("(the model computes its own loss: no labels)"));
 }
 
 }  // namespace

@@ -784,7 +784,7 @@ TEST(TrainingGraphTest, ErrorsNameTheOutputAndTheOpset) {
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(refused.status().message(), HasSubstr("needs opset 14 or later"));
   EXPECT_THAT(std::string(ParseLossKind("hinge").status().message()),
-              HasSubstr("expected cross-entropy, mse or output"));
+              HasSubstr("expected cross-entropy, mse, bce or output"));
 }
 
 }  // namespace

@@ -507,7 +507,7 @@ absl::StatusOr<Prepared> PrepareGraphAndData(TrainOptions& o, Start& start, std:
       inputs.push_back(std::move(spec));
     }
     absl::StatusOr<std::optional<training::DataSplits>> loaded =
-        training::LoadNpzByInputNames(o.data, inputs);
+        training::LoadNpzByInputNames(o.data, inputs, /*labels_required=*/o.loss != "output");
     if (!loaded.ok()) return BadInput(loaded.status().message());
     named = *std::move(loaded);
     if (named.has_value()) o.input = named->train.images_input;
@@ -533,6 +533,11 @@ absl::StatusOr<Prepared> PrepareGraphAndData(TrainOptions& o, Start& start, std:
     if (absl::Status s = convert.Run(prepared.model, context); !s.ok()) {
       return CheckFailed(absl::StrCat(model_name, ": ", s.message()));
     }
+  }
+  if (o.loss == "output" && o.output == "logits" &&
+      float32_graph.FindValue("logits") == nullptr && !float32_graph.outputs().empty()) {
+    // The model's own loss: its first output unless --output names one.
+    o.output = float32_graph.outputs()[0]->name();
   }
   TrainingGraphOptions graph_options;
   graph_options.output = o.output;
@@ -838,7 +843,7 @@ absl::StatusOr<LoopTotals> TrainLoop(const TrainOptions& o, const Start& start,
     ++totals.steps_run;
     // Samples (sequences, for token models) for the throughput; scored
     // positions (tokens, with [N, T] labels) for the accuracy.
-    const int64_t n = b.labels.dims().empty() ? 0 : b.labels.dims()[0];
+    const int64_t n = static_cast<int64_t>(b.indices.size());
     const training::Scored scored = training::ScoreBatch(r->output, b.labels, o.ignore_index);
     correct += scored.correct;
     seen += scored.counted;

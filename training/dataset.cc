@@ -631,21 +631,28 @@ absl::StatusOr<Tensor> FitArrayToInput(Tensor array, const std::string& source,
 // its name) and the labels, of one length.
 absl::StatusOr<Dataset> NamedSplit(std::map<std::string, Tensor>& arrays, const std::string& path,
                                    const std::vector<ModelInputSpec>& inputs,
-                                   const std::string& suffix, const std::string& split_name) {
+                                   const std::string& suffix, const std::string& split_name,
+                                   bool labels_required) {
   Dataset dataset;
   dataset.name = absl::StrCat(path, " ", split_name);
   const std::string labels_key = absl::StrCat(kNamedLabelsArray, suffix);
   auto source = [&](const std::string& key) { return absl::StrCat(path, ":", key); };
-  if (!arrays.count(labels_key)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": no array '", labels_key, "' (the ", split_name,
-        " labels: class indices [N] or per-position labels [N, ...]); the file has ",
-        KeysText(arrays)));
+  int64_t count = -1;  // the split's length, from the labels or the first input
+  std::string count_source;
+  if (labels_required) {
+    if (!arrays.count(labels_key)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": no array '", labels_key, "' (the ", split_name,
+          " labels: class indices [N], per-position labels [N, ...] or float targets); the "
+          "file has ",
+          KeysText(arrays)));
+    }
+    CASTOR_ASSIGN_OR_RETURN(dataset.labels,
+                            LabelsFromArray(std::move(arrays[labels_key]), source(labels_key)));
+    dataset.labels_source = source(labels_key);
+    count = dataset.labels.dims()[0];
+    count_source = source(labels_key);
   }
-  CASTOR_ASSIGN_OR_RETURN(dataset.labels,
-                          LabelsFromArray(std::move(arrays[labels_key]), source(labels_key)));
-  dataset.labels_source = source(labels_key);
-  const int64_t count = dataset.labels.dims()[0];
   bool first = true;
   for (const ModelInputSpec& input : inputs) {
     const std::string key = input.name + suffix;
@@ -657,9 +664,13 @@ absl::StatusOr<Dataset> NamedSplit(std::map<std::string, Tensor>& arrays, const 
     }
     CASTOR_ASSIGN_OR_RETURN(Tensor fitted,
                             FitArrayToInput(std::move(arrays[key]), source(key), input));
+    if (count < 0) {
+      count = fitted.dims()[0];
+      count_source = source(key);
+    }
     if (fitted.dims()[0] != count) {
       return absl::InvalidArgumentError(absl::StrCat(
-          source(key), " has ", fitted.dims()[0], " samples but ", source(labels_key), " has ",
+          source(key), " has ", fitted.dims()[0], " samples but ", count_source, " has ",
           count, "; every array of a split must have the same length (axis 0)"));
     }
     if (first) {
@@ -956,38 +967,51 @@ absl::StatusOr<DataSplits> LoadNpzFile(const std::string& path) {
 }
 
 absl::StatusOr<std::optional<DataSplits>> LoadNpzByInputNames(
-    const std::string& path, const std::vector<ModelInputSpec>& inputs) {
+    const std::string& path, const std::vector<ModelInputSpec>& inputs, bool labels_required) {
   CASTOR_ASSIGN_OR_RETURN(auto arrays, ReadNpz(path));
-  if ((arrays.count("x_train") && arrays.count("y_train")) ||
-      !FindArrayPair(arrays, {{"x", "y"}, {"images", "labels"}}).first.empty()) {
-    return std::optional<DataSplits>();  // a form LoadNpzFile reads
-  }
-  bool named = false;
-  for (const ModelInputSpec& input : inputs) named |= arrays.count(input.name) > 0;
-  if (!named) return std::optional<DataSplits>();
-  // Every array must be an input's, the labels, or their _test twins.
+  // The arrays the named form takes: every input's, the labels, and their
+  // _test twins.
   std::vector<std::string> expected;
   for (const ModelInputSpec& input : inputs) {
     expected.push_back(input.name);
     expected.push_back(input.name + kTestSuffix);
   }
-  expected.push_back(kNamedLabelsArray);
-  expected.push_back(absl::StrCat(kNamedLabelsArray, kTestSuffix));
+  if (labels_required) {
+    expected.push_back(kNamedLabelsArray);
+    expected.push_back(absl::StrCat(kNamedLabelsArray, kTestSuffix));
+  }
+  auto is_expected = [&](const std::string& key) {
+    return std::find(expected.begin(), expected.end(), key) != expected.end();
+  };
+  bool named = false, all_expected = true;
+  for (const ModelInputSpec& input : inputs) named |= arrays.count(input.name) > 0;
+  for (const auto& [key, array] : arrays) all_expected &= is_expected(key);
+  // A file whose arrays are all the named form's is read as such (a model
+  // whose inputs are x and y, say); otherwise the Keras-style forms
+  // (x_train/y_train, x/y, images/labels) come first.
+  const bool other_form = (arrays.count("x_train") && arrays.count("y_train")) ||
+                          !FindArrayPair(arrays, {{"x", "y"}, {"images", "labels"}}).first.empty();
+  // Without labels (the model's own loss) the other forms cannot apply.
+  if (!named || (other_form && !all_expected && labels_required)) {
+    return std::optional<DataSplits>();
+  }
   bool has_test = false;
   for (const auto& [key, array] : arrays) {
-    if (std::find(expected.begin(), expected.end(), key) == expected.end()) {
+    if (!is_expected(key)) {
       return absl::InvalidArgumentError(absl::StrCat(
           path, ": array '", key, "' is neither a model input nor the labels; keyed by input "
-          "names, the arrays are ", absl::StrJoin(expected, ", ")));
+          "names, the arrays are ", absl::StrJoin(expected, ", "),
+          labels_required ? "" : " (the model computes its own loss: no labels)"));
     }
     has_test |= absl::EndsWith(key, kTestSuffix) &&
-                std::find(expected.begin(), expected.end(),
-                          key.substr(0, key.size() - std::strlen(kTestSuffix))) != expected.end();
+                is_expected(key.substr(0, key.size() - std::strlen(kTestSuffix)));
   }
   DataSplits splits;
-  CASTOR_ASSIGN_OR_RETURN(splits.train, NamedSplit(arrays, path, inputs, "", "train"));
+  CASTOR_ASSIGN_OR_RETURN(splits.train,
+                          NamedSplit(arrays, path, inputs, "", "train", labels_required));
   if (has_test) {
-    CASTOR_ASSIGN_OR_RETURN(splits.test, NamedSplit(arrays, path, inputs, kTestSuffix, "test"));
+    CASTOR_ASSIGN_OR_RETURN(
+        splits.test, NamedSplit(arrays, path, inputs, kTestSuffix, "test", labels_required));
   }
   return std::optional<DataSplits>(std::move(splits));
 }
@@ -1059,8 +1083,10 @@ Batch GatherBatch(const Dataset& dataset, const std::vector<int64_t>& indices) {
   // Pixels become float32; float32 and integer inputs (token ids) are copied.
   batch.images = Tensor(pixels ? DType::kFloat32 : dataset.images.dtype(), image_dims);
   std::vector<int64_t> label_dims = dataset.labels.dims();
-  label_dims[0] = count;
-  batch.labels = Tensor(dataset.labels.dtype(), label_dims);
+  if (!label_dims.empty()) {
+    label_dims[0] = count;
+    batch.labels = Tensor(dataset.labels.dtype(), label_dims);
+  }
   const int64_t rows = std::max<int64_t>(dataset.size(), 1);
   const int64_t row_elements = dataset.images.num_elements() / rows;
   const size_t row_bytes = dataset.images.byte_size() / rows;
@@ -1076,8 +1102,10 @@ Batch GatherBatch(const Dataset& dataset, const std::vector<int64_t>& indices) {
       std::memcpy(batch.images.raw() + i * row_bytes, dataset.images.raw() + row * row_bytes,
                   row_bytes);
     }
-    std::memcpy(batch.labels.raw() + i * label_bytes, dataset.labels.raw() + row * label_bytes,
-                label_bytes);
+    if (label_bytes > 0) {
+      std::memcpy(batch.labels.raw() + i * label_bytes, dataset.labels.raw() + row * label_bytes,
+                  label_bytes);
+    }
   }
   for (const auto& [name, source] : dataset.extra_inputs) {
     // uint8 stays only for a floating-point input (pixels, scaled).

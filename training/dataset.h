@@ -43,7 +43,12 @@ struct Dataset {
   // The model input `images` feeds in that form ("" in the others).
   std::string images_input;
 
-  int64_t size() const { return labels.dims().empty() ? 0 : labels.dims()[0]; }
+  // Samples: the labels' count, or the inputs' where there are no labels
+  // (the model's own loss).
+  int64_t size() const {
+    if (!labels.dims().empty()) return labels.dims()[0];
+    return labels.dtype() == DType::kUndefined && !images.dims().empty() ? images.dims()[0] : 0;
+  }
   // The dims of one sample: images.dims() without the leading N.
   std::vector<int64_t> sample_dims() const;
 };
@@ -122,8 +127,10 @@ inline constexpr char kTestSuffix[] = "_test";
 // The .npz at `path` keyed by input names: one array per model input named
 // after it, `labels`, and optionally a test split of the same names with
 // "_test" appended (every array or none). nullopt when the file is in
-// another form (it holds x_train/y_train, x/y or images/labels, or no array
-// is named after an input). Each array must have the input's rank and its
+// another form: no array is named after an input, or it holds
+// x_train/y_train, x/y or images/labels and arrays the named form does not
+// take (a file of the named form's arrays only is read as such, and so is
+// every file with an input's array when there are no labels). Each array must have the input's rank and its
 // static dims after the leading N, and a dtype that fits it: float32 (or
 // float16/bfloat16/float64, widened) or uint8 pixels (scaled to [0, 1] per
 // batch) for a floating-point input, integers that the input's int32/int64
@@ -131,8 +138,11 @@ inline constexpr char kTestSuffix[] = "_test";
 // name the array, the input and what was expected: a required input with
 // no array, an array that is no input, a dtype or shape that does not fit,
 // arrays of different lengths.
+// With `labels_required` false (the model computes its own loss) there are
+// no labels: the arrays are the inputs only.
 absl::StatusOr<std::optional<DataSplits>> LoadNpzByInputNames(
-    const std::string& path, const std::vector<ModelInputSpec>& inputs);
+    const std::string& path, const std::vector<ModelInputSpec>& inputs,
+    bool labels_required = true);
 
 // One array file for a FILES list: .npy (by its magic) or IDX (anything else,
 // gzip or not). `as_labels` selects the label conversion.

@@ -207,9 +207,13 @@ absl::StatusOr<Evaluation> Evaluate(Trainer& trainer, const Dataset& test,
     // The batch's loss is the mean over its counted positions (a batch
     // with none has a NaN mean and adds nothing).
     if (b.labels.dtype() != DType::kInt64) {
-      // Float targets (mse, bce): the loss is a mean over elements.
-      loss_sum += r.loss * b.labels.num_elements();
-      elements += b.labels.num_elements();
+      // Float targets (mse, bce): the loss is a mean over elements; the
+      // model's own loss (no labels): a mean over the batch's samples.
+      const int64_t weight = b.labels.dtype() == DType::kUndefined
+                                 ? static_cast<int64_t>(b.indices.size())
+                                 : b.labels.num_elements();
+      loss_sum += r.loss * weight;
+      elements += weight;
       continue;
     }
     if (scored.counted > 0) loss_sum += r.loss * scored.counted;

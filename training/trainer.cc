@@ -179,7 +179,8 @@ absl::StatusOr<StepResult> Trainer::Evaluate(std::vector<std::pair<std::string, 
     }
     eval_stale_ = false;
   }
-  inputs.emplace_back(kLabelsInput, std::move(labels));
+  // The model's own loss (--loss output) reads no labels.
+  if (graph_.loss != LossKind::kModelOutput) inputs.emplace_back(kLabelsInput, std::move(labels));
   CASTOR_ASSIGN_OR_RETURN(std::vector<Tensor> outputs, eval_executor_->Run(inputs));
   result.loss = outputs[0].data<float>()[0];
   result.output = std::move(outputs[1]);
@@ -317,7 +318,7 @@ absl::Status Trainer::WriteRngState() {
 absl::StatusOr<StepResult> Trainer::Step(Feeds inputs, Tensor labels) {
   // Before a recording too: a replay reads the resident state as it is.
   CASTOR_RETURN_IF_ERROR(WriteRngState());
-  inputs.emplace_back(kLabelsInput, std::move(labels));
+  if (graph_.loss != LossKind::kModelOutput) inputs.emplace_back(kLabelsInput, std::move(labels));
   const std::string signature = FeedSignature(inputs);
   if (recorded_ == nullptr && replay_unavailable_.empty() && run_signatures_.contains(signature)) {
     // A kernel's InvalidArgument is about this batch (a bad label, say):

@@ -91,7 +91,7 @@ class Trainer {
                                                          Backend& backend);
 
   // One step on a batch: `inputs` feed the model's inputs by name, `labels`
-  // the loss's targets.
+  // the loss's targets (unused with the model's own loss, kModelOutput).
   absl::StatusOr<StepResult> Step(std::vector<std::pair<std::string, Tensor>> inputs,
                                   Tensor labels);
 
