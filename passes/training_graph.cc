@@ -465,8 +465,10 @@ absl::Status DropoutRngStep(Model& model, TrainingPassState& state) {
   return absl::OkStatus();
 }
 
-// The loss, and the loss scale the backward pass is seeded with.
+// The loss, the loss scale the backward pass is seeded with, and the RNG
+// state of every Dropout that draws.
 absl::Status AttachLossStep(Model& model, TrainingPassState& state) {
+  CASTOR_RETURN_IF_ERROR(DropoutRngStep(model, state));
   Graph& graph = *model.graph;
   Value* output = graph.FindValue(state.result->model_output);
   CASTOR_ASSIGN_OR_RETURN(Value * loss, AttachLoss(graph, output, state.options.loss,
@@ -644,9 +646,6 @@ void AddTrainingPasses(PassManager& manager, const TrainingGraphOptions& options
   AddStep(manager, state, "batchnorm-training",
           "switches BatchNormalization to training mode, with running-statistic outputs",
           BatchNormTrainingStep);
-  AddStep(manager, state, "dropout-rng",
-          "gives every Dropout that can draw the step's RNG state (castor.rng) as input 3",
-          DropoutRngStep);
   if (options.pool_before_relu) {
     manager.Add(std::make_unique<FunctionPass>(
         "pool-before-relu", "runs a Relu read only by a MaxPool after it, on the pooled tensor",

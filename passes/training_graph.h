@@ -127,8 +127,8 @@ struct TrainingGraph {
 };
 
 // The training rewrites as passes, in order (pass_manager.h): evaluation-
-// graph, batchnorm-training, dropout-rng, pool-before-relu (when asked),
-// attach-loss, autodiff, step-outputs. Running them fills `*result`, which must outlive
+// graph, batchnorm-training, pool-before-relu (when asked), attach-loss
+// (with Dropout's RNG state), autodiff, step-outputs. Running them fills `*result`, which must outlive
 // the manager's run.
 void AddTrainingPasses(PassManager& manager, const TrainingGraphOptions& options,
                        TrainingGraph* result);

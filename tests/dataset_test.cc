@@ -938,6 +938,7 @@ TEST(NamedNpzTest, ErrorsNameTheArrayTheInputAndWhatWasExpected) {
 // A two-input token classifier: E[input_ids] [N, 4, 3] times the mask
 // (Cast to float, Unsqueeze), summed over the tokens: logits [N, 3].
 void WriteMaskedTokenModel(const std::string& path) {
+  fs::create_directories(fs::path(path).parent_path());
   Model model;
   model.ir_version = 8;
   model.opset_imports.push_back({"", 17});
@@ -1010,6 +1011,7 @@ TEST(NamedNpzTest, CastorTrainFeedsSeveralInputsAndChecksLabels) {
 // A model that computes its own loss: pred = x [N, 3] @ W [3, 2] (W zero),
 // loss = mean((pred - y)^2), outputs (loss, pred). Both inputs from data.
 void WriteOwnLossModel(const std::string& path) {
+  fs::create_directories(fs::path(path).parent_path());
   Model model;
   model.ir_version = 8;
   model.opset_imports.push_back({"", 17});

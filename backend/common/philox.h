@@ -12,9 +12,10 @@
 //   word    = Philox4x32_10(counter, key)[i % 4]
 //   keep    = word >= DropoutThreshold(ratio)      (P(keep) = 1 - ratio)
 // The run seed and call counter come from the node's RNG-state input (the
-// training graph's castor.rng, see passes/training_graph.h) or, without it,
-// are the node's `seed` attribute and 0; the node stream is FNV-1a of the
-// node's name, so two Dropouts of one graph draw different masks.
+// training graph's castor.rng, see passes/training_graph.h); the node
+// stream is FNV-1a of the node's name, so two Dropouts of one graph draw
+// different masks. (A Dropout without that input, outside training graphs,
+// draws as ONNX's numpy reference does: backend/cpu/misc.cc.)
 #pragma once
 
 #include <cstdint>
