@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <regex>
+#include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -88,11 +90,52 @@ absl::StatusOr<Value*> AttachLoss(Graph& graph, Value* output, LossKind kind,
       mean->SetAttribute(Attribute::Int("keepdims", 0));
       return mean->output(0);
     }
+    case LossKind::kBinaryCrossEntropy: {
+      // max(x, 0) - x * y + log(1 + exp(-|x|)): never exp of a positive
+      // number, so no overflow for any logit (torch's formulation).
+      CASTOR_ASSIGN_OR_RETURN(Value * targets,
+                              graph.AddInput(kLabelsInput, DType::kFloat32, output->shape()));
+      auto op = [&](const std::string& type, std::vector<Value*> inputs,
+                    const std::string& name) -> absl::StatusOr<Value*> {
+        CASTOR_ASSIGN_OR_RETURN(Node * node, graph.AddNode(type, std::move(inputs),
+                                                           {"castor.loss/" + name},
+                                                           "castor.loss/" + name));
+        return node->output(0);
+      };
+      CASTOR_ASSIGN_OR_RETURN(Value * positive, op("Relu", {prediction}, "positive_part"));
+      CASTOR_ASSIGN_OR_RETURN(Value * product, op("Mul", {prediction, targets}, "logit_target"));
+      CASTOR_ASSIGN_OR_RETURN(Value * linear, op("Sub", {positive, product}, "linear_part"));
+      CASTOR_ASSIGN_OR_RETURN(Value * magnitude, op("Abs", {prediction}, "magnitude"));
+      CASTOR_ASSIGN_OR_RETURN(Value * negated, op("Neg", {magnitude}, "negated_magnitude"));
+      CASTOR_ASSIGN_OR_RETURN(Value * exp, op("Exp", {negated}, "exp"));
+      // A Constant node, not an initializer: an initializer would be a parameter.
+      CASTOR_ASSIGN_OR_RETURN(Node * one_node, graph.AddNode("Constant", {}, {"castor.loss/one"},
+                                                             "castor.loss/one"));
+      one_node->SetAttribute(Attribute::TensorValue("value", Tensor::Scalar(1.0f)));
+      Value* one = one_node->output(0);
+      CASTOR_ASSIGN_OR_RETURN(Value * shifted, op("Add", {exp, one}, "one_plus_exp"));
+      CASTOR_ASSIGN_OR_RETURN(Value * softplus, op("Log", {shifted}, "log_one_plus_exp"));
+      CASTOR_ASSIGN_OR_RETURN(Value * elementwise, op("Add", {linear, softplus}, "elementwise"));
+      CASTOR_ASSIGN_OR_RETURN(Node * mean, graph.AddNode("ReduceMean", {elementwise},
+                                                         {kLossOutput}, "castor.loss/ReduceMean"));
+      mean->SetAttribute(Attribute::Int("keepdims", 0));
+      return mean->output(0);
+    }
     case LossKind::kModelOutput: {
       if (output->dtype() != DType::kFloat32 && output->dtype() != DType::kFloat16 &&
           output->dtype() != DType::kBFloat16) {
         return absl::InvalidArgumentError(absl::StrCat("output ", Quoted(output->name()),
                                                        " is not a float loss"));
+      }
+      const Shape& shape = output->shape();
+      bool scalar = shape.rank() >= 0;
+      for (int axis = 0; scalar && axis < shape.rank(); ++axis) {
+        scalar = shape[axis].is_static() && shape[axis].value() == 1;
+      }
+      if (!scalar) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--loss output: output ", Quoted(output->name()), " has shape ", shape.ToString(),
+            "; the model's own loss must be a float scalar (name it with --output)"));
       }
       CASTOR_ASSIGN_OR_RETURN(Node * identity, graph.AddNode("Identity", {prediction},
                                                              {kLossOutput}, "castor.loss/Identity"));
@@ -366,9 +409,10 @@ absl::StatusOr<LossKind> ParseLossKind(const std::string& name) {
     return LossKind::kSoftmaxCrossEntropy;
   }
   if (name == "mse") return LossKind::kMeanSquaredError;
+  if (name == "bce") return LossKind::kBinaryCrossEntropy;
   if (name == "output") return LossKind::kModelOutput;
   return absl::InvalidArgumentError(absl::StrCat(
-      "unknown loss '", name, "'; expected cross-entropy, mse or output"));
+      "unknown loss '", name, "'; expected cross-entropy, mse, bce or output"));
 }
 
 namespace {
@@ -416,8 +460,41 @@ absl::Status BatchNormTrainingStep(Model& model, TrainingPassState& state) {
   return absl::OkStatus();
 }
 
-// The loss, and the loss scale the backward pass is seeded with.
+// Every Dropout that can draw (opset 12 or later, with a training_mode
+// input) reads the RNG state as its input 3; the mask output its gradient
+// reads is the one the forward pass drew.
+absl::Status DropoutRngStep(Model& model, TrainingPassState& state) {
+  if (model.OpsetVersion("") < 12) return absl::OkStatus();
+  Graph& graph = *model.graph;
+  Value* rng = nullptr;
+  int dropouts = 0;
+  for (Node* node : graph.nodes()) {
+    if (!node->domain().empty() || node->op_type() != "Dropout") continue;
+    if (node->num_inputs() < 3 || node->input(2) == nullptr) continue;  // never draws
+    if (node->num_inputs() > 3) {
+      return absl::InvalidArgumentError(absl::StrCat("Dropout node ", Quoted(node->name()),
+                                                     " has ", node->num_inputs(),
+                                                     " inputs; ONNX's Dropout takes at most 3"));
+    }
+    if (rng == nullptr) {
+      CASTOR_ASSIGN_OR_RETURN(rng, graph.AddInput(kRngStateInput, DType::kInt64, Shape({Dim(2)})));
+      Tensor initial(DType::kInt64, {2});
+      initial.data<int64_t>()[0] = 0;
+      initial.data<int64_t>()[1] = 0;
+      graph.SetInitializerOfInput(rng, std::move(initial));
+    }
+    node->SetInput(3, rng);
+    ++dropouts;
+  }
+  state.result->rng_dropouts = dropouts;
+  if (dropouts > 0) CASTOR_RETURN_IF_ERROR(InferTypes(model));
+  return absl::OkStatus();
+}
+
+// The loss, the loss scale the backward pass is seeded with, and the RNG
+// state of every Dropout that draws.
 absl::Status AttachLossStep(Model& model, TrainingPassState& state) {
+  CASTOR_RETURN_IF_ERROR(DropoutRngStep(model, state));
   Graph& graph = *model.graph;
   Value* output = graph.FindValue(state.result->model_output);
   CASTOR_ASSIGN_OR_RETURN(Value * loss, AttachLoss(graph, output, state.options.loss,
@@ -429,8 +506,79 @@ absl::Status AttachLossStep(Model& model, TrainingPassState& state) {
   return InferTypes(model);
 }
 
+// Fine-tuning: takes the parameters `options.freeze` matches, or
+// `options.train_only` does not, out of `request` into `frozen`. Only
+// initializers that would train count (a Dropout ratio, a weight with no
+// path to the loss is no parameter, frozen or not): with a pattern given,
+// autodiff runs once on a copy to learn which those are.
+absl::Status LeaveOutFrozen(const Model& model, const TrainingGraphOptions& options,
+                            AutodiffRequest& request, std::vector<std::string>& frozen) {
+  if (options.freeze.empty() && options.train_only.empty()) return absl::OkStatus();
+  auto compile = [](const std::string& flag,
+                    const std::string& pattern) -> absl::StatusOr<std::optional<std::regex>> {
+    if (pattern.empty()) return std::optional<std::regex>();
+    try {
+      return std::optional<std::regex>(std::regex(pattern, std::regex::ECMAScript));
+    } catch (const std::regex_error& e) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, " ", Quoted(pattern),
+                                                     " is not a valid regular expression: ",
+                                                     e.what()));
+    }
+  };
+  CASTOR_ASSIGN_OR_RETURN(const std::optional<std::regex> freeze,
+                          compile("--freeze", options.freeze));
+  CASTOR_ASSIGN_OR_RETURN(const std::optional<std::regex> train_only,
+                          compile("--train-only", options.train_only));
+  std::vector<std::string> trainable;  // what would train without the patterns
+  {
+    CASTOR_ASSIGN_OR_RETURN(Model copy, CloneModel(model));
+    CASTOR_RETURN_IF_ERROR(InferTypes(copy));  // a clone carries no inferred types
+    CASTOR_ASSIGN_OR_RETURN(AutodiffResult all, BuildGradients(copy, request));
+    for (const auto& [parameter, gradient] : all.gradients) trainable.push_back(parameter);
+  }
+  auto examples = [&]() {
+    std::vector<std::string> some(trainable.begin(),
+                                  trainable.begin() + std::min<size_t>(trainable.size(), 8));
+    return absl::StrCat(absl::StrJoin(some, ", "), trainable.size() > some.size() ? ", ..." : "");
+  };
+  int freeze_matches = 0, train_only_matches = 0;
+  absl::flat_hash_set<std::string> fixed;
+  for (const std::string& name : trainable) {
+    const bool frozen_by_freeze = freeze.has_value() && std::regex_search(name, *freeze);
+    const bool kept_by_train_only = train_only.has_value() && std::regex_search(name, *train_only);
+    freeze_matches += frozen_by_freeze;
+    train_only_matches += kept_by_train_only;
+    if (frozen_by_freeze || (train_only.has_value() && !kept_by_train_only)) fixed.insert(name);
+  }
+  for (const auto& [flag, pattern, matches] :
+       {std::tuple{"--freeze", &options.freeze, freeze_matches},
+        std::tuple{"--train-only", &options.train_only, train_only_matches}}) {
+    if (!pattern->empty() && matches == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, " ", Quoted(*pattern), " matches none of the model's ", trainable.size(),
+          " parameters (", examples(), "); the pattern is searched for in each name"));
+    }
+  }
+  if (fixed.size() == trainable.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--freeze ", Quoted(options.freeze), " / --train-only ", Quoted(options.train_only),
+        " leave none of the model's ", trainable.size(), " parameters to train"));
+  }
+  std::vector<std::string> kept;
+  for (const std::string& name : request.parameters) {
+    if (fixed.contains(name)) {
+      frozen.push_back(name);
+    } else {
+      kept.push_back(name);
+    }
+  }
+  request.parameters = std::move(kept);
+  return absl::OkStatus();
+}
+
 // The gradient of every float32 parameter (BatchNormalization statistics
-// excepted), float32 values re-widened for the backward pass.
+// excepted, and those fine-tuning freezes), float32 values re-widened for
+// the backward pass.
 absl::Status AutodiffStep(Model& model, TrainingPassState& state) {
   Graph& graph = *model.graph;
   TrainingGraph& result = *state.result;
@@ -450,6 +598,7 @@ absl::Status AutodiffStep(Model& model, TrainingPassState& state) {
   if (request.parameters.empty()) {
     return absl::InvalidArgumentError("the model has no float32 initializers to train");
   }
+  CASTOR_RETURN_IF_ERROR(LeaveOutFrozen(model, state.options, request, result.frozen));
   const int first_backward = graph.num_nodes();
   CASTOR_ASSIGN_OR_RETURN(AutodiffResult gradients, BuildGradients(model, request));
   if (gradients.gradients.empty()) {

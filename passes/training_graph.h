@@ -13,10 +13,15 @@
 // The result is one ONNX graph a backend runs per step:
 //   inputs   the model's inputs, the labels (castor.labels: int64 [N] for
 //            cross-entropy on [N, C] logits, [N, d1, ...] on [N, d1, ..., C]
-//            logits, float32 shaped like the output for mse), the loss scale
+//            logits, float32 shaped like the output for mse and bce), the loss scale
 //            (castor.loss_scale, float32 scalar, an input with initializer
 //            1: the trainer's step kernels write each step's scale into the
-//            backend's copy, so it is not fed)
+//            backend's copy, so it is not fed), and where a Dropout can draw
+//            (opset 12 or later with a training_mode input) the RNG state
+//            (castor.rng, int64 [seed, counter], an input with initializer
+//            the trainer overwrites before each run: the masks are a
+//            function of the run seed, the node, the counter and the
+//            element, backend/common/philox.h)
 //   outputs  the loss (castor.loss, float32 scalar, unscaled), the model
 //            output it is attached to, the gradient of every parameter
 //            (scaled by the loss scale: the trainer's step kernels unscale
@@ -55,6 +60,10 @@ namespace castor {
 inline constexpr const char* kLabelsInput = "castor.labels";
 inline constexpr const char* kLossScaleInput = "castor.loss_scale";
 inline constexpr const char* kLossOutput = "castor.loss";
+// The RNG state of the step's Dropout draws: int64 [seed, counter], an
+// input with initializer [0, 0] that the trainer overwrites before each run
+// (training/trainer.h); input 3 of every training-mode Dropout.
+inline constexpr const char* kRngStateInput = "castor.rng";
 
 enum class LossKind {
   // Integer labels [N] against logits [N, C], or [N, d1, ...] against
@@ -63,10 +72,14 @@ enum class LossKind {
   // over every position whose label is not the ignore index.
   kSoftmaxCrossEntropy,
   kMeanSquaredError,     // float targets shaped like the output (mean)
+  // Binary cross-entropy with logits, multi-label (torch's
+  // BCEWithLogitsLoss): float targets shaped like the output, the mean over
+  // every element of max(x, 0) - x * y + log(1 + exp(-|x|)).
+  kBinaryCrossEntropy,
   kModelOutput,          // the named output already is a scalar loss
 };
 
-// "cross-entropy" (also "softmax-cross-entropy", "sce"), "mse", "output".
+// "cross-entropy" (also "softmax-cross-entropy", "sce"), "mse", "bce", "output".
 absl::StatusOr<LossKind> ParseLossKind(const std::string& name);
 
 struct TrainingGraphOptions {
@@ -77,12 +90,23 @@ struct TrainingGraphOptions {
   std::optional<int64_t> ignore_index;
   // Swap Relu -> MaxPool into MaxPool -> Relu (off only to compare).
   bool pool_before_relu = true;
+  // Fine-tuning (ECMAScript regular expressions, matched anywhere in the
+  // name as std::regex_search does; anchor with ^...$ for a whole name):
+  // parameters whose initializer name matches `freeze`, or does not match
+  // `train_only`, stay fixed: no gradient is built for them. "" = unset.
+  // A pattern that is invalid, or matches no parameter, is an error
+  // naming it.
+  std::string freeze;
+  std::string train_only;
 };
 
 struct TrainingGraph {
   // Parameters (float32 initializers) and their gradient outputs, in
   // initializer order.
   std::vector<std::pair<std::string, std::string>> gradients;
+  // Parameters kept fixed by `freeze` / `train_only` (initializer order):
+  // they would train otherwise.
+  std::vector<std::string> frozen;
   // BatchNormalization running statistics: (initializer, output holding
   // its value after the step).
   std::vector<std::pair<std::string, std::string>> running_stats;
@@ -96,6 +120,9 @@ struct TrainingGraph {
   int backward_recasts = 0;
   // Relu -> MaxPool pairs of the training graph run as MaxPool -> Relu.
   int pooled_relus = 0;
+  // Dropout nodes that read the RNG state (kRngStateInput; the input
+  // exists only when there is one).
+  int rng_dropouts = 0;
   // The forward-only evaluation graph (types inferred). Its initializers
   // carry the same names as the training graph's, so the trainer updates
   // both from one state.
@@ -103,8 +130,8 @@ struct TrainingGraph {
 };
 
 // The training rewrites as passes, in order (pass_manager.h): evaluation-
-// graph, batchnorm-training, pool-before-relu (when asked), attach-loss,
-// autodiff, step-outputs. Running them fills `*result`, which must outlive
+// graph, batchnorm-training, pool-before-relu (when asked), attach-loss
+// (with Dropout's RNG state), autodiff, step-outputs. Running them fills `*result`, which must outlive
 // the manager's run.
 void AddTrainingPasses(PassManager& manager, const TrainingGraphOptions& options,
                        TrainingGraph* result);

@@ -160,6 +160,14 @@ TEST(CudaShapeOps, DropoutTrainingDrawsTheCpuMask) {
     ExpectOpMatches("Dropout", floats, {3, 7},
                     {Make(DType::kFloat32, {}, {0.3}), testing::Bool({}, {1})}, attributes, 13,
                     "training without mask", 1);
+    // castor's RNG state input (the training graph's castor.rng): the
+    // device draws the CPU's Philox bits for every counter.
+    for (int64_t counter : {int64_t{0}, int64_t{1}, int64_t{5000000000}}) {
+      ExpectOpMatches("Dropout", floats, {200, 513},
+                      {Make(DType::kFloat32, {}, {0.5}), testing::Bool({}, {1}),
+                       I64({2}, {seed, counter})},
+                      {}, 13, "training, RNG state counter " + std::to_string(counter), 2);
+    }
   }
 }
 

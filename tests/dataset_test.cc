@@ -20,7 +20,13 @@
 #include <fstream>
 #include <iostream>
 #include <set>
+#include <sstream>
+#include <tuple>
 
+#include "graph/json.h"
+#include "graph/onnx_io.h"
+#include "graph/shape_inference.h"
+#include "tools/train_command.h"
 #include "training/npy.h"
 
 namespace castor::tools {
@@ -410,8 +416,14 @@ TEST(ConvertTest, ImageAndLabelDTypes) {
   ASSERT_TRUE(labels.ok());
   EXPECT_THAT(labels->dims(), ElementsAre(3));
   EXPECT_THAT(Int64s(*labels), ElementsAre(2, -1, 7));
-  EXPECT_THAT(Message(training::LabelsFromArray(Tensor(DType::kFloat32, {3}), "fl.npy").status()),
-              AllOf(HasSubstr("fl.npy"), HasSubstr("integer"), HasSubstr("float32")));
+  // Float arrays are targets (mse, bce): float32 of their own shape, [N, 1] kept.
+  absl::StatusOr<Tensor> targets = training::LabelsFromArray(
+      Tensor::FromVector<double>(DType::kFloat64, {3, 1}, {0.25, 1, 0}), "fl.npy");
+  ASSERT_TRUE(targets.ok()) << targets.status();
+  EXPECT_EQ(*targets, Tensor::FromVector<float>(DType::kFloat32, {3, 1}, {0.25f, 1, 0}));
+  EXPECT_THAT(Message(training::LabelsFromArray(Tensor(DType::kBool, {3}), "b.npy").status()),
+              AllOf(HasSubstr("b.npy"), HasSubstr("integer class indices or float targets"),
+                    HasSubstr("bool")));
   // Per-position labels [N, T] (next-token labels) stay [N, T], as int64.
   absl::StatusOr<Tensor> per_token = training::LabelsFromArray(
       Tensor::FromVector<uint8_t>(DType::kUInt8, {3, 2}, {1, 2, 3, 4, 5, 6}), "2d.npy");
@@ -789,6 +801,288 @@ TEST(BatchIteratorTest, RejectsBadSettings) {
   EXPECT_THAT(Message(training::BatchIterator::Create(data, {.batch_size = 2}, 0, 5).status()),
               HasSubstr("cannot resume at epoch 0, position 5"));
   EXPECT_FALSE(training::BatchIterator::Create(training::Dataset{}, {.batch_size = 2}).ok());
+}
+
+
+// ----- .npz keyed by the model's input names ------------------------------------------
+
+// input_ids int64 [N, 4], attention_mask int64 [N, 4] (an initializer-backed
+// input `scale` too, which needs no array).
+std::vector<training::ModelInputSpec> TokenInputs() {
+  return {{"input_ids", DType::kInt64, {-1, 4}, true},
+          {"attention_mask", DType::kInt64, {-1, 4}, true},
+          {"scale", DType::kFloat32, {}, false}};
+}
+
+std::vector<int64_t> Ids(int64_t n, int64_t vocabulary) {
+  std::vector<int64_t> ids(static_cast<size_t>(n * 4));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 7 + 3) % vocabulary);
+  return ids;
+}
+
+std::string NamedNpz(const std::string& file, std::vector<ZipEntry> entries) {
+  return WriteFile(TempDir() / "named" / file, ZipBytes(entries));
+}
+
+TEST(NamedNpzTest, FeedsEveryInputByNameInItsDtype) {
+  std::vector<int32_t> mask(32, 1);
+  mask[3] = 0;
+  const std::string path = NamedNpz(
+      "ok.npz", {{"input_ids.npy", Npy<int64_t>(DType::kInt64, {8, 4}, Ids(8, 10))},
+                 {"attention_mask.npy", Npy<int32_t>(DType::kInt32, {8, 4}, mask)},
+                 {"labels.npy", Npy<int64_t>(DType::kInt64, {8}, {0, 1, 2, 0, 1, 2, 0, 1})},
+                 {"input_ids_test.npy", Npy<int64_t>(DType::kInt64, {2, 4}, Ids(2, 10))},
+                 {"attention_mask_test.npy", Npy<int32_t>(DType::kInt32, {2, 4},
+                                                          std::vector<int32_t>(8, 1))},
+                 {"labels_test.npy", Npy<int64_t>(DType::kInt64, {2}, {2, 1})}});
+  auto splits = training::LoadNpzByInputNames(path, TokenInputs());
+  ASSERT_TRUE(splits.ok()) << splits.status();
+  ASSERT_TRUE(splits->has_value());
+  const training::DataSplits& data = **splits;
+  EXPECT_EQ(data.train.size(), 8);
+  EXPECT_EQ(data.test.size(), 2);
+  EXPECT_EQ(data.train.images_input, "input_ids");
+  EXPECT_EQ(data.train.images.dtype(), DType::kInt64);
+  ASSERT_EQ(data.train.extra_inputs.size(), 1u);
+  EXPECT_EQ(data.train.extra_inputs[0].first, "attention_mask");
+  // int32 widens to the int64 input.
+  EXPECT_EQ(data.train.extra_inputs[0].second.dtype(), DType::kInt64);
+  const training::Batch batch = training::GatherBatch(data.train, {0, 5});
+  EXPECT_EQ(Int64s(batch.images), (std::vector<int64_t>{3, 0, 7, 4, 3, 0, 7, 4}));
+  ASSERT_EQ(batch.extra_inputs.size(), 1u);
+  EXPECT_EQ(Int64s(batch.extra_inputs[0].second), (std::vector<int64_t>{1, 1, 1, 0, 1, 1, 1, 1}));
+  const auto feeds = training::BatchFeeds(batch, "input_ids");
+  ASSERT_EQ(feeds.size(), 2u);
+  EXPECT_EQ(feeds[1].first, "attention_mask");
+  EXPECT_EQ(Int64s(batch.labels), (std::vector<int64_t>{0, 2}));
+}
+
+TEST(NamedNpzTest, OtherFormsAreNotTaken) {
+  const std::string keras = NamedNpz(
+      "keras.npz", {{"x_train.npy", Npy<int64_t>(DType::kInt64, {2, 4}, Ids(2, 10))},
+                    {"y_train.npy", Npy<int64_t>(DType::kInt64, {2}, {0, 1})},
+                    {"input_ids.npy", Npy<int64_t>(DType::kInt64, {2, 4}, Ids(2, 10))}});
+  auto splits = training::LoadNpzByInputNames(keras, TokenInputs());
+  ASSERT_TRUE(splits.ok()) << splits.status();
+  EXPECT_FALSE(splits->has_value());
+  const std::string unnamed = NamedNpz(
+      "unnamed.npz", {{"tokens.npy", Npy<int64_t>(DType::kInt64, {2, 4}, Ids(2, 10))}});
+  splits = training::LoadNpzByInputNames(unnamed, TokenInputs());
+  ASSERT_TRUE(splits.ok()) << splits.status();
+  EXPECT_FALSE(splits->has_value());
+}
+
+TEST(NamedNpzTest, ErrorsNameTheArrayTheInputAndWhatWasExpected) {
+  const std::string ids = Npy<int64_t>(DType::kInt64, {8, 4}, Ids(8, 10));
+  const std::string mask = Npy<int64_t>(DType::kInt64, {8, 4}, std::vector<int64_t>(32, 1));
+  const std::string labels = Npy<int64_t>(DType::kInt64, {8}, {0, 1, 2, 0, 1, 2, 0, 1});
+  struct Case {
+    std::string file;
+    std::vector<ZipEntry> entries;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"missing.npz",
+       {{"input_ids.npy", ids}, {"labels.npy", labels}},
+       "missing.npz: the model input 'attention_mask' has no array 'attention_mask' (train "
+       "split); the file has input_ids, labels"},
+      {"float_ids.npz",
+       {{"input_ids.npy", Npy<float>(DType::kFloat32, {8, 4}, std::vector<float>(32, 1.0f))},
+        {"attention_mask.npy", mask},
+        {"labels.npy", labels}},
+       "float_ids.npz:input_ids: float32 [8, 4] does not fit the model input 'input_ids' (int64 "
+       "[N, 4]): an integer input takes integer arrays (int64 or narrower)"},
+      {"uint64_ids.npz",
+       {{"input_ids.npy", Npy<uint64_t>(DType::kUInt64, {8, 4}, std::vector<uint64_t>(32, 1))},
+        {"attention_mask.npy", mask},
+        {"labels.npy", labels}},
+       "not every uint64 value is a int64"},
+      {"shape.npz",
+       {{"input_ids.npy", Npy<int64_t>(DType::kInt64, {8, 5}, Ids(10, 10))},
+        {"attention_mask.npy", mask},
+        {"labels.npy", labels}},
+       "shape.npz:input_ids: int64 [8, 5] does not fit the model input 'input_ids' (int64 [N, "
+       "4]): axis 1 must be 4"},
+      {"rank.npz",
+       {{"input_ids.npy", Npy<int64_t>(DType::kInt64, {32}, Ids(8, 10))},
+        {"attention_mask.npy", mask},
+        {"labels.npy", labels}},
+       "expected rank 2, samples on axis 0"},
+      {"lengths.npz",
+       {{"input_ids.npy", ids},
+        {"attention_mask.npy", Npy<int64_t>(DType::kInt64, {7, 4}, std::vector<int64_t>(28, 1))},
+        {"labels.npy", labels}},
+       "lengths.npz:attention_mask has 7 samples but " },
+      {"no_labels.npz",
+       {{"input_ids.npy", ids}, {"attention_mask.npy", mask}},
+       "no_labels.npz: no array 'labels' (the train labels"},
+      {"stray.npz",
+       {{"input_ids.npy", ids}, {"attention_mask.npy", mask}, {"labels.npy", labels},
+        {"token_type_ids.npy", mask}},
+       "stray.npz: array 'token_type_ids' is neither a model input nor the labels; keyed by "
+       "input names, the arrays are input_ids, input_ids_test, attention_mask, "
+       "attention_mask_test, scale, scale_test, labels, labels_test"},
+      {"half_test.npz",
+       {{"input_ids.npy", ids}, {"attention_mask.npy", mask}, {"labels.npy", labels},
+        {"input_ids_test.npy", ids}, {"labels_test.npy", labels}},
+       "the model input 'attention_mask' has no array 'attention_mask_test' (test split)"},
+  };
+  for (const Case& c : cases) {
+    auto splits = training::LoadNpzByInputNames(NamedNpz(c.file, c.entries), TokenInputs());
+    ASSERT_FALSE(splits.ok()) << c.file;
+    EXPECT_EQ(splits.status().code(), absl::StatusCode::kInvalidArgument) << c.file;
+    EXPECT_THAT(Message(splits.status()), HasSubstr(c.message)) << c.file;
+  }
+}
+
+// A two-input token classifier: E[input_ids] [N, 4, 3] times the mask
+// (Cast to float, Unsqueeze), summed over the tokens: logits [N, 3].
+void WriteMaskedTokenModel(const std::string& path) {
+  fs::create_directories(fs::path(path).parent_path());
+  Model model;
+  model.ir_version = 8;
+  model.opset_imports.push_back({"", 17});
+  Graph& g = *model.graph;
+  Value* ids = *g.AddInput("input_ids", DType::kInt64, Shape{Dim::Symbol("N"), Dim(4)});
+  Value* mask = *g.AddInput("attention_mask", DType::kInt64, Shape{Dim::Symbol("N"), Dim(4)});
+  std::vector<float> table(30);
+  for (int i = 0; i < 30; ++i) table[i] = 0.1f * static_cast<float>((i * 7) % 11) - 0.5f;
+  Value* embedding =
+      *g.AddInitializer("E", Tensor::FromVector<float>(DType::kFloat32, {10, 3}, table));
+  Node* gather = *g.AddNode("Gather", {embedding, ids}, {"embedded"}, "embed");
+  gather->SetAttribute(Attribute::Int("axis", 0));
+  Node* cast = *g.AddNode("Cast", {mask}, {"mask_float"}, "cast");
+  cast->SetAttribute(Attribute::Int("to", 1));
+  Value* axes = *g.AddInitializer("axes", Tensor::Int64s({2}));
+  Node* unsqueeze = *g.AddNode("Unsqueeze", {cast->output(0), axes}, {"mask3"}, "unsqueeze");
+  Node* mul = *g.AddNode("Mul", {gather->output(0), unsqueeze->output(0)}, {"masked"}, "mul");
+  Value* token_axis = *g.AddInitializer("token_axis", Tensor::Int64s({1}));
+  Node* sum = *g.AddNode("ReduceSum", {mul->output(0), token_axis}, {"logits"}, "sum");
+  sum->SetAttribute(Attribute::Int("keepdims", 0));
+  g.AddOutput(sum->output(0));
+  ASSERT_TRUE(InferTypes(model).ok());
+  ASSERT_TRUE(SaveModel(model, path).ok());
+}
+
+TEST(NamedNpzTest, CastorTrainFeedsSeveralInputsAndChecksLabels) {
+  const std::string model = (TempDir() / "named" / "masked_tokens.onnx").string();
+  WriteMaskedTokenModel(model);
+  std::vector<int64_t> mask(32, 1);
+  for (int i = 0; i < 8; ++i) mask[i * 4 + 3] = 0;  // the last token of each sample is padding
+  const std::string ids = Npy<int64_t>(DType::kInt64, {8, 4}, Ids(8, 10));
+  const std::string masks = Npy<int64_t>(DType::kInt64, {8, 4}, mask);
+  const std::string data = NamedNpz(
+      "train_tokens.npz",
+      {{"input_ids.npy", ids}, {"attention_mask.npy", masks},
+       {"labels.npy", Npy<int64_t>(DType::kInt64, {8}, {0, 1, 2, 0, 1, 2, 0, 1})},
+       {"input_ids_test.npy", ids}, {"attention_mask_test.npy", masks},
+       {"labels_test.npy", Npy<int64_t>(DType::kInt64, {8}, {2, 1, 0, 2, 1, 0, 2, 1})}});
+  auto train = [&](const std::string& data_path, std::vector<std::string> extra) {
+    std::vector<std::string> args = {model, "--data", data_path, "--batch", "4",
+                                     "--policy", "float32", "--optimizer", "sgd", "--lr", "0.1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::ostringstream out, err;
+    const int code = RunTrain(args, out, err);
+    return std::make_tuple(code, out.str(), err.str());
+  };
+  const auto [code, out, err] = train(data, {"--epochs", "2"});
+  ASSERT_EQ(code, 0) << err;
+  EXPECT_THAT(out, HasSubstr("(8 train / 8 test)"));
+  EXPECT_THAT(out, HasSubstr("eval  epoch 1 step 4: test loss "));
+  EXPECT_THAT(out, HasSubstr("  parameters      1 tensors (30 elements) train"));
+
+  const std::string bad_label = NamedNpz(
+      "bad_label.npz", {{"input_ids.npy", ids}, {"attention_mask.npy", masks},
+                        {"labels.npy", Npy<int64_t>(DType::kInt64, {8}, {0, 1, 5, 0, 1, 2, 0, 1})}});
+  const auto [bad_code, bad_out, bad_err] = train(bad_label, {"--max-steps", "1"});
+  EXPECT_EQ(bad_code, 2);
+  EXPECT_THAT(bad_err, HasSubstr("bad_label.npz:labels: label 5 (element 2) is out of range "
+                                 "[0, 3): the output 'logits' [N,3] has 3 classes"));
+  const std::string missing = NamedNpz(
+      "missing_mask.npz", {{"input_ids.npy", ids},
+                           {"labels.npy", Npy<int64_t>(DType::kInt64, {8}, std::vector<int64_t>(8, 1))}});
+  const auto [missing_code, missing_out, missing_err] = train(missing, {"--max-steps", "1"});
+  EXPECT_EQ(missing_code, 2);
+  EXPECT_THAT(missing_err, HasSubstr("the model input 'attention_mask' has no array "
+                                     "'attention_mask'"));
+}
+
+
+// A model that computes its own loss: pred = x [N, 3] @ W [3, 2] (W zero),
+// loss = mean((pred - y)^2), outputs (loss, pred). Both inputs from data.
+void WriteOwnLossModel(const std::string& path) {
+  fs::create_directories(fs::path(path).parent_path());
+  Model model;
+  model.ir_version = 8;
+  model.opset_imports.push_back({"", 17});
+  Graph& g = *model.graph;
+  Value* x = *g.AddInput("x", DType::kFloat32, Shape{Dim::Symbol("N"), Dim(3)});
+  Value* y = *g.AddInput("y", DType::kFloat32, Shape{Dim::Symbol("N"), Dim(2)});
+  Value* w = *g.AddInitializer("W", Tensor(DType::kFloat32, {3, 2}));
+  Node* pred = *g.AddNode("MatMul", {x, w}, {"pred"}, "matmul");
+  Node* diff = *g.AddNode("Sub", {pred->output(0), y}, {"diff"}, "sub");
+  Node* square = *g.AddNode("Mul", {diff->output(0), diff->output(0)}, {"square"}, "mul");
+  Node* mean = *g.AddNode("ReduceMean", {square->output(0)}, {"loss"}, "mean");
+  mean->SetAttribute(Attribute::Int("keepdims", 0));
+  g.AddOutput(mean->output(0));
+  g.AddOutput(pred->output(0));
+  ASSERT_TRUE(InferTypes(model).ok());
+  ASSERT_TRUE(SaveModel(model, path).ok());
+}
+
+TEST(NamedNpzTest, CastorTrainWithTheModelsOwnLoss) {
+  const std::string model = (TempDir() / "named" / "own_loss.onnx").string();
+  WriteOwnLossModel(model);
+  const std::vector<float> y = {1, -2, 0.5f, 3, -1, 2, 4, 0.25f};
+  const std::string data = NamedNpz(
+      "own_loss.npz",
+      {{"x.npy", Npy<float>(DType::kFloat32, {4, 3}, {1, 2, 3, -1, 0, 1, 2, -2, 1, 0, 1, -1})},
+       {"y.npy", Npy<float>(DType::kFloat32, {4, 2}, y)}});
+  const std::string metrics = (TempDir() / "named" / "own_loss.jsonl").string();
+  auto train = [&](const std::string& data_path, std::vector<std::string> extra) {
+    std::vector<std::string> args = {model, "--data", data_path, "--batch", "4", "--loss",
+                                     "output", "--policy", "float32", "--optimizer", "sgd",
+                                     "--lr", "0.05", "--no-shuffle"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::ostringstream out, err;
+    const int code = RunTrain(args, out, err);
+    return std::make_tuple(code, out.str(), err.str());
+  };
+  const auto [code, out, err] = train(data, {"--max-steps", "3", "--metrics", metrics,
+                                             "--epochs", "3"});
+  ASSERT_EQ(code, 0) << err;
+  // W starts at zero: the first loss is mean(y^2).
+  double expected = 0;
+  for (float v : y) expected += static_cast<double>(v) * v / y.size();
+  std::ifstream in(metrics);
+  std::string line;
+  std::vector<double> losses;
+  while (std::getline(in, line)) {
+    absl::StatusOr<Json> json = Json::Parse(line);
+    ASSERT_TRUE(json.ok()) << line;
+    if (json->Find("step") != nullptr && json->Find("loss") != nullptr) {
+      losses.push_back(json->Find("loss")->as_number());
+    }
+  }
+  ASSERT_EQ(losses.size(), 3u);
+  EXPECT_NEAR(losses[0], expected, 1e-6 * expected);
+  EXPECT_LT(losses[2], losses[1]);
+  EXPECT_LT(losses[1], losses[0]);
+
+  // The output must be a scalar; the data holds no labels.
+  const auto [pred_code, pred_out, pred_err] = train(data, {"--output", "pred", "--max-steps", "1"});
+  EXPECT_EQ(pred_code, 2);
+  EXPECT_THAT(pred_err, HasSubstr("--loss output: output 'pred' has shape [N,2]; the model's own "
+                                  "loss must be a float scalar"));
+  const std::string with_labels = NamedNpz(
+      "own_loss_labels.npz",
+      {{"x.npy", Npy<float>(DType::kFloat32, {4, 3}, std::vector<float>(12, 1.0f))},
+       {"y.npy", Npy<float>(DType::kFloat32, {4, 2}, y)},
+       {"labels.npy", Npy<int64_t>(DType::kInt64, {4}, {0, 1, 0, 1})}});
+  const auto [labels_code, labels_out, labels_err] = train(with_labels, {"--max-steps", "1"});
+  EXPECT_EQ(labels_code, 2);
+  EXPECT_THAT(labels_err, HasSubstr("array 'labels' is neither a model input nor the labels"));
+  EXPECT_THAT(labels_err, HasSubstr("(the model computes its own loss: no labels)"));
 }
 
 }  // namespace

@@ -13,14 +13,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
 
+#include "absl/strings/str_join.h"
 #include "backend/cuda_backend.h"
 #include "backend/cuda_probe.h"
 #include "graph/json.h"
+#include "graph/onnx_io.h"
+#include "graph/shape_inference.h"
 #include "tests/cli_test_util.h"
 #include "training/checkpoint.h"
 #include "training/npy.h"
@@ -228,6 +232,133 @@ TEST_F(TrainCommandTest, ResumeKeepsTheCheckpointsTf32Setting) {
   EXPECT_THAT(refused.err, HasSubstr("records tf32 as \"yes\"; expected true or false"));
 }
 
+// --freeze / --train-only: the matching parameters keep their values, get
+// no optimizer state, the summary counts them, the checkpoint records the
+// pattern and --resume keeps them fixed. mlp_opset17's parameters:
+// fc1.weight [512, 784], fc1.bias [512], fc2.* (512 x 512 + 512), fc3.*
+// (10 x 512 + 10).
+TEST_F(TrainCommandTest, FreezeKeepsMatchingParametersFixed) {
+  absl::StatusOr<Model> original =
+      LoadModel(std::string(CASTOR_SOURCE_DIR) + "/models/mlp_opset17.onnx");
+  ASSERT_TRUE(original.ok()) << original.status();
+  auto initializer = [](const Model& model, const std::string& name) {
+    const Value* value = model.graph->FindValue(name);
+    EXPECT_NE(value, nullptr) << name;
+    return value != nullptr && value->initializer() != nullptr ? *value->initializer() : Tensor();
+  };
+  const std::string ckpt = (dir_ / "ckpt").string();
+  const Result r = Train({"--freeze", "^fc1\\.", "--max-steps", "2", "--optimizer", "adam",
+                          "--checkpoint-dir", ckpt});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("  parameters      4 tensors (267786 elements) train, 2 (401920 "
+                               "elements) frozen\n"));
+  absl::StatusOr<training::FoundCheckpoint> saved = training::FindLatestCheckpoint(ckpt);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  const training::TrainingState& state = saved->checkpoint.state;
+  EXPECT_EQ(state.parameters, (std::vector<std::string>{"fc2.weight", "fc2.bias", "fc3.weight",
+                                                        "fc3.bias"}));
+  EXPECT_EQ(state.moments.count("fc1.weight"), 0u);
+  EXPECT_EQ(state.moments.count("fc1.bias"), 0u);
+  EXPECT_EQ(state.moments.count("fc2.weight"), 1u);
+  ASSERT_NE(state.extra.Find("freeze"), nullptr);
+  EXPECT_EQ(state.extra.Find("freeze")->as_string(), "^fc1\\.");
+  for (const char* name : {"fc1.weight", "fc1.bias"}) {
+    EXPECT_EQ(initializer(saved->checkpoint.model, name), initializer(*original, name)) << name;
+  }
+  EXPECT_NE(initializer(saved->checkpoint.model, "fc2.weight"),
+            initializer(*original, "fc2.weight"));
+
+  // Resumed, they stay fixed; the flag is the checkpoint's to decide.
+  std::ostringstream out, err;
+  ASSERT_EQ(RunTrain({"--resume", ckpt, "--data", data_, "--max-steps", "3", "--freeze", "fc3"},
+                     out, err),
+            0)
+      << err.str();
+  EXPECT_THAT(err.str(), HasSubstr("--freeze is ignored with --resume: the checkpoint decides it"));
+  EXPECT_THAT(out.str(), HasSubstr("4 tensors (267786 elements) train, 2 (401920 elements) "
+                                   "frozen"));
+  absl::StatusOr<training::FoundCheckpoint> resumed = training::FindLatestCheckpoint(ckpt);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->checkpoint.state.step, 3);
+  EXPECT_EQ(initializer(resumed->checkpoint.model, "fc1.weight"),
+            initializer(*original, "fc1.weight"));
+
+  // --train-only: the complement.
+  const Result only = Train({"--train-only", "fc3", "--max-steps", "1"});
+  ASSERT_EQ(only.code, 0) << only.err;
+  EXPECT_THAT(only.out, HasSubstr("  parameters      2 tensors (5130 elements) train, 4 (664576 "
+                                  "elements) frozen\n"));
+  // Without the flags, nothing is frozen.
+  const Result all = Train({"--max-steps", "1"});
+  ASSERT_EQ(all.code, 0) << all.err;
+  EXPECT_THAT(all.out, HasSubstr("6 tensors (669706 elements) train, 0 (0 elements) frozen"));
+
+  // Patterns that match nothing, freeze everything, or do not parse.
+  const Result none = Train({"--freeze", "^encoder\\.", "--max-steps", "1"});
+  EXPECT_EQ(none.code, 2);
+  EXPECT_THAT(none.err, HasSubstr("--freeze '^encoder\\.' matches none of the model's 6 "
+                                  "parameters (fc1.weight, fc1.bias, fc2.weight"));
+  const Result unmatched = Train({"--train-only", "decoder", "--max-steps", "1"});
+  EXPECT_EQ(unmatched.code, 2);
+  EXPECT_THAT(unmatched.err, HasSubstr("--train-only 'decoder' matches none"));
+  const Result everything = Train({"--freeze", "fc", "--max-steps", "1"});
+  EXPECT_EQ(everything.code, 2);
+  EXPECT_THAT(everything.err, HasSubstr("leave none of the model's 6 parameters to train"));
+  const Result invalid = Train({"--freeze", "fc(", "--max-steps", "1"});
+  EXPECT_EQ(invalid.code, 2);
+  EXPECT_THAT(invalid.err, HasSubstr("--freeze 'fc(' is not a valid regular expression"));
+}
+
+// --loss bce: float multi-label targets shaped like the logits [N, 10]
+// (an .npy list here); the evaluation reports the loss and no accuracy.
+// Targets of another shape, and float labels for cross-entropy, are refused.
+TEST_F(TrainCommandTest, BinaryCrossEntropyTrainsOnFloatTargets) {
+  std::vector<std::string> paths;
+  for (const auto& [split, n] : {std::pair<std::string, int64_t>{"train", 48}, {"test", 16}}) {
+    Tensor targets(DType::kFloat32, {n, 10});
+    for (int64_t i = 0; i < n * 10; ++i) targets.data<float>()[i] = (i * 7) % 3 == 0 ? 1.0f : 0.0f;
+    const std::string path = (dir_ / (split + "_targets.npy")).string();
+    ASSERT_TRUE(training::WriteNpy(path, targets).ok());
+    paths.push_back((dir_ / (split + "_x.npy")).string());
+    paths.push_back(path);
+  }
+  const std::string data = absl::StrJoin(paths, ",");
+  const std::string metrics = (dir_ / "bce.jsonl").string();
+  std::vector<std::string> args = {std::string(CASTOR_SOURCE_DIR) + "/models/mlp_opset17.onnx",
+                                   "--data", data, "--batch", "16", "--loss", "bce",
+                                   "--max-steps", "3", "--metrics", metrics};
+  std::ostringstream out, err;
+  ASSERT_EQ(RunTrain(args, out, err), 0) << err.str();
+  EXPECT_THAT(out.str(), HasSubstr("eval  epoch 0 step 3: test loss "));
+  EXPECT_THAT(out.str(), Not(HasSubstr("accuracy")));
+  EXPECT_THAT(err.str(), HasSubstr("acc -"));
+  std::ifstream in(metrics);
+  std::string line;
+  bool evaluated = false;
+  while (std::getline(in, line)) {
+    absl::StatusOr<Json> json = Json::Parse(line);
+    ASSERT_TRUE(json.ok()) << line;
+    if (json->Find("test_loss") == nullptr) continue;
+    evaluated = true;
+    EXPECT_TRUE(json->Find("test_accuracy")->is_null());
+    // Random logits near 0 against 1/3 positives: about log(2).
+    EXPECT_NEAR(json->Find("test_loss")->as_number(), std::log(2.0), 0.2);
+  }
+  EXPECT_TRUE(evaluated);
+
+  // Class labels [N] do not fit bce; float targets do not fit cross-entropy.
+  const Result labels = Train({"--loss", "bce", "--max-steps", "1"});
+  EXPECT_EQ(labels.code, 2);
+  EXPECT_THAT(labels.err, HasSubstr("train_y.npy: targets [48] do not fit --loss bce: it takes "
+                                    "float targets shaped like the output, [N,10]"));
+  std::ostringstream out2, err2;
+  args = {std::string(CASTOR_SOURCE_DIR) + "/models/mlp_opset17.onnx", "--data", data,
+          "--max-steps", "1"};
+  EXPECT_EQ(RunTrain(args, out2, err2), 2);
+  EXPECT_THAT(err2.str(), HasSubstr("train_targets.npy: labels are float32; cross-entropy takes "
+                                    "integer class indices (float targets: --loss mse or bce)"));
+}
+
 std::string Slurp(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream buffer;
@@ -252,6 +383,44 @@ struct ResumeCase {
   std::string model, policy, optimizer;
 };
 
+// An MLP with Dropout(0.5) in training mode, as torch exports nn.Dropout:
+// input [N, 1, 28, 28] -> Flatten -> Gemm 784x16 -> Relu -> Dropout ->
+// Gemm 16x10 -> logits. Written to `path`.
+void WriteDropoutMlp(const std::string& path) {
+  Model model;
+  model.ir_version = 8;
+  model.opset_imports.push_back({"", 17});
+  Graph& g = *model.graph;
+  Value* input = *g.AddInput("input", DType::kFloat32,
+                             Shape{Dim::Symbol("N"), Dim(1), Dim(28), Dim(28)});
+  auto weights = [&](const std::string& name, std::vector<int64_t> dims, float scale) {
+    Tensor t(DType::kFloat32, std::move(dims));
+    for (int64_t i = 0; i < t.num_elements(); ++i) {
+      t.data<float>()[i] = scale * static_cast<float>((i * 37) % 19 - 9);
+    }
+    return *g.AddInitializer(name, std::move(t));
+  };
+  Node* flatten = *g.AddNode("Flatten", {input}, {"flat"}, "flatten");
+  Node* fc1 = *g.AddNode("Gemm", {flatten->output(0), weights("fc1.weight", {16, 784}, 1e-4f),
+                                  weights("fc1.bias", {16}, 1e-2f)},
+                         {"fc1"}, "fc1");
+  fc1->SetAttribute(Attribute::Int("transB", 1));
+  Node* relu = *g.AddNode("Relu", {fc1->output(0)}, {"relu"}, "relu");
+  Value* ratio = *g.AddInitializer("ratio", Tensor::Scalar(0.5f));
+  Tensor yes(DType::kBool, {});
+  yes.data<uint8_t>()[0] = 1;
+  Value* training = *g.AddInitializer("training_mode", std::move(yes));
+  Node* dropout =
+      *g.AddNode("Dropout", {relu->output(0), ratio, training}, {"dropped", "mask"}, "dropout");
+  Node* fc2 = *g.AddNode("Gemm", {dropout->output(0), weights("fc2.weight", {10, 16}, 1e-2f),
+                                  weights("fc2.bias", {10}, 1e-2f)},
+                         {"logits"}, "fc2");
+  fc2->SetAttribute(Attribute::Int("transB", 1));
+  g.AddOutput(fc2->output(0));
+  ASSERT_TRUE(InferTypes(model).ok());
+  ASSERT_TRUE(SaveModel(model, path).ok());
+}
+
 class TrainResumeTest : public TrainCommandTest,
                         public ::testing::WithParamInterface<ResumeCase> {};
 
@@ -261,7 +430,12 @@ class TrainResumeTest : public TrainCommandTest,
 // is the same float.
 TEST_P(TrainResumeTest, ResumeIsBitExact) {
   const ResumeCase& c = GetParam();
-  const std::string model = std::string(CASTOR_SOURCE_DIR) + "/models/" + c.model + ".onnx";
+  std::string model = std::string(CASTOR_SOURCE_DIR) + "/models/" + c.model + ".onnx";
+  const bool dropout = c.model == "dropout_mlp";
+  if (dropout) {
+    model = (dir_ / "dropout_mlp.onnx").string();
+    WriteDropoutMlp(model);
+  }
   auto run = [&](std::vector<std::string> extra) {
     std::vector<std::string> args = {"--data", data_, "--batch", "16", "--policy", c.policy,
                                      "--optimizer", c.optimizer, "--momentum",
@@ -294,12 +468,45 @@ TEST_P(TrainResumeTest, ResumeIsBitExact) {
   const std::vector<std::string> losses = StepLosses(dir_ / "a.jsonl");
   EXPECT_EQ(losses.size(), 6u);
   EXPECT_EQ(losses, StepLosses(dir_ / "b.jsonl"));
+  if (!dropout) return;
+
+  // The checkpoint records Dropout's RNG state: the run's seed and 3 draws.
+  absl::StatusOr<training::Checkpoint> third =
+      training::ReadCheckpoint((b / "ckpt-00000003.onnx").string());
+  ASSERT_TRUE(third.ok()) << third.status();
+  const Json* rng = third->state.extra.Find("rng");
+  ASSERT_NE(rng, nullptr);
+  EXPECT_EQ(rng->Dump(), "{\"seed\":0,\"counter\":3}");
+  // A checkpoint from before the RNG state was recorded (no "rng") resumes
+  // with the run's seed and its step as the counter: for a run this castor
+  // started, the same masks, so the same bytes at step 6.
+  training::Checkpoint older = *std::move(third);
+  Json extra = Json::Object();
+  for (const auto& [key, value] : older.state.extra.members()) {
+    if (key != "rng") extra.Set(key, value);
+  }
+  older.state.extra = extra;
+  const fs::path c_dir = dir_ / "c";
+  fs::create_directories(c_dir);
+  ASSERT_TRUE(training::WriteCheckpoint(older, (c_dir / "ckpt-00000003.onnx").string()).ok());
+  run({"--resume", c_dir.string(), "--max-steps", "6", "--checkpoint-dir", c_dir.string()});
+  EXPECT_TRUE(straight == Slurp(c_dir / "ckpt-00000006.onnx"));
+  // A malformed record is refused, naming it.
+  older.state.extra.Set("rng", Json::String("lucky"));
+  const fs::path d_dir = dir_ / "d";
+  fs::create_directories(d_dir);
+  ASSERT_TRUE(training::WriteCheckpoint(older, (d_dir / "ckpt-00000003.onnx").string()).ok());
+  std::ostringstream out, err;
+  EXPECT_EQ(RunTrain({"--resume", d_dir.string(), "--data", data_, "--max-steps", "6"}, out, err),
+            2);
+  EXPECT_THAT(err.str(), HasSubstr("records rng as \"lucky\""));
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Models, TrainResumeTest,
     ::testing::Values(ResumeCase{"mlp_opset17", "mixed_float16", "adam"},
-                      ResumeCase{"resnet_opset17", "mixed_bfloat16", "sgd"}),
+                      ResumeCase{"resnet_opset17", "mixed_bfloat16", "sgd"},
+                      ResumeCase{"dropout_mlp", "mixed_float16", "adam"}),
     [](const ::testing::TestParamInfo<ResumeCase>& info) {
       return info.param.model.substr(0, info.param.model.find('_')) + "_" + info.param.optimizer;
     });

@@ -145,6 +145,10 @@ TrainSummary ExampleSummary() {
   s.compute_dtype = "bfloat16";
   s.float32_weights = 8;
   s.weights = 8;
+  s.trained_tensors = 4;
+  s.trained_elements = 1234;
+  s.frozen_tensors = 2;
+  s.frozen_elements = 56;
   s.steps = 469;
   s.skipped_steps = 2;
   s.loss_scale = 32768;
@@ -163,6 +167,7 @@ TEST(TrainStepsTest, SummaryRendering) {
             "summary:\n"
             "  policy          mixed_bfloat16 (bfloat16 compute, float32 variables)\n"
             "  weights         8 of 8 tensors float32 (master weights and BN statistics)\n"
+            "  parameters      4 tensors (1234 elements) train, 2 (56 elements) frozen\n"
             "  steps           469, 2 skipped\n"
             "  loss scale      32768 (final)\n"
             "  backend         cpu (2 threads)\n"

@@ -786,7 +786,7 @@ TEST(TrainingGraphTest, ErrorsNameTheOutputAndTheOpset) {
   ASSERT_TRUE(opset13.ok()) << opset13.status();
   EXPECT_EQ(opset13->running_stats.size(), 16u);  // 8 BatchNormalizations
   EXPECT_THAT(std::string(ParseLossKind("hinge").status().message()),
-              HasSubstr("expected cross-entropy, mse or output"));
+              HasSubstr("expected cross-entropy, mse, bce or output"));
 }
 
 }  // namespace

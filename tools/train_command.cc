@@ -23,6 +23,7 @@
 #include <fstream>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -76,7 +77,7 @@ constexpr const char* kFlagsTheCheckpointDecides[] = {
     "--loss",     "--output",       "--input",     "--optimizer", "--lr",         "--momentum",
     "--nesterov", "--weight-decay", "--clip-norm", "--schedule",  "--step-size",  "--gamma",
     "--warmup",   "--batch",        "--seed",      "--shuffle",   "--no-shuffle", "--loss-scaling",
-    "--ignore-index"};
+    "--ignore-index", "--freeze", "--train-only"};
 
 ArgParser MakeParser(TrainOptions& o) {
   ArgParser parser(
@@ -94,7 +95,12 @@ ArgParser MakeParser(TrainOptions& o) {
       .AddString("data", "SPEC",
                  "fashion-mnist, mnist, a directory of IDX files or train/test.npz, a .npz, or "
                  "IMAGES,LABELS[,TEST_IMAGES,TEST_LABELS] (.npy or IDX); default fashion-mnist, "
-                 "or the checkpoint's with --resume",
+                 "or the checkpoint's with --resume. A .npz is x_train, y_train [, x_test, "
+                 "y_test] (one model input; integer x stays integer for an integer input), or "
+                 "keyed by the model's input names: one array per input (input_ids, "
+                 "attention_mask, ...: its rank, its static dims, a dtype that fits: int64 ids "
+                 "stay int64, uint8 pixels are scaled to [0, 1]) plus 'labels', and for a test "
+                 "split the same names with '_test' appended (input_ids_test, labels_test)",
                  &o.data)
       .AddString("policy", "NAME",
                  absl::StrCat("the autocast policy: ", absl::StrJoin(Policy::BuiltinNames(), ", "),
@@ -102,8 +108,13 @@ ArgParser MakeParser(TrainOptions& o) {
                  &o.policy)
       .AddString("policy-file", "FILE", "a policy JSON file (see 'castor convert --save-policy')",
                  &o.policy_file)
-      .AddEnum("loss", {"cross-entropy", "mse", "output"},
-               "cross-entropy on logits with integer labels, mse, or the output is the loss",
+      .AddEnum("loss", {"cross-entropy", "mse", "bce", "output"},
+               "cross-entropy: softmax cross-entropy on logits with integer class labels; mse: "
+               "mean squared error on float targets shaped like the output; bce: binary "
+               "cross-entropy with logits, multi-label (torch's BCEWithLogitsLoss: float "
+               "targets in [0, 1] shaped like the output, the mean over every element); "
+               "output: the model computes its own loss (--output, default its first output, "
+               "a float scalar; every input from --data, no labels)",
                &o.loss)
       .AddString("output", "NAME",
                  "the model output the loss is attached to (cross-entropy: logits [N, C] with "
@@ -113,6 +124,18 @@ ArgParser MakeParser(TrainOptions& o) {
               "cross-entropy: labels equal to N count in neither the loss nor its mean nor the "
               "accuracy (PyTorch's default ignore_index is -100; default: none)",
               &o.ignore_index_arg)
+      .AddString("freeze", "REGEX",
+                 "fine-tuning: keep the parameters (float32 initializers) whose name matches "
+                 "REGEX fixed: no gradient, no optimizer state (ECMAScript, searched for "
+                 "anywhere in the name: 'conv' matches 'layer1.conv.weight'; ^...$ for whole "
+                 "names); a pattern that matches no parameter is an error; the checkpoint "
+                 "records it and --resume keeps it",
+                 &o.freeze)
+      .AddString("train-only", "REGEX",
+                 "fine-tuning: train only the parameters whose name matches REGEX (as "
+                 "--freeze matches), keep the rest fixed; with --freeze, a parameter trains "
+                 "when it matches this and not --freeze",
+                 &o.train_only)
       .AddString("input", "NAME",
                  "the model input the images (or integer ids) feed (default: the only one)",
                  &o.input)
@@ -134,7 +157,10 @@ ArgParser MakeParser(TrainOptions& o) {
       .AddInt("epochs", "N", "epochs over the training split", &o.epochs)
       .AddInt("max-steps", "N", "stop after N steps in all, resumed ones included (0: no limit)",
               &o.max_steps)
-      .AddInt("seed", "S", "shuffle seed", &o.seed)
+      .AddInt("seed", "S",
+              "seed of the shuffle and of Dropout's masks (a function of the seed, the node, "
+              "the step and the element: a checkpoint records the state, --resume continues it)",
+              &o.seed)
       .AddSwitch("shuffle", "shuffle the training split every epoch", &o.shuffle)
       .AddInt("eval-every", "K", "also evaluate on the test split every K steps (0: per epoch)",
               &o.eval_every)
@@ -341,6 +367,36 @@ struct Prepared {
   int64_t total = 0;  // steps in all, resumed ones included
 };
 
+// Float targets for mse and bce: shaped like the loss input castor.labels
+// (the model output; integer 0/1 labels become float32).
+absl::Status FitTargets(training::Dataset& split, const Value& labels, const std::string& loss) {
+  const std::string source = split.labels_source.empty() ? split.name : split.labels_source;
+  Tensor& targets = split.labels;
+  if (targets.dtype() != DType::kFloat32) {
+    Tensor widened(DType::kFloat32, targets.dims());
+    for (int64_t i = 0; i < targets.num_elements(); ++i) {
+      widened.data<float>()[i] = static_cast<float>(targets.GetDouble(i));
+    }
+    targets = std::move(widened);
+  }
+  const Shape& want = labels.shape();
+  bool fits = want.rank() == static_cast<int>(targets.dims().size());
+  for (int axis = 1; fits && axis < want.rank(); ++axis) {
+    fits = !want[axis].is_static() || want[axis].value() == targets.dims()[axis];
+  }
+  if (fits) return absl::OkStatus();
+  if (want.rank() == 1 && targets.dims().size() == 2 && targets.dims()[1] == 1) {
+    targets = Tensor::FromVector<float>(DType::kFloat32, {targets.dims()[0]},
+                                        std::vector<float>(targets.data<float>(),
+                                                           targets.data<float>() +
+                                                               targets.num_elements()));
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      source, ": targets ", Shape::FromDims(targets.dims()).ToString(), " do not fit --loss ",
+      loss, ": it takes float targets shaped like the output, ", want.ToString()));
+}
+
 // The data as the model takes it: every split's inputs in the dtype of the
 // model input they feed (token ids stay integer; int32 ids widen to an
 // int64 input) and, for cross-entropy, labels of the shape the loss reads
@@ -357,7 +413,19 @@ absl::Status FitDataToModel(const TrainOptions& o, const Graph& float32_graph,
     if (input != nullptr) {
       CASTOR_RETURN_IF_ERROR(training::FitDatasetToInput(*split, o.input, input->dtype()));
     }
-    if (prepared.graph.loss != LossKind::kSoftmaxCrossEntropy || labels == nullptr) continue;
+    if (labels == nullptr) continue;
+    if (prepared.graph.loss == LossKind::kMeanSquaredError ||
+        prepared.graph.loss == LossKind::kBinaryCrossEntropy) {
+      CASTOR_RETURN_IF_ERROR(FitTargets(*split, *labels, o.loss));
+      continue;
+    }
+    if (prepared.graph.loss != LossKind::kSoftmaxCrossEntropy) continue;
+    if (split->labels.dtype() != DType::kInt64) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          split->labels_source.empty() ? split->name : split->labels_source, ": labels are ",
+          DTypeName(split->labels.dtype()),
+          "; cross-entropy takes integer class indices (float targets: --loss mse or bce)"));
+    }
     const Shape& want = labels->shape();
     const std::vector<int64_t>& have = split->labels.dims();
     if (want.rank() == 2 && have.size() == 1 && want[1].is_static() && want[1].value() == 1) {
@@ -381,6 +449,21 @@ absl::Status FitDataToModel(const TrainOptions& o, const Graph& float32_graph,
           want.ToString(),
           want.rank() >= 2 ? " (one per position; the class axis is the output's last)"
                            : " (one class index per sample)"));
+    }
+    // Class indices in [0, C) (or the ignore index), C the output's last dim.
+    const Value* output = prepared.model.graph->FindValue(prepared.graph.model_output);
+    const Shape& logits = output->shape();
+    if (logits.rank() < 2 || !logits[logits.rank() - 1].is_static()) continue;
+    const int64_t classes = logits[logits.rank() - 1].value();
+    const int64_t* label = split->labels.data<int64_t>();
+    for (int64_t p = 0; p < split->labels.num_elements(); ++p) {
+      if ((label[p] >= 0 && label[p] < classes) || label[p] == o.ignore_index) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          split->labels_source.empty() ? split->name : split->labels_source, ": label ",
+          label[p], " (element ", p, ") is out of range [0, ", classes, "): the output '",
+          prepared.graph.model_output, "' ", logits.ToString(), " has ", classes, " classes",
+          o.ignore_index.has_value() ? absl::StrCat(" (--ignore-index ", *o.ignore_index, ")")
+                                     : std::string()));
     }
   }
   return absl::OkStatus();
@@ -409,9 +492,31 @@ absl::StatusOr<Prepared> PrepareGraphAndData(TrainOptions& o, Start& start, std:
     for (const std::string& note : context.notes) out << "note: " << note << "\n";
   }
   const Graph& float32_graph = *start.float32_model.graph;
+  // An .npz keyed by the model's input names feeds every input (images go
+  // to the first); other forms feed one input.
+  std::optional<training::DataSplits> named;
+  std::error_code error;
+  if (absl::EndsWith(o.data, ".npz") && std::filesystem::is_regular_file(o.data, error)) {
+    std::vector<training::ModelInputSpec> inputs;
+    for (const Value* input : float32_graph.inputs()) {
+      training::ModelInputSpec spec{input->name(), input->dtype(), {}, input->initializer() == nullptr};
+      for (int axis = 0; axis < input->shape().rank(); ++axis) {
+        const Dim& dim = input->shape()[axis];
+        spec.dims.push_back(dim.is_static() ? dim.value() : -1);
+      }
+      inputs.push_back(std::move(spec));
+    }
+    absl::StatusOr<std::optional<training::DataSplits>> loaded =
+        training::LoadNpzByInputNames(o.data, inputs, /*labels_required=*/o.loss != "output");
+    if (!loaded.ok()) return BadInput(loaded.status().message());
+    named = *std::move(loaded);
+    if (named.has_value()) o.input = named->train.images_input;
+  }
   if (o.input.empty()) {
     if (float32_graph.inputs().size() != 1) {
-      return BadInput("the model has several inputs; name the image input with --input");
+      return BadInput(
+          "the model has several inputs; name the image input with --input, or give --data an "
+          ".npz keyed by the input names (and labels)");
     }
     o.input = float32_graph.inputs()[0]->name();
   }
@@ -429,20 +534,31 @@ absl::StatusOr<Prepared> PrepareGraphAndData(TrainOptions& o, Start& start, std:
       return CheckFailed(absl::StrCat(model_name, ": ", s.message()));
     }
   }
+  if (o.loss == "output" && o.output == "logits" &&
+      float32_graph.FindValue("logits") == nullptr && !float32_graph.outputs().empty()) {
+    // The model's own loss: its first output unless --output names one.
+    o.output = float32_graph.outputs()[0]->name();
+  }
   TrainingGraphOptions graph_options;
   graph_options.output = o.output;
   absl::StatusOr<LossKind> loss_kind = ParseLossKind(o.loss);
   if (!loss_kind.ok()) return BadInput(loss_kind.status().message());
   graph_options.loss = *loss_kind;
   graph_options.ignore_index = o.ignore_index;
+  graph_options.freeze = o.freeze;
+  graph_options.train_only = o.train_only;
   absl::StatusOr<TrainingGraph> graph =
       BuildTrainingGraph(prepared.model, graph_options, manager_options);
   if (!graph.ok()) return BadInput(absl::StrCat(model_name, ": ", graph.status().message()));
   prepared.graph = *std::move(graph);
 
-  absl::StatusOr<training::DataSplits> data = training::LoadData(o.data);
-  if (!data.ok()) return BadInput(data.status().message());
-  prepared.data = *std::move(data);
+  if (named.has_value()) {
+    prepared.data = *std::move(named);
+  } else {
+    absl::StatusOr<training::DataSplits> data = training::LoadData(o.data);
+    if (!data.ok()) return BadInput(data.status().message());
+    prepared.data = *std::move(data);
+  }
   if (absl::Status fitted = FitDataToModel(o, float32_graph, prepared); !fitted.ok()) {
     return BadInput(fitted.message());
   }
@@ -680,7 +796,8 @@ absl::StatusOr<LoopTotals> TrainLoop(const TrainOptions& o, const Start& start,
   bool replay_warned = !trainer.replay_unavailable().empty();  // warn when recording fails
   const training::RunSettings settings{o.data,  o.loss,    o.output,
                                        o.input, o.batch,   static_cast<uint64_t>(o.seed),
-                                       o.shuffle, o.tf32, o.ignore_index};
+                                       o.shuffle, o.tf32, o.ignore_index,
+                                       o.freeze, o.train_only};
   auto evaluate = [&](int64_t epoch) -> absl::Status {
     if (!prepared.data.has_test()) return absl::OkStatus();
     CASTOR_ASSIGN_OR_RETURN(training::Evaluation eval,
@@ -688,12 +805,16 @@ absl::StatusOr<LoopTotals> TrainLoop(const TrainOptions& o, const Start& start,
                                                o.ignore_index));
     totals.last_eval = eval;
     if (live) err << "\n";
-    out << absl::StrFormat("eval  epoch %d step %d: test loss %.4f, test accuracy %.2f%%\n", epoch,
-                           trainer.steps(), eval.loss, 100 * eval.accuracy);
+    const bool scored = !std::isnan(eval.accuracy);
+    out << absl::StrFormat("eval  epoch %d step %d: test loss %.4f%s\n", epoch, trainer.steps(),
+                           eval.loss,
+                           scored ? absl::StrFormat(", test accuracy %.2f%%", 100 * eval.accuracy)
+                                  : std::string());
     if (session.metrics.is_open()) {
       session.metrics << absl::StrFormat(
-          "{\"epoch\":%d,\"step\":%d,\"test_loss\":%.6g,\"test_accuracy\":%.6g}\n", epoch,
-          trainer.steps(), eval.loss, eval.accuracy);
+          "{\"epoch\":%d,\"step\":%d,\"test_loss\":%.6g,\"test_accuracy\":%s}\n", epoch,
+          trainer.steps(), eval.loss,
+          scored ? absl::StrFormat("%.6g", eval.accuracy) : std::string("null"));
     }
     return absl::OkStatus();
   };
@@ -715,14 +836,14 @@ absl::StatusOr<LoopTotals> TrainLoop(const TrainOptions& o, const Start& start,
     training::Batch b = batches.Next();
     const int64_t epoch = b.epoch;
     const auto t0 = Clock::now();
-    absl::StatusOr<training::StepResult> r = trainer.Step({{o.input, b.images}}, b.labels);
+    absl::StatusOr<training::StepResult> r = trainer.Step(training::BatchFeeds(b, o.input), b.labels);
     if (!r.ok()) return CheckFailed(absl::StrCat("step ", step, ": ", r.status().message()));
     const double dt = Seconds(Clock::now() - t0);
     totals.step_seconds += dt;
     ++totals.steps_run;
     // Samples (sequences, for token models) for the throughput; scored
     // positions (tokens, with [N, T] labels) for the accuracy.
-    const int64_t n = b.labels.dims().empty() ? 0 : b.labels.dims()[0];
+    const int64_t n = static_cast<int64_t>(b.indices.size());
     const training::Scored scored = training::ScoreBatch(r->output, b.labels, o.ignore_index);
     correct += scored.correct;
     seen += scored.counted;
@@ -733,8 +854,9 @@ absl::StatusOr<LoopTotals> TrainLoop(const TrainOptions& o, const Start& start,
     if (session.metrics.is_open()) session.metrics << StepMetricsLine(step, epoch, *r, n, dt);
     const double elapsed = Seconds(Clock::now() - totals.started);
     const std::string line = absl::StrFormat(
-        "step %d/%d  loss %.4f  acc %.2f%%  scale %g  %.0f samples/s  eta %s", step, total,
-        loss_ema, 100.0 * correct / seen, r->loss_scale, samples / totals.step_seconds,
+        "step %d/%d  loss %.4f  %s  scale %g  %.0f samples/s  eta %s", step, total, loss_ema,
+        seen > 0 ? absl::StrFormat("acc %.2f%%", 100.0 * correct / seen) : std::string("acc -"),
+        r->loss_scale, samples / totals.step_seconds,
         FormatDuration(elapsed / totals.steps_run * (total - step)));
     if (live) {
       err << "\r" << line << "\033[K" << std::flush;
@@ -794,6 +916,20 @@ absl::Status Report(const TrainOptions& o, const Start& start, Session& session,
     summary.float32_weights += trainer.model().graph->FindValue(name)->dtype() == DType::kFloat32;
   }
   summary.weights = static_cast<int64_t>(trainer.state_names().size());
+  auto elements = [&](const std::string& name) {
+    const Value* value = trainer.model().graph->FindValue(name);
+    return value != nullptr && value->initializer() != nullptr
+               ? value->initializer()->num_elements()
+               : int64_t{0};
+  };
+  for (const auto& [parameter, gradient] : trainer.training_graph().gradients) {
+    ++summary.trained_tensors;
+    summary.trained_elements += elements(parameter);
+  }
+  for (const std::string& parameter : trainer.training_graph().frozen) {
+    ++summary.frozen_tensors;
+    summary.frozen_elements += elements(parameter);
+  }
   summary.steps = trainer.steps();
   summary.skipped_steps = trainer.scaler().skipped_steps();
   summary.loss_scale = trainer.scaler().scale();
@@ -832,6 +968,7 @@ training::TrainerOptions TrainerOptionsFromFlags(const TrainOptions& o) {
   trainer_options.lr.warmup_steps = o.warmup;
   trainer_options.lr.step_size = o.step_size;
   trainer_options.lr.gamma = o.gamma;
+  trainer_options.rng_seed = static_cast<uint64_t>(o.seed);
   return trainer_options;
 }
 
@@ -858,6 +995,10 @@ training::TrainerOptions TakeCheckpointSettings(const training::TrainingState& s
   o.input = saved.input;
   absl::StatusOr<std::optional<int64_t>> ignore_index = training::RecordedIgnoreIndex(saved);
   o.ignore_index = ignore_index.ok() ? *ignore_index : std::nullopt;
+  const Json* freeze = saved.extra.Find(training::kFreezeStateKey);
+  const Json* train_only = saved.extra.Find(training::kTrainOnlyStateKey);
+  o.freeze = freeze != nullptr && freeze->is_string() ? freeze->as_string() : "";
+  o.train_only = train_only != nullptr && train_only->is_string() ? train_only->as_string() : "";
   o.batch = saved.batch_size;
   o.seed = static_cast<int64_t>(saved.seed);
   o.shuffle = saved.shuffle;
@@ -865,6 +1006,7 @@ training::TrainerOptions TakeCheckpointSettings(const training::TrainingState& s
   training::TrainerOptions trainer_options;
   trainer_options.optimizer = saved.optimizer;
   trainer_options.lr = saved.lr_schedule;
+  trainer_options.rng_seed = saved.seed;  // RestoreTrainer sets the recorded RNG state
   return trainer_options;
 }
 
@@ -876,6 +1018,10 @@ std::string RenderTrainSummary(const TrainSummary& s) {
       absl::StrFormat(
           "  weights         %d of %d tensors float32 (master weights and BN statistics)\n",
           s.float32_weights, s.weights),
+      absl::StrFormat("  parameters      %d tensors (%d elements) train, %d (%d elements) "
+                      "frozen\n",
+                      s.trained_tensors, s.trained_elements, s.frozen_tensors,
+                      s.frozen_elements),
       absl::StrFormat("  steps           %d, %d skipped\n", s.steps, s.skipped_steps),
       absl::StrFormat("  loss scale      %g (final)\n", s.loss_scale),
       absl::StrFormat("  backend         %s%s\n", s.backend,
@@ -892,8 +1038,12 @@ std::string RenderTrainSummary(const TrainSummary& s) {
       absl::StrFormat("  step time       %.1f ms (mean), %.0f samples/s, %s in all\n",
                       s.mean_step_ms, s.samples_per_s, FormatDuration(s.seconds)));
   if (s.test.has_value()) {
-    absl::StrAppend(&text, absl::StrFormat("  test            loss %.4f, accuracy %.2f%%\n",
-                                           s.test->loss, 100 * s.test->accuracy));
+    absl::StrAppend(&text,
+                    absl::StrFormat("  test            loss %.4f%s\n", s.test->loss,
+                                    std::isnan(s.test->accuracy)
+                                        ? std::string()
+                                        : absl::StrFormat(", accuracy %.2f%%",
+                                                          100 * s.test->accuracy)));
   }
   if (!s.last_checkpoint.empty()) {
     absl::StrAppend(&text,

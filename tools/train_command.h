@@ -44,6 +44,10 @@ struct TrainOptions {
   std::optional<int64_t> ignore_index;
   int64_t ignore_index_arg = 0;
   std::string dump_passes_dir;  // "": no dumps
+  // Fine-tuning: parameters whose name matches --freeze, or does not match
+  // --train-only, stay fixed (TrainingGraphOptions); "" = not given.
+  std::string freeze;
+  std::string train_only;
   std::string optimizer = "adam";
   double lr = 1e-3;
   double momentum = 0.0;
@@ -83,7 +87,7 @@ std::vector<std::string> FlagsTheCheckpointDecides(const std::vector<std::string
 
 // A resumed run continues as it was configured: takes the checkpoint's data
 // spec (when --data is not given), loss, output, input, ignore index, batch,
-// seed, shuffle and optimizer into `options`, its checkpoint directory (the checkpoint's
+// seed, shuffle, fine-tuning patterns and optimizer into `options`, its checkpoint directory (the checkpoint's
 // own, when --checkpoint-dir is not given; `resumed_from` is its path) and
 // returns its optimizer and schedule.
 training::TrainerOptions TakeCheckpointSettings(const training::TrainingState& saved,
@@ -96,6 +100,11 @@ struct TrainSummary {
   std::string compute_dtype;  // "bfloat16"
   int64_t float32_weights = 0;
   int64_t weights = 0;
+  // Parameters that train and that --freeze / --train-only keep fixed.
+  int64_t trained_tensors = 0;
+  int64_t trained_elements = 0;
+  int64_t frozen_tensors = 0;
+  int64_t frozen_elements = 0;
   int64_t steps = 0;
   int64_t skipped_steps = 0;
   double loss_scale = 0;

@@ -561,6 +561,130 @@ absl::StatusOr<Dataset> LoadNpzSplit(const std::string& path, const std::string&
   return DatasetFromArrays(arrays, path, images_key, labels_key, name);
 }
 
+// `array` (the .npz member `source`) as the model input `input` takes it
+// (LoadNpzByInputNames).
+absl::StatusOr<Tensor> FitArrayToInput(Tensor array, const std::string& source,
+                                       const ModelInputSpec& input) {
+  std::vector<std::string> want = {"N"};
+  for (size_t axis = 1; axis < input.dims.size(); ++axis) {
+    want.push_back(input.dims[axis] >= 0 ? absl::StrCat(input.dims[axis]) : "?");
+  }
+  auto refuse = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": ", DTypeName(array.dtype()), " ", DimsText(array.dims()),
+        " does not fit the model input '", input.name, "' (", DTypeName(input.dtype), " [",
+        absl::StrJoin(want, ", "), "]): ", why));
+  };
+  if (array.dims().size() != input.dims.size() || array.dims().empty()) {
+    return refuse(absl::StrCat("expected rank ", input.dims.size(), ", samples on axis 0"));
+  }
+  for (size_t axis = 1; axis < input.dims.size(); ++axis) {
+    if (input.dims[axis] >= 0 && input.dims[axis] != array.dims()[axis]) {
+      return refuse(absl::StrCat("axis ", axis, " must be ", input.dims[axis]));
+    }
+  }
+  const DType have = array.dtype();
+  if (IsFloatingPoint(input.dtype)) {
+    if (input.dtype != DType::kFloat32) {
+      return refuse("castor train feeds float32 batches; this floating-point input is not float32");
+    }
+    if (have == DType::kFloat32 || have == DType::kUInt8) return array;  // uint8: pixels
+    Tensor widened(DType::kFloat32, array.dims());
+    switch (have) {
+      case DType::kFloat64: WidenToFloat<double>(array, widened); return widened;
+      case DType::kFloat16:
+      case DType::kBFloat16: {
+        const uint16_t* in = array.data<uint16_t>();
+        float* out = widened.data<float>();
+        for (int64_t i = 0; i < array.num_elements(); ++i) {
+          out[i] = have == DType::kFloat16 ? HalfBitsToFloat(in[i]) : BFloat16BitsToFloat(in[i]);
+        }
+        return widened;
+      }
+      default:
+        return refuse("a floating-point input takes floating-point arrays or uint8 pixels "
+                      "(scaled to [0, 1])");
+    }
+  }
+  if (input.dtype == DType::kInt64 || input.dtype == DType::kInt32) {
+    if (!IsIntegerDType(have)) {
+      return refuse(absl::StrCat("an integer input takes integer arrays (", DTypeName(input.dtype),
+                                 " or narrower)"));
+    }
+    if (!IntegerFits(have, input.dtype)) {
+      return refuse(absl::StrCat("not every ", DTypeName(have), " value is a ",
+                                 DTypeName(input.dtype), "; store it as ", DTypeName(input.dtype),
+                                 " or narrower"));
+    }
+    if (have == input.dtype) return array;
+    return input.dtype == DType::kInt64 ? WidenIntegers<int64_t>(array, DType::kInt64)
+                                        : WidenIntegers<int32_t>(array, DType::kInt32);
+  }
+  if (input.dtype == DType::kBool) {
+    if (have == DType::kBool) return array;
+    return refuse("a bool input takes a bool array");
+  }
+  return refuse("castor train feeds float32, int32, int64 and bool inputs");
+}
+
+// One split of the named form: every input's array (`suffix` appended to
+// its name) and the labels, of one length.
+absl::StatusOr<Dataset> NamedSplit(std::map<std::string, Tensor>& arrays, const std::string& path,
+                                   const std::vector<ModelInputSpec>& inputs,
+                                   const std::string& suffix, const std::string& split_name,
+                                   bool labels_required) {
+  Dataset dataset;
+  dataset.name = absl::StrCat(path, " ", split_name);
+  const std::string labels_key = absl::StrCat(kNamedLabelsArray, suffix);
+  auto source = [&](const std::string& key) { return absl::StrCat(path, ":", key); };
+  int64_t count = -1;  // the split's length, from the labels or the first input
+  std::string count_source;
+  if (labels_required) {
+    if (!arrays.count(labels_key)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": no array '", labels_key, "' (the ", split_name,
+          " labels: class indices [N], per-position labels [N, ...] or float targets); the "
+          "file has ",
+          KeysText(arrays)));
+    }
+    CASTOR_ASSIGN_OR_RETURN(dataset.labels,
+                            LabelsFromArray(std::move(arrays[labels_key]), source(labels_key)));
+    dataset.labels_source = source(labels_key);
+    count = dataset.labels.dims()[0];
+    count_source = source(labels_key);
+  }
+  bool first = true;
+  for (const ModelInputSpec& input : inputs) {
+    const std::string key = input.name + suffix;
+    if (!arrays.count(key)) {
+      if (!input.required) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": the model input '", input.name, "' has no array '", key, "' (", split_name,
+          " split); the file has ", KeysText(arrays)));
+    }
+    CASTOR_ASSIGN_OR_RETURN(Tensor fitted,
+                            FitArrayToInput(std::move(arrays[key]), source(key), input));
+    if (count < 0) {
+      count = fitted.dims()[0];
+      count_source = source(key);
+    }
+    if (fitted.dims()[0] != count) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source(key), " has ", fitted.dims()[0], " samples but ", count_source, " has ",
+          count, "; every array of a split must have the same length (axis 0)"));
+    }
+    if (first) {
+      dataset.images = std::move(fitted);
+      dataset.images_source = source(key);
+      dataset.images_input = input.name;
+      first = false;
+    } else {
+      dataset.extra_inputs.emplace_back(input.name, std::move(fitted));
+    }
+  }
+  return dataset;
+}
+
 constexpr char kAcceptedForms[] =
     "expected one of: fashion-mnist (" "/usr/share/datasets/fashion-mnist" "), mnist ("
     "/usr/share/datasets/mnist" "), a directory holding the IDX files train-images-idx3-ubyte, "
@@ -670,9 +794,21 @@ absl::StatusOr<Tensor> LabelsFromArray(Tensor array, const std::string& source) 
     case DType::kUInt32: WidenToInt64<uint32_t>(array, labels); break;
     case DType::kInt32: WidenToInt64<int32_t>(array, labels); break;
     case DType::kUInt64: WidenToInt64<uint64_t>(array, labels); break;
+    case DType::kFloat32:
+    case DType::kFloat64:
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      // Float targets (mse, bce), as they are: no [N, 1] squeeze.
+      Tensor targets(DType::kFloat32, array.dims());
+      for (int64_t i = 0; i < array.num_elements(); ++i) {
+        targets.data<float>()[i] = static_cast<float>(array.GetDouble(i));
+      }
+      return targets;
+    }
     default:
       return absl::InvalidArgumentError(absl::StrCat(
-          source, ": labels must be integer class indices; got ", DTypeName(array.dtype())));
+          source, ": labels must be integer class indices or float targets; got ",
+          DTypeName(array.dtype())));
   }
   return labels;
 }
@@ -830,6 +966,56 @@ absl::StatusOr<DataSplits> LoadNpzFile(const std::string& path) {
   return splits;
 }
 
+absl::StatusOr<std::optional<DataSplits>> LoadNpzByInputNames(
+    const std::string& path, const std::vector<ModelInputSpec>& inputs, bool labels_required) {
+  CASTOR_ASSIGN_OR_RETURN(auto arrays, ReadNpz(path));
+  // The arrays the named form takes: every input's, the labels, and their
+  // _test twins.
+  std::vector<std::string> expected;
+  for (const ModelInputSpec& input : inputs) {
+    expected.push_back(input.name);
+    expected.push_back(input.name + kTestSuffix);
+  }
+  if (labels_required) {
+    expected.push_back(kNamedLabelsArray);
+    expected.push_back(absl::StrCat(kNamedLabelsArray, kTestSuffix));
+  }
+  auto is_expected = [&](const std::string& key) {
+    return std::find(expected.begin(), expected.end(), key) != expected.end();
+  };
+  bool named = false, all_expected = true;
+  for (const ModelInputSpec& input : inputs) named |= arrays.count(input.name) > 0;
+  for (const auto& [key, array] : arrays) all_expected &= is_expected(key);
+  // A file whose arrays are all the named form's is read as such (a model
+  // whose inputs are x and y, say); otherwise the Keras-style forms
+  // (x_train/y_train, x/y, images/labels) come first.
+  const bool other_form = (arrays.count("x_train") && arrays.count("y_train")) ||
+                          !FindArrayPair(arrays, {{"x", "y"}, {"images", "labels"}}).first.empty();
+  // Without labels (the model's own loss) the other forms cannot apply.
+  if (!named || (other_form && !all_expected && labels_required)) {
+    return std::optional<DataSplits>();
+  }
+  bool has_test = false;
+  for (const auto& [key, array] : arrays) {
+    if (!is_expected(key)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": array '", key, "' is neither a model input nor the labels; keyed by input "
+          "names, the arrays are ", absl::StrJoin(expected, ", "),
+          labels_required ? "" : " (the model computes its own loss: no labels)"));
+    }
+    has_test |= absl::EndsWith(key, kTestSuffix) &&
+                is_expected(key.substr(0, key.size() - std::strlen(kTestSuffix)));
+  }
+  DataSplits splits;
+  CASTOR_ASSIGN_OR_RETURN(splits.train,
+                          NamedSplit(arrays, path, inputs, "", "train", labels_required));
+  if (has_test) {
+    CASTOR_ASSIGN_OR_RETURN(
+        splits.test, NamedSplit(arrays, path, inputs, kTestSuffix, "test", labels_required));
+  }
+  return std::optional<DataSplits>(std::move(splits));
+}
+
 absl::StatusOr<DataSplits> LoadData(const std::string& spec) {
   if (spec == "fashion-mnist" || spec == "mnist") {
     const std::string dir = spec == "mnist" ? kMnistDir : kFashionMnistDir;
@@ -881,6 +1067,13 @@ absl::StatusOr<DataSplits> LoadData(const std::string& spec) {
 
 // ----- batches ----------------------------------------------------------------
 
+std::vector<std::pair<std::string, Tensor>> BatchFeeds(const Batch& batch,
+                                                       const std::string& input) {
+  std::vector<std::pair<std::string, Tensor>> feeds = {{input, batch.images}};
+  for (const auto& [name, tensor] : batch.extra_inputs) feeds.emplace_back(name, tensor);
+  return feeds;
+}
+
 Batch GatherBatch(const Dataset& dataset, const std::vector<int64_t>& indices) {
   Batch batch;
   const int64_t count = static_cast<int64_t>(indices.size());
@@ -890,8 +1083,10 @@ Batch GatherBatch(const Dataset& dataset, const std::vector<int64_t>& indices) {
   // Pixels become float32; float32 and integer inputs (token ids) are copied.
   batch.images = Tensor(pixels ? DType::kFloat32 : dataset.images.dtype(), image_dims);
   std::vector<int64_t> label_dims = dataset.labels.dims();
-  label_dims[0] = count;
-  batch.labels = Tensor(dataset.labels.dtype(), label_dims);
+  if (!label_dims.empty()) {
+    label_dims[0] = count;
+    batch.labels = Tensor(dataset.labels.dtype(), label_dims);
+  }
   const int64_t rows = std::max<int64_t>(dataset.size(), 1);
   const int64_t row_elements = dataset.images.num_elements() / rows;
   const size_t row_bytes = dataset.images.byte_size() / rows;
@@ -907,8 +1102,30 @@ Batch GatherBatch(const Dataset& dataset, const std::vector<int64_t>& indices) {
       std::memcpy(batch.images.raw() + i * row_bytes, dataset.images.raw() + row * row_bytes,
                   row_bytes);
     }
-    std::memcpy(batch.labels.raw() + i * label_bytes, dataset.labels.raw() + row * label_bytes,
-                label_bytes);
+    if (label_bytes > 0) {
+      std::memcpy(batch.labels.raw() + i * label_bytes, dataset.labels.raw() + row * label_bytes,
+                  label_bytes);
+    }
+  }
+  for (const auto& [name, source] : dataset.extra_inputs) {
+    // uint8 stays only for a floating-point input (pixels, scaled).
+    const bool scaled = source.dtype() == DType::kUInt8;
+    std::vector<int64_t> dims = source.dims();
+    dims[0] = count;
+    Tensor rows_out(scaled ? DType::kFloat32 : source.dtype(), dims);
+    const int64_t elements = source.num_elements() / rows;
+    const size_t bytes = source.byte_size() / rows;
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t row = indices[i];
+      if (scaled) {
+        float* out = rows_out.data<float>() + i * elements;
+        const uint8_t* in = source.data<uint8_t>() + row * elements;
+        for (int64_t j = 0; j < elements; ++j) out[j] = scale[in[j]];
+      } else {
+        std::memcpy(rows_out.raw() + i * bytes, source.raw() + row * bytes, bytes);
+      }
+    }
+    batch.extra_inputs.emplace_back(name, std::move(rows_out));
   }
   batch.indices = indices;
   return batch;

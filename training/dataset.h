@@ -18,7 +18,9 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -29,13 +31,24 @@ namespace castor::training {
 struct Dataset {
   std::string name;  // for messages: "fashion-mnist train", "data/train.npz", ...
   Tensor images;     // uint8 pixels, float32 or integer (token ids) [N, ...]
-  Tensor labels;     // int64 [N] or [N, d1, ...]
+  Tensor labels;     // int64 [N] or [N, d1, ...], or float32 targets (mse, bce)
   // The arrays the two came from, for messages ("data.npz:x_train", a
   // file); "" where `name` says it.
   std::string images_source;
   std::string labels_source;
+  // Further model inputs by name, each [N, ...] in the dtype of the input it
+  // feeds (an .npz keyed by input names: input_ids + attention_mask, ...);
+  // `images` feeds the first. Empty in the other forms.
+  std::vector<std::pair<std::string, Tensor>> extra_inputs;
+  // The model input `images` feeds in that form ("" in the others).
+  std::string images_input;
 
-  int64_t size() const { return labels.dims().empty() ? 0 : labels.dims()[0]; }
+  // Samples: the labels' count, or the inputs' where there are no labels
+  // (the model's own loss).
+  int64_t size() const {
+    if (!labels.dims().empty()) return labels.dims()[0];
+    return labels.dtype() == DType::kUndefined && !images.dims().empty() ? images.dims()[0] : 0;
+  }
   // The dims of one sample: images.dims() without the leading N.
   std::vector<int64_t> sample_dims() const;
 };
@@ -73,7 +86,8 @@ absl::StatusOr<std::map<std::string, Tensor>> ReadNpz(const std::string& path);
 // token ids) stay as they are, dtype and shape: FitDatasetToInput decides
 // whether they can feed the model input. bool is refused.
 // Labels: any integer dtype -> int64; [N] or [N, 1] -> [N]; [N, d1, ...]
-// (per-position labels, e.g. [N, T] next-token labels) as they are. `source`
+// (per-position labels, e.g. [N, T] next-token labels) as they are; float
+// arrays (targets for mse and bce) -> float32 of their own shape. `source`
 // names the array in errors (wrong dtype, or a scalar).
 absl::StatusOr<Tensor> ImagesFromArray(Tensor array, const std::string& source);
 absl::StatusOr<Tensor> LabelsFromArray(Tensor array, const std::string& source);
@@ -93,6 +107,42 @@ absl::StatusOr<Dataset> MakeDataset(std::string name, Tensor images, Tensor labe
 // ids for an int32 input, uint64 for int64) is InvalidArgument naming the
 // array, the input and both dtypes.
 absl::Status FitDatasetToInput(Dataset& dataset, const std::string& input, DType input_dtype);
+
+// --- an .npz keyed by the model's input names ------------------------------
+// What the loader needs of one model input: its name, dtype and dims (-1
+// for a dim that is not static), and whether it must be fed (false: it has
+// an initializer).
+struct ModelInputSpec {
+  std::string name;
+  DType dtype = DType::kUndefined;
+  std::vector<int64_t> dims;
+  bool required = true;
+};
+
+// The labels array of the named form, and the suffix of the test split's
+// arrays ("input_ids_test", "labels_test").
+inline constexpr char kNamedLabelsArray[] = "labels";
+inline constexpr char kTestSuffix[] = "_test";
+
+// The .npz at `path` keyed by input names: one array per model input named
+// after it, `labels`, and optionally a test split of the same names with
+// "_test" appended (every array or none). nullopt when the file is in
+// another form: no array is named after an input, or it holds
+// x_train/y_train, x/y or images/labels and arrays the named form does not
+// take (a file of the named form's arrays only is read as such, and so is
+// every file with an input's array when there are no labels). Each array must have the input's rank and its
+// static dims after the leading N, and a dtype that fits it: float32 (or
+// float16/bfloat16/float64, widened) or uint8 pixels (scaled to [0, 1] per
+// batch) for a floating-point input, integers that the input's int32/int64
+// holds (widened; int64 token ids stay int64), bool for a bool input. Errors
+// name the array, the input and what was expected: a required input with
+// no array, an array that is no input, a dtype or shape that does not fit,
+// arrays of different lengths.
+// With `labels_required` false (the model computes its own loss) there are
+// no labels: the arrays are the inputs only.
+absl::StatusOr<std::optional<DataSplits>> LoadNpzByInputNames(
+    const std::string& path, const std::vector<ModelInputSpec>& inputs,
+    bool labels_required = true);
 
 // One array file for a FILES list: .npy (by its magic) or IDX (anything else,
 // gzip or not). `as_labels` selects the label conversion.
@@ -114,10 +164,16 @@ absl::StatusOr<DataSplits> LoadNpzFile(const std::string& path);
 absl::StatusOr<DataSplits> LoadData(const std::string& spec);
 
 // --- batches ----------------------------------------------------------------
+// The feeds of a batch: `input` gets the images, then the extra inputs.
+struct Batch;
+std::vector<std::pair<std::string, Tensor>> BatchFeeds(const Batch& batch,
+                                                       const std::string& input);
+
 struct Batch {
   Tensor images;                 // float32 [B, ...] (pixels scaled to [0, 1]), or the
                                  // dataset's integer dtype (token ids)
   Tensor labels;                 // int64 [B] or [B, d1, ...]
+  std::vector<std::pair<std::string, Tensor>> extra_inputs;  // Dataset::extra_inputs' rows
   std::vector<int64_t> indices;  // the dataset rows, in batch order
   int64_t epoch = 0;             // the epoch this batch belongs to
   int64_t position = 0;          // its first sample's offset within the epoch order

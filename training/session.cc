@@ -2,6 +2,7 @@
 #include "training/session.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 
@@ -40,6 +41,20 @@ absl::StatusOr<bool> RecordedTf32(const TrainingState& state) {
         absl::StrCat("records tf32 as ", recorded->Dump(), "; expected true or false"));
   }
   return recorded->as_bool();
+}
+
+absl::StatusOr<RngState> RecordedRngState(const TrainingState& state) {
+  const Json* recorded = state.extra.Find(kRngStateKey);
+  if (recorded == nullptr) return RngState{state.seed, state.step};
+  const Json* seed = recorded->is_object() ? recorded->Find("seed") : nullptr;
+  const Json* counter = recorded->is_object() ? recorded->Find("counter") : nullptr;
+  if (seed == nullptr || counter == nullptr || !seed->is_int() || !counter->is_int() ||
+      counter->as_int() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "records rng as ", recorded->Dump(),
+        "; expected {\"seed\": integer, \"counter\": integer >= 0}"));
+  }
+  return RngState{static_cast<uint64_t>(seed->as_int()), counter->as_int()};
 }
 
 absl::StatusOr<std::optional<int64_t>> RecordedIgnoreIndex(const TrainingState& state) {
@@ -97,7 +112,11 @@ absl::Status RestoreTrainer(Trainer& trainer, TrainingState& saved, const Model&
   }
   if (!optimizer.ok()) return optimizer.status();
   if (!scaler.ok()) return scaler.status();
-  return trainer.Restore(weights, *std::move(optimizer), *std::move(scaler), saved.step);
+  CASTOR_ASSIGN_OR_RETURN(const RngState rng, RecordedRngState(saved));
+  CASTOR_RETURN_IF_ERROR(
+      trainer.Restore(weights, *std::move(optimizer), *std::move(scaler), saved.step));
+  trainer.set_rng_state(rng);
+  return absl::OkStatus();
 }
 
 absl::Status RecordTrainingState(const Trainer& trainer, const BatchIterator& batches,
@@ -137,14 +156,26 @@ absl::Status RecordTrainingState(const Trainer& trainer, const BatchIterator& ba
   if (settings.ignore_index.has_value()) {
     state.extra.Set(kIgnoreIndexStateKey, Json::Int(*settings.ignore_index));
   }
+  // Fine-tuning: the parameters that train are state.parameters; the
+  // patterns that chose them, so that a resumed run keeps the others fixed.
+  if (!settings.freeze.empty()) state.extra.Set(kFreezeStateKey, Json::String(settings.freeze));
+  if (!settings.train_only.empty()) {
+    state.extra.Set(kTrainOnlyStateKey, Json::String(settings.train_only));
+  }
+  // Dropout's masks continue where they were.
+  Json rng = Json::Object();
+  rng.Set("seed", Json::Int(static_cast<int64_t>(trainer.rng_state().seed)));
+  rng.Set("counter", Json::Int(trainer.rng_state().counter));
+  state.extra.Set(kRngStateKey, std::move(rng));
   return absl::OkStatus();
 }
 
 Scored ScoreBatch(const Tensor& output, const Tensor& labels,
                   std::optional<int64_t> ignore_index) {
+  Scored scored;
+  if (labels.dtype() != DType::kInt64) return scored;  // float targets: no classes to score
   const int64_t rows = labels.num_elements();
   const int64_t classes = rows > 0 ? output.num_elements() / rows : 0;
-  Scored scored;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t label = labels.data<int64_t>()[r];
     if (ignore_index.has_value() && label == *ignore_index) continue;
@@ -168,17 +199,28 @@ absl::StatusOr<Evaluation> Evaluate(Trainer& trainer, const Dataset& test,
   CASTOR_ASSIGN_OR_RETURN(BatchIterator batches,
                           BatchIterator::Create(test, BatchOptions{batch, false, 0, false}));
   double loss_sum = 0;
-  int64_t correct = 0, seen = 0;
+  int64_t correct = 0, seen = 0, elements = 0;
   while (batches.epoch() == 0) {
     Batch b = batches.Next();
-    CASTOR_ASSIGN_OR_RETURN(StepResult r, trainer.Evaluate({{input, b.images}}, b.labels));
+    CASTOR_ASSIGN_OR_RETURN(StepResult r, trainer.Evaluate(BatchFeeds(b, input), b.labels));
     const Scored scored = ScoreBatch(r.output, b.labels, ignore_index);
     // The batch's loss is the mean over its counted positions (a batch
     // with none has a NaN mean and adds nothing).
+    if (b.labels.dtype() != DType::kInt64) {
+      // Float targets (mse, bce): the loss is a mean over elements; the
+      // model's own loss (no labels): a mean over the batch's samples.
+      const int64_t weight = b.labels.dtype() == DType::kUndefined
+                                 ? static_cast<int64_t>(b.indices.size())
+                                 : b.labels.num_elements();
+      loss_sum += r.loss * weight;
+      elements += weight;
+      continue;
+    }
     if (scored.counted > 0) loss_sum += r.loss * scored.counted;
     correct += scored.correct;
     seen += scored.counted;
   }
+  if (elements > 0) return Evaluation{loss_sum / elements, std::nan("")};
   return Evaluation{loss_sum / seen, static_cast<double>(correct) / seen};
 }
 

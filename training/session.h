@@ -29,6 +29,21 @@ inline constexpr char kTf32StateKey[] = "tf32";
 // (--ignore-index); absent when none was given.
 inline constexpr char kIgnoreIndexStateKey[] = "ignore_index";
 
+// The key in TrainingState::extra recording Dropout's RNG state (an object
+// {"seed": S, "counter": C}, Trainer::rng_state()).
+inline constexpr char kRngStateKey[] = "rng";
+// The keys in TrainingState::extra recording the fine-tuning patterns
+// (--freeze, --train-only); absent when not given.
+inline constexpr char kFreezeStateKey[] = "freeze";
+inline constexpr char kTrainOnlyStateKey[] = "train_only";
+
+// A checkpoint's Dropout RNG state. A checkpoint written before it was
+// recorded gets {the run's seed, the checkpoint's step}: the state this
+// castor reaches after that many steps (its Dropouts drew with the older
+// per-node MT19937 scheme, the same mask every step). InvalidArgument
+// "records rng as V; expected ..." when the entry is malformed.
+absl::StatusOr<RngState> RecordedRngState(const TrainingState& state);
+
 // Whether a checkpoint's run used TF32; false for checkpoints from before it
 // was recorded. InvalidArgument "records tf32 as V; expected true or false"
 // when the entry is not a bool.
@@ -52,7 +67,8 @@ absl::StatusOr<std::vector<std::string>> PolicyChangeByNode(const Model& model,
 // Puts a checkpoint's state into a freshly created `trainer`: the weights
 // and statistics of `float32_model` for every state name it holds, the
 // optimizer with its step and moments (moved out of `saved`), the loss
-// scaler with its scale and counters, and the step count. When
+// scaler with its scale and counters, the step count and Dropout's RNG
+// state (RecordedRngState). When
 // `scaler_enabled` is set (a policy change), the scaler is switched on or
 // off as it says and keeps the rest.
 absl::Status RestoreTrainer(Trainer& trainer, TrainingState& saved, const Model& float32_model,
@@ -69,6 +85,8 @@ struct RunSettings {
   bool shuffle = true;
   bool tf32 = false;  // as it took effect
   std::optional<int64_t> ignore_index;  // the cross-entropy ignore index
+  std::string freeze;      // --freeze ("" when not given)
+  std::string train_only;  // --train-only ("" when not given)
 };
 
 // The checkpoint's model gets the trainer's weights and statistics, its
@@ -94,7 +112,7 @@ Scored ScoreBatch(const Tensor& output, const Tensor& labels,
 
 struct Evaluation {
   double loss = 0;
-  double accuracy = 0;
+  double accuracy = 0;  // NaN for float targets (mse, bce): no classes to score
 };
 
 // Mean loss and accuracy over the whole `test` split, in order, in batches

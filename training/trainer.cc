@@ -18,6 +18,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Model model, TrainingGr
   std::unique_ptr<Trainer> trainer(
       new Trainer(std::move(model), std::move(graph), backend, config, std::move(scaler)));
   trainer->name_first_non_finite_ = options.name_first_non_finite;
+  trainer->rng_.seed = options.rng_seed;
   trainer->replay_unavailable_ =
       options.replay_steps ? backend.CaptureUnsupportedReason() : "turned off";
   CASTOR_RETURN_IF_ERROR(trainer->Initialize());
@@ -178,7 +179,8 @@ absl::StatusOr<StepResult> Trainer::Evaluate(std::vector<std::pair<std::string, 
     }
     eval_stale_ = false;
   }
-  inputs.emplace_back(kLabelsInput, std::move(labels));
+  // The model's own loss (--loss output) reads no labels.
+  if (graph_.loss != LossKind::kModelOutput) inputs.emplace_back(kLabelsInput, std::move(labels));
   CASTOR_ASSIGN_OR_RETURN(std::vector<Tensor> outputs, eval_executor_->Run(inputs));
   result.loss = outputs[0].data<float>()[0];
   result.output = std::move(outputs[1]);
@@ -305,8 +307,18 @@ absl::Status Trainer::LoadRecordedFeeds(const Feeds& inputs) {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::WriteRngState() {
+  if (graph_.rng_dropouts == 0) return absl::OkStatus();
+  Tensor state(DType::kInt64, {2});
+  state.data<int64_t>()[0] = static_cast<int64_t>(rng_.seed);
+  state.data<int64_t>()[1] = rng_.counter;
+  return executor_->UpdateResident(kRngStateInput, state);
+}
+
 absl::StatusOr<StepResult> Trainer::Step(Feeds inputs, Tensor labels) {
-  inputs.emplace_back(kLabelsInput, std::move(labels));
+  // Before a recording too: a replay reads the resident state as it is.
+  CASTOR_RETURN_IF_ERROR(WriteRngState());
+  if (graph_.loss != LossKind::kModelOutput) inputs.emplace_back(kLabelsInput, std::move(labels));
   const std::string signature = FeedSignature(inputs);
   if (recorded_ == nullptr && replay_unavailable_.empty() && run_signatures_.contains(signature)) {
     // A kernel's InvalidArgument is about this batch (a bad label, say):
@@ -350,6 +362,7 @@ absl::StatusOr<StepResult> Trainer::FinishStep(const std::vector<TensorView>& ou
   scaler_.set_state(decided.scaler);
   optimizer_step_ = decided.optimizer_step;
   ++steps_;
+  ++rng_.counter;  // a rerun naming the first non-finite node reads the same state
   result.step = steps_;
   result.skipped = decided.skipped != 0;
   result.loss_scale = decided.scale_used;

@@ -51,6 +51,19 @@ struct TrainerOptions {
   bool name_first_non_finite = true;
   // Replay steps as one recording where the backend can (see above).
   bool replay_steps = true;
+  // The seed of Dropout's masks (the run's --seed): with the counter, the
+  // RNG state the training graph reads (castor.rng).
+  uint64_t rng_seed = 0;
+};
+
+// Dropout's RNG state: the masks of a training-graph run are a function of
+// (seed, counter, node, element) (backend/common/philox.h); the counter
+// counts the runs of the training graph, skipped steps included. A
+// checkpoint records it, so a resumed run draws the masks the
+// uninterrupted one would have.
+struct RngState {
+  uint64_t seed = 0;
+  int64_t counter = 0;
 };
 
 struct StepResult {
@@ -78,7 +91,7 @@ class Trainer {
                                                          Backend& backend);
 
   // One step on a batch: `inputs` feed the model's inputs by name, `labels`
-  // the loss's targets.
+  // the loss's targets (unused with the model's own loss, kModelOutput).
   absl::StatusOr<StepResult> Step(std::vector<std::pair<std::string, Tensor>> inputs,
                                   Tensor labels);
 
@@ -94,6 +107,11 @@ class Trainer {
   // number of steps taken. All of it is copied to the backend.
   absl::Status Restore(const std::map<std::string, Tensor>& state, const Optimizer& optimizer,
                        const LossScaler& scaler, int64_t steps);
+
+  // The RNG state the next step's Dropouts draw with, and setting it (a
+  // resumed run's, from its checkpoint).
+  RngState rng_state() const { return rng_; }
+  void set_rng_state(RngState rng) { rng_ = rng; }
 
   // The largest peak of activation bytes of any step so far (the
   // executor's plan statistics; a replayed step counts its recording's), so
@@ -167,6 +185,8 @@ class Trainer {
   // first.
   absl::Status LoadRecordedFeeds(const Feeds& inputs);
   absl::StatusOr<BackendMemory> Allocate(size_t bytes);
+  // Writes rng_ into the training graph's castor.rng (when it has one).
+  absl::Status WriteRngState();
   // Copies the optimizer's moments (zeros where it has none), the scaler
   // and the optimizer step to the backend.
   absl::Status UploadOptimizerAndScaler(const Optimizer& optimizer);
@@ -190,6 +210,7 @@ class Trainer {
   LossScaler scaler_;             // host copy, refreshed after every step
   int64_t optimizer_step_ = 0;    // host copy
   int64_t steps_ = 0;
+  RngState rng_;
   int64_t peak_activation_bytes_ = 0;
   // Replay: the feed signatures of node-by-node steps that ran (a repeat is
   // recorded), and the recording, declared last so that it goes first (it

@@ -10,11 +10,15 @@
 // leaves them undefined); anything -> bool is `!= 0`; bool -> x is 0 or 1.
 //
 // Dropout is the identity with an all-true mask in inference (opset < 12,
-// training_mode absent/false, or ratio 0). In training it keeps an element
-// when u >= ratio for u uniform in [0, 1) and scales it by 1/(1-ratio). u
-// comes from an MT19937 seeded with the `seed` attribute (default 0) and
-// drawn as 53-bit doubles, the scheme of numpy's legacy RandomState, so the
-// mask is deterministic per node; other frameworks' RNGs give other masks.
+// training_mode absent/false, or ratio 0): nothing is drawn. In training it
+// keeps an element with probability 1 - ratio and scales it by
+// 1/(1-ratio). In castor's training graphs (passes/training_graph.h) the
+// node has input 3, the RNG state int64 [seed, counter] fed each step, and
+// the keep decision is backend/common/philox.h's, a function of (run seed,
+// node, counter, element index), the CUDA kernel's bits too. Without it (a
+// model run as it is, the ONNX conformance cases) the mask follows numpy's
+// legacy RandomState: an MT19937 seeded with the `seed` attribute (default
+// 0), 53-bit doubles, the same mask every call, as ONNX's reference draws.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -26,6 +30,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "backend/common/op_geometry.h"
+#include "backend/common/philox.h"
 #include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
@@ -308,6 +313,36 @@ absl::Status WriteKeepAllMask(KernelContext& ctx, const TensorView& data) {
   return absl::OkStatus();
 }
 
+// A Dropout node outside castor's training graphs (no RNG state input: an
+// ONNX model run as it is, the ONNX conformance cases): numpy's legacy
+// RandomState scheme, MT19937 seeded with the `seed` attribute (default 0)
+// and 53-bit doubles, keep when u >= ratio; the same mask every call.
+absl::Status DropoutLikeNumpy(KernelContext& ctx, const TensorView& data, TensorView& out,
+                              uint8_t* mask, float ratio, float scale) {
+  std::mt19937 rng(static_cast<uint32_t>(ctx.GetInt("seed", 0)));
+  const double threshold = ratio;
+  const int64_t n = data.num_elements();
+  bool handled = DispatchFloat(data.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* x = data.as<T>();
+    T* y = out.as<T>();
+    for (int64_t i = 0; i < n; ++i) {
+      // A uniform double in [0, 1) from 53 random bits (genrand_res53).
+      const uint32_t a = rng() >> 5, b = rng() >> 6;
+      const double u = (a * 67108864.0 + b) * (1.0 / 9007199254740992.0);
+      const bool keep = u >= threshold;
+      if (mask != nullptr) mask[i] = keep ? 1 : 0;
+      if constexpr (std::is_same_v<T, double>) {
+        y[i] = keep ? x[i] * static_cast<double>(scale) : 0.0;
+      } else {
+        StoreF(&y[i], keep ? LoadF(x[i]) * scale : 0.0f);
+      }
+    }
+  });
+  if (!handled) return ctx.Error(absl::StrCat("data is ", DTypeName(data.dtype)));
+  return absl::OkStatus();
+}
+
 absl::Status RunDropout(KernelContext& ctx) {
   const TensorView& data = ctx.input(0);
   float ratio = 0.5f;
@@ -344,26 +379,31 @@ absl::Status RunDropout(KernelContext& ctx) {
     CASTOR_ASSIGN_OR_RETURN(TensorView * m, ctx.Output(1, DType::kBool, data.dims));
     mask = m->as<uint8_t>();
   }
-  std::mt19937 rng(static_cast<uint32_t>(ctx.GetInt("seed", 0)));
-  const double threshold = ratio;
   const float scale = 1.0f / (1.0f - ratio);
+  if (!ctx.has_input(3)) return DropoutLikeNumpy(ctx, data, *out, mask, ratio, scale);
+  const TensorView& rng = ctx.input(3);
+  if (rng.dtype != DType::kInt64 || rng.num_elements() != 2) {
+    return ctx.Error("input 3 (RNG state) must be int64 [seed, counter]");
+  }
+  const uint64_t run_seed = static_cast<uint64_t>(rng.as<int64_t>()[0]);
+  const uint64_t call = static_cast<uint64_t>(rng.as<int64_t>()[1]);
+  const uint64_t key = common::DropoutKey(run_seed, common::DropoutNodeStream(ctx.node().name()));
+  const uint32_t threshold = common::DropoutThreshold(ratio);
   bool handled = DispatchFloat(data.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using Compute = std::conditional_t<std::is_same_v<T, double>, double, float>;
     const T* x = data.as<T>();
     T* y = out->as<T>();
-    for (int64_t i = 0; i < n; ++i) {
-      // A uniform double in [0, 1) from 53 random bits (genrand_res53).
-      const uint32_t a = rng() >> 5, b = rng() >> 6;
-      const double u = (a * 67108864.0 + b) * (1.0 / 9007199254740992.0);
-      const bool keep = u >= threshold;
-      if (mask != nullptr) mask[i] = keep ? 1 : 0;
-      if constexpr (std::is_same_v<T, double>) {
-        y[i] = keep ? x[i] * static_cast<Compute>(scale) : 0.0;
-      } else {
-        StoreF(&y[i], keep ? LoadF(x[i]) * scale : 0.0f);
+    ParallelFor(0, n, 16384, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        const bool keep = common::DropoutKeeps(key, call, static_cast<uint64_t>(i), threshold);
+        if (mask != nullptr) mask[i] = keep ? 1 : 0;
+        if constexpr (std::is_same_v<T, double>) {
+          y[i] = keep ? x[i] * static_cast<double>(scale) : 0.0;
+        } else {
+          StoreF(&y[i], keep ? LoadF(x[i]) * scale : 0.0f);
+        }
       }
-    }
+    });
   });
   if (!handled) return ctx.Error(absl::StrCat("data is ", DTypeName(data.dtype)));
   return absl::OkStatus();

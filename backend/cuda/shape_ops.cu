@@ -27,9 +27,13 @@
 // only be reported through a synchronisation: Gather and GatherGrad read
 // their indices on the device, and an index outside [-size, size) gives
 // zeros (Gather) or is skipped (GatherGrad) instead of the CPU's error.
-// Dropout in training mode draws its mask on the host with the CPU's
-// MT19937 scheme (the same mask bit for bit), uploads it, and applies it on
-// the device; reading training_mode and ratio synchronises.
+// Dropout in training mode, in castor's training graphs (the RNG state
+// input castor.rng), draws its mask on the device with
+// backend/common/philox.h, the CPU's arithmetic (the same mask bit for
+// bit), reading the state on the device, so a recorded step replays with
+// each step's counter. Without that input (a model run as it is) it draws
+// the CPU's numpy-style MT19937 mask on the host, uploads it and applies
+// it on the device. Reading training_mode and ratio synchronises.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -43,6 +47,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "backend/common/op_geometry.h"
+#include "backend/common/philox.h"
 #include "backend/cuda/convert.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
@@ -239,8 +244,29 @@ __global__ void RangeKernel(T* out, T start, T delta, int64_t n) {
   }
 }
 
-// Dropout in training: y = keep ? x / (1 - ratio) : 0, in float32 (float64
-// for float64 data).
+// Dropout in training: keep as backend/common/philox.h decides, y = keep ?
+// x / (1 - ratio) : 0, in float32 (float64 for float64 data). The run seed
+// and call counter are rng[0] and rng[1] when `rng` is given (device
+// memory), else `seed` and 0.
+template <typename T>
+__global__ void DropoutKernel(const T* x, T* y, uint8_t* mask, const int64_t* rng, uint64_t seed,
+                              uint64_t node_stream, uint32_t threshold, float scale, int64_t n) {
+  const uint64_t run_seed = rng != nullptr ? static_cast<uint64_t>(rng[0]) : seed;
+  const uint64_t call = rng != nullptr ? static_cast<uint64_t>(rng[1]) : 0;
+  const uint64_t key = common::DropoutKey(run_seed, node_stream);
+  CASTOR_GRID_STRIDE(i, n) {
+    const bool keep = common::DropoutKeeps(key, call, static_cast<uint64_t>(i), threshold);
+    if (mask != nullptr) mask[i] = keep ? 1 : 0;
+    if constexpr (std::is_same_v<T, double>) {
+      y[i] = keep ? x[i] * static_cast<double>(scale) : 0.0;
+    } else {
+      y[i] = FromFloat<T>(keep ? ToFloat(x[i]) * scale : 0.0f);
+    }
+  }
+}
+
+// Dropout outside training graphs: y = keep ? x / (1 - ratio) : 0 with a
+// mask drawn on the host, in float32 (float64 for float64 data).
 template <typename T>
 __global__ void ApplyDropoutKernel(const T* x, const uint8_t* keep, T* y, float scale, int64_t n) {
   CASTOR_GRID_STRIDE(i, n) {
@@ -502,6 +528,42 @@ absl::Status WriteKeepAllMask(KernelContext& ctx, const TensorView& data) {
   return FillBytes(ctx, mask->data, mask->num_elements(), DTypeSize(mask_dtype), one);
 }
 
+// The CPU's mask outside training graphs: MT19937 seeded with `seed`, u
+// from 53 random bits (genrand_res53), keep when u >= ratio; drawn on the
+// host and uploaded.
+absl::Status DropoutLikeNumpy(KernelContext& ctx, const TensorView& data, TensorView& out,
+                              float ratio) {
+  const int64_t n = data.num_elements();
+  std::vector<uint8_t> keep(static_cast<size_t>(n));
+  std::mt19937 rng(static_cast<uint32_t>(ctx.GetInt("seed", 0)));
+  const double threshold = ratio;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t a = rng() >> 5, b = rng() >> 6;
+    const double u = (a * 67108864.0 + b) * (1.0 / 9007199254740992.0);
+    keep[i] = u >= threshold ? 1 : 0;
+  }
+  void* keep_device = nullptr;
+  if (ctx.num_outputs() > 1 && ctx.has_output(1)) {
+    CASTOR_ASSIGN_OR_RETURN(TensorView * mask, ctx.Output(1, DType::kBool, data.dims));
+    keep_device = mask->data;
+  } else {
+    CASTOR_ASSIGN_OR_RETURN(keep_device, ctx.Scratch(static_cast<size_t>(n)));
+  }
+  if (n == 0) return absl::OkStatus();
+  // The copy from pageable memory returns once `keep` is staged.
+  CASTOR_RETURN_IF_ERROR(ctx.backend().CopyFromHost(keep_device, keep.data(), keep.size()));
+  const float scale = 1.0f / (1.0f - ratio);
+  const uint8_t* keep_bytes = static_cast<const uint8_t*>(keep_device);
+  auto apply = [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    ApplyDropoutKernel<T>
+        <<<Blocks(n), kThreads, 0, Stream(ctx)>>>(data.as<T>(), keep_bytes, out.as<T>(), scale, n);
+    return CheckLaunch(ctx);
+  };
+  if (data.dtype == DType::kFloat64) return apply(TypeTag<double>{});
+  return DispatchFloat(ctx, data.dtype, apply);
+}
+
 absl::Status RunDropout(KernelContext& ctx) {
   const TensorView& data = ctx.input(0);
   float ratio = 0.5f;
@@ -534,32 +596,26 @@ absl::Status RunDropout(KernelContext& ctx) {
   }
   const int64_t n = data.num_elements();
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, data.dims));
-  // The CPU's mask: MT19937 seeded with `seed`, u from 53 random bits
-  // (genrand_res53), keep when u >= ratio.
-  std::vector<uint8_t> keep(static_cast<size_t>(n));
-  std::mt19937 rng(static_cast<uint32_t>(ctx.GetInt("seed", 0)));
-  const double threshold = ratio;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t a = rng() >> 5, b = rng() >> 6;
-    const double u = (a * 67108864.0 + b) * (1.0 / 9007199254740992.0);
-    keep[i] = u >= threshold ? 1 : 0;
+  if (!ctx.has_input(3)) return DropoutLikeNumpy(ctx, data, *out, ratio);
+  const TensorView& state = ctx.input(3);
+  if (state.dtype != DType::kInt64 || state.num_elements() != 2) {
+    return ctx.Error("input 3 (RNG state) must be int64 [seed, counter]");
   }
-  void* keep_device = nullptr;
+  const int64_t* rng = state.as<int64_t>();
+  uint8_t* mask = nullptr;
   if (ctx.num_outputs() > 1 && ctx.has_output(1)) {
-    CASTOR_ASSIGN_OR_RETURN(TensorView * mask, ctx.Output(1, DType::kBool, data.dims));
-    keep_device = mask->data;
-  } else {
-    CASTOR_ASSIGN_OR_RETURN(keep_device, ctx.Scratch(static_cast<size_t>(n)));
+    CASTOR_ASSIGN_OR_RETURN(TensorView * m, ctx.Output(1, DType::kBool, data.dims));
+    mask = static_cast<uint8_t*>(m->data);
   }
   if (n == 0) return absl::OkStatus();
-  // The copy from pageable memory returns once `keep` is staged.
-  CASTOR_RETURN_IF_ERROR(ctx.backend().CopyFromHost(keep_device, keep.data(), keep.size()));
+  const uint64_t seed = static_cast<uint64_t>(ctx.GetInt("seed", 0));
+  const uint64_t node_stream = common::DropoutNodeStream(ctx.node().name());
+  const uint32_t threshold = common::DropoutThreshold(ratio);
   const float scale = 1.0f / (1.0f - ratio);
-  const uint8_t* keep_bytes = static_cast<const uint8_t*>(keep_device);
   auto apply = [&](auto tag) {
     using T = typename decltype(tag)::type;
-    ApplyDropoutKernel<T>
-        <<<Blocks(n), kThreads, 0, Stream(ctx)>>>(data.as<T>(), keep_bytes, out->as<T>(), scale, n);
+    DropoutKernel<T><<<Blocks(n), kThreads, 0, Stream(ctx)>>>(
+        data.as<T>(), out->as<T>(), mask, rng, seed, node_stream, threshold, scale, n);
     return CheckLaunch(ctx);
   };
   if (data.dtype == DType::kFloat64) return apply(TypeTag<double>{});

@@ -198,6 +198,16 @@ absl::Status InferDropout(InferenceContext& ctx) {
       CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 2, {DType::kBool}));
       CASTOR_RETURN_IF_ERROR(RequireScalar(ctx, 2, "training_mode"));
     }
+    // Input 3 is castor's, not ONNX's: the RNG state int64 [seed, counter]
+    // the training graph gives each drawing Dropout (castor.rng).
+    if (ctx.has_input(3)) {
+      CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 3, {DType::kInt64}));
+      const Shape& state = ctx.input_shape(3);
+      if (state.rank() != 1 || (state[0].is_static() && state[0].value() != 2)) {
+        return ctx.Error(absl::StrCat("input 3 (castor's RNG state) must be int64 [2]; got ",
+                                      state.ToString()));
+      }
+    }
   }
   const float ratio = ctx.GetFloat("ratio", 0.5f);
   if (opset < 12 && !(ratio >= 0.0f && ratio < 1.0f)) {
@@ -325,7 +335,8 @@ void RegisterMiscOps(OpRegistry& registry) {
   registry.Register(std::move(constant));
   registry.Register(MakeDef("Identity", kMinOnnxOpset, 1, 1, {}, InferIdentity,
                             "Passes the input through unchanged."));
-  OpDef dropout = MakeDef("Dropout", kMinOnnxOpset, 1, 3,
+  // Up to 4 inputs: ONNX's three and castor's RNG state (training graphs only).
+  OpDef dropout = MakeDef("Dropout", kMinOnnxOpset, 1, 4,
                           {{"ratio", AttrKind::kFloat}, {"seed", AttrKind::kInt}}, InferDropout,
                           "Zeroes random elements in training (scaling the rest); identity in "
                           "inference. Optional mask output.");
