@@ -602,6 +602,61 @@ TEST(GradientRuleTest, AbsLeakyReluAndClipAtTheirKinksFollowPyTorch) {
   }
 }
 
+TEST(GradientRuleTest, HardSigmoidAndHardSwish) {
+  // Values on every piece, none within 0.05 of a kink (+-3, or where
+  // alpha x + beta is 0 or 1).
+  const Tensor x_values =
+      Floats({2, 6}, {-5.0f, -3.5f, -2.7f, -1.0f, -0.3f, 0.4f, 1.2f, 2.2f, 2.9f, 3.3f, 4.5f, 7.0f});
+  struct Case {
+    const char* op;
+    std::vector<Attribute> attrs;
+    int64_t opset;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"HardSigmoid", {}, 8},  // (the loss's gradient needs Expand-8)
+           {"HardSigmoid", {Attribute::Float("alpha", 1.0f / 6), Attribute::Float("beta", 0.5f)}, 17},
+           {"HardSigmoid", {Attribute::Float("alpha", -0.4f), Attribute::Float("beta", 0.1f)}, 22},
+           {"HardSwish", {}, 14},
+           {"HardSwish", {}, 22}}) {
+    SCOPED_TRACE(absl::StrCat(c.op, " opset ", c.opset));
+    GradCheck check(c.opset);
+    Value* x = check.Parameter("x", x_values);
+    check.Check(check.Op(c.op, {x}, c.attrs));
+  }
+}
+
+// At the kinks x = -3 and x = 3 the rules give what torch 1.13 gives:
+// hardsigmoid_backward is 0 at both (open interval), hardswish_backward is
+// dY (x / 3 + 1/2) at both (closed interval): -0.5 and 1.5.
+TEST(GradientRuleTest, HardSigmoidAndHardSwishAtTheirKinksFollowPyTorch) {
+  const std::vector<float> x_values = {-3.0f, 3.0f, -4.0f, 0.0f, 4.0f};
+  for (const char* op : {"HardSigmoid", "HardSwish"}) {
+    SCOPED_TRACE(op);
+    GradCheck check(17);
+    Value* x = check.Parameter("x", Floats({5}, x_values));
+    std::vector<Attribute> attrs;
+    if (op == std::string("HardSigmoid")) {
+      attrs = {Attribute::Float("alpha", 1.0f / 6), Attribute::Float("beta", 0.5f)};
+    }
+    Value* loss =
+        check.Op("ReduceSum", {check.Op(op, {x}, attrs)}, {Attribute::Int("keepdims", 0)});
+    check.graph().AddOutput(loss);
+    ASSERT_TRUE(InferTypes(check.model()).ok());
+    AutodiffResult result =
+        ValueOrDie(BuildGradients(check.model(), AutodiffRequest{loss->name(), {"x"}, ""}));
+    check.graph().AddOutput(check.graph().FindValue(result.gradients[0].second));
+    auto executor = ValueOrDie(Executor::Create(check.model(), Cpu()));
+    const Tensor grad = ValueOrDie(executor->Run({{"x", Floats({5}, x_values)}}))[1];
+    // torch.nn.functional.hardsigmoid / hardswish at [-3, 3, -4, 0, 4].
+    const std::vector<float> expected = op == std::string("HardSigmoid")
+                                            ? std::vector<float>{0, 0, 0, 1.0f / 6, 0}
+                                            : std::vector<float>{-0.5f, 1.5f, 0, 0.5f, 1};
+    for (int i = 0; i < 5; ++i) {
+      EXPECT_FLOAT_EQ(grad.data<float>()[i], expected[i]) << "x = " << x_values[i];
+    }
+  }
+}
+
 TEST(GradientRuleTest, GeluExactAndTanh) {
   for (const char* approximate : {"none", "tanh"}) {
     SCOPED_TRACE(approximate);

@@ -44,7 +44,9 @@ using testing::F64;
 using testing::I32;
 using testing::I64;
 using testing::I8;
+using testing::Make;
 using testing::Ramp;
+using testing::RoundTo;
 using testing::RunConformanceCasesOf;
 using testing::RunOp;
 using testing::SingleNode;
@@ -164,6 +166,9 @@ TEST(CpuElementwiseTest, UnaryFloat32LoopsGiveTheScalarOpsBits) {
       {"LeakyRelu", {Attribute::Float("alpha", 0.2f)},
        [](float x) { return math::LeakyReluOp{0.2f}(x); }},
       {"Gelu", {}, [](float x) { return math::GeluOp{false}(x); }},
+      {"HardSigmoid", {Attribute::Float("alpha", 0.3f)},
+       [](float x) { return math::HardSigmoidOp{0.3f, 0.5f}(x); }},
+      {"HardSwish", {}, [](float x) { return math::HardSwishOp{}(x); }},
   };
   for (const Case& c : cases) {
     for (const int64_t n : {static_cast<int64_t>(inputs.size()), int64_t{13}}) {
@@ -237,6 +242,117 @@ TEST(CpuElementwiseTest, ReluKeepsNanAndSigmoidSaturates) {
   Tensor s = RunOp("Sigmoid", {F32({2}, {-1000.0f, 1000.0f})});
   EXPECT_EQ(s.data<float>()[0], 0.0f);
   EXPECT_EQ(s.data<float>()[1], 1.0f);
+}
+
+// ---------------- activations of exported models ----------------
+
+// An activation against its float64 reference on every float dtype
+// (bfloat16 from opset 22, where these activations take it): the
+// reference is evaluated at the input as the dtype stores it; float64 must
+// agree to 1e-12, float32 to 2e-6, float16/bfloat16 to their rounding.
+// NaN where the reference is NaN, infinities exactly, and the sign of zero.
+struct ActivationCase {
+  std::string op;
+  std::vector<Attribute> attrs;
+  int64_t opset;
+  std::function<double(double)> reference;
+  // The size of an intermediate that cancels (HardSigmoid's alpha x + beta
+  // near 0), where the dtype's rounding of it bounds the error; none if null.
+  std::function<double(double)> intermediate = nullptr;
+};
+
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
+
+// Edge values: infinities, huge, the kinks of the hard activations (+-3),
+// values one float32 step inside them, -0/+0, subnormals, NaN.
+std::vector<float> ActivationInputs() {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float denorm = std::numeric_limits<float>::denorm_min();
+  return {-inf,  -1e30f, -100.0f, -6.0f, -3.0000002f, -3.0f,  -2.9999998f, -1.5f, -0.25f,
+          -1e-40f, -denorm, -0.0f, 0.0f,  denorm,      1e-40f, 0.25f,       1.5f,  2.9999998f,
+          3.0f,  3.0000002f, 6.0f, 100.0f, 1e30f,      inf,    std::numeric_limits<float>::quiet_NaN()};
+}
+
+void ExpectActivationMatchesReference(const ActivationCase& c) {
+  const std::vector<float> inputs = ActivationInputs();
+  const int64_t n = static_cast<int64_t>(inputs.size());
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    if (dtype == DType::kBFloat16 && c.opset < 22) continue;  // these ops take it from 22
+    const std::vector<double> as_stored =
+        RoundTo(dtype, std::vector<double>(inputs.begin(), inputs.end()));
+    Tensor y = RunOp(c.op, {Make(dtype, {n}, as_stored)}, c.attrs, c.opset);
+    ASSERT_EQ(y.dtype(), dtype) << c.op;
+    ASSERT_EQ(y.num_elements(), n) << c.op;
+    const double rtol = dtype == DType::kFloat64   ? 1e-12
+                        : dtype == DType::kFloat32 ? 2e-6
+                        : dtype == DType::kFloat16 ? 1.0 / 1024
+                                                   : 1.0 / 128;
+    // Underflow: a float32 result may flush where float64 keeps a tiny value.
+    const double atol = dtype == DType::kFloat64 ? 1e-300 : dtype == DType::kFloat16 ? 6e-8 : 1e-38;
+    const std::vector<double> got = Values(y);
+    for (int64_t i = 0; i < n; ++i) {
+      const double expected = c.reference(as_stored[i]);
+      const std::string what =
+          absl::StrCat(c.op, " ", DTypeName(dtype), " (", as_stored[i], ") = ", got[i],
+                       ", expected ", expected);
+      if (std::isnan(expected)) {
+        EXPECT_TRUE(std::isnan(got[i])) << what;
+      } else if (std::isinf(expected)) {
+        EXPECT_EQ(got[i], expected) << what;
+      } else {
+        const double scale = std::max(
+            std::fabs(expected), c.intermediate ? std::fabs(c.intermediate(as_stored[i])) : 0.0);
+        EXPECT_NEAR(got[i], expected, rtol * scale + atol) << what;
+        if (expected == 0.0 && got[i] == 0.0) {
+          EXPECT_EQ(std::signbit(got[i]), std::signbit(expected)) << what << " (sign of zero)";
+        }
+      }
+    }
+  }
+}
+
+// max(lo, min(hi, v)) with NaN kept.
+double ClampReference(double v, double lo, double hi) {
+  if (std::isnan(v)) return v;
+  return v <= lo ? lo : v >= hi ? hi : v;
+}
+
+TEST(CpuElementwiseTest, HardSigmoidAndHardSwishMatchFloat64Reference) {
+  // alpha x + beta rounds once in float32 before it is clamped.
+  auto product_and_offset = [](double alpha, double beta) {
+    return [=](double x) { return std::fabs(alpha * x) + std::fabs(beta); };
+  };
+  const std::vector<ActivationCase> cases = {
+      {"HardSigmoid", {}, 7,
+       [](double x) { return ClampReference(static_cast<double>(0.2f) * x + 0.5, 0.0, 1.0); },
+       product_and_offset(0.2, 0.5)},
+      {"HardSigmoid",
+       {Attribute::Float("alpha", 1.0f / 6), Attribute::Float("beta", 0.5f)},
+       17,
+       [](double x) { return ClampReference(static_cast<double>(1.0f / 6) * x + 0.5, 0, 1); },
+       product_and_offset(1.0 / 6, 0.5)},
+      {"HardSigmoid",
+       {Attribute::Float("alpha", -0.5f), Attribute::Float("beta", 0.25f)},
+       22,
+       [](double x) { return ClampReference(-0.5 * x + 0.25, 0.0, 1.0); },
+       product_and_offset(0.5, 0.25)},
+      // x * clamp(x + 3, 0, 6) / 6: -0 below -3 (x * +0), NaN stays NaN.
+      {"HardSwish", {}, 14,
+       [](double x) { return x * ClampReference(x + 3.0, 0.0, 6.0) / 6.0; }},
+  };
+  for (const ActivationCase& c : cases) ExpectActivationMatchesReference(c);
+  // x = -inf: -inf * 0 is NaN in the reference and in PyTorch alike.
+  EXPECT_TRUE(std::isnan(
+      RunOp("HardSwish", {F32({1}, {-std::numeric_limits<float>::infinity()})}, {}, 14)
+          .data<float>()[0]));
+}
+
+// HardSigmoid takes bfloat16 only from opset 22.
+TEST(CpuElementwiseTest, HardSigmoidTakesBFloat16FromOpset22) {
+  absl::StatusOr<std::vector<Tensor>> bf16 =
+      testing::RunNodeOf("HardSigmoid", {BF16({2}, {1, 2})}, {}, 17);
+  ASSERT_FALSE(bf16.ok());
+  EXPECT_NE(bf16.status().message().find("bfloat16"), std::string::npos) << bf16.status();
 }
 
 // ---------------- binary ----------------
@@ -644,7 +760,8 @@ TEST(CpuElementwiseTest, ConformanceCasesOfElementwiseOps) {
   const ConformanceSummary summary = RunConformanceCasesOf(
       Cpu(), {"Abs",  "Add", "Clip", "Div",     "Equal",      "Erf",     "Exp",  "Gelu",
               "LeakyRelu", "Log", "Max", "Min", "Mul",        "Neg",     "Pow",  "Reciprocal",
-              "Relu", "Sigmoid", "Sqrt", "Sub", "Sum", "Tanh", "Where"});
+              "Relu", "Sigmoid", "Sqrt", "Sub", "Sum", "Tanh", "Where",
+              "HardSigmoid", "HardSwish"});
   for (const std::string& failure : summary.failures) ADD_FAILURE() << failure;
   for (const std::string& name : summary.multi_node) {
     ADD_FAILURE() << name << ": not a single-node model";

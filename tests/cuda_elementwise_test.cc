@@ -5,8 +5,8 @@
 // wrap-around, integer division by zero, Pow with float and int exponents,
 // Equal (bool out), Where's three-way broadcast, the variadic Sum/Max/Min
 // (one input, several, more than one pass), every unary op and its
-// attributes (LeakyRelu alpha, Gelu approximate, Clip's attribute and input
-// bounds), special values (NaN, infinities, -0), Cast between every pair of
+// attributes (LeakyRelu alpha, HardSigmoid alpha/beta, Gelu approximate,
+// Clip's attribute and input bounds), special values (NaN, infinities, -0), Cast between every pair of
 // the dtypes the kernel converts (exact: rounding, truncation, saturation
 // and wrap-around as the CPU defines them), com.castor ReluGrad, and the
 // clear refusals of dtypes the CUDA kernels lack.
@@ -274,6 +274,11 @@ std::vector<UnaryCase> UnaryCases() {
       {"Reciprocal", 0.1, 3, {}, 13},
       {"LeakyRelu", -4, 4, {}, 16},
       {"LeakyRelu", -4, 4, {Attribute::Float("alpha", 0.2f)}, 16},
+      {"HardSigmoid", -5, 5, {}, 22},
+      {"HardSigmoid", -5, 5, {Attribute::Float("alpha", 1.0f / 6), Attribute::Float("beta", 0.5f)},
+       17},
+      {"HardSwish", -5, 5, {}, 14},
+      {"HardSwish", -5, 5, {}, 22},
       {"Gelu", -5, 5, {}, 20},
       {"Gelu", -5, 5, {Attribute::String("approximate", "none")}, 20},
       {"Gelu", -5, 5, {Attribute::String("approximate", "tanh")}, 20},
@@ -284,9 +289,13 @@ std::vector<UnaryCase> UnaryCases() {
   };
 }
 
-// Clip takes bfloat16 from opset 13 (attribute bounds end at opset 10).
+// Clip takes bfloat16 from opset 13 (attribute bounds end at opset 10),
+// HardSigmoid and HardSwish from 22.
 bool Takes(const UnaryCase& c, DType dtype) {
-  return !(c.op == "Clip" && c.opset < 13 && dtype == DType::kBFloat16);
+  if (dtype != DType::kBFloat16) return true;
+  if (c.op == "Clip") return c.opset >= 13;
+  if (c.op == "HardSigmoid" || c.op == "HardSwish") return c.opset >= 22;
+  return true;
 }
 
 std::string CaseName(const UnaryCase& c, DType dtype, int64_t n) {

@@ -292,6 +292,31 @@ struct LeakyReluOp {
   }
 };
 
+// HardSigmoid: max(0, min(1, alpha * x + beta)); NaN stays NaN.
+struct HardSigmoidOp {
+  float alpha = 0.2f;
+  float beta = 0.5f;
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    const V z = static_cast<V>(alpha) * x + static_cast<V>(beta);
+    if (IsNan(z)) return z;
+    return z <= V(0) ? V(0) : (z >= V(1) ? V(1) : z);
+  }
+};
+
+// HardSwish-14: x * max(0, min(1, x / 6 + 1/2)), evaluated as PyTorch's
+// hardswish does, x * min(max(x + 3, 0), 6) / 6 (so an exported
+// mobilenet_v3 gets PyTorch's bits); x < -3 gives -0 as there; NaN stays NaN.
+struct HardSwishOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    const V shifted = x + V(3);
+    if (IsNan(shifted)) return shifted;
+    const V clamped = shifted <= V(0) ? V(0) : (shifted >= V(6) ? V(6) : shifted);
+    return x * clamped / V(6);
+  }
+};
+
 // 1 / (1 + e^-x), evaluated so that neither branch overflows.
 struct SigmoidOp {
   template <typename V>

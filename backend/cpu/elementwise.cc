@@ -1,7 +1,7 @@
 // CPU kernels: elementwise family (ops of graph/ops/elementwise.cc).
 //
-// Unary math/activations (Neg Abs Relu LeakyRelu Sigmoid Tanh Gelu Erf Exp
-// Log Sqrt Reciprocal), binary arithmetic with numpy broadcasting (Add Sub
+// Unary math/activations (Neg Abs Relu LeakyRelu HardSigmoid HardSwish
+// Sigmoid Tanh Gelu Erf Exp Log Sqrt Reciprocal), binary arithmetic with numpy broadcasting (Add Sub
 // Mul Div, Pow with a base and exponent of different dtypes), Equal (bool
 // out), the variadic Max/Min/Sum, Where and Clip. The scalar arithmetic of
 // each op lives in backend/common/elementwise_math.h (shared with CUDA); this
@@ -104,6 +104,11 @@ absl::Status UnaryKernel(KernelContext& ctx) {
 
 absl::Status LeakyReluKernel(KernelContext& ctx) {
   return RunUnary<false>(ctx, math::LeakyReluOp{ctx.GetFloat("alpha", 0.01f)});
+}
+
+absl::Status HardSigmoidKernel(KernelContext& ctx) {
+  return RunUnary<false>(
+      ctx, math::HardSigmoidOp{ctx.GetFloat("alpha", 0.2f), ctx.GetFloat("beta", 0.5f)});
 }
 
 absl::Status GeluKernel(KernelContext& ctx) {
@@ -519,6 +524,8 @@ void RegisterElementwiseKernels(KernelTable& table) {
   Add(table, "Erf", numeric, &UnaryKernel<ErfOp, true>);
   Add(table, "LeakyRelu", floats, &LeakyReluKernel);
   Add(table, "Gelu", floats, &GeluKernel);
+  Add(table, "HardSigmoid", floats, &HardSigmoidKernel);
+  Add(table, "HardSwish", floats, &UnaryKernel<HardSwishOp, false>);
   Add(table, "Sigmoid", floats, &UnaryKernel<SigmoidOp, false>);
   Add(table, "Tanh", floats, &UnaryKernel<TanhOp, false>);
   Add(table, "Exp", floats, &UnaryKernel<ExpOp, false>);

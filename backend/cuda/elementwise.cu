@@ -1,8 +1,8 @@
 // CUDA kernels: elementwise family (the CPU's backend/cpu/elementwise.cc,
 // Cast from misc.cc and com.castor ReluGrad from elementwise.cc).
 //
-// Unary math/activations (Neg Abs Relu LeakyRelu Sigmoid Tanh Gelu Erf Exp
-// Log Sqrt Reciprocal Clip), binary arithmetic with numpy broadcasting (Add
+// Unary math/activations (Neg Abs Relu LeakyRelu HardSigmoid HardSwish
+// Sigmoid Tanh Gelu Erf Exp Log Sqrt Reciprocal Clip), binary arithmetic with numpy broadcasting (Add
 // Sub Mul Div on float32/float16/bfloat16/int32/int64, Pow with a float base
 // and a float or int exponent), Equal (bool out), Where (three-way
 // broadcast), the variadic Sum/Max/Min, Cast and ReluGrad. The scalar
@@ -163,6 +163,11 @@ absl::Status UnaryOpKernel(KernelContext& ctx) {
 
 absl::Status LeakyReluKernel(KernelContext& ctx) {
   return RunUnary(ctx, math::LeakyReluOp{ctx.GetFloat("alpha", 0.01f)});
+}
+
+absl::Status HardSigmoidKernel(KernelContext& ctx) {
+  return RunUnary(ctx,
+                  math::HardSigmoidOp{ctx.GetFloat("alpha", 0.2f), ctx.GetFloat("beta", 0.5f)});
 }
 
 absl::Status GeluKernel(KernelContext& ctx) {
@@ -676,6 +681,8 @@ void RegisterElementwiseKernels(KernelTable& table) {
   Add(table, "Reciprocal", InputDTypeIn(0, floats), &UnaryOpKernel<ReciprocalOp>, in_place);
   Add(table, "LeakyRelu", InputDTypeIn(0, floats), &LeakyReluKernel, in_place);
   Add(table, "Gelu", InputDTypeIn(0, floats), &GeluKernel, in_place);
+  Add(table, "HardSigmoid", InputDTypeIn(0, floats), &HardSigmoidKernel, in_place);
+  Add(table, "HardSwish", InputDTypeIn(0, floats), &UnaryOpKernel<HardSwishOp>, in_place);
   Add(table, "Clip", InputDTypeIn(0, floats), &ClipKernel, in_place);
 
   Add(table, "Sum", InputDTypeIn(0, floats), &VariadicOpKernel<AddOp>, in_place);

@@ -88,6 +88,8 @@ constexpr Entry kTable[] = {
     {"", "Neg", kFollow, "TF Neg: infer", kExact},
     {"", "Relu", kFollow, "TF Relu: clear", kExact},
     {"", "LeakyRelu", kFollow, "TF LeakyRelu: infer"},
+    {"", "HardSigmoid", kFollow, "PyTorch hardsigmoid: not listed, runs in input type"},
+    {"", "HardSwish", kFollow, "PyTorch hardswish: not listed, runs in input type"},
     {"", "Clip", kFollow, "TF ClipByValue: infer", kExact},
     {"", "Sigmoid", kFollow, "TF Sigmoid: infer"},
     {"", "Tanh", kFollow, "TF Tanh: infer"},

@@ -1,10 +1,10 @@
 // Elementwise op definitions: binary arithmetic (Add, Sub, Mul, Div, Pow),
-// unary math and activations (Neg, Abs, Relu, LeakyRelu, Sigmoid, Tanh,
-// Gelu, Erf, Exp, Log, Sqrt, Reciprocal), the comparison Equal, the
-// selection Where, the variadic Max/Min/Sum and Clip. Binary and variadic
-// ops use ONNX multidirectional (numpy) broadcasting; each op's accepted
-// dtypes follow its opset history (bfloat16 from opset 13 for most, the
-// small integer types of Add..Div from 14, ...).
+// unary math and activations (Neg, Abs, Relu, LeakyRelu, HardSigmoid,
+// HardSwish, Sigmoid, Tanh, Gelu, Erf, Exp, Log, Sqrt, Reciprocal), the
+// comparison Equal, the selection Where, the variadic Max/Min/Sum and Clip.
+// Binary and variadic ops use ONNX multidirectional (numpy) broadcasting;
+// each op's accepted dtypes follow its opset history (bfloat16 from opset 13
+// for most, the small integer types of Add..Div from 14, ...).
 #include <climits>
 #include <functional>
 #include <optional>
@@ -220,6 +220,14 @@ void RegisterElementwiseOps(OpRegistry& registry) {
     def.infer = UnaryInfer(FloatHistory(16));
     registry.Register(std::move(def));
   }
+  {
+    OpDef def = MakeOp("HardSigmoid", kMinOnnxOpset, 1, "max(0, min(1, alpha * X + beta))");
+    def.attributes = {{"alpha", AttrKind::kFloat, false},  // default 0.2
+                      {"beta", AttrKind::kFloat, false}};  // default 0.5
+    def.infer = UnaryInfer(FloatHistory(22));
+    registry.Register(std::move(def));
+  }
+  RegisterUnary(registry, "HardSwish", 14, FloatHistory(22), "X * max(0, min(1, X / 6 + 1/2))");
   RegisterUnary(registry, "Sigmoid", kMinOnnxOpset, FloatHistory(13), "1 / (1 + exp(-X))");
   RegisterUnary(registry, "Tanh", kMinOnnxOpset, FloatHistory(13), "tanh(X)");
   {

@@ -243,6 +243,58 @@ absl::Status LeakyReluGradient(GradientBuilder& g) {
   return absl::OkStatus();
 }
 
+// Y = HardSigmoid(X) = clamp(Z, 0, 1), Z = alpha X + beta: dX = alpha dY
+// where 0 < Z < 1, else 0 (strictly inside, as PyTorch's
+// hardsigmoid_backward: at x = -3 and x = 3 it gives 0):
+// ReluGrad(ReluGrad(alpha dY, Z), 1 - Z).
+absl::Status HardSigmoidGradient(GradientBuilder& g) {
+  const DType dtype = g.input(0)->dtype();
+  CASTOR_ASSIGN_OR_RETURN(Value * alpha, g.Scalar(g.node().GetFloat("alpha", 0.2f), dtype));
+  CASTOR_ASSIGN_OR_RETURN(Value * beta, g.Scalar(g.node().GetFloat("beta", 0.5f), dtype));
+  CASTOR_ASSIGN_OR_RETURN(Value * one, g.Scalar(1.0, dtype));
+  CASTOR_ASSIGN_OR_RETURN(Value * scaled_x, g.Emit1("Mul", {g.input(0), alpha}));
+  CASTOR_ASSIGN_OR_RETURN(Value * z, g.Emit1("Add", {scaled_x, beta}));
+  CASTOR_ASSIGN_OR_RETURN(Value * below_one, g.Emit1("Sub", {one, z}));
+  CASTOR_ASSIGN_OR_RETURN(Value * scaled, g.Emit1("Mul", {g.output_grad(0), alpha}));
+  CASTOR_ASSIGN_OR_RETURN(Value * above_zero,
+                          g.Emit1("ReluGrad", {scaled, z}, {}, kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad,
+                          g.Emit1("ReluGrad", {above_zero, below_one}, {}, kCastorDomain));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = HardSwish(X) = X clamp(X + 3, 0, 6) / 6: dX = 0 where X < -3,
+// dY (X / 3 + 1/2) where -3 <= X <= 3, dY where X > 3. Both ends of the
+// middle piece are closed, as in PyTorch's hardswish_backward (at x = -3
+// it gives -dY / 2, at x = 3 it gives 3 dY / 2). With M = dY (X / 3 + 1/2):
+// dX = M - ReluGrad(M, -3 - X) - ReluGrad(M, X - 3) + ReluGrad(dY, X - 3),
+// each term exactly M, dY or 0.
+absl::Status HardSwishGradient(GradientBuilder& g) {
+  Value* x = g.input(0);
+  Value* dy = g.output_grad(0);
+  const DType dtype = x->dtype();
+  CASTOR_ASSIGN_OR_RETURN(Value * three, g.Scalar(3.0, dtype));
+  CASTOR_ASSIGN_OR_RETURN(Value * minus_three, g.Scalar(-3.0, dtype));
+  CASTOR_ASSIGN_OR_RETURN(Value * half, g.Scalar(0.5, dtype));
+  CASTOR_ASSIGN_OR_RETURN(Value * third, g.Emit1("Div", {x, three}));
+  CASTOR_ASSIGN_OR_RETURN(Value * slope, g.Emit1("Add", {third, half}));
+  CASTOR_ASSIGN_OR_RETURN(Value * middle, g.Emit1("Mul", {dy, slope}));
+  CASTOR_ASSIGN_OR_RETURN(Value * below_gap, g.Emit1("Sub", {minus_three, x}));  // > 0: X < -3
+  CASTOR_ASSIGN_OR_RETURN(Value * above_gap, g.Emit1("Sub", {x, three}));        // > 0: X > 3
+  CASTOR_ASSIGN_OR_RETURN(Value * middle_below,
+                          g.Emit1("ReluGrad", {middle, below_gap}, {}, kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * middle_above,
+                          g.Emit1("ReluGrad", {middle, above_gap}, {}, kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * dy_above,
+                          g.Emit1("ReluGrad", {dy, above_gap}, {}, kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * inside, g.Emit1("Sub", {middle, middle_below}));
+  CASTOR_ASSIGN_OR_RETURN(Value * closed, g.Emit1("Sub", {inside, middle_above}));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Add", {closed, dy_above}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
 // Y = Clip(X, min, max) (bounds as attributes before opset 11, optional
 // inputs from 11): dX = dY where min < X < max, else 0 (a bound-equal X
 // gets 0, as PyTorch's hardtanh/relu6, which export as Clip; torch.clamp
@@ -1267,6 +1319,8 @@ constexpr RuleEntry kRules[] = {
     {"Reciprocal", ReciprocalGradient},
     {"Abs", AbsGradient},
     {"LeakyRelu", LeakyReluGradient},
+    {"HardSigmoid", HardSigmoidGradient},
+    {"HardSwish", HardSwishGradient},
     {"Clip", ClipGradient},
     {"Where", WhereGradient},
     {"Max", MaxMinGradient},
