@@ -657,6 +657,18 @@ TEST(GradientRuleTest, HardSigmoidAndHardSwishAtTheirKinksFollowPyTorch) {
   }
 }
 
+// Mod on floats: dA = dY, dB = -dY floor(A / B) (fmod = 0) or -dY trunc(A / B)
+// (fmod = 1), with broadcasting; values keep A / B away from integers.
+TEST(GradientRuleTest, ModBothConventionsBroadcasting) {
+  for (int fmod : {0, 1}) {
+    SCOPED_TRACE(absl::StrCat("fmod ", fmod));
+    GradCheck check(13);
+    Value* a = check.Parameter("a", Floats({2, 3}, {5.3f, -5.3f, 2.2f, -0.7f, 7.9f, -3.1f}));
+    Value* b = check.Parameter("b", Floats({3}, {2.0f, -1.5f, 0.9f}));
+    check.Check(check.Op("Mod", {a, b}, {Attribute::Int("fmod", fmod)}));
+  }
+}
+
 TEST(GradientRuleTest, GeluExactAndTanh) {
   for (const char* approximate : {"none", "tanh"}) {
     SCOPED_TRACE(approximate);

@@ -606,6 +606,207 @@ TEST(CpuElementwiseTest, EqualReturnsBoolOnEveryDtype) {
   EXPECT_EQ(Values(y), (std::vector<double>{1, 0}));
 }
 
+// Less, Greater, LessOrEqual, GreaterOrEqual on every dtype against the
+// test's own comparison of the values as stored, broadcast both ways; IEEE
+// on floats (NaN compares false, -0 equals +0, infinities order).
+TEST(CpuElementwiseTest, OrderedComparisonsReturnBoolOnEveryDtype) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> a_values = {1.5f, -2.0f, 0.0f, -0.0f, nan, inf, -inf, 3.0f};
+  const std::vector<float> b_values = {1.5f, -1.0f, -0.0f, 0.0f, 1.0f, inf, 0.0f, nan};
+  struct Case {
+    std::string op;
+    std::function<bool(double, double)> reference;
+    int64_t opset;
+  };
+  const std::vector<Case> cases = {
+      {"Less", [](double a, double b) { return a < b; }, 13},
+      {"Greater", [](double a, double b) { return a > b; }, 13},
+      {"LessOrEqual", [](double a, double b) { return a <= b; }, 16},
+      {"GreaterOrEqual", [](double a, double b) { return a >= b; }, 16},
+  };
+  for (const Case& c : cases) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+      const std::vector<double> a = RoundTo(dtype, {a_values.begin(), a_values.end()});
+      const std::vector<double> b = RoundTo(dtype, {b_values.begin(), b_values.end()});
+      Tensor y = RunOp(c.op, {Make(dtype, {8}, a), Make(dtype, {8}, b)}, {}, c.opset);
+      ASSERT_EQ(y.dtype(), DType::kBool) << c.op;
+      for (int i = 0; i < 8; ++i) {
+        EXPECT_EQ(y.data<bool>()[i], c.reference(a[i], b[i]))
+            << c.op << " " << DTypeName(dtype) << " " << a[i] << " vs " << b[i];
+      }
+    }
+    // Broadcasting: [2, 1] against [3] gives [2, 3]; integer types.
+    Tensor y = RunOp(c.op, {I64({2, 1}, {2, -5}), I64({3}, {1, 2, 3})}, {}, c.opset);
+    ASSERT_EQ(y.dims(), (std::vector<int64_t>{2, 3})) << c.op;
+    const std::vector<int64_t> col = {2, -5}, row = {1, 2, 3};
+    for (int i = 0; i < 6; ++i) {
+      EXPECT_EQ(y.data<bool>()[i], c.reference(static_cast<double>(col[i / 3]), row[i % 3]))
+          << c.op << " int64 [" << i << "]";
+    }
+    // int8 and uint8 extremes compare in their own type.
+    Tensor s = RunOp(c.op, {I8({3}, {-128, 127, 0}), I8({}, {0})}, {}, c.opset);
+    Tensor u = RunOp(c.op, {U8({3}, {255, 0, 7}), U8({}, {7})}, {}, c.opset);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(s.data<bool>()[i], c.reference(std::vector<double>{-128, 127, 0}[i], 0)) << c.op;
+      EXPECT_EQ(u.data<bool>()[i], c.reference(std::vector<double>{255, 0, 7}[i], 7)) << c.op;
+    }
+    Tensor i32 = RunOp(c.op, {I32({2}, {std::numeric_limits<int32_t>::min(), 4}), I32({2}, {4, 4})},
+                       {}, c.opset);
+    EXPECT_EQ(i32.data<bool>()[0], c.reference(-2147483648.0, 4)) << c.op;
+    EXPECT_EQ(i32.data<bool>()[1], c.reference(4, 4)) << c.op;
+  }
+}
+
+// Less/Greater have no bfloat16 before opset 13; both inputs share a dtype.
+TEST(CpuElementwiseTest, ComparisonsFollowTheirOpsetHistory) {
+  absl::StatusOr<std::vector<Tensor>> bf16 =
+      testing::RunNodeOf("Less", {BF16({1}, {1}), BF16({1}, {2})}, {}, 12);
+  ASSERT_FALSE(bf16.ok());
+  EXPECT_NE(bf16.status().message().find("bfloat16"), std::string::npos) << bf16.status();
+  EXPECT_FALSE(testing::RunNodeOf("Less", {F32({1}, {1}), I32({1}, {2})}, {}, 13).ok());
+}
+
+TEST(CpuElementwiseTest, LogicTruthTablesWithBroadcasting) {
+  // [4] x [2, 1] covers every pair of truth values twice.
+  const Tensor a = Bool({4}, {0, 1, 0, 1});
+  const Tensor b = Bool({2, 1}, {0, 1});
+  const std::vector<std::pair<std::string, std::function<bool(bool, bool)>>> ops = {
+      {"And", [](bool x, bool y) { return x && y; }},
+      {"Or", [](bool x, bool y) { return x || y; }},
+      {"Xor", [](bool x, bool y) { return x != y; }}};
+  for (const auto& [op, reference] : ops) {
+    Tensor y = RunOp(op, {a, b}, {}, 7);
+    ASSERT_EQ(y.dtype(), DType::kBool) << op;
+    ASSERT_EQ(y.dims(), (std::vector<int64_t>{2, 4})) << op;
+    for (int i = 0; i < 8; ++i) {
+      EXPECT_EQ(y.data<bool>()[i], reference(a.data<bool>()[i % 4], b.data<bool>()[i / 4]))
+          << op << " [" << i << "]";
+    }
+  }
+  EXPECT_EQ(Values(RunOp("Not", {Bool({2, 2}, {0, 1, 1, 0})}, {}, 7)),
+            (std::vector<double>{1, 0, 0, 1}));
+  EXPECT_EQ(RunOp("Not", {Bool({0}, {})}, {}, 7).num_elements(), 0);
+  // Logic ops take bool only.
+  absl::StatusOr<std::vector<Tensor>> ints =
+      testing::RunNodeOf("And", {I32({1}, {1}), I32({1}, {1})}, {}, 7);
+  ASSERT_FALSE(ints.ok());
+  EXPECT_NE(ints.status().message().find("And"), std::string::npos) << ints.status();
+}
+
+// Mod against the test's own remainders: fmod = 0 takes the divisor's sign
+// (Python's %, floor division), fmod = 1 the dividend's (C's %, fmod).
+int64_t FloorMod(int64_t a, int64_t b) {
+  if (b == 0) return 0;
+  const int64_t q = static_cast<int64_t>(std::floor(static_cast<long double>(a) / b));
+  return a - q * b;
+}
+int64_t TruncMod(int64_t a, int64_t b) {
+  if (b == 0) return 0;
+  const int64_t q = static_cast<int64_t>(std::trunc(static_cast<long double>(a) / b));
+  return a - q * b;
+}
+
+TEST(CpuElementwiseTest, ModIntegersBothSignConventions) {
+  const std::vector<int64_t> a = {7, -7, 7, -7, 6, -6, 0, 5, 100, -101};
+  const std::vector<int64_t> b = {3, 3, -3, -3, 3, -3, 4, 0, 7, 10};
+  const int64_t n = static_cast<int64_t>(a.size());
+  for (int fmod : {0, 1}) {
+    for (DType dtype : {DType::kInt32, DType::kInt64}) {
+      Tensor y = RunOp("Mod", {Make(dtype, {n}, {a.begin(), a.end()}),
+                               Make(dtype, {n}, {b.begin(), b.end()})},
+                       {Attribute::Int("fmod", fmod)}, 13);
+      ASSERT_EQ(y.dtype(), dtype);
+      const std::vector<double> got = Values(y);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t want = fmod ? TruncMod(a[i], b[i]) : FloorMod(a[i], b[i]);
+        EXPECT_EQ(got[i], static_cast<double>(want))
+            << "fmod=" << fmod << " " << DTypeName(dtype) << " " << a[i] << " mod " << b[i];
+      }
+    }
+    // int8 extremes: -128 mod -1 is 0 (no overflow), -128 mod 3.
+    Tensor small = RunOp("Mod", {I8({3}, {-128, -128, 127}), I8({3}, {-1, 3, -2})},
+                         {Attribute::Int("fmod", fmod)}, 13);
+    EXPECT_EQ(Values(small), (std::vector<double>{0, static_cast<double>(fmod ? TruncMod(-128, 3)
+                                                                               : FloorMod(-128, 3)),
+                                                  static_cast<double>(fmod ? TruncMod(127, -2)
+                                                                           : FloorMod(127, -2))}));
+    // Unsigned: one convention; broadcast a scalar divisor.
+    Tensor u = RunOp("Mod", {U8({3}, {250, 7, 0}), U8({}, {7})}, {Attribute::Int("fmod", fmod)}, 13);
+    EXPECT_EQ(Values(u), (std::vector<double>{5, 0, 0}));
+  }
+}
+
+TEST(CpuElementwiseTest, ModFloatsBothSignConventionsAndSpecialValues) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> a = {5.5, -5.5, 5.5, -5.5, 6.0, -6.0, 0.25, 1.0, inf, 3.0, 1e-40};
+  const std::vector<double> b = {2.0, 2.0, -2.0, -2.0, 3.0, 3.0, 0.0, 0.125, 2.0, inf, 3.0};
+  const int64_t n = static_cast<int64_t>(a.size());
+  for (int fmod : {0, 1}) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+      const std::vector<double> as = RoundTo(dtype, a), bs = RoundTo(dtype, b);
+      Tensor y = RunOp("Mod", {Make(dtype, {n}, as), Make(dtype, {n}, bs)},
+                       {Attribute::Int("fmod", fmod)}, 13);
+      ASSERT_EQ(y.dtype(), dtype);
+      const std::vector<double> got = Values(y);
+      for (int64_t i = 0; i < n; ++i) {
+        // The reference: C fmod in double, moved to the divisor's sign for
+        // fmod = 0, a zero result signed like the divisor (numpy's np.mod).
+        double want = std::fmod(as[i], bs[i]);
+        if (fmod == 0 && !std::isnan(want)) {
+          if (want != 0 && (want < 0) != (bs[i] < 0)) want += bs[i];
+          if (want == 0) want = std::copysign(0.0, bs[i]);
+        }
+        const std::string what = absl::StrCat("fmod=", fmod, " ", DTypeName(dtype), " ", as[i],
+                                              " mod ", bs[i], " = ", got[i], ", expected ", want);
+        if (std::isnan(want)) {
+          EXPECT_TRUE(std::isnan(got[i])) << what;
+        } else {
+          const double rounded = RoundTo(dtype, {want})[0];
+          EXPECT_EQ(got[i], rounded) << what;
+          EXPECT_EQ(std::signbit(got[i]), std::signbit(rounded)) << what;
+        }
+      }
+    }
+  }
+  // Broadcasting: [2, 1] mod [3].
+  Tensor y = RunOp("Mod", {F32({2, 1}, {7.0f, -7.0f}), F32({3}, {2.0f, -3.0f, 4.0f})}, {}, 13);
+  EXPECT_EQ(Values(y), (std::vector<double>{1, -2, 3, 1, -1, 1}));
+  // fmod must be 0 or 1.
+  absl::StatusOr<std::vector<Tensor>> bad = testing::RunNodeOf(
+      "Mod", {F32({1}, {1}), F32({1}, {2})}, {Attribute::Int("fmod", 2)}, 13);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("fmod"), std::string::npos) << bad.status();
+}
+
+TEST(CpuElementwiseTest, IsNaNAndIsInf) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<double> x = {1.0, std::nan(""), inf, -inf, -0.0, 1e-40, -3e38};
+  const int64_t n = static_cast<int64_t>(x.size());
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    const std::vector<double> stored = RoundTo(dtype, x);  // -3e38 is -inf in float16
+    Tensor nan = RunOp("IsNaN", {Make(dtype, {n}, stored)}, {}, 20);
+    ASSERT_EQ(nan.dtype(), DType::kBool);
+    for (const auto& [neg, pos] : std::vector<std::pair<int, int>>{{1, 1}, {0, 1}, {1, 0}, {0, 0}}) {
+      Tensor isinf = RunOp("IsInf", {Make(dtype, {n}, stored)},
+                           {Attribute::Int("detect_negative", neg),
+                            Attribute::Int("detect_positive", pos)},
+                           20);
+      ASSERT_EQ(isinf.dtype(), DType::kBool);
+      for (int64_t i = 0; i < n; ++i) {
+        const bool want = std::isinf(stored[i]) && (stored[i] > 0 ? pos : neg);
+        EXPECT_EQ(isinf.data<bool>()[i], want)
+            << DTypeName(dtype) << " IsInf(" << stored[i] << ") neg=" << neg << " pos=" << pos;
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_EQ(nan.data<bool>()[i], std::isnan(stored[i])) << DTypeName(dtype) << " " << stored[i];
+    }
+  }
+  // IsInf takes float16 only from opset 20.
+  EXPECT_FALSE(testing::RunNodeOf("IsInf", {F16({1}, {1})}, {}, 19).ok());
+}
+
 TEST(CpuElementwiseTest, WhereBroadcastsThreeWays) {
   Tensor cond = Bool({2, 1}, {1, 0});
   Tensor y = RunOp("Where", {cond, F32({1, 3}, {1, 2, 3}), F32({}, {-1})}, {}, 16);
@@ -761,7 +962,8 @@ TEST(CpuElementwiseTest, ConformanceCasesOfElementwiseOps) {
       Cpu(), {"Abs",  "Add", "Clip", "Div",     "Equal",      "Erf",     "Exp",  "Gelu",
               "LeakyRelu", "Log", "Max", "Min", "Mul",        "Neg",     "Pow",  "Reciprocal",
               "Relu", "Sigmoid", "Sqrt", "Sub", "Sum", "Tanh", "Where",
-              "HardSigmoid", "HardSwish"});
+              "HardSigmoid", "HardSwish", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
+              "And", "Or", "Xor", "Not", "Mod", "IsNaN", "IsInf"});
   for (const std::string& failure : summary.failures) ADD_FAILURE() << failure;
   for (const std::string& name : summary.multi_node) {
     ADD_FAILURE() << name << ": not a single-node model";

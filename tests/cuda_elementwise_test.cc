@@ -3,7 +3,8 @@
 // each kind (same shape, scalar, row, column, middle axis, many axes, 100k+
 // elements), int64 shape arithmetic with values beyond 32 bits and
 // wrap-around, integer division by zero, Pow with float and int exponents,
-// Equal (bool out), Where's three-way broadcast, the variadic Sum/Max/Min
+// Equal and the ordered comparisons (bool out), And/Or/Xor/Not, Mod in both
+// sign conventions, IsNaN/IsInf, Where's three-way broadcast, the variadic Sum/Max/Min
 // (one input, several, more than one pass), every unary op and its
 // attributes (LeakyRelu alpha, HardSigmoid alpha/beta, Gelu approximate,
 // Clip's attribute and input bounds), special values (NaN, infinities, -0), Cast between every pair of
@@ -183,6 +184,89 @@ TEST(CudaElementwise, EqualGivesBool) {
   ExpectCudaMatchesCpu(special, "Equal NaN, -0, inf");
   SingleNode bools("Equal", {Bool({2, 2}, {0, 1, 1, 0}), Bool({2}, {1, 0})}, {}, 13);
   ExpectCudaMatchesCpu(bools, "Equal bool");
+}
+
+TEST(CudaElementwise, OrderedComparisonsGiveBool) {
+  CASTOR_REQUIRE_CUDA();
+  for (const std::string op : {"Less", "Greater", "LessOrEqual", "GreaterOrEqual"}) {
+    for (DType dtype : NumericTypes()) {
+      unsigned seed = 60;
+      for (const auto& [a_dims, b_dims] : ShapePairs()) {
+        // Small integers, so many elements tie.
+        Tensor a = Make(dtype, a_dims, Random(Count(a_dims), ++seed, true));
+        Tensor b = Make(dtype, b_dims, Random(Count(b_dims), ++seed, true));
+        SingleNode node(op, {a, b}, {}, 16);
+        ExpectCudaMatchesCpu(node, Name(op, dtype, a_dims, b_dims));
+      }
+    }
+    SingleNode special(op, {F32({5}, {kNaN, 0.0f, -0.0f, kInf, -kInf}),
+                            F32({5}, {1.0f, -0.0f, 0.0f, kInf, 0.0f})},
+                       {}, 16);
+    ExpectCudaMatchesCpu(special, op + " NaN, -0, inf");
+  }
+}
+
+TEST(CudaElementwise, LogicAndNot) {
+  CASTOR_REQUIRE_CUDA();
+  for (const std::string op : {"And", "Or", "Xor"}) {
+    unsigned seed = 70;
+    for (const auto& [a_dims, b_dims] : ShapePairs()) {
+      std::vector<uint8_t> a_bits, b_bits;
+      for (double v : Random(Count(a_dims), ++seed)) a_bits.push_back(v > 0 ? 1 : 0);
+      for (double v : Random(Count(b_dims), ++seed)) b_bits.push_back(v > 0 ? 1 : 0);
+      SingleNode node(op, {Bool(a_dims, a_bits), Bool(b_dims, b_bits)}, {}, 7);
+      ExpectCudaMatchesCpu(node, absl::StrCat(op, " ", DimsText(a_dims), " with ",
+                                              DimsText(b_dims)));
+    }
+  }
+  std::vector<uint8_t> bits;
+  for (double v : Random(1031, 80)) bits.push_back(v > 0 ? 1 : 0);
+  SingleNode negation("Not", {Bool({1031}, bits)}, {}, 7);
+  ExpectCudaMatchesCpu(negation, "Not");
+}
+
+TEST(CudaElementwise, ModBothConventions) {
+  CASTOR_REQUIRE_CUDA();
+  for (int fmod : {0, 1}) {
+    for (DType dtype : NumericTypes()) {
+      unsigned seed = 90;
+      for (const auto& [a_dims, b_dims] : ShapePairs()) {
+        // Integers in [-3, 3] (a zero divisor gives 0); float divisors of
+        // both signs away from 0.
+        Tensor a = Sample(dtype, a_dims, ++seed, -10.0, 10.0);
+        std::vector<double> divisors = Random(Count(b_dims), ++seed, IsInt(dtype));
+        if (!IsInt(dtype)) {
+          for (double& d : divisors) d = d < 0 ? d * 3 - 0.5 : d * 3 + 0.5;
+        }
+        SingleNode node("Mod", {a, Make(dtype, b_dims, divisors)},
+                        {Attribute::Int("fmod", fmod)}, 13);
+        ExpectCudaMatchesCpu(node, absl::StrCat(Name("Mod", dtype, a_dims, b_dims), " fmod ",
+                                                fmod));
+      }
+    }
+    SingleNode special("Mod", {F32({4}, {kInf, 3.0f, -0.0f, 5.0f}),
+                               F32({4}, {2.0f, 0.0f, 2.0f, -kInf})},
+                       {Attribute::Int("fmod", fmod)}, 13);
+    ExpectCudaMatchesCpu(special, absl::StrCat("Mod special values fmod ", fmod));
+  }
+}
+
+TEST(CudaElementwise, IsNaNAndIsInf) {
+  CASTOR_REQUIRE_CUDA();
+  const std::vector<double> special = {kNaN, kInf, -kInf, 0.0, -0.0, 1e-30, 7e4, -7e4, 3.0};
+  for (DType dtype : CudaFloatTypes()) {
+    SingleNode nan("IsNaN", {Make(dtype, {9}, special)}, {}, 20);
+    ExpectCudaMatchesCpu(nan, absl::StrCat("IsNaN ", DTypeName(dtype)));
+    for (int neg : {0, 1}) {
+      for (int pos : {0, 1}) {
+        SingleNode inf("IsInf", {Make(dtype, {9}, special)},
+                       {Attribute::Int("detect_negative", neg),
+                        Attribute::Int("detect_positive", pos)},
+                       20);
+        ExpectCudaMatchesCpu(inf, absl::StrCat("IsInf ", DTypeName(dtype), " ", neg, pos));
+      }
+    }
+  }
 }
 
 TEST(CudaElementwise, WhereBroadcastsAllThreeInputs) {

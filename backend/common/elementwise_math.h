@@ -249,6 +249,85 @@ struct EqualOp {
   }
 };
 
+// Ordered comparisons: IEEE (any comparison with NaN is false, -0 == +0).
+struct LessOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE bool operator()(V a, V b) const {
+    return a < b;
+  }
+};
+
+struct GreaterOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE bool operator()(V a, V b) const {
+    return a > b;
+  }
+};
+
+struct LessOrEqualOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE bool operator()(V a, V b) const {
+    return a <= b;
+  }
+};
+
+struct GreaterOrEqualOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE bool operator()(V a, V b) const {
+    return a >= b;
+  }
+};
+
+// ---- boolean logic (bool in, bool out) ----
+
+struct AndOp {
+  CASTOR_HOST_DEVICE bool operator()(bool a, bool b) const { return a && b; }
+};
+
+struct OrOp {
+  CASTOR_HOST_DEVICE bool operator()(bool a, bool b) const { return a || b; }
+};
+
+struct XorOp {
+  CASTOR_HOST_DEVICE bool operator()(bool a, bool b) const { return a != b; }
+};
+
+struct NotOp {
+  CASTOR_HOST_DEVICE bool operator()(bool x) const { return !x; }
+};
+
+// Mod-10/13. fmod = 0: the remainder takes the divisor's sign (numpy's
+// np.mod, Python's %; PyTorch's remainder); fmod = 1: it takes the
+// dividend's sign (C fmod, np.fmod; PyTorch's fmod). Integers: x mod 0 is 0
+// (numpy's result) and MIN mod -1 is 0 (no overflow). Floats: x mod 0 is
+// NaN, and a zero remainder with fmod = 0 takes the divisor's sign (np.mod).
+struct ModOp {
+  bool fmod = false;
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V a, V b) const {
+    if constexpr (kIsInt<V>) {
+      if (b == 0) return 0;
+      if constexpr (std::is_signed_v<V>) {
+        if (b == -1) return 0;
+        V r = static_cast<V>(a % b);  // truncated: the dividend's sign
+        if (!fmod && r != 0 && ((r < 0) != (b < 0))) r = static_cast<V>(r + b);
+        return r;
+      } else {
+        return static_cast<V>(a % b);
+      }
+    } else {
+      V r = std::fmod(a, b);
+      if (fmod) return r;
+      if (r != V(0)) {
+        if ((r < V(0)) != (b < V(0))) r += b;
+      } else {
+        r = std::copysign(V(0), b);
+      }
+      return r;
+    }
+  }
+};
+
 // ---- unary ----
 
 struct NegOp {
@@ -394,6 +473,26 @@ struct ReciprocalOp {
   template <typename V>
   CASTOR_HOST_DEVICE V operator()(V x) const {
     return V(1) / x;
+  }
+};
+
+// ---- float predicates (float in, bool out) ----
+
+struct IsNanOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE bool operator()(V x) const {
+    return x != x;
+  }
+};
+
+// IsInf-10/20: +inf when detect_positive, -inf when detect_negative.
+struct IsInfOp {
+  bool detect_negative = true;
+  bool detect_positive = true;
+  template <typename V>
+  CASTOR_HOST_DEVICE bool operator()(V x) const {
+    const V inf = std::numeric_limits<V>::infinity();
+    return (detect_positive && x == inf) || (detect_negative && x == -inf);
   }
 };
 

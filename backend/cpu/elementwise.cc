@@ -2,8 +2,10 @@
 //
 // Unary math/activations (Neg Abs Relu LeakyRelu HardSigmoid HardSwish
 // Sigmoid Tanh Gelu Erf Exp Log Sqrt Reciprocal), binary arithmetic with numpy broadcasting (Add Sub
-// Mul Div, Pow with a base and exponent of different dtypes), Equal (bool
-// out), the variadic Max/Min/Sum, Where and Clip. The scalar arithmetic of
+// Mul Div Mod, Pow with a base and exponent of different dtypes), the
+// comparisons Equal Less Greater LessOrEqual GreaterOrEqual (bool out), the
+// logic And Or Xor Not, IsNaN/IsInf, the variadic Max/Min/Sum, Where and
+// Clip. The scalar arithmetic of
 // each op lives in backend/common/elementwise_math.h (shared with CUDA); this
 // file loads, broadcasts and stores. 16-bit floats compute in float32 and
 // round once on store (unary ops and same-dtype binary ops widen and narrow
@@ -104,6 +106,46 @@ absl::Status UnaryKernel(KernelContext& ctx) {
 
 absl::Status LeakyReluKernel(KernelContext& ctx) {
   return RunUnary<false>(ctx, math::LeakyReluOp{ctx.GetFloat("alpha", 0.01f)});
+}
+
+// Not: bool in, bool out.
+absl::Status NotKernel(KernelContext& ctx) {
+  const TensorView& x = ctx.input(0);
+  if (x.dtype != DType::kBool) {
+    return ctx.Error(absl::StrCat("input 0 is ", DTypeName(x.dtype), "; expected bool"));
+  }
+  absl::StatusOr<TensorView*> y = ctx.Output(0, DType::kBool, x.dims);
+  if (!y.ok()) return y.status();
+  const bool* xp = x.as<bool>();
+  bool* yp = (*y)->as<bool>();
+  ParallelFor(0, x.num_elements(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) yp[i] = math::NotOp{}(xp[i]);
+  });
+  return absl::OkStatus();
+}
+
+// IsNaN, IsInf: float in, bool out.
+template <typename Op>
+absl::Status RunPredicate(KernelContext& ctx, const Op& op) {
+  const TensorView& x = ctx.input(0);
+  absl::StatusOr<TensorView*> y = ctx.Output(0, DType::kBool, x.dims);
+  if (!y.ok()) return y.status();
+  const bool ok = DispatchFloat(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* xp = x.as<T>();
+    bool* yp = (*y)->as<bool>();
+    ParallelFor(0, x.num_elements(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) yp[i] = op(Load(xp[i]));
+    });
+  });
+  return ok ? absl::OkStatus() : UnsupportedDType(ctx, 0, x.dtype);
+}
+
+absl::Status IsNanKernel(KernelContext& ctx) { return RunPredicate(ctx, math::IsNanOp{}); }
+
+absl::Status IsInfKernel(KernelContext& ctx) {
+  return RunPredicate(ctx, math::IsInfOp{ctx.GetInt("detect_negative", 1) != 0,
+                                         ctx.GetInt("detect_positive", 1) != 0});
 }
 
 absl::Status HardSigmoidKernel(KernelContext& ctx) {
@@ -269,9 +311,9 @@ absl::StatusOr<BroadcastPlan> PlanInputs(const KernelContext& ctx, int first, in
   return plan;
 }
 
-// Add, Sub, Mul, Div: floats and integers, output the inputs' dtype.
+// Add, Sub, Mul, Div, Mod: floats and integers, output the inputs' dtype.
 template <typename Op>
-absl::Status ArithmeticKernel(KernelContext& ctx) {
+absl::Status RunArithmetic(KernelContext& ctx, const Op& op) {
   if (absl::Status s = common::RequireSameDType(ctx, 0, 1); !s.ok()) return s;
   absl::StatusOr<BroadcastPlan> plan = PlanInputs(ctx, 0, 2);
   if (!plan.ok()) return plan.status();
@@ -280,14 +322,29 @@ absl::Status ArithmeticKernel(KernelContext& ctx) {
   if (!out.ok()) return out.status();
   const bool ok = DispatchNumeric(a.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    BinaryLoop(*plan, a.as<T>(), ctx.input(1).as<T>(), (*out)->as<T>(), Op{});
+    BinaryLoop(*plan, a.as<T>(), ctx.input(1).as<T>(), (*out)->as<T>(), op);
   });
   return ok ? absl::OkStatus() : UnsupportedDType(ctx, 0, a.dtype);
 }
 
-// Equal: any numeric dtype or bool in, bool out. Floats compare by value
-// (+0 == -0, NaN != NaN).
-absl::Status EqualKernel(KernelContext& ctx) {
+template <typename Op>
+absl::Status ArithmeticKernel(KernelContext& ctx) {
+  return RunArithmetic(ctx, Op{});
+}
+
+absl::Status ModKernel(KernelContext& ctx) {
+  const int64_t fmod = ctx.GetInt("fmod", 0);
+  if (fmod != 0 && fmod != 1) {
+    return ctx.Error(absl::StrCat("attribute 'fmod' is ", fmod, "; expected 0 or 1"));
+  }
+  return RunArithmetic(ctx, math::ModOp{fmod == 1});
+}
+
+// Equal, Less, Greater, LessOrEqual, GreaterOrEqual: any numeric dtype (or
+// bool) in, bool out. Floats compare by value (+0 == -0; NaN compares
+// false, so NaN != NaN).
+template <typename Op>
+absl::Status CompareKernel(KernelContext& ctx) {
   if (absl::Status s = common::RequireSameDType(ctx, 0, 1); !s.ok()) return s;
   absl::StatusOr<BroadcastPlan> plan = PlanInputs(ctx, 0, 2);
   if (!plan.ok()) return plan.status();
@@ -296,9 +353,26 @@ absl::Status EqualKernel(KernelContext& ctx) {
   if (!out.ok()) return out.status();
   const bool ok = DispatchNumericOrBool(a.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    BinaryLoop(*plan, a.as<T>(), ctx.input(1).as<T>(), (*out)->as<bool>(), math::EqualOp{});
+    BinaryLoop(*plan, a.as<T>(), ctx.input(1).as<T>(), (*out)->as<bool>(), Op{});
   });
   return ok ? absl::OkStatus() : UnsupportedDType(ctx, 0, a.dtype);
+}
+
+// And, Or, Xor: bool in, bool out.
+template <typename Op>
+absl::Status LogicKernel(KernelContext& ctx) {
+  for (int i : {0, 1}) {
+    if (ctx.input(i).dtype != DType::kBool) {
+      return ctx.Error(absl::StrCat("input ", i, " is ", DTypeName(ctx.input(i).dtype),
+                                    "; expected bool"));
+    }
+  }
+  absl::StatusOr<BroadcastPlan> plan = PlanInputs(ctx, 0, 2);
+  if (!plan.ok()) return plan.status();
+  absl::StatusOr<TensorView*> out = ctx.Output(0, DType::kBool, plan->out_dims);
+  if (!out.ok()) return out.status();
+  BinaryLoop(*plan, ctx.input(0).as<bool>(), ctx.input(1).as<bool>(), (*out)->as<bool>(), Op{});
+  return absl::OkStatus();
 }
 
 // Pow: base float or int32/int64, exponent any numeric dtype; output the
@@ -514,9 +588,21 @@ void RegisterElementwiseKernels(KernelTable& table) {
   Add(table, "Mul", numeric, &ArithmeticKernel<MulOp>);
   Add(table, "Div", numeric, &ArithmeticKernel<DivOp>);
   Add(table, "Pow", Join(floats, {DType::kInt32, DType::kInt64}), &PowKernel);
+  Add(table, "Mod", numeric, &ModKernel);
   // Not in place: a bool output over a float input of the same byte size
   // would overwrite inputs still to be read.
-  Add(table, "Equal", Join(numeric, {DType::kBool}), &EqualKernel, /*in_place_ok=*/false);
+  Add(table, "Equal", Join(numeric, {DType::kBool}), &CompareKernel<EqualOp>,
+      /*in_place_ok=*/false);
+  Add(table, "Less", numeric, &CompareKernel<LessOp>, /*in_place_ok=*/false);
+  Add(table, "Greater", numeric, &CompareKernel<GreaterOp>, /*in_place_ok=*/false);
+  Add(table, "LessOrEqual", numeric, &CompareKernel<LessOrEqualOp>, /*in_place_ok=*/false);
+  Add(table, "GreaterOrEqual", numeric, &CompareKernel<GreaterOrEqualOp>, /*in_place_ok=*/false);
+  Add(table, "And", {DType::kBool}, &LogicKernel<AndOp>, /*in_place_ok=*/false);
+  Add(table, "Or", {DType::kBool}, &LogicKernel<OrOp>, /*in_place_ok=*/false);
+  Add(table, "Xor", {DType::kBool}, &LogicKernel<XorOp>, /*in_place_ok=*/false);
+  Add(table, "Not", {DType::kBool}, &NotKernel);
+  Add(table, "IsNaN", floats, &IsNanKernel, /*in_place_ok=*/false);
+  Add(table, "IsInf", floats, &IsInfKernel, /*in_place_ok=*/false);
 
   Add(table, "Neg", numeric, &UnaryKernel<NegOp, true>);
   Add(table, "Abs", numeric, &UnaryKernel<AbsOp, true>);

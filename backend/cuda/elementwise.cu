@@ -4,8 +4,9 @@
 // Unary math/activations (Neg Abs Relu LeakyRelu HardSigmoid HardSwish
 // Sigmoid Tanh Gelu Erf Exp Log Sqrt Reciprocal Clip), binary arithmetic with numpy broadcasting (Add
 // Sub Mul Div on float32/float16/bfloat16/int32/int64, Pow with a float base
-// and a float or int exponent), Equal (bool out), Where (three-way
-// broadcast), the variadic Sum/Max/Min, Cast and ReluGrad. The scalar
+// and a float or int exponent), Mod, the comparisons Equal Less Greater
+// LessOrEqual GreaterOrEqual and the logic And Or Xor Not (bool out),
+// IsNaN/IsInf, Where (three-way broadcast), the variadic Sum/Max/Min, Cast and ReluGrad. The scalar
 // arithmetic is backend/common/elementwise_math.h, the functors the CPU runs;
 // this file loads, broadcasts (backend/cuda/broadcast.cuh) and stores. 16-bit
 // floats compute in float32 and round once on store; integers compute in
@@ -13,8 +14,9 @@
 // elements; each thread reads its inputs for an element before writing it,
 // so output 0 may alias input 0 (in_place_ok) where the output has input 0's
 // dtype (then the executor's equal-bytes rule means equal shapes): the
-// arithmetic, unary and variadic ops, as on the CPU. Equal is not in place
-// (see its registration).
+// arithmetic, unary and variadic ops, as on the CPU. The comparisons, the
+// binary logic and the predicates are not in place (see Equal's
+// registration).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -165,6 +167,42 @@ absl::Status LeakyReluKernel(KernelContext& ctx) {
   return RunUnary(ctx, math::LeakyReluOp{ctx.GetFloat("alpha", 0.01f)});
 }
 
+// Not: bool in, bool out.
+absl::Status NotKernel(KernelContext& ctx) {
+  const TensorView& x = ctx.input(0);
+  if (x.dtype != DType::kBool) {
+    return ctx.Error(absl::StrCat("input 0 is ", DTypeName(x.dtype), "; expected bool"));
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * y, ctx.Output(0, DType::kBool, x.dims));
+  const int64_t n = x.num_elements();
+  return Launch(ctx, n, UnaryKernel<bool, math::NotOp>, x.as<const bool>(), y->as<bool>(), n,
+                math::NotOp{});
+}
+
+// out[i] = op(x[i]) as bool (IsNaN, IsInf), in float32.
+template <typename T, typename Op>
+__global__ void PredicateKernel(const T* x, bool* out, int64_t n, Op op) {
+  CASTOR_GRID_STRIDE(i, n) { out[i] = op(Load(x[i])); }
+}
+
+template <typename Op>
+absl::Status RunPredicate(KernelContext& ctx, const Op& op) {
+  const TensorView& x = ctx.input(0);
+  CASTOR_ASSIGN_OR_RETURN(TensorView * y, ctx.Output(0, DType::kBool, x.dims));
+  const int64_t n = x.num_elements();
+  return DispatchFloat(ctx, x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return Launch(ctx, n, PredicateKernel<T, Op>, x.as<const T>(), y->as<bool>(), n, op);
+  });
+}
+
+absl::Status IsNanKernel(KernelContext& ctx) { return RunPredicate(ctx, math::IsNanOp{}); }
+
+absl::Status IsInfKernel(KernelContext& ctx) {
+  return RunPredicate(ctx, math::IsInfOp{ctx.GetInt("detect_negative", 1) != 0,
+                                         ctx.GetInt("detect_positive", 1) != 0});
+}
+
 absl::Status HardSigmoidKernel(KernelContext& ctx) {
   return RunUnary(ctx,
                   math::HardSigmoidOp{ctx.GetFloat("alpha", 0.2f), ctx.GetFloat("beta", 0.5f)});
@@ -238,30 +276,58 @@ absl::Status RunBinary(KernelContext& ctx, const std::vector<int64_t>& out_dims,
                 ctx.input(1).as<const TB>(), out, n, op);
 }
 
-// Add, Sub, Mul, Div: float32/float16/bfloat16/int32/int64, output the
-// inputs' dtype.
+// Add, Sub, Mul, Div, Mod: float32/float16/bfloat16/int32/int64, output
+// the inputs' dtype.
 template <typename Op>
-absl::Status ArithmeticKernel(KernelContext& ctx) {
+absl::Status RunArithmetic(KernelContext& ctx, const Op& op) {
   CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 0, 1));
   CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> out_dims, OutputDims(ctx, 0, 2));
   const DType dtype = ctx.input(0).dtype;
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, dtype, out_dims));
   return DispatchNumeric(ctx, dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return RunBinary<T, T, T>(ctx, out_dims, out->as<T>(), Op{});
+    return RunBinary<T, T, T>(ctx, out_dims, out->as<T>(), op);
   });
 }
 
-// Equal: float, int32, int64 or bool in, bool out (floats by value: +0 ==
-// -0, NaN != NaN).
-absl::Status EqualKernel(KernelContext& ctx) {
+template <typename Op>
+absl::Status ArithmeticKernel(KernelContext& ctx) {
+  return RunArithmetic(ctx, Op{});
+}
+
+absl::Status ModKernel(KernelContext& ctx) {
+  const int64_t fmod = ctx.GetInt("fmod", 0);
+  if (fmod != 0 && fmod != 1) {
+    return ctx.Error(absl::StrCat("attribute 'fmod' is ", fmod, "; expected 0 or 1"));
+  }
+  return RunArithmetic(ctx, math::ModOp{fmod == 1});
+}
+
+// Equal, Less, Greater, LessOrEqual, GreaterOrEqual: float, int32, int64
+// or bool in, bool out (floats by value: +0 == -0, NaN compares false).
+template <typename Op>
+absl::Status CompareKernel(KernelContext& ctx) {
   CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 0, 1));
   CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> out_dims, OutputDims(ctx, 0, 2));
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, DType::kBool, out_dims));
   return DispatchNumeric</*kWithBool=*/true>(ctx, ctx.input(0).dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return RunBinary<T, T, bool>(ctx, out_dims, out->as<bool>(), math::EqualOp{});
+    return RunBinary<T, T, bool>(ctx, out_dims, out->as<bool>(), Op{});
   });
+}
+
+// And, Or, Xor: bool in, bool out.
+template <typename Op>
+absl::Status LogicKernel(KernelContext& ctx) {
+  for (int i : {0, 1}) {
+    if (ctx.input(i).dtype != DType::kBool) {
+      return ctx.Error(absl::StrCat("input ", i, " is ", DTypeName(ctx.input(i).dtype),
+                                    "; expected bool"));
+    }
+  }
+  CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> out_dims, OutputDims(ctx, 0, 2));
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, DType::kBool, out_dims));
+  return RunBinary<bool, bool, bool>(ctx, out_dims, out->as<bool>(), Op{});
 }
 
 // Pow: a float base and a float, int32 or int64 exponent; output the base's
@@ -666,8 +732,23 @@ void RegisterElementwiseKernels(KernelTable& table) {
   Add(table, "Pow", &PowSupports, &PowKernel, in_place);
   // Not in place: a bool output the size of a wider input 0 is a broadcast
   // of it (Equal([2] float32, [4, 2])), whose bytes other threads still read.
-  Add(table, "Equal", InputDTypeIn(0, Join(kNumeric, {DType::kBool})), &EqualKernel,
+  Add(table, "Equal", InputDTypeIn(0, Join(kNumeric, {DType::kBool})), &CompareKernel<EqualOp>,
       /*in_place_ok=*/false);
+  Add(table, "Less", InputDTypeIn(0, kNumeric), &CompareKernel<LessOp>, /*in_place_ok=*/false);
+  Add(table, "Greater", InputDTypeIn(0, kNumeric), &CompareKernel<GreaterOp>,
+      /*in_place_ok=*/false);
+  Add(table, "LessOrEqual", InputDTypeIn(0, kNumeric), &CompareKernel<LessOrEqualOp>,
+      /*in_place_ok=*/false);
+  Add(table, "GreaterOrEqual", InputDTypeIn(0, kNumeric), &CompareKernel<GreaterOrEqualOp>,
+      /*in_place_ok=*/false);
+  const std::vector<DType> bools = {DType::kBool};
+  Add(table, "And", InputDTypeIn(0, bools), &LogicKernel<AndOp>, /*in_place_ok=*/false);
+  Add(table, "Or", InputDTypeIn(0, bools), &LogicKernel<OrOp>, /*in_place_ok=*/false);
+  Add(table, "Xor", InputDTypeIn(0, bools), &LogicKernel<XorOp>, /*in_place_ok=*/false);
+  Add(table, "Not", InputDTypeIn(0, bools), &NotKernel, in_place);
+  Add(table, "Mod", InputDTypeIn(0, kNumeric), &ModKernel, in_place);
+  Add(table, "IsNaN", InputDTypeIn(0, floats), &IsNanKernel, /*in_place_ok=*/false);
+  Add(table, "IsInf", InputDTypeIn(0, floats), &IsInfKernel, /*in_place_ok=*/false);
 
   Add(table, "Neg", InputDTypeIn(0, floats), &UnaryOpKernel<NegOp>, in_place);
   Add(table, "Abs", InputDTypeIn(0, floats), &UnaryOpKernel<AbsOp>, in_place);

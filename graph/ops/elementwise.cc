@@ -1,7 +1,9 @@
 // Elementwise op definitions: binary arithmetic (Add, Sub, Mul, Div, Pow),
 // unary math and activations (Neg, Abs, Relu, LeakyRelu, HardSigmoid,
 // HardSwish, Sigmoid, Tanh, Gelu, Erf, Exp, Log, Sqrt, Reciprocal), the
-// comparison Equal, the selection Where, the variadic Max/Min/Sum and Clip.
+// comparisons Equal, Less, Greater, LessOrEqual, GreaterOrEqual (bool out),
+// the logic And, Or, Xor, Not, Mod, the predicates IsNaN and IsInf, the
+// selection Where, the variadic Max/Min/Sum and Clip.
 // Binary and variadic ops use ONNX multidirectional (numpy) broadcasting;
 // each op's accepted dtypes follow its opset history (bfloat16 from opset 13
 // for most, the small integer types of Add..Div from 14, ...).
@@ -9,6 +11,8 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -55,6 +59,34 @@ InferFn BinaryInfer(std::vector<DTypesSince> history, bool bool_output) {
     ctx.SetOutput(0, bool_output ? DType::kBool : ctx.input_dtype(0), std::move(shape));
     return absl::OkStatus();
   };
+}
+
+// Binary ops on bool inputs with a bool output (And, Or, Xor).
+absl::Status InferLogic(InferenceContext& ctx) {
+  CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 0, {DType::kBool}));
+  CASTOR_RETURN_IF_ERROR(ops::RequireSameDType(ctx, 0, 1));
+  CASTOR_ASSIGN_OR_RETURN(Shape shape, ops::BroadcastInputs(ctx, 0, 1));
+  ctx.SetOutput(0, DType::kBool, std::move(shape));
+  return absl::OkStatus();
+}
+
+// Predicates on one input (IsNaN, IsInf): a bool output of the input's shape.
+InferFn PredicateInfer(std::vector<DTypesSince> history) {
+  return [history = std::move(history)](InferenceContext& ctx) -> absl::Status {
+    CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 0, ops::DTypesAt(ctx, history)));
+    ctx.SetOutput(0, DType::kBool, ctx.input_shape(0));
+    return absl::OkStatus();
+  };
+}
+
+// Mod: A and B share a numeric dtype; fmod is 0 or 1.
+absl::Status InferMod(InferenceContext& ctx) {
+  const int64_t fmod = ctx.GetInt("fmod", 0);
+  if (fmod != 0 && fmod != 1) {
+    return ctx.Error(absl::StrCat("attribute 'fmod' is ", fmod, "; expected 0 or 1"));
+  }
+  return BinaryInfer({{1, Concat(kFloats, kAllInts)}, {13, kBFloat16}},
+                     /*bool_output=*/false)(ctx);
 }
 
 // Unary ops: output = input's dtype and shape. `check` validates attributes.
@@ -252,6 +284,52 @@ void RegisterElementwiseOps(OpRegistry& registry) {
                              {19, {DType::kString}}},
                             /*bool_output=*/true);
     def.autocast = AutocastCategory::kNone;  // a comparison, not a float computation
+    registry.Register(std::move(def));
+  }
+  // Less/Greater: floats at opset 7, every integer type from 9, bfloat16
+  // from 13; LessOrEqual/GreaterOrEqual (opset 12): bfloat16 from 16.
+  const std::vector<DTypesSince> less_history = {
+      {1, kFloats}, {9, kAllInts}, {13, kBFloat16}};
+  const std::vector<DTypesSince> less_equal_history = {
+      {1, Concat(kFloats, kAllInts)}, {16, kBFloat16}};
+  for (const auto& [op, since, relation] :
+       std::vector<std::tuple<std::string, int64_t, std::string>>{
+           {"Less", kMinOnnxOpset, "<"},
+           {"Greater", kMinOnnxOpset, ">"},
+           {"LessOrEqual", 12, "<="},
+           {"GreaterOrEqual", 12, ">="}}) {
+    OpDef def = MakeOp(op, since, 2, absl::StrCat("A ", relation, " B as bool, numpy broadcasting"));
+    def.infer = BinaryInfer(since == 12 ? less_equal_history : less_history, /*bool_output=*/true);
+    registry.Register(std::move(def));
+  }
+  for (const auto& [op, summary] : std::vector<std::pair<std::string, std::string>>{
+           {"And", "A and B of bool tensors, numpy broadcasting"},
+           {"Or", "A or B of bool tensors, numpy broadcasting"},
+           {"Xor", "A xor B of bool tensors, numpy broadcasting"}}) {
+    OpDef def = MakeOp(op, kMinOnnxOpset, 2, summary);
+    def.infer = InferLogic;
+    registry.Register(std::move(def));
+  }
+  RegisterUnary(registry, "Not", kMinOnnxOpset, {{1, {DType::kBool}}}, "not X of a bool tensor");
+  {
+    OpDef def = MakeOp("Mod", 10, 2,
+                       "remainder of A / B, numpy broadcasting: the divisor's sign (fmod = 0) "
+                       "or the dividend's (fmod = 1, C fmod)");
+    def.attributes = {{"fmod", AttrKind::kInt, false}};  // default 0
+    def.infer = InferMod;
+    registry.Register(std::move(def));
+  }
+  {
+    OpDef def = MakeOp("IsNaN", 9, 1, "X is NaN, as bool");
+    def.infer = PredicateInfer({{1, kFloats}, {13, kBFloat16}});
+    registry.Register(std::move(def));
+  }
+  {
+    OpDef def = MakeOp("IsInf", 10, 1, "X is +inf (detect_positive) or -inf (detect_negative)");
+    def.attributes = {{"detect_negative", AttrKind::kInt, false},   // default 1
+                      {"detect_positive", AttrKind::kInt, false}};  // default 1
+    def.infer = PredicateInfer({{1, {DType::kFloat32, DType::kFloat64}},
+                                {20, {DType::kFloat16, DType::kBFloat16}}});
     registry.Register(std::move(def));
   }
   {

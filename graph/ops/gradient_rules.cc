@@ -92,6 +92,21 @@ absl::Status DivGradient(GradientBuilder& g) {
   return SetUnbroadcast(g, 1, negated);
 }
 
+// Y = Mod(A, B) on floats, Y = A - B Q with Q = floor(A / B) (fmod = 0)
+// or trunc(A / B) (fmod = 1), Q piecewise constant: dA = dY, dB = -dY Q,
+// as PyTorch's remainder and fmod. Q is computed as (A - Y) / B, which is
+// Q up to one rounding (ONNX has no Trunc). Integer Mod is never
+// differentiated (integer values get no gradients).
+absl::Status ModGradient(GradientBuilder& g) {
+  CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, 0, g.output_grad(0)));
+  if (!g.wants_input_grad(1)) return absl::OkStatus();
+  CASTOR_ASSIGN_OR_RETURN(Value * multiple, g.Emit1("Sub", {g.input(0), g.output(0)}));
+  CASTOR_ASSIGN_OR_RETURN(Value * quotient, g.Emit1("Div", {multiple, g.input(1)}));
+  CASTOR_ASSIGN_OR_RETURN(Value * scaled, g.Emit1("Mul", {g.output_grad(0), quotient}));
+  CASTOR_ASSIGN_OR_RETURN(Value * negated, g.Emit1("Neg", {scaled}));
+  return SetUnbroadcast(g, 1, negated);
+}
+
 absl::Status NegGradient(GradientBuilder& g) {
   CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Neg", {g.output_grad(0)}));
   g.SetInputGrad(0, grad);
@@ -1304,6 +1319,7 @@ constexpr RuleEntry kRules[] = {
     {"Sub", SubGradient},
     {"Mul", MulGradient},
     {"Div", DivGradient},
+    {"Mod", ModGradient},
     {"Sum", SumGradient},
     {"Neg", NegGradient},
     {"Identity", IdentityGradient},
@@ -1374,6 +1390,16 @@ constexpr NoGradientEntry kNoGradient[] = {
     {"", "ConstantOfShape", "its only input is an integer shape"},
     {"", "Range", "its output does not depend smoothly on its inputs (integer steps)"},
     {"", "Equal", "its output is boolean"},
+    {"", "Less", "its output is boolean"},
+    {"", "Greater", "its output is boolean"},
+    {"", "LessOrEqual", "its output is boolean"},
+    {"", "GreaterOrEqual", "its output is boolean"},
+    {"", "And", "its inputs and output are boolean"},
+    {"", "Or", "its inputs and output are boolean"},
+    {"", "Xor", "its inputs and output are boolean"},
+    {"", "Not", "its input and output are boolean"},
+    {"", "IsNaN", "its output is boolean"},
+    {"", "IsInf", "its output is boolean"},
     {"", "ArgMax", "its output is an integer index"},
     {"", "ArgMin", "its output is an integer index"},
     {kTrainingDomain, "Adam", "an optimizer update is not differentiated"},
