@@ -669,6 +669,98 @@ TEST(GradientRuleTest, ModBothConventionsBroadcasting) {
   }
 }
 
+TEST(GradientRuleTest, ExponentialAndSoftActivations) {
+  struct Case {
+    const char* op;
+    std::vector<Attribute> attrs;
+    int64_t opset;
+    float lo, hi;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"Elu", {}, 13, -3, 3},
+           {"Elu", {Attribute::Float("alpha", 0.3f)}, 22, -3, 3},
+           {"Selu", {}, 13, -3, 3},
+           {"Selu", {Attribute::Float("alpha", 2.0f), Attribute::Float("gamma", 0.7f)}, 22, -3, 3},
+           {"Celu", {}, 13, -3, 3},
+           {"Celu", {Attribute::Float("alpha", 2.0f)}, 13, -3, 3},
+           {"Softplus", {}, 13, -4, 4},
+           {"Softplus", {}, 22, -4, 4},
+           {"Softsign", {}, 13, -3, 3},
+           {"Softsign", {}, 22, -3, 3},
+           {"Mish", {}, 18, -4, 4},
+           {"Mish", {}, 22, -4, 4}}) {
+    SCOPED_TRACE(absl::StrCat(c.op, " opset ", c.opset));
+    GradCheck check(c.opset);
+    Value* x = check.Parameter("x", {3, 5}, c.lo, c.hi);
+    check.Check(check.Op(c.op, {x}, c.attrs));
+  }
+  for (float alpha : {1.0f, -0.5f}) {  // no value within 0.05 of alpha
+    SCOPED_TRACE(absl::StrCat("ThresholdedRelu alpha ", alpha));
+    GradCheck check(alpha == 1.0f ? 10 : 22);
+    Value* x = check.Parameter(
+        "x", Floats({2, 4}, {-1.3f, -0.6f, -0.3f, 0.4f, 0.8f, 1.2f, 1.9f, 2.5f}));
+    std::vector<Attribute> attrs;
+    if (alpha != 1.0f) attrs.push_back(Attribute::Float("alpha", alpha));
+    check.Check(check.Op("ThresholdedRelu", {x}, attrs));
+  }
+}
+
+// PRelu: dX and a dslope summed back to the slope's shape (scalar, per
+// channel, a full-shape slope).
+TEST(GradientRuleTest, PReluSlopeReducesToItsShape) {
+  for (const std::vector<int64_t>& slope_dims :
+       std::vector<std::vector<int64_t>>{{}, {3, 1, 1}, {2}, {2, 3, 1, 2}}) {
+    SCOPED_TRACE(::testing::PrintToString(slope_dims));
+    GradCheck check(16);
+    Value* x = check.Parameter("x", {2, 3, 1, 2});
+    Value* slope = check.Parameter("slope", slope_dims, 0.1f, 0.9f);
+    check.Check(check.Op("PRelu", {x, slope}));
+  }
+  {  // opset 9, slope a constant
+    GradCheck check(9);
+    Value* x = check.Parameter("x", {4, 3});
+    check.Check(check.Op("PRelu", {x, check.Constant("slope", Floats({3}, {0.2f, -0.4f, 1.5f}))}));
+  }
+}
+
+// At 0 the exponential units and PRelu take PyTorch's side (elu_backward
+// and prelu backward use the negative piece at x = 0, so the slope is
+// alpha, gamma alpha, 1 for Celu, and the PRelu slope); ThresholdedRelu
+// passes nothing at x = alpha (threshold_backward).
+TEST(GradientRuleTest, ExponentialUnitsPReluAndThresholdAtTheirKinksFollowPyTorch) {
+  struct Case {
+    const char* op;
+    std::vector<Attribute> attrs;
+    float at_kink;
+    float kink;
+  };
+  const double gamma = 1.05070102214813232421875, alpha = 1.67326319217681884765625;
+  for (const Case& c : std::vector<Case>{
+           {"Elu", {Attribute::Float("alpha", 0.5f)}, 0.5f, 0.0f},
+           {"Selu", {}, static_cast<float>(gamma * alpha), 0.0f},
+           {"Celu", {Attribute::Float("alpha", 2.0f)}, 1.0f, 0.0f},
+           {"ThresholdedRelu", {Attribute::Float("alpha", 0.5f)}, 0.0f, 0.5f},
+           {"PRelu", {}, 0.25f, 0.0f}}) {
+    SCOPED_TRACE(c.op);
+    GradCheck check(13);
+    Value* x = check.Parameter("x", Floats({1}, {c.kink}));
+    std::vector<Value*> inputs = {x};
+    if (c.op == std::string("PRelu")) {
+      inputs.push_back(check.Constant("slope", Floats({1}, {0.25f})));
+    }
+    Value* loss =
+        check.Op("ReduceSum", {check.Op(c.op, inputs, c.attrs)}, {Attribute::Int("keepdims", 0)});
+    check.graph().AddOutput(loss);
+    ASSERT_TRUE(InferTypes(check.model()).ok());
+    AutodiffResult result =
+        ValueOrDie(BuildGradients(check.model(), AutodiffRequest{loss->name(), {"x"}, ""}));
+    check.graph().AddOutput(check.graph().FindValue(result.gradients[0].second));
+    auto executor = ValueOrDie(Executor::Create(check.model(), Cpu()));
+    const Tensor grad = ValueOrDie(executor->Run({{"x", Floats({1}, {c.kink})}}))[1];
+    EXPECT_FLOAT_EQ(grad.data<float>()[0], c.at_kink);
+  }
+}
+
 TEST(GradientRuleTest, GeluExactAndTanh) {
   for (const char* approximate : {"none", "tanh"}) {
     SCOPED_TRACE(approximate);

@@ -347,6 +347,87 @@ TEST(CpuElementwiseTest, HardSigmoidAndHardSwishMatchFloat64Reference) {
           .data<float>()[0]));
 }
 
+TEST(CpuElementwiseTest, ExponentialAndSoftActivationsMatchFloat64Reference) {
+  const double selu_alpha = static_cast<double>(1.67326319217681884765625f);
+  const double selu_gamma = static_cast<double>(1.05070102214813232421875f);
+  auto softplus = [](double x) { return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x)); };
+  const std::vector<ActivationCase> cases = {
+      {"Elu", {}, 7, [](double x) { return x > 0 ? x : std::expm1(x); }},
+      {"Elu", {Attribute::Float("alpha", 0.5f)}, 22,
+       [](double x) { return x > 0 ? x : 0.5 * std::expm1(x); }},
+      {"Selu", {}, 7,
+       [&](double x) { return x > 0 ? selu_gamma * x : selu_gamma * selu_alpha * std::expm1(x); }},
+      {"Selu", {Attribute::Float("alpha", 2.0f), Attribute::Float("gamma", 0.5f)}, 22,
+       [](double x) { return x > 0 ? 0.5 * x : 0.5 * 2.0 * std::expm1(x); }},
+      {"Softplus", {}, 7, softplus},
+      {"Softsign", {}, 7, [](double x) { return x / (1.0 + std::fabs(x)); }},
+      {"ThresholdedRelu", {}, 10,
+       [](double x) { return std::isnan(x) ? x : x > 1.0 ? x : 0.0; }},
+      {"ThresholdedRelu", {Attribute::Float("alpha", -0.25f)}, 22,
+       [](double x) { return std::isnan(x) ? x : x > -0.25 ? x : 0.0; }},
+      {"Mish", {}, 18, [&](double x) { return x * std::tanh(softplus(x)); }},
+  };
+  for (const ActivationCase& c : cases) ExpectActivationMatchesReference(c);
+  // Celu is float32 only.
+  const std::vector<float> inputs = ActivationInputs();
+  const int64_t n = static_cast<int64_t>(inputs.size());
+  for (float alpha : {1.0f, 2.5f}) {
+    Tensor y = RunOp("Celu", {F32({n}, inputs)}, {Attribute::Float("alpha", alpha)}, 12);
+    for (int64_t i = 0; i < n; ++i) {
+      const double x = inputs[i];
+      const double want =
+          std::isnan(x) ? x : std::max(0.0, x) + std::min(0.0, alpha * std::expm1(x / alpha));
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(y.data<float>()[i])) << "Celu(" << x << ")";
+      } else if (std::isinf(want)) {
+        EXPECT_EQ(y.data<float>()[i], want) << "Celu(" << x << ")";
+      } else {
+        EXPECT_NEAR(y.data<float>()[i], want, 2e-6 * std::fabs(want) + 1e-38)
+            << "Celu alpha " << alpha << " (" << x << ")";
+      }
+    }
+  }
+  EXPECT_FALSE(testing::RunNodeOf("Celu", {F16({1}, {1})}, {}, 12).ok());
+}
+
+// PRelu: the slope broadcasts to X (a scalar, per channel [C, 1, 1], a
+// row), X's shape out; a slope that would grow X is an error.
+TEST(CpuElementwiseTest, PReluBroadcastsTheSlopeToX) {
+  const std::vector<float> x = {-2.0f, -0.0f, 0.0f, 1.5f, -1e-40f, -3.0f,
+                                4.0f,  -5.0f, 0.5f, -0.5f, 2.0f,  -1.0f};
+  struct Case {
+    std::vector<int64_t> slope_dims;
+    std::vector<float> slope;
+  };
+  const std::vector<int64_t> x_dims = {1, 3, 2, 2};
+  for (const Case& c : std::vector<Case>{{{}, {0.25f}},
+                                         {{3, 1, 1}, {0.1f, -2.0f, 0.5f}},
+                                         {{2}, {0.3f, 3.0f}},
+                                         {{1, 3, 2, 2}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}}}) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+      const std::vector<double> xs = RoundTo(dtype, {x.begin(), x.end()});
+      const std::vector<double> ss = RoundTo(dtype, {c.slope.begin(), c.slope.end()});
+      Tensor y = RunOp("PRelu", {Make(dtype, x_dims, xs), Make(dtype, c.slope_dims, ss)}, {}, 16);
+      ASSERT_EQ(y.dims(), x_dims);
+      const std::vector<double> got = Values(y);
+      for (int64_t i = 0; i < 12; ++i) {
+        const double s = ss[BroadcastSource(c.slope_dims, x_dims, i)];
+        const double want = RoundTo(dtype, {xs[i] < 0 ? s * xs[i] : xs[i]})[0];
+        EXPECT_EQ(got[i], want) << DTypeName(dtype) << " PRelu(" << xs[i] << ", " << s << ")";
+      }
+    }
+  }
+  // Integers (opset 9+).
+  EXPECT_EQ(Values(RunOp("PRelu", {I32({4}, {-3, 0, 5, -1}), I32({}, {2})}, {}, 9)),
+            (std::vector<double>{-6, 0, 5, -2}));
+  EXPECT_EQ(Values(RunOp("PRelu", {I64({2, 2}, {-3, 4, -5, -6}), I64({2, 1}, {-1, 3})}, {}, 9)),
+            (std::vector<double>{3, 4, -15, -18}));
+  absl::StatusOr<std::vector<Tensor>> grows =
+      testing::RunNodeOf("PRelu", {F32({3}, {1, 2, 3}), F32({2, 3}, {1, 2, 3, 4, 5, 6})}, {}, 16);
+  ASSERT_FALSE(grows.ok());
+  EXPECT_NE(grows.status().message().find("unidirectional"), std::string::npos) << grows.status();
+}
+
 // HardSigmoid takes bfloat16 only from opset 22.
 TEST(CpuElementwiseTest, HardSigmoidTakesBFloat16FromOpset22) {
   absl::StatusOr<std::vector<Tensor>> bf16 =
@@ -963,7 +1044,8 @@ TEST(CpuElementwiseTest, ConformanceCasesOfElementwiseOps) {
               "LeakyRelu", "Log", "Max", "Min", "Mul",        "Neg",     "Pow",  "Reciprocal",
               "Relu", "Sigmoid", "Sqrt", "Sub", "Sum", "Tanh", "Where",
               "HardSigmoid", "HardSwish", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
-              "And", "Or", "Xor", "Not", "Mod", "IsNaN", "IsInf"});
+              "And", "Or", "Xor", "Not", "Mod", "IsNaN", "IsInf", "Elu", "Selu", "Celu",
+              "Softplus", "Softsign", "ThresholdedRelu", "Mish", "PRelu"});
   for (const std::string& failure : summary.failures) ADD_FAILURE() << failure;
   for (const std::string& name : summary.multi_node) {
     ADD_FAILURE() << name << ": not a single-node model";

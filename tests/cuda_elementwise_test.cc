@@ -363,6 +363,16 @@ std::vector<UnaryCase> UnaryCases() {
        17},
       {"HardSwish", -5, 5, {}, 14},
       {"HardSwish", -5, 5, {}, 22},
+      {"Elu", -5, 5, {}, 22},
+      {"Elu", -5, 5, {Attribute::Float("alpha", 0.3f)}, 22},
+      {"Selu", -5, 5, {}, 22},
+      {"Selu", -5, 5, {Attribute::Float("alpha", 2.0f), Attribute::Float("gamma", 0.5f)}, 22},
+      {"Celu", -5, 5, {Attribute::Float("alpha", 2.0f)}, 12},
+      {"Softplus", -30, 30, {}, 22},
+      {"Softsign", -5, 5, {}, 22},
+      {"ThresholdedRelu", -3, 3, {}, 22},
+      {"ThresholdedRelu", -3, 3, {Attribute::Float("alpha", -0.5f)}, 22},
+      {"Mish", -30, 30, {}, 22},
       {"Gelu", -5, 5, {}, 20},
       {"Gelu", -5, 5, {Attribute::String("approximate", "none")}, 20},
       {"Gelu", -5, 5, {Attribute::String("approximate", "tanh")}, 20},
@@ -382,6 +392,11 @@ bool Takes(const UnaryCase& c, DType dtype) {
   return true;
 }
 
+// Celu is float32 only.
+bool TakesDType(const UnaryCase& c, DType dtype) {
+  return Takes(c, dtype) && (c.op != "Celu" || dtype == DType::kFloat32);
+}
+
 std::string CaseName(const UnaryCase& c, DType dtype, int64_t n) {
   std::string name = absl::StrCat(c.op, " ", DTypeName(dtype), " ", n, " elements opset ", c.opset);
   for (const Attribute& a : c.attributes) absl::StrAppend(&name, " ", a.name);
@@ -392,7 +407,7 @@ TEST(CudaElementwise, UnaryOpsInEveryFloatDType) {
   CASTOR_REQUIRE_CUDA();
   for (const UnaryCase& c : UnaryCases()) {
     for (DType dtype : CudaFloatTypes()) {
-      if (!Takes(c, dtype)) continue;
+      if (!TakesDType(c, dtype)) continue;
       for (const std::vector<int64_t>& dims :
            std::vector<std::vector<int64_t>>{{}, {1031}, {3, 0}, {257, 401}}) {
         SingleNode node(c.op, {Sample(dtype, dims, 50, c.lo, c.hi)}, c.attributes, c.opset);
@@ -409,10 +424,25 @@ TEST(CudaElementwise, UnaryOpsOnSpecialValues) {
   const int64_t n = static_cast<int64_t>(special.size());
   for (const UnaryCase& c : UnaryCases()) {
     for (DType dtype : CudaFloatTypes()) {
-      if (!Takes(c, dtype)) continue;
+      if (!TakesDType(c, dtype)) continue;
       std::vector<double> values(special.begin(), special.end());
       SingleNode node(c.op, {Make(dtype, {n}, values)}, c.attributes, c.opset);
       ExpectCudaMatchesCpu(node, CaseName(c, dtype, n) + " special values");
+    }
+  }
+}
+
+TEST(CudaElementwise, PReluBroadcastsTheSlope) {
+  CASTOR_REQUIRE_CUDA();
+  const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> shapes = {
+      {{2, 3, 4, 5}, {}}, {{2, 3, 4, 5}, {3, 1, 1}}, {{2, 3, 4, 5}, {5}},
+      {{2, 3, 4, 5}, {2, 3, 4, 5}}, {{301, 401}, {401}}, {{0, 3}, {3}}};
+  for (DType dtype : NumericTypes()) {
+    unsigned seed = 100;
+    for (const auto& [x_dims, slope_dims] : shapes) {
+      SingleNode node("PRelu", {Sample(dtype, x_dims, ++seed), Sample(dtype, slope_dims, ++seed)},
+                      {}, 16);
+      ExpectCudaMatchesCpu(node, Name("PRelu", dtype, x_dims, slope_dims));
     }
   }
 }

@@ -396,6 +396,78 @@ struct HardSwishOp {
   }
 };
 
+// Elu: x if x > 0, else alpha (e^x - 1) (expm1: exact near 0, as PyTorch).
+struct EluOp {
+  float alpha = 1.0f;
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return x > V(0) ? x : static_cast<V>(alpha) * std::expm1(x);
+  }
+};
+
+// Selu: gamma x if x > 0, else gamma alpha (e^x - 1).
+struct SeluOp {
+  float alpha = 1.67326319217681884765625f;
+  float gamma = 1.05070102214813232421875f;
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    const V g = static_cast<V>(gamma);
+    return x > V(0) ? g * x : g * static_cast<V>(alpha) * std::expm1(x);
+  }
+};
+
+// Celu: max(0, x) + min(0, alpha (e^(x / alpha) - 1)).
+struct CeluOp {
+  float alpha = 1.0f;
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    const V a = static_cast<V>(alpha);
+    return x > V(0) ? x : a * std::expm1(x / a);
+  }
+};
+
+// Softplus: ln(1 + e^x) without overflow: x + ln(1 + e^-x) for x > 0.
+struct SoftplusOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return x > V(0) ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
+  }
+};
+
+// Softsign: x / (1 + |x|).
+struct SoftsignOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return x / (V(1) + std::fabs(x));
+  }
+};
+
+// ThresholdedRelu: x if x > alpha, else 0; NaN stays NaN (numpy's
+// (x > alpha) * x, PyTorch's threshold).
+struct ThresholdedReluOp {
+  float alpha = 1.0f;
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return x <= static_cast<V>(alpha) ? V(0) : x;
+  }
+};
+
+// Mish-18: x tanh(softplus(x)).
+struct MishOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return x * std::tanh(SoftplusOp()(x));
+  }
+};
+
+// PRelu: x if x >= 0, else slope x (integers wrap, as Mul).
+struct PReluOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x, V slope) const {
+    return x < V(0) ? MulOp()(slope, x) : x;
+  }
+};
+
 // 1 / (1 + e^-x), evaluated so that neither branch overflows.
 struct SigmoidOp {
   template <typename V>

@@ -1,7 +1,8 @@
 // CPU kernels: elementwise family (ops of graph/ops/elementwise.cc).
 //
-// Unary math/activations (Neg Abs Relu LeakyRelu HardSigmoid HardSwish
-// Sigmoid Tanh Gelu Erf Exp Log Sqrt Reciprocal), binary arithmetic with numpy broadcasting (Add Sub
+// Unary math/activations (Neg Abs Relu LeakyRelu HardSigmoid HardSwish Elu
+// Selu Celu Softplus Softsign ThresholdedRelu Mish Sigmoid Tanh Gelu Erf Exp
+// Log Sqrt Reciprocal), PRelu (a slope broadcast to X), binary arithmetic with numpy broadcasting (Add Sub
 // Mul Div Mod, Pow with a base and exponent of different dtypes), the
 // comparisons Equal Less Greater LessOrEqual GreaterOrEqual (bool out), the
 // logic And Or Xor Not, IsNaN/IsInf, the variadic Max/Min/Sum, Where and
@@ -146,6 +147,24 @@ absl::Status IsNanKernel(KernelContext& ctx) { return RunPredicate(ctx, math::Is
 absl::Status IsInfKernel(KernelContext& ctx) {
   return RunPredicate(ctx, math::IsInfOp{ctx.GetInt("detect_negative", 1) != 0,
                                          ctx.GetInt("detect_positive", 1) != 0});
+}
+
+absl::Status EluKernel(KernelContext& ctx) {
+  return RunUnary<false>(ctx, math::EluOp{ctx.GetFloat("alpha", 1.0f)});
+}
+
+absl::Status SeluKernel(KernelContext& ctx) {
+  const math::SeluOp defaults;
+  return RunUnary<false>(ctx, math::SeluOp{ctx.GetFloat("alpha", defaults.alpha),
+                                           ctx.GetFloat("gamma", defaults.gamma)});
+}
+
+absl::Status CeluKernel(KernelContext& ctx) {
+  return RunUnary<false>(ctx, math::CeluOp{ctx.GetFloat("alpha", 1.0f)});
+}
+
+absl::Status ThresholdedReluKernel(KernelContext& ctx) {
+  return RunUnary<false>(ctx, math::ThresholdedReluOp{ctx.GetFloat("alpha", 1.0f)});
 }
 
 absl::Status HardSigmoidKernel(KernelContext& ctx) {
@@ -405,6 +424,26 @@ absl::Status PowKernel(KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// PRelu: X and a slope that broadcasts to X's shape; output X's shape.
+absl::Status PReluKernel(KernelContext& ctx) {
+  if (absl::Status s = common::RequireSameDType(ctx, 0, 1); !s.ok()) return s;
+  absl::StatusOr<BroadcastPlan> plan = PlanInputs(ctx, 0, 2);
+  if (!plan.ok()) return plan.status();
+  const TensorView& x = ctx.input(0);
+  if (plan->out_dims != x.dims) {
+    return ctx.Error(absl::StrCat("slope ", common::DimsToString(ctx.input(1).dims),
+                                  " must broadcast to X ", common::DimsToString(x.dims),
+                                  " without growing it (unidirectional)"));
+  }
+  absl::StatusOr<TensorView*> out = ctx.Output(0, x.dtype, x.dims);
+  if (!out.ok()) return out.status();
+  const bool ok = DispatchNumeric(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    BinaryLoop(*plan, x.as<T>(), ctx.input(1).as<T>(), (*out)->as<T>(), math::PReluOp{});
+  });
+  return ok ? absl::OkStatus() : UnsupportedDType(ctx, 0, x.dtype);
+}
+
 // ---- variadic ----
 
 // Max, Min, Sum of one or more broadcast inputs; accumulates in the compute
@@ -612,6 +651,14 @@ void RegisterElementwiseKernels(KernelTable& table) {
   Add(table, "Gelu", floats, &GeluKernel);
   Add(table, "HardSigmoid", floats, &HardSigmoidKernel);
   Add(table, "HardSwish", floats, &UnaryKernel<HardSwishOp, false>);
+  Add(table, "Elu", floats, &EluKernel);
+  Add(table, "Selu", floats, &SeluKernel);
+  Add(table, "Celu", floats, &CeluKernel);
+  Add(table, "Softplus", floats, &UnaryKernel<SoftplusOp, false>);
+  Add(table, "Softsign", floats, &UnaryKernel<SoftsignOp, false>);
+  Add(table, "ThresholdedRelu", floats, &ThresholdedReluKernel);
+  Add(table, "Mish", floats, &UnaryKernel<MishOp, false>);
+  Add(table, "PRelu", numeric, &PReluKernel);
   Add(table, "Sigmoid", floats, &UnaryKernel<SigmoidOp, false>);
   Add(table, "Tanh", floats, &UnaryKernel<TanhOp, false>);
   Add(table, "Exp", floats, &UnaryKernel<ExpOp, false>);

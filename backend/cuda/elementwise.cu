@@ -1,8 +1,9 @@
 // CUDA kernels: elementwise family (the CPU's backend/cpu/elementwise.cc,
 // Cast from misc.cc and com.castor ReluGrad from elementwise.cc).
 //
-// Unary math/activations (Neg Abs Relu LeakyRelu HardSigmoid HardSwish
-// Sigmoid Tanh Gelu Erf Exp Log Sqrt Reciprocal Clip), binary arithmetic with numpy broadcasting (Add
+// Unary math/activations (Neg Abs Relu LeakyRelu HardSigmoid HardSwish Elu
+// Selu Celu Softplus Softsign ThresholdedRelu Mish Sigmoid Tanh Gelu Erf Exp
+// Log Sqrt Reciprocal Clip), PRelu (a slope broadcast to X), binary arithmetic with numpy broadcasting (Add
 // Sub Mul Div on float32/float16/bfloat16/int32/int64, Pow with a float base
 // and a float or int exponent), Mod, the comparisons Equal Less Greater
 // LessOrEqual GreaterOrEqual and the logic And Or Xor Not (bool out),
@@ -203,6 +204,24 @@ absl::Status IsInfKernel(KernelContext& ctx) {
                                          ctx.GetInt("detect_positive", 1) != 0});
 }
 
+absl::Status EluKernel(KernelContext& ctx) {
+  return RunUnary(ctx, math::EluOp{ctx.GetFloat("alpha", 1.0f)});
+}
+
+absl::Status SeluKernel(KernelContext& ctx) {
+  const math::SeluOp defaults;
+  return RunUnary(ctx, math::SeluOp{ctx.GetFloat("alpha", defaults.alpha),
+                                    ctx.GetFloat("gamma", defaults.gamma)});
+}
+
+absl::Status CeluKernel(KernelContext& ctx) {
+  return RunUnary(ctx, math::CeluOp{ctx.GetFloat("alpha", 1.0f)});
+}
+
+absl::Status ThresholdedReluKernel(KernelContext& ctx) {
+  return RunUnary(ctx, math::ThresholdedReluOp{ctx.GetFloat("alpha", 1.0f)});
+}
+
 absl::Status HardSigmoidKernel(KernelContext& ctx) {
   return RunUnary(ctx,
                   math::HardSigmoidOp{ctx.GetFloat("alpha", 0.2f), ctx.GetFloat("beta", 0.5f)});
@@ -328,6 +347,23 @@ absl::Status LogicKernel(KernelContext& ctx) {
   CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> out_dims, OutputDims(ctx, 0, 2));
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, DType::kBool, out_dims));
   return RunBinary<bool, bool, bool>(ctx, out_dims, out->as<bool>(), Op{});
+}
+
+// PRelu: X and a slope that broadcasts to X's shape (float, int32, int64).
+absl::Status PReluKernel(KernelContext& ctx) {
+  CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 0, 1));
+  CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> out_dims, OutputDims(ctx, 0, 2));
+  const TensorView& x = ctx.input(0);
+  if (out_dims != x.dims) {
+    return ctx.Error(absl::StrCat("slope ", DimsToString(ctx.input(1).dims),
+                                  " must broadcast to X ", DimsToString(x.dims),
+                                  " without growing it (unidirectional)"));
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, x.dtype, x.dims));
+  return DispatchNumeric(ctx, x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return RunBinary<T, T, T>(ctx, out_dims, out->as<T>(), math::PReluOp{});
+  });
 }
 
 // Pow: a float base and a float, int32 or int64 exponent; output the base's
@@ -764,6 +800,14 @@ void RegisterElementwiseKernels(KernelTable& table) {
   Add(table, "Gelu", InputDTypeIn(0, floats), &GeluKernel, in_place);
   Add(table, "HardSigmoid", InputDTypeIn(0, floats), &HardSigmoidKernel, in_place);
   Add(table, "HardSwish", InputDTypeIn(0, floats), &UnaryOpKernel<HardSwishOp>, in_place);
+  Add(table, "Elu", InputDTypeIn(0, floats), &EluKernel, in_place);
+  Add(table, "Selu", InputDTypeIn(0, floats), &SeluKernel, in_place);
+  Add(table, "Celu", InputDTypeIn(0, floats), &CeluKernel, in_place);
+  Add(table, "Softplus", InputDTypeIn(0, floats), &UnaryOpKernel<SoftplusOp>, in_place);
+  Add(table, "Softsign", InputDTypeIn(0, floats), &UnaryOpKernel<SoftsignOp>, in_place);
+  Add(table, "ThresholdedRelu", InputDTypeIn(0, floats), &ThresholdedReluKernel, in_place);
+  Add(table, "Mish", InputDTypeIn(0, floats), &UnaryOpKernel<MishOp>, in_place);
+  Add(table, "PRelu", InputDTypeIn(0, kNumeric), &PReluKernel, in_place);
   Add(table, "Clip", InputDTypeIn(0, floats), &ClipKernel, in_place);
 
   Add(table, "Sum", InputDTypeIn(0, floats), &VariadicOpKernel<AddOp>, in_place);

@@ -1,6 +1,7 @@
 // Elementwise op definitions: binary arithmetic (Add, Sub, Mul, Div, Pow),
 // unary math and activations (Neg, Abs, Relu, LeakyRelu, HardSigmoid,
-// HardSwish, Sigmoid, Tanh, Gelu, Erf, Exp, Log, Sqrt, Reciprocal), the
+// HardSwish, Elu, Selu, Celu, Softplus, Softsign, ThresholdedRelu, Mish,
+// PRelu, Sigmoid, Tanh, Gelu, Erf, Exp, Log, Sqrt, Reciprocal), the
 // comparisons Equal, Less, Greater, LessOrEqual, GreaterOrEqual (bool out),
 // the logic And, Or, Xor, Not, Mod, the predicates IsNaN and IsInf, the
 // selection Where, the variadic Max/Min/Sum and Clip.
@@ -87,6 +88,30 @@ absl::Status InferMod(InferenceContext& ctx) {
   }
   return BinaryInfer({{1, Concat(kFloats, kAllInts)}, {13, kBFloat16}},
                      /*bool_output=*/false)(ctx);
+}
+
+// PRelu(X, slope): slope broadcasts to X unidirectionally (its shape
+// broadcast with X's is X's); the output is X's dtype and shape.
+absl::Status InferPRelu(InferenceContext& ctx) {
+  CASTOR_RETURN_IF_ERROR(ops::RequireDType(
+      ctx, 0,
+      ops::DTypesAt(ctx, {{1, kFloats},
+                          {9, {DType::kInt32, DType::kInt64, DType::kUInt32, DType::kUInt64}},
+                          {16, kBFloat16}})));
+  CASTOR_RETURN_IF_ERROR(ops::RequireSameDType(ctx, 0, 1));
+  CASTOR_ASSIGN_OR_RETURN(Shape shape, ops::BroadcastInputs(ctx, 0, 1));
+  const Shape& x = ctx.input_shape(0);
+  const Shape& slope = ctx.input_shape(1);
+  bool grows = x.rank_known() && slope.rank_known() && slope.rank() > x.rank();
+  for (int k = 0; !grows && x.rank_known() && shape.rank_known() && k < x.rank(); ++k) {
+    grows = x[k].is_static() && shape[k].is_static() && x[k].value() != shape[k].value();
+  }
+  if (grows) {
+    return ctx.Error(absl::StrCat("slope ", slope.ToString(), " must broadcast to X ",
+                                  x.ToString(), " without growing it (unidirectional)"));
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), x);
+  return absl::OkStatus();
 }
 
 // Unary ops: output = input's dtype and shape. `check` validates attributes.
@@ -260,6 +285,42 @@ void RegisterElementwiseOps(OpRegistry& registry) {
     registry.Register(std::move(def));
   }
   RegisterUnary(registry, "HardSwish", 14, FloatHistory(22), "X * max(0, min(1, X / 6 + 1/2))");
+  {
+    OpDef def = MakeOp("Elu", kMinOnnxOpset, 1, "X if X > 0 else alpha * (exp(X) - 1)");
+    def.attributes = {{"alpha", AttrKind::kFloat, false}};  // default 1
+    def.infer = UnaryInfer(FloatHistory(22));
+    registry.Register(std::move(def));
+  }
+  {
+    OpDef def =
+        MakeOp("Selu", kMinOnnxOpset, 1, "gamma * (X if X > 0 else alpha * (exp(X) - 1))");
+    def.attributes = {{"alpha", AttrKind::kFloat, false},   // default 1.67326...
+                      {"gamma", AttrKind::kFloat, false}};  // default 1.05070...
+    def.infer = UnaryInfer(FloatHistory(22));
+    registry.Register(std::move(def));
+  }
+  {
+    OpDef def =
+        MakeOp("Celu", 12, 1, "max(0, X) + min(0, alpha * (exp(X / alpha) - 1)), float32 only");
+    def.attributes = {{"alpha", AttrKind::kFloat, false}};  // default 1
+    def.infer = UnaryInfer({{1, {DType::kFloat32}}});
+    registry.Register(std::move(def));
+  }
+  RegisterUnary(registry, "Softplus", kMinOnnxOpset, FloatHistory(22), "ln(1 + exp(X))");
+  RegisterUnary(registry, "Softsign", kMinOnnxOpset, FloatHistory(22), "X / (1 + |X|)");
+  {
+    OpDef def = MakeOp("ThresholdedRelu", 10, 1, "X if X > alpha else 0");
+    def.attributes = {{"alpha", AttrKind::kFloat, false}};  // default 1
+    def.infer = UnaryInfer(FloatHistory(22));
+    registry.Register(std::move(def));
+  }
+  RegisterUnary(registry, "Mish", 18, FloatHistory(22), "X * tanh(ln(1 + exp(X)))");
+  {
+    OpDef def = MakeOp("PRelu", kMinOnnxOpset, 2,
+                       "X if X >= 0 else slope * X; slope broadcasts to X (unidirectional)");
+    def.infer = InferPRelu;
+    registry.Register(std::move(def));
+  }
   RegisterUnary(registry, "Sigmoid", kMinOnnxOpset, FloatHistory(13), "1 / (1 + exp(-X))");
   RegisterUnary(registry, "Tanh", kMinOnnxOpset, FloatHistory(13), "tanh(X)");
   {

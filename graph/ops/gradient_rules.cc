@@ -310,6 +310,119 @@ absl::Status HardSwishGradient(GradientBuilder& g) {
   return absl::OkStatus();
 }
 
+// The exponential family below splits dY with P = ReluGrad(dY, X) (dY where
+// X > 0) and N = dY - P (dY where X <= 0, PyTorch's side of the kink at 0,
+// as elu_backward), and reads the negative side's derivative off Y, so no
+// exp(X) can overflow for large X:
+// Elu: Y = alpha (e^X - 1), dY/dX = alpha e^X = Y + alpha;
+// Selu: Y = gamma alpha (e^X - 1), dY/dX = Y + gamma alpha (positive side gamma);
+// Celu: Y = alpha (e^(X/alpha) - 1), dY/dX = e^(X/alpha) = Y / alpha + 1.
+absl::Status ExponentialUnitGradient(GradientBuilder& g, double positive_slope,
+                                     double output_scale, double offset) {
+  const DType dtype = g.input(0)->dtype();
+  Value* dy = g.output_grad(0);
+  CASTOR_ASSIGN_OR_RETURN(Value * positive, g.Emit1("ReluGrad", {dy, g.input(0)}, {},
+                                                    kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * negative, g.Emit1("Sub", {dy, positive}));
+  Value* y = g.output(0);
+  if (output_scale != 1.0) {
+    CASTOR_ASSIGN_OR_RETURN(Value * scale, g.Scalar(output_scale, dtype));
+    CASTOR_ASSIGN_OR_RETURN(y, g.Emit1("Mul", {y, scale}));
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * shift, g.Scalar(offset, dtype));
+  CASTOR_ASSIGN_OR_RETURN(Value * slope, g.Emit1("Add", {y, shift}));
+  CASTOR_ASSIGN_OR_RETURN(Value * negative_grad, g.Emit1("Mul", {negative, slope}));
+  if (positive_slope != 1.0) {
+    CASTOR_ASSIGN_OR_RETURN(Value * gain, g.Scalar(positive_slope, dtype));
+    CASTOR_ASSIGN_OR_RETURN(positive, g.Emit1("Mul", {positive, gain}));
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Add", {positive, negative_grad}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+absl::Status EluGradient(GradientBuilder& g) {
+  const double alpha = g.node().GetFloat("alpha", 1.0f);
+  return ExponentialUnitGradient(g, 1.0, 1.0, alpha);
+}
+
+absl::Status SeluGradient(GradientBuilder& g) {
+  const double alpha = g.node().GetFloat("alpha", 1.67326319217681884765625f);
+  const double gamma = g.node().GetFloat("gamma", 1.05070102214813232421875f);
+  return ExponentialUnitGradient(g, gamma, 1.0, gamma * alpha);
+}
+
+absl::Status CeluGradient(GradientBuilder& g) {
+  const double alpha = g.node().GetFloat("alpha", 1.0f);
+  return ExponentialUnitGradient(g, 1.0, 1.0 / alpha, 1.0);
+}
+
+// Y = ln(1 + e^X): dX = dY * sigmoid(X).
+absl::Status SoftplusGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * sigmoid, g.Emit1("Sigmoid", {g.input(0)}));
+  return TimesDerivative(g, sigmoid);
+}
+
+// Y = X / (1 + |X|): dX = dY / (1 + |X|)^2.
+absl::Status SoftsignGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * one, g.Scalar(1.0, g.input(0)->dtype()));
+  CASTOR_ASSIGN_OR_RETURN(Value * magnitude, g.Emit1("Abs", {g.input(0)}));
+  CASTOR_ASSIGN_OR_RETURN(Value * denominator, g.Emit1("Add", {magnitude, one}));
+  CASTOR_ASSIGN_OR_RETURN(Value * square, g.Emit1("Mul", {denominator, denominator}));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Div", {g.output_grad(0), square}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = X where X > alpha, else 0: dX = dY where X > alpha (PyTorch's
+// threshold_backward passes nothing at X == alpha): ReluGrad(dY, X - alpha).
+absl::Status ThresholdedReluGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * alpha,
+                          g.Scalar(g.node().GetFloat("alpha", 1.0f), g.input(0)->dtype()));
+  CASTOR_ASSIGN_OR_RETURN(Value * margin, g.Emit1("Sub", {g.input(0), alpha}));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("ReluGrad", {g.output_grad(0), margin}, {},
+                                                kCastorDomain));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = X tanh(softplus(X)): with T = tanh(softplus(X)) and S = sigmoid(X),
+// dX = dY (T + X S (1 - T^2)), PyTorch's mish_backward.
+absl::Status MishGradient(GradientBuilder& g) {
+  Value* x = g.input(0);
+  CASTOR_ASSIGN_OR_RETURN(Value * one, g.Scalar(1.0, x->dtype()));
+  CASTOR_ASSIGN_OR_RETURN(Value * softplus, g.Emit1("Softplus", {x}));
+  CASTOR_ASSIGN_OR_RETURN(Value * t, g.Emit1("Tanh", {softplus}));
+  CASTOR_ASSIGN_OR_RETURN(Value * s, g.Emit1("Sigmoid", {x}));
+  CASTOR_ASSIGN_OR_RETURN(Value * t_square, g.Emit1("Mul", {t, t}));
+  CASTOR_ASSIGN_OR_RETURN(Value * sech_square, g.Emit1("Sub", {one, t_square}));
+  CASTOR_ASSIGN_OR_RETURN(Value * xs, g.Emit1("Mul", {x, s}));
+  CASTOR_ASSIGN_OR_RETURN(Value * chain, g.Emit1("Mul", {xs, sech_square}));
+  CASTOR_ASSIGN_OR_RETURN(Value * derivative, g.Emit1("Add", {t, chain}));
+  return TimesDerivative(g, derivative);
+}
+
+// Y = PRelu(X, slope): with P = ReluGrad(dY, X) and N = dY - P (X <= 0,
+// PyTorch's side at 0): dX = P + N slope; dslope = N X summed to the
+// slope's shape.
+absl::Status PReluGradient(GradientBuilder& g) {
+  Value* x = g.input(0);
+  Value* slope = g.input(1);
+  CASTOR_ASSIGN_OR_RETURN(Value * positive, g.Emit1("ReluGrad", {g.output_grad(0), x}, {},
+                                                    kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * negative, g.Emit1("Sub", {g.output_grad(0), positive}));
+  if (g.wants_input_grad(0)) {
+    CASTOR_ASSIGN_OR_RETURN(Value * scaled, g.Emit1("Mul", {negative, slope}));
+    CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Add", {positive, scaled}));
+    g.SetInputGrad(0, grad);
+  }
+  if (g.wants_input_grad(1)) {
+    CASTOR_ASSIGN_OR_RETURN(Value * product, g.Emit1("Mul", {negative, x}));
+    CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, 1, product));
+  }
+  return absl::OkStatus();
+}
+
 // Y = Clip(X, min, max) (bounds as attributes before opset 11, optional
 // inputs from 11): dX = dY where min < X < max, else 0 (a bound-equal X
 // gets 0, as PyTorch's hardtanh/relu6, which export as Clip; torch.clamp
@@ -1337,6 +1450,14 @@ constexpr RuleEntry kRules[] = {
     {"LeakyRelu", LeakyReluGradient},
     {"HardSigmoid", HardSigmoidGradient},
     {"HardSwish", HardSwishGradient},
+    {"Elu", EluGradient},
+    {"Selu", SeluGradient},
+    {"Celu", CeluGradient},
+    {"Softplus", SoftplusGradient},
+    {"Softsign", SoftsignGradient},
+    {"ThresholdedRelu", ThresholdedReluGradient},
+    {"Mish", MishGradient},
+    {"PRelu", PReluGradient},
     {"Clip", ClipGradient},
     {"Where", WhereGradient},
     {"Max", MaxMinGradient},
