@@ -761,6 +761,33 @@ TEST(GradientRuleTest, ExponentialUnitsPReluAndThresholdAtTheirKinksFollowPyTorc
   }
 }
 
+// Sign, Floor, Ceil, Round are piecewise constant: zero gradient, as
+// PyTorch gives (also at the steps, and where dY is not finite).
+TEST(GradientRuleTest, SignFloorCeilRoundHaveZeroGradient) {
+  for (const char* op : {"Sign", "Floor", "Ceil", "Round"}) {
+    SCOPED_TRACE(op);
+    {
+      GradCheck check(13);  // away from the steps: the finite differences are 0
+      Value* x = check.Parameter("x", Floats({2, 3}, {-1.3f, -0.7f, 0.2f, 0.6f, 1.3f, 2.8f}));
+      Value* y = check.Op(op, {x});
+      check.Check(check.Op("Add", {y, check.Op("Mul", {x, x})}));
+    }
+    GradCheck check(13);
+    const Tensor at_steps = Floats({3}, {0.0f, 1.0f, 0.5f});
+    Value* x = check.Parameter("x", at_steps);
+    Value* loss = check.Op("ReduceSum", {check.Op(op, {x})}, {Attribute::Int("keepdims", 0)});
+    check.graph().AddOutput(loss);
+    ASSERT_TRUE(InferTypes(check.model()).ok());
+    AutodiffResult result =
+        ValueOrDie(BuildGradients(check.model(), AutodiffRequest{loss->name(), {"x"}, ""}));
+    check.graph().AddOutput(check.graph().FindValue(result.gradients[0].second));
+    auto executor = ValueOrDie(Executor::Create(check.model(), Cpu()));
+    const Tensor grad = ValueOrDie(executor->Run({{"x", at_steps}}))[1];
+    ASSERT_EQ(grad.num_elements(), 3);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(grad.data<float>()[i], 0.0f);
+  }
+}
+
 TEST(GradientRuleTest, GeluExactAndTanh) {
   for (const char* approximate : {"none", "tanh"}) {
     SCOPED_TRACE(approximate);

@@ -428,6 +428,29 @@ TEST(CpuElementwiseTest, PReluBroadcastsTheSlopeToX) {
   EXPECT_NE(grows.status().message().find("unidirectional"), std::string::npos) << grows.status();
 }
 
+// Sign, Floor, Ceil, Round on the edge values (Round from opset 22 for
+// bfloat16, the others from 13), halves for Round (to even), and Sign on
+// every integer type.
+TEST(CpuElementwiseTest, SignFloorCeilRoundMatchFloat64Reference) {
+  const std::vector<ActivationCase> cases = {
+      {"Sign", {}, 22, [](double x) { return x > 0 ? 1.0 : x < 0 ? -1.0 : x; }},
+      {"Floor", {}, 22, [](double x) { return std::floor(x); }},
+      {"Ceil", {}, 22, [](double x) { return std::ceil(x); }},
+      {"Round", {}, 22, [](double x) { return std::nearbyint(x); }},
+  };
+  for (const ActivationCase& c : cases) ExpectActivationMatchesReference(c);
+  const std::vector<float> halves = {-2.5f, -1.5f, -0.5f, 0.5f, 1.5f, 2.5f, 3.5f, 0.49999997f};
+  EXPECT_EQ(Values(RunOp("Round", {F32({8}, halves)}, {}, 11)),
+            (std::vector<double>{-2, -2, -0.0, 0, 2, 2, 4, 0}));
+  EXPECT_TRUE(std::signbit(RunOp("Round", {F32({1}, {-0.5f})}, {}, 11).data<float>()[0]));
+  EXPECT_EQ(Values(RunOp("Sign", {I32({4}, {-7, 0, 3, std::numeric_limits<int32_t>::min()})}, {}, 13)),
+            (std::vector<double>{-1, 0, 1, -1}));
+  EXPECT_EQ(Values(RunOp("Sign", {I8({3}, {-128, 0, 127})}, {}, 13)), (std::vector<double>{-1, 0, 1}));
+  EXPECT_EQ(Values(RunOp("Sign", {U8({3}, {0, 1, 255})}, {}, 13)), (std::vector<double>{0, 1, 1}));
+  EXPECT_EQ(Values(RunOp("Sign", {I64({2}, {-(int64_t{1} << 40), int64_t{1} << 40})}, {}, 13)),
+            (std::vector<double>{-1, 1}));
+}
+
 // HardSigmoid takes bfloat16 only from opset 22.
 TEST(CpuElementwiseTest, HardSigmoidTakesBFloat16FromOpset22) {
   absl::StatusOr<std::vector<Tensor>> bf16 =
@@ -1045,7 +1068,8 @@ TEST(CpuElementwiseTest, ConformanceCasesOfElementwiseOps) {
               "Relu", "Sigmoid", "Sqrt", "Sub", "Sum", "Tanh", "Where",
               "HardSigmoid", "HardSwish", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
               "And", "Or", "Xor", "Not", "Mod", "IsNaN", "IsInf", "Elu", "Selu", "Celu",
-              "Softplus", "Softsign", "ThresholdedRelu", "Mish", "PRelu"});
+              "Softplus", "Softsign", "ThresholdedRelu", "Mish", "PRelu", "Sign", "Floor",
+              "Ceil", "Round"});
   for (const std::string& failure : summary.failures) ADD_FAILURE() << failure;
   for (const std::string& name : summary.multi_node) {
     ADD_FAILURE() << name << ": not a single-node model";

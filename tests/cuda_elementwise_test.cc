@@ -363,6 +363,10 @@ std::vector<UnaryCase> UnaryCases() {
        17},
       {"HardSwish", -5, 5, {}, 14},
       {"HardSwish", -5, 5, {}, 22},
+      {"Sign", -4, 4, {}, 13},
+      {"Floor", -4, 4, {}, 13},
+      {"Ceil", -4, 4, {}, 13},
+      {"Round", -4, 4, {}, 22},
       {"Elu", -5, 5, {}, 22},
       {"Elu", -5, 5, {Attribute::Float("alpha", 0.3f)}, 22},
       {"Selu", -5, 5, {}, 22},
@@ -560,6 +564,20 @@ void ExpectGpuRefuses(SingleNode& node, const std::string& needle, const std::st
   ASSERT_FALSE(result.ok()) << what << " ran on CUDA";
   EXPECT_NE(std::string(result.status().message()).find(needle), std::string::npos)
       << what << ": " << result.status();
+}
+
+TEST(CudaElementwise, NegAbsSignOnIntegers) {
+  CASTOR_REQUIRE_CUDA();
+  constexpr int64_t kMin64 = std::numeric_limits<int64_t>::min();
+  constexpr int32_t kMin32 = std::numeric_limits<int32_t>::min();
+  for (const std::string op : {"Neg", "Abs", "Sign"}) {
+    SingleNode wide(op, {I64({5}, {kMin64, -(int64_t{1} << 40), 0, 7, kMin64 + 1})}, {}, 13);
+    ExpectCudaMatchesCpu(wide, op + " int64");
+    SingleNode narrow(op, {I32({5}, {kMin32, -9, 0, 7, kMin32 + 1})}, {}, 13);
+    ExpectCudaMatchesCpu(narrow, op + " int32");
+    SingleNode large(op, {Sample(DType::kInt32, {257, 401}, 110)}, {}, 13);
+    ExpectCudaMatchesCpu(large, op + " int32 [257,401]");
+  }
 }
 
 TEST(CudaElementwise, RefusesDTypesItLacks) {

@@ -468,6 +468,41 @@ struct PReluOp {
   }
 };
 
+// Sign: -1, 0 or 1 in x's type; NaN stays NaN, -0 stays -0 (np.sign).
+struct SignOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    if (x > V(0)) return V(1);
+    if constexpr (std::is_signed_v<V> || std::is_floating_point_v<V>) {
+      if (x < V(0)) return V(-1);
+    }
+    return x;  // 0, -0 or NaN
+  }
+};
+
+struct FloorOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return std::floor(x);
+  }
+};
+
+struct CeilOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return std::ceil(x);
+  }
+};
+
+// Round-11: to the nearest integer, halves to even (np.round; rint under
+// the default rounding mode).
+struct RoundOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return std::rint(x);
+  }
+};
+
 // 1 / (1 + e^-x), evaluated so that neither branch overflows.
 struct SigmoidOp {
   template <typename V>

@@ -1,6 +1,6 @@
 // CPU kernels: elementwise family (ops of graph/ops/elementwise.cc).
 //
-// Unary math/activations (Neg Abs Relu LeakyRelu HardSigmoid HardSwish Elu
+// Unary math/activations (Neg Abs Sign Floor Ceil Round Relu LeakyRelu HardSigmoid HardSwish Elu
 // Selu Celu Softplus Softsign ThresholdedRelu Mish Sigmoid Tanh Gelu Erf Exp
 // Log Sqrt Reciprocal), PRelu (a slope broadcast to X), binary arithmetic with numpy broadcasting (Add Sub
 // Mul Div Mod, Pow with a base and exponent of different dtypes), the
@@ -645,6 +645,10 @@ void RegisterElementwiseKernels(KernelTable& table) {
 
   Add(table, "Neg", numeric, &UnaryKernel<NegOp, true>);
   Add(table, "Abs", numeric, &UnaryKernel<AbsOp, true>);
+  Add(table, "Sign", numeric, &UnaryKernel<SignOp, true>);
+  Add(table, "Floor", floats, &UnaryKernel<FloorOp, false>);
+  Add(table, "Ceil", floats, &UnaryKernel<CeilOp, false>);
+  Add(table, "Round", floats, &UnaryKernel<RoundOp, false>);
   Add(table, "Relu", numeric, &UnaryKernel<ReluOp, true>);
   Add(table, "Erf", numeric, &UnaryKernel<ErfOp, true>);
   Add(table, "LeakyRelu", floats, &LeakyReluKernel);

@@ -1,7 +1,8 @@
 // CUDA kernels: elementwise family (the CPU's backend/cpu/elementwise.cc,
 // Cast from misc.cc and com.castor ReluGrad from elementwise.cc).
 //
-// Unary math/activations (Neg Abs Relu LeakyRelu HardSigmoid HardSwish Elu
+// Unary math/activations (Neg Abs Sign on floats, int32 and int64; Floor
+// Ceil Round Relu LeakyRelu HardSigmoid HardSwish Elu
 // Selu Celu Softplus Softsign ThresholdedRelu Mish Sigmoid Tanh Gelu Erf Exp
 // Log Sqrt Reciprocal Clip), PRelu (a slope broadcast to X), binary arithmetic with numpy broadcasting (Add
 // Sub Mul Div on float32/float16/bfloat16/int32/int64, Pow with a float base
@@ -162,6 +163,19 @@ absl::Status RunUnary(KernelContext& ctx, const Op& op) {
 template <typename Op>
 absl::Status UnaryOpKernel(KernelContext& ctx) {
   return RunUnary(ctx, Op{});
+}
+
+// Unary ops that take int32 and int64 too (Neg, Abs, Sign), computed in the
+// integer type itself.
+template <typename Op>
+absl::Status NumericUnaryOpKernel(KernelContext& ctx) {
+  const TensorView& x = ctx.input(0);
+  CASTOR_ASSIGN_OR_RETURN(TensorView * y, ctx.Output(0, x.dtype, x.dims));
+  const int64_t n = x.num_elements();
+  return DispatchNumeric(ctx, x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return Launch(ctx, n, UnaryKernel<T, Op>, x.as<const T>(), y->as<T>(), n, Op{});
+  });
 }
 
 absl::Status LeakyReluKernel(KernelContext& ctx) {
@@ -786,8 +800,12 @@ void RegisterElementwiseKernels(KernelTable& table) {
   Add(table, "IsNaN", InputDTypeIn(0, floats), &IsNanKernel, /*in_place_ok=*/false);
   Add(table, "IsInf", InputDTypeIn(0, floats), &IsInfKernel, /*in_place_ok=*/false);
 
-  Add(table, "Neg", InputDTypeIn(0, floats), &UnaryOpKernel<NegOp>, in_place);
-  Add(table, "Abs", InputDTypeIn(0, floats), &UnaryOpKernel<AbsOp>, in_place);
+  Add(table, "Neg", InputDTypeIn(0, kNumeric), &NumericUnaryOpKernel<NegOp>, in_place);
+  Add(table, "Abs", InputDTypeIn(0, kNumeric), &NumericUnaryOpKernel<AbsOp>, in_place);
+  Add(table, "Sign", InputDTypeIn(0, kNumeric), &NumericUnaryOpKernel<SignOp>, in_place);
+  Add(table, "Floor", InputDTypeIn(0, floats), &UnaryOpKernel<FloorOp>, in_place);
+  Add(table, "Ceil", InputDTypeIn(0, floats), &UnaryOpKernel<CeilOp>, in_place);
+  Add(table, "Round", InputDTypeIn(0, floats), &UnaryOpKernel<RoundOp>, in_place);
   Add(table, "Relu", InputDTypeIn(0, floats), &UnaryOpKernel<ReluOp>, in_place);
   Add(table, "Erf", InputDTypeIn(0, floats), &UnaryOpKernel<ErfOp>, in_place);
   Add(table, "Sigmoid", InputDTypeIn(0, floats), &UnaryOpKernel<SigmoidOp>, in_place);

@@ -1,5 +1,5 @@
 // Elementwise op definitions: binary arithmetic (Add, Sub, Mul, Div, Pow),
-// unary math and activations (Neg, Abs, Relu, LeakyRelu, HardSigmoid,
+// unary math and activations (Neg, Abs, Sign, Floor, Ceil, Round, Relu, LeakyRelu, HardSigmoid,
 // HardSwish, Elu, Selu, Celu, Softplus, Softsign, ThresholdedRelu, Mish,
 // PRelu, Sigmoid, Tanh, Gelu, Erf, Exp, Log, Sqrt, Reciprocal), the
 // comparisons Equal, Less, Greater, LessOrEqual, GreaterOrEqual (bool out),
@@ -269,6 +269,12 @@ void RegisterElementwiseOps(OpRegistry& registry) {
                 {{1, Concat(kFloats, kSignedInts)}, {13, kBFloat16}}, "-X");
   RegisterUnary(registry, "Abs", kMinOnnxOpset, {{1, Concat(kFloats, kAllInts)}, {13, kBFloat16}},
                 "|X|");
+  RegisterUnary(registry, "Sign", 9, {{1, Concat(kFloats, kAllInts)}, {13, kBFloat16}},
+                "-1, 0 or 1 by the sign of X (NaN stays NaN)");
+  RegisterUnary(registry, "Floor", kMinOnnxOpset, FloatHistory(13), "the largest integer <= X");
+  RegisterUnary(registry, "Ceil", kMinOnnxOpset, FloatHistory(13), "the smallest integer >= X");
+  RegisterUnary(registry, "Round", 11, FloatHistory(22),
+                "X rounded to the nearest integer, halves to even");
   RegisterUnary(registry, "Relu", kMinOnnxOpset, {{1, kFloats}, {13, kBFloat16}, {14, kSignedInts}},
                 "max(X, 0)");
   {

@@ -107,6 +107,14 @@ absl::Status ModGradient(GradientBuilder& g) {
   return SetUnbroadcast(g, 1, negated);
 }
 
+// Sign, Floor, Ceil, Round: piecewise constant, so dX = 0, as PyTorch
+// gives (zeros_like(grad), also where dY is inf or NaN).
+absl::Status ZeroGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * zeros, ZerosLike(g, g.input(0)));
+  g.SetInputGrad(0, zeros);
+  return absl::OkStatus();
+}
+
 absl::Status NegGradient(GradientBuilder& g) {
   CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Neg", {g.output_grad(0)}));
   g.SetInputGrad(0, grad);
@@ -1435,6 +1443,10 @@ constexpr RuleEntry kRules[] = {
     {"Mod", ModGradient},
     {"Sum", SumGradient},
     {"Neg", NegGradient},
+    {"Sign", ZeroGradient},
+    {"Floor", ZeroGradient},
+    {"Ceil", ZeroGradient},
+    {"Round", ZeroGradient},
     {"Identity", IdentityGradient},
     {"Cast", CastGradient},
     {"Relu", ReluGradient},
