@@ -614,7 +614,9 @@ TEST(GradientRuleTest, HardSigmoidAndHardSwish) {
   };
   for (const Case& c : std::vector<Case>{
            {"HardSigmoid", {}, 8},  // (the loss's gradient needs Expand-8)
-           {"HardSigmoid", {Attribute::Float("alpha", 1.0f / 6), Attribute::Float("beta", 0.5f)}, 17},
+           {"HardSigmoid",
+            {Attribute::Float("alpha", 1.0f / 6), Attribute::Float("beta", 0.5f)},
+            17},
            {"HardSigmoid", {Attribute::Float("alpha", -0.4f), Attribute::Float("beta", 0.1f)}, 22},
            {"HardSwish", {}, 14},
            {"HardSwish", {}, 22}}) {

@@ -268,9 +268,11 @@ constexpr double kInfinity = std::numeric_limits<double>::infinity();
 std::vector<float> ActivationInputs() {
   const float inf = std::numeric_limits<float>::infinity();
   const float denorm = std::numeric_limits<float>::denorm_min();
-  return {-inf,  -1e30f, -100.0f, -6.0f, -3.0000002f, -3.0f,  -2.9999998f, -1.5f, -0.25f,
-          -1e-40f, -denorm, -0.0f, 0.0f,  denorm,      1e-40f, 0.25f,       1.5f,  2.9999998f,
-          3.0f,  3.0000002f, 6.0f, 100.0f, 1e30f,      inf,    std::numeric_limits<float>::quiet_NaN()};
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  return {-inf,    -1e30f,     -100.0f, -6.0f,  -3.0000002f, -3.0f,  -2.9999998f,
+          -1.5f,   -0.25f,     -1e-40f, -denorm, -0.0f,      0.0f,   denorm,
+          1e-40f,  0.25f,      1.5f,    2.9999998f, 3.0f,    3.0000002f, 6.0f,
+          100.0f,  1e30f,      inf,     nan};
 }
 
 void ExpectActivationMatchesReference(const ActivationCase& c) {
@@ -350,7 +352,9 @@ TEST(CpuElementwiseTest, HardSigmoidAndHardSwishMatchFloat64Reference) {
 TEST(CpuElementwiseTest, ExponentialAndSoftActivationsMatchFloat64Reference) {
   const double selu_alpha = static_cast<double>(1.67326319217681884765625f);
   const double selu_gamma = static_cast<double>(1.05070102214813232421875f);
-  auto softplus = [](double x) { return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x)); };
+  auto softplus = [](double x) {
+    return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
+  };
   const std::vector<ActivationCase> cases = {
       {"Elu", {}, 7, [](double x) { return x > 0 ? x : std::expm1(x); }},
       {"Elu", {Attribute::Float("alpha", 0.5f)}, 22,
@@ -443,9 +447,11 @@ TEST(CpuElementwiseTest, SignFloorCeilRoundMatchFloat64Reference) {
   EXPECT_EQ(Values(RunOp("Round", {F32({8}, halves)}, {}, 11)),
             (std::vector<double>{-2, -2, -0.0, 0, 2, 2, 4, 0}));
   EXPECT_TRUE(std::signbit(RunOp("Round", {F32({1}, {-0.5f})}, {}, 11).data<float>()[0]));
-  EXPECT_EQ(Values(RunOp("Sign", {I32({4}, {-7, 0, 3, std::numeric_limits<int32_t>::min()})}, {}, 13)),
+  const int32_t int32_min = std::numeric_limits<int32_t>::min();
+  EXPECT_EQ(Values(RunOp("Sign", {I32({4}, {-7, 0, 3, int32_min})}, {}, 13)),
             (std::vector<double>{-1, 0, 1, -1}));
-  EXPECT_EQ(Values(RunOp("Sign", {I8({3}, {-128, 0, 127})}, {}, 13)), (std::vector<double>{-1, 0, 1}));
+  EXPECT_EQ(Values(RunOp("Sign", {I8({3}, {-128, 0, 127})}, {}, 13)),
+            (std::vector<double>{-1, 0, 1}));
   EXPECT_EQ(Values(RunOp("Sign", {U8({3}, {0, 1, 255})}, {}, 13)), (std::vector<double>{0, 1, 1}));
   EXPECT_EQ(Values(RunOp("Sign", {I64({2}, {-(int64_t{1} << 40), int64_t{1} << 40})}, {}, 13)),
             (std::vector<double>{-1, 1}));
@@ -836,7 +842,8 @@ TEST(CpuElementwiseTest, ModIntegersBothSignConventions) {
                                                   static_cast<double>(fmod ? TruncMod(127, -2)
                                                                            : FloorMod(127, -2))}));
     // Unsigned: one convention; broadcast a scalar divisor.
-    Tensor u = RunOp("Mod", {U8({3}, {250, 7, 0}), U8({}, {7})}, {Attribute::Int("fmod", fmod)}, 13);
+    Tensor u =
+        RunOp("Mod", {U8({3}, {250, 7, 0}), U8({}, {7})}, {Attribute::Int("fmod", fmod)}, 13);
     EXPECT_EQ(Values(u), (std::vector<double>{5, 0, 0}));
   }
 }
@@ -891,7 +898,8 @@ TEST(CpuElementwiseTest, IsNaNAndIsInf) {
     const std::vector<double> stored = RoundTo(dtype, x);  // -3e38 is -inf in float16
     Tensor nan = RunOp("IsNaN", {Make(dtype, {n}, stored)}, {}, 20);
     ASSERT_EQ(nan.dtype(), DType::kBool);
-    for (const auto& [neg, pos] : std::vector<std::pair<int, int>>{{1, 1}, {0, 1}, {1, 0}, {0, 0}}) {
+    const std::vector<std::pair<int, int>> detect = {{1, 1}, {0, 1}, {1, 0}, {0, 0}};
+    for (const auto& [neg, pos] : detect) {
       Tensor isinf = RunOp("IsInf", {Make(dtype, {n}, stored)},
                            {Attribute::Int("detect_negative", neg),
                             Attribute::Int("detect_positive", pos)},

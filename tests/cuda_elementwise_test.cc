@@ -1,16 +1,16 @@
 // Tests of the CUDA elementwise kernels (backend/cuda/elementwise.cu) against
-// the CPU backend: binary arithmetic on every dtype with broadcasting of
-// each kind (same shape, scalar, row, column, middle axis, many axes, 100k+
+// the CPU backend: binary arithmetic on every dtype with broadcasting of each
+// kind (same shape, scalar, row, column, middle axis, many axes, 100k+
 // elements), int64 shape arithmetic with values beyond 32 bits and
 // wrap-around, integer division by zero, Pow with float and int exponents,
 // Equal and the ordered comparisons (bool out), And/Or/Xor/Not, Mod in both
-// sign conventions, IsNaN/IsInf, Where's three-way broadcast, the variadic Sum/Max/Min
-// (one input, several, more than one pass), every unary op and its
-// attributes (LeakyRelu alpha, HardSigmoid alpha/beta, Gelu approximate,
-// Clip's attribute and input bounds), special values (NaN, infinities, -0), Cast between every pair of
-// the dtypes the kernel converts (exact: rounding, truncation, saturation
-// and wrap-around as the CPU defines them), com.castor ReluGrad, and the
-// clear refusals of dtypes the CUDA kernels lack.
+// sign conventions, IsNaN/IsInf, Where's three-way broadcast, the variadic
+// Sum/Max/Min (one input, several, more than one pass), every unary op and
+// its attributes (LeakyRelu alpha, HardSigmoid alpha/beta, Gelu approximate,
+// Clip's attribute and input bounds), special values (NaN, infinities, -0),
+// Cast between every pair of the dtypes the kernel converts (exact: rounding,
+// truncation, saturation and wrap-around as the CPU defines them), com.castor
+// ReluGrad, and the clear refusals of dtypes the CUDA kernels lack.
 #include <cmath>
 #include <cstdint>
 #include <limits>

@@ -1,18 +1,18 @@
 // CPU kernels: elementwise family (ops of graph/ops/elementwise.cc).
 //
-// Unary math/activations (Neg Abs Sign Floor Ceil Round Relu LeakyRelu HardSigmoid HardSwish Elu
-// Selu Celu Softplus Softsign ThresholdedRelu Mish Sigmoid Tanh Gelu Erf Exp
-// Log Sqrt Reciprocal), PRelu (a slope broadcast to X), binary arithmetic with numpy broadcasting (Add Sub
-// Mul Div Mod, Pow with a base and exponent of different dtypes), the
-// comparisons Equal Less Greater LessOrEqual GreaterOrEqual (bool out), the
-// logic And Or Xor Not, IsNaN/IsInf, the variadic Max/Min/Sum, Where and
-// Clip. The scalar arithmetic of
-// each op lives in backend/common/elementwise_math.h (shared with CUDA); this
-// file loads, broadcasts and stores. 16-bit floats compute in float32 and
-// round once on store (unary ops and same-dtype binary ops widen and narrow
-// them in blocks with float_io.h's vectorized bulk conversions, and the
-// float32 unary loop is built per instruction set, vector_clones.h; Add Sub
-// Mul Div run fused on AVX-512, simd16.h); float64
+// Unary math/activations (Neg Abs Sign Floor Ceil Round Relu LeakyRelu
+// HardSigmoid HardSwish Elu Selu Celu Softplus Softsign ThresholdedRelu Mish
+// Sigmoid Tanh Gelu Erf Exp Log Sqrt Reciprocal), PRelu (a slope broadcast to
+// X), binary arithmetic with numpy broadcasting (Add Sub Mul Div Mod, Pow
+// with a base and exponent of different dtypes), the comparisons Equal Less
+// Greater LessOrEqual GreaterOrEqual (bool out), the logic And Or Xor Not,
+// IsNaN/IsInf, the variadic Max/Min/Sum, Where and Clip. The scalar
+// arithmetic of each op lives in backend/common/elementwise_math.h (shared
+// with CUDA); this file loads, broadcasts and stores. 16-bit floats compute
+// in float32 and round once on store (unary ops and same-dtype binary ops
+// widen and narrow them in blocks with float_io.h's vectorized bulk
+// conversions, and the float32 unary loop is built per instruction set,
+// vector_clones.h; Add Sub Mul Div run fused on AVX-512, simd16.h); float64
 // computes in double; integers in their own type (wrapping). Broadcast
 // iteration is backend/cpu/broadcast.h, split across threads in chunks of
 // kElementwiseGrain elements; a run where an input is dense or a single

@@ -1,24 +1,24 @@
 // CUDA kernels: elementwise family (the CPU's backend/cpu/elementwise.cc,
 // Cast from misc.cc and com.castor ReluGrad from elementwise.cc).
 //
-// Unary math/activations (Neg Abs Sign on floats, int32 and int64; Floor
-// Ceil Round Relu LeakyRelu HardSigmoid HardSwish Elu
-// Selu Celu Softplus Softsign ThresholdedRelu Mish Sigmoid Tanh Gelu Erf Exp
-// Log Sqrt Reciprocal Clip), PRelu (a slope broadcast to X), binary arithmetic with numpy broadcasting (Add
-// Sub Mul Div on float32/float16/bfloat16/int32/int64, Pow with a float base
-// and a float or int exponent), Mod, the comparisons Equal Less Greater
+// Unary math/activations (Neg Abs Sign on floats, int32 and int64; Floor Ceil
+// Round Relu LeakyRelu HardSigmoid HardSwish Elu Selu Celu Softplus Softsign
+// ThresholdedRelu Mish Sigmoid Tanh Gelu Erf Exp Log Sqrt Reciprocal Clip),
+// PRelu (a slope broadcast to X), binary arithmetic with numpy broadcasting
+// (Add Sub Mul Div on float32/float16/bfloat16/int32/int64, Pow with a float
+// base and a float or int exponent), Mod, the comparisons Equal Less Greater
 // LessOrEqual GreaterOrEqual and the logic And Or Xor Not (bool out),
-// IsNaN/IsInf, Where (three-way broadcast), the variadic Sum/Max/Min, Cast and ReluGrad. The scalar
-// arithmetic is backend/common/elementwise_math.h, the functors the CPU runs;
-// this file loads, broadcasts (backend/cuda/broadcast.cuh) and stores. 16-bit
-// floats compute in float32 and round once on store; integers compute in
-// their own type (wrapping). Every kernel is a grid-stride loop over output
-// elements; each thread reads its inputs for an element before writing it,
-// so output 0 may alias input 0 (in_place_ok) where the output has input 0's
-// dtype (then the executor's equal-bytes rule means equal shapes): the
-// arithmetic, unary and variadic ops, as on the CPU. The comparisons, the
-// binary logic and the predicates are not in place (see Equal's
-// registration).
+// IsNaN/IsInf, Where (three-way broadcast), the variadic Sum/Max/Min, Cast
+// and ReluGrad. The scalar arithmetic is backend/common/elementwise_math.h,
+// the functors the CPU runs; this file loads, broadcasts
+// (backend/cuda/broadcast.cuh) and stores. 16-bit floats compute in float32
+// and round once on store; integers compute in their own type (wrapping).
+// Every kernel is a grid-stride loop over output elements; each thread reads
+// its inputs for an element before writing it, so output 0 may alias input 0
+// (in_place_ok) where the output has input 0's dtype (then the executor's
+// equal-bytes rule means equal shapes): the arithmetic, unary and variadic
+// ops, as on the CPU. The comparisons, the binary logic and the predicates
+// are not in place (see Equal's registration).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

@@ -365,7 +365,8 @@ void RegisterElementwiseOps(OpRegistry& registry) {
            {"Greater", kMinOnnxOpset, ">"},
            {"LessOrEqual", 12, "<="},
            {"GreaterOrEqual", 12, ">="}}) {
-    OpDef def = MakeOp(op, since, 2, absl::StrCat("A ", relation, " B as bool, numpy broadcasting"));
+    OpDef def =
+        MakeOp(op, since, 2, absl::StrCat("A ", relation, " B as bool, numpy broadcasting"));
     def.infer = BinaryInfer(since == 12 ? less_equal_history : less_history, /*bool_output=*/true);
     registry.Register(std::move(def));
   }
