@@ -674,6 +674,194 @@ TEST(GradientRuleTest, AbsLeakyReluAndClipAtTheirKinksFollowPyTorch) {
   }
 }
 
+TEST(GradientRuleTest, HardSigmoidAndHardSwish) {
+  // Values on every piece, none within 0.05 of a kink (+-3, or where
+  // alpha x + beta is 0 or 1).
+  const Tensor x_values =
+      Floats({2, 6}, {-5.0f, -3.5f, -2.7f, -1.0f, -0.3f, 0.4f, 1.2f, 2.2f, 2.9f, 3.3f, 4.5f, 7.0f});
+  struct Case {
+    const char* op;
+    std::vector<Attribute> attrs;
+    int64_t opset;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"HardSigmoid", {}, 8},  // (the loss's gradient needs Expand-8)
+           {"HardSigmoid",
+            {Attribute::Float("alpha", 1.0f / 6), Attribute::Float("beta", 0.5f)},
+            17},
+           {"HardSigmoid", {Attribute::Float("alpha", -0.4f), Attribute::Float("beta", 0.1f)}, 22},
+           {"HardSwish", {}, 14},
+           {"HardSwish", {}, 22}}) {
+    SCOPED_TRACE(absl::StrCat(c.op, " opset ", c.opset));
+    GradCheck check(c.opset);
+    Value* x = check.Parameter("x", x_values);
+    check.Check(check.Op(c.op, {x}, c.attrs));
+  }
+}
+
+// At the kinks x = -3 and x = 3 the rules give what torch 1.13 gives:
+// hardsigmoid_backward is 0 at both (open interval), hardswish_backward is
+// dY (x / 3 + 1/2) at both (closed interval): -0.5 and 1.5.
+TEST(GradientRuleTest, HardSigmoidAndHardSwishAtTheirKinksFollowPyTorch) {
+  const std::vector<float> x_values = {-3.0f, 3.0f, -4.0f, 0.0f, 4.0f};
+  for (const char* op : {"HardSigmoid", "HardSwish"}) {
+    SCOPED_TRACE(op);
+    GradCheck check(17);
+    Value* x = check.Parameter("x", Floats({5}, x_values));
+    std::vector<Attribute> attrs;
+    if (op == std::string("HardSigmoid")) {
+      attrs = {Attribute::Float("alpha", 1.0f / 6), Attribute::Float("beta", 0.5f)};
+    }
+    Value* loss =
+        check.Op("ReduceSum", {check.Op(op, {x}, attrs)}, {Attribute::Int("keepdims", 0)});
+    check.graph().AddOutput(loss);
+    ASSERT_TRUE(InferTypes(check.model()).ok());
+    AutodiffResult result =
+        ValueOrDie(BuildGradients(check.model(), AutodiffRequest{loss->name(), {"x"}, ""}));
+    check.graph().AddOutput(check.graph().FindValue(result.gradients[0].second));
+    auto executor = ValueOrDie(Executor::Create(check.model(), Cpu()));
+    const Tensor grad = ValueOrDie(executor->Run({{"x", Floats({5}, x_values)}}))[1];
+    // torch.nn.functional.hardsigmoid / hardswish at [-3, 3, -4, 0, 4].
+    const std::vector<float> expected = op == std::string("HardSigmoid")
+                                            ? std::vector<float>{0, 0, 0, 1.0f / 6, 0}
+                                            : std::vector<float>{-0.5f, 1.5f, 0, 0.5f, 1};
+    for (int i = 0; i < 5; ++i) {
+      EXPECT_FLOAT_EQ(grad.data<float>()[i], expected[i]) << "x = " << x_values[i];
+    }
+  }
+}
+
+// Mod on floats: dA = dY, dB = -dY floor(A / B) (fmod = 0) or -dY trunc(A / B)
+// (fmod = 1), with broadcasting; values keep A / B away from integers.
+TEST(GradientRuleTest, ModBothConventionsBroadcasting) {
+  for (int fmod : {0, 1}) {
+    SCOPED_TRACE(absl::StrCat("fmod ", fmod));
+    GradCheck check(13);
+    Value* a = check.Parameter("a", Floats({2, 3}, {5.3f, -5.3f, 2.2f, -0.7f, 7.9f, -3.1f}));
+    Value* b = check.Parameter("b", Floats({3}, {2.0f, -1.5f, 0.9f}));
+    check.Check(check.Op("Mod", {a, b}, {Attribute::Int("fmod", fmod)}));
+  }
+}
+
+TEST(GradientRuleTest, ExponentialAndSoftActivations) {
+  struct Case {
+    const char* op;
+    std::vector<Attribute> attrs;
+    int64_t opset;
+    float lo, hi;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"Elu", {}, 13, -3, 3},
+           {"Elu", {Attribute::Float("alpha", 0.3f)}, 22, -3, 3},
+           {"Selu", {}, 13, -3, 3},
+           {"Selu", {Attribute::Float("alpha", 2.0f), Attribute::Float("gamma", 0.7f)}, 22, -3, 3},
+           {"Celu", {}, 13, -3, 3},
+           {"Celu", {Attribute::Float("alpha", 2.0f)}, 13, -3, 3},
+           {"Softplus", {}, 13, -4, 4},
+           {"Softplus", {}, 22, -4, 4},
+           {"Softsign", {}, 13, -3, 3},
+           {"Softsign", {}, 22, -3, 3},
+           {"Mish", {}, 18, -4, 4},
+           {"Mish", {}, 22, -4, 4}}) {
+    SCOPED_TRACE(absl::StrCat(c.op, " opset ", c.opset));
+    GradCheck check(c.opset);
+    Value* x = check.Parameter("x", {3, 5}, c.lo, c.hi);
+    check.Check(check.Op(c.op, {x}, c.attrs));
+  }
+  for (float alpha : {1.0f, -0.5f}) {  // no value within 0.05 of alpha
+    SCOPED_TRACE(absl::StrCat("ThresholdedRelu alpha ", alpha));
+    GradCheck check(alpha == 1.0f ? 10 : 22);
+    Value* x = check.Parameter(
+        "x", Floats({2, 4}, {-1.3f, -0.6f, -0.3f, 0.4f, 0.8f, 1.2f, 1.9f, 2.5f}));
+    std::vector<Attribute> attrs;
+    if (alpha != 1.0f) attrs.push_back(Attribute::Float("alpha", alpha));
+    check.Check(check.Op("ThresholdedRelu", {x}, attrs));
+  }
+}
+
+// PRelu: dX and a dslope summed back to the slope's shape (scalar, per
+// channel, a full-shape slope).
+TEST(GradientRuleTest, PReluSlopeReducesToItsShape) {
+  for (const std::vector<int64_t>& slope_dims :
+       std::vector<std::vector<int64_t>>{{}, {3, 1, 1}, {2}, {2, 3, 1, 2}}) {
+    SCOPED_TRACE(::testing::PrintToString(slope_dims));
+    GradCheck check(16);
+    Value* x = check.Parameter("x", {2, 3, 1, 2});
+    Value* slope = check.Parameter("slope", slope_dims, 0.1f, 0.9f);
+    check.Check(check.Op("PRelu", {x, slope}));
+  }
+  {  // opset 9, slope a constant
+    GradCheck check(9);
+    Value* x = check.Parameter("x", {4, 3});
+    check.Check(check.Op("PRelu", {x, check.Constant("slope", Floats({3}, {0.2f, -0.4f, 1.5f}))}));
+  }
+}
+
+// At 0 the exponential units and PRelu take PyTorch's side (elu_backward
+// and prelu backward use the negative piece at x = 0, so the slope is
+// alpha, gamma alpha, 1 for Celu, and the PRelu slope); ThresholdedRelu
+// passes nothing at x = alpha (threshold_backward).
+TEST(GradientRuleTest, ExponentialUnitsPReluAndThresholdAtTheirKinksFollowPyTorch) {
+  struct Case {
+    const char* op;
+    std::vector<Attribute> attrs;
+    float at_kink;
+    float kink;
+  };
+  const double gamma = 1.05070102214813232421875, alpha = 1.67326319217681884765625;
+  for (const Case& c : std::vector<Case>{
+           {"Elu", {Attribute::Float("alpha", 0.5f)}, 0.5f, 0.0f},
+           {"Selu", {}, static_cast<float>(gamma * alpha), 0.0f},
+           {"Celu", {Attribute::Float("alpha", 2.0f)}, 1.0f, 0.0f},
+           {"ThresholdedRelu", {Attribute::Float("alpha", 0.5f)}, 0.0f, 0.5f},
+           {"PRelu", {}, 0.25f, 0.0f}}) {
+    SCOPED_TRACE(c.op);
+    GradCheck check(13);
+    Value* x = check.Parameter("x", Floats({1}, {c.kink}));
+    std::vector<Value*> inputs = {x};
+    if (c.op == std::string("PRelu")) {
+      inputs.push_back(check.Constant("slope", Floats({1}, {0.25f})));
+    }
+    Value* loss =
+        check.Op("ReduceSum", {check.Op(c.op, inputs, c.attrs)}, {Attribute::Int("keepdims", 0)});
+    check.graph().AddOutput(loss);
+    ASSERT_TRUE(InferTypes(check.model()).ok());
+    AutodiffResult result =
+        ValueOrDie(BuildGradients(check.model(), AutodiffRequest{loss->name(), {"x"}, ""}));
+    check.graph().AddOutput(check.graph().FindValue(result.gradients[0].second));
+    auto executor = ValueOrDie(Executor::Create(check.model(), Cpu()));
+    const Tensor grad = ValueOrDie(executor->Run({{"x", Floats({1}, {c.kink})}}))[1];
+    EXPECT_FLOAT_EQ(grad.data<float>()[0], c.at_kink);
+  }
+}
+
+// Sign, Floor, Ceil, Round are piecewise constant: zero gradient, as
+// PyTorch gives (also at the steps, and where dY is not finite).
+TEST(GradientRuleTest, SignFloorCeilRoundHaveZeroGradient) {
+  for (const char* op : {"Sign", "Floor", "Ceil", "Round"}) {
+    SCOPED_TRACE(op);
+    {
+      GradCheck check(13);  // away from the steps: the finite differences are 0
+      Value* x = check.Parameter("x", Floats({2, 3}, {-1.3f, -0.7f, 0.2f, 0.6f, 1.3f, 2.8f}));
+      Value* y = check.Op(op, {x});
+      check.Check(check.Op("Add", {y, check.Op("Mul", {x, x})}));
+    }
+    GradCheck check(13);
+    const Tensor at_steps = Floats({3}, {0.0f, 1.0f, 0.5f});
+    Value* x = check.Parameter("x", at_steps);
+    Value* loss = check.Op("ReduceSum", {check.Op(op, {x})}, {Attribute::Int("keepdims", 0)});
+    check.graph().AddOutput(loss);
+    ASSERT_TRUE(InferTypes(check.model()).ok());
+    AutodiffResult result =
+        ValueOrDie(BuildGradients(check.model(), AutodiffRequest{loss->name(), {"x"}, ""}));
+    check.graph().AddOutput(check.graph().FindValue(result.gradients[0].second));
+    auto executor = ValueOrDie(Executor::Create(check.model(), Cpu()));
+    const Tensor grad = ValueOrDie(executor->Run({{"x", at_steps}}))[1];
+    ASSERT_EQ(grad.num_elements(), 3);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(grad.data<float>()[i], 0.0f);
+  }
+}
+
 TEST(GradientRuleTest, GeluExactAndTanh) {
   for (const char* approximate : {"none", "tanh"}) {
     SCOPED_TRACE(approximate);

@@ -44,7 +44,9 @@ using testing::F64;
 using testing::I32;
 using testing::I64;
 using testing::I8;
+using testing::Make;
 using testing::Ramp;
+using testing::RoundTo;
 using testing::RunConformanceCasesOf;
 using testing::RunOp;
 using testing::SingleNode;
@@ -164,6 +166,9 @@ TEST(CpuElementwiseTest, UnaryFloat32LoopsGiveTheScalarOpsBits) {
       {"LeakyRelu", {Attribute::Float("alpha", 0.2f)},
        [](float x) { return math::LeakyReluOp{0.2f}(x); }},
       {"Gelu", {}, [](float x) { return math::GeluOp{false}(x); }},
+      {"HardSigmoid", {Attribute::Float("alpha", 0.3f)},
+       [](float x) { return math::HardSigmoidOp{0.3f, 0.5f}(x); }},
+      {"HardSwish", {}, [](float x) { return math::HardSwishOp{}(x); }},
   };
   for (const Case& c : cases) {
     for (const int64_t n : {static_cast<int64_t>(inputs.size()), int64_t{13}}) {
@@ -237,6 +242,227 @@ TEST(CpuElementwiseTest, ReluKeepsNanAndSigmoidSaturates) {
   Tensor s = RunOp("Sigmoid", {F32({2}, {-1000.0f, 1000.0f})});
   EXPECT_EQ(s.data<float>()[0], 0.0f);
   EXPECT_EQ(s.data<float>()[1], 1.0f);
+}
+
+// ---------------- activations of exported models ----------------
+
+// An activation against its float64 reference on every float dtype
+// (bfloat16 from opset 22, where these activations take it): the
+// reference is evaluated at the input as the dtype stores it; float64 must
+// agree to 1e-12, float32 to 2e-6, float16/bfloat16 to their rounding.
+// NaN where the reference is NaN, infinities exactly, and the sign of zero.
+struct ActivationCase {
+  std::string op;
+  std::vector<Attribute> attrs;
+  int64_t opset;
+  std::function<double(double)> reference;
+  // The size of an intermediate that cancels (HardSigmoid's alpha x + beta
+  // near 0), where the dtype's rounding of it bounds the error; none if null.
+  std::function<double(double)> intermediate = nullptr;
+};
+
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
+
+// Edge values: infinities, huge, the kinks of the hard activations (+-3),
+// values one float32 step inside them, -0/+0, subnormals, NaN.
+std::vector<float> ActivationInputs() {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float denorm = std::numeric_limits<float>::denorm_min();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  return {-inf,    -1e30f,     -100.0f, -6.0f,  -3.0000002f, -3.0f,  -2.9999998f,
+          -1.5f,   -0.25f,     -1e-40f, -denorm, -0.0f,      0.0f,   denorm,
+          1e-40f,  0.25f,      1.5f,    2.9999998f, 3.0f,    3.0000002f, 6.0f,
+          100.0f,  1e30f,      inf,     nan};
+}
+
+void ExpectActivationMatchesReference(const ActivationCase& c) {
+  const std::vector<float> inputs = ActivationInputs();
+  const int64_t n = static_cast<int64_t>(inputs.size());
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    if (dtype == DType::kBFloat16 && c.opset < 22) continue;  // these ops take it from 22
+    const std::vector<double> as_stored =
+        RoundTo(dtype, std::vector<double>(inputs.begin(), inputs.end()));
+    Tensor y = RunOp(c.op, {Make(dtype, {n}, as_stored)}, c.attrs, c.opset);
+    ASSERT_EQ(y.dtype(), dtype) << c.op;
+    ASSERT_EQ(y.num_elements(), n) << c.op;
+    const double rtol = dtype == DType::kFloat64   ? 1e-12
+                        : dtype == DType::kFloat32 ? 2e-6
+                        : dtype == DType::kFloat16 ? 1.0 / 1024
+                                                   : 1.0 / 128;
+    // Underflow: a float32 result may flush where float64 keeps a tiny value.
+    const double atol = dtype == DType::kFloat64 ? 1e-300 : dtype == DType::kFloat16 ? 6e-8 : 1e-38;
+    const std::vector<double> got = Values(y);
+    for (int64_t i = 0; i < n; ++i) {
+      const double expected = c.reference(as_stored[i]);
+      const std::string what =
+          absl::StrCat(c.op, " ", DTypeName(dtype), " (", as_stored[i], ") = ", got[i],
+                       ", expected ", expected);
+      if (std::isnan(expected)) {
+        EXPECT_TRUE(std::isnan(got[i])) << what;
+      } else if (std::isinf(expected)) {
+        EXPECT_EQ(got[i], expected) << what;
+      } else {
+        const double scale = std::max(
+            std::fabs(expected), c.intermediate ? std::fabs(c.intermediate(as_stored[i])) : 0.0);
+        EXPECT_NEAR(got[i], expected, rtol * scale + atol) << what;
+        if (expected == 0.0 && got[i] == 0.0) {
+          EXPECT_EQ(std::signbit(got[i]), std::signbit(expected)) << what << " (sign of zero)";
+        }
+      }
+    }
+  }
+}
+
+// max(lo, min(hi, v)) with NaN kept.
+double ClampReference(double v, double lo, double hi) {
+  if (std::isnan(v)) return v;
+  return v <= lo ? lo : v >= hi ? hi : v;
+}
+
+TEST(CpuElementwiseTest, HardSigmoidAndHardSwishMatchFloat64Reference) {
+  // alpha x + beta rounds once in float32 before it is clamped.
+  auto product_and_offset = [](double alpha, double beta) {
+    return [=](double x) { return std::fabs(alpha * x) + std::fabs(beta); };
+  };
+  const std::vector<ActivationCase> cases = {
+      {"HardSigmoid", {}, 7,
+       [](double x) { return ClampReference(static_cast<double>(0.2f) * x + 0.5, 0.0, 1.0); },
+       product_and_offset(0.2, 0.5)},
+      {"HardSigmoid",
+       {Attribute::Float("alpha", 1.0f / 6), Attribute::Float("beta", 0.5f)},
+       17,
+       [](double x) { return ClampReference(static_cast<double>(1.0f / 6) * x + 0.5, 0, 1); },
+       product_and_offset(1.0 / 6, 0.5)},
+      {"HardSigmoid",
+       {Attribute::Float("alpha", -0.5f), Attribute::Float("beta", 0.25f)},
+       22,
+       [](double x) { return ClampReference(-0.5 * x + 0.25, 0.0, 1.0); },
+       product_and_offset(0.5, 0.25)},
+      // x * clamp(x + 3, 0, 6) / 6: -0 below -3 (x * +0), NaN stays NaN.
+      {"HardSwish", {}, 14,
+       [](double x) { return x * ClampReference(x + 3.0, 0.0, 6.0) / 6.0; }},
+  };
+  for (const ActivationCase& c : cases) ExpectActivationMatchesReference(c);
+  // x = -inf: -inf * 0 is NaN in the reference and in PyTorch alike.
+  EXPECT_TRUE(std::isnan(
+      RunOp("HardSwish", {F32({1}, {-std::numeric_limits<float>::infinity()})}, {}, 14)
+          .data<float>()[0]));
+}
+
+TEST(CpuElementwiseTest, ExponentialAndSoftActivationsMatchFloat64Reference) {
+  const double selu_alpha = static_cast<double>(1.67326319217681884765625f);
+  const double selu_gamma = static_cast<double>(1.05070102214813232421875f);
+  auto softplus = [](double x) {
+    return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
+  };
+  const std::vector<ActivationCase> cases = {
+      {"Elu", {}, 7, [](double x) { return x > 0 ? x : std::expm1(x); }},
+      {"Elu", {Attribute::Float("alpha", 0.5f)}, 22,
+       [](double x) { return x > 0 ? x : 0.5 * std::expm1(x); }},
+      {"Selu", {}, 7,
+       [&](double x) { return x > 0 ? selu_gamma * x : selu_gamma * selu_alpha * std::expm1(x); }},
+      {"Selu", {Attribute::Float("alpha", 2.0f), Attribute::Float("gamma", 0.5f)}, 22,
+       [](double x) { return x > 0 ? 0.5 * x : 0.5 * 2.0 * std::expm1(x); }},
+      {"Softplus", {}, 7, softplus},
+      {"Softsign", {}, 7, [](double x) { return x / (1.0 + std::fabs(x)); }},
+      {"ThresholdedRelu", {}, 10,
+       [](double x) { return std::isnan(x) ? x : x > 1.0 ? x : 0.0; }},
+      {"ThresholdedRelu", {Attribute::Float("alpha", -0.25f)}, 22,
+       [](double x) { return std::isnan(x) ? x : x > -0.25 ? x : 0.0; }},
+      {"Mish", {}, 18, [&](double x) { return x * std::tanh(softplus(x)); }},
+  };
+  for (const ActivationCase& c : cases) ExpectActivationMatchesReference(c);
+  // Celu is float32 only.
+  const std::vector<float> inputs = ActivationInputs();
+  const int64_t n = static_cast<int64_t>(inputs.size());
+  for (float alpha : {1.0f, 2.5f}) {
+    Tensor y = RunOp("Celu", {F32({n}, inputs)}, {Attribute::Float("alpha", alpha)}, 12);
+    for (int64_t i = 0; i < n; ++i) {
+      const double x = inputs[i];
+      const double want =
+          std::isnan(x) ? x : std::max(0.0, x) + std::min(0.0, alpha * std::expm1(x / alpha));
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(y.data<float>()[i])) << "Celu(" << x << ")";
+      } else if (std::isinf(want)) {
+        EXPECT_EQ(y.data<float>()[i], want) << "Celu(" << x << ")";
+      } else {
+        EXPECT_NEAR(y.data<float>()[i], want, 2e-6 * std::fabs(want) + 1e-38)
+            << "Celu alpha " << alpha << " (" << x << ")";
+      }
+    }
+  }
+  EXPECT_FALSE(testing::RunNodeOf("Celu", {F16({1}, {1})}, {}, 12).ok());
+}
+
+// PRelu: the slope broadcasts to X (a scalar, per channel [C, 1, 1], a
+// row), X's shape out; a slope that would grow X is an error.
+TEST(CpuElementwiseTest, PReluBroadcastsTheSlopeToX) {
+  const std::vector<float> x = {-2.0f, -0.0f, 0.0f, 1.5f, -1e-40f, -3.0f,
+                                4.0f,  -5.0f, 0.5f, -0.5f, 2.0f,  -1.0f};
+  struct Case {
+    std::vector<int64_t> slope_dims;
+    std::vector<float> slope;
+  };
+  const std::vector<int64_t> x_dims = {1, 3, 2, 2};
+  for (const Case& c : std::vector<Case>{{{}, {0.25f}},
+                                         {{3, 1, 1}, {0.1f, -2.0f, 0.5f}},
+                                         {{2}, {0.3f, 3.0f}},
+                                         {{1, 3, 2, 2}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}}}) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+      const std::vector<double> xs = RoundTo(dtype, {x.begin(), x.end()});
+      const std::vector<double> ss = RoundTo(dtype, {c.slope.begin(), c.slope.end()});
+      Tensor y = RunOp("PRelu", {Make(dtype, x_dims, xs), Make(dtype, c.slope_dims, ss)}, {}, 16);
+      ASSERT_EQ(y.dims(), x_dims);
+      const std::vector<double> got = Values(y);
+      for (int64_t i = 0; i < 12; ++i) {
+        const double s = ss[BroadcastSource(c.slope_dims, x_dims, i)];
+        const double want = RoundTo(dtype, {xs[i] < 0 ? s * xs[i] : xs[i]})[0];
+        EXPECT_EQ(got[i], want) << DTypeName(dtype) << " PRelu(" << xs[i] << ", " << s << ")";
+      }
+    }
+  }
+  // Integers (opset 9+).
+  EXPECT_EQ(Values(RunOp("PRelu", {I32({4}, {-3, 0, 5, -1}), I32({}, {2})}, {}, 9)),
+            (std::vector<double>{-6, 0, 5, -2}));
+  EXPECT_EQ(Values(RunOp("PRelu", {I64({2, 2}, {-3, 4, -5, -6}), I64({2, 1}, {-1, 3})}, {}, 9)),
+            (std::vector<double>{3, 4, -15, -18}));
+  absl::StatusOr<std::vector<Tensor>> grows =
+      testing::RunNodeOf("PRelu", {F32({3}, {1, 2, 3}), F32({2, 3}, {1, 2, 3, 4, 5, 6})}, {}, 16);
+  ASSERT_FALSE(grows.ok());
+  EXPECT_NE(grows.status().message().find("unidirectional"), std::string::npos) << grows.status();
+}
+
+// Sign, Floor, Ceil, Round on the edge values (Round from opset 22 for
+// bfloat16, the others from 13), halves for Round (to even), and Sign on
+// every integer type.
+TEST(CpuElementwiseTest, SignFloorCeilRoundMatchFloat64Reference) {
+  const std::vector<ActivationCase> cases = {
+      {"Sign", {}, 22, [](double x) { return x > 0 ? 1.0 : x < 0 ? -1.0 : x; }},
+      {"Floor", {}, 22, [](double x) { return std::floor(x); }},
+      {"Ceil", {}, 22, [](double x) { return std::ceil(x); }},
+      {"Round", {}, 22, [](double x) { return std::nearbyint(x); }},
+  };
+  for (const ActivationCase& c : cases) ExpectActivationMatchesReference(c);
+  const std::vector<float> halves = {-2.5f, -1.5f, -0.5f, 0.5f, 1.5f, 2.5f, 3.5f, 0.49999997f};
+  EXPECT_EQ(Values(RunOp("Round", {F32({8}, halves)}, {}, 11)),
+            (std::vector<double>{-2, -2, -0.0, 0, 2, 2, 4, 0}));
+  EXPECT_TRUE(std::signbit(RunOp("Round", {F32({1}, {-0.5f})}, {}, 11).data<float>()[0]));
+  const int32_t int32_min = std::numeric_limits<int32_t>::min();
+  EXPECT_EQ(Values(RunOp("Sign", {I32({4}, {-7, 0, 3, int32_min})}, {}, 13)),
+            (std::vector<double>{-1, 0, 1, -1}));
+  EXPECT_EQ(Values(RunOp("Sign", {I8({3}, {-128, 0, 127})}, {}, 13)),
+            (std::vector<double>{-1, 0, 1}));
+  EXPECT_EQ(Values(RunOp("Sign", {U8({3}, {0, 1, 255})}, {}, 13)), (std::vector<double>{0, 1, 1}));
+  EXPECT_EQ(Values(RunOp("Sign", {I64({2}, {-(int64_t{1} << 40), int64_t{1} << 40})}, {}, 13)),
+            (std::vector<double>{-1, 1}));
+}
+
+// HardSigmoid takes bfloat16 only from opset 22.
+TEST(CpuElementwiseTest, HardSigmoidTakesBFloat16FromOpset22) {
+  absl::StatusOr<std::vector<Tensor>> bf16 =
+      testing::RunNodeOf("HardSigmoid", {BF16({2}, {1, 2})}, {}, 17);
+  ASSERT_FALSE(bf16.ok());
+  EXPECT_NE(bf16.status().message().find("bfloat16"), std::string::npos) << bf16.status();
 }
 
 // ---------------- binary ----------------
@@ -490,6 +716,209 @@ TEST(CpuElementwiseTest, EqualReturnsBoolOnEveryDtype) {
   EXPECT_EQ(Values(y), (std::vector<double>{1, 0}));
 }
 
+// Less, Greater, LessOrEqual, GreaterOrEqual on every dtype against the
+// test's own comparison of the values as stored, broadcast both ways; IEEE
+// on floats (NaN compares false, -0 equals +0, infinities order).
+TEST(CpuElementwiseTest, OrderedComparisonsReturnBoolOnEveryDtype) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> a_values = {1.5f, -2.0f, 0.0f, -0.0f, nan, inf, -inf, 3.0f};
+  const std::vector<float> b_values = {1.5f, -1.0f, -0.0f, 0.0f, 1.0f, inf, 0.0f, nan};
+  struct Case {
+    std::string op;
+    std::function<bool(double, double)> reference;
+    int64_t opset;
+  };
+  const std::vector<Case> cases = {
+      {"Less", [](double a, double b) { return a < b; }, 13},
+      {"Greater", [](double a, double b) { return a > b; }, 13},
+      {"LessOrEqual", [](double a, double b) { return a <= b; }, 16},
+      {"GreaterOrEqual", [](double a, double b) { return a >= b; }, 16},
+  };
+  for (const Case& c : cases) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+      const std::vector<double> a = RoundTo(dtype, {a_values.begin(), a_values.end()});
+      const std::vector<double> b = RoundTo(dtype, {b_values.begin(), b_values.end()});
+      Tensor y = RunOp(c.op, {Make(dtype, {8}, a), Make(dtype, {8}, b)}, {}, c.opset);
+      ASSERT_EQ(y.dtype(), DType::kBool) << c.op;
+      for (int i = 0; i < 8; ++i) {
+        EXPECT_EQ(y.data<bool>()[i], c.reference(a[i], b[i]))
+            << c.op << " " << DTypeName(dtype) << " " << a[i] << " vs " << b[i];
+      }
+    }
+    // Broadcasting: [2, 1] against [3] gives [2, 3]; integer types.
+    Tensor y = RunOp(c.op, {I64({2, 1}, {2, -5}), I64({3}, {1, 2, 3})}, {}, c.opset);
+    ASSERT_EQ(y.dims(), (std::vector<int64_t>{2, 3})) << c.op;
+    const std::vector<int64_t> col = {2, -5}, row = {1, 2, 3};
+    for (int i = 0; i < 6; ++i) {
+      EXPECT_EQ(y.data<bool>()[i], c.reference(static_cast<double>(col[i / 3]), row[i % 3]))
+          << c.op << " int64 [" << i << "]";
+    }
+    // int8 and uint8 extremes compare in their own type.
+    Tensor s = RunOp(c.op, {I8({3}, {-128, 127, 0}), I8({}, {0})}, {}, c.opset);
+    Tensor u = RunOp(c.op, {U8({3}, {255, 0, 7}), U8({}, {7})}, {}, c.opset);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(s.data<bool>()[i], c.reference(std::vector<double>{-128, 127, 0}[i], 0)) << c.op;
+      EXPECT_EQ(u.data<bool>()[i], c.reference(std::vector<double>{255, 0, 7}[i], 7)) << c.op;
+    }
+    Tensor i32 = RunOp(c.op, {I32({2}, {std::numeric_limits<int32_t>::min(), 4}), I32({2}, {4, 4})},
+                       {}, c.opset);
+    EXPECT_EQ(i32.data<bool>()[0], c.reference(-2147483648.0, 4)) << c.op;
+    EXPECT_EQ(i32.data<bool>()[1], c.reference(4, 4)) << c.op;
+  }
+}
+
+// Less/Greater have no bfloat16 before opset 13; both inputs share a dtype.
+TEST(CpuElementwiseTest, ComparisonsFollowTheirOpsetHistory) {
+  absl::StatusOr<std::vector<Tensor>> bf16 =
+      testing::RunNodeOf("Less", {BF16({1}, {1}), BF16({1}, {2})}, {}, 12);
+  ASSERT_FALSE(bf16.ok());
+  EXPECT_NE(bf16.status().message().find("bfloat16"), std::string::npos) << bf16.status();
+  EXPECT_FALSE(testing::RunNodeOf("Less", {F32({1}, {1}), I32({1}, {2})}, {}, 13).ok());
+}
+
+TEST(CpuElementwiseTest, LogicTruthTablesWithBroadcasting) {
+  // [4] x [2, 1] covers every pair of truth values twice.
+  const Tensor a = Bool({4}, {0, 1, 0, 1});
+  const Tensor b = Bool({2, 1}, {0, 1});
+  const std::vector<std::pair<std::string, std::function<bool(bool, bool)>>> ops = {
+      {"And", [](bool x, bool y) { return x && y; }},
+      {"Or", [](bool x, bool y) { return x || y; }},
+      {"Xor", [](bool x, bool y) { return x != y; }}};
+  for (const auto& [op, reference] : ops) {
+    Tensor y = RunOp(op, {a, b}, {}, 7);
+    ASSERT_EQ(y.dtype(), DType::kBool) << op;
+    ASSERT_EQ(y.dims(), (std::vector<int64_t>{2, 4})) << op;
+    for (int i = 0; i < 8; ++i) {
+      EXPECT_EQ(y.data<bool>()[i], reference(a.data<bool>()[i % 4], b.data<bool>()[i / 4]))
+          << op << " [" << i << "]";
+    }
+  }
+  EXPECT_EQ(Values(RunOp("Not", {Bool({2, 2}, {0, 1, 1, 0})}, {}, 7)),
+            (std::vector<double>{1, 0, 0, 1}));
+  EXPECT_EQ(RunOp("Not", {Bool({0}, {})}, {}, 7).num_elements(), 0);
+  // Logic ops take bool only.
+  absl::StatusOr<std::vector<Tensor>> ints =
+      testing::RunNodeOf("And", {I32({1}, {1}), I32({1}, {1})}, {}, 7);
+  ASSERT_FALSE(ints.ok());
+  EXPECT_NE(ints.status().message().find("And"), std::string::npos) << ints.status();
+}
+
+// Mod against the test's own remainders: fmod = 0 takes the divisor's sign
+// (Python's %, floor division), fmod = 1 the dividend's (C's %, fmod).
+int64_t FloorMod(int64_t a, int64_t b) {
+  if (b == 0) return 0;
+  const int64_t q = static_cast<int64_t>(std::floor(static_cast<long double>(a) / b));
+  return a - q * b;
+}
+int64_t TruncMod(int64_t a, int64_t b) {
+  if (b == 0) return 0;
+  const int64_t q = static_cast<int64_t>(std::trunc(static_cast<long double>(a) / b));
+  return a - q * b;
+}
+
+TEST(CpuElementwiseTest, ModIntegersBothSignConventions) {
+  const std::vector<int64_t> a = {7, -7, 7, -7, 6, -6, 0, 5, 100, -101};
+  const std::vector<int64_t> b = {3, 3, -3, -3, 3, -3, 4, 0, 7, 10};
+  const int64_t n = static_cast<int64_t>(a.size());
+  for (int fmod : {0, 1}) {
+    for (DType dtype : {DType::kInt32, DType::kInt64}) {
+      Tensor y = RunOp("Mod", {Make(dtype, {n}, {a.begin(), a.end()}),
+                               Make(dtype, {n}, {b.begin(), b.end()})},
+                       {Attribute::Int("fmod", fmod)}, 13);
+      ASSERT_EQ(y.dtype(), dtype);
+      const std::vector<double> got = Values(y);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t want = fmod ? TruncMod(a[i], b[i]) : FloorMod(a[i], b[i]);
+        EXPECT_EQ(got[i], static_cast<double>(want))
+            << "fmod=" << fmod << " " << DTypeName(dtype) << " " << a[i] << " mod " << b[i];
+      }
+    }
+    // int8 extremes: -128 mod -1 is 0 (no overflow), -128 mod 3.
+    Tensor small = RunOp("Mod", {I8({3}, {-128, -128, 127}), I8({3}, {-1, 3, -2})},
+                         {Attribute::Int("fmod", fmod)}, 13);
+    EXPECT_EQ(Values(small), (std::vector<double>{0, static_cast<double>(fmod ? TruncMod(-128, 3)
+                                                                               : FloorMod(-128, 3)),
+                                                  static_cast<double>(fmod ? TruncMod(127, -2)
+                                                                           : FloorMod(127, -2))}));
+    // Unsigned: one convention; broadcast a scalar divisor.
+    Tensor u =
+        RunOp("Mod", {U8({3}, {250, 7, 0}), U8({}, {7})}, {Attribute::Int("fmod", fmod)}, 13);
+    EXPECT_EQ(Values(u), (std::vector<double>{5, 0, 0}));
+  }
+}
+
+TEST(CpuElementwiseTest, ModFloatsBothSignConventionsAndSpecialValues) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> a = {5.5, -5.5, 5.5, -5.5, 6.0, -6.0, 0.25, 1.0, inf, 3.0, 1e-40};
+  const std::vector<double> b = {2.0, 2.0, -2.0, -2.0, 3.0, 3.0, 0.0, 0.125, 2.0, inf, 3.0};
+  const int64_t n = static_cast<int64_t>(a.size());
+  for (int fmod : {0, 1}) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+      const std::vector<double> as = RoundTo(dtype, a), bs = RoundTo(dtype, b);
+      Tensor y = RunOp("Mod", {Make(dtype, {n}, as), Make(dtype, {n}, bs)},
+                       {Attribute::Int("fmod", fmod)}, 13);
+      ASSERT_EQ(y.dtype(), dtype);
+      const std::vector<double> got = Values(y);
+      for (int64_t i = 0; i < n; ++i) {
+        // The reference: C fmod in double, moved to the divisor's sign for
+        // fmod = 0, a zero result signed like the divisor (numpy's np.mod).
+        double want = std::fmod(as[i], bs[i]);
+        if (fmod == 0 && !std::isnan(want)) {
+          if (want != 0 && (want < 0) != (bs[i] < 0)) want += bs[i];
+          if (want == 0) want = std::copysign(0.0, bs[i]);
+        }
+        const std::string what = absl::StrCat("fmod=", fmod, " ", DTypeName(dtype), " ", as[i],
+                                              " mod ", bs[i], " = ", got[i], ", expected ", want);
+        if (std::isnan(want)) {
+          EXPECT_TRUE(std::isnan(got[i])) << what;
+        } else {
+          const double rounded = RoundTo(dtype, {want})[0];
+          EXPECT_EQ(got[i], rounded) << what;
+          EXPECT_EQ(std::signbit(got[i]), std::signbit(rounded)) << what;
+        }
+      }
+    }
+  }
+  // Broadcasting: [2, 1] mod [3].
+  Tensor y = RunOp("Mod", {F32({2, 1}, {7.0f, -7.0f}), F32({3}, {2.0f, -3.0f, 4.0f})}, {}, 13);
+  EXPECT_EQ(Values(y), (std::vector<double>{1, -2, 3, 1, -1, 1}));
+  // fmod must be 0 or 1.
+  absl::StatusOr<std::vector<Tensor>> bad = testing::RunNodeOf(
+      "Mod", {F32({1}, {1}), F32({1}, {2})}, {Attribute::Int("fmod", 2)}, 13);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("fmod"), std::string::npos) << bad.status();
+}
+
+TEST(CpuElementwiseTest, IsNaNAndIsInf) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<double> x = {1.0, std::nan(""), inf, -inf, -0.0, 1e-40, -3e38};
+  const int64_t n = static_cast<int64_t>(x.size());
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    const std::vector<double> stored = RoundTo(dtype, x);  // -3e38 is -inf in float16
+    Tensor nan = RunOp("IsNaN", {Make(dtype, {n}, stored)}, {}, 20);
+    ASSERT_EQ(nan.dtype(), DType::kBool);
+    const std::vector<std::pair<int, int>> detect = {{1, 1}, {0, 1}, {1, 0}, {0, 0}};
+    for (const auto& [neg, pos] : detect) {
+      Tensor isinf = RunOp("IsInf", {Make(dtype, {n}, stored)},
+                           {Attribute::Int("detect_negative", neg),
+                            Attribute::Int("detect_positive", pos)},
+                           20);
+      ASSERT_EQ(isinf.dtype(), DType::kBool);
+      for (int64_t i = 0; i < n; ++i) {
+        const bool want = std::isinf(stored[i]) && (stored[i] > 0 ? pos : neg);
+        EXPECT_EQ(isinf.data<bool>()[i], want)
+            << DTypeName(dtype) << " IsInf(" << stored[i] << ") neg=" << neg << " pos=" << pos;
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_EQ(nan.data<bool>()[i], std::isnan(stored[i])) << DTypeName(dtype) << " " << stored[i];
+    }
+  }
+  // IsInf takes float16 only from opset 20.
+  EXPECT_FALSE(testing::RunNodeOf("IsInf", {F16({1}, {1})}, {}, 19).ok());
+}
+
 TEST(CpuElementwiseTest, WhereBroadcastsThreeWays) {
   Tensor cond = Bool({2, 1}, {1, 0});
   Tensor y = RunOp("Where", {cond, F32({1, 3}, {1, 2, 3}), F32({}, {-1})}, {}, 16);
@@ -644,7 +1073,11 @@ TEST(CpuElementwiseTest, ConformanceCasesOfElementwiseOps) {
   const ConformanceSummary summary = RunConformanceCasesOf(
       Cpu(), {"Abs",  "Add", "Clip", "Div",     "Equal",      "Erf",     "Exp",  "Gelu",
               "LeakyRelu", "Log", "Max", "Min", "Mul",        "Neg",     "Pow",  "Reciprocal",
-              "Relu", "Sigmoid", "Sqrt", "Sub", "Sum", "Tanh", "Where"});
+              "Relu", "Sigmoid", "Sqrt", "Sub", "Sum", "Tanh", "Where",
+              "HardSigmoid", "HardSwish", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
+              "And", "Or", "Xor", "Not", "Mod", "IsNaN", "IsInf", "Elu", "Selu", "Celu",
+              "Softplus", "Softsign", "ThresholdedRelu", "Mish", "PRelu", "Sign", "Floor",
+              "Ceil", "Round"});
   for (const std::string& failure : summary.failures) ADD_FAILURE() << failure;
   for (const std::string& name : summary.multi_node) {
     ADD_FAILURE() << name << ": not a single-node model";

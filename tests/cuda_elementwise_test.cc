@@ -1,15 +1,16 @@
 // Tests of the CUDA elementwise kernels (backend/cuda/elementwise.cu) against
-// the CPU backend: binary arithmetic on every dtype with broadcasting of
-// each kind (same shape, scalar, row, column, middle axis, many axes, 100k+
+// the CPU backend: binary arithmetic on every dtype with broadcasting of each
+// kind (same shape, scalar, row, column, middle axis, many axes, 100k+
 // elements), int64 shape arithmetic with values beyond 32 bits and
 // wrap-around, integer division by zero, Pow with float and int exponents,
-// Equal (bool out), Where's three-way broadcast, the variadic Sum/Max/Min
-// (one input, several, more than one pass), every unary op and its
-// attributes (LeakyRelu alpha, Gelu approximate, Clip's attribute and input
-// bounds), special values (NaN, infinities, -0), Cast between every pair of
-// the dtypes the kernel converts (exact: rounding, truncation, saturation
-// and wrap-around as the CPU defines them), com.castor ReluGrad, and the
-// clear refusals of dtypes the CUDA kernels lack.
+// Equal and the ordered comparisons (bool out), And/Or/Xor/Not, Mod in both
+// sign conventions, IsNaN/IsInf, Where's three-way broadcast, the variadic
+// Sum/Max/Min (one input, several, more than one pass), every unary op and
+// its attributes (LeakyRelu alpha, HardSigmoid alpha/beta, Gelu approximate,
+// Clip's attribute and input bounds), special values (NaN, infinities, -0),
+// Cast between every pair of the dtypes the kernel converts (exact: rounding,
+// truncation, saturation and wrap-around as the CPU defines them), com.castor
+// ReluGrad, and the clear refusals of dtypes the CUDA kernels lack.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -185,6 +186,89 @@ TEST(CudaElementwise, EqualGivesBool) {
   ExpectCudaMatchesCpu(bools, "Equal bool");
 }
 
+TEST(CudaElementwise, OrderedComparisonsGiveBool) {
+  CASTOR_REQUIRE_CUDA();
+  for (const std::string op : {"Less", "Greater", "LessOrEqual", "GreaterOrEqual"}) {
+    for (DType dtype : NumericTypes()) {
+      unsigned seed = 60;
+      for (const auto& [a_dims, b_dims] : ShapePairs()) {
+        // Small integers, so many elements tie.
+        Tensor a = Make(dtype, a_dims, Random(Count(a_dims), ++seed, true));
+        Tensor b = Make(dtype, b_dims, Random(Count(b_dims), ++seed, true));
+        SingleNode node(op, {a, b}, {}, 16);
+        ExpectCudaMatchesCpu(node, Name(op, dtype, a_dims, b_dims));
+      }
+    }
+    SingleNode special(op, {F32({5}, {kNaN, 0.0f, -0.0f, kInf, -kInf}),
+                            F32({5}, {1.0f, -0.0f, 0.0f, kInf, 0.0f})},
+                       {}, 16);
+    ExpectCudaMatchesCpu(special, op + " NaN, -0, inf");
+  }
+}
+
+TEST(CudaElementwise, LogicAndNot) {
+  CASTOR_REQUIRE_CUDA();
+  for (const std::string op : {"And", "Or", "Xor"}) {
+    unsigned seed = 70;
+    for (const auto& [a_dims, b_dims] : ShapePairs()) {
+      std::vector<uint8_t> a_bits, b_bits;
+      for (double v : Random(Count(a_dims), ++seed)) a_bits.push_back(v > 0 ? 1 : 0);
+      for (double v : Random(Count(b_dims), ++seed)) b_bits.push_back(v > 0 ? 1 : 0);
+      SingleNode node(op, {Bool(a_dims, a_bits), Bool(b_dims, b_bits)}, {}, 7);
+      ExpectCudaMatchesCpu(node, absl::StrCat(op, " ", DimsText(a_dims), " with ",
+                                              DimsText(b_dims)));
+    }
+  }
+  std::vector<uint8_t> bits;
+  for (double v : Random(1031, 80)) bits.push_back(v > 0 ? 1 : 0);
+  SingleNode negation("Not", {Bool({1031}, bits)}, {}, 7);
+  ExpectCudaMatchesCpu(negation, "Not");
+}
+
+TEST(CudaElementwise, ModBothConventions) {
+  CASTOR_REQUIRE_CUDA();
+  for (int fmod : {0, 1}) {
+    for (DType dtype : NumericTypes()) {
+      unsigned seed = 90;
+      for (const auto& [a_dims, b_dims] : ShapePairs()) {
+        // Integers in [-3, 3] (a zero divisor gives 0); float divisors of
+        // both signs away from 0.
+        Tensor a = Sample(dtype, a_dims, ++seed, -10.0, 10.0);
+        std::vector<double> divisors = Random(Count(b_dims), ++seed, IsInt(dtype));
+        if (!IsInt(dtype)) {
+          for (double& d : divisors) d = d < 0 ? d * 3 - 0.5 : d * 3 + 0.5;
+        }
+        SingleNode node("Mod", {a, Make(dtype, b_dims, divisors)},
+                        {Attribute::Int("fmod", fmod)}, 13);
+        ExpectCudaMatchesCpu(node, absl::StrCat(Name("Mod", dtype, a_dims, b_dims), " fmod ",
+                                                fmod));
+      }
+    }
+    SingleNode special("Mod", {F32({4}, {kInf, 3.0f, -0.0f, 5.0f}),
+                               F32({4}, {2.0f, 0.0f, 2.0f, -kInf})},
+                       {Attribute::Int("fmod", fmod)}, 13);
+    ExpectCudaMatchesCpu(special, absl::StrCat("Mod special values fmod ", fmod));
+  }
+}
+
+TEST(CudaElementwise, IsNaNAndIsInf) {
+  CASTOR_REQUIRE_CUDA();
+  const std::vector<double> special = {kNaN, kInf, -kInf, 0.0, -0.0, 1e-30, 7e4, -7e4, 3.0};
+  for (DType dtype : CudaFloatTypes()) {
+    SingleNode nan("IsNaN", {Make(dtype, {9}, special)}, {}, 20);
+    ExpectCudaMatchesCpu(nan, absl::StrCat("IsNaN ", DTypeName(dtype)));
+    for (int neg : {0, 1}) {
+      for (int pos : {0, 1}) {
+        SingleNode inf("IsInf", {Make(dtype, {9}, special)},
+                       {Attribute::Int("detect_negative", neg),
+                        Attribute::Int("detect_positive", pos)},
+                       20);
+        ExpectCudaMatchesCpu(inf, absl::StrCat("IsInf ", DTypeName(dtype), " ", neg, pos));
+      }
+    }
+  }
+}
+
 TEST(CudaElementwise, WhereBroadcastsAllThreeInputs) {
   CASTOR_REQUIRE_CUDA();
   struct Case {
@@ -274,6 +358,25 @@ std::vector<UnaryCase> UnaryCases() {
       {"Reciprocal", 0.1, 3, {}, 13},
       {"LeakyRelu", -4, 4, {}, 16},
       {"LeakyRelu", -4, 4, {Attribute::Float("alpha", 0.2f)}, 16},
+      {"HardSigmoid", -5, 5, {}, 22},
+      {"HardSigmoid", -5, 5, {Attribute::Float("alpha", 1.0f / 6), Attribute::Float("beta", 0.5f)},
+       17},
+      {"HardSwish", -5, 5, {}, 14},
+      {"HardSwish", -5, 5, {}, 22},
+      {"Sign", -4, 4, {}, 13},
+      {"Floor", -4, 4, {}, 13},
+      {"Ceil", -4, 4, {}, 13},
+      {"Round", -4, 4, {}, 22},
+      {"Elu", -5, 5, {}, 22},
+      {"Elu", -5, 5, {Attribute::Float("alpha", 0.3f)}, 22},
+      {"Selu", -5, 5, {}, 22},
+      {"Selu", -5, 5, {Attribute::Float("alpha", 2.0f), Attribute::Float("gamma", 0.5f)}, 22},
+      {"Celu", -5, 5, {Attribute::Float("alpha", 2.0f)}, 12},
+      {"Softplus", -30, 30, {}, 22},
+      {"Softsign", -5, 5, {}, 22},
+      {"ThresholdedRelu", -3, 3, {}, 22},
+      {"ThresholdedRelu", -3, 3, {Attribute::Float("alpha", -0.5f)}, 22},
+      {"Mish", -30, 30, {}, 22},
       {"Gelu", -5, 5, {}, 20},
       {"Gelu", -5, 5, {Attribute::String("approximate", "none")}, 20},
       {"Gelu", -5, 5, {Attribute::String("approximate", "tanh")}, 20},
@@ -284,9 +387,18 @@ std::vector<UnaryCase> UnaryCases() {
   };
 }
 
-// Clip takes bfloat16 from opset 13 (attribute bounds end at opset 10).
+// Clip takes bfloat16 from opset 13 (attribute bounds end at opset 10),
+// HardSigmoid and HardSwish from 22.
 bool Takes(const UnaryCase& c, DType dtype) {
-  return !(c.op == "Clip" && c.opset < 13 && dtype == DType::kBFloat16);
+  if (dtype != DType::kBFloat16) return true;
+  if (c.op == "Clip") return c.opset >= 13;
+  if (c.op == "HardSigmoid" || c.op == "HardSwish") return c.opset >= 22;
+  return true;
+}
+
+// Celu is float32 only.
+bool TakesDType(const UnaryCase& c, DType dtype) {
+  return Takes(c, dtype) && (c.op != "Celu" || dtype == DType::kFloat32);
 }
 
 std::string CaseName(const UnaryCase& c, DType dtype, int64_t n) {
@@ -299,7 +411,7 @@ TEST(CudaElementwise, UnaryOpsInEveryFloatDType) {
   CASTOR_REQUIRE_CUDA();
   for (const UnaryCase& c : UnaryCases()) {
     for (DType dtype : CudaFloatTypes()) {
-      if (!Takes(c, dtype)) continue;
+      if (!TakesDType(c, dtype)) continue;
       for (const std::vector<int64_t>& dims :
            std::vector<std::vector<int64_t>>{{}, {1031}, {3, 0}, {257, 401}}) {
         SingleNode node(c.op, {Sample(dtype, dims, 50, c.lo, c.hi)}, c.attributes, c.opset);
@@ -316,10 +428,25 @@ TEST(CudaElementwise, UnaryOpsOnSpecialValues) {
   const int64_t n = static_cast<int64_t>(special.size());
   for (const UnaryCase& c : UnaryCases()) {
     for (DType dtype : CudaFloatTypes()) {
-      if (!Takes(c, dtype)) continue;
+      if (!TakesDType(c, dtype)) continue;
       std::vector<double> values(special.begin(), special.end());
       SingleNode node(c.op, {Make(dtype, {n}, values)}, c.attributes, c.opset);
       ExpectCudaMatchesCpu(node, CaseName(c, dtype, n) + " special values");
+    }
+  }
+}
+
+TEST(CudaElementwise, PReluBroadcastsTheSlope) {
+  CASTOR_REQUIRE_CUDA();
+  const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> shapes = {
+      {{2, 3, 4, 5}, {}}, {{2, 3, 4, 5}, {3, 1, 1}}, {{2, 3, 4, 5}, {5}},
+      {{2, 3, 4, 5}, {2, 3, 4, 5}}, {{301, 401}, {401}}, {{0, 3}, {3}}};
+  for (DType dtype : NumericTypes()) {
+    unsigned seed = 100;
+    for (const auto& [x_dims, slope_dims] : shapes) {
+      SingleNode node("PRelu", {Sample(dtype, x_dims, ++seed), Sample(dtype, slope_dims, ++seed)},
+                      {}, 16);
+      ExpectCudaMatchesCpu(node, Name("PRelu", dtype, x_dims, slope_dims));
     }
   }
 }
@@ -437,6 +564,20 @@ void ExpectGpuRefuses(SingleNode& node, const std::string& needle, const std::st
   ASSERT_FALSE(result.ok()) << what << " ran on CUDA";
   EXPECT_NE(std::string(result.status().message()).find(needle), std::string::npos)
       << what << ": " << result.status();
+}
+
+TEST(CudaElementwise, NegAbsSignOnIntegers) {
+  CASTOR_REQUIRE_CUDA();
+  constexpr int64_t kMin64 = std::numeric_limits<int64_t>::min();
+  constexpr int32_t kMin32 = std::numeric_limits<int32_t>::min();
+  for (const std::string op : {"Neg", "Abs", "Sign"}) {
+    SingleNode wide(op, {I64({5}, {kMin64, -(int64_t{1} << 40), 0, 7, kMin64 + 1})}, {}, 13);
+    ExpectCudaMatchesCpu(wide, op + " int64");
+    SingleNode narrow(op, {I32({5}, {kMin32, -9, 0, 7, kMin32 + 1})}, {}, 13);
+    ExpectCudaMatchesCpu(narrow, op + " int32");
+    SingleNode large(op, {Sample(DType::kInt32, {257, 401}, 110)}, {}, 13);
+    ExpectCudaMatchesCpu(large, op + " int32 [257,401]");
+  }
 }
 
 TEST(CudaElementwise, RefusesDTypesItLacks) {

@@ -249,6 +249,85 @@ struct EqualOp {
   }
 };
 
+// Ordered comparisons: IEEE (any comparison with NaN is false, -0 == +0).
+struct LessOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE bool operator()(V a, V b) const {
+    return a < b;
+  }
+};
+
+struct GreaterOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE bool operator()(V a, V b) const {
+    return a > b;
+  }
+};
+
+struct LessOrEqualOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE bool operator()(V a, V b) const {
+    return a <= b;
+  }
+};
+
+struct GreaterOrEqualOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE bool operator()(V a, V b) const {
+    return a >= b;
+  }
+};
+
+// ---- boolean logic (bool in, bool out) ----
+
+struct AndOp {
+  CASTOR_HOST_DEVICE bool operator()(bool a, bool b) const { return a && b; }
+};
+
+struct OrOp {
+  CASTOR_HOST_DEVICE bool operator()(bool a, bool b) const { return a || b; }
+};
+
+struct XorOp {
+  CASTOR_HOST_DEVICE bool operator()(bool a, bool b) const { return a != b; }
+};
+
+struct NotOp {
+  CASTOR_HOST_DEVICE bool operator()(bool x) const { return !x; }
+};
+
+// Mod-10/13. fmod = 0: the remainder takes the divisor's sign (numpy's
+// np.mod, Python's %; PyTorch's remainder); fmod = 1: it takes the
+// dividend's sign (C fmod, np.fmod; PyTorch's fmod). Integers: x mod 0 is 0
+// (numpy's result) and MIN mod -1 is 0 (no overflow). Floats: x mod 0 is
+// NaN, and a zero remainder with fmod = 0 takes the divisor's sign (np.mod).
+struct ModOp {
+  bool fmod = false;
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V a, V b) const {
+    if constexpr (kIsInt<V>) {
+      if (b == 0) return 0;
+      if constexpr (std::is_signed_v<V>) {
+        if (b == -1) return 0;
+        V r = static_cast<V>(a % b);  // truncated: the dividend's sign
+        if (!fmod && r != 0 && ((r < 0) != (b < 0))) r = static_cast<V>(r + b);
+        return r;
+      } else {
+        return static_cast<V>(a % b);
+      }
+    } else {
+      V r = std::fmod(a, b);
+      if (fmod) return r;
+      if (r != V(0)) {
+        if ((r < V(0)) != (b < V(0))) r += b;
+      } else {
+        r = std::copysign(V(0), b);
+      }
+      return r;
+    }
+  }
+};
+
 // ---- unary ----
 
 struct NegOp {
@@ -289,6 +368,138 @@ struct LeakyReluOp {
   template <typename V>
   CASTOR_HOST_DEVICE V operator()(V x) const {
     return x < V(0) ? static_cast<V>(alpha) * x : x;
+  }
+};
+
+// HardSigmoid: max(0, min(1, alpha * x + beta)); NaN stays NaN.
+struct HardSigmoidOp {
+  float alpha = 0.2f;
+  float beta = 0.5f;
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    const V z = static_cast<V>(alpha) * x + static_cast<V>(beta);
+    if (IsNan(z)) return z;
+    return z <= V(0) ? V(0) : (z >= V(1) ? V(1) : z);
+  }
+};
+
+// HardSwish-14: x * max(0, min(1, x / 6 + 1/2)), evaluated as PyTorch's
+// hardswish does, x * min(max(x + 3, 0), 6) / 6 (so an exported
+// mobilenet_v3 gets PyTorch's bits); x < -3 gives -0 as there; NaN stays NaN.
+struct HardSwishOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    const V shifted = x + V(3);
+    if (IsNan(shifted)) return shifted;
+    const V clamped = shifted <= V(0) ? V(0) : (shifted >= V(6) ? V(6) : shifted);
+    return x * clamped / V(6);
+  }
+};
+
+// Elu: x if x > 0, else alpha (e^x - 1) (expm1: exact near 0, as PyTorch).
+struct EluOp {
+  float alpha = 1.0f;
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return x > V(0) ? x : static_cast<V>(alpha) * std::expm1(x);
+  }
+};
+
+// Selu: gamma x if x > 0, else gamma alpha (e^x - 1).
+struct SeluOp {
+  float alpha = 1.67326319217681884765625f;
+  float gamma = 1.05070102214813232421875f;
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    const V g = static_cast<V>(gamma);
+    return x > V(0) ? g * x : g * static_cast<V>(alpha) * std::expm1(x);
+  }
+};
+
+// Celu: max(0, x) + min(0, alpha (e^(x / alpha) - 1)).
+struct CeluOp {
+  float alpha = 1.0f;
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    const V a = static_cast<V>(alpha);
+    return x > V(0) ? x : a * std::expm1(x / a);
+  }
+};
+
+// Softplus: ln(1 + e^x) without overflow: x + ln(1 + e^-x) for x > 0.
+struct SoftplusOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return x > V(0) ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
+  }
+};
+
+// Softsign: x / (1 + |x|).
+struct SoftsignOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return x / (V(1) + std::fabs(x));
+  }
+};
+
+// ThresholdedRelu: x if x > alpha, else 0; NaN stays NaN (numpy's
+// (x > alpha) * x, PyTorch's threshold).
+struct ThresholdedReluOp {
+  float alpha = 1.0f;
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return x <= static_cast<V>(alpha) ? V(0) : x;
+  }
+};
+
+// Mish-18: x tanh(softplus(x)).
+struct MishOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return x * std::tanh(SoftplusOp()(x));
+  }
+};
+
+// PRelu: x if x >= 0, else slope x (integers wrap, as Mul).
+struct PReluOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x, V slope) const {
+    return x < V(0) ? MulOp()(slope, x) : x;
+  }
+};
+
+// Sign: -1, 0 or 1 in x's type; NaN stays NaN, -0 stays -0 (np.sign).
+struct SignOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    if (x > V(0)) return V(1);
+    if constexpr (std::is_signed_v<V> || std::is_floating_point_v<V>) {
+      if (x < V(0)) return V(-1);
+    }
+    return x;  // 0, -0 or NaN
+  }
+};
+
+struct FloorOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return std::floor(x);
+  }
+};
+
+struct CeilOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return std::ceil(x);
+  }
+};
+
+// Round-11: to the nearest integer, halves to even (np.round; rint under
+// the default rounding mode).
+struct RoundOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return std::rint(x);
   }
 };
 
@@ -369,6 +580,26 @@ struct ReciprocalOp {
   template <typename V>
   CASTOR_HOST_DEVICE V operator()(V x) const {
     return V(1) / x;
+  }
+};
+
+// ---- float predicates (float in, bool out) ----
+
+struct IsNanOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE bool operator()(V x) const {
+    return x != x;
+  }
+};
+
+// IsInf-10/20: +inf when detect_positive, -inf when detect_negative.
+struct IsInfOp {
+  bool detect_negative = true;
+  bool detect_positive = true;
+  template <typename V>
+  CASTOR_HOST_DEVICE bool operator()(V x) const {
+    const V inf = std::numeric_limits<V>::infinity();
+    return (detect_positive && x == inf) || (detect_negative && x == -inf);
   }
 };
 

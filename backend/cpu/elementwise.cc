@@ -1,15 +1,18 @@
 // CPU kernels: elementwise family (ops of graph/ops/elementwise.cc).
 //
-// Unary math/activations (Neg Abs Relu LeakyRelu Sigmoid Tanh Gelu Erf Exp
-// Log Sqrt Reciprocal), binary arithmetic with numpy broadcasting (Add Sub
-// Mul Div, Pow with a base and exponent of different dtypes), Equal (bool
-// out), the variadic Max/Min/Sum, Where and Clip. The scalar arithmetic of
-// each op lives in backend/common/elementwise_math.h (shared with CUDA); this
-// file loads, broadcasts and stores. 16-bit floats compute in float32 and
-// round once on store (unary ops and same-dtype binary ops widen and narrow
-// them in blocks with float_io.h's vectorized bulk conversions, and the
-// float32 unary loop is built per instruction set, vector_clones.h; Add Sub
-// Mul Div run fused on AVX-512, simd16.h); float64
+// Unary math/activations (Neg Abs Sign Floor Ceil Round Relu LeakyRelu
+// HardSigmoid HardSwish Elu Selu Celu Softplus Softsign ThresholdedRelu Mish
+// Sigmoid Tanh Gelu Erf Exp Log Sqrt Reciprocal), PRelu (a slope broadcast to
+// X), binary arithmetic with numpy broadcasting (Add Sub Mul Div Mod, Pow
+// with a base and exponent of different dtypes), the comparisons Equal Less
+// Greater LessOrEqual GreaterOrEqual (bool out), the logic And Or Xor Not,
+// IsNaN/IsInf, the variadic Max/Min/Sum, Where and Clip. The scalar
+// arithmetic of each op lives in backend/common/elementwise_math.h (shared
+// with CUDA); this file loads, broadcasts and stores. 16-bit floats compute
+// in float32 and round once on store (unary ops and same-dtype binary ops
+// widen and narrow them in blocks with float_io.h's vectorized bulk
+// conversions, and the float32 unary loop is built per instruction set,
+// vector_clones.h; Add Sub Mul Div run fused on AVX-512, simd16.h); float64
 // computes in double; integers in their own type (wrapping). Broadcast
 // iteration is backend/cpu/broadcast.h, split across threads in chunks of
 // kElementwiseGrain elements; a run where an input is dense or a single
@@ -104,6 +107,69 @@ absl::Status UnaryKernel(KernelContext& ctx) {
 
 absl::Status LeakyReluKernel(KernelContext& ctx) {
   return RunUnary<false>(ctx, math::LeakyReluOp{ctx.GetFloat("alpha", 0.01f)});
+}
+
+// Not: bool in, bool out.
+absl::Status NotKernel(KernelContext& ctx) {
+  const TensorView& x = ctx.input(0);
+  if (x.dtype != DType::kBool) {
+    return ctx.Error(absl::StrCat("input 0 is ", DTypeName(x.dtype), "; expected bool"));
+  }
+  absl::StatusOr<TensorView*> y = ctx.Output(0, DType::kBool, x.dims);
+  if (!y.ok()) return y.status();
+  const bool* xp = x.as<bool>();
+  bool* yp = (*y)->as<bool>();
+  ParallelFor(0, x.num_elements(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) yp[i] = math::NotOp{}(xp[i]);
+  });
+  return absl::OkStatus();
+}
+
+// IsNaN, IsInf: float in, bool out.
+template <typename Op>
+absl::Status RunPredicate(KernelContext& ctx, const Op& op) {
+  const TensorView& x = ctx.input(0);
+  absl::StatusOr<TensorView*> y = ctx.Output(0, DType::kBool, x.dims);
+  if (!y.ok()) return y.status();
+  const bool ok = DispatchFloat(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* xp = x.as<T>();
+    bool* yp = (*y)->as<bool>();
+    ParallelFor(0, x.num_elements(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) yp[i] = op(Load(xp[i]));
+    });
+  });
+  return ok ? absl::OkStatus() : UnsupportedDType(ctx, 0, x.dtype);
+}
+
+absl::Status IsNanKernel(KernelContext& ctx) { return RunPredicate(ctx, math::IsNanOp{}); }
+
+absl::Status IsInfKernel(KernelContext& ctx) {
+  return RunPredicate(ctx, math::IsInfOp{ctx.GetInt("detect_negative", 1) != 0,
+                                         ctx.GetInt("detect_positive", 1) != 0});
+}
+
+absl::Status EluKernel(KernelContext& ctx) {
+  return RunUnary<false>(ctx, math::EluOp{ctx.GetFloat("alpha", 1.0f)});
+}
+
+absl::Status SeluKernel(KernelContext& ctx) {
+  const math::SeluOp defaults;
+  return RunUnary<false>(ctx, math::SeluOp{ctx.GetFloat("alpha", defaults.alpha),
+                                           ctx.GetFloat("gamma", defaults.gamma)});
+}
+
+absl::Status CeluKernel(KernelContext& ctx) {
+  return RunUnary<false>(ctx, math::CeluOp{ctx.GetFloat("alpha", 1.0f)});
+}
+
+absl::Status ThresholdedReluKernel(KernelContext& ctx) {
+  return RunUnary<false>(ctx, math::ThresholdedReluOp{ctx.GetFloat("alpha", 1.0f)});
+}
+
+absl::Status HardSigmoidKernel(KernelContext& ctx) {
+  return RunUnary<false>(
+      ctx, math::HardSigmoidOp{ctx.GetFloat("alpha", 0.2f), ctx.GetFloat("beta", 0.5f)});
 }
 
 absl::Status GeluKernel(KernelContext& ctx) {
@@ -264,9 +330,9 @@ absl::StatusOr<BroadcastPlan> PlanInputs(const KernelContext& ctx, int first, in
   return plan;
 }
 
-// Add, Sub, Mul, Div: floats and integers, output the inputs' dtype.
+// Add, Sub, Mul, Div, Mod: floats and integers, output the inputs' dtype.
 template <typename Op>
-absl::Status ArithmeticKernel(KernelContext& ctx) {
+absl::Status RunArithmetic(KernelContext& ctx, const Op& op) {
   if (absl::Status s = common::RequireSameDType(ctx, 0, 1); !s.ok()) return s;
   absl::StatusOr<BroadcastPlan> plan = PlanInputs(ctx, 0, 2);
   if (!plan.ok()) return plan.status();
@@ -275,14 +341,29 @@ absl::Status ArithmeticKernel(KernelContext& ctx) {
   if (!out.ok()) return out.status();
   const bool ok = DispatchNumeric(a.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    BinaryLoop(*plan, a.as<T>(), ctx.input(1).as<T>(), (*out)->as<T>(), Op{});
+    BinaryLoop(*plan, a.as<T>(), ctx.input(1).as<T>(), (*out)->as<T>(), op);
   });
   return ok ? absl::OkStatus() : UnsupportedDType(ctx, 0, a.dtype);
 }
 
-// Equal: any numeric dtype or bool in, bool out. Floats compare by value
-// (+0 == -0, NaN != NaN).
-absl::Status EqualKernel(KernelContext& ctx) {
+template <typename Op>
+absl::Status ArithmeticKernel(KernelContext& ctx) {
+  return RunArithmetic(ctx, Op{});
+}
+
+absl::Status ModKernel(KernelContext& ctx) {
+  const int64_t fmod = ctx.GetInt("fmod", 0);
+  if (fmod != 0 && fmod != 1) {
+    return ctx.Error(absl::StrCat("attribute 'fmod' is ", fmod, "; expected 0 or 1"));
+  }
+  return RunArithmetic(ctx, math::ModOp{fmod == 1});
+}
+
+// Equal, Less, Greater, LessOrEqual, GreaterOrEqual: any numeric dtype (or
+// bool) in, bool out. Floats compare by value (+0 == -0; NaN compares
+// false, so NaN != NaN).
+template <typename Op>
+absl::Status CompareKernel(KernelContext& ctx) {
   if (absl::Status s = common::RequireSameDType(ctx, 0, 1); !s.ok()) return s;
   absl::StatusOr<BroadcastPlan> plan = PlanInputs(ctx, 0, 2);
   if (!plan.ok()) return plan.status();
@@ -291,9 +372,26 @@ absl::Status EqualKernel(KernelContext& ctx) {
   if (!out.ok()) return out.status();
   const bool ok = DispatchNumericOrBool(a.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    BinaryLoop(*plan, a.as<T>(), ctx.input(1).as<T>(), (*out)->as<bool>(), math::EqualOp{});
+    BinaryLoop(*plan, a.as<T>(), ctx.input(1).as<T>(), (*out)->as<bool>(), Op{});
   });
   return ok ? absl::OkStatus() : UnsupportedDType(ctx, 0, a.dtype);
+}
+
+// And, Or, Xor: bool in, bool out.
+template <typename Op>
+absl::Status LogicKernel(KernelContext& ctx) {
+  for (int i : {0, 1}) {
+    if (ctx.input(i).dtype != DType::kBool) {
+      return ctx.Error(absl::StrCat("input ", i, " is ", DTypeName(ctx.input(i).dtype),
+                                    "; expected bool"));
+    }
+  }
+  absl::StatusOr<BroadcastPlan> plan = PlanInputs(ctx, 0, 2);
+  if (!plan.ok()) return plan.status();
+  absl::StatusOr<TensorView*> out = ctx.Output(0, DType::kBool, plan->out_dims);
+  if (!out.ok()) return out.status();
+  BinaryLoop(*plan, ctx.input(0).as<bool>(), ctx.input(1).as<bool>(), (*out)->as<bool>(), Op{});
+  return absl::OkStatus();
 }
 
 // Pow: base float or int32/int64, exponent any numeric dtype; output the
@@ -324,6 +422,26 @@ absl::Status PowKernel(KernelContext& ctx) {
   if (!base_ok) return UnsupportedDType(ctx, 0, base.dtype);
   if (!exponent_ok) return UnsupportedDType(ctx, 1, exponent.dtype);
   return absl::OkStatus();
+}
+
+// PRelu: X and a slope that broadcasts to X's shape; output X's shape.
+absl::Status PReluKernel(KernelContext& ctx) {
+  if (absl::Status s = common::RequireSameDType(ctx, 0, 1); !s.ok()) return s;
+  absl::StatusOr<BroadcastPlan> plan = PlanInputs(ctx, 0, 2);
+  if (!plan.ok()) return plan.status();
+  const TensorView& x = ctx.input(0);
+  if (plan->out_dims != x.dims) {
+    return ctx.Error(absl::StrCat("slope ", common::DimsToString(ctx.input(1).dims),
+                                  " must broadcast to X ", common::DimsToString(x.dims),
+                                  " without growing it (unidirectional)"));
+  }
+  absl::StatusOr<TensorView*> out = ctx.Output(0, x.dtype, x.dims);
+  if (!out.ok()) return out.status();
+  const bool ok = DispatchNumeric(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    BinaryLoop(*plan, x.as<T>(), ctx.input(1).as<T>(), (*out)->as<T>(), math::PReluOp{});
+  });
+  return ok ? absl::OkStatus() : UnsupportedDType(ctx, 0, x.dtype);
 }
 
 // ---- variadic ----
@@ -509,16 +627,42 @@ void RegisterElementwiseKernels(KernelTable& table) {
   Add(table, "Mul", numeric, &ArithmeticKernel<MulOp>);
   Add(table, "Div", numeric, &ArithmeticKernel<DivOp>);
   Add(table, "Pow", Join(floats, {DType::kInt32, DType::kInt64}), &PowKernel);
+  Add(table, "Mod", numeric, &ModKernel);
   // Not in place: a bool output over a float input of the same byte size
   // would overwrite inputs still to be read.
-  Add(table, "Equal", Join(numeric, {DType::kBool}), &EqualKernel, /*in_place_ok=*/false);
+  Add(table, "Equal", Join(numeric, {DType::kBool}), &CompareKernel<EqualOp>,
+      /*in_place_ok=*/false);
+  Add(table, "Less", numeric, &CompareKernel<LessOp>, /*in_place_ok=*/false);
+  Add(table, "Greater", numeric, &CompareKernel<GreaterOp>, /*in_place_ok=*/false);
+  Add(table, "LessOrEqual", numeric, &CompareKernel<LessOrEqualOp>, /*in_place_ok=*/false);
+  Add(table, "GreaterOrEqual", numeric, &CompareKernel<GreaterOrEqualOp>, /*in_place_ok=*/false);
+  Add(table, "And", {DType::kBool}, &LogicKernel<AndOp>, /*in_place_ok=*/false);
+  Add(table, "Or", {DType::kBool}, &LogicKernel<OrOp>, /*in_place_ok=*/false);
+  Add(table, "Xor", {DType::kBool}, &LogicKernel<XorOp>, /*in_place_ok=*/false);
+  Add(table, "Not", {DType::kBool}, &NotKernel);
+  Add(table, "IsNaN", floats, &IsNanKernel, /*in_place_ok=*/false);
+  Add(table, "IsInf", floats, &IsInfKernel, /*in_place_ok=*/false);
 
   Add(table, "Neg", numeric, &UnaryKernel<NegOp, true>);
   Add(table, "Abs", numeric, &UnaryKernel<AbsOp, true>);
+  Add(table, "Sign", numeric, &UnaryKernel<SignOp, true>);
+  Add(table, "Floor", floats, &UnaryKernel<FloorOp, false>);
+  Add(table, "Ceil", floats, &UnaryKernel<CeilOp, false>);
+  Add(table, "Round", floats, &UnaryKernel<RoundOp, false>);
   Add(table, "Relu", numeric, &UnaryKernel<ReluOp, true>);
   Add(table, "Erf", numeric, &UnaryKernel<ErfOp, true>);
   Add(table, "LeakyRelu", floats, &LeakyReluKernel);
   Add(table, "Gelu", floats, &GeluKernel);
+  Add(table, "HardSigmoid", floats, &HardSigmoidKernel);
+  Add(table, "HardSwish", floats, &UnaryKernel<HardSwishOp, false>);
+  Add(table, "Elu", floats, &EluKernel);
+  Add(table, "Selu", floats, &SeluKernel);
+  Add(table, "Celu", floats, &CeluKernel);
+  Add(table, "Softplus", floats, &UnaryKernel<SoftplusOp, false>);
+  Add(table, "Softsign", floats, &UnaryKernel<SoftsignOp, false>);
+  Add(table, "ThresholdedRelu", floats, &ThresholdedReluKernel);
+  Add(table, "Mish", floats, &UnaryKernel<MishOp, false>);
+  Add(table, "PRelu", numeric, &PReluKernel);
   Add(table, "Sigmoid", floats, &UnaryKernel<SigmoidOp, false>);
   Add(table, "Tanh", floats, &UnaryKernel<TanhOp, false>);
   Add(table, "Exp", floats, &UnaryKernel<ExpOp, false>);

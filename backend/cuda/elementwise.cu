@@ -1,20 +1,24 @@
 // CUDA kernels: elementwise family (the CPU's backend/cpu/elementwise.cc,
 // Cast from misc.cc and com.castor ReluGrad from elementwise.cc).
 //
-// Unary math/activations (Neg Abs Relu LeakyRelu Sigmoid Tanh Gelu Erf Exp
-// Log Sqrt Reciprocal Clip), binary arithmetic with numpy broadcasting (Add
-// Sub Mul Div on float32/float16/bfloat16/int32/int64, Pow with a float base
-// and a float or int exponent), Equal (bool out), Where (three-way
-// broadcast), the variadic Sum/Max/Min, Cast and ReluGrad. The scalar
-// arithmetic is backend/common/elementwise_math.h, the functors the CPU runs;
-// this file loads, broadcasts (backend/cuda/broadcast.cuh) and stores. 16-bit
-// floats compute in float32 and round once on store; integers compute in
-// their own type (wrapping). Every kernel is a grid-stride loop over output
-// elements; each thread reads its inputs for an element before writing it,
-// so output 0 may alias input 0 (in_place_ok) where the output has input 0's
-// dtype (then the executor's equal-bytes rule means equal shapes): the
-// arithmetic, unary and variadic ops, as on the CPU. Equal is not in place
-// (see its registration).
+// Unary math/activations (Neg Abs Sign on floats, int32 and int64; Floor Ceil
+// Round Relu LeakyRelu HardSigmoid HardSwish Elu Selu Celu Softplus Softsign
+// ThresholdedRelu Mish Sigmoid Tanh Gelu Erf Exp Log Sqrt Reciprocal Clip),
+// PRelu (a slope broadcast to X), binary arithmetic with numpy broadcasting
+// (Add Sub Mul Div on float32/float16/bfloat16/int32/int64, Pow with a float
+// base and a float or int exponent), Mod, the comparisons Equal Less Greater
+// LessOrEqual GreaterOrEqual and the logic And Or Xor Not (bool out),
+// IsNaN/IsInf, Where (three-way broadcast), the variadic Sum/Max/Min, Cast
+// and ReluGrad. The scalar arithmetic is backend/common/elementwise_math.h,
+// the functors the CPU runs; this file loads, broadcasts
+// (backend/cuda/broadcast.cuh) and stores. 16-bit floats compute in float32
+// and round once on store; integers compute in their own type (wrapping).
+// Every kernel is a grid-stride loop over output elements; each thread reads
+// its inputs for an element before writing it, so output 0 may alias input 0
+// (in_place_ok) where the output has input 0's dtype (then the executor's
+// equal-bytes rule means equal shapes): the arithmetic, unary and variadic
+// ops, as on the CPU. The comparisons, the binary logic and the predicates
+// are not in place (see Equal's registration).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -161,8 +165,80 @@ absl::Status UnaryOpKernel(KernelContext& ctx) {
   return RunUnary(ctx, Op{});
 }
 
+// Unary ops that take int32 and int64 too (Neg, Abs, Sign), computed in the
+// integer type itself.
+template <typename Op>
+absl::Status NumericUnaryOpKernel(KernelContext& ctx) {
+  const TensorView& x = ctx.input(0);
+  CASTOR_ASSIGN_OR_RETURN(TensorView * y, ctx.Output(0, x.dtype, x.dims));
+  const int64_t n = x.num_elements();
+  return DispatchNumeric(ctx, x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return Launch(ctx, n, UnaryKernel<T, Op>, x.as<const T>(), y->as<T>(), n, Op{});
+  });
+}
+
 absl::Status LeakyReluKernel(KernelContext& ctx) {
   return RunUnary(ctx, math::LeakyReluOp{ctx.GetFloat("alpha", 0.01f)});
+}
+
+// Not: bool in, bool out.
+absl::Status NotKernel(KernelContext& ctx) {
+  const TensorView& x = ctx.input(0);
+  if (x.dtype != DType::kBool) {
+    return ctx.Error(absl::StrCat("input 0 is ", DTypeName(x.dtype), "; expected bool"));
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * y, ctx.Output(0, DType::kBool, x.dims));
+  const int64_t n = x.num_elements();
+  return Launch(ctx, n, UnaryKernel<bool, math::NotOp>, x.as<const bool>(), y->as<bool>(), n,
+                math::NotOp{});
+}
+
+// out[i] = op(x[i]) as bool (IsNaN, IsInf), in float32.
+template <typename T, typename Op>
+__global__ void PredicateKernel(const T* x, bool* out, int64_t n, Op op) {
+  CASTOR_GRID_STRIDE(i, n) { out[i] = op(Load(x[i])); }
+}
+
+template <typename Op>
+absl::Status RunPredicate(KernelContext& ctx, const Op& op) {
+  const TensorView& x = ctx.input(0);
+  CASTOR_ASSIGN_OR_RETURN(TensorView * y, ctx.Output(0, DType::kBool, x.dims));
+  const int64_t n = x.num_elements();
+  return DispatchFloat(ctx, x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return Launch(ctx, n, PredicateKernel<T, Op>, x.as<const T>(), y->as<bool>(), n, op);
+  });
+}
+
+absl::Status IsNanKernel(KernelContext& ctx) { return RunPredicate(ctx, math::IsNanOp{}); }
+
+absl::Status IsInfKernel(KernelContext& ctx) {
+  return RunPredicate(ctx, math::IsInfOp{ctx.GetInt("detect_negative", 1) != 0,
+                                         ctx.GetInt("detect_positive", 1) != 0});
+}
+
+absl::Status EluKernel(KernelContext& ctx) {
+  return RunUnary(ctx, math::EluOp{ctx.GetFloat("alpha", 1.0f)});
+}
+
+absl::Status SeluKernel(KernelContext& ctx) {
+  const math::SeluOp defaults;
+  return RunUnary(ctx, math::SeluOp{ctx.GetFloat("alpha", defaults.alpha),
+                                    ctx.GetFloat("gamma", defaults.gamma)});
+}
+
+absl::Status CeluKernel(KernelContext& ctx) {
+  return RunUnary(ctx, math::CeluOp{ctx.GetFloat("alpha", 1.0f)});
+}
+
+absl::Status ThresholdedReluKernel(KernelContext& ctx) {
+  return RunUnary(ctx, math::ThresholdedReluOp{ctx.GetFloat("alpha", 1.0f)});
+}
+
+absl::Status HardSigmoidKernel(KernelContext& ctx) {
+  return RunUnary(ctx,
+                  math::HardSigmoidOp{ctx.GetFloat("alpha", 0.2f), ctx.GetFloat("beta", 0.5f)});
 }
 
 absl::Status GeluKernel(KernelContext& ctx) {
@@ -233,29 +309,74 @@ absl::Status RunBinary(KernelContext& ctx, const std::vector<int64_t>& out_dims,
                 ctx.input(1).as<const TB>(), out, n, op);
 }
 
-// Add, Sub, Mul, Div: float32/float16/bfloat16/int32/int64, output the
-// inputs' dtype.
+// Add, Sub, Mul, Div, Mod: float32/float16/bfloat16/int32/int64, output
+// the inputs' dtype.
 template <typename Op>
-absl::Status ArithmeticKernel(KernelContext& ctx) {
+absl::Status RunArithmetic(KernelContext& ctx, const Op& op) {
   CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 0, 1));
   CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> out_dims, OutputDims(ctx, 0, 2));
   const DType dtype = ctx.input(0).dtype;
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, dtype, out_dims));
   return DispatchNumeric(ctx, dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return RunBinary<T, T, T>(ctx, out_dims, out->as<T>(), Op{});
+    return RunBinary<T, T, T>(ctx, out_dims, out->as<T>(), op);
   });
 }
 
-// Equal: float, int32, int64 or bool in, bool out (floats by value: +0 ==
-// -0, NaN != NaN).
-absl::Status EqualKernel(KernelContext& ctx) {
+template <typename Op>
+absl::Status ArithmeticKernel(KernelContext& ctx) {
+  return RunArithmetic(ctx, Op{});
+}
+
+absl::Status ModKernel(KernelContext& ctx) {
+  const int64_t fmod = ctx.GetInt("fmod", 0);
+  if (fmod != 0 && fmod != 1) {
+    return ctx.Error(absl::StrCat("attribute 'fmod' is ", fmod, "; expected 0 or 1"));
+  }
+  return RunArithmetic(ctx, math::ModOp{fmod == 1});
+}
+
+// Equal, Less, Greater, LessOrEqual, GreaterOrEqual: float, int32, int64
+// or bool in, bool out (floats by value: +0 == -0, NaN compares false).
+template <typename Op>
+absl::Status CompareKernel(KernelContext& ctx) {
   CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 0, 1));
   CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> out_dims, OutputDims(ctx, 0, 2));
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, DType::kBool, out_dims));
   return DispatchNumeric</*kWithBool=*/true>(ctx, ctx.input(0).dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return RunBinary<T, T, bool>(ctx, out_dims, out->as<bool>(), math::EqualOp{});
+    return RunBinary<T, T, bool>(ctx, out_dims, out->as<bool>(), Op{});
+  });
+}
+
+// And, Or, Xor: bool in, bool out.
+template <typename Op>
+absl::Status LogicKernel(KernelContext& ctx) {
+  for (int i : {0, 1}) {
+    if (ctx.input(i).dtype != DType::kBool) {
+      return ctx.Error(absl::StrCat("input ", i, " is ", DTypeName(ctx.input(i).dtype),
+                                    "; expected bool"));
+    }
+  }
+  CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> out_dims, OutputDims(ctx, 0, 2));
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, DType::kBool, out_dims));
+  return RunBinary<bool, bool, bool>(ctx, out_dims, out->as<bool>(), Op{});
+}
+
+// PRelu: X and a slope that broadcasts to X's shape (float, int32, int64).
+absl::Status PReluKernel(KernelContext& ctx) {
+  CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 0, 1));
+  CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> out_dims, OutputDims(ctx, 0, 2));
+  const TensorView& x = ctx.input(0);
+  if (out_dims != x.dims) {
+    return ctx.Error(absl::StrCat("slope ", DimsToString(ctx.input(1).dims),
+                                  " must broadcast to X ", DimsToString(x.dims),
+                                  " without growing it (unidirectional)"));
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, x.dtype, x.dims));
+  return DispatchNumeric(ctx, x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return RunBinary<T, T, T>(ctx, out_dims, out->as<T>(), math::PReluOp{});
   });
 }
 
@@ -661,11 +782,30 @@ void RegisterElementwiseKernels(KernelTable& table) {
   Add(table, "Pow", &PowSupports, &PowKernel, in_place);
   // Not in place: a bool output the size of a wider input 0 is a broadcast
   // of it (Equal([2] float32, [4, 2])), whose bytes other threads still read.
-  Add(table, "Equal", InputDTypeIn(0, Join(kNumeric, {DType::kBool})), &EqualKernel,
+  Add(table, "Equal", InputDTypeIn(0, Join(kNumeric, {DType::kBool})), &CompareKernel<EqualOp>,
       /*in_place_ok=*/false);
+  Add(table, "Less", InputDTypeIn(0, kNumeric), &CompareKernel<LessOp>, /*in_place_ok=*/false);
+  Add(table, "Greater", InputDTypeIn(0, kNumeric), &CompareKernel<GreaterOp>,
+      /*in_place_ok=*/false);
+  Add(table, "LessOrEqual", InputDTypeIn(0, kNumeric), &CompareKernel<LessOrEqualOp>,
+      /*in_place_ok=*/false);
+  Add(table, "GreaterOrEqual", InputDTypeIn(0, kNumeric), &CompareKernel<GreaterOrEqualOp>,
+      /*in_place_ok=*/false);
+  const std::vector<DType> bools = {DType::kBool};
+  Add(table, "And", InputDTypeIn(0, bools), &LogicKernel<AndOp>, /*in_place_ok=*/false);
+  Add(table, "Or", InputDTypeIn(0, bools), &LogicKernel<OrOp>, /*in_place_ok=*/false);
+  Add(table, "Xor", InputDTypeIn(0, bools), &LogicKernel<XorOp>, /*in_place_ok=*/false);
+  Add(table, "Not", InputDTypeIn(0, bools), &NotKernel, in_place);
+  Add(table, "Mod", InputDTypeIn(0, kNumeric), &ModKernel, in_place);
+  Add(table, "IsNaN", InputDTypeIn(0, floats), &IsNanKernel, /*in_place_ok=*/false);
+  Add(table, "IsInf", InputDTypeIn(0, floats), &IsInfKernel, /*in_place_ok=*/false);
 
-  Add(table, "Neg", InputDTypeIn(0, floats), &UnaryOpKernel<NegOp>, in_place);
-  Add(table, "Abs", InputDTypeIn(0, floats), &UnaryOpKernel<AbsOp>, in_place);
+  Add(table, "Neg", InputDTypeIn(0, kNumeric), &NumericUnaryOpKernel<NegOp>, in_place);
+  Add(table, "Abs", InputDTypeIn(0, kNumeric), &NumericUnaryOpKernel<AbsOp>, in_place);
+  Add(table, "Sign", InputDTypeIn(0, kNumeric), &NumericUnaryOpKernel<SignOp>, in_place);
+  Add(table, "Floor", InputDTypeIn(0, floats), &UnaryOpKernel<FloorOp>, in_place);
+  Add(table, "Ceil", InputDTypeIn(0, floats), &UnaryOpKernel<CeilOp>, in_place);
+  Add(table, "Round", InputDTypeIn(0, floats), &UnaryOpKernel<RoundOp>, in_place);
   Add(table, "Relu", InputDTypeIn(0, floats), &UnaryOpKernel<ReluOp>, in_place);
   Add(table, "Erf", InputDTypeIn(0, floats), &UnaryOpKernel<ErfOp>, in_place);
   Add(table, "Sigmoid", InputDTypeIn(0, floats), &UnaryOpKernel<SigmoidOp>, in_place);
@@ -676,6 +816,16 @@ void RegisterElementwiseKernels(KernelTable& table) {
   Add(table, "Reciprocal", InputDTypeIn(0, floats), &UnaryOpKernel<ReciprocalOp>, in_place);
   Add(table, "LeakyRelu", InputDTypeIn(0, floats), &LeakyReluKernel, in_place);
   Add(table, "Gelu", InputDTypeIn(0, floats), &GeluKernel, in_place);
+  Add(table, "HardSigmoid", InputDTypeIn(0, floats), &HardSigmoidKernel, in_place);
+  Add(table, "HardSwish", InputDTypeIn(0, floats), &UnaryOpKernel<HardSwishOp>, in_place);
+  Add(table, "Elu", InputDTypeIn(0, floats), &EluKernel, in_place);
+  Add(table, "Selu", InputDTypeIn(0, floats), &SeluKernel, in_place);
+  Add(table, "Celu", InputDTypeIn(0, floats), &CeluKernel, in_place);
+  Add(table, "Softplus", InputDTypeIn(0, floats), &UnaryOpKernel<SoftplusOp>, in_place);
+  Add(table, "Softsign", InputDTypeIn(0, floats), &UnaryOpKernel<SoftsignOp>, in_place);
+  Add(table, "ThresholdedRelu", InputDTypeIn(0, floats), &ThresholdedReluKernel, in_place);
+  Add(table, "Mish", InputDTypeIn(0, floats), &UnaryOpKernel<MishOp>, in_place);
+  Add(table, "PRelu", InputDTypeIn(0, kNumeric), &PReluKernel, in_place);
   Add(table, "Clip", InputDTypeIn(0, floats), &ClipKernel, in_place);
 
   Add(table, "Sum", InputDTypeIn(0, floats), &VariadicOpKernel<AddOp>, in_place);

@@ -1,14 +1,19 @@
 // Elementwise op definitions: binary arithmetic (Add, Sub, Mul, Div, Pow),
-// unary math and activations (Neg, Abs, Relu, LeakyRelu, Sigmoid, Tanh,
-// Gelu, Erf, Exp, Log, Sqrt, Reciprocal), the comparison Equal, the
-// selection Where, the variadic Max/Min/Sum and Clip. Binary and variadic
-// ops use ONNX multidirectional (numpy) broadcasting; each op's accepted
-// dtypes follow its opset history (bfloat16 from opset 13 for most, the
-// small integer types of Add..Div from 14, ...).
+// unary math and activations (Neg, Abs, Sign, Floor, Ceil, Round, Relu, LeakyRelu, HardSigmoid,
+// HardSwish, Elu, Selu, Celu, Softplus, Softsign, ThresholdedRelu, Mish,
+// PRelu, Sigmoid, Tanh, Gelu, Erf, Exp, Log, Sqrt, Reciprocal), the
+// comparisons Equal, Less, Greater, LessOrEqual, GreaterOrEqual (bool out),
+// the logic And, Or, Xor, Not, Mod, the predicates IsNaN and IsInf, the
+// selection Where, the variadic Max/Min/Sum and Clip.
+// Binary and variadic ops use ONNX multidirectional (numpy) broadcasting;
+// each op's accepted dtypes follow its opset history (bfloat16 from opset 13
+// for most, the small integer types of Add..Div from 14, ...).
 #include <climits>
 #include <functional>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -55,6 +60,58 @@ InferFn BinaryInfer(std::vector<DTypesSince> history, bool bool_output) {
     ctx.SetOutput(0, bool_output ? DType::kBool : ctx.input_dtype(0), std::move(shape));
     return absl::OkStatus();
   };
+}
+
+// Binary ops on bool inputs with a bool output (And, Or, Xor).
+absl::Status InferLogic(InferenceContext& ctx) {
+  CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 0, {DType::kBool}));
+  CASTOR_RETURN_IF_ERROR(ops::RequireSameDType(ctx, 0, 1));
+  CASTOR_ASSIGN_OR_RETURN(Shape shape, ops::BroadcastInputs(ctx, 0, 1));
+  ctx.SetOutput(0, DType::kBool, std::move(shape));
+  return absl::OkStatus();
+}
+
+// Predicates on one input (IsNaN, IsInf): a bool output of the input's shape.
+InferFn PredicateInfer(std::vector<DTypesSince> history) {
+  return [history = std::move(history)](InferenceContext& ctx) -> absl::Status {
+    CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 0, ops::DTypesAt(ctx, history)));
+    ctx.SetOutput(0, DType::kBool, ctx.input_shape(0));
+    return absl::OkStatus();
+  };
+}
+
+// Mod: A and B share a numeric dtype; fmod is 0 or 1.
+absl::Status InferMod(InferenceContext& ctx) {
+  const int64_t fmod = ctx.GetInt("fmod", 0);
+  if (fmod != 0 && fmod != 1) {
+    return ctx.Error(absl::StrCat("attribute 'fmod' is ", fmod, "; expected 0 or 1"));
+  }
+  return BinaryInfer({{1, Concat(kFloats, kAllInts)}, {13, kBFloat16}},
+                     /*bool_output=*/false)(ctx);
+}
+
+// PRelu(X, slope): slope broadcasts to X unidirectionally (its shape
+// broadcast with X's is X's); the output is X's dtype and shape.
+absl::Status InferPRelu(InferenceContext& ctx) {
+  CASTOR_RETURN_IF_ERROR(ops::RequireDType(
+      ctx, 0,
+      ops::DTypesAt(ctx, {{1, kFloats},
+                          {9, {DType::kInt32, DType::kInt64, DType::kUInt32, DType::kUInt64}},
+                          {16, kBFloat16}})));
+  CASTOR_RETURN_IF_ERROR(ops::RequireSameDType(ctx, 0, 1));
+  CASTOR_ASSIGN_OR_RETURN(Shape shape, ops::BroadcastInputs(ctx, 0, 1));
+  const Shape& x = ctx.input_shape(0);
+  const Shape& slope = ctx.input_shape(1);
+  bool grows = x.rank_known() && slope.rank_known() && slope.rank() > x.rank();
+  for (int k = 0; !grows && x.rank_known() && shape.rank_known() && k < x.rank(); ++k) {
+    grows = x[k].is_static() && shape[k].is_static() && x[k].value() != shape[k].value();
+  }
+  if (grows) {
+    return ctx.Error(absl::StrCat("slope ", slope.ToString(), " must broadcast to X ",
+                                  x.ToString(), " without growing it (unidirectional)"));
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), x);
+  return absl::OkStatus();
 }
 
 // Unary ops: output = input's dtype and shape. `check` validates attributes.
@@ -212,12 +269,62 @@ void RegisterElementwiseOps(OpRegistry& registry) {
                 {{1, Concat(kFloats, kSignedInts)}, {13, kBFloat16}}, "-X");
   RegisterUnary(registry, "Abs", kMinOnnxOpset, {{1, Concat(kFloats, kAllInts)}, {13, kBFloat16}},
                 "|X|");
+  RegisterUnary(registry, "Sign", 9, {{1, Concat(kFloats, kAllInts)}, {13, kBFloat16}},
+                "-1, 0 or 1 by the sign of X (NaN stays NaN)");
+  RegisterUnary(registry, "Floor", kMinOnnxOpset, FloatHistory(13), "the largest integer <= X");
+  RegisterUnary(registry, "Ceil", kMinOnnxOpset, FloatHistory(13), "the smallest integer >= X");
+  RegisterUnary(registry, "Round", 11, FloatHistory(22),
+                "X rounded to the nearest integer, halves to even");
   RegisterUnary(registry, "Relu", kMinOnnxOpset, {{1, kFloats}, {13, kBFloat16}, {14, kSignedInts}},
                 "max(X, 0)");
   {
     OpDef def = MakeOp("LeakyRelu", kMinOnnxOpset, 1, "X if X >= 0 else alpha * X");
     def.attributes = {{"alpha", AttrKind::kFloat, false}};  // default 0.01
     def.infer = UnaryInfer(FloatHistory(16));
+    registry.Register(std::move(def));
+  }
+  {
+    OpDef def = MakeOp("HardSigmoid", kMinOnnxOpset, 1, "max(0, min(1, alpha * X + beta))");
+    def.attributes = {{"alpha", AttrKind::kFloat, false},  // default 0.2
+                      {"beta", AttrKind::kFloat, false}};  // default 0.5
+    def.infer = UnaryInfer(FloatHistory(22));
+    registry.Register(std::move(def));
+  }
+  RegisterUnary(registry, "HardSwish", 14, FloatHistory(22), "X * max(0, min(1, X / 6 + 1/2))");
+  {
+    OpDef def = MakeOp("Elu", kMinOnnxOpset, 1, "X if X > 0 else alpha * (exp(X) - 1)");
+    def.attributes = {{"alpha", AttrKind::kFloat, false}};  // default 1
+    def.infer = UnaryInfer(FloatHistory(22));
+    registry.Register(std::move(def));
+  }
+  {
+    OpDef def =
+        MakeOp("Selu", kMinOnnxOpset, 1, "gamma * (X if X > 0 else alpha * (exp(X) - 1))");
+    def.attributes = {{"alpha", AttrKind::kFloat, false},   // default 1.67326...
+                      {"gamma", AttrKind::kFloat, false}};  // default 1.05070...
+    def.infer = UnaryInfer(FloatHistory(22));
+    registry.Register(std::move(def));
+  }
+  {
+    OpDef def =
+        MakeOp("Celu", 12, 1, "max(0, X) + min(0, alpha * (exp(X / alpha) - 1)), float32 only");
+    def.attributes = {{"alpha", AttrKind::kFloat, false}};  // default 1
+    def.infer = UnaryInfer({{1, {DType::kFloat32}}});
+    registry.Register(std::move(def));
+  }
+  RegisterUnary(registry, "Softplus", kMinOnnxOpset, FloatHistory(22), "ln(1 + exp(X))");
+  RegisterUnary(registry, "Softsign", kMinOnnxOpset, FloatHistory(22), "X / (1 + |X|)");
+  {
+    OpDef def = MakeOp("ThresholdedRelu", 10, 1, "X if X > alpha else 0");
+    def.attributes = {{"alpha", AttrKind::kFloat, false}};  // default 1
+    def.infer = UnaryInfer(FloatHistory(22));
+    registry.Register(std::move(def));
+  }
+  RegisterUnary(registry, "Mish", 18, FloatHistory(22), "X * tanh(ln(1 + exp(X)))");
+  {
+    OpDef def = MakeOp("PRelu", kMinOnnxOpset, 2,
+                       "X if X >= 0 else slope * X; slope broadcasts to X (unidirectional)");
+    def.infer = InferPRelu;
     registry.Register(std::move(def));
   }
   RegisterUnary(registry, "Sigmoid", kMinOnnxOpset, FloatHistory(13), "1 / (1 + exp(-X))");
@@ -244,6 +351,53 @@ void RegisterElementwiseOps(OpRegistry& registry) {
                              {19, {DType::kString}}},
                             /*bool_output=*/true);
     def.autocast = AutocastCategory::kNone;  // a comparison, not a float computation
+    registry.Register(std::move(def));
+  }
+  // Less/Greater: floats at opset 7, every integer type from 9, bfloat16
+  // from 13; LessOrEqual/GreaterOrEqual (opset 12): bfloat16 from 16.
+  const std::vector<DTypesSince> less_history = {
+      {1, kFloats}, {9, kAllInts}, {13, kBFloat16}};
+  const std::vector<DTypesSince> less_equal_history = {
+      {1, Concat(kFloats, kAllInts)}, {16, kBFloat16}};
+  for (const auto& [op, since, relation] :
+       std::vector<std::tuple<std::string, int64_t, std::string>>{
+           {"Less", kMinOnnxOpset, "<"},
+           {"Greater", kMinOnnxOpset, ">"},
+           {"LessOrEqual", 12, "<="},
+           {"GreaterOrEqual", 12, ">="}}) {
+    OpDef def =
+        MakeOp(op, since, 2, absl::StrCat("A ", relation, " B as bool, numpy broadcasting"));
+    def.infer = BinaryInfer(since == 12 ? less_equal_history : less_history, /*bool_output=*/true);
+    registry.Register(std::move(def));
+  }
+  for (const auto& [op, summary] : std::vector<std::pair<std::string, std::string>>{
+           {"And", "A and B of bool tensors, numpy broadcasting"},
+           {"Or", "A or B of bool tensors, numpy broadcasting"},
+           {"Xor", "A xor B of bool tensors, numpy broadcasting"}}) {
+    OpDef def = MakeOp(op, kMinOnnxOpset, 2, summary);
+    def.infer = InferLogic;
+    registry.Register(std::move(def));
+  }
+  RegisterUnary(registry, "Not", kMinOnnxOpset, {{1, {DType::kBool}}}, "not X of a bool tensor");
+  {
+    OpDef def = MakeOp("Mod", 10, 2,
+                       "remainder of A / B, numpy broadcasting: the divisor's sign (fmod = 0) "
+                       "or the dividend's (fmod = 1, C fmod)");
+    def.attributes = {{"fmod", AttrKind::kInt, false}};  // default 0
+    def.infer = InferMod;
+    registry.Register(std::move(def));
+  }
+  {
+    OpDef def = MakeOp("IsNaN", 9, 1, "X is NaN, as bool");
+    def.infer = PredicateInfer({{1, kFloats}, {13, kBFloat16}});
+    registry.Register(std::move(def));
+  }
+  {
+    OpDef def = MakeOp("IsInf", 10, 1, "X is +inf (detect_positive) or -inf (detect_negative)");
+    def.attributes = {{"detect_negative", AttrKind::kInt, false},   // default 1
+                      {"detect_positive", AttrKind::kInt, false}};  // default 1
+    def.infer = PredicateInfer({{1, {DType::kFloat32, DType::kFloat64}},
+                                {20, {DType::kFloat16, DType::kBFloat16}}});
     registry.Register(std::move(def));
   }
   {

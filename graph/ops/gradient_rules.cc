@@ -92,6 +92,29 @@ absl::Status DivGradient(GradientBuilder& g) {
   return SetUnbroadcast(g, 1, negated);
 }
 
+// Y = Mod(A, B) on floats, Y = A - B Q with Q = floor(A / B) (fmod = 0)
+// or trunc(A / B) (fmod = 1), Q piecewise constant: dA = dY, dB = -dY Q,
+// as PyTorch's remainder and fmod. Q is computed as (A - Y) / B, which is
+// Q up to one rounding (ONNX has no Trunc). Integer Mod is never
+// differentiated (integer values get no gradients).
+absl::Status ModGradient(GradientBuilder& g) {
+  CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, 0, g.output_grad(0)));
+  if (!g.wants_input_grad(1)) return absl::OkStatus();
+  CASTOR_ASSIGN_OR_RETURN(Value * multiple, g.Emit1("Sub", {g.input(0), g.output(0)}));
+  CASTOR_ASSIGN_OR_RETURN(Value * quotient, g.Emit1("Div", {multiple, g.input(1)}));
+  CASTOR_ASSIGN_OR_RETURN(Value * scaled, g.Emit1("Mul", {g.output_grad(0), quotient}));
+  CASTOR_ASSIGN_OR_RETURN(Value * negated, g.Emit1("Neg", {scaled}));
+  return SetUnbroadcast(g, 1, negated);
+}
+
+// Sign, Floor, Ceil, Round: piecewise constant, so dX = 0, as PyTorch
+// gives (zeros_like(grad), also where dY is inf or NaN).
+absl::Status ZeroGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * zeros, ZerosLike(g, g.input(0)));
+  g.SetInputGrad(0, zeros);
+  return absl::OkStatus();
+}
+
 absl::Status NegGradient(GradientBuilder& g) {
   CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Neg", {g.output_grad(0)}));
   g.SetInputGrad(0, grad);
@@ -240,6 +263,171 @@ absl::Status LeakyReluGradient(GradientBuilder& g) {
   CASTOR_ASSIGN_OR_RETURN(Value * scaled, g.Emit1("Mul", {rest, alpha}));
   CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Add", {positive, scaled}));
   g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = HardSigmoid(X) = clamp(Z, 0, 1), Z = alpha X + beta: dX = alpha dY
+// where 0 < Z < 1, else 0 (strictly inside, as PyTorch's
+// hardsigmoid_backward: at x = -3 and x = 3 it gives 0):
+// ReluGrad(ReluGrad(alpha dY, Z), 1 - Z).
+absl::Status HardSigmoidGradient(GradientBuilder& g) {
+  const DType dtype = g.input(0)->dtype();
+  CASTOR_ASSIGN_OR_RETURN(Value * alpha, g.Scalar(g.node().GetFloat("alpha", 0.2f), dtype));
+  CASTOR_ASSIGN_OR_RETURN(Value * beta, g.Scalar(g.node().GetFloat("beta", 0.5f), dtype));
+  CASTOR_ASSIGN_OR_RETURN(Value * one, g.Scalar(1.0, dtype));
+  CASTOR_ASSIGN_OR_RETURN(Value * scaled_x, g.Emit1("Mul", {g.input(0), alpha}));
+  CASTOR_ASSIGN_OR_RETURN(Value * z, g.Emit1("Add", {scaled_x, beta}));
+  CASTOR_ASSIGN_OR_RETURN(Value * below_one, g.Emit1("Sub", {one, z}));
+  CASTOR_ASSIGN_OR_RETURN(Value * scaled, g.Emit1("Mul", {g.output_grad(0), alpha}));
+  CASTOR_ASSIGN_OR_RETURN(Value * above_zero,
+                          g.Emit1("ReluGrad", {scaled, z}, {}, kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad,
+                          g.Emit1("ReluGrad", {above_zero, below_one}, {}, kCastorDomain));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = HardSwish(X) = X clamp(X + 3, 0, 6) / 6: dX = 0 where X < -3,
+// dY (X / 3 + 1/2) where -3 <= X <= 3, dY where X > 3. Both ends of the
+// middle piece are closed, as in PyTorch's hardswish_backward (at x = -3
+// it gives -dY / 2, at x = 3 it gives 3 dY / 2). With M = dY (X / 3 + 1/2):
+// dX = M - ReluGrad(M, -3 - X) - ReluGrad(M, X - 3) + ReluGrad(dY, X - 3),
+// each term exactly M, dY or 0.
+absl::Status HardSwishGradient(GradientBuilder& g) {
+  Value* x = g.input(0);
+  Value* dy = g.output_grad(0);
+  const DType dtype = x->dtype();
+  CASTOR_ASSIGN_OR_RETURN(Value * three, g.Scalar(3.0, dtype));
+  CASTOR_ASSIGN_OR_RETURN(Value * minus_three, g.Scalar(-3.0, dtype));
+  CASTOR_ASSIGN_OR_RETURN(Value * half, g.Scalar(0.5, dtype));
+  CASTOR_ASSIGN_OR_RETURN(Value * third, g.Emit1("Div", {x, three}));
+  CASTOR_ASSIGN_OR_RETURN(Value * slope, g.Emit1("Add", {third, half}));
+  CASTOR_ASSIGN_OR_RETURN(Value * middle, g.Emit1("Mul", {dy, slope}));
+  CASTOR_ASSIGN_OR_RETURN(Value * below_gap, g.Emit1("Sub", {minus_three, x}));  // > 0: X < -3
+  CASTOR_ASSIGN_OR_RETURN(Value * above_gap, g.Emit1("Sub", {x, three}));        // > 0: X > 3
+  CASTOR_ASSIGN_OR_RETURN(Value * middle_below,
+                          g.Emit1("ReluGrad", {middle, below_gap}, {}, kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * middle_above,
+                          g.Emit1("ReluGrad", {middle, above_gap}, {}, kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * dy_above,
+                          g.Emit1("ReluGrad", {dy, above_gap}, {}, kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * inside, g.Emit1("Sub", {middle, middle_below}));
+  CASTOR_ASSIGN_OR_RETURN(Value * closed, g.Emit1("Sub", {inside, middle_above}));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Add", {closed, dy_above}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// The exponential family below splits dY with P = ReluGrad(dY, X) (dY where
+// X > 0) and N = dY - P (dY where X <= 0, PyTorch's side of the kink at 0,
+// as elu_backward), and reads the negative side's derivative off Y, so no
+// exp(X) can overflow for large X:
+// Elu: Y = alpha (e^X - 1), dY/dX = alpha e^X = Y + alpha;
+// Selu: Y = gamma alpha (e^X - 1), dY/dX = Y + gamma alpha (positive side gamma);
+// Celu: Y = alpha (e^(X/alpha) - 1), dY/dX = e^(X/alpha) = Y / alpha + 1.
+absl::Status ExponentialUnitGradient(GradientBuilder& g, double positive_slope,
+                                     double output_scale, double offset) {
+  const DType dtype = g.input(0)->dtype();
+  Value* dy = g.output_grad(0);
+  CASTOR_ASSIGN_OR_RETURN(Value * positive, g.Emit1("ReluGrad", {dy, g.input(0)}, {},
+                                                    kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * negative, g.Emit1("Sub", {dy, positive}));
+  Value* y = g.output(0);
+  if (output_scale != 1.0) {
+    CASTOR_ASSIGN_OR_RETURN(Value * scale, g.Scalar(output_scale, dtype));
+    CASTOR_ASSIGN_OR_RETURN(y, g.Emit1("Mul", {y, scale}));
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * shift, g.Scalar(offset, dtype));
+  CASTOR_ASSIGN_OR_RETURN(Value * slope, g.Emit1("Add", {y, shift}));
+  CASTOR_ASSIGN_OR_RETURN(Value * negative_grad, g.Emit1("Mul", {negative, slope}));
+  if (positive_slope != 1.0) {
+    CASTOR_ASSIGN_OR_RETURN(Value * gain, g.Scalar(positive_slope, dtype));
+    CASTOR_ASSIGN_OR_RETURN(positive, g.Emit1("Mul", {positive, gain}));
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Add", {positive, negative_grad}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+absl::Status EluGradient(GradientBuilder& g) {
+  const double alpha = g.node().GetFloat("alpha", 1.0f);
+  return ExponentialUnitGradient(g, 1.0, 1.0, alpha);
+}
+
+absl::Status SeluGradient(GradientBuilder& g) {
+  const double alpha = g.node().GetFloat("alpha", 1.67326319217681884765625f);
+  const double gamma = g.node().GetFloat("gamma", 1.05070102214813232421875f);
+  return ExponentialUnitGradient(g, gamma, 1.0, gamma * alpha);
+}
+
+absl::Status CeluGradient(GradientBuilder& g) {
+  const double alpha = g.node().GetFloat("alpha", 1.0f);
+  return ExponentialUnitGradient(g, 1.0, 1.0 / alpha, 1.0);
+}
+
+// Y = ln(1 + e^X): dX = dY * sigmoid(X).
+absl::Status SoftplusGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * sigmoid, g.Emit1("Sigmoid", {g.input(0)}));
+  return TimesDerivative(g, sigmoid);
+}
+
+// Y = X / (1 + |X|): dX = dY / (1 + |X|)^2.
+absl::Status SoftsignGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * one, g.Scalar(1.0, g.input(0)->dtype()));
+  CASTOR_ASSIGN_OR_RETURN(Value * magnitude, g.Emit1("Abs", {g.input(0)}));
+  CASTOR_ASSIGN_OR_RETURN(Value * denominator, g.Emit1("Add", {magnitude, one}));
+  CASTOR_ASSIGN_OR_RETURN(Value * square, g.Emit1("Mul", {denominator, denominator}));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Div", {g.output_grad(0), square}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = X where X > alpha, else 0: dX = dY where X > alpha (PyTorch's
+// threshold_backward passes nothing at X == alpha): ReluGrad(dY, X - alpha).
+absl::Status ThresholdedReluGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * alpha,
+                          g.Scalar(g.node().GetFloat("alpha", 1.0f), g.input(0)->dtype()));
+  CASTOR_ASSIGN_OR_RETURN(Value * margin, g.Emit1("Sub", {g.input(0), alpha}));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("ReluGrad", {g.output_grad(0), margin}, {},
+                                                kCastorDomain));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = X tanh(softplus(X)): with T = tanh(softplus(X)) and S = sigmoid(X),
+// dX = dY (T + X S (1 - T^2)), PyTorch's mish_backward.
+absl::Status MishGradient(GradientBuilder& g) {
+  Value* x = g.input(0);
+  CASTOR_ASSIGN_OR_RETURN(Value * one, g.Scalar(1.0, x->dtype()));
+  CASTOR_ASSIGN_OR_RETURN(Value * softplus, g.Emit1("Softplus", {x}));
+  CASTOR_ASSIGN_OR_RETURN(Value * t, g.Emit1("Tanh", {softplus}));
+  CASTOR_ASSIGN_OR_RETURN(Value * s, g.Emit1("Sigmoid", {x}));
+  CASTOR_ASSIGN_OR_RETURN(Value * t_square, g.Emit1("Mul", {t, t}));
+  CASTOR_ASSIGN_OR_RETURN(Value * sech_square, g.Emit1("Sub", {one, t_square}));
+  CASTOR_ASSIGN_OR_RETURN(Value * xs, g.Emit1("Mul", {x, s}));
+  CASTOR_ASSIGN_OR_RETURN(Value * chain, g.Emit1("Mul", {xs, sech_square}));
+  CASTOR_ASSIGN_OR_RETURN(Value * derivative, g.Emit1("Add", {t, chain}));
+  return TimesDerivative(g, derivative);
+}
+
+// Y = PRelu(X, slope): with P = ReluGrad(dY, X) and N = dY - P (X <= 0,
+// PyTorch's side at 0): dX = P + N slope; dslope = N X summed to the
+// slope's shape.
+absl::Status PReluGradient(GradientBuilder& g) {
+  Value* x = g.input(0);
+  Value* slope = g.input(1);
+  CASTOR_ASSIGN_OR_RETURN(Value * positive, g.Emit1("ReluGrad", {g.output_grad(0), x}, {},
+                                                    kCastorDomain));
+  CASTOR_ASSIGN_OR_RETURN(Value * negative, g.Emit1("Sub", {g.output_grad(0), positive}));
+  if (g.wants_input_grad(0)) {
+    CASTOR_ASSIGN_OR_RETURN(Value * scaled, g.Emit1("Mul", {negative, slope}));
+    CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Add", {positive, scaled}));
+    g.SetInputGrad(0, grad);
+  }
+  if (g.wants_input_grad(1)) {
+    CASTOR_ASSIGN_OR_RETURN(Value * product, g.Emit1("Mul", {negative, x}));
+    CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, 1, product));
+  }
   return absl::OkStatus();
 }
 
@@ -1253,8 +1441,13 @@ constexpr RuleEntry kRules[] = {
     {"Sub", SubGradient},
     {"Mul", MulGradient},
     {"Div", DivGradient},
+    {"Mod", ModGradient},
     {"Sum", SumGradient},
     {"Neg", NegGradient},
+    {"Sign", ZeroGradient},
+    {"Floor", ZeroGradient},
+    {"Ceil", ZeroGradient},
+    {"Round", ZeroGradient},
     {"Identity", IdentityGradient},
     {"Cast", CastGradient},
     {"Relu", ReluGradient},
@@ -1268,6 +1461,16 @@ constexpr RuleEntry kRules[] = {
     {"Reciprocal", ReciprocalGradient},
     {"Abs", AbsGradient},
     {"LeakyRelu", LeakyReluGradient},
+    {"HardSigmoid", HardSigmoidGradient},
+    {"HardSwish", HardSwishGradient},
+    {"Elu", EluGradient},
+    {"Selu", SeluGradient},
+    {"Celu", CeluGradient},
+    {"Softplus", SoftplusGradient},
+    {"Softsign", SoftsignGradient},
+    {"ThresholdedRelu", ThresholdedReluGradient},
+    {"Mish", MishGradient},
+    {"PRelu", PReluGradient},
     {"Clip", ClipGradient},
     {"Where", WhereGradient},
     {"Max", MaxMinGradient},
@@ -1321,6 +1524,16 @@ constexpr NoGradientEntry kNoGradient[] = {
     {"", "ConstantOfShape", "its only input is an integer shape"},
     {"", "Range", "its output does not depend smoothly on its inputs (integer steps)"},
     {"", "Equal", "its output is boolean"},
+    {"", "Less", "its output is boolean"},
+    {"", "Greater", "its output is boolean"},
+    {"", "LessOrEqual", "its output is boolean"},
+    {"", "GreaterOrEqual", "its output is boolean"},
+    {"", "And", "its inputs and output are boolean"},
+    {"", "Or", "its inputs and output are boolean"},
+    {"", "Xor", "its inputs and output are boolean"},
+    {"", "Not", "its input and output are boolean"},
+    {"", "IsNaN", "its output is boolean"},
+    {"", "IsInf", "its output is boolean"},
     {"", "ArgMax", "its output is an integer index"},
     {"", "ArgMin", "its output is an integer index"},
     {kTrainingDomain, "Adam", "an optimizer update is not differentiated"},
