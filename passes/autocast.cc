@@ -416,7 +416,7 @@ class AutocastPass {
         ++readers;
       }
     }
-    if (readers == 0 || !AcceptsLowp(node).ok()) return std::nullopt;
+    if (readers == 0 || !AcceptsInputsIn(node, lowp_).ok()) return std::nullopt;
     std::string entry = absl::StrCat(reason.rule, ": ", reason.entry);
     std::string why = absl::StrCat(
         "rule 3 (follow, exact): ", entry, "; its input ", Quoted(input->name()), " is ",
@@ -426,32 +426,35 @@ class AutocastPass {
     return ReadersDecision{std::move(why), std::move(entry), input};
   }
 
-  // Whether the op's inference accepts the node's float inputs in the
-  // compute dtype (float32 where pinned) at the model's opset. Inputs are
-  // retyped for the probe and restored.
-  absl::Status AcceptsLowp(Node& node) {
+  // Whether the op's inference accepts the node's float inputs in `dtype`
+  // (float32 where pinned) at the model's opset. Inputs are retyped for the
+  // probe and restored.
+  absl::Status AcceptsInputsIn(Node& node, DType dtype) {
     std::vector<std::pair<Value*, DType>> saved;
     for (int i = 0; i < node.num_inputs(); ++i) {
       Value* in = node.input(i);
       if (!in || !IsAutocastFloat(in->dtype())) continue;
-      const DType target = policy_.IsPinned(node, i) ? DType::kFloat32 : lowp_;
+      const DType target = policy_.IsPinned(node, i) ? DType::kFloat32 : dtype;
       if (in->dtype() == target) continue;
       saved.emplace_back(in, in->dtype());
       in->set_dtype(target);
     }
-    absl::Status as_lowp = CheckNodeInference(model_, node);
+    absl::Status accepted = CheckNodeInference(model_, node);
     for (auto it = saved.rbegin(); it != saved.rend(); ++it) it->first->set_dtype(it->second);
-    return as_lowp;
+    return accepted;
   }
 
-  // The compute dtype when AcceptsLowp; float32 (with the op's objection)
-  // otherwise.
+  // The compute dtype when the op accepts it; float32 (with the op's
+  // objection) otherwise.
   absl::StatusOr<Decision> LowpIfAccepted(Node& node, std::string why) {
-    absl::Status as_lowp = AcceptsLowp(node);
+    absl::Status as_lowp = AcceptsInputsIn(node, lowp_);
     if (as_lowp.ok()) return Decision{lowp_, std::move(why)};
     // An objection that float32 inputs share is not about the dtype (a
-    // shape input the probe cannot see); the final inference decides.
-    if (!CheckNodeInference(model_, node).ok()) return Decision{lowp_, std::move(why)};
+    // shape input the probe cannot see); the final inference decides. The
+    // probe retypes the inputs to float32: a producer already painted
+    // 16-bit (a bfloat16 Gemm before a HardSwish that takes bfloat16 only
+    // from opset 22) must not make the dtype objection look like another.
+    if (!AcceptsInputsIn(node, DType::kFloat32).ok()) return Decision{lowp_, std::move(why)};
     ++refused_by_opset_[{OpListKey(node.domain(), node.op_type()),
                          model_.OpsetVersion(node.domain())}];
     return Decision{DType::kFloat32,

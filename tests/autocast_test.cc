@@ -616,6 +616,31 @@ TEST(AutocastRulesTest, OpRefusingTheDtypeAtTheModelsOpsetStaysFloat32WithANote)
   EXPECT_EQ(RecordedDType(float16, "conv"), "float16");
 }
 
+TEST(AutocastRulesTest, OpRefusingTheDtypeAfterA16BitProducerStaysFloat32) {
+  // mobilenet_v3's classifier: a bfloat16 MatMul feeds HardSwish, which
+  // takes bfloat16 only from opset 22. HardSwish must stay float32 (the
+  // MatMul's output is cast back), not be painted bfloat16 because the
+  // probe saw the MatMul's output already bfloat16 and took the refusal
+  // for one float32 inputs share.
+  Model model = ModelBuilder(17)
+                    .Input("x", {4, 8})
+                    .Weight("w", {8, 8})
+                    .Op("MatMul", {"x", "w"}, "mm")
+                    .Op("HardSwish", {"mm"}, "hs")
+                    .Op("MatMul", {"hs", "w"}, "mm2")
+                    .Op("Relu", {"mm2"}, "out")
+                    .Output("out")
+                    .Build();
+  const AutocastReport report = Convert(model, "mixed_bfloat16");
+  EXPECT_EQ(RecordedDType(model, "mm"), "bfloat16");
+  EXPECT_EQ(RecordedDType(model, "hs"), "float32");
+  EXPECT_EQ(RecordedDType(model, "mm2"), "bfloat16");
+  EXPECT_THAT(ReadAutocastRecord(NodeNamed(model, "hs")).why,
+              HasSubstr("but the op does not accept bfloat16 at opset 17"));
+  EXPECT_THAT(report.notes, ElementsAre(HasSubstr("1 HardSwish node stays float32")));
+  EXPECT_THAT(InvariantViolations(model), IsEmpty());
+}
+
 TEST(AutocastRulesTest, UnknownOpsStayFloat32AndAreNoted) {
   Model model;
   model.opset_imports = {{"", 17}, {"com.example", 1}};
