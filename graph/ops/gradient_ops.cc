@@ -354,8 +354,9 @@ absl::Status InferIndexedGrad(InferenceContext& ctx, int64_t (*dy_rank)(const In
 
 // GatherND's output rank: indices' rank - 1 + data's rank - batch_dims - k.
 int64_t GatherNDRank(const InferenceContext& ctx, int64_t data_rank, int64_t index_rank) {
+  if (index_rank == 0) return -1;
   const Dim& last = ctx.input_shape(1)[static_cast<int>(index_rank) - 1];
-  if (index_rank == 0 || !last.is_static()) return -1;
+  if (!last.is_static()) return -1;
   return index_rank - 1 + data_rank - ctx.GetInt("batch_dims", 0) - last.value();
 }
 
