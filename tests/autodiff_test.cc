@@ -491,6 +491,19 @@ TEST(GradientRuleTest, ResizeNearestAndLinearInEachOpsetForm) {
   opset10.Check(opset10.Op("Resize", {x, opset10.Constant("scales", scales)}));
 }
 
+TEST(GradientRuleTest, DepthToSpaceAndSpaceToDepthInvertEachOther) {
+  for (const char* mode : {"DCR", "CRD"}) {
+    SCOPED_TRACE(mode);
+    GradCheck check(13);
+    Value* x = check.Parameter("x", {2, 8, 2, 3});
+    check.Check(check.Op("DepthToSpace", {x},
+                         {Attribute::Int("blocksize", 2), Attribute::String("mode", mode)}));
+  }
+  GradCheck check(13);
+  Value* x = check.Parameter("x", {1, 2, 4, 6});
+  check.Check(check.Op("SpaceToDepth", {x}, {Attribute::Int("blocksize", 2)}));
+}
+
 // ---- data movement: Concat, Split, Slice, Expand, Tile, Pad ------------------
 
 // Output `k` of the node that produced `value`.

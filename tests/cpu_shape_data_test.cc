@@ -1,7 +1,7 @@
 // CPU kernels of the shape_ops and data_movement families (Reshape, Flatten,
 // Squeeze, Unsqueeze, Transpose, Expand, Shape, Size, Concat, Split, Slice,
 // Gather, Tile, Pad, GatherND, ScatterND, GatherElements, ScatterElements,
-// Trilu): each op against an index-mapping reference computed here, in
+// Trilu, DepthToSpace, SpaceToDepth): each op against an index-mapping reference computed here, in
 // every dtype castor carries (the kernels move bytes; scatter reductions
 // against sums and products computed here), plus the ONNX node
 // conformance cases of these ops.
@@ -673,6 +673,38 @@ TEST(CpuTrilu, UpperAndLowerForEveryDiagonalInEveryDType) {
     }
   }
   ExpectError("Trilu", {F32({3}, {1, 2, 3})}, {}, 14, {"Trilu", "rank >= 2"});
+}
+
+// ---- DepthToSpace / SpaceToDepth -----------------------------------------------------
+
+TEST(CpuDepthToSpace, BothModesAndSpaceToDepthInEveryDType) {
+  const std::vector<int64_t> in_dims = {2, 8, 2, 3};  // b = 2: depth 2
+  for (DType dtype : AllDTypes()) {
+    SCOPED_TRACE(DTypeName(dtype));
+    Tensor in = Pattern(dtype, in_dims);
+    // ONNX: DCR reads channel (bh * 2 + bw) * depth + c, CRD c * 4 + bh * 2 + bw.
+    for (const std::string mode : {"DCR", "CRD"}) {
+      Tensor expected = Mapped(in, {2, 2, 4, 6}, [&](const std::vector<int64_t>& o) {
+        const int64_t bh = o[2] % 2, bw = o[3] % 2, c = o[1];
+        const int64_t channel = mode == "DCR" ? (bh * 2 + bw) * 2 + c : c * 4 + bh * 2 + bw;
+        return Ravel({o[0], channel, o[2] / 2, o[3] / 2}, in_dims);
+      });
+      EXPECT_EQ(RunOk("DepthToSpace", {in},
+                      {Attribute::Int("blocksize", 2), Attribute::String("mode", mode)}, 13)[0],
+                expected);
+    }
+    // SpaceToDepth of [2, 2, 4, 6]: channel (bh * 2 + bw) * C + c.
+    Tensor space = Pattern(dtype, {2, 2, 4, 6});
+    Tensor expected = Mapped(space, {2, 8, 2, 3}, [&](const std::vector<int64_t>& o) {
+      const int64_t block = o[1] / 2, c = o[1] % 2;
+      return Ravel({o[0], c, o[2] * 2 + block / 2, o[3] * 2 + block % 2}, {2, 2, 4, 6});
+    });
+    EXPECT_EQ(RunOk("SpaceToDepth", {space}, {Attribute::Int("blocksize", 2)}, 13)[0], expected);
+  }
+  ExpectError("DepthToSpace", {Pattern(DType::kFloat32, {1, 6, 2, 2})},
+              {Attribute::Int("blocksize", 2)}, 13, {"DepthToSpace", "divisible"});
+  ExpectError("SpaceToDepth", {Pattern(DType::kFloat32, {1, 1, 3, 4})},
+              {Attribute::Int("blocksize", 2)}, 13, {"SpaceToDepth", "divisible"});
 }
 
 // ---- Conformance ----------------------------------------------------------------

@@ -2,7 +2,8 @@
 // Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout, Transpose,
 // Expand, Shape, Size, Constant, ConstantOfShape, Range, Concat, Split,
 // Slice, Gather, Tile, Pad, GatherND, ScatterND, GatherElements,
-// ScatterElements, Trilu, CumSum (backend/cuda/reduce.cu) and com.castor
+// ScatterElements, Trilu, DepthToSpace, SpaceToDepth, CumSum
+// (backend/cuda/reduce.cu) and com.castor
 // GatherGrad, GatherNDGrad, GatherElementsGrad. The data-movement ops
 // move bytes, so each runs with float and int64 data and with elements of
 // every size (1, 2, 4 and 8 bytes: bool/uint8, float16/bfloat16, int32/
@@ -560,6 +561,17 @@ TEST(CudaShapeOps, CumSumEachAxisExclusiveAndReverse) {
       }
     }
   }
+}
+
+TEST(CudaShapeOps, DepthToSpaceBothModesAndSpaceToDepth) {
+  CASTOR_REQUIRE_CUDA();
+  for (const char* mode : {"DCR", "CRD"}) {
+    ExpectOpMatches("DepthToSpace", MovedTypes(), {2, 12, 3, 5},
+                    {}, {Attribute::Int("blocksize", 2), Attribute::String("mode", mode)}, 13,
+                    mode);
+  }
+  ExpectOpMatches("SpaceToDepth", MovedTypes(), {2, 3, 6, 9}, {}, {Attribute::Int("blocksize", 3)},
+                  13, "blocksize 3");
 }
 
 // ---- Pad -------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 // CPU kernels: data_movement family (ops of graph/ops/data_movement.cc):
 // Concat, Split, Slice, Gather, Tile, Pad, GatherND, ScatterND,
-// GatherElements, ScatterElements and Trilu. All are dtype-agnostic (they
+// GatherElements, ScatterElements, Trilu, DepthToSpace and SpaceToDepth. All are dtype-agnostic (they
 // move elements of DTypeSize bytes; a scatter with a reduction computes in
 // the data's numeric type, 16-bit floats in float32) and compute their
 // output dims from the input values. Indices out of range are the node's
@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backend/common/depth_geometry.h"
 #include "backend/common/op_geometry.h"
 #include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_kernels.h"
@@ -466,6 +467,20 @@ absl::Status RunTrilu(KernelContext& ctx) {
   });
   return absl::OkStatus();
 }
+// ---- DepthToSpace / SpaceToDepth ----------------------------------------------------
+
+absl::Status RunDepthToSpace(KernelContext& ctx) {
+  CASTOR_ASSIGN_OR_RETURN(const common::CopyPlan plan,
+                          common::PlanDepthToSpace(ctx, ctx.input(0).dims));
+  return CopyByPlan(ctx, plan);
+}
+
+absl::Status RunSpaceToDepth(KernelContext& ctx) {
+  CASTOR_ASSIGN_OR_RETURN(const common::CopyPlan plan,
+                          common::PlanSpaceToDepth(ctx, ctx.input(0).dims));
+  return CopyByPlan(ctx, plan);
+}
+
 }  // namespace
 
 void RegisterDataMovementKernels(KernelTable& table) {
@@ -476,7 +491,8 @@ void RegisterDataMovementKernels(KernelTable& table) {
       {"GatherND", RunGatherND},   {"ScatterND", RunScatterND},
       {"GatherElements", RunGatherElements},
       {"ScatterElements", RunScatterElements},
-      {"Trilu", RunTrilu}};
+      {"Trilu", RunTrilu},         {"DepthToSpace", RunDepthToSpace},
+      {"SpaceToDepth", RunSpaceToDepth}};
   for (auto [op_type, run] : kernels) {
     table.Register(KernelDef{"", op_type, NoStringTensors, run, /*in_place_ok=*/false});
   }

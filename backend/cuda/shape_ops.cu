@@ -2,7 +2,8 @@
 // data_movement.cc and misc.cc on the CPU): Reshape, Flatten, Squeeze,
 // Unsqueeze, Identity, Dropout, Transpose, Expand, Shape, Size, Constant,
 // ConstantOfShape, Range, Concat, Split, Slice, Gather, Tile, Pad, GatherND,
-// ScatterND, GatherElements, ScatterElements, Trilu, and the com.castor
+// ScatterND, GatherElements, ScatterElements, Trilu, DepthToSpace,
+// SpaceToDepth, and the com.castor
 // GatherGrad, GatherNDGrad and GatherElementsGrad.
 //
 // The data-movement kernels move bytes: they dispatch on the element size
@@ -49,6 +50,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backend/common/depth_geometry.h"
 #include "backend/common/op_geometry.h"
 #include "backend/cuda/convert.cuh"
 #include "backend/cuda/cuda_common.cuh"
@@ -1139,6 +1141,20 @@ absl::Status RunTrilu(KernelContext& ctx) {
   });
 }
 
+// ---- DepthToSpace / SpaceToDepth: one strided copy each ---------------------------------
+
+absl::Status RunDepthToSpace(KernelContext& ctx) {
+  CASTOR_ASSIGN_OR_RETURN(const common::CopyPlan plan,
+                          common::PlanDepthToSpace(ctx, ctx.input(0).dims));
+  return CopyByPlan(ctx, plan);
+}
+
+absl::Status RunSpaceToDepth(KernelContext& ctx) {
+  CASTOR_ASSIGN_OR_RETURN(const common::CopyPlan plan,
+                          common::PlanSpaceToDepth(ctx, ctx.input(0).dims));
+  return CopyByPlan(ctx, plan);
+}
+
 // ---- Pad -------------------------------------------------------------------------------
 
 absl::Status RunPad(KernelContext& ctx) {
@@ -1228,6 +1244,8 @@ void RegisterShapeKernels(KernelTable& table) {
       {"GatherElements", RunGatherElements, false},
       {"ScatterElements", RunScatterElements, false},
       {"Trilu", RunTrilu, false},
+      {"DepthToSpace", RunDepthToSpace, false},
+      {"SpaceToDepth", RunSpaceToDepth, false},
   };
   for (const Entry& e : entries) {
     table.Register(KernelDef{"", e.op_type, FixedSizeTensors, e.run, e.in_place_ok});

@@ -118,6 +118,8 @@ constexpr Entry kTable[] = {
     {"", "GatherElements", kFollow,
      "PyTorch gather: runs in input type (a selection: not exact, as Gather)"},
     {"", "ScatterElements", kFollow, "PyTorch scatter/scatter_add: runs in input type", kExact},
+    {"", "DepthToSpace", kFollow, "TF DepthToSpace: clear", kExact},
+    {"", "SpaceToDepth", kFollow, "TF SpaceToDepth: clear", kExact},
     {"", "Trilu", kFollow, "PyTorch triu/tril: runs in input type; TF MatrixBandPart: clear",
      kExact},
     {"", "Pad", kFollow, "TF Pad: clear", kExact},

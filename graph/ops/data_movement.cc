@@ -1,7 +1,8 @@
 // Ops that move or select data: Concat, Split, Slice, Gather, Tile, Pad,
 // the indexing ops GatherND/ScatterND (index tuples), GatherElements/
-// ScatterElements (one index per element), and Trilu (a triangle of each
-// matrix).
+// ScatterElements (one index per element), Trilu (a triangle of each
+// matrix), and DepthToSpace/SpaceToDepth (channels <-> spatial blocks; mode
+// CRD from opset 11).
 // Concat, Slice and Gather also carry "shape values" (1-D int64 tensors
 // whose entries are known dims, see InferenceContext::ShapeValue) so that
 // shape arithmetic like Concat(Unsqueeze(Gather(Shape(x), 0)), [28, 28])
@@ -756,6 +757,47 @@ absl::Status InferTrilu(InferenceContext& ctx) {
   return absl::OkStatus();
 }
 
+// ---- DepthToSpace / SpaceToDepth ------------------------------------------------
+
+// `to_space`: DepthToSpace [N, C, H, W] -> [N, C/b^2, H*b, W*b]; else
+// SpaceToDepth [N, C, H, W] -> [N, C*b^2, H/b, W/b].
+absl::Status InferDepthSpace(InferenceContext& ctx, bool to_space) {
+  CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 0, AllTypesAt(ctx)));
+  const int64_t b = ctx.GetInt("blocksize", 0);
+  if (!ctx.has_attribute("blocksize") || b < 1) {
+    return ctx.Error(absl::StrCat("attribute 'blocksize' is required and >= 1; got ", b));
+  }
+  if (to_space) {
+    CASTOR_RETURN_IF_ERROR(ops::CheckAttributeOpsets(ctx, "mode", 11));
+    const std::string mode = ctx.GetString("mode", "DCR");
+    if (mode != "DCR" && mode != "CRD") {
+      return ctx.Error(absl::StrCat("attribute 'mode' is \"", mode, "\"; expected DCR or CRD"));
+    }
+  }
+  const Shape& input = ctx.input_shape(0);
+  if (!input.rank_known()) {
+    ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::vector<Dim>(4)));
+    return absl::OkStatus();
+  }
+  if (input.rank() != 4) {
+    return ctx.Error(absl::StrCat("input has shape ", input.ToString(), "; expected [N, C, H, W]"));
+  }
+  std::vector<Dim> dims = input.dims();
+  auto scaled = [&](const Dim& d, bool multiply, int64_t by) -> absl::StatusOr<Dim> {
+    if (!d.is_static()) return Dim::Unknown();
+    if (!multiply && d.value() % by != 0) {
+      return ctx.Error(absl::StrCat("input ", input.ToString(), " has a dim ", d.value(),
+                                    " not divisible by ", by));
+    }
+    return Dim(multiply ? d.value() * by : d.value() / by);
+  };
+  CASTOR_ASSIGN_OR_RETURN(dims[1], scaled(input[1], !to_space, b * b));
+  CASTOR_ASSIGN_OR_RETURN(dims[2], scaled(input[2], to_space, b));
+  CASTOR_ASSIGN_OR_RETURN(dims[3], scaled(input[3], to_space, b));
+  ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::move(dims)));
+  return absl::OkStatus();
+}
+
 using ops::MakeDef;
 
 }  // namespace
@@ -801,6 +843,16 @@ void RegisterDataMovementOps(OpRegistry& registry) {
                             InferScatterElements,
                             "Copies data and writes (or combines) updates[p] at p with its axis "
                             "coordinate replaced by indices[p]."));
+  registry.Register(MakeDef("DepthToSpace", kMinOnnxOpset, 1, 1,
+                            {{"blocksize", AttrKind::kInt, /*required=*/true},
+                             {"mode", AttrKind::kString}},
+                            [](InferenceContext& ctx) { return InferDepthSpace(ctx, true); },
+                            "Moves blocksize x blocksize blocks of channels into space (DCR or "
+                            "CRD order)."));
+  registry.Register(MakeDef("SpaceToDepth", kMinOnnxOpset, 1, 1,
+                            {{"blocksize", AttrKind::kInt, /*required=*/true}},
+                            [](InferenceContext& ctx) { return InferDepthSpace(ctx, false); },
+                            "Moves blocksize x blocksize spatial blocks into channels."));
   registry.Register(MakeDef("Trilu", 14, 1, 2, {{"upper", AttrKind::kInt}}, InferTrilu,
                             "Keeps the upper (or lower) triangle of each matrix from the k-th "
                             "diagonal, zeroing the rest."));

@@ -1347,6 +1347,48 @@ absl::Status ResizeGradient(GradientBuilder& g) {
   return absl::OkStatus();
 }
 
+// Y = DepthToSpace(X) (DCR) and Y = SpaceToDepth(X) are each other's
+// inverse permutations, so each one's gradient is the other applied to dY.
+// DepthToSpace CRD: dX = dY viewed as [N, C', H, b, W, b], transposed back
+// to [N, C', b, b, H, W] (needs static C, H, W; N may be symbolic).
+absl::Status DepthToSpaceGradient(GradientBuilder& g) {
+  const int64_t b = g.node().GetInt("blocksize", 1);
+  Value* dy = g.output_grad(0);
+  if (g.node().GetString("mode", "DCR") == "DCR") {
+    CASTOR_ASSIGN_OR_RETURN(Value * grad,
+                            g.Emit1("SpaceToDepth", {dy}, {Attribute::Int("blocksize", b)}));
+    g.SetInputGrad(0, grad);
+    return absl::OkStatus();
+  }
+  const std::optional<std::vector<int64_t>> x = [&]() -> std::optional<std::vector<int64_t>> {
+    const Shape& shape = g.input(0)->shape();
+    if (!shape.rank_known() || shape.rank() != 4) return std::nullopt;
+    for (int a = 1; a < 4; ++a) {
+      if (!shape[a].is_static()) return std::nullopt;
+    }
+    return std::vector<int64_t>{0, shape[1].value(), shape[2].value(), shape[3].value()};
+  }();
+  if (!x) return absl::UnimplementedError("DepthToSpace CRD with C, H, W not static");
+  const int64_t depth = (*x)[1] / (b * b), h = (*x)[2], w = (*x)[3];
+  CASTOR_ASSIGN_OR_RETURN(Value * view_shape, g.Int64s({0, depth, h, b, w, b}));
+  CASTOR_ASSIGN_OR_RETURN(Value * view, g.Emit1("Reshape", {dy, view_shape}));
+  CASTOR_ASSIGN_OR_RETURN(Value * moved, g.Emit1("Transpose", {view},
+                                                 {Attribute::Ints("perm", {0, 1, 3, 5, 2, 4})}));
+  CASTOR_ASSIGN_OR_RETURN(Value * x_shape, g.Int64s(*x));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Reshape", {moved, x_shape}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+absl::Status SpaceToDepthGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(
+      Value * grad,
+      g.Emit1("DepthToSpace", {g.output_grad(0)},
+              {Attribute::Int("blocksize", g.node().GetInt("blocksize", 1))}));  // mode DCR
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
 struct RuleEntry {
   const char* op_type;
   Rule rule;
@@ -1392,6 +1434,8 @@ constexpr RuleEntry kRules[] = {
     {"Tile", TileGradient},
     {"Pad", PadGradient},
     {"Trilu", TriluGradient},
+    {"DepthToSpace", DepthToSpaceGradient},
+    {"SpaceToDepth", SpaceToDepthGradient},
     {"Resize", ResizeGradient},
     {"ReduceSum", ReduceSumGradient},
     {"ReduceMean", ReduceMeanGradient},
