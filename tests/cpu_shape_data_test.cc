@@ -1,8 +1,10 @@
 // CPU kernels of the shape_ops and data_movement families (Reshape, Flatten,
 // Squeeze, Unsqueeze, Transpose, Expand, Shape, Size, Concat, Split, Slice,
-// Gather, Tile, Pad): each op against an index-mapping reference computed
-// here, in every dtype castor carries (the kernels move bytes), plus the
-// ONNX node conformance cases of these ops.
+// Gather, Tile, Pad, GatherND, ScatterND, GatherElements, ScatterElements,
+// Trilu, DepthToSpace, SpaceToDepth): each op against an index-mapping reference computed here, in
+// every dtype castor carries (the kernels move bytes; scatter reductions
+// against sums and products computed here), plus the ONNX node
+// conformance cases of these ops.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -504,6 +506,205 @@ TEST(CpuPad, DefaultZeroAxesInputNegativePadsAndOpset7Attributes) {
                   {Attribute::Ints("pads", {1, 0, 0, 0}), Attribute::Float("value", 1.5f)}, 7)[0],
             F32({3, 3}, {1.5f, 1.5f, 1.5f, 1, 2, 3, 4, 5, 6}));
   ExpectError("Pad", {in, I64({2}, {1, 1})}, {}, 13, {"pads", "expected 4"});
+}
+
+// ---- GatherND / ScatterND --------------------------------------------------------
+
+TEST(CpuGatherND, TuplesOfEachLengthNegativeEntriesAndBatchDims) {
+  const std::vector<int64_t> in_dims = {2, 3, 4};
+  for (DType dtype : AllDTypes()) {
+    SCOPED_TRACE(DTypeName(dtype));
+    Tensor in = Pattern(dtype, in_dims);
+    // k = 2: each tuple picks a row of 4.
+    const std::vector<int64_t> pairs = {1, -1, 0, 0, -2, 1};
+    EXPECT_EQ(RunOk("GatherND", {in, I64({3, 2}, pairs)}, {}, 13)[0],
+              Mapped(in, {3, 4}, [&](const std::vector<int64_t>& o) {
+                const int64_t a = (pairs[o[0] * 2] + 2) % 2, b = (pairs[o[0] * 2 + 1] + 3) % 3;
+                return Ravel({a, b, o[1]}, in_dims);
+              }));
+    // k = 3 (single elements), indices [2, 1, 3] -> output [2, 1].
+    EXPECT_EQ(RunOk("GatherND", {in, I32({2, 1, 3}, {1, 2, 3, 0, -3, -1})}, {}, 13)[0],
+              Mapped(in, {2, 1}, [&](const std::vector<int64_t>& o) {
+                return o[0] == 0 ? Ravel({1, 2, 3}, in_dims) : Ravel({0, 0, 3}, in_dims);
+              }));
+    // batch_dims 1: batch b's tuples index data[b] ([3, 4]) with k = 1.
+    const std::vector<int64_t> rows = {2, 0, -1, 1};
+    EXPECT_EQ(RunOk("GatherND", {in, I64({2, 2, 1}, rows)}, {Attribute::Int("batch_dims", 1)},
+                    13)[0],
+              Mapped(in, {2, 2, 4}, [&](const std::vector<int64_t>& o) {
+                return Ravel({o[0], (rows[o[0] * 2 + o[1]] + 3) % 3, o[2]}, in_dims);
+              }));
+  }
+  Tensor in = Pattern(DType::kFloat32, in_dims);
+  ExpectError("GatherND", {in, I64({1, 2}, {0, 3})}, {}, 13,
+              {"GatherND", "tuple 0 [0,3]", "out of range", "[2,3]"});
+  ExpectError("GatherND", {in, I64({1, 4}, {0, 0, 0, 0})}, {}, 13, {"tuples of 4 entries"});
+}
+
+TEST(CpuScatterND, WritesSlicesInEveryDTypeAndLastDuplicateWins) {
+  const std::vector<int64_t> in_dims = {4, 3};
+  for (DType dtype : AllDTypes()) {
+    SCOPED_TRACE(DTypeName(dtype));
+    Tensor data = Pattern(dtype, in_dims);
+    Tensor updates = Pattern(dtype, {3, 3});
+    for (size_t i = 0; i < updates.byte_size(); ++i) updates.raw()[i] ^= 0x5a;
+    if (dtype == DType::kBool) updates = Pattern(dtype, {3, 3});
+    // Rows 1 and -1 (= 3), then row 1 again: its second update wins.
+    Tensor expected = data;
+    const size_t row_bytes = 3 * DTypeSize(dtype);
+    std::memcpy(expected.raw() + 3 * row_bytes, updates.raw() + 1 * row_bytes, row_bytes);
+    std::memcpy(expected.raw() + 1 * row_bytes, updates.raw() + 2 * row_bytes, row_bytes);
+    EXPECT_EQ(RunOk("ScatterND", {data, I64({3, 1}, {1, -1, 1}), updates}, {}, 13)[0], expected);
+  }
+  // Single elements (k = 2) with int32 indices.
+  EXPECT_EQ(RunOk("ScatterND", {F32({2, 2}, {1, 2, 3, 4}), I32({2, 2}, {0, 1, -1, 0}),
+                                F32({2}, {9, 8})},
+                  {}, 13)[0],
+            F32({2, 2}, {1, 9, 8, 4}));
+}
+
+TEST(CpuScatterND, ReductionsCombineDuplicatesInOrder) {
+  const Tensor data = F32({3, 2}, {1, 2, 3, 4, 5, 6});
+  const Tensor indices = I64({3, 1}, {2, 0, 2});
+  const Tensor updates = F32({3, 2}, {10, 20, 30, 40, 50, 60});
+  auto run = [&](const std::string& reduction, const Tensor& d, const Tensor& u) {
+    return RunOk("ScatterND", {d, indices, u}, {Attribute::String("reduction", reduction)},
+                 18)[0];
+  };
+  EXPECT_EQ(run("add", data, updates), F32({3, 2}, {31, 42, 3, 4, 65, 86}));
+  EXPECT_EQ(run("mul", data, updates), F32({3, 2}, {30, 80, 3, 4, 2500, 7200}));
+  EXPECT_EQ(run("max", data, updates), F32({3, 2}, {30, 40, 3, 4, 50, 60}));
+  EXPECT_EQ(run("min", data, updates), F32({3, 2}, {1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(run("add", I64({3, 2}, {1, 2, 3, 4, 5, 6}), I64({3, 2}, {10, 20, 30, 40, 50, 60})),
+            I64({3, 2}, {31, 42, 3, 4, 65, 86}));
+  // 16-bit floats combine in float32 and round on store (exact here).
+  EXPECT_EQ(run("add", testing::F16({3, 2}, {1, 2, 3, 4, 5, 6}),
+                testing::F16({3, 2}, {10, 20, 30, 40, 50, 60})),
+            testing::F16({3, 2}, {31, 42, 3, 4, 65, 86}));
+  ExpectError("ScatterND", {data, indices, updates}, {Attribute::String("reduction", "max")}, 16,
+              {"reduction", "max", "opset 16"});
+  ExpectError("ScatterND", {data, indices, F32({3, 1}, {1, 2, 3})}, {}, 13,
+              {"updates", "[3,2]"});
+  ExpectError("ScatterND", {data, I64({1, 1}, {3}), F32({1, 2}, {1, 2})}, {}, 13,
+              {"ScatterND", "tuple 0 [3]", "out of range"});
+}
+
+// ---- GatherElements / ScatterElements ----------------------------------------------
+
+TEST(CpuGatherElements, EachAxisNegativeIndicesAndSmallerIndexDims) {
+  const std::vector<int64_t> in_dims = {3, 4};
+  const std::vector<int64_t> values = {-1, 0, 2, 1, 3, -4};
+  for (DType dtype : AllDTypes()) {
+    SCOPED_TRACE(DTypeName(dtype));
+    Tensor in = Pattern(dtype, in_dims);
+    // axis 1, indices [3, 2]: out[i][j] = in[i][indices[i][j]].
+    EXPECT_EQ(RunOk("GatherElements", {in, I64({3, 2}, values)}, {Attribute::Int("axis", 1)},
+                    13)[0],
+              Mapped(in, {3, 2}, [&](const std::vector<int64_t>& o) {
+                return Ravel({o[0], (values[o[0] * 2 + o[1]] + 4) % 4}, in_dims);
+              }));
+    // axis -2 (= 0), indices [2, 3]: out[i][j] = in[indices[i][j]][j].
+    const std::vector<int32_t> rows = {2, -1, 0, 1, 1, -3};
+    EXPECT_EQ(RunOk("GatherElements", {in, I32({2, 3}, rows)}, {Attribute::Int("axis", -2)},
+                    13)[0],
+              Mapped(in, {2, 3}, [&](const std::vector<int64_t>& o) {
+                return Ravel({(rows[o[0] * 3 + o[1]] + 3) % 3, o[1]}, in_dims);
+              }));
+  }
+  Tensor in = Pattern(DType::kFloat32, in_dims);
+  ExpectError("GatherElements", {in, I64({1, 1}, {4})}, {Attribute::Int("axis", 1)}, 13,
+              {"GatherElements", "index 4", "axis 1", "size 4"});
+  ExpectError("GatherElements", {in, I64({3, 5}, std::vector<int64_t>(15, 0))}, {}, 13,
+              {"exceed data"});
+}
+
+TEST(CpuScatterElements, WritesAndAddsAlongTheAxis) {
+  const Tensor data = F32({2, 3}, {1, 2, 3, 4, 5, 6});
+  const Tensor indices = I64({2, 2}, {2, 2, 0, -1});
+  const Tensor updates = F32({2, 2}, {10, 20, 30, 40});
+  // axis 1: row 0 writes column 2 twice (the second wins), row 1 columns 0 and 2.
+  EXPECT_EQ(RunOk("ScatterElements", {data, indices, updates}, {Attribute::Int("axis", 1)}, 13)[0],
+            F32({2, 3}, {1, 2, 20, 30, 5, 40}));
+  EXPECT_EQ(RunOk("ScatterElements", {data, indices, updates},
+                  {Attribute::Int("axis", 1), Attribute::String("reduction", "add")}, 16)[0],
+            F32({2, 3}, {1, 2, 33, 34, 5, 46}));
+  // axis 0 in every dtype: indices [1, 3] pick rows per column.
+  for (DType dtype : AllDTypes()) {
+    SCOPED_TRACE(DTypeName(dtype));
+    Tensor d = Pattern(dtype, {2, 3});
+    Tensor u = Pattern(dtype, {1, 3});
+    for (size_t i = 0; i < u.byte_size(); ++i) u.raw()[i] ^= dtype == DType::kBool ? 1 : 0x33;
+    const std::vector<int64_t> rows = {1, -2, 1};
+    Tensor expected = d;
+    const size_t size = DTypeSize(dtype);
+    for (int64_t j = 0; j < 3; ++j) {
+      std::memcpy(expected.raw() + ((rows[j] + 2) % 2 * 3 + j) * size, u.raw() + j * size, size);
+    }
+    EXPECT_EQ(RunOk("ScatterElements", {d, I64({1, 3}, rows), u}, {}, 13)[0], expected);
+  }
+  ExpectError("ScatterElements", {data, I64({1, 1}, {-3}), F32({1, 1}, {1})},
+              {Attribute::Int("axis", 0)}, 13, {"index -3", "axis 0", "size 2"});
+}
+
+// ---- Trilu -------------------------------------------------------------------------
+
+TEST(CpuTrilu, UpperAndLowerForEveryDiagonalInEveryDType) {
+  const std::vector<int64_t> in_dims = {2, 3, 4};
+  for (DType dtype : AllDTypes()) {
+    Tensor in = Pattern(dtype, in_dims);
+    Tensor zero(dtype, {1});
+    std::memset(zero.raw(), 0, zero.byte_size());
+    for (int upper : {0, 1}) {
+      for (int64_t k : {-5, -1, 0, 2, 4}) {
+        SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " upper ", upper, " k ", k));
+        Tensor expected = Mapped(
+            in, in_dims,
+            [&](const std::vector<int64_t>& o) {
+              const bool keep = upper ? o[2] >= o[1] + k : o[2] <= o[1] + k;
+              return keep ? Ravel(o, in_dims) : -1;
+            },
+            &zero);
+        EXPECT_EQ(RunOk("Trilu", {in, I64({}, {k})}, {Attribute::Int("upper", upper)}, 14)[0],
+                  expected);
+        if (k == 0) {
+          EXPECT_EQ(RunOk("Trilu", {in}, {Attribute::Int("upper", upper)}, 14)[0], expected);
+        }
+      }
+    }
+  }
+  ExpectError("Trilu", {F32({3}, {1, 2, 3})}, {}, 14, {"Trilu", "rank >= 2"});
+}
+
+// ---- DepthToSpace / SpaceToDepth -----------------------------------------------------
+
+TEST(CpuDepthToSpace, BothModesAndSpaceToDepthInEveryDType) {
+  const std::vector<int64_t> in_dims = {2, 8, 2, 3};  // b = 2: depth 2
+  for (DType dtype : AllDTypes()) {
+    SCOPED_TRACE(DTypeName(dtype));
+    Tensor in = Pattern(dtype, in_dims);
+    // ONNX: DCR reads channel (bh * 2 + bw) * depth + c, CRD c * 4 + bh * 2 + bw.
+    for (const std::string mode : {"DCR", "CRD"}) {
+      Tensor expected = Mapped(in, {2, 2, 4, 6}, [&](const std::vector<int64_t>& o) {
+        const int64_t bh = o[2] % 2, bw = o[3] % 2, c = o[1];
+        const int64_t channel = mode == "DCR" ? (bh * 2 + bw) * 2 + c : c * 4 + bh * 2 + bw;
+        return Ravel({o[0], channel, o[2] / 2, o[3] / 2}, in_dims);
+      });
+      EXPECT_EQ(RunOk("DepthToSpace", {in},
+                      {Attribute::Int("blocksize", 2), Attribute::String("mode", mode)}, 13)[0],
+                expected);
+    }
+    // SpaceToDepth of [2, 2, 4, 6]: channel (bh * 2 + bw) * C + c.
+    Tensor space = Pattern(dtype, {2, 2, 4, 6});
+    Tensor expected = Mapped(space, {2, 8, 2, 3}, [&](const std::vector<int64_t>& o) {
+      const int64_t block = o[1] / 2, c = o[1] % 2;
+      return Ravel({o[0], c, o[2] * 2 + block / 2, o[3] * 2 + block % 2}, {2, 2, 4, 6});
+    });
+    EXPECT_EQ(RunOk("SpaceToDepth", {space}, {Attribute::Int("blocksize", 2)}, 13)[0], expected);
+  }
+  ExpectError("DepthToSpace", {Pattern(DType::kFloat32, {1, 6, 2, 2})},
+              {Attribute::Int("blocksize", 2)}, 13, {"DepthToSpace", "divisible"});
+  ExpectError("SpaceToDepth", {Pattern(DType::kFloat32, {1, 1, 3, 4})},
+              {Attribute::Int("blocksize", 2)}, 13, {"SpaceToDepth", "divisible"});
 }
 
 // ---- Conformance ----------------------------------------------------------------

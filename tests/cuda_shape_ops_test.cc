@@ -1,7 +1,10 @@
 // CUDA kernels of backend/cuda/shape_ops.cu against the CPU backend:
 // Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout, Transpose,
 // Expand, Shape, Size, Constant, ConstantOfShape, Range, Concat, Split,
-// Slice, Gather, Tile, Pad and com.castor GatherGrad. The data-movement ops
+// Slice, Gather, Tile, Pad, GatherND, ScatterND, GatherElements,
+// ScatterElements, Trilu, DepthToSpace, SpaceToDepth, CumSum
+// (backend/cuda/reduce.cu) and com.castor
+// GatherGrad, GatherNDGrad, GatherElementsGrad. The data-movement ops
 // move bytes, so each runs with float and int64 data and with elements of
 // every size (1, 2, 4 and 8 bytes: bool/uint8, float16/bfloat16, int32/
 // float32, int64/float64); with the attribute and opset variants that
@@ -455,6 +458,128 @@ TEST(CudaShapeOps, GatherGradScatterAddsRepeatedIndices) {
       seed += 2;
     }
   }
+}
+
+// ---- GatherND / ScatterND / GatherElements / ScatterElements / Trilu / CumSum ---------
+
+// Runs a scatter node (data of `dtype` and `dims`, `indices`, updates of
+// `update_dims`) on both backends.
+void ExpectScatterMatches(const std::string& op, DType dtype, const std::vector<int64_t>& dims,
+                          const Tensor& indices, const std::vector<int64_t>& update_dims,
+                          const std::vector<Attribute>& attributes, int64_t opset,
+                          const std::string& what, unsigned seed) {
+  SingleNode node(op, {Data(dtype, dims, seed), indices, Data(dtype, update_dims, seed + 7)},
+                  attributes, opset);
+  ExpectCudaMatchesCpu(node, Name(op, dtype, dims) + " " + what);
+}
+
+TEST(CudaShapeOps, GatherNDTupleLengthsAndBatchDims) {
+  CASTOR_REQUIRE_CUDA();
+  ExpectOpMatches("GatherND", MovedTypes(), {4, 5, 6}, {I64({3, 2}, {1, -1, 0, 0, -4, 2})}, {},
+                  13, "k=2");
+  ExpectOpMatches("GatherND", FloatAndInt64(), {4, 5, 6}, {I32({2, 1, 3}, {3, 4, 5, 0, -5, -1})},
+                  {}, 13, "k=3 int32");
+  ExpectOpMatches("GatherND", FloatAndInt64(), {2, 5, 6}, {I64({2, 3, 1}, {4, 0, -1, 2, 2, 1})},
+                  {Attribute::Int("batch_dims", 1)}, 13, "batch_dims 1");
+}
+
+TEST(CudaShapeOps, ScatterNDNoneAndReductions) {
+  CASTOR_REQUIRE_CUDA();
+  unsigned seed = 1;
+  for (DType dtype : MovedTypes()) {
+    ExpectScatterMatches("ScatterND", dtype, {5, 3, 4}, I64({3, 1}, {4, -5, 2}), {3, 3, 4}, {}, 13,
+                         "rows", seed++);
+  }
+  ExpectScatterMatches("ScatterND", DType::kFloat32, {5, 3}, I64({2, 2}, {4, 2, -5, 0}), {2}, {}, 13,
+                       "elements", seed++);
+  // Reductions with repeated tuples (combined atomically on the device).
+  for (const std::string reduction : {"add", "mul", "max", "min"}) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kInt64,
+                        DType::kInt32}) {
+      ExpectScatterMatches("ScatterND", dtype, {6, 4}, I64({5, 1}, {1, 3, 1, -5, 0}), {5, 4},
+                           {Attribute::String("reduction", reduction)}, 18, reduction, seed++);
+    }
+  }
+}
+
+TEST(CudaShapeOps, GatherElementsAndScatterElementsEachAxis) {
+  CASTOR_REQUIRE_CUDA();
+  const Tensor indices = I64({2, 3, 2}, {0, -1, 2, 1, 1, 0, -3, 2, 0, 0, 1, 2});
+  unsigned seed = 1;
+  for (int64_t axis : {0, 1, 2, -1}) {
+    ExpectOpMatches("GatherElements", MovedTypes(), {3, 4, 5}, {indices},
+                    {Attribute::Int("axis", axis)}, 13, "axis " + std::to_string(axis));
+  }
+  // Distinct targets per axis slice for reduction none: a permutation.
+  const Tensor permutation = I64({2, 3}, {2, 0, 1, -1, 1, 0});
+  for (DType dtype : MovedTypes()) {
+    ExpectScatterMatches("ScatterElements", dtype, {2, 3}, permutation, {2, 3},
+                         {Attribute::Int("axis", 1)}, 13, "none", seed++);
+  }
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kInt64}) {
+    ExpectScatterMatches("ScatterElements", dtype, {3, 4, 5}, indices, {2, 3, 2},
+                         {Attribute::Int("axis", 1), Attribute::String("reduction", "add")}, 16,
+                         "add", seed++);
+  }
+}
+
+TEST(CudaShapeOps, GatherNDGradAndGatherElementsGradScatterAdd) {
+  CASTOR_REQUIRE_CUDA();
+  unsigned seed = 1;
+  for (DType dtype : CudaFloatTypes()) {
+    SingleNode nd("GatherNDGrad",
+                  {RandomTensor(dtype, {4, 6}, seed), I64({4, 1}, {1, 3, 1, -1}),
+                   RandomTensor(dtype, {5, 6}, seed + 1)},
+                  {}, 1, 1, kCastorDomain);
+    ExpectCudaMatchesCpu(nd, Name("GatherNDGrad", dtype, {5, 6}));
+    SingleNode elements("GatherElementsGrad",
+                        {RandomTensor(dtype, {2, 3}, seed + 2), I64({2, 3}, {0, 0, 3, -1, 2, 0}),
+                         RandomTensor(dtype, {2, 4}, seed + 3)},
+                        {Attribute::Int("axis", 1)}, 1, 1, kCastorDomain);
+    ExpectCudaMatchesCpu(elements, Name("GatherElementsGrad", dtype, {2, 4}));
+    seed += 4;
+  }
+}
+
+TEST(CudaShapeOps, TriluEachDiagonal) {
+  CASTOR_REQUIRE_CUDA();
+  for (int64_t upper : {0, 1}) {
+    for (int64_t k : {-4, -1, 0, 3, 6}) {
+      ExpectOpMatches("Trilu", MovedTypes(), {2, 4, 5}, {I64({}, {k})},
+                      {Attribute::Int("upper", upper)}, 14,
+                      "upper " + std::to_string(upper) + " k " + std::to_string(k));
+    }
+    ExpectOpMatches("Trilu", FloatAndInt64(), {300, 200}, {}, {Attribute::Int("upper", upper)}, 14,
+                    "no k, large");
+  }
+}
+
+TEST(CudaShapeOps, CumSumEachAxisExclusiveAndReverse) {
+  CASTOR_REQUIRE_CUDA();
+  for (int64_t axis : {0, 1, -1}) {
+    for (int64_t exclusive : {0, 1}) {
+      for (int64_t reverse : {0, 1}) {
+        ExpectOpMatches("CumSum", {DType::kFloat32, DType::kFloat16, DType::kBFloat16,
+                                   DType::kInt64, DType::kInt32},
+                        {3, 40, 5}, {I64({}, {axis})},
+                        {Attribute::Int("exclusive", exclusive), Attribute::Int("reverse", reverse)},
+                        14,
+                        "axis " + std::to_string(axis) + " exclusive " +
+                            std::to_string(exclusive) + " reverse " + std::to_string(reverse));
+      }
+    }
+  }
+}
+
+TEST(CudaShapeOps, DepthToSpaceBothModesAndSpaceToDepth) {
+  CASTOR_REQUIRE_CUDA();
+  for (const char* mode : {"DCR", "CRD"}) {
+    ExpectOpMatches("DepthToSpace", MovedTypes(), {2, 12, 3, 5},
+                    {}, {Attribute::Int("blocksize", 2), Attribute::String("mode", mode)}, 13,
+                    mode);
+  }
+  ExpectOpMatches("SpaceToDepth", MovedTypes(), {2, 3, 6, 9}, {}, {Attribute::Int("blocksize", 3)},
+                  13, "blocksize 3");
 }
 
 // ---- Pad -------------------------------------------------------------------------------------

@@ -1052,4 +1052,208 @@ absl::StatusOr<SoftmaxGeometry> PlanSoftmaxGrad(const KernelContext& ctx) {
                          DimsProduct(y.dims, axis + 1, y.dims.size())};
 }
 
+// ---- indexing ------------------------------------------------------------------
+
+absl::StatusOr<ScatterReduction> PlanScatterReduction(const KernelContext& ctx) {
+  const std::string reduction = ctx.GetString("reduction", "none");
+  const int64_t opset = ctx.opset();
+  if (reduction == "none") return ScatterReduction::kNone;
+  if (reduction == "add" && opset >= 16) return ScatterReduction::kAdd;
+  if (reduction == "mul" && opset >= 16) return ScatterReduction::kMul;
+  if (reduction == "max" && opset >= 18) return ScatterReduction::kMax;
+  if (reduction == "min" && opset >= 18) return ScatterReduction::kMin;
+  return ctx.Error(absl::StrCat("attribute 'reduction' is \"", reduction, "\"; opset ", opset,
+                                " takes \"none\"", opset >= 16 ? ", \"add\", \"mul\"" : "",
+                                opset >= 18 ? ", \"max\", \"min\"" : ""));
+}
+
+namespace {
+
+absl::Status RequireIndexDType(const KernelContext& ctx, int i) {
+  const DType dtype = ctx.input(i).dtype;
+  if (dtype != DType::kInt32 && dtype != DType::kInt64) {
+    return ctx.Error(absl::StrCat("input ", i, " (indices) is ", DTypeName(dtype),
+                                  "; expected int32 or int64"));
+  }
+  return absl::OkStatus();
+}
+
+// GatherND's geometry of data input `d` indexed by indices input `i`.
+absl::StatusOr<NDIndexGeometry> PlanNDIndex(const KernelContext& ctx, int d, int i,
+                                            int64_t batch_dims) {
+  CASTOR_RETURN_IF_ERROR(RequireIndexDType(ctx, i));
+  const std::vector<int64_t>& data = ctx.input(d).dims;
+  const std::vector<int64_t>& indices = ctx.input(i).dims;
+  const int64_t data_rank = static_cast<int64_t>(data.size());
+  const int64_t index_rank = static_cast<int64_t>(indices.size());
+  if (data_rank == 0 || index_rank == 0) {
+    return ctx.Error(absl::StrCat("data ", DimsToString(data), " and indices ",
+                                  DimsToString(indices), " must both have rank >= 1"));
+  }
+  if (batch_dims < 0 || batch_dims >= std::min(data_rank, index_rank)) {
+    return ctx.Error(absl::StrCat("attribute 'batch_dims' is ", batch_dims, "; expected [0, ",
+                                  std::min(data_rank, index_rank) - 1, "] for data ",
+                                  DimsToString(data), " and indices ", DimsToString(indices)));
+  }
+  for (int64_t b = 0; b < batch_dims; ++b) {
+    if (data[b] != indices[b]) {
+      return ctx.Error(absl::StrCat("batch dim ", b, " differs: data ", DimsToString(data),
+                                    ", indices ", DimsToString(indices)));
+    }
+  }
+  const int64_t k = indices.back();
+  if (k < 1 || k > data_rank - batch_dims) {
+    return ctx.Error(absl::StrCat("indices ", DimsToString(indices), " hold tuples of ", k,
+                                  " entries; expected 1 to ", data_rank - batch_dims,
+                                  " for data ", DimsToString(data), " and batch_dims ",
+                                  batch_dims));
+  }
+  if (k > kMaxIndexedRank) {
+    return ctx.Unimplemented(absl::StrCat("index tuples of ", k, " entries (at most ",
+                                          kMaxIndexedRank, ")"));
+  }
+  NDIndexGeometry g;
+  g.batches = DimsProduct(data, 0, batch_dims);
+  g.tuples = DimsProduct(indices, batch_dims, index_rank - 1);
+  g.slice = DimsProduct(data, batch_dims + k, data_rank);
+  g.data_batch = DimsProduct(data, batch_dims, data_rank);
+  g.indexer.k = static_cast<int>(k);
+  for (int64_t e = 0; e < k; ++e) {
+    g.indexer.dims[e] = data[batch_dims + e];
+    g.indexer.strides[e] = DimsProduct(data, batch_dims + e + 1, data_rank);
+  }
+  g.gathered_dims.assign(indices.begin(), indices.end() - 1);
+  g.gathered_dims.insert(g.gathered_dims.end(), data.begin() + batch_dims + k, data.end());
+  return g;
+}
+
+// GatherElements' indexer of data input `d` by indices input `i`.
+absl::StatusOr<ElementsIndexer> PlanElementsIndex(const KernelContext& ctx, int d, int i) {
+  CASTOR_RETURN_IF_ERROR(RequireIndexDType(ctx, i));
+  const std::vector<int64_t>& data = ctx.input(d).dims;
+  const std::vector<int64_t>& indices = ctx.input(i).dims;
+  const int64_t rank = static_cast<int64_t>(data.size());
+  if (rank == 0 || indices.size() != data.size()) {
+    return ctx.Error(absl::StrCat("data ", DimsToString(data), " and indices ",
+                                  DimsToString(indices), " must have one rank >= 1"));
+  }
+  if (rank > kMaxIndexedRank) {
+    return ctx.Unimplemented(absl::StrCat("data of rank ", rank, " (at most ", kMaxIndexedRank,
+                                          ")"));
+  }
+  CASTOR_ASSIGN_OR_RETURN(const int64_t axis,
+                          NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank, "axis"));
+  ElementsIndexer g;
+  g.rank = static_cast<int>(rank);
+  g.axis = static_cast<int>(axis);
+  g.axis_size = data[axis];
+  const std::vector<int64_t> strides = ContiguousStrides(data);
+  for (int64_t a = 0; a < rank; ++a) {
+    if (a != axis && indices[a] > data[a]) {
+      return ctx.Error(absl::StrCat("indices ", DimsToString(indices), " exceed data ",
+                                    DimsToString(data), " along axis ", a, " (not the indexed axis ",
+                                    axis, ")"));
+    }
+    g.index_dims[a] = indices[a];
+    g.data_strides[a] = strides[a];
+  }
+  return g;
+}
+
+// Input `u` (called `name`) must have input `d`'s dtype and `dims`.
+absl::Status RequireLike(const KernelContext& ctx, int u, const char* name, int d,
+                         const std::vector<int64_t>& dims, const char* why) {
+  CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, u, name, d, "data"));
+  return RequireDims(ctx, u, name, dims, why);
+}
+
+}  // namespace
+
+absl::StatusOr<NDIndexGeometry> PlanGatherND(const KernelContext& ctx) {
+  return PlanNDIndex(ctx, 0, 1, ctx.GetInt("batch_dims", 0));
+}
+
+absl::StatusOr<NDIndexGeometry> PlanScatterND(const KernelContext& ctx) {
+  CASTOR_ASSIGN_OR_RETURN(NDIndexGeometry g, PlanNDIndex(ctx, 0, 1, 0));
+  CASTOR_RETURN_IF_ERROR(
+      RequireLike(ctx, 2, "updates", 0, g.gathered_dims, "indices' dims but the last, then "
+                                                         "data's dims after the indexed ones"));
+  return g;
+}
+
+absl::StatusOr<NDIndexGeometry> PlanGatherNDGrad(const KernelContext& ctx) {
+  CASTOR_ASSIGN_OR_RETURN(NDIndexGeometry g, PlanNDIndex(ctx, 2, 1, ctx.GetInt("batch_dims", 0)));
+  CASTOR_RETURN_IF_ERROR(
+      RequireLike(ctx, 0, "dY", 2, g.gathered_dims, "GatherND's output for data and indices"));
+  return g;
+}
+
+absl::StatusOr<ElementsIndexer> PlanGatherElements(const KernelContext& ctx) {
+  return PlanElementsIndex(ctx, 0, 1);
+}
+
+absl::StatusOr<ElementsIndexer> PlanScatterElements(const KernelContext& ctx) {
+  CASTOR_ASSIGN_OR_RETURN(ElementsIndexer g, PlanElementsIndex(ctx, 0, 1));
+  CASTOR_RETURN_IF_ERROR(RequireLike(ctx, 2, "updates", 0, ctx.input(1).dims, "indices' dims"));
+  return g;
+}
+
+absl::StatusOr<ElementsIndexer> PlanGatherElementsGrad(const KernelContext& ctx) {
+  CASTOR_ASSIGN_OR_RETURN(ElementsIndexer g, PlanElementsIndex(ctx, 2, 1));
+  CASTOR_RETURN_IF_ERROR(
+      RequireLike(ctx, 0, "dY", 2, ctx.input(1).dims, "GatherElements' output: indices' dims"));
+  return g;
+}
+
+// ---- Trilu, CumSum ---------------------------------------------------------------
+
+absl::StatusOr<TriluGeometry> PlanTrilu(const KernelContext& ctx,
+                                        const std::optional<std::vector<int64_t>>& k_input) {
+  const std::vector<int64_t>& dims = ctx.input(0).dims;
+  if (dims.size() < 2) {
+    return ctx.Error(absl::StrCat("input 0 is ", DimsToString(dims),
+                                  "; expected rank >= 2 (matrices in the last two axes)"));
+  }
+  TriluGeometry g;
+  g.rows = dims[dims.size() - 2];
+  g.cols = dims.back();
+  g.matrices = DimsProduct(dims, 0, dims.size() - 2);
+  g.upper = ctx.GetInt("upper", 1) != 0;
+  if (k_input) {
+    if (k_input->size() != 1) {
+      return ctx.Error(absl::StrCat("input 1 (k) holds ", k_input->size(),
+                                    " values; expected one"));
+    }
+    g.k = (*k_input)[0];
+  }
+  return g;
+}
+
+absl::StatusOr<CumSumGeometry> PlanCumSum(const KernelContext& ctx,
+                                          const std::vector<int64_t>& axis_input) {
+  const TensorView& axis_tensor = ctx.input(1);
+  if (axis_tensor.dtype != DType::kInt32 && axis_tensor.dtype != DType::kInt64) {
+    return ctx.Error(absl::StrCat("input 1 (axis) is ", DTypeName(axis_tensor.dtype),
+                                  "; expected int32 or int64"));
+  }
+  if (axis_input.size() != 1) {
+    return ctx.Error(absl::StrCat("input 1 (axis) must hold one value; its shape is ",
+                                  DimsToString(axis_tensor.dims)));
+  }
+  const std::vector<int64_t>& dims = ctx.input(0).dims;
+  const int64_t rank = static_cast<int64_t>(dims.size());
+  const int64_t axis = axis_input[0] < 0 ? axis_input[0] + rank : axis_input[0];
+  if (axis < 0 || axis >= rank) {
+    return ctx.Error(absl::StrCat("axis ", axis_input[0], " is out of range for input of rank ",
+                                  rank));
+  }
+  CumSumGeometry g;
+  g.outer = DimsProduct(dims, 0, axis);
+  g.n = dims[axis];
+  g.inner = DimsProduct(dims, axis + 1, dims.size());
+  g.exclusive = ctx.GetInt("exclusive", 0) != 0;
+  g.reverse = ctx.GetInt("reverse", 0) != 0;
+  return g;
+}
+
 }  // namespace castor::common

@@ -22,6 +22,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -385,5 +386,162 @@ absl::StatusOr<int64_t> PlanGatherGrad(const KernelContext& ctx);
 // (Log)SoftmaxGrad(dY, Y)'s lines along `axis` (default -1); errors for dY
 // not of Y's dtype and dims, and an axis out of range (or a scalar Y).
 absl::StatusOr<SoftmaxGeometry> PlanSoftmaxGrad(const KernelContext& ctx);
+
+// ---- indexing: GatherND, ScatterND, GatherElements, ScatterElements --------
+
+// The most axes an index tuple or an element-indexed tensor has (the
+// indexers below are plain structs that CUDA kernels take by value).
+inline constexpr int kMaxIndexedRank = 8;
+
+// `index` in [-size, size) as a non-negative index, or -1 outside it.
+CASTOR_HOST_DEVICE inline int64_t WrapIndex(int64_t index, int64_t size) {
+  if (index < 0) index += size;
+  return index >= 0 && index < size ? index : -1;
+}
+
+// How a scatter combines an update with the value already there (the
+// `reduction` attribute of ScatterND and ScatterElements).
+enum class ScatterReduction : int { kNone, kAdd, kMul, kMax, kMin };
+
+// Integers add and multiply wrapping (in uint64, then truncated), as the
+// reductions of the CPU backend do.
+template <typename A>
+CASTOR_HOST_DEVICE inline A ScatterCombine(ScatterReduction reduction, A old, A update) {
+  switch (reduction) {
+    case ScatterReduction::kAdd:
+      if constexpr (std::is_integral_v<A>) {
+        return static_cast<A>(static_cast<uint64_t>(old) + static_cast<uint64_t>(update));
+      } else {
+        return old + update;
+      }
+    case ScatterReduction::kMul:
+      if constexpr (std::is_integral_v<A>) {
+        return static_cast<A>(static_cast<uint64_t>(old) * static_cast<uint64_t>(update));
+      } else {
+        return old * update;
+      }
+    case ScatterReduction::kMax: return old < update ? update : old;
+    case ScatterReduction::kMin: return update < old ? update : old;
+    case ScatterReduction::kNone: break;
+  }
+  return update;
+}
+
+// The node's `reduction`: "none" (the default), from opset 16 "add" and
+// "mul", from 18 "max" and "min"; errors for any other value or opset.
+absl::StatusOr<ScatterReduction> PlanScatterReduction(const KernelContext& ctx);
+
+// The element offset (within one batch of data) a GatherND/ScatterND index
+// tuple addresses: entry e indexes the data axis of size dims[e], element
+// stride strides[e]; negative entries count from the end.
+struct TupleIndexer {
+  int k = 0;  // entries per tuple
+  int64_t dims[kMaxIndexedRank] = {};
+  int64_t strides[kMaxIndexedRank] = {};
+
+  // The offset of the tuple at `tuple`, or -1 when an entry is out of range.
+  template <typename I>
+  CASTOR_HOST_DEVICE int64_t Offset(const I* tuple) const {
+    int64_t offset = 0;
+    for (int e = 0; e < k; ++e) {
+      const int64_t index = WrapIndex(static_cast<int64_t>(tuple[e]), dims[e]);
+      if (index < 0) return -1;
+      offset += index * strides[e];
+    }
+    return offset;
+  }
+};
+
+// data [b0..b(B-1), d(B)..d(B+k-1), rest...] indexed by indices [b0..b(B-1),
+// n..., k] (B = batch_dims): per batch, `tuples` tuples each address a
+// slice of `slice` contiguous data elements.
+struct NDIndexGeometry {
+  int64_t batches = 1;     // product of the batch dims
+  int64_t tuples = 1;      // tuples per batch
+  int64_t slice = 1;       // elements per addressed slice
+  int64_t data_batch = 1;  // data elements per batch
+  TupleIndexer indexer;
+  // GatherND's output dims = ScatterND's updates dims: indices' dims
+  // without the last, then data's dims after the indexed ones.
+  std::vector<int64_t> gathered_dims;
+};
+
+// GatherND(data = input 0, indices = input 1) with the node's batch_dims;
+// errors for indices not int32/int64, a scalar data or indices, batch_dims
+// out of range or batch dims that differ, and a tuple length outside [1,
+// rank(data) - batch_dims].
+absl::StatusOr<NDIndexGeometry> PlanGatherND(const KernelContext& ctx);
+// ScatterND(data, indices, updates): PlanGatherND's checks (batch_dims 0),
+// then errors for updates not of data's dtype or not of the gathered dims.
+absl::StatusOr<NDIndexGeometry> PlanScatterND(const KernelContext& ctx);
+// GatherNDGrad(dY, indices, data): GatherND's geometry of (data, indices),
+// then errors for dY not of data's dtype or not of GatherND's output dims.
+absl::StatusOr<NDIndexGeometry> PlanGatherNDGrad(const KernelContext& ctx);
+
+// GatherElements/ScatterElements: element j of indices (dims `index_dims`)
+// addresses data at j's own position with the `axis` coordinate replaced
+// by its index value.
+struct ElementsIndexer {
+  int rank = 0;
+  int axis = 0;
+  int64_t axis_size = 0;
+  int64_t index_dims[kMaxIndexedRank] = {};
+  int64_t data_strides[kMaxIndexedRank] = {};
+
+  // The data offset for indices element `j` holding `index`, or -1 when the
+  // index is outside [-axis_size, axis_size).
+  CASTOR_HOST_DEVICE int64_t Offset(int64_t j, int64_t index) const {
+    const int64_t wrapped = WrapIndex(index, axis_size);
+    if (wrapped < 0) return -1;
+    int64_t offset = 0;
+    for (int d = rank - 1; d >= 0; --d) {
+      const int64_t coordinate = j % index_dims[d];
+      j /= index_dims[d];
+      offset += (d == axis ? wrapped : coordinate) * data_strides[d];
+    }
+    return offset;
+  }
+};
+
+// GatherElements(data = input 0, indices = input 1) with the node's axis;
+// errors for indices not int32/int64, ranks that differ or exceed
+// kMaxIndexedRank, a scalar data, an axis out of range, and an indices dim
+// above data's off the axis.
+absl::StatusOr<ElementsIndexer> PlanGatherElements(const KernelContext& ctx);
+// ScatterElements(data, indices, updates): GatherElements' checks, then
+// errors for updates not of data's dtype or not of indices' dims.
+absl::StatusOr<ElementsIndexer> PlanScatterElements(const KernelContext& ctx);
+// GatherElementsGrad(dY, indices, data): GatherElements' geometry of
+// (data, indices), then errors for dY not of data's dtype or indices' dims.
+absl::StatusOr<ElementsIndexer> PlanGatherElementsGrad(const KernelContext& ctx);
+
+// ---- Trilu, CumSum ---------------------------------------------------------
+
+// Input 0 as `matrices` [rows, cols] matrices; Trilu keeps the elements on
+// and above (upper) or on and below (lower) the k-th diagonal.
+struct TriluGeometry {
+  int64_t matrices = 1, rows = 0, cols = 0;
+  int64_t k = 0;
+  bool upper = true;
+};
+CASTOR_HOST_DEVICE inline bool TriluKeeps(int64_t row, int64_t col, int64_t k, bool upper) {
+  return upper ? col - row >= k : col - row <= k;
+}
+// Trilu's geometry from the `upper` attribute and the optional k input
+// (`k_input`, as the backend read it); errors for an input of rank below
+// 2 and a k that is not one value.
+absl::StatusOr<TriluGeometry> PlanTrilu(const KernelContext& ctx,
+                                        const std::optional<std::vector<int64_t>>& k_input);
+
+// CumSum of input 0 as `outer` x `inner` lines of `n` values `inner` apart.
+struct CumSumGeometry {
+  int64_t outer = 1, n = 1, inner = 1;
+  bool exclusive = false, reverse = false;
+};
+// CumSum's lines from the axis input (`axis_input`, as the backend read
+// it) and the exclusive/reverse attributes; errors for an axis that is not
+// one int32/int64 value or is out of range.
+absl::StatusOr<CumSumGeometry> PlanCumSum(const KernelContext& ctx,
+                                          const std::vector<int64_t>& axis_input);
 
 }  // namespace castor::common

@@ -172,6 +172,7 @@ const KernelTable& CpuBackend::kernels() const {
     cpu::RegisterReduceKernels(*t);
     cpu::RegisterShapeKernels(*t);
     cpu::RegisterDataMovementKernels(*t);
+    cpu::RegisterResizeKernels(*t);
     cpu::RegisterMiscKernels(*t);
     return t;
   }();

@@ -23,6 +23,7 @@ void RegisterTrainingKernels(KernelTable& table);
 void RegisterReduceKernels(KernelTable& table);
 void RegisterShapeKernels(KernelTable& table);
 void RegisterDataMovementKernels(KernelTable& table);
+void RegisterResizeKernels(KernelTable& table);
 void RegisterMiscKernels(KernelTable& table);
 
 }  // namespace castor::cpu

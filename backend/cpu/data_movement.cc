@@ -1,12 +1,17 @@
 // CPU kernels: data_movement family (ops of graph/ops/data_movement.cc):
-// Concat, Split, Slice, Gather, Tile and Pad. All are dtype-agnostic (they
-// move elements of DTypeSize bytes) and compute their output dims from the
-// input values. Opset forms: Split's sizes are an attribute before 13, an
+// Concat, Split, Slice, Gather, Tile, Pad, GatherND, ScatterND,
+// GatherElements, ScatterElements, Trilu, DepthToSpace and SpaceToDepth. All are dtype-agnostic (they
+// move elements of DTypeSize bytes; a scatter with a reduction computes in
+// the data's numeric type, 16-bit floats in float32) and compute their
+// output dims from the input values. Indices out of range are the node's
+// error naming the index; duplicate scatter indices apply in order (the
+// last write wins with reduction none, as ONNX's reference). Opset forms: Split's sizes are an attribute before 13, an
 // input from 13, or `num_outputs` chunks from 18; Slice's starts/ends/axes
 // are attributes before 10 and inputs (with steps) from 10; Pad's pads are
 // an attribute before 11, an input from 11, with an `axes` input from 18.
-// GatherGrad (com.castor, graph/ops/gradient_ops.cc) scatter-adds dY into
-// zeros of data's shape, in float32.
+// GatherGrad, GatherNDGrad and GatherElementsGrad (com.castor,
+// graph/ops/gradient_ops.cc) scatter-add dY into zeros of data's shape, in
+// float32.
 #include <algorithm>
 #include <cstring>
 #include <optional>
@@ -15,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backend/common/depth_geometry.h"
 #include "backend/common/op_geometry.h"
 #include "backend/cpu/broadcast.h"
 #include "backend/cpu/cpu_kernels.h"
@@ -259,18 +265,240 @@ absl::Status GatherGradKernel(KernelContext& ctx) {
   out.Finish();
   return absl::OkStatus();
 }
+// ---- GatherND / ScatterND / GatherNDGrad -----------------------------------------
+
+// The data offset of each index tuple (batch-major, as the tuples lie in
+// indices), checked against the indexed dims.
+absl::StatusOr<std::vector<int64_t>> TupleOffsets(const KernelContext& ctx,
+                                                  const common::NDIndexGeometry& g,
+                                                  const TensorView& indices) {
+  const int k = g.indexer.k;
+  std::vector<int64_t> offsets(static_cast<size_t>(g.batches * g.tuples));
+  int64_t tuple[common::kMaxIndexedRank];
+  for (int64_t t = 0; t < static_cast<int64_t>(offsets.size()); ++t) {
+    for (int e = 0; e < k; ++e) tuple[e] = IntAt(indices, t * k + e);
+    const int64_t offset = g.indexer.Offset(tuple);
+    if (offset < 0) {
+      std::vector<int64_t> entries(tuple, tuple + k);
+      std::vector<int64_t> dims(g.indexer.dims, g.indexer.dims + k);
+      return ctx.Error(absl::StrCat("input 1 (indices): tuple ", t, " [", absl::StrJoin(entries, ","),
+                                    "] is out of range for the indexed data dims ",
+                                    common::DimsToString(dims)));
+    }
+    offsets[t] = t / g.tuples * g.data_batch + offset;
+  }
+  return offsets;
+}
+
+absl::Status RunGatherND(KernelContext& ctx) {
+  const TensorView& data = ctx.input(0);
+  CASTOR_ASSIGN_OR_RETURN(const common::NDIndexGeometry g, common::PlanGatherND(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> offsets, TupleOffsets(ctx, g, ctx.input(1)));
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, g.gathered_dims));
+  const size_t block = static_cast<size_t>(g.slice) * DTypeSize(data.dtype);
+  if (block == 0) return absl::OkStatus();
+  const char* src = static_cast<const char*>(data.data);
+  char* dst = static_cast<char*>(out->data);
+  const int64_t grain = std::max<int64_t>(1, 65536 / static_cast<int64_t>(block));
+  ParallelFor(0, static_cast<int64_t>(offsets.size()), grain, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      std::memcpy(dst + t * block, src + offsets[t] * DTypeSize(data.dtype), block);
+    }
+  });
+  return absl::OkStatus();
+}
+
+// out = data, then for each update element in order (n of them),
+// out[target(j)] = combine(out[target(j)], updates[j]): a byte copy for
+// reduction none, else the numeric type's arithmetic.
+template <typename TargetFn>
+absl::Status Scatter(KernelContext& ctx, common::ScatterReduction reduction, int64_t n,
+                     TargetFn target) {
+  const TensorView& data = ctx.input(0);
+  const TensorView& updates = ctx.input(2);
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, data.dims));
+  const size_t element_size = DTypeSize(data.dtype);
+  if (out->data != data.data) {
+    std::memcpy(out->data, data.data, static_cast<size_t>(data.num_elements()) * element_size);
+  }
+  if (reduction == common::ScatterReduction::kNone) {
+    char* dst = static_cast<char*>(out->data);
+    const char* src = static_cast<const char*>(updates.data);
+    for (int64_t j = 0; j < n; ++j) {
+      std::memcpy(dst + target(j) * element_size, src + j * element_size, element_size);
+    }
+    return absl::OkStatus();
+  }
+  const bool ok = DispatchNumeric(data.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* dst = out->as<T>();
+    const T* src = updates.as<T>();
+    for (int64_t j = 0; j < n; ++j) {
+      T* at = dst + target(j);
+      Store(at, common::ScatterCombine(reduction, Load(*at), Load(src[j])));
+    }
+  });
+  if (!ok) {
+    return ctx.Error(absl::StrCat("reduction \"", ctx.GetString("reduction", "none"),
+                                  "\" needs numeric data; got ", DTypeName(data.dtype)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunScatterND(KernelContext& ctx) {
+  CASTOR_ASSIGN_OR_RETURN(const common::NDIndexGeometry g, common::PlanScatterND(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const common::ScatterReduction reduction,
+                          common::PlanScatterReduction(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> offsets, TupleOffsets(ctx, g, ctx.input(1)));
+  const int64_t slice = g.slice;
+  return Scatter(ctx, reduction, static_cast<int64_t>(offsets.size()) * slice,
+                 [&](int64_t j) { return offsets[j / slice] + j % slice; });
+}
+
+absl::Status GatherNDGradKernel(KernelContext& ctx) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& data = ctx.input(2);
+  CASTOR_ASSIGN_OR_RETURN(const common::NDIndexGeometry g, common::PlanGatherNDGrad(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> offsets, TupleOffsets(ctx, g, ctx.input(1)));
+  CASTOR_ASSIGN_OR_RETURN(TensorView * dd, ctx.Output(0, data.dtype, data.dims));
+  const Float32Out out(dd);
+  const Float32In grad(dy);
+  float* acc = out.data();
+  const float* src = grad.data();
+  // Slices of one batch may overlap: a batch is one task, its tuples in order.
+  ParallelFor(0, g.batches, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t b = lo; b < hi; ++b) {
+      for (int64_t t = b * g.tuples; t < (b + 1) * g.tuples; ++t) {
+        for (int64_t s = 0; s < g.slice; ++s) acc[offsets[t] + s] += src[t * g.slice + s];
+      }
+    }
+  });
+  out.Finish();
+  return absl::OkStatus();
+}
+
+// ---- GatherElements / ScatterElements / GatherElementsGrad -----------------------
+
+// The data offset each element of `indices` addresses.
+absl::StatusOr<std::vector<int64_t>> ElementOffsets(const KernelContext& ctx,
+                                                    const common::ElementsIndexer& g,
+                                                    const TensorView& indices) {
+  std::vector<int64_t> offsets(static_cast<size_t>(indices.num_elements()));
+  for (int64_t j = 0; j < static_cast<int64_t>(offsets.size()); ++j) {
+    const int64_t index = IntAt(indices, j);
+    offsets[j] = g.Offset(j, index);
+    if (offsets[j] < 0) {
+      return ctx.Error(absl::StrCat("input 1 (indices): index ", index, " at position ", j,
+                                    " is out of range for axis ", g.axis, " of size ",
+                                    g.axis_size));
+    }
+  }
+  return offsets;
+}
+
+absl::Status RunGatherElements(KernelContext& ctx) {
+  const TensorView& data = ctx.input(0);
+  const TensorView& indices = ctx.input(1);
+  CASTOR_ASSIGN_OR_RETURN(const common::ElementsIndexer g, common::PlanGatherElements(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> offsets, ElementOffsets(ctx, g, indices));
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, indices.dims));
+  const size_t element_size = DTypeSize(data.dtype);
+  const char* src = static_cast<const char*>(data.data);
+  char* dst = static_cast<char*>(out->data);
+  ParallelFor(0, static_cast<int64_t>(offsets.size()), kElementGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t j = lo; j < hi; ++j) {
+      std::memcpy(dst + j * element_size, src + offsets[j] * element_size, element_size);
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status RunScatterElements(KernelContext& ctx) {
+  CASTOR_ASSIGN_OR_RETURN(const common::ElementsIndexer g, common::PlanScatterElements(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const common::ScatterReduction reduction,
+                          common::PlanScatterReduction(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> offsets,
+                          ElementOffsets(ctx, g, ctx.input(1)));
+  return Scatter(ctx, reduction, static_cast<int64_t>(offsets.size()),
+                 [&](int64_t j) { return offsets[j]; });
+}
+
+absl::Status GatherElementsGradKernel(KernelContext& ctx) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& data = ctx.input(2);
+  CASTOR_ASSIGN_OR_RETURN(const common::ElementsIndexer g, common::PlanGatherElementsGrad(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> offsets,
+                          ElementOffsets(ctx, g, ctx.input(1)));
+  CASTOR_ASSIGN_OR_RETURN(TensorView * dd, ctx.Output(0, data.dtype, data.dims));
+  const Float32Out out(dd);
+  const Float32In grad(dy);
+  float* acc = out.data();
+  const float* src = grad.data();
+  for (int64_t j = 0; j < static_cast<int64_t>(offsets.size()); ++j) acc[offsets[j]] += src[j];
+  out.Finish();
+  return absl::OkStatus();
+}
+
+// ---- Trilu -----------------------------------------------------------------------
+
+absl::Status RunTrilu(KernelContext& ctx) {
+  const TensorView& in = ctx.input(0);
+  std::optional<std::vector<int64_t>> k_input;
+  if (ctx.has_input(1)) k_input = ReadInts(ctx.input(1));
+  CASTOR_ASSIGN_OR_RETURN(const common::TriluGeometry g, common::PlanTrilu(ctx, k_input));
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, in.dtype, in.dims));
+  const size_t element_size = DTypeSize(in.dtype);
+  const int64_t rows = g.matrices * g.rows;
+  const char* src = static_cast<const char*>(in.data);
+  char* dst = static_cast<char*>(out->data);
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, g.cols));
+  ParallelFor(0, rows, grain, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const int64_t row = r % g.rows;
+      for (int64_t col = 0; col < g.cols; ++col) {
+        const size_t at = static_cast<size_t>(r * g.cols + col) * element_size;
+        if (common::TriluKeeps(row, col, g.k, g.upper)) {
+          if (dst != src) std::memcpy(dst + at, src + at, element_size);
+        } else {
+          std::memset(dst + at, 0, element_size);
+        }
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+// ---- DepthToSpace / SpaceToDepth ----------------------------------------------------
+
+absl::Status RunDepthToSpace(KernelContext& ctx) {
+  CASTOR_ASSIGN_OR_RETURN(const common::CopyPlan plan,
+                          common::PlanDepthToSpace(ctx, ctx.input(0).dims));
+  return CopyByPlan(ctx, plan);
+}
+
+absl::Status RunSpaceToDepth(KernelContext& ctx) {
+  CASTOR_ASSIGN_OR_RETURN(const common::CopyPlan plan,
+                          common::PlanSpaceToDepth(ctx, ctx.input(0).dims));
+  return CopyByPlan(ctx, plan);
+}
+
 }  // namespace
 
 void RegisterDataMovementKernels(KernelTable& table) {
-  for (auto [op_type, run] : std::vector<std::pair<const char*, KernelFn>>{{"Concat", RunConcat},
-                                                                           {"Split", RunSplit},
-                                                                           {"Slice", RunSlice},
-                                                                           {"Gather", RunGather},
-                                                                           {"Tile", RunTile},
-                                                                           {"Pad", RunPad}}) {
+  const std::vector<std::pair<const char*, KernelFn>> kernels = {
+      {"Concat", RunConcat},       {"Split", RunSplit},
+      {"Slice", RunSlice},         {"Gather", RunGather},
+      {"Tile", RunTile},           {"Pad", RunPad},
+      {"GatherND", RunGatherND},   {"ScatterND", RunScatterND},
+      {"GatherElements", RunGatherElements},
+      {"ScatterElements", RunScatterElements},
+      {"Trilu", RunTrilu},         {"DepthToSpace", RunDepthToSpace},
+      {"SpaceToDepth", RunSpaceToDepth}};
+  for (auto [op_type, run] : kernels) {
     table.Register(KernelDef{"", op_type, NoStringTensors, run, /*in_place_ok=*/false});
   }
   RegisterGradientKernel(table, "GatherGrad", GatherGradKernel);
+  RegisterGradientKernel(table, "GatherNDGrad", GatherNDGradKernel);
+  RegisterGradientKernel(table, "GatherElementsGrad", GatherElementsGradKernel);
 }
 
 }  // namespace castor::cpu

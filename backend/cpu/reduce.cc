@@ -398,31 +398,16 @@ absl::Status ArgReduceKernel(KernelContext& ctx) {
 absl::Status CumSumKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
   const TensorView& axis_tensor = ctx.input(1);
-  if (axis_tensor.num_elements() != 1) {
-    return ctx.Error(absl::StrCat("input 1 (axis) must hold one value; its shape is ",
-                                  common::DimsToString(axis_tensor.dims)));
+  std::vector<int64_t> axis_values;
+  if (axis_tensor.dtype == DType::kInt32 || axis_tensor.dtype == DType::kInt64) {
+    for (int64_t i = 0; i < axis_tensor.num_elements(); ++i) {
+      axis_values.push_back(IntAt(axis_tensor, i));
+    }
   }
-  int64_t axis_value;
-  if (axis_tensor.dtype == DType::kInt32) {
-    axis_value = axis_tensor.as<int32_t>()[0];
-  } else if (axis_tensor.dtype == DType::kInt64) {
-    axis_value = axis_tensor.as<int64_t>()[0];
-  } else {
-    return ctx.Error(absl::StrCat("input 1 (axis) is ", DTypeName(axis_tensor.dtype),
-                                  "; expected int32 or int64"));
-  }
-  const int rank = static_cast<int>(x.dims.size());
-  const int64_t axis = axis_value < 0 ? axis_value + rank : axis_value;
-  if (axis < 0 || axis >= rank) {
-    return ctx.Error(absl::StrCat("axis ", axis_value, " is out of range for input of rank ",
-                                  rank));
-  }
-  const bool exclusive = ctx.GetInt("exclusive", 0) != 0;
-  const bool reverse = ctx.GetInt("reverse", 0) != 0;
-  int64_t outer = 1, inner = 1;
-  const int64_t n = x.dims[axis];
-  for (int i = 0; i < axis; ++i) outer *= x.dims[i];
-  for (int i = static_cast<int>(axis) + 1; i < rank; ++i) inner *= x.dims[i];
+  CASTOR_ASSIGN_OR_RETURN(const common::CumSumGeometry g, common::PlanCumSum(ctx, axis_values));
+  const bool exclusive = g.exclusive;
+  const bool reverse = g.reverse;
+  const int64_t outer = g.outer, n = g.n, inner = g.inner;
   absl::StatusOr<TensorView*> y = ctx.Output(0, x.dtype, x.dims);
   if (!y.ok()) return y.status();
   const bool ok = DispatchNumeric(x.dtype, [&](auto tag) {

@@ -376,6 +376,7 @@ const KernelTable* Kernels() {
     RegisterSoftmaxKernels(*t);
     RegisterLossKernels(*t);
     RegisterShapeKernels(*t);
+    RegisterResizeKernels(*t);
     return t;
   }();
   return table;

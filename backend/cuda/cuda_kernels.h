@@ -21,6 +21,7 @@ void RegisterNormalizationKernels(KernelTable& table);  // normalization.cu: BN,
 void RegisterSoftmaxKernels(KernelTable& table);      // softmax.cu: (Log)Softmax and gradients
 void RegisterLossKernels(KernelTable& table);         // losses.cu: cross-entropy, NLL
 void RegisterShapeKernels(KernelTable& table);        // shape_ops.cu: Reshape, Transpose...
+void RegisterResizeKernels(KernelTable& table);       // resize.cu: Resize, ResizeGrad
 
 // step_kernels.cu: unscale-and-check, the step decision, the multi-tensor
 // optimizer, on `backend`'s stream.

@@ -16,6 +16,10 @@
 // and round once on store; int32/int64 inputs (Sum, Max, Min, Prod, ArgMax,
 // ArgMin) accumulate in int64, wrapping, as the CPU does.
 //
+// CumSum scans each line along its axis in one thread (exclusive, reverse
+// as the CPU), accumulating float32 in float64 and 16-bit floats in float32
+// as the CPU does, so results agree to the output's rounding.
+//
 // The input is viewed through two strided indexers (broadcast.cuh): one over
 // the kept axes (output element -> base offset) and one over the reduced
 // axes (reduced index -> offset), so any axis set reduces without a
@@ -529,6 +533,44 @@ absl::Status ReduceToShapeOfKernel(KernelContext& ctx) {
   });
 }
 
+// ---- CumSum ----------------------------------------------------------------------------
+
+// The type a CumSum of storage type T accumulates in (the CPU's SumAccum).
+template <typename T>
+using ScanAccum = std::conditional_t<std::is_same_v<T, float>, double, Value<T>>;
+
+// One thread per line of `n` values `inner` apart.
+template <typename T>
+__global__ void CumSumKernel(const T* x, T* y, int64_t lines, int64_t n, int64_t inner,
+                             bool exclusive, bool reverse) {
+  CASTOR_GRID_STRIDE(line, lines) {
+    const int64_t base = line / inner * n * inner + line % inner;
+    ScanAccum<T> acc = 0;
+    for (int64_t s = 0; s < n; ++s) {
+      const int64_t i = base + (reverse ? n - 1 - s : s) * inner;
+      const ScanAccum<T> value = static_cast<ScanAccum<T>>(LoadValue(x[i]));
+      if (!exclusive) acc += value;
+      StoreValue(y + i, acc);
+      if (exclusive) acc += value;
+    }
+  }
+}
+
+absl::Status RunCumSum(KernelContext& ctx) {
+  const TensorView& x = ctx.input(0);
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> axis, ReadInt64s(ctx, 1));
+  CASTOR_ASSIGN_OR_RETURN(const common::CumSumGeometry g, common::PlanCumSum(ctx, axis));
+  CASTOR_ASSIGN_OR_RETURN(TensorView * y, ctx.Output(0, x.dtype, x.dims));
+  const int64_t lines = g.outer * g.inner;
+  if (lines == 0 || g.n == 0) return absl::OkStatus();
+  return DispatchReduceType<true>(ctx, x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    CumSumKernel<T><<<Blocks(lines), kThreads, 0, Stream(ctx)>>>(
+        x.as<T>(), y->as<T>(), lines, g.n, g.inner, g.exclusive, g.reverse);
+    return CheckLaunch(ctx);
+  });
+}
+
 }  // namespace
 
 void RegisterReduceKernels(KernelTable& table) {
@@ -555,6 +597,7 @@ void RegisterReduceKernels(KernelTable& table) {
   add("ReduceLogSumExp", &ReduceKernel<ReduceKind::kLogSumExp>, InputDTypeIn(0, floats));
   add("ArgMax", &ArgReduceKernel<true>, InputDTypeIn(0, with_ints));
   add("ArgMin", &ArgReduceKernel<false>, InputDTypeIn(0, with_ints));
+  add("CumSum", &RunCumSum, InputDTypeIn(0, with_ints));
   add("ReduceToShapeOf", &ReduceToShapeOfKernel, FloatDTypesIn(floats), kCastorDomain);
 }
 

@@ -1,8 +1,10 @@
 // CUDA kernels: shape, data-movement and misc ops (backend/cpu/shape_ops.cc,
 // data_movement.cc and misc.cc on the CPU): Reshape, Flatten, Squeeze,
 // Unsqueeze, Identity, Dropout, Transpose, Expand, Shape, Size, Constant,
-// ConstantOfShape, Range, Concat, Split, Slice, Gather, Tile, Pad, and the
-// com.castor GatherGrad.
+// ConstantOfShape, Range, Concat, Split, Slice, Gather, Tile, Pad, GatherND,
+// ScatterND, GatherElements, ScatterElements, Trilu, DepthToSpace,
+// SpaceToDepth, and the com.castor
+// GatherGrad, GatherNDGrad and GatherElementsGrad.
 //
 // The data-movement kernels move bytes: they dispatch on the element size
 // (1, 2, 4 or 8 bytes; 16 when rows are widened), never on the dtype, so
@@ -24,9 +26,15 @@
 // output and input (in_place_ok, as on the CPU).
 //
 // Behaviour that differs from the CPU, because a device-side check could
-// only be reported through a synchronisation: Gather and GatherGrad read
-// their indices on the device, and an index outside [-size, size) gives
-// zeros (Gather) or is skipped (GatherGrad) instead of the CPU's error.
+// only be reported through a synchronisation: Gather, GatherND,
+// GatherElements, the scatters and the gradients read their indices on the
+// device, and an index outside [-size, size) gives zeros (the gathers) or
+// is skipped (the scatters and gradients) instead of the CPU's error.
+// Duplicate scatter indices with reduction none race (ONNX leaves the
+// winner unspecified; the CPU applies them in order); with a reduction
+// they combine atomically, float types in float32 (the CPU rounds 16-bit
+// data after each update), int32/int64 in their own type; other dtypes
+// take reduction none only.
 // Dropout in training mode, in castor's training graphs (the RNG state
 // input castor.rng), draws its mask on the device with
 // backend/common/philox.h, the CPU's arithmetic (the same mask bit for
@@ -46,6 +54,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backend/common/depth_geometry.h"
 #include "backend/common/op_geometry.h"
 #include "backend/common/philox.h"
 #include "backend/cuda/convert.cuh"
@@ -195,6 +204,119 @@ __global__ void GatherGradKernel(const T* dy, const I* indices, float* acc, int6
     if (index >= 0 && index < axis_size) {
       atomicAdd(acc + (o * axis_size + index) * inner + e, ToFloat(dy[i]));
     }
+  }
+}
+
+// ---- indexing kernels ------------------------------------------------------------------
+
+using common::ElementsIndexer;
+using common::ScatterReduction;
+using common::TupleIndexer;
+
+// Where update element j of ScatterND (GatherND's output element j) lands
+// in data: tuple j / slice of its batch, element j % slice of the slice;
+// -1 for an out-of-range tuple.
+struct NDTarget {
+  TupleIndexer indexer;
+  int64_t tuples = 1, slice = 1, data_batch = 1;
+  template <typename I>
+  __device__ int64_t operator()(const I* indices, int64_t j) const {
+    const int64_t t = j / slice;
+    const int64_t offset = indexer.Offset(indices + t * indexer.k);
+    return offset < 0 ? -1 : t / tuples * data_batch + offset + j % slice;
+  }
+};
+
+// Where element j of GatherElements' output / ScatterElements' updates
+// lies in data; -1 for an out-of-range index.
+struct ElementsTarget {
+  ElementsIndexer indexer;
+  template <typename I>
+  __device__ int64_t operator()(const I* indices, int64_t j) const {
+    return indexer.Offset(j, static_cast<int64_t>(indices[j]));
+  }
+};
+
+// out[j] = data[target(j)] (zeros out of range).
+template <typename E, typename I, typename Target>
+__global__ void IndexedGatherKernel(const E* data, const I* indices, E* out, Target target,
+                                    int64_t total) {
+  CASTOR_GRID_STRIDE(j, total) {
+    const int64_t at = target(indices, j);
+    out[j] = at >= 0 ? data[at] : E{};
+  }
+}
+
+// out[target(j)] = updates[j] (skipped out of range).
+template <typename E, typename I, typename Target>
+__global__ void IndexedScatterKernel(const E* updates, const I* indices, E* out, Target target,
+                                     int64_t total) {
+  CASTOR_GRID_STRIDE(j, total) {
+    const int64_t at = target(indices, j);
+    if (at >= 0) out[at] = updates[j];
+  }
+}
+
+// *at = combine(*at, v), atomically.
+__device__ void AtomicCombine(float* at, float v, ScatterReduction reduction) {
+  if (reduction == ScatterReduction::kAdd) {
+    atomicAdd(at, v);
+    return;
+  }
+  int* bits = reinterpret_cast<int*>(at);
+  int old = *bits, assumed;
+  do {
+    assumed = old;
+    old = atomicCAS(bits, assumed,
+                    __float_as_int(common::ScatterCombine(reduction, __int_as_float(assumed), v)));
+  } while (assumed != old);
+}
+__device__ void AtomicCombine(int32_t* at, int32_t v, ScatterReduction reduction) {
+  int old = *at, assumed;
+  do {
+    assumed = old;
+    old = atomicCAS(at, assumed, common::ScatterCombine(reduction, assumed, v));
+  } while (assumed != old);
+}
+__device__ void AtomicCombine(int64_t* at, int64_t v, ScatterReduction reduction) {
+  auto* bits = reinterpret_cast<unsigned long long*>(at);  // NOLINT(runtime/int): atomicCAS's type
+  unsigned long long old = *bits, assumed;                  // NOLINT(runtime/int)
+  do {
+    assumed = old;
+    const int64_t combined =
+        common::ScatterCombine(reduction, static_cast<int64_t>(assumed), v);
+    old = atomicCAS(bits, assumed, static_cast<unsigned long long>(combined));  // NOLINT
+  } while (assumed != old);
+}
+
+template <typename A, typename T>
+__device__ __forceinline__ A LoadAs(T v) {
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<A>(v);
+  } else {
+    return ToFloat(v);
+  }
+}
+
+// acc[target(j)] = combine(acc[target(j)], updates[j]) for A float
+// (updates of a float type) or A the updates' integer type.
+template <typename A, typename T, typename I, typename Target>
+__global__ void IndexedCombineKernel(const T* updates, const I* indices, A* acc, Target target,
+                                     ScatterReduction reduction, int64_t total) {
+  CASTOR_GRID_STRIDE(j, total) {
+    const int64_t at = target(indices, j);
+    if (at >= 0) AtomicCombine(acc + at, LoadAs<A>(updates[j]), reduction);
+  }
+}
+
+// Trilu: zero the elements outside the triangle of each [rows, cols] matrix.
+template <typename E>
+__global__ void TriluKernel(const E* in, E* out, int64_t rows, int64_t cols, int64_t k,
+                            bool upper, int64_t total) {
+  CASTOR_GRID_STRIDE(i, total) {
+    const int64_t col = i % cols;
+    const int64_t row = i / cols % rows;
+    out[i] = common::TriluKeeps(row, col, k, upper) ? in[i] : E{};
   }
 }
 
@@ -883,6 +1005,212 @@ absl::Status RunGatherGrad(KernelContext& ctx) {
   });
 }
 
+// ---- GatherND / ScatterND / GatherElements / ScatterElements ---------------------------
+
+NDTarget MakeNDTarget(const common::NDIndexGeometry& g) {
+  NDTarget target;
+  target.indexer = g.indexer;
+  target.tuples = g.tuples;
+  target.slice = g.slice;
+  target.data_batch = g.data_batch;
+  return target;
+}
+
+// out [total] = data gathered through `target`.
+template <typename Target>
+absl::Status IndexedGather(KernelContext& ctx, const std::vector<int64_t>& out_dims,
+                           Target target) {
+  const TensorView& data = ctx.input(0);
+  const TensorView& indices = ctx.input(1);
+  return DispatchIndex(ctx, indices, "input 1 (indices)", [&](auto index_tag) -> absl::Status {
+    using I = typename decltype(index_tag)::type;
+    CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, out_dims));
+    const int64_t total = out->num_elements();
+    if (total == 0) return absl::OkStatus();
+    return DispatchElementSize(ctx, DTypeSize(data.dtype), [&](auto tag) {
+      using E = typename decltype(tag)::type;
+      IndexedGatherKernel<E, I, Target><<<Blocks(total), kThreads, 0, Stream(ctx)>>>(
+          static_cast<const E*>(data.data), indices.as<I>(), static_cast<E*>(out->data), target,
+          total);
+      return CheckLaunch(ctx);
+    });
+  });
+}
+
+// Calls f(TypeTag<A>{}, TypeTag<T>{}): the accumulator and storage types of
+// a scatter with a reduction (float for the float types, else int32/int64).
+template <typename F>
+absl::Status DispatchCombine(const KernelContext& ctx, DType dtype, F&& f) {
+  if (dtype == DType::kInt32) return f(TypeTag<int32_t>{}, TypeTag<int32_t>{});
+  if (dtype == DType::kInt64) return f(TypeTag<int64_t>{}, TypeTag<int64_t>{});
+  if (!IsCudaFloat(dtype)) {
+    return ctx.Unimplemented(absl::StrCat("a scatter reduction of ", DTypeName(dtype),
+                                          " data (CUDA: float32, float16, bfloat16, int32, int64)"));
+  }
+  return DispatchFloat(ctx, dtype, [&](auto tag) { return f(TypeTag<float>{}, tag); });
+}
+
+// `acc` (n elements of type A) combined with `values` (n_values of dtype
+// `dtype`) scattered through `target`; indices are input `index_input`.
+template <typename Target>
+absl::Status CombineInto(KernelContext& ctx, DType dtype, const void* values, int64_t n_values,
+                         const TensorView& indices, void* acc, Target target,
+                         ScatterReduction reduction) {
+  if (n_values == 0) return absl::OkStatus();
+  return DispatchIndex(ctx, indices, "input 1 (indices)", [&](auto index_tag) -> absl::Status {
+    using I = typename decltype(index_tag)::type;
+    return DispatchCombine(ctx, dtype, [&](auto acc_tag, auto tag) -> absl::Status {
+      using A = typename decltype(acc_tag)::type;
+      using T = typename decltype(tag)::type;
+      IndexedCombineKernel<A, T, I, Target><<<Blocks(n_values), kThreads, 0, Stream(ctx)>>>(
+          static_cast<const T*>(values), indices.as<I>(), static_cast<A*>(acc), target, reduction,
+          n_values);
+      return CheckLaunch(ctx);
+    });
+  });
+}
+
+// ScatterND / ScatterElements: out = data, then updates (input 2) written
+// or combined through `target`.
+template <typename Target>
+absl::Status IndexedScatter(KernelContext& ctx, ScatterReduction reduction, Target target) {
+  const TensorView& data = ctx.input(0);
+  const TensorView& indices = ctx.input(1);
+  const TensorView& updates = ctx.input(2);
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, data.dims));
+  const int64_t n = out->num_elements();
+  const int64_t total = updates.num_elements();
+  const size_t element_size = DTypeSize(data.dtype);
+  if (n == 0) return absl::OkStatus();
+  if (reduction == ScatterReduction::kNone || total == 0) {
+    CASTOR_RETURN_IF_ERROR(
+        ctx.backend().CopyWithin(out->data, data.data, static_cast<size_t>(n) * element_size));
+    if (total == 0) return absl::OkStatus();
+    return DispatchIndex(ctx, indices, "input 1 (indices)", [&](auto index_tag) -> absl::Status {
+      using I = typename decltype(index_tag)::type;
+      return DispatchElementSize(ctx, element_size, [&](auto tag) {
+        using E = typename decltype(tag)::type;
+        IndexedScatterKernel<E, I, Target><<<Blocks(total), kThreads, 0, Stream(ctx)>>>(
+            static_cast<const E*>(updates.data), indices.as<I>(), static_cast<E*>(out->data),
+            target, total);
+        return CheckLaunch(ctx);
+      });
+    });
+  }
+  if (!IsCudaFloat(data.dtype) || data.dtype == DType::kFloat32) {
+    CASTOR_RETURN_IF_ERROR(
+        ctx.backend().CopyWithin(out->data, data.data, static_cast<size_t>(n) * element_size));
+    return CombineInto(ctx, data.dtype, updates.data, total, indices, out->data, target,
+                       reduction);
+  }
+  // 16-bit floats: combine in a float32 copy, round once.
+  CASTOR_ASSIGN_OR_RETURN(void* buffer, ctx.Scratch(static_cast<size_t>(n) * sizeof(float)));
+  float* acc = static_cast<float*>(buffer);
+  return DispatchFloat(ctx, data.dtype, [&](auto tag) -> absl::Status {
+    using T = typename decltype(tag)::type;
+    CASTOR_RETURN_IF_ERROR(ConvertFloats(ctx, data.as<T>(), n, acc));
+    CASTOR_RETURN_IF_ERROR(
+        CombineInto(ctx, data.dtype, updates.data, total, indices, acc, target, reduction));
+    return ConvertFloats(ctx, acc, n, out->as<T>());
+  });
+}
+
+// GatherNDGrad / GatherElementsGrad: zeros of data's (input 2's) shape with
+// dY (input 0) added through `target`, in float32.
+template <typename Target>
+absl::Status IndexedScatterAdd(KernelContext& ctx, Target target) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& indices = ctx.input(1);
+  const TensorView& data = ctx.input(2);
+  CASTOR_ASSIGN_OR_RETURN(TensorView * dd, ctx.Output(0, data.dtype, data.dims));
+  const int64_t n = dd->num_elements();
+  if (n == 0) return absl::OkStatus();
+  float* acc = nullptr;
+  if (data.dtype == DType::kFloat32) {
+    acc = dd->as<float>();
+  } else {
+    CASTOR_ASSIGN_OR_RETURN(void* buffer, ctx.Scratch(static_cast<size_t>(n) * sizeof(float)));
+    acc = static_cast<float*>(buffer);
+  }
+  CASTOR_CUDA_CALL(cudaMemsetAsync(acc, 0, static_cast<size_t>(n) * sizeof(float), Stream(ctx)));
+  CASTOR_RETURN_IF_ERROR(CombineInto(ctx, dy.dtype, dy.data, dy.num_elements(), indices, acc,
+                                     target, ScatterReduction::kAdd));
+  return DispatchFloat(ctx, data.dtype, [&](auto tag) -> absl::Status {
+    using T = typename decltype(tag)::type;
+    if constexpr (!std::is_same_v<T, float>) {
+      CASTOR_RETURN_IF_ERROR(ConvertFloats(ctx, acc, n, dd->as<T>()));
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status RunGatherND(KernelContext& ctx) {
+  CASTOR_ASSIGN_OR_RETURN(const common::NDIndexGeometry g, common::PlanGatherND(ctx));
+  return IndexedGather(ctx, g.gathered_dims, MakeNDTarget(g));
+}
+
+absl::Status RunScatterND(KernelContext& ctx) {
+  CASTOR_ASSIGN_OR_RETURN(const common::NDIndexGeometry g, common::PlanScatterND(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const ScatterReduction reduction, common::PlanScatterReduction(ctx));
+  return IndexedScatter(ctx, reduction, MakeNDTarget(g));
+}
+
+absl::Status RunGatherNDGrad(KernelContext& ctx) {
+  CASTOR_ASSIGN_OR_RETURN(const common::NDIndexGeometry g, common::PlanGatherNDGrad(ctx));
+  return IndexedScatterAdd(ctx, MakeNDTarget(g));
+}
+
+absl::Status RunGatherElements(KernelContext& ctx) {
+  CASTOR_ASSIGN_OR_RETURN(const ElementsIndexer g, common::PlanGatherElements(ctx));
+  return IndexedGather(ctx, ctx.input(1).dims, ElementsTarget{g});
+}
+
+absl::Status RunScatterElements(KernelContext& ctx) {
+  CASTOR_ASSIGN_OR_RETURN(const ElementsIndexer g, common::PlanScatterElements(ctx));
+  CASTOR_ASSIGN_OR_RETURN(const ScatterReduction reduction, common::PlanScatterReduction(ctx));
+  return IndexedScatter(ctx, reduction, ElementsTarget{g});
+}
+
+absl::Status RunGatherElementsGrad(KernelContext& ctx) {
+  CASTOR_ASSIGN_OR_RETURN(const ElementsIndexer g, common::PlanGatherElementsGrad(ctx));
+  return IndexedScatterAdd(ctx, ElementsTarget{g});
+}
+
+// ---- Trilu -----------------------------------------------------------------------------
+
+absl::Status RunTrilu(KernelContext& ctx) {
+  const TensorView& in = ctx.input(0);
+  std::optional<std::vector<int64_t>> k_input;
+  if (ctx.has_input(1)) {
+    CASTOR_ASSIGN_OR_RETURN(k_input, ReadInt64s(ctx, 1));
+  }
+  CASTOR_ASSIGN_OR_RETURN(const common::TriluGeometry g, common::PlanTrilu(ctx, k_input));
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, in.dtype, in.dims));
+  const int64_t total = out->num_elements();
+  if (total == 0) return absl::OkStatus();
+  return DispatchElementSize(ctx, DTypeSize(in.dtype), [&](auto tag) {
+    using E = typename decltype(tag)::type;
+    TriluKernel<E><<<Blocks(total), kThreads, 0, Stream(ctx)>>>(
+        static_cast<const E*>(in.data), static_cast<E*>(out->data), g.rows, g.cols, g.k, g.upper,
+        total);
+    return CheckLaunch(ctx);
+  });
+}
+
+// ---- DepthToSpace / SpaceToDepth: one strided copy each ---------------------------------
+
+absl::Status RunDepthToSpace(KernelContext& ctx) {
+  CASTOR_ASSIGN_OR_RETURN(const common::CopyPlan plan,
+                          common::PlanDepthToSpace(ctx, ctx.input(0).dims));
+  return CopyByPlan(ctx, plan);
+}
+
+absl::Status RunSpaceToDepth(KernelContext& ctx) {
+  CASTOR_ASSIGN_OR_RETURN(const common::CopyPlan plan,
+                          common::PlanSpaceToDepth(ctx, ctx.input(0).dims));
+  return CopyByPlan(ctx, plan);
+}
+
 // ---- Pad -------------------------------------------------------------------------------
 
 absl::Status RunPad(KernelContext& ctx) {
@@ -968,6 +1296,12 @@ void RegisterShapeKernels(KernelTable& table) {
       {"Concat", RunConcat, false},       {"Split", RunSplit, false},
       {"Slice", RunSlice, false},         {"Gather", RunGather, false},
       {"Tile", RunTile, false},           {"Pad", RunPad, false},
+      {"GatherND", RunGatherND, false},   {"ScatterND", RunScatterND, false},
+      {"GatherElements", RunGatherElements, false},
+      {"ScatterElements", RunScatterElements, false},
+      {"Trilu", RunTrilu, false},
+      {"DepthToSpace", RunDepthToSpace, false},
+      {"SpaceToDepth", RunSpaceToDepth, false},
   };
   for (const Entry& e : entries) {
     table.Register(KernelDef{"", e.op_type, FixedSizeTensors, e.run, e.in_place_ok});
@@ -978,6 +1312,10 @@ void RegisterShapeKernels(KernelTable& table) {
                            RunRange, false});
   table.Register(KernelDef{kCastorDomain, "GatherGrad", FloatDTypesIn(CudaFloatDTypes()),
                            RunGatherGrad, false});
+  table.Register(KernelDef{kCastorDomain, "GatherNDGrad", FloatDTypesIn(CudaFloatDTypes()),
+                           RunGatherNDGrad, false});
+  table.Register(KernelDef{kCastorDomain, "GatherElementsGrad",
+                           FloatDTypesIn(CudaFloatDTypes()), RunGatherElementsGrad, false});
 }
 
 }  // namespace castor::cuda

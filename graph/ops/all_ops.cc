@@ -17,6 +17,7 @@ void RegisterAllOps(OpRegistry& registry) {
   RegisterReduceOps(registry);
   RegisterShapeOps(registry);
   RegisterDataMovementOps(registry);
+  RegisterResizeOps(registry);
   RegisterMiscOps(registry);
   RegisterControlFlowOps(registry);
   RegisterGradientOps(registry);

@@ -17,6 +17,7 @@ void RegisterTrainingOps(OpRegistry& registry);      // training.cc (ai.onnx.pre
 void RegisterReduceOps(OpRegistry& registry);        // reduce.cc
 void RegisterShapeOps(OpRegistry& registry);         // shape_ops.cc
 void RegisterDataMovementOps(OpRegistry& registry);  // data_movement.cc
+void RegisterResizeOps(OpRegistry& registry);        // resize.cc
 void RegisterMiscOps(OpRegistry& registry);          // misc.cc (Cast, Constant, Identity, Dropout)
 void RegisterControlFlowOps(OpRegistry& registry);   // control_flow.cc (If, Loop)
 void RegisterGradientOps(OpRegistry& registry);     // gradient_ops.cc (com.castor)

@@ -1,11 +1,17 @@
-// Ops that move or select data: Concat, Split, Slice, Gather, Tile, Pad.
+// Ops that move or select data: Concat, Split, Slice, Gather, Tile, Pad,
+// the indexing ops GatherND/ScatterND (index tuples), GatherElements/
+// ScatterElements (one index per element), Trilu (a triangle of each
+// matrix), and DepthToSpace/SpaceToDepth (channels <-> spatial blocks; mode
+// CRD from opset 11).
 // Concat, Slice and Gather also carry "shape values" (1-D int64 tensors
 // whose entries are known dims, see InferenceContext::ShapeValue) so that
 // shape arithmetic like Concat(Unsqueeze(Gather(Shape(x), 0)), [28, 28])
 // keeps symbolic dims. Opset history handled here: Split's `split` moved
 // from attribute to input at 13 and gained `num_outputs` at 18; Slice's
 // starts/ends/axes were attributes until 10; Pad's pads moved to inputs at 11
-// and gained an `axes` input at 18.
+// and gained an `axes` input at 18. GatherND gained batch_dims at 12;
+// ScatterND and ScatterElements (which replaced Scatter at 11) gained
+// `reduction` add/mul at 16 and max/min at 18; Trilu exists from 14.
 #include <algorithm>
 #include <climits>
 #include <string>
@@ -568,6 +574,230 @@ absl::Status InferPad(InferenceContext& ctx) {
   return absl::OkStatus();
 }
 
+// ---- GatherND / ScatterND ------------------------------------------------------
+
+// Checks the constant indices of input `i` (tuples of the last dim's
+// length) against data's static dims `indexed` (the axes the entries
+// index); the error names the tuple and the axis.
+absl::Status CheckConstantTuples(const InferenceContext& ctx, int i,
+                                 const std::vector<Dim>& indexed) {
+  const Tensor* constant = ctx.input_constant(i);
+  if (constant == nullptr || indexed.empty()) return absl::OkStatus();
+  const std::vector<int64_t> values = constant->ToInt64Vector();
+  const int64_t k = static_cast<int64_t>(indexed.size());
+  for (size_t at = 0; at < values.size(); ++at) {
+    const Dim& dim = indexed[at % k];
+    if (!dim.is_static()) continue;
+    if (values[at] < -dim.value() || values[at] >= dim.value()) {
+      return ctx.Error(absl::StrCat("index ", values[at], " (tuple ", at / k, ", entry ", at % k,
+                                    ") is out of range for a data axis of size ", dim.value()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// GatherND's output shape for data input `d` and indices input `i`, or
+// nullopt when a rank or the tuple length is unknown.
+absl::StatusOr<std::optional<Shape>> GatheredShape(const InferenceContext& ctx, int d, int i,
+                                                   int64_t batch_dims) {
+  CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, i, {DType::kInt32, DType::kInt64}));
+  const Shape& data = ctx.input_shape(d);
+  const Shape& indices = ctx.input_shape(i);
+  if (!data.rank_known() || !indices.rank_known()) return std::optional<Shape>();
+  const int64_t data_rank = data.rank(), index_rank = indices.rank();
+  if (data_rank == 0 || index_rank == 0) {
+    return ctx.Error(absl::StrCat("data ", data.ToString(), " and indices ", indices.ToString(),
+                                  " must both have rank >= 1"));
+  }
+  if (batch_dims < 0 || batch_dims >= std::min(data_rank, index_rank)) {
+    return ctx.Error(absl::StrCat("attribute 'batch_dims' is ", batch_dims, "; expected [0, ",
+                                  std::min(data_rank, index_rank) - 1, "]"));
+  }
+  const Dim& last = indices[index_rank - 1];
+  if (!last.is_static()) return std::optional<Shape>();
+  const int64_t k = last.value();
+  if (k < 1 || k > data_rank - batch_dims) {
+    return ctx.Error(absl::StrCat("indices ", indices.ToString(), " hold tuples of ", k,
+                                  " entries; expected 1 to ", data_rank - batch_dims,
+                                  " for data ", data.ToString()));
+  }
+  CASTOR_RETURN_IF_ERROR(CheckConstantTuples(
+      ctx, i,
+      std::vector<Dim>(data.dims().begin() + batch_dims, data.dims().begin() + batch_dims + k)));
+  std::vector<Dim> dims(indices.dims().begin(), indices.dims().end() - 1);
+  dims.insert(dims.end(), data.dims().begin() + batch_dims + k, data.dims().end());
+  return std::optional<Shape>(Shape(std::move(dims)));
+}
+
+absl::Status InferGatherND(InferenceContext& ctx) {
+  CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 0, AllTypesAt(ctx)));
+  CASTOR_RETURN_IF_ERROR(ops::CheckAttributeOpsets(ctx, "batch_dims", 12));
+  CASTOR_ASSIGN_OR_RETURN(std::optional<Shape> shape,
+                          GatheredShape(ctx, 0, 1, ctx.GetInt("batch_dims", 0)));
+  ctx.SetOutput(0, ctx.input_dtype(0), shape ? *shape : Shape::Unknown());
+  return absl::OkStatus();
+}
+
+// The `reduction` attribute of ScatterND / ScatterElements at the opset.
+absl::Status CheckScatterReduction(const InferenceContext& ctx) {
+  if (!ctx.has_attribute("reduction")) return absl::OkStatus();
+  const std::string reduction = ctx.GetString("reduction", "none");
+  const int64_t opset = ctx.opset();
+  const bool ok = reduction == "none" || (opset >= 16 && (reduction == "add" || reduction == "mul")) ||
+                  (opset >= 18 && (reduction == "max" || reduction == "min"));
+  if (ok) return absl::OkStatus();
+  return ctx.Error(absl::StrCat("attribute 'reduction' is \"", reduction, "\"; opset ", opset,
+                                " takes \"none\"", opset >= 16 ? ", \"add\", \"mul\"" : "",
+                                opset >= 18 ? ", \"max\", \"min\"" : ""));
+}
+
+// Input `u` (updates) must have static dims equal to `expected` where both
+// are known.
+absl::Status RequireUpdatesShape(const InferenceContext& ctx, int u, const Shape& expected,
+                                 const char* why) {
+  const Shape& updates = ctx.input_shape(u);
+  if (!updates.rank_known() || !expected.rank_known()) return absl::OkStatus();
+  bool differs = updates.rank() != expected.rank();
+  for (int a = 0; !differs && a < updates.rank(); ++a) {
+    differs = updates[a].is_static() && expected[a].is_static() &&
+              updates[a].value() != expected[a].value();
+  }
+  if (differs) {
+    return ctx.Error(absl::StrCat("input ", u, " (updates) has shape ", updates.ToString(),
+                                  "; expected ", expected.ToString(), " (", why, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InferScatterND(InferenceContext& ctx) {
+  CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 0, AllTypesAt(ctx)));
+  if (ctx.input_dtype(2) != ctx.input_dtype(0)) {
+    return ctx.Error(absl::StrCat("input 2 (updates) has dtype ", DTypeName(ctx.input_dtype(2)),
+                                  " but input 0 (data) has ", DTypeName(ctx.input_dtype(0)),
+                                  "; they must match"));
+  }
+  CASTOR_RETURN_IF_ERROR(CheckScatterReduction(ctx));
+  CASTOR_ASSIGN_OR_RETURN(std::optional<Shape> gathered, GatheredShape(ctx, 0, 1, 0));
+  if (gathered) {
+    CASTOR_RETURN_IF_ERROR(RequireUpdatesShape(
+        ctx, 2, *gathered, "indices' dims but the last, then data's dims after the indexed ones"));
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), ctx.input_shape(0));
+  return absl::OkStatus();
+}
+
+// ---- GatherElements / ScatterElements ------------------------------------------
+
+// Checks data (input 0) and indices (input 1) for the element-indexed ops:
+// one rank, the axis in range, constant indices in range along it.
+absl::Status CheckElementsIndexing(const InferenceContext& ctx) {
+  CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 1, {DType::kInt32, DType::kInt64}));
+  const Shape& data = ctx.input_shape(0);
+  const Shape& indices = ctx.input_shape(1);
+  if (!data.rank_known()) return absl::OkStatus();
+  if (data.rank() == 0) return ctx.Error("input 0 (data) must have rank >= 1; got a scalar");
+  if (indices.rank_known() && indices.rank() != data.rank()) {
+    return ctx.Error(absl::StrCat("data ", data.ToString(), " and indices ", indices.ToString(),
+                                  " must have the same rank"));
+  }
+  CASTOR_ASSIGN_OR_RETURN(const int64_t axis,
+                          ops::NormalizeAxis(ctx, ctx.GetInt("axis", 0), data.rank()));
+  const Dim& axis_dim = data[axis];
+  if (const Tensor* constant = ctx.input_constant(1); constant != nullptr && axis_dim.is_static()) {
+    for (int64_t index : constant->ToInt64Vector()) {
+      if (index < -axis_dim.value() || index >= axis_dim.value()) {
+        return ctx.Error(absl::StrCat("index ", index, " is out of range for axis ", axis,
+                                      " of size ", axis_dim.value()));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InferGatherElements(InferenceContext& ctx) {
+  CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 0, AllTypesAt(ctx)));
+  CASTOR_RETURN_IF_ERROR(CheckElementsIndexing(ctx));
+  ctx.SetOutput(0, ctx.input_dtype(0), ctx.input_shape(1));
+  return absl::OkStatus();
+}
+
+absl::Status InferScatterElements(InferenceContext& ctx) {
+  CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 0, AllTypesAt(ctx)));
+  if (ctx.input_dtype(2) != ctx.input_dtype(0)) {
+    return ctx.Error(absl::StrCat("input 2 (updates) has dtype ", DTypeName(ctx.input_dtype(2)),
+                                  " but input 0 (data) has ", DTypeName(ctx.input_dtype(0)),
+                                  "; they must match"));
+  }
+  CASTOR_RETURN_IF_ERROR(CheckScatterReduction(ctx));
+  CASTOR_RETURN_IF_ERROR(CheckElementsIndexing(ctx));
+  CASTOR_RETURN_IF_ERROR(RequireUpdatesShape(ctx, 2, ctx.input_shape(1), "indices' shape"));
+  ctx.SetOutput(0, ctx.input_dtype(0), ctx.input_shape(0));
+  return absl::OkStatus();
+}
+
+// ---- Trilu ---------------------------------------------------------------------
+
+absl::Status InferTrilu(InferenceContext& ctx) {
+  CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 0, ops::AllTypes()));
+  const Shape& input = ctx.input_shape(0);
+  if (input.rank_known() && input.rank() < 2) {
+    return ctx.Error(absl::StrCat("input 0 has shape ", input.ToString(),
+                                  "; expected rank >= 2 (matrices in the last two axes)"));
+  }
+  if (ctx.num_inputs() > 1 && ctx.has_input(1)) {
+    CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 1, {DType::kInt64}));
+    const Shape& k = ctx.input_shape(1);
+    const std::optional<int64_t> count = k.NumElements();
+    if (k.rank_known() && (k.rank() > 1 || (count && *count != 1))) {
+      return ctx.Error(absl::StrCat("input 1 (k) has shape ", k.ToString(),
+                                    "; expected a scalar"));
+    }
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), input);
+  return absl::OkStatus();
+}
+
+// ---- DepthToSpace / SpaceToDepth ------------------------------------------------
+
+// `to_space`: DepthToSpace [N, C, H, W] -> [N, C/b^2, H*b, W*b]; else
+// SpaceToDepth [N, C, H, W] -> [N, C*b^2, H/b, W/b].
+absl::Status InferDepthSpace(InferenceContext& ctx, bool to_space) {
+  CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 0, AllTypesAt(ctx)));
+  const int64_t b = ctx.GetInt("blocksize", 0);
+  if (!ctx.has_attribute("blocksize") || b < 1) {
+    return ctx.Error(absl::StrCat("attribute 'blocksize' is required and >= 1; got ", b));
+  }
+  if (to_space) {
+    CASTOR_RETURN_IF_ERROR(ops::CheckAttributeOpsets(ctx, "mode", 11));
+    const std::string mode = ctx.GetString("mode", "DCR");
+    if (mode != "DCR" && mode != "CRD") {
+      return ctx.Error(absl::StrCat("attribute 'mode' is \"", mode, "\"; expected DCR or CRD"));
+    }
+  }
+  const Shape& input = ctx.input_shape(0);
+  if (!input.rank_known()) {
+    ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::vector<Dim>(4)));
+    return absl::OkStatus();
+  }
+  if (input.rank() != 4) {
+    return ctx.Error(absl::StrCat("input has shape ", input.ToString(), "; expected [N, C, H, W]"));
+  }
+  std::vector<Dim> dims = input.dims();
+  auto scaled = [&](const Dim& d, bool multiply, int64_t by) -> absl::StatusOr<Dim> {
+    if (!d.is_static()) return Dim::Unknown();
+    if (!multiply && d.value() % by != 0) {
+      return ctx.Error(absl::StrCat("input ", input.ToString(), " has a dim ", d.value(),
+                                    " not divisible by ", by));
+    }
+    return Dim(multiply ? d.value() * by : d.value() / by);
+  };
+  CASTOR_ASSIGN_OR_RETURN(dims[1], scaled(input[1], !to_space, b * b));
+  CASTOR_ASSIGN_OR_RETURN(dims[2], scaled(input[2], to_space, b));
+  CASTOR_ASSIGN_OR_RETURN(dims[3], scaled(input[3], to_space, b));
+  ctx.SetOutput(0, ctx.input_dtype(0), Shape(std::move(dims)));
+  return absl::OkStatus();
+}
+
 using ops::MakeDef;
 
 }  // namespace
@@ -598,6 +828,34 @@ void RegisterDataMovementOps(OpRegistry& registry) {
                              {"value", AttrKind::kFloat}},
                             InferPad,
                             "Pads each axis (constant, reflect, edge or wrap)."));
+  registry.Register(MakeDef("GatherND", 11, 2, 2, {{"batch_dims", AttrKind::kInt}}, InferGatherND,
+                            "Picks the slices of data that index tuples (indices' last dim) "
+                            "address."));
+  registry.Register(MakeDef("ScatterND", 11, 3, 3, {{"reduction", AttrKind::kString}},
+                            InferScatterND,
+                            "Copies data and writes (or combines) updates at the slices index "
+                            "tuples address."));
+  registry.Register(MakeDef("GatherElements", 11, 2, 2, {{"axis", AttrKind::kInt}},
+                            InferGatherElements,
+                            "out[p] = data[p with its axis coordinate replaced by indices[p]]."));
+  registry.Register(MakeDef("ScatterElements", 11, 3, 3,
+                            {{"axis", AttrKind::kInt}, {"reduction", AttrKind::kString}},
+                            InferScatterElements,
+                            "Copies data and writes (or combines) updates[p] at p with its axis "
+                            "coordinate replaced by indices[p]."));
+  registry.Register(MakeDef("DepthToSpace", kMinOnnxOpset, 1, 1,
+                            {{"blocksize", AttrKind::kInt, /*required=*/true},
+                             {"mode", AttrKind::kString}},
+                            [](InferenceContext& ctx) { return InferDepthSpace(ctx, true); },
+                            "Moves blocksize x blocksize blocks of channels into space (DCR or "
+                            "CRD order)."));
+  registry.Register(MakeDef("SpaceToDepth", kMinOnnxOpset, 1, 1,
+                            {{"blocksize", AttrKind::kInt, /*required=*/true}},
+                            [](InferenceContext& ctx) { return InferDepthSpace(ctx, false); },
+                            "Moves blocksize x blocksize spatial blocks into channels."));
+  registry.Register(MakeDef("Trilu", 14, 1, 2, {{"upper", AttrKind::kInt}}, InferTrilu,
+                            "Keeps the upper (or lower) triangle of each matrix from the k-th "
+                            "diagonal, zeroing the rest."));
 }
 
 }  // namespace castor

@@ -13,6 +13,9 @@
 //   ReluGrad(dY, Y) -> dX
 //   ReduceToShapeOf(dY, X) -> dX       sums broadcast axes back to X's shape
 //   GatherGrad(dY, indices, data) -> dData               scatter-add on axis
+//   GatherNDGrad(dY, indices, data) -> dData     scatter-add of index tuples
+//   GatherElementsGrad(dY, indices, data) -> dData   scatter-add on axis
+//   ResizeGrad(dY, X[, scales, sizes]) -> dX   dY scattered with Resize's weights
 // T is float32, float16 or bfloat16; the normalisation parameters (scale,
 // dScale, dBias) may be float32 with 16-bit activations. None of these ops
 // has a gradient of its own (no second-order differentiation).
@@ -318,6 +321,69 @@ absl::Status InferGatherGrad(InferenceContext& ctx) {
   return absl::OkStatus();
 }
 
+// ---- GatherNDGrad, GatherElementsGrad --------------------------------------------
+
+// (dY, indices, data) -> dData of data's shape: the float and index dtypes
+// and, where ranks are known, dY's rank (`dy_rank` of data's and indices'
+// ranks, or -1 when unknown).
+absl::Status InferIndexedGrad(InferenceContext& ctx, int64_t (*dy_rank)(const InferenceContext&,
+                                                                         int64_t, int64_t)) {
+  CASTOR_RETURN_IF_ERROR(RequireInputs(ctx, {"dY", "indices", "data"}));
+  CASTOR_RETURN_IF_ERROR(RequireFloatInput(ctx, 2, "data"));
+  CASTOR_RETURN_IF_ERROR(RequireFloatInput(ctx, 0, "dY", 2));
+  const DType index_dtype = ctx.input_dtype(1);
+  if (index_dtype != DType::kInt32 && index_dtype != DType::kInt64) {
+    return ctx.Error(absl::StrCat("input 1 (indices) has dtype ", DTypeName(index_dtype),
+                                  "; expected int32 or int64"));
+  }
+  const Shape& dy = ctx.input_shape(0);
+  const Shape& indices = ctx.input_shape(1);
+  const Shape& data = ctx.input_shape(2);
+  if (data.rank_known() && indices.rank_known() && dy.rank_known()) {
+    CASTOR_RETURN_IF_ERROR(RequireMinRank(ctx, 2, "data", 1, "the indexed tensor"));
+    const int64_t expected = dy_rank(ctx, data.rank(), indices.rank());
+    if (expected >= 0 && dy.rank() != expected) {
+      return ctx.Error(absl::StrCat("input 0 (dY) ", dy.ToString(), " must have rank ", expected,
+                                    " (data ", data.ToString(), " indexed by ",
+                                    indices.ToString(), ")"));
+    }
+  }
+  ctx.SetOutput(0, ctx.input_dtype(2), data);
+  return absl::OkStatus();
+}
+
+// GatherND's output rank: indices' rank - 1 + data's rank - batch_dims - k.
+int64_t GatherNDRank(const InferenceContext& ctx, int64_t data_rank, int64_t index_rank) {
+  if (index_rank == 0) return -1;
+  const Dim& last = ctx.input_shape(1)[static_cast<int>(index_rank) - 1];
+  if (!last.is_static()) return -1;
+  return index_rank - 1 + data_rank - ctx.GetInt("batch_dims", 0) - last.value();
+}
+
+// GatherElements' output rank: indices' rank, which is data's.
+int64_t GatherElementsRank(const InferenceContext&, int64_t data_rank, int64_t) {
+  return data_rank;
+}
+
+// ---- ResizeGrad ----------------------------------------------------------------
+
+absl::Status InferResizeGrad(InferenceContext& ctx) {
+  CASTOR_RETURN_IF_ERROR(RequireInputs(ctx, {"dY", "X"}));
+  CASTOR_RETURN_IF_ERROR(RequireFloatInput(ctx, 1, "X"));
+  CASTOR_RETURN_IF_ERROR(RequireFloatInput(ctx, 0, "dY", 1));
+  CASTOR_RETURN_IF_ERROR(RequireSameRank(ctx, 0, "dY", 1, "X"));
+  if (ctx.num_inputs() > 2 && ctx.has_input(2) && ctx.input_dtype(2) != DType::kFloat32) {
+    return ctx.Error(absl::StrCat("input 2 (scales) has dtype ", DTypeName(ctx.input_dtype(2)),
+                                  "; expected float32"));
+  }
+  if (ctx.num_inputs() > 3 && ctx.has_input(3) && ctx.input_dtype(3) != DType::kInt64) {
+    return ctx.Error(absl::StrCat("input 3 (sizes) has dtype ", DTypeName(ctx.input_dtype(3)),
+                                  "; expected int64"));
+  }
+  ctx.SetOutput(0, ctx.input_dtype(1), ctx.input_shape(1));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void RegisterGradientOps(OpRegistry& registry) {
@@ -380,6 +446,28 @@ void RegisterGradientOps(OpRegistry& registry) {
   registry.Register(MakeGradDef(
       "GatherGrad", 3, 3, 1, 1, {{"axis", AttrKind::kInt, false}}, InferGatherGrad,
       "(dY, indices, data) -> dData: zeros of data's shape with dY scatter-added on axis"));
+  registry.Register(MakeGradDef(
+      "GatherNDGrad", 3, 3, 1, 1, {{"batch_dims", AttrKind::kInt, false}},
+      [](InferenceContext& ctx) { return InferIndexedGrad(ctx, GatherNDRank); },
+      "(dY, indices, data) -> dData: zeros of data's shape with dY's slices scatter-added at "
+      "the index tuples"));
+  registry.Register(MakeGradDef(
+      "GatherElementsGrad", 3, 3, 1, 1, {{"axis", AttrKind::kInt, false}},
+      [](InferenceContext& ctx) { return InferIndexedGrad(ctx, GatherElementsRank); },
+      "(dY, indices, data) -> dData: zeros of data's shape with dY[p] added at p with its axis "
+      "coordinate replaced by indices[p]"));
+  registry.Register(MakeGradDef(
+      "ResizeGrad", 2, 4, 1, 1,
+      {{"mode", AttrKind::kString, false},
+       {"coordinate_transformation_mode", AttrKind::kString, false},
+       {"nearest_mode", AttrKind::kString, false},
+       {"axes", AttrKind::kInts, false},
+       {"antialias", AttrKind::kInt, false},
+       {"keep_aspect_ratio_policy", AttrKind::kString, false}},
+      InferResizeGrad,
+      "(dY, X[, scales, sizes]) -> dX: Resize's adjoint, each dY element added to the X "
+      "elements Resize read for it with the same weights (nearest_mode \"simple\": Resize-10's "
+      "rounding)"));
 }
 
 }  // namespace castor

@@ -1431,6 +1431,153 @@ absl::Status GatherGradient(GradientBuilder& g) {
   return absl::OkStatus();
 }
 
+// Y = GatherND(data, indices): dData = GatherNDGrad (dY's slices
+// scatter-added into zeros at the index tuples).
+absl::Status GatherNDGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * grad,
+                          g.Emit1("GatherNDGrad", {g.output_grad(0), g.input(1), g.input(0)},
+                                  SharedAttributes(g.node(), {"batch_dims"}), kCastorDomain));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = GatherElements(data, indices): dData = GatherElementsGrad (dY
+// scatter-added into zeros along the axis).
+absl::Status GatherElementsGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * grad,
+                          g.Emit1("GatherElementsGrad", {g.output_grad(0), g.input(1), g.input(0)},
+                                  SharedAttributes(g.node(), {"axis"}), kCastorDomain));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = ScatterND(data, indices, updates) / ScatterElements(...): with
+// reduction none, dData = dY with the written positions zeroed (the same
+// scatter of zeros) and dUpdates = dY gathered at them (GatherND /
+// GatherElements); with reduction add, dData = dY. Duplicate indices
+// (reduction none) leave which update wins unspecified, as ONNX does.
+// `gather` and `attributes` name the matching gather and its attributes.
+absl::Status ScatterGradient(GradientBuilder& g, const char* gather,
+                             const std::vector<std::string>& attributes) {
+  const std::string reduction = g.node().GetString("reduction", "none");
+  if (reduction != "none" && reduction != "add") {
+    return absl::UnimplementedError(absl::StrCat("a gradient through ", g.node().op_type(),
+                                                 " with reduction \"", reduction, "\""));
+  }
+  Value* dy = g.output_grad(0);
+  if (g.wants_input_grad(0)) {
+    if (reduction == "add") {
+      g.SetInputGrad(0, dy);
+    } else {
+      CASTOR_ASSIGN_OR_RETURN(Value * zeros, ZerosLike(g, g.input(2)));
+      CASTOR_ASSIGN_OR_RETURN(Value * grad,
+                              g.Emit1(g.node().op_type(), {dy, g.input(1), zeros},
+                                      SharedAttributes(g.node(), attributes)));
+      g.SetInputGrad(0, grad);
+    }
+  }
+  if (g.wants_input_grad(2)) {
+    CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1(gather, {dy, g.input(1)},
+                                                  SharedAttributes(g.node(), attributes)));
+    g.SetInputGrad(2, grad);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ScatterNDGradient(GradientBuilder& g) { return ScatterGradient(g, "GatherND", {}); }
+
+absl::Status ScatterElementsGradient(GradientBuilder& g) {
+  return ScatterGradient(g, "GatherElements", {"axis"});
+}
+
+// Y = Trilu(X, k): Y is X masked, so dX = Trilu(dY, k) (the same mask).
+absl::Status TriluGradient(GradientBuilder& g) {
+  std::vector<Value*> inputs = {g.output_grad(0)};
+  if (g.node().num_inputs() > 1 && g.input(1) != nullptr) inputs.push_back(g.input(1));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad,
+                          g.Emit1("Trilu", inputs, SharedAttributes(g.node(), {"upper"})));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = CumSum(X, axis): Y[j] sums X[i] over i <= j (i < j when exclusive),
+// so dX[i] sums dY[j] over j >= i (j > i): the cumulative sum of dY in the
+// other direction, with the same `exclusive`.
+absl::Status CumSumGradient(GradientBuilder& g) {
+  std::vector<Attribute> attributes = SharedAttributes(g.node(), {"exclusive"});
+  attributes.push_back(Attribute::Int("reverse", g.node().GetInt("reverse", 0) != 0 ? 0 : 1));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad,
+                          g.Emit1("CumSum", {g.output_grad(0), g.input(1)}, std::move(attributes)));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = Resize(X, [roi,] scales[, sizes]): dX = ResizeGrad(dY, X, scales,
+// sizes), the adjoint of the interpolation, with Resize-10's implicit
+// coordinate rule made explicit (asymmetric, nearest_mode "simple").
+absl::Status ResizeGradient(GradientBuilder& g) {
+  const Node& node = g.node();
+  const bool opset10 = g.opset() < 11;
+  std::vector<Attribute> attributes =
+      SharedAttributes(node, {"mode", "axes", "antialias", "keep_aspect_ratio_policy"});
+  attributes.push_back(Attribute::String(
+      "coordinate_transformation_mode",
+      opset10 ? "asymmetric" : node.GetString("coordinate_transformation_mode", "half_pixel")));
+  attributes.push_back(Attribute::String(
+      "nearest_mode", opset10 ? "simple" : node.GetString("nearest_mode", "round_prefer_floor")));
+  const int scales_at = opset10 ? 1 : 2;
+  Value* scales = node.num_inputs() > scales_at ? g.input(scales_at) : nullptr;
+  Value* sizes = !opset10 && node.num_inputs() > 3 ? g.input(3) : nullptr;
+  std::vector<Value*> inputs = {g.output_grad(0), g.input(0), scales};
+  if (sizes != nullptr) inputs.push_back(sizes);
+  CASTOR_ASSIGN_OR_RETURN(Value * grad,
+                          g.Emit1("ResizeGrad", inputs, std::move(attributes), kCastorDomain));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+// Y = DepthToSpace(X) (DCR) and Y = SpaceToDepth(X) are each other's
+// inverse permutations, so each one's gradient is the other applied to dY.
+// DepthToSpace CRD: dX = dY viewed as [N, C', H, b, W, b], transposed back
+// to [N, C', b, b, H, W] (needs static C, H, W; N may be symbolic).
+absl::Status DepthToSpaceGradient(GradientBuilder& g) {
+  const int64_t b = g.node().GetInt("blocksize", 1);
+  Value* dy = g.output_grad(0);
+  if (g.node().GetString("mode", "DCR") == "DCR") {
+    CASTOR_ASSIGN_OR_RETURN(Value * grad,
+                            g.Emit1("SpaceToDepth", {dy}, {Attribute::Int("blocksize", b)}));
+    g.SetInputGrad(0, grad);
+    return absl::OkStatus();
+  }
+  const std::optional<std::vector<int64_t>> x = [&]() -> std::optional<std::vector<int64_t>> {
+    const Shape& shape = g.input(0)->shape();
+    if (!shape.rank_known() || shape.rank() != 4) return std::nullopt;
+    for (int a = 1; a < 4; ++a) {
+      if (!shape[a].is_static()) return std::nullopt;
+    }
+    return std::vector<int64_t>{0, shape[1].value(), shape[2].value(), shape[3].value()};
+  }();
+  if (!x) return absl::UnimplementedError("DepthToSpace CRD with C, H, W not static");
+  const int64_t depth = (*x)[1] / (b * b), h = (*x)[2], w = (*x)[3];
+  CASTOR_ASSIGN_OR_RETURN(Value * view_shape, g.Int64s({0, depth, h, b, w, b}));
+  CASTOR_ASSIGN_OR_RETURN(Value * view, g.Emit1("Reshape", {dy, view_shape}));
+  CASTOR_ASSIGN_OR_RETURN(Value * moved, g.Emit1("Transpose", {view},
+                                                 {Attribute::Ints("perm", {0, 1, 3, 5, 2, 4})}));
+  CASTOR_ASSIGN_OR_RETURN(Value * x_shape, g.Int64s(*x));
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Reshape", {moved, x_shape}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+absl::Status SpaceToDepthGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(
+      Value * grad,
+      g.Emit1("DepthToSpace", {g.output_grad(0)},
+              {Attribute::Int("blocksize", g.node().GetInt("blocksize", 1))}));  // mode DCR
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
 struct RuleEntry {
   const char* op_type;
   Rule rule;
@@ -1490,6 +1637,10 @@ constexpr RuleEntry kRules[] = {
     {"Expand", ExpandGradient},
     {"Tile", TileGradient},
     {"Pad", PadGradient},
+    {"Trilu", TriluGradient},
+    {"DepthToSpace", DepthToSpaceGradient},
+    {"SpaceToDepth", SpaceToDepthGradient},
+    {"Resize", ResizeGradient},
     {"ReduceSum", ReduceSumGradient},
     {"ReduceMean", ReduceMeanGradient},
     {"ReduceMax", ReduceExtremeGradient},
@@ -1498,6 +1649,7 @@ constexpr RuleEntry kRules[] = {
     {"ReduceSumSquare", ReduceSumSquareGradient},
     {"ReduceL1", ReduceL1Gradient},
     {"ReduceLogSumExp", ReduceLogSumExpGradient},
+    {"CumSum", CumSumGradient},
     {"Conv", ConvGradient},
     {"MaxPool", MaxPoolGradient},
     {"AveragePool", AveragePoolGradient},
@@ -1509,6 +1661,10 @@ constexpr RuleEntry kRules[] = {
     {"LogSoftmax", LogSoftmaxGradient},
     {"SoftmaxCrossEntropyLoss", SoftmaxCrossEntropyLossGradient},
     {"Gather", GatherGradient},
+    {"GatherND", GatherNDGradient},
+    {"ScatterND", ScatterNDGradient},
+    {"GatherElements", GatherElementsGradient},
+    {"ScatterElements", ScatterElementsGradient},
 };
 
 struct NoGradientEntry {
@@ -1550,6 +1706,7 @@ void AssignGradientRules(OpRegistry& registry) {
   // Float inputs that set how an op works rather than feed its values, as
   // PyTorch's dropout p: never trained.
   registry.SetSettingInputs("", "Dropout", {1});
+  registry.SetSettingInputs("", "Resize", {1, 2});  // roi, scales (scales at opset 10)
   for (const NoGradientEntry& entry : kNoGradient) {
     registry.SetNoGradient(entry.domain, entry.op_type, entry.reason);
   }

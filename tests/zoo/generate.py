@@ -174,6 +174,55 @@ class CausalLM(nn.Module):
 
 
 # --------------------------------------------------------------------------
+# Image models for the indexing and Resize ops (torch.nn only)
+# --------------------------------------------------------------------------
+
+class TinyUNet(nn.Module):
+    """Down, up (nn.Upsample nearest), skip concat, then F.interpolate
+    bilinear with align_corners False and True, scales and sizes, up and
+    down: the Resize forms torch.onnx.export writes."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.mid = nn.Conv2d(8, 8, 3, padding=1)
+        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.fuse = nn.Conv2d(11, 8, 3, padding=1)
+        self.head = nn.Linear(8 * 3, NUM_CLASSES)
+
+    def forward(self, x):
+        d = F.relu(self.down(x))
+        m = F.relu(self.mid(d))
+        f = F.relu(self.fuse(torch.cat([self.up(m), x], 1)))
+        a = F.interpolate(f, size=(8, 8), mode="bilinear", align_corners=False)
+        b = F.interpolate(f, scale_factor=0.5, mode="bilinear", align_corners=True)
+        c = F.interpolate(a, size=(11, 5), mode="nearest")
+        return self.head(torch.cat([a.mean((2, 3)), b.mean((2, 3)), c.mean((2, 3))], 1))
+
+
+class IndexingNet(nn.Module):
+    """torch.gather (GatherElements), triu/tril (Trilu), cumsum (CumSum)
+    and a slice assignment (ScatterND) on conv features."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 4, stride=4)
+        self.proj = nn.Linear(8, 8)
+        self.head = nn.Linear(8 * 8 + 8, NUM_CLASSES)
+        self.register_buffer("order", torch.tensor([[3, 1, 7, 0, 2, 2, 6, 5]]))
+
+    def forward(self, x):
+        f = F.relu(self.conv(x)).flatten(2).mean(2)
+        g = torch.gather(f, 1, self.order.expand(f.shape[0], 8))
+        m = self.proj(g).unsqueeze(2) * f.unsqueeze(1)
+        t = torch.triu(m, diagonal=1) + torch.tril(m, diagonal=-2)
+        s = torch.cumsum(t, dim=2)
+        z = torch.zeros_like(f)
+        z[:, 2:5] = f[:, 0:3]
+        return self.head(torch.cat([s.flatten(1), z], 1))
+
+
+# --------------------------------------------------------------------------
 # The model list
 # --------------------------------------------------------------------------
 
@@ -238,6 +287,8 @@ MODELS = {
     "alexnet": (tv("alexnet"), IMG224, False),
     "token_classifier": (TokenClassifier, TOKENS, True),
     "causal_lm": (CausalLM, LM, True),
+    "tiny_unet": (TinyUNet, IMG32, True),
+    "indexing_net": (IndexingNet, IMG32, True),
 }
 
 
