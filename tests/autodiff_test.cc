@@ -646,15 +646,30 @@ TEST(GradientRuleTest, SliceNegativeClampedSteppedAndRunTimeBounds) {
       Value* x = check.Parameter("x", {4, 6, 5});
       Value* starts = check.Constant("starts", Tensor::Int64s(c.starts));
       Value* ends = check.Constant("ends", Tensor::Int64s(c.ends));
-      if (run_time) {  // not a constant to the rule: indices via Range and Slice
-        starts = check.Op("Identity", {starts});
-        ends = check.Op("Identity", {ends});
+      if (run_time) {  // computed: unknown to the rule, so indices via Range and Slice
+        Value* zeros = check.Constant(
+            "zeros", Tensor::Int64s(std::vector<int64_t>(c.starts.size(), 0)));
+        starts = check.Op("Add", {starts, zeros});
+        ends = check.Op("Add", {ends, zeros});
       }
       Value* axes = check.Constant("axes", Tensor::Int64s(c.axes));
       Value* steps = check.Constant("steps", Tensor::Int64s(c.steps));
       Value* y = check.Op("Slice", {x, starts, ends, axes, steps});
       check.Check(run_time ? StaticShape(check, y, c.dims) : y);
     }
+  }
+  {  // axes as exporters write them: Concat of Unsqueeze(Constant) pieces,
+     // known to the rule before the graph runs (swin_t's attention slices)
+    GradCheck check(13);
+    Value* x = check.Parameter("x", {4, 6, 5});
+    Value* starts = check.Constant("starts", Tensor::Int64s({1, 2}));
+    Value* ends = check.Constant("ends", Tensor::Int64s({3, -1}));
+    Value* axis_1 = check.Op("Unsqueeze", {check.Constant("a1", Tensor::FromVector<int64_t>(DType::kInt64, {}, {1})),
+                                           check.Constant("u1", Tensor::Int64s({0}))});
+    Value* axis_2 = check.Op("Unsqueeze", {check.Constant("a2", Tensor::FromVector<int64_t>(DType::kInt64, {}, {2})),
+                                           check.Constant("u2", Tensor::Int64s({0}))});
+    Value* axes = check.Op("Concat", {axis_1, axis_2}, {Attribute::Int("axis", 0)});
+    check.Check(check.Op("Slice", {x, starts, ends, axes}));
   }
   {  // starts/ends only (axes and steps omitted)
     GradCheck check(13);

@@ -842,13 +842,50 @@ absl::Status SplitGradient(GradientBuilder& g) {
   return absl::OkStatus();
 }
 
+// The values of a small integer tensor known before the graph runs: a
+// constant, or one that only reshapes or joins constants (exporters write
+// a Slice's axes as Unsqueeze(Constant), or Concat of such pieces). Values
+// keep their order through Unsqueeze, Squeeze, Reshape, Flatten, Identity
+// and an integer Cast; Concat of rank <= 1 pieces joins them. nullopt
+// otherwise (a value computed from the data, such as Shape of a tensor
+// whose dims are only known at run time).
+std::optional<std::vector<int64_t>> KnownInt64s(const Value* value, int depth = 0) {
+  if (value == nullptr || depth > 16) return std::nullopt;
+  if (value->dtype() != DType::kInt64 && value->dtype() != DType::kInt32) return std::nullopt;
+  if (const Tensor* constant = ConstantTensor(value)) return constant->ToInt64Vector();
+  const Node* producer = value->producer();
+  if (producer == nullptr || !producer->domain().empty() || producer->num_inputs() == 0) {
+    return std::nullopt;
+  }
+  const std::string& op = producer->op_type();
+  if (op == "Unsqueeze" || op == "Squeeze" || op == "Reshape" || op == "Flatten" ||
+      op == "Identity" || op == "Cast") {
+    return KnownInt64s(producer->input(0), depth + 1);
+  }
+  if (op == "Concat") {
+    std::vector<int64_t> joined;
+    for (int i = 0; i < producer->num_inputs(); ++i) {
+      const Value* piece = producer->input(i);
+      if (piece == nullptr || !piece->shape().rank_known() || piece->shape().rank() > 1) {
+        return std::nullopt;
+      }
+      std::optional<std::vector<int64_t>> values = KnownInt64s(piece, depth + 1);
+      if (!values.has_value()) return std::nullopt;
+      joined.insert(joined.end(), values->begin(), values->end());
+    }
+    return joined;
+  }
+  return std::nullopt;
+}
+
 // Element k of a Slice parameter (starts, ends, axes or steps): from the
-// attribute before opset 10, else from the input when it is a constant.
+// attribute before opset 10, else from the input when its values are known
+// before the graph runs (KnownInt64s).
 struct SliceParam {
-  const Tensor* constant = nullptr;    // the input's fixed value, if any
-  std::vector<int64_t> values;         // the attribute's or constant's values
-  Value* value = nullptr;              // the input (opset 10+), if present
-  bool known() const { return value == nullptr || constant != nullptr; }
+  bool constant = false;        // the input's values are known
+  std::vector<int64_t> values;  // the attribute's or the known input's values
+  Value* value = nullptr;       // the input (opset 10+), if present
+  bool known() const { return value == nullptr || constant; }
 };
 
 SliceParam ReadSliceParam(const GradientBuilder& g, const char* name, int input) {
@@ -858,8 +895,10 @@ SliceParam ReadSliceParam(const GradientBuilder& g, const char* name, int input)
     return param;
   }
   param.value = g.input(input);
-  param.constant = ConstantTensor(param.value);
-  if (param.constant != nullptr) param.values = param.constant->ToInt64Vector();
+  if (std::optional<std::vector<int64_t>> known = KnownInt64s(param.value)) {
+    param.constant = true;
+    param.values = *std::move(known);
+  }
   return param;
 }
 
@@ -936,7 +975,7 @@ absl::Status SliceGradient(GradientBuilder& g) {
     // One element of a 1-D parameter, as a 1-D tensor of one element.
     auto element = [&](const SliceParam& param, int64_t fallback) -> absl::StatusOr<Value*> {
       if (param.value == nullptr) return g.Int64s({fallback});
-      if (param.constant != nullptr) return g.Int64s({param.values[k]});
+      if (param.constant) return g.Int64s({param.values[k]});
       CASTOR_ASSIGN_OR_RETURN(Value * from, g.Int64s({k}));
       CASTOR_ASSIGN_OR_RETURN(Value * to, g.Int64s({k + 1}));
       return g.Emit1("Slice", {param.value, from, to});
