@@ -460,22 +460,42 @@ absl::Status BatchNormTrainingStep(Model& model, TrainingPassState& state) {
   return absl::OkStatus();
 }
 
-// Every Dropout that can draw (opset 12 or later, with a training_mode
-// input) reads the RNG state as its input 3; the mask output its gradient
-// reads is the one the forward pass drew.
+// Whether a Dropout draws in the training graph: opset 12 or later with a
+// training_mode input that holds true (an initializer, graph input or not,
+// or a Constant). A training_mode only the run knows is refused by name.
+absl::StatusOr<bool> DropoutDraws(const Node& node, int64_t opset) {
+  if (opset < 12 || node.input(2) == nullptr) return false;
+  const Value* mode = node.input(2);
+  const Tensor* value = mode->initializer();
+  if (value == nullptr && mode->producer() != nullptr &&
+      mode->producer()->op_type() == "Constant" && mode->producer()->domain().empty()) {
+    const Attribute* attribute = mode->producer()->attribute("value");
+    if (attribute != nullptr && attribute->kind == AttrKind::kTensor) value = &attribute->t;
+  }
+  if (value == nullptr || value->num_elements() != 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "Dropout node ", Quoted(node.name()), ": training_mode (", Quoted(mode->name()),
+        ") is not a constant scalar; castor's training graph needs to know whether it draws"));
+  }
+  return value->GetInt64(0) != 0;
+}
+
+// Every Dropout that draws becomes castor's DropoutTraining (com.castor,
+// graph/ops/misc.cc) reading the RNG state castor.rng as its input 2: the
+// same data and ratio, the node's name (its masks' stream) and output
+// names, and always a mask output (castor's naming where the model has
+// none), the one its gradient reads. ONNX's Dropout keeps ONNX's inputs.
 absl::Status DropoutRngStep(Model& model, TrainingPassState& state) {
-  if (model.OpsetVersion("") < 12) return absl::OkStatus();
+  const int64_t opset = model.OpsetVersion("");
+  if (opset < 12) return absl::OkStatus();
   Graph& graph = *model.graph;
   Value* rng = nullptr;
   int dropouts = 0;
-  for (Node* node : graph.nodes()) {
+  const std::vector<Node*> nodes = graph.nodes();
+  for (Node* node : nodes) {
     if (!node->domain().empty() || node->op_type() != "Dropout") continue;
-    if (node->num_inputs() < 3 || node->input(2) == nullptr) continue;  // never draws
-    if (node->num_inputs() > 3) {
-      return absl::InvalidArgumentError(absl::StrCat("Dropout node ", Quoted(node->name()),
-                                                     " has ", node->num_inputs(),
-                                                     " inputs; ONNX's Dropout takes at most 3"));
-    }
+    CASTOR_ASSIGN_OR_RETURN(const bool draws, DropoutDraws(*node, opset));
+    if (!draws) continue;
     if (rng == nullptr) {
       CASTOR_ASSIGN_OR_RETURN(rng, graph.AddInput(kRngStateInput, DType::kInt64, Shape({Dim(2)})));
       Tensor initial(DType::kInt64, {2});
@@ -483,11 +503,38 @@ absl::Status DropoutRngStep(Model& model, TrainingPassState& state) {
       initial.data<int64_t>()[1] = 0;
       graph.SetInitializerOfInput(rng, std::move(initial));
     }
-    node->SetInput(3, rng);
+    const std::string name = node->name();
+    std::vector<std::string> output_names;
+    std::vector<std::string> final_names;
+    for (int i = 0; i < 2; ++i) {
+      const Value* old = node->output(i);
+      final_names.push_back(old != nullptr ? old->name()
+                                           : graph.UniqueName(node->output(0)->name() + "/mask"));
+      output_names.push_back(graph.UniqueName(final_names.back() + "/training"));
+    }
+    CASTOR_ASSIGN_OR_RETURN(
+        Node * training,
+        graph.AddNode("DropoutTraining", {node->input(0), node->input(1), rng}, output_names,
+                      graph.UniqueName(name + "/training"), kCastorDomain));
+    for (const auto& [key, value] : node->metadata()) training->SetMetadata(key, value);
+    for (int i = 0; i < node->num_outputs(); ++i) {
+      if (node->output(i) == nullptr) continue;
+      graph.ReplaceAllUsesWith(node->output(i), training->output(i));
+    }
+    CASTOR_RETURN_IF_ERROR(graph.RemoveNode(node));
+    // The model's names again: the node's name keys its masks.
+    training->set_name(name);
+    for (int i = 0; i < 2; ++i) {
+      CASTOR_RETURN_IF_ERROR(graph.RenameValue(training->output(i), final_names[i]));
+    }
     ++dropouts;
   }
   state.result->rng_dropouts = dropouts;
-  if (dropouts > 0) CASTOR_RETURN_IF_ERROR(InferTypes(model));
+  if (dropouts > 0) {
+    if (model.OpsetVersion(kCastorDomain) == 0) model.opset_imports.push_back({kCastorDomain, 1});
+    CASTOR_RETURN_IF_ERROR(graph.TopologicalSort());
+    CASTOR_RETURN_IF_ERROR(InferTypes(model));
+  }
   return absl::OkStatus();
 }
 

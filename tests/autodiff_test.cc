@@ -1109,6 +1109,27 @@ TEST(GradientRuleTest, DropoutTrainingMaskRatioAndInference) {
   }
 }
 
+// castor's DropoutTraining, the form the training graph runs: the mask is a
+// function of the RNG state input (a constant here), so the finite
+// differences see the mask the gradient reads; the ratio as a constant, as a
+// value known at run time, and omitted (0.5).
+TEST(GradientRuleTest, CastorDropoutTrainingUsesItsMask) {
+  for (int form = 0; form < 3; ++form) {
+    SCOPED_TRACE(form == 0 ? "constant ratio" : form == 1 ? "run-time ratio" : "no ratio");
+    GradCheck check(13);
+    Value* x = check.Parameter("x", {4, 5});
+    Value* ratio = nullptr;
+    if (form < 2) ratio = check.Constant("ratio", Tensor::Scalar(0.3f));
+    if (form == 1) ratio = check.Op("Identity", {ratio});
+    Value* state = check.Constant(
+        "state", Tensor::FromVector<int64_t>(DType::kInt64, {2}, {7, 3 + form}));
+    Node* dropout = ValueOrDie(check.graph().AddNode("DropoutTraining", {x, ratio, state},
+                                                     {"y", "mask"}, "dropout_training",
+                                                     kCastorDomain));
+    check.Check(dropout->output(0));
+  }
+}
+
 // ---- reductions: ReduceMax/Min, ReduceL2, ReduceSumSquare, ReduceL1, ReduceLogSumExp ----
 
 // Runs d sum(Y) / d x for Y = body(x) at the given x (no finite differences:

@@ -163,13 +163,33 @@ TEST(CudaShapeOps, DropoutTrainingDrawsTheCpuMask) {
     ExpectOpMatches("Dropout", floats, {3, 7},
                     {Make(DType::kFloat32, {}, {0.3}), testing::Bool({}, {1})}, attributes, 13,
                     "training without mask", 1);
-    // castor's RNG state input (the training graph's castor.rng): the
-    // device draws the CPU's Philox bits for every counter.
+    // castor's DropoutTraining (the training graph's form, state input
+    // castor.rng): the device draws the CPU's Philox bits for every counter,
+    // with the ratio in each float dtype (read on the device), omitted
+    // (0.5) and 0 (every element kept).
     for (int64_t counter : {int64_t{0}, int64_t{1}, int64_t{5000000000}}) {
-      ExpectOpMatches("Dropout", floats, {200, 513},
-                      {Make(DType::kFloat32, {}, {0.5}), testing::Bool({}, {1}),
-                       I64({2}, {seed, counter})},
-                      {}, 13, "training, RNG state counter " + std::to_string(counter), 2);
+      const std::vector<Tensor> ratios = {Make(DType::kFloat32, {}, {0.5}),
+                                          Make(DType::kFloat16, {}, {0.25}),
+                                          Make(DType::kBFloat16, {}, {0.75}),
+                                          Make(DType::kFloat64, {}, {0.1}), Tensor(),
+                                          Make(DType::kFloat32, {}, {0.0})};
+      unsigned data_seed = 1;
+      for (const Tensor& ratio : ratios) {
+        for (DType dtype : floats) {
+          for (int outputs : {1, 2}) {
+            SingleNode node("DropoutTraining",
+                            {Data(dtype, {200, 513}, data_seed++), ratio,
+                             I64({2}, {seed, counter})},
+                            {}, 1, outputs, kCastorDomain);
+            ExpectCudaMatchesCpu(
+                node, Name("DropoutTraining", dtype, {200, 513}) + " ratio " +
+                          (ratio.dtype() == DType::kUndefined ? "omitted"
+                                                              : DTypeName(ratio.dtype())) +
+                          " counter " + std::to_string(counter) + " outputs " +
+                          std::to_string(outputs));
+          }
+        }
+      }
     }
   }
 }

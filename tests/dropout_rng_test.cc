@@ -1,9 +1,12 @@
 // Dropout's counter-based masks (backend/common/philox.h): Philox4x32-10
 // against Random123's known-answer vectors, the CPU kernel's masks as a
 // function of (run seed, node, counter, element) with keep fractions
-// within binomial bounds, and in the training graph: castor.rng feeds every
-// drawing Dropout, each step draws a new mask, the same seed draws the same
-// masks, and the gradient reads the mask the forward pass drew
+// within binomial bounds (com.castor DropoutTraining, the op castor's
+// training graph runs), ONNX's Dropout refusing a fourth input, and in the
+// training graph: every drawing Dropout becomes DropoutTraining reading
+// castor.rng (the node's name and outputs kept, a mask output added), each
+// step draws a new mask, the same seed draws the same masks, and the
+// gradient reads the mask the forward pass drew
 // (dX = dY * mask / (1 - ratio), checked through an SGD update against a
 // float64 reference, no finite differences). The CUDA kernel's bits are
 // checked against the CPU's in tests/cuda_shape_ops_test.cc; resume
@@ -13,9 +16,12 @@
 #include <string>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "backend/common/philox.h"
+#include "graph/gradient_builder.h"
+#include "passes/verifier.h"
 #include "graph/shape_inference.h"
 #include "passes/training_graph.h"
 #include "tests/kernel_test_util.h"
@@ -78,8 +84,9 @@ TEST(Philox, ThresholdIsRatioTimesTwoToThe32) {
 Tensor CpuMask(int64_t n, float ratio, int64_t seed, int64_t counter) {
   Tensor x(DType::kFloat32, {n});
   for (int64_t i = 0; i < n; ++i) x.data<float>()[i] = 1.0f + static_cast<float>(i % 7);
-  std::vector<Tensor> out =
-      RunOk("Dropout", {x, Tensor::Scalar(ratio), True(), I64({2}, {seed, counter})}, {}, 13, 2);
+  std::vector<Tensor> out = RunOk("DropoutTraining",
+                                  {x, Tensor::Scalar(ratio), I64({2}, {seed, counter})}, {}, 1, 2,
+                                  kCastorDomain);
   EXPECT_EQ(out[1].dtype(), DType::kBool);
   const float scale = 1.0f / (1.0f - ratio);
   for (int64_t i = 0; i < n; ++i) {
@@ -150,6 +157,66 @@ TEST(DropoutRng, MasksDependOnSeedCounterAndNode) {
   EXPECT_NEAR(agreement(other), 0.5, bound) << "another node";
 }
 
+// castor's DropoutTraining: the ratio defaults to 0.5, ratio 0 keeps every
+// element unscaled, and a ratio outside [0, 1) or a missing state is
+// refused by name.
+TEST(DropoutRng, DropoutTrainingRatioDefaultZeroAndErrors) {
+  const int64_t n = 4099;
+  Tensor x(DType::kFloat32, {n});
+  for (int64_t i = 0; i < n; ++i) x.data<float>()[i] = 0.5f + static_cast<float>(i % 5);
+  const Tensor state = I64({2}, {77, 3});
+  std::vector<Tensor> half =
+      RunOk("DropoutTraining", {x, Tensor(), state}, {}, 1, 2, kCastorDomain);
+  const uint64_t key = DropoutKey(77, DropoutNodeStream("node"));
+  for (int64_t i = 0; i < n; ++i) {
+    const bool keep = DropoutKeeps(key, 3, i, DropoutThreshold(0.5f));
+    ASSERT_EQ(half[1].data<uint8_t>()[i] != 0, keep) << i;
+    ASSERT_EQ(half[0].data<float>()[i], keep ? 2.0f * x.data<float>()[i] : 0.0f) << i;
+  }
+  std::vector<Tensor> none =
+      RunOk("DropoutTraining", {x, Tensor::Scalar(0.0f), state}, {}, 1, 2, kCastorDomain);
+  EXPECT_EQ(none[0], x);
+  EXPECT_EQ(Kept(none[1]), n);
+  // A constant ratio outside [0, 1) is refused when the graph is inferred.
+  testing::SingleNode bad("DropoutTraining", {x, Tensor::Scalar(1.0f), state}, {}, 1, 2,
+                          kCastorDomain, {1});
+  EXPECT_FALSE(bad.status().ok());
+  EXPECT_THAT(bad.status().message(), ::testing::HasSubstr("ratio 1 is outside [0, 1)"));
+  // A fed one, when the kernel runs.
+  testing::SingleNode fed("DropoutTraining", {x, Tensor::Scalar(1.5f), state}, {}, 1, 2,
+                          kCastorDomain);
+  ASSERT_TRUE(fed.status().ok()) << fed.status();
+  absl::StatusOr<std::vector<Tensor>> ran = fed.Run(Cpu());
+  EXPECT_FALSE(ran.ok());
+  EXPECT_THAT(ran.status().message(), ::testing::HasSubstr("ratio 1.5 is outside [0, 1)"));
+  testing::SingleNode stateless("DropoutTraining", {x, Tensor::Scalar(0.5f)}, {}, 1, 2,
+                                kCastorDomain);
+  EXPECT_THAT(stateless.status().message(), ::testing::HasSubstr("input 2 (the RNG state"));
+  testing::SingleNode short_state("DropoutTraining", {x, Tensor::Scalar(0.5f), I64({3}, {1, 2, 3})},
+                                  {}, 1, 2, kCastorDomain);
+  EXPECT_THAT(short_state.status().message(), ::testing::HasSubstr("must be int64 [2]"));
+}
+
+// ONNX's Dropout takes one to three inputs: a model giving it a fourth (the
+// RNG state castor's training graph once put there) is refused by the
+// verifier, naming the node.
+TEST(DropoutRng, OnnxDropoutWithAFourthInputIsRefused) {
+  Model model;
+  model.ir_version = 8;
+  model.opset_imports.push_back({"", 13});
+  Graph& g = *model.graph;
+  Value* x = *g.AddInput("x", DType::kFloat32, Shape{Dim(2), Dim(3)});
+  Value* ratio = *g.AddInitializer("ratio", Tensor::Scalar(0.5f));
+  Value* training = *g.AddInitializer("training", True());
+  Value* state = *g.AddInitializer("state", I64({2}, {1, 2}));
+  Node* dropout = *g.AddNode("Dropout", {x, ratio, training, state}, {"y", "mask"}, "four_inputs");
+  g.AddOutput(dropout->output(0));
+  const absl::Status verified = VerifyModel(model, {.check_types = false});
+  EXPECT_FALSE(verified.ok());
+  EXPECT_THAT(verified.message(), ::testing::HasSubstr("four_inputs"));
+  EXPECT_THAT(verified.message(), ::testing::HasSubstr("has 4 inputs; expected 1..3"));
+}
+
 // x [4, 6] -> Mul(w [6]) -> Dropout(0.5, training) -> logits; mse loss.
 Model DropoutModel() {
   Model model;
@@ -193,6 +260,58 @@ std::unique_ptr<training::Trainer> MakeTrainer(uint64_t seed, double lr) {
       training::Trainer::Create(std::move(model), *graph, trainer_options, Cpu());
   EXPECT_TRUE(trainer.ok()) << trainer.status();
   return trainer.ok() ? *std::move(trainer) : nullptr;
+}
+
+// The training graph runs the model's Dropout as castor's DropoutTraining:
+// the node's name (its masks' stream) and output names, the ratio, the
+// state castor.rng as input 2, no ONNX Dropout left; a valid graph. A
+// Dropout without a mask output gets one (its gradient reads it) and a
+// Dropout with training_mode false stays ONNX's (it never draws).
+TEST(DropoutRng, TrainingGraphRunsDropoutTraining) {
+  for (const bool with_mask : {true, false}) {
+    Model model = DropoutModel();
+    Graph& g = *model.graph;
+    if (!with_mask) {  // the same Dropout with only its output
+      Node* old = g.FindNode("dropout");
+      Node* single = *g.AddNode("Dropout", {old->input(0), old->input(1), old->input(2)},
+                                {"single"}, "single_output");
+      g.ReplaceAllUsesWith(old->output(0), single->output(0));
+      ASSERT_TRUE(g.RemoveNode(old).ok());
+      ASSERT_TRUE(g.RenameValue(single->output(0), "logits").ok());
+      single->set_name("dropout");
+    }
+    Value* off = *g.AddInitializer("off", Tensor(DType::kBool, {}));
+    Node* inference = *g.AddNode("Dropout", {g.FindValue("x"), g.FindValue("ratio"), off},
+                                 {"unused"}, "inference_dropout");
+    g.AddOutput(inference->output(0));
+    ASSERT_TRUE(InferTypes(model).ok());
+    TrainingGraphOptions options;
+    options.loss = LossKind::kMeanSquaredError;
+    options.output = "logits";
+    absl::StatusOr<TrainingGraph> graph = BuildTrainingGraph(model, options);
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    EXPECT_EQ(graph->rng_dropouts, 1);
+    const Node* training = g.FindNode("dropout");
+    ASSERT_NE(training, nullptr);
+    EXPECT_EQ(training->op_type(), "DropoutTraining");
+    EXPECT_EQ(training->domain(), kCastorDomain);
+    ASSERT_EQ(training->num_inputs(), 3);
+    EXPECT_EQ(training->input(0)->name(), "scaled");
+    EXPECT_EQ(training->input(1)->name(), "ratio");
+    EXPECT_EQ(training->input(2)->name(), kRngStateInput);
+    ASSERT_EQ(training->num_outputs(), 2);
+    EXPECT_EQ(training->output(0)->name(), "logits");
+    EXPECT_EQ(training->output(1)->name(), with_mask ? "mask" : "logits/mask");
+    EXPECT_FALSE(training->output(1)->uses().empty()) << "the gradient reads the mask";
+    int onnx_dropouts = 0;
+    for (const Node* node : g.nodes()) {
+      onnx_dropouts += node->domain().empty() && node->op_type() == "Dropout";
+    }
+    EXPECT_EQ(onnx_dropouts, 1) << "only the inference-mode Dropout stays ONNX's";
+    EXPECT_EQ(g.FindNode("inference_dropout")->num_inputs(), 3);
+    EXPECT_EQ(model.OpsetVersion(kCastorDomain), 1);
+    EXPECT_TRUE(VerifyModel(model).ok()) << VerifyModel(model);
+  }
 }
 
 // The kept elements of a step's output (all inputs and weights are nonzero).

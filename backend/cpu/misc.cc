@@ -12,13 +12,14 @@
 // Dropout is the identity with an all-true mask in inference (opset < 12,
 // training_mode absent/false, or ratio 0): nothing is drawn. In training it
 // keeps an element with probability 1 - ratio and scales it by
-// 1/(1-ratio). In castor's training graphs (passes/training_graph.h) the
-// node has input 3, the RNG state int64 [seed, counter] fed each step, and
-// the keep decision is backend/common/philox.h's, a function of (run seed,
-// node, counter, element index), the CUDA kernel's bits too. Without it (a
-// model run as it is, the ONNX conformance cases) the mask follows numpy's
-// legacy RandomState: an MT19937 seeded with the `seed` attribute (default
-// 0), 53-bit doubles, the same mask every call, as ONNX's reference draws.
+// 1/(1-ratio), the mask following numpy's legacy RandomState as ONNX's
+// reference draws (a model run as it is, the ONNX conformance cases): an
+// MT19937 seeded with the `seed` attribute (default 0), 53-bit doubles, the
+// same mask every call. castor's training graphs (passes/training_graph.h)
+// run every drawing Dropout as com.castor DropoutTraining instead, whose
+// input 2 is the RNG state int64 [seed, counter] fed each step: its keep
+// decision is backend/common/philox.h's, a function of (run seed, node,
+// counter, element index), the CUDA kernel's bits too.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -36,6 +37,7 @@
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/strided_copy.h"
+#include "graph/gradient_builder.h"
 #include "graph/status.h"
 
 namespace castor::cpu {
@@ -343,6 +345,21 @@ absl::Status DropoutLikeNumpy(KernelContext& ctx, const TensorView& data, Tensor
   return absl::OkStatus();
 }
 
+// Reads the scalar ratio of input `index` (a float type).
+absl::StatusOr<float> ReadRatio(KernelContext& ctx, int index) {
+  const TensorView& r = ctx.input(index);
+  if (r.num_elements() != 1) {
+    return ctx.Error(absl::StrCat("input ", index, " (ratio) must hold one value"));
+  }
+  float ratio = 0.5f;
+  if (!DispatchFloat(r.dtype,
+                     [&](auto tag) { ratio = LoadF(*r.as<typename decltype(tag)::type>()); })) {
+    return ctx.Error(absl::StrCat("input ", index, " (ratio) is ", DTypeName(r.dtype),
+                                  "; expected a float type"));
+  }
+  return ratio;
+}
+
 absl::Status RunDropout(KernelContext& ctx) {
   const TensorView& data = ctx.input(0);
   float ratio = 0.5f;
@@ -351,13 +368,7 @@ absl::Status RunDropout(KernelContext& ctx) {
     ratio = ctx.GetFloat("ratio", 0.5f);
   } else {
     if (ctx.has_input(1)) {
-      const TensorView& r = ctx.input(1);
-      if (r.num_elements() != 1) return ctx.Error("input 1 (ratio) must hold one value");
-      if (!DispatchFloat(r.dtype,
-                         [&](auto tag) { ratio = LoadF(*r.as<typename decltype(tag)::type>()); })) {
-        return ctx.Error(
-            absl::StrCat("input 1 (ratio) is ", DTypeName(r.dtype), "; expected a float type"));
-      }
+      CASTOR_ASSIGN_OR_RETURN(ratio, ReadRatio(ctx, 1));
     }
     if (ctx.has_input(2)) {
       const TensorView& t = ctx.input(2);
@@ -372,6 +383,32 @@ absl::Status RunDropout(KernelContext& ctx) {
   if (!(ratio > 0.0f && ratio < 1.0f)) {
     return ctx.Error(absl::StrCat("ratio ", ratio, " is outside [0, 1)"));
   }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, data.dims));
+  uint8_t* mask = nullptr;
+  if (ctx.has_output(1)) {
+    CASTOR_ASSIGN_OR_RETURN(TensorView * m, ctx.Output(1, DType::kBool, data.dims));
+    mask = m->as<uint8_t>();
+  }
+  return DropoutLikeNumpy(ctx, data, *out, mask, ratio, 1.0f / (1.0f - ratio));
+}
+
+// com.castor DropoutTraining(data, ratio?, rng): always draws, the keep
+// decision philox.h's for (rng[0] = run seed, the node's name, rng[1] =
+// counter, element). Ratio 0 keeps every element (threshold 0, scale 1).
+absl::Status RunDropoutTraining(KernelContext& ctx) {
+  const TensorView& data = ctx.input(0);
+  float ratio = 0.5f;
+  if (ctx.has_input(1)) {
+    CASTOR_ASSIGN_OR_RETURN(ratio, ReadRatio(ctx, 1));
+  }
+  if (!(ratio >= 0.0f && ratio < 1.0f)) {
+    return ctx.Error(absl::StrCat("ratio ", ratio, " is outside [0, 1)"));
+  }
+  if (!ctx.has_input(2)) return ctx.Error("input 2 (RNG state) is missing");
+  const TensorView& rng = ctx.input(2);
+  if (rng.dtype != DType::kInt64 || rng.num_elements() != 2) {
+    return ctx.Error("input 2 (RNG state) must be int64 [seed, counter]");
+  }
   const int64_t n = data.num_elements();
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, data.dims));
   uint8_t* mask = nullptr;
@@ -380,11 +417,6 @@ absl::Status RunDropout(KernelContext& ctx) {
     mask = m->as<uint8_t>();
   }
   const float scale = 1.0f / (1.0f - ratio);
-  if (!ctx.has_input(3)) return DropoutLikeNumpy(ctx, data, *out, mask, ratio, scale);
-  const TensorView& rng = ctx.input(3);
-  if (rng.dtype != DType::kInt64 || rng.num_elements() != 2) {
-    return ctx.Error("input 3 (RNG state) must be int64 [seed, counter]");
-  }
   const uint64_t run_seed = static_cast<uint64_t>(rng.as<int64_t>()[0]);
   const uint64_t call = static_cast<uint64_t>(rng.as<int64_t>()[1]);
   const uint64_t key = common::DropoutKey(run_seed, common::DropoutNodeStream(ctx.node().name()));
@@ -472,6 +504,8 @@ void RegisterMiscKernels(KernelTable& table) {
   table.Register(KernelDef{"", "ConstantOfShape", NoStringTensors, RunConstantOfShape, false});
   table.Register(KernelDef{"", "Identity", NoStringTensors, RunIdentity, /*in_place_ok=*/true});
   table.Register(KernelDef{"", "Dropout", NoStringTensors, RunDropout, /*in_place_ok=*/true});
+  table.Register(KernelDef{kCastorDomain, "DropoutTraining", NoStringTensors, RunDropoutTraining,
+                           /*in_place_ok=*/true});
   table.Register(KernelDef{"", "Range", NoStringTensors, RunRange, false});
 }
 

@@ -35,13 +35,16 @@
 // they combine atomically, float types in float32 (the CPU rounds 16-bit
 // data after each update), int32/int64 in their own type; other dtypes
 // take reduction none only.
-// Dropout in training mode, in castor's training graphs (the RNG state
-// input castor.rng), draws its mask on the device with
-// backend/common/philox.h, the CPU's arithmetic (the same mask bit for
-// bit), reading the state on the device, so a recorded step replays with
-// each step's counter. Without that input (a model run as it is) it draws
-// the CPU's numpy-style MT19937 mask on the host, uploads it and applies
-// it on the device. Reading training_mode and ratio synchronises.
+// Dropout in training mode (a model run as it is) draws the CPU's
+// numpy-style MT19937 mask on the host, uploads it and applies it on the
+// device; reading training_mode and ratio synchronises. com.castor
+// DropoutTraining, the form castor's training graphs run, draws its mask on
+// the device with backend/common/philox.h, the CPU's arithmetic (the same
+// mask bit for bit), and reads both the RNG state and the ratio on the
+// device: nothing synchronises, so a recorded step (CUDA graph) replays
+// with each step's counter. A ratio outside [0, 1) known only at run time
+// (a constant one is refused by the verifier) gives NaN outputs and a false
+// mask there instead of the CPU's error.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -51,6 +54,8 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#include <math_constants.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -366,23 +371,44 @@ __global__ void RangeKernel(T* out, T start, T delta, int64_t n) {
   }
 }
 
-// Dropout in training: keep as backend/common/philox.h decides, y = keep ?
+// How DropoutTrainingKernel reads its ratio: absent (0.5) or the dtype of
+// the one element in device memory.
+enum class RatioKind : int { kAbsent, kFloat32, kFloat64, kFloat16, kBFloat16 };
+
+__device__ float LoadRatio(const void* ratio, RatioKind kind) {
+  switch (kind) {
+    case RatioKind::kFloat32: return *static_cast<const float*>(ratio);
+    case RatioKind::kFloat64: return static_cast<float>(*static_cast<const double*>(ratio));
+    case RatioKind::kFloat16: return __half2float(*static_cast<const __half*>(ratio));
+    case RatioKind::kBFloat16: return __bfloat162float(*static_cast<const __nv_bfloat16*>(ratio));
+    default: return 0.5f;
+  }
+}
+
+// DropoutTraining: keep as backend/common/philox.h decides, y = keep ?
 // x / (1 - ratio) : 0, in float32 (float64 for float64 data). The run seed
-// and call counter are rng[0] and rng[1] when `rng` is given (device
-// memory), else `seed` and 0.
+// and call counter are rng[0] and rng[1], the ratio read here too (device
+// memory: no host read, so the launch records into a CUDA graph). A ratio
+// outside [0, 1) gives NaN and a false mask.
 template <typename T>
-__global__ void DropoutKernel(const T* x, T* y, uint8_t* mask, const int64_t* rng, uint64_t seed,
-                              uint64_t node_stream, uint32_t threshold, float scale, int64_t n) {
-  const uint64_t run_seed = rng != nullptr ? static_cast<uint64_t>(rng[0]) : seed;
-  const uint64_t call = rng != nullptr ? static_cast<uint64_t>(rng[1]) : 0;
+__global__ void DropoutTrainingKernel(const T* x, T* y, uint8_t* mask, const int64_t* rng,
+                                      const void* ratio_data, RatioKind ratio_kind,
+                                      uint64_t node_stream, int64_t n) {
+  const uint64_t run_seed = static_cast<uint64_t>(rng[0]);
+  const uint64_t call = static_cast<uint64_t>(rng[1]);
   const uint64_t key = common::DropoutKey(run_seed, node_stream);
+  const float ratio = LoadRatio(ratio_data, ratio_kind);
+  const bool valid = ratio >= 0.0f && ratio < 1.0f;
+  const uint32_t threshold = common::DropoutThreshold(ratio);
+  const float scale = 1.0f / (1.0f - ratio);
   CASTOR_GRID_STRIDE(i, n) {
-    const bool keep = common::DropoutKeeps(key, call, static_cast<uint64_t>(i), threshold);
+    const bool keep =
+        valid && common::DropoutKeeps(key, call, static_cast<uint64_t>(i), threshold);
     if (mask != nullptr) mask[i] = keep ? 1 : 0;
     if constexpr (std::is_same_v<T, double>) {
-      y[i] = keep ? x[i] * static_cast<double>(scale) : 0.0;
+      y[i] = !valid ? CUDART_NAN : keep ? x[i] * static_cast<double>(scale) : 0.0;
     } else {
-      y[i] = FromFloat<T>(keep ? ToFloat(x[i]) * scale : 0.0f);
+      y[i] = FromFloat<T>(!valid ? CUDART_NAN_F : keep ? ToFloat(x[i]) * scale : 0.0f);
     }
   }
 }
@@ -716,28 +742,49 @@ absl::Status RunDropout(KernelContext& ctx) {
   if (!(ratio > 0.0f && ratio < 1.0f)) {
     return ctx.Error(absl::StrCat("ratio ", ratio, " is outside [0, 1)"));
   }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, data.dims));
+  return DropoutLikeNumpy(ctx, data, *out, ratio);
+}
+
+// com.castor DropoutTraining(data, ratio?, rng): the state and the ratio
+// are read on the device (see DropoutTrainingKernel).
+absl::Status RunDropoutTraining(KernelContext& ctx) {
+  const TensorView& data = ctx.input(0);
+  RatioKind ratio_kind = RatioKind::kAbsent;
+  const void* ratio_data = nullptr;
+  if (ctx.has_input(1)) {
+    const TensorView& ratio = ctx.input(1);
+    if (ratio.num_elements() != 1) return ctx.Error("input 1 (ratio) must hold one value");
+    switch (ratio.dtype) {
+      case DType::kFloat32: ratio_kind = RatioKind::kFloat32; break;
+      case DType::kFloat64: ratio_kind = RatioKind::kFloat64; break;
+      case DType::kFloat16: ratio_kind = RatioKind::kFloat16; break;
+      case DType::kBFloat16: ratio_kind = RatioKind::kBFloat16; break;
+      default:
+        return ctx.Error(absl::StrCat("input 1 (ratio) is ", DTypeName(ratio.dtype),
+                                      "; expected a float type"));
+    }
+    ratio_data = ratio.data;
+  }
+  if (!ctx.has_input(2)) return ctx.Error("input 2 (RNG state) is missing");
+  const TensorView& state = ctx.input(2);
+  if (state.dtype != DType::kInt64 || state.num_elements() != 2) {
+    return ctx.Error("input 2 (RNG state) must be int64 [seed, counter]");
+  }
   const int64_t n = data.num_elements();
   CASTOR_ASSIGN_OR_RETURN(TensorView * out, ctx.Output(0, data.dtype, data.dims));
-  if (!ctx.has_input(3)) return DropoutLikeNumpy(ctx, data, *out, ratio);
-  const TensorView& state = ctx.input(3);
-  if (state.dtype != DType::kInt64 || state.num_elements() != 2) {
-    return ctx.Error("input 3 (RNG state) must be int64 [seed, counter]");
-  }
-  const int64_t* rng = state.as<int64_t>();
   uint8_t* mask = nullptr;
   if (ctx.num_outputs() > 1 && ctx.has_output(1)) {
     CASTOR_ASSIGN_OR_RETURN(TensorView * m, ctx.Output(1, DType::kBool, data.dims));
     mask = static_cast<uint8_t*>(m->data);
   }
   if (n == 0) return absl::OkStatus();
-  const uint64_t seed = static_cast<uint64_t>(ctx.GetInt("seed", 0));
   const uint64_t node_stream = common::DropoutNodeStream(ctx.node().name());
-  const uint32_t threshold = common::DropoutThreshold(ratio);
-  const float scale = 1.0f / (1.0f - ratio);
   auto apply = [&](auto tag) {
     using T = typename decltype(tag)::type;
-    DropoutKernel<T><<<Blocks(n), kThreads, 0, Stream(ctx)>>>(
-        data.as<T>(), out->as<T>(), mask, rng, seed, node_stream, threshold, scale, n);
+    DropoutTrainingKernel<T><<<Blocks(n), kThreads, 0, Stream(ctx)>>>(
+        data.as<T>(), out->as<T>(), mask, state.as<int64_t>(), ratio_data, ratio_kind,
+        node_stream, n);
     return CheckLaunch(ctx);
   };
   if (data.dtype == DType::kFloat64) return apply(TypeTag<double>{});
@@ -1316,6 +1363,10 @@ void RegisterShapeKernels(KernelTable& table) {
                            RunGatherNDGrad, false});
   table.Register(KernelDef{kCastorDomain, "GatherElementsGrad",
                            FloatDTypesIn(CudaFloatDTypes()), RunGatherElementsGrad, false});
+  table.Register(KernelDef{kCastorDomain, "DropoutTraining",
+                           FloatDTypesIn({DType::kFloat32, DType::kFloat16, DType::kBFloat16,
+                                          DType::kFloat64}),
+                           RunDropoutTraining, true});
 }
 
 }  // namespace castor::cuda

@@ -151,6 +151,8 @@ constexpr Entry kTable[] = {
     {"", "Tile", kFollow, "TF Tile: clear", kExact},
     {"", "Identity", kFollow, "TF Identity: clear", kExact},
     {"", "Dropout", kFollow, "PyTorch dropout: runs in input type"},
+    {"com.castor", "DropoutTraining", kFollow,
+     "castor's training form of Dropout (follow like it; PyTorch dropout: runs in input type)"},
 
     // --- none: not a float computation ---------------------------------------
     {"", "Shape", kNone, "produces int64 dims"},

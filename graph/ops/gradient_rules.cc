@@ -1091,22 +1091,15 @@ absl::Status PadGradient(GradientBuilder& g) {
   return absl::OkStatus();
 }
 
-// Y[, mask] = Dropout(X[, ratio, training_mode]). The kernels drop only
-// from opset 12 with training_mode true (before 12, and with it false or
-// absent, Y = X and the mask is all true): then dX = dY * mask / (1 - ratio),
-// read from the node's mask output; otherwise dX = dY. A training_mode
-// known only at run time uses scale Where(training_mode, 1 / (1 - ratio), 1)
+// dX = dY * mask / (1 - ratio) for a Dropout node that draws, the mask read
+// from the node's output 1 (the one the forward pass drew). `ratio` is the
+// ratio input (nullptr: 0.5); `training_mode`, when given, a flag known only
+// at run time: the scale becomes Where(training_mode, 1 / (1 - ratio), 1)
 // (the mask is all true in inference).
-absl::Status DropoutGradient(GradientBuilder& g) {
+absl::Status DrawnDropoutGradient(GradientBuilder& g, Value* ratio, Value* training_mode) {
   const Node& node = g.node();
   Value* dy = g.output_grad(0);
-  if (g.opset() < 12 || g.input(2) == nullptr) return IdentityGradient(g);
-  const Tensor* training = ConstantTensor(g.input(2));
-  if (training != nullptr && training->num_elements() == 1 && training->GetInt64(0) == 0) {
-    return IdentityGradient(g);
-  }
   const DType dtype = g.input(0)->dtype();
-  Value* ratio = g.input(1);
   Value* scale = nullptr;
   const Tensor* ratio_value = ratio == nullptr ? nullptr : ConstantTensor(ratio);
   const bool ratio_known = ratio == nullptr || ratio_value != nullptr;
@@ -1118,9 +1111,9 @@ absl::Status DropoutGradient(GradientBuilder& g) {
     }
   }
   if (node.num_outputs() < 2 || node.output(1) == nullptr) {
-    return absl::UnimplementedError(
-        "Dropout in training mode without its mask output: the mask it drew is needed for the "
-        "gradient (give the node a second output)");
+    return absl::UnimplementedError(absl::StrCat(
+        node.op_type(), " in training mode without its mask output: the mask it drew is needed "
+        "for the gradient (give the node a second output)"));
   }
   if (ratio_known) {
     CASTOR_ASSIGN_OR_RETURN(scale, g.Scalar(1.0 / (1.0 - r), dtype));
@@ -1132,15 +1125,36 @@ absl::Status DropoutGradient(GradientBuilder& g) {
     CASTOR_ASSIGN_OR_RETURN(Value * keep, g.Emit1("Sub", {one, ratio}));
     CASTOR_ASSIGN_OR_RETURN(scale, g.Emit1("Div", {one, keep}));
   }
-  if (training == nullptr) {
+  if (training_mode != nullptr) {
     CASTOR_ASSIGN_OR_RETURN(Value * one, g.Scalar(1.0, dtype));
-    CASTOR_ASSIGN_OR_RETURN(scale, g.Emit1("Where", {g.input(2), scale, one}));
+    CASTOR_ASSIGN_OR_RETURN(scale, g.Emit1("Where", {training_mode, scale, one}));
   }
   CASTOR_ASSIGN_OR_RETURN(Value * zero, g.Scalar(0.0, dtype));
   CASTOR_ASSIGN_OR_RETURN(Value * scaled, g.Emit1("Mul", {dy, scale}));
   CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Where", {node.output(1), scaled, zero}));
   g.SetInputGrad(0, grad);
   return absl::OkStatus();
+}
+
+// Y[, mask] = Dropout(X[, ratio, training_mode]). The kernels drop only
+// from opset 12 with training_mode true (before 12, and with it false or
+// absent, Y = X and the mask is all true): then DrawnDropoutGradient;
+// otherwise dX = dY. A training_mode known only at run time scales by
+// Where(training_mode, 1 / (1 - ratio), 1).
+absl::Status DropoutGradient(GradientBuilder& g) {
+  if (g.opset() < 12 || g.input(2) == nullptr) return IdentityGradient(g);
+  const Tensor* training = ConstantTensor(g.input(2));
+  if (training != nullptr && training->num_elements() == 1 && training->GetInt64(0) == 0) {
+    return IdentityGradient(g);
+  }
+  return DrawnDropoutGradient(g, g.input(1), training == nullptr ? g.input(2) : nullptr);
+}
+
+// castor's DropoutTraining (the training graph's Dropout): Y, mask =
+// DropoutTraining(X, ratio, rng) always draws, so dX = dY * mask / (1 -
+// ratio) as Dropout's in training mode.
+absl::Status DropoutTrainingGradient(GradientBuilder& g) {
+  return DrawnDropoutGradient(g, g.input(1), /*training_mode=*/nullptr);
 }
 
 // ---- reductions ------------------------------------------------------------------------
@@ -1746,6 +1760,9 @@ void AssignGradientRules(OpRegistry& registry) {
   // PyTorch's dropout p: never trained.
   registry.SetSettingInputs("", "Dropout", {1});
   registry.SetSettingInputs("", "Resize", {1, 2});  // roi, scales (scales at opset 10)
+  // castor's own forward op: Dropout as the training graph runs it.
+  registry.SetGradient(kCastorDomain, "DropoutTraining", DropoutTrainingGradient);
+  registry.SetSettingInputs(kCastorDomain, "DropoutTraining", {1});
   for (const NoGradientEntry& entry : kNoGradient) {
     registry.SetNoGradient(entry.domain, entry.op_type, entry.reason);
   }

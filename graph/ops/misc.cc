@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "graph/gradient_builder.h"
 #include "graph/op_registry.h"
 #include "graph/ops/all_ops.h"
 #include "graph/ops/op_helpers.h"
@@ -198,16 +199,6 @@ absl::Status InferDropout(InferenceContext& ctx) {
       CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 2, {DType::kBool}));
       CASTOR_RETURN_IF_ERROR(RequireScalar(ctx, 2, "training_mode"));
     }
-    // Input 3 is castor's, not ONNX's: the RNG state int64 [seed, counter]
-    // the training graph gives each drawing Dropout (castor.rng).
-    if (ctx.has_input(3)) {
-      CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 3, {DType::kInt64}));
-      const Shape& state = ctx.input_shape(3);
-      if (state.rank() != 1 || (state[0].is_static() && state[0].value() != 2)) {
-        return ctx.Error(absl::StrCat("input 3 (castor's RNG state) must be int64 [2]; got ",
-                                      state.ToString()));
-      }
-    }
   }
   const float ratio = ctx.GetFloat("ratio", 0.5f);
   if (opset < 12 && !(ratio >= 0.0f && ratio < 1.0f)) {
@@ -216,6 +207,33 @@ absl::Status InferDropout(InferenceContext& ctx) {
   ctx.SetOutput(0, ctx.input_dtype(0), ctx.input_shape(0));
   // The mask is the data's type until opset 10, bool from then on.
   ctx.SetOutput(1, opset < 10 ? ctx.input_dtype(0) : DType::kBool, ctx.input_shape(0));
+  return absl::OkStatus();
+}
+
+// castor's DropoutTraining: data, ratio (optional), RNG state int64 [2].
+absl::Status InferDropoutTraining(InferenceContext& ctx) {
+  CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 0, ops::FloatTypes()));
+  if (ctx.has_input(1)) {
+    CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 1, ops::FloatTypes()));
+    CASTOR_RETURN_IF_ERROR(RequireScalar(ctx, 1, "ratio"));
+    const Tensor* ratio = ctx.input_constant(1);
+    if (ratio != nullptr && ratio->num_elements() == 1) {
+      const double r = ratio->GetDouble(0);
+      if (!(r >= 0.0 && r < 1.0)) return ctx.Error(absl::StrCat("ratio ", r, " is outside [0, 1)"));
+    }
+  }
+  if (!ctx.has_input(2)) {
+    return ctx.Error("input 2 (the RNG state, int64 [seed, counter]) is missing");
+  }
+  CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 2, {DType::kInt64}));
+  const Shape& state = ctx.input_shape(2);
+  if (state.rank_known() &&
+      (state.rank() != 1 || (state[0].is_static() && state[0].value() != 2))) {
+    return ctx.Error(absl::StrCat("input 2 (the RNG state) must be int64 [2] (seed, counter); got ",
+                                  state.ToString()));
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), ctx.input_shape(0));
+  ctx.SetOutput(1, DType::kBool, ctx.input_shape(0));
   return absl::OkStatus();
 }
 
@@ -335,13 +353,28 @@ void RegisterMiscOps(OpRegistry& registry) {
   registry.Register(std::move(constant));
   registry.Register(MakeDef("Identity", kMinOnnxOpset, 1, 1, {}, InferIdentity,
                             "Passes the input through unchanged."));
-  // Up to 4 inputs: ONNX's three and castor's RNG state (training graphs only).
-  OpDef dropout = MakeDef("Dropout", kMinOnnxOpset, 1, 4,
+  OpDef dropout = MakeDef("Dropout", kMinOnnxOpset, 1, 3,
                           {{"ratio", AttrKind::kFloat}, {"seed", AttrKind::kInt}}, InferDropout,
                           "Zeroes random elements in training (scaling the rest); identity in "
                           "inference. Optional mask output.");
   dropout.max_outputs = 2;
   registry.Register(std::move(dropout));
+  {
+    OpDef def;
+    def.op_type = "DropoutTraining";
+    def.domain = kCastorDomain;
+    def.min_opset = 1;
+    def.max_opset = 1;
+    def.min_inputs = 1;  // the ratio may be omitted; inference asks for the state
+    def.max_inputs = 3;
+    def.min_outputs = 1;
+    def.max_outputs = 2;
+    def.infer = InferDropoutTraining;
+    def.summary =
+        "castor's training Dropout: keeps each element with probability 1 - ratio (scaled by "
+        "1/(1-ratio)), the mask a function of the RNG state input [seed, counter] and the node";
+    registry.Register(std::move(def));
+  }
   registry.Register(MakeDef("Range", 11, 3, 3, {}, InferRange,
                             "1-D sequence start, start+delta, ... up to (excluding) limit."));
   registry.Register(MakeDef("ConstantOfShape", 9, 1, 1, {{"value", AttrKind::kTensor}},
