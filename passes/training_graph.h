@@ -62,7 +62,8 @@ inline constexpr const char* kLossScaleInput = "castor.loss_scale";
 inline constexpr const char* kLossOutput = "castor.loss";
 // The RNG state of the step's Dropout draws: int64 [seed, counter], an
 // input with initializer [0, 0] that the trainer overwrites before each run
-// (training/trainer.h); input 3 of every training-mode Dropout.
+// (training/trainer.h); input 2 of every com.castor DropoutTraining, which
+// the training graph runs in place of each Dropout that draws.
 inline constexpr const char* kRngStateInput = "castor.rng";
 
 enum class LossKind {
