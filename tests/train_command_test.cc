@@ -18,6 +18,8 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <tuple>
+#include <vector>
 
 #include "absl/strings/str_join.h"
 #include "backend/cuda_backend.h"
@@ -158,6 +160,25 @@ TEST_F(TrainCommandTest, CudaGraphsCanBeTurnedOffAndTakeOnlyAutoOrOff) {
   const Result bad = Train({"--max-steps", "1", "--cuda-graphs", "always"});
   EXPECT_NE(bad.code, 0);
   EXPECT_THAT(bad.err, HasSubstr("--cuda-graphs"));
+}
+
+// Hyperparameters are finite and in range (NaN included: it passes no
+// comparison), --threads is 0..1024: exit 2 naming the flag, before any work.
+TEST_F(TrainCommandTest, NumericFlagsAreCheckedBeforeAnyWork) {
+  for (const auto& [flag, value, expected] : std::vector<std::tuple<std::string, std::string,
+                                                                    std::string>>{
+           {"--lr", "nan", "--lr nan: expected a finite number > 0"},
+           {"--lr", "-1", "--lr -1: expected a finite number > 0"},
+           {"--lr", "0", "--lr 0: expected a finite number > 0"},
+           {"--momentum", "nan", "--momentum nan: expected a finite number >= 0"},
+           {"--weight-decay", "inf", "--weight-decay inf: expected a finite number >= 0"},
+           {"--clip-norm", "-2", "--clip-norm -2: expected a finite number >= 0"},
+           {"--gamma", "nan", "--gamma nan: expected a finite number > 0"},
+           {"--threads", "100000", "--threads 100000: expected 0 ("}}) {
+    const Result r = Train({"--max-steps", "1", flag, value});
+    EXPECT_EQ(r.code, 2) << flag << " " << value << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr(expected));
+  }
 }
 
 // --tf32 is a CUDA setting: an error with --backend cpu, a note when auto

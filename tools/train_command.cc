@@ -221,6 +221,26 @@ absl::Status CheckFlags(const TrainOptions& o) {
         "--batch, --epochs and --step-size must be >= 1; --max-steps, "
         "--eval-every, --warmup, --save-every and --keep >= 0");
   }
+  // NaN fails every comparison, so each check is written to reject it.
+  if (!(std::isfinite(o.lr) && o.lr > 0)) {
+    return BadInput(absl::StrCat("--lr ", o.lr, ": expected a finite number > 0"));
+  }
+  for (const auto& [flag, value] : {std::pair<const char*, double>{"--momentum", o.momentum},
+                                    {"--weight-decay", o.weight_decay},
+                                    {"--clip-norm", o.clip_norm}}) {
+    if (!(std::isfinite(value) && value >= 0)) {
+      return BadInput(absl::StrCat(flag, " ", value, ": expected a finite number >= 0"));
+    }
+  }
+  if (!(std::isfinite(o.gamma) && o.gamma > 0)) {
+    return BadInput(absl::StrCat("--gamma ", o.gamma, ": expected a finite number > 0"));
+  }
+  if (absl::Status threads = CheckCpuThreadsFlag(o.threads); !threads.ok()) {
+    return BadInput(threads.message());
+  }
+  if (absl::StatusOr<int64_t> limit = DefaultCpuMemoryLimit(); !limit.ok()) {
+    return BadInput(limit.status().message());
+  }
   if (o.allow_policy_change && o.resume.empty()) {
     return BadInput("--allow-policy-change only applies with --resume");
   }
