@@ -6,7 +6,10 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -98,6 +101,40 @@ TEST(NpyTest, MalformedFilesNameFileAndProblem) {
   EXPECT_THAT(error(version), HasSubstr("unsupported .npy format version 9"));
   EXPECT_THAT(std::string(training::ReadNpy("/nonexistent/x.npy").status().message()),
               HasSubstr("/nonexistent/x.npy: cannot open file"));
+}
+
+// A shape declaring more than the file holds is refused before anything is
+// allocated: a header-only file declaring (2^62, 1, 28, 28) float32 (its
+// byte count wraps to 0 in 64 bits: it used to be accepted and crash the
+// GEMM), one of 2^40 elements (would allocate 4 TiB), and a dimension of 20
+// digits (std::stoll threw). A FIFO is not read.
+TEST(NpyTest, DeclaredShapeIsCheckedBeforeAllocating) {
+  const std::string good = *training::SerializeNpy(Filled(DType::kFloat32, {2, 2}));
+  auto with_shape = [&](const std::string& shape) {
+    std::string bytes = good.substr(0, good.size() - 16);  // the header alone
+    const size_t at = bytes.find("(2, 2)");
+    bytes.replace(at, 6, shape + std::string(6 - std::min<size_t>(6, shape.size()), ' '));
+    // Keep the header length field right: pad or trim the dictionary.
+    const size_t header_length = bytes.size() - 10;
+    bytes[8] = static_cast<char>(header_length & 0xff);
+    bytes[9] = static_cast<char>(header_length >> 8);
+    return std::string(training::ParseNpy(bytes, "x.npy").status().message());
+  };
+  EXPECT_THAT(with_shape("(4611686018427387904, 1, 28, 28)"),
+              HasSubstr("x.npy: not a valid .npy file: truncated: shape "
+                        "(4611686018427387904,1,28,28) of float32 needs more than 2^64 data "
+                        "bytes, the file has 0"));
+  EXPECT_THAT(with_shape("(1099511627776,)"),
+              HasSubstr("needs 4398046511104 data bytes, the file has 0"));
+  EXPECT_THAT(with_shape("(99999999999999999999,)"),
+              HasSubstr("dimension 99999999999999999999 in shape is too large"));
+  const std::string fifo =
+      (std::filesystem::temp_directory_path() / ("castor_npy_fifo_" + std::to_string(getpid())))
+          .string();
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THAT(std::string(training::ReadNpy(fifo).status().message()),
+              HasSubstr(fifo + ": not a regular file"));
+  std::filesystem::remove(fifo);
 }
 
 TEST(NpyTest, ReadsAFileWrittenByNumpy) {

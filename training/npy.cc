@@ -4,11 +4,14 @@
 
 #include <cctype>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "graph/half.h"
@@ -104,7 +107,11 @@ absl::StatusOr<std::vector<int64_t>> ParseShape(const std::string& header,
     if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) {
       return Malformed(source, absl::StrCat("bad dimension '", item, "' in shape"));
     }
-    dims.push_back(std::stoll(digits));
+    int64_t dim = 0;
+    if (!absl::SimpleAtoi(digits, &dim)) {  // more than int64 holds
+      return Malformed(source, absl::StrCat("dimension ", digits, " in shape is too large"));
+    }
+    dims.push_back(dim);
   }
   return dims;
 }
@@ -138,6 +145,10 @@ absl::Status SplitHeader(std::string_view bytes, const std::string& source, std:
 }
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::exists(path, error) && !std::filesystem::is_regular_file(path, error)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open file"));
   std::stringstream buffer;
@@ -161,13 +172,25 @@ absl::StatusOr<Tensor> ParseNpy(std::string_view bytes, const std::string& sourc
     return Malformed(source, "header has no 'fortran_order' True/False");
   }
   CASTOR_ASSIGN_OR_RETURN(std::vector<int64_t> dims, ParseShape(header, source));
-  Tensor tensor(dtype, dims);
-  if (data.size() != tensor.byte_size()) {
-    return Malformed(source,
-                     absl::StrCat(data.size() < tensor.byte_size() ? "truncated: " : "", "shape (",
-                                  absl::StrJoin(dims, ","), ") of ", DTypeName(dtype), " needs ",
-                                  tensor.byte_size(), " data bytes, the file has ", data.size()));
+  // The data the shape declares must be the data the file holds, checked
+  // before anything is allocated: a 128-byte header-only file declaring
+  // (2^62, 1, 28, 28) must not overflow to 0 bytes, nor allocate.
+  uint64_t needed = DTypeSize(dtype);
+  bool overflows = false;
+  for (int64_t d : dims) {
+    if (d != 0 && needed > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d)) {
+      overflows = true;
+    }
+    needed *= static_cast<uint64_t>(d);
   }
+  if (overflows || data.size() != needed) {
+    return Malformed(source,
+                     absl::StrCat(overflows || data.size() < needed ? "truncated: " : "", "shape (",
+                                  absl::StrJoin(dims, ","), ") of ", DTypeName(dtype), " needs ",
+                                  overflows ? std::string("more than 2^64") : absl::StrCat(needed),
+                                  " data bytes, the file has ", data.size()));
+  }
+  Tensor tensor(dtype, dims);
   if (tensor.byte_size() > 0) std::memcpy(tensor.raw(), data.data(), tensor.byte_size());
   return tensor;
 }
