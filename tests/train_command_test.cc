@@ -200,6 +200,26 @@ TEST_F(TrainCommandTest, Tf32IsACudaSetting) {
 // it unless --tf32/--no-tf32 is given, warns when what runs differs (the
 // CPU computes float32 exactly) and refuses a record that is not a bool. (Here a checkpoint trained on the CPU is edited to say TF32 ran, as
 // one trained with --tf32 on a GPU would.)
+// A checkpoint whose state says batch_size 0 (edited and written with
+// valid digests) is refused by --resume with exit 2 naming it; it divided
+// by zero (SIGFPE) before.
+TEST_F(TrainCommandTest, ResumeRefusesARecordedBatchSizeBelowOne) {
+  const std::string ckpt = (dir_ / "ckpt").string();
+  ASSERT_EQ(Train({"--max-steps", "1", "--checkpoint-dir", ckpt, "--backend", "cpu"}).code, 0);
+  absl::StatusOr<training::FoundCheckpoint> saved = training::FindLatestCheckpoint(ckpt);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  training::Checkpoint edited = std::move(saved->checkpoint);
+  edited.state.batch_size = 0;
+  const std::string zero = (dir_ / "batch0.onnx").string();
+  ASSERT_TRUE(training::WriteCheckpoint(edited, zero).ok());
+  std::ostringstream out, err;
+  const int code = RunTrain({"--resume", zero, "--data", data_, "--max-steps", "2", "--backend",
+                             "cpu", "--checkpoint-dir", (dir_ / "resumed").string()},
+                            out, err);
+  EXPECT_EQ(code, 2) << err.str();
+  EXPECT_THAT(err.str(), HasSubstr("records batch_size 0; expected >= 1"));
+}
+
 TEST_F(TrainCommandTest, ResumeKeepsTheCheckpointsTf32Setting) {
   const std::string ckpt = (dir_ / "ckpt").string();
   ASSERT_EQ(Train({"--max-steps", "1", "--checkpoint-dir", ckpt, "--backend", "cpu"}).code, 0);

@@ -352,6 +352,10 @@ absl::StatusOr<Start> SetUpOrResume(TrainOptions& o, bool tf32_given,
           << "checkpoint decides it\n";
     }
     start->trainer_options = TakeCheckpointSettings(saved, start->resumed_from, o);
+    if (o.batch < 1) {  // a state edited and re-sealed: never divide by it
+      return BadInput(absl::StrCat("--resume: the checkpoint ", start->resumed_from,
+                                   " records batch_size ", o.batch, "; expected >= 1"));
+    }
     if (absl::Status recorded = training::RecordedIgnoreIndex(saved).status(); !recorded.ok()) {
       return BadInput(absl::StrCat("--resume: the checkpoint ", start->resumed_from, " ",
                                    recorded.message()));
