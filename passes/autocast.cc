@@ -45,7 +45,8 @@
 //      the size. BatchNormalization -> Relu -> Conv thus stores Relu's
 //      output in 16 bits, as grappler paints clear ops next to allow ops.
 //   4. Casts (DESIGN rules 5-6): every float input of a painted node whose
-//      dtype differs from the node's (float32 for a pinned input) reads a
+//      dtype differs from the node's (float32 for a pinned input or a
+//      setting, OpDef::setting_inputs, such as Resize's scales) reads a
 //      Cast of its source, one per (source, dtype) shared by all readers and
 //      placed before the first. A Constant node every reader needs in the
 //      same 16-bit dtype is stored in it instead (no Cast; it is no master
@@ -79,6 +80,7 @@
 #include "absl/strings/str_split.h"
 #include "graph/half.h"
 #include "graph/onnx_io.h"
+#include "graph/op_registry.h"
 #include "graph/shape_inference.h"
 #include "graph/status.h"
 
@@ -341,7 +343,7 @@ class AutocastPass {
     for (int i = 0; i < node.num_inputs(); ++i) {
       const Value* in = node.input(i);
       if (!in || !IsAutocastFloat(in->dtype()) || KindOf(in) != SourceKind::kActivation ||
-          policy_.IsPinned(node, i)) {
+          StaysFloat32(node, i)) {
         continue;
       }
       ++voters;
@@ -397,7 +399,7 @@ class AutocastPass {
       const Value* in = node.input(i);
       if (!in || !IsAutocastFloat(in->dtype())) continue;
       if (input != nullptr || KindOf(in) != SourceKind::kActivation ||
-          policy_.IsPinned(node, i)) {
+          StaysFloat32(node, i)) {
         return std::nullopt;  // a second float input would need a Cast of its own
       }
       input = in;
@@ -410,7 +412,7 @@ class AutocastPass {
       for (const Use& use : out->uses()) {
         auto reader = decisions_.find(use.node);
         if (reader == decisions_.end() || reader->second != lowp_ ||
-            policy_.IsPinned(*use.node, use.index)) {
+            StaysFloat32(*use.node, use.index)) {
           return std::nullopt;
         }
         ++readers;
@@ -426,6 +428,16 @@ class AutocastPass {
     return ReadersDecision{std::move(why), std::move(entry), input};
   }
 
+  // An input that keeps float32 whatever its node computes in: pinned by the
+  // policy (--pin-fp32), or a setting rather than a value (OpDef::
+  // setting_inputs: Dropout's ratio, Resize's roi and scales, which Resize
+  // takes only in float32), so no Cast is placed on it.
+  bool StaysFloat32(const Node& node, int input) const {
+    if (policy_.IsPinned(node, input)) return true;
+    const OpDef* def = OpRegistry::Global().Find(node.domain(), node.op_type());
+    return def != nullptr && def->IsSettingInput(input);
+  }
+
   // Whether the op's inference accepts the node's float inputs in `dtype`
   // (float32 where pinned) at the model's opset. Inputs are retyped for the
   // probe and restored.
@@ -434,7 +446,7 @@ class AutocastPass {
     for (int i = 0; i < node.num_inputs(); ++i) {
       Value* in = node.input(i);
       if (!in || !IsAutocastFloat(in->dtype())) continue;
-      const DType target = policy_.IsPinned(node, i) ? DType::kFloat32 : dtype;
+      const DType target = StaysFloat32(node, i) ? DType::kFloat32 : dtype;
       if (in->dtype() == target) continue;
       saved.emplace_back(in, in->dtype());
       in->set_dtype(target);
@@ -521,7 +533,7 @@ class AutocastPass {
     for (int i = 0; i < node.num_inputs(); ++i) {
       Value* in = node.input(i);
       if (!in || !IsAutocastFloat(in->dtype())) continue;
-      const DType target = policy_.IsPinned(node, i) ? DType::kFloat32 : dtype;
+      const DType target = StaysFloat32(node, i) ? DType::kFloat32 : dtype;
       if (in->dtype() == target) continue;
       CASTOR_ASSIGN_OR_RETURN(Value * cast, CastOf(in, target, node, order));
       node.SetInput(i, cast);
@@ -581,7 +593,7 @@ class AutocastPass {
   DType NeededBy(const Node& node, int index, const Value& value) const {
     auto decided = decisions_.find(&node);
     if (decided == decisions_.end()) return value.dtype();
-    return policy_.IsPinned(node, index) ? DType::kFloat32 : decided->second;
+    return StaysFloat32(node, index) ? DType::kFloat32 : decided->second;
   }
 
   // A Constant node's float32 tensor that every reader needs in `target`

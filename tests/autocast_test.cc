@@ -641,6 +641,35 @@ TEST(AutocastRulesTest, OpRefusingTheDtypeAfterA16BitProducerStaysFloat32) {
   EXPECT_THAT(InvariantViolations(model), IsEmpty());
 }
 
+// A setting input (OpDef::setting_inputs) keeps float32 whatever its node
+// computes in: Resize takes its scales only in float32, so a Resize reading
+// a 16-bit activation runs in 16 bits with float32 scales (before, the
+// scales' Cast made the node refuse 16 bits and the whole Resize stayed
+// float32).
+TEST(AutocastRulesTest, SettingInputsStayFloat32) {
+  Model model;
+  model.opset_imports = {{"", 17}};
+  Graph& graph = *model.graph;
+  Value* x = ValueOrDie(graph.AddInput("x", DType::kFloat32, Shape({1, 2, 4, 4})));
+  Value* w = ValueOrDie(graph.AddInitializer("w", Tensor(DType::kFloat32, {2, 2, 1, 1})));
+  Value* scales = ValueOrDie(graph.AddInitializer(
+      "scales", Tensor::FromVector<float>(DType::kFloat32, {4}, {1, 1, 2, 2})));
+  Node* conv = ValueOrDie(graph.AddNode("Conv", {x, w}, {"conv"}, "conv"));
+  Node* resize = ValueOrDie(
+      graph.AddNode("Resize", {conv->output(0), nullptr, scales}, {"up"}, "up"));
+  resize->SetAttribute(Attribute::String("mode", "nearest"));
+  Node* relu = ValueOrDie(graph.AddNode("Relu", {resize->output(0)}, {"r"}, "r"));
+  Node* conv2 = ValueOrDie(graph.AddNode("Conv", {relu->output(0), w}, {"out"}, "out"));
+  graph.AddOutput(conv2->output(0));
+  ASSERT_TRUE(InferTypes(model).ok());
+  Convert(model, "mixed_float16");
+  EXPECT_EQ(RecordedDType(model, "conv"), "float16");
+  EXPECT_EQ(RecordedDType(model, "up"), "float16");
+  EXPECT_EQ(NodeNamed(model, "up").input(2)->name(), "scales");  // no Cast
+  EXPECT_EQ(NodeNamed(model, "up").input(2)->dtype(), DType::kFloat32);
+  EXPECT_THAT(InvariantViolations(model), IsEmpty());
+}
+
 TEST(AutocastRulesTest, UnknownOpsStayFloat32AndAreNoted) {
   Model model;
   model.opset_imports = {{"", 17}, {"com.example", 1}};
