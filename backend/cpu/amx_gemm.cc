@@ -298,14 +298,6 @@ void PackB(bool trans_b, int64_t count, int64_t first, int64_t n, int64_t k, con
   }
 }
 
-// C = beta * C (C not read when beta == 0): the product of an empty K.
-void ScaleC(int64_t m, int64_t n, float beta, float* c, int64_t ldc) {
-  for (int64_t i = 0; i < m; ++i) {
-    float* row = c + i * ldc;
-    for (int64_t j = 0; j < n; ++j) row[j] = beta == 0.0f ? 0.0f : beta * row[j];
-  }
-}
-
 #endif  // CASTOR_AMX_BUILD
 
 }  // namespace

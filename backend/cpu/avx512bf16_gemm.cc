@@ -228,14 +228,6 @@ CASTOR_AVX512BF16_TARGET void ProductBlocks(int64_t lo, int64_t hi, int64_t mb, 
   _mm256_zeroupper();  // the caller is SSE code (see float_io.cc's kZeroUpperNote)
 }
 
-// C = beta * C (C not read when beta == 0): the product of an empty K.
-void ScaleC(int64_t m, int64_t n, float beta, float* c, int64_t ldc) {
-  for (int64_t i = 0; i < m; ++i) {
-    float* row = c + i * ldc;
-    for (int64_t j = 0; j < n; ++j) row[j] = beta == 0.0f ? 0.0f : beta * row[j];
-  }
-}
-
 #endif  // CASTOR_AVX512BF16_BUILD
 
 }  // namespace

@@ -43,13 +43,6 @@ void WidenRows(DType dtype, const void* src, int64_t src_ld, int64_t rows, int64
   });
 }
 
-template <typename T>
-void ScaleC(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
-  }
-}
-
 }  // namespace
 
 bool IsSmallGemm(int64_t m, int64_t n, int64_t k) {

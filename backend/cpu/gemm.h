@@ -59,6 +59,17 @@ void GemmRoundedToDType(DType dtype, bool trans_a, bool trans_b, int64_t m, int6
 // "; AVX512-BF16 for bfloat16 GEMMs" where avx512bf16_gemm.h does.
 std::string DescribeGemm();
 
+// C = beta * C, the GEMM of an empty K (C is not read when beta == 0, so
+// NaN there stays out). Shared by the sgemm/dgemm wrappers and the AMX and
+// AVX512-BF16 kernels.
+template <typename T>
+void ScaleC(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i) {
+    T* row = c + i * ldc;
+    for (int64_t j = 0; j < n; ++j) row[j] = beta == T(0) ? T(0) : beta * row[j];
+  }
+}
+
 // The switch of a native GEMM kernel (CASTOR_AMX, CASTOR_AVX512BF16):
 // true when environment variable `name` says off (or 0, no, false; any
 // case). on/1/yes/true or unset: false; anything else is reported once on
