@@ -293,7 +293,9 @@ absl::Status InferReduceToShapeOf(InferenceContext& ctx) {
 
 // ---- GatherGrad ----------------------------------------------------------------
 
-absl::Status InferGatherGrad(InferenceContext& ctx) {
+// The inputs every gather gradient takes: (dY, indices, data), dY and data
+// float, indices int32 or int64.
+absl::Status RequireGatherGradInputs(InferenceContext& ctx) {
   CASTOR_RETURN_IF_ERROR(RequireInputs(ctx, {"dY", "indices", "data"}));
   CASTOR_RETURN_IF_ERROR(RequireFloatInput(ctx, 2, "data"));
   CASTOR_RETURN_IF_ERROR(RequireFloatInput(ctx, 0, "dY", 2));
@@ -302,6 +304,11 @@ absl::Status InferGatherGrad(InferenceContext& ctx) {
     return ctx.Error(absl::StrCat("input 1 (indices) has dtype ", DTypeName(index_dtype),
                                   "; expected int32 or int64"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status InferGatherGrad(InferenceContext& ctx) {
+  CASTOR_RETURN_IF_ERROR(RequireGatherGradInputs(ctx));
   const Shape& dy = ctx.input_shape(0);
   const Shape& indices = ctx.input_shape(1);
   const Shape& data = ctx.input_shape(2);
@@ -328,14 +335,7 @@ absl::Status InferGatherGrad(InferenceContext& ctx) {
 // ranks, or -1 when unknown).
 absl::Status InferIndexedGrad(InferenceContext& ctx, int64_t (*dy_rank)(const InferenceContext&,
                                                                          int64_t, int64_t)) {
-  CASTOR_RETURN_IF_ERROR(RequireInputs(ctx, {"dY", "indices", "data"}));
-  CASTOR_RETURN_IF_ERROR(RequireFloatInput(ctx, 2, "data"));
-  CASTOR_RETURN_IF_ERROR(RequireFloatInput(ctx, 0, "dY", 2));
-  const DType index_dtype = ctx.input_dtype(1);
-  if (index_dtype != DType::kInt32 && index_dtype != DType::kInt64) {
-    return ctx.Error(absl::StrCat("input 1 (indices) has dtype ", DTypeName(index_dtype),
-                                  "; expected int32 or int64"));
-  }
+  CASTOR_RETURN_IF_ERROR(RequireGatherGradInputs(ctx));
   const Shape& dy = ctx.input_shape(0);
   const Shape& indices = ctx.input_shape(1);
   const Shape& data = ctx.input_shape(2);
