@@ -28,9 +28,12 @@ namespace {
 
 std::string Quoted(const std::string& name) { return absl::StrCat("'", name, "'"); }
 
-// The loss, float32: computed from `output` (cast up if 16-bit).
-absl::StatusOr<Value*> AttachLoss(Graph& graph, Value* output, LossKind kind,
+// The loss, float32: computed from `output` (cast up if 16-bit). The
+// cross-entropy is ONNX's SoftmaxCrossEntropyLoss, or castor's copy of it
+// (com.castor) in a model whose opset predates it (below 12).
+absl::StatusOr<Value*> AttachLoss(Model& model, Value* output, LossKind kind,
                                   std::optional<int64_t> ignore_index) {
+  Graph& graph = *model.graph;
   Value* prediction = output;
   if (output->dtype() != DType::kFloat32) {
     CASTOR_ASSIGN_OR_RETURN(Node * cast,
@@ -68,9 +71,14 @@ absl::StatusOr<Value*> AttachLoss(Graph& graph, Value* output, LossKind kind,
       }
       CASTOR_ASSIGN_OR_RETURN(
           Value * labels, graph.AddInput(kLabelsInput, DType::kInt64, Shape(label_dims)));
-      CASTOR_ASSIGN_OR_RETURN(Node * loss, graph.AddNode("SoftmaxCrossEntropyLoss",
-                                                         {scores, labels}, {kLossOutput},
-                                                         "castor.loss/SoftmaxCrossEntropyLoss"));
+      std::string loss_domain;  // ai.onnx
+      if (model.OpsetVersion("") < 12) {
+        loss_domain = kCastorDomain;
+        if (model.OpsetVersion(kCastorDomain) == 0) model.opset_imports.push_back({kCastorDomain, 1});
+      }
+      CASTOR_ASSIGN_OR_RETURN(
+          Node * loss, graph.AddNode("SoftmaxCrossEntropyLoss", {scores, labels}, {kLossOutput},
+                                     "castor.loss/SoftmaxCrossEntropyLoss", loss_domain));
       loss->SetAttribute(Attribute::String("reduction", "mean"));
       if (ignore_index.has_value()) {
         loss->SetAttribute(Attribute::Int("ignore_index", *ignore_index));
@@ -394,7 +402,7 @@ absl::StatusOr<std::shared_ptr<const Model>> BuildEvaluationGraph(const Model& m
   CASTOR_RETURN_IF_ERROR(InferTypes(evaluation));
   if (pool_before_relu) CASTOR_RETURN_IF_ERROR(PoolBeforeRelu(graph).status());
   Value* prediction = graph.FindValue(output);
-  CASTOR_ASSIGN_OR_RETURN(Value * loss, AttachLoss(graph, prediction, loss_kind, ignore_index));
+  CASTOR_ASSIGN_OR_RETURN(Value * loss, AttachLoss(evaluation, prediction, loss_kind, ignore_index));
   graph.ClearOutputs();
   graph.AddOutput(loss);
   graph.AddOutput(prediction);
@@ -544,7 +552,7 @@ absl::Status AttachLossStep(Model& model, TrainingPassState& state) {
   CASTOR_RETURN_IF_ERROR(DropoutRngStep(model, state));
   Graph& graph = *model.graph;
   Value* output = graph.FindValue(state.result->model_output);
-  CASTOR_ASSIGN_OR_RETURN(Value * loss, AttachLoss(graph, output, state.options.loss,
+  CASTOR_ASSIGN_OR_RETURN(Value * loss, AttachLoss(model, output, state.options.loss,
                                                    state.options.ignore_index));
   state.loss = loss->name();
   CASTOR_ASSIGN_OR_RETURN(Value * scale,

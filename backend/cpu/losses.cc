@@ -220,6 +220,8 @@ void RegisterLossKernels(KernelTable& table) {
                                      DType::kFloat64};
   table.Register(KernelDef{"", "SoftmaxCrossEntropyLoss", FloatDTypesIn(floats),
                            RunLoss<LossKind::kSoftmaxCrossEntropy>, false});
+  table.Register(KernelDef{kCastorDomain, "SoftmaxCrossEntropyLoss", FloatDTypesIn(floats),
+                           RunLoss<LossKind::kSoftmaxCrossEntropy>, false});
   table.Register(KernelDef{"", "NegativeLogLikelihoodLoss", FloatDTypesIn(floats),
                            RunLoss<LossKind::kNegativeLogLikelihood>, false});
   RegisterGradientKernel(table, "SoftmaxCrossEntropyLossGrad", SoftmaxCrossEntropyLossGradKernel);

@@ -384,6 +384,8 @@ absl::Status CrossEntropyGradKernel(KernelContext& ctx) {
 void RegisterLossKernels(KernelTable& table) {
   table.Register(KernelDef{"", "SoftmaxCrossEntropyLoss", FloatDTypesIn(CudaFloatDTypes()),
                            &LossKernel<true>, false});
+  table.Register(KernelDef{kCastorDomain, "SoftmaxCrossEntropyLoss",
+                           FloatDTypesIn(CudaFloatDTypes()), &LossKernel<true>, false});
   table.Register(KernelDef{"", "NegativeLogLikelihoodLoss", FloatDTypesIn(CudaFloatDTypes()),
                            &LossKernel<false>, false});
   table.Register(KernelDef{kCastorDomain, "SoftmaxCrossEntropyLossGrad",

@@ -69,6 +69,8 @@ constexpr Entry kTable[] = {
      "castor's training form of BatchNormalization (deny like it, DESIGN.md rule 2)"},
     {"", "SoftmaxCrossEntropyLoss", kDeny, "PyTorch cross_entropy: fp32; TF "
      "SoftmaxCrossEntropyWithLogits: deny"},
+    {"com.castor", "SoftmaxCrossEntropyLoss", kDeny,
+     "castor's copy of SoftmaxCrossEntropyLoss for models below opset 12 (deny like it)"},
     {"", "NegativeLogLikelihoodLoss", kDeny, "PyTorch nll_loss: fp32"},
     {"", "Range", kDeny, "index arithmetic: float16 cannot count past 2048"},
     {kTrainingDomain, "Adam", kDeny, "optimizer on float32 master weights"},

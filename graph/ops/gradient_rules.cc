@@ -660,7 +660,7 @@ absl::Status MatMulGradient(GradientBuilder& g) {
 
 // Y = alpha * op(A) @ op(B) + beta * C, op = optional transpose. Each input
 // gradient is one Gemm with the transposes arranged so no Transpose node is
-// needed.
+// needed (with a zero C below opset 11, where C is not optional).
 absl::Status GemmGradient(GradientBuilder& g) {
   const Node& node = g.node();
   const bool trans_a = node.GetInt("transA", 0) != 0;
@@ -670,10 +670,15 @@ absl::Status GemmGradient(GradientBuilder& g) {
   Value* a = g.input(0);
   Value* b = g.input(1);
   Value* dy = g.output_grad(0);
-  auto gemm = [&](Value* left, Value* right, bool t_left, bool t_right) {
-    return g.Emit1("Gemm", {left, right},
-                   {Attribute::Float("alpha", alpha), Attribute::Int("transA", t_left),
-                    Attribute::Int("transB", t_right)});
+  auto gemm = [&](Value* left, Value* right, bool t_left, bool t_right) -> absl::StatusOr<Value*> {
+    std::vector<Attribute> attributes = {Attribute::Float("alpha", alpha),
+                                         Attribute::Int("transA", t_left),
+                                         Attribute::Int("transB", t_right)};
+    if (g.opset() >= 11) return g.Emit1("Gemm", {left, right}, std::move(attributes));
+    // Below opset 11 Gemm's C is required: a zero scalar, weighted 0.
+    CASTOR_ASSIGN_OR_RETURN(Value * zero, g.Scalar(0.0f, g.output(0)->dtype()));
+    attributes.push_back(Attribute::Float("beta", 0.0f));
+    return g.Emit1("Gemm", {left, right, zero}, std::move(attributes));
   };
   if (g.wants_input_grad(0)) {
     // dA = dY B^T (no transposes), with op(B) and op(A) folded in.
@@ -1756,6 +1761,9 @@ void AssignGradientRules(OpRegistry& registry) {
   for (const RuleEntry& entry : kRules) registry.SetGradient("", entry.op_type, entry.rule);
   // castor's own forward op: BatchNormalization as the training graph runs it.
   registry.SetGradient(kCastorDomain, "BatchNormalizationTraining", BatchNormalizationGradient);
+  // castor's copy of the loss, for models below opset 12.
+  registry.SetGradient(kCastorDomain, "SoftmaxCrossEntropyLoss",
+                       SoftmaxCrossEntropyLossGradient);
   // Float inputs that set how an op works rather than feed its values, as
   // PyTorch's dropout p: never trained.
   registry.SetSettingInputs("", "Dropout", {1});

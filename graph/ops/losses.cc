@@ -4,10 +4,13 @@
 // per-class weights [C], ignore_index and reduction none | sum | mean. The
 // loss is [] for sum/mean and the labels' shape for none;
 // SoftmaxCrossEntropyLoss can also output log_prob, shaped like the scores.
+// castor's domain holds a copy of SoftmaxCrossEntropyLoss for the training
+// graphs of models below opset 12 (passes/training_graph.cc, AttachLoss).
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "graph/gradient_builder.h"
 #include "graph/op_registry.h"
 #include "graph/ops/all_ops.h"
 #include "graph/ops/op_helpers.h"
@@ -112,6 +115,17 @@ void RegisterLossOps(OpRegistry& registry) {
   registry.Register(MakeLossOp(
       "SoftmaxCrossEntropyLoss", 2, 13,
       "cross entropy of softmax(scores [N,C,...]) and int labels [N,...]; optional log_prob"));
+  // The same op in castor's domain: the loss the training graph attaches to
+  // a model whose opset predates SoftmaxCrossEntropyLoss (below 12). It
+  // means exactly what ONNX's opset-13 form means.
+  OpDef castor_loss = MakeLossOp(
+      "SoftmaxCrossEntropyLoss", 2, 1,
+      "ONNX SoftmaxCrossEntropyLoss-13 in castor's domain: the training loss of a model "
+      "below opset 12");
+  castor_loss.domain = kCastorDomain;
+  castor_loss.min_opset = 1;
+  castor_loss.max_opset = 1;
+  registry.Register(std::move(castor_loss));
   registry.Register(MakeLossOp(
       "NegativeLogLikelihoodLoss", 1, 22,
       "-input[n, label[n], ...] (optionally weighted) over log-probabilities [N,C,...]"));
