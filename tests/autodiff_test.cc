@@ -878,6 +878,32 @@ TEST(GradientRuleTest, ModBothConventionsBroadcasting) {
   }
 }
 
+// The trigonometric and hyperbolic functions, each inside its domain (at
+// opset 9 rather than 7: the check's ReduceSum gradient needs Expand, 8+).
+TEST(GradientRuleTest, TrigonometricAndHyperbolicFunctions) {
+  struct Case {
+    const char* op;
+    int64_t opset;
+    float lo, hi;
+  };
+  for (const Case& c : std::vector<Case>{{"Sin", 9, -4, 4},
+                                         {"Cos", 22, -4, 4},
+                                         {"Tan", 9, -1.2f, 1.2f},
+                                         {"Asin", 9, -0.9f, 0.9f},
+                                         {"Acos", 22, -0.9f, 0.9f},
+                                         {"Atan", 9, -3, 3},
+                                         {"Sinh", 9, -2, 2},
+                                         {"Cosh", 9, -2, 2},
+                                         {"Asinh", 9, -3, 3},
+                                         {"Acosh", 9, 1.1f, 4},
+                                         {"Atanh", 22, -0.9f, 0.9f}}) {
+    SCOPED_TRACE(absl::StrCat(c.op, " opset ", c.opset));
+    GradCheck check(c.opset);
+    Value* x = check.Parameter("x", {3, 5}, c.lo, c.hi);
+    check.Check(check.Op(c.op, {x}));
+  }
+}
+
 TEST(GradientRuleTest, ExponentialAndSoftActivations) {
   struct Case {
     const char* op;

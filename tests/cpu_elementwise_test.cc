@@ -93,6 +93,7 @@ struct UnaryCase {
 TEST(CpuElementwiseTest, UnaryFloat32MatchesFloat64Reference) {
   const std::vector<float> mixed = {-3.5f, -1.0f, -0.25f, 0.0f, 0.5f, 1.0f, 2.75f, 10.0f};
   const std::vector<float> positive = {0.01f, 0.5f, 1.0f, 2.0f, 3.0f, 100.0f};
+  const std::vector<float> unit = {-1.0f, -0.75f, -0.1f, 0.0f, 0.5f, 0.99f, 1.0f};
   const double kPi = 3.14159265358979323846;
   std::vector<UnaryCase> cases = {
       {"Neg", [](double x) { return -x; }, mixed},
@@ -109,6 +110,17 @@ TEST(CpuElementwiseTest, UnaryFloat32MatchesFloat64Reference) {
       {"Log", [](double x) { return std::log(x); }, positive},
       {"Sqrt", [](double x) { return std::sqrt(x); }, positive},
       {"Reciprocal", [](double x) { return 1.0 / x; }, {-4.0f, -0.5f, 0.3f, 3.0f, 7.0f}},
+      {"Sin", [](double x) { return std::sin(x); }, mixed},
+      {"Cos", [](double x) { return std::cos(x); }, mixed},
+      {"Tan", [](double x) { return std::tan(x); }, {-1.5f, -0.75f, 0.0f, 0.3f, 1.2f, 4.0f}},
+      {"Asin", [](double x) { return std::asin(x); }, unit},
+      {"Acos", [](double x) { return std::acos(x); }, unit},
+      {"Atan", [](double x) { return std::atan(x); }, mixed},
+      {"Sinh", [](double x) { return std::sinh(x); }, mixed},
+      {"Cosh", [](double x) { return std::cosh(x); }, mixed},
+      {"Asinh", [](double x) { return std::asinh(x); }, mixed},
+      {"Acosh", [](double x) { return std::acosh(x); }, {1.0f, 1.25f, 2.0f, 10.0f, 1e6f}},
+      {"Atanh", [](double x) { return std::atanh(x); }, {-0.99f, -0.5f, 0.0f, 0.25f, 0.9f}},
       {"Gelu", [](double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }, mixed,
        {}, 20},
       {"Gelu",
@@ -169,6 +181,10 @@ TEST(CpuElementwiseTest, UnaryFloat32LoopsGiveTheScalarOpsBits) {
       {"HardSigmoid", {Attribute::Float("alpha", 0.3f)},
        [](float x) { return math::HardSigmoidOp{0.3f, 0.5f}(x); }},
       {"HardSwish", {}, [](float x) { return math::HardSwishOp{}(x); }},
+      {"Sin", {}, [](float x) { return math::SinOp{}(x); }},
+      {"Cos", {}, [](float x) { return math::CosOp{}(x); }},
+      {"Atan", {}, [](float x) { return math::AtanOp{}(x); }},
+      {"Asinh", {}, [](float x) { return math::AsinhOp{}(x); }},
   };
   for (const Case& c : cases) {
     for (const int64_t n : {static_cast<int64_t>(inputs.size()), int64_t{13}}) {
@@ -1077,7 +1093,8 @@ TEST(CpuElementwiseTest, ConformanceCasesOfElementwiseOps) {
               "HardSigmoid", "HardSwish", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
               "And", "Or", "Xor", "Not", "Mod", "IsNaN", "IsInf", "Elu", "Selu", "Celu",
               "Softplus", "Softsign", "ThresholdedRelu", "Mish", "PRelu", "Sign", "Floor",
-              "Ceil", "Round"});
+              "Ceil", "Round", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh",
+              "Asinh", "Acosh", "Atanh"});
   for (const std::string& failure : summary.failures) ADD_FAILURE() << failure;
   for (const std::string& name : summary.multi_node) {
     ADD_FAILURE() << name << ": not a single-node model";

@@ -569,6 +569,75 @@ struct LogOp {
   }
 };
 
+// Trigonometric and hyperbolic functions: the C library's (CUDA's on the
+// device), in float32 for float32 and 16-bit inputs.
+struct SinOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return std::sin(x);
+  }
+};
+struct CosOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return std::cos(x);
+  }
+};
+struct TanOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return std::tan(x);
+  }
+};
+struct AsinOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return std::asin(x);
+  }
+};
+struct AcosOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return std::acos(x);
+  }
+};
+struct AtanOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return std::atan(x);
+  }
+};
+struct SinhOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return std::sinh(x);
+  }
+};
+struct CoshOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return std::cosh(x);
+  }
+};
+struct AsinhOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return std::asinh(x);
+  }
+};
+struct AcoshOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return std::acosh(x);
+  }
+};
+struct AtanhOp {
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V x) const {
+    return std::atanh(x);
+  }
+};
+
 struct SqrtOp {
   template <typename V>
   CASTOR_HOST_DEVICE V operator()(V x) const {

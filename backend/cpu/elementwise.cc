@@ -2,7 +2,8 @@
 //
 // Unary math/activations (Neg Abs Sign Floor Ceil Round Relu LeakyRelu
 // HardSigmoid HardSwish Elu Selu Celu Softplus Softsign ThresholdedRelu Mish
-// Sigmoid Tanh Gelu Erf Exp Log Sqrt Reciprocal), PRelu (a slope broadcast to
+// Sigmoid Tanh Gelu Erf Exp Log Sqrt Reciprocal, the trigonometric Sin Cos
+// Tan Asin Acos Atan and hyperbolic Sinh Cosh Asinh Acosh Atanh), PRelu (a slope broadcast to
 // X), binary arithmetic with numpy broadcasting (Add Sub Mul Div Mod, Pow
 // with a base and exponent of different dtypes), the comparisons Equal Less
 // Greater LessOrEqual GreaterOrEqual (bool out), the logic And Or Xor Not,
@@ -669,6 +670,17 @@ void RegisterElementwiseKernels(KernelTable& table) {
   Add(table, "Log", floats, &UnaryKernel<LogOp, false>);
   Add(table, "Sqrt", floats, &UnaryKernel<SqrtOp, false>);
   Add(table, "Reciprocal", floats, &UnaryKernel<ReciprocalOp, false>);
+  Add(table, "Sin", floats, &UnaryKernel<SinOp, false>);
+  Add(table, "Cos", floats, &UnaryKernel<CosOp, false>);
+  Add(table, "Tan", floats, &UnaryKernel<TanOp, false>);
+  Add(table, "Asin", floats, &UnaryKernel<AsinOp, false>);
+  Add(table, "Acos", floats, &UnaryKernel<AcosOp, false>);
+  Add(table, "Atan", floats, &UnaryKernel<AtanOp, false>);
+  Add(table, "Sinh", floats, &UnaryKernel<SinhOp, false>);
+  Add(table, "Cosh", floats, &UnaryKernel<CoshOp, false>);
+  Add(table, "Asinh", floats, &UnaryKernel<AsinhOp, false>);
+  Add(table, "Acosh", floats, &UnaryKernel<AcoshOp, false>);
+  Add(table, "Atanh", floats, &UnaryKernel<AtanhOp, false>);
   Add(table, "Clip", numeric, &ClipKernel);
 
   Add(table, "Max", numeric, &VariadicKernel<MaxOp>);

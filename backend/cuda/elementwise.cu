@@ -3,7 +3,8 @@
 //
 // Unary math/activations (Neg Abs Sign on floats, int32 and int64; Floor Ceil
 // Round Relu LeakyRelu HardSigmoid HardSwish Elu Selu Celu Softplus Softsign
-// ThresholdedRelu Mish Sigmoid Tanh Gelu Erf Exp Log Sqrt Reciprocal Clip),
+// ThresholdedRelu Mish Sigmoid Tanh Gelu Erf Exp Log Sqrt Reciprocal Clip, Sin
+// Cos Tan Asin Acos Atan Sinh Cosh Asinh Acosh Atanh),
 // PRelu (a slope broadcast to X), binary arithmetic with numpy broadcasting
 // (Add Sub Mul Div on float32/float16/bfloat16/int32/int64, Pow with a float
 // base and a float or int exponent), Mod, the comparisons Equal Less Greater
@@ -814,6 +815,17 @@ void RegisterElementwiseKernels(KernelTable& table) {
   Add(table, "Log", InputDTypeIn(0, floats), &UnaryOpKernel<LogOp>, in_place);
   Add(table, "Sqrt", InputDTypeIn(0, floats), &UnaryOpKernel<SqrtOp>, in_place);
   Add(table, "Reciprocal", InputDTypeIn(0, floats), &UnaryOpKernel<ReciprocalOp>, in_place);
+  Add(table, "Sin", InputDTypeIn(0, floats), &UnaryOpKernel<SinOp>, in_place);
+  Add(table, "Cos", InputDTypeIn(0, floats), &UnaryOpKernel<CosOp>, in_place);
+  Add(table, "Tan", InputDTypeIn(0, floats), &UnaryOpKernel<TanOp>, in_place);
+  Add(table, "Asin", InputDTypeIn(0, floats), &UnaryOpKernel<AsinOp>, in_place);
+  Add(table, "Acos", InputDTypeIn(0, floats), &UnaryOpKernel<AcosOp>, in_place);
+  Add(table, "Atan", InputDTypeIn(0, floats), &UnaryOpKernel<AtanOp>, in_place);
+  Add(table, "Sinh", InputDTypeIn(0, floats), &UnaryOpKernel<SinhOp>, in_place);
+  Add(table, "Cosh", InputDTypeIn(0, floats), &UnaryOpKernel<CoshOp>, in_place);
+  Add(table, "Asinh", InputDTypeIn(0, floats), &UnaryOpKernel<AsinhOp>, in_place);
+  Add(table, "Acosh", InputDTypeIn(0, floats), &UnaryOpKernel<AcoshOp>, in_place);
+  Add(table, "Atanh", InputDTypeIn(0, floats), &UnaryOpKernel<AtanhOp>, in_place);
   Add(table, "LeakyRelu", InputDTypeIn(0, floats), &LeakyReluKernel, in_place);
   Add(table, "Gelu", InputDTypeIn(0, floats), &GeluKernel, in_place);
   Add(table, "HardSigmoid", InputDTypeIn(0, floats), &HardSigmoidKernel, in_place);

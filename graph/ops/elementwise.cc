@@ -1,7 +1,8 @@
 // Elementwise op definitions: binary arithmetic (Add, Sub, Mul, Div, Pow),
 // unary math and activations (Neg, Abs, Sign, Floor, Ceil, Round, Relu, LeakyRelu, HardSigmoid,
 // HardSwish, Elu, Selu, Celu, Softplus, Softsign, ThresholdedRelu, Mish,
-// PRelu, Sigmoid, Tanh, Gelu, Erf, Exp, Log, Sqrt, Reciprocal), the
+// PRelu, Sigmoid, Tanh, Gelu, Erf, Exp, Log, Sqrt, Reciprocal, Sin, Cos,
+// Tan, Asin, Acos, Atan, Sinh, Cosh, Asinh, Acosh, Atanh), the
 // comparisons Equal, Less, Greater, LessOrEqual, GreaterOrEqual (bool out),
 // the logic And, Or, Xor, Not, Mod, the predicates IsNaN and IsInf, the
 // selection Where, the variadic Max/Min/Sum and Clip.
@@ -342,6 +343,19 @@ void RegisterElementwiseOps(OpRegistry& registry) {
   RegisterUnary(registry, "Log", kMinOnnxOpset, FloatHistory(13), "natural logarithm ln(X)");
   RegisterUnary(registry, "Sqrt", kMinOnnxOpset, FloatHistory(13), "square root of X");
   RegisterUnary(registry, "Reciprocal", kMinOnnxOpset, FloatHistory(13), "1 / X");
+  // Trigonometric (opset 7) and hyperbolic (opset 9) functions; bfloat16
+  // from opset 22. Positional encodings and rotary embeddings compute them.
+  RegisterUnary(registry, "Sin", 7, FloatHistory(22), "sine of X (radians)");
+  RegisterUnary(registry, "Cos", 7, FloatHistory(22), "cosine of X (radians)");
+  RegisterUnary(registry, "Tan", 7, FloatHistory(22), "tangent of X (radians)");
+  RegisterUnary(registry, "Asin", 7, FloatHistory(22), "arcsine of X, in [-pi/2, pi/2]");
+  RegisterUnary(registry, "Acos", 7, FloatHistory(22), "arccosine of X, in [0, pi]");
+  RegisterUnary(registry, "Atan", 7, FloatHistory(22), "arctangent of X, in (-pi/2, pi/2)");
+  RegisterUnary(registry, "Sinh", 9, FloatHistory(22), "hyperbolic sine of X");
+  RegisterUnary(registry, "Cosh", 9, FloatHistory(22), "hyperbolic cosine of X");
+  RegisterUnary(registry, "Asinh", 9, FloatHistory(22), "inverse hyperbolic sine of X");
+  RegisterUnary(registry, "Acosh", 9, FloatHistory(22), "inverse hyperbolic cosine of X (X >= 1)");
+  RegisterUnary(registry, "Atanh", 9, FloatHistory(22), "inverse hyperbolic tangent of X (|X| < 1)");
 
   {
     OpDef def = MakeOp("Equal", kMinOnnxOpset, 2, "A == B as bool, numpy broadcasting");

@@ -196,6 +196,89 @@ absl::Status ErfGradient(GradientBuilder& g) {
   return TimesDerivative(g, derivative);
 }
 
+// Y = sin(X): dX = dY * cos(X).
+absl::Status SinGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * derivative, g.Emit1("Cos", {g.input(0)}));
+  return TimesDerivative(g, derivative);
+}
+
+// Y = cos(X): dX = dY * -sin(X).
+absl::Status CosGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * sine, g.Emit1("Sin", {g.input(0)}));
+  CASTOR_ASSIGN_OR_RETURN(Value * derivative, g.Emit1("Neg", {sine}));
+  return TimesDerivative(g, derivative);
+}
+
+// Y = tan(X): dX = dY * (1 + Y^2).
+absl::Status TanGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * one, g.Scalar(1.0, g.output(0)->dtype()));
+  CASTOR_ASSIGN_OR_RETURN(Value * square, g.Emit1("Mul", {g.output(0), g.output(0)}));
+  CASTOR_ASSIGN_OR_RETURN(Value * derivative, g.Emit1("Add", {one, square}));
+  return TimesDerivative(g, derivative);
+}
+
+// Y = sinh(X): dX = dY * cosh(X).
+absl::Status SinhGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * derivative, g.Emit1("Cosh", {g.input(0)}));
+  return TimesDerivative(g, derivative);
+}
+
+// Y = cosh(X): dX = dY * sinh(X).
+absl::Status CoshGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(Value * derivative, g.Emit1("Sinh", {g.input(0)}));
+  return TimesDerivative(g, derivative);
+}
+
+// The inverse functions: dX = dY / f(X) as PyTorch computes it, with
+// f(X) = sqrt(1 - X^2) (asin; acos negated), 1 + X^2 (atan), sqrt(X^2 + 1)
+// (asinh), sqrt(X^2 - 1) (acosh), 1 - X^2 (atanh). f is `constant` - X^2
+// (`subtract_square`) or X^2 + `constant`, square-rooted when `take_root`.
+absl::Status InverseFunctionGradient(GradientBuilder& g, double constant, bool subtract_square,
+                                     bool take_root, bool negate) {
+  const DType dtype = g.input(0)->dtype();
+  CASTOR_ASSIGN_OR_RETURN(Value * constant_value, g.Scalar(constant, dtype));
+  CASTOR_ASSIGN_OR_RETURN(Value * square, g.Emit1("Mul", {g.input(0), g.input(0)}));
+  CASTOR_ASSIGN_OR_RETURN(Value * inner, subtract_square
+                                             ? g.Emit1("Sub", {constant_value, square})
+                                             : g.Emit1("Add", {square, constant_value}));
+  Value* denominator = inner;
+  if (take_root) {
+    CASTOR_ASSIGN_OR_RETURN(denominator, g.Emit1("Sqrt", {inner}));
+  }
+  Value* numerator = g.output_grad(0);
+  if (negate) {
+    CASTOR_ASSIGN_OR_RETURN(numerator, g.Emit1("Neg", {numerator}));
+  }
+  CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Div", {numerator, denominator}));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
+}
+
+absl::Status AsinGradient(GradientBuilder& g) {
+  return InverseFunctionGradient(g, 1.0, /*subtract_square=*/true, /*take_root=*/true,
+                                 /*negate=*/false);
+}
+absl::Status AcosGradient(GradientBuilder& g) {
+  return InverseFunctionGradient(g, 1.0, /*subtract_square=*/true, /*take_root=*/true,
+                                 /*negate=*/true);
+}
+absl::Status AtanGradient(GradientBuilder& g) {
+  return InverseFunctionGradient(g, 1.0, /*subtract_square=*/false, /*take_root=*/false,
+                                 /*negate=*/false);
+}
+absl::Status AsinhGradient(GradientBuilder& g) {
+  return InverseFunctionGradient(g, 1.0, /*subtract_square=*/false, /*take_root=*/true,
+                                 /*negate=*/false);
+}
+absl::Status AcoshGradient(GradientBuilder& g) {
+  return InverseFunctionGradient(g, -1.0, /*subtract_square=*/false, /*take_root=*/true,
+                                 /*negate=*/false);
+}
+absl::Status AtanhGradient(GradientBuilder& g) {
+  return InverseFunctionGradient(g, 1.0, /*subtract_square=*/true, /*take_root=*/false,
+                                 /*negate=*/false);
+}
+
 // Y = A ^ B: dA = dY * B * A^(B-1); dB = dY * Y * log(A).
 absl::Status PowGradient(GradientBuilder& g) {
   Value* a = g.input(0);
@@ -1657,6 +1740,17 @@ constexpr RuleEntry kRules[] = {
     {"Cast", CastGradient},
     {"Relu", ReluGradient},
     {"Exp", ExpGradient},
+    {"Sin", SinGradient},
+    {"Cos", CosGradient},
+    {"Tan", TanGradient},
+    {"Asin", AsinGradient},
+    {"Acos", AcosGradient},
+    {"Atan", AtanGradient},
+    {"Sinh", SinhGradient},
+    {"Cosh", CoshGradient},
+    {"Asinh", AsinhGradient},
+    {"Acosh", AcoshGradient},
+    {"Atanh", AtanhGradient},
     {"Log", LogGradient},
     {"Sqrt", SqrtGradient},
     {"Tanh", TanhGradient},
