@@ -179,9 +179,8 @@ std::string PolicyFitWarningForThisMachine(const std::string& policy_name, DType
   return w.has_value() ? w->message : "";
 }
 
-std::string DescribePolicyFitForThisMachine() {
-  const CpuPrecisionFeatures cpu = DetectCpuPrecisionFeatures();
-  const std::optional<GpuPrecisionFeatures> gpu = DetectGpu();
+std::string DescribePolicyFit(const CpuPrecisionFeatures& cpu,
+                              const std::optional<GpuPrecisionFeatures>& gpu) {
   std::string text;
   for (PolicyFitBackend backend : {PolicyFitBackend::kCpu, PolicyFitBackend::kCuda}) {
     if (backend == PolicyFitBackend::kCuda && !gpu.has_value()) continue;
@@ -198,7 +197,16 @@ std::string DescribePolicyFitForThisMachine() {
                       "\n");
     }
   }
+  // CreateCudaBackend refuses devices older than 8.0 (cuda_backend.h).
+  if (gpu.has_value() && gpu->compute_capability_major < 8) {
+    absl::StrAppend(&text, "policy fit: castor's CUDA backend needs compute capability 8.0; ",
+                    GpuName(*gpu), " is older, so castor trains on the CPU here\n");
+  }
   return text;
+}
+
+std::string DescribePolicyFitForThisMachine() {
+  return DescribePolicyFit(DetectCpuPrecisionFeatures(), DetectGpu());
 }
 
 }  // namespace castor

@@ -86,11 +86,16 @@ CpuPrecisionFeatures DetectCpuPrecisionFeatures();
 std::string PolicyFitWarningForThisMachine(const std::string& policy_name, DType compute_dtype,
                                            PolicyFitBackend backend);
 
-// The lines `castor --version` prints: for mixed_float16 and
-// mixed_bfloat16, on the CPU and (when a GPU is usable) on the GPU,
-// "policy fit: policy mixed_bfloat16 pays on this CPU (castor's bfloat16
-// GEMMs run on its AVX512-BF16)" or "policy fit: " and the warning, one
-// line each.
+// The lines `castor --version` prints, one per mixed policy (mixed_float16,
+// mixed_bfloat16) and backend: the CPU, and the GPU when `gpu` is given
+// (a usable one): "policy fit: policy mixed_bfloat16 pays on this CPU
+// (castor's bfloat16 GEMMs run on its AVX512-BF16)" or "policy fit: " and
+// the warning; and for a GPU older than compute capability 8.0, a line
+// saying castor's CUDA backend cannot use it.
+std::string DescribePolicyFit(const CpuPrecisionFeatures& cpu,
+                              const std::optional<GpuPrecisionFeatures>& gpu);
+
+// DescribePolicyFit for this machine's CPU and device 0 (when usable).
 std::string DescribePolicyFitForThisMachine();
 
 }  // namespace castor

@@ -271,6 +271,39 @@ TEST(PolicyFit, NamesACustomPolicy) {
   EXPECT_THAT(w->message, HasSubstr("keep my_half_policy only for the memory it saves"));
 }
 
+// The --version lines, for machines this one is not.
+TEST(PolicyFit, DescribesEachMixedPolicyOnEachBackend) {
+  CpuPrecisionFeatures zen4;
+  zen4.avx512_bf16 = true;
+  const std::string cpu_only = DescribePolicyFit(zen4, std::nullopt);
+  EXPECT_EQ(cpu_only,
+            "policy fit: " + OnCpu(DType::kFloat16, zen4)->message +
+                "\npolicy fit: policy mixed_bfloat16 pays on this CPU (castor's bfloat16 GEMMs "
+                "run on its AVX512-BF16)\n");
+
+  CpuPrecisionFeatures spr;
+  spr.avx512_fp16 = spr.avx512_bf16 = spr.amx_bf16 = true;
+  const std::string h200 = DescribePolicyFit(spr, GpuPrecisionFeatures{"NVIDIA H200", 9, 0});
+  EXPECT_THAT(h200, HasSubstr("policy fit: policy mixed_bfloat16 pays on this CPU (castor's "
+                              "bfloat16 GEMMs run on its AMX)\n"));
+  EXPECT_THAT(h200, HasSubstr("policy fit: policy mixed_float16 pays on this GPU (float16 tensor "
+                              "cores)\n"));
+  EXPECT_THAT(h200, HasSubstr("policy fit: policy mixed_bfloat16 pays on this GPU (bfloat16 "
+                              "tensor cores)\n"));
+  EXPECT_EQ(Count(h200, "policy fit: "), 4);
+  EXPECT_EQ(Count(h200, "cannot pay"), 1);  // mixed_float16 on the CPU
+
+  // A T4: its verdicts, and that castor's CUDA backend cannot use it.
+  const std::string t4 = DescribePolicyFit({}, GpuPrecisionFeatures{"Tesla T4", 7, 5});
+  EXPECT_THAT(t4, HasSubstr("policy fit: policy mixed_float16 pays on this GPU"));
+  EXPECT_THAT(t4, HasSubstr("policy fit: policy mixed_bfloat16 cannot pay on this GPU: Tesla T4"));
+  EXPECT_THAT(t4, HasSubstr("policy fit: castor's CUDA backend needs compute capability 8.0; "
+                            "Tesla T4 (compute capability 7.5) is older, so castor trains on "
+                            "the CPU here\n"));
+  EXPECT_EQ(Count(t4, "cannot pay on this CPU"), 2);  // an AVX2-only CPU
+  EXPECT_THAT(h200, Not(HasSubstr("needs compute capability")));
+}
+
 // ---- end to end, with the built castor on this machine -----------------------
 
 class PolicyFitCliTest : public tools::CliTempDirTest {
