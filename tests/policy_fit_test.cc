@@ -152,7 +152,7 @@ TEST(PolicyFit, SapphireRapidsCpu) {
   w = OnCpu(DType::kBFloat16, spr);
   ASSERT_TRUE(w.has_value());
   EXPECT_EQ(w->hardware_fact,
-            "this CPU has AMX and AVX512-BF16 but castor's kernels for them are switched off "
+            "this CPU has bfloat16 instructions but castor's kernels for them are switched off "
             "(CASTOR_AMX=off and CASTOR_AVX512BF16=off in the environment)");
   EXPECT_EQ(w->better_policy, "float32");
   EXPECT_EQ(OnCpu(DType::kFloat16, spr)->better_policy, "float32");
@@ -164,13 +164,13 @@ TEST(PolicyFit, SwitchedOffKernelIsNamed) {
   std::optional<PolicyFitWarning> w = OnCpu(DType::kBFloat16, zen4_off);
   ASSERT_TRUE(w.has_value());
   EXPECT_EQ(w->hardware_fact,
-            "this CPU has AVX512-BF16 but castor's kernels for it are switched off "
+            "this CPU has bfloat16 instructions but castor's kernels for them are switched off "
             "(CASTOR_AVX512BF16=off in the environment)");
   CpuPrecisionFeatures amx_off;
   amx_off.amx_bf16 = amx_off.amx_switched_off = true;
   EXPECT_EQ(OnCpu(DType::kBFloat16, amx_off)->hardware_fact,
-            "this CPU has AMX but castor's kernels for it are switched off (CASTOR_AMX=off in "
-            "the environment)");
+            "this CPU has bfloat16 instructions but castor's kernels for them are switched off "
+            "(CASTOR_AMX=off in the environment)");
   // A switch for a feature the CPU lacks changes nothing.
   CpuPrecisionFeatures amx_only;
   amx_only.amx_bf16 = true;
