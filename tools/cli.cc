@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cuda_probe.h"
+#include "backend/policy_fit.h"
 #include "tools/args.h"
 #include "tools/conformance_command.h"
 #include "tools/convert_command.h"
@@ -125,8 +126,8 @@ std::string TopLevelHelp() {
       &help,
       "\nglobal flags:\n"
       "  -h, --help   show this help; after a command, that command's help\n"
-      "  --version    print castor's version, the CPU's GEMM kernels and whether the CUDA\n"
-      "               backend is usable\n"
+      "  --version    print castor's version, the CPU's GEMM kernels, whether the CUDA\n"
+      "               backend is usable and whether each mixed policy pays on this machine\n"
       "\nexit codes:\n"
       "  0  success\n"
       "  1  the command ran and a check it performs failed\n"
@@ -154,7 +155,8 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   if (first == "--version") {
     out << "castor " << CASTOR_VERSION << "\n"
         << "CPU backend: " << cpu::DescribeGemm() << "\n"
-        << DescribeCudaProbe(ProbeCuda()) << "\n";
+        << DescribeCudaProbe(ProbeCuda()) << "\n"
+        << DescribePolicyFitForThisMachine();
     return kExitOk;
   }
   if (first.size() > 1 && first[0] == '-') {

@@ -29,6 +29,7 @@
 #include "absl/strings/str_join.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda_backend.h"
+#include "backend/policy_fit.h"
 #include "graph/json.h"
 #include "graph/onnx_io.h"
 #include "graph/shape_inference.h"
@@ -614,6 +615,7 @@ struct Session {
   std::optional<training::BatchIterator> batches;
   std::ofstream metrics;
   std::optional<training::Checkpoint> checkpoint;  // with --checkpoint-dir
+  std::string policy_fit;  // the policy cannot pay on this backend (policy_fit.h); "" if it can
   Backend& backend() const { return *chosen.backend; }
 };
 
@@ -631,6 +633,10 @@ absl::Status ChooseBackend(TrainOptions& o, const Start& start, const Prepared& 
   session.chosen = *std::move(chosen);
   if (!session.chosen.note.empty()) err << "castor train: " << session.chosen.note << "\n";
   const bool on_cpu = dynamic_cast<CpuBackend*>(&session.backend()) != nullptr;
+  session.policy_fit = PolicyFitWarningForThisMachine(
+      start.policy.name(), start.policy.compute_dtype(),
+      on_cpu ? PolicyFitBackend::kCpu : PolicyFitBackend::kCuda);
+  if (!session.policy_fit.empty()) err << "castor train: warning: " << session.policy_fit << "\n";
   const bool tf32_requested = o.tf32;
   if (on_cpu) o.tf32 = false;
   const std::optional<bool>& checkpoint_tf32 = start.checkpoint_tf32;
@@ -958,6 +964,7 @@ absl::Status Report(const TrainOptions& o, const Start& start, Session& session,
   summary.skipped_steps = trainer.scaler().skipped_steps();
   summary.loss_scale = trainer.scaler().scale();
   summary.backend = training::DescribeBackend(session.backend());
+  summary.policy_fit = session.policy_fit;
   summary.tf32 = o.tf32;
   summary.graph_replay =
       o.cuda_graphs == "off" ? std::string("off (--cuda-graphs off)")
@@ -1050,6 +1057,7 @@ std::string RenderTrainSummary(const TrainSummary& s) {
       absl::StrFormat("  loss scale      %g (final)\n", s.loss_scale),
       absl::StrFormat("  backend         %s%s\n", s.backend,
                       s.tf32 ? ", TF32 for float32 MatMul/Gemm/Conv" : ""),
+      s.policy_fit.empty() ? "" : absl::StrFormat("  policy fit      %s\n", s.policy_fit),
       absl::StrFormat("  graph replay    %s\n", s.graph_replay),
       absl::StrFormat("  peak memory     %.1f MiB of activations%s; process %.0f MiB "
                       "resident\n",

@@ -109,6 +109,7 @@ struct TrainSummary {
   int64_t skipped_steps = 0;
   double loss_scale = 0;
   std::string backend;  // training::DescribeBackend
+  std::string policy_fit;  // the policy cannot pay there (backend/policy_fit.h); "" if it can
   bool tf32 = false;
   // "off (--cuda-graphs off)", "N of this run's M steps replayed ...", or
   // "none: WHY".

@@ -1,0 +1,213 @@
+// CheckPolicyFit and the machine's facts it reads (see policy_fit.h).
+#include "backend/policy_fit.h"
+
+#include "absl/strings/str_cat.h"
+#include "backend/cpu/amx_gemm.h"
+#include "backend/cpu/avx512bf16_gemm.h"
+#include "backend/cuda_probe.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define CASTOR_POLICY_FIT_CPUID 1
+#include <cpuid.h>
+#endif
+
+namespace castor {
+namespace {
+
+// What every emulated 16-bit dtype costs and saves.
+std::string EmulatedEffect(const char* dtype) {
+  return absl::StrCat("castor emulates ", dtype,
+                      " arithmetic (each value widened to float32 and rounded back): steps run "
+                      "slower than float32, activation memory is still saved");
+}
+
+// True when castor's bfloat16 GEMM kernels run on this CPU.
+bool CpuBf16Native(const CpuPrecisionFeatures& cpu) {
+  return (cpu.amx_bf16 && !cpu.amx_switched_off) ||
+         (cpu.avx512_bf16 && !cpu.avx512_bf16_switched_off);
+}
+
+// Why bfloat16 cannot pay on this CPU: no such instructions, or castor's
+// kernels for them switched off. (The switched-off case names the
+// variables, not the instructions: `castor --version` under
+// CASTOR_AVX512BF16=off names AVX512-BF16 nowhere, as
+// avx512bf16_gemm_test checks.)
+std::string CpuBf16Fact(const CpuPrecisionFeatures& cpu) {
+  if (!cpu.amx_bf16 && !cpu.avx512_bf16) return "this CPU has neither AVX512-BF16 nor AMX";
+  std::string off;
+  if (cpu.amx_bf16) off = "CASTOR_AMX=off";
+  if (cpu.avx512_bf16) absl::StrAppend(&off, off.empty() ? "" : " and ", "CASTOR_AVX512BF16=off");
+  return absl::StrCat("this CPU has bfloat16 instructions but castor's kernels for them are "
+                      "switched off (",
+                      off, " in the environment)");
+}
+
+std::optional<PolicyFitWarning> CheckCpu(DType compute_dtype, const CpuPrecisionFeatures& cpu) {
+  PolicyFitWarning w;
+  if (compute_dtype == DType::kFloat16) {
+    w.hardware_fact = cpu.avx512_fp16
+                          ? "this CPU has AVX512-FP16 but castor's CPU backend has no float16 "
+                            "kernels that use it yet"
+                          : "this CPU has no AVX512-FP16 (native float16 arithmetic)";
+    w.effect = EmulatedEffect("float16");
+    w.better_policy = CpuBf16Native(cpu) ? "mixed_bfloat16" : "float32";
+    return w;
+  }
+  if (CpuBf16Native(cpu)) return std::nullopt;
+  w.hardware_fact = CpuBf16Fact(cpu);
+  w.effect = EmulatedEffect("bfloat16");
+  w.better_policy = "float32";
+  return w;
+}
+
+// "NVIDIA T4 (compute capability 7.5)".
+std::string GpuName(const GpuPrecisionFeatures& gpu) {
+  return absl::StrCat(gpu.name.empty() ? "this GPU" : gpu.name, " (compute capability ",
+                      gpu.compute_capability_major, ".", gpu.compute_capability_minor, ")");
+}
+
+std::optional<PolicyFitWarning> CheckGpu(DType compute_dtype, const GpuPrecisionFeatures& gpu) {
+  const int capability = gpu.compute_capability_major * 10 + gpu.compute_capability_minor;
+  const bool float16 = compute_dtype == DType::kFloat16;
+  const int needed = float16 ? 70 : 80;
+  if (capability >= needed) return std::nullopt;
+  PolicyFitWarning w;
+  w.hardware_fact = absl::StrCat(GpuName(gpu), " is below compute capability ",
+                                 float16 ? "7.0" : "8.0", " and has no ",
+                                 float16 ? "float16" : "bfloat16", " tensor cores");
+  w.effect = EmulatedEffect(float16 ? "float16" : "bfloat16");
+  w.better_policy = !float16 && capability >= 70 ? "mixed_float16" : "float32";
+  return w;
+}
+
+// Why the better policy is better here.
+std::string BetterBecause(const PolicyFitWarning& w, const std::string& policy_name,
+                          PolicyFitBackend backend, const CpuPrecisionFeatures& cpu) {
+  if (w.better_policy == "mixed_bfloat16") {
+    return absl::StrCat("castor's bfloat16 GEMMs run on this CPU's ",
+                        cpu.amx_bf16 && !cpu.amx_switched_off ? "AMX" : "AVX512-BF16",
+                        ", and it saves the same memory");
+  }
+  if (w.better_policy == "mixed_float16") {
+    return "this GPU has float16 tensor cores, and it saves the same memory";
+  }
+  return absl::StrCat("no 16-bit float is native on this ",
+                      backend == PolicyFitBackend::kCpu ? "CPU" : "GPU", "; keep ", policy_name,
+                      " only for the memory it saves");
+}
+
+#if defined(CASTOR_POLICY_FIT_CPUID)
+// AVX512-FP16 (CPUID leaf 7 subleaf 0, EDX bit 23) with AVX-512 F/BW/VL
+// and the OS saving the ZMM state (XCR0 bits 1-2 and 5-7), as
+// avx512bf16_gemm.cc checks AVX512-BF16.
+bool DetectAvx512Fp16() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || ((ecx >> 27) & 1u) == 0) return false;
+  unsigned xcr0_lo = 0, xcr0_hi = 0;  // XGETBV(0): the state the OS enables
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  constexpr unsigned kZmmState = 0xe6;  // SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM
+  if ((xcr0_lo & kZmmState) != kZmmState) return false;
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+  const bool f = (ebx >> 16) & 1u, bw = (ebx >> 30) & 1u, vl = (ebx >> 31) & 1u;
+  return f && bw && vl && ((edx >> 23) & 1u) != 0;
+}
+#else
+bool DetectAvx512Fp16() { return false; }
+#endif
+
+}  // namespace
+
+std::optional<PolicyFitWarning> CheckPolicyFit(const std::string& policy_name,
+                                               DType compute_dtype, PolicyFitBackend backend,
+                                               const CpuPrecisionFeatures& cpu,
+                                               const GpuPrecisionFeatures& gpu) {
+  if (compute_dtype != DType::kFloat16 && compute_dtype != DType::kBFloat16) return std::nullopt;
+  std::optional<PolicyFitWarning> w = backend == PolicyFitBackend::kCpu
+                                          ? CheckCpu(compute_dtype, cpu)
+                                          : CheckGpu(compute_dtype, gpu);
+  if (!w.has_value()) return std::nullopt;
+  w->message = absl::StrCat("policy ", policy_name, " cannot pay on this ",
+                            backend == PolicyFitBackend::kCpu ? "CPU" : "GPU", ": ",
+                            w->hardware_fact, ", so ", w->effect, ". Better here: ",
+                            w->better_policy, " (",
+                            BetterBecause(*w, policy_name, backend, cpu), ")");
+  return w;
+}
+
+CpuPrecisionFeatures DetectCpuPrecisionFeatures() {
+  static const bool avx512_fp16 = DetectAvx512Fp16();
+  CpuPrecisionFeatures cpu;
+  cpu.avx512_fp16 = avx512_fp16;
+  cpu.avx512_bf16 = cpu::Avx512Bf16Supported();
+  cpu.amx_bf16 = cpu::AmxBf16Supported();
+  cpu.avx512_bf16_switched_off = cpu.avx512_bf16 && !cpu::Avx512Bf16Available();
+  cpu.amx_switched_off = cpu.amx_bf16 && !cpu::AmxBf16Available();
+  return cpu;
+}
+
+namespace {
+
+// Device 0's facts, or nullopt when no GPU is usable.
+std::optional<GpuPrecisionFeatures> DetectGpu() {
+  const CudaProbe probe = ProbeCuda();
+  if (!probe.usable) return std::nullopt;
+  return GpuPrecisionFeatures{probe.device_name, probe.compute_capability_major,
+                              probe.compute_capability_minor};
+}
+
+// Why a policy that pays does (CheckPolicyFit said it does).
+std::string PaysBecause(DType compute_dtype, PolicyFitBackend backend,
+                        const CpuPrecisionFeatures& cpu) {
+  const char* dtype = compute_dtype == DType::kFloat16 ? "float16" : "bfloat16";
+  if (backend == PolicyFitBackend::kCuda) return absl::StrCat(dtype, " tensor cores");
+  return absl::StrCat("castor's bfloat16 GEMMs run on its ",
+                      cpu.amx_bf16 && !cpu.amx_switched_off ? "AMX" : "AVX512-BF16");
+}
+
+}  // namespace
+
+std::string PolicyFitWarningForThisMachine(const std::string& policy_name, DType compute_dtype,
+                                           PolicyFitBackend backend) {
+  if (compute_dtype != DType::kFloat16 && compute_dtype != DType::kBFloat16) return "";
+  GpuPrecisionFeatures gpu;
+  if (backend == PolicyFitBackend::kCuda) {
+    std::optional<GpuPrecisionFeatures> found = DetectGpu();
+    if (!found.has_value()) return "";
+    gpu = *found;
+  }
+  std::optional<PolicyFitWarning> w =
+      CheckPolicyFit(policy_name, compute_dtype, backend, DetectCpuPrecisionFeatures(), gpu);
+  return w.has_value() ? w->message : "";
+}
+
+std::string DescribePolicyFit(const CpuPrecisionFeatures& cpu,
+                              const std::optional<GpuPrecisionFeatures>& gpu) {
+  std::string text;
+  for (PolicyFitBackend backend : {PolicyFitBackend::kCpu, PolicyFitBackend::kCuda}) {
+    if (backend == PolicyFitBackend::kCuda && !gpu.has_value()) continue;
+    const char* where = backend == PolicyFitBackend::kCpu ? "CPU" : "GPU";
+    for (const auto& [name, dtype] : {std::pair<const char*, DType>{"mixed_float16",
+                                                                     DType::kFloat16},
+                                      {"mixed_bfloat16", DType::kBFloat16}}) {
+      std::optional<PolicyFitWarning> w =
+          CheckPolicyFit(name, dtype, backend, cpu, gpu.value_or(GpuPrecisionFeatures{}));
+      absl::StrAppend(&text, "policy fit: ",
+                      w.has_value() ? w->message
+                                    : absl::StrCat("policy ", name, " pays on this ", where, " (",
+                                                   PaysBecause(dtype, backend, cpu), ")"),
+                      "\n");
+    }
+  }
+  // CreateCudaBackend refuses devices older than 8.0 (cuda_backend.h).
+  if (gpu.has_value() && gpu->compute_capability_major < 8) {
+    absl::StrAppend(&text, "policy fit: castor's CUDA backend needs compute capability 8.0; ",
+                    GpuName(*gpu), " is older, so castor trains on the CPU here\n");
+  }
+  return text;
+}
+
+std::string DescribePolicyFitForThisMachine() {
+  return DescribePolicyFit(DetectCpuPrecisionFeatures(), DetectGpu());
+}
+
+}  // namespace castor
