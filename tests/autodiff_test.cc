@@ -439,6 +439,33 @@ TEST(GradientRuleTest, NormalizationsInTrainingForm) {
     Value* bias = check.Parameter("bias", {4});
     check.Check(check.Op("LayerNormalization", {x, scale, bias}), /*rtol=*/5e-3, /*atol=*/5e-4);
   }
+  // InstanceNormalization has one form from opset 6 (the check's loss needs 8).
+  for (int64_t opset : {8, 17}) {
+    SCOPED_TRACE(absl::StrCat("InstanceNormalization opset ", opset));
+    GradCheck check(opset);
+    Value* x = check.Parameter("x", {2, 3, 5});
+    Value* scale = check.Parameter("scale", {3}, 0.5f, 1.5f);
+    Value* bias = check.Parameter("bias", {3});
+    check.Check(check.Op("InstanceNormalization", {x, scale, bias},
+                         {Attribute::Float("epsilon", 1e-3f)}),
+                /*rtol=*/5e-3, /*atol=*/5e-4);
+  }
+  {  // nn.GroupNorm(2, 4) as torch.onnx.export writes it
+    GradCheck check;
+    Value* x = check.Parameter("x", {2, 4, 3, 1});
+    Value* gamma = check.Parameter("gamma", {4, 1, 1}, 0.5f, 1.5f);
+    Value* beta = check.Parameter("beta", {4, 1, 1});
+    Value* grouped = check.Op("Reshape", {x, check.Constant("grouped", Tensor::Int64s({2, 2, -1}))});
+    Tensor ones(DType::kFloat32, {2});
+    ones.data<float>()[0] = ones.data<float>()[1] = 1.0f;
+    Value* normalized = check.Op(
+        "InstanceNormalization",
+        {grouped, check.Constant("ones", std::move(ones)),
+         check.Constant("zeros", Tensor(DType::kFloat32, {2}))});
+    Value* back = check.Op("Reshape", {normalized, check.Op("Shape", {x})});
+    check.Check(check.Op("Add", {check.Op("Mul", {back, gamma}), beta}), /*rtol=*/5e-3,
+                /*atol=*/5e-4);
+  }
 }
 
 TEST(GradientRuleTest, SoftmaxCrossEntropyLossAndGather) {

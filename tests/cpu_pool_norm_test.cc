@@ -5,16 +5,24 @@
 // path against the reference and the generic path, NaN and infinities),
 // global pools, BatchNormalization in inference and training mode (and
 // castor's BatchNormalizationTraining, PyTorch's unbiased running variance),
-// LayerNormalization over every axis with its Mean/InvStdDev outputs. Also
-// runs the ONNX conformance cases of these ops.
+// LayerNormalization over every axis with its Mean/InvStdDev outputs,
+// InstanceNormalization and com.castor InstanceNormalizationGrad in every
+// dtype (odd and 1-element spatial sizes, a mean far from zero) and against
+// PyTorch's F.instance_norm / F.group_norm forward and backward
+// (tests/data/instance_norm_torch_reference.txt, written once by
+// tests/data/make_instance_norm_reference.py; GroupNorm in the form
+// torch.onnx.export writes). Also runs the ONNX conformance cases of these
+// ops.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -540,15 +548,337 @@ TEST(CpuLayerNorm, AxesAndStatisticsOutputs) {
   }
 }
 
+// ---- InstanceNormalization -----------------------------------------------------
+
+// InstanceNormalization in float64 over the (n, c) rows of X [N, C, ...].
+std::vector<double> RefInstanceNorm(const std::vector<int64_t>& dims, const std::vector<double>& x,
+                                    const std::vector<double>& scale,
+                                    const std::vector<double>& bias, double eps) {
+  const int64_t channels = dims[1], inner = Count(dims) / (dims[0] * dims[1]);
+  std::vector<double> y(x.size());
+  for (int64_t r = 0; r < dims[0] * channels; ++r) {
+    double m = 0, v = 0;
+    for (int64_t i = 0; i < inner; ++i) m += x[r * inner + i];
+    m /= static_cast<double>(inner);
+    for (int64_t i = 0; i < inner; ++i) v += (x[r * inner + i] - m) * (x[r * inner + i] - m);
+    v /= static_cast<double>(inner);
+    const int64_t c = r % channels;
+    for (int64_t i = 0; i < inner; ++i) {
+      y[r * inner + i] = (x[r * inner + i] - m) / std::sqrt(v + eps) * scale[c] + bias[c];
+    }
+  }
+  return y;
+}
+
+// The gradients of sum(InstanceNorm(X) * dY) in float64: dX, dScale, dBias.
+std::vector<std::vector<double>> RefInstanceNormGrad(const std::vector<int64_t>& dims,
+                                                     const std::vector<double>& dy,
+                                                     const std::vector<double>& x,
+                                                     const std::vector<double>& scale,
+                                                     double eps) {
+  const int64_t channels = dims[1], inner = Count(dims) / (dims[0] * dims[1]);
+  std::vector<double> dx(x.size()), d_scale(channels, 0.0), d_bias(channels, 0.0);
+  for (int64_t r = 0; r < dims[0] * channels; ++r) {
+    const int64_t c = r % channels;
+    double m = 0, v = 0;
+    for (int64_t i = 0; i < inner; ++i) m += x[r * inner + i];
+    m /= static_cast<double>(inner);
+    for (int64_t i = 0; i < inner; ++i) v += (x[r * inner + i] - m) * (x[r * inner + i] - m);
+    v /= static_cast<double>(inner);
+    const double inv = 1 / std::sqrt(v + eps);
+    double sum_dy = 0, sum_dy_xhat = 0;
+    for (int64_t i = 0; i < inner; ++i) {
+      sum_dy += dy[r * inner + i];
+      sum_dy_xhat += dy[r * inner + i] * (x[r * inner + i] - m) * inv;
+    }
+    d_scale[c] += sum_dy_xhat;
+    d_bias[c] += sum_dy;
+    for (int64_t i = 0; i < inner; ++i) {
+      const double x_hat = (x[r * inner + i] - m) * inv;
+      dx[r * inner + i] = scale[c] * inv *
+                          (dy[r * inner + i] - sum_dy / inner - x_hat * sum_dy_xhat / inner);
+    }
+  }
+  return {dx, d_scale, d_bias};
+}
+
+struct InstanceNormShape {
+  std::string name;
+  std::vector<int64_t> dims;
+  double offset;  // added to X: a mean far from zero
+};
+
+const std::vector<InstanceNormShape>& InstanceNormShapes() {
+  static const std::vector<InstanceNormShape> shapes = {
+      {"2-D odd", {2, 3, 5, 7}, 0.0},
+      {"1-element spatial", {3, 2, 1}, 0.0},
+      {"1x1 image", {1, 4, 1, 1}, 0.0},
+      {"3-D", {2, 2, 4, 3, 5}, 0.0},
+      {"long rows", {1, 2, 1031}, 0.0},
+      {"mean offset", {2, 3, 33}, 1.0},
+  };
+  return shapes;
+}
+
+// X of `shape` in `dtype` (the values it holds): uniform in [-1, 1) or, for
+// the offset case, a small spread around a mean that float32 sums of x and
+// x^2 would cancel (1e4 +- 0.5 in float32/64; 16-bit keeps a few bits of
+// spread: 300 +- 4 / 300 +- 16).
+std::vector<double> InstanceNormX(const InstanceNormShape& shape, DType dtype, unsigned seed) {
+  std::vector<double> x = Random(Count(shape.dims), seed);
+  if (shape.offset != 0.0) {
+    const bool wide = dtype == DType::kFloat32 || dtype == DType::kFloat64;
+    const double mean = wide ? 1e4 : 300.0;
+    const double spread = wide ? 0.5 : dtype == DType::kFloat16 ? 4.0 : 16.0;
+    for (double& v : x) v = mean + spread * v;
+  }
+  return RoundTo(dtype, x);
+}
+
+// bfloat16 InstanceNormalization is opset 22's.
+int64_t InstanceNormOpset(DType dtype) { return dtype == DType::kBFloat16 ? 22 : 17; }
+
+TEST(CpuInstanceNorm, MatchesFloat64ReferenceInEveryDType) {
+  const double eps = 1e-5f;  // the float attribute's value
+  for (const InstanceNormShape& shape : InstanceNormShapes()) {
+    for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+      SCOPED_TRACE(shape.name + " " + DTypeName(dt));
+      const int64_t channels = shape.dims[1];
+      const std::vector<double> x = InstanceNormX(shape, dt, 71);
+      const std::vector<double> scale = RoundTo(dt, Random(channels, 72));
+      const std::vector<double> bias = RoundTo(dt, Random(channels, 73));
+      const std::vector<double> y = RefInstanceNorm(shape.dims, x, scale, bias, eps);
+      const std::vector<Tensor> out = RunOk(
+          "InstanceNormalization",
+          {Make(dt, shape.dims, x), Make(dt, {channels}, scale), Make(dt, {channels}, bias)},
+          {Attribute::Float("epsilon", static_cast<float>(eps))}, InstanceNormOpset(dt));
+      ASSERT_EQ(out.size(), 1u);
+      EXPECT_EQ(out[0].dtype(), dt);
+      EXPECT_EQ(out[0].dims(), shape.dims);
+      // Statistics in float64 and one rounding on store: the dtype's half ulp
+      // (float64: the mean of values 1e4 +- 0.5 summed in another order is
+      // ~1e-11 off, relative to the spread).
+      const double rtol = dt == DType::kFloat64   ? 1e-10
+                          : dt == DType::kFloat32 ? 2e-7
+                          : dt == DType::kFloat16 ? 1e-3
+                                                  : 8e-3;
+      const double atol = dt == DType::kFloat64 ? 1e-9 : rtol * 1e-2;
+      ExpectNear(y, out[0], rtol, atol, "InstanceNorm Y");
+      if (Count(shape.dims) == shape.dims[0] * channels) {  // one value per row: Y = B
+        for (int64_t i = 0; i < out[0].num_elements(); ++i) {
+          EXPECT_EQ(out[0].GetDouble(i), bias[i % channels]) << "element " << i;
+        }
+      }
+    }
+  }
+  // The default epsilon is 1e-5: a constant row gives B + 0 * scale, a
+  // two-value row (+-1) gives +-1 / sqrt(1 + 1e-5) * scale + B.
+  const std::vector<Tensor> out =
+      RunOk("InstanceNormalization",
+            {Make(DType::kFloat64, {1, 1, 2}, {-1.0, 1.0}), Make(DType::kFloat64, {1}, {2.0}),
+             Make(DType::kFloat64, {1}, {0.5})},
+            {}, 7);
+  EXPECT_DOUBLE_EQ(out[0].GetDouble(1), 0.5 + 2.0 / std::sqrt(1.0 + 1e-5f));
+}
+
+TEST(CpuInstanceNormGrad, MatchesFloat64Reference) {
+  const double eps = 1e-4f;  // the float attribute's value
+  for (const InstanceNormShape& shape : InstanceNormShapes()) {
+    for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+      // A float32 scale with 16-bit activations (what autocast hands it) and
+      // a scale of X's dtype.
+      for (DType scale_dt : {DType::kFloat32, dt}) {
+        SCOPED_TRACE(shape.name + " X " + DTypeName(dt) + " scale " + DTypeName(scale_dt));
+        const int64_t channels = shape.dims[1];
+        const std::vector<double> x = InstanceNormX(shape, dt, 81);
+        const std::vector<double> dy = RoundTo(dt, Random(Count(shape.dims), 82));
+        const std::vector<double> scale = RoundTo(scale_dt, Random(channels, 83));
+        const std::vector<std::vector<double>> ref =
+            RefInstanceNormGrad(shape.dims, dy, x, scale, eps);
+        const std::vector<Attribute> attrs = {Attribute::Float("epsilon", static_cast<float>(eps))};
+        const std::vector<Tensor> all = RunOk(
+            "InstanceNormalizationGrad",
+            {Make(dt, shape.dims, dy), Make(dt, shape.dims, x), Make(scale_dt, {channels}, scale)},
+            attrs, 1, 3, kCastorDomain);
+        ASSERT_EQ(all.size(), 3u);
+        EXPECT_EQ(all[0].dtype(), dt);
+        EXPECT_EQ(all[1].dtype(), scale_dt);
+        // dX is a difference of terms of the size of dY: absolute slack of
+        // the dtype's rounding of values ~ scale * inv_std * |dY|.
+        const double r16 = dt == DType::kFloat32 ? 1e-6 : dt == DType::kFloat16 ? 1e-3 : 8e-3;
+        const double spread = shape.offset == 0.0 ? 1.0 : 0.1;  // inv_std up to ~4 or ~40
+        ExpectNear(ref[0], all[0], r16, r16 * 4 / spread, "dX");
+        const double rp = scale_dt == DType::kFloat32 ? 1e-6 : scale_dt == DType::kFloat16 ? 1e-3 : 8e-3;
+        ExpectNear(ref[1], all[1], rp, rp, "dScale");
+        ExpectNear(ref[2], all[2], rp, rp, "dBias");
+        // dX alone.
+        const std::vector<Tensor> dx_only = RunOk(
+            "InstanceNormalizationGrad",
+            {Make(dt, shape.dims, dy), Make(dt, shape.dims, x), Make(scale_dt, {channels}, scale)},
+            attrs, 1, 1, kCastorDomain);
+        EXPECT_EQ(testing::Values(dx_only[0]), testing::Values(all[0]));
+      }
+    }
+  }
+}
+
+struct TorchNormCase {
+  std::string name, kind;
+  int64_t groups = 0;
+  double epsilon = 0;
+  std::vector<int64_t> dims;
+  std::vector<double> x, weight, bias, y, r, dx, d_weight, d_bias;
+};
+
+std::vector<double> ReadLine(std::istream& in) {
+  std::string line;
+  std::getline(in, line);
+  std::istringstream words(line);
+  std::vector<double> values;
+  double v;
+  while (words >> v) values.push_back(v);
+  return values;
+}
+
+std::vector<TorchNormCase> LoadTorchNormCases() {
+  std::ifstream in(std::string(CASTOR_SOURCE_DIR) +
+                   "/tests/data/instance_norm_torch_reference.txt");
+  std::vector<TorchNormCase> cases;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("case ", 0) != 0) continue;
+    TorchNormCase c;
+    std::istringstream words(line.substr(5));
+    words >> c.name >> c.kind >> c.groups >> c.epsilon;
+    std::getline(in, line);
+    std::istringstream dims(line.substr(3));
+    int64_t d;
+    while (dims >> d) c.dims.push_back(d);
+    for (std::vector<double>* v :
+         {&c.x, &c.weight, &c.bias, &c.y, &c.r, &c.dx, &c.d_weight, &c.d_bias}) {
+      *v = ReadLine(in);
+    }
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
+// float32 values of `values` (exact: the generator wrote float32 values).
+Tensor F32Of(const std::vector<int64_t>& dims, const std::vector<double>& values) {
+  return Make(DType::kFloat32, dims, values);
+}
+
+TEST(CpuInstanceNorm, MatchesPyTorchInstanceNormAndGroupNormForwardAndBackward) {
+  const std::vector<TorchNormCase> cases = LoadTorchNormCases();
+  ASSERT_EQ(cases.size(), 5u) << "tests/data/instance_norm_torch_reference.txt";
+  for (const TorchNormCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const int64_t channels = c.dims[1];
+    const std::vector<Attribute> attrs = {
+        Attribute::Float("epsilon", static_cast<float>(c.epsilon))};
+    if (c.kind == "instance") {
+      const std::vector<Tensor> y = RunOk("InstanceNormalization",
+                                          {F32Of(c.dims, c.x), F32Of({channels}, c.weight),
+                                           F32Of({channels}, c.bias)},
+                                          attrs, 17);
+      ExpectNear(c.y, y[0], 1e-6, 1e-6, "Y");
+      const std::vector<Tensor> grads = RunOk(
+          "InstanceNormalizationGrad",
+          {F32Of(c.dims, c.r), F32Of(c.dims, c.x), F32Of({channels}, c.weight)}, attrs, 1, 3,
+          kCastorDomain);
+      ExpectNear(c.dx, grads[0], 1e-5, 1e-5, "dX");
+      ExpectNear(c.d_weight, grads[1], 1e-6, 1e-5, "dWeight");
+      ExpectNear(c.d_bias, grads[2], 1e-6, 1e-5, "dBias");
+      continue;
+    }
+    // GroupNorm as torch.onnx.export writes it: X reshaped to [N, G, -1],
+    // InstanceNormalization with scale ones[G] and B zeros[G], reshaped
+    // back, then * gamma[c] + beta[c] (here in float64: the Mul and Add).
+    const int64_t batch = c.dims[0], groups = c.groups;
+    const int64_t per_channel = Count(c.dims) / (batch * channels);
+    const std::vector<int64_t> grouped = {batch, groups, Count(c.dims) / (batch * groups)};
+    const std::vector<double> ones(groups, 1.0), zeros(groups, 0.0);
+    const std::vector<Tensor> normalized = RunOk(
+        "InstanceNormalization",
+        {F32Of(grouped, c.x), F32Of({groups}, ones), F32Of({groups}, zeros)}, attrs, 17);
+    const std::vector<double> x_hat = testing::Values(normalized[0]);
+    std::vector<double> y(x_hat.size()), dy_hat(x_hat.size()), d_gamma(channels, 0.0),
+        d_beta(channels, 0.0);
+    for (size_t i = 0; i < y.size(); ++i) {
+      const int64_t ch = (static_cast<int64_t>(i) / per_channel) % channels;
+      y[i] = x_hat[i] * c.weight[ch] + c.bias[ch];
+      dy_hat[i] = c.r[i] * c.weight[ch];  // Mul's gradient, float32 as castor's Mul gives it
+      d_gamma[ch] += c.r[i] * x_hat[i];
+      d_beta[ch] += c.r[i];
+    }
+    std::vector<double> expected_y = c.y;
+    for (size_t i = 0; i < y.size(); ++i) {
+      EXPECT_NEAR(y[i], expected_y[i], 1e-5 * (1 + std::fabs(expected_y[i]))) << "Y " << i;
+    }
+    const std::vector<Tensor> grads = RunOk(
+        "InstanceNormalizationGrad",
+        {F32Of(grouped, dy_hat), F32Of(grouped, c.x), F32Of({groups}, ones)}, attrs, 1, 3,
+        kCastorDomain);
+    ExpectNear(c.dx, grads[0], 1e-5, 1e-5, "dX");
+    for (int64_t ch = 0; ch < channels; ++ch) {
+      EXPECT_NEAR(d_gamma[ch], c.d_weight[ch], 1e-5 * (1 + std::fabs(c.d_weight[ch]))) << ch;
+      EXPECT_NEAR(d_beta[ch], c.d_bias[ch], 1e-5 * (1 + std::fabs(c.d_bias[ch]))) << ch;
+    }
+  }
+}
+
+TEST(CpuInstanceNorm, RefusesBadInputsByName) {
+  auto error = [](const std::string& op, std::vector<Tensor> inputs, int64_t opset,
+                  const std::string& domain) {
+    absl::StatusOr<std::vector<Tensor>> result = testing::RunNodeOf(
+        op, std::move(inputs), {}, opset, op == "InstanceNormalization" ? 1 : 3, domain);
+    EXPECT_FALSE(result.ok()) << op;
+    return result.ok() ? std::string() : std::string(result.status().message());
+  };
+  const Tensor c3 = Make(DType::kFloat32, {3}, {1, 2, 3});
+  // X of rank 2.
+  EXPECT_NE(error("InstanceNormalization", {Make(DType::kFloat32, {2, 3}, Random(6, 1)), c3, c3},
+                  17, "")
+                .find("rank >= 3"),
+            std::string::npos);
+  // A scale of 2 entries for 3 channels.
+  const std::string wrong_scale =
+      error("InstanceNormalization",
+            {Make(DType::kFloat32, {1, 3, 4}, Random(12, 2)),
+             Make(DType::kFloat32, {2}, {1, 1}), c3},
+            17, "");
+  EXPECT_NE(wrong_scale.find("InstanceNormalization"), std::string::npos) << wrong_scale;
+  EXPECT_NE(wrong_scale.find("scale"), std::string::npos) << wrong_scale;
+  // bfloat16 before opset 22.
+  const Tensor b3 = Make(DType::kBFloat16, {3}, {1, 2, 3});
+  EXPECT_NE(error("InstanceNormalization", {Make(DType::kBFloat16, {1, 3, 4}, Random(12, 3)), b3, b3},
+                  17, "")
+                .find("bfloat16"),
+            std::string::npos);
+  // The gradient op: a scale that is not [C], and dY of other dims.
+  const Tensor x = Make(DType::kFloat32, {2, 3, 4}, Random(24, 4));
+  EXPECT_NE(error("InstanceNormalizationGrad", {x, x, Make(DType::kFloat32, {4}, Random(4, 5))},
+                  1, kCastorDomain)
+                .find("scale"),
+            std::string::npos);
+  EXPECT_NE(error("InstanceNormalizationGrad",
+                  {Make(DType::kFloat32, {2, 3, 5}, Random(30, 6)), x, c3}, 1, kCastorDomain)
+                .find("dY"),
+            std::string::npos);
+}
+
 // ---- Conformance cases -------------------------------------------------------
 
 TEST(CpuPoolNormConformance, AllCasesPass) {
   const ConformanceSummary summary =
       RunConformanceCasesOf(Cpu(), {"MaxPool", "AveragePool", "GlobalAveragePool",
-                                    "GlobalMaxPool", "BatchNormalization", "LayerNormalization"});
+                                    "GlobalMaxPool", "BatchNormalization", "LayerNormalization",
+                                    "InstanceNormalization"});
   if (summary.ran() == 0) GTEST_SKIP() << "no conformance data under " << CASTOR_SHARED_DIR;
   for (const std::string& failure : summary.failures) ADD_FAILURE() << failure;
-  std::printf("conformance (pools, BatchNormalization, LayerNormalization): %d of %d pass\n",
+  std::printf(
+      "conformance (pools, BatchNormalization, LayerNormalization, InstanceNormalization): %d "
+      "of %d pass\n",
               summary.passed, summary.ran());
   EXPECT_GE(summary.ran(), 40);
 }

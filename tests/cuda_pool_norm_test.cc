@@ -5,7 +5,9 @@
 // statistics at opsets 9/14/15, spatial = 0, castor's
 // BatchNormalizationTraining), LayerNormalization (last axis
 // and last two axes, warp and block rows, broadcast Scale/B, optional
-// outputs, stash_type) and the com.castor gradients of each, in float32,
+// outputs, stash_type), InstanceNormalization (1- to 3-D, 1-element and
+// block-long rows, a mean far from zero; GroupNorm's [N, G, -1] form) and
+// the com.castor gradients of each, in float32,
 // float16 and bfloat16, over overlapping and disjoint windows, padding,
 // ceil_mode, auto_pad, dilations, odd sizes and tensors of >= 100k elements.
 #include <algorithm>
@@ -491,6 +493,68 @@ TEST(CudaLayerNormGrad, Gradients) {
                   SumTolerance(dtype));
         CheckGrad("LayerNormalizationGrad", {dy, x, scale}, attrs, 1,
                   "LayerNormGrad dX only " + what, SumTolerance(dtype));
+      }
+    }
+  }
+}
+
+// ---- InstanceNormalization ---------------------------------------------------------
+
+struct InstanceNormCase {
+  std::string name;
+  std::vector<int64_t> x_dims;
+  bool mean_offset = false;  // X far from zero: 1e4 + [0, 1) (16-bit: 300 + [0, 16))
+};
+
+const std::vector<InstanceNormCase>& InstanceNormCases() {
+  static const std::vector<InstanceNormCase> cases = {
+      {"2-D odd, warp rows", {4, 6, 7, 9}},
+      {"1-element spatial", {3, 5, 1}},
+      {"3-D", {2, 3, 4, 5, 3}},
+      {"block rows, >= 100k", {2, 3, 130, 131}},
+      {"GroupNorm form [N, G, -1]", {8, 4, 300}},
+      {"mean offset", {2, 3, 11, 13}, true},
+  };
+  return cases;
+}
+
+Tensor InstanceNormX(const InstanceNormCase& c, DType dtype, unsigned seed) {
+  if (!c.mean_offset) return RandomTensor(dtype, c.x_dims, seed, -2.0, 3.0);
+  return dtype == DType::kFloat32 ? RandomTensor(dtype, c.x_dims, seed, 1e4, 1e4 + 1.0)
+                                  : RandomTensor(dtype, c.x_dims, seed, 300.0, 316.0);
+}
+
+TEST(CudaInstanceNorm, ShapesAndDTypes) {
+  CASTOR_REQUIRE_CUDA();
+  for (const InstanceNormCase& c : InstanceNormCases()) {
+    for (DType dtype : CudaFloatTypes()) {
+      const int64_t channels = c.x_dims[1];
+      // bfloat16 InstanceNormalization is opset 22's.
+      const int64_t opset = dtype == DType::kBFloat16 ? 22 : 17;
+      Check("InstanceNormalization",
+            {InstanceNormX(c, dtype, 111), RandomTensor(dtype, {channels}, 112),
+             RandomTensor(dtype, {channels}, 113)},
+            {Attribute::Float("epsilon", 1e-4f)}, opset, 1,
+            "InstanceNorm " + c.name + " " + DTypeName(dtype));
+    }
+  }
+}
+
+TEST(CudaInstanceNormGrad, Gradients) {
+  CASTOR_REQUIRE_CUDA();
+  for (const InstanceNormCase& c : InstanceNormCases()) {
+    for (DType dtype : CudaFloatTypes()) {
+      const Tensor dy = RandomTensor(dtype, c.x_dims, 121);
+      const Tensor x = InstanceNormX(c, dtype, 122);
+      for (DType scale_dtype : ScaleDTypes(dtype)) {
+        const Tensor scale = RandomTensor(scale_dtype, {c.x_dims[1]}, 123);
+        const std::string what =
+            c.name + ", X " + DTypeName(dtype) + ", scale " + DTypeName(scale_dtype);
+        CheckGrad("InstanceNormalizationGrad", {dy, x, scale},
+                  {Attribute::Float("epsilon", 1e-4f)}, 3, "InstanceNormGrad " + what,
+                  SumTolerance(dtype));
+        CheckGrad("InstanceNormalizationGrad", {dy, x, scale}, {}, 1,
+                  "InstanceNormGrad dX only " + what, SumTolerance(dtype));
       }
     }
   }

@@ -581,6 +581,46 @@ absl::StatusOr<LayerNormGeometry> PlanLayerNorm(const KernelContext& ctx) {
   return g;
 }
 
+namespace {
+
+// X [N, C, D1, ...] of rank >= 3 as InstanceNorm rows (X is input `x_index`).
+absl::StatusOr<InstanceNormGeometry> InstanceNormRows(const KernelContext& ctx, int x_index) {
+  const TensorView& x = ctx.input(x_index);
+  if (x.dims.size() < 3) {
+    return ctx.Error(absl::StrCat("input ", x_index, " (X) must have rank >= 3 ([N, C, D1, ...]); "
+                                  "it is ", DimsToString(x.dims)));
+  }
+  InstanceNormGeometry g;
+  g.channels = x.dims[1];
+  g.rows = x.dims[0] * x.dims[1];
+  g.inner = DimsProduct(x.dims, 2, x.dims.size());
+  return g;
+}
+
+// Input i (`name`) of InstanceNormalization or its gradient must be [C].
+absl::Status RequireChannelVector(const KernelContext& ctx, int i, const char* name,
+                                  const InstanceNormGeometry& g, const TensorView& x) {
+  const std::vector<int64_t>& dims = ctx.input(i).dims;
+  if (dims.size() != 1 || dims[0] != g.channels) {
+    return ctx.Error(absl::StrCat("input ", i, " (", name, ") is ", DimsToString(dims),
+                                  "; expected [", g.channels, "] (C of X ", DimsToString(x.dims),
+                                  ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<InstanceNormGeometry> PlanInstanceNorm(const KernelContext& ctx) {
+  CASTOR_ASSIGN_OR_RETURN(const InstanceNormGeometry g, InstanceNormRows(ctx, 0));
+  const char* const names[] = {"X", "scale", "B"};
+  for (int i = 1; i <= 2; ++i) {
+    CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, i, names[i], 0, "X"));
+    CASTOR_RETURN_IF_ERROR(RequireChannelVector(ctx, i, names[i], g, ctx.input(0)));
+  }
+  return g;
+}
+
 absl::Status CheckConvInputs(const KernelContext& ctx, int64_t group, int64_t bias_size) {
   const TensorView& x = ctx.input(0);
   const TensorView& w = ctx.input(1);
@@ -965,6 +1005,15 @@ absl::StatusOr<LayerNormGeometry> PlanLayerNormGrad(const KernelContext& ctx) {
                                   " does not broadcast to X's normalised axes ",
                                   DimsToString(norm_dims)));
   }
+  return g;
+}
+
+absl::StatusOr<InstanceNormGeometry> PlanInstanceNormGrad(const KernelContext& ctx) {
+  const TensorView& x = ctx.input(1);
+  CASTOR_ASSIGN_OR_RETURN(const InstanceNormGeometry g, InstanceNormRows(ctx, 1));
+  CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 0, "dY", 1, "X"));
+  CASTOR_RETURN_IF_ERROR(RequireDims(ctx, 0, "dY", x.dims, "X's shape"));
+  CASTOR_RETURN_IF_ERROR(RequireChannelVector(ctx, 2, "scale", g, x));
   return g;
 }
 

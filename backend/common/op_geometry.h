@@ -7,9 +7,10 @@
 // one strided copy each, Pad's geometry and index rule, Shape's window,
 // ConstantOfShape's fill value, Clip's bound inputs, the axes Reduce*,
 // ArgMax/ArgMin and ReduceToShapeOf reduce over, BatchNormalization's
-// attributes and shapes, LayerNormalization's axis and parameters, the
-// input checks of Conv, ConvTranspose, ConvGrad, BatchNormalizationGrad,
-// LayerNormalizationGrad, GlobalAveragePoolGrad and
+// attributes and shapes, LayerNormalization's axis and parameters,
+// InstanceNormalization's layout, the input checks of Conv, ConvTranspose,
+// ConvGrad, BatchNormalizationGrad, LayerNormalizationGrad,
+// InstanceNormalizationGrad, GlobalAveragePoolGrad and
 // SoftmaxCrossEntropyLossGrad, GatherGrad's axis, and the lines
 // (Log)Softmax and their gradients normalise.
 // Each returns the node's error (through the KernelContext) for invalid
@@ -317,6 +318,18 @@ struct LayerNormGeometry {
 // not broadcast to X.
 absl::StatusOr<LayerNormGeometry> PlanLayerNorm(const KernelContext& ctx);
 
+// ---- InstanceNormalization ---------------------------------------------------
+
+// X [N, C, D1, ...] as `rows` = N * C rows of `inner` = D1 * ... elements;
+// row r belongs to channel r % channels.
+struct InstanceNormGeometry {
+  int64_t channels = 0, rows = 0, inner = 1;
+};
+
+// InstanceNormalization(X, scale, B)'s layout; errors for X of rank below
+// 3 and a scale or B not of X's dtype or not [C].
+absl::StatusOr<InstanceNormGeometry> PlanInstanceNorm(const KernelContext& ctx);
+
 // ---- SoftmaxCrossEntropyLoss, NegativeLogLikelihoodLoss ------------------------
 
 // The scores [batch, classes, d1, ...] seen as [batch, classes, inner], the
@@ -365,6 +378,11 @@ absl::StatusOr<BatchNormGradGeometry> PlanBatchNormGrad(const KernelContext& ctx
 // for dY not of X's dtype and dims, an axis out of range, and a scale that
 // does not broadcast to X's normalised axes.
 absl::StatusOr<LayerNormGeometry> PlanLayerNormGrad(const KernelContext& ctx);
+
+// InstanceNormalizationGrad(dY, X, scale)'s layout of X; errors for X of
+// rank below 3, dY not of X's dtype and dims, and a scale that is not [C]
+// (any float dtype).
+absl::StatusOr<InstanceNormGeometry> PlanInstanceNormGrad(const KernelContext& ctx);
 
 // GlobalAveragePoolGrad(dY, X)'s input checks: errors for X of rank below
 // 3 and dY not of X's dtype or not of GlobalAveragePool's output dims.

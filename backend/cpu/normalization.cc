@@ -17,6 +17,10 @@
 // (opset 15). `spatial` = 0 (opsets 7-8) normalises per [C, D1, ...] entry.
 // LayerNormalization: statistics over the axes from `axis` on; Scale and B
 // broadcast to X; optional Mean and InvStdDev outputs in stash_type's dtype.
+// InstanceNormalization: the statistics of each (n, c) row of X [N, C,
+// D1, ...] over D1, ...; Y = (x - mean) * (scale[c] * inv_std) + B[c] with
+// the centring and affine map in float64 too, so a mean far from zero
+// (|mean| >> std) costs no more than the input's own rounding.
 // Statistics accumulate in float64; elementwise math is float32 (float64 for
 // float64 inputs); 16-bit results round once on store. float32
 // BatchNormalization runs the vectorised loops of batch_norm_loops.h, and
@@ -328,6 +332,44 @@ absl::Status LayerNormKernel(KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+absl::Status InstanceNormKernel(KernelContext& ctx) {
+  const TensorView& x = ctx.input(0);
+  CASTOR_ASSIGN_OR_RETURN(const common::InstanceNormGeometry geometry,
+                          common::PlanInstanceNorm(ctx));
+  const int64_t channels = geometry.channels, rows = geometry.rows, inner = geometry.inner;
+  const double epsilon = ctx.GetFloat("epsilon", 1e-5f);
+  const std::vector<double> scale = ReadDoubles(ctx.input(1));
+  const std::vector<double> shift = ReadDoubles(ctx.input(2));
+  absl::StatusOr<TensorView*> y = ctx.Output(0, x.dtype, x.dims);
+  if (!y.ok()) return y.status();
+  const bool ok = DispatchFloat(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* xp = x.as<T>();
+    T* yp = (*y)->as<T>();
+    ParallelFor(0, rows, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const T* src = xp + r * inner;
+        T* dst = yp + r * inner;
+        LaneSums<1> sum;
+        sum.Add(inner, [&](int64_t i) { return std::array<double, 1>{LoadD(src[i])}; });
+        const double m = sum.Total(0) / static_cast<double>(inner);
+        LaneSums<1> squares;
+        squares.Add(inner, [&](int64_t i) {
+          const double dv = LoadD(src[i]) - m;
+          return std::array<double, 1>{dv * dv};
+        });
+        const double var = squares.Total(0) / static_cast<double>(inner);
+        const int64_t c = r % channels;
+        const double a = scale[c] / std::sqrt(var + epsilon);
+        const double b = shift[c];
+        for (int64_t i = 0; i < inner; ++i) StoreD(&dst[i], (LoadD(src[i]) - m) * a + b);
+      }
+    });
+  });
+  if (!ok) return ctx.Unimplemented(absl::StrCat("dtype ", DTypeName(x.dtype)));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void RegisterNormalizationKernels(KernelTable& table) {
@@ -335,6 +377,8 @@ void RegisterNormalizationKernels(KernelTable& table) {
   table.Register({kCastorDomain, "BatchNormalizationTraining", InputDTypeIn(0, kNormDTypes),
                   BatchNormKernel});
   table.Register({"", "LayerNormalization", InputDTypeIn(0, kNormDTypes), LayerNormKernel});
+  table.Register(
+      {"", "InstanceNormalization", InputDTypeIn(0, kNormDTypes), InstanceNormKernel});
 }
 
 }  // namespace castor::cpu

@@ -1,7 +1,8 @@
 // CPU kernels of BatchNormalizationGrad (training mode: batch statistics
-// recomputed from X over all axes but 1, biased variance) and
-// LayerNormalizationGrad (statistics over the axes from `axis` on),
-// castor's gradient ops (graph/ops/gradient_ops.cc). Both accumulate their
+// recomputed from X over all axes but 1, biased variance),
+// LayerNormalizationGrad (statistics over the axes from `axis` on) and
+// InstanceNormalizationGrad (statistics per (n, c) row over D1, ...),
+// castor's gradient ops (graph/ops/gradient_ops.cc). All accumulate their
 // statistics and parameter gradients in float64, skip the outputs nothing
 // reads (KernelContext::output_read), and run channels or rows in parallel
 // on backend/cpu/parallel.h; 16-bit inputs widen exactly and every output
@@ -288,11 +289,88 @@ absl::Status LayerNormGradKernel(KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// ---- InstanceNormalizationGrad -------------------------------------------------
+
+// Per (n, c) row of M elements, with x_hat = (x - mean) * inv_std:
+//   dX = scale[c] * inv_std * (dY - sum(dY) / M - x_hat * sum(dY * x_hat) / M)
+// and the row's sum(dY * x_hat) and sum(dY), which add over n (in order) to
+// dScale[c] and dBias[c].
+absl::Status InstanceNormGradKernel(KernelContext& ctx) {
+  const TensorView& x = ctx.input(1);
+  const TensorView& scale_view = ctx.input(2);
+  CASTOR_ASSIGN_OR_RETURN(const common::InstanceNormGeometry geometry,
+                          common::PlanInstanceNormGrad(ctx));
+  const int64_t channels = geometry.channels, rows = geometry.rows, inner = geometry.inner;
+  const double epsilon = ctx.GetFloat("epsilon", 1e-5f);
+  const Float32In xf(x);
+  const Float32In dyf(ctx.input(0));
+  const Float32In scale(scale_view);
+  std::optional<Float32Out> dx;
+  if (WantsOutput(ctx, 0)) {
+    CASTOR_ASSIGN_OR_RETURN(TensorView * dx_view, ctx.Output(0, x.dtype, x.dims));
+    dx.emplace(dx_view, /*overwritten=*/true);
+  }
+  std::vector<double> row_dy_xhat(static_cast<size_t>(rows)), row_dy(static_cast<size_t>(rows));
+  const double count = static_cast<double>(inner);
+  ParallelFor(0, rows, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const float* xr = xf.data() + r * inner;
+      const float* dyr = dyf.data() + r * inner;
+      LaneSums<1> sum;
+      sum.Add(inner, [&](int64_t j) { return std::array<double, 1>{xr[j]}; });
+      const double m = sum.Total(0) / count;
+      LaneSums<1> squares;
+      squares.Add(inner, [&](int64_t j) {
+        const double centred = xr[j] - m;
+        return std::array<double, 1>{centred * centred};
+      });
+      const double inv_std = 1.0 / std::sqrt(squares.Total(0) / count + epsilon);
+      LaneSums<2> dy_sums;  // dY, dY * x_hat
+      dy_sums.Add(inner, [&](int64_t j) {
+        const double d = dyr[j];
+        return std::array<double, 2>{d, d * ((xr[j] - m) * inv_std)};
+      });
+      row_dy[r] = dy_sums.Total(0);
+      row_dy_xhat[r] = dy_sums.Total(1);
+      if (!dx.has_value()) continue;
+      const double a = scale.data()[r % channels] * inv_std;
+      const double dy_mean = row_dy[r] / count;
+      const double dy_xhat_mean = row_dy_xhat[r] / count;
+      float* dxr = dx->data() + r * inner;
+      for (int64_t j = 0; j < inner; ++j) {
+        const double x_hat = (xr[j] - m) * inv_std;
+        dxr[j] = static_cast<float>(a * (dyr[j] - dy_mean - x_hat * dy_xhat_mean));
+      }
+    }
+  });
+  if (dx.has_value()) dx->Finish();
+  std::vector<double> d_scale(static_cast<size_t>(channels), 0.0),
+      d_bias(static_cast<size_t>(channels), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    d_scale[r % channels] += row_dy_xhat[r];
+    d_bias[r % channels] += row_dy[r];
+  }
+  if (WantsOutput(ctx, 1)) {
+    if (absl::Status st = WriteDoubles(ctx, 1, scale_view.dtype, scale_view.dims, d_scale);
+        !st.ok()) {
+      return st;
+    }
+  }
+  if (WantsOutput(ctx, 2)) {
+    if (absl::Status st = WriteDoubles(ctx, 2, scale_view.dtype, scale_view.dims, d_bias);
+        !st.ok()) {
+      return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void RegisterNormalizationGradKernels(KernelTable& table) {
   RegisterGradientKernel(table, "BatchNormalizationGrad", BatchNormGradKernel);
   RegisterGradientKernel(table, "LayerNormalizationGrad", LayerNormGradKernel);
+  RegisterGradientKernel(table, "InstanceNormalizationGrad", InstanceNormGradKernel);
 }
 
 }  // namespace castor::cpu

@@ -1,5 +1,6 @@
 // CUDA kernels: normalization family (ops of graph/ops/normalization.cc) and
-// the com.castor BatchNormalizationGrad / LayerNormalizationGrad, matching
+// the com.castor BatchNormalizationGrad / LayerNormalizationGrad /
+// InstanceNormalizationGrad, matching
 // backend/cpu/normalization.cc and backend/cpu/normalization_grad.cc.
 //
 // BatchNormalization: X [N, C, D1, ...] in float32/float16/bfloat16; scale,
@@ -27,6 +28,13 @@
 // sums, then one thread per scale element adds its columns' chunk sums in
 // a fixed order (deterministic, like every sum of this file), and the
 // result is rounded once into the scale's dtype.
+// InstanceNormalization / InstanceNormalizationGrad: the (n, c) slices of
+// X [N, C, D1, ...] are rows, laid out as LayerNorm's (warp or block per
+// row); the two float32 passes sum x - x[row start] so that a mean far
+// from zero does not cancel away the variance (the shift is the row's first
+// value: x - shift is exact where x is within a factor two of it).
+// InstanceNormalizationGrad writes each row's sum(dY) and sum(dY * x_hat)
+// and one thread per channel adds them over n in order.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -847,6 +855,179 @@ absl::Status LayerNormGradKernelFor(KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// ---- InstanceNormalization ------------------------------------------------------------
+
+// The statistics of a row of `inner` (> 0) elements from sums of x - shift,
+// shift = row_data[0]: x's centred value is (x - *shift) - *shifted_mean.
+template <typename Group, typename T>
+__device__ __forceinline__ void ShiftedRowStatistics(const T* row_data, int64_t inner,
+                                                     float epsilon, float* shift,
+                                                     float* shifted_mean, float* inv_std) {
+  const float k = ToFloat(row_data[0]);
+  float sum = 0.0f;
+  for (int64_t j = Group::Lane(); j < inner; j += Group::kSize) sum += ToFloat(row_data[j]) - k;
+  sum = Group::Sum(sum);
+  const float m = sum / static_cast<float>(inner);
+  float squares = 0.0f;
+  for (int64_t j = Group::Lane(); j < inner; j += Group::kSize) {
+    const float d = (ToFloat(row_data[j]) - k) - m;
+    squares += d * d;
+  }
+  squares = Group::Sum(squares);
+  *shift = k;
+  *shifted_mean = m;
+  *inv_std = 1.0f / sqrtf(squares / static_cast<float>(inner) + epsilon);
+}
+
+// Y = centred x * (scale[c] * inv_std) + B[c] per (n, c) row.
+template <typename T, int kRowThreads>
+__global__ void __launch_bounds__(kThreads)
+    InstanceNormKernel(const T* __restrict__ x, const float* __restrict__ scale,
+                       const float* __restrict__ bias, int64_t rows, int64_t channels,
+                       int64_t inner, float epsilon, T* __restrict__ y) {
+  using Group = RowGroup<kRowThreads>;
+  for (int64_t r = Group::FirstRow(); r < rows; r += Group::RowStep()) {
+    const T* xr = x + r * inner;
+    float shift = 0.0f, mean = 0.0f, inv_std = 0.0f;
+    ShiftedRowStatistics<Group>(xr, inner, epsilon, &shift, &mean, &inv_std);
+    const int64_t c = r % channels;
+    const float a = scale[c] * inv_std;
+    const float b = bias[c];
+    for (int64_t j = Group::Lane(); j < inner; j += kRowThreads) {
+      y[r * inner + j] = FromFloat<T>(((ToFloat(xr[j]) - shift) - mean) * a + b);
+    }
+  }
+}
+
+absl::Status InstanceNormKernelFor(KernelContext& ctx) {
+  const TensorView& x = ctx.input(0);
+  CASTOR_ASSIGN_OR_RETURN(const common::InstanceNormGeometry geometry,
+                          common::PlanInstanceNorm(ctx));
+  const int64_t rows = geometry.rows, inner = geometry.inner;
+  const float epsilon = ctx.GetFloat("epsilon", 1e-5f);
+  CASTOR_ASSIGN_OR_RETURN(TensorView * y, ctx.Output(0, x.dtype, x.dims));
+  if (rows == 0 || inner == 0) return absl::OkStatus();
+  CASTOR_ASSIGN_OR_RETURN(const float* scale, Float32Of(ctx, ctx.input(1)));
+  CASTOR_ASSIGN_OR_RETURN(const float* bias, Float32Of(ctx, ctx.input(2)));
+  return DispatchFloat(ctx, x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return LaunchRows(rows, inner, [&](auto row_threads, unsigned blocks) {
+      InstanceNormKernel<T, decltype(row_threads)::value><<<blocks, kThreads, 0, Stream(ctx)>>>(
+          x.as<T>(), scale, bias, rows, geometry.channels, inner, epsilon, y->as<T>());
+      return CheckLaunch(ctx);
+    });
+  });
+}
+
+// ---- InstanceNormalizationGrad ----------------------------------------------------------
+
+// Per (n, c) row: row_dy[r] = sum(dY), row_dy_xhat[r] = sum(dY * x_hat) and,
+// when dx is not null, dX = scale[c] * inv_std * (dY - sum(dY) / M - x_hat *
+// sum(dY * x_hat) / M).
+template <typename T, int kRowThreads>
+__global__ void __launch_bounds__(kThreads)
+    InstanceNormGradKernel(const T* __restrict__ dy, const T* __restrict__ x,
+                           const float* __restrict__ scale, int64_t rows, int64_t channels,
+                           int64_t inner, float epsilon, T* __restrict__ dx,
+                           float* __restrict__ row_dy, float* __restrict__ row_dy_xhat) {
+  using Group = RowGroup<kRowThreads>;
+  for (int64_t r = Group::FirstRow(); r < rows; r += Group::RowStep()) {
+    const T* xr = x + r * inner;
+    const T* dyr = dy + r * inner;
+    float shift = 0.0f, mean = 0.0f, inv_std = 0.0f;
+    ShiftedRowStatistics<Group>(xr, inner, epsilon, &shift, &mean, &inv_std);
+    float dy_sum = 0.0f, dy_xhat_sum = 0.0f;
+    for (int64_t j = Group::Lane(); j < inner; j += kRowThreads) {
+      const float g = ToFloat(dyr[j]);
+      dy_sum += g;
+      dy_xhat_sum += g * (((ToFloat(xr[j]) - shift) - mean) * inv_std);
+    }
+    dy_sum = Group::Sum(dy_sum);
+    dy_xhat_sum = Group::Sum(dy_xhat_sum);
+    if (Group::Lane() == 0) {
+      row_dy[r] = dy_sum;
+      row_dy_xhat[r] = dy_xhat_sum;
+    }
+    if (dx == nullptr) continue;  // uniform over the grid
+    const float a = scale[r % channels] * inv_std;
+    const float dy_mean = dy_sum / static_cast<float>(inner);
+    const float dy_xhat_mean = dy_xhat_sum / static_cast<float>(inner);
+    for (int64_t j = Group::Lane(); j < inner; j += kRowThreads) {
+      const float x_hat = ((ToFloat(xr[j]) - shift) - mean) * inv_std;
+      dx[r * inner + j] = FromFloat<T>(a * (ToFloat(dyr[j]) - dy_mean - x_hat * dy_xhat_mean));
+    }
+  }
+}
+
+// dScale[c] and dBias[c]: the row sums of rows c, c + channels, ... added in
+// order, one thread per channel.
+__global__ void InstanceNormParamTotalKernel(const float* __restrict__ row_dy,
+                                             const float* __restrict__ row_dy_xhat, int64_t rows,
+                                             int64_t channels, float* d_scale, float* d_bias) {
+  CASTOR_GRID_STRIDE(c, channels) {
+    float ds = 0.0f, db = 0.0f;
+    for (int64_t r = c; r < rows; r += channels) {
+      ds += row_dy_xhat[r];
+      db += row_dy[r];
+    }
+    d_scale[c] = ds;
+    d_bias[c] = db;
+  }
+}
+
+absl::Status InstanceNormGradKernelFor(KernelContext& ctx) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& x = ctx.input(1);
+  const TensorView& scale_view = ctx.input(2);
+  CASTOR_ASSIGN_OR_RETURN(const common::InstanceNormGeometry geometry,
+                          common::PlanInstanceNormGrad(ctx));
+  const int64_t channels = geometry.channels, rows = geometry.rows, inner = geometry.inner;
+  const float epsilon = ctx.GetFloat("epsilon", 1e-5f);
+  TensorView* dx = nullptr;
+  if (WantsOutput(ctx, 0)) {
+    CASTOR_ASSIGN_OR_RETURN(dx, ctx.Output(0, x.dtype, x.dims));
+  }
+  TensorView* d_scale = nullptr;
+  TensorView* d_bias = nullptr;
+  if (WantsOutput(ctx, 1)) {
+    CASTOR_ASSIGN_OR_RETURN(d_scale, ctx.Output(1, scale_view.dtype, scale_view.dims));
+  }
+  if (WantsOutput(ctx, 2)) {
+    CASTOR_ASSIGN_OR_RETURN(d_bias, ctx.Output(2, scale_view.dtype, scale_view.dims));
+  }
+  if (channels == 0) return absl::OkStatus();
+  // The float32 parameter gradients, zero when there are no rows.
+  CASTOR_ASSIGN_OR_RETURN(float* accumulators, FloatScratch(ctx, 2 * channels));
+  if (rows == 0 || inner == 0) {
+    CASTOR_CUDA_CALL(cudaMemsetAsync(
+        accumulators, 0, static_cast<size_t>(2 * channels) * sizeof(float), Stream(ctx)));
+  } else {
+    CASTOR_ASSIGN_OR_RETURN(const float* scale, Float32Of(ctx, scale_view));
+    CASTOR_ASSIGN_OR_RETURN(float* row_sums, FloatScratch(ctx, 2 * rows));
+    CASTOR_RETURN_IF_ERROR(DispatchFloat(ctx, x.dtype, [&](auto tag) -> absl::Status {
+      using T = typename decltype(tag)::type;
+      return LaunchRows(rows, inner, [&](auto row_threads, unsigned blocks) {
+        InstanceNormGradKernel<T, decltype(row_threads)::value>
+            <<<blocks, kThreads, 0, Stream(ctx)>>>(dy.as<T>(), x.as<T>(), scale, rows, channels,
+                                                   inner, epsilon,
+                                                   dx != nullptr ? dx->as<T>() : nullptr,
+                                                   row_sums, row_sums + rows);
+        return CheckLaunch(ctx);
+      });
+    }));
+    InstanceNormParamTotalKernel<<<Blocks(channels), kThreads, 0, Stream(ctx)>>>(
+        row_sums, row_sums + rows, rows, channels, accumulators, accumulators + channels);
+    CASTOR_RETURN_IF_ERROR(CheckLaunch(ctx));
+  }
+  if (d_scale != nullptr) {
+    CASTOR_RETURN_IF_ERROR(StoreFloat32(ctx, accumulators, channels, *d_scale));
+  }
+  if (d_bias != nullptr) {
+    CASTOR_RETURN_IF_ERROR(StoreFloat32(ctx, accumulators + channels, channels, *d_bias));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void RegisterNormalizationKernels(KernelTable& table) {
@@ -859,6 +1040,10 @@ void RegisterNormalizationKernels(KernelTable& table) {
                   BatchNormGradKernel});
   table.Register({kCastorDomain, "LayerNormalizationGrad", FloatDTypesIn(CudaFloatDTypes()),
                   LayerNormGradKernelFor});
+  table.Register({"", "InstanceNormalization", FloatDTypesIn(CudaFloatDTypes()),
+                  InstanceNormKernelFor});
+  table.Register({kCastorDomain, "InstanceNormalizationGrad", FloatDTypesIn(CudaFloatDTypes()),
+                  InstanceNormGradKernelFor});
 }
 
 }  // namespace castor::cuda

@@ -68,6 +68,10 @@ constexpr Entry kTable[] = {
     {"", "ReduceProd", kDeny, "PyTorch prod: fp32"},
     {"", "CumSum", kDeny, "PyTorch cumsum: fp32 (long sum)"},
     {"", "LayerNormalization", kDeny, "PyTorch layer_norm: fp32"},
+    {"", "InstanceNormalization", kDeny,
+     "PyTorch group_norm: fp32 (torch.onnx exports nn.GroupNorm as InstanceNormalization); "
+     "instance_norm is unlisted but its statistics are float32 (cudnn batch_norm), DESIGN.md "
+     "rule 2"},
     {"", "BatchNormalization", kDeny,
      "DESIGN.md rule 2: statistics and parameters float32 (Keras keeps BN float32)"},
     {"com.castor", "BatchNormalizationTraining", kDeny,
@@ -191,6 +195,8 @@ constexpr Entry kTable[] = {
     {"com.castor", "ResizeGrad", kFollow, "castor gradient op"},
     {"com.castor", "BatchNormalizationGrad", kDeny, "castor gradient op (deny like BatchNormalization)"},
     {"com.castor", "LayerNormalizationGrad", kDeny, "castor gradient op (deny like LayerNormalization)"},
+    {"com.castor", "InstanceNormalizationGrad", kDeny,
+     "castor gradient op (deny like InstanceNormalization)"},
     {"com.castor", "SoftmaxGrad", kDeny, "castor gradient op (deny like Softmax)"},
     {"com.castor", "LogSoftmaxGrad", kDeny, "castor gradient op (deny like LogSoftmax)"},
     {"com.castor", "SoftmaxCrossEntropyLossGrad", kDeny,

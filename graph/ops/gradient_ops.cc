@@ -8,6 +8,7 @@
 //   GlobalAveragePoolGrad(dY, X) -> dX
 //   BatchNormalizationGrad(dY, X, scale) -> (dX, dScale, dBias)   batch stats
 //   LayerNormalizationGrad(dY, X, scale) -> (dX, dScale, dBias)
+//   InstanceNormalizationGrad(dY, X, scale) -> (dX, dScale, dBias)
 //   SoftmaxGrad(dY, Y) -> dX, LogSoftmaxGrad(dY, Y) -> dX        one axis
 //   SoftmaxCrossEntropyLossGrad(dLoss, scores, labels[, weights]) -> dScores
 //   ReluGrad(dY, Y) -> dX
@@ -172,7 +173,12 @@ std::vector<AttrSpec> PoolAttributes() {
 
 // ---- normalisation -------------------------------------------------------------
 
-absl::Status InferNormGrad(InferenceContext& ctx, bool batch_norm) {
+// Which normalisation a (dY, X, scale) gradient op belongs to: BatchNorm
+// and InstanceNorm take a per-channel scale [C] (InstanceNorm's X has rank
+// >= 3), LayerNorm one over its normalised axes.
+enum class NormKind { kBatch, kInstance, kLayer };
+
+absl::Status InferNormGrad(InferenceContext& ctx, NormKind kind) {
   CASTOR_RETURN_IF_ERROR(RequireInputs(ctx, {"dY", "X", "scale"}));
   CASTOR_RETURN_IF_ERROR(RequireFloatInput(ctx, 1, "X"));
   CASTOR_RETURN_IF_ERROR(RequireFloatInput(ctx, 0, "dY", 1));
@@ -180,8 +186,12 @@ absl::Status InferNormGrad(InferenceContext& ctx, bool batch_norm) {
   CASTOR_RETURN_IF_ERROR(RequireSameShape(ctx, 0, "dY", 1, "X"));
   const Shape& x = ctx.input_shape(1);
   const Shape& scale = ctx.input_shape(2);
-  if (batch_norm) {
-    CASTOR_RETURN_IF_ERROR(RequireMinRank(ctx, 1, "X", 2, "[N, C, ...]"));
+  if (kind != NormKind::kLayer) {
+    if (kind == NormKind::kBatch) {
+      CASTOR_RETURN_IF_ERROR(RequireMinRank(ctx, 1, "X", 2, "[N, C, ...]"));
+    } else {
+      CASTOR_RETURN_IF_ERROR(RequireMinRank(ctx, 1, "X", 3, "[N, C, D1, ...]"));
+    }
     if (scale.rank_known() && scale.rank() != 1) {
       return ctx.Error(absl::StrCat("input 2 (scale) must be 1-D [C]; its shape is ",
                                     scale.ToString()));
@@ -414,15 +424,20 @@ void RegisterGradientOps(OpRegistry& registry) {
       "(dY, X) -> dX: GlobalAveragePool's gradient, dY / spatial size everywhere"));
   registry.Register(MakeGradDef(
       "BatchNormalizationGrad", 3, 3, 1, 3, {{"epsilon", AttrKind::kFloat, false}},
-      [](InferenceContext& ctx) { return InferNormGrad(ctx, true); },
+      [](InferenceContext& ctx) { return InferNormGrad(ctx, NormKind::kBatch); },
       "(dY, X, scale) -> (dX, dScale, dBias): training-mode BatchNormalization's gradients "
       "(batch statistics recomputed from X)"));
   registry.Register(MakeGradDef(
       "LayerNormalizationGrad", 3, 3, 1, 3,
       {{"axis", AttrKind::kInt, false}, {"epsilon", AttrKind::kFloat, false}},
-      [](InferenceContext& ctx) { return InferNormGrad(ctx, false); },
+      [](InferenceContext& ctx) { return InferNormGrad(ctx, NormKind::kLayer); },
       "(dY, X, scale) -> (dX, dScale, dBias): LayerNormalization's gradients (statistics "
       "recomputed from X)"));
+  registry.Register(MakeGradDef(
+      "InstanceNormalizationGrad", 3, 3, 1, 3, {{"epsilon", AttrKind::kFloat, false}},
+      [](InferenceContext& ctx) { return InferNormGrad(ctx, NormKind::kInstance); },
+      "(dY, X, scale) -> (dX, dScale, dBias): InstanceNormalization's gradients (per (n, c) "
+      "statistics recomputed from X)"));
   registry.Register(MakeGradDef(
       "SoftmaxGrad", 2, 2, 1, 1, {{"axis", AttrKind::kInt, false}},
       [](InferenceContext& ctx) { return InferElementwiseGrad(ctx, true); },

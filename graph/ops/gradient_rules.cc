@@ -1525,6 +1525,17 @@ absl::Status LayerNormalizationGradient(GradientBuilder& g) {
   return absl::OkStatus();
 }
 
+// InstanceNormalization: gradients of X, scale and B (the statistics are
+// recomputed from X by the gradient op).
+absl::Status InstanceNormalizationGradient(GradientBuilder& g) {
+  CASTOR_ASSIGN_OR_RETURN(
+      std::vector<Value*> grads,
+      g.Emit("InstanceNormalizationGrad", {g.output_grad(0), g.input(0), g.input(1)}, 3,
+             SharedAttributes(g.node(), {"epsilon"}), kCastorDomain));
+  for (int i = 0; i < 3; ++i) g.SetInputGrad(i, grads[i]);
+  return absl::OkStatus();
+}
+
 absl::Status SoftmaxGradient(GradientBuilder& g) {
   if (g.opset() < 13) {
     return absl::UnimplementedError("Softmax before opset 13 (coerced 2-D semantics)");
@@ -1809,6 +1820,7 @@ constexpr RuleEntry kRules[] = {
     {"GlobalMaxPool", GlobalMaxPoolGradient},
     {"BatchNormalization", BatchNormalizationGradient},
     {"LayerNormalization", LayerNormalizationGradient},
+    {"InstanceNormalization", InstanceNormalizationGradient},
     {"Softmax", SoftmaxGradient},
     {"LogSoftmax", LogSoftmaxGradient},
     {"SoftmaxCrossEntropyLoss", SoftmaxCrossEntropyLossGradient},

@@ -21,6 +21,13 @@
 // LayerNormalization (opset 17): normalizes over the axes from `axis` on;
 // the optional Mean and InvStdDev outputs have dtype `stash_type` (float32
 // by default) and X's shape with the normalized axes set to 1.
+// InstanceNormalization (opset 6+; opset 1's consumed_inputs form is not
+// taken): normalizes each (n, c) slice of X [N, C, D1, ...] over D1, ...
+// with its own mean and biased variance, then Y = norm * scale[c] + B[c].
+// torch.onnx.export writes nn.InstanceNorm*d as this op and nn.GroupNorm
+// as Reshape [N, G, -1] -> InstanceNormalization (scale ones[G], B
+// zeros[G]) -> Reshape -> Mul -> Add. T: float16/float32/float64, bfloat16
+// from opset 22.
 #include <string>
 #include <vector>
 
@@ -151,6 +158,35 @@ absl::Status InferLayerNormalization(InferenceContext& ctx) {
   return absl::OkStatus();
 }
 
+absl::Status InferInstanceNormalization(InferenceContext& ctx) {
+  CASTOR_RETURN_IF_ERROR(
+      ops::RequireDType(ctx, 0, ops::DTypesAt(ctx, {{1, kFloats}, {22, {DType::kBFloat16}}})));
+  CASTOR_RETURN_IF_ERROR(ops::RequireSameDType(ctx, 0, 2));
+  const Shape& x = ctx.input_shape(0);
+  if (x.rank_known() && x.rank() < 3) {
+    return ctx.Error(absl::StrCat("input X must have rank >= 3 ([N, C, D1, ...]); its shape is ",
+                                  x.ToString()));
+  }
+  Dim channels = x.rank_known() ? x[1] : Dim::Unknown();
+  const char* const names[] = {"X", "scale", "B"};
+  for (int i = 1; i <= 2; ++i) {
+    const Shape& p = ctx.input_shape(i);
+    if (!p.rank_known()) continue;
+    if (p.rank() != 1) {
+      return ctx.Error(absl::StrCat("input ", i, " (", names[i], ") must be 1-D [C]; its shape is ",
+                                    p.ToString()));
+    }
+    if (channels.is_static() && p[0].is_static() && p[0].value() != channels.value()) {
+      return ctx.Error(absl::StrCat("input ", i, " (", names[i], ") has ", p[0].value(),
+                                    " entries but X ", x.ToString(), " has ", channels.value(),
+                                    " channels"));
+    }
+    if (!channels.is_static() && !p[0].is_unknown()) channels = p[0];
+  }
+  ctx.SetOutput(0, ctx.input_dtype(0), x);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void RegisterNormalizationOps(OpRegistry& registry) {
@@ -203,6 +239,22 @@ void RegisterNormalizationOps(OpRegistry& registry) {
                       {"stash_type", AttrKind::kInt, false}};  // default 1 (float32)
     def.infer = InferLayerNormalization;
     def.summary = "normalizes X over the axes from `axis` on, then Y = norm * Scale + B";
+    registry.Register(std::move(def));
+  }
+  {
+    OpDef def;
+    def.op_type = "InstanceNormalization";
+    def.min_opset = kMinOnnxOpset;
+    def.max_opset = kMaxOnnxOpset;
+    def.min_inputs = 3;
+    def.max_inputs = 3;
+    def.min_outputs = 1;
+    def.max_outputs = 1;
+    def.attributes = {{"epsilon", AttrKind::kFloat, false}};  // default 1e-5
+    def.infer = InferInstanceNormalization;
+    def.summary =
+        "normalizes each (n, c) slice of X [N,C,D1,...] over D1,... then Y = norm * scale[c] + "
+        "B[c]";
     registry.Register(std::move(def));
   }
 }

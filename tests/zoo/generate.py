@@ -222,6 +222,26 @@ class IndexingNet(nn.Module):
         return self.head(torch.cat([s.flatten(1), z], 1))
 
 
+class GroupInstanceNormNet(nn.Module):
+    """nn.GroupNorm(4, 16) (torch.onnx writes Reshape [N, 4, -1] ->
+    InstanceNormalization(ones, zeros) -> Reshape -> Mul -> Add) and
+    nn.InstanceNorm2d(affine=True) (InstanceNormalization with its weight
+    and bias) between convolutions."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, stride=2, padding=1)
+        self.group_norm = nn.GroupNorm(4, 16)
+        self.conv2 = nn.Conv2d(16, 16, 3, stride=2, padding=1)
+        self.instance_norm = nn.InstanceNorm2d(16, affine=True)
+        self.head = nn.Linear(16, NUM_CLASSES)
+
+    def forward(self, x):
+        x = F.relu(self.group_norm(self.conv1(x)))
+        x = F.relu(self.instance_norm(self.conv2(x)))
+        return self.head(x.mean((2, 3)))
+
+
 # --------------------------------------------------------------------------
 # The model list
 # --------------------------------------------------------------------------
@@ -289,6 +309,7 @@ MODELS = {
     "causal_lm": (CausalLM, LM, True),
     "tiny_unet": (TinyUNet, IMG32, True),
     "indexing_net": (IndexingNet, IMG32, True),
+    "group_norm_net": (GroupInstanceNormNet, IMG32, False),
 }
 
 
