@@ -2,7 +2,7 @@
 #include "passes/unroll_recurrent.h"
 
 #include <algorithm>
-#include <cctype>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -231,19 +231,36 @@ class Emitter {
     return node->output(0);
   }
 
+  // A Constant node (never a float initializer: that would be a parameter);
+  // an integer constant below opset 9, where Constant holds only floats, is
+  // an int64 initializer.
   absl::StatusOr<Value*> Constant(Tensor tensor, const std::string& what) {
+    if (opset_ < 9 && tensor.dtype() == DType::kInt64) {
+      return graph_.AddInitializer(graph_.UniqueName(absl::StrCat(prefix_, "/", what)),
+                                   std::move(tensor));
+    }
     return Op("Constant", {}, what, {Attribute::TensorValue("value", std::move(tensor))});
   }
+  // The scalar index `index` (one constant per value, shared).
   absl::StatusOr<Value*> IndexScalar(int64_t index) {
-    Tensor scalar(DType::kInt64, {});
-    scalar.data<int64_t>()[0] = index;
-    return Constant(std::move(scalar), absl::StrCat("index_", index));
+    Value*& cached = index_scalars_[index];
+    if (cached == nullptr) {
+      Tensor scalar(DType::kInt64, {});
+      scalar.data<int64_t>()[0] = index;
+      CASTOR_ASSIGN_OR_RETURN(cached, Constant(std::move(scalar), absl::StrCat("index_", index)));
+    }
+    return cached;
   }
-  // The indices [begin, end) as a 1-D int64 constant (one per range).
+  // The indices [begin, end) as a 1-D int64 constant (one per range, shared).
   absl::StatusOr<Value*> IndexRange(int64_t begin, int64_t end) {
-    std::vector<int64_t> indices;
-    for (int64_t i = begin; i < end; ++i) indices.push_back(i);
-    return Constant(Tensor::Int64s(indices), absl::StrCat("range_", begin, "_", end));
+    Value*& cached = index_ranges_[{begin, end}];
+    if (cached == nullptr) {
+      std::vector<int64_t> indices;
+      for (int64_t i = begin; i < end; ++i) indices.push_back(i);
+      CASTOR_ASSIGN_OR_RETURN(cached, Constant(Tensor::Int64s(indices),
+                                               absl::StrCat("range_", begin, "_", end)));
+    }
+    return cached;
   }
   // A scalar of the node's float dtype.
   absl::StatusOr<Value*> FloatScalar(float value, const std::string& what) {
@@ -307,6 +324,8 @@ class Emitter {
   int64_t opset_;
   DType dtype_;
   int nodes_added_ = 0;
+  std::map<int64_t, Value*> index_scalars_;
+  std::map<std::pair<int64_t, int64_t>, Value*> index_ranges_;
   Value* clip_min_ = nullptr;
   Value* clip_max_ = nullptr;
 };
