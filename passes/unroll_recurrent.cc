@@ -191,22 +191,33 @@ std::optional<std::vector<int64_t>> ConstantInts(const Value* value) {
   return values;
 }
 
-absl::Status CheckSequenceLens(const Node& node, const CellSpec& spec) {
+// Whether sequence_lens needs masking: absent, or a constant equal to the
+// sequence length everywhere, needs none. Lengths outside [0, seq] and
+// masking below opset 9 (no Where, no integer Less) are refused.
+absl::StatusOr<bool> NeedsMasking(const Node& node, const CellSpec& spec, int64_t opset) {
   const Value* lens = node.input(4);
-  if (lens == nullptr) return absl::OkStatus();
+  if (lens == nullptr) return false;
   const std::optional<std::vector<int64_t>> values = ConstantInts(lens);
-  const bool all_full =
-      values.has_value() && std::all_of(values->begin(), values->end(),
-                                        [&spec](int64_t n) { return n == spec.seq; });
-  if (all_full) return absl::OkStatus();
-  return NodeError(
-      node, absl::StrCat("input 4 (sequence_lens, ", Quoted(lens->name()), ") ",
-                         values.has_value() ? "has lengths other than the sequence length "
-                                            : "is not a constant; ",
-                         values.has_value() ? absl::StrCat(spec.seq, " (", absl::StrJoin(*values, ", "), "); ")
-                                            : "",
-                         "castor unrolls every sequence to its full length and does not mask "
-                         "shorter ones: pad the batch and leave sequence_lens out"));
+  if (values.has_value()) {
+    for (int64_t n : *values) {
+      if (n < 0 || n > spec.seq) {
+        return NodeError(node, absl::StrCat("input 4 (sequence_lens, ", Quoted(lens->name()),
+                                            ") has length ", n, "; expected 0..", spec.seq,
+                                            " (the sequence length)"));
+      }
+    }
+    if (std::all_of(values->begin(), values->end(), [&spec](int64_t n) { return n == spec.seq; })) {
+      return false;
+    }
+  }
+  if (opset < 9) {
+    return NodeError(node, absl::StrCat("input 4 (sequence_lens, ", Quoted(lens->name()),
+                                        ") may be shorter than the sequence; castor masks the "
+                                        "steps past each length with Where, which needs opset 9 "
+                                        "(the model has ", opset, "): leave sequence_lens out "
+                                        "or export at opset 9 or later"));
+  }
+  return true;
 }
 
 // Emits the nodes of one rewrite, named after the recurrent node.
@@ -261,6 +272,23 @@ class Emitter {
                                                absl::StrCat("range_", begin, "_", end)));
     }
     return cached;
+  }
+  // The time index `t` as an int32 scalar (sequence_lens' dtype), shared.
+  absl::StatusOr<Value*> Int32Scalar(int64_t t) {
+    Value*& cached = int32_scalars_[t];
+    if (cached == nullptr) {
+      Tensor scalar(DType::kInt32, {});
+      scalar.data<int32_t>()[0] = static_cast<int32_t>(t);
+      CASTOR_ASSIGN_OR_RETURN(cached, Constant(std::move(scalar), absl::StrCat("time_", t)));
+    }
+    return cached;
+  }
+  // 0 of the node's float dtype, shared.
+  absl::StatusOr<Value*> Zero() {
+    if (zero_ == nullptr) {
+      CASTOR_ASSIGN_OR_RETURN(zero_, FloatScalar(0.0f, "zero"));
+    }
+    return zero_;
   }
   // A scalar of the node's float dtype.
   absl::StatusOr<Value*> FloatScalar(float value, const std::string& what) {
@@ -325,6 +353,8 @@ class Emitter {
   DType dtype_;
   int nodes_added_ = 0;
   std::map<int64_t, Value*> index_scalars_;
+  std::map<int64_t, Value*> int32_scalars_;
+  Value* zero_ = nullptr;
   std::map<std::pair<int64_t, int64_t>, Value*> index_ranges_;
   Value* clip_min_ = nullptr;
   Value* clip_max_ = nullptr;
@@ -364,8 +394,12 @@ absl::StatusOr<Value*> GruUpdate(Emitter& e, Value* z, Value* candidate, Value* 
   return e.Op("Add", {candidate, zd}, at + "h");
 }
 
+// `lengths` ([batch, 1] int32, or null): the steps at t >= lengths[b]
+// keep batch entry b's state and write zeros to Y (ONNX's sequence_lens;
+// the same rule for both directions, as a reverse pass meets the padding
+// first).
 absl::StatusOr<DirectionResult> UnrollDirection(Emitter& e, const Node& node, const CellSpec& spec,
-                                                int64_t d) {
+                                                int64_t d, Value* lengths) {
   const int64_t H = spec.hidden;
   const int64_t GH = spec.gates * H;
   const std::string dir = absl::StrCat("d", d);
@@ -437,6 +471,8 @@ absl::StatusOr<DirectionResult> UnrollDirection(Emitter& e, const Node& node, co
   for (int64_t step = 0; step < spec.seq; ++step) {
     const int64_t t = reverse ? spec.seq - 1 - step : step;
     const std::string at = absl::StrCat(dir, "/t", t, "/");
+    Value* const h_prev = h;
+    Value* const c_prev = c;
     CASTOR_ASSIGN_OR_RETURN(Value * xt, e.Take(projection, t, time_axis, at + "x"));  // [batch, GH]
     if (spec.kind == CellKind::kLstm) {
       Value* gates = xt;
@@ -530,6 +566,27 @@ absl::StatusOr<DirectionResult> UnrollDirection(Emitter& e, const Node& node, co
       CASTOR_ASSIGN_OR_RETURN(h, ClipAndActivate(e, spec, in, act[0], at + "h"));
     }
     result.h_by_time[t] = h;
+    if (lengths != nullptr) {
+      CASTOR_ASSIGN_OR_RETURN(Value * time, e.Int32Scalar(t));
+      CASTOR_ASSIGN_OR_RETURN(Value * valid, e.Op("Less", {time, lengths}, at + "in_sequence"));
+      CASTOR_ASSIGN_OR_RETURN(Value * zero, e.Zero());
+      CASTOR_ASSIGN_OR_RETURN(result.h_by_time[t], e.Op("Where", {valid, h, zero}, at + "y_masked"));
+      CASTOR_ASSIGN_OR_RETURN(h, e.Op("Where", {valid, h, h_prev != nullptr ? h_prev : zero},
+                                      at + "h_masked"));
+      if (c != nullptr) {
+        CASTOR_ASSIGN_OR_RETURN(c, e.Op("Where", {valid, c, c_prev != nullptr ? c_prev : zero},
+                                        at + "c_masked"));
+      }
+    }
+  }
+  if (lengths != nullptr) {  // a length-0 entry has zero Y_h / Y_c (as ONNX Runtime)
+    CASTOR_ASSIGN_OR_RETURN(Value * first, e.Int32Scalar(0));
+    CASTOR_ASSIGN_OR_RETURN(Value * nonempty, e.Op("Less", {first, lengths}, dir + "/nonempty"));
+    CASTOR_ASSIGN_OR_RETURN(Value * zero, e.Zero());
+    CASTOR_ASSIGN_OR_RETURN(h, e.Op("Where", {nonempty, h, zero}, dir + "/last_h"));
+    if (c != nullptr) {
+      CASTOR_ASSIGN_OR_RETURN(c, e.Op("Where", {nonempty, c, zero}, dir + "/last_c"));
+    }
   }
   result.last_h = h;
   result.last_c = c;
@@ -547,11 +604,16 @@ absl::StatusOr<std::string> FreeName(Graph& graph, Value* old_value) {
 absl::Status UnrollNode(Model& model, Node* node, CellKind kind, UnrollRecurrentReport& report) {
   Graph& graph = *model.graph;
   CASTOR_ASSIGN_OR_RETURN(CellSpec spec, ReadSpec(*node, kind));
-  CASTOR_RETURN_IF_ERROR(CheckSequenceLens(*node, spec));
-  Emitter e(graph, *node, model.OpsetVersion(""), node->input(0)->dtype());
+  const int64_t opset = model.OpsetVersion("");
+  CASTOR_ASSIGN_OR_RETURN(bool masked, NeedsMasking(*node, spec, opset));
+  Emitter e(graph, *node, opset, node->input(0)->dtype());
+  Value* lengths = nullptr;  // [batch, 1]
+  if (masked) {
+    CASTOR_ASSIGN_OR_RETURN(lengths, e.Unsqueeze(node->input(4), {1}, "lengths"));
+  }
   std::vector<DirectionResult> directions;
   for (int64_t d = 0; d < spec.directions; ++d) {
-    CASTOR_ASSIGN_OR_RETURN(DirectionResult result, UnrollDirection(e, *node, spec, d));
+    CASTOR_ASSIGN_OR_RETURN(DirectionResult result, UnrollDirection(e, *node, spec, d, lengths));
     directions.push_back(std::move(result));
   }
   // 4. The outputs, under the node's output names.

@@ -2,7 +2,8 @@
 // torch.onnx.export writes for nn.LSTM, nn.GRU, nn.RNN) into primitive ops
 // castor already runs and differentiates on both backends (MatMul, Add,
 // Sub, Mul, the activations, Clip, Gather, Transpose, Unsqueeze, Concat,
-// Constant), so forward, gradient and autocast need nothing of their own.
+// Constant; Less and Where for sequence_lens), so forward, gradient and
+// autocast need nothing of their own.
 // It runs first on an imported model, before canonicalize (which then
 // removes what nobody reads, e.g. an unread Y).
 //
@@ -18,6 +19,11 @@
 //      alpha/beta), LSTM peepholes P and input_forget, GRU
 //      linear_before_reset. A missing initial_h / initial_c is zeros: the
 //      first step leaves out the terms that read it.
+//   3b. sequence_lens (unless absent or a constant equal to the length):
+//      at steps t >= sequence_lens[b] batch entry b keeps its state and
+//      writes zeros to Y (Less + Where), which is ONNX's rule for both
+//      directions (a reverse pass meets the padding first); a length-0
+//      entry gets zero Y_h / Y_c, as ONNX Runtime gives.
 //   4. Y stacks the h of every step (Unsqueeze + Concat) in ONNX's layout
 //      (0: [seq, D, batch, H], 1: [batch, seq, D, H]); Y_h (and LSTM's Y_c)
 //      is the last step's state per direction. The outputs keep their
@@ -27,9 +33,8 @@
 //
 // Refused, naming the node and what to do: a sequence length that is not
 // a static number (export with a fixed sequence length), sequence_lens
-// that is not a constant equal to the sequence length for every batch
-// entry (no masking), the activations Affine and ScaledTanh, a wrong
-// number of activations.
+// that needs masking below opset 9 or holds a length outside [0, seq],
+// the activations Affine and ScaledTanh, a wrong number of activations.
 #pragma once
 
 #include <memory>

@@ -8,8 +8,9 @@ independent references, through `castor run`:
   2. ONNX Runtime on hand-built single-op models for what torch never writes:
      peepholes, clip, input_forget, initial states, activations with
      alpha/beta, reverse direction, layout 1 (opset 14), GRU with
-     linear_before_reset=0, sequence_lens equal to the length, and opsets 7
-     and 11 (Unsqueeze/Clip with attributes).
+     linear_before_reset=0, sequence_lens (equal to the length; shorter ones,
+     fed or constant, which castor masks), and opsets 7, 9 and 11
+     (Unsqueeze/Clip with attributes).
 Run with the virtual environment's interpreter (.venv/bin/python), which sees
 Debian's torch and onnx and PyPI's onnxruntime:
   recurrent_reference_check.py CASTOR_BINARY WORK_DIR
@@ -188,6 +189,21 @@ def ort_cases():
                    "X": (x, True)},
                   dict(hidden_size=hid, direction="bidirectional", activations=["Elu", "Tanh"],
                        activation_alpha=[0.7]), ["Y", "Y_h"], 17))
+    # sequence_lens shorter than the sequence: masked steps keep the state
+    # and write zeros to Y (fed at run time, or a constant; both directions).
+    short_lens = np.array([4, 2, 0], dtype=np.int32)
+    cases.append(("ort_lstm_bidirectional_sequence_lens_fed", "LSTM",
+                  dict(weights(4, 2), X=(x, True), sequence_lens=(short_lens, True),
+                       initial_h=(random(rng, 2, batch, hid), True),
+                       initial_c=(random(rng, 2, batch, hid), True)),
+                  dict(hidden_size=hid, direction="bidirectional"), ["Y", "Y_h", "Y_c"], 17))
+    cases.append(("ort_gru_reverse_sequence_lens_constant", "GRU",
+                  dict(weights(3, 1), X=(x, True), sequence_lens=(np.array([1, 3, 4], np.int32), False)),
+                  dict(hidden_size=hid, direction="reverse", linear_before_reset=1),
+                  ["Y", "Y_h"], 11))
+    cases.append(("ort_rnn_sequence_lens_fed", "RNN",
+                  dict(weights(1, 1), X=(x, True), sequence_lens=(np.array([3, 4, 1], np.int32), True)),
+                  dict(hidden_size=hid), ["Y", "Y_h"], 9))
     return cases
 
 

@@ -269,22 +269,53 @@ TEST(UnrollRecurrentTest, SymbolicSequenceLengthIsRefusedNamingTheNode) {
   EXPECT_THAT(report.status().message(), HasSubstr("export the model with a fixed sequence length"));
 }
 
-TEST(UnrollRecurrentTest, SequenceLensShorterThanTheSequenceIsRefused) {
+TEST(UnrollRecurrentTest, SequenceLensIsMaskedFromOpset9AndCheckedWhenConstant) {
   Tensor lens(DType::kInt32, {2});
   lens.data<int32_t>()[0] = 4;
   lens.data<int32_t>()[1] = 3;
-  Model model = LstmModel(17, Dim(4), {}, lens);
-  ASSERT_TRUE(InferTypes(model).ok());
-  absl::StatusOr<UnrollRecurrentReport> report = UnrollRecurrent(model);
-  ASSERT_FALSE(report.ok());
-  EXPECT_THAT(report.status().message(), HasSubstr("sequence_lens"));
-  EXPECT_THAT(report.status().message(), HasSubstr("4, 3"));
-  EXPECT_THAT(report.status().message(), HasSubstr("does not mask"));
+  {
+    Model model = LstmModel(17, Dim(4), {}, lens);
+    ASSERT_TRUE(InferTypes(model).ok());
+    ASSERT_TRUE(UnrollRecurrent(model).ok());
+    // Per step: Y, h, c; then the length-0 rule on the last h and c.
+    EXPECT_EQ(CountOps(*model.graph, "Where"), 4 * 3 + 2);
+  }
+  {
+    Model model = LstmModel(8, Dim(4), {}, lens);  // no Where below opset 9
+    ASSERT_TRUE(InferTypes(model).ok());
+    absl::StatusOr<UnrollRecurrentReport> report = UnrollRecurrent(model);
+    ASSERT_FALSE(report.ok());
+    EXPECT_THAT(report.status().message(), HasSubstr("LSTM node 'encoder/lstm'"));
+    EXPECT_THAT(report.status().message(), HasSubstr("needs opset 9 (the model has 8)"));
+  }
+  {
+    lens.data<int32_t>()[1] = 5;
+    Model model = LstmModel(17, Dim(4), {}, lens);
+    ASSERT_TRUE(InferTypes(model).ok());
+    absl::StatusOr<UnrollRecurrentReport> report = UnrollRecurrent(model);
+    ASSERT_FALSE(report.ok());
+    EXPECT_THAT(report.status().message(), HasSubstr("has length 5; expected 0..4"));
+  }
+  {
+    lens.data<int32_t>()[1] = 4;  // every entry the full length: nothing to mask
+    Model model = LstmModel(8, Dim(4), {}, lens);
+    ASSERT_TRUE(InferTypes(model).ok());
+    ASSERT_TRUE(UnrollRecurrent(model).ok());
+    EXPECT_EQ(CountOps(*model.graph, "Where"), 0);
+  }
+}
 
-  lens.data<int32_t>()[1] = 4;  // every entry the full length: nothing to mask
-  Model full = LstmModel(17, Dim(4), {}, lens);
-  ASSERT_TRUE(InferTypes(full).ok());
-  EXPECT_TRUE(UnrollRecurrent(full).ok());
+TEST(UnrollRecurrentTest, MaskedGruGradientsMatchFiniteDifferences) {
+  RecurrentModel m;
+  Node* gru = m.Build("GRU",
+                      {{"X", {kSeq, kBatch, kInput}}, {"W", {1, 3 * kHidden, kInput}},
+                       {"R", {1, 3 * kHidden, kHidden}}, {"B", {1, 6 * kHidden}}},
+                      2, {Attribute::Int("hidden_size", kHidden)});
+  Tensor lens(DType::kInt32, {kBatch});
+  lens.data<int32_t>()[0] = 2;
+  lens.data<int32_t>()[1] = 3;
+  gru->SetInput(4, ValueOrDie(m.graph().AddInitializer("lens", lens)));
+  m.CheckGradients();
 }
 
 TEST(UnrollRecurrentTest, UnsupportedActivationsAreRefusedNamingTheAttribute) {
