@@ -11,6 +11,10 @@ independent references, through `castor run`:
      linear_before_reset=0, sequence_lens (equal to the length; shorter ones,
      fed or constant, which castor masks), and opsets 7, 9 and 11
      (Unsqueeze/Clip with attributes).
+  3. The ONNX backend node cases of the three ops (test_lstm_*, test_gru_*,
+     test_rnn_seq_length, test_simple_rnn_*: 12 in onnx 1.12), which
+     ../shared/conformance does not hold: generated here from Debian's onnx
+     case definitions and run by `castor conformance` (all must pass).
 Run with the virtual environment's interpreter (.venv/bin/python), which sees
 Debian's torch and onnx and PyPI's onnxruntime:
   recurrent_reference_check.py CASTOR_BINARY WORK_DIR
@@ -243,13 +247,58 @@ def check_ort(castor, work):
     return lines
 
 
+# Generates onnx's node cases of op type argv[2] into argv[1], one process
+# per op type (onnx collects its cases once per process) (run by Debian's
+# interpreter: onnx 1.12's case modules need its protobuf, which takes a
+# bool for an int attribute, and the NumPy aliases it still uses).
+GENERATE_CASES = """
+import argparse, contextlib, io, sys, warnings
+import numpy as np
+for alias, value in (("float", float), ("int", int), ("bool", bool), ("object", object)):
+    try:
+        getattr(np, alias)
+    except AttributeError:
+        setattr(np, alias, value)
+from onnx.backend.test import cmd_tools
+with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+    warnings.simplefilter("ignore")
+    cmd_tools.generate_data(argparse.Namespace(output=sys.argv[1], op_type=sys.argv[2]))
+"""
+
+
+def check_onnx_node_cases(castor, work):
+    """Writes onnx's own LSTM/GRU/RNN node cases and runs castor conformance."""
+    out = os.path.join(work, "onnx_cases")
+    for op in ("LSTM", "GRU", "RNN"):
+        done = subprocess.run(["/usr/bin/python3", "-c", GENERATE_CASES, out, op],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            return [f"FAIL onnx_node_cases: generating {op}'s failed: {done.stderr.strip()[-600:]}"]
+    cases = os.path.join(work, "onnx_recurrent_cases")
+    os.makedirs(cases, exist_ok=True)
+    names = sorted(n for n in os.listdir(os.path.join(out, "node"))
+                   if any(k in n for k in ("lstm", "gru", "rnn")))
+    for name in names:
+        target = os.path.join(cases, name)
+        if not os.path.exists(target):
+            os.symlink(os.path.join(out, "node", name), target)
+    expected = os.path.join(work, "no_expected_failures.txt")
+    open(expected, "w").close()
+    done = subprocess.run([castor, "conformance", cases, "--expected-failures", expected],
+                          capture_output=True, text=True)
+    summary = (done.stdout.strip().splitlines() or [""])[-1]
+    status = "ok" if done.returncode == 0 and names else "FAIL"
+    detail = "" if status == "ok" else " " + done.stdout + done.stderr
+    return [f"{status} onnx_node_cases ({len(names)}: {', '.join(names)}): {summary}{detail}"]
+
+
 def main():
     if len(sys.argv) != 3:
         print(__doc__)
         return 2
     castor, work = sys.argv[1], sys.argv[2]
     os.makedirs(work, exist_ok=True)
-    lines = check_torch(castor, work) + check_ort(castor, work)
+    lines = check_torch(castor, work) + check_ort(castor, work) + check_onnx_node_cases(castor, work)
     print("\n".join(lines))
     failed = [line for line in lines if not line.startswith("ok")]
     print(f"{len(lines) - len(failed)} of {len(lines)} cases match")
