@@ -21,6 +21,7 @@
 #include "graph/onnx_io.h"
 #include "graph/status.h"
 #include "passes/model_loader.h"
+#include "passes/unroll_recurrent.h"
 #include "tools/args.h"
 #include "tools/cli.h"
 
@@ -334,6 +335,10 @@ CaseResult RunConformanceCase(const std::string& case_dir, Backend& backend) {
   absl::StatusOr<Model> model = LoadAndCheckModel((fs::path(case_dir) / "model.onnx").string());
   if (!model.ok()) {
     result.reason = absl::StrCat("load error: ", model.status().message());
+    return result;
+  }
+  if (absl::Status s = UnrollRecurrentIfAny(*model); !s.ok()) {  // LSTM/GRU/RNN
+    result.reason = absl::StrCat("load error: ", s.message());
     return result;
   }
   auto executor = Executor::Create(*model, backend);

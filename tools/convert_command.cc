@@ -13,6 +13,7 @@
 #include "graph/status.h"
 #include "passes/autocast.h"
 #include "passes/canonicalize.h"
+#include "passes/unroll_recurrent.h"
 #include "passes/model_loader.h"
 #include "passes/pass_manager.h"
 #include "passes/verifier.h"
@@ -203,7 +204,9 @@ int RunConvert(const std::vector<std::string>& args, std::ostream& out, std::ost
   }
   AutocastReport report;
   PassManager manager(manager_options);
-  manager.Add(MakeCanonicalizePass()).Add(MakeAutocastPass(*policy, autocast, &report));
+  manager.Add(MakeUnrollRecurrentPass())
+      .Add(MakeCanonicalizePass())
+      .Add(MakeAutocastPass(*policy, autocast, &report));
   PassContext context;
   if (absl::Status ran = manager.Run(*model, context); !ran.ok()) {
     // A refusal (converted under another policy) or a pass bug is a check

@@ -15,6 +15,7 @@
 #include "graph/shape_inference.h"
 #include "passes/autocast.h"
 #include "passes/canonicalize.h"
+#include "passes/unroll_recurrent.h"
 #include "passes/model_loader.h"
 #include "passes/pass_manager.h"
 #include "passes/verifier.h"
@@ -689,13 +690,13 @@ absl::StatusOr<std::string> InspectModel(const InspectOptions& options) {
   std::string canonicalized;  // what the canonicalize pass did, for the text report
   if (options.canonicalize) {
     PassManager manager;
-    manager.Add(MakeCanonicalizePass());
+    manager.Add(MakeUnrollRecurrentPass()).Add(MakeCanonicalizePass());
     PassContext context;
     if (absl::Status s = manager.Run(*model, context); !s.ok()) {
       return NameFile(s, options.model_path);
     }
-    canonicalized = context.notes.empty() ? "note: canonicalize: nothing to change\n"
-                                          : absl::StrCat("note: ", context.notes[0], "\n");
+    if (context.notes.empty()) canonicalized = "note: canonicalize: nothing to change\n";
+    for (const std::string& note : context.notes) absl::StrAppend(&canonicalized, "note: ", note, "\n");
   }
   if (!options.why_node.empty()) {
     absl::StatusOr<std::string> explained = ExplainNode(*model, options.why_node);
@@ -730,8 +731,8 @@ int RunInspect(const std::vector<std::string>& args, std::ostream& out, std::ost
                  &options.why_node)
       .AddSwitch("canonicalize",
                  "show the graph after the canonicalize pass, the one convert and train start "
-                 "from (no-op Casts and Identity nodes folded, nodes nobody reads removed), and "
-                 "what it changed",
+                 "from (no-op Casts and Identity nodes folded, nodes nobody reads removed, "
+                 "LSTM/GRU/RNN unrolled into primitive ops), and what it changed",
                  &options.canonicalize)
       .AddExample("castor inspect models/cnn_opset13.onnx")
       .AddExample("castor inspect cnn_fp16.onnx --why /fc2/Gemm")

@@ -15,6 +15,7 @@
 #include "graph/half.h"
 #include "graph/status.h"
 #include "passes/model_loader.h"
+#include "passes/unroll_recurrent.h"
 #include "tools/args.h"
 #include "tools/cli.h"
 #include "training/npy.h"
@@ -168,6 +169,11 @@ int RunRun(const std::vector<std::string>& args, std::ostream& out, std::ostream
   }
   absl::StatusOr<Model> model = LoadAndCheckModel(options.model_path);
   if (!model.ok()) return command.Fail(kExitBadInput, model.status());
+  // LSTM/GRU/RNN run as the primitive ops they unroll into.
+  if (absl::Status s = UnrollRecurrentIfAny(*model); !s.ok()) {
+    return command.Fail(absl::IsInternal(s) ? kExitFailure : kExitBadInput,
+                        NameFile(s, options.model_path));
+  }
   auto feeds = ReadFeeds(options.inputs, *model);
   if (!feeds.ok()) return command.Fail(kExitBadInput, feeds.status());
 

@@ -36,6 +36,7 @@
 #include "graph/status.h"
 #include "passes/autocast.h"
 #include "passes/canonicalize.h"
+#include "passes/unroll_recurrent.h"
 #include "passes/model_loader.h"
 #include "passes/pass_manager.h"
 #include "tools/args.h"
@@ -509,10 +510,13 @@ absl::StatusOr<Prepared> PrepareGraphAndData(TrainOptions& o, Start& start, std:
     PassManagerOptions import_options = manager_options;
     import_options.dump_input = true;
     PassManager import(import_options);
-    import.Add(MakeCanonicalizePass());
+    import.Add(MakeUnrollRecurrentPass()).Add(MakeCanonicalizePass());
     PassContext context;
     if (absl::Status s = import.Run(start.float32_model, context); !s.ok()) {
-      return CheckFailed(absl::StrCat(model_name, ": ", s.message()));
+      // A recurrent layer castor cannot unroll (a symbolic sequence length)
+      // is the model's input; a pass bug is a check that failed.
+      const std::string message = absl::StrCat(model_name, ": ", s.message());
+      return absl::IsInvalidArgument(s) ? BadInput(message) : CheckFailed(message);
     }
     for (const std::string& note : context.notes) out << "note: " << note << "\n";
   }

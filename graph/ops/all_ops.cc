@@ -20,6 +20,7 @@ void RegisterAllOps(OpRegistry& registry) {
   RegisterResizeOps(registry);
   RegisterMiscOps(registry);
   RegisterControlFlowOps(registry);
+  RegisterRecurrentOps(registry);
   RegisterGradientOps(registry);
   AssignAutocastCategories(registry);
   AssignGradientRules(registry);

@@ -20,6 +20,7 @@ void RegisterDataMovementOps(OpRegistry& registry);  // data_movement.cc
 void RegisterResizeOps(OpRegistry& registry);        // resize.cc
 void RegisterMiscOps(OpRegistry& registry);          // misc.cc (Cast, Constant, Identity, Dropout)
 void RegisterControlFlowOps(OpRegistry& registry);   // control_flow.cc (If, Loop)
+void RegisterRecurrentOps(OpRegistry& registry);     // recurrent.cc (LSTM, GRU, RNN)
 void RegisterGradientOps(OpRegistry& registry);     // gradient_ops.cc (com.castor)
 
 // The default autocast category of every op (autocast_table.cc), applied

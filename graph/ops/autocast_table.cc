@@ -45,6 +45,13 @@ constexpr Entry kTable[] = {
     {"", "Conv", kAllow, "PyTorch conv1d/2d/3d: lower_precision_fp; TF Conv2D/Conv3D: allow"},
     {"", "ConvTranspose", kAllow,
      "PyTorch conv_transpose*: lower_precision_fp; TF Conv2DBackpropInput: allow"},
+    // The recurrent layers never reach autocast: the unroll-recurrent pass
+    // rewrites them into MatMul, Add, Sigmoid, ... first (their categories
+    // then apply); the entries say what the layers are for `castor inspect`.
+    {"", "LSTM", kAllow, "PyTorch lstm_cell: lower_precision_fp (unrolled before autocast)"},
+    {"", "GRU", kAllow, "PyTorch gru_cell: lower_precision_fp (unrolled before autocast)"},
+    {"", "RNN", kAllow,
+     "PyTorch rnn_tanh_cell/rnn_relu_cell: lower_precision_fp (unrolled before autocast)"},
 
     // --- deny: numerically sensitive, kept float32 ---------------------------
     {"", "Exp", kDeny, "PyTorch exp: fp32; TF Exp: deny"},

@@ -173,6 +173,37 @@ class CausalLM(nn.Module):
         return self.head(self.norm(h))
 
 
+class LstmTokenClassifier(nn.Module):
+    """Embedding + 2-layer nn.LSTM (batch_first; exported as two ONNX LSTM
+    nodes, which castor's unroll-recurrent pass rewrites) + mean over time +
+    Linear."""
+
+    def __init__(self, vocab=VOCAB, d=32, hidden=32, classes=NUM_CLASSES):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.lstm = nn.LSTM(d, hidden, num_layers=2, batch_first=True)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, ids):
+        h, _ = self.lstm(self.embed(ids))
+        return self.head(h.mean(dim=1))
+
+
+class GruLM(nn.Module):
+    """Embedding + nn.GRU (batch_first; ONNX GRU with linear_before_reset=1)
+    + per-token LM head: logits [N, T, V] for next-token labels [N, T]."""
+
+    def __init__(self, vocab=VOCAB, d=32, hidden=48):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.gru = nn.GRU(d, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, ids):
+        h, _ = self.gru(self.embed(ids))
+        return self.head(h)
+
+
 # --------------------------------------------------------------------------
 # Image models for the indexing and Resize ops (torch.nn only)
 # --------------------------------------------------------------------------
@@ -307,6 +338,8 @@ MODELS = {
     "alexnet": (tv("alexnet"), IMG224, False),
     "token_classifier": (TokenClassifier, TOKENS, True),
     "causal_lm": (CausalLM, LM, True),
+    "lstm_token_classifier": (LstmTokenClassifier, TOKENS, True),
+    "gru_lm": (GruLM, LM, True),
     "tiny_unet": (TinyUNet, IMG32, True),
     "indexing_net": (IndexingNet, IMG32, True),
     "group_norm_net": (GroupInstanceNormNet, IMG32, False),
