@@ -157,9 +157,16 @@ absl::StatusOr<Tensor> ReadIdx(const std::string& path, uint32_t expected_magic,
           absl::StrCat(path, ": IDX dims ", DimsText(dims), "... are implausibly large"));
     }
   }
+  std::error_code error;
+  const uintmax_t file_size = fs::file_size(path, error);
+  // Deflate expands at most 1032:1, so a gzip file cannot hold more than
+  // 1032 bytes per byte: refused before the tensor is allocated.
+  if (input.compressed() && !error && elements > 1032 * static_cast<uint64_t>(file_size)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": truncated IDX file: dims ", DimsText(dims), " need ", elements,
+        " data bytes, more than the ", file_size, "-byte gzip file can hold"));
+  }
   if (!input.compressed()) {
-    std::error_code error;
-    const uintmax_t file_size = fs::file_size(path, error);
     if (!error && file_size != header_size + elements) {
       return absl::InvalidArgumentError(absl::StrCat(
           path, ": ", file_size < header_size + elements ? "truncated" : "over-long",
@@ -337,13 +344,20 @@ absl::StatusOr<std::string> ExtractZipMember(std::string_view bytes, const ZipMe
                                        " compressed bytes at offset ", data_offset,
                                        ", the file has ", bytes.size()));
   }
+  // Sizes are checked before `out` is allocated: a stored member holds its
+  // compressed bytes, and deflate expands at most 1032:1.
+  if (member.method == 0 && member.compressed_size != member.size) {
+    return BadZip(source, absl::StrCat("stored member sizes differ (", member.compressed_size,
+                                       " vs ", member.size, ")"));
+  }
+  if (member.method == 8 && member.size / 1032 > member.compressed_size) {
+    return BadZip(source, absl::StrCat("the directory records ", member.size,
+                                       " bytes, more than ", member.compressed_size,
+                                       " deflated bytes can hold"));
+  }
   std::string out(member.size, '\0');
   const auto* in = data + data_offset;
   if (member.method == 0) {
-    if (member.compressed_size != member.size) {
-      return BadZip(source, absl::StrCat("stored member sizes differ (", member.compressed_size,
-                                         " vs ", member.size, ")"));
-    }
     if (!out.empty()) std::memcpy(out.data(), in, out.size());
   } else if (member.method == 8) {
     z_stream stream{};
