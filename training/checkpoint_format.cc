@@ -17,11 +17,13 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <regex>
 #include <string_view>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "graph/confined_file.h"
 #include "graph/onnx_io.h"
@@ -29,7 +31,9 @@
 #include "graph/shape_inference.h"
 #include "graph/status.h"
 #include "graph/version.h"
+#include "passes/training_graph.h"
 #include "training/checkpoint_internal.h"
+#include "training/session.h"
 
 namespace castor::training {
 namespace {
@@ -642,6 +646,55 @@ Json TrainingStateToJson(const TrainingState& state) {
   return json;
 }
 
+// The settings --resume takes from the state, each on its own: the loss a
+// kind castor trains with, the data a --data form ("" : not recorded),
+// the extra entries (rng, tf32, ignore_index, freeze, train_only) well
+// formed. Errors name `source` and the field.
+absl::Status CheckRecordedSettings(const TrainingState& state, const std::string& source) {
+  if (absl::StatusOr<LossKind> loss = ParseLossKind(state.loss); !loss.ok()) {
+    return FieldError(source, "loss", absl::StrCat("is ", Quoted(state.loss), ": ",
+                                                   loss.status().message()));
+  }
+  const std::vector<std::string> data_files = absl::StrSplit(state.data, ',');
+  bool data_well_formed = state.data.empty() || data_files.size() == 1 ||
+                          data_files.size() == 2 || data_files.size() == 4;
+  for (const std::string& file : data_files) {
+    data_well_formed = data_well_formed && (state.data.empty() || !file.empty());
+    for (const char c : file) {
+      data_well_formed = data_well_formed && static_cast<unsigned char>(c) >= 0x20;
+    }
+  }
+  if (!data_well_formed) {
+    return FieldError(source, "data",
+                      absl::StrCat("is ", Quoted(state.data),
+                                   ", no --data form (a name, a directory or .npz, or 2 or 4 "
+                                   "comma-separated files)"));
+  }
+  for (const absl::Status& status :
+       {RecordedRngState(state).status(), RecordedTf32(state).status(),
+        RecordedIgnoreIndex(state).status()}) {
+    if (!status.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": ", status.message()));
+  }
+  for (const char* key : {kFreezeStateKey, kTrainOnlyStateKey}) {
+    const Json* pattern = state.extra.Find(key);
+    if (pattern == nullptr) continue;
+    bool parses = pattern->is_string();
+    if (parses) {
+      try {
+        std::regex compiled(pattern->as_string(), std::regex::ECMAScript);
+      } catch (const std::regex_error&) {
+        parses = false;
+      }
+    }
+    if (!parses) {
+      return FieldError(source, absl::StrCat("extra.", key),
+                        absl::StrCat("is ", pattern->Dump(-1),
+                                     ", not a regular expression (ECMAScript)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TrainingState> TrainingStateFromJson(const Json& json, const std::string& source) {
   if (!json.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": the state must be a JSON object"));
@@ -704,6 +757,7 @@ absl::StatusOr<TrainingState> TrainingStateFromJson(const Json& json, const std:
     if (!extra->is_object()) return FieldError(source, "extra", "must be an object");
     state.extra = *extra;
   }
+  CASTOR_RETURN_IF_ERROR(CheckRecordedSettings(state, source));
   return state;
 }
 
