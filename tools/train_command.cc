@@ -470,8 +470,8 @@ absl::Status FitDataToModel(const TrainOptions& o, const Graph& float32_graph,
       // step (a mismatch is bad input, exit 2, as in castor run).
       const Shape& want = input->shape();
       const std::vector<int64_t>& have = split->images.dims();
-      bool fits = want.rank() == static_cast<int>(have.size());
-      for (int axis = 1; fits && axis < want.rank(); ++axis) {
+      bool fits = !want.rank_known() || want.rank() == static_cast<int>(have.size());
+      for (int axis = 1; fits && want.rank_known() && axis < want.rank(); ++axis) {
         fits = !want[axis].is_static() || want[axis].value() == have[axis];
       }
       if (!fits) {
