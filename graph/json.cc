@@ -11,6 +11,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "graph/onnx_io.h"
+#include "graph/status.h"
 
 namespace castor {
 
@@ -648,12 +650,12 @@ absl::StatusOr<Json> Json::Parse(const std::string& text) {
 }
 
 absl::StatusOr<Json> ParseJsonFile(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return absl::NotFoundError(absl::StrCat(path, ": cannot open JSON file"));
-  std::ostringstream contents;
-  contents << file.rdbuf();
-  if (file.bad()) return absl::DataLossError(absl::StrCat(path, ": error reading JSON file"));
-  absl::StatusOr<Json> parsed = Json::Parse(contents.str());
+  // A regular file of bounded size: a FIFO or /dev/zero must not be read
+  // forever (ReadWholeFile refuses both before reading).
+  constexpr uint64_t kMaxJsonFileBytes = uint64_t{256} << 20;
+  CASTOR_ASSIGN_OR_RETURN(std::string contents,
+                          ReadWholeFile(path, kMaxJsonFileBytes, "the 256 MiB a JSON file may hold"));
+  absl::StatusOr<Json> parsed = Json::Parse(contents);
   if (!parsed.ok()) {
     return absl::Status(parsed.status().code(),
                         absl::StrCat(path, ": ", parsed.status().message()));

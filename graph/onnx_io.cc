@@ -37,6 +37,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
+#include "graph/confined_file.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "graph/status.h"
 
@@ -124,10 +125,6 @@ std::string DirectoryOf(const std::string& path) {
   return std::filesystem::path(path).parent_path().string();
 }
 
-std::string JoinPath(const std::string& dir, const std::string& file) {
-  return dir.empty() ? file : (std::filesystem::path(dir) / file).string();
-}
-
 // ----------------------------------------------------------------- tensors
 
 std::string TensorLabel(const onnx::TensorProto& proto) {
@@ -176,49 +173,19 @@ absl::StatusOr<Tensor> ReadExternalData(const onnx::TensorProto& proto,
     return absl::InvalidArgumentError(
         absl::StrCat(label, ": data_location is EXTERNAL but external_data has no 'location'"));
   }
-  const std::filesystem::path relative(location);
-  bool escapes = relative.is_absolute();
-  for (const std::filesystem::path& part : relative) escapes = escapes || part == "..";
-  if (escapes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        label, ": external data location '", location,
-        "' must be a relative path inside the model's directory (no absolute path, no '..')"));
-  }
   if (length >= 0 && static_cast<uint64_t>(length) != needed) {
     return absl::InvalidArgumentError(absl::StrCat(label, ": external data length ", length,
                                                    " does not match the tensor's ", needed,
                                                    " bytes"));
   }
-  const std::string path = JoinPath(base_dir, location);
-  // A symlink on the way (a directory `etc -> /etc` beside the model) must
-  // not lead outside the model's directory either.
-  std::error_code error;
-  const std::filesystem::path resolved = std::filesystem::canonical(path, error);
-  if (error) {
-    if (error == std::errc::no_such_file_or_directory) {
-      return absl::NotFoundError(
-          absl::StrCat(label, ": external data file ", path, " does not exist"));
-    }
-    return absl::InvalidArgumentError(
-        absl::StrCat(label, ": cannot resolve external data file ", path, ": ", error.message()));
-  }
-  const std::filesystem::path directory =
-      std::filesystem::canonical(base_dir.empty() ? "." : base_dir, error);
-  const std::filesystem::path inside = resolved.lexically_relative(directory);
-  if (error || inside.empty() || *inside.begin() == "..") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        label, ": external data location '", location, "' resolves to ", resolved.string(),
-        ", outside the model's directory ", directory.string(), " (a symlink on the way?)"));
-  }
-  const int fd = open(resolved.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    return ErrnoError(errno, absl::StrCat(label, ": cannot open external data file ", path));
-  }
+  CASTOR_ASSIGN_OR_RETURN(ConfinedFile file, OpenConfinedFile(base_dir, location,
+                                                               absl::StrCat(label, ": external data")));
+  const int fd = file.fd;
+  const std::string& path = file.path;
   struct stat info;
-  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+  if (fstat(fd, &info) != 0) {
     close(fd);
-    return absl::InvalidArgumentError(
-        absl::StrCat(label, ": external data file ", path, " is not a regular file"));
+    return ErrnoError(errno, absl::StrCat(label, ": cannot stat external data file ", path));
   }
   if (static_cast<uint64_t>(info.st_size) < needed ||
       static_cast<uint64_t>(offset) > static_cast<uint64_t>(info.st_size) - needed) {

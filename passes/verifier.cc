@@ -26,10 +26,11 @@ class Problems {
   bool empty() const { return count_ == 0; }
   absl::Status ToStatus() const {
     if (empty()) return absl::OkStatus();
+    // One line, as every error castor prints (problems separated by "; ").
     std::string text = absl::StrCat("graph verification failed (", count_, " problem",
-                                    count_ == 1 ? "" : "s", "):\n  ",
-                                    absl::StrJoin(lines_, "\n  "));
-    if (count_ > lines_.size()) absl::StrAppend(&text, "\n  ... and ", count_ - lines_.size(), " more");
+                                    count_ == 1 ? "" : "s", "): ",
+                                    absl::StrJoin(lines_, "; "));
+    if (count_ > lines_.size()) absl::StrAppend(&text, "; ... and ", count_ - lines_.size(), " more");
     return absl::FailedPreconditionError(text);
   }
 

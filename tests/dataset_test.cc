@@ -996,7 +996,7 @@ TEST(NamedNpzTest, CastorTrainFeedsSeveralInputsAndChecksLabels) {
                         {"labels.npy", Npy<int64_t>(DType::kInt64, {8}, {0, 1, 5, 0, 1, 2, 0, 1})}});
   const auto [bad_code, bad_out, bad_err] = train(bad_label, {"--max-steps", "1"});
   EXPECT_EQ(bad_code, 2);
-  EXPECT_THAT(bad_err, HasSubstr("bad_label.npz:labels: label 5 (element 2) is out of range "
+  EXPECT_THAT(bad_err, HasSubstr("bad_label.npz:labels: label 5 of sample 2 is out of range "
                                  "[0, 3): the output 'logits' [N,3] has 3 classes"));
   const std::string missing = NamedNpz(
       "missing_mask.npz", {{"input_ids.npy", ids},

@@ -201,8 +201,8 @@ TEST_F(TrainCommandTest, Tf32IsACudaSetting) {
 // CPU computes float32 exactly) and refuses a record that is not a bool. (Here a checkpoint trained on the CPU is edited to say TF32 ran, as
 // one trained with --tf32 on a GPU would.)
 // A checkpoint whose state says batch_size 0 (edited and written with
-// valid digests) is refused by --resume with exit 2 naming it; it divided
-// by zero (SIGFPE) before.
+// valid digests) is refused by --resume with exit 2 naming it (the state
+// reader range-checks it); it divided by zero (SIGFPE) before.
 TEST_F(TrainCommandTest, ResumeRefusesARecordedBatchSizeBelowOne) {
   const std::string ckpt = (dir_ / "ckpt").string();
   ASSERT_EQ(Train({"--max-steps", "1", "--checkpoint-dir", ckpt, "--backend", "cpu"}).code, 0);
@@ -217,7 +217,7 @@ TEST_F(TrainCommandTest, ResumeRefusesARecordedBatchSizeBelowOne) {
                              "cpu", "--checkpoint-dir", (dir_ / "resumed").string()},
                             out, err);
   EXPECT_EQ(code, 2) << err.str();
-  EXPECT_THAT(err.str(), HasSubstr("records batch_size 0; expected >= 1"));
+  EXPECT_THAT(err.str(), HasSubstr("field 'batch_size' is 0; expected >= 1"));
 }
 
 TEST_F(TrainCommandTest, ResumeKeepsTheCheckpointsTf32Setting) {

@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cuda_probe.h"
 #include "backend/policy_fit.h"
@@ -56,8 +57,28 @@ std::optional<int> Command::Parse(const std::vector<std::string>& args) const {
   return std::nullopt;
 }
 
+std::string OneLine(absl::string_view text) {
+  std::string line;
+  line.reserve(text.size());
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (c == '\n') {
+      line += "\\n";
+    } else if (c == '\r') {
+      line += "\\r";
+    } else if (c == '\t') {
+      line += "\\t";
+    } else if (byte < 0x20 || byte == 0x7f) {
+      line += absl::StrFormat("\\x%02x", byte);
+    } else {
+      line += c;
+    }
+  }
+  return line;
+}
+
 int Command::Fail(int code, absl::string_view message) const {
-  err_ << parser_.command() << ": error: " << message << "\n";
+  err_ << parser_.command() << ": error: " << OneLine(message) << "\n";
   return code;
 }
 

@@ -50,7 +50,8 @@ class Command {
   // kExitBadInput after printing the parse error.
   std::optional<int> Parse(const std::vector<std::string>& args) const;
 
-  // Prints `castor x: error: MESSAGE` on `err`; returns `code`.
+  // Prints `castor x: error: MESSAGE` on `err`, on one line (OneLine);
+  // returns `code`.
   int Fail(int code, absl::string_view message) const;
   int Fail(int code, const absl::Status& status) const { return Fail(code, status.message()); }
 
@@ -62,6 +63,11 @@ class Command {
   std::ostream& out_;
   std::ostream& err_;
 };
+
+// `text` on one line: newlines, tabs and other control characters
+// escaped (\n, \r, \t, \xNN), so a name holding them cannot forge or
+// split an error line.
+std::string OneLine(absl::string_view text);
 
 // --policy NAME / --policy-file FILE as a command resolves them.
 struct PolicyFlags {

@@ -16,6 +16,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -90,7 +91,13 @@ ArgParser MakeParser(TrainOptions& o) {
       "mixed_float16: initial scale 65536, x2 every 2000 good steps, x0.5 and the step skipped\n"
       "on inf/NaN gradients, naming the first node that went non-finite). Prints a progress\n"
       "line and a summary; --metrics writes JSONL; --checkpoint-dir saves checkpoints that\n"
-      "'castor verify' checks and --resume continues bit for bit.");
+      "'castor verify' checks and --resume continues bit for bit.\n"
+      "A run whose steps all fail stops with exit 1 and a diagnosis: after 5 steps in a row\n"
+      "skipped with an inf/NaN loss in float32 (NaN or inf data, divergence: no loss scale\n"
+      "helps), or 5 overflows in a row with the loss scale at its floor.\n"
+      "Exit codes: 0 trained; 1 a check failed while running (a step, a stopped run, a\n"
+      "checkpoint that is inconsistent); 2 bad input (flags, model, data, checkpoint file),\n"
+      "found before the first step where possible.");
   parser
       .AddOptionalPositional("MODEL", "the float32 ONNX model to train (not needed with --resume)",
                              &o.model_path)
@@ -256,6 +263,28 @@ absl::Status CheckFlags(const TrainOptions& o) {
   return absl::OkStatus();
 }
 
+// The paths the run writes, checked before any work: --checkpoint-dir
+// must not be a file, --metrics not a directory nor in a missing one.
+absl::Status CheckOutputPaths(const TrainOptions& o) {
+  std::error_code error;
+  if (!o.checkpoint_dir.empty() && std::filesystem::exists(o.checkpoint_dir, error) &&
+      !std::filesystem::is_directory(o.checkpoint_dir, error)) {
+    return BadInput(absl::StrCat("--checkpoint-dir ", o.checkpoint_dir,
+                                 " exists and is not a directory"));
+  }
+  if (!o.metrics_path.empty()) {
+    if (std::filesystem::is_directory(o.metrics_path, error)) {
+      return BadInput(absl::StrCat("--metrics ", o.metrics_path, " is a directory"));
+    }
+    const std::filesystem::path parent = std::filesystem::path(o.metrics_path).parent_path();
+    if (!parent.empty() && !std::filesystem::is_directory(parent, error)) {
+      return BadInput(absl::StrCat("--metrics ", o.metrics_path, ": no directory ",
+                                   parent.string()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Everything a run starts from: the float32 model, the policy, the trainer
 // options, and, when resuming, the saved state.
 struct Start {
@@ -284,11 +313,9 @@ std::string PolicyChangeRefusal(const std::string& path, const Policy& recorded,
   std::string message = absl::StrCat(
       "--resume: the checkpoint ", path, " was trained under policy '", recorded.name(), "' (",
       recorded.Digest(), "); the requested policy '", requested.name(), "' (",
-      requested.Digest(), ") differs:");
-  for (const std::string& line : training::DescribePolicyDifferences(recorded, requested)) {
-    absl::StrAppend(&message, "\n  ", line);
-  }
-  absl::StrAppend(&message, "\npass --allow-policy-change to re-run autocast under '",
+      requested.Digest(), ") differs: ",
+      absl::StrJoin(training::DescribePolicyDifferences(recorded, requested), "; "));
+  absl::StrAppend(&message, "; pass --allow-policy-change to re-run autocast under '",
                   requested.name(), "', or drop --policy to keep '", recorded.name(), "'");
   return message;
 }
@@ -304,8 +331,15 @@ absl::StatusOr<Start> StartFromCheckpoint(const TrainOptions& o, std::optional<P
     return found.status().code() == absl::StatusCode::kFailedPrecondition ? CheckFailed(message)
                                                                           : BadInput(message);
   }
-  for (const std::string& skipped : found->skipped) {
-    err << "castor train: warning: --resume skipped " << skipped << "\n";
+  // Newer checkpoints that fail verify are moved aside, so that the run
+  // can save into their directory and a later --resume does not meet them.
+  for (size_t k = 0; k < found->skipped.size(); ++k) {
+    const std::string& path = found->skipped_paths[k];
+    if (absl::Status moved = training::MoveCheckpointAside(path); !moved.ok()) {
+      return CheckFailed(absl::StrCat("--resume: ", found->skipped[k], "; ", moved.message()));
+    }
+    err << "castor train: warning: --resume: moved " << path << " aside to " << path
+        << training::kMovedAsideSuffix << ": " << found->skipped[k] << "\n";
   }
   training::Checkpoint& checkpoint = found->checkpoint;
   Start start(std::move(checkpoint.model), checkpoint.policy);
@@ -354,10 +388,6 @@ absl::StatusOr<Start> SetUpOrResume(TrainOptions& o, bool tf32_given,
           << "checkpoint decides it\n";
     }
     start->trainer_options = TakeCheckpointSettings(saved, start->resumed_from, o);
-    if (o.batch < 1) {  // a state edited and re-sealed: never divide by it
-      return BadInput(absl::StrCat("--resume: the checkpoint ", start->resumed_from,
-                                   " records batch_size ", o.batch, "; expected >= 1"));
-    }
     if (absl::Status recorded = training::RecordedIgnoreIndex(saved).status(); !recorded.ok()) {
       return BadInput(absl::StrCat("--resume: the checkpoint ", start->resumed_from, " ",
                                    recorded.message()));
@@ -438,6 +468,20 @@ absl::Status FitDataToModel(const TrainOptions& o, const Graph& float32_graph,
     if (split->size() == 0) continue;
     if (input != nullptr) {
       CASTOR_RETURN_IF_ERROR(training::FitDatasetToInput(*split, o.input, input->dtype()));
+      // The samples' shape against the input's static dims, before any
+      // step (a mismatch is bad input, exit 2, as in castor run).
+      const Shape& want = input->shape();
+      const std::vector<int64_t>& have = split->images.dims();
+      bool fits = !want.rank_known() || want.rank() == static_cast<int>(have.size());
+      for (int axis = 1; fits && want.rank_known() && axis < want.rank(); ++axis) {
+        fits = !want[axis].is_static() || want[axis].value() == have[axis];
+      }
+      if (!fits) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            split->images_source.empty() ? split->name : split->images_source, ": samples ",
+            Shape::FromDims(have).ToString(), " do not fit the model input '", o.input, "' ",
+            want.ToString()));
+      }
     }
     if (labels == nullptr) continue;
     if (prepared.graph.loss == LossKind::kMeanSquaredError ||
@@ -482,11 +526,15 @@ absl::Status FitDataToModel(const TrainOptions& o, const Graph& float32_graph,
     if (logits.rank() < 2 || !logits[logits.rank() - 1].is_static()) continue;
     const int64_t classes = logits[logits.rank() - 1].value();
     const int64_t* label = split->labels.data<int64_t>();
+    const int64_t per_sample = std::max<int64_t>(
+        1, split->labels.num_elements() / std::max<int64_t>(1, split->labels.dims()[0]));
     for (int64_t p = 0; p < split->labels.num_elements(); ++p) {
       if ((label[p] >= 0 && label[p] < classes) || label[p] == o.ignore_index) continue;
       return absl::InvalidArgumentError(absl::StrCat(
           split->labels_source.empty() ? split->name : split->labels_source, ": label ",
-          label[p], " (element ", p, ") is out of range [0, ", classes, "): the output '",
+          label[p], " of sample ", p / per_sample,
+          per_sample > 1 ? absl::StrCat(" (position ", p % per_sample, ")") : std::string(),
+          " is out of range [0, ", classes, "): the output '",
           prepared.graph.model_output, "' ", logits.ToString(), " has ", classes, " classes",
           o.ignore_index.has_value() ? absl::StrCat(" (--ignore-index ", *o.ignore_index, ")")
                                      : std::string()));
@@ -548,6 +596,12 @@ absl::StatusOr<Prepared> PrepareGraphAndData(TrainOptions& o, Start& start, std:
           ".npz keyed by the input names (and labels)");
     }
     o.input = float32_graph.inputs()[0]->name();
+  } else if (std::none_of(float32_graph.inputs().begin(), float32_graph.inputs().end(),
+                          [&o](const Value* input) { return input->name() == o.input; })) {
+    std::vector<std::string> names;
+    for (const Value* input : float32_graph.inputs()) names.push_back(input->name());
+    return BadInput(absl::StrCat("--input ", o.input, ": ", model_name, " has no input '",
+                                 o.input, "'; its inputs are ", absl::StrJoin(names, ", ")));
   }
   absl::StatusOr<Model> model = CloneModel(start.float32_model);
   if (!model.ok()) return CheckFailed(model.status().message());
@@ -711,25 +765,29 @@ absl::Status OpenMetrics(const TrainOptions& o, const Start& start, Session& ses
 // Step 3d: --checkpoint-dir. Saving into a directory that holds a later
 // checkpoint of another run (or branch) would interleave the two, pruning
 // by step would delete this run's files, and a later --resume DIR would
-// pick the other's: refused. Later checkpoints that do not read (--resume
-// skipped them) are moved aside to <name>.broken, kept for inspection.
+// pick the other's: refused. Later checkpoints that fail verify are moved
+// aside to <name>.broken, kept for inspection; temporary files of an
+// interrupted save are removed.
 absl::Status OpenCheckpointDir(const TrainOptions& o, const Start& start, Session& session,
                                std::ostream& err) {
   if (o.checkpoint_dir.empty()) return absl::OkStatus();
   const int64_t resumed_step = start.resumed.has_value() ? start.resumed->step : 0;
   absl::StatusOr<std::vector<training::CheckpointFile>> existing =
       training::ListCheckpoints(o.checkpoint_dir);
+  for (const std::string& removed : training::RemoveInterruptedWrites(o.checkpoint_dir)) {
+    err << "castor train: removed " << removed << ", left in --checkpoint-dir "
+        << o.checkpoint_dir << " by an interrupted save\n";
+  }
+  absl::StatusOr<training::FoundCheckpoint> later;
   while (start.resumed.has_value() && existing.ok() && !existing->empty() &&
          existing->back().step > resumed_step &&
-         !training::ReadCheckpoint(existing->back().path).ok()) {
+         !(later = training::FindLatestCheckpoint(existing->back().path)).ok()) {
     const std::string broken = existing->back().path;
-    std::error_code error;
-    std::filesystem::rename(broken, broken + ".broken", error);
-    if (error) {
-      return CheckFailed(absl::StrCat("cannot move ", broken, " aside: ", error.message()));
+    if (absl::Status moved = training::MoveCheckpointAside(broken); !moved.ok()) {
+      return CheckFailed(moved.message());
     }
-    err << "castor train: warning: moved the unreadable " << broken << " aside to " << broken
-        << ".broken\n";
+    err << "castor train: warning: moved " << broken << " aside to " << broken
+        << training::kMovedAsideSuffix << ": " << later.status().message() << "\n";
     existing->pop_back();
   }
   if (existing.ok() && !existing->empty() && existing->back().step > resumed_step) {
@@ -770,6 +828,12 @@ struct LoopTotals {
   std::optional<training::Evaluation> last_eval;
   std::string last_checkpoint;
 };
+
+// A run stops (exit 1) after this many steps in a row skipped with an
+// inf/NaN float32 loss (no loss scale can help), or when the loss scaler
+// diagnoses that many overflows in a row at its floor (LossScalerOptions::
+// floor_patience); --help says so.
+constexpr int64_t kMaxNonFiniteLosses = 5;
 
 // A step's warnings on stderr: a skipped step (and the first non-finite
 // node), the loss scaler's diagnosis, and once, graph replay that stopped
@@ -866,6 +930,7 @@ absl::StatusOr<LoopTotals> TrainLoop(const TrainOptions& o, const Start& start,
         saved.removed.empty() ? "" : absl::StrCat(", removed ", saved.removed.size(), " older"));
     return absl::OkStatus();
   };
+  int64_t non_finite_losses = 0;  // steps in a row skipped with an inf/NaN loss
   for (int64_t step = first_step; step <= total; ++step) {
     training::Batch b = batches.Next();
     const int64_t epoch = b.epoch;
@@ -886,6 +951,21 @@ absl::StatusOr<LoopTotals> TrainLoop(const TrainOptions& o, const Start& start,
     loss_ema = totals.steps_run == 1 ? r->loss : 0.95 * loss_ema + 0.05 * r->loss;
     WarnAboutStep(step, *r, trainer, live, replay_warned, err);
     if (session.metrics.is_open()) session.metrics << StepMetricsLine(step, epoch, *r, n, dt);
+    // A run in which every step is skipped learns nothing: stop it with the
+    // diagnosis (see --help) instead of finishing with exit 0.
+    non_finite_losses = r->skipped && !std::isfinite(r->loss) ? non_finite_losses + 1 : 0;
+    if (non_finite_losses >= kMaxNonFiniteLosses || !r->diagnosis.empty()) {
+      return CheckFailed(absl::StrCat(
+          "step ", step, ": stopped: ",
+          non_finite_losses >= kMaxNonFiniteLosses
+              ? absl::StrCat("the loss itself was inf/NaN in float32 for ", non_finite_losses,
+                             " steps in a row, each skipped: loss scaling cannot help; look for "
+                             "NaN or inf in the data (--data ", o.data,
+                             ") or lower the learning rate")
+              : r->diagnosis,
+          r->first_non_finite.empty() ? "" : absl::StrCat("; first non-finite: ",
+                                                         r->first_non_finite)));
+    }
     const double elapsed = Seconds(Clock::now() - totals.started);
     const std::string line = absl::StrFormat(
         "step %d/%d  loss %.4f  %s  scale %g  %.0f samples/s  eta %s", step, total, loss_ema,
@@ -1099,6 +1179,7 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
     return command.Fail(ExitCodeOf(status), status);
   };
   if (absl::Status s = CheckFlags(o); !s.ok()) return fail(s);
+  if (absl::Status s = CheckOutputPaths(o); !s.ok()) return fail(s);
   absl::StatusOr<Start> start = SetUpOrResume(o, parser.WasGiven("tf32"), args, out, err);
   if (!start.ok()) return fail(start.status());
   absl::StatusOr<Prepared> prepared = PrepareGraphAndData(o, *start, out);
@@ -1110,7 +1191,15 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   if (absl::Status s = OpenCheckpointDir(o, *start, session, err); !s.ok()) return fail(s);
   out << RunHeader(o, *start, *prepared, session);
   absl::StatusOr<LoopTotals> totals = TrainLoop(o, *start, *prepared, session, out, err);
-  if (!totals.ok()) return fail(totals.status());
+  if (!totals.ok()) {
+    // A fresh run that failed before its first step leaves no empty file.
+    if (session.metrics.is_open() && !start->resumed.has_value() && session.metrics.tellp() == 0) {
+      session.metrics.close();
+      std::error_code ignored;
+      std::filesystem::remove(o.metrics_path, ignored);
+    }
+    return fail(totals.status());
+  }
   if (absl::Status s = Report(o, *start, session, *totals, out); !s.ok()) return fail(s);
   return kExitOk;
 }

@@ -276,8 +276,10 @@ struct FoundCheckpoint {
   std::string path;
   Checkpoint checkpoint;
   // One line per newer checkpoint that was skipped: its path and why
-  // (unreadable, corrupt or inconsistent).
+  // (unreadable, corrupt or inconsistent: it fails `castor verify`), and
+  // the paths alone, in the same order.
   std::vector<std::string> skipped;
+  std::vector<std::string> skipped_paths;
 };
 // For --resume D|FILE. A file: read and checked (errors as ReadCheckpoint;
 // FailedPrecondition listing the inconsistencies). A directory: the newest
@@ -285,5 +287,19 @@ struct FoundCheckpoint {
 // in `skipped`; NotFound when the directory has no checkpoint, DataLoss
 // (listing each) when none is usable.
 absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& dir_or_file);
+
+// The suffix a checkpoint that fails verify gets when --resume moves it
+// aside ("ckpt-00000004.onnx.broken"): kept for inspection, no longer
+// listed, resumed from or pruned.
+inline constexpr char kMovedAsideSuffix[] = ".broken";
+// Renames `path` to `path` + kMovedAsideSuffix; the error names both.
+absl::Status MoveCheckpointAside(const std::string& path);
+
+// Removes what interrupted writes left in `dir`: temporary files of
+// castor's checkpoints ("ckpt-N.onnx.tmp.XXXXXX", "....data.tmp.XXXXXX")
+// and data files whose checkpoint is gone. Returns the names removed.
+// Other files are never touched. SaveToCheckpointDir runs it after each
+// save; castor train runs it when it opens --checkpoint-dir.
+std::vector<std::string> RemoveInterruptedWrites(const std::string& dir);
 
 }  // namespace castor::training

@@ -5,6 +5,7 @@
 // the differences between two policies.
 #include "training/checkpoint.h"
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -172,6 +173,34 @@ void CheckStateAgainstGraph(const Checkpoint& checkpoint, std::vector<std::strin
 
 namespace {
 
+// What --resume takes from the state besides the counters, checked as
+// --resume uses it, so that a checkpoint that verifies also resumes: the
+// loss a known kind, the output a graph output, the input a graph input
+// (or "" for the only one), the data a --data form (or "", not
+// recorded), and the extra
+// entries (rng, tf32, ignore_index, freeze, train_only) well formed.
+void CheckResumeSettings(const Checkpoint& checkpoint, std::vector<std::string>& problems) {
+  const TrainingState& state = checkpoint.state;
+  const Graph& graph = *checkpoint.model.graph;
+  auto names = [](const std::vector<Value*>& values) {
+    std::vector<std::string> result;
+    for (const Value* value : values) result.push_back(value->name());
+    return result;
+  };
+  const std::vector<std::string> outputs = names(graph.outputs());
+  if (std::find(outputs.begin(), outputs.end(), state.output) == outputs.end()) {
+    problems.push_back(absl::StrCat("the state's output ", Quoted(state.output),
+                                    " is not a model output (", absl::StrJoin(outputs, ", "),
+                                    ")"));
+  }
+  const std::vector<std::string> inputs = names(graph.inputs());
+  if (!state.input.empty() &&
+      std::find(inputs.begin(), inputs.end(), state.input) == inputs.end()) {
+    problems.push_back(absl::StrCat("the state's input ", Quoted(state.input),
+                                    " is not a model input (", absl::StrJoin(inputs, ", "), ")"));
+  }
+}
+
 // The record checks of FindCheckpointInconsistencies.
 void CheckRecord(const Checkpoint& checkpoint, std::vector<std::string>& problems,
                  std::vector<std::string>* notes) {
@@ -271,6 +300,7 @@ std::vector<std::string> FindCheckpointInconsistencies(const Checkpoint& checkpo
   CheckStateAgainstGraph(checkpoint, problems);
   if (!checkpoint.record.empty() && checkpoint.model.graph != nullptr) {
     CheckRecord(checkpoint, problems, notes);
+    CheckResumeSettings(checkpoint, problems);
   }
   return problems;
 }

@@ -108,19 +108,37 @@ absl::StatusOr<SavedCheckpoint> SaveToCheckpointDir(const std::string& dir,
       RemoveLeftovers(dir, FileNameOf(files[k].path), true, true, "");
     }
   }
+  RemoveInterruptedWrites(dir);
+  return saved;
+}
+
+std::vector<std::string> RemoveInterruptedWrites(const std::string& dir) {
   // Leftovers of checkpoints no longer present: data files, temporary files.
   static const std::regex kOwnFile(R"((ckpt-[0-9]{8,18}\.onnx)\..+)");
+  std::vector<std::string> removed;
   for (const std::string& file : FilesInDirectory(dir)) {
     std::smatch match;
     if (!std::regex_match(file, match, kOwnFile)) continue;
     const std::string base = match[1].str();
+    std::error_code error;
     const bool base_exists = fs::exists(fs::path(dir) / base, error);
     if ((IsStaleTempOf(file, base)) || (!base_exists && IsDataFileOf(file, base))) {
-      std::error_code ignored;
-      fs::remove(fs::path(dir) / file, ignored);
+      std::error_code remove_error;
+      if (fs::remove(fs::path(dir) / file, remove_error)) removed.push_back(file);
     }
   }
-  return saved;
+  return removed;
+}
+
+absl::Status MoveCheckpointAside(const std::string& path) {
+  const std::string aside = path + kMovedAsideSuffix;
+  std::error_code error;
+  fs::rename(path, aside, error);
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot move ", path, " aside to ", aside, ": ", error.message()));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& dir_or_file) {
@@ -146,16 +164,18 @@ absl::StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& dir_or_f
                                             ": no checkpoint (ckpt-<step>.onnx) in "
                                             "this directory"));
   }
-  std::vector<std::string> skipped;
+  std::vector<std::string> skipped, skipped_paths;
   for (auto it = files.rbegin(); it != files.rend(); ++it) {
     absl::StatusOr<Checkpoint> checkpoint = read_and_check(it->path);
     if (!checkpoint.ok()) {
       skipped.push_back(std::string(checkpoint.status().message()));
+      skipped_paths.push_back(it->path);
       continue;
     }
     FoundCheckpoint found(std::move(checkpoint).value());
     found.path = it->path;
     found.skipped = std::move(skipped);
+    found.skipped_paths = std::move(skipped_paths);
     return found;
   }
   return absl::DataLossError(

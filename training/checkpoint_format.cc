@@ -13,21 +13,27 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <regex>
 #include <string_view>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "google/protobuf/io/coded_stream.h"
+#include "graph/confined_file.h"
 #include "graph/onnx_io.h"
 #include "graph/sha256.h"
 #include "graph/shape_inference.h"
 #include "graph/status.h"
 #include "graph/version.h"
+#include "passes/training_graph.h"
 #include "training/checkpoint_internal.h"
+#include "training/session.h"
 
 namespace castor::training {
 namespace {
@@ -155,6 +161,29 @@ absl::StatusOr<double> NumberField(const Json& json, const std::string& source,
   CASTOR_ASSIGN_OR_RETURN(const Json* value, Required(json, source, field));
   if (!value->is_number()) return FieldError(source, field, "must be a number");
   return value->as_number();
+}
+
+// An integer field of at least `min` (a state edited and re-sealed must
+// not divide by zero or index before the data).
+absl::StatusOr<int64_t> IntFieldAtLeast(const Json& json, const std::string& source,
+                                        const std::string& field, int64_t min) {
+  CASTOR_ASSIGN_OR_RETURN(int64_t value, IntField(json, source, field));
+  if (value < min) return FieldError(source, field, absl::StrCat("is ", value, "; expected >= ", min));
+  return value;
+}
+
+// A finite number field in [min, max) (`above_min`: in (min, max)).
+absl::StatusOr<double> NumberFieldInRange(const Json& json, const std::string& source,
+                                          const std::string& field, double min, bool above_min,
+                                          double max = std::numeric_limits<double>::infinity()) {
+  CASTOR_ASSIGN_OR_RETURN(double value, NumberField(json, source, field));
+  if (!std::isfinite(value) || value < min || (above_min && value == min) || value >= max) {
+    return FieldError(source, field,
+                      absl::StrCat("is ", value, "; expected a finite number ",
+                                   above_min ? "> " : ">= ", min,
+                                   std::isinf(max) ? "" : absl::StrCat(" and < ", max)));
+  }
+  return value;
 }
 
 absl::StatusOr<bool> BoolField(const Json& json, const std::string& source,
@@ -532,13 +561,16 @@ absl::StatusOr<OptimizerOptions> OptimizerOptionsFromJson(const Json& json,
   absl::StatusOr<OptimizerKind> parsed = ParseOptimizerKind(kind);
   if (!parsed.ok()) return FieldError(source, "kind", std::string(parsed.status().message()));
   options.kind = *parsed;
-  CASTOR_ASSIGN_OR_RETURN(options.momentum, NumberField(json, source, "momentum"));
+  CASTOR_ASSIGN_OR_RETURN(options.momentum,
+                          NumberFieldInRange(json, source, "momentum", 0, false));
   CASTOR_ASSIGN_OR_RETURN(options.nesterov, BoolField(json, source, "nesterov"));
-  CASTOR_ASSIGN_OR_RETURN(options.beta1, NumberField(json, source, "beta1"));
-  CASTOR_ASSIGN_OR_RETURN(options.beta2, NumberField(json, source, "beta2"));
-  CASTOR_ASSIGN_OR_RETURN(options.eps, NumberField(json, source, "eps"));
-  CASTOR_ASSIGN_OR_RETURN(options.weight_decay, NumberField(json, source, "weight_decay"));
-  CASTOR_ASSIGN_OR_RETURN(options.clip_norm, NumberField(json, source, "clip_norm"));
+  CASTOR_ASSIGN_OR_RETURN(options.beta1, NumberFieldInRange(json, source, "beta1", 0, false, 1));
+  CASTOR_ASSIGN_OR_RETURN(options.beta2, NumberFieldInRange(json, source, "beta2", 0, false, 1));
+  CASTOR_ASSIGN_OR_RETURN(options.eps, NumberFieldInRange(json, source, "eps", 0, true));
+  CASTOR_ASSIGN_OR_RETURN(options.weight_decay,
+                          NumberFieldInRange(json, source, "weight_decay", 0, false));
+  CASTOR_ASSIGN_OR_RETURN(options.clip_norm,
+                          NumberFieldInRange(json, source, "clip_norm", 0, false));
   return options;
 }
 
@@ -569,12 +601,13 @@ absl::StatusOr<LrSchedule> LrScheduleFromJson(const Json& json, const std::strin
     return FieldError(source, "kind",
                       absl::StrCat("is ", Quoted(kind), "; expected constant, step or cosine"));
   }
-  CASTOR_ASSIGN_OR_RETURN(schedule.base_lr, NumberField(json, source, "base_lr"));
-  CASTOR_ASSIGN_OR_RETURN(schedule.warmup_steps, IntField(json, source, "warmup_steps"));
-  CASTOR_ASSIGN_OR_RETURN(schedule.step_size, IntField(json, source, "step_size"));
-  CASTOR_ASSIGN_OR_RETURN(schedule.gamma, NumberField(json, source, "gamma"));
-  CASTOR_ASSIGN_OR_RETURN(schedule.total_steps, IntField(json, source, "total_steps"));
-  CASTOR_ASSIGN_OR_RETURN(schedule.min_lr, NumberField(json, source, "min_lr"));
+  CASTOR_ASSIGN_OR_RETURN(schedule.base_lr, NumberFieldInRange(json, source, "base_lr", 0, true));
+  CASTOR_ASSIGN_OR_RETURN(schedule.warmup_steps,
+                          IntFieldAtLeast(json, source, "warmup_steps", 0));
+  CASTOR_ASSIGN_OR_RETURN(schedule.step_size, IntFieldAtLeast(json, source, "step_size", 1));
+  CASTOR_ASSIGN_OR_RETURN(schedule.gamma, NumberFieldInRange(json, source, "gamma", 0, true));
+  CASTOR_ASSIGN_OR_RETURN(schedule.total_steps, IntFieldAtLeast(json, source, "total_steps", 0));
+  CASTOR_ASSIGN_OR_RETURN(schedule.min_lr, NumberFieldInRange(json, source, "min_lr", 0, false));
   return schedule;
 }
 
@@ -613,15 +646,70 @@ Json TrainingStateToJson(const TrainingState& state) {
   return json;
 }
 
+// The settings --resume takes from the state, each on its own: the loss a
+// kind castor trains with, the data a --data form ("" : not recorded),
+// the extra entries (rng, tf32, ignore_index, freeze, train_only) well
+// formed. Errors name `source` and the field.
+absl::Status CheckRecordedSettings(const TrainingState& state, const std::string& source) {
+  if (absl::StatusOr<LossKind> loss = ParseLossKind(state.loss); !loss.ok()) {
+    return FieldError(source, "loss", absl::StrCat("is ", Quoted(state.loss), ": ",
+                                                   loss.status().message()));
+  }
+  const std::vector<std::string> data_files = absl::StrSplit(state.data, ',');
+  bool data_well_formed = state.data.empty() || data_files.size() == 1 ||
+                          data_files.size() == 2 || data_files.size() == 4;
+  for (const std::string& file : data_files) {
+    data_well_formed = data_well_formed && (state.data.empty() || !file.empty());
+    for (const char c : file) {
+      data_well_formed = data_well_formed && static_cast<unsigned char>(c) >= 0x20;
+    }
+  }
+  if (!data_well_formed) {
+    return FieldError(source, "data",
+                      absl::StrCat("is ", Quoted(state.data),
+                                   ", no --data form (a name, a directory or .npz, or 2 or 4 "
+                                   "comma-separated files)"));
+  }
+  for (const absl::Status& status :
+       {RecordedRngState(state).status(), RecordedTf32(state).status(),
+        RecordedIgnoreIndex(state).status()}) {
+    if (!status.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": ", status.message()));
+  }
+  for (const char* key : {kFreezeStateKey, kTrainOnlyStateKey}) {
+    const Json* pattern = state.extra.Find(key);
+    if (pattern == nullptr) continue;
+    bool parses = pattern->is_string();
+    if (parses) {
+      try {
+        std::regex compiled(pattern->as_string(), std::regex::ECMAScript);
+      } catch (const std::regex_error&) {
+        parses = false;
+      }
+    }
+    if (!parses) {
+      return FieldError(source, absl::StrCat("extra.", key),
+                        absl::StrCat("is ", pattern->Dump(-1),
+                                     ", not a regular expression (ECMAScript)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TrainingState> TrainingStateFromJson(const Json& json, const std::string& source) {
   if (!json.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": the state must be a JSON object"));
   }
   TrainingState state;
-  CASTOR_ASSIGN_OR_RETURN(state.step, IntField(json, source, "step"));
-  CASTOR_ASSIGN_OR_RETURN(state.optimizer_step, IntField(json, source, "optimizer_step"));
-  CASTOR_ASSIGN_OR_RETURN(state.epoch, IntField(json, source, "epoch"));
-  CASTOR_ASSIGN_OR_RETURN(state.position, IntField(json, source, "position"));
+  // Every counter in range: a state edited and re-sealed (digests
+  // recomputed) must be refused here, by verify as by --resume.
+  CASTOR_ASSIGN_OR_RETURN(state.step, IntFieldAtLeast(json, source, "step", 0));
+  CASTOR_ASSIGN_OR_RETURN(state.optimizer_step, IntFieldAtLeast(json, source, "optimizer_step", 0));
+  if (state.optimizer_step > state.step) {
+    return FieldError(source, "optimizer_step",
+                      absl::StrCat("is ", state.optimizer_step, ", more than step ", state.step));
+  }
+  CASTOR_ASSIGN_OR_RETURN(state.epoch, IntFieldAtLeast(json, source, "epoch", 0));
+  CASTOR_ASSIGN_OR_RETURN(state.position, IntFieldAtLeast(json, source, "position", 0));
   CASTOR_ASSIGN_OR_RETURN(const Json* seed, Required(json, source, "seed"));
   if (seed->is_int() && seed->as_int() >= 0) {
     state.seed = static_cast<uint64_t>(seed->as_int());
@@ -630,8 +718,13 @@ absl::StatusOr<TrainingState> TrainingStateFromJson(const Json& json, const std:
   }
   CASTOR_ASSIGN_OR_RETURN(state.shuffle, BoolField(json, source, "shuffle"));
   CASTOR_ASSIGN_OR_RETURN(state.drop_last, BoolField(json, source, "drop_last"));
-  CASTOR_ASSIGN_OR_RETURN(state.batch_size, IntField(json, source, "batch_size"));
-  CASTOR_ASSIGN_OR_RETURN(state.dataset_size, IntField(json, source, "dataset_size"));
+  CASTOR_ASSIGN_OR_RETURN(state.batch_size, IntFieldAtLeast(json, source, "batch_size", 1));
+  CASTOR_ASSIGN_OR_RETURN(state.dataset_size, IntFieldAtLeast(json, source, "dataset_size", 0));
+  if (state.dataset_size > 0 && state.position > state.dataset_size) {
+    return FieldError(source, "position",
+                      absl::StrCat("is ", state.position, ", past the ", state.dataset_size,
+                                   " samples of dataset_size"));
+  }
   CASTOR_ASSIGN_OR_RETURN(state.data, StringField(json, source, "data"));
   CASTOR_ASSIGN_OR_RETURN(state.loss, StringField(json, source, "loss"));
   CASTOR_ASSIGN_OR_RETURN(state.output, StringField(json, source, "output"));
@@ -664,6 +757,7 @@ absl::StatusOr<TrainingState> TrainingStateFromJson(const Json& json, const std:
     if (!extra->is_object()) return FieldError(source, "extra", "must be an object");
     state.extra = *extra;
   }
+  CASTOR_RETURN_IF_ERROR(CheckRecordedSettings(state, source));
   return state;
 }
 
@@ -882,7 +976,13 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
   checkpoint.kept_float32_nodes = std::move(kept);
   checkpoint.castor_version = *FindEntry(record, kCheckpointCastorVersionKey);
   if (const std::string* data = FindEntry(record, kCheckpointExternalDataKey)) {
-    checkpoint.external_data_file = (fs::path(dir) / *data).string();
+    // Confined like every external data location: inside the checkpoint's
+    // directory after symlinks, a regular file (verify reports its size).
+    absl::StatusOr<ConfinedFile> file =
+        OpenConfinedFile(dir, *data, kCheckpointExternalDataKey);
+    if (!file.ok()) return DataLoss(path, std::string(file.status().message()));
+    close(file->fd);
+    checkpoint.external_data_file = file->path;
   }
   checkpoint.record = std::move(record);
   return checkpoint;

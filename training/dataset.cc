@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "backend/cpu/cpu_backend.h"
 #include "graph/half.h"
 #include "graph/status.h"
 #include "training/npy.h"
@@ -33,6 +34,11 @@ constexpr uint32_t kIdxImagesMagic = 0x00000803;  // uint8, 3 dims
 constexpr uint32_t kIdxLabelsMagic = 0x00000801;  // uint8, 1 dim
 // More elements than this in one IDX file is a corrupt header, not data.
 constexpr uint64_t kMaxIdxElements = uint64_t{1} << 36;
+// Deflate turns one compressed byte into at most 1032 bytes (258-byte
+// matches coded in 2 bits); a stream of N bytes inflates to no more than
+// this many per byte, plus a little for the headers.
+constexpr uint64_t kMaxDeflateRatio = 1032;
+constexpr uint64_t kDeflateSlackBytes = 1024;
 
 std::string Hex32(uint32_t value) {
   char text[16];
@@ -42,6 +48,30 @@ std::string Hex32(uint32_t value) {
 
 std::string DimsText(const std::vector<int64_t>& dims) {
   return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
+}
+
+// Whether `bytes` more fit the memory budget (CASTOR_MEMORY_LIMIT, else
+// MemAvailable; none when neither is known): checked before a reader
+// allocates what a file declares. `what` names the file and the array.
+absl::Status CheckMemoryBudget(const std::string& what, uint64_t bytes) {
+  const int64_t limit = DefaultCpuMemoryLimit().value_or(0);
+  if (limit <= 0 || bytes <= static_cast<uint64_t>(limit)) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, " needs ", bytes, " bytes, more than the memory budget of ", limit,
+      " bytes (MemAvailable, or CASTOR_MEMORY_LIMIT)"));
+}
+
+// NotFound when `path` does not exist, InvalidArgument when it is not a
+// regular file: a FIFO or a device is never opened (it would block or
+// never end).
+absl::Status RequireRegularFile(const std::string& path) {
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  if (!fs::exists(status)) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+  if (!fs::is_regular_file(status)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
+  return absl::OkStatus();
 }
 
 // uint8 pixel -> float32 in [0, 1], exactly v / 255.0f.
@@ -66,10 +96,7 @@ class GzInput {
   GzInput& operator=(const GzInput&) = delete;
 
   absl::Status Open() {
-    std::error_code error;
-    if (!fs::is_regular_file(path_, error)) {
-      return absl::NotFoundError(absl::StrCat(path_, ": no such file"));
-    }
+    CASTOR_RETURN_IF_ERROR(RequireRegularFile(path_));
     file_ = gzopen(path_.c_str(), "rb");
     if (file_ == nullptr) return absl::NotFoundError(absl::StrCat(path_, ": cannot open file"));
     gzbuffer(file_, 1 << 20);
@@ -115,8 +142,8 @@ uint32_t BigEndian32(const uint8_t* bytes) {
 // `make_tensor(dims)` returns.
 template <typename MakeTensor, typename Consume>
 absl::StatusOr<Tensor> ReadIdx(const std::string& path, uint32_t expected_magic,
-                               const char* expected_what, MakeTensor make_tensor,
-                               Consume consume) {
+                               const char* expected_what, uint64_t tensor_element_bytes,
+                               MakeTensor make_tensor, Consume consume) {
   GzInput input(path);
   CASTOR_RETURN_IF_ERROR(input.Open());
   const size_t rank = expected_magic & 0xff;
@@ -159,13 +186,6 @@ absl::StatusOr<Tensor> ReadIdx(const std::string& path, uint32_t expected_magic,
   }
   std::error_code error;
   const uintmax_t file_size = fs::file_size(path, error);
-  // Deflate expands at most 1032:1, so a gzip file cannot hold more than
-  // 1032 bytes per byte: refused before the tensor is allocated.
-  if (input.compressed() && !error && elements > 1032 * static_cast<uint64_t>(file_size)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": truncated IDX file: dims ", DimsText(dims), " need ", elements,
-        " data bytes, more than the ", file_size, "-byte gzip file can hold"));
-  }
   if (!input.compressed()) {
     if (!error && file_size != header_size + elements) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -173,7 +193,15 @@ absl::StatusOr<Tensor> ReadIdx(const std::string& path, uint32_t expected_magic,
           " IDX file: dims ", DimsText(dims), " need ", header_size + elements,
           " bytes, the file has ", file_size));
     }
+  } else if (!error && header_size + elements > file_size * kMaxDeflateRatio + kDeflateSlackBytes) {
+    // Checked before allocating: a 29-byte file claiming 2^32-1 labels.
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": truncated IDX file: dims ", DimsText(dims), " need ", header_size + elements,
+        " bytes, more than its ", file_size, " gzip-compressed bytes can hold (deflate inflates "
+        "at most ", kMaxDeflateRatio, "x)"));
   }
+  CASTOR_RETURN_IF_ERROR(CheckMemoryBudget(absl::StrCat(path, ": IDX dims ", DimsText(dims)),
+                                           elements * tensor_element_bytes));
   Tensor tensor = make_tensor(dims);
   std::vector<uint8_t> chunk(std::min<uint64_t>(elements, 1 << 20));
   uint64_t offset = 0;
@@ -219,10 +247,8 @@ constexpr uint32_t kZip64End = 0x06064b50;
 constexpr uint32_t kZip64Locator = 0x07064b50;
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  CASTOR_RETURN_IF_ERROR(RequireRegularFile(path));
   std::error_code error;
-  if (!fs::is_regular_file(path, error)) {
-    return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-  }
   std::FILE* file = std::fopen(path.c_str(), "rb");
   if (file == nullptr) return absl::NotFoundError(absl::StrCat(path, ": cannot open file"));
   std::string bytes(fs::file_size(path, error), '\0');
@@ -327,9 +353,10 @@ absl::StatusOr<std::vector<ZipMember>> ReadZipDirectory(std::string_view bytes,
   return members;
 }
 
-// The uncompressed bytes of `member`, CRC-checked.
+// The uncompressed bytes of `member`, CRC-checked. `bytes_held`: what the
+// members read before it hold (they are kept; the budget counts them).
 absl::StatusOr<std::string> ExtractZipMember(std::string_view bytes, const ZipMember& member,
-                                             const std::string& path) {
+                                             const std::string& path, uint64_t bytes_held) {
   const std::string source = absl::StrCat(path, ":", member.name);
   const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
   const size_t offset = member.local_header_offset;
@@ -344,22 +371,35 @@ absl::StatusOr<std::string> ExtractZipMember(std::string_view bytes, const ZipMe
                                        " compressed bytes at offset ", data_offset,
                                        ", the file has ", bytes.size()));
   }
-  // Sizes are checked before `out` is allocated: a stored member holds its
-  // compressed bytes, and deflate expands at most 1032:1.
+  // The declared size is checked against the member's bytes and the memory
+  // budget before anything is allocated (a zip64 record may declare 2^63).
+  if (member.method != 0 && member.method != 8) {
+    return absl::UnimplementedError(absl::StrCat(
+        source, ": zip compression method ", member.method,
+        " is not supported (expected 0 stored or 8 deflate, as np.savez/np.savez_compressed write)"));
+  }
   if (member.method == 0 && member.compressed_size != member.size) {
     return BadZip(source, absl::StrCat("stored member sizes differ (", member.compressed_size,
                                        " vs ", member.size, ")"));
   }
-  if (member.method == 8 && member.size / 1032 > member.compressed_size) {
-    return BadZip(source, absl::StrCat("the directory records ", member.size,
-                                       " bytes, more than ", member.compressed_size,
-                                       " deflated bytes can hold"));
+  if (member.method == 8 &&
+      member.size / kMaxDeflateRatio > member.compressed_size + kDeflateSlackBytes) {
+    return BadZip(source, absl::StrCat("the member declares ", member.size,
+                                       " uncompressed bytes, more than its ",
+                                       member.compressed_size,
+                                       " deflated bytes can hold (deflate inflates at most ",
+                                       kMaxDeflateRatio, "x)"));
   }
+  CASTOR_RETURN_IF_ERROR(CheckMemoryBudget(
+      bytes_held == 0 ? source : absl::StrCat(source, " with the members before it"),
+      member.size > std::numeric_limits<uint64_t>::max() - bytes_held
+          ? std::numeric_limits<uint64_t>::max()
+          : bytes_held + member.size));
   std::string out(member.size, '\0');
   const auto* in = data + data_offset;
   if (member.method == 0) {
     if (!out.empty()) std::memcpy(out.data(), in, out.size());
-  } else if (member.method == 8) {
+  } else {
     z_stream stream{};
     if (inflateInit2(&stream, -MAX_WBITS) != Z_OK) {
       return absl::InternalError(absl::StrCat(source, ": inflateInit2 failed"));
@@ -398,10 +438,6 @@ absl::StatusOr<std::string> ExtractZipMember(std::string_view bytes, const ZipMe
       return absl::DataLossError(absl::StrCat(source, ": inflated to ", produced,
                                               " bytes, the directory records ", member.size));
     }
-  } else {
-    return absl::UnimplementedError(absl::StrCat(
-        source, ": zip compression method ", member.method,
-        " is not supported (expected 0 stored or 8 deflate, as np.savez/np.savez_compressed write)"));
   }
   uint32_t crc = 0;
   for (size_t done = 0; done < out.size();) {
@@ -715,7 +751,7 @@ std::vector<int64_t> Dataset::sample_dims() const {
 
 absl::StatusOr<Tensor> ReadIdxImages(const std::string& path) {
   return ReadIdx(
-      path, kIdxImagesMagic, "uint8 images [N, H, W]",
+      path, kIdxImagesMagic, "uint8 images [N, H, W]", sizeof(uint8_t),
       [](const std::vector<int64_t>& dims) {
         return Tensor(DType::kUInt8, {dims[0], 1, dims[1], dims[2]});
       },
@@ -726,7 +762,7 @@ absl::StatusOr<Tensor> ReadIdxImages(const std::string& path) {
 
 absl::StatusOr<Tensor> ReadIdxLabels(const std::string& path) {
   return ReadIdx(
-      path, kIdxLabelsMagic, "uint8 labels [N]",
+      path, kIdxLabelsMagic, "uint8 labels [N]", sizeof(int64_t),
       [](const std::vector<int64_t>& dims) { return Tensor(DType::kInt64, {dims[0]}); },
       [](Tensor& tensor, const uint8_t* chunk, size_t count, uint64_t offset) {
         int64_t* out = tensor.data<int64_t>() + offset;
@@ -738,9 +774,12 @@ absl::StatusOr<std::map<std::string, Tensor>> ReadNpz(const std::string& path) {
   CASTOR_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path));
   CASTOR_ASSIGN_OR_RETURN(std::vector<ZipMember> members, ReadZipDirectory(bytes, path));
   std::map<std::string, Tensor> arrays;
+  uint64_t bytes_held = 0;  // by the members read so far: every array is kept
   for (const ZipMember& member : members) {
     if (absl::EndsWith(member.name, "/")) continue;  // a directory entry
-    CASTOR_ASSIGN_OR_RETURN(std::string contents, ExtractZipMember(bytes, member, path));
+    CASTOR_ASSIGN_OR_RETURN(std::string contents,
+                            ExtractZipMember(bytes, member, path, bytes_held));
+    bytes_held += contents.size();
     CASTOR_ASSIGN_OR_RETURN(Tensor array, ParseNpy(contents, absl::StrCat(path, ":", member.name)));
     std::string key = member.name;
     if (absl::EndsWith(key, ".npy")) key.resize(key.size() - 4);
@@ -886,6 +925,7 @@ absl::Status FitDatasetToInput(Dataset& dataset, const std::string& input, DType
 }
 
 absl::StatusOr<Tensor> ReadArrayFile(const std::string& path, bool as_labels) {
+  CASTOR_RETURN_IF_ERROR(RequireRegularFile(path));
   std::FILE* file = std::fopen(path.c_str(), "rb");
   if (file == nullptr) return absl::NotFoundError(absl::StrCat(path, ": cannot open file"));
   char magic[6] = {};
