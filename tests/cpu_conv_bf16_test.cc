@@ -6,8 +6,10 @@
 // reference, on odd sizes and tails (channels, K and output widths that are
 // no multiple of 2 or 16), groups, strides, pads, dilations, 1-D and 3-D,
 // pointwise, and Inf/NaN inputs; and both against float64 references of
-// the same bfloat16 inputs. castor's com.castor Conv (the training graph's
-// form) runs the same kernel. Skips the native comparisons where the CPU
+// the same bfloat16 inputs (the forward pass takes the native GEMM where
+// conv.cc's NativeConvPays: pointwise, 1-D and 3-D here; 2-D 3x3 convs keep
+// the grid products). castor's com.castor Conv (the training graph's form)
+// runs the same kernel. Skips the native comparisons where the CPU
 // has neither AVX512-BF16 nor AMX.
 #include <cmath>
 #include <limits>

@@ -14,8 +14,10 @@
 // float_io.h's vector conversions); each output is rounded once on store.
 // A bfloat16 Conv where gemm.h has a native bfloat16 kernel (AMX,
 // AVX512-BF16) unrolls its columns in bfloat16 and multiplies them as
-// stored, summing in float32 (RunConvBFloat16Native); the widened path is
-// the fallback (CASTOR_AVX512BF16=off, CASTOR_AMX=off).
+// stored, summing in float32 (RunConvBFloat16Native), where that pays
+// (NativeConvPays: pointwise convs, and shapes without the padded grid's
+// direct products); the widened path is the fallback (CASTOR_AVX512BF16=off,
+// CASTOR_AMX=off).
 // float64 runs in float64 (dgemm).
 #include <cblas.h>
 
@@ -318,6 +320,22 @@ void RunConv(const KernelContext& ctx, const common::WindowGeometry& g, int64_t 
 // paths above.
 bool NativeBFloat16Gemm() { return AmxBf16Available() || Avx512Bf16Available(); }
 
+// Whether the native path beats the widened one for this shape: a 2-D conv
+// whose padded grid the vector products read directly (grid_conv.h) skips
+// the unrolling, which the native GEMM needs (columns, then their packing);
+// measured on a Zen 4 EPYC with AVX512-BF16 (bench/README.md), it is as
+// fast or faster for 3x3 kernels, so only pointwise convs (no unrolling)
+// and the shapes without grid products take the native GEMM forward. The
+// gradients (conv_grad.cc) take it whatever the shape.
+bool NativeConvPays(const common::WindowGeometry& g) {
+  bool pointwise = true;
+  for (int d = 0; d < g.num_spatial; ++d) {
+    pointwise = pointwise && g.strides[d] == 1 && g.pad_begin[d] == 0 && g.pad_end[d] == 0 &&
+                g.kernel[d] == 1;
+  }
+  return pointwise || !(PaddedGrid::Applies(g) && UseGridProducts());
+}
+
 // Y = Conv(X, W) + B in bfloat16 on the native bfloat16 GEMM: per (image,
 // group) task and tile of output lines, the columns are unrolled from X in
 // bfloat16 (im2col.h's Im2Col copies the bits; a pointwise Conv reads X
@@ -418,7 +436,7 @@ absl::Status ConvKernel(KernelContext& ctx) {
   absl::StatusOr<TensorView*> y = ctx.Output(0, x.dtype, out_dims);
   if (!y.ok()) return y.status();
   if ((*y)->num_elements() == 0) return absl::OkStatus();
-  if (x.dtype == DType::kBFloat16 && NativeBFloat16Gemm()) {
+  if (x.dtype == DType::kBFloat16 && NativeBFloat16Gemm() && NativeConvPays(*g)) {
     RunConvBFloat16Native(ctx, *g, batch, channels, out_channels, group, *y);
     return absl::OkStatus();
   }
