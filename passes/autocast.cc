@@ -78,6 +78,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "graph/gradient_builder.h"
 #include "graph/half.h"
 #include "graph/onnx_io.h"
 #include "graph/op_registry.h"
@@ -123,10 +124,54 @@ bool IsInsertedCast(const Node& node) { return node.FindMetadata(kInsertedCastKe
 
 std::string Quoted(const std::string& name) { return absl::StrCat("'", name, "'"); }
 
-// A node's decision: its dtype (kUndefined: untouched) and why.
+// Whether castor has a form of the op for its training graph that takes
+// bfloat16 at every opset (com.castor Conv and ConvTranspose: ONNX accepts
+// their bfloat16 only from opset 22; graph/ops/conv.cc).
+bool IsTrainingFormOp(const std::string& op_type) {
+  return op_type == "Conv" || op_type == "ConvTranspose";
+}
+
+// The same node (name, inputs, attributes, records, output names and
+// types) with its op in `domain`; `node` is destroyed.
+absl::StatusOr<Node*> MoveToDomain(Graph& graph, Node* node, const std::string& domain) {
+  std::vector<std::string> fresh_names;
+  for (const Value* out : node->outputs()) {
+    fresh_names.push_back(graph.UniqueName(absl::StrCat(out->name(), "/", domain)));
+  }
+  CASTOR_ASSIGN_OR_RETURN(
+      Node * moved, graph.AddNode(node->op_type(), node->inputs(), fresh_names,
+                                  graph.UniqueName(absl::StrCat(node->name(), "/", domain)),
+                                  domain));
+  for (const Attribute& attribute : node->attributes()) moved->SetAttribute(attribute);
+  for (const auto& [key, value] : node->metadata()) moved->SetMetadata(key, value);
+  moved->set_doc_string(node->doc_string());
+  std::vector<std::string> names;
+  for (int i = 0; i < node->num_outputs(); ++i) {
+    Value* old_out = node->output(i);
+    Value* new_out = moved->output(i);
+    new_out->set_dtype(old_out->dtype());
+    new_out->set_shape(old_out->shape());
+    new_out->set_doc_string(old_out->doc_string());
+    new_out->set_has_value_info(old_out->has_value_info());
+    names.push_back(old_out->name());
+    graph.ReplaceAllUsesWith(old_out, new_out);
+  }
+  const std::string name = node->name();
+  CASTOR_RETURN_IF_ERROR(graph.RemoveNode(node));
+  for (int i = 0; i < moved->num_outputs(); ++i) {
+    CASTOR_RETURN_IF_ERROR(graph.RenameValue(moved->output(i), names[i]));
+  }
+  moved->set_name(name);
+  return moved;
+}
+
+// A node's decision: its dtype (kUndefined: untouched) and why; and
+// whether it computes as castor's training form of its op
+// (AutocastOptions::training_graph_ops).
 struct Decision {
   DType dtype = DType::kUndefined;
   std::string why;
+  bool training_form = false;
 };
 
 // A step-3b repaint: the reason, the node's list entry (for the rule-3
@@ -139,22 +184,32 @@ struct ReadersDecision {
 
 class AutocastPass {
  public:
-  AutocastPass(Model& model, const Policy& policy)
-      : model_(model), graph_(*model.graph), policy_(policy), lowp_(policy.compute_dtype()) {}
+  AutocastPass(Model& model, const Policy& policy, const AutocastOptions& options)
+      : model_(model),
+        graph_(*model.graph),
+        policy_(policy),
+        options_(options),
+        lowp_(policy.compute_dtype()) {}
 
   absl::StatusOr<AutocastReport> Run() {
     CASTOR_RETURN_IF_ERROR(DecideForcedFloat32());
     if (!policy_.keep_io_types() && policy_.is_mixed()) LowerGraphInputs();
-    const std::vector<Node*> original_order = graph_.nodes();
+    std::vector<Node*> original_order = graph_.nodes();  // training forms replace entries
     // Steps 3 and 3b for every node first: a decision depends on its
     // producers' decisions (3) or its readers' (3b), never on Casts, and
     // step 4 then knows what every reader of a value needs.
     absl::flat_hash_map<const Node*, Decision> painted;
-    for (Node* node : original_order) {
+    for (Node*& node : original_order) {
       CASTOR_ASSIGN_OR_RETURN(Decision decision, Paint(*node));
       if (decision.dtype == DType::kUndefined) {
         ++report_.nodes_per_dtype["none"];
         continue;
+      }
+      if (decision.training_form) {
+        CASTOR_ASSIGN_OR_RETURN(node, MoveToDomain(graph_, node, kCastorDomain));
+        if (model_.OpsetVersion(kCastorDomain) == 0) {
+          model_.opset_imports.push_back({kCastorDomain, 1});
+        }
       }
       RetypeOutputs(*node, decision.dtype);
       decisions_.emplace(node, decision.dtype);
@@ -467,12 +522,38 @@ class AutocastPass {
     // 16-bit (a bfloat16 Gemm before a HardSwish that takes bfloat16 only
     // from opset 22) must not make the dtype objection look like another.
     if (!AcceptsInputsIn(node, DType::kFloat32).ok()) return Decision{lowp_, std::move(why)};
-    ++refused_by_opset_[{OpListKey(node.domain(), node.op_type()),
-                         model_.OpsetVersion(node.domain())}];
+    const int64_t opset = model_.OpsetVersion(node.domain());
+    const std::string op = OpListKey(node.domain(), node.op_type());
+    const bool has_training_form = node.domain().empty() && IsTrainingFormOp(node.op_type());
+    if (has_training_form && options_.training_graph_ops) {
+      // castor's form takes every float type at every opset and checks the
+      // same shapes, so the float32 probe above stands for it too. The Run
+      // loop moves the node to castor's domain.
+      ++report_.training_forms[op];
+      return Decision{
+          lowp_,
+          absl::StrCat(why, "; ONNX ", op, " does not accept ", DTypeName(lowp_), " at opset ",
+                       opset, ", so castor's training graph runs it as ", kCastorDomain, " ", op,
+                       " (opset 22's ", op, ", which does, at any opset) in ", DTypeName(lowp_),
+                       "; a file 'castor convert' writes keeps ONNX ", op, " in float32"),
+          /*training_form=*/true};
+    }
+    ++refused_by_opset_[{op, opset}];
+    if (has_training_form) {
+      ++report_.float32_here_lowp_in_training[op];
+      return Decision{
+          DType::kFloat32,
+          absl::StrCat(why, "; ONNX ", op, " does not accept ", DTypeName(lowp_), " at opset ",
+                       opset, " (", as_lowp.message(),
+                       "), so float32 in this file (valid ONNX that ONNX Runtime runs); "
+                       "'castor train' runs it in ", DTypeName(lowp_), " all the same, as ",
+                       kCastorDomain, " ", op, " (opset 22's ", op,
+                       " at any opset) inside its training graph only")};
+    }
     return Decision{DType::kFloat32,
                     absl::StrCat(why, "; but the op does not accept ", DTypeName(lowp_),
-                                 " at opset ", model_.OpsetVersion(node.domain()), " (",
-                                 as_lowp.message(), "), so float32")};
+                                 " at opset ", opset, " (", as_lowp.message(),
+                                 "), so float32")};
   }
 
   // A node left as it is; only a model Cast may change. Returns false when
@@ -666,14 +747,31 @@ class AutocastPass {
 
   // One note per op that stayed float32 because its schema at the model's
   // opset has no 16-bit type (e.g. Conv takes bfloat16 only from opset 22).
+  // Ops with a training form say where they compute in the compute dtype.
   void NoteOpsetRefusals() {
     for (const auto& [op_and_opset, count] : refused_by_opset_) {
       const auto& [op, opset] = op_and_opset;
+      const char* s = count == 1 ? "" : "s";
+      if (report_.float32_here_lowp_in_training.contains(op)) {
+        report_.notes.push_back(absl::StrCat(
+            count, " ", op, " node", s, " stay", count == 1 ? "s" : "", " float32 in this file (",
+            op, " accepts ", DTypeName(lowp_), " only from opset 22; the model is opset ", opset,
+            ") and compute", count == 1 ? "s" : "", " in ", DTypeName(lowp_),
+            " in 'castor train' as ", kCastorDomain, " ", op,
+            " ('castor inspect --why NODE' says so per node)"));
+        continue;
+      }
       report_.notes.push_back(absl::StrCat(
-          count, " ", op, " node", count == 1 ? "" : "s", " stay", count == 1 ? "s" : "",
+          count, " ", op, " node", s, " stay", count == 1 ? "s" : "",
           " float32: ", op, " does not accept ", DTypeName(lowp_), " at opset ",
           opset, " (a later opset may; 'castor inspect --why NODE' shows the "
           "check)"));
+    }
+    for (const auto& [op, count] : report_.training_forms) {
+      report_.notes.push_back(absl::StrCat(
+          count, " ", op, " node", count == 1 ? "" : "s", " compute", count == 1 ? "s" : "",
+          " in ", DTypeName(lowp_), " as ", kCastorDomain, " ", op, " (the training graph's form; ",
+          "ONNX ", op, " accepts ", DTypeName(lowp_), " only from opset 22)"));
     }
   }
 
@@ -687,6 +785,7 @@ class AutocastPass {
   Model& model_;
   Graph& graph_;
   const Policy& policy_;
+  const AutocastOptions options_;
   const DType lowp_;
   AutocastReport report_;
   absl::flat_hash_map<const Node*, std::string> forced_;
@@ -752,7 +851,13 @@ absl::StatusOr<int> StripAutocast(Model& model) {
     CASTOR_RETURN_IF_ERROR(graph.RemoveNode(node));
     ++removed;
   }
-  for (Node* node : graph.nodes()) {
+  bool moved = false;
+  for (Node* node : std::vector<Node*>(graph.nodes())) {
+    // castor's training form of an op (training_graph_ops) is the ONNX op again.
+    if (node->domain() == kCastorDomain && IsTrainingFormOp(node->op_type())) {
+      CASTOR_ASSIGN_OR_RETURN(node, MoveToDomain(graph, node, ""));
+      moved = true;
+    }
     if (const std::string* original = node->FindMetadata(kLoweredConstantKey)) {
       CASTOR_RETURN_IF_ERROR(RestoreLoweredConstant(*node, *original));
       node->RemoveMetadata(kLoweredConstantKey);
@@ -764,6 +869,7 @@ absl::StatusOr<int> StripAutocast(Model& model) {
       if (IsLowPrecisionFloat(out->dtype())) out->set_dtype(DType::kUndefined);
     }
   }
+  if (moved) CASTOR_RETURN_IF_ERROR(graph.TopologicalSort());
   if (const std::string* lowered = model.FindMetadata(kLoweredInputsKey)) {
     for (absl::string_view name : absl::StrSplit(*lowered, ',')) {
       if (Value* in = graph.FindValue(std::string(name)); in && in->is_graph_input()) {
@@ -813,7 +919,7 @@ absl::StatusOr<AutocastReport> RunAutocast(Model& model, const Policy& policy,
     inference.allow_unknown_ops = true;
     CASTOR_RETURN_IF_ERROR(InferTypes(model, inference));
   }
-  AutocastPass pass(model, policy);
+  AutocastPass pass(model, policy, options);
   CASTOR_ASSIGN_OR_RETURN(AutocastReport report, pass.Run());
   report.casts_removed = casts_removed;
   return report;

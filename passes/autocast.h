@@ -51,6 +51,15 @@ struct AutocastOptions {
   // this is set; then castor's own Casts and records are removed first and
   // the float32 graph is converted again.
   bool restart_from_float32 = false;
+  // For castor's training graph only ('castor train', and the checks of
+  // what a checkpoint recorded): a Conv or ConvTranspose that ONNX refuses
+  // in the compute dtype at the model's opset (bfloat16 below opset 22) is
+  // given castor's form of the op (com.castor Conv / ConvTranspose, opset
+  // 22's schema at every opset; graph/ops/conv.cc) and computes in it.
+  // Off (the default), as 'castor convert' writes a file ONNX Runtime runs:
+  // the node stays ONNX and float32, and its record says that training
+  // computes it in the compute dtype.
+  bool training_graph_ops = false;
 };
 
 struct AutocastReport {
@@ -64,6 +73,12 @@ struct AutocastReport {
   // Constant nodes stored in the compute dtype because every reader needs
   // it there (no Cast inserted for them).
   int constants_lowered = 0;
+  // Nodes that compute in the compute dtype as castor's form of their op
+  // (training_graph_ops), per op; and, without that option, the nodes
+  // that stay float32 in this graph but compute in the compute dtype in
+  // castor's training graph.
+  std::map<std::string, int> training_forms;
+  std::map<std::string, int> float32_here_lowp_in_training;
   int casts_inserted() const { return weight_casts + constant_casts + activation_casts; }
   // Nodes per compute dtype name ("float16", "float32", ...); nodes that do
   // no float computation (Shape, Cast, ...) are counted under "none".

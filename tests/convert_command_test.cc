@@ -253,7 +253,27 @@ TEST_F(ConvertTest, InspectJsonAndDotCarryTheAutocastRecord) {
   const std::string dot = InspectAs(converted, "cnn.onnx", {"--format", "dot"});
   EXPECT_THAT(dot, HasSubstr("peripheries=2, tooltip=\"rule 5: weight"));
   EXPECT_THAT(dot, HasSubstr("tooltip=\"rule 1 (allow): op list: allow list: Conv"));
-  EXPECT_THAT(dot, HasSubstr("but the op does not accept bfloat16 at opset 17"));
+  // The Conv stays ONNX and float32 in the file (ONNX Runtime runs it) and
+  // says that castor's training graph runs it in bfloat16.
+  EXPECT_THAT(dot, HasSubstr("ONNX Conv does not accept bfloat16 at opset 17"));
+  EXPECT_THAT(dot, HasSubstr("'castor train' runs it in bfloat16 all the same, as com.castor "
+                             "Conv"));
+  const std::string why = InspectAs(converted, "cnn.onnx", {"--why", "/conv/Conv"});
+  EXPECT_THAT(why, HasSubstr("dtype    float32"));
+  EXPECT_THAT(why, HasSubstr("so float32 in this file (valid ONNX that ONNX Runtime runs); "
+                             "'castor train' runs it in bfloat16 all the same, as com.castor Conv "
+                             "(opset 22's Conv at any opset) inside its training graph only"));
+}
+
+TEST_F(ConvertTest, SummarySaysWhereTheConvsComputeInBfloat16) {
+  const Program program =
+      Convert({kCnn, "-o", Path("cnn_bf16.onnx"), "--policy", "mixed_bfloat16"});
+  ASSERT_EQ(program.exit_code, 0) << program.err;
+  EXPECT_THAT(program.out,
+              HasSubstr("note: 1 Conv node stays float32 in this file (Conv accepts bfloat16 only "
+                        "from opset 22; the model is opset 17) and computes in bfloat16 in "
+                        "'castor train' as com.castor Conv ('castor inspect --why NODE' says so "
+                        "per node)"));
 }
 
 }  // namespace

@@ -106,7 +106,10 @@ absl::StatusOr<std::vector<std::string>> NodesWithoutCudaKernel(const KernelTabl
                                                                 const std::string& policy,
                                                                 int* nodes) {
   if (policy != "float32") {
-    absl::StatusOr<AutocastReport> report = RunAutocast(model, *Policy::Builtin(policy));
+    AutocastOptions autocast;
+    autocast.training_graph_ops = true;  // as castor train: com.castor Conv in bfloat16
+    absl::StatusOr<AutocastReport> report =
+        RunAutocast(model, *Policy::Builtin(policy), autocast);
     if (!report.ok()) return report.status();
   }
   absl::StatusOr<TrainingGraph> graph = BuildTrainingGraph(model, TrainingGraphOptions{});

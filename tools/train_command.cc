@@ -611,7 +611,11 @@ absl::StatusOr<Prepared> PrepareGraphAndData(TrainOptions& o, Start& start, std:
   }
   {
     PassManager convert(manager_options);
-    convert.Add(MakeAutocastPass(start.policy));
+    // The training graph may run castor's forms of ops ONNX refuses in the
+    // compute dtype at the model's opset (a bfloat16 Conv below opset 22).
+    AutocastOptions autocast;
+    autocast.training_graph_ops = true;
+    convert.Add(MakeAutocastPass(start.policy, autocast));
     PassContext context;
     if (absl::Status s = convert.Run(prepared.model, context); !s.ok()) {
       return CheckFailed(absl::StrCat(model_name, ": ", s.message()));

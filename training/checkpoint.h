@@ -176,8 +176,16 @@ absl::Status SetInitializers(Model& model, const std::map<std::string, Tensor>& 
 
 // The nodes of the float32 `model` that autocast under `policy` keeps in
 // float32 (castor.autocast.dtype float32 on a copy), in graph order; Casts
-// the pass inserts are not listed.
+// the pass inserts are not listed. As the training graph computes them
+// (AutocastOptions::training_graph_ops: a Conv below opset 22 computes in
+// bfloat16 as com.castor Conv).
 absl::StatusOr<std::vector<std::string>> KeptFloat32Nodes(const Model& model, const Policy& policy);
+// The same with training_graph_ops as given (false: as a converted file
+// computes them, and as checkpoints written before the training forms
+// recorded them).
+absl::StatusOr<std::vector<std::string>> KeptFloat32NodesOfGraph(const Model& model,
+                                                                 const Policy& policy,
+                                                                 bool training_graph_ops);
 
 // The state JSON (no tensors; "moments" lists the moment tensor names) and
 // its inverse. FromJson errors name `source` and the field.

@@ -262,7 +262,22 @@ void CheckRecord(const Checkpoint& checkpoint, std::vector<std::string>& problem
         "the recorded nodes kept float32 (", checkpoint.kept_float32_nodes.size(),
         ") differ from what autocast under the recorded policy keeps (", kept->size(),
         "): ", differences.empty() ? "same set, different order" : absl::StrJoin(differences, "; "));
-    if (checkpoint.castor_version == kCastorVersion) {
+    // A checkpoint written before the training graph ran Conv in bfloat16
+    // below opset 22 (com.castor Conv) recorded those nodes float32: what
+    // autocast keeps without the training forms.
+    absl::StatusOr<std::vector<std::string>> kept_without_training_forms =
+        KeptFloat32NodesOfGraph(checkpoint.model, policy, /*training_graph_ops=*/false);
+    const bool recorded_before_training_forms =
+        kept_without_training_forms.ok() &&
+        *kept_without_training_forms == checkpoint.kept_float32_nodes;
+    if (recorded_before_training_forms) {
+      if (notes != nullptr) {
+        notes->push_back(absl::StrCat(
+            text, " (recorded before castor's training graph ran Conv in ",
+            DTypeName(policy.compute_dtype()), " at every opset as com.castor Conv, so this is "
+            "expected; resuming computes those nodes in ", DTypeName(policy.compute_dtype()), ")"));
+      }
+    } else if (checkpoint.castor_version == kCastorVersion) {
       problems.push_back(std::move(text));
     } else if (notes != nullptr) {
       // Expected: another version's autocast pass; the record digest still
@@ -279,9 +294,17 @@ void CheckRecord(const Checkpoint& checkpoint, std::vector<std::string>& problem
 
 absl::StatusOr<std::vector<std::string>> KeptFloat32Nodes(const Model& model,
                                                           const Policy& policy) {
+  return KeptFloat32NodesOfGraph(model, policy, /*training_graph_ops=*/true);
+}
+
+absl::StatusOr<std::vector<std::string>> KeptFloat32NodesOfGraph(const Model& model,
+                                                                 const Policy& policy,
+                                                                 bool training_graph_ops) {
   CASTOR_ASSIGN_OR_RETURN(Model copy, CloneModel(model));
   CASTOR_RETURN_IF_ERROR(InferTypes(copy));
-  CASTOR_RETURN_IF_ERROR(RunAutocast(copy, policy).status());
+  AutocastOptions options;
+  options.training_graph_ops = training_graph_ops;
+  CASTOR_RETURN_IF_ERROR(RunAutocast(copy, policy, options).status());
   std::vector<std::string> kept;
   for (const Node* node : model.graph->nodes()) {
     const Node* converted = copy.graph->FindNode(node->name());

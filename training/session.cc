@@ -16,12 +16,15 @@
 namespace castor::training {
 namespace {
 
-// The dtype each node of the float32 `model` computes in under `policy`.
+// The dtype each node of the float32 `model` computes in under `policy`,
+// in the training graph.
 absl::StatusOr<std::map<std::string, std::string>> NodeDTypes(const Model& model,
                                                               const Policy& policy) {
   CASTOR_ASSIGN_OR_RETURN(Model converted, CloneModel(model));
   CASTOR_RETURN_IF_ERROR(InferTypes(converted));
-  CASTOR_RETURN_IF_ERROR(RunAutocast(converted, policy).status());
+  AutocastOptions options;
+  options.training_graph_ops = true;
+  CASTOR_RETURN_IF_ERROR(RunAutocast(converted, policy, options).status());
   std::map<std::string, std::string> dtypes;
   for (const Node* node : converted.graph->nodes()) {
     if (node->FindMetadata(kInsertedCastKey) != nullptr) continue;

@@ -12,6 +12,12 @@
 // 16-bit inputs are widened to float32 for the GEMM (Conv: X once per
 // (image, group) into per-thread scratch, W and B once per call, with
 // float_io.h's vector conversions); each output is rounded once on store.
+// A bfloat16 Conv where gemm.h has a native bfloat16 kernel (AMX,
+// AVX512-BF16) unrolls its columns in bfloat16 and multiplies them as
+// stored, summing in float32 (RunConvBFloat16Native), where that pays
+// (NativeConvPays: pointwise convs, and shapes without the padded grid's
+// direct products); the widened path is the fallback (CASTOR_AVX512BF16=off,
+// CASTOR_AMX=off).
 // float64 runs in float64 (dgemm).
 #include <cblas.h>
 
@@ -26,11 +32,14 @@
 #include "absl/strings/str_cat.h"
 #include "backend/common/op_geometry.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/amx_gemm.h"
+#include "backend/cpu/avx512bf16_gemm.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/grid_conv.h"
 #include "backend/cpu/im2col.h"
 #include "backend/cpu/parallel.h"
+#include "graph/gradient_builder.h"
 
 namespace castor::cpu {
 namespace {
@@ -304,6 +313,113 @@ void RunConv(const KernelContext& ctx, const common::WindowGeometry& g, int64_t 
   }
 }
 
+// Whether bfloat16 GEMMs run on a native kernel (AMX or AVX512-BF16;
+// gemm.h), so a bfloat16 Conv unrolls its columns in bfloat16 and
+// multiplies them as stored instead of widening them to float32. Off
+// (CASTOR_AVX512BF16=off, CASTOR_AMX=off, or no such CPU): the widened
+// paths above.
+bool NativeBFloat16Gemm() { return AmxBf16Available() || Avx512Bf16Available(); }
+
+// Whether the native path beats the widened one for this shape: a 2-D conv
+// whose padded grid the vector products read directly (grid_conv.h) skips
+// the unrolling, which the native GEMM needs (columns, then their packing);
+// measured on a Zen 4 EPYC with AVX512-BF16 (bench/README.md), it is as
+// fast or faster for 3x3 kernels, so only pointwise convs (no unrolling)
+// and the shapes without grid products take the native GEMM forward. The
+// gradients (conv_grad.cc) take it whatever the shape.
+bool NativeConvPays(const common::WindowGeometry& g) {
+  bool pointwise = true;
+  for (int d = 0; d < g.num_spatial; ++d) {
+    pointwise = pointwise && g.strides[d] == 1 && g.pad_begin[d] == 0 && g.pad_end[d] == 0 &&
+                g.kernel[d] == 1;
+  }
+  return pointwise || !(PaddedGrid::Applies(g) && UseGridProducts());
+}
+
+// Y = Conv(X, W) + B in bfloat16 on the native bfloat16 GEMM: per (image,
+// group) task and tile of output lines, the columns are unrolled from X in
+// bfloat16 (im2col.h's Im2Col copies the bits; a pointwise Conv reads X
+// itself), W_g [mg, kg] times them is summed in float32
+// (GemmFloat32Accumulate) into a float32 scratch, and the bias is added
+// before the one rounding to bfloat16 on store. Tasks and tiles as RunConv.
+void RunConvBFloat16Native(const KernelContext& ctx, const common::WindowGeometry& g,
+                           int64_t batch, int64_t channels, int64_t out_channels, int64_t group,
+                           TensorView* y) {
+  const BFloat16* x = ctx.input(0).as<BFloat16>();
+  const BFloat16* w = ctx.input(1).as<BFloat16>();
+  BFloat16* out = y->as<BFloat16>();
+  std::vector<float> bias(static_cast<size_t>(out_channels), 0.0f);
+  if (ctx.has_input(2)) ToFloat32(ctx.input(2).as<BFloat16>(), bias.data(), out_channels);
+  const int64_t cg = channels / group;
+  const int64_t mg = out_channels / group;
+  const int64_t kg = cg * g.kernel_size();
+  const int64_t p = g.output_size();
+  const int64_t in_size = g.input_size();
+  const int nd = g.num_spatial;
+  const int64_t line = g.output[nd - 1];
+  const int64_t lines = p / line;
+  bool pointwise = true;
+  for (int d = 0; d < nd; ++d) {
+    pointwise = pointwise && g.strides[d] == 1 && g.pad_begin[d] == 0 && g.pad_end[d] == 0 &&
+                g.kernel[d] == 1;
+  }
+  const bool parallel_tasks = batch * group >= NumThreads();
+  const int64_t budget = parallel_tasks ? kTileColumnElements : kLargeTileColumnElements;
+  int64_t tile_lines = std::clamp<int64_t>(budget / std::max<int64_t>(1, kg * line), 1, lines);
+  const int64_t tiles = (lines + tile_lines - 1) / tile_lines;
+  tile_lines = (lines + tiles - 1) / tiles;
+  auto maybe_parallel = [&](int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+    if (parallel_tasks) {
+      fn(0, n);
+    } else {
+      ParallelFor(0, n, 1, fn);
+    }
+  };
+  auto run_image = [&](int64_t task) {
+    const int64_t n = task / group, gi = task % group;
+    const BFloat16* xg = x + (n * channels + gi * cg) * in_size;
+    BFloat16* yg = out + (n * out_channels + gi * mg) * p;
+    thread_local std::vector<BFloat16> col_scratch;
+    thread_local std::vector<float> product_scratch;
+    for (int64_t l0 = 0; l0 < lines; l0 += tile_lines) {
+      const int64_t l1 = std::min(lines, l0 + tile_lines);
+      const int64_t q0 = l0 * line;
+      const int64_t cols = (l1 - l0) * line;
+      const BFloat16* b = xg + q0;
+      int64_t ldb = in_size;
+      if (!pointwise) {
+        col_scratch.resize(static_cast<size_t>(kg * cols));
+        BFloat16* col = col_scratch.data();
+        maybe_parallel(kg, [&](int64_t lo, int64_t hi) {
+          Im2Col<BFloat16, BFloat16>(xg, g, lo, hi, l0, l1, col, cols);
+        });
+        b = col;
+        ldb = cols;
+      }
+      product_scratch.resize(static_cast<size_t>(mg * cols));
+      float* c = product_scratch.data();
+      GemmFloat32Accumulate(DType::kBFloat16, false, false, mg, cols, kg, 1.0f, w + gi * mg * kg,
+                            kg, b, ldb, 0.0f, c, cols);
+      maybe_parallel(mg, [&](int64_t lo, int64_t hi) {
+        for (int64_t m = lo; m < hi; ++m) {
+          float* row = c + m * cols;
+          const float add = bias[gi * mg + m];
+          for (int64_t i = 0; i < cols; ++i) row[i] += add;
+          FromFloat32(row, yg + m * p + q0, cols);
+        }
+      });
+    }
+  };
+  const int64_t tasks = batch * group;
+  if (parallel_tasks) {
+    ParallelFor(0, tasks, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t t = lo; t < hi; ++t) run_image(t);
+    });
+  } else {
+    for (int64_t t = 0; t < tasks; ++t) run_image(t);
+  }
+}
+
 absl::Status ConvKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
   const TensorView& w = ctx.input(1);
@@ -320,6 +436,10 @@ absl::Status ConvKernel(KernelContext& ctx) {
   absl::StatusOr<TensorView*> y = ctx.Output(0, x.dtype, out_dims);
   if (!y.ok()) return y.status();
   if ((*y)->num_elements() == 0) return absl::OkStatus();
+  if (x.dtype == DType::kBFloat16 && NativeBFloat16Gemm() && NativeConvPays(*g)) {
+    RunConvBFloat16Native(ctx, *g, batch, channels, out_channels, group, *y);
+    return absl::OkStatus();
+  }
   const bool ok = DispatchFloat(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
@@ -539,8 +659,12 @@ absl::Status ConvTransposeKernel(KernelContext& ctx) {
 }  // namespace
 
 void RegisterConvKernels(KernelTable& table) {
-  table.Register({"", "Conv", InputDTypeIn(0, kConvDTypes), ConvKernel});
-  table.Register({"", "ConvTranspose", InputDTypeIn(0, kConvDTypes), ConvTransposeKernel});
+  // castor's forms (com.castor, the training graph's bfloat16 Conv below
+  // opset 22) run the same kernels.
+  for (const char* domain : {"", kCastorDomain}) {
+    table.Register({domain, "Conv", InputDTypeIn(0, kConvDTypes), ConvKernel});
+    table.Register({domain, "ConvTranspose", InputDTypeIn(0, kConvDTypes), ConvTransposeKernel});
+  }
 }
 
 }  // namespace castor::cpu

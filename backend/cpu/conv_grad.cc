@@ -9,7 +9,10 @@
 // 16-bit X, dY and W are widened to float32 up front with float_io.h's
 // vector conversions (a float32 copy of each, in scratch.h's PooledBuffer);
 // outputs nothing reads are skipped (KernelContext::output_read), and
-// every output rounds once on store.
+// every output rounds once on store. bfloat16 X, dY and W where gemm.h has
+// a native bfloat16 kernel (AMX, AVX512-BF16) are multiplied as stored
+// instead, summing in float32 (RunConvGradBFloat16Native); the widened
+// path is the fallback (CASTOR_AVX512BF16=off, CASTOR_AMX=off).
 #include <cblas.h>
 
 #include <algorithm>
@@ -20,6 +23,8 @@
 #include "absl/strings/str_cat.h"
 #include "backend/common/op_geometry.h"
 #include "backend/common/window_geometry.h"
+#include "backend/cpu/amx_gemm.h"
+#include "backend/cpu/avx512bf16_gemm.h"
 #include "backend/cpu/batch_norm_loops.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
@@ -355,6 +360,98 @@ void RunConvGrad(const common::WindowGeometry& g, const ConvGradShapes& s, const
   }
 }
 
+// Whether bfloat16 GEMMs run on a native kernel (AMX or AVX512-BF16;
+// gemm.h): then a bfloat16 ConvGrad multiplies X, dY and W as stored.
+bool NativeBFloat16Gemm() { return AmxBf16Available() || Avx512Bf16Available(); }
+
+bool IsPointwise(const common::WindowGeometry& g) {
+  for (int d = 0; d < g.num_spatial; ++d) {
+    if (g.strides[d] != 1 || g.pad_begin[d] != 0 || g.pad_end[d] != 0 || g.kernel[d] != 1) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// RunConvGrad for bfloat16 X, dY and W on the native bfloat16 GEMM (float32
+// accumulation), into float32 dX, dW, dB: per image and group, dW_g +=
+// dY_g * im2col(X_g)^T with the columns unrolled in bfloat16 (Im2Col copies
+// the bits), and dX_g = col2im(W_g^T * dY_g) from a float32 dcol. dB sums
+// dY's rows widened a row at a time. Slices of images as RunConvGrad.
+void RunConvGradBFloat16Native(const common::WindowGeometry& g, const ConvGradShapes& s,
+                               const BFloat16* x, const BFloat16* dy, const BFloat16* w,
+                               float* dx, float* dw, float* db) {
+  const int64_t cg = s.channels / s.group;
+  const int64_t mg = s.out_channels / s.group;
+  const int64_t kg = cg * g.kernel_size();
+  const int64_t p = g.output_size();
+  const int64_t in_size = g.input_size();
+  const int64_t lines = p / g.output[g.num_spatial - 1];
+  const int64_t w_size = s.out_channels * kg;
+  const int64_t slices = SliceCount(s.batch);
+  std::vector<std::vector<float>> dw_parts(static_cast<size_t>(slices)),
+      db_parts(static_cast<size_t>(slices));
+  auto run_slice = [&](int64_t slice) {
+    float* dw_acc = dw;
+    float* db_acc = db;
+    if (slice > 0) {
+      if (dw != nullptr) {
+        dw_parts[slice].assign(static_cast<size_t>(w_size), 0.0f);
+        dw_acc = dw_parts[slice].data();
+      }
+      if (db != nullptr) {
+        db_parts[slice].assign(static_cast<size_t>(s.out_channels), 0.0f);
+        db_acc = db_parts[slice].data();
+      }
+    }
+    std::vector<BFloat16> col;
+    std::vector<float> dcol, dy_row;
+    for (int64_t n = SliceBegin(slice, slices, s.batch);
+         n < SliceBegin(slice + 1, slices, s.batch); ++n) {
+      for (int64_t gi = 0; gi < s.group; ++gi) {
+        const BFloat16* x_g = x + (n * s.channels + gi * cg) * in_size;
+        const BFloat16* dy_g = dy + (n * s.out_channels + gi * mg) * p;
+        if (dw_acc != nullptr) {
+          col.resize(static_cast<size_t>(kg * p));
+          Im2Col<BFloat16, BFloat16>(x_g, g, 0, kg, 0, lines, col.data(), p);
+          // dW_g [mg, kg] += dY_g [mg, p] * col^T [p, kg]
+          GemmFloat32Accumulate(DType::kBFloat16, false, true, mg, kg, p, 1.0f, dy_g, p,
+                                col.data(), p, 1.0f, dw_acc + gi * mg * kg, kg);
+        }
+        if (dx != nullptr) {
+          dcol.resize(static_cast<size_t>(kg * p));
+          // dcol [kg, p] = W_g^T [kg, mg] * dY_g [mg, p]
+          GemmFloat32Accumulate(DType::kBFloat16, true, false, kg, p, mg, 1.0f,
+                                w + gi * mg * kg, kg, dy_g, p, 0.0f, dcol.data(), p);
+          Col2ImAdd(dcol.data(), g, kg, dx + (n * s.channels + gi * cg) * in_size);
+        }
+        if (db_acc != nullptr) {  // dY's row sums
+          dy_row.resize(static_cast<size_t>(p));
+          for (int64_t m = 0; m < mg; ++m) {
+            ToFloat32(dy_g + m * p, dy_row.data(), p);
+            db_acc[gi * mg + m] += static_cast<float>(RowSum(dy_row.data(), p));
+          }
+        }
+      }
+    }
+  };
+  if (slices > 1) {
+    ParallelFor(0, slices, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t slice = lo; slice < hi; ++slice) run_slice(slice);
+    });
+  } else {
+    run_slice(0);
+  }
+  for (int64_t slice = 1; slice < slices; ++slice) {
+    if (dw != nullptr) {
+      for (int64_t i = 0; i < w_size; ++i) dw[i] += dw_parts[slice][i];
+    }
+    if (db != nullptr) {
+      for (int64_t m = 0; m < s.out_channels; ++m) db[m] += db_parts[slice][m];
+    }
+  }
+}
+
 absl::Status ConvGradKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& x = ctx.input(1);
@@ -385,12 +482,22 @@ absl::Status ConvGradKernel(KernelContext& ctx) {
     CASTOR_ASSIGN_OR_RETURN(db, ctx.Output(2, x.dtype, {s.out_channels}));
   }
   const bool runs = dy.num_elements() > 0 && x.num_elements() > 0;
+  // As the forward pass (conv.cc's NativeConvPays): where the grid's direct
+  // products run (2-D), they beat unrolling, col2im and packing for the
+  // native GEMM (measured in the ResNet's training step on a Zen 4).
+  const bool native = x.dtype == DType::kBFloat16 && dy.dtype == DType::kBFloat16 &&
+                      w.dtype == DType::kBFloat16 && NativeBFloat16Gemm() &&
+                      (IsPointwise(*g) || !UsesGrid(*g));
   std::optional<Float32Out> dx_out, dw_out, db_out;
   // The grid's phases write every element of dX; col2im adds.
-  if (dx) dx_out.emplace(dx, runs && UsesGrid(*g));
+  if (dx) dx_out.emplace(dx, runs && UsesGrid(*g) && !native);
   if (dw) dw_out.emplace(dw);
   if (db) db_out.emplace(db);
-  if (runs) {
+  if (runs && native) {
+    RunConvGradBFloat16Native(*g, s, x.as<BFloat16>(), dy.as<BFloat16>(), w.as<BFloat16>(),
+                              dx ? dx_out->data() : nullptr, dw ? dw_out->data() : nullptr,
+                              db ? db_out->data() : nullptr);
+  } else if (runs) {
     // X widened once with the vector conversions (float_io.h), like dY and
     // W: the unrolling then copies float32 instead of converting each of
     // the kernel-size copies of every element.

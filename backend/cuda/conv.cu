@@ -642,6 +642,9 @@ absl::Status ConvGradKernel(KernelContext& ctx) {
 
 void RegisterConvKernels(KernelTable& table) {
   table.Register({"", "Conv", InputDTypeIn(0, CudaFloatDTypes()), ConvKernel});
+  // castor's form (com.castor Conv: the training graph's bfloat16 Conv below
+  // opset 22) runs the same kernel.
+  table.Register({kCastorDomain, "Conv", InputDTypeIn(0, CudaFloatDTypes()), ConvKernel});
   table.Register({kCastorDomain, "ConvGrad", FloatDTypesIn(CudaFloatDTypes()), ConvGradKernel});
 }
 

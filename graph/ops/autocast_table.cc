@@ -45,6 +45,12 @@ constexpr Entry kTable[] = {
     {"", "Conv", kAllow, "PyTorch conv1d/2d/3d: lower_precision_fp; TF Conv2D/Conv3D: allow"},
     {"", "ConvTranspose", kAllow,
      "PyTorch conv_transpose*: lower_precision_fp; TF Conv2DBackpropInput: allow"},
+    {"com.castor", "Conv", kAllow,
+     "castor's training form of Conv at any opset (allow like it; PyTorch conv*: "
+     "lower_precision_fp)"},
+    {"com.castor", "ConvTranspose", kAllow,
+     "castor's training form of ConvTranspose at any opset (allow like it; PyTorch "
+     "conv_transpose*: lower_precision_fp)"},
     // The recurrent layers never reach autocast: the unroll-recurrent pass
     // rewrites them into MatMul, Add, Sigmoid, ... first (their categories
     // then apply); the entries say what the layers are for `castor inspect`.

@@ -8,6 +8,13 @@
 //                  - pad_begin - pad_end   (or output_shape when given)
 // Weights: Conv [M, C/group, k1, ...]; ConvTranspose [C, M/group, k1, ...];
 // the optional bias is [M].
+//
+// com.castor Conv and com.castor ConvTranspose (castor's own ops, version
+// 1): the ONNX ops as opset 22 defines them (bfloat16 included), for models
+// of any opset. Only castor's training graph holds them: the autocast pass
+// run by 'castor train' (AutocastOptions::training_graph_ops) gives a Conv
+// that ONNX refuses in bfloat16 at the model's opset this form, while the
+// model 'castor convert' writes keeps ONNX Conv in float32.
 #include <algorithm>
 #include <optional>
 #include <string>
@@ -15,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "graph/gradient_builder.h"
 #include "graph/op_registry.h"
 #include "graph/ops/all_ops.h"
 #include "graph/ops/op_helpers.h"
@@ -23,8 +31,12 @@
 namespace castor {
 namespace {
 
-// Float types; bfloat16 from opset 22 (Conv-22, ConvTranspose-22).
-std::vector<DType> ConvDTypes(const InferenceContext& ctx) {
+// Float types; bfloat16 from opset 22 (Conv-22, ConvTranspose-22), and at
+// every version of castor's own forms.
+std::vector<DType> ConvDTypes(const InferenceContext& ctx, bool castor_form) {
+  if (castor_form) {
+    return {DType::kFloat16, DType::kFloat32, DType::kFloat64, DType::kBFloat16};
+  }
   return ops::DTypesAt(
       ctx, {{1, {DType::kFloat16, DType::kFloat32, DType::kFloat64}}, {22, {DType::kBFloat16}}});
 }
@@ -45,8 +57,8 @@ struct ConvInputs {
   std::optional<std::vector<int64_t>> kernel_from_weight;
 };
 
-absl::StatusOr<ConvInputs> ReadConvInputs(const InferenceContext& ctx) {
-  CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 0, ConvDTypes(ctx)));
+absl::StatusOr<ConvInputs> ReadConvInputs(const InferenceContext& ctx, bool castor_form) {
+  CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 0, ConvDTypes(ctx, castor_form)));
   CASTOR_RETURN_IF_ERROR(ops::RequireSameDType(ctx, 0, 2));
   const Shape& x = ctx.input_shape(0);
   const Shape& w = ctx.input_shape(1);
@@ -92,8 +104,8 @@ absl::Status CheckEqual(const InferenceContext& ctx, const Dim& a, int64_t b_val
   return absl::OkStatus();
 }
 
-absl::Status InferConv(InferenceContext& ctx) {
-  CASTOR_ASSIGN_OR_RETURN(ConvInputs inputs, ReadConvInputs(ctx));
+absl::Status InferConvForm(InferenceContext& ctx, bool castor_form) {
+  CASTOR_ASSIGN_OR_RETURN(ConvInputs inputs, ReadConvInputs(ctx, castor_form));
   const DType dtype = ctx.input_dtype(0);
   if (!inputs.num_spatial) {
     ctx.SetOutput(0, dtype, Shape::Unknown());
@@ -130,8 +142,8 @@ absl::Status InferConv(InferenceContext& ctx) {
   return absl::OkStatus();
 }
 
-absl::Status InferConvTranspose(InferenceContext& ctx) {
-  CASTOR_ASSIGN_OR_RETURN(ConvInputs inputs, ReadConvInputs(ctx));
+absl::Status InferConvTransposeForm(InferenceContext& ctx, bool castor_form) {
+  CASTOR_ASSIGN_OR_RETURN(ConvInputs inputs, ReadConvInputs(ctx, castor_form));
   const DType dtype = ctx.input_dtype(0);
   if (!inputs.num_spatial) {
     ctx.SetOutput(0, dtype, Shape::Unknown());
@@ -229,34 +241,55 @@ absl::Status InferConvTranspose(InferenceContext& ctx) {
   return absl::OkStatus();
 }
 
-OpDef MakeConvOp(const std::string& op_type) {
+absl::Status InferConv(InferenceContext& ctx) { return InferConvForm(ctx, false); }
+absl::Status InferCastorConv(InferenceContext& ctx) { return InferConvForm(ctx, true); }
+absl::Status InferConvTranspose(InferenceContext& ctx) {
+  return InferConvTransposeForm(ctx, false);
+}
+absl::Status InferCastorConvTranspose(InferenceContext& ctx) {
+  return InferConvTransposeForm(ctx, true);
+}
+
+// The ONNX op (domain "") or castor's form of it (kCastorDomain, version 1).
+OpDef MakeConvOp(const std::string& op_type, const std::string& domain) {
   OpDef def;
   def.op_type = op_type;
-  def.min_opset = kMinOnnxOpset;
-  def.max_opset = kMaxOnnxOpset;
+  def.domain = domain;
+  def.min_opset = domain.empty() ? kMinOnnxOpset : 1;
+  def.max_opset = domain.empty() ? kMaxOnnxOpset : 1;
   def.min_inputs = 2;
   def.max_inputs = 3;
   def.attributes = ConvAttributes();
   return def;
 }
 
+constexpr const char* kCastorFormSummary =
+    " (castor's form for the training graph: ONNX opset 22's op, bfloat16 included, at any "
+    "model opset)";
+
 }  // namespace
 
 void RegisterConvOps(OpRegistry& registry) {
-  {
-    OpDef def = MakeConvOp("Conv");
-    def.infer = InferConv;
-    def.summary = "N-D convolution of X [N,C,D...] with W [M,C/group,k...], optional bias [M]";
-    registry.Register(std::move(def));
-  }
-  {
-    OpDef def = MakeConvOp("ConvTranspose");
-    def.attributes.push_back({"output_padding", AttrKind::kInts, false});
-    def.attributes.push_back({"output_shape", AttrKind::kInts, false});
-    def.infer = InferConvTranspose;
-    def.summary =
-        "N-D transposed convolution of X [N,C,D...] with W [C,M/group,k...], optional bias [M]";
-    registry.Register(std::move(def));
+  for (const std::string domain : {"", kCastorDomain}) {
+    const std::string form = domain.empty() ? "" : kCastorFormSummary;
+    {
+      OpDef def = MakeConvOp("Conv", domain);
+      def.infer = domain.empty() ? InferConv : InferCastorConv;
+      def.summary =
+          "N-D convolution of X [N,C,D...] with W [M,C/group,k...], optional bias [M]" + form;
+      registry.Register(std::move(def));
+    }
+    {
+      OpDef def = MakeConvOp("ConvTranspose", domain);
+      def.attributes.push_back({"output_padding", AttrKind::kInts, false});
+      def.attributes.push_back({"output_shape", AttrKind::kInts, false});
+      def.infer = domain.empty() ? InferConvTranspose : InferCastorConvTranspose;
+      def.summary =
+          "N-D transposed convolution of X [N,C,D...] with W [C,M/group,k...], optional bias "
+          "[M]" +
+          form;
+      registry.Register(std::move(def));
+    }
   }
 }
 

@@ -1870,6 +1870,9 @@ void AssignGradientRules(OpRegistry& registry) {
   for (const RuleEntry& entry : kRules) registry.SetGradient("", entry.op_type, entry.rule);
   // castor's own forward op: BatchNormalization as the training graph runs it.
   registry.SetGradient(kCastorDomain, "BatchNormalizationTraining", BatchNormalizationGradient);
+  // castor's own forward op: Conv as the training graph runs it in bfloat16
+  // below opset 22 (graph/ops/conv.cc).
+  registry.SetGradient(kCastorDomain, "Conv", ConvGradient);
   // castor's copy of the loss, for models below opset 12.
   registry.SetGradient(kCastorDomain, "SoftmaxCrossEntropyLoss",
                        SoftmaxCrossEntropyLossGradient);

@@ -1,0 +1,297 @@
+// Tests for the training graph's bfloat16 Conv (AutocastOptions::
+// training_graph_ops, issue #29 item 1): under mixed_bfloat16 a Conv that
+// ONNX refuses in bfloat16 below opset 22 computes in bfloat16 as
+// com.castor Conv in castor's training graph (no Casts between it and its
+// bfloat16 neighbours; its gradient ConvGrad in bfloat16 too), while the
+// file 'castor convert' writes keeps ONNX Conv in float32 and its record
+// says where it computes in bfloat16. The sample CNN's loss curve under it
+// stays close to float32's, and the checkpoint record tells the two
+// behaviours apart (KeptFloat32NodesOfGraph).
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "backend/cpu/cpu_backend.h"
+#include "gmock/gmock.h"
+#include "graph/gradient_builder.h"
+#include "graph/onnx_io.h"
+#include "graph/shape_inference.h"
+#include "gtest/gtest.h"
+#include "passes/autocast.h"
+#include "passes/training_graph.h"
+#include "passes/verifier.h"
+#include "training/checkpoint.h"
+#include "training/trainer.h"
+
+namespace castor {
+namespace {
+
+using ::testing::Contains;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+template <typename T>
+T ValueOrDie(absl::StatusOr<T> result) {
+  EXPECT_TRUE(result.ok()) << result.status();
+  if (!result.ok()) std::abort();
+  return *std::move(result);
+}
+
+Policy BuiltinPolicy(const std::string& name) { return ValueOrDie(Policy::Builtin(name)); }
+
+AutocastOptions TrainingOps() {
+  AutocastOptions options;
+  options.training_graph_ops = true;
+  return options;
+}
+
+const Node& NodeNamed(const Model& model, const std::string& name) {
+  const Node* node = model.graph->FindNode(name);
+  if (node == nullptr) {
+    ADD_FAILURE() << "no node " << name;
+    std::abort();
+  }
+  return *node;
+}
+
+// "source->dtype" for every inserted Cast, in graph order.
+std::vector<std::string> CastSummary(const Model& model) {
+  std::vector<std::string> summary;
+  for (const Node* node : model.graph->nodes()) {
+    if (ReadAutocastRecord(*node).inserted_cast.empty()) continue;
+    summary.push_back(
+        absl::StrCat(node->input(0)->name(), "->", DTypeName(node->output(0)->dtype())));
+  }
+  return summary;
+}
+
+// x -> Conv -> Relu -> Conv -> Relu (graph output), at `opset`.
+Model TwoConvModel(int64_t opset) {
+  Model model;
+  model.ir_version = 8;
+  model.opset_imports = {{"", opset}};
+  Graph& g = *model.graph;
+  Value* x = ValueOrDie(g.AddInput("x", DType::kFloat32, Shape::FromDims({2, 3, 9, 7})));
+  auto weight = [&](const std::string& name, std::vector<int64_t> dims) {
+    Tensor tensor(DType::kFloat32, dims);
+    for (int64_t i = 0; i < tensor.num_elements(); ++i) {
+      tensor.data<float>()[i] = 0.05f * std::sin(0.7f * static_cast<float>(i));
+    }
+    return ValueOrDie(g.AddInitializer(name, std::move(tensor)));
+  };
+  Value* k1 = weight("k1", {4, 3, 3, 3});
+  Value* b1 = weight("b1", {4});
+  Value* k2 = weight("k2", {5, 4, 3, 3});
+  Node* conv1 = ValueOrDie(g.AddNode("Conv", {x, k1, b1}, {"conv1"}, "conv1"));
+  conv1->SetAttribute(Attribute::Ints("pads", {1, 1, 1, 1}));
+  Node* relu = ValueOrDie(g.AddNode("Relu", {conv1->output(0)}, {"relu"}, "relu"));
+  Node* conv2 = ValueOrDie(g.AddNode("Conv", {relu->output(0), k2}, {"conv2"}, "conv2"));
+  conv2->SetAttribute(Attribute::Ints("strides", {2, 1}));
+  Node* out = ValueOrDie(g.AddNode("Relu", {conv2->output(0)}, {"out"}, "out"));
+  g.AddOutput(out->output(0));
+  EXPECT_TRUE(InferTypes(model).ok());
+  return model;
+}
+
+TEST(AutocastTrainingFormTest, ConvBelowOpset22ComputesBfloat16AsCastorConv) {
+  Model model = TwoConvModel(17);
+  const AutocastReport report =
+      ValueOrDie(RunAutocast(model, BuiltinPolicy("mixed_bfloat16"), TrainingOps()));
+  for (const char* name : {"conv1", "conv2"}) {
+    const Node& conv = NodeNamed(model, name);
+    EXPECT_EQ(conv.domain(), kCastorDomain) << name;
+    EXPECT_EQ(conv.op_type(), "Conv") << name;
+    EXPECT_EQ(ReadAutocastRecord(conv).dtype, "bfloat16") << name;
+    EXPECT_THAT(ReadAutocastRecord(conv).why,
+                HasSubstr("so castor's training graph runs it as com.castor Conv"));
+    EXPECT_EQ(conv.output(0)->dtype(), DType::kBFloat16) << name;
+  }
+  // The Relu between them follows in bfloat16: no Cast between the Convs;
+  // the last Relu produces the float32 graph output (keep_io_types).
+  EXPECT_EQ(ReadAutocastRecord(NodeNamed(model, "relu")).dtype, "bfloat16");
+  EXPECT_EQ(ReadAutocastRecord(NodeNamed(model, "out")).dtype, "float32");
+  EXPECT_THAT(CastSummary(model),
+              ElementsAre("x->bfloat16", "k1->bfloat16", "b1->bfloat16", "k2->bfloat16",
+                          "conv2->float32"));
+  EXPECT_EQ(model.graph->FindValue("conv1")->producer()->name(), "conv1");  // names kept
+  EXPECT_EQ(model.OpsetVersion(kCastorDomain), 1);
+  EXPECT_EQ(report.training_forms.at("Conv"), 2);
+  EXPECT_THAT(report.notes, Contains(HasSubstr("2 Conv nodes compute in bfloat16 as com.castor "
+                                               "Conv")));
+  absl::Status verified = VerifyModel(model);
+  EXPECT_TRUE(verified.ok()) << verified;
+
+  // StripAutocast gives back the float32 ONNX graph.
+  ASSERT_TRUE(StripAutocast(model).ok());
+  for (const char* name : {"conv1", "conv2"}) {
+    EXPECT_EQ(NodeNamed(model, name).domain(), "") << name;
+    EXPECT_EQ(NodeNamed(model, name).output(0)->dtype(), DType::kFloat32) << name;
+  }
+  EXPECT_TRUE(CastSummary(model).empty());
+}
+
+TEST(AutocastTrainingFormTest, ConvertedFileKeepsOnnxConvInFloat32AndSaysWhereItIsBfloat16) {
+  Model model = TwoConvModel(17);
+  const AutocastReport report = ValueOrDie(RunAutocast(model, BuiltinPolicy("mixed_bfloat16")));
+  for (const char* name : {"conv1", "conv2"}) {
+    const Node& conv = NodeNamed(model, name);
+    EXPECT_EQ(conv.domain(), "") << name;
+    EXPECT_EQ(ReadAutocastRecord(conv).dtype, "float32") << name;
+    EXPECT_THAT(ReadAutocastRecord(conv).why,
+                HasSubstr("does not accept bfloat16 at opset 17"));
+    EXPECT_THAT(ReadAutocastRecord(conv).why,
+                HasSubstr("'castor train' runs it in bfloat16 all the same, as com.castor Conv"));
+  }
+  EXPECT_EQ(model.OpsetVersion(kCastorDomain), 0);
+  EXPECT_THAT(report.notes,
+              ElementsAre(HasSubstr("2 Conv nodes stay float32 in this file (Conv accepts "
+                                    "bfloat16 only from opset 22; the model is opset 17) and "
+                                    "compute in bfloat16 in 'castor train' as com.castor Conv")));
+  EXPECT_TRUE(report.training_forms.empty());
+}
+
+TEST(AutocastTrainingFormTest, OnlyWhereOnnxRefusesTheDtype) {
+  // float16: ONNX Conv takes it at every opset; opset 22: bfloat16 too.
+  Model float16 = TwoConvModel(17);
+  ValueOrDie(RunAutocast(float16, BuiltinPolicy("mixed_float16"), TrainingOps()));
+  EXPECT_EQ(NodeNamed(float16, "conv1").domain(), "");
+  EXPECT_EQ(ReadAutocastRecord(NodeNamed(float16, "conv1")).dtype, "float16");
+  Model opset22 = TwoConvModel(22);
+  const AutocastReport report =
+      ValueOrDie(RunAutocast(opset22, BuiltinPolicy("mixed_bfloat16"), TrainingOps()));
+  EXPECT_EQ(NodeNamed(opset22, "conv1").domain(), "");
+  EXPECT_EQ(ReadAutocastRecord(NodeNamed(opset22, "conv1")).dtype, "bfloat16");
+  EXPECT_TRUE(report.training_forms.empty());
+  Model float32 = TwoConvModel(17);
+  ValueOrDie(RunAutocast(float32, BuiltinPolicy("float32"), TrainingOps()));
+  EXPECT_EQ(NodeNamed(float32, "conv1").domain(), "");
+}
+
+Model LoadSample(const std::string& name) {
+  Model model = ValueOrDie(LoadModel(std::string(CASTOR_SOURCE_DIR) + "/models/" + name + ".onnx"));
+  EXPECT_TRUE(InferTypes(model).ok());
+  return model;
+}
+
+int CountConvs(const Model& model) {
+  int convs = 0;
+  for (const Node* node : model.graph->nodes()) convs += node->op_type() == "Conv";
+  return convs;
+}
+
+class SampleConvTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SampleConvTest, EveryConvComputesBfloat16InTheTrainingGraph) {
+  Model model = LoadSample(GetParam());
+  const int convs = CountConvs(model);
+  ASSERT_GT(convs, 0);
+  ValueOrDie(RunAutocast(model, BuiltinPolicy("mixed_bfloat16"), TrainingOps()));
+  for (const Node* node : model.graph->nodes()) {
+    if (node->op_type() != "Conv") continue;
+    EXPECT_EQ(node->domain(), kCastorDomain) << node->name();
+    EXPECT_EQ(ReadAutocastRecord(*node).dtype, "bfloat16") << node->name();
+    EXPECT_EQ(node->input(0)->dtype(), DType::kBFloat16) << node->name();
+  }
+  EXPECT_EQ(CountConvs(model), convs);
+  const TrainingGraph graph = ValueOrDie(BuildTrainingGraph(model, TrainingGraphOptions{}));
+  absl::Status verified = VerifyModel(model);
+  EXPECT_TRUE(verified.ok()) << verified;
+  int conv_grads = 0;
+  for (const Node* node : model.graph->nodes()) {
+    if (node->op_type() != "ConvGrad") continue;
+    ++conv_grads;
+    // dY and X in bfloat16: the data and weight gradients are bfloat16 GEMMs.
+    EXPECT_EQ(node->input(0)->dtype(), DType::kBFloat16) << node->name();
+    EXPECT_EQ(node->input(1)->dtype(), DType::kBFloat16) << node->name();
+  }
+  EXPECT_EQ(conv_grads, convs);
+  EXPECT_FALSE(graph.gradients.empty());
+
+  // The converted file: ONNX Conv in float32, each saying where it is bfloat16.
+  Model converted = LoadSample(GetParam());
+  ValueOrDie(RunAutocast(converted, BuiltinPolicy("mixed_bfloat16")));
+  for (const Node* node : converted.graph->nodes()) {
+    if (node->op_type() != "Conv") continue;
+    EXPECT_EQ(node->domain(), "") << node->name();
+    EXPECT_EQ(ReadAutocastRecord(*node).dtype, "float32") << node->name();
+    EXPECT_THAT(ReadAutocastRecord(*node).why, HasSubstr("'castor train' runs it in bfloat16"));
+  }
+
+  // The checkpoint record: nodes kept float32 as the training graph computes
+  // them (no Conv), and as checkpoints before the training form recorded
+  // them (every Conv).
+  Model float32 = LoadSample(GetParam());
+  const Policy policy = BuiltinPolicy("mixed_bfloat16");
+  const std::vector<std::string> now = ValueOrDie(training::KeptFloat32Nodes(float32, policy));
+  const std::vector<std::string> before =
+      ValueOrDie(training::KeptFloat32NodesOfGraph(float32, policy, /*training_graph_ops=*/false));
+  // (Relus between a Conv and a bfloat16 reader turn bfloat16 with it.)
+  EXPECT_GE(before.size(), now.size() + convs);
+  int convs_before = 0;
+  for (const std::string& name : before) convs_before += NodeNamed(float32, name).op_type() == "Conv";
+  EXPECT_EQ(convs_before, convs);
+  for (const std::string& name : now) {
+    EXPECT_NE(NodeNamed(float32, name).op_type(), "Conv") << name;
+    EXPECT_NE(std::find(before.begin(), before.end(), name), before.end()) << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, SampleConvTest,
+                         ::testing::Values("cnn_opset17", "resnet_opset17", "cnn_opset13",
+                                           "resnet_opset13"));
+
+CpuBackend& Cpu() {
+  static CpuBackend* backend = new CpuBackend();
+  return *backend;
+}
+
+std::unique_ptr<training::Trainer> MakeTrainer(const std::string& policy) {
+  Model model = LoadSample("cnn_opset17");
+  if (policy != "float32") {
+    ValueOrDie(RunAutocast(model, BuiltinPolicy(policy), TrainingOps()));
+  }
+  const TrainingGraph graph = ValueOrDie(BuildTrainingGraph(model, TrainingGraphOptions{}));
+  training::TrainerOptions options;
+  options.lr.base_lr = 1e-3;
+  return ValueOrDie(training::Trainer::Create(std::move(model), graph, options, Cpu()));
+}
+
+TEST(AutocastTrainingFormTest, CnnLossCurveUnderBfloat16ConvsStaysCloseToFloat32) {
+  // 12 Adam steps on a fixed batch of 32 random images: the bfloat16 run
+  // (Convs, GEMMs and their gradients in bfloat16, float32 accumulation)
+  // follows the float32 one within a few percent and learns as much.
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+  Tensor images(DType::kFloat32, {32, 1, 28, 28});
+  for (int64_t i = 0; i < images.num_elements(); ++i) images.data<float>()[i] = pixel(rng);
+  Tensor labels(DType::kInt64, {32});
+  for (int64_t i = 0; i < 32; ++i) labels.data<int64_t>()[i] = (i * 7) % 10;
+  std::unique_ptr<training::Trainer> bf16 = MakeTrainer("mixed_bfloat16");
+  std::unique_ptr<training::Trainer> fp32 = MakeTrainer("float32");
+  int castor_convs = 0;
+  for (const Node* node : bf16->model().graph->nodes()) {
+    castor_convs += node->op_type() == "Conv" && node->domain() == kCastorDomain;
+  }
+  EXPECT_EQ(castor_convs, 1);
+  double first = 0, last_bf16 = 0, last_fp32 = 0;
+  for (int step = 0; step < 12; ++step) {
+    const training::StepResult a = ValueOrDie(bf16->Step({{"input", images}}, labels));
+    const training::StepResult b = ValueOrDie(fp32->Step({{"input", images}}, labels));
+    ASSERT_FALSE(a.skipped);
+    EXPECT_TRUE(std::isfinite(a.loss));
+    EXPECT_NEAR(a.loss, b.loss, 0.03 * b.loss + 0.01) << "step " << step;
+    if (step == 0) first = b.loss;
+    last_bf16 = a.loss;
+    last_fp32 = b.loss;
+  }
+  EXPECT_GT(first, 2.0);
+  EXPECT_LT(last_fp32, 0.8 * first);
+  EXPECT_LT(last_bf16, 0.8 * first);
+}
+
+}  // namespace
+}  // namespace castor

@@ -1,0 +1,186 @@
+// The CPU backend's bfloat16 Conv and ConvGrad on the native bfloat16 GEMM
+// (backend/cpu/conv.cc RunConvBFloat16Native, conv_grad.cc
+// RunConvGradBFloat16Native: columns unrolled in bfloat16, AVX512-BF16 or
+// AMX products summed in float32) against the widened path (16-bit widened
+// to float32, sgemm or grid products), which stays the fallback and the
+// reference, on odd sizes and tails (channels, K and output widths that are
+// no multiple of 2 or 16), groups, strides, pads, dilations, 1-D and 3-D,
+// pointwise, and Inf/NaN inputs; and both against float64 references of
+// the same bfloat16 inputs (the forward pass takes the native GEMM where
+// conv.cc's NativeConvPays: pointwise, 1-D and 3-D here; 2-D 3x3 convs keep
+// the grid products). castor's com.castor Conv (the training graph's form)
+// runs the same kernel. Skips the native comparisons where the CPU
+// has neither AVX512-BF16 nor AMX.
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/amx_gemm.h"
+#include "backend/cpu/avx512bf16_gemm.h"
+#include "graph/gradient_builder.h"
+#include "gtest/gtest.h"
+#include "tests/kernel_test_util.h"
+
+namespace castor {
+namespace {
+
+using testing::Count;
+using testing::Make;
+using testing::Random;
+using testing::RunOk;
+using testing::Values;
+
+struct ConvCase {
+  std::vector<int64_t> x_dims, w_dims;
+  int64_t group = 1;
+  std::vector<int64_t> strides, dilations, pads;
+  bool bias = true;
+};
+
+std::vector<Attribute> Attrs(const ConvCase& c) {
+  std::vector<Attribute> attrs = {Attribute::Int("group", c.group)};
+  if (!c.strides.empty()) attrs.push_back(Attribute::Ints("strides", c.strides));
+  if (!c.dilations.empty()) attrs.push_back(Attribute::Ints("dilations", c.dilations));
+  if (!c.pads.empty()) attrs.push_back(Attribute::Ints("pads", c.pads));
+  return attrs;
+}
+
+const std::vector<ConvCase>& Cases() {
+  static const std::vector<ConvCase> cases = {
+      // Odd channels, odd K (3 * 3 * 3 = 27), odd output width.
+      {{2, 3, 9, 7}, {5, 3, 3, 3}, 1, {}, {}, {1, 1, 1, 1}},
+      // Grouped, strided, dilated, uneven pads.
+      {{3, 6, 11, 10}, {9, 2, 3, 2}, 3, {2, 1}, {1, 2}, {1, 0, 2, 1}},
+      // Depthwise.
+      {{2, 5, 8, 9}, {5, 1, 3, 3}, 5, {}, {}, {1, 1, 1, 1}, false},
+      // Pointwise (X itself is the column matrix), and strided 1x1.
+      {{2, 7, 5, 6}, {11, 7, 1, 1}, 1, {}, {}, {}},
+      {{2, 7, 9, 6}, {4, 7, 1, 1}, 1, {2, 2}, {}, {}},
+      // 1-D and 3-D.
+      {{3, 3, 23}, {4, 3, 5}, 1, {2}, {2}, {3, 1}},
+      {{2, 3, 5, 6, 7}, {4, 3, 3, 2, 3}, 1, {1, 2, 1}, {}, {1, 0, 1, 1, 1, 0}},
+      // One image (tasks one at a time, the GEMM split across threads),
+      // the sample CNN's first layer, and a wider one.
+      {{1, 3, 17, 19}, {7, 3, 3, 3}, 1, {}, {}, {1, 1, 1, 1}},
+      {{4, 1, 28, 28}, {32, 1, 3, 3}, 1, {}, {}, {}},
+      {{2, 33, 14, 13}, {17, 33, 3, 3}, 1, {}, {}, {1, 1, 1, 1}},
+  };
+  return cases;
+}
+
+bool NativeAvailable() { return cpu::Avx512Bf16Supported() || cpu::AmxBf16Available(); }
+
+// Runs `fn` with the native bfloat16 GEMM kernels on (as the CPU allows)
+// or off (the widened sgemm path), restoring the switches after.
+template <typename Fn>
+auto WithNative(bool native, Fn&& fn) {
+  const bool avx_before = cpu::SetAvx512Bf16ForTesting(native);
+  const bool amx_before = cpu::SetAmxForTesting(native);
+  auto result = fn();
+  cpu::SetAvx512Bf16ForTesting(avx_before);
+  cpu::SetAmxForTesting(amx_before);
+  return result;
+}
+
+// Expects a and b (bfloat16 results of the same float32-accumulated sums,
+// in another order) within `ulps` bfloat16 ulps of each other, plus an
+// absolute allowance for cancellation (`atol`); Inf/NaN must match.
+void ExpectCloseBfloat16(const Tensor& a, const Tensor& b, int ulps, double atol,
+                         const std::string& what) {
+  ASSERT_EQ(a.dims(), b.dims()) << what;
+  const std::vector<double> va = Values(a), vb = Values(b);
+  int reported = 0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    if (std::isnan(va[i]) || std::isnan(vb[i]) || std::isinf(va[i]) || std::isinf(vb[i])) {
+      const bool same = (std::isnan(va[i]) && std::isnan(vb[i])) || va[i] == vb[i];
+      EXPECT_TRUE(same) << what << " [" << i << "]: " << va[i] << " vs " << vb[i];
+      continue;
+    }
+    const double scale = std::max(std::fabs(va[i]), std::fabs(vb[i]));
+    const double tolerance = ulps * scale * std::ldexp(1.0, -7) + atol;
+    if (std::fabs(va[i] - vb[i]) > tolerance && reported++ < 5) {
+      ADD_FAILURE() << what << " [" << i << "]: " << va[i] << " vs " << vb[i];
+    }
+  }
+}
+
+TEST(CpuConvBfloat16, NativeMatchesWidenedAndFloat64) {
+  if (!NativeAvailable()) GTEST_SKIP() << "no AVX512-BF16 or AMX on this CPU";
+  unsigned seed = 500;
+  for (const ConvCase& c : Cases()) {
+    SCOPED_TRACE(::testing::Message() << "X rank " << c.x_dims.size() << " C " << c.x_dims[1]
+                                      << " group " << c.group);
+    std::vector<Tensor> inputs = {Make(DType::kBFloat16, c.x_dims, Random(Count(c.x_dims), seed)),
+                                  Make(DType::kBFloat16, c.w_dims, Random(Count(c.w_dims), seed + 1))};
+    if (c.bias) {
+      inputs.push_back(Make(DType::kBFloat16, {c.w_dims[0]}, Random(c.w_dims[0], seed + 2)));
+    }
+    seed += 3;
+    const Tensor native =
+        WithNative(true, [&] { return RunOk("Conv", inputs, Attrs(c), 22)[0]; });
+    const Tensor widened =
+        WithNative(false, [&] { return RunOk("Conv", inputs, Attrs(c), 22)[0]; });
+    // float64 of the same bfloat16 inputs (the float32 run is within
+    // float32 rounding of it), then rounded once as both paths round.
+    std::vector<Tensor> wide;
+    for (const Tensor& t : inputs) wide.push_back(Make(DType::kFloat64, t.dims(), Values(t)));
+    const Tensor reference = RunOk("Conv", wide, Attrs(c), 22)[0];
+    // Both sum the same bfloat16 products in float32 and round once: at
+    // most one bfloat16 ulp apart where no cancellation happened.
+    ExpectCloseBfloat16(native, widened, 1, 1e-5, "native vs widened");
+    ExpectCloseBfloat16(native, Make(DType::kBFloat16, reference.dims(), Values(reference)), 1,
+                        1e-5, "native vs float64");
+    // castor's training form runs the same kernel: the same bits.
+    const Tensor castor_form = WithNative(
+        true, [&] { return RunOk("Conv", inputs, Attrs(c), 1, 1, kCastorDomain)[0]; });
+    EXPECT_EQ(testing::Bits(castor_form), testing::Bits(native));
+  }
+}
+
+TEST(CpuConvBfloat16, NativePropagatesInfAndNaNAsWidened) {
+  if (!NativeAvailable()) GTEST_SKIP() << "no AVX512-BF16 or AMX on this CPU";
+  const ConvCase c{{1, 3, 6, 5}, {2, 3, 3, 3}, 1, {}, {}, {1, 1, 1, 1}};
+  std::vector<double> x = Random(Count(c.x_dims), 91);
+  x[7] = std::numeric_limits<double>::infinity();
+  x[40] = std::numeric_limits<double>::quiet_NaN();
+  x[61] = -std::numeric_limits<double>::infinity();
+  const std::vector<Tensor> inputs = {Make(DType::kBFloat16, c.x_dims, x),
+                                      Make(DType::kBFloat16, c.w_dims, Random(Count(c.w_dims), 92)),
+                                      Make(DType::kBFloat16, {2}, Random(2, 93))};
+  const Tensor native = WithNative(true, [&] { return RunOk("Conv", inputs, Attrs(c), 22)[0]; });
+  const Tensor widened = WithNative(false, [&] { return RunOk("Conv", inputs, Attrs(c), 22)[0]; });
+  int non_finite = 0;
+  for (double v : Values(native)) non_finite += !std::isfinite(v);
+  EXPECT_GT(non_finite, 10);
+  ExpectCloseBfloat16(native, widened, 1, 1e-5, "native vs widened with Inf/NaN");
+}
+
+TEST(CpuConvBfloat16, GradientsNativeMatchWidened) {
+  if (!NativeAvailable()) GTEST_SKIP() << "no AVX512-BF16 or AMX on this CPU";
+  unsigned seed = 700;
+  for (const ConvCase& c : Cases()) {
+    SCOPED_TRACE(::testing::Message() << "X rank " << c.x_dims.size() << " C " << c.x_dims[1]
+                                      << " group " << c.group);
+    const Tensor x = Make(DType::kBFloat16, c.x_dims, Random(Count(c.x_dims), seed));
+    const Tensor w = Make(DType::kBFloat16, c.w_dims, Random(Count(c.w_dims), seed + 1));
+    const Tensor y = RunOk("Conv", {x, w}, Attrs(c), 22)[0];
+    const Tensor dy = Make(DType::kBFloat16, y.dims(), Random(Count(y.dims()), seed + 2));
+    seed += 3;
+    auto run = [&] { return RunOk("ConvGrad", {dy, x, w}, Attrs(c), 1, 3, kCastorDomain); };
+    const std::vector<Tensor> native = WithNative(true, run);
+    const std::vector<Tensor> widened = WithNative(false, run);
+    ASSERT_EQ(native.size(), 3u);
+    // dX sums at most mg * kernel products, dW batch * positions, dB
+    // batch * positions terms: the atol covers cancellation to near zero.
+    const char* names[] = {"dX", "dW", "dB"};
+    for (int i = 0; i < 3; ++i) {
+      ExpectCloseBfloat16(native[i], widened[i], 1, 1e-3, names[i]);
+    }
+    // dB is dY's row sums on both paths.
+    EXPECT_EQ(testing::Bits(native[2]), testing::Bits(widened[2]));
+  }
+}
+
+}  // namespace
+}  // namespace castor
