@@ -639,6 +639,7 @@ struct Session {
   // This process's place in a data-parallel run (0 of 1 on its own).
   int rank = 0;
   int world_size = 1;
+  distributed::Communicator* communicator = nullptr;  // null on its own
   Backend& backend() const { return *chosen.backend; }
 };
 
@@ -848,6 +849,19 @@ std::optional<training::Batch> RankBatch(const training::Batch& global,
   return shard;
 }
 
+// The predictions of a step's batch: this rank's rows scored, summed over
+// the ranks.
+absl::StatusOr<training::Scored> ScoreGlobalBatch(const training::StepResult& r,
+                                                  const training::Batch& fed,
+                                                  const TrainOptions& o, const Session& session) {
+  training::Scored scored = training::ScoreBatch(r.output, fed.labels, o.ignore_index);
+  if (session.communicator == nullptr) return scored;
+  double counts[2] = {static_cast<double>(scored.correct), static_cast<double>(scored.counted)};
+  CASTOR_RETURN_IF_ERROR(session.communicator->AllreduceSum(
+      counts, 2, absl::StrCat("the accuracy counts of step ", r.step)));
+  return training::Scored{static_cast<int64_t>(counts[0]), static_cast<int64_t>(counts[1])};
+}
+
 // Step 4: the steps from the trainer's next one to `prepared.total`, with
 // the progress line (redrawn in place when stderr is a terminal, else
 // about ten plain lines), metrics, evaluations and checkpoints.
@@ -918,13 +932,14 @@ absl::StatusOr<LoopTotals> TrainLoop(const TrainOptions& o, const Start& start,
     const double dt = Seconds(Clock::now() - t0);
     totals.step_seconds += dt;
     ++totals.steps_run;
-    // Samples (sequences, for token models) for the throughput, of the
-    // global batch; scored positions (tokens, with [N, T] labels) for the
-    // accuracy, of this rank's rows.
+    // Samples (sequences, for token models) for the throughput and scored
+    // positions (tokens, with [N, T] labels) for the accuracy, of the
+    // global batch.
     const int64_t n = static_cast<int64_t>(b.indices.size());
-    const training::Scored scored = training::ScoreBatch(r->output, fed.labels, o.ignore_index);
-    correct += scored.correct;
-    seen += scored.counted;
+    absl::StatusOr<training::Scored> scored = ScoreGlobalBatch(*r, fed, o, session);
+    if (!scored.ok()) return CheckFailed(scored.status().message());
+    correct += scored->correct;
+    seen += scored->counted;
     samples += n;
     totals.seen_total += n;
     loss_ema = totals.steps_run == 1 ? r->loss : 0.95 * loss_ema + 0.05 * r->loss;
@@ -1297,6 +1312,7 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   Session session;
   session.rank = group->rank;
   session.world_size = group->world_size;
+  session.communicator = group->communicator.get();
   if (session.rank != 0) {  // metrics and checkpoints come from rank 0
     o.metrics_path.clear();
     o.checkpoint_dir.clear();

@@ -1218,7 +1218,8 @@ std::vector<int64_t> RankShard(const std::vector<int64_t>& batch_indices,
     padded.push_back(epoch_order[k % epoch_order.size()]);
   }
   std::vector<int64_t> shard;
-  for (size_t k = static_cast<size_t>(rank); k < padded.size(); k += static_cast<size_t>(world_size)) {
+  const size_t stride = static_cast<size_t>(world_size);
+  for (size_t k = static_cast<size_t>(rank); k < padded.size(); k += stride) {
     shard.push_back(padded[k]);
   }
   return shard;

@@ -238,13 +238,14 @@ absl::Status Trainer::AverageAcrossRanks(const std::vector<TensorView>& outputs)
                                                    : BFloat16BitsToFloat(bits[i]);
       }
     } else {
-      return absl::InternalError(absl::StrCat("a data-parallel step averages float gradients; one is ",
-                                              DTypeName(view->dtype)));
+      return absl::InternalError(absl::StrCat(
+          "a data-parallel step averages float gradients; one is ", DTypeName(view->dtype)));
     }
     offset += n;
   }
-  CASTOR_RETURN_IF_ERROR(communicator_->AllreduceAverage(
-      allreduce_buffer_.data(), total, absl::StrCat("the loss and gradients of step ", steps_ + 1)));
+  CASTOR_RETURN_IF_ERROR(
+      communicator_->AllreduceAverage(allreduce_buffer_.data(), total,
+                                      absl::StrCat("the loss and gradients of step ", steps_ + 1)));
   offset = 0;
   for (const TensorView* view : averaged) {
     const size_t n = static_cast<size_t>(view->num_elements());

@@ -37,19 +37,19 @@ absl::StatusOr<std::optional<DistributedConfig>> ConfigFromEnvironment(
   }
   if (!absl::SimpleAtoi(rank_text, &config.rank) || config.rank < 0 ||
       config.rank >= config.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("RANK=", rank_text, ": expected an integer in [0, ",
-                                                   config.world_size, ") (WORLD_SIZE=",
-                                                   world_text, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RANK=", rank_text, ": expected an integer in [0, ", config.world_size,
+                     ") (WORLD_SIZE=", world_text, ")"));
   }
   if (config.world_size == 1) return std::nullopt;
   if (const char* addr = get(kMasterAddrEnv)) config.master_addr = addr;
   const char* port_text = get(kMasterPortEnv);
   if (port_text == nullptr || !absl::SimpleAtoi(port_text, &config.master_port) ||
       config.master_port < 1 || config.master_port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        RankPrefix(config.rank, config.world_size), "MASTER_PORT=",
-        port_text == nullptr ? "(unset)" : port_text,
-        ": expected the port rank 0 listens on, an integer in [1, 65535]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(RankPrefix(config.rank, config.world_size),
+                     "MASTER_PORT=", port_text == nullptr ? "(unset)" : port_text,
+                     ": expected the port rank 0 listens on, an integer in [1, 65535]"));
   }
   return config;
 }

@@ -161,12 +161,12 @@ absl::StatusOr<uint64_t> HostRendezvous(const DistributedConfig& config) {
     if (!WaitFor(listener.fd(), POLLIN, deadline)) {
       std::string missing;
       for (int r = 1; r < config.world_size; ++r) {
-        if (!joined[static_cast<size_t>(r)]) absl::StrAppend(&missing, missing.empty() ? "" : ", ", r);
+        if (!joined[static_cast<size_t>(r)])
+          absl::StrAppend(&missing, missing.empty() ? "" : ", ", r);
       }
       return absl::InvalidArgumentError(absl::StrFormat(
           "%srank(s) %s did not join at %s within %.0f s (WORLD_SIZE=%d: are they all started?)",
-          prefix, missing, MasterName(config), config.timeout.count() / 1000.0,
-          config.world_size));
+          prefix, missing, MasterName(config), config.timeout.count() / 1000.0, config.world_size));
     }
     Socket peer(accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC));
     if (peer.fd() < 0) continue;
@@ -288,9 +288,9 @@ class GlooCommunicator : public Communicator {
 
   absl::Status Broadcast(void* data, size_t bytes, int root, const std::string& what) override {
     if (root < 0 || root >= config_.world_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(RankPrefix(config_.rank, config_.world_size), "broadcast of ", what,
-                       " from rank ", root, ": no such rank"));
+      return absl::InvalidArgumentError(absl::StrCat(RankPrefix(config_.rank, config_.world_size),
+                                                     "broadcast of ", what, " from rank ", root,
+                                                     ": no such rank"));
     }
     if (bytes == 0) return absl::OkStatus();
     try {
@@ -345,14 +345,15 @@ absl::StatusOr<std::unique_ptr<Communicator>> Connect(const DistributedConfig& c
   if (!session.ok()) return session.status();
   const char* root = std::getenv("CASTOR_RENDEZVOUS_DIR");
   const std::filesystem::path directory =
-      (root != nullptr && root[0] != '\0' ? std::filesystem::path(root)
-                                          : std::filesystem::temp_directory_path() /
-                                                "castor-rendezvous") /
+      (root != nullptr && root[0] != '\0'
+           ? std::filesystem::path(root)
+           : std::filesystem::temp_directory_path() / "castor-rendezvous") /
       absl::StrFormat("%016x", *session);
   std::error_code error;
   std::filesystem::create_directories(directory, error);
   if (error) {
-    return absl::InvalidArgumentError(absl::StrCat(prefix, "cannot create the rendezvous directory ",
+    return absl::InvalidArgumentError(absl::StrCat(prefix,
+                                                   "cannot create the rendezvous directory ",
                                                    directory.string(), ": ", error.message()));
   }
   try {
@@ -369,8 +370,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> Connect(const DistributedConfig& c
     if (config.rank == 0) std::filesystem::remove_all(directory, error);
     return std::unique_ptr<Communicator>(std::move(communicator));
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(prefix, "connecting the Gloo TCP pairs failed: ",
-                                               e.what()));
+    return absl::UnavailableError(
+        absl::StrCat(prefix, "connecting the Gloo TCP pairs failed: ", e.what()));
   }
 }
 

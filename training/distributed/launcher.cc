@@ -68,8 +68,8 @@ std::vector<std::string> RankEnvironment(int rank, int nproc, int port) {
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;
     bool group_variable = false;
-    for (const char* name : {kRankEnv, kWorldSizeEnv, kMasterAddrEnv, kMasterPortEnv,
-                             "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) {
+    for (const char* name : {kRankEnv, kWorldSizeEnv, kMasterAddrEnv, kMasterPortEnv, "LOCAL_RANK",
+                             "LOCAL_WORLD_SIZE"}) {
       if (entry.rfind(absl::StrCat(name, "="), 0) == 0) group_variable = true;
     }
     if (!group_variable) environment.push_back(entry);
