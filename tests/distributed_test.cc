@@ -7,7 +7,8 @@
 // skipping the step on both; and `castor train` as ranks: --nproc 2
 // against one process, rank-0-only output, the checkpoint's world size, a
 // 2-rank resume continuing bit for bit, bad configurations (exit 2 on
-// every rank) and a killed rank stopping the other within the timeout.
+// every rank) and a killed or hung rank stopping the other within the
+// timeout.
 // The Gloo tests skip where castor was built without Gloo (Bazel).
 #include <netinet/in.h>
 #include <signal.h>
@@ -678,6 +679,44 @@ TEST_F(DistributedTrainTest, AKilledRankStopsTheOtherWithinTheTimeout) {
   const std::string err = ReadFile(dir_ / "err0");
   EXPECT_THAT(err, HasSubstr("rank 0 of 2: allreduce of the loss and gradients of step"));
   EXPECT_THAT(err, HasSubstr("another rank stopped"));
+  RecordProperty("rank0_stop_seconds", std::to_string(seconds));
+}
+
+TEST_F(DistributedTrainTest, AHungRankStopsTheOtherWithinTheTimeout) {
+  SKIP_WITHOUT_GLOO();
+  const int port = FreePort();
+  const std::string arguments = TrainArgs(
+      absl::StrCat("--dist-timeout 3 --metrics ", (dir_ / "metrics.jsonl").string()), "64",
+      "1000");
+  const pid_t rank0 = StartRank(dir_, 0, port, arguments);
+  const pid_t rank1 = StartRank(dir_, 1, port, arguments);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (Losses(dir_ / "metrics.jsonl").size() < 3 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  // Rank 1 stops answering (alive, its connections open).
+  ASSERT_EQ(kill(rank1, SIGSTOP), 0);
+  const auto stopped = std::chrono::steady_clock::now();
+  int status = 0;
+  pid_t done = 0;
+  while ((done = waitpid(rank0, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() - stopped < std::chrono::seconds(30)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+  kill(rank1, SIGKILL);
+  waitpid(rank1, nullptr, 0);
+  if (done == 0) {
+    kill(rank0, SIGKILL);
+    waitpid(rank0, &status, 0);
+    FAIL() << "rank 0 still ran 30 s after rank 1 hung (--dist-timeout 3)";
+  }
+  EXPECT_GE(seconds, 2.0);  // it waited for the timeout ...
+  EXPECT_LT(seconds, 3.0 + 7.0);  // ... and not much longer
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  EXPECT_THAT(ReadFile(dir_ / "err0"), HasSubstr("rank 0 of 2: allreduce of"));
   RecordProperty("rank0_stop_seconds", std::to_string(seconds));
 }
 

@@ -223,7 +223,8 @@ ArgParser MakeParser(TrainOptions& o) {
               &o.nproc)
       .AddInt("dist-timeout", "SECONDS",
               "data-parallel: how long a rank waits for the others (rendezvous, each "
-              "allreduce) before it stops with an error (default 120)",
+              "allreduce; rank 0 writing a checkpoint keeps the others waiting) before it "
+              "stops with an error (default 300)",
               &o.dist_timeout)
       .AddExample(
           "castor train models/cnn_opset17.onnx --data fashion-mnist --policy "

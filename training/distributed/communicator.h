@@ -34,7 +34,7 @@ struct DistributedConfig {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
   // How long a rendezvous or a collective may wait for the other ranks.
-  std::chrono::milliseconds timeout{std::chrono::seconds(120)};
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
 };
 
 // The environment variables that make a run one rank of a group.
