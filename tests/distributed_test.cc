@@ -679,6 +679,7 @@ TEST_F(DistributedTrainTest, AKilledRankStopsTheOtherWithinTheTimeout) {
   const std::string err = ReadFile(dir_ / "err0");
   EXPECT_THAT(err, HasSubstr("rank 0 of 2: allreduce of the loss and gradients of step"));
   EXPECT_THAT(err, HasSubstr("another rank stopped"));
+  EXPECT_EQ(err.find("rank 0 of 2:"), err.rfind("rank 0 of 2:")) << err;  // named once
   RecordProperty("rank0_stop_seconds", std::to_string(seconds));
 }
 

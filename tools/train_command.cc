@@ -1051,11 +1051,12 @@ struct DataParallelGroup {
   std::unique_ptr<distributed::Communicator> communicator;
   int rank = 0;
   int world_size = 1;
-  // `status` with "rank R of N: " in front (once), in a group.
+  // `status` with "rank R of N: " in front, in a group (unless it names
+  // this rank already).
   absl::Status Named(const absl::Status& status) const {
-    if (world_size == 1 || absl::StartsWith(status.message(), "rank ")) return status;
-    return absl::Status(status.code(),
-                        absl::StrCat(distributed::RankPrefix(rank, world_size), status.message()));
+    const std::string prefix = distributed::RankPrefix(rank, world_size);
+    if (world_size == 1 || absl::StrContains(status.message(), prefix)) return status;
+    return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
   }
 };
 

@@ -3,6 +3,7 @@
 
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -118,6 +119,8 @@ int LaunchLocalRanks(const std::string& executable, const std::vector<std::strin
     std::vector<char*> environment_pointers = Pointers(environment);
     const pid_t pid = fork();
     if (pid == 0) {
+      // A rank does not outlive its launcher (killed, say).
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
       execve(executable.c_str(), argv_pointers.data(), environment_pointers.data());
       _exit(127);
     }

@@ -4,7 +4,7 @@
 // first rank that failed. A rank that fails makes the others stop: they
 // fail their next collective within the communicator's timeout; any still
 // running `grace` after the first failure are killed, so the launcher
-// never hangs.
+// never hangs; and the ranks die with the launcher.
 #pragma once
 
 #include <chrono>
