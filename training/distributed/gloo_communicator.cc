@@ -15,6 +15,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -340,6 +341,10 @@ bool CollectivesAvailable() { return true; }
 
 absl::StatusOr<std::unique_ptr<Communicator>> Connect(const DistributedConfig& config) {
   const std::string prefix = RankPrefix(config.rank, config.world_size);
+  // A peer that died closes its sockets; Gloo's next write to one must
+  // fail the collective (an error naming this rank), not raise SIGPIPE,
+  // which would kill this rank without a word.
+  signal(SIGPIPE, SIG_IGN);
   absl::StatusOr<uint64_t> session =
       config.rank == 0 ? HostRendezvous(config) : JoinRendezvous(config);
   if (!session.ok()) return session.status();
