@@ -18,6 +18,7 @@ PACKAGES=(
   # libraries castor links
   libonnx-dev libprotobuf-dev protobuf-compiler libabsl-dev zlib1g-dev
   libopenblas-dev
+  libgloo-dev  # data-parallel training on the CPU (training/distributed/)
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev graphviz
   # the offline Bazel build (see third_party/bazel/README.md)

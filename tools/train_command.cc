@@ -35,6 +35,7 @@
 #include "graph/onnx_io.h"
 #include "graph/shape_inference.h"
 #include "graph/status.h"
+#include "graph/version.h"
 #include "passes/autocast.h"
 #include "passes/canonicalize.h"
 #include "passes/unroll_recurrent.h"
@@ -44,6 +45,8 @@
 #include "tools/cli.h"
 #include "training/checkpoint.h"
 #include "training/dataset.h"
+#include "training/distributed/communicator.h"
+#include "training/distributed/launcher.h"
 #include "training/session.h"
 #include "training/trainer.h"
 #include "training/training_backend.h"
@@ -162,7 +165,11 @@ ArgParser MakeParser(TrainOptions& o) {
       .AddInt("step-size", "STEPS", "--schedule step: steps between decays", &o.step_size)
       .AddFloat("gamma", "G", "--schedule step: the decay factor", &o.gamma)
       .AddInt("warmup", "STEPS", "linear learning-rate warmup steps", &o.warmup)
-      .AddInt("batch", "N", "batch size", &o.batch)
+      .AddInt("batch", "N",
+              "the global batch size: with several ranks (--nproc, or RANK/WORLD_SIZE) each "
+              "trains on N / ranks of it and the gradients are averaged (N a multiple of the "
+              "ranks)",
+              &o.batch)
       .AddInt("epochs", "N", "epochs over the training split", &o.epochs)
       .AddInt("max-steps", "N", "stop after N steps in all, resumed ones included (0: no limit)",
               &o.max_steps)
@@ -215,6 +222,19 @@ ArgParser MakeParser(TrainOptions& o) {
                  "default: float32 means float32 (with --resume: as the checkpoint ran)",
                  &o.tf32)
       .AddInt("threads", "N", "CPU threads (0: all)", &o.threads)
+      .AddInt("nproc", "N",
+              "data-parallel: train as N local processes (ranks; Gloo over 127.0.0.1 on the "
+              "CPU), each on its share of every --batch, gradients averaged before the "
+              "optimizer (one allreduce after the backward pass: no overlap yet); progress, "
+              "metrics and checkpoints from rank 0. Several hosts: start one castor per rank "
+              "with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set (torchrun's variables; the "
+              "hosts share $CASTOR_RENDEZVOUS_DIR)",
+              &o.nproc)
+      .AddInt("dist-timeout", "SECONDS",
+              "data-parallel: how long a rank waits for the others (rendezvous, each "
+              "allreduce; rank 0 writing a checkpoint keeps the others waiting) before it "
+              "stops with an error (default 300)",
+              &o.dist_timeout)
       .AddExample(
           "castor train models/cnn_opset17.onnx --data fashion-mnist --policy "
           "mixed_bfloat16 --epochs 1 --metrics run.jsonl --checkpoint-dir ckpt")
@@ -255,6 +275,9 @@ absl::Status CheckFlags(const TrainOptions& o) {
   }
   if (o.tf32 && o.backend == "cpu") {
     return BadInput("--tf32 applies to the CUDA backend only; --backend is cpu");
+  }
+  if (o.nproc < 1 || o.dist_timeout < 1) {
+    return BadInput("--nproc and --dist-timeout must be >= 1");
   }
   if (o.ignore_index.has_value() && o.loss != "cross-entropy") {
     return BadInput(absl::StrCat("--ignore-index applies to --loss cross-entropy; --loss is ",
@@ -678,6 +701,10 @@ struct Session {
   std::ofstream metrics;
   std::optional<training::Checkpoint> checkpoint;  // with --checkpoint-dir
   std::string policy_fit;  // the policy cannot pay on this backend (policy_fit.h); "" if it can
+  // This process's place in a data-parallel run (0 of 1 on its own).
+  int rank = 0;
+  int world_size = 1;
+  distributed::Communicator* communicator = nullptr;  // null on its own
   Backend& backend() const { return *chosen.backend; }
 };
 
@@ -814,11 +841,16 @@ std::string RunHeader(const TrainOptions& o, const Start& start, const Prepared&
                       const Session& session) {
   const Policy& policy = start.policy;
   return absl::StrFormat(
-      "castor train: %s on %s (%d train / %d test), policy %s (%s compute), %s lr %g, batch %d, "
+      "castor train: %s on %s (%d train / %d test), policy %s (%s compute), %s lr %g, batch %d%s, "
       "%d steps, loss scaling %s, backend %s\n",
       prepared.model_name, prepared.data.train.name, prepared.data.train.size(),
       prepared.data.test.size(), policy.name(), DTypeName(policy.compute_dtype()), o.optimizer,
-      start.trainer_options.lr.base_lr, o.batch, prepared.total,
+      start.trainer_options.lr.base_lr, o.batch,
+      session.world_size == 1
+          ? std::string()
+          : absl::StrFormat(" (%d per rank on %d ranks, Gloo)", o.batch / session.world_size,
+                            session.world_size),
+      prepared.total,
       session.trainer->scaler().enabled() ? "on" : "off",
       training::DescribeBackend(session.backend()));
 }
@@ -876,6 +908,39 @@ std::string StepMetricsLine(int64_t step, int64_t epoch, const training::StepRes
           : absl::StrCat(",\"first_non_finite\":", Json::String(r.first_non_finite).Dump()));
 }
 
+// This rank's rows of global batch `global` (training::RankShard, as
+// PyTorch's DistributedSampler splits an epoch); nullopt on its own.
+std::optional<training::Batch> RankBatch(const training::Batch& global,
+                                         const training::Dataset& train, const TrainOptions& o,
+                                         const Session& session) {
+  if (session.world_size == 1) return std::nullopt;
+  std::vector<int64_t> order;  // read only to pad an epoch's last batch
+  if (global.indices.size() % static_cast<size_t>(session.world_size) != 0) {
+    order = training::BatchIterator::EpochOrder(
+        train.size(),
+        training::BatchOptions{o.batch, o.shuffle, static_cast<uint64_t>(o.seed), false},
+        global.epoch);
+  }
+  training::Batch shard = training::GatherBatch(
+      train, training::RankShard(global.indices, order, session.rank, session.world_size));
+  shard.epoch = global.epoch;
+  shard.position = global.position;
+  return shard;
+}
+
+// The predictions of a step's batch: this rank's rows scored, summed over
+// the ranks.
+absl::StatusOr<training::Scored> ScoreGlobalBatch(const training::StepResult& r,
+                                                  const training::Batch& fed,
+                                                  const TrainOptions& o, const Session& session) {
+  training::Scored scored = training::ScoreBatch(r.output, fed.labels, o.ignore_index);
+  if (session.communicator == nullptr) return scored;
+  double counts[2] = {static_cast<double>(scored.correct), static_cast<double>(scored.counted)};
+  CASTOR_RETURN_IF_ERROR(session.communicator->AllreduceSum(
+      counts, 2, absl::StrCat("the accuracy counts of step ", r.step)));
+  return training::Scored{static_cast<int64_t>(counts[0]), static_cast<int64_t>(counts[1])};
+}
+
 // Step 4: the steps from the trainer's next one to `prepared.total`, with
 // the progress line (redrawn in place when stderr is a terminal, else
 // about ten plain lines), metrics, evaluations and checkpoints.
@@ -899,7 +964,7 @@ absl::StatusOr<LoopTotals> TrainLoop(const TrainOptions& o, const Start& start,
   const training::RunSettings settings{o.data,  o.loss,    o.output,
                                        o.input, o.batch,   static_cast<uint64_t>(o.seed),
                                        o.shuffle, o.tf32, o.ignore_index,
-                                       o.freeze, o.train_only};
+                                       o.freeze, o.train_only, session.world_size};
   auto evaluate = [&](int64_t epoch) -> absl::Status {
     if (!prepared.data.has_test()) return absl::OkStatus();
     CASTOR_ASSIGN_OR_RETURN(training::Evaluation eval,
@@ -937,19 +1002,24 @@ absl::StatusOr<LoopTotals> TrainLoop(const TrainOptions& o, const Start& start,
   int64_t non_finite_losses = 0;  // steps in a row skipped with an inf/NaN loss
   for (int64_t step = first_step; step <= total; ++step) {
     training::Batch b = batches.Next();
+    const std::optional<training::Batch> shard = RankBatch(b, prepared.data.train, o, session);
+    const training::Batch& fed = shard.has_value() ? *shard : b;  // this rank's rows
     const int64_t epoch = b.epoch;
     const auto t0 = Clock::now();
-    absl::StatusOr<training::StepResult> r = trainer.Step(training::BatchFeeds(b, o.input), b.labels);
+    absl::StatusOr<training::StepResult> r =
+        trainer.Step(training::BatchFeeds(fed, o.input), fed.labels);
     if (!r.ok()) return CheckFailed(absl::StrCat("step ", step, ": ", r.status().message()));
     const double dt = Seconds(Clock::now() - t0);
     totals.step_seconds += dt;
     ++totals.steps_run;
-    // Samples (sequences, for token models) for the throughput; scored
-    // positions (tokens, with [N, T] labels) for the accuracy.
+    // Samples (sequences, for token models) for the throughput and scored
+    // positions (tokens, with [N, T] labels) for the accuracy, of the
+    // global batch.
     const int64_t n = static_cast<int64_t>(b.indices.size());
-    const training::Scored scored = training::ScoreBatch(r->output, b.labels, o.ignore_index);
-    correct += scored.correct;
-    seen += scored.counted;
+    absl::StatusOr<training::Scored> scored = ScoreGlobalBatch(*r, fed, o, session);
+    if (!scored.ok()) return CheckFailed(scored.status().message());
+    correct += scored->correct;
+    seen += scored->counted;
     samples += n;
     totals.seen_total += n;
     loss_ema = totals.steps_run == 1 ? r->loss : 0.95 * loss_ema + 0.05 * r->loss;
@@ -1065,6 +1135,133 @@ absl::Status Report(const TrainOptions& o, const Start& start, Session& session,
   summary.last_checkpoint = totals.last_checkpoint;
   out << RenderTrainSummary(summary);
   return absl::OkStatus();
+}
+
+// --- data parallelism (issue #31) ---------------------------------------------
+
+// This process's data-parallel group: from RANK/WORLD_SIZE/MASTER_* (see
+// training/distributed/communicator.h), or on its own (rank 0 of 1, no
+// communicator).
+struct DataParallelGroup {
+  std::unique_ptr<distributed::Communicator> communicator;
+  int rank = 0;
+  int world_size = 1;
+  // `status` with "rank R of N: " in front, in a group (unless it names
+  // this rank already).
+  absl::Status Named(const absl::Status& status) const {
+    const std::string prefix = distributed::RankPrefix(rank, world_size);
+    if (world_size == 1 || absl::StrContains(status.message(), prefix)) return status;
+    return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
+  }
+};
+
+// `castor train --nproc N`: the same command as N local ranks.
+int LaunchRanks(const TrainOptions& o, const std::vector<std::string>& args, std::ostream& err) {
+  absl::StatusOr<std::string> executable = distributed::CurrentExecutable();
+  if (!executable.ok()) {
+    err << "castor train: --nproc: " << executable.status().message() << "\n";
+    return kExitFailure;
+  }
+  // A rank that fails makes the others fail their next collective within
+  // the timeout; any still running after that (and a margin) are killed.
+  const std::chrono::milliseconds grace = std::chrono::seconds(o.dist_timeout + 10);
+  return distributed::LaunchLocalRanks(*executable, distributed::WithoutNprocFlag(args),
+                                       static_cast<int>(o.nproc), grace, err);
+}
+
+// Joins the group the environment describes (a bad configuration is
+// BadInput on every rank that sees it).
+absl::StatusOr<DataParallelGroup> JoinDataParallelGroup(const TrainOptions& o) {
+  DataParallelGroup group;
+  absl::StatusOr<std::optional<distributed::DistributedConfig>> config =
+      distributed::ConfigFromEnvironment(std::chrono::seconds(o.dist_timeout));
+  if (!config.ok()) return BadInput(config.status().message());
+  if (!config->has_value()) return group;
+  group.rank = (*config)->rank;
+  group.world_size = (*config)->world_size;
+  absl::StatusOr<std::unique_ptr<distributed::Communicator>> communicator =
+      distributed::Connect(**config);
+  if (!communicator.ok()) {
+    return communicator.status().code() == absl::StatusCode::kUnavailable
+               ? CheckFailed(communicator.status().message())
+               : BadInput(communicator.status().message());
+  }
+  group.communicator = *std::move(communicator);
+  return group;
+}
+
+// --batch is the global batch: every rank gets the same share of it.
+absl::Status CheckGlobalBatch(const TrainOptions& o, const DataParallelGroup& group) {
+  if (o.batch % group.world_size == 0) return absl::OkStatus();
+  return BadInput(absl::StrCat("--batch ", o.batch, " (the global batch) is not a multiple of the ",
+                               group.world_size, " ranks: each rank trains on batch / ranks"));
+}
+
+// FNV-1a, for comparing what the ranks start from.
+uint64_t Fingerprint(const void* data, size_t bytes, uint64_t hash = 1469598103934665603ull) {
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) hash = (hash ^ p[i]) * 1099511628211ull;
+  return hash;
+}
+uint64_t Fingerprint(const std::string& text, uint64_t hash = 1469598103934665603ull) {
+  return Fingerprint(text.data(), text.size(), hash);
+}
+
+// Every rank must start from the same castor, settings, data and weights,
+// or the ranks would drift apart (or wait on each other forever): each
+// compares its fingerprints with rank 0's, and all of them stop (exit 2)
+// when any differs, the differing rank naming what.
+absl::Status CheckRanksAgree(const TrainOptions& o, const Prepared& prepared, Session& session,
+                             DataParallelGroup& group) {
+  if (group.communicator == nullptr) return absl::OkStatus();
+  const char* names[] = {"castor version", "training settings (flags or checkpoint)",
+                         "training data", "model weights and training state"};
+  uint64_t mine[4];
+  mine[0] = Fingerprint(std::string(kCastorVersion));
+  mine[1] = Fingerprint(absl::StrCat(o.batch, "|", o.seed, "|", o.shuffle, "|", o.loss, "|",
+                                     o.output, "|", o.input, "|", prepared.total, "|",
+                                     o.optimizer, "|", o.lr, "|", o.freeze, "|", o.train_only));
+  const training::Dataset& train = prepared.data.train;
+  mine[2] = Fingerprint(train.labels.raw(), train.labels.byte_size(),
+                        Fingerprint(train.images.raw(), train.images.byte_size()));
+  absl::StatusOr<training::Trainer::Snapshot> snapshot = session.trainer->TakeSnapshot();
+  if (!snapshot.ok()) return CheckFailed(snapshot.status().message());
+  uint64_t state = Fingerprint(absl::StrCat(session.trainer->steps()));
+  for (const auto& [name, tensor] : snapshot->state) {
+    state = Fingerprint(tensor.raw(), tensor.byte_size(), Fingerprint(name, state));
+  }
+  mine[3] = state;
+  uint64_t rank0[4];
+  std::memcpy(rank0, mine, sizeof(mine));
+  CASTOR_RETURN_IF_ERROR(group.communicator->Broadcast(rank0, sizeof(rank0), 0, "fingerprints"));
+  std::string differs;
+  for (int k = 0; k < 4; ++k) {
+    if (mine[k] != rank0[k]) absl::StrAppend(&differs, differs.empty() ? "" : ", ", names[k]);
+  }
+  double disagreeing = differs.empty() ? 0 : 1;
+  CASTOR_RETURN_IF_ERROR(group.communicator->AllreduceSum(&disagreeing, 1, "the agreement check"));
+  if (!differs.empty()) {
+    return BadInput(absl::StrCat("this rank's ", differs,
+                                 " differ(s) from rank 0's: every rank must run the same castor "
+                                 "on the same model, data and flags"));
+  }
+  if (disagreeing > 0) {
+    return BadInput(absl::StrCat(disagreeing, " rank(s) start from another castor version, "
+                                 "settings, data or weights than rank 0 (their errors say which)"));
+  }
+  return absl::OkStatus();
+}
+
+// A checkpoint of another world size continues with the same global batch
+// and data position; say so.
+void NoteWorldSizeChange(const Start& start, const DataParallelGroup& group, std::ostream& err) {
+  if (!start.resumed.has_value()) return;
+  const Json* recorded = start.resumed->extra.Find(training::kWorldSizeStateKey);
+  const int64_t saved = recorded != nullptr && recorded->is_int() ? recorded->as_int() : 1;
+  if (saved == group.world_size) return;
+  err << "castor train: the checkpoint trained on " << saved << " rank(s); this run has "
+      << group.world_size << ": it continues with the same global batch and data order (the "
+      << "per-rank batch and the gradients' summation order change)\n";
 }
 
 }  // namespace
@@ -1184,17 +1381,55 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   };
   if (absl::Status s = CheckFlags(o); !s.ok()) return fail(s);
   if (absl::Status s = CheckOutputPaths(o); !s.ok()) return fail(s);
-  absl::StatusOr<Start> start = SetUpOrResume(o, parser.WasGiven("tf32"), args, out, err);
-  if (!start.ok()) return fail(start.status());
-  absl::StatusOr<Prepared> prepared = PrepareGraphAndData(o, *start, out);
-  if (!prepared.ok()) return fail(prepared.status());
+  if (o.nproc > 1) {
+    if (std::getenv(distributed::kRankEnv) != nullptr ||
+        std::getenv(distributed::kWorldSizeEnv) != nullptr) {
+      return fail(BadInput("--nproc starts its own ranks, but RANK or WORLD_SIZE is set: give "
+                           "one or the other"));
+    }
+    if (!distributed::CollectivesAvailable()) {
+      return fail(BadInput("--nproc: this castor was built without Gloo (install libgloo-dev "
+                           "and rebuild)"));
+    }
+    return LaunchRanks(o, args, err);
+  }
+  absl::StatusOr<DataParallelGroup> group = JoinDataParallelGroup(o);
+  if (!group.ok()) return fail(group.status());
+  // In a data-parallel run only rank 0 prints, but for errors.
+  std::ostream quiet(nullptr);
+  std::ostream& shown_out = group->rank == 0 ? out : quiet;
+  std::ostream& shown_err = group->rank == 0 ? err : quiet;
+  auto fail_here = [&](const absl::Status& status) { return fail(group->Named(status)); };
+  absl::StatusOr<Start> start =
+      SetUpOrResume(o, parser.WasGiven("tf32"), args, shown_out, shown_err);
+  if (!start.ok()) return fail_here(start.status());
+  if (absl::Status s = CheckGlobalBatch(o, *group); !s.ok()) return fail_here(s);
+  NoteWorldSizeChange(*start, *group, shown_err);
+  start->trainer_options.communicator = group->communicator.get();
+  absl::StatusOr<Prepared> prepared = PrepareGraphAndData(o, *start, shown_out);
+  if (!prepared.ok()) return fail_here(prepared.status());
   Session session;
-  if (absl::Status s = ChooseBackend(o, *start, *prepared, session, err); !s.ok()) return fail(s);
-  if (absl::Status s = CreateTrainer(o, *start, *prepared, session); !s.ok()) return fail(s);
-  if (absl::Status s = OpenMetrics(o, *start, session); !s.ok()) return fail(s);
-  if (absl::Status s = OpenCheckpointDir(o, *start, session, err); !s.ok()) return fail(s);
-  out << RunHeader(o, *start, *prepared, session);
-  absl::StatusOr<LoopTotals> totals = TrainLoop(o, *start, *prepared, session, out, err);
+  session.rank = group->rank;
+  session.world_size = group->world_size;
+  session.communicator = group->communicator.get();
+  if (session.rank != 0) {  // metrics and checkpoints come from rank 0
+    o.metrics_path.clear();
+    o.checkpoint_dir.clear();
+  }
+  if (absl::Status s = ChooseBackend(o, *start, *prepared, session, shown_err); !s.ok()) {
+    return fail_here(s);
+  }
+  if (absl::Status s = CreateTrainer(o, *start, *prepared, session); !s.ok()) return fail_here(s);
+  if (absl::Status s = CheckRanksAgree(o, *prepared, session, *group); !s.ok()) {
+    return fail_here(s);
+  }
+  if (absl::Status s = OpenMetrics(o, *start, session); !s.ok()) return fail_here(s);
+  if (absl::Status s = OpenCheckpointDir(o, *start, session, shown_err); !s.ok()) {
+    return fail_here(s);
+  }
+  shown_out << RunHeader(o, *start, *prepared, session);
+  absl::StatusOr<LoopTotals> totals =
+      TrainLoop(o, *start, *prepared, session, shown_out, shown_err);
   if (!totals.ok()) {
     // A fresh run that failed before its first step leaves no empty file.
     if (session.metrics.is_open() && !start->resumed.has_value() && session.metrics.tellp() == 0) {
@@ -1202,9 +1437,11 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
       std::error_code ignored;
       std::filesystem::remove(o.metrics_path, ignored);
     }
-    return fail(totals.status());
+    return fail_here(totals.status());
   }
-  if (absl::Status s = Report(o, *start, session, *totals, out); !s.ok()) return fail(s);
+  if (absl::Status s = Report(o, *start, session, *totals, shown_out); !s.ok()) {
+    return fail_here(s);
+  }
   return kExitOk;
 }
 

@@ -75,6 +75,10 @@ struct TrainOptions {
   int64_t keep = 3;
   std::string resume;
   bool allow_policy_change = false;
+  // Data parallelism (issue #31): --nproc N starts N local ranks; the
+  // seconds their rendezvous and collectives wait for one another.
+  int64_t nproc = 1;
+  int64_t dist_timeout = 300;
 };
 
 // A fresh run: the optimizer and learning-rate schedule the flags ask for

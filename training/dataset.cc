@@ -1264,4 +1264,19 @@ Batch BatchIterator::Next() {
   return batch;
 }
 
+std::vector<int64_t> RankShard(const std::vector<int64_t>& batch_indices,
+                               const std::vector<int64_t>& epoch_order, int rank,
+                               int world_size) {
+  std::vector<int64_t> padded = batch_indices;
+  for (size_t k = 0; padded.size() % static_cast<size_t>(world_size) != 0; ++k) {
+    padded.push_back(epoch_order[k % epoch_order.size()]);
+  }
+  std::vector<int64_t> shard;
+  const size_t stride = static_cast<size_t>(world_size);
+  for (size_t k = static_cast<size_t>(rank); k < padded.size(); k += stride) {
+    shard.push_back(padded[k]);
+  }
+  return shard;
+}
+
 }  // namespace castor::training

@@ -230,4 +230,18 @@ class BatchIterator {
   std::vector<int64_t> order_;
 };
 
+// --- data-parallel shards ----------------------------------------------------
+// The rows rank `rank` of `world_size` trains on in a global batch (`--batch`
+// is the global batch), as PyTorch's DistributedSampler and a DataLoader of
+// batch / world_size split an epoch: the epoch order is padded to a
+// multiple of world_size with its own first samples (cyclically), rank r
+// takes positions r, r + W, r + 2W, ...; so global batch k of the order is
+// the union of every rank's batch k. `batch_indices` is one global batch as
+// BatchIterator yields it, `epoch_order` its epoch's order (only its first
+// samples are read, to pad the epoch's last batch). Every rank gets
+// ceil(batch / world_size) rows.
+std::vector<int64_t> RankShard(const std::vector<int64_t>& batch_indices,
+                               const std::vector<int64_t>& epoch_order, int rank,
+                               int world_size);
+
 }  // namespace castor::training

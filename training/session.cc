@@ -162,6 +162,7 @@ absl::Status RecordTrainingState(const Trainer& trainer, const BatchIterator& ba
   // Fine-tuning: the parameters that train are state.parameters; the
   // patterns that chose them, so that a resumed run keeps the others fixed.
   if (!settings.freeze.empty()) state.extra.Set(kFreezeStateKey, Json::String(settings.freeze));
+  if (settings.world_size > 1) state.extra.Set(kWorldSizeStateKey, Json::Int(settings.world_size));
   if (!settings.train_only.empty()) {
     state.extra.Set(kTrainOnlyStateKey, Json::String(settings.train_only));
   }

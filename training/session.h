@@ -36,6 +36,9 @@ inline constexpr char kRngStateKey[] = "rng";
 // (--freeze, --train-only); absent when not given.
 inline constexpr char kFreezeStateKey[] = "freeze";
 inline constexpr char kTrainOnlyStateKey[] = "train_only";
+// The key in TrainingState::extra recording the world size of a
+// data-parallel run (ranks); absent for a run on its own.
+inline constexpr char kWorldSizeStateKey[] = "world_size";
 
 // A checkpoint's Dropout RNG state. A checkpoint written before it was
 // recorded gets {the run's seed, the checkpoint's step}: the state this
@@ -87,6 +90,7 @@ struct RunSettings {
   std::optional<int64_t> ignore_index;  // the cross-entropy ignore index
   std::string freeze;      // --freeze ("" when not given)
   std::string train_only;  // --train-only ("" when not given)
+  int world_size = 1;      // data-parallel ranks (recorded when > 1)
 };
 
 // The checkpoint's model gets the trainer's weights and statistics, its

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "graph/half.h"
 #include "graph/status.h"
 
 namespace castor::training {
@@ -21,6 +22,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Model model, TrainingGr
   trainer->rng_.seed = options.rng_seed;
   trainer->replay_unavailable_ =
       options.replay_steps ? backend.CaptureUnsupportedReason() : "turned off";
+  trainer->communicator_ = options.communicator;
+  if (trainer->communicator_ != nullptr && trainer->replay_unavailable_.empty()) {
+    trainer->replay_unavailable_ = "a data-parallel step averages its gradients on the host";
+  }
   CASTOR_RETURN_IF_ERROR(trainer->Initialize());
   return trainer;
 }
@@ -210,6 +215,56 @@ absl::StatusOr<std::vector<TensorView>> Trainer::ExecutorOutputs() const {
   return outputs;
 }
 
+absl::Status Trainer::AverageAcrossRanks(const std::vector<TensorView>& outputs) {
+  if (communicator_ == nullptr) return absl::OkStatus();
+  // The loss, then the gradients: one float32 buffer, one allreduce.
+  std::vector<const TensorView*> averaged = {&outputs[0]};
+  for (size_t k = 0; k < graph_.gradients.size(); ++k) averaged.push_back(&outputs[2 + k]);
+  size_t total = 0;
+  for (const TensorView* view : averaged) total += static_cast<size_t>(view->num_elements());
+  allreduce_buffer_.resize(total);
+  std::vector<uint16_t> bits;
+  size_t offset = 0;
+  for (const TensorView* view : averaged) {
+    const size_t n = static_cast<size_t>(view->num_elements());
+    float* staged = allreduce_buffer_.data() + offset;
+    if (view->dtype == DType::kFloat32) {
+      CASTOR_RETURN_IF_ERROR(backend_.CopyToHost(staged, view->data, view->byte_size()));
+    } else if (view->dtype == DType::kFloat16 || view->dtype == DType::kBFloat16) {
+      bits.resize(n);
+      CASTOR_RETURN_IF_ERROR(backend_.CopyToHost(bits.data(), view->data, view->byte_size()));
+      for (size_t i = 0; i < n; ++i) {
+        staged[i] = view->dtype == DType::kFloat16 ? HalfBitsToFloat(bits[i])
+                                                   : BFloat16BitsToFloat(bits[i]);
+      }
+    } else {
+      return absl::InternalError(absl::StrCat(
+          "a data-parallel step averages float gradients; one is ", DTypeName(view->dtype)));
+    }
+    offset += n;
+  }
+  CASTOR_RETURN_IF_ERROR(
+      communicator_->AllreduceAverage(allreduce_buffer_.data(), total,
+                                      absl::StrCat("the loss and gradients of step ", steps_ + 1)));
+  offset = 0;
+  for (const TensorView* view : averaged) {
+    const size_t n = static_cast<size_t>(view->num_elements());
+    const float* reduced = allreduce_buffer_.data() + offset;
+    if (view->dtype == DType::kFloat32) {
+      CASTOR_RETURN_IF_ERROR(backend_.CopyFromHost(view->data, reduced, view->byte_size()));
+    } else {
+      bits.resize(n);
+      for (size_t i = 0; i < n; ++i) {
+        bits[i] = view->dtype == DType::kFloat16 ? FloatToHalfBits(reduced[i])
+                                                 : FloatToBFloat16Bits(reduced[i]);
+      }
+      CASTOR_RETURN_IF_ERROR(backend_.CopyFromHost(view->data, bits.data(), view->byte_size()));
+    }
+    offset += n;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::QueueStepEnd(const std::vector<TensorView>& outputs) {
   // Outputs: loss, model output, gradients..., running statistics...
   const size_t num_gradients = graph_.gradients.size();
@@ -336,6 +391,7 @@ absl::StatusOr<StepResult> Trainer::Step(Feeds inputs, Tensor labels) {
   }
   CASTOR_RETURN_IF_ERROR(executor_->RunOnBackend(inputs));
   CASTOR_ASSIGN_OR_RETURN(std::vector<TensorView> outputs, ExecutorOutputs());
+  CASTOR_RETURN_IF_ERROR(AverageAcrossRanks(outputs));
   CASTOR_RETURN_IF_ERROR(QueueStepEnd(outputs));
   run_signatures_.insert(signature);  // a step that ran: the next with these shapes records
   return FinishStep(outputs, inputs, /*replayed=*/false);

@@ -11,6 +11,16 @@
 // running statistics stay bit-identical, the scale backs off and the step
 // is counted as skipped.
 //
+// Data parallelism (TrainerOptions::communicator, issue #31): each rank
+// steps on its shard of the global batch; between the backward pass and
+// the step kernels the loss and every gradient are averaged across the
+// ranks (one allreduce per step, through the host; overlapping it with the
+// backward pass in buckets is a later step). The step kernels then see the
+// same values on every rank, so an inf/NaN on any rank skips the step on
+// all of them, the loss scale moves the same way everywhere, and the
+// optimizer update is bit-identical on every rank. Such steps are not
+// replayed.
+//
 // Replay (CUDA graphs): on a backend that can record queued work, the
 // first step whose batch shapes an earlier step already had is recorded once (the training
 // graph and the step kernels, reading its feeds from fixed backend buffers)
@@ -40,6 +50,7 @@
 #include "training/loss_scaler.h"
 #include "training/optimizer.h"
 #include "passes/training_graph.h"
+#include "training/distributed/communicator.h"
 
 namespace castor::training {
 
@@ -54,6 +65,9 @@ struct TrainerOptions {
   // The seed of Dropout's masks (the run's --seed): with the counter, the
   // RNG state the training graph reads (castor.rng).
   uint64_t rng_seed = 0;
+  // The group this trainer is one rank of (see above); null: on its own.
+  // Must outlive the trainer.
+  distributed::Communicator* communicator = nullptr;
 };
 
 // Dropout's RNG state: the masks of a training-graph run are a function of
@@ -170,6 +184,9 @@ class Trainer {
   absl::Status Initialize();
   // The graph outputs the last executor run left on the backend.
   absl::StatusOr<std::vector<TensorView>> ExecutorOutputs() const;
+  // Averages the loss and the gradients among `outputs` across the ranks,
+  // in place (nothing without a communicator).
+  absl::Status AverageAcrossRanks(const std::vector<TensorView>& outputs);
   // Queues the end of the step on the graph outputs: unscale and decide,
   // the optimizer, the running statistics.
   absl::Status QueueStepEnd(const std::vector<TensorView>& outputs);
@@ -212,6 +229,8 @@ class Trainer {
   int64_t steps_ = 0;
   RngState rng_;
   int64_t peak_activation_bytes_ = 0;
+  distributed::Communicator* communicator_ = nullptr;
+  std::vector<float> allreduce_buffer_;  // the loss and gradients, as float32
   // Replay: the feed signatures of node-by-node steps that ran (a repeat is
   // recorded), and the recording, declared last so that it goes first (it
   // uses the executor's buffers and the backend's stream).

@@ -1,0 +1,88 @@
+// Data-parallel training's collectives (issue #31): one small interface
+// (average float32 buffers, sum a few scalars, broadcast, barrier) that the
+// trainer calls between the backward pass and the optimizer, implemented
+// by an existing collective library only: Gloo over TCP for the CPU
+// backend (gloo_communicator.cc, built where CMake finds libgloo-dev).
+//
+// A run joins a group from torchrun-style environment variables: RANK,
+// WORLD_SIZE, MASTER_ADDR, MASTER_PORT (`castor train --nproc N` sets them
+// for N local processes). Without RANK and WORLD_SIZE a run is alone
+// (world size 1): no communicator, no library, today's behaviour exactly.
+//
+// Every error names this process's rank ("rank 1 of 2: ..."); a peer that
+// died or stopped answering fails the collective within the timeout
+// instead of hanging.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace castor::distributed {
+
+// Where this process stands in its group and how to reach rank 0.
+struct DistributedConfig {
+  int rank = 0;
+  int world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+  // How long a rendezvous or a collective may wait for the other ranks.
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+};
+
+// The environment variables that make a run one rank of a group.
+inline constexpr char kRankEnv[] = "RANK";
+inline constexpr char kWorldSizeEnv[] = "WORLD_SIZE";
+inline constexpr char kMasterAddrEnv[] = "MASTER_ADDR";
+inline constexpr char kMasterPortEnv[] = "MASTER_PORT";
+
+// Reads RANK, WORLD_SIZE, MASTER_ADDR (default 127.0.0.1) and MASTER_PORT
+// through `lookup` (getenv by default; nullptr for an unset variable).
+// nullopt when neither RANK nor WORLD_SIZE is set (a run on its own), and
+// for WORLD_SIZE=1 with RANK 0. InvalidArgument naming the variable and
+// what was expected when one of RANK and WORLD_SIZE is set without the
+// other, a value is no integer, the rank is not in [0, WORLD_SIZE), or a
+// group of several has no MASTER_PORT in [1, 65535].
+absl::StatusOr<std::optional<DistributedConfig>> ConfigFromEnvironment(
+    std::chrono::milliseconds timeout,
+    const std::function<const char*(const char*)>& lookup = nullptr);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+
+  // data[i] = (sum over ranks of data[i]) / world_size, in place; every
+  // rank ends with the same bits. inf and NaN propagate (an overflow on
+  // any rank is an overflow on all). `what` names the buffer in errors.
+  virtual absl::Status AllreduceAverage(float* data, size_t count, const std::string& what) = 0;
+  // values[i] = sum over ranks of values[i], in place (flags, counts, losses).
+  virtual absl::Status AllreduceSum(double* values, size_t count, const std::string& what) = 0;
+  // Every rank gets root's `bytes` bytes at `data`.
+  virtual absl::Status Broadcast(void* data, size_t bytes, int root, const std::string& what) = 0;
+  // Returns once every rank has called it.
+  virtual absl::Status Barrier(const std::string& what) = 0;
+};
+
+// Whether this castor was built with a collective library (Gloo).
+bool CollectivesAvailable();
+
+// Joins the group `config` describes: rank 0 listens on MASTER_ADDR:
+// MASTER_PORT (a port in use is InvalidArgument naming it), every rank
+// meets it there within the timeout, and the Gloo TCP pairs are connected.
+// Unimplemented when castor was built without Gloo. Errors name the rank.
+absl::StatusOr<std::unique_ptr<Communicator>> Connect(const DistributedConfig& config);
+
+// "rank 1 of 2: " for messages.
+std::string RankPrefix(int rank, int world_size);
+
+}  // namespace castor::distributed
