@@ -234,6 +234,68 @@ TEST(GradientRuleTest, MatMulWithASharedMatrixIsOneGemm) {
   EXPECT_EQ(CountOps(opset10.graph(), "Transpose"), 2);
 }
 
+// Einsum: every input's gradient is one backward Einsum, plus Unsqueeze +
+// Expand for labels only that input has and ReduceToShapeOf for dims the
+// forward broadcast; opset 12 (Unsqueeze's axes an attribute) and 13.
+TEST(GradientRuleTest, EinsumEquations) {
+  struct Case {
+    const char* equation;
+    std::vector<std::vector<int64_t>> dims;
+  };
+  for (int64_t opset : {12, 13}) {
+    for (const Case& c : std::vector<Case>{
+             {"ij,jk->ik", {{3, 4}, {4, 2}}},
+             {"bhqd,bhkd->bhqk", {{2, 2, 3, 4}, {2, 2, 2, 4}}},
+             {"bhqk,bhkd->bhqd", {{2, 2, 3, 2}, {2, 2, 2, 4}}},
+             {"i,j->ij", {{3}, {4}}},
+             {"ij->ji", {{3, 4}}},
+             {"ij->", {{3, 4}}},
+             {"ijk,k->j", {{2, 3, 4}, {4}}},                      // i only in input 0: Expand
+             {"...ij,...jk->...ik", {{2, 1, 3, 4}, {3, 4, 2}}},  // broadcast "..."
+             {"ij,jk", {{2, 3}, {3, 4}}},                        // implicit output
+             {"ij,jk,kl->il", {{2, 3}, {3, 4}, {4, 2}}},
+             {"bn,anm,bm->ba", {{3, 4}, {2, 4, 5}, {3, 5}}},
+             {"ij,ij->ij", {{3, 1}, {1, 4}}},  // size-1 dims broadcast
+         }) {
+      SCOPED_TRACE(absl::StrCat(c.equation, " opset ", opset));
+      GradCheck check(opset);
+      std::vector<Value*> inputs;
+      for (size_t i = 0; i < c.dims.size(); ++i) {
+        inputs.push_back(check.Parameter(absl::StrCat("x", i), c.dims[i]));
+      }
+      check.Check(check.Op("Einsum", inputs, {Attribute::String("equation", c.equation)}));
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// An input's own diagonal has no gradient rule: the error names the node and
+// the repeated subscript. The other input of the same node still has one.
+TEST(GradientRuleTest, EinsumDiagonalInputHasNoGradient) {
+  {
+    Model model;
+    model.opset_imports = {{"", 13}};
+    Graph& g = *model.graph;
+    Value* x = ValueOrDie(g.AddInput("x", DType::kFloat32, Shape({3, 3})));
+    Node* node = ValueOrDie(g.AddNode("Einsum", {x}, {"y"}, "diag"));
+    node->SetAttribute(Attribute::String("equation", "ii->i"));
+    Node* loss = ValueOrDie(g.AddNode("ReduceSum", {node->output(0)}, {"loss"}, "sum"));
+    loss->SetAttribute(Attribute::Int("keepdims", 0));
+    g.AddOutput(loss->output(0));
+    ASSERT_TRUE(InferTypes(model).ok());
+    absl::StatusOr<AutodiffResult> result =
+        BuildGradients(model, AutodiffRequest{"loss", {"x"}, ""});
+    ASSERT_FALSE(result.ok());
+    const std::string message(result.status().message());
+    EXPECT_NE(message.find("'diag'"), std::string::npos) << message;
+    EXPECT_NE(message.find("repeat 'i' (a diagonal)"), std::string::npos) << message;
+  }
+  GradCheck check(13);
+  Value* a = check.Constant("a", RandomTensor({3, 3, 4}, check.rng()));
+  Value* b = check.Parameter("b", {4, 2});
+  check.Check(check.Op("Einsum", {a, b}, {Attribute::String("equation", "iij,jk->ik")}));
+}
+
 TEST(GradientRuleTest, GemmEveryTransposeCombinationAlphaBeta) {
   for (int trans_a : {0, 1}) {
     for (int trans_b : {0, 1}) {

@@ -160,6 +160,7 @@ const KernelTable& CpuBackend::kernels() const {
     auto* t = new KernelTable();
     cpu::RegisterElementwiseKernels(*t);
     cpu::RegisterMatMulKernels(*t);
+    cpu::RegisterEinsumKernels(*t);
     cpu::RegisterConvKernels(*t);
     cpu::RegisterConvGradKernels(*t);
     cpu::RegisterPoolKernels(*t);

@@ -11,6 +11,7 @@ namespace castor::cpu {
 
 void RegisterElementwiseKernels(KernelTable& table);
 void RegisterMatMulKernels(KernelTable& table);
+void RegisterEinsumKernels(KernelTable& table);
 void RegisterConvKernels(KernelTable& table);
 void RegisterConvGradKernels(KernelTable& table);
 void RegisterPoolKernels(KernelTable& table);

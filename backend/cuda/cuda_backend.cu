@@ -370,6 +370,7 @@ const KernelTable* Kernels() {
     RegisterElementwiseKernels(*t);
     RegisterReduceKernels(*t);
     RegisterMatMulKernels(*t);
+    RegisterEinsumKernels(*t);
     RegisterConvKernels(*t);
     RegisterPoolKernels(*t);
     RegisterNormalizationKernels(*t);

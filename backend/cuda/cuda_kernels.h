@@ -15,6 +15,7 @@ class CudaBackend;
 void RegisterElementwiseKernels(KernelTable& table);  // elementwise.cu: unary, binary, Cast...
 void RegisterReduceKernels(KernelTable& table);       // reduce.cu: Reduce*, ReduceToShapeOf
 void RegisterMatMulKernels(KernelTable& table);       // matmul.cu: MatMul, Gemm (cuBLAS)
+void RegisterEinsumKernels(KernelTable& table);       // einsum.cu: Einsum (cuBLAS + strided sums)
 void RegisterConvKernels(KernelTable& table);         // conv.cu: Conv, ConvGrad (cuDNN)
 void RegisterPoolKernels(KernelTable& table);         // pool.cu: pooling and its gradients
 void RegisterNormalizationKernels(KernelTable& table);  // normalization.cu: BN, LayerNorm

@@ -29,6 +29,7 @@
 #include "backend/common/op_geometry.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/row_major_gemm.cuh"
 
 namespace castor::cuda {
 namespace {
@@ -70,30 +71,11 @@ class GemmMathMode {
   bool entered_ = false;
 };
 
-// Row-major C[m, n] = alpha * op(A)[m, k] * op(B)[k, n] + beta * C; lda,
-// ldb and ldc are the row strides of A, B and C as stored. Requires m, n,
-// k >= 1.
-struct GemmShape {
-  bool trans_a = false;
-  bool trans_b = false;
-  int64_t m = 0, n = 0, k = 0;
-  int64_t lda = 0, ldb = 0, ldc = 0;
-};
-
-// How many GEMMs of one shape run and where their matrices are: `count`
-// GEMMs at element strides (0 = the same matrix for all), or, when a_ptrs
-// is set, at the device pointer arrays a_ptrs/b_ptrs/c_ptrs.
-struct GemmBatch {
-  int64_t count = 1;
-  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
-  const void* const* a_ptrs = nullptr;
-  const void* const* b_ptrs = nullptr;
-  void* const* c_ptrs = nullptr;
-};
+}  // namespace
 
 absl::Status RowMajorGemm(const KernelContext& ctx, DType dtype, const GemmShape& s, float alpha,
                           const void* a, const void* b, float beta, void* c,
-                          const GemmBatch& batch = {}) {
+                          const GemmBatch& batch) {
   const cublasHandle_t handle = Cuda(ctx).cublas();
   GemmMathMode math_mode(handle);
   CASTOR_RETURN_IF_ERROR(math_mode.Enter());
@@ -122,6 +104,8 @@ absl::Status RowMajorGemm(const KernelContext& ctx, DType dtype, const GemmShape
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 // ---- MatMul ----------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ namespace castor {
 void RegisterAllOps(OpRegistry& registry) {
   RegisterElementwiseOps(registry);
   RegisterMatMulOps(registry);
+  RegisterEinsumOps(registry);
   RegisterConvOps(registry);
   RegisterPoolOps(registry);
   RegisterNormalizationOps(registry);

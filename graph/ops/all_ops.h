@@ -8,6 +8,7 @@ class OpRegistry;
 
 void RegisterElementwiseOps(OpRegistry& registry);   // elementwise.cc
 void RegisterMatMulOps(OpRegistry& registry);        // matmul.cc
+void RegisterEinsumOps(OpRegistry& registry);        // einsum.cc
 void RegisterConvOps(OpRegistry& registry);          // conv.cc
 void RegisterPoolOps(OpRegistry& registry);          // pool.cc
 void RegisterNormalizationOps(OpRegistry& registry); // normalization.cc

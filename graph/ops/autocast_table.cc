@@ -42,6 +42,8 @@ constexpr Entry kTable[] = {
     // --- allow: tensor-core work -------------------------------------------
     {"", "MatMul", kAllow, "PyTorch matmul/bmm: lower_precision_fp; TF MatMul/BatchMatMul: allow"},
     {"", "Gemm", kAllow, "PyTorch linear/addmm: lower_precision_fp; TF MatMul: allow"},
+    {"", "Einsum", kAllow,
+     "PyTorch einsum: lower_precision_fp (CUDA autocast; runs as bmm); TF Einsum: allow"},
     {"", "Conv", kAllow, "PyTorch conv1d/2d/3d: lower_precision_fp; TF Conv2D/Conv3D: allow"},
     {"", "ConvTranspose", kAllow,
      "PyTorch conv_transpose*: lower_precision_fp; TF Conv2DBackpropInput: allow"},

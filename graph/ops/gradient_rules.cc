@@ -20,6 +20,7 @@
 #include "graph/gradient_builder.h"
 #include "graph/op_registry.h"
 #include "graph/ops/all_ops.h"
+#include "graph/ops/einsum_equation.h"
 #include "graph/status.h"
 
 namespace castor {
@@ -787,6 +788,143 @@ absl::Status GemmGradient(GradientBuilder& g) {
       CASTOR_ASSIGN_OR_RETURN(grad, g.Emit1("Mul", {dy, scale}));
     }
     CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, 2, grad));
+  }
+  return absl::OkStatus();
+}
+
+// Y = Einsum(X_0, ..., X_n-1) by an equation: dX_i = Einsum(dY, the other
+// inputs -> the subscripts of X_i), every term linear in X_i. Ranks must be
+// known: "..." is spelled out with letters the equation leaves free. A
+// label only X_i has (summed away in the forward) is missing from the
+// backward terms, so the backward Einsum leaves its axis out and
+// Unsqueeze + Expand(Shape(X_i)) put it back; a dim of X_i that the
+// forward broadcast (size 1, or "..." dims X_i lacks) is summed back by
+// ReduceToShapeOf. A subscript repeated within X_i (a diagonal) has no rule.
+absl::Status EinsumGradient(GradientBuilder& g) {
+  const Node& node = g.node();
+  const int n = node.num_inputs();
+  CASTOR_ASSIGN_OR_RETURN(EinsumEquation equation,
+                          ParseEinsumEquation(node.GetString("equation", ""), n));
+  std::vector<int64_t> ranks;
+  for (int i = 0; i < n; ++i) {
+    if (!g.input(i)->shape().rank_known()) {
+      return absl::UnimplementedError(
+          absl::StrCat("input ", i, "'s rank is unknown; Einsum's gradient needs every rank"));
+    }
+    ranks.push_back(g.input(i)->shape().rank());
+  }
+  CASTOR_ASSIGN_OR_RETURN(EinsumAxes axes, ResolveEinsumAxes(equation, ranks));
+  // Each "..." dim gets a letter no term uses.
+  std::vector<bool> used(kEinsumLetters, false);
+  for (const std::vector<int>& term : equation.inputs) {
+    for (int label : term) {
+      if (label != kEinsumEllipsis) used[label] = true;
+    }
+  }
+  std::vector<int> letter_of(kEinsumLetters + axes.ellipsis_rank);
+  std::iota(letter_of.begin(), letter_of.begin() + kEinsumLetters, 0);
+  int free_letter = 0;
+  for (int j = 0; j < axes.ellipsis_rank; ++j) {
+    while (free_letter < kEinsumLetters && used[free_letter]) ++free_letter;
+    if (free_letter == kEinsumLetters) {
+      return absl::UnimplementedError(absl::StrCat(
+          "\"...\" spans ", axes.ellipsis_rank, " dims and the equation leaves too few letters "
+          "free to spell them out for the gradient"));
+    }
+    letter_of[kEinsumLetters + j] = free_letter++;
+  }
+  auto term_text = [&](const std::vector<int>& labels) {
+    std::string text;
+    for (int label : labels) text += EinsumLabelText(letter_of[label]);
+    return text;
+  };
+  // The static size of each label where every dim of it is static.
+  std::vector<int64_t> label_size(letter_of.size(), 1);
+  std::vector<bool> label_static(letter_of.size(), true);
+  for (int i = 0; i < n; ++i) {
+    const Shape& shape = g.input(i)->shape();
+    for (int axis = 0; axis < shape.rank(); ++axis) {
+      const int label = axes.inputs[i][axis];
+      if (!shape[axis].is_static()) {
+        label_static[label] = false;
+      } else if (shape[axis].value() != 1) {
+        label_size[label] = shape[axis].value();
+      }
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    if (!g.wants_input_grad(i)) continue;
+    const std::vector<int>& own = axes.inputs[i];
+    std::vector<int> kept;       // labels of X_i the backward Einsum gives, in X_i's order
+    std::vector<int64_t> added;  // axes of X_i for the labels only X_i has
+    bool broadcast = false;  // whether the backward result needs ReduceToShapeOf
+    for (size_t axis = 0; axis < own.size(); ++axis) {
+      const int label = own[axis];
+      for (size_t earlier = 0; earlier < axis; ++earlier) {
+        if (own[earlier] == label) {
+          return absl::UnimplementedError(absl::StrCat(
+              "no gradient for input ", i, ": its subscripts '",
+              EinsumTermText(equation.inputs[i]), "' repeat '", EinsumLabelText(letter_of[label]),
+              "' (a diagonal)"));
+        }
+      }
+      bool elsewhere = std::count(axes.output.begin(), axes.output.end(), label) > 0;
+      for (int j = 0; j < n && !elsewhere; ++j) {
+        elsewhere = j != i && std::count(axes.inputs[j].begin(), axes.inputs[j].end(), label) > 0;
+      }
+      if (!elsewhere) {
+        added.push_back(static_cast<int64_t>(axis));
+        continue;
+      }
+      kept.push_back(label);
+      const Dim& dim = g.input(i)->shape()[static_cast<int>(axis)];
+      if (!label_static[label] || !dim.is_static() || dim.value() != label_size[label]) {
+        broadcast = true;
+      }
+    }
+    // The backward Einsum's "..." dims: as many as the forward output's.
+    for (int label : axes.output) {
+      if (label >= kEinsumLetters && std::count(own.begin(), own.end(), label) == 0) {
+        broadcast = true;
+      }
+    }
+    std::string backward = term_text(axes.output);
+    std::vector<Value*> inputs = {g.output_grad(0)};
+    for (int j = 0; j < n; ++j) {
+      if (j == i) continue;
+      backward += "," + term_text(axes.inputs[j]);
+      inputs.push_back(g.input(j));
+    }
+    // Broadcast "..." dims of the output that X_i lacks stay in the
+    // backward result (leading), for ReduceToShapeOf to sum.
+    std::vector<int> result = kept;
+    std::vector<int> leading;
+    for (int label : axes.output) {
+      if (label >= kEinsumLetters && std::count(own.begin(), own.end(), label) == 0) {
+        leading.push_back(label);
+      }
+    }
+    result.insert(result.begin(), leading.begin(), leading.end());
+    backward += "->" + term_text(result);
+    CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("Einsum", inputs,
+                                                  {Attribute::String("equation", backward)}));
+    if (!added.empty()) {
+      for (int64_t& axis : added) axis += static_cast<int64_t>(leading.size());
+      if (g.opset() < 13) {  // Unsqueeze's axes are an attribute before opset 13
+        CASTOR_ASSIGN_OR_RETURN(grad,
+                                g.Emit1("Unsqueeze", {grad}, {Attribute::Ints("axes", added)}));
+      } else {
+        CASTOR_ASSIGN_OR_RETURN(Value * axes_value, g.Int64s(added));
+        CASTOR_ASSIGN_OR_RETURN(grad, g.Emit1("Unsqueeze", {grad, axes_value}));
+      }
+      CASTOR_ASSIGN_OR_RETURN(Value * shape, g.ShapeOf(g.input(i)));
+      CASTOR_ASSIGN_OR_RETURN(grad, g.Emit1("Expand", {grad, shape}));
+    }
+    if (broadcast) {
+      CASTOR_ASSIGN_OR_RETURN(grad, g.Emit1("ReduceToShapeOf", {grad, g.input(i)}, {},
+                                            kCastorDomain));
+    }
+    g.SetInputGrad(i, grad);
   }
   return absl::OkStatus();
 }
@@ -1789,6 +1927,7 @@ constexpr RuleEntry kRules[] = {
     {"Dropout", DropoutGradient},
     {"MatMul", MatMulGradient},
     {"Gemm", GemmGradient},
+    {"Einsum", EinsumGradient},
     {"Reshape", ReshapeLikeInputGradient},
     {"Flatten", ReshapeLikeInputGradient},
     {"Squeeze", ReshapeLikeInputGradient},

@@ -204,6 +204,34 @@ class GruLM(nn.Module):
         return self.head(h)
 
 
+class EinsumAttention(nn.Module):
+    """A token classifier whose multi-head self-attention is written with
+    torch.einsum (scores 'bhqd,bhkd->bhqk', values 'bhqk,bhkd->bhqd') and
+    whose head is a bilinear form einsum('bn,anm,bm->ba') of the first
+    token and the mean token: the ONNX Einsum op (opset 12+)."""
+
+    def __init__(self, vocab=VOCAB, seq=SEQ, d=32, heads=4, classes=NUM_CLASSES):
+        super().__init__()
+        self.seq, self.d, self.heads = seq, d, heads
+        self.embed = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.randn(1, seq, d) * 0.02)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+        self.norm = nn.LayerNorm(d)
+        self.bilinear = nn.Parameter(torch.randn(classes, d, d) * 0.05)
+        self.bias = nn.Parameter(torch.zeros(classes))
+
+    def forward(self, ids):
+        h = self.embed(ids) + self.pos
+        dh = self.d // self.heads
+        qkv = self.qkv(h).reshape(-1, self.seq, 3, self.heads, dh).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        scores = torch.einsum("bhqd,bhkd->bhqk", q, k) * (dh ** -0.5)
+        attended = torch.einsum("bhqk,bhkd->bhqd", scores.softmax(-1), v)
+        h = self.norm(h + self.out(attended.transpose(1, 2).reshape(-1, self.seq, self.d)))
+        return torch.einsum("bn,anm,bm->ba", h[:, 0], self.bilinear, h.mean(1)) + self.bias
+
+
 # --------------------------------------------------------------------------
 # Image models for the indexing and Resize ops (torch.nn only)
 # --------------------------------------------------------------------------
@@ -340,6 +368,7 @@ MODELS = {
     "causal_lm": (CausalLM, LM, True),
     "lstm_token_classifier": (LstmTokenClassifier, TOKENS, True),
     "gru_lm": (GruLM, LM, True),
+    "einsum_attention": (EinsumAttention, TOKENS, True),
     "tiny_unet": (TinyUNet, IMG32, True),
     "indexing_net": (IndexingNet, IMG32, True),
     "group_norm_net": (GroupInstanceNormNet, IMG32, False),
