@@ -4,12 +4,8 @@
 #include "absl/strings/str_cat.h"
 #include "backend/cpu/amx_gemm.h"
 #include "backend/cpu/avx512bf16_gemm.h"
+#include "backend/cpu/cpu_features.h"
 #include "backend/cuda_probe.h"
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define CASTOR_POLICY_FIT_CPUID 1
-#include <cpuid.h>
-#endif
 
 namespace castor {
 namespace {
@@ -96,25 +92,6 @@ std::string BetterBecause(const PolicyFitWarning& w, const std::string& policy_n
                       " only for the memory it saves");
 }
 
-#if defined(CASTOR_POLICY_FIT_CPUID)
-// AVX512-FP16 (CPUID leaf 7 subleaf 0, EDX bit 23) with AVX-512 F/BW/VL
-// and the OS saving the ZMM state (XCR0 bits 1-2 and 5-7), as
-// avx512bf16_gemm.cc checks AVX512-BF16.
-bool DetectAvx512Fp16() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || ((ecx >> 27) & 1u) == 0) return false;
-  unsigned xcr0_lo = 0, xcr0_hi = 0;  // XGETBV(0): the state the OS enables
-  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-  constexpr unsigned kZmmState = 0xe6;  // SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM
-  if ((xcr0_lo & kZmmState) != kZmmState) return false;
-  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
-  const bool f = (ebx >> 16) & 1u, bw = (ebx >> 30) & 1u, vl = (ebx >> 31) & 1u;
-  return f && bw && vl && ((edx >> 23) & 1u) != 0;
-}
-#else
-bool DetectAvx512Fp16() { return false; }
-#endif
-
 }  // namespace
 
 std::optional<PolicyFitWarning> CheckPolicyFit(const std::string& policy_name,
@@ -135,9 +112,8 @@ std::optional<PolicyFitWarning> CheckPolicyFit(const std::string& policy_name,
 }
 
 CpuPrecisionFeatures DetectCpuPrecisionFeatures() {
-  static const bool avx512_fp16 = DetectAvx512Fp16();
   CpuPrecisionFeatures cpu;
-  cpu.avx512_fp16 = avx512_fp16;
+  cpu.avx512_fp16 = cpu::HostCpuFeatures().avx512_fp16;
   cpu.avx512_bf16 = cpu::Avx512Bf16Supported();
   cpu.amx_bf16 = cpu::AmxBf16Supported();
   cpu.avx512_bf16_switched_off = cpu.avx512_bf16 && !cpu::Avx512Bf16Available();

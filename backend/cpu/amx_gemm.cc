@@ -24,6 +24,7 @@
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/pair_transpose.h"
 #include "backend/cpu/parallel.h"
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/scratch.h"
 #include "backend/cpu/simd16.h"
 
@@ -32,7 +33,6 @@
 #if defined(__linux__) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
     __GNUC__ >= 11
 #define CASTOR_AMX_BUILD 1
-#include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -70,22 +70,12 @@ void Run(bool split, int64_t count, const std::function<void(int64_t, int64_t)>&
   }
 }
 
-// AMX-TILE and AMX-BF16, with the AVX2 and AVX-512 (F, BW, VL: simd16.h)
-// the packing and the bfloat16 write-back use (libgcc checks that the OS
-// saves their registers), and the tile state
-// enabled in XCR0 and granted to this process by Linux.
+// AMX-TILE and AMX-BF16 with the tile state enabled in XCR0, the AVX2 and
+// AVX-512 (F, BW, VL: simd16.h) the packing and the bfloat16 write-back
+// use, and the tile data granted to this process by Linux.
 bool DetectAmx() {
-  __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx2") || !HasSimd16()) return false;
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
-  const bool amx_bf16 = (edx >> 22) & 1u, amx_tile = (edx >> 24) & 1u;
-  if (!amx_bf16 || !amx_tile) return false;
-  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || ((ecx >> 27) & 1u) == 0) return false;
-  unsigned xcr0_lo = 0, xcr0_hi = 0;  // XGETBV(0): the state the OS enables
-  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-  constexpr unsigned kTileState = (1u << 17) | (1u << 18);  // XTILECFG, XTILEDATA
-  if ((xcr0_lo & kTileState) != kTileState) return false;
+  const CpuFeatures& cpu = HostCpuFeatures();
+  if (!cpu.avx2 || !HasSimd16() || !cpu.amx_bf16 || !cpu.amx_tile) return false;
   // Linux hands out the (8 KiB) tile data state per process on request.
   constexpr long kArchReqXcompPerm = 0x1023;
   constexpr long kXfeatureXtiledata = 18;

@@ -27,6 +27,7 @@
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/pair_transpose.h"
 #include "backend/cpu/parallel.h"
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/scratch.h"
 #include "backend/cpu/simd16.h"
 
@@ -35,7 +36,6 @@
 #if defined(__x86_64__) && defined(CASTOR_SIMD16_X86) && \
     (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 10))
 #define CASTOR_AVX512BF16_BUILD 1
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -73,20 +73,9 @@ void Run(bool split, int64_t count, const std::function<void(int64_t, int64_t)>&
   }
 }
 
-// AVX512-BF16 (CPUID leaf 7 subleaf 1, EAX bit 5) with AVX-512 F/BW/VL,
-// AVX2 and F16C (HasSimd16: simd16.h's write-back and masks), and the OS
-// saving the SSE, AVX and AVX-512 register state (XCR0 bits 1-2 and 5-7).
-bool DetectAvx512Bf16() {
-  if (!HasSimd16()) return false;
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || ((ecx >> 27) & 1u) == 0) return false;
-  unsigned xcr0_lo = 0, xcr0_hi = 0;  // XGETBV(0): the state the OS enables
-  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-  constexpr unsigned kZmmState = 0xe6;  // SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM
-  if ((xcr0_lo & kZmmState) != kZmmState) return false;
-  if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) == 0) return false;
-  return ((eax >> 5) & 1u) != 0;
-}
+// AVX512-BF16 with AVX-512 F/BW/VL, AVX2 and F16C (HasSimd16: simd16.h's
+// write-back and masks), each with its registers saved by the OS.
+bool DetectAvx512Bf16() { return HasSimd16() && HostCpuFeatures().avx512_bf16; }
 
 // Where a block of C goes: float32 (alpha * product + beta * C) or, when
 // c16 is set, bfloat16 (alpha * product rounded once; beta is 0).

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "backend/cpu/cpu_features.h"
 
 extern "C" char* openblas_get_corename(void);
 
@@ -26,16 +27,12 @@ std::string BlasCoreName() {
 
 std::string BestBlasCoreForThisCpu() {
 #if defined(__x86_64__) || defined(__i386__)
-  // __builtin_cpu_supports also checks that the OS saves the AVX/AVX-512
-  // registers (XCR0), as OpenBLAS's own detection does.
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
-      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512vl")) {
-    return "SkylakeX";
-  }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
-  if (__builtin_cpu_supports("avx")) return "Sandybridge";
+  // Each feature counts only where the OS saves its registers (XCR0), as in
+  // OpenBLAS's own detection.
+  const CpuFeatures& f = HostCpuFeatures();
+  if (f.avx512f && f.avx512cd && f.avx512bw && f.avx512dq && f.avx512vl) return "SkylakeX";
+  if (f.avx2 && f.fma) return "Haswell";
+  if (f.avx) return "Sandybridge";
 #endif
   return "";  // not x86, or no AVX: nothing better than what OpenBLAS chose
 }

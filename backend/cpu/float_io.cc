@@ -1,13 +1,14 @@
 // Bulk float conversions (see float_io.h): scalar loops over graph/half.h's
 // conversions, and AVX2/F16C and AVX-512 (simd16.h) loops that give the
-// same bits, the widest this CPU runs picked once at run time with
-// __builtin_cpu_supports (the build has no -march flags).
+// same bits, the widest this CPU runs picked once at run time from
+// cpu_features.h (the build has no -march flags).
 #include "backend/cpu/float_io.h"
 
 #include <atomic>
 #include <cstring>
 #include <vector>
 
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/simd16.h"
 
@@ -40,11 +41,7 @@ void Float32ToBFloat16Scalar(const float* src, uint16_t* dst, int64_t n) {
 // left dirty, later SSE code (libm's expf among it) ran ~25x slower.
 
 bool HasVectorConversions() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  }();
-  return has;
+  return HostCpuFeatures().avx2 && HostCpuFeatures().f16c;
 }
 
 // F16C widens every half exactly, except that it quietens signalling NaNs;
@@ -181,12 +178,9 @@ std::vector<ConversionLoops> AvailableConversionLoops() {
 
 bool HasSimd16() {
 #if defined(CASTOR_SIMD16_X86)
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return float_io_internal::HasVectorConversions() && __builtin_cpu_supports("avx512f") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-  }();
-  return has;
+  const CpuFeatures& cpu = HostCpuFeatures();
+  return float_io_internal::HasVectorConversions() && cpu.avx512f && cpu.avx512bw &&
+         cpu.avx512vl;
 #else
   return false;
 #endif

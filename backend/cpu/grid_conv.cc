@@ -10,6 +10,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "backend/cpu/cpu_features.h"
+
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__clang__)
 #define CASTOR_GRID_CONV_X86 1
 #include <immintrin.h>
@@ -200,9 +202,9 @@ void FilterGradEntry(int64_t rows, int64_t depth, const float* dy, int64_t ld_dy
 GridIsa BestGridIsa() {
   static const GridIsa best = [] {
 #if defined(CASTOR_GRID_CONV_X86)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return GridIsa::kAvx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return GridIsa::kAvx2;
+    const CpuFeatures& cpu = HostCpuFeatures();
+    if (cpu.avx512f) return GridIsa::kAvx512;
+    if (cpu.avx2 && cpu.fma) return GridIsa::kAvx2;
 #endif
     return GridIsa::kPortable;
   }();

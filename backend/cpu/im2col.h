@@ -219,7 +219,7 @@ void FillGrid(const T* x, int64_t channel_lo, int64_t channel_hi, const PaddedGr
         }
         // The plane zeroed in one go, then the input's part copied: per-row
         // border fills of a float or two cost a memset call apiece.
-        std::fill(dst, dst + grid.plane(), Acc(0));
+        std::fill(dst, dst + grid.plane(), Acc{});
         // Plane columns j with input column j * s1 + b - left inside [0, in_w).
         const int64_t left = g.pad_begin[1] - b;
         const int64_t j_lo = std::clamp<int64_t>((left + s1 - 1) / s1, 0, cols);
@@ -258,11 +258,11 @@ void Im2Col(const T* x, const common::WindowGeometry& g, int64_t first_row, int6
       const int64_t offset = OuterOffset(g, oidx.data(), kidx.data(), g.input);
       NextOuter(g.output, oidx.data());
       if (offset < 0) {
-        std::fill(dst, dst + out_last, Acc(0));
+        std::fill(dst, dst + out_last, Acc{});
         continue;
       }
       const T* src = xc + offset + span.shift;
-      std::fill(dst, dst + span.lo, Acc(0));
+      std::fill(dst, dst + span.lo, Acc{});
       if constexpr (std::is_same_v<T, Acc>) {
         if (s == 1) {
           std::copy(src + span.lo, src + span.hi, dst + span.lo);
@@ -274,7 +274,7 @@ void Im2Col(const T* x, const common::WindowGeometry& g, int64_t first_row, int6
       } else {
         for (int64_t o = span.lo; o < span.hi; ++o) dst[o] = WidenTo<Acc>(src[o * s]);
       }
-      std::fill(dst + span.hi, dst + out_last, Acc(0));
+      std::fill(dst + span.hi, dst + out_last, Acc{});
     }
   }
 }

@@ -219,8 +219,10 @@ bool ConvertElements(DType from, const void* src, DType to, void* dst, int64_t c
           float widened[kFloatConvertBlock];
           for (int64_t i = lo; i < hi; i += kFloatConvertBlock) {
             const int64_t m = std::min(kFloatConvertBlock, hi - i);
-            cpu::ToFloat32(s + i, widened, m);
-            cpu::FromFloat32(widened, d + i, m);
+            // The dtype-tagged forms: clang 14 instantiates this lambda even
+            // where the branch is discarded (no typed overload for, say, int8).
+            cpu::ToFloat32(from, s + i, widened, m);
+            cpu::FromFloat32(to, widened, d + i, m);
           }
         });
       } else {
