@@ -385,6 +385,26 @@ TEST(NpzTest, CorruptArchivesNameFileAndMember) {
               AllOf(HasSubstr(not_npy + ":x.npy"), HasSubstr("bad magic")));
 }
 
+// Directory entries that share one member's bytes (the overlapping-member
+// zip bomb: N entries inflate one stream N times) are refused before any
+// member is inflated, whatever each entry's own size says.
+TEST(NpzTest, OverlappingMembersAreRefused) {
+  const std::string x = Npy<float>(DType::kFloat32, {4}, {1, 2, 3, 4});
+  std::string zip = ZipBytes({{"a.npy", x, true}, {"b.npy", x, true}});
+  const std::string plain_path = WriteFile(TempDir() / "npz" / "two.npz", zip);
+  ASSERT_TRUE(training::ReadNpz(plain_path).ok());  // the archive as written reads
+
+  // Point b.npy's central directory entry at a.npy's local header.
+  const size_t directory_size = 2 * (46 + 5);
+  const size_t second_entry = zip.size() - 22 - directory_size + 46 + 5;
+  ASSERT_EQ(zip.substr(second_entry, 4), std::string("PK\x01\x02", 4));
+  zip.replace(second_entry + 42, 4, std::string(4, '\0'));
+  const std::string overlap_path = WriteFile(TempDir() / "npz" / "overlap.npz", zip);
+  EXPECT_THAT(Message(training::ReadNpz(overlap_path).status()),
+              AllOf(HasSubstr(overlap_path), HasSubstr("members 'a.npy' and 'b.npy' overlap"),
+                    HasSubstr("local headers at 0 and 0")));
+}
+
 // ----- conversions and --data forms ------------------------------------------
 
 TEST(ConvertTest, ImageAndLabelDTypes) {

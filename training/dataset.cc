@@ -350,6 +350,28 @@ absl::StatusOr<std::vector<ZipMember>> ReadZipDirectory(std::string_view bytes,
     members.push_back(std::move(member));
     at += 46 + name_length + extra_length + comment_length;
   }
+  // Members may not share bytes: each one's local header (30 bytes at
+  // least) and compressed data end before the next one starts. Overlapping
+  // members inflate the same deflate stream again and again (a zip bomb
+  // whose output grows with the square of the file's size), which the
+  // per-member 1032x bound cannot see; np.savez never writes them.
+  std::vector<const ZipMember*> by_offset;
+  for (const ZipMember& member : members) by_offset.push_back(&member);
+  std::sort(by_offset.begin(), by_offset.end(), [](const ZipMember* a, const ZipMember* b) {
+    return a->local_header_offset < b->local_header_offset;
+  });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const ZipMember& before = *by_offset[i - 1];
+    const ZipMember& next = *by_offset[i];
+    const uint64_t gap = next.local_header_offset - before.local_header_offset;
+    if (gap < 30 || gap - 30 < before.compressed_size) {
+      return BadZip(path, absl::StrCat("members '", before.name, "' and '", next.name,
+                                       "' overlap (local headers at ",
+                                       before.local_header_offset, " and ",
+                                       next.local_header_offset, ", the first holds ",
+                                       before.compressed_size, " compressed bytes)"));
+    }
+  }
   return members;
 }
 
