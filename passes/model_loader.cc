@@ -11,6 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "graph/onnx_io.h"
 #include "graph/shape_inference.h"
+#include "passes/canonicalize.h"
+#include "passes/unroll_recurrent.h"
 #include "passes/verifier.h"
 
 namespace castor {
@@ -18,6 +20,10 @@ namespace castor {
 absl::Status NameFile(const absl::Status& status, const std::string& path) {
   if (status.ok() || absl::StrContains(status.message(), path)) return status;
   return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
+}
+
+PassManager& AddImportPasses(PassManager& manager) {
+  return manager.Add(MakeUnrollRecurrentPass()).Add(MakeCanonicalizePass());
 }
 
 absl::StatusOr<Model> LoadAndCheckModel(const std::string& path) {

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "graph/graph.h"
+#include "passes/pass_manager.h"
 
 namespace castor {
 
@@ -19,6 +20,12 @@ namespace castor {
 // unknown ops reported at once), InferTypes, VerifyModel with
 // VerifyRules::kValid. Error messages name the file.
 absl::StatusOr<Model> LoadAndCheckModel(const std::string& path);
+
+// Adds the passes every imported model goes through before autocast or
+// training, in order: unroll-recurrent (LSTM/GRU/RNN into primitive ops),
+// then canonicalize (no-op Casts, Identity chains, dead nodes). Every
+// subcommand that rewrites a user's model starts with them.
+PassManager& AddImportPasses(PassManager& manager);
 
 // `status` with "path: " in front, unless its message already names the
 // file (an ok status is returned as it is).

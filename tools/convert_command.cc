@@ -12,8 +12,6 @@
 #include "graph/onnx_io.h"
 #include "graph/status.h"
 #include "passes/autocast.h"
-#include "passes/canonicalize.h"
-#include "passes/unroll_recurrent.h"
 #include "passes/model_loader.h"
 #include "passes/pass_manager.h"
 #include "passes/verifier.h"
@@ -204,9 +202,7 @@ int RunConvert(const std::vector<std::string>& args, std::ostream& out, std::ost
   }
   AutocastReport report;
   PassManager manager(manager_options);
-  manager.Add(MakeUnrollRecurrentPass())
-      .Add(MakeCanonicalizePass())
-      .Add(MakeAutocastPass(*policy, autocast, &report));
+  AddImportPasses(manager).Add(MakeAutocastPass(*policy, autocast, &report));
   PassContext context;
   if (absl::Status ran = manager.Run(*model, context); !ran.ok()) {
     // A refusal (converted under another policy) or a pass bug is a check

@@ -14,8 +14,6 @@
 #include "graph/onnx_io.h"
 #include "graph/shape_inference.h"
 #include "passes/autocast.h"
-#include "passes/canonicalize.h"
-#include "passes/unroll_recurrent.h"
 #include "passes/model_loader.h"
 #include "passes/pass_manager.h"
 #include "passes/verifier.h"
@@ -690,7 +688,7 @@ absl::StatusOr<std::string> InspectModel(const InspectOptions& options) {
   std::string canonicalized;  // what the canonicalize pass did, for the text report
   if (options.canonicalize) {
     PassManager manager;
-    manager.Add(MakeUnrollRecurrentPass()).Add(MakeCanonicalizePass());
+    AddImportPasses(manager);
     PassContext context;
     if (absl::Status s = manager.Run(*model, context); !s.ok()) {
       return NameFile(s, options.model_path);

@@ -37,8 +37,6 @@
 #include "graph/status.h"
 #include "graph/version.h"
 #include "passes/autocast.h"
-#include "passes/canonicalize.h"
-#include "passes/unroll_recurrent.h"
 #include "passes/model_loader.h"
 #include "passes/pass_manager.h"
 #include "tools/args.h"
@@ -581,7 +579,7 @@ absl::StatusOr<Prepared> PrepareGraphAndData(TrainOptions& o, Start& start, std:
     PassManagerOptions import_options = manager_options;
     import_options.dump_input = true;
     PassManager import(import_options);
-    import.Add(MakeUnrollRecurrentPass()).Add(MakeCanonicalizePass());
+    AddImportPasses(import);
     PassContext context;
     if (absl::Status s = import.Run(start.float32_model, context); !s.ok()) {
       // A recurrent layer castor cannot unroll (a symbolic sequence length)
