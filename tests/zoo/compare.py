@@ -25,11 +25,14 @@ For each model (OUT/<name>.ref.json; see generate.py for what it holds):
                tensor whose true gradient is zero (a bias right before
                BatchNormalization) is judged by that noise band alone.
   mixed_float16, mixed_bfloat16
-           the same command with --max-steps mixed_steps (50) and no
-           checkpoint: every loss finite, and |castor_k - torch_f32_k| <=
-           mixed_tol at every step (generate.py: max(5% of the initial loss,
-           4x PyTorch's own bf16-autocast gap, 2x the drift of PyTorch's
-           float32 run from weights nudged by one ulp)). Skipped steps
+           the same command with --max-steps mixed_steps (50) and
+           checkpoints at step mixed_steps - 2 and at the end: every loss
+           finite, and |castor_k - torch_f32_k| <= mixed_tol at every step
+           (generate.py: max(5% of the initial loss, 4x PyTorch's own
+           bf16-autocast gap, 2x the drift of PyTorch's float32 run from
+           weights nudged by one ulp)); `castor verify` accepts the last
+           checkpoint and `--resume` from the other repeats the last two
+           steps bit-exactly (losses, loss scale, weights). Skipped steps
            (float16 loss scaling) are reported.
 
 Prints a table (model, op types, params, pass, step-1 loss diff, worst later
@@ -83,7 +86,9 @@ def castor_error(stderr):
     return tail[-1] if tail else "(no message)"
 
 
-def run_castor(castor, ref, out_dir, policy, steps, work, threads, checkpoint, timeout):
+def run_castor(castor, ref, out_dir, policy, steps, work, threads, save_every, timeout):
+    """`castor train` as the module docstring says; save_every: a checkpoint
+    every that many steps (and at the end), or none when 0."""
     metrics = os.path.join(work, "%s_%s.jsonl" % (ref["model"], policy))
     cmd = [castor, "train", os.path.join(out_dir, ref["onnx"]),
            "--data", os.path.join(out_dir, ref["data"]), "--policy", policy,
@@ -95,10 +100,10 @@ def run_castor(castor, ref, out_dir, policy, steps, work, threads, checkpoint, t
            "--epochs", str(steps),
            "--backend", "cpu", "--threads", str(threads)]
     ckpt_dir = None
-    if checkpoint:
+    if save_every:
         ckpt_dir = os.path.join(work, "%s_%s_ckpt" % (ref["model"], policy))
         shutil.rmtree(ckpt_dir, ignore_errors=True)
-        cmd += ["--checkpoint-dir", ckpt_dir, "--save-every", "1", "--keep", "0"]
+        cmd += ["--checkpoint-dir", ckpt_dir, "--save-every", str(save_every), "--keep", "0"]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -120,14 +125,16 @@ def run_castor(castor, ref, out_dir, policy, steps, work, threads, checkpoint, t
                   samples_per_s=float(np.median([s["samples_per_s"] for s in steps_lines[1:]]
                                                 or [steps_lines[0]["samples_per_s"]])),
                   ckpt=os.path.join(ckpt_dir, "ckpt-00000001.onnx") if ckpt_dir else None,
-                  ckpt_dir=ckpt_dir, metrics=metrics)
+                  ckpt_dir=ckpt_dir, save_every=save_every, metrics=metrics)
     return result
 
 
 def check_checkpoints(castor, ref, out_dir, run, work, threads, timeout):
-    """The float32 run's checkpoints: `castor verify` accepts the last one, and
-    `--resume` from the middle one continues bit-exactly (the same losses and
-    the same final weights as the uninterrupted run). Returns failure lines."""
+    """A run's checkpoints: `castor verify` accepts the last one, and
+    `--resume` from the one before it continues bit-exactly (the same losses,
+    skipped steps included, and the same final weights as the uninterrupted
+    run: optimizer, loss-scaler and Dropout RNG state all restored). Returns
+    failure lines."""
     steps = len(run["losses"])
     last = os.path.join(run["ckpt_dir"], "ckpt-%08d.onnx" % steps)
     verify = subprocess.run([castor, "verify", last], stdout=subprocess.PIPE,
@@ -136,16 +143,20 @@ def check_checkpoints(castor, ref, out_dir, run, work, threads, timeout):
     if verify.returncode != 0:
         fails.append("castor verify %s: exit %d: %s"
                      % (os.path.basename(last), verify.returncode, castor_error(verify.stderr)))
-    middle = steps // 2
-    if middle < 1:
+    saved = sorted(int(f[5:13]) for f in os.listdir(run["ckpt_dir"])
+                   if f.startswith("ckpt-") and f.endswith(".onnx"))
+    earlier = [k for k in saved if k < steps]
+    if not earlier:
         return fails
+    middle = earlier[len(earlier) // 2] if run["save_every"] == 1 else earlier[-1]
     resumed_dir = run["ckpt_dir"] + "_resumed"
     shutil.rmtree(resumed_dir, ignore_errors=True)
     metrics = run["metrics"] + ".resumed"
     cmd = [castor, "train", "--resume", os.path.join(run["ckpt_dir"], "ckpt-%08d.onnx" % middle),
            "--data", os.path.join(out_dir, ref["data"]), "--max-steps", str(steps),
            "--epochs", str(steps), "--metrics", metrics, "--checkpoint-dir", resumed_dir,
-           "--save-every", "1", "--keep", "0", "--backend", "cpu", "--threads", str(threads)]
+           "--save-every", str(run["save_every"]), "--keep", "0", "--backend", "cpu",
+           "--threads", str(threads)]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           universal_newlines=True, timeout=timeout)
     if proc.returncode != 0:
@@ -346,12 +357,14 @@ def main(argv=None):
             threads = ref.get("torch_threads", 0) if args.threads < 0 else args.threads
             if policy == "float32":
                 run = run_castor(castor, ref, args.out, policy, ref["steps_f32"], work,
-                                 threads, True, args.timeout)
+                                 threads, 1, args.timeout)
             else:
                 if not ref["mixed_steps"]:
                     continue
+                # Checkpoints two steps before the end and at it: verify,
+                # and a bit-exact two-step resume under this policy.
                 run = run_castor(castor, ref, args.out, policy, ref["mixed_steps"], work,
-                                 threads, False, args.timeout)
+                                 threads, max(1, ref["mixed_steps"] - 2), args.timeout)
             entry = {"seconds": run.get("seconds")}
             if not run["ok"]:
                 entry.update(ok=False, error=run["error"])
@@ -368,6 +381,10 @@ def main(argv=None):
                     ok, fails = ok and not resume_fails, fails + resume_fails
                 else:
                     ok, detail, fails = compare_mixed(ref, run)
+                    resume_fails = check_checkpoints(castor, ref, args.out, run, work, threads,
+                                                     args.timeout)
+                    detail["resume_bit_exact"] = not resume_fails
+                    ok, fails = ok and not resume_fails, fails + resume_fails
                 entry.update(ok=ok, **detail)
                 res["failures"] += ["%s: %s" % (policy, f) for f in fails]
             res["policies"][policy] = entry
