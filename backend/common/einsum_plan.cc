@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "graph/ops/einsum_equation.h"
+#include "graph/status.h"
 
 namespace castor::common {
 namespace {
@@ -270,6 +271,19 @@ absl::StatusOr<EinsumPlan> PlanEinsum(const KernelContext& ctx) {
     planner.Gather(current, axes->output, {}, plan.output_buffer());
   }
   return plan;
+}
+
+absl::StatusOr<std::vector<void*>> EinsumBuffers(KernelContext& ctx, const EinsumPlan& plan,
+                                                 DType dtype, void* output) {
+  std::vector<void*> buffers;
+  for (int i = 0; i < ctx.num_inputs(); ++i) buffers.push_back(ctx.input(i).data);
+  buffers.push_back(output);
+  for (int64_t elements : plan.scratch_elements) {
+    CASTOR_ASSIGN_OR_RETURN(void* scratch,
+                            ctx.Scratch(static_cast<size_t>(elements) * DTypeSize(dtype)));
+    buffers.push_back(scratch);
+  }
+  return buffers;
 }
 
 }  // namespace castor::common

@@ -63,4 +63,9 @@ struct EinsumPlan {
 // label sizes that neither agree nor broadcast.
 absl::StatusOr<EinsumPlan> PlanEinsum(const KernelContext& ctx);
 
+// The buffers `plan`'s steps index: the node's inputs, `output`, then one
+// scratch buffer (ctx.Scratch, in `dtype`) per plan.scratch_elements.
+absl::StatusOr<std::vector<void*>> EinsumBuffers(KernelContext& ctx, const EinsumPlan& plan,
+                                                 DType dtype, void* output);
+
 }  // namespace castor::common

@@ -106,14 +106,8 @@ absl::Status EinsumKernel(KernelContext& ctx) {
     CASTOR_CUDA_CALL(cudaMemsetAsync(y->data, 0, y->byte_size(), Stream(ctx)));
     return absl::OkStatus();
   }
-  std::vector<void*> buffers;
-  for (int i = 0; i < ctx.num_inputs(); ++i) buffers.push_back(ctx.input(i).data);
-  buffers.push_back(y->data);
-  for (int64_t elements : plan.scratch_elements) {
-    CASTOR_ASSIGN_OR_RETURN(void* scratch,
-                            ctx.Scratch(static_cast<size_t>(elements) * DTypeSize(dtype)));
-    buffers.push_back(scratch);
-  }
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<void*> buffers,
+                          common::EinsumBuffers(ctx, plan, dtype, y->data));
   for (const common::EinsumStep& step : plan.steps) {
     if (step.is_gemm) {
       CASTOR_RETURN_IF_ERROR(RunGemm(ctx, step.gemm, dtype, buffers[step.gemm.a],
