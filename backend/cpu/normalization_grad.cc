@@ -37,6 +37,16 @@ absl::Status WriteDoubles(KernelContext& ctx, int index, DType dtype,
   return absl::OkStatus();
 }
 
+// The scale and bias gradients (outputs 1 and 2, where the graph reads
+// them), shaped and typed as the scale input.
+absl::Status WriteScaleBiasGrads(KernelContext& ctx, DType dtype, const std::vector<int64_t>& dims,
+                                 const std::vector<double>& d_scale,
+                                 const std::vector<double>& d_bias) {
+  if (WantsOutput(ctx, 1)) CASTOR_RETURN_IF_ERROR(WriteDoubles(ctx, 1, dtype, dims, d_scale));
+  if (WantsOutput(ctx, 2)) CASTOR_RETURN_IF_ERROR(WriteDoubles(ctx, 2, dtype, dims, d_bias));
+  return absl::OkStatus();
+}
+
 #if defined(CASTOR_SIMD16_X86)
 // Floats [p, p + 8) (lanes outside `lanes` 0) as doubles.
 CASTOR_SIMD16_TARGET inline __m512d LoadAsDoubles(const float* p, __mmask8 lanes) {
@@ -154,19 +164,7 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
     }
   });
   if (dx.has_value()) dx->Finish();
-  if (WantsOutput(ctx, 1)) {
-    if (absl::Status st = WriteDoubles(ctx, 1, scale_view.dtype, scale_view.dims, d_scale);
-        !st.ok()) {
-      return st;
-    }
-  }
-  if (WantsOutput(ctx, 2)) {
-    if (absl::Status st = WriteDoubles(ctx, 2, scale_view.dtype, scale_view.dims, d_bias);
-        !st.ok()) {
-      return st;
-    }
-  }
-  return absl::OkStatus();
+  return WriteScaleBiasGrads(ctx, scale_view.dtype, scale_view.dims, d_scale, d_bias);
 }
 
 // ---- LayerNormalizationGrad ----------------------------------------------------
@@ -276,17 +274,7 @@ absl::Status LayerNormGradKernel(KernelContext& ctx) {
       d_bias[0][i] += d_bias[slice][i];
     }
   }
-  if (WantsOutput(ctx, 1)) {
-    if (absl::Status st = WriteDoubles(ctx, 1, scale_view.dtype, sd, d_scale[0]); !st.ok()) {
-      return st;
-    }
-  }
-  if (WantsOutput(ctx, 2)) {
-    if (absl::Status st = WriteDoubles(ctx, 2, scale_view.dtype, sd, d_bias[0]); !st.ok()) {
-      return st;
-    }
-  }
-  return absl::OkStatus();
+  return WriteScaleBiasGrads(ctx, scale_view.dtype, sd, d_scale[0], d_bias[0]);
 }
 
 // ---- InstanceNormalizationGrad -------------------------------------------------
@@ -350,19 +338,7 @@ absl::Status InstanceNormGradKernel(KernelContext& ctx) {
     d_scale[r % channels] += row_dy_xhat[r];
     d_bias[r % channels] += row_dy[r];
   }
-  if (WantsOutput(ctx, 1)) {
-    if (absl::Status st = WriteDoubles(ctx, 1, scale_view.dtype, scale_view.dims, d_scale);
-        !st.ok()) {
-      return st;
-    }
-  }
-  if (WantsOutput(ctx, 2)) {
-    if (absl::Status st = WriteDoubles(ctx, 2, scale_view.dtype, scale_view.dims, d_bias);
-        !st.ok()) {
-      return st;
-    }
-  }
-  return absl::OkStatus();
+  return WriteScaleBiasGrads(ctx, scale_view.dtype, scale_view.dims, d_scale, d_bias);
 }
 
 }  // namespace

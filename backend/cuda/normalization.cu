@@ -447,6 +447,31 @@ __global__ void BatchNormGradInputKernel(const T* __restrict__ dy, const T* __re
   }
 }
 
+// The outputs of a normalization gradient node, each allocated only where
+// the graph reads it (else null): dx shaped as x, d_scale and d_bias as
+// the scale (`param_dims`, in `param_dtype`).
+struct NormGradOutputs {
+  TensorView* dx = nullptr;
+  TensorView* d_scale = nullptr;
+  TensorView* d_bias = nullptr;
+};
+
+absl::StatusOr<NormGradOutputs> AllocateNormGradOutputs(KernelContext& ctx, const TensorView& x,
+                                                        DType param_dtype,
+                                                        const std::vector<int64_t>& param_dims) {
+  NormGradOutputs out;
+  if (WantsOutput(ctx, 0)) {
+    CASTOR_ASSIGN_OR_RETURN(out.dx, ctx.Output(0, x.dtype, x.dims));
+  }
+  if (WantsOutput(ctx, 1)) {
+    CASTOR_ASSIGN_OR_RETURN(out.d_scale, ctx.Output(1, param_dtype, param_dims));
+  }
+  if (WantsOutput(ctx, 2)) {
+    CASTOR_ASSIGN_OR_RETURN(out.d_bias, ctx.Output(2, param_dtype, param_dims));
+  }
+  return out;
+}
+
 absl::Status BatchNormGradKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& x = ctx.input(1);
@@ -455,18 +480,9 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
                           common::PlanBatchNormGrad(ctx));
   const int64_t batch = geometry.batch, channels = geometry.channels, inner = geometry.inner;
   const float epsilon = ctx.GetFloat("epsilon", 1e-5f);
-  TensorView* dx = nullptr;
-  if (WantsOutput(ctx, 0)) {
-    CASTOR_ASSIGN_OR_RETURN(dx, ctx.Output(0, x.dtype, x.dims));
-  }
-  TensorView* d_scale = nullptr;
-  TensorView* d_bias = nullptr;
-  if (WantsOutput(ctx, 1)) {
-    CASTOR_ASSIGN_OR_RETURN(d_scale, ctx.Output(1, scale_view.dtype, scale_view.dims));
-  }
-  if (WantsOutput(ctx, 2)) {
-    CASTOR_ASSIGN_OR_RETURN(d_bias, ctx.Output(2, scale_view.dtype, scale_view.dims));
-  }
+  CASTOR_ASSIGN_OR_RETURN(const NormGradOutputs outputs,
+                          AllocateNormGradOutputs(ctx, x, scale_view.dtype, scale_view.dims));
+  TensorView *dx = outputs.dx, *d_scale = outputs.d_scale, *d_bias = outputs.d_bias;
   if (channels == 0) return absl::OkStatus();
   CASTOR_ASSIGN_OR_RETURN(const float* scale, Float32Of(ctx, scale_view));
   CASTOR_ASSIGN_OR_RETURN(float* buffer, FloatScratch(ctx, 7 * channels));
@@ -778,18 +794,9 @@ absl::Status LayerNormGradKernelFor(KernelContext& ctx) {
   CASTOR_ASSIGN_OR_RETURN(const ParamIndex scale_at, MakeParamIndex(ctx, sd, norm_dims, 0));
   const int64_t scale_size = scale_view.num_elements();
   const float epsilon = ctx.GetFloat("epsilon", 1e-5f);
-  TensorView* dx = nullptr;
-  if (WantsOutput(ctx, 0)) {
-    CASTOR_ASSIGN_OR_RETURN(dx, ctx.Output(0, x.dtype, x.dims));
-  }
-  TensorView* d_scale = nullptr;
-  TensorView* d_bias = nullptr;
-  if (WantsOutput(ctx, 1)) {
-    CASTOR_ASSIGN_OR_RETURN(d_scale, ctx.Output(1, scale_view.dtype, sd));
-  }
-  if (WantsOutput(ctx, 2)) {
-    CASTOR_ASSIGN_OR_RETURN(d_bias, ctx.Output(2, scale_view.dtype, sd));
-  }
+  CASTOR_ASSIGN_OR_RETURN(const NormGradOutputs outputs,
+                          AllocateNormGradOutputs(ctx, x, scale_view.dtype, sd));
+  TensorView *dx = outputs.dx, *d_scale = outputs.d_scale, *d_bias = outputs.d_bias;
   const bool param_grads = d_scale != nullptr || d_bias != nullptr;
   // The float32 parameter gradients (zero when there are no rows) and the
   // row statistics they need.
@@ -983,18 +990,9 @@ absl::Status InstanceNormGradKernelFor(KernelContext& ctx) {
                           common::PlanInstanceNormGrad(ctx));
   const int64_t channels = geometry.channels, rows = geometry.rows, inner = geometry.inner;
   const float epsilon = ctx.GetFloat("epsilon", 1e-5f);
-  TensorView* dx = nullptr;
-  if (WantsOutput(ctx, 0)) {
-    CASTOR_ASSIGN_OR_RETURN(dx, ctx.Output(0, x.dtype, x.dims));
-  }
-  TensorView* d_scale = nullptr;
-  TensorView* d_bias = nullptr;
-  if (WantsOutput(ctx, 1)) {
-    CASTOR_ASSIGN_OR_RETURN(d_scale, ctx.Output(1, scale_view.dtype, scale_view.dims));
-  }
-  if (WantsOutput(ctx, 2)) {
-    CASTOR_ASSIGN_OR_RETURN(d_bias, ctx.Output(2, scale_view.dtype, scale_view.dims));
-  }
+  CASTOR_ASSIGN_OR_RETURN(const NormGradOutputs outputs,
+                          AllocateNormGradOutputs(ctx, x, scale_view.dtype, scale_view.dims));
+  TensorView *dx = outputs.dx, *d_scale = outputs.d_scale, *d_bias = outputs.d_bias;
   if (channels == 0) return absl::OkStatus();
   // The float32 parameter gradients, zero when there are no rows.
   CASTOR_ASSIGN_OR_RETURN(float* accumulators, FloatScratch(ctx, 2 * channels));
