@@ -67,8 +67,9 @@ std::string WriteFile(const fs::path& path, const std::string& bytes) {
 void AppendBigEndian32(std::string& out, uint32_t value) {
   for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>(value >> shift));
 }
+// `bytes` little-endian bytes of `value` (zeros past its eighth byte).
 void AppendLittle(std::string& out, uint64_t value, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>(value >> (8 * i)));
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>(i < 8 ? value >> (8 * i) : 0));
 }
 
 std::string IdxBytes(uint32_t magic, const std::vector<uint32_t>& dims,
