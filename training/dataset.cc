@@ -294,8 +294,11 @@ absl::StatusOr<std::vector<ZipMember>> ReadZipDirectory(std::string_view bytes,
   uint64_t directory_size = Little32(data + end + 12);
   uint64_t directory_offset = Little32(data + end + 16);
   if (end >= 20 && Little32(data + end - 20) == kZip64Locator) {
-    const uint64_t end64 = Little64(data + end - 20 + 8);
-    if (end64 > size - 56 || Little32(data + end64) != kZip64End) {
+    // The ZIP64 end record (56 bytes before its variable part) lies before
+    // its locator; a file shorter than that has none.
+    const uint64_t locator = end - 20;
+    const uint64_t end64 = Little64(data + locator + 8);
+    if (end64 > locator || locator - end64 < 56 || Little32(data + end64) != kZip64End) {
       return BadZip(path, "bad ZIP64 end-of-central-directory record");
     }
     count = Little64(data + end64 + 32);

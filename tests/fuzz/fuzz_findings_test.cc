@@ -178,5 +178,21 @@ TEST(FuzzFindings, NpzDeflatedMemberDeclaringMoreThanDeflateCanHoldIsRefused) {
   EXPECT_EQ(intact->at("x_train").dims(), (std::vector<int64_t>{4, 4, 4}));
 }
 
+// fuzz_npz (libFuzzer, 2026-12-06), corpus/npz/
+// regression-zip64_locator_in_a_48_byte_file.npz: a 48-byte file with a
+// ZIP64 locator ahead of its end record. The reader checked the ZIP64 end
+// record's offset against size - 56, which wrapped around for a file under
+// 56 bytes, and read far outside the file (SEGV).
+TEST(FuzzFindings, Zip64LocatorInAFileTooShortForItsRecordIsRefused) {
+  const std::string bytes = ReadCorpusFile("npz/regression-zip64_locator_in_a_48_byte_file.npz");
+  ASSERT_EQ(bytes.size(), 48u);
+  const std::string path = WriteFile("short_zip64.npz", bytes);
+  absl::StatusOr<std::map<std::string, Tensor>> arrays = ReadNpz(path);
+  ASSERT_FALSE(arrays.ok());
+  EXPECT_EQ(arrays.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(arrays.status().message(),
+              AllOf(HasSubstr(path), HasSubstr("bad ZIP64 end-of-central-directory record")));
+}
+
 }  // namespace
 }  // namespace castor::training
