@@ -69,6 +69,7 @@ for target in "${TARGETS[@]}"; do
   echo "== fuzzing $target for ${SECONDS_PER_TARGET}s (log: $log)"
   fork=()
   if [[ "${CASTOR_FUZZ_JOBS:-1}" -gt 1 ]]; then fork=(-fork="$CASTOR_FUZZ_JOBS" -ignore_crashes=1); fi
+  started=$(date +%s)
   set +e
   # shellcheck disable=SC2086
   "$BUILD_DIR/tests/fuzz/fuzz_$target" "$work/corpus" \
@@ -78,11 +79,14 @@ for target in "${TARGETS[@]}"; do
     ${CASTOR_FUZZ_EXTRA:-} >"$log" 2>&1
   status=$?
   set -e
-  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | awk '{s+=$2} END {print s+0}')
+  seconds=$(($(date +%s) - started))
+  # libFuzzer's final stats (one block per process with -fork), else its
+  # last status line; either may be missing after a crash.
+  execs=$({ grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" || true; } |
+          awk '{s+=$2} END {print s+0}')
   if [[ "$execs" == 0 ]]; then
-    execs=$(grep -oE '^#[0-9]+' "$log" | tail -1 | tr -d '#' || true)
+    execs=$({ grep -oE '^#[0-9]+' "$log" || true; } | tail -1 | tr -d '#')
   fi
-  seconds=$(grep -o 'stat::total_time_in_seconds: *[0-9]*' "$log" | awk '{s+=$2} END {print s+0}')
   findings=$(find "$work/findings" -type f | wc -l)
   if ((findings > 0)) || ((status != 0)); then any_findings=1; fi
   SUMMARY+=("$(printf '%-16s %12s execs %6ss %4s findings  exit %s' "$target" "${execs:-?}" \

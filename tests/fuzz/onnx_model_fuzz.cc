@@ -6,12 +6,15 @@
 // level up lies secret.bin, reachable through the symlink model/up -> ..
 // and through "../secret.bin". Invariant: no loaded initializer ever holds
 // the secret's bytes (external data is confined to the model's directory,
-// symlinks followed). A loaded model must also export.
+// symlinks followed), unless the model's own bytes hold them: libFuzzer
+// learns the secret from the comparisons below and writes it into inputs
+// as raw initializer data. A loaded model must also export.
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <string_view>
 
 #include "graph/graph.h"
 #include "graph/onnx_io.h"
@@ -38,17 +41,16 @@ struct ModelDir {
   }
 };
 
-bool HoldsSecret(const castor::Tensor& tensor) {
+// The first 16 consecutive bytes of the secret (an offset may cut into it)
+// that `tensor` holds; empty when none.
+std::string_view SecretIn(const castor::Tensor& tensor) {
   const size_t n = std::strlen(kSecret);
-  const char* bytes = reinterpret_cast<const char*>(tensor.raw());
-  // Any 16 consecutive bytes of the secret (an offset may cut into it).
+  const std::string_view bytes(reinterpret_cast<const char*>(tensor.raw()), tensor.byte_size());
   for (size_t start = 0; start + 16 <= n; ++start) {
-    if (std::string_view(bytes, tensor.byte_size()).find(std::string_view(kSecret + start, 16)) !=
-        std::string_view::npos) {
-      return true;
-    }
+    const std::string_view window(kSecret + start, 16);
+    if (bytes.find(window) != std::string_view::npos) return window;
   }
-  return false;
+  return {};
 }
 
 }  // namespace
@@ -59,9 +61,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       castor::fuzz::WriteScratchFile("model/model.onnx", castor::fuzz::AsBytes(data, size));
   absl::StatusOr<castor::Model> model = castor::LoadModel(path);
   if (!model.ok()) return 0;
+  const std::string_view input(reinterpret_cast<const char*>(data), size);
   for (const castor::Value* value : model->graph->initializers()) {
-    if (value->initializer() != nullptr && value->initializer()->dtype() != castor::DType::kString &&
-        HoldsSecret(*value->initializer())) {
+    if (value->initializer() == nullptr || value->initializer()->dtype() == castor::DType::kString) {
+      continue;
+    }
+    const std::string_view window = SecretIn(*value->initializer());
+    if (!window.empty() && input.find(window) == std::string_view::npos) {
       castor::fuzz::Finding("initializer '" + value->name() +
                             "' holds bytes of a file outside the model's directory");
     }
