@@ -18,6 +18,7 @@
 #include "graph/onnx_io.h"
 #include "graph/sha256.h"
 #include "graph/status.h"
+#include "graph/user_regex.h"
 
 namespace castor {
 namespace {
@@ -211,13 +212,12 @@ absl::Status Policy::OverrideNode(NodeOverride override_rule) {
   }
   std::shared_ptr<const std::regex> compiled;
   if (!override_rule.regex.empty()) {
-    try {
-      compiled = std::make_shared<const std::regex>(override_rule.regex,
-                                                    std::regex::ECMAScript);
-    } catch (const std::regex_error& error) {
+    absl::StatusOr<std::regex> regex = CompileUserRegex(override_rule.regex);
+    if (!regex.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "invalid node regex ", Quoted(override_rule.regex), ": ", error.what()));
+          "invalid node regex ", Quoted(override_rule.regex), ": ", regex.status().message()));
     }
+    compiled = std::make_shared<const std::regex>(*std::move(regex));
   }
   node_overrides_.push_back(std::move(override_rule));
   compiled_.push_back(std::move(compiled));

@@ -20,6 +20,7 @@
 #include "graph/onnx_io.h"
 #include "graph/shape_inference.h"
 #include "graph/status.h"
+#include "graph/user_regex.h"
 #include "passes/autodiff.h"
 #include "passes/pass_manager.h"
 
@@ -572,13 +573,13 @@ absl::Status LeaveOutFrozen(const Model& model, const TrainingGraphOptions& opti
   auto compile = [](const std::string& flag,
                     const std::string& pattern) -> absl::StatusOr<std::optional<std::regex>> {
     if (pattern.empty()) return std::optional<std::regex>();
-    try {
-      return std::optional<std::regex>(std::regex(pattern, std::regex::ECMAScript));
-    } catch (const std::regex_error& e) {
+    absl::StatusOr<std::regex> regex = CompileUserRegex(pattern);
+    if (!regex.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(flag, " ", Quoted(pattern),
                                                      " is not a valid regular expression: ",
-                                                     e.what()));
+                                                     regex.status().message()));
     }
+    return std::optional<std::regex>(*std::move(regex));
   };
   CASTOR_ASSIGN_OR_RETURN(const std::optional<std::regex> freeze,
                           compile("--freeze", options.freeze));

@@ -20,6 +20,7 @@
 #include "backend/executor.h"
 #include "graph/onnx_io.h"
 #include "graph/status.h"
+#include "graph/user_regex.h"
 #include "passes/model_loader.h"
 #include "passes/unroll_recurrent.h"
 #include "tools/args.h"
@@ -370,12 +371,11 @@ int RunConformance(const std::vector<std::string>& args, std::ostream& out, std:
   ArgParser parser = MakeParser(options);
   const Command command(parser, out, err);
   if (std::optional<int> done = command.Parse(args)) return *done;
-  std::regex filter;
-  try {
-    filter = std::regex(options.filter);
-  } catch (const std::regex_error& e) {
+  absl::StatusOr<std::regex> filter = CompileUserRegex(options.filter);
+  if (!filter.ok()) {
     return command.Fail(kExitBadInput, absl::StrCat("--filter '", options.filter,
-                                                    "' is not a valid regex: ", e.what()));
+                                                    "' is not a valid regex: ",
+                                                    filter.status().message()));
   }
   if (absl::Status s = CheckCpuThreadsFlag(options.threads); !s.ok()) {
     return command.Fail(kExitBadInput, s);
@@ -398,7 +398,7 @@ int RunConformance(const std::vector<std::string>& args, std::ostream& out, std:
   }
   Tally tally;
   for (const std::string& name : *cases) {
-    if (!std::regex_search(name, filter)) continue;
+    if (!std::regex_search(name, *filter)) continue;
     CaseResult result = RunConformanceCase((fs::path(options.dir) / name).string(), *backend);
     if (!result.passed && absl::StartsWith(result.reason, kMissingKernel)) ++tally.missing_kernel;
     Report(result, *expected, options.expected_failures_path, options.verbose, tally, out);

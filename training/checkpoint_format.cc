@@ -17,7 +17,6 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
-#include <regex>
 #include <string_view>
 
 #include "absl/strings/numbers.h"
@@ -30,6 +29,7 @@
 #include "graph/sha256.h"
 #include "graph/shape_inference.h"
 #include "graph/status.h"
+#include "graph/user_regex.h"
 #include "graph/version.h"
 #include "passes/training_graph.h"
 #include "training/checkpoint_internal.h"
@@ -678,15 +678,7 @@ absl::Status CheckRecordedSettings(const TrainingState& state, const std::string
   for (const char* key : {kFreezeStateKey, kTrainOnlyStateKey}) {
     const Json* pattern = state.extra.Find(key);
     if (pattern == nullptr) continue;
-    bool parses = pattern->is_string();
-    if (parses) {
-      try {
-        std::regex compiled(pattern->as_string(), std::regex::ECMAScript);
-      } catch (const std::regex_error&) {
-        parses = false;
-      }
-    }
-    if (!parses) {
+    if (!pattern->is_string() || !CompileUserRegex(pattern->as_string()).ok()) {
       return FieldError(source, absl::StrCat("extra.", key),
                         absl::StrCat("is ", pattern->Dump(-1),
                                      ", not a regular expression (ECMAScript)"));
