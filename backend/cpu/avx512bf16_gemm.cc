@@ -23,11 +23,11 @@
 #include <cstdlib>
 #include <functional>
 
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/pair_transpose.h"
 #include "backend/cpu/parallel.h"
-#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/scratch.h"
 #include "backend/cpu/simd16.h"
 
