@@ -7,7 +7,8 @@
 // skipping the step on both; and `castor train` as ranks: --nproc 2
 // against one process, rank-0-only output, the checkpoint's world size, a
 // 2-rank resume continuing bit for bit, bad configurations (exit 2 on
-// every rank) and a killed or hung rank stopping the other within the
+// every rank), ranks that share nothing but the port, `mpirun -np 2`
+// (Open MPI), and a killed or hung rank stopping the other within the
 // timeout.
 // The Gloo tests skip where castor was built without Gloo (Bazel).
 #include <netinet/in.h>
@@ -83,6 +84,44 @@ TEST(DistributedConfigTest, ReadsTorchrunVariables) {
   EXPECT_EQ((*config)->timeout, std::chrono::seconds(5));
 }
 
+TEST(DistributedConfigTest, ReadsMpiLaunchersVariables) {
+  // Open MPI's mpirun on one host: MASTER_ADDR 127.0.0.1, MASTER_PORT 29500.
+  auto config = ConfigOf({{"OMPI_COMM_WORLD_RANK", "1"},
+                          {"OMPI_COMM_WORLD_SIZE", "2"},
+                          {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_TRUE(config->has_value());
+  EXPECT_EQ((*config)->rank, 1);
+  EXPECT_EQ((*config)->world_size, 2);
+  EXPECT_EQ((*config)->master_addr, "127.0.0.1");
+  EXPECT_EQ((*config)->master_port, distributed::kDefaultMasterPort);
+  // MPICH's Hydra, with the address and port given.
+  config = ConfigOf({{"PMI_RANK", "3"},
+                     {"PMI_SIZE", "4"},
+                     {"MPI_LOCALNRANKS", "2"},
+                     {"MASTER_ADDR", "node7"},
+                     {"MASTER_PORT", "40000"}});
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_TRUE(config->has_value());
+  EXPECT_EQ((*config)->rank, 3);
+  EXPECT_EQ((*config)->world_size, 4);
+  EXPECT_EQ((*config)->master_addr, "node7");
+  EXPECT_EQ((*config)->master_port, 40000);
+  // torchrun's variables win over an MPI launcher's.
+  config = ConfigOf({{"RANK", "0"},
+                     {"WORLD_SIZE", "2"},
+                     {"MASTER_PORT", "29600"},
+                     {"OMPI_COMM_WORLD_RANK", "1"},
+                     {"OMPI_COMM_WORLD_SIZE", "2"}});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ((*config)->rank, 0);
+  EXPECT_EQ((*config)->master_port, 29600);
+  // mpirun -np 1: a run on its own.
+  config = ConfigOf({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"}});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->has_value());
+}
+
 TEST(DistributedConfigTest, BadConfigurationsNameTheVariable) {
   struct Case {
     std::map<std::string, std::string> environment;
@@ -98,6 +137,15 @@ TEST(DistributedConfigTest, BadConfigurationsNameTheVariable) {
            {{{"RANK", "0"}, {"WORLD_SIZE", "2"}}, "rank 0 of 2: MASTER_PORT=(unset)"},
            {{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}},
             "rank 1 of 2: MASTER_PORT=70000: expected the port rank 0 listens on"},
+           {{{"OMPI_COMM_WORLD_RANK", "0"}}, "OMPI_COMM_WORLD_RANK is set but "
+                                             "OMPI_COMM_WORLD_SIZE is not"},
+           {{{"PMI_RANK", "5"}, {"PMI_SIZE", "4"}}, "PMI_RANK=5: expected an integer in [0, 4)"},
+           // Ranks on several hosts cannot meet at 127.0.0.1.
+           {{{"OMPI_COMM_WORLD_RANK", "0"},
+             {"OMPI_COMM_WORLD_SIZE", "4"},
+             {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}},
+            "rank 0 of 4: the 4 ranks run on several hosts (OMPI_COMM_WORLD_LOCAL_SIZE=2): set "
+            "MASTER_ADDR"},
        }) {
     auto config = ConfigOf(c.environment);
     ASSERT_FALSE(config.ok()) << c.message;
@@ -588,7 +636,11 @@ TEST_F(DistributedTrainTest, BadConfigurationsExitTwoOnEveryRank) {
   EXPECT_THAT(p.err, HasSubstr("RANK=2: expected an integer in [0, 2)"));
   p = RunCastor(dir_, TrainArgs("--max-steps 1 --nproc 2"), "env RANK=0 " + castor);
   EXPECT_EQ(p.exit_code, 2);
-  EXPECT_THAT(p.err, HasSubstr("--nproc starts its own ranks, but RANK or WORLD_SIZE is set"));
+  EXPECT_THAT(p.err, HasSubstr("--nproc starts its own ranks, but RANK is set"));
+  p = RunCastor(dir_, TrainArgs("--max-steps 1 --nproc 2"), "env OMPI_COMM_WORLD_SIZE=2 " + castor);
+  EXPECT_EQ(p.exit_code, 2);
+  EXPECT_THAT(p.err, HasSubstr("--nproc starts its own ranks, but OMPI_COMM_WORLD_SIZE is set "
+                               "(by Open MPI's mpirun?)"));
   // A global batch the ranks cannot share: both ranks say so, the launcher
   // names the first that stopped and exits 2 too.
   p = RunCastor(dir_, TrainArgs("--max-steps 1 --nproc 2", "63"));
@@ -601,10 +653,11 @@ TEST_F(DistributedTrainTest, BadConfigurationsExitTwoOnEveryRank) {
 
 // Starts `castor train` as rank `rank` of 2 with its output in files;
 // returns its pid.
-pid_t StartRank(const fs::path& dir, int rank, int port, const std::string& arguments) {
+pid_t StartRank(const fs::path& dir, int rank, int port, const std::string& arguments,
+                const std::string& environment = "") {
   const std::string command = absl::StrCat(
       "exec env RANK=", rank, " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=", port, " ",
-      CASTOR_BINARY, " ", arguments, " >", (dir / absl::StrCat("out", rank)).string(), " 2>",
+      environment, " ", CASTOR_BINARY, " ", arguments, " >", (dir / absl::StrCat("out", rank)).string(), " 2>",
       (dir / absl::StrCat("err", rank)).string());
   const pid_t pid = fork();
   if (pid == 0) {
@@ -612,6 +665,60 @@ pid_t StartRank(const fs::path& dir, int rank, int port, const std::string& argu
     _exit(127);
   }
   return pid;
+}
+
+// As on two hosts: each rank with a temporary directory of its own. The
+// ranks exchange their Gloo addresses through rank 0 (rendezvous_store.h),
+// so nothing but MASTER_ADDR:MASTER_PORT is shared.
+TEST_F(DistributedTrainTest, RanksSharingNothingButThePortTrainTogether) {
+  SKIP_WITHOUT_GLOO();
+  const int port = FreePort();
+  pid_t pids[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    const fs::path own = dir_ / absl::StrCat("tmp", rank);
+    fs::create_directories(own);
+    pids[rank] = StartRank(
+        dir_, rank, port,
+        TrainArgs(absl::StrCat("--max-steps 3 --dist-timeout 30 --metrics ",
+                               (dir_ / absl::StrCat("metrics", rank, ".jsonl")).string())),
+        absl::StrCat("TMPDIR=", own.string()));
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    int status = 0;
+    waitpid(pids[rank], &status, 0);
+    ASSERT_TRUE(WIFEXITED(status)) << "rank " << rank;
+    EXPECT_EQ(WEXITSTATUS(status), 0)
+        << "rank " << rank << ": " << ReadFile(dir_ / absl::StrCat("err", rank));
+  }
+  EXPECT_EQ(Losses(dir_ / "metrics0.jsonl").size(), 3u);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_TRUE(fs::is_empty(dir_ / absl::StrCat("tmp", rank))) << "rank " << rank;
+  }
+}
+
+// `mpirun -np 2 castor train` (Open MPI, as tools/setup.sh installs it):
+// the ranks come from OMPI_COMM_WORLD_RANK/SIZE and match --nproc 2.
+TEST_F(DistributedTrainTest, MpirunStartsTheRanks) {
+  SKIP_WITHOUT_GLOO();
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "no mpirun (Debian's openmpi-bin; tools/setup.sh installs it)";
+  }
+  Program nproc = RunCastor(
+      dir_, TrainArgs(absl::StrCat("--max-steps 6 --nproc 2 --metrics ",
+                                   (dir_ / "nproc.jsonl").string())));
+  ASSERT_EQ(nproc.exit_code, 0) << nproc.err;
+  const std::string launcher = absl::StrCat(
+      "mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_PORT=", FreePort(), " ",
+      CASTOR_BINARY);
+  Program mpi = RunCastor(
+      dir_,
+      TrainArgs(absl::StrCat("--max-steps 6 --metrics ", (dir_ / "mpi.jsonl").string())),
+      launcher);
+  ASSERT_EQ(mpi.exit_code, 0) << mpi.out << mpi.err;
+  EXPECT_THAT(mpi.out, HasSubstr("batch 64 (32 per rank on 2 ranks, Gloo)"));
+  EXPECT_EQ(mpi.out.find("summary:"), mpi.out.rfind("summary:")) << mpi.out;
+  EXPECT_EQ(Losses(dir_ / "mpi.jsonl"), Losses(dir_ / "nproc.jsonl"));
+  EXPECT_EQ(Losses(dir_ / "mpi.jsonl").size(), 6u);
 }
 
 TEST_F(DistributedTrainTest, RanksThatDisagreeOnTheDataAllStop) {

@@ -21,6 +21,7 @@ PACKAGES=(
   libgloo-dev  # data-parallel training on the CPU (training/distributed/)
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev graphviz
+  openmpi-bin  # `mpirun -np 2 castor train` in tests/distributed_test.cc
   # the offline Bazel build (see third_party/bazel/README.md)
   bazel-bootstrap bazel-rules-java
   # data and sample-model generation

@@ -225,8 +225,10 @@ ArgParser MakeParser(TrainOptions& o) {
               "CPU), each on its share of every --batch, gradients averaged before the "
               "optimizer (one allreduce after the backward pass: no overlap yet); progress, "
               "metrics and checkpoints from rank 0. Several hosts: start one castor per rank "
-              "with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set (torchrun's variables; the "
-              "hosts share $CASTOR_RENDEZVOUS_DIR)",
+              "with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set (torchrun's variables), or "
+              "launch with `mpirun -np N -x MASTER_ADDR=HOST castor train ...` (Open MPI, "
+              "MPICH; MASTER_PORT defaults to 29500 there); rank 0's port is all the hosts "
+              "share",
               &o.nproc)
       .AddInt("dist-timeout", "SECONDS",
               "data-parallel: how long a rank waits for the others (rendezvous, each "
@@ -1380,10 +1382,14 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   if (absl::Status s = CheckFlags(o); !s.ok()) return fail(s);
   if (absl::Status s = CheckOutputPaths(o); !s.ok()) return fail(s);
   if (o.nproc > 1) {
-    if (std::getenv(distributed::kRankEnv) != nullptr ||
-        std::getenv(distributed::kWorldSizeEnv) != nullptr) {
-      return fail(BadInput("--nproc starts its own ranks, but RANK or WORLD_SIZE is set: give "
-                           "one or the other"));
+    for (const distributed::Launcher& launcher : distributed::Launchers()) {
+      for (const char* variable : {launcher.rank_variable, launcher.world_size_variable}) {
+        if (std::getenv(variable) != nullptr) {
+          return fail(BadInput(absl::StrCat("--nproc starts its own ranks, but ", variable,
+                                            " is set (by ", launcher.name,
+                                            "?): give one or the other")));
+        }
+      }
     }
     if (!distributed::CollectivesAvailable()) {
       return fail(BadInput("--nproc: this castor was built without Gloo (install libgloo-dev "

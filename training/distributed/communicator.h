@@ -6,8 +6,10 @@
 //
 // A run joins a group from torchrun-style environment variables: RANK,
 // WORLD_SIZE, MASTER_ADDR, MASTER_PORT (`castor train --nproc N` sets them
-// for N local processes). Without RANK and WORLD_SIZE a run is alone
-// (world size 1): no communicator, no library, today's behaviour exactly.
+// for N local processes), or from those an MPI launcher sets (`mpirun -np N
+// castor train ...`: Open MPI's OMPI_COMM_WORLD_*, MPICH's PMI_*). Without
+// them a run is alone (world size 1): no communicator, no library, today's
+// behaviour exactly.
 //
 // Every error names this process's rank ("rank 1 of 2: ..."); a peer that
 // died or stopped answering fails the collective within the timeout
@@ -21,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -42,14 +45,33 @@ inline constexpr char kRankEnv[] = "RANK";
 inline constexpr char kWorldSizeEnv[] = "WORLD_SIZE";
 inline constexpr char kMasterAddrEnv[] = "MASTER_ADDR";
 inline constexpr char kMasterPortEnv[] = "MASTER_PORT";
+// MASTER_PORT where an MPI launcher started the ranks and it is unset
+// (torchrun's default port).
+inline constexpr int kDefaultMasterPort = 29500;
 
-// Reads RANK, WORLD_SIZE, MASTER_ADDR (default 127.0.0.1) and MASTER_PORT
-// through `lookup` (getenv by default; nullptr for an unset variable).
-// nullopt when neither RANK nor WORLD_SIZE is set (a run on its own), and
-// for WORLD_SIZE=1 with RANK 0. InvalidArgument naming the variable and
-// what was expected when one of RANK and WORLD_SIZE is set without the
-// other, a value is no integer, the rank is not in [0, WORLD_SIZE), or a
-// group of several has no MASTER_PORT in [1, 65535].
+// A program that starts ranks, and the variables it tells each its place by.
+struct Launcher {
+  const char* name;
+  const char* rank_variable;
+  const char* world_size_variable;
+  // The number of ranks on this host (MPI launchers), or nullptr.
+  const char* local_size_variable;
+  // MASTER_PORT when unset, or 0: MASTER_PORT is required.
+  int default_master_port;
+};
+// torchrun (RANK, WORLD_SIZE), Open MPI's mpirun (OMPI_COMM_WORLD_RANK,
+// OMPI_COMM_WORLD_SIZE) and MPICH's/Intel MPI's Hydra mpiexec (PMI_RANK,
+// PMI_SIZE), in the order ConfigFromEnvironment looks for them.
+const std::vector<Launcher>& Launchers();
+
+// Reads the first launcher's rank and world size that are set, MASTER_ADDR
+// (default 127.0.0.1) and MASTER_PORT (default 29500 under MPI) through
+// `lookup` (getenv by default; nullptr for an unset variable). nullopt when
+// no launcher's variables are set (a run on its own), and for a world size
+// of 1. InvalidArgument naming the variable and what was expected when one
+// of rank and world size is set without the other, a value is no integer,
+// the rank is not in [0, world size), a group of several has no MASTER_PORT
+// in [1, 65535], or an MPI launch spans several hosts without MASTER_ADDR.
 absl::StatusOr<std::optional<DistributedConfig>> ConfigFromEnvironment(
     std::chrono::milliseconds timeout,
     const std::function<const char*(const char*)>& lookup = nullptr);

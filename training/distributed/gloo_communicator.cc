@@ -3,13 +3,11 @@
 // Rendezvous: rank 0 listens on MASTER_ADDR:MASTER_PORT (so a port in use
 // is found at once), every other rank connects there and says who it is
 // (rank, world size); rank 0 checks that the ranks are distinct and agree
-// on the world size and answers each with a fresh session id. The ranks
-// then exchange their Gloo addresses through a Gloo FileStore in a
-// directory named after that id (CASTOR_RENDEZVOUS_DIR, default
-// $TMPDIR/castor-rendezvous: local ranks, or hosts sharing that directory),
-// so files of an earlier run on the same port are never read, and connect
-// Gloo's TCP pairs (a full mesh). Collectives run with the timeout, so a
-// rank that died or hangs fails its peers' next collective.
+// on the world size and answers each. Over those same connections the
+// ranks then exchange their Gloo addresses through rank 0's key-value store
+// (rendezvous_store.h: nothing shared between hosts but the port) and
+// connect Gloo's TCP pairs (a full mesh). Collectives run with the timeout,
+// so a rank that died or hangs fails its peers' next collective.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -22,8 +20,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <filesystem>
-#include <random>
 #include <thread>
 #include <vector>
 
@@ -34,14 +30,13 @@
 #include "gloo/broadcast.h"
 #include "gloo/math.h"
 #include "gloo/rendezvous/context.h"
-#include "gloo/rendezvous/file_store.h"
 #include "gloo/transport/tcp/device.h"
 #include "training/distributed/communicator.h"
+#include "training/distributed/rendezvous_store.h"
+#include "training/distributed/socket_io.h"
 
 namespace castor::distributed {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kHelloMagic = 0x43535452;  // "CSTR"
 
@@ -54,68 +49,8 @@ struct Hello {
 struct Welcome {
   uint32_t magic = kHelloMagic;
   int32_t accepted = 0;  // 1, or 0 with `reason`
-  uint64_t session = 0;
   char reason[160] = {};
 };
-
-// Closes a socket when it goes out of scope.
-class Socket {
- public:
-  explicit Socket(int fd = -1) : fd_(fd) {}
-  Socket(Socket&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
-  Socket& operator=(Socket&& other) noexcept {
-    std::swap(fd_, other.fd_);
-    return *this;
-  }
-  ~Socket() {
-    if (fd_ >= 0) close(fd_);
-  }
-  int fd() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-int MillisecondsLeft(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  return static_cast<int>(std::max<int64_t>(0, left.count()));
-}
-
-// Waits until `fd` is ready for `events`; false at the deadline.
-bool WaitFor(int fd, short events, Clock::time_point deadline) {
-  pollfd p{fd, events, 0};
-  while (true) {
-    const int ready = poll(&p, 1, MillisecondsLeft(deadline));
-    if (ready > 0) return true;
-    if (ready == 0) return false;
-    if (errno != EINTR) return false;
-  }
-}
-
-bool SendAll(int fd, const void* data, size_t bytes) {
-  const char* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    const ssize_t sent = send(fd, p, bytes, MSG_NOSIGNAL);
-    if (sent < 0 && errno == EINTR) continue;
-    if (sent <= 0) return false;
-    p += sent;
-    bytes -= static_cast<size_t>(sent);
-  }
-  return true;
-}
-
-bool ReceiveAll(int fd, void* data, size_t bytes, Clock::time_point deadline) {
-  char* p = static_cast<char*>(data);
-  while (bytes > 0) {
-    if (!WaitFor(fd, POLLIN, deadline)) return false;
-    const ssize_t got = recv(fd, p, bytes, 0);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return false;
-    p += got;
-    bytes -= static_cast<size_t>(got);
-  }
-  return true;
-}
 
 absl::StatusOr<sockaddr_in> ResolveMaster(const DistributedConfig& config,
                                           const std::string& prefix) {
@@ -137,8 +72,9 @@ std::string MasterName(const DistributedConfig& config) {
   return absl::StrCat(config.master_addr, ":", config.master_port);
 }
 
-// Rank 0: listens, takes one Hello from every other rank, answers them all.
-absl::StatusOr<uint64_t> HostRendezvous(const DistributedConfig& config) {
+// Rank 0: listens, takes one Hello from every other rank, answers them all,
+// and keeps their connections for the key-value store (index = rank).
+absl::StatusOr<std::vector<Socket>> HostRendezvous(const DistributedConfig& config) {
   const std::string prefix = RankPrefix(config.rank, config.world_size);
   absl::StatusOr<sockaddr_in> address = ResolveMaster(config, prefix);
   if (!address.ok()) return address.status();
@@ -154,7 +90,8 @@ absl::StatusOr<uint64_t> HostRendezvous(const DistributedConfig& config) {
         error == EADDRINUSE ? " (the port is in use: choose another MASTER_PORT)" : ""));
   }
   const Clock::time_point deadline = Clock::now() + config.timeout;
-  std::vector<Socket> peers;
+  std::vector<Socket> peers;  // in the order they came
+  std::vector<int> peer_ranks;
   std::vector<bool> joined(static_cast<size_t>(config.world_size), false);
   joined[0] = true;
   std::string refusal;
@@ -185,24 +122,26 @@ absl::StatusOr<uint64_t> HostRendezvous(const DistributedConfig& config) {
       joined[static_cast<size_t>(hello.rank)] = true;
     }
     peers.push_back(std::move(peer));
+    peer_ranks.push_back(hello.rank);
     if (!refusal.empty()) break;
   }
   Welcome welcome;
-  std::random_device entropy;
-  welcome.session = (static_cast<uint64_t>(entropy()) << 32) ^ entropy() ^
-                    static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
-                    static_cast<uint64_t>(getpid());
   welcome.accepted = refusal.empty() ? 1 : 0;
   std::snprintf(welcome.reason, sizeof(welcome.reason), "%s", refusal.c_str());
   for (const Socket& peer : peers) SendAll(peer.fd(), &welcome, sizeof(welcome));
   if (!refusal.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(prefix, "bad group: ", refusal));
   }
-  return welcome.session;
+  std::vector<Socket> by_rank(static_cast<size_t>(config.world_size));
+  for (size_t k = 0; k < peers.size(); ++k) {
+    by_rank[static_cast<size_t>(peer_ranks[k])] = std::move(peers[k]);
+  }
+  return by_rank;
 }
 
-// Other ranks: reach rank 0 (retrying until the deadline) and get the session.
-absl::StatusOr<uint64_t> JoinRendezvous(const DistributedConfig& config) {
+// Other ranks: reach rank 0 (retrying until the deadline), be accepted, and
+// keep the connection for the key-value store.
+absl::StatusOr<Socket> JoinRendezvous(const DistributedConfig& config) {
   const std::string prefix = RankPrefix(config.rank, config.world_size);
   absl::StatusOr<sockaddr_in> address = ResolveMaster(config, prefix);
   if (!address.ok()) return address.status();
@@ -228,7 +167,7 @@ absl::StatusOr<uint64_t> JoinRendezvous(const DistributedConfig& config) {
         return absl::InvalidArgumentError(
             absl::StrCat(prefix, "rank 0 refused the group: ", welcome.reason));
       }
-      return welcome.session;
+      return socket_to_master;
     }
     if (Clock::now() >= deadline) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -345,35 +284,29 @@ absl::StatusOr<std::unique_ptr<Communicator>> Connect(const DistributedConfig& c
   // fail the collective (an error naming this rank), not raise SIGPIPE,
   // which would kill this rank without a word.
   signal(SIGPIPE, SIG_IGN);
-  absl::StatusOr<uint64_t> session =
-      config.rank == 0 ? HostRendezvous(config) : JoinRendezvous(config);
-  if (!session.ok()) return session.status();
-  const char* root = std::getenv("CASTOR_RENDEZVOUS_DIR");
-  const std::filesystem::path directory =
-      (root != nullptr && root[0] != '\0'
-           ? std::filesystem::path(root)
-           : std::filesystem::temp_directory_path() / "castor-rendezvous") /
-      absl::StrFormat("%016x", *session);
-  std::error_code error;
-  std::filesystem::create_directories(directory, error);
-  if (error) {
-    return absl::InvalidArgumentError(absl::StrCat(prefix,
-                                                   "cannot create the rendezvous directory ",
-                                                   directory.string(), ": ", error.message()));
+  absl::StatusOr<std::vector<Socket>> peers;  // rank 0
+  absl::StatusOr<Socket> master;              // the other ranks
+  if (config.rank == 0) {
+    peers = HostRendezvous(config);
+    if (!peers.ok()) return peers.status();
+  } else {
+    master = JoinRendezvous(config);
+    if (!master.ok()) return master.status();
   }
   try {
+    const Clock::time_point deadline = Clock::now() + config.timeout;
+    std::unique_ptr<RendezvousStore> store =
+        config.rank == 0 ? RendezvousStore::Host(config, std::move(*peers), deadline)
+                         : RendezvousStore::Join(config, std::move(*master), deadline);
     gloo::transport::tcp::attr attr;
     if (IsLoopback(config.master_addr)) attr.hostname = "127.0.0.1";
     std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
-    gloo::rendezvous::FileStore store(directory.string());
     auto context = std::make_shared<gloo::rendezvous::Context>(config.rank, config.world_size);
     context->setTimeout(config.timeout);
-    context->connectFullMesh(store, device);
-    auto communicator = std::make_unique<GlooCommunicator>(config, std::move(context));
-    // Every rank has read the store: its files can go.
-    if (absl::Status met = communicator->Barrier("rendezvous"); !met.ok()) return met;
-    if (config.rank == 0) std::filesystem::remove_all(directory, error);
-    return std::unique_ptr<Communicator>(std::move(communicator));
+    context->connectFullMesh(*store, device);
+    if (absl::Status finished = store->Finish(); !finished.ok()) return finished;
+    return std::unique_ptr<Communicator>(
+        std::make_unique<GlooCommunicator>(config, std::move(context)));
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat(prefix, "connecting the Gloo TCP pairs failed: ", e.what()));
