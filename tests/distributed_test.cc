@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "backend/cpu/cpu_backend.h"
 #include "gmock/gmock.h"
@@ -541,9 +542,10 @@ TEST_F(DistributedTrainTest, TwoProcessesMatchOneAndOnlyRankZeroPrints) {
                                                         " --checkpoint-dir ", two.string())));
   ASSERT_EQ(pair.exit_code, 0) << pair.err;
   EXPECT_THAT(pair.out, HasSubstr("batch 64 (32 per rank on 2 ranks, Gloo)"));
-  // One header, one summary, one last progress line: rank 0's.
+  // One header, one summary, one last progress line: rank 0's (its summary
+  // has one line more, the allreduce's).
   EXPECT_EQ(std::count(pair.out.begin(), pair.out.end(), '\n'),
-            std::count(single.out.begin(), single.out.end(), '\n'))
+            std::count(single.out.begin(), single.out.end(), '\n') + 1)
       << pair.out;
   EXPECT_EQ(pair.out.find("summary:"), pair.out.rfind("summary:")) << pair.out;
   EXPECT_EQ(pair.err.find("step 20/20"), pair.err.rfind("step 20/20")) << pair.err;
@@ -580,6 +582,24 @@ TEST_F(DistributedTrainTest, TwoProcessesMatchOneAndOnlyRankZeroPrints) {
   const Json* world_size = checkpoint->state.extra.Find("world_size");
   ASSERT_NE(world_size, nullptr);
   EXPECT_EQ(world_size->as_int(), 2);
+  // Every step all-reduced the loss and each gradient as float32, and says
+  // so in its metrics line and the summary; the run alone has no allreduce.
+  int64_t elements = 1;  // the loss
+  for (const auto& [name, weight] : pair_weights) elements += weight.num_elements();
+  int steps_with_allreduce = 0;
+  for (absl::string_view line : absl::StrSplit(ReadFile(dir_ / "two.jsonl"), '\n')) {
+    absl::StatusOr<Json> json = Json::Parse(std::string(line));
+    if (!json.ok() || json->Find("loss") == nullptr) continue;
+    ASSERT_NE(json->Find("allreduce_bytes"), nullptr) << line;
+    EXPECT_EQ(json->Find("allreduce_bytes")->as_int(), 4 * elements) << line;
+    EXPECT_GE(json->Find("allreduce_ms")->as_number(), 0.0) << line;
+    ++steps_with_allreduce;
+  }
+  EXPECT_EQ(steps_with_allreduce, 20);
+  EXPECT_THAT(ReadFile(dir_ / "one.jsonl"), Not(HasSubstr("allreduce")));
+  EXPECT_THAT(pair.out, HasSubstr(absl::StrFormat("  allreduce       %.2f MiB per step, ",
+                                                  4.0 * elements / 1048576.0)));
+  EXPECT_THAT(single.out, Not(HasSubstr("allreduce")));
 }
 
 TEST_F(DistributedTrainTest, ATwoRankResumeContinuesBitForBit) {

@@ -859,6 +859,8 @@ std::string RunHeader(const TrainOptions& o, const Start& start, const Prepared&
 struct LoopTotals {
   Clock::time_point started;
   double step_seconds = 0;
+  double allreduce_seconds = 0;
+  int64_t allreduce_bytes = 0;  // the last step's
   int64_t seen_total = 0;
   int64_t steps_run = 0;
   std::optional<training::Evaluation> last_eval;
@@ -900,9 +902,12 @@ std::string StepMetricsLine(int64_t step, int64_t epoch, const training::StepRes
   // %.9g prints a float32 loss exactly, so resumed runs compare bit for bit.
   return absl::StrFormat(
       "{\"step\":%d,\"epoch\":%d,\"loss\":%.9g,\"loss_scale\":%g,\"skipped\":%s,\"lr\":%g,"
-      "\"samples_per_s\":%.1f,\"grad_norm\":%.6g,\"replayed\":%s%s}\n",
+      "\"samples_per_s\":%.1f,\"grad_norm\":%.6g,\"replayed\":%s%s%s}\n",
       step, epoch, r.loss, r.loss_scale, r.skipped ? "true" : "false", r.lr, n / dt, r.grad_norm,
       r.replayed ? "true" : "false",
+      r.allreduce_bytes == 0 ? ""
+                             : absl::StrFormat(",\"allreduce_bytes\":%d,\"allreduce_ms\":%.3f",
+                                               r.allreduce_bytes, 1000 * r.allreduce_seconds),
       r.first_non_finite.empty()
           ? ""
           : absl::StrCat(",\"first_non_finite\":", Json::String(r.first_non_finite).Dump()));
@@ -1011,6 +1016,8 @@ absl::StatusOr<LoopTotals> TrainLoop(const TrainOptions& o, const Start& start,
     if (!r.ok()) return CheckFailed(absl::StrCat("step ", step, ": ", r.status().message()));
     const double dt = Seconds(Clock::now() - t0);
     totals.step_seconds += dt;
+    totals.allreduce_seconds += r->allreduce_seconds;
+    totals.allreduce_bytes = r->allreduce_bytes;
     ++totals.steps_run;
     // Samples (sequences, for token models) for the throughput and scored
     // positions (tokens, with [N, T] labels) for the accuracy, of the
@@ -1077,6 +1084,9 @@ absl::Status Report(const TrainOptions& o, const Start& start, Session& session,
   TrainSummary summary;
   summary.mean_step_ms = 1000 * totals.step_seconds / std::max<int64_t>(1, totals.steps_run);
   summary.samples_per_s = totals.seen_total / std::max(totals.step_seconds, 1e-9);
+  summary.allreduce_bytes_per_step = totals.allreduce_bytes;
+  summary.mean_allreduce_ms =
+      1000 * totals.allreduce_seconds / std::max<int64_t>(1, totals.steps_run);
   // Device memory: the CUDA pool's peak (activations, weights, workspaces).
   absl::StatusOr<DeviceMemoryStats> device_memory = CudaMemoryStats(session.backend());
   if (device_memory.ok()) summary.peak_device_bytes = device_memory->peak_in_use_bytes;
@@ -1086,14 +1096,18 @@ absl::Status Report(const TrainOptions& o, const Start& start, Session& session,
     session.metrics << absl::StrFormat(
         "{\"summary\":true,\"backend\":%s,\"tf32\":%s,\"policy\":%s,\"steps\":%d,"
         "\"skipped\":%d,\"step_time_ms\":%.3f,\"samples_per_s\":%.1f,\"steps_run\":%d,"
-        "\"replayed_steps\":%d,\"peak_activation_bytes\":%d,\"peak_resident_bytes\":%d%s}\n",
+        "\"replayed_steps\":%d,\"peak_activation_bytes\":%d,\"peak_resident_bytes\":%d%s%s}\n",
         Json::String(session.backend().name()).Dump(), o.tf32 ? "true" : "false",
         Json::String(policy.name()).Dump(), trainer.steps(), trainer.scaler().skipped_steps(),
         summary.mean_step_ms, summary.samples_per_s, totals.steps_run, trainer.replayed_steps(),
         summary.peak_activation_bytes, summary.peak_resident_bytes,
         device_memory.ok()
             ? absl::StrCat(",\"peak_device_memory_bytes\":", device_memory->peak_in_use_bytes)
-            : "");
+            : "",
+        summary.allreduce_bytes_per_step == 0
+            ? ""
+            : absl::StrFormat(",\"allreduce_bytes_per_step\":%d,\"allreduce_ms\":%.3f",
+                              summary.allreduce_bytes_per_step, summary.mean_allreduce_ms));
     if (!session.metrics.flush()) {
       return CheckFailed(absl::StrCat("writing --metrics ", o.metrics_path, " failed"));
     }
@@ -1353,7 +1367,13 @@ std::string RenderTrainSummary(const TrainSummary& s) {
                           : "",
                       s.peak_resident_bytes / 1048576.0),
       absl::StrFormat("  step time       %.1f ms (mean), %.0f samples/s, %s in all\n",
-                      s.mean_step_ms, s.samples_per_s, FormatDuration(s.seconds)));
+                      s.mean_step_ms, s.samples_per_s, FormatDuration(s.seconds)),
+      s.allreduce_bytes_per_step == 0
+          ? ""
+          : absl::StrFormat("  allreduce       %.2f MiB per step, %.1f ms (mean, %.0f%% of the "
+                            "step; waiting for the slowest rank included)\n",
+                            s.allreduce_bytes_per_step / 1048576.0, s.mean_allreduce_ms,
+                            s.mean_step_ms > 0 ? 100 * s.mean_allreduce_ms / s.mean_step_ms : 0));
   if (s.test.has_value()) {
     absl::StrAppend(&text,
                     absl::StrFormat("  test            loss %.4f%s\n", s.test->loss,

@@ -123,6 +123,10 @@ struct TrainSummary {
   int64_t peak_resident_bytes = 0;
   double mean_step_ms = 0;
   double samples_per_s = 0;
+  // Data-parallel runs: bytes all-reduced per step and the mean allreduce
+  // time (0 on a run alone).
+  int64_t allreduce_bytes_per_step = 0;
+  double mean_allreduce_ms = 0;
   double seconds = 0;  // the whole run
   std::optional<training::Evaluation> test;  // the last evaluation, if any
   std::string last_checkpoint;               // "" when none

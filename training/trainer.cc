@@ -2,6 +2,8 @@
 #include "training/trainer.h"
 
 #include <algorithm>
+#include <chrono>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -243,9 +245,13 @@ absl::Status Trainer::AverageAcrossRanks(const std::vector<TensorView>& outputs)
     }
     offset += n;
   }
+  const auto started = std::chrono::steady_clock::now();
   CASTOR_RETURN_IF_ERROR(
       communicator_->AllreduceAverage(allreduce_buffer_.data(), total,
                                       absl::StrCat("the loss and gradients of step ", steps_ + 1)));
+  last_allreduce_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  last_allreduce_bytes_ = static_cast<int64_t>(total * sizeof(float));
   offset = 0;
   for (const TensorView* view : averaged) {
     const size_t n = static_cast<size_t>(view->num_elements());
@@ -424,6 +430,8 @@ absl::StatusOr<StepResult> Trainer::FinishStep(const std::vector<TensorView>& ou
   result.loss_scale = decided.scale_used;
   result.lr = decided.update.lr;
   result.grad_norm = decided.grad_norm;
+  result.allreduce_bytes = std::exchange(last_allreduce_bytes_, 0);
+  result.allreduce_seconds = std::exchange(last_allreduce_seconds_, 0.0);
   if (!result.skipped) {
     eval_stale_ = true;
     return result;

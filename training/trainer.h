@@ -94,6 +94,11 @@ struct StepResult {
   std::string first_non_finite;
   Tensor output;            // the model output the loss is attached to
   bool replayed = false;    // the step was a replay of the recorded step
+  // Data-parallel runs: the bytes this rank all-reduced (the loss and the
+  // gradients as float32) and how long the allreduce took, waiting for the
+  // slowest rank included; 0 on a run alone.
+  int64_t allreduce_bytes = 0;
+  double allreduce_seconds = 0.0;
 };
 
 class Trainer {
@@ -231,6 +236,8 @@ class Trainer {
   int64_t peak_activation_bytes_ = 0;
   distributed::Communicator* communicator_ = nullptr;
   std::vector<float> allreduce_buffer_;  // the loss and gradients, as float32
+  int64_t last_allreduce_bytes_ = 0;     // this step's, for its StepResult
+  double last_allreduce_seconds_ = 0.0;
   // Replay: the feed signatures of node-by-node steps that ran (a repeat is
   // recorded), and the recording, declared last so that it goes first (it
   // uses the executor's buffers and the backend's stream).
