@@ -1,14 +1,17 @@
 // The narrow backend interface (DESIGN.md "Core abstractions", after
 // ggml-backend): memory, host copies, which nodes it can run, running one
-// node's kernel, synchronisation, the end of a training step, and (where
-// the device has it) recording queued work once to replay it. Everything
+// node's kernel, synchronisation, the end of a training step, (where the
+// device has it) recording queued work once to replay it, and the
+// cross-rank sums of synchronised BatchNormalization. Everything
 // above it (the executor's plan, buffer reuse, the training loop) is
 // backend-neutral.
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -47,6 +50,10 @@ class Backend {
 
   // Waits until all queued work is done (a no-op on the CPU).
   virtual absl::Status Synchronize() = 0;
+  // Whether a kernel's work is done when its call returns (the CPU), so a
+  // buffer can be read as soon as its node ran; false where kernels are
+  // queued (CUDA streams).
+  virtual bool synchronous() const { return false; }
 
   // The end of a training step in this backend's memory (unscale and check,
   // loss-scale update, multi-tensor optimizer); nullptr when the backend
@@ -73,6 +80,20 @@ class Backend {
   }
   // Ends a capture that failed part way, dropping what was recorded.
   virtual void AbortCapture() {}
+
+  // Data-parallel training with synchronised BatchNormalization
+  // (--sync-batchnorm): sums `count` doubles in place across the ranks,
+  // `what` naming them in errors. The trainer installs it on a backend
+  // whose batch-statistics kernels use it (supports_cross_rank_sum); when
+  // it is empty, kernels use this rank's batch alone.
+  using CrossRankSum =
+      std::function<absl::Status(double* values, size_t count, const std::string& what)>;
+  virtual bool supports_cross_rank_sum() const { return false; }
+  void set_cross_rank_sum(CrossRankSum sum) { cross_rank_sum_ = std::move(sum); }
+  const CrossRankSum& cross_rank_sum() const { return cross_rank_sum_; }
+
+ private:
+  CrossRankSum cross_rank_sum_;
 };
 
 }  // namespace castor

@@ -544,7 +544,21 @@ absl::Status Executor::Execute(const std::vector<Feed>& feeds, std::vector<Tenso
   std::vector<std::vector<int64_t>> signature;
   for (const Value* v : model_.graph->inputs()) signature.push_back(state.slot(ValueId(v)).dims);
   Plan& plan = plans_[signature];
-  CASTOR_RETURN_IF_ERROR(RunSteps(state, stats));
+  StepObserver report_outputs;
+  if (output_observer_ && host_outputs == nullptr) {
+    report_outputs = [this](const PlanStep& step, const RunState& run) -> absl::StatusOr<bool> {
+      for (int id : step.output_ids) {
+        auto indices = graph_output_indices_.find(id);
+        if (id < 0 || !run.available(id) || indices == graph_output_indices_.end()) continue;
+        const Buffer& b = run.slot(id);
+        for (int index : indices->second) {
+          CASTOR_RETURN_IF_ERROR(output_observer_(index, TensorView{b.data, b.dtype, b.dims}));
+        }
+      }
+      return false;  // never stops the run
+    };
+  }
+  CASTOR_RETURN_IF_ERROR(RunSteps(state, stats, report_outputs));
   if (host_outputs != nullptr) {
     CASTOR_RETURN_IF_ERROR(backend_.Synchronize());
     CASTOR_ASSIGN_OR_RETURN(*host_outputs, DownloadOutputs(state));
@@ -566,6 +580,15 @@ absl::Status Executor::Execute(const std::vector<Feed>& feeds, std::vector<Tenso
   ++plan.runs;
   last_stats_ = stats;
   return absl::OkStatus();
+}
+
+void Executor::SetOutputObserver(OutputObserver observer) {
+  output_observer_ = std::move(observer);
+  graph_output_indices_.clear();
+  const std::vector<Value*>& outputs = model_.graph->outputs();
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    graph_output_indices_[ValueId(outputs[k])].push_back(static_cast<int>(k));
+  }
 }
 
 absl::StatusOr<TensorView> Executor::OutputView(int index) const {

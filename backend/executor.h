@@ -117,6 +117,17 @@ class Executor {
       const std::vector<std::pair<std::string, TensorView>>& feeds);
   // Graph output `index` (graph-output order) of the last RunOnBackend.
   absl::StatusOr<TensorView> OutputView(int index) const;
+
+  // Called during RunOnBackend each time a node has produced a graph
+  // output, with the output's index (graph-output order) and its buffer,
+  // before the next node runs: a data-parallel trainer starts averaging a
+  // gradient while the rest of the backward pass runs. On an asynchronous
+  // backend (Backend::synchronous() false) the buffer holds the value only
+  // once the backend's queue gets there. An error stops the run. Outputs no
+  // node produces (an input or initializer listed as an output) are not
+  // reported. An empty function removes the observer.
+  using OutputObserver = std::function<absl::Status(int output_index, const TensorView& value)>;
+  void SetOutputObserver(OutputObserver observer);
   // Returns the last run's outputs and kept values to the buffer pool
   // before the next run would (their views become invalid).
   void ReleaseOutputs() { ReleaseKept(); }
@@ -210,6 +221,8 @@ class Executor {
   std::vector<PlanStep> steps_;
   std::map<std::vector<std::vector<int64_t>>, Plan> plans_;
   std::map<int, Buffer> kept_;  // value id -> buffer of the last run
+  OutputObserver output_observer_;
+  std::map<int, std::vector<int>> graph_output_indices_;  // value id -> its output indices
   bool outputs_kept_ = false;   // the last run was RunOnBackend: kept_ holds the outputs
   PlanStats last_stats_;
 };

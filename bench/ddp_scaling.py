@@ -7,15 +7,19 @@ data (Fashion-MNIST's training split in file order, --no-shuffle) three ways:
 
   * 1 rank, 1 thread:   `castor train ... --threads 1`
   * 2 ranks, 1 thread each: `castor train ... --nproc 2 --threads 1`
-    (each rank trains 64 rows; gradients averaged by Gloo's allreduce)
+    (each rank trains 64 rows; gradients averaged by Gloo's allreduce in
+    buckets overlapping the backward pass, --bucket-mb's default)
+  * the same with `--bucket-mb 0`: one allreduce after the backward pass
   * 1 rank, 2 threads:  `castor train ... --threads 2` (the same two cores
     used by castor's own intra-op threads, for comparison)
 
 and prints, per model, the bytes all-reduced per step (the loss and every
-gradient as float32), the allreduce time per step as rank 0 measured it
-(median, and minimum: the median includes waiting for the slower rank, the
-minimum is closest to the transfer itself), and the median step time of each
-run. Speedup = 1-rank step time / 2-rank step time; efficiency = speedup / 2.
+gradient as float32) and the buckets, the allreduce time per step as rank 0
+measured it (median, and minimum: the median includes waiting for the
+slower rank, the minimum is closest to the transfer itself), the part of it
+the step waited for after its backward pass (median; the rest overlapped
+the backward pass), and the median step time of each run. Speedup = 1-rank
+step time / 2-rank step time; efficiency = speedup / 2.
 
   /usr/bin/python3 bench/ddp_scaling.py [--castor build/castor]
       [--models cnn,mlp,resnet,transformer] [--batch 128] [--steps S]
@@ -37,10 +41,11 @@ import time
 
 SAMPLE_MODELS = ["cnn", "mlp", "resnet", "transformer"]
 DEFAULT_STEPS = {"cnn": 30, "mlp": 50, "resnet": 10, "transformer": 20}
-RUNS = [  # (name, ranks, threads per rank)
-    ("1 rank x 1 thread", 1, 1),
-    ("2 ranks x 1 thread", 2, 1),
-    ("1 rank x 2 threads", 1, 2),
+RUNS = [  # (name, ranks, threads per rank, extra flags)
+    ("1 rank x 1 thread", 1, 1, []),
+    ("2 ranks x 1 thread", 2, 1, []),
+    ("2 ranks, one allreduce", 2, 1, ["--bucket-mb", "0"]),
+    ("1 rank x 2 threads", 1, 2, []),
 ]
 
 
@@ -63,16 +68,18 @@ def find_idx(data_dir, stem):
     raise FileNotFoundError("%s: no %s[.gz]" % (data_dir, stem))
 
 
-def run(binary, model_path, data_spec, policy, batch, warmup, steps, ranks, threads, work_dir):
+def run(binary, model_path, data_spec, policy, batch, warmup, steps, ranks, threads, extra,
+        work_dir):
     """One `castor train`; its median step time and allreduce figures."""
-    metrics = os.path.join(work_dir, "%s_%dx%d.jsonl" % (
-        os.path.basename(model_path).split(".")[0], ranks, threads))
+    metrics = os.path.join(work_dir, "%s_%dx%d%s.jsonl" % (
+        os.path.basename(model_path).split(".")[0], ranks, threads, "".join(extra)))
     cmd = [binary, "train", model_path, "--data", data_spec, "--policy", policy,
            "--optimizer", "adam", "--lr", "0.001", "--batch", str(batch),
            "--max-steps", str(warmup + steps), "--no-shuffle", "--threads", str(threads),
            "--metrics", metrics]
     if ranks > 1:
         cmd += ["--nproc", str(ranks)]
+    cmd += extra
     started = time.perf_counter()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wall = time.perf_counter() - started
@@ -102,6 +109,9 @@ def run(binary, model_path, data_spec, policy, batch, warmup, steps, ranks, thre
         result["allreduce_bytes"] = timed[-1]["allreduce_bytes"]
         result["allreduce_ms_median"] = statistics.median(r["allreduce_ms"] for r in timed)
         result["allreduce_ms_min"] = min(r["allreduce_ms"] for r in timed)
+        result["allreduce_wait_ms_median"] = statistics.median(
+            r["allreduce_wait_ms"] for r in timed)
+        result["allreduce_buckets"] = timed[-1]["allreduce_buckets"]
     return result
 
 
@@ -159,9 +169,9 @@ def main():
             path = os.path.join(args.models_dir, "%s_opset%d.onnx" % (m, args.opset))
             steps = args.steps or DEFAULT_STEPS[m]
             results[m] = {}
-            for name, ranks, threads in RUNS:
+            for name, ranks, threads, extra in RUNS:
                 r = run(binary, path, data_spec, args.policy, args.batch, args.warmup, steps,
-                        ranks, threads, work_dir)
+                        ranks, threads, extra, work_dir)
                 results[m][name] = r
                 if "error" in r:
                     failed = True
@@ -171,20 +181,21 @@ def main():
                     print("  %s, %s: %.1f ms per step" % (m, name, r["step_ms"]), flush=True)
 
     print()
-    print("| model | MiB all-reduced per step | allreduce ms (median / min) "
-          "| 1 rank x 1 thread ms | 2 ranks x 1 thread ms | speedup | efficiency "
-          "| 1 rank x 2 threads ms |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| model | MiB all-reduced per step (buckets) | allreduce ms (median / min) "
+          "| after the backward pass ms | 1 rank x 1 thread ms | 2 ranks x 1 thread ms "
+          "| speedup | efficiency | 2 ranks, one allreduce ms | 1 rank x 2 threads ms |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for m in models:
-        one, two, threaded = (results[m].get(name, {}) for name, _, _ in RUNS)
-        if any("error" in r for r in (one, two, threaded)):
-            print("| %s | (a run failed) |||||||" % m)
+        one, two, single_allreduce, threaded = (results[m].get(run[0], {}) for run in RUNS)
+        if any("error" in r for r in (one, two, single_allreduce, threaded)):
+            print("| %s | (a run failed) |||||||||" % m)
             continue
         speedup = one["step_ms"] / two["step_ms"]
-        print("| %s | %.2f | %.2f / %.2f | %.1f | %.1f | %.2f | %.0f%% | %.1f |" % (
-            m, two["allreduce_bytes"] / 1048576.0, two["allreduce_ms_median"],
-            two["allreduce_ms_min"], one["step_ms"], two["step_ms"], speedup,
-            100 * speedup / 2, threaded["step_ms"]))
+        print("| %s | %.2f (%d) | %.2f / %.2f | %.2f | %.1f | %.1f | %.2f | %.0f%% | %.1f | %.1f |"
+              % (m, two["allreduce_bytes"] / 1048576.0, two["allreduce_buckets"],
+                 two["allreduce_ms_median"], two["allreduce_ms_min"],
+                 two["allreduce_wait_ms_median"], one["step_ms"], two["step_ms"], speedup,
+                 100 * speedup / 2, single_allreduce["step_ms"], threaded["step_ms"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cpu": cpu_model(), "policy": args.policy, "batch": args.batch,

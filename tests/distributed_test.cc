@@ -38,6 +38,7 @@
 #include "tests/cli_test_util.h"
 #include "training/checkpoint.h"
 #include "training/dataset.h"
+#include "training/distributed/bucketed_allreduce.h"
 #include "training/distributed/communicator.h"
 #include "training/distributed/launcher.h"
 #include "training/npy.h"
@@ -245,6 +246,91 @@ TEST(GlooCommunicatorTest, AveragesSumsBroadcastsAndMeets) {
     EXPECT_TRUE(communicator.Barrier("the end").ok());
     absl::Status bad_root = communicator.Broadcast(broadcast, 8, 3, "numbers");
     EXPECT_THAT(bad_root.message(), HasSubstr("broadcast of numbers from rank 3: no such rank"));
+  });
+}
+
+TEST(BucketedAllreduceTest, AveragesEveryValueInBucketsOfTheGivenSize) {
+  SKIP_WITHOUT_GLOO();
+  OnRanks(3, [](int rank, distributed::Communicator& communicator) {
+    // Buckets of 64 bytes (16 floats) after a first of 64 bytes too.
+    distributed::BucketedAllreduce buckets(communicator, 64);
+    for (int step = 1; step <= 2; ++step) {
+      buckets.BeginStep(absl::StrCat("step ", step));
+      // Keys 0..5 with 1, 10, 20, 3, 40, 7 values: value i of key k on
+      // rank r is r + k + i + step, averaged 1 + k + i + step.
+      const size_t counts[] = {1, 10, 20, 3, 40, 7};
+      for (int key : {4, 0, 2, 5, 1, 3}) {  // the order the nodes finish in
+        ASSERT_FALSE(buckets.Added(key));
+        ASSERT_TRUE(buckets
+                        .Add(key, counts[key],
+                             [&](float* values) {
+                               for (size_t i = 0; i < counts[key]; ++i) {
+                                 values[i] = static_cast<float>(rank + key + i + step);
+                               }
+                               return absl::OkStatus();
+                             })
+                        .ok());
+        EXPECT_TRUE(buckets.Added(key));
+      }
+      ASSERT_TRUE(buckets.Finish().ok());
+      // In the order added, a bucket closing at 16 floats or more:
+      // 40 | 1 20 | 7 10 | 3 (the last sent by Finish): 81 floats.
+      EXPECT_EQ(buckets.buckets(), 4);
+      EXPECT_EQ(buckets.bytes(), 81 * 4);
+      EXPECT_GE(buckets.allreduce_seconds(), 0.0);
+      for (int key = 0; key < 6; ++key) {
+        size_t count = 0;
+        const float* averaged = buckets.Averaged(key, &count);
+        ASSERT_NE(averaged, nullptr);
+        ASSERT_EQ(count, counts[key]);
+        for (size_t i = 0; i < count; ++i) {
+          EXPECT_EQ(averaged[i], static_cast<float>(1 + key + i + step)) << key << " " << i;
+        }
+      }
+      size_t count = 0;
+      EXPECT_EQ(buckets.Averaged(6, &count), nullptr);
+    }
+    // bucket_bytes 0: one bucket, whatever the size.
+    distributed::BucketedAllreduce one(communicator, 0);
+    one.BeginStep("step 3");
+    for (int key = 0; key < 4; ++key) {
+      ASSERT_TRUE(one.Add(key, 1000, [&](float* values) {
+                       std::fill(values, values + 1000, static_cast<float>(rank));
+                       return absl::OkStatus();
+                     }).ok());
+    }
+    ASSERT_TRUE(one.Finish().ok());
+    EXPECT_EQ(one.buckets(), 1);
+    size_t count = 0;
+    EXPECT_EQ(one.Averaged(3, &count)[999], 1.0f);
+    // A key added twice is a bug, said as such.
+    one.BeginStep("step 4");
+    auto fill = [](float* values) {
+      values[0] = 0;
+      return absl::OkStatus();
+    };
+    ASSERT_TRUE(one.Add(0, 1, fill).ok());
+    EXPECT_EQ(one.Add(0, 1, fill).code(), absl::StatusCode::kInternal);
+    ASSERT_TRUE(one.Finish().ok());
+  });
+}
+
+TEST(BucketedAllreduceTest, ARankThatLeavesFailsTheStepNamingTheBucket) {
+  SKIP_WITHOUT_GLOO();
+  OnRanks(2, [](int rank, distributed::Communicator& communicator) {
+    if (rank == 1) return;  // leaves: its communicator closes
+    distributed::BucketedAllreduce buckets(communicator, 4);
+    buckets.BeginStep("step 7");
+    for (int key = 0; key < 3; ++key) {
+      ASSERT_TRUE(buckets.Add(key, 1, [](float* values) {
+                           values[0] = 1;
+                           return absl::OkStatus();
+                         }).ok());
+    }
+    const absl::Status finished = buckets.Finish();
+    ASSERT_FALSE(finished.ok());
+    EXPECT_THAT(finished.message(),
+                HasSubstr("allreduce of the loss and gradients of step 7, bucket 1"));
   });
 }
 
@@ -593,12 +679,18 @@ TEST_F(DistributedTrainTest, TwoProcessesMatchOneAndOnlyRankZeroPrints) {
     ASSERT_NE(json->Find("allreduce_bytes"), nullptr) << line;
     EXPECT_EQ(json->Find("allreduce_bytes")->as_int(), 4 * elements) << line;
     EXPECT_GE(json->Find("allreduce_ms")->as_number(), 0.0) << line;
+    EXPECT_GE(json->Find("allreduce_wait_ms")->as_number(), 0.0) << line;
+    // The MLP's 2.55 MiB in buckets of 1 MiB first, then 25 MiB: the loss,
+    // fc3's and fc2's weight gradients (1 MiB, sent while fc1's gradient is
+    // computed), then the rest.
+    EXPECT_EQ(json->Find("allreduce_buckets")->as_int(), 2) << line;
     ++steps_with_allreduce;
   }
   EXPECT_EQ(steps_with_allreduce, 20);
   EXPECT_THAT(ReadFile(dir_ / "one.jsonl"), Not(HasSubstr("allreduce")));
-  EXPECT_THAT(pair.out, HasSubstr(absl::StrFormat("  allreduce       %.2f MiB per step, ",
-                                                  4.0 * elements / 1048576.0)));
+  EXPECT_THAT(pair.out,
+              HasSubstr(absl::StrFormat("  allreduce       %.2f MiB per step in 2 bucket(s), ",
+                                        4.0 * elements / 1048576.0)));
   EXPECT_THAT(single.out, Not(HasSubstr("allreduce")));
 }
 
@@ -685,6 +777,125 @@ pid_t StartRank(const fs::path& dir, int rank, int port, const std::string& argu
     _exit(127);
   }
   return pid;
+}
+
+// Buckets all-reduced while the backward pass runs give the same losses and
+// weights as one allreduce after it (on 2 ranks each sum is a + b either
+// way), in more buckets.
+TEST_F(DistributedTrainTest, OverlappedBucketsMatchOneAllreduceAfterTheBackwardPass) {
+  SKIP_WITHOUT_GLOO();
+  std::map<std::string, std::vector<double>> losses;
+  std::map<std::string, std::map<std::string, Tensor>> weights;
+  for (const std::string bucket_mb : {"0", "0.25"}) {
+    const fs::path checkpoints = dir_ / ("ckpt" + bucket_mb);
+    const fs::path metrics = dir_ / ("metrics" + bucket_mb + ".jsonl");
+    Program p = RunCastor(
+        dir_, TrainArgs(absl::StrCat("--max-steps 8 --nproc 2 --bucket-mb ", bucket_mb,
+                                     " --metrics ", metrics.string(), " --checkpoint-dir ",
+                                     checkpoints.string(), " --save-every 8")));
+    ASSERT_EQ(p.exit_code, 0) << p.err;
+    losses[bucket_mb] = Losses(metrics);
+    weights[bucket_mb] = Weights(checkpoints / "ckpt-00000008.onnx");
+    int buckets = 0;
+    for (absl::string_view line : absl::StrSplit(ReadFile(metrics), '\n')) {
+      absl::StatusOr<Json> json = Json::Parse(std::string(line));
+      if (json.ok() && json->Find("allreduce_buckets") != nullptr) {
+        buckets = static_cast<int>(json->Find("allreduce_buckets")->as_int());
+      }
+    }
+    // 2.55 MiB: one bucket, or several of at least 0.25 MiB (a gradient
+    // is never split: fc2's and fc1's weight gradients, 1 and 1.5 MiB, each
+    // close one).
+    if (bucket_mb == "0") {
+      EXPECT_EQ(buckets, 1);
+    } else {
+      EXPECT_GE(buckets, 3);
+    }
+  }
+  ASSERT_EQ(losses["0"].size(), 8u);
+  EXPECT_EQ(losses["0"], losses["0.25"]);
+  ASSERT_FALSE(weights["0"].empty());
+  for (const auto& [name, weight] : weights["0"]) {
+    const Tensor& other = weights["0.25"].at(name);
+    EXPECT_EQ(std::memcmp(weight.raw(), other.raw(), weight.byte_size()), 0) << name;
+  }
+}
+
+// --sync-batchnorm: the ResNet's BatchNormalization on 2 ranks x 8 rows
+// normalises with the statistics of all 16, so the run matches one process
+// on the whole batch (losses, weights and running statistics), where each
+// rank's own statistics (DDP's default) do not.
+TEST_F(DistributedTrainTest, SyncBatchNormMatchesOneProcessOnTheWholeBatch) {
+  SKIP_WITHOUT_GLOO();
+  auto train = [&](const std::string& name, const std::string& extra) {
+    const fs::path checkpoints = dir_ / name;
+    Program p = RunCastor(
+        dir_, absl::StrCat("train ", CASTOR_SOURCE_DIR, "/models/resnet_opset17.onnx --data ",
+                           data_, " --policy float32 --optimizer sgd --momentum 0.9 --lr 0.05 "
+                           "--batch 16 --max-steps 6 --threads 1 --save-every 6 --metrics ",
+                           (dir_ / (name + ".jsonl")).string(), " --checkpoint-dir ",
+                           checkpoints.string(), " ", extra));
+    EXPECT_EQ(p.exit_code, 0) << name << ": " << p.err;
+    return std::make_pair(Losses(dir_ / (name + ".jsonl")),
+                          Weights(checkpoints / "ckpt-00000006.onnx"));
+  };
+  const auto [one_losses, one_weights] = train("one", "");
+  const auto [synced_losses, synced_weights] = train("synced", "--nproc 2 --sync-batchnorm");
+  const auto [own_losses, own_weights] = train("own", "--nproc 2");
+  // Buckets of 10 KiB: gradient allreduces in flight while the backward
+  // pass's BatchNormalization sums go through the same thread, in order.
+  const auto [bucketed_losses, bucketed_weights] =
+      train("bucketed", "--nproc 2 --sync-batchnorm --bucket-mb 0.01");
+  EXPECT_EQ(bucketed_losses, synced_losses);
+  ASSERT_EQ(one_losses.size(), 6u);
+  ASSERT_EQ(synced_losses.size(), 6u);
+  ASSERT_EQ(own_losses.size(), 6u);
+  double own_differs = 0;
+  for (size_t k = 0; k < one_losses.size(); ++k) {
+    EXPECT_NEAR(synced_losses[k], one_losses[k], 1e-6 * std::abs(one_losses[k])) << "step " << k + 1;
+    own_differs = std::max(own_differs, std::abs(own_losses[k] - one_losses[k]));
+  }
+  EXPECT_GT(own_differs, 1e-4) << "per-rank statistics should change the losses";
+  // Weights and running statistics (float32 initializers of the checkpoint).
+  ASSERT_FALSE(one_weights.empty());
+  absl::StatusOr<training::Checkpoint> checkpoint =
+      training::ReadCheckpoint((dir_ / "one" / "ckpt-00000006.onnx").string());
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  ASSERT_FALSE(checkpoint->state.running_stats.empty());
+  for (const std::string& statistic : checkpoint->state.running_stats) {
+    const Value* expected = checkpoint->model.graph->FindValue(statistic);
+    absl::StatusOr<training::Checkpoint> synced =
+        training::ReadCheckpoint((dir_ / "synced" / "ckpt-00000006.onnx").string());
+    ASSERT_TRUE(synced.ok()) << synced.status();
+    const Value* actual = synced->model.graph->FindValue(statistic);
+    ASSERT_NE(expected, nullptr);
+    ASSERT_NE(actual, nullptr);
+    const Tensor& e = *expected->initializer();
+    const Tensor& a = *actual->initializer();
+    ASSERT_EQ(a.num_elements(), e.num_elements()) << statistic;
+    for (int64_t i = 0; i < e.num_elements(); ++i) {
+      ASSERT_NEAR(a.data<float>()[i], e.data<float>()[i], 1e-5 * (1 + std::abs(e.data<float>()[i])))
+          << statistic << "[" << i << "]";
+    }
+  }
+  for (const auto& [name, expected] : one_weights) {
+    const Tensor& weight = synced_weights.at(name);
+    for (int64_t i = 0; i < weight.num_elements(); ++i) {
+      ASSERT_NEAR(weight.data<float>()[i], expected.data<float>()[i], 1e-5) << name;
+    }
+  }
+  // The checkpoint says so; a resume without the flag says what changes.
+  absl::StatusOr<training::Checkpoint> synced =
+      training::ReadCheckpoint((dir_ / "synced" / "ckpt-00000006.onnx").string());
+  ASSERT_TRUE(synced.ok()) << synced.status();
+  const Json* recorded = synced->state.extra.Find("sync_batchnorm");
+  ASSERT_NE(recorded, nullptr);
+  EXPECT_TRUE(recorded->as_bool());
+  Program resumed = RunCastor(dir_, absl::StrCat("train --resume ", (dir_ / "synced").string(),
+                                                 " --max-steps 7 --nproc 2"));
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_THAT(resumed.err, HasSubstr("synchronised BatchNormalization across its ranks "
+                                     "(--sync-batchnorm); this run does not"));
 }
 
 // As on two hosts: each rank with a temporary directory of its own. The

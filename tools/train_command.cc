@@ -223,13 +223,26 @@ ArgParser MakeParser(TrainOptions& o) {
       .AddInt("nproc", "N",
               "data-parallel: train as N local processes (ranks; Gloo over 127.0.0.1 on the "
               "CPU), each on its share of every --batch, gradients averaged before the "
-              "optimizer (one allreduce after the backward pass: no overlap yet); progress, "
+              "optimizer (in buckets all-reduced while the backward pass runs, see "
+              "--bucket-mb); progress, "
               "metrics and checkpoints from rank 0. Several hosts: start one castor per rank "
               "with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set (torchrun's variables), or "
               "launch with `mpirun -np N -x MASTER_ADDR=HOST castor train ...` (Open MPI, "
               "MPICH; MASTER_PORT defaults to 29500 there); rank 0's port is all the hosts "
               "share",
               &o.nproc)
+      .AddSwitch("sync-batchnorm",
+                 "data-parallel: BatchNormalization normalises with the statistics of the "
+                 "global batch, summed across the ranks in the forward and backward pass (as "
+                 "PyTorch's SyncBatchNorm; CPU backend), instead of each rank's own (DDP's "
+                 "default); a run on 2 ranks then matches one process on the whole batch",
+                 &o.sync_batch_norm)
+      .AddFloat("bucket-mb", "MIB",
+                "data-parallel: gradients are averaged in buckets of this many MiB (float32), "
+                "each all-reduced as soon as the backward pass has filled it, while the pass "
+                "goes on, as PyTorch DDP's bucket_cap_mb (the first bucket holds 1 MiB); 0: "
+                "one allreduce after the backward pass (default 25)",
+                &o.bucket_mb)
       .AddInt("dist-timeout", "SECONDS",
               "data-parallel: how long a rank waits for the others (rendezvous, each "
               "allreduce; rank 0 writing a checkpoint keeps the others waiting) before it "
@@ -278,6 +291,11 @@ absl::Status CheckFlags(const TrainOptions& o) {
   }
   if (o.nproc < 1 || o.dist_timeout < 1) {
     return BadInput("--nproc and --dist-timeout must be >= 1");
+  }
+  if (!(o.bucket_mb >= 0 && o.bucket_mb <= 1048576)) {
+    return BadInput(absl::StrCat("--bucket-mb ", o.bucket_mb,
+                                 ": expected MiB in [0, 1048576] (0: one allreduce after the "
+                                 "backward pass)"));
   }
   if (o.ignore_index.has_value() && o.loss != "cross-entropy") {
     return BadInput(absl::StrCat("--ignore-index applies to --loss cross-entropy; --loss is ",
@@ -860,7 +878,9 @@ struct LoopTotals {
   Clock::time_point started;
   double step_seconds = 0;
   double allreduce_seconds = 0;
+  double allreduce_wait_seconds = 0;
   int64_t allreduce_bytes = 0;  // the last step's
+  int allreduce_buckets = 0;    // the last step's
   int64_t seen_total = 0;
   int64_t steps_run = 0;
   std::optional<training::Evaluation> last_eval;
@@ -905,9 +925,13 @@ std::string StepMetricsLine(int64_t step, int64_t epoch, const training::StepRes
       "\"samples_per_s\":%.1f,\"grad_norm\":%.6g,\"replayed\":%s%s%s}\n",
       step, epoch, r.loss, r.loss_scale, r.skipped ? "true" : "false", r.lr, n / dt, r.grad_norm,
       r.replayed ? "true" : "false",
-      r.allreduce_bytes == 0 ? ""
-                             : absl::StrFormat(",\"allreduce_bytes\":%d,\"allreduce_ms\":%.3f",
-                                               r.allreduce_bytes, 1000 * r.allreduce_seconds),
+      r.allreduce_bytes == 0
+          ? ""
+          : absl::StrFormat(
+                ",\"allreduce_bytes\":%d,\"allreduce_buckets\":%d,\"allreduce_ms\":%.3f,"
+                "\"allreduce_wait_ms\":%.3f",
+                r.allreduce_bytes, r.allreduce_buckets, 1000 * r.allreduce_seconds,
+                1000 * r.allreduce_wait_seconds),
       r.first_non_finite.empty()
           ? ""
           : absl::StrCat(",\"first_non_finite\":", Json::String(r.first_non_finite).Dump()));
@@ -969,7 +993,8 @@ absl::StatusOr<LoopTotals> TrainLoop(const TrainOptions& o, const Start& start,
   const training::RunSettings settings{o.data,  o.loss,    o.output,
                                        o.input, o.batch,   static_cast<uint64_t>(o.seed),
                                        o.shuffle, o.tf32, o.ignore_index,
-                                       o.freeze, o.train_only, session.world_size};
+                                       o.freeze, o.train_only, session.world_size,
+                                       o.sync_batch_norm && session.world_size > 1};
   auto evaluate = [&](int64_t epoch) -> absl::Status {
     if (!prepared.data.has_test()) return absl::OkStatus();
     CASTOR_ASSIGN_OR_RETURN(training::Evaluation eval,
@@ -1017,7 +1042,9 @@ absl::StatusOr<LoopTotals> TrainLoop(const TrainOptions& o, const Start& start,
     const double dt = Seconds(Clock::now() - t0);
     totals.step_seconds += dt;
     totals.allreduce_seconds += r->allreduce_seconds;
+    totals.allreduce_wait_seconds += r->allreduce_wait_seconds;
     totals.allreduce_bytes = r->allreduce_bytes;
+    totals.allreduce_buckets = r->allreduce_buckets;
     ++totals.steps_run;
     // Samples (sequences, for token models) for the throughput and scored
     // positions (tokens, with [N, T] labels) for the accuracy, of the
@@ -1085,8 +1112,11 @@ absl::Status Report(const TrainOptions& o, const Start& start, Session& session,
   summary.mean_step_ms = 1000 * totals.step_seconds / std::max<int64_t>(1, totals.steps_run);
   summary.samples_per_s = totals.seen_total / std::max(totals.step_seconds, 1e-9);
   summary.allreduce_bytes_per_step = totals.allreduce_bytes;
+  summary.allreduce_buckets = totals.allreduce_buckets;
   summary.mean_allreduce_ms =
       1000 * totals.allreduce_seconds / std::max<int64_t>(1, totals.steps_run);
+  summary.mean_allreduce_wait_ms =
+      1000 * totals.allreduce_wait_seconds / std::max<int64_t>(1, totals.steps_run);
   // Device memory: the CUDA pool's peak (activations, weights, workspaces).
   absl::StatusOr<DeviceMemoryStats> device_memory = CudaMemoryStats(session.backend());
   if (device_memory.ok()) summary.peak_device_bytes = device_memory->peak_in_use_bytes;
@@ -1106,8 +1136,11 @@ absl::Status Report(const TrainOptions& o, const Start& start, Session& session,
             : "",
         summary.allreduce_bytes_per_step == 0
             ? ""
-            : absl::StrFormat(",\"allreduce_bytes_per_step\":%d,\"allreduce_ms\":%.3f",
-                              summary.allreduce_bytes_per_step, summary.mean_allreduce_ms));
+            : absl::StrFormat(
+                  ",\"allreduce_bytes_per_step\":%d,\"allreduce_buckets\":%d,"
+                  "\"allreduce_ms\":%.3f,\"allreduce_wait_ms\":%.3f",
+                  summary.allreduce_bytes_per_step, summary.allreduce_buckets,
+                  summary.mean_allreduce_ms, summary.mean_allreduce_wait_ms));
     if (!session.metrics.flush()) {
       return CheckFailed(absl::StrCat("writing --metrics ", o.metrics_path, " failed"));
     }
@@ -1234,7 +1267,8 @@ absl::Status CheckRanksAgree(const TrainOptions& o, const Prepared& prepared, Se
   mine[0] = Fingerprint(std::string(kCastorVersion));
   mine[1] = Fingerprint(absl::StrCat(o.batch, "|", o.seed, "|", o.shuffle, "|", o.loss, "|",
                                      o.output, "|", o.input, "|", prepared.total, "|",
-                                     o.optimizer, "|", o.lr, "|", o.freeze, "|", o.train_only));
+                                     o.optimizer, "|", o.lr, "|", o.freeze, "|", o.train_only,
+                                     "|", o.bucket_mb, "|", o.sync_batch_norm));
   const training::Dataset& train = prepared.data.train;
   mine[2] = Fingerprint(train.labels.raw(), train.labels.byte_size(),
                         Fingerprint(train.images.raw(), train.images.byte_size()));
@@ -1276,6 +1310,22 @@ void NoteWorldSizeChange(const Start& start, const DataParallelGroup& group, std
   err << "castor train: the checkpoint trained on " << saved << " rank(s); this run has "
       << group.world_size << ": it continues with the same global batch and data order (the "
       << "per-rank batch and the gradients' summation order change)\n";
+}
+
+// A checkpoint whose ranks synchronised BatchNormalization, resumed
+// without --sync-batchnorm (or the reverse): its statistics change; say so.
+void NoteSyncBatchNormChange(const TrainOptions& o, const Start& start,
+                             const DataParallelGroup& group, std::ostream& err) {
+  if (!start.resumed.has_value()) return;
+  const Json* recorded = start.resumed->extra.Find(training::kSyncBatchNormStateKey);
+  const bool saved = recorded != nullptr && recorded->is_bool() && recorded->as_bool();
+  const bool now = o.sync_batch_norm && group.world_size > 1;
+  if (saved == now) return;
+  err << "castor train: the checkpoint's run "
+      << (saved ? "synchronised BatchNormalization across its ranks (--sync-batchnorm)"
+                : "used each rank's own BatchNormalization statistics")
+      << "; this run " << (now ? "synchronises them" : "does not")
+      << ", so its BatchNormalization statistics differ from the run so far\n";
 }
 
 }  // namespace
@@ -1370,10 +1420,13 @@ std::string RenderTrainSummary(const TrainSummary& s) {
                       s.mean_step_ms, s.samples_per_s, FormatDuration(s.seconds)),
       s.allreduce_bytes_per_step == 0
           ? ""
-          : absl::StrFormat("  allreduce       %.2f MiB per step, %.1f ms (mean, %.0f%% of the "
-                            "step; waiting for the slowest rank included)\n",
-                            s.allreduce_bytes_per_step / 1048576.0, s.mean_allreduce_ms,
-                            s.mean_step_ms > 0 ? 100 * s.mean_allreduce_ms / s.mean_step_ms : 0));
+          : absl::StrFormat("  allreduce       %.2f MiB per step in %d bucket(s), %.1f ms (mean; "
+                            "waiting for the slowest rank included), of which %.1f ms (%.0f%% of "
+                            "the step) after the backward pass\n",
+                            s.allreduce_bytes_per_step / 1048576.0, s.allreduce_buckets,
+                            s.mean_allreduce_ms, s.mean_allreduce_wait_ms,
+                            s.mean_step_ms > 0 ? 100 * s.mean_allreduce_wait_ms / s.mean_step_ms
+                                               : 0));
   if (s.test.has_value()) {
     absl::StrAppend(&text,
                     absl::StrFormat("  test            loss %.4f%s\n", s.test->loss,
@@ -1430,6 +1483,10 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   if (absl::Status s = CheckGlobalBatch(o, *group); !s.ok()) return fail_here(s);
   NoteWorldSizeChange(*start, *group, shown_err);
   start->trainer_options.communicator = group->communicator.get();
+  start->trainer_options.allreduce_bucket_bytes =
+      static_cast<size_t>(std::llround(o.bucket_mb * 1048576.0));
+  start->trainer_options.sync_batch_norm = o.sync_batch_norm;
+  NoteSyncBatchNormChange(o, *start, *group, shown_err);
   absl::StatusOr<Prepared> prepared = PrepareGraphAndData(o, *start, shown_out);
   if (!prepared.ok()) return fail_here(prepared.status());
   Session session;

@@ -79,6 +79,10 @@ struct TrainOptions {
   // seconds their rendezvous and collectives wait for one another.
   int64_t nproc = 1;
   int64_t dist_timeout = 300;
+  // MiB of gradients per allreduce bucket, overlapped with the backward
+  // pass (0: one allreduce after it).
+  double bucket_mb = 25;
+  bool sync_batch_norm = false;  // --sync-batchnorm
 };
 
 // A fresh run: the optimizer and learning-rate schedule the flags ask for
@@ -126,7 +130,9 @@ struct TrainSummary {
   // Data-parallel runs: bytes all-reduced per step and the mean allreduce
   // time (0 on a run alone).
   int64_t allreduce_bytes_per_step = 0;
+  int allreduce_buckets = 0;
   double mean_allreduce_ms = 0;
+  double mean_allreduce_wait_ms = 0;  // of it, after the backward pass
   double seconds = 0;  // the whole run
   std::optional<training::Evaluation> test;  // the last evaluation, if any
   std::string last_checkpoint;               // "" when none

@@ -163,6 +163,7 @@ absl::Status RecordTrainingState(const Trainer& trainer, const BatchIterator& ba
   // patterns that chose them, so that a resumed run keeps the others fixed.
   if (!settings.freeze.empty()) state.extra.Set(kFreezeStateKey, Json::String(settings.freeze));
   if (settings.world_size > 1) state.extra.Set(kWorldSizeStateKey, Json::Int(settings.world_size));
+  if (settings.sync_batch_norm) state.extra.Set(kSyncBatchNormStateKey, Json::Bool(true));
   if (!settings.train_only.empty()) {
     state.extra.Set(kTrainOnlyStateKey, Json::String(settings.train_only));
   }

@@ -39,6 +39,9 @@ inline constexpr char kTrainOnlyStateKey[] = "train_only";
 // The key in TrainingState::extra recording the world size of a
 // data-parallel run (ranks); absent for a run on its own.
 inline constexpr char kWorldSizeStateKey[] = "world_size";
+// The key recording that BatchNormalization's statistics were synchronised
+// across the ranks (--sync-batchnorm); absent when not.
+inline constexpr char kSyncBatchNormStateKey[] = "sync_batchnorm";
 
 // A checkpoint's Dropout RNG state. A checkpoint written before it was
 // recorded gets {the run's seed, the checkpoint's step}: the state this
@@ -91,6 +94,7 @@ struct RunSettings {
   std::string freeze;      // --freeze ("" when not given)
   std::string train_only;  // --train-only ("" when not given)
   int world_size = 1;      // data-parallel ranks (recorded when > 1)
+  bool sync_batch_norm = false;  // --sync-batchnorm on several ranks (recorded when set)
 };
 
 // The checkpoint's model gets the trainer's weights and statistics, its

@@ -2,8 +2,6 @@
 #include "training/trainer.h"
 
 #include <algorithm>
-#include <chrono>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -29,7 +27,36 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Model model, TrainingGr
     trainer->replay_unavailable_ = "a data-parallel step averages its gradients on the host";
   }
   CASTOR_RETURN_IF_ERROR(trainer->Initialize());
+  if (trainer->communicator_ != nullptr) {
+    // Buckets that fill while the backward pass runs need buffers that are
+    // ready when their node returns: the CPU's.
+    const bool overlap = options.allreduce_bucket_bytes > 0 && backend.synchronous();
+    trainer->buckets_ = std::make_unique<distributed::BucketedAllreduce>(
+        *trainer->communicator_, overlap ? options.allreduce_bucket_bytes : 0);
+    Trainer* self = trainer.get();
+    if (overlap) {
+      trainer->executor_->SetOutputObserver([self](int index, const TensorView& value) {
+        // Only the step's own run: not a diagnostic rerun.
+        return self->staging_gradients_ ? self->StageForAverage(index, value)
+                                        : absl::OkStatus();
+      });
+    }
+    if (options.sync_batch_norm) {
+      if (!backend.supports_cross_rank_sum()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "synchronised BatchNormalization runs on the CPU backend only; this run is on ",
+            backend.name()));
+      }
+      backend.set_cross_rank_sum([self](double* values, size_t count, const std::string& what) {
+        return self->buckets_->SumNow(values, count, what);
+      });
+    }
+  }
   return trainer;
+}
+
+Trainer::~Trainer() {
+  if (communicator_ != nullptr) backend_.set_cross_rank_sum(nullptr);
 }
 
 absl::StatusOr<Trainer::BackendMemory> Trainer::Allocate(size_t bytes) {
@@ -217,56 +244,64 @@ absl::StatusOr<std::vector<TensorView>> Trainer::ExecutorOutputs() const {
   return outputs;
 }
 
+bool Trainer::Averaged(int index) const {
+  return index == 0 ||
+         (index >= 2 && index < 2 + static_cast<int>(graph_.gradients.size()));
+}
+
+absl::Status Trainer::StageForAverage(int index, const TensorView& value) {
+  if (!Averaged(index)) return absl::OkStatus();
+  const size_t n = static_cast<size_t>(value.num_elements());
+  return buckets_->Add(index, n, [&](float* staged) -> absl::Status {
+    if (value.dtype == DType::kFloat32) {
+      return backend_.CopyToHost(staged, value.data, value.byte_size());
+    }
+    if (value.dtype != DType::kFloat16 && value.dtype != DType::kBFloat16) {
+      return absl::InternalError(absl::StrCat(
+          "a data-parallel step averages float gradients; one is ", DTypeName(value.dtype)));
+    }
+    staged_bits_.resize(n);
+    CASTOR_RETURN_IF_ERROR(backend_.CopyToHost(staged_bits_.data(), value.data, value.byte_size()));
+    for (size_t i = 0; i < n; ++i) {
+      staged[i] = value.dtype == DType::kFloat16 ? HalfBitsToFloat(staged_bits_[i])
+                                                 : BFloat16BitsToFloat(staged_bits_[i]);
+    }
+    return absl::OkStatus();
+  });
+}
+
 absl::Status Trainer::AverageAcrossRanks(const std::vector<TensorView>& outputs) {
   if (communicator_ == nullptr) return absl::OkStatus();
-  // The loss, then the gradients: one float32 buffer, one allreduce.
-  std::vector<const TensorView*> averaged = {&outputs[0]};
-  for (size_t k = 0; k < graph_.gradients.size(); ++k) averaged.push_back(&outputs[2 + k]);
-  size_t total = 0;
-  for (const TensorView* view : averaged) total += static_cast<size_t>(view->num_elements());
-  allreduce_buffer_.resize(total);
-  std::vector<uint16_t> bits;
-  size_t offset = 0;
-  for (const TensorView* view : averaged) {
-    const size_t n = static_cast<size_t>(view->num_elements());
-    float* staged = allreduce_buffer_.data() + offset;
-    if (view->dtype == DType::kFloat32) {
-      CASTOR_RETURN_IF_ERROR(backend_.CopyToHost(staged, view->data, view->byte_size()));
-    } else if (view->dtype == DType::kFloat16 || view->dtype == DType::kBFloat16) {
-      bits.resize(n);
-      CASTOR_RETURN_IF_ERROR(backend_.CopyToHost(bits.data(), view->data, view->byte_size()));
-      for (size_t i = 0; i < n; ++i) {
-        staged[i] = view->dtype == DType::kFloat16 ? HalfBitsToFloat(bits[i])
-                                                   : BFloat16BitsToFloat(bits[i]);
-      }
-    } else {
-      return absl::InternalError(absl::StrCat(
-          "a data-parallel step averages float gradients; one is ", DTypeName(view->dtype)));
+  // What the backward pass did not hand over (all of it without overlap),
+  // in output order: the loss, then the gradients.
+  for (int k = 0; k < static_cast<int>(outputs.size()); ++k) {
+    if (!buckets_->Added(k)) {
+      CASTOR_RETURN_IF_ERROR(StageForAverage(k, outputs[static_cast<size_t>(k)]));
     }
-    offset += n;
   }
-  const auto started = std::chrono::steady_clock::now();
-  CASTOR_RETURN_IF_ERROR(
-      communicator_->AllreduceAverage(allreduce_buffer_.data(), total,
-                                      absl::StrCat("the loss and gradients of step ", steps_ + 1)));
-  last_allreduce_seconds_ =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  last_allreduce_bytes_ = static_cast<int64_t>(total * sizeof(float));
-  offset = 0;
-  for (const TensorView* view : averaged) {
-    const size_t n = static_cast<size_t>(view->num_elements());
-    const float* reduced = allreduce_buffer_.data() + offset;
-    if (view->dtype == DType::kFloat32) {
-      CASTOR_RETURN_IF_ERROR(backend_.CopyFromHost(view->data, reduced, view->byte_size()));
-    } else {
-      bits.resize(n);
-      for (size_t i = 0; i < n; ++i) {
-        bits[i] = view->dtype == DType::kFloat16 ? FloatToHalfBits(reduced[i])
-                                                 : FloatToBFloat16Bits(reduced[i]);
-      }
-      CASTOR_RETURN_IF_ERROR(backend_.CopyFromHost(view->data, bits.data(), view->byte_size()));
+  CASTOR_RETURN_IF_ERROR(buckets_->Finish());
+  last_allreduce_.allreduce_bytes = buckets_->bytes();
+  last_allreduce_.allreduce_seconds = buckets_->allreduce_seconds();
+  last_allreduce_.allreduce_wait_seconds = buckets_->wait_seconds();
+  last_allreduce_.allreduce_buckets = buckets_->buckets();
+  for (int k = 0; k < static_cast<int>(outputs.size()); ++k) {
+    if (!Averaged(k)) continue;
+    const TensorView& view = outputs[static_cast<size_t>(k)];
+    size_t n = 0;
+    const float* averaged = buckets_->Averaged(k, &n);
+    if (averaged == nullptr || n != static_cast<size_t>(view.num_elements())) {
+      return absl::InternalError(absl::StrCat("graph output ", k, " missing from the buckets"));
     }
-    offset += n;
+    if (view.dtype == DType::kFloat32) {
+      CASTOR_RETURN_IF_ERROR(backend_.CopyFromHost(view.data, averaged, view.byte_size()));
+      continue;
+    }
+    staged_bits_.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      staged_bits_[i] = view.dtype == DType::kFloat16 ? FloatToHalfBits(averaged[i])
+                                                      : FloatToBFloat16Bits(averaged[i]);
+    }
+    CASTOR_RETURN_IF_ERROR(backend_.CopyFromHost(view.data, staged_bits_.data(), view.byte_size()));
   }
   return absl::OkStatus();
 }
@@ -395,7 +430,11 @@ absl::StatusOr<StepResult> Trainer::Step(Feeds inputs, Tensor labels) {
     ++replayed_steps_;
     return FinishStep(recorded_->outputs, inputs, /*replayed=*/true);
   }
-  CASTOR_RETURN_IF_ERROR(executor_->RunOnBackend(inputs));
+  if (buckets_ != nullptr) buckets_->BeginStep(absl::StrCat("step ", steps_ + 1));
+  staging_gradients_ = buckets_ != nullptr;
+  const absl::Status ran = executor_->RunOnBackend(inputs);
+  staging_gradients_ = false;
+  CASTOR_RETURN_IF_ERROR(ran);
   CASTOR_ASSIGN_OR_RETURN(std::vector<TensorView> outputs, ExecutorOutputs());
   CASTOR_RETURN_IF_ERROR(AverageAcrossRanks(outputs));
   CASTOR_RETURN_IF_ERROR(QueueStepEnd(outputs));
@@ -430,8 +469,11 @@ absl::StatusOr<StepResult> Trainer::FinishStep(const std::vector<TensorView>& ou
   result.loss_scale = decided.scale_used;
   result.lr = decided.update.lr;
   result.grad_norm = decided.grad_norm;
-  result.allreduce_bytes = std::exchange(last_allreduce_bytes_, 0);
-  result.allreduce_seconds = std::exchange(last_allreduce_seconds_, 0.0);
+  result.allreduce_bytes = last_allreduce_.allreduce_bytes;
+  result.allreduce_seconds = last_allreduce_.allreduce_seconds;
+  result.allreduce_wait_seconds = last_allreduce_.allreduce_wait_seconds;
+  result.allreduce_buckets = last_allreduce_.allreduce_buckets;
+  last_allreduce_ = StepResult{};
   if (!result.skipped) {
     eval_stale_ = true;
     return result;
@@ -439,8 +481,14 @@ absl::StatusOr<StepResult> Trainer::FinishStep(const std::vector<TensorView>& ou
   result.diagnosis = scaler_.Diagnosis();
   if (name_first_non_finite_) {
     inputs.emplace_back(kLossScaleInput, Tensor::Scalar(static_cast<float>(decided.scale_used)));
-    CASTOR_ASSIGN_OR_RETURN(std::optional<NonFiniteOutput> first,
-                            executor_->FindFirstNonFinite(inputs));
+    // Each rank stops its search at its own first non-finite node, so the
+    // ranks' BatchNormalization nodes would not meet: this diagnostic run
+    // uses each rank's own batch statistics.
+    Backend::CrossRankSum synced = backend_.cross_rank_sum();
+    backend_.set_cross_rank_sum(nullptr);
+    absl::StatusOr<std::optional<NonFiniteOutput>> found = executor_->FindFirstNonFinite(inputs);
+    backend_.set_cross_rank_sum(std::move(synced));
+    CASTOR_ASSIGN_OR_RETURN(std::optional<NonFiniteOutput> first, std::move(found));
     if (first.has_value()) {
       result.first_non_finite =
           absl::StrCat("node '", first->node, "' (", first->op_type, ") output '", first->value,

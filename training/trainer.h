@@ -12,10 +12,15 @@
 // is counted as skipped.
 //
 // Data parallelism (TrainerOptions::communicator, issue #31): each rank
-// steps on its shard of the global batch; between the backward pass and
-// the step kernels the loss and every gradient are averaged across the
-// ranks (one allreduce per step, through the host; overlapping it with the
-// backward pass in buckets is a later step). The step kernels then see the
+// steps on its shard of the global batch; before the step kernels the loss
+// and every gradient are averaged across the ranks, through the host, in
+// buckets (distributed/bucketed_allreduce.h): on a synchronous backend (the
+// CPU) a gradient joins a bucket as soon as its node ran and a full bucket
+// is all-reduced while the backward pass goes on, as in PyTorch DDP;
+// elsewhere, or with allreduce_bucket_bytes 0, everything is one allreduce
+// after the backward pass. With sync_batch_norm the batch-statistics
+// kernels sum their statistics across the ranks through the same thread.
+// The step kernels then see the
 // same values on every rank, so an inf/NaN on any rank skips the step on
 // all of them, the loss scale moves the same way everywhere, and the
 // optimizer update is bit-identical on every rank. Such steps are not
@@ -50,6 +55,7 @@
 #include "training/loss_scaler.h"
 #include "training/optimizer.h"
 #include "passes/training_graph.h"
+#include "training/distributed/bucketed_allreduce.h"
 #include "training/distributed/communicator.h"
 
 namespace castor::training {
@@ -68,6 +74,15 @@ struct TrainerOptions {
   // The group this trainer is one rank of (see above); null: on its own.
   // Must outlive the trainer.
   distributed::Communicator* communicator = nullptr;
+  // Data-parallel steps: the size of the gradient buckets all-reduced
+  // while the backward pass runs (DDP's default, 25 MiB; the first holds
+  // 1 MiB); 0: one allreduce after the backward pass.
+  size_t allreduce_bucket_bytes = size_t{25} << 20;
+  // Data-parallel steps: BatchNormalization's batch statistics (and their
+  // gradient sums) over the global batch, summed across the ranks
+  // (PyTorch's SyncBatchNorm), instead of each rank's own. Needs a backend
+  // that supports_cross_rank_sum (the CPU).
+  bool sync_batch_norm = false;
 };
 
 // Dropout's RNG state: the masks of a training-graph run are a function of
@@ -99,6 +114,10 @@ struct StepResult {
   // slowest rank included; 0 on a run alone.
   int64_t allreduce_bytes = 0;
   double allreduce_seconds = 0.0;
+  // Of which the step waited after its backward pass (the part the
+  // backward pass did not hide), and the number of buckets.
+  double allreduce_wait_seconds = 0.0;
+  int allreduce_buckets = 0;
 };
 
 class Trainer {
@@ -108,6 +127,7 @@ class Trainer {
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(Model model, TrainingGraph graph,
                                                          const TrainerOptions& options,
                                                          Backend& backend);
+  ~Trainer();
 
   // One step on a batch: `inputs` feed the model's inputs by name, `labels`
   // the loss's targets (unused with the model's own loss, kModelOutput).
@@ -189,8 +209,14 @@ class Trainer {
   absl::Status Initialize();
   // The graph outputs the last executor run left on the backend.
   absl::StatusOr<std::vector<TensorView>> ExecutorOutputs() const;
+  // Whether graph output `index` is averaged across the ranks: the loss
+  // and the gradients.
+  bool Averaged(int index) const;
+  // Hands graph output `index` (if averaged) to the buckets as float32.
+  absl::Status StageForAverage(int index, const TensorView& value);
   // Averages the loss and the gradients among `outputs` across the ranks,
-  // in place (nothing without a communicator).
+  // in place (nothing without a communicator): stages those the backward
+  // pass has not handed over yet, waits for the buckets, copies back.
   absl::Status AverageAcrossRanks(const std::vector<TensorView>& outputs);
   // Queues the end of the step on the graph outputs: unscale and decide,
   // the optimizer, the running statistics.
@@ -235,9 +261,10 @@ class Trainer {
   RngState rng_;
   int64_t peak_activation_bytes_ = 0;
   distributed::Communicator* communicator_ = nullptr;
-  std::vector<float> allreduce_buffer_;  // the loss and gradients, as float32
-  int64_t last_allreduce_bytes_ = 0;     // this step's, for its StepResult
-  double last_allreduce_seconds_ = 0.0;
+  std::unique_ptr<distributed::BucketedAllreduce> buckets_;  // with a communicator
+  std::vector<uint16_t> staged_bits_;  // 16-bit gradients on their way to float32
+  bool staging_gradients_ = false;     // the step's run: its outputs go to the buckets
+  StepResult last_allreduce_;          // this step's allreduce figures, for its StepResult
   // Replay: the feed signatures of node-by-node steps that ran (a repeat is
   // recorded), and the recording, declared last so that it goes first (it
   // uses the executor's buffers and the backend's stream).

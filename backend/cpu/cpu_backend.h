@@ -48,6 +48,10 @@ class CpuBackend : public Backend {
   absl::Status CopyWithin(void* dst, const void* src, size_t bytes) override;
   const KernelTable& kernels() const override;
   absl::Status Synchronize() override { return absl::OkStatus(); }
+  bool synchronous() const override { return true; }
+  // BatchNormalization's training kernels and their gradient sum their
+  // statistics across the ranks when a cross-rank sum is installed.
+  bool supports_cross_rank_sum() const override { return true; }
   StepKernels* step_kernels() override;
 
   int num_threads() const { return num_threads_; }

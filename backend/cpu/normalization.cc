@@ -12,7 +12,9 @@
 // the running-variance update takes the unbiased batch variance (times
 // count / (count - 1)). That running variance is what users compare
 // castor's with and what the trained model is evaluated with; the ONNX op
-// keeps the spec's biased update (its conformance data use it).
+// keeps the spec's biased update (its conformance data use it). With a
+// cross-rank sum installed (--sync-batchnorm) the training statistics are
+// the global batch's (GlobalBatchStatistics).
 // X (T), scale/B (T1) and mean/var (T2) may have different float dtypes
 // (opset 15). `spatial` = 0 (opsets 7-8) normalises per [C, D1, ...] entry.
 // LayerNormalization: statistics over the axes from `axis` on; Scale and B
@@ -32,6 +34,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backend/backend.h"
 #include "backend/common/op_geometry.h"
 #include "backend/cpu/batch_norm_loops.h"
 #include "backend/cpu/cpu_kernels.h"
@@ -93,6 +96,54 @@ absl::Status WriteDoubles(KernelContext& ctx, int index, const std::vector<int64
   return absl::OkStatus();
 }
 
+// Synchronised BatchNormalization (--sync-batchnorm, Backend::
+// cross_rank_sum): the statistics of the global batch, summed across the
+// ranks in the same two passes one process makes over the whole batch:
+// each channel's sum and the count, then the squared deviations around the
+// global mean. `count` is the global batch's values per channel.
+absl::Status GlobalBatchStatistics(KernelContext& ctx, const common::BatchNormGeometry& geometry,
+                                   std::vector<double>& mean, std::vector<double>& var,
+                                   double* count) {
+  const TensorView& x = ctx.input(0);
+  const Backend::CrossRankSum& across_ranks = ctx.backend().cross_rank_sum();
+  const int64_t batch = geometry.batch, features = geometry.features, inner = geometry.inner;
+  std::vector<double> sums(static_cast<size_t>(features) + 1);
+  // Per channel: the sum of x, or of (x - mean)^2 once `centre` is set.
+  const std::vector<double>* centre = nullptr;
+  auto channel_sums = [&] {
+    return DispatchFloat(x.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const T* xp = x.as<T>();
+      ParallelFor(0, features, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t f = lo; f < hi; ++f) {
+          const double m = centre == nullptr ? 0.0 : (*centre)[f];
+          LaneSums<1, kWideSumLanes> sum;
+          for (int64_t n = 0; n < batch; ++n) {
+            const T* row = xp + (n * features + f) * inner;
+            sum.Add(inner, [&](int64_t i) {
+              const double v = LoadD(row[i]);
+              return std::array<double, 1>{centre == nullptr ? v : (v - m) * (v - m)};
+            });
+          }
+          sums[f] = sum.Total(0);
+        }
+      });
+    });
+  };
+  if (!channel_sums()) return ctx.Unimplemented(absl::StrCat("dtype ", DTypeName(x.dtype)));
+  sums[features] = static_cast<double>(batch * inner);
+  const std::string what =
+      absl::StrCat("the batch statistics of BatchNormalization node '", ctx.node().name(), "'");
+  CASTOR_RETURN_IF_ERROR(across_ranks(sums.data(), sums.size(), what));
+  *count = sums[features];
+  for (int64_t f = 0; f < features; ++f) mean[f] = *count > 0 ? sums[f] / *count : 0.0;
+  centre = &mean;
+  channel_sums();
+  CASTOR_RETURN_IF_ERROR(across_ranks(sums.data(), static_cast<size_t>(features), what));
+  for (int64_t f = 0; f < features; ++f) var[f] = *count > 0 ? sums[f] / *count : 0.0;
+  return absl::OkStatus();
+}
+
 absl::Status BatchNormKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
   CASTOR_ASSIGN_OR_RETURN(const common::BatchNormGeometry geometry, common::PlanBatchNorm(ctx));
@@ -116,7 +167,15 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
   };
   bool ok = true;
   bool y_written = false;
-  if (training) {
+  double running_var_factor = geometry.running_var_factor;
+  if (training && ctx.backend().cross_rank_sum()) {
+    double global_count = 0;
+    CASTOR_RETURN_IF_ERROR(GlobalBatchStatistics(ctx, geometry, mean, var, &global_count));
+    // castor's training form: the unbiased variance of the global batch.
+    if (running_var_factor != 1.0 && global_count > 1) {
+      running_var_factor = global_count / (global_count - 1);
+    }
+  } else if (training) {
     // Batch statistics per feature (two passes, float64).
     const double count = static_cast<double>(batch * inner);
     if (x.dtype == DType::kFloat32) {
@@ -207,7 +266,7 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
   for (int64_t f = 0; f < features; ++f) {
     running_mean[f] = input_mean[f] * momentum + mean[f] * (1.0 - momentum);
     running_var[f] =
-        input_var[f] * momentum + var[f] * geometry.running_var_factor * (1.0 - momentum);
+        input_var[f] * momentum + var[f] * running_var_factor * (1.0 - momentum);
   }
   const std::vector<int64_t>& stats_dims = ctx.input(3).dims;
   // Opset 14+: (running_mean, running_var); before: (mean, var, saved_mean,

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backend/backend.h"
 #include "backend/common/op_geometry.h"
 #include "backend/cpu/batch_norm_loops.h"
 #include "backend/cpu/cpu_kernels.h"
@@ -119,6 +120,66 @@ CASTOR_SIMD16_TARGET void LayerNormGradRowAvx512(
 
 // ---- BatchNormalizationGrad --------------------------------------------------
 
+// Synchronised BatchNormalization's gradient (--sync-batchnorm): the mean,
+// variance and the sums of dY and dY * x_hat over the global batch, summed
+// across the ranks, give dX as one process would compute it for its share
+// of the whole batch. Scale's and B's gradients stay this rank's sums: the
+// data-parallel step averages them with the other gradients, which makes
+// them the global batch's.
+absl::Status SyncBatchNormGrad(KernelContext& ctx, const common::BatchNormGradGeometry& geometry,
+                               double epsilon, const Float32In& xf, const Float32In& dyf,
+                               const Float32In& scale, std::optional<Float32Out>& dx,
+                               std::vector<double>& d_scale, std::vector<double>& d_bias) {
+  const Backend::CrossRankSum& across_ranks = ctx.backend().cross_rank_sum();
+  const int64_t batch = geometry.batch, channels = geometry.channels, inner = geometry.inner;
+  const int64_t stride = channels * inner;
+  const std::string what = absl::StrCat("the gradient sums of BatchNormalizationGrad node '",
+                                        ctx.node().name(), "'");
+  std::vector<double> sums(static_cast<size_t>(channels) + 1);
+  ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t c = lo; c < hi; ++c) {
+      sums[c] = ChannelSum(xf.data() + c * inner, batch, stride, inner);
+    }
+  });
+  sums[channels] = static_cast<double>(batch * inner);
+  CASTOR_RETURN_IF_ERROR(across_ranks(sums.data(), sums.size(), what));
+  const double count = sums[channels];
+  std::vector<double> mean(static_cast<size_t>(channels));
+  for (int64_t c = 0; c < channels; ++c) mean[c] = count > 0 ? sums[c] / count : 0.0;
+  // Per channel: sum (x - mean)^2, sum dY, sum dY * (x - mean).
+  std::vector<double> local(3 * static_cast<size_t>(channels));
+  ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t c = lo; c < hi; ++c) {
+      const std::array<double, 3> s = ChannelGradientSums(
+          xf.data() + c * inner, dyf.data() + c * inner, batch, stride, inner, mean[c]);
+      std::copy(s.begin(), s.end(), local.begin() + 3 * c);
+    }
+  });
+  std::vector<double> global = local;
+  CASTOR_RETURN_IF_ERROR(across_ranks(global.data(), global.size(), what));
+  ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t c = lo; c < hi; ++c) {
+      const double var = count > 0 ? global[3 * c] / count : 0.0;
+      const double inv_std = 1.0 / std::sqrt(var + epsilon);
+      d_bias[c] = local[3 * c + 1];
+      d_scale[c] = local[3 * c + 2] * inv_std;
+      if (!dx.has_value()) continue;
+      const float a = static_cast<float>(scale.data()[c] * inv_std);
+      const float mean_dy = static_cast<float>(count > 0 ? global[3 * c + 1] / count : 0.0);
+      const float mean_dy_xhat =
+          static_cast<float>(count > 0 ? global[3 * c + 2] * inv_std / count : 0.0);
+      for (int64_t n = 0; n < batch; ++n) {
+        BatchNormInputGradient(xf.data() + c * inner + n * stride,
+                               dyf.data() + c * inner + n * stride,
+                               dx->data() + c * inner + n * stride, inner, a,
+                               static_cast<float>(mean[c]), static_cast<float>(inv_std),
+                               mean_dy, mean_dy_xhat);
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
 absl::Status BatchNormGradKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(1);
   const TensorView& scale_view = ctx.input(2);
@@ -136,6 +197,12 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
   if (WantsOutput(ctx, 0)) {
     CASTOR_ASSIGN_OR_RETURN(TensorView * dx_view, ctx.Output(0, x.dtype, x.dims));
     dx.emplace(dx_view, /*overwritten=*/true);
+  }
+  if (ctx.backend().cross_rank_sum()) {
+    CASTOR_RETURN_IF_ERROR(
+        SyncBatchNormGrad(ctx, geometry, epsilon, xf, dyf, scale, dx, d_scale, d_bias));
+    if (dx.has_value()) dx->Finish();
+    return WriteScaleBiasGrads(ctx, scale_view.dtype, scale_view.dims, d_scale, d_bias);
   }
   // Per channel: the sums, then its dX while X and dY are still in cache.
   ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
