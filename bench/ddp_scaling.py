@@ -39,33 +39,16 @@ import sys
 import tempfile
 import time
 
-SAMPLE_MODELS = ["cnn", "mlp", "resnet", "transformer"]
-DEFAULT_STEPS = {"cnn": 30, "mlp": 50, "resnet": 10, "transformer": 20}
+# The sample models, their default step counts, the CPU's name and the
+# IDX files: as train_vs_torch.py has them (it loads no torch on import).
+from train_vs_torch import DEFAULT_STEPS, SAMPLE_MODELS, cpu_model, find_idx
+
 RUNS = [  # (name, ranks, threads per rank, extra flags)
     ("1 rank x 1 thread", 1, 1, []),
     ("2 ranks x 1 thread", 2, 1, []),
     ("2 ranks, one allreduce", 2, 1, ["--bucket-mb", "0"]),
     ("1 rank x 2 threads", 1, 2, []),
 ]
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
-def find_idx(data_dir, stem):
-    for name in (stem + ".gz", stem):
-        path = os.path.join(data_dir, name)
-        if os.path.exists(path):
-            return path
-    raise FileNotFoundError("%s: no %s[.gz]" % (data_dir, stem))
 
 
 def run(binary, model_path, data_spec, policy, batch, warmup, steps, ranks, threads, extra,
