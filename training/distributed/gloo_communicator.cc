@@ -9,7 +9,6 @@
 // connect Gloo's TCP pairs (a full mesh). Collectives run with the timeout,
 // so a rank that died or hangs fails its peers' next collective.
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
