@@ -43,6 +43,7 @@
 #include "training/distributed/launcher.h"
 #include "training/npy.h"
 #include "training/trainer.h"
+#include "training/training_backend.h"
 
 namespace castor::tools {
 namespace {
@@ -118,6 +119,20 @@ TEST(DistributedConfigTest, ReadsMpiLaunchersVariables) {
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ((*config)->rank, 0);
   EXPECT_EQ((*config)->master_port, 29600);
+  // Where the ranks sit: the launcher's local variables, else one host.
+  config = ConfigOf({{"RANK", "5"},
+                     {"WORLD_SIZE", "8"},
+                     {"LOCAL_RANK", "1"},
+                     {"LOCAL_WORLD_SIZE", "4"},
+                     {"MASTER_ADDR", "node0"},
+                     {"MASTER_PORT", "29500"}});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ((*config)->local_rank, 1);
+  EXPECT_EQ((*config)->local_world_size, 4);
+  config = ConfigOf({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ((*config)->local_rank, 1);
+  EXPECT_EQ((*config)->local_world_size, 2);
   // mpirun -np 1: a run on its own.
   config = ConfigOf({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"}});
   ASSERT_TRUE(config.ok()) << config.status();
@@ -139,6 +154,13 @@ TEST(DistributedConfigTest, BadConfigurationsNameTheVariable) {
            {{{"RANK", "0"}, {"WORLD_SIZE", "2"}}, "rank 0 of 2: MASTER_PORT=(unset)"},
            {{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}},
             "rank 1 of 2: MASTER_PORT=70000: expected the port rank 0 listens on"},
+           {{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}, {"LOCAL_RANK", "2"}},
+            "rank 1 of 2: LOCAL_RANK=2: expected an integer in [0, 2)"},
+           {{{"RANK", "1"},
+             {"WORLD_SIZE", "2"},
+             {"MASTER_PORT", "1"},
+             {"LOCAL_WORLD_SIZE", "3"}},
+            "rank 1 of 2: LOCAL_WORLD_SIZE=3: expected an integer in [1, 2]"},
            {{{"OMPI_COMM_WORLD_RANK", "0"}}, "OMPI_COMM_WORLD_RANK is set but "
                                              "OMPI_COMM_WORLD_SIZE is not"},
            {{{"PMI_RANK", "5"}, {"PMI_SIZE", "4"}}, "PMI_RANK=5: expected an integer in [0, 4)"},
@@ -154,6 +176,17 @@ TEST(DistributedConfigTest, BadConfigurationsNameTheVariable) {
     EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(config.status().message(), HasSubstr(c.message));
   }
+}
+
+// A GPU run gives each rank on a host a device of its own.
+TEST(RankPlacementTest, EachRankOnAHostNeedsADevice) {
+  EXPECT_TRUE(training::CheckDevicesForRanks(0, {0, 1}).ok());  // alone: no demand
+  EXPECT_TRUE(training::CheckDevicesForRanks(8, {3, 8}).ok());
+  EXPECT_TRUE(training::CheckDevicesForRanks(4, {1, 2}).ok());
+  const absl::Status short_of_devices = training::CheckDevicesForRanks(1, {1, 2});
+  EXPECT_EQ(short_of_devices.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(short_of_devices.message(),
+              HasSubstr("2 data-parallel ranks on this host but 1 CUDA device(s)"));
 }
 
 // --- shards ----------------------------------------------------------------------

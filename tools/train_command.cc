@@ -722,6 +722,7 @@ struct Session {
   // This process's place in a data-parallel run (0 of 1 on its own).
   int rank = 0;
   int world_size = 1;
+  training::RankPlacement placement;  // this rank's device on a GPU host
   distributed::Communicator* communicator = nullptr;  // null on its own
   Backend& backend() const { return *chosen.backend; }
 };
@@ -735,7 +736,7 @@ absl::Status ChooseBackend(TrainOptions& o, const Start& start, const Prepared& 
   cuda_options.allow_tf32 = o.tf32;
   absl::StatusOr<training::ChosenBackend> chosen = training::ChooseTrainingBackend(
       o.backend, static_cast<int>(o.threads), {&prepared.model, prepared.graph.evaluation.get()},
-      cuda_options);
+      cuda_options, session.placement);
   if (!chosen.ok()) return BadInput(chosen.status().message());
   session.chosen = *std::move(chosen);
   if (!session.chosen.note.empty()) err << "castor train: " << session.chosen.note << "\n";
@@ -1193,6 +1194,7 @@ struct DataParallelGroup {
   std::unique_ptr<distributed::Communicator> communicator;
   int rank = 0;
   int world_size = 1;
+  training::RankPlacement placement;  // on this host
   // `status` with "rank R of N: " in front, in a group (unless it names
   // this rank already).
   absl::Status Named(const absl::Status& status) const {
@@ -1226,6 +1228,7 @@ absl::StatusOr<DataParallelGroup> JoinDataParallelGroup(const TrainOptions& o) {
   if (!config->has_value()) return group;
   group.rank = (*config)->rank;
   group.world_size = (*config)->world_size;
+  group.placement = {(*config)->local_rank, (*config)->local_world_size};
   absl::StatusOr<std::unique_ptr<distributed::Communicator>> communicator =
       distributed::Connect(**config);
   if (!communicator.ok()) {
@@ -1492,6 +1495,7 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   Session session;
   session.rank = group->rank;
   session.world_size = group->world_size;
+  session.placement = group->placement;
   session.communicator = group->communicator.get();
   if (session.rank != 0) {  // metrics and checkpoints come from rank 0
     o.metrics_path.clear();

@@ -41,9 +41,20 @@ absl::Status CudaCanRun(const std::vector<const Model*>& graphs) {
 
 }  // namespace
 
+absl::Status CheckDevicesForRanks(int device_count, const RankPlacement& placement) {
+  if (placement.local_world_size <= 1 || device_count >= placement.local_world_size) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      placement.local_world_size, " data-parallel ranks on this host but ", device_count,
+      " CUDA device(s): each rank needs a device of its own (start as many ranks per host as "
+      "it has GPUs, or train on the CPU with --backend cpu)"));
+}
+
 absl::StatusOr<ChosenBackend> ChooseTrainingBackend(const std::string& flag, int cpu_threads,
                                                     const std::vector<const Model*>& graphs,
-                                                    const CudaBackendOptions& cuda_options) {
+                                                    const CudaBackendOptions& cuda_options,
+                                                    const RankPlacement& placement) {
   ChosenBackend chosen;
   auto cpu = [&](std::string note) {
     chosen.backend = std::make_unique<CpuBackend>(CpuBackendOptions{cpu_threads});
@@ -59,8 +70,11 @@ absl::StatusOr<ChosenBackend> ChooseTrainingBackend(const std::string& flag, int
   const CudaProbe probe = ProbeCuda();
   absl::Status usable = probe.usable ? CudaCanRun(graphs)
                                      : absl::FailedPreconditionError(DescribeCudaProbe(probe));
+  if (usable.ok()) usable = CheckDevicesForRanks(probe.device_count, placement);
+  CudaBackendOptions options = cuda_options;
+  if (placement.local_world_size > 1) options.device = placement.local_rank;
   absl::StatusOr<std::unique_ptr<Backend>> created =
-      usable.ok() ? CreateCudaBackend(cuda_options)
+      usable.ok() ? CreateCudaBackend(options)
                   : absl::StatusOr<std::unique_ptr<Backend>>(usable);
   if (!created.ok()) {
     if (required) {

@@ -16,11 +16,11 @@ std::string RankPrefix(int rank, int world_size) {
 
 const std::vector<Launcher>& Launchers() {
   static const std::vector<Launcher> launchers = {
-      {"torchrun", kRankEnv, kWorldSizeEnv, nullptr, 0},
+      {"torchrun", kRankEnv, kWorldSizeEnv, "LOCAL_RANK", "LOCAL_WORLD_SIZE", 0},
       {"Open MPI's mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-       "OMPI_COMM_WORLD_LOCAL_SIZE", kDefaultMasterPort},
-      {"MPICH's or Intel MPI's mpiexec", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS",
-       kDefaultMasterPort},
+       "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", kDefaultMasterPort},
+      {"MPICH's or Intel MPI's mpiexec", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
+       "MPI_LOCALNRANKS", kDefaultMasterPort},
   };
   return launchers;
 }
@@ -67,21 +67,38 @@ absl::StatusOr<std::optional<DistributedConfig>> ConfigFromEnvironment(
   }
   if (config.world_size == 1) return std::nullopt;
   const std::string prefix = RankPrefix(config.rank, config.world_size);
+  // The ranks on this host, when the launcher says.
+  config.local_rank = config.rank;
+  config.local_world_size = config.world_size;
+  const char* local_rank_text = get(launcher->local_rank_variable);
+  const char* local_size_text = get(launcher->local_size_variable);
+  if (local_size_text != nullptr &&
+      (!absl::SimpleAtoi(local_size_text, &config.local_world_size) ||
+       config.local_world_size < 1 || config.local_world_size > config.world_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, launcher->local_size_variable, "=", local_size_text,
+                     ": expected an integer in [1, ", config.world_size, "] (the ranks on "
+                     "this host)"));
+  }
+  // A local size without a local rank: ranks placed host by host.
+  if (local_rank_text == nullptr) config.local_rank = config.rank % config.local_world_size;
+  if (local_rank_text != nullptr &&
+      (!absl::SimpleAtoi(local_rank_text, &config.local_rank) || config.local_rank < 0 ||
+       config.local_rank >= config.local_world_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, launcher->local_rank_variable, "=", local_rank_text,
+                     ": expected an integer in [0, ", config.local_world_size, ")"));
+  }
   if (const char* addr = get(kMasterAddrEnv)) {
     config.master_addr = addr;
-  } else if (launcher->local_size_variable != nullptr) {
-    // An MPI launch says how many ranks share this host: fewer than all
-    // means several hosts, where 127.0.0.1 is no meeting point.
-    int local_size = 0;
-    const char* local_text = get(launcher->local_size_variable);
-    if (local_text != nullptr && absl::SimpleAtoi(local_text, &local_size) &&
-        local_size < config.world_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          prefix, "the ", config.world_size, " ranks run on several hosts (",
-          launcher->local_size_variable, "=", local_text,
-          "): set MASTER_ADDR to rank 0's host for every rank (mpirun -x MASTER_ADDR=HOST "
-          "-x MASTER_PORT=PORT)"));
-    }
+  } else if (config.local_world_size < config.world_size) {
+    // Fewer ranks on this host than in all: several hosts, where 127.0.0.1
+    // is no meeting point.
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "the ", config.world_size, " ranks run on several hosts (",
+        launcher->local_size_variable, "=", local_size_text,
+        "): set MASTER_ADDR to rank 0's host for every rank (mpirun -x MASTER_ADDR=HOST "
+        "-x MASTER_PORT=PORT)"));
   }
   const char* port_text = get(kMasterPortEnv);
   if (port_text == nullptr && launcher->default_master_port != 0) {

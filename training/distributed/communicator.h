@@ -38,6 +38,13 @@ struct DistributedConfig {
   int master_port = 0;
   // How long a rendezvous or a collective may wait for the other ranks.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // This rank's place among the ranks on its host (a GPU run gives each
+  // its own device); without the launcher's variables, the group is taken
+  // to be one host (local_rank = rank, local_world_size = world_size), and
+  // with a local size but no local rank, ranks placed host by host
+  // (local_rank = rank % local_world_size).
+  int local_rank = 0;
+  int local_world_size = 1;
 };
 
 // The environment variables that make a run one rank of a group.
@@ -54,14 +61,16 @@ struct Launcher {
   const char* name;
   const char* rank_variable;
   const char* world_size_variable;
-  // The number of ranks on this host (MPI launchers), or nullptr.
+  // This rank's index and the number of ranks on this host.
+  const char* local_rank_variable;
   const char* local_size_variable;
   // MASTER_PORT when unset, or 0: MASTER_PORT is required.
   int default_master_port;
 };
-// torchrun (RANK, WORLD_SIZE), Open MPI's mpirun (OMPI_COMM_WORLD_RANK,
-// OMPI_COMM_WORLD_SIZE) and MPICH's/Intel MPI's Hydra mpiexec (PMI_RANK,
-// PMI_SIZE), in the order ConfigFromEnvironment looks for them.
+// torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), Open MPI's
+// mpirun (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE) and
+// MPICH's/Intel MPI's Hydra mpiexec (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID,
+// MPI_LOCALNRANKS), in the order ConfigFromEnvironment looks for them.
 const std::vector<Launcher>& Launchers();
 
 // Reads the first launcher's rank and world size that are set, MASTER_ADDR
@@ -70,8 +79,9 @@ const std::vector<Launcher>& Launchers();
 // no launcher's variables are set (a run on its own), and for a world size
 // of 1. InvalidArgument naming the variable and what was expected when one
 // of rank and world size is set without the other, a value is no integer,
-// the rank is not in [0, world size), a group of several has no MASTER_PORT
-// in [1, 65535], or an MPI launch spans several hosts without MASTER_ADDR.
+// the rank is not in [0, world size), the local rank is not in [0, local
+// size), a group of several has no MASTER_PORT in [1, 65535], or the ranks
+// span several hosts (local size below the world size) without MASTER_ADDR.
 absl::StatusOr<std::optional<DistributedConfig>> ConfigFromEnvironment(
     std::chrono::milliseconds timeout,
     const std::function<const char*(const char*)>& lookup = nullptr);
