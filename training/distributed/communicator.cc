@@ -80,11 +80,11 @@ absl::StatusOr<std::optional<DistributedConfig>> ConfigFromEnvironment(
                      ": expected an integer in [1, ", config.world_size, "] (the ranks on "
                      "this host)"));
   }
-  // A local size without a local rank: ranks placed host by host.
-  if (local_rank_text == nullptr) config.local_rank = config.rank % config.local_world_size;
-  if (local_rank_text != nullptr &&
-      (!absl::SimpleAtoi(local_rank_text, &config.local_rank) || config.local_rank < 0 ||
-       config.local_rank >= config.local_world_size)) {
+  if (local_rank_text == nullptr) {
+    // No local rank (with a local size, or none): ranks placed host by host.
+    config.local_rank = config.rank % config.local_world_size;
+  } else if (!absl::SimpleAtoi(local_rank_text, &config.local_rank) || config.local_rank < 0 ||
+             config.local_rank >= config.local_world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat(prefix, launcher->local_rank_variable, "=", local_rank_text,
                      ": expected an integer in [0, ", config.local_world_size, ")"));
