@@ -280,10 +280,6 @@ absl::Status Trainer::AverageAcrossRanks(const std::vector<TensorView>& outputs)
     }
   }
   CASTOR_RETURN_IF_ERROR(buckets_->Finish());
-  last_allreduce_.allreduce_bytes = buckets_->bytes();
-  last_allreduce_.allreduce_seconds = buckets_->allreduce_seconds();
-  last_allreduce_.allreduce_wait_seconds = buckets_->wait_seconds();
-  last_allreduce_.allreduce_buckets = buckets_->buckets();
   for (int k = 0; k < static_cast<int>(outputs.size()); ++k) {
     if (!Averaged(k)) continue;
     const TensorView& view = outputs[static_cast<size_t>(k)];
@@ -469,11 +465,12 @@ absl::StatusOr<StepResult> Trainer::FinishStep(const std::vector<TensorView>& ou
   result.loss_scale = decided.scale_used;
   result.lr = decided.update.lr;
   result.grad_norm = decided.grad_norm;
-  result.allreduce_bytes = last_allreduce_.allreduce_bytes;
-  result.allreduce_seconds = last_allreduce_.allreduce_seconds;
-  result.allreduce_wait_seconds = last_allreduce_.allreduce_wait_seconds;
-  result.allreduce_buckets = last_allreduce_.allreduce_buckets;
-  last_allreduce_ = StepResult{};
+  if (buckets_ != nullptr) {  // this step's (data-parallel steps are never replayed)
+    result.allreduce_bytes = buckets_->bytes();
+    result.allreduce_seconds = buckets_->allreduce_seconds();
+    result.allreduce_wait_seconds = buckets_->wait_seconds();
+    result.allreduce_buckets = buckets_->buckets();
+  }
   if (!result.skipped) {
     eval_stale_ = true;
     return result;

@@ -264,7 +264,6 @@ class Trainer {
   std::unique_ptr<distributed::BucketedAllreduce> buckets_;  // with a communicator
   std::vector<uint16_t> staged_bits_;  // 16-bit gradients on their way to float32
   bool staging_gradients_ = false;     // the step's run: its outputs go to the buckets
-  StepResult last_allreduce_;          // this step's allreduce figures, for its StepResult
   // Replay: the feed signatures of node-by-node steps that ran (a repeat is
   // recorded), and the recording, declared last so that it goes first (it
   // uses the executor's buffers and the backend's stream).
