@@ -1,16 +1,16 @@
-// The CPU backend's bfloat16 Conv and ConvGrad on the native bfloat16 GEMM
-// (backend/cpu/conv.cc RunConvBFloat16Native, conv_grad.cc
-// RunConvGradBFloat16Native: columns unrolled in bfloat16, AVX512-BF16 or
-// AMX products summed in float32) against the widened path (16-bit widened
-// to float32, sgemm or grid products), which stays the fallback and the
-// reference, on odd sizes and tails (channels, K and output widths that are
-// no multiple of 2 or 16), groups, strides, pads, dilations, 1-D and 3-D,
-// pointwise, and Inf/NaN inputs; and both against float64 references of
-// the same bfloat16 inputs (the forward pass takes the native GEMM where
-// conv.cc's NativeConvPays: pointwise, 1-D and 3-D here; 2-D 3x3 convs keep
-// the grid products). castor's com.castor Conv (the training graph's form)
-// runs the same kernel. Skips the native comparisons where the CPU
-// has neither AVX512-BF16 nor AMX.
+// The CPU backend's native bfloat16 Conv and ConvGrad (backend/cpu/conv.cc,
+// conv_grad.cc: 2-D convs on the grid's bfloat16 products where the CPU has
+// AVX512-BF16, two channels per VDPBF16PS word; the others on the native
+// bfloat16 GEMM, columns unrolled in bfloat16, AVX512-BF16 or AMX products;
+// float32 sums either way) against the widened path (16-bit widened to
+// float32, sgemm or float32 grid products), which stays the fallback and
+// the reference, on odd sizes and tails (odd channel counts, so a channel
+// pairs with zeros; K and output widths that are no multiple of 2 or 16),
+// groups, strides, pads, dilations, 1-D and 3-D, pointwise, and Inf/NaN
+// inputs; and both against float64 references of the same bfloat16
+// inputs. castor's com.castor Conv (the training graph's form) runs the
+// same kernel. Skips the native comparisons where the CPU has neither
+// AVX512-BF16 nor AMX.
 #include <cmath>
 #include <limits>
 #include <string>
@@ -154,6 +154,56 @@ TEST(CpuConvBfloat16, NativePropagatesInfAndNaNAsWidened) {
   for (double v : Values(native)) non_finite += !std::isfinite(v);
   EXPECT_GT(non_finite, 10);
   ExpectCloseBfloat16(native, widened, 1, 1e-5, "native vs widened with Inf/NaN");
+}
+
+// bfloat16 subnormals count as zero in the native products (VDPBF16PS,
+// AMX), where the widened path keeps them: X of subnormals alone gives the
+// bias exactly there, and the bias plus products below 1e-30 widened.
+TEST(CpuConvBfloat16, NativeCountsSubnormalsAsZero) {
+  if (!NativeAvailable()) GTEST_SKIP() << "no AVX512-BF16 or AMX on this CPU";
+  const ConvCase c{{2, 4, 7, 9}, {3, 4, 3, 3}, 1, {}, {}, {1, 1, 1, 1}};
+  std::vector<double> x = Random(Count(c.x_dims), 95);
+  for (double& v : x) v *= 1e-39;  // bfloat16 subnormals (below 1.2e-38)
+  const std::vector<Tensor> inputs = {Make(DType::kBFloat16, c.x_dims, x),
+                                      Make(DType::kBFloat16, c.w_dims, Random(Count(c.w_dims), 96)),
+                                      Make(DType::kBFloat16, {3}, {0.5, -0.25, 2.0})};
+  int subnormal = 0;
+  for (double v : Values(inputs[0])) subnormal += v != 0.0 && std::fabs(v) < 1.2e-38;
+  ASSERT_GT(subnormal, 200);
+  const Tensor native = WithNative(true, [&] { return RunOk("Conv", inputs, Attrs(c), 22)[0]; });
+  const Tensor widened = WithNative(false, [&] { return RunOk("Conv", inputs, Attrs(c), 22)[0]; });
+  const std::vector<double> got = Values(native), wide = Values(widened);
+  const double bias[] = {0.5, -0.25, 2.0};
+  const int64_t positions = 7 * 9;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double b = bias[(i / positions) % 3];
+    ASSERT_EQ(got[i], b) << i;
+    ASSERT_NEAR(wide[i], b, 1e-30) << i;
+  }
+}
+
+// dY with Inf and NaN: the native gradients are non-finite exactly where
+// the widened ones are (Inf times a pad's zero is NaN in both).
+TEST(CpuConvBfloat16, GradientsPropagateInfAndNaNAsWidened) {
+  if (!NativeAvailable()) GTEST_SKIP() << "no AVX512-BF16 or AMX on this CPU";
+  const ConvCase c{{2, 3, 9, 8}, {5, 3, 3, 3}, 1, {}, {}, {1, 1, 1, 1}};
+  const Tensor x = Make(DType::kBFloat16, c.x_dims, Random(Count(c.x_dims), 97));
+  const Tensor w = Make(DType::kBFloat16, c.w_dims, Random(Count(c.w_dims), 98));
+  std::vector<double> dy_values = Random(2 * 5 * 9 * 8, 99);
+  dy_values[11] = std::numeric_limits<double>::infinity();
+  dy_values[200] = std::numeric_limits<double>::quiet_NaN();
+  dy_values[500] = -std::numeric_limits<double>::infinity();
+  const Tensor dy = Make(DType::kBFloat16, {2, 5, 9, 8}, dy_values);
+  auto run = [&] { return RunOk("ConvGrad", {dy, x, w}, Attrs(c), 1, 3, kCastorDomain); };
+  const std::vector<Tensor> native = WithNative(true, run);
+  const std::vector<Tensor> widened = WithNative(false, run);
+  const char* names[] = {"dX", "dW", "dB"};
+  for (int i = 0; i < 3; ++i) {
+    int non_finite = 0;
+    for (double v : Values(native[i])) non_finite += !std::isfinite(v);
+    EXPECT_GT(non_finite, 0) << names[i];
+    ExpectCloseBfloat16(native[i], widened[i], 1, 1e-3, names[i]);
+  }
 }
 
 TEST(CpuConvBfloat16, GradientsNativeMatchWidened) {

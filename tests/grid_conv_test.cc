@@ -7,8 +7,11 @@
 // overlapping whole vector, and on a line shorter than a vector under a
 // mask: the shapes have both for each instruction set), several images in
 // one filter-gradient product, and non-finite values at the grid positions
-// the products must not read. Also FillGrid's vector plane copy and
-// SpreadRow (im2col.h) against the expected values.
+// the products must not read. The bfloat16 products (VDPBF16PS, where the
+// CPU has AVX512-BF16) the same way, against float64 sums of the bfloat16
+// values: pair depths with an odd last row, and lines of 32-position
+// vectors, overlapped and masked tails. Also FillGrid's vector plane copy
+// and SpreadRow (im2col.h) against the expected values.
 #include "backend/cpu/grid_conv.h"
 
 #include <cmath>
@@ -20,6 +23,7 @@
 #include <vector>
 
 #include "backend/cpu/im2col.h"
+#include "graph/half.h"
 #include "gtest/gtest.h"
 
 namespace castor::cpu {
@@ -243,6 +247,143 @@ TEST(GridConv, FilterGradAccumulatesFloat64SumsOnEveryInstructionSet) {
             }
             ASSERT_NEAR(got, want, 4e-7 * magnitude + 1e-7) << "dW row " << m << " column " << k;
           }
+        }
+      }
+    }
+  }
+}
+
+// The bfloat16 bits nearest each float, and the floats they stand for.
+std::vector<uint16_t> BFloat16BitsOf(const std::vector<float>& v) {
+  std::vector<uint16_t> bits;
+  for (float x : v) bits.push_back(FloatToBFloat16Bits(x));
+  return bits;
+}
+float Rounded(float x) { return BFloat16BitsToFloat(FloatToBFloat16Bits(x)); }
+
+TEST(GridConvBFloat16, ForwardPairsMatchFloat64Sums) {
+  if (!UseGridBFloat16Products()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(Describe(GridIsa::kAvx512, s));
+    std::mt19937 rng(7);
+    // Gathered rows (NaN and Inf past each line) paired two by two: pair
+    // row k holds rows 2k and 2k + 1 (zeros for a missing odd row).
+    const Gathered g = MakeGathered(s.depth, s.count, s.width, s.extra, rng);
+    const int64_t pairs = (s.depth + 1) / 2;
+    const int64_t plane = s.count * g.lines.gathered_stride;
+    const std::vector<uint16_t> g_bits = BFloat16BitsOf(g.data);
+    std::vector<uint32_t> b(static_cast<size_t>(pairs * plane + kGridReadSlack), 0);
+    std::vector<int64_t> b_rows;
+    for (int64_t k = 0; k < pairs; ++k) {
+      b_rows.push_back(k * plane);
+      for (int64_t q = 0; q < plane; ++q) {
+        const uint16_t first = g_bits[g.rows[2 * k] + q];
+        const uint16_t second = 2 * k + 1 < s.depth ? g_bits[g.rows[2 * k + 1] + q] : 0;
+        b[k * plane + q] = BFloat16Pair(first, second);
+      }
+    }
+    const int64_t lda = pairs + 3;
+    const std::vector<float> a_values = Random(s.rows * 2 * lda, rng);
+    std::vector<uint32_t> a(static_cast<size_t>(s.rows * lda));
+    for (int64_t m = 0; m < s.rows; ++m) {
+      for (int64_t k = 0; k < lda; ++k) {
+        const float first = a_values[(m * lda + k) * 2];
+        const float second = 2 * k + 1 < s.depth ? a_values[(m * lda + k) * 2 + 1] : 0.0f;
+        a[m * lda + k] = BFloat16Pair(FloatToBFloat16Bits(first), FloatToBFloat16Bits(second));
+      }
+    }
+    const std::vector<float> init = Random(s.rows, rng);
+    const int64_t ld_out = s.count * s.width + 5;
+    std::vector<float> out(static_cast<size_t>(s.rows * ld_out), -7.0f);
+    GridConvForwardBFloat16Pairs(s.rows, pairs, a.data(), lda, b.data(), b_rows.data(), g.lines,
+                                 init.data(), out.data(), ld_out);
+    for (int64_t m = 0; m < s.rows; ++m) {
+      for (int64_t q = 0; q < ld_out; ++q) {
+        const float got = out[m * ld_out + q];
+        if (q >= s.count * s.width) {
+          ASSERT_EQ(got, -7.0f) << "row " << m << " position " << q << " was written";
+          continue;
+        }
+        const int64_t l = q / s.width, j = q % s.width;
+        double want = init[m];
+        double magnitude = std::fabs(init[m]);
+        for (int64_t k = 0; k < s.depth; ++k) {
+          const double term =
+              static_cast<double>(Rounded(a_values[(m * lda + k / 2) * 2 + k % 2])) *
+              Rounded(g.data[g.rows[k] + l * g.lines.gathered_stride + j]);
+          want += term;
+          magnitude += std::fabs(term);
+        }
+        ASSERT_NEAR(got, want, 4e-7 * magnitude + 1e-7) << "row " << m << " position " << q;
+      }
+    }
+  }
+}
+
+TEST(GridConvBFloat16, FilterGradAccumulatesFloat64Sums) {
+  if (!UseGridBFloat16Products()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  // kShapes, and lines around one 32-position vector: exactly one, one and
+  // a masked few (overlapped tail), two and a bit.
+  std::vector<Shape> shapes(std::begin(kShapes), std::end(kShapes));
+  shapes.push_back({5, 7, 3, 32, 1});
+  shapes.push_back({4, 6, 2, 35, 3});
+  shapes.push_back({2, 13, 2, 70, 2});
+  for (const Shape& s : shapes) {
+    for (const int64_t images : {1, 3}) {
+      SCOPED_TRACE(Describe(GridIsa::kAvx512, s) + " images " + std::to_string(images));
+      std::mt19937 rng(11);
+      std::vector<float> b;
+      std::vector<int64_t> rows;
+      GridLines lines;
+      int64_t b_image_stride = 0;
+      for (int64_t i = 0; i < images; ++i) {
+        const Gathered g = MakeGathered(s.depth, s.count, s.width, s.extra, rng);
+        b.insert(b.end(), g.data.begin(), g.data.end());
+        rows = g.rows;
+        lines = g.lines;
+        b_image_stride = static_cast<int64_t>(g.data.size());
+      }
+      lines.dense_stride = s.width + 1;
+      const int64_t ld_dy = s.count * lines.dense_stride + 2;
+      const int64_t dy_image_stride = s.rows * ld_dy;
+      std::vector<float> dy = Random(images * dy_image_stride, rng);
+      for (int64_t r = 0; r < images * s.rows; ++r) {
+        for (int64_t q = 0; q < ld_dy; ++q) {
+          if (q >= s.count * lines.dense_stride || q % lines.dense_stride >= s.width) {
+            dy[r * ld_dy + q] = std::numeric_limits<float>::quiet_NaN();
+          }
+        }
+      }
+      const std::vector<uint16_t> b_bits = BFloat16BitsOf(b), dy_bits = BFloat16BitsOf(dy);
+      const int64_t ld_dw = s.depth + 2;
+      const std::vector<float> dw_before = Random(s.rows * ld_dw, rng);
+      std::vector<float> dw = dw_before;
+      GridConvFilterGradBFloat16(s.rows, s.depth, dy_bits.data(), ld_dy, b_bits.data(),
+                                 rows.data(), lines,
+                                 GridImages{images, b_image_stride, dy_image_stride}, dw.data(),
+                                 ld_dw);
+      for (int64_t m = 0; m < s.rows; ++m) {
+        for (int64_t k = 0; k < ld_dw; ++k) {
+          const float got = dw[m * ld_dw + k];
+          if (k >= s.depth) {
+            ASSERT_EQ(got, dw_before[m * ld_dw + k]) << "dW row " << m << " column " << k;
+            continue;
+          }
+          double want = dw_before[m * ld_dw + k];
+          double magnitude = std::fabs(want);
+          for (int64_t i = 0; i < images; ++i) {
+            for (int64_t l = 0; l < s.count; ++l) {
+              for (int64_t j = 0; j < s.width; ++j) {
+                const double term =
+                    static_cast<double>(Rounded(
+                        dy[i * dy_image_stride + m * ld_dy + l * lines.dense_stride + j])) *
+                    Rounded(b[i * b_image_stride + rows[k] + l * lines.gathered_stride + j]);
+                want += term;
+                magnitude += std::fabs(term);
+              }
+            }
+          }
+          ASSERT_NEAR(got, want, 4e-7 * magnitude + 1e-7) << "dW row " << m << " column " << k;
         }
       }
     }

@@ -20,6 +20,13 @@ int64_t WindowGeometry::input_size() const { return Product(input); }
 int64_t WindowGeometry::kernel_size() const { return Product(kernel); }
 int64_t WindowGeometry::output_size() const { return Product(output); }
 
+bool WindowGeometry::pointwise() const {
+  for (int d = 0; d < num_spatial; ++d) {
+    if (strides[d] != 1 || pad_begin[d] != 0 || pad_end[d] != 0 || kernel[d] != 1) return false;
+  }
+  return true;
+}
+
 absl::StatusOr<std::vector<int64_t>> WindowInts(const KernelContext& ctx, const std::string& name,
                                                 size_t count, int64_t fill) {
   if (!ctx.node().has_attribute(name)) return std::vector<int64_t>(count, fill);

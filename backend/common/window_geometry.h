@@ -24,6 +24,9 @@ struct WindowGeometry {
   int64_t input_size() const;   // prod(input)
   int64_t kernel_size() const;  // prod(kernel)
   int64_t output_size() const;  // prod(output)
+  // A 1x1 kernel at unit strides without pads: the input is its own
+  // column matrix (and the output has the input's positions).
+  bool pointwise() const;
 };
 
 // Reads strides, dilations, pads and auto_pad of `ctx`'s node for a forward

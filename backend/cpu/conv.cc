@@ -12,8 +12,11 @@
 // 16-bit inputs are widened to float32 for the GEMM (Conv: X once per
 // (image, group) into per-thread scratch, W and B once per call, with
 // float_io.h's vector conversions); each output is rounded once on store.
-// A bfloat16 Conv where gemm.h has a native bfloat16 kernel (AMX,
-// AVX512-BF16) unrolls its columns in bfloat16 and multiplies them as
+// A 2-D bfloat16 Conv on a CPU with AVX512-BF16 reads the grid in
+// bfloat16, two channels side by side per position, with grid_conv.h's
+// bfloat16 products (VDPBF16PS, float32 sums: RunConvBFloat16OnGrid). Other
+// bfloat16 Convs where gemm.h has a native bfloat16 kernel (AMX,
+// AVX512-BF16) unroll their columns in bfloat16 and multiply them as
 // stored, summing in float32 (RunConvBFloat16Native), where that pays
 // (NativeConvPays: pointwise convs, and shapes without the padded grid's
 // direct products); the widened path is the fallback (CASTOR_AVX512BF16=off,
@@ -146,13 +149,7 @@ void RunConv(const KernelContext& ctx, const common::WindowGeometry& g, int64_t 
   const int nd = g.num_spatial;
   const int64_t line = g.output[nd - 1];
   const int64_t lines = p / line;
-  bool unit_strides = true, no_pads = true, unit_kernel = true;
-  for (int d = 0; d < nd; ++d) {
-    unit_strides = unit_strides && g.strides[d] == 1;
-    no_pads = no_pads && g.pad_begin[d] == 0 && g.pad_end[d] == 0;
-    unit_kernel = unit_kernel && g.kernel[d] == 1;
-  }
-  const bool pointwise = std::is_same_v<T, Acc> && unit_kernel && unit_strides && no_pads;
+  const bool pointwise = std::is_same_v<T, Acc> && g.pointwise();
   const bool grid = !pointwise && PaddedGrid::Applies(g);
   const std::optional<PaddedGrid> padded_grid =
       grid ? std::optional<PaddedGrid>(g) : std::nullopt;
@@ -328,12 +325,7 @@ bool NativeBFloat16Gemm() { return AmxBf16Available() || Avx512Bf16Available(); 
 // and the shapes without grid products take the native GEMM forward. The
 // gradients (conv_grad.cc) take it whatever the shape.
 bool NativeConvPays(const common::WindowGeometry& g) {
-  bool pointwise = true;
-  for (int d = 0; d < g.num_spatial; ++d) {
-    pointwise = pointwise && g.strides[d] == 1 && g.pad_begin[d] == 0 && g.pad_end[d] == 0 &&
-                g.kernel[d] == 1;
-  }
-  return pointwise || !(PaddedGrid::Applies(g) && UseGridProducts());
+  return g.pointwise() || !(PaddedGrid::Applies(g) && UseGridProducts());
 }
 
 // Y = Conv(X, W) + B in bfloat16 on the native bfloat16 GEMM: per (image,
@@ -358,11 +350,7 @@ void RunConvBFloat16Native(const KernelContext& ctx, const common::WindowGeometr
   const int nd = g.num_spatial;
   const int64_t line = g.output[nd - 1];
   const int64_t lines = p / line;
-  bool pointwise = true;
-  for (int d = 0; d < nd; ++d) {
-    pointwise = pointwise && g.strides[d] == 1 && g.pad_begin[d] == 0 && g.pad_end[d] == 0 &&
-                g.kernel[d] == 1;
-  }
+  const bool pointwise = g.pointwise();
   const bool parallel_tasks = batch * group >= NumThreads();
   const int64_t budget = parallel_tasks ? kTileColumnElements : kLargeTileColumnElements;
   int64_t tile_lines = std::clamp<int64_t>(budget / std::max<int64_t>(1, kg * line), 1, lines);
@@ -420,6 +408,98 @@ void RunConvBFloat16Native(const KernelContext& ctx, const common::WindowGeometr
   }
 }
 
+// W_g's entries of a 2-D bfloat16 Conv in channel pairs, for
+// GridConvForwardBFloat16Pairs: pairs[((gi * mg + m) * channel pairs + k) *
+// kernel_size + tap] holds W[gi * mg + m][2k][tap] and W[..][2k + 1][tap]
+// (zeros past the group's channels).
+std::vector<uint32_t> PairedWeights(const BFloat16* w, int64_t out_channels, int64_t cg,
+                                    int64_t kernel_size) {
+  const int64_t pairs = (cg + 1) / 2;
+  std::vector<uint32_t> paired(static_cast<size_t>(out_channels * pairs * kernel_size));
+  for (int64_t m = 0; m < out_channels; ++m) {
+    for (int64_t k = 0; k < pairs; ++k) {
+      for (int64_t tap = 0; tap < kernel_size; ++tap) {
+        const uint16_t first = w[(m * cg + 2 * k) * kernel_size + tap].bits;
+        const uint16_t second =
+            2 * k + 1 < cg ? w[(m * cg + 2 * k + 1) * kernel_size + tap].bits : uint16_t{0};
+        paired[(m * pairs + k) * kernel_size + tap] = BFloat16Pair(first, second);
+      }
+    }
+  }
+  return paired;
+}
+
+// Y = Conv(X, W) + B for a 2-D bfloat16 Conv on VDPBF16PS straight from the
+// padded grid (grid_conv.h's bfloat16 products, where
+// UseGridBFloat16Products): per (image, group) task, X_g is copied in
+// channel pairs onto the pair grid (im2col.h's FillPairGrid), W in pairs
+// once per call; W_g times the grid's column rows plus the bias is summed
+// in float32 into a scratch and rounded once to bfloat16. Tasks and their
+// split across threads as RunConv.
+void RunConvBFloat16OnGrid(const KernelContext& ctx, const common::WindowGeometry& g,
+                           int64_t batch, int64_t channels, int64_t out_channels, int64_t group,
+                           TensorView* y) {
+  const BFloat16* x = ctx.input(0).as<BFloat16>();
+  BFloat16* out = y->as<BFloat16>();
+  std::vector<float> bias(static_cast<size_t>(out_channels), 0.0f);
+  if (ctx.has_input(2)) ToFloat32(ctx.input(2).as<BFloat16>(), bias.data(), out_channels);
+  const int64_t cg = channels / group;
+  const int64_t mg = out_channels / group;
+  const int64_t kernel_size = g.kernel_size();
+  const int64_t pairs = (cg + 1) / 2;
+  const int64_t pair_depth = pairs * kernel_size;
+  const std::vector<uint32_t> w =
+      PairedWeights(ctx.input(1).as<BFloat16>(), out_channels, cg, kernel_size);
+  const PaddedGrid grid(g);
+  std::vector<int64_t> pair_rows;  // pair row k: the pair grid + pair_rows[k]
+  for (int64_t row = 0; row < pair_depth; ++row) pair_rows.push_back(grid.RowOffset(row));
+  const int64_t p = g.output_size();
+  const int64_t in_size = g.input_size();
+  const int64_t line = g.output[1];
+  const int64_t lines = p / line;
+  const bool parallel_tasks = batch * group >= NumThreads();
+  auto maybe_parallel = [&](int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+    if (parallel_tasks) {
+      fn(0, n);
+    } else {
+      ParallelFor(0, n, 1, fn);
+    }
+  };
+  auto run_image = [&](int64_t task) {
+    const int64_t n = task / group, gi = task % group;
+    const BFloat16* xg = x + (n * channels + gi * cg) * in_size;
+    BFloat16* yg = out + (n * out_channels + gi * mg) * p;
+    thread_local std::vector<uint32_t> pair_grid;
+    thread_local std::vector<float> product_scratch;
+    const int64_t grid_size = grid.buffer_size(pairs) + kGridReadSlack;
+    pair_grid.resize(static_cast<size_t>(grid_size));
+    uint32_t* padded = pair_grid.data();
+    maybe_parallel(pairs, [&](int64_t lo, int64_t hi) {
+      FillPairGrid(xg, cg, lo, hi, grid, padded);
+    });
+    std::fill(padded + pairs * grid.channel_size(), padded + grid_size, 0u);
+    product_scratch.resize(static_cast<size_t>(mg * p));
+    float* sums = product_scratch.data();
+    maybe_parallel(lines, [&](int64_t lo, int64_t hi) {
+      GridConvForwardBFloat16Pairs(mg, pair_depth, w.data() + gi * mg * pair_depth, pair_depth,
+                                   padded + lo * grid.cols, pair_rows.data(),
+                                   GridLines{hi - lo, line, grid.cols, line},
+                                   bias.data() + gi * mg, sums + lo * line, p);
+    });
+    maybe_parallel(mg, [&](int64_t lo, int64_t hi) {
+      FromFloat32(sums + lo * p, yg + lo * p, (hi - lo) * p);
+    });
+  };
+  const int64_t tasks = batch * group;
+  if (parallel_tasks) {
+    ParallelFor(0, tasks, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t t = lo; t < hi; ++t) run_image(t);
+    });
+  } else {
+    for (int64_t t = 0; t < tasks; ++t) run_image(t);
+  }
+}
+
 absl::Status ConvKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
   const TensorView& w = ctx.input(1);
@@ -436,6 +516,11 @@ absl::Status ConvKernel(KernelContext& ctx) {
   absl::StatusOr<TensorView*> y = ctx.Output(0, x.dtype, out_dims);
   if (!y.ok()) return y.status();
   if ((*y)->num_elements() == 0) return absl::OkStatus();
+  if (x.dtype == DType::kBFloat16 && PaddedGrid::Applies(*g) && UseGridBFloat16Products() &&
+      !g->pointwise()) {
+    RunConvBFloat16OnGrid(ctx, *g, batch, channels, out_channels, group, *y);
+    return absl::OkStatus();
+  }
   if (x.dtype == DType::kBFloat16 && NativeBFloat16Gemm() && NativeConvPays(*g)) {
     RunConvBFloat16Native(ctx, *g, batch, channels, out_channels, group, *y);
     return absl::OkStatus();

@@ -9,15 +9,19 @@
 // 16-bit X, dY and W are widened to float32 up front with float_io.h's
 // vector conversions (a float32 copy of each, in scratch.h's PooledBuffer);
 // outputs nothing reads are skipped (KernelContext::output_read), and
-// every output rounds once on store. bfloat16 X, dY and W where gemm.h has
-// a native bfloat16 kernel (AMX, AVX512-BF16) are multiplied as stored
-// instead, summing in float32 (RunConvGradBFloat16Native); the widened
-// path is the fallback (CASTOR_AVX512BF16=off, CASTOR_AMX=off).
+// every output rounds once on store. bfloat16 X, dY and W of a 2-D conv on
+// a CPU with AVX512-BF16 take the grid's bfloat16 products as stored (dW
+// from X's bfloat16 grid, dX from dY paired by output channel; float32
+// sums); elsewhere, where gemm.h has a native bfloat16 kernel (AMX,
+// AVX512-BF16), they are multiplied as stored on it, summing in float32
+// (RunConvGradBFloat16Native); the widened path is the fallback
+// (CASTOR_AVX512BF16=off, CASTOR_AMX=off).
 #include <cblas.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -97,7 +101,10 @@ bool UsesGrid(const common::WindowGeometry& g) {
 // phase no tap reaches comes out as zeros, so every dX element is written.
 class ConvGradOnGrid {
  public:
-  ConvGradOnGrid(const common::WindowGeometry& g, const ConvGradShapes& s, const float* w)
+  // W as stored: float32, or bfloat16 for the bfloat16 products (then
+  // the phases keep W in pairs of output channels).
+  template <typename T>
+  ConvGradOnGrid(const common::WindowGeometry& g, const ConvGradShapes& s, const T* w)
       : g_(g), x_grid_(g_), cg_(s.channels / s.group), mg_(s.out_channels / s.group) {
     const int64_t kernel_size = g_.kernel_size();
     for (int64_t row = 0; row < cg_ * kernel_size; ++row) x_rows_.push_back(x_grid_.RowOffset(row));
@@ -144,19 +151,37 @@ class ConvGradOnGrid {
           }
         }
         const int64_t num_taps = static_cast<int64_t>(taps.size());
-        for (int64_t m = 0; m < mg_; ++m) {
+        // dY's rows (float32: one per output channel; bfloat16: one per pair).
+        const int64_t dy_rows = std::is_same_v<T, float> ? mg_ : (mg_ + 1) / 2;
+        for (int64_t m = 0; m < dy_rows; ++m) {
           for (int64_t j = 0; j < num_taps; ++j) {
             phase.b_rows.push_back(m * plane + phase.tap_offsets[j]);
           }
         }
-        // a[gi][c][m * num_taps + j] = W[gi * mg + m][c][taps[j]]
-        phase.a.resize(static_cast<size_t>(s.group * cg_ * mg_ * num_taps));
+        // float32: a[gi][c][m * num_taps + j] = W[gi * mg + m][c][taps[j]];
+        // bfloat16: pairs[gi][c][m * num_taps + j] pairs W[gi * mg + 2m]'s
+        // and W[gi * mg + 2m + 1]'s (zeros past mg).
+        const int64_t depth = dy_rows * num_taps;
+        if constexpr (std::is_same_v<T, float>) {
+          phase.a.resize(static_cast<size_t>(s.group * cg_ * depth));
+        } else {
+          phase.pairs.resize(static_cast<size_t>(s.group * cg_ * depth));
+        }
         for (int64_t gi = 0; gi < s.group; ++gi) {
           for (int64_t c = 0; c < cg_; ++c) {
-            for (int64_t m = 0; m < mg_; ++m) {
-              const float* src = w + ((gi * mg_ + m) * cg_ + c) * kernel_size;
-              float* dst = phase.a.data() + ((gi * cg_ + c) * mg_ + m) * num_taps;
-              for (int64_t j = 0; j < num_taps; ++j) dst[j] = src[taps[j]];
+            for (int64_t m = 0; m < dy_rows; ++m) {
+              const int64_t at = (gi * cg_ + c) * depth + m * num_taps;
+              if constexpr (std::is_same_v<T, float>) {
+                const float* src = w + ((gi * mg_ + m) * cg_ + c) * kernel_size;
+                for (int64_t j = 0; j < num_taps; ++j) phase.a[at + j] = src[taps[j]];
+              } else {
+                const T* first = w + ((gi * mg_ + 2 * m) * cg_ + c) * kernel_size;
+                const T* second = 2 * m + 1 < mg_ ? first + cg_ * kernel_size : nullptr;
+                for (int64_t j = 0; j < num_taps; ++j) {
+                  phase.pairs[at + j] = BFloat16Pair(
+                      first[taps[j]].bits, second != nullptr ? second[taps[j]].bits : uint16_t{0});
+                }
+              }
             }
           }
         }
@@ -176,15 +201,18 @@ class ConvGradOnGrid {
   // columns(X_g)^T, for one group: image i's X_g at x_g + i * x_stride and
   // dY_g at dy_g + i * dy_stride (the columns split across threads when the
   // caller runs alone).
-  void AddFilterGrad(const float* x_g, int64_t x_stride, const float* dy_g, int64_t dy_stride,
+  // X and dY float32, or bfloat16 for the bfloat16 products (then X's grid
+  // holds bfloat16).
+  template <typename T>
+  void AddFilterGrad(const T* x_g, int64_t x_stride, const T* dy_g, int64_t dy_stride,
                      int64_t images, float* dw_g) const {
-    thread_local std::vector<float> padded;
+    thread_local std::vector<T> padded;
     const int64_t grid_size = cg_ * x_grid_.channel_size();
     padded.resize(static_cast<size_t>(images * grid_size));
     for (int64_t i = 0; i < images; ++i) {
-      FillGrid<float, float>(x_g + i * x_stride, 0, cg_, x_grid_, padded.data() + i * grid_size);
+      FillGrid<T, T>(x_g + i * x_stride, 0, cg_, x_grid_, padded.data() + i * grid_size);
     }
-    const float* b = padded.data();
+    const T* b = padded.data();
     const GridLines lines{g_.output[0], g_.output[1], x_grid_.cols, g_.output[1]};
     const GridImages image_strides{images, grid_size, dy_stride};
     const int64_t kg = static_cast<int64_t>(x_rows_.size());
@@ -193,41 +221,64 @@ class ConvGradOnGrid {
     constexpr int64_t kSplit = 12;
     ParallelFor(0, (kg + kSplit - 1) / kSplit, 1, [&](int64_t lo, int64_t hi) {
       const int64_t k0 = lo * kSplit, k1 = std::min(kg, hi * kSplit);
-      GridConvFilterGrad(mg_, k1 - k0, dy_g, g_.output_size(), b, x_rows_.data() + k0, lines,
-                         image_strides, dw_g + k0, kg);
+      if constexpr (std::is_same_v<T, float>) {
+        GridConvFilterGrad(mg_, k1 - k0, dy_g, g_.output_size(), b, x_rows_.data() + k0, lines,
+                           image_strides, dw_g + k0, kg);
+      } else {
+        GridConvFilterGradBFloat16(mg_, k1 - k0, &dy_g->bits, g_.output_size(), &b->bits,
+                                   x_rows_.data() + k0, lines, image_strides, dw_g + k0, kg);
+      }
     });
   }
 
   // Writes all of dX_g [cg, input] of group gi for one image (the lines of
   // each phase split across threads when the caller runs alone).
-  void FillInputGrad(int64_t gi, const float* dy_g, float* dx_g) const {
+  // dY float32, or bfloat16 for the bfloat16 products (then dY's buffer
+  // holds pairs of output channels); dX float32.
+  template <typename T>
+  void FillInputGrad(int64_t gi, const T* dy_g, float* dx_g) const {
     const int64_t out_h = g_.output[0], out_w = g_.output[1];
     const int64_t plane = dy_rows_ * dy_cols_;
-    thread_local std::vector<float> padded, scratch;
-    padded.resize(static_cast<size_t>(mg_ * plane + kGridReadSlack));
-    std::fill(padded.begin() + mg_ * plane, padded.end(), 0.0f);
+    using Buffered = std::conditional_t<std::is_same_v<T, float>, float, uint32_t>;
+    const int64_t buffered_rows = std::is_same_v<T, float> ? mg_ : (mg_ + 1) / 2;
+    thread_local std::vector<Buffered> padded;
+    thread_local std::vector<float> scratch;
+    padded.resize(static_cast<size_t>(buffered_rows * plane + kGridReadSlack));
+    std::fill(padded.begin() + buffered_rows * plane, padded.end(), Buffered{0});
     // dY's lines and columns that fit in the buffer.
     const int64_t lines_in = std::clamp<int64_t>(dy_rows_ - dy_shift_[0], 0, out_h);
     const int64_t width_in = std::clamp<int64_t>(dy_cols_ - dy_shift_[1], 0, out_w);
-    for (int64_t m = 0; m < mg_; ++m) {
-      const float* src = dy_g + m * out_h * out_w;
-      float* dst = padded.data() + m * plane;
-      if (FillPaddedPlaneVector(src, lines_in, width_in, out_w, dy_shift_[0], dy_shift_[1],
-                                dy_rows_, dy_cols_, dst)) {
-        continue;
-      }
-      std::fill(dst, dst + plane, 0.0f);
-      for (int64_t oh = 0; oh < lines_in; ++oh) {
-        std::copy(src + oh * out_w, src + oh * out_w + width_in,
-                  dst + (oh + dy_shift_[0]) * dy_cols_ + dy_shift_[1]);
+    for (int64_t m = 0; m < buffered_rows; ++m) {
+      Buffered* dst = padded.data() + m * plane;
+      if constexpr (std::is_same_v<T, float>) {
+        const float* src = dy_g + m * out_h * out_w;
+        if (FillPaddedPlaneVector(src, lines_in, width_in, out_w, dy_shift_[0], dy_shift_[1],
+                                  dy_rows_, dy_cols_, dst)) {
+          continue;
+        }
+        std::fill(dst, dst + plane, 0.0f);
+        for (int64_t oh = 0; oh < lines_in; ++oh) {
+          std::copy(src + oh * out_w, src + oh * out_w + width_in,
+                    dst + (oh + dy_shift_[0]) * dy_cols_ + dy_shift_[1]);
+        }
+      } else {
+        const T* first = dy_g + 2 * m * out_h * out_w;
+        const T* second = 2 * m + 1 < mg_ ? first + out_h * out_w : nullptr;
+        std::fill(dst, dst + plane, 0u);
+        for (int64_t oh = 0; oh < lines_in; ++oh) {
+          uint32_t* line = dst + (oh + dy_shift_[0]) * dy_cols_ + dy_shift_[1];
+          for (int64_t ow = 0; ow < width_in; ++ow) {
+            const int64_t q = oh * out_w + ow;
+            line[ow] = BFloat16Pair(first[q].bits, second != nullptr ? second[q].bits : uint16_t{0});
+          }
+        }
       }
     }
     const int64_t in_w = g_.input[1], in_size = g_.input_size();
     const int64_t s0 = g_.strides[0], s1 = g_.strides[1];
     for (const Phase& phase : phases_) {
       const int64_t depth = static_cast<int64_t>(phase.b_rows.size());
-      const float* a = phase.a.data() + gi * cg_ * depth;
-      const float* b = padded.data() + phase.gathered;
+      const Buffered* b = padded.data() + phase.gathered;
       float* out = dx_g + phase.dx_row * in_w + phase.dx_col;
       int64_t ld_out = in_size, dense_stride = s0 * in_w;
       if (s1 != 1) {  // gathered in [cg, lines, width], spread below
@@ -238,8 +289,15 @@ class ConvGradOnGrid {
       }
       ParallelFor(0, phase.lines, 1, [&](int64_t lo, int64_t hi) {
         const GridLines lines{hi - lo, phase.width, dy_cols_, dense_stride};
-        GridConvForward(cg_, depth, a, depth, b + lo * dy_cols_, phase.b_rows.data(), lines,
-                        nullptr, out + lo * dense_stride, ld_out);
+        if constexpr (std::is_same_v<T, float>) {
+          GridConvForward(cg_, depth, phase.a.data() + gi * cg_ * depth, depth,
+                          b + lo * dy_cols_, phase.b_rows.data(), lines, nullptr,
+                          out + lo * dense_stride, ld_out);
+        } else {
+          GridConvForwardBFloat16Pairs(cg_, depth, phase.pairs.data() + gi * cg_ * depth, depth,
+                                       b + lo * dy_cols_, phase.b_rows.data(), lines, nullptr,
+                                       out + lo * dense_stride, ld_out);
+        }
       });
       if (s1 == 1) continue;
       for (int64_t c = 0; c < cg_; ++c) {
@@ -260,8 +318,9 @@ class ConvGradOnGrid {
   struct Phase {
     int64_t lines = 0, width = 0, gathered = 0, dx_row = 0, dx_col = 0;
     std::vector<int64_t> tap_offsets;  // per tap: its offset in a dY plane
-    std::vector<int64_t> b_rows;       // (m, tap): m * plane + tap offset
-    std::vector<float> a;              // [group][cg][mg * taps]: W's entries
+    std::vector<int64_t> b_rows;       // (m, tap): m * plane + tap offset (m: a pair)
+    std::vector<float> a;              // [group][cg][mg * taps]: W's entries (float32)
+    std::vector<uint32_t> pairs;       // [group][cg][pairs * taps]: W's pairs (bfloat16)
   };
 
   const common::WindowGeometry& g_;
@@ -273,8 +332,12 @@ class ConvGradOnGrid {
   std::vector<Phase> phases_;
 };
 
-void RunConvGrad(const common::WindowGeometry& g, const ConvGradShapes& s, const float* x,
-                 const float* dy, const float* w, float* dx, float* dw, float* db) {
+// dX, dW, dB (float32) of X, dY and W in float32, or in bfloat16 where
+// ConvGradOnGrid's bfloat16 products run (UsesBFloat16Grid: the grid, no
+// column path).
+template <typename T>
+void RunConvGrad(const common::WindowGeometry& g, const ConvGradShapes& s, const T* x,
+                 const T* dy, const T* w, float* dx, float* dw, float* db) {
   const int64_t cg = s.channels / s.group;
   const int64_t mg = s.out_channels / s.group;
   const int64_t kg = cg * g.kernel_size();
@@ -303,7 +366,7 @@ void RunConvGrad(const common::WindowGeometry& g, const ConvGradShapes& s, const
     }
     const int64_t first = SliceBegin(slice, slices, s.batch);
     const int64_t last = SliceBegin(slice + 1, slices, s.batch);
-    std::vector<float> col, dcol;
+    std::vector<float> col, dcol, dy_row;
     if (dw_acc != nullptr && grid.has_value()) {
       const int64_t chunk = grid->ImagesPerFilterGrad();
       for (int64_t n = first; n < last; n += chunk) {
@@ -316,28 +379,37 @@ void RunConvGrad(const common::WindowGeometry& g, const ConvGradShapes& s, const
     }
     for (int64_t n = first; n < last; ++n) {
       for (int64_t gi = 0; gi < s.group; ++gi) {
-        const float* x_g = x + (n * s.channels + gi * cg) * in_size;
-        const float* dy_g = dy + (n * s.out_channels + gi * mg) * p;
-        if (dw_acc != nullptr && !grid.has_value()) {
-          col.resize(static_cast<size_t>(kg * p));
-          Im2Col<float, float>(x_g, g, 0, kg, 0, lines, col.data(), p);
-          // dW_g [mg, kg] += dY_g [mg, p] * col^T [p, kg]
-          Sgemm(false, true, mg, kg, p, 1.0f, dy_g, p, col.data(), p, 1.0f,
-                dw_acc + gi * mg * kg, kg);
-        }
+        const T* x_g = x + (n * s.channels + gi * cg) * in_size;
+        const T* dy_g = dy + (n * s.out_channels + gi * mg) * p;
         float* dx_g = dx != nullptr ? dx + (n * s.channels + gi * cg) * in_size : nullptr;
-        if (dx_g != nullptr && grid.has_value()) {
-          grid->FillInputGrad(gi, dy_g, dx_g);
-        } else if (dx_g != nullptr) {
-          dcol.resize(static_cast<size_t>(kg * p));
-          // dcol [kg, p] = W_g^T [kg, mg] * dY_g [mg, p]
-          Sgemm(true, false, kg, p, mg, 1.0f, w + gi * mg * kg, kg, dy_g, p, 0.0f, dcol.data(),
-                p);
-          Col2ImAdd(dcol.data(), g, kg, dx_g);
+        if (dx_g != nullptr && grid.has_value()) grid->FillInputGrad(gi, dy_g, dx_g);
+        if constexpr (std::is_same_v<T, float>) {
+          if (dw_acc != nullptr && !grid.has_value()) {
+            col.resize(static_cast<size_t>(kg * p));
+            Im2Col<float, float>(x_g, g, 0, kg, 0, lines, col.data(), p);
+            // dW_g [mg, kg] += dY_g [mg, p] * col^T [p, kg]
+            Sgemm(false, true, mg, kg, p, 1.0f, dy_g, p, col.data(), p, 1.0f,
+                  dw_acc + gi * mg * kg, kg);
+          }
+          if (dx_g != nullptr && !grid.has_value()) {
+            dcol.resize(static_cast<size_t>(kg * p));
+            // dcol [kg, p] = W_g^T [kg, mg] * dY_g [mg, p]
+            Sgemm(true, false, kg, p, mg, 1.0f, w + gi * mg * kg, kg, dy_g, p, 0.0f,
+                  dcol.data(), p);
+            Col2ImAdd(dcol.data(), g, kg, dx_g);
+          }
         }
         if (db_acc != nullptr) {  // dY's row sums
           for (int64_t m = 0; m < mg; ++m) {
-            db_acc[gi * mg + m] += static_cast<float>(RowSum(dy_g + m * p, p));
+            const float* row = nullptr;
+            if constexpr (std::is_same_v<T, float>) {
+              row = dy_g + m * p;
+            } else {
+              dy_row.resize(static_cast<size_t>(p));
+              ToFloat32(dy_g + m * p, dy_row.data(), p);
+              row = dy_row.data();
+            }
+            db_acc[gi * mg + m] += static_cast<float>(RowSum(row, p));
           }
         }
       }
@@ -363,15 +435,6 @@ void RunConvGrad(const common::WindowGeometry& g, const ConvGradShapes& s, const
 // Whether bfloat16 GEMMs run on a native kernel (AMX or AVX512-BF16;
 // gemm.h): then a bfloat16 ConvGrad multiplies X, dY and W as stored.
 bool NativeBFloat16Gemm() { return AmxBf16Available() || Avx512Bf16Available(); }
-
-bool IsPointwise(const common::WindowGeometry& g) {
-  for (int d = 0; d < g.num_spatial; ++d) {
-    if (g.strides[d] != 1 || g.pad_begin[d] != 0 || g.pad_end[d] != 0 || g.kernel[d] != 1) {
-      return false;
-    }
-  }
-  return true;
-}
 
 // RunConvGrad for bfloat16 X, dY and W on the native bfloat16 GEMM (float32
 // accumulation), into float32 dX, dW, dB: per image and group, dW_g +=
@@ -485,15 +548,22 @@ absl::Status ConvGradKernel(KernelContext& ctx) {
   // As the forward pass (conv.cc's NativeConvPays): where the grid's direct
   // products run (2-D), they beat unrolling, col2im and packing for the
   // native GEMM (measured in the ResNet's training step on a Zen 4).
-  const bool native = x.dtype == DType::kBFloat16 && dy.dtype == DType::kBFloat16 &&
-                      w.dtype == DType::kBFloat16 && NativeBFloat16Gemm() &&
-                      (IsPointwise(*g) || !UsesGrid(*g));
+  const bool all_bfloat16 = x.dtype == DType::kBFloat16 && dy.dtype == DType::kBFloat16 &&
+                            w.dtype == DType::kBFloat16;
+  // bfloat16 on the grid's bfloat16 products (VDPBF16PS), as stored.
+  const bool bfloat16_grid = all_bfloat16 && UsesGrid(*g) && UseGridBFloat16Products();
+  const bool native = all_bfloat16 && !bfloat16_grid && NativeBFloat16Gemm() &&
+                      (g->pointwise() || !UsesGrid(*g));
   std::optional<Float32Out> dx_out, dw_out, db_out;
   // The grid's phases write every element of dX; col2im adds.
   if (dx) dx_out.emplace(dx, runs && UsesGrid(*g) && !native);
   if (dw) dw_out.emplace(dw);
   if (db) db_out.emplace(db);
-  if (runs && native) {
+  if (runs && bfloat16_grid) {
+    RunConvGrad(*g, s, x.as<BFloat16>(), dy.as<BFloat16>(), w.as<BFloat16>(),
+                dx ? dx_out->data() : nullptr, dw ? dw_out->data() : nullptr,
+                db ? db_out->data() : nullptr);
+  } else if (runs && native) {
     RunConvGradBFloat16Native(*g, s, x.as<BFloat16>(), dy.as<BFloat16>(), w.as<BFloat16>(),
                               dx ? dx_out->data() : nullptr, dw ? dw_out->data() : nullptr,
                               db ? db_out->data() : nullptr);
@@ -504,7 +574,7 @@ absl::Status ConvGradKernel(KernelContext& ctx) {
     const Float32In x_f(x);
     const Float32In dy_f(dy);
     const Float32In w_f(w);
-    RunConvGrad(*g, s, x_f.data(), dy_f.data(), w_f.data(), dx ? dx_out->data() : nullptr,
+    RunConvGrad<float>(*g, s, x_f.data(), dy_f.data(), w_f.data(), dx ? dx_out->data() : nullptr,
                 dw ? dw_out->data() : nullptr, db ? db_out->data() : nullptr);
   }
   for (auto* out : {&dx_out, &dw_out, &db_out}) {

@@ -1,15 +1,19 @@
 // Direct grid-convolution products (see grid_conv.h): for the forward
 // product the visited lines are cut into runs of at most one vector of
 // positions (the filter gradient walks the lines itself), and
-// grid_conv_kernels.inc is compiled once per instruction set (AVX-512, AVX2+FMA, portable scalar)
-// with `#pragma GCC target`; the best one the CPU supports is picked once.
+// grid_conv_forward.inc and grid_conv_filter_grad.inc are compiled once per
+// instruction set (AVX-512, AVX2+FMA, portable scalar; bfloat16 on
+// AVX512-BF16) with `#pragma GCC target`; the best one the CPU supports is
+// picked once.
 #include "backend/cpu/grid_conv.h"
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <type_traits>
 #include <vector>
 
+#include "backend/cpu/avx512bf16_gemm.h"
 #include "backend/cpu/cpu_features.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__clang__)
@@ -45,11 +49,15 @@ namespace portable {
 
 struct Vec {
   static constexpr int kWidth = 1;
+  using Elem = float;
   using Reg = float;
+  using Acc = Reg;
+  using Data = Reg;
   using Mask = bool;
   static Mask MaskOf(int count) { return count > 0; }
   static Mask LastLanes(int count) { return count > 0; }
   static Reg Broadcast(float v) { return v; }
+  static Reg BroadcastElem(const float* p) { return *p; }
   static Reg Zero() { return 0.0f; }
   static Reg Load(const float* p, Mask m) { return m ? *p : 0.0f; }
   static Reg Keep(Reg v, Mask m) { return m ? v : 0.0f; }
@@ -69,7 +77,8 @@ struct Vec {
 constexpr int kForwardRows = 4, kForwardRuns = 4;
 constexpr int kGradRows = 4, kGradCols = 4;
 
-#include "backend/cpu/grid_conv_kernels.inc"
+#include "backend/cpu/grid_conv_filter_grad.inc"
+#include "backend/cpu/grid_conv_forward.inc"
 
 }  // namespace portable
 
@@ -81,7 +90,10 @@ namespace avx2 {
 
 struct Vec {
   static constexpr int kWidth = 8;
+  using Elem = float;
   using Reg = __m256;
+  using Acc = Reg;
+  using Data = Reg;
   using Mask = __m256i;
   static Mask MaskOf(int count) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -90,6 +102,7 @@ struct Vec {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0));
   }
   static Reg Broadcast(float v) { return _mm256_set1_ps(v); }
+  static Reg BroadcastElem(const float* p) { return _mm256_broadcast_ss(p); }
   static Reg Zero() { return _mm256_setzero_ps(); }
   static Reg Load(const float* p, Mask m) { return _mm256_maskload_ps(p, m); }
   static Reg Keep(Reg v, Mask m) { return _mm256_and_ps(v, _mm256_castsi256_ps(m)); }
@@ -116,7 +129,8 @@ constexpr int kForwardRows = 4, kForwardRuns = 3;
 // latency).
 constexpr int kGradRows = 4, kGradCols = 3;
 
-#include "backend/cpu/grid_conv_kernels.inc"
+#include "backend/cpu/grid_conv_filter_grad.inc"
+#include "backend/cpu/grid_conv_forward.inc"
 
 // Entry points: the upper register halves are cleared before returning to
 // SSE code (see float_io.cc's note on vzeroupper).
@@ -142,11 +156,15 @@ namespace avx512 {
 
 struct Vec {
   static constexpr int kWidth = 16;
+  using Elem = float;
   using Reg = __m512;
+  using Acc = Reg;
+  using Data = Reg;
   using Mask = __mmask16;
   static Mask MaskOf(int count) { return static_cast<Mask>((1u << count) - 1u); }
   static Mask LastLanes(int count) { return static_cast<Mask>(~((1u << (16 - count)) - 1u)); }
   static Reg Broadcast(float v) { return _mm512_set1_ps(v); }
+  static Reg BroadcastElem(const float* p) { return _mm512_set1_ps(*p); }
   static Reg Zero() { return _mm512_setzero_ps(); }
   static Reg Load(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
   static Reg Keep(Reg v, Mask m) { return _mm512_maskz_mov_ps(m, v); }
@@ -179,7 +197,8 @@ constexpr int kForwardRows = 4, kForwardRuns = 6;
 // 24 accumulators, 6 + 1 loads.
 constexpr int kGradRows = 4, kGradCols = 6;
 
-#include "backend/cpu/grid_conv_kernels.inc"
+#include "backend/cpu/grid_conv_filter_grad.inc"
+#include "backend/cpu/grid_conv_forward.inc"
 
 void ForwardEntry(int64_t rows, int64_t depth, const float* a, int64_t lda, const float* b,
                   const int64_t* b_rows, const Run* runs, int64_t num_runs, const float* init,
@@ -195,6 +214,82 @@ void FilterGradEntry(int64_t rows, int64_t depth, const float* dy, int64_t ld_dy
 }
 
 }  // namespace avx512
+#pragma GCC pop_options
+
+// bfloat16 on VDPBF16PS (AVX512-BF16): each instruction adds, per float32
+// lane, the products of a pair of bfloat16 from each operand. The forward
+// product pairs the depth (two channels side by side in one 32-bit word:
+// the pair grid and pair weights of GridConvForwardBFloat16Pairs), so its
+// blocks are the float32 ones with pairs for floats; the filter gradient
+// sums over positions, so it pairs neighbouring positions as stored: 32 per
+// register.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512bf16,fma")
+namespace avx512bf16_pairs {
+
+struct Vec {
+  static constexpr int kWidth = 16;
+  using Elem = uint32_t;
+  using Acc = __m512;
+  using Data = __m512bh;
+  using Mask = __mmask16;
+  static Mask MaskOf(int count) { return avx512::Vec::MaskOf(count); }
+  static Acc Broadcast(float v) { return _mm512_set1_ps(v); }
+  static Acc Zero() { return _mm512_setzero_ps(); }
+  static Data BroadcastElem(const uint32_t* p) {
+    return (__m512bh)_mm512_set1_epi32(static_cast<int>(*p));
+  }
+  static Data LoadFull(const uint32_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
+  static Acc Fma(Data a, Data b, Acc c) { return _mm512_dpbf16_ps(c, a, b); }
+  static void Store(float* p, Acc v, Mask m) { _mm512_mask_storeu_ps(p, m, v); }
+};
+constexpr int kForwardRows = 4, kForwardRuns = 6;
+
+#include "backend/cpu/grid_conv_forward.inc"
+
+void ForwardEntry(int64_t rows, int64_t depth, const uint32_t* a, int64_t lda, const uint32_t* b,
+                  const int64_t* b_rows, const Run* runs, int64_t num_runs, const float* init,
+                  float* out, int64_t ld_out) {
+  Forward(rows, depth, a, lda, b, b_rows, runs, num_runs, init, out, ld_out);
+  _mm256_zeroupper();
+}
+
+}  // namespace avx512bf16_pairs
+
+namespace avx512bf16 {
+
+struct Vec {
+  static constexpr int kWidth = 32;
+  using Elem = uint16_t;
+  using Acc = __m512;
+  using Data = __m512bh;
+  using Mask = __mmask32;
+  static Mask MaskOf(int count) {
+    return count >= 32 ? ~Mask{0} : static_cast<Mask>((uint32_t{1} << count) - 1u);
+  }
+  static Mask LastLanes(int count) { return static_cast<Mask>(~MaskOf(32 - count)); }
+  static Acc Zero() { return _mm512_setzero_ps(); }
+  static Data Load(const uint16_t* p, Mask m) { return (__m512bh)_mm512_maskz_loadu_epi16(m, p); }
+  static Data Keep(Data v, Mask m) { return (__m512bh)_mm512_maskz_mov_epi16(m, (__m512i)v); }
+  static Data LoadFull(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
+  static Acc Fma(Data a, Data b, Acc c) { return _mm512_dpbf16_ps(c, a, b); }
+  static float Sum(Acc v) { return avx512::Vec::Sum(v); }
+  static void AddSums4(float* dst, Acc a, Acc b, Acc c, Acc d) {
+    avx512::Vec::AddSums4(dst, a, b, c, d);
+  }
+};
+constexpr int kGradRows = 4, kGradCols = 6;
+
+#include "backend/cpu/grid_conv_filter_grad.inc"
+
+void FilterGradEntry(int64_t rows, int64_t depth, const uint16_t* dy, int64_t ld_dy,
+                     const uint16_t* b, const int64_t* b_rows, const GridLines& lines,
+                     const GridImages& images, float* dw, int64_t ld_dw) {
+  FilterGrad(rows, depth, dy, ld_dy, b, b_rows, lines, images, dw, ld_dw);
+  _mm256_zeroupper();
+}
+
+}  // namespace avx512bf16
 #pragma GCC pop_options
 
 #endif  // CASTOR_GRID_CONV_X86
@@ -293,6 +388,45 @@ void GridConvFilterGrad(int64_t rows, int64_t depth, const float* dy, int64_t ld
       portable::FilterGrad(rows, depth, dy, ld_dy, b, b_rows, lines, images, dw, ld_dw);
       return;
   }
+}
+
+bool UseGridBFloat16Products() {
+#if defined(CASTOR_GRID_CONV_X86)
+  return ActiveGridIsa() == GridIsa::kAvx512 && Avx512Bf16Available();
+#else
+  return false;
+#endif
+}
+
+void GridConvForwardBFloat16Pairs(int64_t rows, int64_t pair_depth, const uint32_t* a,
+                                  int64_t lda, const uint32_t* b, const int64_t* b_rows,
+                                  const GridLines& lines, const float* init, float* out,
+                                  int64_t ld_out) {
+  if (rows <= 0 || lines.count <= 0 || lines.width <= 0) return;
+#if defined(CASTOR_GRID_CONV_X86)
+  if (UseGridBFloat16Products()) {
+    const std::vector<Run>& runs = RunsOf(lines, avx512bf16_pairs::Vec::kWidth);
+    avx512bf16_pairs::ForwardEntry(rows, pair_depth, a, lda, b, b_rows, runs.data(),
+                                   static_cast<int64_t>(runs.size()), init, out, ld_out);
+    return;
+  }
+#endif
+  std::abort();  // callers check UseGridBFloat16Products() first
+}
+
+void GridConvFilterGradBFloat16(int64_t rows, int64_t depth, const uint16_t* dy, int64_t ld_dy,
+                                const uint16_t* b, const int64_t* b_rows, const GridLines& lines,
+                                const GridImages& images, float* dw, int64_t ld_dw) {
+  if (rows <= 0 || depth <= 0 || lines.count <= 0 || lines.width <= 0 || images.count <= 0) {
+    return;
+  }
+#if defined(CASTOR_GRID_CONV_X86)
+  if (UseGridBFloat16Products()) {
+    avx512bf16::FilterGradEntry(rows, depth, dy, ld_dy, b, b_rows, lines, images, dw, ld_dw);
+    return;
+  }
+#endif
+  std::abort();  // callers check UseGridBFloat16Products() first
 }
 
 }  // namespace castor::cpu

@@ -83,4 +83,44 @@ bool UseGridProducts();
 // best supported); returns the one that ran before.
 GridIsa SetGridIsaForTesting(GridIsa isa);
 
+// ---- bfloat16 products (VDPBF16PS) -------------------------------------------
+//
+// The same products on bfloat16 operands, summed in float32, where the CPU
+// has AVX512-BF16 and the AVX-512 kernels run (UseGridBFloat16Products:
+// grid_conv.h's AVX-512 set is active and avx512bf16_gemm.h's
+// Avx512Bf16Available(), so CASTOR_AVX512BF16=off turns them off with the
+// bfloat16 GEMM). Callers check it first; elsewhere they widen to float32
+// and take the products above, which stay the reference.
+//
+// Numerics are VDPBF16PS's (avx512bf16_gemm.h): the products are exact,
+// each lane adds a pair's two products to its float32 sum in turn, rounded
+// to nearest even; bfloat16 subnormals (operands and sums) count as zero.
+// Results agree with the float32 products of the widened operands to
+// float32 rounding of the sum's magnitude, not bit for bit.
+bool UseGridBFloat16Products();
+
+// A pair of bfloat16 in one 32-bit word: `first` in the low half.
+inline uint32_t BFloat16Pair(uint16_t first, uint16_t second) {
+  return uint32_t{first} | (uint32_t{second} << 16);
+}
+
+// GridConvForward with the depth taken two at a time: depth pair k of row
+// m is a[m * lda + k] = BFloat16Pair(A[m][2k], A[m][2k + 1]), and column
+// pair row k is the grid of pairs b + b_rows[k] (each position holding the
+// pair of column rows 2k and 2k + 1 there; a missing odd row is zeros on
+// both sides). So for the conv's pair grid (two channels side by side per
+// position) b_rows[k] addresses channel pair k's slice as the float32 grid
+// addresses one channel's. Reads as GridConvForward (kGridReadSlack pairs
+// past the last visited position); out and init are float32.
+void GridConvForwardBFloat16Pairs(int64_t rows, int64_t pair_depth, const uint32_t* a,
+                                  int64_t lda, const uint32_t* b, const int64_t* b_rows,
+                                  const GridLines& lines, const float* init, float* out,
+                                  int64_t ld_out);
+
+// GridConvFilterGrad on bfloat16 dY and grid (bit patterns), dW float32
+// (accumulated into, as there). Reads only the visited positions.
+void GridConvFilterGradBFloat16(int64_t rows, int64_t depth, const uint16_t* dy, int64_t ld_dy,
+                                const uint16_t* b, const int64_t* b_rows, const GridLines& lines,
+                                const GridImages& images, float* dw, int64_t ld_dw);
+
 }  // namespace castor::cpu

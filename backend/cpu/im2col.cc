@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "backend/cpu/grid_conv.h"
 
@@ -78,6 +79,32 @@ bool FillPaddedPlaneVector(const float* src, int64_t in_h, int64_t in_w, int64_t
   (void)src, (void)in_h, (void)in_w, (void)src_stride, (void)top, (void)left, (void)rows;
   (void)cols, (void)dst;
   return false;
+}
+
+void FillPairGrid(const BFloat16* x, int64_t channels, int64_t pair_lo, int64_t pair_hi,
+                  const PaddedGrid& grid, uint32_t* pairs) {
+  const common::WindowGeometry& g = *grid.geometry;
+  const int64_t in_size = g.input[0] * g.input[1];
+  const int64_t channel_size = grid.channel_size();
+  // The pair's two channels on the bfloat16 grid, then side by side.
+  thread_local std::vector<BFloat16> planes;
+  planes.resize(static_cast<size_t>(2 * channel_size));
+  const BFloat16* first = planes.data();
+  const BFloat16* second = planes.data() + channel_size;
+  for (int64_t k = pair_lo; k < pair_hi; ++k) {
+    const int64_t count = std::min<int64_t>(2, channels - 2 * k);
+    FillGrid<BFloat16, BFloat16>(x + 2 * k * in_size, 0, count, grid, planes.data());
+    uint32_t* dst = pairs + k * channel_size;
+    for (int64_t a = 0; a < g.strides[0]; ++a) {
+      for (int64_t b = 0; b < g.strides[1]; ++b) {
+        if (!grid.PhaseUsed(a, b)) continue;
+        const int64_t at = (a * g.strides[1] + b) * grid.plane();
+        for (int64_t q = at; q < at + grid.plane(); ++q) {
+          dst[q] = uint32_t{first[q].bits} | (count == 2 ? uint32_t{second[q].bits} << 16 : 0u);
+        }
+      }
+    }
+  }
 }
 
 void SpreadRow(const float* src, int64_t n, int64_t step, float* dst) {

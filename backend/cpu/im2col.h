@@ -104,6 +104,16 @@ template <typename T, typename Acc>
 void FillGrid(const T* x, int64_t channel_lo, int64_t channel_hi, const PaddedGrid& grid,
               Acc* padded);
 
+// FillGrid for the bfloat16 products on channel pairs (grid_conv.h's
+// GridConvForwardBFloat16Pairs): channel pairs [pair_lo, pair_hi) of one
+// bfloat16 image x [channels, in_h, in_w] onto `pairs`, where pair k's
+// planes start at k * grid.channel_size() and each position holds channels
+// 2k and 2k + 1 side by side (BFloat16Pair; zeros for a channel past
+// `channels`, so an odd last channel pairs with zeros). Planes no kernel
+// tap reads are left as they are; the slack is not written.
+void FillPairGrid(const BFloat16* x, int64_t channels, int64_t pair_lo, int64_t pair_hi,
+                  const PaddedGrid& grid, uint32_t* pairs);
+
 // One zero-padded float32 plane [rows, cols] in a single pass: plane row i
 // holds the first in_w floats of src line i - top (in_h lines, src_stride
 // floats apart) at columns [left, left + in_w), zeros elsewhere. True when
@@ -190,7 +200,9 @@ inline void NextOuter(const std::vector<int64_t>& count, int64_t* widx) {
 
 template <typename Acc, typename T>
 inline Acc WidenTo(T v) {
-  if constexpr (std::is_same_v<T, double>) {
+  if constexpr (std::is_same_v<T, Acc>) {
+    return v;
+  } else if constexpr (std::is_same_v<T, double>) {
     return static_cast<Acc>(v);
   } else {
     return static_cast<Acc>(LoadF(v));
