@@ -10,7 +10,8 @@
 // the products must not read. The bfloat16 products (VDPBF16PS, where the
 // CPU has AVX512-BF16) the same way, against float64 sums of the bfloat16
 // values: pair depths with an odd last row, and lines of 32-position
-// vectors, overlapped and masked tails. Also FillGrid's vector plane copy
+// vectors, overlapped and masked tails, or (lines of at most 24 positions,
+// most shapes here) packed end to end. Also FillGrid's vector plane copy
 // and SpreadRow (im2col.h) against the expected values.
 #include "backend/cpu/grid_conv.h"
 
