@@ -125,10 +125,12 @@ bool IsInsertedCast(const Node& node) { return node.FindMetadata(kInsertedCastKe
 std::string Quoted(const std::string& name) { return absl::StrCat("'", name, "'"); }
 
 // Whether castor has a form of the op for its training graph that takes
-// bfloat16 at every opset (com.castor Conv and ConvTranspose: ONNX accepts
-// their bfloat16 only from opset 22; graph/ops/conv.cc).
+// bfloat16 at every opset (com.castor Conv, ConvTranspose, MaxPool,
+// AveragePool, GlobalAveragePool: ONNX accepts their bfloat16 only from
+// opset 22; graph/ops/conv.cc, graph/ops/pool.cc).
 bool IsTrainingFormOp(const std::string& op_type) {
-  return op_type == "Conv" || op_type == "ConvTranspose";
+  return op_type == "Conv" || op_type == "ConvTranspose" || op_type == "MaxPool" ||
+         op_type == "AveragePool" || op_type == "GlobalAveragePool";
 }
 
 // The same node (name, inputs, attributes, records, output names and

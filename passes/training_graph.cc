@@ -305,9 +305,9 @@ bool EveryWindowCoversInput(const Node& pool) {
 // reads x instead of Relu(x). Values and gradients are the same bits:
 // where x's window maximum is positive both forms pick the same (first)
 // maximum; where it is not, both give +0. Applies where a Relu's output is
-// read only by a MaxPool without an Indices output, whose output is not a
-// graph output and none of whose windows is all padding. Returns the
-// number of pairs swapped.
+// read only by a MaxPool (ONNX's, or castor's training form) without an
+// Indices output, whose output is not a graph output and none of whose
+// windows is all padding. Returns the number of pairs swapped.
 absl::StatusOr<int> PoolBeforeRelu(Graph& graph) {
   int swapped = 0;
   for (Node* relu : std::vector<Node*>(graph.nodes())) {
@@ -316,7 +316,9 @@ absl::StatusOr<int> PoolBeforeRelu(Graph& graph) {
     Value* y = relu->output(0);
     if (x == nullptr || y->is_graph_output() || y->uses().size() != 1) continue;
     Node* pool = y->uses()[0].node;
-    if (pool->op_type() != "MaxPool" || !pool->domain().empty() || y->uses()[0].index != 0 ||
+    const bool max_pool = pool->op_type() == "MaxPool" &&
+                          (pool->domain().empty() || pool->domain() == kCastorDomain);
+    if (!max_pool || y->uses()[0].index != 0 ||
         pool->num_outputs() != 1 || !EveryWindowCoversInput(*pool)) {
       continue;
     }

@@ -1,10 +1,10 @@
-// Tests for the training graph's bfloat16 Conv (AutocastOptions::
-// training_graph_ops, issue #29 item 1): under mixed_bfloat16 a Conv that
-// ONNX refuses in bfloat16 below opset 22 computes in bfloat16 as
-// com.castor Conv in castor's training graph (no Casts between it and its
-// bfloat16 neighbours; its gradient ConvGrad in bfloat16 too), while the
-// file 'castor convert' writes keeps ONNX Conv in float32 and its record
-// says where it computes in bfloat16. The sample CNN's loss curve under it
+// Tests for the training graph's bfloat16 Conv and pools (AutocastOptions::
+// training_graph_ops, issue #29 item 1): under mixed_bfloat16 a Conv,
+// MaxPool, AveragePool or GlobalAveragePool that ONNX refuses in bfloat16
+// below opset 22 computes in bfloat16 as castor's com.castor form in the
+// training graph (no Casts between it and its bfloat16 neighbours; its
+// gradient in bfloat16 too), while the file 'castor convert' writes keeps
+// the ONNX op in float32 and its record says where it computes in bfloat16. The sample CNN's loss curve under it
 // stays close to float32's, and the checkpoint record tells the two
 // behaviours apart (KeptFloat32NodesOfGraph).
 #include <algorithm>
@@ -171,6 +171,91 @@ TEST(AutocastTrainingFormTest, OnlyWhereOnnxRefusesTheDtype) {
   EXPECT_EQ(NodeNamed(float32, "conv1").domain(), "");
 }
 
+// x -> Conv -> Relu -> MaxPool (ceil_mode) -> AveragePool
+// (count_include_pad) -> GlobalAveragePool -> Flatten (graph output), at
+// opset 17.
+Model PoolModel() {
+  Model model;
+  model.ir_version = 8;
+  model.opset_imports = {{"", 17}};
+  Graph& g = *model.graph;
+  Value* x = ValueOrDie(g.AddInput("x", DType::kFloat32, Shape::FromDims({2, 3, 9, 7})));
+  Tensor k(DType::kFloat32, {4, 3, 3, 3});
+  for (int64_t i = 0; i < k.num_elements(); ++i) {
+    k.data<float>()[i] = 0.05f * std::sin(0.7f * static_cast<float>(i));
+  }
+  Value* k1 = ValueOrDie(g.AddInitializer("k1", std::move(k)));
+  Node* conv = ValueOrDie(g.AddNode("Conv", {x, k1}, {"conv"}, "conv"));
+  conv->SetAttribute(Attribute::Ints("pads", {1, 1, 1, 1}));
+  Node* relu = ValueOrDie(g.AddNode("Relu", {conv->output(0)}, {"relu"}, "relu"));
+  Node* max = ValueOrDie(g.AddNode("MaxPool", {relu->output(0)}, {"max"}, "max"));
+  max->SetAttribute(Attribute::Ints("kernel_shape", {2, 2}));
+  max->SetAttribute(Attribute::Ints("strides", {2, 2}));
+  max->SetAttribute(Attribute::Int("ceil_mode", 1));
+  Node* average = ValueOrDie(g.AddNode("AveragePool", {max->output(0)}, {"average"}, "average"));
+  average->SetAttribute(Attribute::Ints("kernel_shape", {2, 2}));
+  average->SetAttribute(Attribute::Ints("pads", {1, 1, 0, 0}));
+  average->SetAttribute(Attribute::Int("count_include_pad", 1));
+  Node* global =
+      ValueOrDie(g.AddNode("GlobalAveragePool", {average->output(0)}, {"global"}, "global"));
+  Node* out = ValueOrDie(g.AddNode("Flatten", {global->output(0)}, {"out"}, "out"));
+  g.AddOutput(out->output(0));
+  EXPECT_TRUE(InferTypes(model).ok());
+  return model;
+}
+
+TEST(AutocastTrainingFormTest, PoolsBelowOpset22ComputeBfloat16AsCastorForms) {
+  Model model = PoolModel();
+  const AutocastReport report =
+      ValueOrDie(RunAutocast(model, BuiltinPolicy("mixed_bfloat16"), TrainingOps()));
+  for (const char* name : {"conv", "max", "average", "global"}) {
+    const Node& node = NodeNamed(model, name);
+    EXPECT_EQ(node.domain(), kCastorDomain) << name;
+    EXPECT_EQ(ReadAutocastRecord(node).dtype, "bfloat16") << name;
+    EXPECT_THAT(ReadAutocastRecord(node).why,
+                HasSubstr("so castor's training graph runs it as com.castor " + node.op_type()));
+  }
+  // One Cast in (x, k1), one out (the float32 graph output): none between.
+  EXPECT_THAT(CastSummary(model), ElementsAre("x->bfloat16", "k1->bfloat16", "global->float32"));
+  for (const char* op : {"MaxPool", "AveragePool", "GlobalAveragePool"}) {
+    EXPECT_EQ(report.training_forms.at(op), 1) << op;
+  }
+  absl::Status verified = VerifyModel(model);
+  EXPECT_TRUE(verified.ok()) << verified;
+  // The gradients read and write bfloat16 (the same kernels as ONNX's pools).
+  TrainingGraphOptions options;
+  options.output = "out";  // [N, 4] logits
+  ValueOrDie(BuildTrainingGraph(model, options));
+  int pool_grads = 0;
+  for (const Node* node : model.graph->nodes()) {
+    if (node->op_type() != "MaxPoolGrad" && node->op_type() != "AveragePoolGrad" &&
+        node->op_type() != "GlobalAveragePoolGrad") {
+      continue;
+    }
+    ++pool_grads;
+    EXPECT_EQ(node->input(0)->dtype(), DType::kBFloat16) << node->name();
+    EXPECT_EQ(node->output(0)->dtype(), DType::kBFloat16) << node->name();
+  }
+  EXPECT_EQ(pool_grads, 3);
+
+  // 'castor convert': ONNX pools, float32 after the float32 Conv; StripAutocast
+  // of the training form gives the ONNX ops back.
+  Model converted = PoolModel();
+  ValueOrDie(RunAutocast(converted, BuiltinPolicy("mixed_bfloat16")));
+  for (const char* name : {"max", "average", "global"}) {
+    const Node& node = NodeNamed(converted, name);
+    EXPECT_EQ(node.domain(), "") << name;
+    EXPECT_EQ(ReadAutocastRecord(node).dtype, "float32") << name;
+  }
+  Model stripped = PoolModel();
+  ValueOrDie(RunAutocast(stripped, BuiltinPolicy("mixed_bfloat16"), TrainingOps()));
+  ASSERT_TRUE(StripAutocast(stripped).ok());
+  for (const char* name : {"max", "average", "global"}) {
+    EXPECT_EQ(NodeNamed(stripped, name).domain(), "") << name;
+    EXPECT_EQ(NodeNamed(stripped, name).output(0)->dtype(), DType::kFloat32) << name;
+  }
+}
+
 Model LoadSample(const std::string& name) {
   Model model = ValueOrDie(LoadModel(std::string(CASTOR_SOURCE_DIR) + "/models/" + name + ".onnx"));
   EXPECT_TRUE(InferTypes(model).ok());
@@ -183,6 +268,7 @@ int CountConvs(const Model& model) {
   return convs;
 }
 
+// The sample CNN and ResNet: every Conv in bfloat16.
 class SampleConvTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(SampleConvTest, EveryConvComputesBfloat16InTheTrainingGraph) {
@@ -197,6 +283,15 @@ TEST_P(SampleConvTest, EveryConvComputesBfloat16InTheTrainingGraph) {
     EXPECT_EQ(node->input(0)->dtype(), DType::kBFloat16) << node->name();
   }
   EXPECT_EQ(CountConvs(model), convs);
+  // So does the CNN's MaxPool after its Conv (the ResNet's GlobalAveragePool
+  // follows the float32 residual sum: float32, ONNX's op).
+  for (const Node* node : model.graph->nodes()) {
+    if (node->op_type() != "MaxPool" && node->op_type() != "GlobalAveragePool") continue;
+    const bool bfloat16 = node->op_type() == "MaxPool";
+    EXPECT_EQ(node->domain(), bfloat16 ? kCastorDomain : "") << node->name();
+    EXPECT_EQ(node->input(0)->dtype(), bfloat16 ? DType::kBFloat16 : DType::kFloat32)
+        << node->name();
+  }
   const TrainingGraph graph = ValueOrDie(BuildTrainingGraph(model, TrainingGraphOptions{}));
   absl::Status verified = VerifyModel(model);
   EXPECT_TRUE(verified.ok()) << verified;

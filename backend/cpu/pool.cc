@@ -23,6 +23,7 @@
 #include "backend/cpu/im2col.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/simd16.h"
+#include "graph/gradient_builder.h"
 
 namespace castor::cpu {
 namespace {
@@ -482,10 +483,13 @@ absl::Status GlobalPoolKernel(KernelContext& ctx) {
 }  // namespace
 
 void RegisterPoolKernels(KernelTable& table) {
-  table.Register({"", "MaxPool", InputDTypeIn(0, kMaxPoolDTypes), MaxPoolKernel});
-  table.Register({"", "AveragePool", InputDTypeIn(0, kPoolFloatDTypes), AveragePoolKernel});
-  table.Register(
-      {"", "GlobalAveragePool", InputDTypeIn(0, kPoolFloatDTypes), GlobalPoolKernel<false>});
+  // The ONNX ops and castor's training forms of them (graph/ops/pool.cc).
+  for (const char* domain : {"", kCastorDomain}) {
+    table.Register({domain, "MaxPool", InputDTypeIn(0, kMaxPoolDTypes), MaxPoolKernel});
+    table.Register({domain, "AveragePool", InputDTypeIn(0, kPoolFloatDTypes), AveragePoolKernel});
+    table.Register(
+        {domain, "GlobalAveragePool", InputDTypeIn(0, kPoolFloatDTypes), GlobalPoolKernel<false>});
+  }
   table.Register({"", "GlobalMaxPool", InputDTypeIn(0, kPoolFloatDTypes), GlobalPoolKernel<true>});
 }
 

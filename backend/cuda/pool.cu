@@ -523,12 +523,15 @@ SupportsFn WindowedPoolSupports(SupportsFn dtypes) {
 void RegisterPoolKernels(KernelTable& table) {
   const std::vector<DType> max_pool_dtypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16,
                                               DType::kInt8, DType::kUInt8};
-  table.Register({"", "MaxPool", WindowedPoolSupports(InputDTypeIn(0, max_pool_dtypes)),
-                  PoolKernel<true>});
-  table.Register({"", "AveragePool", WindowedPoolSupports(InputDTypeIn(0, CudaFloatDTypes())),
-                  PoolKernel<false>});
-  table.Register(
-      {"", "GlobalAveragePool", InputDTypeIn(0, CudaFloatDTypes()), GlobalPoolKernelFor<false>});
+  // The ONNX ops and castor's training forms of them (graph/ops/pool.cc).
+  for (const char* domain : {"", kCastorDomain}) {
+    table.Register({domain, "MaxPool", WindowedPoolSupports(InputDTypeIn(0, max_pool_dtypes)),
+                    PoolKernel<true>});
+    table.Register({domain, "AveragePool",
+                    WindowedPoolSupports(InputDTypeIn(0, CudaFloatDTypes())), PoolKernel<false>});
+    table.Register({domain, "GlobalAveragePool", InputDTypeIn(0, CudaFloatDTypes()),
+                    GlobalPoolKernelFor<false>});
+  }
   table.Register(
       {"", "GlobalMaxPool", InputDTypeIn(0, CudaFloatDTypes()), GlobalPoolKernelFor<true>});
   table.Register({kCastorDomain, "MaxPoolGrad",

@@ -2012,6 +2012,10 @@ void AssignGradientRules(OpRegistry& registry) {
   // castor's own forward op: Conv as the training graph runs it in bfloat16
   // below opset 22 (graph/ops/conv.cc).
   registry.SetGradient(kCastorDomain, "Conv", ConvGradient);
+  // ... and the pools (graph/ops/pool.cc).
+  registry.SetGradient(kCastorDomain, "MaxPool", MaxPoolGradient);
+  registry.SetGradient(kCastorDomain, "AveragePool", AveragePoolGradient);
+  registry.SetGradient(kCastorDomain, "GlobalAveragePool", GlobalAveragePoolGradient);
   // castor's copy of the loss, for models below opset 12.
   registry.SetGradient(kCastorDomain, "SoftmaxCrossEntropyLoss",
                        SoftmaxCrossEntropyLossGradient);
