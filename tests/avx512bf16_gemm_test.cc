@@ -13,6 +13,7 @@
 // dispatch in gemm.h and CASTOR_AVX512BF16=off in `castor --version`.
 // On a CPU without AVX512-BF16 each test says so and skips.
 #include "backend/cpu/avx512bf16_gemm.h"
+#include "backend/cpu/grid_conv.h"
 
 #include <algorithm>
 #include <cmath>
@@ -510,9 +511,11 @@ TEST_F(Avx512Bf16VersionTest, VersionNamesTheKernelAndTheSwitchTurnsItOff) {
   const tools::Program version = tools::RunCastor(dir_, "--version");
   ASSERT_EQ(version.exit_code, 0) << version.err;
   // (CASTOR_AVX512BF16 and CASTOR_AMX, if set, reach the binary too.)
-  EXPECT_EQ(version.out.find("; AVX512-BF16 for bfloat16 GEMMs\n") != std::string::npos,
-            expected)
-      << version.out;
+  // (and its 2-D convolutions, grid_conv.h, on this CPU's AVX-512)
+  const std::string line = UseGridBFloat16Products() ? "; AVX512-BF16 for bfloat16 GEMMs and "
+                                                       "convolutions\n"
+                                                     : "; AVX512-BF16 for bfloat16 GEMMs\n";
+  EXPECT_EQ(version.out.find(line) != std::string::npos, expected) << version.out;
   const tools::Program off =
       tools::RunCastor(dir_, "--version", "env CASTOR_AVX512BF16=off " CASTOR_BINARY);
   ASSERT_EQ(off.exit_code, 0) << off.err;

@@ -14,6 +14,7 @@
 #include "backend/cpu/amx_gemm.h"
 #include "backend/cpu/avx512bf16_gemm.h"
 #include "backend/cpu/blas_core.h"
+#include "backend/cpu/grid_conv.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/scratch.h"
@@ -227,10 +228,13 @@ void GemmRoundedToDType(DType dtype, bool trans_a, bool trans_b, int64_t m, int6
 
 std::string DescribeGemm() {
   std::string line = DescribeBlasCore();
+  const bool convolutions = UseGridBFloat16Products();
   if (AmxBf16Available()) {
     line += "; AMX for bfloat16 GEMMs";
+    if (convolutions) line += "; AVX512-BF16 for bfloat16 convolutions";
   } else if (Avx512Bf16Available()) {
     line += "; AVX512-BF16 for bfloat16 GEMMs";
+    if (convolutions) line += " and convolutions";
   }
   return line;
 }

@@ -56,7 +56,9 @@ void GemmRoundedToDType(DType dtype, bool trans_a, bool trans_b, int64_t m, int6
 
 // One line for summaries and --version: blas_core.h's DescribeBlasCore(),
 // plus "; AMX for bfloat16 GEMMs" where amx_gemm.h runs, or
-// "; AVX512-BF16 for bfloat16 GEMMs" where avx512bf16_gemm.h does.
+// "; AVX512-BF16 for bfloat16 GEMMs" where avx512bf16_gemm.h does, and
+// where grid_conv.h's bfloat16 products run, " and convolutions" after it
+// (with AMX: "; AVX512-BF16 for bfloat16 convolutions").
 std::string DescribeGemm();
 
 // C = beta * C, the GEMM of an empty K (C is not read when beta == 0, so
