@@ -260,6 +260,32 @@ TEST(CpuElementwiseTest, ReluKeepsNanAndSigmoidSaturates) {
   EXPECT_EQ(s.data<float>()[1], 1.0f);
 }
 
+// 16-bit Relu runs on the bit patterns: over every one of the 65536, the
+// widened result rounded back (x <= 0 ? +0 : x), a NaN for a NaN.
+TEST(CpuElementwiseTest, Relu16BitOnEveryBitPatternIsTheWidenedResult) {
+  for (const DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    Tensor x(dtype, {65536});
+    for (int64_t i = 0; i < 65536; ++i) x.data<uint16_t>()[i] = static_cast<uint16_t>(i);
+    const Tensor y = RunOp("Relu", {x});
+    ASSERT_EQ(y.dtype(), dtype);
+    const bool bf16 = dtype == DType::kBFloat16;
+    int differing = 0;
+    for (int64_t i = 0; i < 65536; ++i) {
+      const uint16_t b = static_cast<uint16_t>(i);
+      const float wide = bf16 ? BFloat16BitsToFloat(b) : HalfBitsToFloat(b);
+      const float relu = math::ReluOp{}(wide);
+      const uint16_t got = y.data<uint16_t>()[i];
+      const float got_value = bf16 ? BFloat16BitsToFloat(got) : HalfBitsToFloat(got);
+      if (std::isnan(relu)) {
+        differing += !std::isnan(got_value);
+      } else {
+        differing += got != (bf16 ? FloatToBFloat16Bits(relu) : FloatToHalfBits(relu));
+      }
+    }
+    EXPECT_EQ(differing, 0) << DTypeName(dtype);
+  }
+}
+
 // ---------------- activations of exported models ----------------
 
 // An activation against its float64 reference on every float dtype

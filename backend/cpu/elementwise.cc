@@ -106,6 +106,30 @@ absl::Status UnaryKernel(KernelContext& ctx) {
   return RunUnary<kIntegers>(ctx, Op{});
 }
 
+// Relu: 16-bit floats on their bit patterns (the same results as widening:
+// x <= 0 ? +0 : x keeps positives, +inf and NaNs, and gives +0 for -0 and
+// the negatives), a select the loop vectorizes; the rest as RunUnary.
+absl::Status ReluKernel(KernelContext& ctx) {
+  const TensorView& x = ctx.input(0);
+  if (x.dtype != DType::kBFloat16 && x.dtype != DType::kFloat16) {
+    return RunUnary<true>(ctx, math::ReluOp{});
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * y, ctx.Output(0, x.dtype, x.dims));
+  const uint16_t infinity = x.dtype == DType::kBFloat16 ? 0x7f80 : 0x7c00;
+  const uint16_t* xp = static_cast<const uint16_t*>(x.data);
+  uint16_t* yp = static_cast<uint16_t*>(y->data);
+  ParallelFor(0, x.num_elements(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const uint16_t b = xp[i];
+      // In (+0, +inf]: bits 1 to +inf's; NaN: magnitude bits above inf's.
+      const bool kept = static_cast<uint16_t>(b - 1u) < infinity ||
+                        static_cast<uint16_t>(b & 0x7fffu) > infinity;
+      yp[i] = kept ? b : 0;
+    }
+  });
+  return absl::OkStatus();
+}
+
 absl::Status LeakyReluKernel(KernelContext& ctx) {
   return RunUnary<false>(ctx, math::LeakyReluOp{ctx.GetFloat("alpha", 0.01f)});
 }
@@ -650,7 +674,7 @@ void RegisterElementwiseKernels(KernelTable& table) {
   Add(table, "Floor", floats, &UnaryKernel<FloorOp, false>);
   Add(table, "Ceil", floats, &UnaryKernel<CeilOp, false>);
   Add(table, "Round", floats, &UnaryKernel<RoundOp, false>);
-  Add(table, "Relu", numeric, &UnaryKernel<ReluOp, true>);
+  Add(table, "Relu", numeric, &ReluKernel);
   Add(table, "Erf", numeric, &UnaryKernel<ErfOp, true>);
   Add(table, "LeakyRelu", floats, &LeakyReluKernel);
   Add(table, "Gelu", floats, &GeluKernel);
