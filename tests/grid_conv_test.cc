@@ -12,7 +12,8 @@
 // values: pair depths with an odd last row, and lines of 32-position
 // vectors, overlapped and masked tails, or (lines of at most 24 positions,
 // most shapes here) packed end to end. Also FillGrid's vector plane copy
-// and SpreadRow (im2col.h) against the expected values.
+// (float32 and 16-bit) and SpreadRow (im2col.h) against the expected
+// values.
 #include "backend/cpu/grid_conv.h"
 
 #include <cmath>
@@ -453,16 +454,31 @@ TEST(GridConv, FillGridWritesTheZeroPaddedPlanesOnEveryInstructionSet) {
       const int64_t planes = kChannels * grid.plane();
       for (int64_t i = planes; i < grid.buffer_size(kChannels); ++i) padded[i] = -7.0f;
       FillGrid<float, float>(x.data(), 0, kChannels, grid, padded.data());
+      // The same image in bfloat16 on a bfloat16 grid (the 16-bit vector
+      // fill): the bits copied, zeros around, the slack untouched.
+      std::vector<BFloat16> x16;
+      for (float v : x) x16.push_back(BFloat16{FloatToBFloat16Bits(v)});
+      std::vector<BFloat16> padded16(static_cast<size_t>(grid.buffer_size(kChannels)),
+                                     BFloat16{0x7fc1});
+      for (int64_t i = planes; i < grid.buffer_size(kChannels); ++i) padded16[i].bits = 0x1234;
+      FillGrid<BFloat16, BFloat16>(x16.data(), 0, kChannels, grid, padded16.data());
       for (int64_t ch = 0; ch < kChannels; ++ch) {
         for (int64_t i = 0; i < grid.rows; ++i) {
           for (int64_t j = 0; j < grid.cols; ++j) {
             const int64_t ih = i - c.pad_top, iw = j - c.pad_left;
             const bool inside = ih >= 0 && ih < c.in_h && iw >= 0 && iw < c.in_w;
-            const float want = inside ? x[(ch * c.in_h + ih) * c.in_w + iw] : 0.0f;
+            const int64_t at = (ch * c.in_h + ih) * c.in_w + iw;
+            const float want = inside ? x[at] : 0.0f;
             ASSERT_EQ(padded[ch * grid.plane() + i * grid.cols + j], want)
                 << "channel " << ch << " row " << i << " column " << j;
+            ASSERT_EQ(padded16[ch * grid.plane() + i * grid.cols + j].bits,
+                      inside ? x16[at].bits : 0)
+                << "bfloat16 channel " << ch << " row " << i << " column " << j;
           }
         }
+      }
+      for (int64_t i = planes; i < grid.buffer_size(kChannels); ++i) {
+        ASSERT_EQ(padded16[i].bits, 0x1234) << "bfloat16 slack " << i - planes << " was written";
       }
       for (int64_t i = planes; i < grid.buffer_size(kChannels); ++i) {
         ASSERT_EQ(padded[i], -7.0f) << "slack position " << i - planes << " was written";

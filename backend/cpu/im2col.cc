@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/grid_conv.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__clang__)
@@ -47,6 +48,38 @@ void FillPaddedPlaneAvx512(const float* src, int64_t in_h, int64_t in_w, int64_t
   _mm256_zeroupper();
 }
 
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw")
+// FillPaddedPlaneAvx512 for 16-bit elements, 32 lanes at a time: the lanes
+// inside the line are one contiguous run [lo, hi) of each vector, so the
+// masks come from integer arithmetic.
+void FillPaddedPlane16Avx512(const uint16_t* src, int64_t in_h, int64_t in_w,
+                             int64_t src_stride, int64_t top, int64_t left, int64_t rows,
+                             int64_t cols, uint16_t* dst) {
+  auto run = [](int64_t lo, int64_t hi) {  // lanes [lo, hi) of 32, clamped
+    lo = std::clamp<int64_t>(lo, 0, 32);
+    hi = std::clamp<int64_t>(hi, lo, 32);
+    const uint64_t below_hi = hi == 32 ? ~uint64_t{0} : (uint64_t{1} << hi) - 1;
+    return static_cast<__mmask32>(below_hi & ~((uint64_t{1} << lo) - 1));
+  };
+  for (int64_t i = 0; i < rows; ++i, dst += cols) {
+    const int64_t ih = i - top;
+    const bool inside = ih >= 0 && ih < in_h;
+    const uintptr_t line = inside ? reinterpret_cast<uintptr_t>(src + ih * src_stride) : 0;
+    for (int64_t j0 = 0; j0 < cols; j0 += 32) {
+      const __mmask32 store = run(0, cols - j0);
+      const __mmask32 load = inside ? run(left - j0, in_w + left - j0) & store : 0;
+      const uint16_t* from = reinterpret_cast<const uint16_t*>(
+          line + static_cast<uintptr_t>((j0 - left) * int64_t{sizeof(uint16_t)}));
+      _mm512_mask_storeu_epi16(dst + j0, store, _mm512_maskz_loadu_epi16(load, from));
+    }
+  }
+  _mm256_zeroupper();
+}
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+
 // SpreadRow with step 2: 8 floats at a time are expanded into the even lanes
 // of a vector and stored under an even-lane mask, so the odd positions (the
 // other column phase's) keep their values.
@@ -73,6 +106,19 @@ bool FillPaddedPlaneVector(const float* src, int64_t in_h, int64_t in_w, int64_t
   constexpr int64_t kLimit = int64_t{1} << 30;  // lane columns are int32
   if (ActiveGridIsa() == GridIsa::kAvx512 && in_w < kLimit && left < kLimit && cols < kLimit) {
     FillPaddedPlaneAvx512(src, in_h, in_w, src_stride, top, left, rows, cols, dst);
+    return true;
+  }
+#endif
+  (void)src, (void)in_h, (void)in_w, (void)src_stride, (void)top, (void)left, (void)rows;
+  (void)cols, (void)dst;
+  return false;
+}
+
+bool FillPaddedPlaneVector(const uint16_t* src, int64_t in_h, int64_t in_w, int64_t src_stride,
+                           int64_t top, int64_t left, int64_t rows, int64_t cols, uint16_t* dst) {
+#if defined(CASTOR_IM2COL_X86)
+  if (ActiveGridIsa() == GridIsa::kAvx512 && HostCpuFeatures().avx512bw) {
+    FillPaddedPlane16Avx512(src, in_h, in_w, src_stride, top, left, rows, cols, dst);
     return true;
   }
 #endif

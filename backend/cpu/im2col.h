@@ -123,6 +123,11 @@ void FillPairGrid(const BFloat16* x, int64_t channels, int64_t pair_lo, int64_t 
 bool FillPaddedPlaneVector(const float* src, int64_t in_h, int64_t in_w, int64_t src_stride,
                            int64_t top, int64_t left, int64_t rows, int64_t cols, float* dst);
 
+// The same for 16-bit elements (float16, bfloat16 bits), where the CPU has
+// AVX512-BW besides.
+bool FillPaddedPlaneVector(const uint16_t* src, int64_t in_h, int64_t in_w, int64_t src_stride,
+                           int64_t top, int64_t left, int64_t rows, int64_t cols, uint16_t* dst);
+
 // dst[j * step] = src[j] for j in [0, n); the positions between are not
 // written. Stride 2 runs in AVX-512 masked stores when grid_conv.h's
 // active instruction set is AVX-512.
@@ -226,6 +231,13 @@ void FillGrid(const T* x, int64_t channel_lo, int64_t channel_hi, const PaddedGr
           if (s0 == 1 && s1 == 1 &&
               FillPaddedPlaneVector(src, in_h, in_w, in_w, g.pad_begin[0], g.pad_begin[1], rows,
                                     cols, dst)) {
+            continue;
+          }
+        } else if constexpr (std::is_same_v<T, Acc> && sizeof(T) == 2) {  // 16-bit bits
+          if (s0 == 1 && s1 == 1 &&
+              FillPaddedPlaneVector(reinterpret_cast<const uint16_t*>(src), in_h, in_w, in_w,
+                                    g.pad_begin[0], g.pad_begin[1], rows, cols,
+                                    reinterpret_cast<uint16_t*>(dst))) {
             continue;
           }
         }
