@@ -220,17 +220,20 @@ void MaxPool2D(const common::WindowGeometry& g, const std::vector<AxisWindows>& 
       return WindowMax<V, decltype(nan_safe)::value>(cm, count > 0 ? cols.idx[first] : 0, count,
                                                      step_w);
     };
-    // 16-bit rows are computed in float32 and narrowed with the bulk
-    // conversion (exact: each value is one of the widened inputs).
-    std::vector<V> narrow_row(kIsFloat16Storage<T> ? out_w : 0);
-    auto row_pass = [&](T* ys_row, auto nan_safe) {
-      auto* yrow = [&] {
-        if constexpr (kIsFloat16Storage<T>) {
-          return narrow_row.data();
-        } else {
-          return ys_row;
-        }
-      }();
+    // 16-bit planes are computed in float32 and narrowed with the bulk
+    // conversion once per plane (exact: each value is one of the widened
+    // inputs; a call per row cost more than the rows' work).
+    std::vector<V> narrow_plane(kIsFloat16Storage<T> ? out_h * out_w : 0);
+    // Output row oh of the plane: in Y, or in the float32 plane.
+    auto output_row = [&](T* ys, int64_t oh) {
+      if constexpr (kIsFloat16Storage<T>) {
+        return narrow_plane.data() + oh * out_w;
+      } else {
+        return ys + oh * out_w;
+      }
+    };
+    auto row_pass = [&](T* ys, int64_t oh, auto nan_safe) {
+      auto* yrow = output_row(ys, oh);
       for (int64_t ow = 0; ow < full_lo; ++ow) Store(&yrow[ow], edge_max(ow, nan_safe));
       if (pairs) {  // each window is cm[2 ow], cm[2 ow + 1]: one branch-free loop
         for (int64_t ow = full_lo; ow < full_hi; ++ow) {
@@ -243,7 +246,6 @@ void MaxPool2D(const common::WindowGeometry& g, const std::vector<AxisWindows>& 
         }
       }
       for (int64_t ow = full_hi; ow < out_w; ++ow) Store(&yrow[ow], edge_max(ow, nan_safe));
-      if constexpr (kIsFloat16Storage<T>) FromFloat32(yrow, ys_row, out_w);
     };
     // 16-bit planes are widened to float32 once (bulk conversion, exact).
     std::vector<float> widened_plane(kIsFloat16Storage<T> ? in_h * in_w : 0);
@@ -263,15 +265,7 @@ void MaxPool2D(const common::WindowGeometry& g, const std::vector<AxisWindows>& 
         if constexpr (std::is_same_v<V, float>) {
           if (whole_pairs && row_count == 2) {
             const float* first = xs + rows.idx[rows.begin[oh]] * in_w;
-            float* out = [&] {
-              if constexpr (kIsFloat16Storage<T>) {
-                return narrow_row.data();
-              } else {
-                return ys + oh * out_w;
-              }
-            }();
-            MaxPoolRow2x2Avx512(first, first + step_h * in_w, out, out_w);
-            if constexpr (kIsFloat16Storage<T>) FromFloat32(out, ys + oh * out_w, out_w);
+            MaxPoolRow2x2Avx512(first, first + step_h * in_w, output_row(ys, oh), out_w);
             continue;
           }
         }
@@ -293,11 +287,12 @@ void MaxPool2D(const common::WindowGeometry& g, const std::vector<AxisWindows>& 
           }
         }
         if (has_nan) {
-          row_pass(ys + oh * out_w, std::true_type{});
+          row_pass(ys, oh, std::true_type{});
         } else {
-          row_pass(ys + oh * out_w, std::false_type{});
+          row_pass(ys, oh, std::false_type{});
         }
       }
+      if constexpr (kIsFloat16Storage<T>) FromFloat32(narrow_plane.data(), ys, out_h * out_w);
     }
   });
 }
