@@ -1,8 +1,9 @@
 // BuildTrainingGraph (see training_graph.h): the forward-only evaluation
 // graph, then BatchNormalization in training mode, Relu moved behind the
-// MaxPool that reads it, the loss, parameters, autodiff seeded with the loss
-// scale, and 16-bit values re-widened for the backward pass instead of kept
-// in float32.
+// MaxPool that reads it, the Casts around a BatchNormalization between
+// 16-bit neighbours folded into it, the loss, parameters, autodiff seeded
+// with the loss scale, and 16-bit values re-widened for the backward pass
+// instead of kept in float32.
 #include "passes/training_graph.h"
 
 #include <algorithm>
@@ -336,6 +337,53 @@ absl::StatusOr<int> PoolBeforeRelu(Graph& graph) {
   }
   if (swapped > 0) CASTOR_RETURN_IF_ERROR(graph.TopologicalSort());
   return swapped;
+}
+
+// Cast(x16 -> float32) -> BatchNormalizationTraining -> Cast(-> the same
+// 16-bit type), the form autocast gives a BatchNormalization kept float32
+// between 16-bit neighbours (a Conv before it, a Relu after): the node
+// reads x16 and writes Y in that type instead, and the Casts go. The
+// kernels compute in float32 all the same (CPU: each feature widened,
+// backend/cpu/normalization.cc; CUDA: a 16-bit X with float32 parameters)
+// and round Y once, so the values are the bits of the Casts; what goes are
+// two float32 copies of the tensor forward, and their gradients' two
+// backward. Applies where X comes from a widening Cast of a 16-bit value
+// and Y (not a graph output) is read only by Casts to that type; the
+// running statistics stay float32. Returns the number of nodes folded.
+absl::StatusOr<int> FoldBatchNormCasts(Graph& graph) {
+  auto is_cast = [](const Node* node) {
+    return node != nullptr && node->op_type() == "Cast" && node->domain().empty();
+  };
+  int folded = 0;
+  for (Node* bn : std::vector<Node*>(graph.nodes())) {
+    if (bn->op_type() != "BatchNormalizationTraining" || bn->domain() != kCastorDomain) continue;
+    Value* x = bn->input(0);
+    Value* y = bn->output(0);
+    Node* widen = x != nullptr ? x->producer() : nullptr;
+    if (!is_cast(widen) || x->dtype() != DType::kFloat32 || y->is_graph_output()) continue;
+    Value* x16 = widen->input(0);
+    const DType low = x16->dtype();
+    if (low != DType::kBFloat16 && low != DType::kFloat16) continue;
+    const std::vector<Use> readers = y->uses();
+    const bool narrowed_only =
+        !readers.empty() && std::all_of(readers.begin(), readers.end(), [&](const Use& use) {
+          return use.index >= 0 && is_cast(use.node) && use.node->output(0)->dtype() == low &&
+                 !use.node->output(0)->is_graph_output();
+        });
+    if (!narrowed_only) continue;
+    bn->SetInput(0, x16);
+    y->set_dtype(low);
+    for (const Use& use : readers) {
+      Node* narrow = use.node;
+      graph.ReplaceAllUsesWith(narrow->output(0), y);
+      CASTOR_RETURN_IF_ERROR(graph.RemoveNode(narrow));
+    }
+    if (x->uses().empty() && !x->is_graph_output()) {
+      CASTOR_RETURN_IF_ERROR(graph.RemoveNode(widen));
+    }
+    ++folded;
+  }
+  return folded;
 }
 
 // A widening Cast (float16/bfloat16 -> float32: exact) in the forward pass
@@ -737,6 +785,17 @@ void AddTrainingPasses(PassManager& manager, const TrainingGraphOptions& options
         "pool-before-relu", "runs a Relu read only by a MaxPool after it, on the pooled tensor",
         [state](Model& model, PassContext&) -> absl::Status {
           CASTOR_ASSIGN_OR_RETURN(state->result->pooled_relus, PoolBeforeRelu(*model.graph));
+          return absl::OkStatus();
+        }));
+  }
+  if (options.fold_batchnorm_casts) {
+    manager.Add(std::make_unique<FunctionPass>(
+        "fold-batchnorm-casts",
+        "folds the Casts from 16-bit to float32 and back around a BatchNormalization into it "
+        "(it reads and writes the 16-bit values, computing in float32 as before)",
+        [state](Model& model, PassContext&) -> absl::Status {
+          CASTOR_ASSIGN_OR_RETURN(state->result->folded_batchnorm_casts,
+                                  FoldBatchNormCasts(*model.graph));
           return absl::OkStatus();
         }));
   }

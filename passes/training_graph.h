@@ -91,6 +91,9 @@ struct TrainingGraphOptions {
   std::optional<int64_t> ignore_index;
   // Swap Relu -> MaxPool into MaxPool -> Relu (off only to compare).
   bool pool_before_relu = true;
+  // Fold 16-bit -> float32 -> 16-bit Casts around a BatchNormalization
+  // into it (off only to compare: the values are the same bits).
+  bool fold_batchnorm_casts = true;
   // Fine-tuning (ECMAScript regular expressions, matched anywhere in the
   // name as std::regex_search does; anchor with ^...$ for a whole name):
   // parameters whose initializer name matches `freeze`, or does not match
@@ -121,6 +124,9 @@ struct TrainingGraph {
   int backward_recasts = 0;
   // Relu -> MaxPool pairs of the training graph run as MaxPool -> Relu.
   int pooled_relus = 0;
+  // BatchNormalizations that read and write their 16-bit neighbours'
+  // values directly (fold-batchnorm-casts).
+  int folded_batchnorm_casts = 0;
   // Dropout nodes that read the RNG state (kRngStateInput; the input
   // exists only when there is one).
   int rng_dropouts = 0;

@@ -9,6 +9,7 @@
 // behaviours apart (KeptFloat32NodesOfGraph).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -344,12 +345,14 @@ CpuBackend& Cpu() {
   return *backend;
 }
 
-std::unique_ptr<training::Trainer> MakeTrainer(const std::string& policy) {
-  Model model = LoadSample("cnn_opset17");
+std::unique_ptr<training::Trainer> MakeTrainer(const std::string& policy,
+                                               const std::string& sample = "cnn_opset17",
+                                               const TrainingGraphOptions& graph_options = {}) {
+  Model model = LoadSample(sample);
   if (policy != "float32") {
     ValueOrDie(RunAutocast(model, BuiltinPolicy(policy), TrainingOps()));
   }
-  const TrainingGraph graph = ValueOrDie(BuildTrainingGraph(model, TrainingGraphOptions{}));
+  const TrainingGraph graph = ValueOrDie(BuildTrainingGraph(model, graph_options));
   training::TrainerOptions options;
   options.lr.base_lr = 1e-3;
   return ValueOrDie(training::Trainer::Create(std::move(model), graph, options, Cpu()));
@@ -386,6 +389,55 @@ TEST(AutocastTrainingFormTest, CnnLossCurveUnderBfloat16ConvsStaysCloseToFloat32
   EXPECT_GT(first, 2.0);
   EXPECT_LT(last_fp32, 0.8 * first);
   EXPECT_LT(last_bf16, 0.8 * first);
+}
+
+// fold-batchnorm-casts (passes/training_graph.cc): the ResNet's
+// BatchNormalizations between 16-bit neighbours read and write bfloat16
+// (no Casts around them), and training gives the same bits as with the
+// Casts: losses, weights and running statistics over 4 steps, for both
+// 16-bit types.
+TEST(AutocastTrainingFormTest, FoldedBatchNormCastsTrainTheSameBits) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+  Tensor images(DType::kFloat32, {16, 1, 28, 28});
+  for (int64_t i = 0; i < images.num_elements(); ++i) images.data<float>()[i] = pixel(rng);
+  Tensor labels(DType::kInt64, {16});
+  for (int64_t i = 0; i < 16; ++i) labels.data<int64_t>()[i] = (i * 3) % 10;
+  for (const char* policy : {"mixed_bfloat16", "mixed_float16"}) {
+    SCOPED_TRACE(policy);
+    TrainingGraphOptions unfolded_options;
+    unfolded_options.fold_batchnorm_casts = false;
+    std::unique_ptr<training::Trainer> folded = MakeTrainer(policy, "resnet_opset17");
+    std::unique_ptr<training::Trainer> unfolded =
+        MakeTrainer(policy, "resnet_opset17", unfolded_options);
+    // The three BatchNormalizations before a Relu that reads 16-bit.
+    EXPECT_EQ(folded->training_graph().folded_batchnorm_casts, 3);
+    EXPECT_EQ(unfolded->training_graph().folded_batchnorm_casts, 0);
+    int low_precision_bns = 0;
+    for (const Node* node : folded->model().graph->nodes()) {
+      if (node->op_type() != "BatchNormalizationTraining") continue;
+      if (node->input(0)->dtype() == DType::kFloat32) continue;
+      ++low_precision_bns;
+      EXPECT_EQ(node->output(0)->dtype(), node->input(0)->dtype()) << node->name();
+      EXPECT_EQ(node->input(1)->dtype(), DType::kFloat32) << node->name();
+      EXPECT_EQ(node->output(1)->dtype(), DType::kFloat32) << node->name();
+    }
+    EXPECT_EQ(low_precision_bns, 3);
+    for (int step = 0; step < 4; ++step) {
+      const training::StepResult a = ValueOrDie(folded->Step({{"input", images}}, labels));
+      const training::StepResult b = ValueOrDie(unfolded->Step({{"input", images}}, labels));
+      ASSERT_FALSE(a.skipped);
+      EXPECT_EQ(a.loss, b.loss) << "step " << step;
+    }
+    const training::Trainer::Snapshot after_folded = ValueOrDie(folded->TakeSnapshot());
+    const training::Trainer::Snapshot after_unfolded = ValueOrDie(unfolded->TakeSnapshot());
+    ASSERT_EQ(after_folded.state.size(), after_unfolded.state.size());
+    for (const auto& [name, tensor] : after_folded.state) {
+      const Tensor& other = after_unfolded.state.at(name);
+      ASSERT_EQ(tensor.byte_size(), other.byte_size()) << name;
+      EXPECT_EQ(std::memcmp(tensor.raw(), other.raw(), tensor.byte_size()), 0) << name;
+    }
+  }
 }
 
 }  // namespace

@@ -199,6 +199,36 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
         }
       });
       y_written = true;
+    } else if (x.dtype == DType::kBFloat16 || x.dtype == DType::kFloat16) {
+      // Each feature's values widened into a float32 buffer (exact), then
+      // the float32 path's loops on it and Y rounded once: the same bits as
+      // a Cast to float32, this kernel in float32 and a Cast back, without
+      // the two float32 copies of the tensor (the training graph folds
+      // those Casts into the node: passes/training_graph.cc).
+      const int64_t stride = features * inner;
+      const char* xp = static_cast<const char*>(x.data);
+      char* yp = static_cast<char*>((*y)->data);
+      ParallelFor(0, features, 1, [&](int64_t lo, int64_t hi) {
+        thread_local std::vector<float> widened;
+        widened.resize(static_cast<size_t>(batch * inner));
+        float* buffer = widened.data();
+        for (int64_t f = lo; f < hi; ++f) {
+          for (int64_t n = 0; n < batch; ++n) {
+            ToFloat32(x.dtype, xp + (n * stride + f * inner) * 2, buffer + n * inner, inner);
+          }
+          const double m = count > 0 ? ChannelSum(buffer, batch, inner, inner) / count : 0.0;
+          mean[f] = m;
+          var[f] = count > 0 ? ChannelSquaredDeviations(buffer, batch, inner, inner, m) / count
+                             : 0.0;
+          set_coefficients(f);
+          for (int64_t n = 0; n < batch; ++n) {
+            float* row = buffer + n * inner;
+            ScaleShift(row, row, inner, static_cast<float>(a[f]), static_cast<float>(b[f]));
+            FromFloat32(x.dtype, row, yp + (n * stride + f * inner) * 2, inner);
+          }
+        }
+      });
+      y_written = true;
     } else {
       ok = DispatchFloat(x.dtype, [&](auto tag) {
         using T = typename decltype(tag)::type;
