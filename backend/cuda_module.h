@@ -25,7 +25,7 @@
 namespace castor {
 
 // Raised whenever CudaModule or the types it passes change shape.
-inline constexpr int kCudaModuleAbiVersion = 1;
+inline constexpr int kCudaModuleAbiVersion = 2;
 
 struct CudaModule {
   int abi_version;             // kCudaModuleAbiVersion of the module's build
