@@ -3,10 +3,15 @@
 //  - one GPU: a world of one joins with a freshly drawn group id (which
 //    survives a copy through bytes, as the Gloo broadcast carries it) and
 //    averages float32, float16 and bfloat16 buffers without changing a bit;
-//    bad ids, ranks and dtypes are refused by name;
+//    bad ids, ranks and dtypes are refused by name; a trainer in a world of
+//    one averages through NCCL and steps exactly as a trainer alone;
 //  - two GPUs or more: two ranks, a thread and a device each, average
 //    bit for bit alike (exact averages where they are representable, an
-//    inf on one rank reaching both).
+//    inf on one rank reaching both), and `castor train --nproc 2 --backend
+//    cuda` on the sample CNN matches one process at the same global batch
+//    within the CPU distributed tests' tolerances (losses 1e-6 relative,
+//    weights 1e-5); with one GPU, --nproc 2 --backend cuda is refused
+//    naming both counts.
 // Everything skips, saying why, without a GPU; the NCCL cases skip without
 // NCCL on the machine (a missing libnccl.so.2; any other loading error
 // fails), and the two-rank cases say how many GPUs they need.
@@ -16,17 +21,31 @@
 #include <cmath>
 #include <cstring>
 #include <future>
+#include <map>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "backend/cuda_backend.h"
 #include "backend/cuda_probe.h"
 #include "backend/device_collectives.h"
 #include "gmock/gmock.h"
+#include "graph/json.h"
+#include "graph/onnx_io.h"
+#include "graph/shape_inference.h"
+#include "passes/training_graph.h"
+#include "tests/cli_test_util.h"
 #include "tests/cuda_test_util.h"
+#include "tests/trainer_test_util.h"
+#include "training/checkpoint.h"
+#include "training/distributed/communicator.h"
+#include "training/distributed/launcher.h"
+#include "training/npy.h"
+#include "training/trainer.h"
 
 namespace castor::tools {
 namespace {
@@ -152,6 +171,83 @@ TEST(CudaCollectivesTest, AWorldOfOneKeepsEveryBitAndTheGroupIdRoundTrips) {
   EXPECT_TRUE(SameBits(dc.Read(), c));
 }
 
+Model LoadSample(const std::string& name) {
+  absl::StatusOr<Model> model =
+      LoadModel(std::string(CASTOR_SOURCE_DIR) + "/models/" + name + ".onnx");
+  EXPECT_TRUE(model.ok()) << model.status();
+  EXPECT_TRUE(InferTypes(*model).ok());
+  return std::move(*model);
+}
+
+std::unique_ptr<training::Trainer> MakeTrainer(Backend& backend,
+                                               training::TrainerOptions options) {
+  Model model = LoadSample("cnn_opset17");
+  absl::StatusOr<TrainingGraph> graph = BuildTrainingGraph(model, TrainingGraphOptions{});
+  EXPECT_TRUE(graph.ok()) << graph.status();
+  options.optimizer.kind = OptimizerKind::kSgd;
+  options.optimizer.momentum = 0.9;
+  options.lr.base_lr = 0.05;
+  options.replay_steps = false;  // the same node-by-node kernels on both sides
+  absl::StatusOr<std::unique_ptr<training::Trainer>> trainer =
+      training::Trainer::Create(std::move(model), *graph, options, backend);
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  return trainer.ok() ? std::move(*trainer) : nullptr;
+}
+
+std::pair<Tensor, Tensor> Batch(int index, int64_t n = 16) {
+  std::mt19937 rng(2000 + index);
+  std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+  Tensor images(DType::kFloat32, {n, 1, 28, 28});
+  for (int64_t i = 0; i < images.num_elements(); ++i) images.data<float>()[i] = pixel(rng);
+  Tensor labels(DType::kInt64, {n});
+  for (int64_t i = 0; i < n; ++i) labels.data<int64_t>()[i] = (3 * i + index) % 10;
+  return {std::move(images), std::move(labels)};
+}
+
+// A trainer in a data-parallel world of one (a Gloo communicator of one
+// rank) averages its loss and gradients through NCCL, one group a step,
+// and steps exactly as a trainer on its own.
+TEST(CudaCollectivesTest, ATrainerInAWorldOfOneAveragesThroughNcclAndStepsAsOneAlone) {
+  CASTOR_REQUIRE_CUDA();
+  CASTOR_REQUIRE_NCCL(Gpu());
+  if (!distributed::CollectivesAvailable()) GTEST_SKIP() << "castor was built without Gloo";
+  absl::StatusOr<int> port = distributed::FreeLoopbackPort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  distributed::DistributedConfig config;
+  config.master_port = *port;
+  config.timeout = kTimeout;
+  absl::StatusOr<std::unique_ptr<distributed::Communicator>> communicator =
+      distributed::Connect(config);
+  ASSERT_TRUE(communicator.ok()) << communicator.status();
+  training::TrainerOptions ranked_options;
+  ranked_options.communicator = communicator->get();
+  ranked_options.collective_timeout = kTimeout;
+  std::unique_ptr<training::Trainer> alone = MakeTrainer(Gpu(), {});
+  std::unique_ptr<training::Trainer> ranked = MakeTrainer(Gpu(), ranked_options);
+  ASSERT_TRUE(alone && ranked);
+  EXPECT_EQ(alone->allreduce_engine(), "");
+  EXPECT_THAT(ranked->allreduce_engine(), StartsWith("NCCL 2."));
+  EXPECT_THAT(ranked->replay_unavailable(), HasSubstr("is not recorded"));
+  int64_t elements = 1;  // the loss
+  for (const auto& [name, tensor] : StateOf(*alone)) elements += tensor.num_elements();
+  for (int step = 0; step < 4; ++step) {
+    auto [images, labels] = Batch(step);
+    absl::StatusOr<training::StepResult> a = alone->Step({{"input", images}}, labels);
+    absl::StatusOr<training::StepResult> b = ranked->Step({{"input", images}}, labels);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " / " << b.status();
+    EXPECT_EQ(a->loss, b->loss) << "step " << step + 1;
+    EXPECT_EQ(a->allreduce_buckets, 0);
+    EXPECT_EQ(b->allreduce_buckets, 1) << "step " << step + 1;
+    EXPECT_EQ(b->allreduce_bytes, 4 * elements) << "step " << step + 1;  // float32 gradients
+    EXPECT_GE(b->allreduce_seconds, 0.0) << "step " << step + 1;
+    EXPECT_EQ(b->allreduce_wait_seconds, b->allreduce_seconds);
+  }
+  const std::map<std::string, Tensor> ranked_state = StateOf(*ranked);
+  for (const auto& [name, tensor] : StateOf(*alone)) {
+    EXPECT_TRUE(SameBits(ranked_state.at(name), tensor)) << name;
+  }
+}
+
 // --- two GPUs: two ranks ------------------------------------------------------
 
 // Skips unless there are at least 2 GPUs, saying how many there are.
@@ -239,6 +335,111 @@ TEST(CudaCollectivesTest, TwoRanksOnTwoDevicesEndWithTheSameBits) {
     const double expected = (r0.GetDouble(i) + r1.GetDouble(i)) / 2;
     ASSERT_NEAR(random[0].GetDouble(i), expected, 1.2e-7 * std::abs(expected) + 1e-30)
         << "element " << i;
+  }
+}
+
+// --- castor train --nproc 2 --backend cuda ----------------------------------------
+
+class CudaDataParallelTrainTest : public CliTempDirTest {
+ protected:
+  CudaDataParallelTrainTest() : CliTempDirTest("cuda_data_parallel") {}
+
+  void SetUp() override {
+    CliTempDirTest::SetUp();
+    std::mt19937 rng(5);
+    std::uniform_int_distribution<int> pixel(0, 255);
+    for (const auto& [split, n] : {std::pair<std::string, int64_t>{"train", 256}, {"test", 32}}) {
+      Tensor images(DType::kUInt8, {n, 28, 28});
+      for (int64_t i = 0; i < images.num_elements(); ++i) images.data<uint8_t>()[i] = pixel(rng);
+      Tensor labels(DType::kInt64, {n});
+      for (int64_t i = 0; i < n; ++i) labels.data<int64_t>()[i] = (i * 3) % 10;
+      ASSERT_TRUE(training::WriteNpy((dir_ / (split + "_x.npy")).string(), images).ok());
+      ASSERT_TRUE(training::WriteNpy((dir_ / (split + "_y.npy")).string(), labels).ok());
+    }
+  }
+
+  // `castor train` on the sample CNN, float32 and SGD, 20 steps of a
+  // global batch of 64 (4 steps an epoch), on the GPU.
+  std::string TrainArgs(const std::string& extra) const {
+    const std::string d = dir_.string();
+    return absl::StrCat("train ", CASTOR_SOURCE_DIR, "/models/cnn_opset17.onnx --data ", d,
+                        "/train_x.npy,", d, "/train_y.npy,", d, "/test_x.npy,", d,
+                        "/test_y.npy --policy float32 --optimizer sgd --momentum 0.9 --lr 0.05 "
+                        "--batch 64 --epochs 5 --max-steps 20 --backend cuda --dist-timeout 120 ",
+                        extra);
+  }
+
+  static std::vector<double> Losses(const std::filesystem::path& metrics) {
+    std::vector<double> losses;
+    for (absl::string_view line : absl::StrSplit(ReadFile(metrics), '\n')) {
+      absl::StatusOr<Json> json = Json::Parse(std::string(line));
+      if (!json.ok() || json->Find("loss") == nullptr) continue;
+      losses.push_back(json->Find("loss")->as_number());
+    }
+    return losses;
+  }
+
+  static std::map<std::string, Tensor> Weights(const std::filesystem::path& path) {
+    std::map<std::string, Tensor> weights;
+    absl::StatusOr<training::Checkpoint> checkpoint = training::ReadCheckpoint(path.string());
+    EXPECT_TRUE(checkpoint.ok()) << path << ": " << checkpoint.status();
+    if (!checkpoint.ok()) return weights;
+    for (const std::string& name : checkpoint->state.parameters) {
+      const Value* value = checkpoint->model.graph->FindValue(name);
+      if (value != nullptr && value->initializer() != nullptr) {
+        weights[name] = *value->initializer();
+      }
+    }
+    return weights;
+  }
+};
+
+TEST_F(CudaDataParallelTrainTest, TwoRanksOnTwoGpusMatchOneProcessOrAreRefusedOnOne) {
+  CASTOR_REQUIRE_CUDA();
+  if (!distributed::CollectivesAvailable()) {
+    GTEST_SKIP() << "castor was built without Gloo (--nproc needs it)";
+  }
+  const CudaProbe probe = ProbeCuda();
+  const std::filesystem::path one = dir_ / "one", two = dir_ / "two";
+  Program pair = RunCastor(dir_, TrainArgs(absl::StrCat("--nproc 2 --metrics ",
+                                                        (dir_ / "two.jsonl").string(),
+                                                        " --checkpoint-dir ", two.string())));
+  if (probe.device_count < 2) {
+    EXPECT_EQ(pair.exit_code, 2) << pair.err;
+    EXPECT_THAT(pair.err, HasSubstr(absl::StrCat("2 data-parallel ranks on this host but ",
+                                                 probe.device_count, " CUDA device(s)")));
+    return;
+  }
+  absl::StatusOr<std::string> nccl = LoadCudaCollectivesLibrary();
+  if (!nccl.ok()) {  // every rank stops, naming the library
+    EXPECT_EQ(pair.exit_code, 2) << pair.err;
+    EXPECT_THAT(pair.err, HasSubstr("data-parallel training on cuda needs NCCL (libnccl.so.2)"));
+    return;
+  }
+  ASSERT_EQ(pair.exit_code, 0) << pair.err;
+  Program single = RunCastor(
+      dir_, TrainArgs(absl::StrCat("--metrics ", (dir_ / "one.jsonl").string(),
+                                   " --checkpoint-dir ", one.string())));
+  ASSERT_EQ(single.exit_code, 0) << single.err;
+  EXPECT_THAT(pair.out, HasSubstr(absl::StrCat("batch 64 (32 per rank on 2 ranks, ", *nccl, ")")));
+  EXPECT_THAT(pair.out, HasSubstr(absl::StrCat("  allreduce       ", *nccl, ": ")));
+  EXPECT_THAT(pair.out, HasSubstr(" in 1 bucket(s), "));
+  const std::vector<double> expected = Losses(dir_ / "one.jsonl");
+  const std::vector<double> losses = Losses(dir_ / "two.jsonl");
+  ASSERT_EQ(expected.size(), 20u);
+  ASSERT_EQ(losses.size(), 20u);
+  for (size_t k = 0; k < losses.size(); ++k) {
+    EXPECT_NEAR(losses[k], expected[k], 1e-6 * std::abs(expected[k])) << "step " << k + 1;
+  }
+  const std::map<std::string, Tensor> single_weights = Weights(one / "ckpt-00000020.onnx");
+  const std::map<std::string, Tensor> pair_weights = Weights(two / "ckpt-00000020.onnx");
+  ASSERT_FALSE(single_weights.empty());
+  ASSERT_EQ(pair_weights.size(), single_weights.size());
+  for (const auto& [name, expected_weight] : single_weights) {
+    const Tensor& weight = pair_weights.at(name);
+    for (int64_t i = 0; i < weight.num_elements(); ++i) {
+      ASSERT_NEAR(weight.data<float>()[i], expected_weight.data<float>()[i], 1e-5) << name;
+    }
   }
 }
 
