@@ -1,8 +1,9 @@
 // The narrow backend interface (DESIGN.md "Core abstractions", after
 // ggml-backend): memory, host copies, which nodes it can run, running one
 // node's kernel, synchronisation, the end of a training step, (where the
-// device has it) recording queued work once to replay it, and the
-// cross-rank sums of synchronised BatchNormalization. Everything
+// device has it) recording queued work once to replay it, the
+// cross-rank sums of synchronised BatchNormalization and (where the
+// backend has them) collectives in its own memory. Everything
 // above it (the executor's plan, buffer reuse, the training loop) is
 // backend-neutral.
 #pragma once
@@ -19,6 +20,8 @@
 #include "backend/step_kernels.h"
 
 namespace castor {
+
+class DeviceCollectives;  // backend/device_collectives.h
 
 // Work a backend recorded between BeginCapture and EndCapture (a CUDA
 // graph). Replay queues the same kernels on the same buffers again, reading
@@ -91,6 +94,12 @@ class Backend {
   virtual bool supports_cross_rank_sum() const { return false; }
   void set_cross_rank_sum(CrossRankSum sum) { cross_rank_sum_ = std::move(sum); }
   const CrossRankSum& cross_rank_sum() const { return cross_rank_sum_; }
+
+  // Data-parallel training: collectives that average buffers in this
+  // backend's memory across the ranks (backend/device_collectives.h; the
+  // CUDA backend's NCCL), owned by the backend; nullptr when it has none
+  // and the trainer averages through the host.
+  virtual DeviceCollectives* device_collectives() { return nullptr; }
 
  private:
   CrossRankSum cross_rank_sum_;

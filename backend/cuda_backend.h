@@ -1,5 +1,6 @@
 // The CUDA backend as the rest of castor sees it, without CUDA headers:
-// create one (or learn why not), and reach its kernel table. Implemented by
+// create one (or learn why not), reach its kernel table, and open the
+// library of its device collectives (NCCL). Implemented by
 // backend/cuda_loader.cc in every build: with CUDA it opens the backend's
 // module, libcastor_cuda.so (backend/cuda_module.h), when first needed;
 // without CUDA it says so. Callers need no #ifdefs.
@@ -55,5 +56,17 @@ absl::StatusOr<const KernelTable*> CudaKernelTable();
 
 // The memory statistics of `backend` when it is a CUDA backend.
 absl::StatusOr<DeviceMemoryStats> CudaMemoryStats(const Backend& backend);
+
+// The library of a CUDA backend's device collectives
+// (Backend::device_collectives(), used by data-parallel runs): NCCL, which
+// the module opens at run time, never links.
+inline constexpr char kNcclLibraryFile[] = "libnccl.so.2";
+
+// Opens NCCL as a data-parallel run on CUDA does (from `file`; tests name
+// others), without asking for a GPU: its version, e.g. "NCCL 2.28.9", or
+// FailedPrecondition "data-parallel training on cuda needs NCCL
+// (libnccl.so.2): <why>" (and in builds without the CUDA backend, why not).
+// Loads the module.
+absl::StatusOr<std::string> LoadCudaCollectivesLibrary(const std::string& file = kNcclLibraryFile);
 
 }  // namespace castor

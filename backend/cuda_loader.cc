@@ -7,7 +7,8 @@
 //    only then, so a machine without a GPU never maps cuBLAS, cuBLASLt and
 //    cuDNN;
 //  - CudaKernelTable opens it regardless: the table is host-side, and tools
-//    check graphs against it without a GPU.
+//    check graphs against it without a GPU; so does
+//    LoadCudaCollectivesLibrary (the module opens NCCL, which needs none).
 // The module is looked for in the running executable's own directory only
 // (the build tree links it into tests/ and bench/ too), and must come from
 // the same build directory (CASTOR_BUILD_ID). It is never closed once in
@@ -181,6 +182,11 @@ absl::StatusOr<const KernelTable*> CudaKernelTable() {
   absl::StatusOr<const CudaModule*> module = OpenModule();
   if (!module.ok()) return module.status();
   return (*module)->kernel_table();
+}
+
+absl::StatusOr<std::string> LoadCudaCollectivesLibrary(const std::string& file) {
+  CASTOR_ASSIGN_OR_RETURN(const CudaModule* module, OpenModule());
+  return module->load_collectives_library(file);
 }
 
 absl::StatusOr<DeviceMemoryStats> CudaMemoryStats(const Backend& backend) {

@@ -4,8 +4,8 @@
 // run that never touches a GPU never maps cuBLAS, cuBLASLt and cuDNN (about
 // 150 MiB resident and 50 ms of start-up on a CPU machine).
 //
-// The module exports one C function returning a CudaModule: the four
-// entry points backend/cuda_backend.h and backend/cuda_probe.h promise.
+// The module exports one C function returning a CudaModule: the entry
+// points backend/cuda_backend.h and backend/cuda_probe.h promise.
 // The module is part of one build with the executable that loads it: it
 // takes castor's own code (graph/, backend/) from that executable (which
 // exports its symbols), so the types passed across are the same types.
@@ -15,6 +15,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "backend/backend.h"
@@ -25,7 +26,7 @@
 namespace castor {
 
 // Raised whenever CudaModule or the types it passes change shape.
-inline constexpr int kCudaModuleAbiVersion = 1;
+inline constexpr int kCudaModuleAbiVersion = 2;
 
 struct CudaModule {
   int abi_version;             // kCudaModuleAbiVersion of the module's build
@@ -35,6 +36,7 @@ struct CudaModule {
   absl::StatusOr<std::unique_ptr<Backend>> (*create_backend)(const CudaBackendOptions& options);
   const KernelTable* (*kernel_table)();
   absl::StatusOr<DeviceMemoryStats> (*memory_stats)(const Backend& backend);
+  absl::StatusOr<std::string> (*load_collectives_library)(const std::string& file);
 };
 
 }  // namespace castor

@@ -4,7 +4,10 @@
 // collectives; two trainers as two ranks against one trainer on the whole
 // batch (losses within 1e-6 relative and weights within 1e-5 after 20
 // steps, the ranks' weights bitwise identical); an overflow on one rank
-// skipping the step on both; and `castor train` as ranks: --nproc 2
+// skipping the step on both; the group of a backend's device collectives
+// (NCCL's place, faked on the CPU backend over Gloo: its formation, a rank
+// without them, a rank that cannot load them) and the trainer's device
+// path against its host path; and `castor train` as ranks: --nproc 2
 // against one process, rank-0-only output, the checkpoint's world size, a
 // 2-rank resume continuing bit for bit, bad configurations (exit 2 on
 // every rank), ranks that share nothing but the port, `mpirun -np 2`
@@ -28,8 +31,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/device_collectives.h"
 #include "gmock/gmock.h"
 #include "graph/json.h"
+#include "graph/status.h"
 #include "graph/onnx_io.h"
 #include "graph/shape_inference.h"
 #include "gtest/gtest.h"
@@ -40,6 +45,7 @@
 #include "training/dataset.h"
 #include "training/distributed/bucketed_allreduce.h"
 #include "training/distributed/communicator.h"
+#include "training/distributed/device_group.h"
 #include "training/distributed/launcher.h"
 #include "training/npy.h"
 #include "training/trainer.h"
@@ -427,9 +433,11 @@ struct RankTrainer {
 };
 
 RankTrainer MakeRankTrainer(const std::string& model, const std::string& policy,
-                            training::TrainerOptions options) {
+                            training::TrainerOptions options,
+                            std::unique_ptr<CpuBackend> backend = nullptr) {
   RankTrainer made;
-  made.backend = std::make_unique<CpuBackend>(CpuBackendOptions{1});
+  made.backend = backend != nullptr ? std::move(backend)
+                                    : std::make_unique<CpuBackend>(CpuBackendOptions{1});
   Model loaded = LoadSample(model, policy);
   absl::StatusOr<TrainingGraph> graph = BuildTrainingGraph(loaded, TrainingGraphOptions{});
   EXPECT_TRUE(graph.ok()) << graph.status();
@@ -589,6 +597,268 @@ TEST(DataParallelTrainerTest, AnOverflowOnOneRankSkipsTheStepOnBoth) {
   });
 }
 
+// --- device collectives (NCCL's place, faked on the CPU) ---------------------------
+
+// Device collectives whose device memory is the CPU backend's host memory:
+// the group averages float32 buffers through the rank's Gloo communicator,
+// so that the group's formation (distributed::JoinDeviceGroup) and the
+// trainer's device path run without a GPU. It records what it was asked.
+class HostMemoryCollectives : public DeviceCollectives {
+ public:
+  static constexpr double kWaitSeconds = 0.25e-3;  // what each Wait reports
+
+  explicit HostMemoryCollectives(distributed::Communicator& communicator)
+      : communicator_(communicator) {}
+
+  std::string library() const override { return "FakeCCL"; }
+  absl::Status Load() override {
+    return load_error.empty() ? absl::OkStatus() : absl::FailedPreconditionError(load_error);
+  }
+  size_t group_id_bytes() const override { return 16; }
+  absl::StatusOr<std::string> NewGroupId() override {
+    if (!id_error.empty()) return absl::UnavailableError(id_error);
+    return std::string("group-id-0123456", 16);
+  }
+  absl::StatusOr<std::unique_ptr<DeviceCollectiveGroup>> Join(
+      const std::string& id, int rank, int world_size, std::chrono::milliseconds) override {
+    joined_id = id;
+    joined_rank = rank;
+    joined_world_size = world_size;
+    return std::unique_ptr<DeviceCollectiveGroup>(new Group(*this, rank, world_size));
+  }
+
+  // Set before the group forms: Load's or NewGroupId's failure.
+  std::string load_error, id_error;
+  // What happened.
+  std::string joined_id;
+  int joined_rank = -1, joined_world_size = 0;
+  std::vector<size_t> averaged;  // buffers per AverageInPlace
+  int waits = 0;
+
+ private:
+  class Group : public DeviceCollectiveGroup {
+   public:
+    Group(HostMemoryCollectives& owner, int rank, int world_size)
+        : owner_(owner), rank_(rank), world_size_(world_size) {}
+    int rank() const override { return rank_; }
+    int world_size() const override { return world_size_; }
+    std::string engine() const override { return "FakeCCL 1.0"; }
+    absl::Status AverageInPlace(const std::vector<TensorView>& buffers,
+                                const std::string& what) override {
+      owner_.averaged.push_back(buffers.size());
+      for (const TensorView& buffer : buffers) {
+        if (buffer.dtype != DType::kFloat32) {
+          return absl::InvalidArgumentError(absl::StrCat(what, ": a ", DTypeName(buffer.dtype),
+                                                         " buffer"));
+        }
+        CASTOR_RETURN_IF_ERROR(owner_.communicator_.AllreduceAverage(
+            buffer.as<float>(), static_cast<size_t>(buffer.num_elements()), what));
+      }
+      return absl::OkStatus();
+    }
+    absl::StatusOr<double> Wait(const std::string&) override {
+      ++owner_.waits;
+      return kWaitSeconds;
+    }
+
+   private:
+    HostMemoryCollectives& owner_;
+    int rank_, world_size_;
+  };
+
+  distributed::Communicator& communicator_;
+};
+
+// A single-threaded CPU backend that offers HostMemoryCollectives.
+class CpuBackendWithCollectives : public CpuBackend {
+ public:
+  explicit CpuBackendWithCollectives(distributed::Communicator& communicator)
+      : CpuBackend(CpuBackendOptions{1}), collectives_(communicator) {}
+  DeviceCollectives* device_collectives() override { return &collectives_; }
+  HostMemoryCollectives& fake() { return collectives_; }
+
+ private:
+  HostMemoryCollectives collectives_;
+};
+
+TEST(DeviceGroupTest, RanksJoinWithRankZerosGroupId) {
+  SKIP_WITHOUT_GLOO();
+  for (int world_size : {1, 3}) {
+    OnRanks(world_size, [world_size](int rank, distributed::Communicator& communicator) {
+      CpuBackendWithCollectives backend(communicator);
+      absl::StatusOr<std::unique_ptr<DeviceCollectiveGroup>> group =
+          distributed::JoinDeviceGroup(backend, communicator, std::chrono::seconds(30));
+      ASSERT_TRUE(group.ok()) << group.status();
+      ASSERT_NE(*group, nullptr) << "rank " << rank << " of " << world_size;
+      EXPECT_EQ(backend.fake().joined_id, std::string("group-id-0123456", 16))
+          << "rank " << rank << " of " << world_size;
+      EXPECT_EQ(backend.fake().joined_rank, rank);
+      EXPECT_EQ(backend.fake().joined_world_size, world_size);
+    });
+  }
+}
+
+TEST(DeviceGroupTest, ARankWithoutThemSendsEveryRankThroughTheHost) {
+  SKIP_WITHOUT_GLOO();
+  // Rank 1 trains on a backend without device collectives (a CPU rank of a
+  // --backend auto run, say): no rank joins a group.
+  OnRanks(3, [](int rank, distributed::Communicator& communicator) {
+    CpuBackendWithCollectives offering(communicator);
+    CpuBackend plain(CpuBackendOptions{1});
+    Backend& backend = rank == 1 ? static_cast<Backend&>(plain) : offering;
+    absl::StatusOr<std::unique_ptr<DeviceCollectiveGroup>> group =
+        distributed::JoinDeviceGroup(backend, communicator, std::chrono::seconds(30));
+    ASSERT_TRUE(group.ok()) << group.status();
+    EXPECT_EQ(*group, nullptr) << "rank " << rank;
+    EXPECT_EQ(offering.fake().joined_rank, -1) << "rank " << rank;
+  });
+}
+
+TEST(DeviceGroupTest, ARankThatCannotLoadTheLibraryStopsEveryRank) {
+  SKIP_WITHOUT_GLOO();
+  OnRanks(3, [](int rank, distributed::Communicator& communicator) {
+    CpuBackendWithCollectives backend(communicator);
+    if (rank == 1) {
+      backend.fake().load_error =
+          "data-parallel training on cuda needs NCCL (libnccl.so.2): libnccl.so.2: cannot open "
+          "shared object file";
+    }
+    absl::StatusOr<std::unique_ptr<DeviceCollectiveGroup>> group =
+        distributed::JoinDeviceGroup(backend, communicator, std::chrono::seconds(30));
+    ASSERT_FALSE(group.ok()) << "rank " << rank;
+    EXPECT_EQ(group.status().code(), absl::StatusCode::kFailedPrecondition);
+    if (rank == 1) {
+      EXPECT_EQ(group.status().message(),
+                "rank 1 of 3: data-parallel training on cuda needs NCCL (libnccl.so.2): "
+                "libnccl.so.2: cannot open shared object file");
+    } else {
+      EXPECT_EQ(group.status().message(),
+                absl::StrCat("rank ", rank, " of 3: rank(s) 1 cannot load FakeCCL for this "
+                             "data-parallel run (their errors say why)"));
+    }
+    EXPECT_EQ(backend.fake().joined_rank, -1);
+  });
+}
+
+TEST(DeviceGroupTest, ARankZeroWithoutAGroupIdStopsEveryRank) {
+  SKIP_WITHOUT_GLOO();
+  OnRanks(2, [](int rank, distributed::Communicator& communicator) {
+    CpuBackendWithCollectives backend(communicator);
+    if (rank == 0) backend.fake().id_error = "rank 0: NCCL: ncclGetUniqueId: no network";
+    absl::StatusOr<std::unique_ptr<DeviceCollectiveGroup>> group =
+        distributed::JoinDeviceGroup(backend, communicator, std::chrono::seconds(30));
+    ASSERT_FALSE(group.ok()) << "rank " << rank;
+    EXPECT_THAT(group.status().message(),
+                HasSubstr(rank == 0 ? "rank 0 of 2: rank 0: NCCL: ncclGetUniqueId: no network"
+                                    : "rank 1 of 2: rank 0 could not create the FakeCCL group"));
+    EXPECT_EQ(backend.fake().joined_rank, -1);
+  });
+}
+
+// The trainer's device path (one group of the loss and the gradients,
+// averaged in backend memory after the backward pass) against its host
+// path (Gloo buckets), on 2 ranks: the same averages, so the same bits.
+TEST(DataParallelTrainerTest, DeviceCollectivesGiveTheHostPathsBits) {
+  SKIP_WITHOUT_GLOO();
+  constexpr int64_t kSteps = 4, kBatch = 32;
+  const training::Dataset data = GlobalBatches(kSteps, kBatch);
+  struct Run {
+    std::vector<double> losses;
+    std::map<std::string, Tensor> state;
+    std::vector<training::StepResult> results;
+    std::string engine;
+    std::vector<size_t> averaged;
+    int waits = 0;
+  };
+  std::vector<std::vector<Run>> runs(2, std::vector<Run>(2));  // [path][rank]
+  for (int device : {0, 1}) {
+    OnRanks(2, [&](int rank, distributed::Communicator& communicator) {
+      training::TrainerOptions options = SgdOptions();
+      options.communicator = &communicator;
+      options.device_collectives = device == 1;
+      auto backend = std::make_unique<CpuBackendWithCollectives>(communicator);
+      CpuBackendWithCollectives* fake = backend.get();
+      RankTrainer ranked = MakeRankTrainer("cnn_opset17", "float32", options, std::move(backend));
+      ASSERT_NE(ranked.trainer, nullptr);
+      Run& run = runs[static_cast<size_t>(device)][static_cast<size_t>(rank)];
+      run.engine = ranked.trainer->allreduce_engine();
+      for (int64_t step = 0; step < kSteps; ++step) {
+        const std::vector<int64_t> global = Rows(step * kBatch, kBatch);
+        training::Batch b =
+            training::GatherBatch(data, training::RankShard(global, global, rank, 2));
+        absl::StatusOr<training::StepResult> r =
+            ranked.trainer->Step({{"input", b.images}}, b.labels);
+        ASSERT_TRUE(r.ok()) << r.status();
+        run.losses.push_back(r->loss);
+        r->output = Tensor();
+        run.results.push_back(*r);
+      }
+      absl::StatusOr<training::Trainer::Snapshot> snapshot = ranked.trainer->TakeSnapshot();
+      ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+      run.state = std::move(snapshot->state);
+      run.averaged = fake->fake().averaged;
+      run.waits = fake->fake().waits;
+    });
+  }
+  const Run& host = runs[0][0];
+  EXPECT_EQ(host.engine, "Gloo");
+  EXPECT_TRUE(host.averaged.empty()) << "the host path used the device collectives";
+  int64_t elements = 1;  // the loss
+  for (const auto& [name, tensor] : host.state) elements += tensor.num_elements();
+  for (int rank : {0, 1}) {
+    const Run& run = runs[1][static_cast<size_t>(rank)];
+    ASSERT_EQ(run.losses.size(), static_cast<size_t>(kSteps)) << "rank " << rank;
+    EXPECT_EQ(run.engine, "FakeCCL 1.0");
+    // One group a step: the loss and the 6 gradients.
+    EXPECT_EQ(run.averaged, std::vector<size_t>(kSteps, 7)) << "rank " << rank;
+    EXPECT_EQ(run.waits, kSteps) << "rank " << rank;
+    for (int64_t step = 0; step < kSteps; ++step) {
+      EXPECT_EQ(run.losses[step], host.losses[step]) << "rank " << rank << " step " << step + 1;
+      const training::StepResult& r = run.results[static_cast<size_t>(step)];
+      EXPECT_EQ(r.allreduce_bytes, 4 * elements);
+      EXPECT_EQ(r.allreduce_buckets, 1);
+      EXPECT_EQ(r.allreduce_seconds, HostMemoryCollectives::kWaitSeconds);
+      EXPECT_EQ(r.allreduce_wait_seconds, HostMemoryCollectives::kWaitSeconds);
+    }
+    for (const auto& [name, expected] : host.state) {
+      const Tensor& weight = run.state.at(name);
+      ASSERT_EQ(weight.byte_size(), expected.byte_size()) << name;
+      EXPECT_EQ(std::memcmp(weight.raw(), expected.raw(), weight.byte_size()), 0)
+          << "rank " << rank << ": " << name << " differs from the host path's";
+    }
+  }
+}
+
+TEST(DataParallelTrainerTest, AnOverflowOnOneRankSkipsTheStepOnBothThroughDeviceCollectives) {
+  SKIP_WITHOUT_GLOO();
+  const training::Dataset data = GlobalBatches(2, 16);
+  OnRanks(2, [&](int rank, distributed::Communicator& communicator) {
+    training::TrainerOptions options;
+    options.communicator = &communicator;
+    auto backend = std::make_unique<CpuBackendWithCollectives>(communicator);
+    CpuBackendWithCollectives* fake = backend.get();
+    RankTrainer ranked =
+        MakeRankTrainer("cnn_opset17", "mixed_float16", options, std::move(backend));
+    ASSERT_NE(ranked.trainer, nullptr);
+    const double initial_scale = ranked.trainer->scaler().scale();
+    // Step 1: rank 1 alone sees a pixel of 1e30, inf in float16; the
+    // scaler's check reads the averaged gradients, inf on both ranks.
+    training::Batch b = training::GatherBatch(data, training::RankShard(Rows(0, 16), {}, rank, 2));
+    if (rank == 1) b.images.data<float>()[123] = 1e30f;
+    absl::StatusOr<training::StepResult> r = ranked.trainer->Step({{"input", b.images}}, b.labels);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->skipped) << "rank " << rank;
+    EXPECT_EQ(ranked.trainer->scaler().scale(), initial_scale / 2) << "rank " << rank;
+    EXPECT_EQ(ranked.trainer->optimizer_step(), 0) << "rank " << rank;
+    b = training::GatherBatch(data, training::RankShard(Rows(16, 16), {}, rank, 2));
+    r = ranked.trainer->Step({{"input", b.images}}, b.labels);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(r->skipped) << "rank " << rank;
+    EXPECT_EQ(ranked.trainer->optimizer_step(), 1) << "rank " << rank;
+    EXPECT_EQ(fake->fake().averaged.size(), 2u) << "rank " << rank;
+  });
+}
+
 // --- castor train as ranks -------------------------------------------------------
 
 class DistributedTrainTest : public CliTempDirTest {
@@ -721,9 +991,9 @@ TEST_F(DistributedTrainTest, TwoProcessesMatchOneAndOnlyRankZeroPrints) {
   }
   EXPECT_EQ(steps_with_allreduce, 20);
   EXPECT_THAT(ReadFile(dir_ / "one.jsonl"), Not(HasSubstr("allreduce")));
-  EXPECT_THAT(pair.out,
-              HasSubstr(absl::StrFormat("  allreduce       %.2f MiB per step in 2 bucket(s), ",
-                                        4.0 * elements / 1048576.0)));
+  EXPECT_THAT(pair.out, HasSubstr(absl::StrFormat(
+                            "  allreduce       Gloo: %.2f MiB per step in 2 bucket(s), ",
+                            4.0 * elements / 1048576.0)));
   EXPECT_THAT(single.out, Not(HasSubstr("allreduce")));
 }
 

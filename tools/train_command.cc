@@ -221,10 +221,12 @@ ArgParser MakeParser(TrainOptions& o) {
                  &o.tf32)
       .AddInt("threads", "N", "CPU threads (0: all)", &o.threads)
       .AddInt("nproc", "N",
-              "data-parallel: train as N local processes (ranks; Gloo over 127.0.0.1 on the "
-              "CPU), each on its share of every --batch, gradients averaged before the "
-              "optimizer (in buckets all-reduced while the backward pass runs, see "
-              "--bucket-mb); progress, "
+              "data-parallel: train as N local processes (ranks), each on its share of every "
+              "--batch, gradients averaged before the optimizer: on the CPU with Gloo over "
+              "127.0.0.1, in buckets all-reduced while the backward pass runs (see "
+              "--bucket-mb); on GPUs (--backend cuda) one rank per device, averaged in device "
+              "memory with NCCL (libnccl.so.2, loaded when needed) after the backward pass; "
+              "progress, "
               "metrics and checkpoints from rank 0. Several hosts: start one castor per rank "
               "with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set (torchrun's variables), or "
               "launch with `mpirun -np N -x MASTER_ADDR=HOST castor train ...` (Open MPI, "
@@ -241,12 +243,13 @@ ArgParser MakeParser(TrainOptions& o) {
                 "data-parallel: gradients are averaged in buckets of this many MiB (float32), "
                 "each all-reduced as soon as the backward pass has filled it, while the pass "
                 "goes on, as PyTorch DDP's bucket_cap_mb (the first bucket holds 1 MiB); 0: "
-                "one allreduce after the backward pass (default 25)",
+                "one allreduce after the backward pass (default 25); NCCL on GPUs averages all "
+                "of them in one group after the backward pass",
                 &o.bucket_mb)
       .AddInt("dist-timeout", "SECONDS",
-              "data-parallel: how long a rank waits for the others (rendezvous, each "
-              "allreduce; rank 0 writing a checkpoint keeps the others waiting) before it "
-              "stops with an error (default 300)",
+              "data-parallel: how long a rank waits for the others (rendezvous, joining "
+              "NCCL, each allreduce; rank 0 writing a checkpoint keeps the others waiting) "
+              "before it stops with an error (default 300)",
               &o.dist_timeout)
       .AddExample(
           "castor train models/cnn_opset17.onnx --data fashion-mnist --policy "
@@ -867,8 +870,8 @@ std::string RunHeader(const TrainOptions& o, const Start& start, const Prepared&
       start.trainer_options.lr.base_lr, o.batch,
       session.world_size == 1
           ? std::string()
-          : absl::StrFormat(" (%d per rank on %d ranks, Gloo)", o.batch / session.world_size,
-                            session.world_size),
+          : absl::StrFormat(" (%d per rank on %d ranks, %s)", o.batch / session.world_size,
+                            session.world_size, session.trainer->allreduce_engine()),
       prepared.total,
       session.trainer->scaler().enabled() ? "on" : "off",
       training::DescribeBackend(session.backend()));
@@ -1112,6 +1115,7 @@ absl::Status Report(const TrainOptions& o, const Start& start, Session& session,
   TrainSummary summary;
   summary.mean_step_ms = 1000 * totals.step_seconds / std::max<int64_t>(1, totals.steps_run);
   summary.samples_per_s = totals.seen_total / std::max(totals.step_seconds, 1e-9);
+  summary.allreduce_engine = trainer.allreduce_engine();
   summary.allreduce_bytes_per_step = totals.allreduce_bytes;
   summary.allreduce_buckets = totals.allreduce_buckets;
   summary.mean_allreduce_ms =
@@ -1138,8 +1142,9 @@ absl::Status Report(const TrainOptions& o, const Start& start, Session& session,
         summary.allreduce_bytes_per_step == 0
             ? ""
             : absl::StrFormat(
-                  ",\"allreduce_bytes_per_step\":%d,\"allreduce_buckets\":%d,"
-                  "\"allreduce_ms\":%.3f,\"allreduce_wait_ms\":%.3f",
+                  ",\"allreduce_engine\":%s,\"allreduce_bytes_per_step\":%d,"
+                  "\"allreduce_buckets\":%d,\"allreduce_ms\":%.3f,\"allreduce_wait_ms\":%.3f",
+                  Json::String(summary.allreduce_engine).Dump(),
                   summary.allreduce_bytes_per_step, summary.allreduce_buckets,
                   summary.mean_allreduce_ms, summary.mean_allreduce_wait_ms));
     if (!session.metrics.flush()) {
@@ -1423,10 +1428,11 @@ std::string RenderTrainSummary(const TrainSummary& s) {
                       s.mean_step_ms, s.samples_per_s, FormatDuration(s.seconds)),
       s.allreduce_bytes_per_step == 0
           ? ""
-          : absl::StrFormat("  allreduce       %.2f MiB per step in %d bucket(s), %.1f ms (mean; "
-                            "waiting for the slowest rank included), of which %.1f ms (%.0f%% of "
-                            "the step) after the backward pass\n",
-                            s.allreduce_bytes_per_step / 1048576.0, s.allreduce_buckets,
+          : absl::StrFormat("  allreduce       %s: %.2f MiB per step in %d bucket(s), %.1f ms "
+                            "(mean; waiting for the slowest rank included), of which %.1f ms "
+                            "(%.0f%% of the step) after the backward pass\n",
+                            s.allreduce_engine, s.allreduce_bytes_per_step / 1048576.0,
+                            s.allreduce_buckets,
                             s.mean_allreduce_ms, s.mean_allreduce_wait_ms,
                             s.mean_step_ms > 0 ? 100 * s.mean_allreduce_wait_ms / s.mean_step_ms
                                                : 0));
@@ -1489,6 +1495,7 @@ int RunTrain(const std::vector<std::string>& args, std::ostream& out, std::ostre
   start->trainer_options.allreduce_bucket_bytes =
       static_cast<size_t>(std::llround(o.bucket_mb * 1048576.0));
   start->trainer_options.sync_batch_norm = o.sync_batch_norm;
+  start->trainer_options.collective_timeout = std::chrono::seconds(o.dist_timeout);
   NoteSyncBatchNormChange(o, *start, *group, shown_err);
   absl::StatusOr<Prepared> prepared = PrepareGraphAndData(o, *start, shown_out);
   if (!prepared.ok()) return fail_here(prepared.status());

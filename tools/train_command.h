@@ -127,8 +127,9 @@ struct TrainSummary {
   int64_t peak_resident_bytes = 0;
   double mean_step_ms = 0;
   double samples_per_s = 0;
-  // Data-parallel runs: bytes all-reduced per step and the mean allreduce
-  // time (0 on a run alone).
+  // Data-parallel runs: what averaged ("Gloo", "NCCL 2.28.9"), bytes
+  // all-reduced per step and the mean allreduce time (0 on a run alone).
+  std::string allreduce_engine;
   int64_t allreduce_bytes_per_step = 0;
   int allreduce_buckets = 0;
   double mean_allreduce_ms = 0;

@@ -28,9 +28,22 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Model model, TrainingGr
   }
   CASTOR_RETURN_IF_ERROR(trainer->Initialize());
   if (trainer->communicator_ != nullptr) {
+    if (options.device_collectives) {
+      CASTOR_ASSIGN_OR_RETURN(trainer->device_group_,
+                              distributed::JoinDeviceGroup(backend, *trainer->communicator_,
+                                                           options.collective_timeout));
+    }
+    if (trainer->device_group_ != nullptr && options.replay_steps &&
+        backend.CaptureUnsupportedReason().empty()) {
+      trainer->replay_unavailable_ = absl::StrCat(
+          "a data-parallel step's average (", trainer->device_group_->engine(),
+          ") is not recorded: each step waits for it with the --dist-timeout");
+    }
     // Buckets that fill while the backward pass runs need buffers that are
-    // ready when their node returns: the CPU's.
-    const bool overlap = options.allreduce_bucket_bytes > 0 && backend.synchronous();
+    // ready when their node returns: the CPU's. (With device collectives
+    // the buckets only carry synchronised BatchNormalization's sums.)
+    const bool overlap = trainer->device_group_ == nullptr &&
+                         options.allreduce_bucket_bytes > 0 && backend.synchronous();
     trainer->buckets_ = std::make_unique<distributed::BucketedAllreduce>(
         *trainer->communicator_, overlap ? options.allreduce_bucket_bytes : 0);
     Trainer* self = trainer.get();
@@ -270,8 +283,25 @@ absl::Status Trainer::StageForAverage(int index, const TensorView& value) {
   });
 }
 
+std::string Trainer::allreduce_engine() const {
+  if (device_group_ != nullptr) return device_group_->engine();
+  return communicator_ != nullptr ? communicator_->engine() : "";
+}
+
 absl::Status Trainer::AverageAcrossRanks(const std::vector<TensorView>& outputs) {
   if (communicator_ == nullptr) return absl::OkStatus();
+  if (device_group_ != nullptr) {
+    std::vector<TensorView> averaged;
+    device_average_bytes_ = 0;
+    for (int k = 0; k < static_cast<int>(outputs.size()); ++k) {
+      if (!Averaged(k)) continue;
+      averaged.push_back(outputs[static_cast<size_t>(k)]);
+      device_average_bytes_ += static_cast<int64_t>(averaged.back().byte_size());
+    }
+    return device_group_->AverageInPlace(
+        averaged, absl::StrCat("step ", steps_ + 1, ": the loss and ", averaged.size() - 1,
+                               " gradient(s)"));
+  }
   // What the backward pass did not hand over (all of it without overlap),
   // in output order: the loss, then the gradients.
   for (int k = 0; k < static_cast<int>(outputs.size()); ++k) {
@@ -444,6 +474,13 @@ absl::StatusOr<StepResult> Trainer::FinishStep(const std::vector<TensorView>& ou
       std::max(peak_activation_bytes_, executor_->last_stats().peak_activation_bytes);
   const TensorView& loss = outputs[0];
   const TensorView& output = outputs[1];
+  // A data-parallel step's device average first, within the timeout: a
+  // rank that died must not leave the wait below hanging.
+  double device_average_seconds = 0;
+  if (device_group_ != nullptr && !replayed) {
+    CASTOR_ASSIGN_OR_RETURN(device_average_seconds,
+                            device_group_->Wait(absl::StrCat("step ", steps_ + 1)));
+  }
   // What the step logs: the only wait for the backend.
   StepState decided;
   CASTOR_RETURN_IF_ERROR(backend_.CopyToHost(&decided, step_state_.get(), sizeof(decided)));
@@ -465,7 +502,12 @@ absl::StatusOr<StepResult> Trainer::FinishStep(const std::vector<TensorView>& ou
   result.loss_scale = decided.scale_used;
   result.lr = decided.update.lr;
   result.grad_norm = decided.grad_norm;
-  if (buckets_ != nullptr) {  // this step's (data-parallel steps are never replayed)
+  if (device_group_ != nullptr) {  // one group, after the backward pass
+    result.allreduce_bytes = device_average_bytes_;
+    result.allreduce_seconds = device_average_seconds;
+    result.allreduce_wait_seconds = device_average_seconds;
+    result.allreduce_buckets = 1;
+  } else if (buckets_ != nullptr) {  // this step's (data-parallel steps are never replayed)
     result.allreduce_bytes = buckets_->bytes();
     result.allreduce_seconds = buckets_->allreduce_seconds();
     result.allreduce_wait_seconds = buckets_->wait_seconds();

@@ -13,13 +13,20 @@
 //
 // Data parallelism (TrainerOptions::communicator, issue #31): each rank
 // steps on its shard of the global batch; before the step kernels the loss
-// and every gradient are averaged across the ranks, through the host, in
-// buckets (distributed/bucketed_allreduce.h): on a synchronous backend (the
-// CPU) a gradient joins a bucket as soon as its node ran and a full bucket
-// is all-reduced while the backward pass goes on, as in PyTorch DDP;
-// elsewhere, or with allreduce_bucket_bytes 0, everything is one allreduce
-// after the backward pass. With sync_batch_norm the batch-statistics
-// kernels sum their statistics across the ranks through the same thread.
+// and every gradient are averaged across the ranks. On a backend with
+// device collectives (Backend::device_collectives(): NCCL on CUDA) every
+// rank joins their group when the trainer is created
+// (distributed/device_group.h), and each step averages the loss and the
+// gradients in the backend's memory, as one group queued after the
+// backward pass on the backend's stream; the step waits for it (at most
+// collective_timeout) before reading its results. Otherwise they go
+// through the host, in buckets (distributed/bucketed_allreduce.h): on a
+// synchronous backend (the CPU) a gradient joins a bucket as soon as its
+// node ran and a full bucket is all-reduced while the backward pass goes
+// on, as in PyTorch DDP; elsewhere, or with allreduce_bucket_bytes 0,
+// everything is one allreduce after the backward pass. With
+// sync_batch_norm the batch-statistics kernels sum their statistics
+// across the ranks through the host communicator's thread.
 // The step kernels then see the
 // same values on every rank, so an inf/NaN on any rank skips the step on
 // all of them, the loss scale moves the same way everywhere, and the
@@ -41,6 +48,7 @@
 // would not see their values).
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -50,6 +58,7 @@
 
 #include "absl/status/statusor.h"
 #include "backend/backend.h"
+#include "backend/device_collectives.h"
 #include "backend/executor.h"
 #include "graph/graph.h"
 #include "training/loss_scaler.h"
@@ -57,6 +66,7 @@
 #include "passes/training_graph.h"
 #include "training/distributed/bucketed_allreduce.h"
 #include "training/distributed/communicator.h"
+#include "training/distributed/device_group.h"
 
 namespace castor::training {
 
@@ -78,6 +88,12 @@ struct TrainerOptions {
   // while the backward pass runs (DDP's default, 25 MiB; the first holds
   // 1 MiB); 0: one allreduce after the backward pass.
   size_t allreduce_bucket_bytes = size_t{25} << 20;
+  // Data-parallel steps on a backend with device collectives: average in
+  // the backend's memory (see above); false: always through the host.
+  bool device_collectives = true;
+  // How long the device collectives wait for the other ranks (joining,
+  // each step's average) before they fail: the run's --dist-timeout.
+  std::chrono::milliseconds collective_timeout{std::chrono::seconds(300)};
   // Data-parallel steps: BatchNormalization's batch statistics (and their
   // gradient sums) over the global batch, summed across the ranks
   // (PyTorch's SyncBatchNorm), instead of each rank's own. Needs a backend
@@ -110,12 +126,16 @@ struct StepResult {
   Tensor output;            // the model output the loss is attached to
   bool replayed = false;    // the step was a replay of the recorded step
   // Data-parallel runs: the bytes this rank all-reduced (the loss and the
-  // gradients as float32) and how long the allreduce took, waiting for the
-  // slowest rank included; 0 on a run alone.
+  // gradients: as float32 through the host, in their own dtypes in device
+  // memory) and how long the allreduce took, waiting for the slowest rank
+  // included (on the device: the group's time on the stream); 0 on a run
+  // alone.
   int64_t allreduce_bytes = 0;
   double allreduce_seconds = 0.0;
   // Of which the step waited after its backward pass (the part the
-  // backward pass did not hide), and the number of buckets.
+  // backward pass did not hide: all of it on the device, where the group
+  // runs after the backward pass), and the number of buckets (one group on
+  // the device).
   double allreduce_wait_seconds = 0.0;
   int allreduce_buckets = 0;
 };
@@ -180,6 +200,9 @@ class Trainer {
   // Why steps are not replayed ("" while they are or still may be): turned
   // off, the backend cannot record, or the recording failed (with why).
   const std::string& replay_unavailable() const { return replay_unavailable_; }
+  // What averages a data-parallel step: the device collectives' engine
+  // ("NCCL 2.28.9") or the host communicator's ("Gloo"); "" on its own.
+  std::string allreduce_engine() const;
 
  private:
   // Backend memory the trainer owns (optimizer slots, the StepState).
@@ -215,8 +238,9 @@ class Trainer {
   // Hands graph output `index` (if averaged) to the buckets as float32.
   absl::Status StageForAverage(int index, const TensorView& value);
   // Averages the loss and the gradients among `outputs` across the ranks,
-  // in place (nothing without a communicator): stages those the backward
-  // pass has not handed over yet, waits for the buckets, copies back.
+  // in place (nothing without a communicator): queues the device group's
+  // average, or stages those the backward pass has not handed over yet,
+  // waits for the buckets and copies back.
   absl::Status AverageAcrossRanks(const std::vector<TensorView>& outputs);
   // Queues the end of the step on the graph outputs: unscale and decide,
   // the optimizer, the running statistics.
@@ -262,6 +286,10 @@ class Trainer {
   int64_t peak_activation_bytes_ = 0;
   distributed::Communicator* communicator_ = nullptr;
   std::unique_ptr<distributed::BucketedAllreduce> buckets_;  // with a communicator
+  // With a communicator, on a backend with device collectives (joined in
+  // Create): each step's average, and its bytes.
+  std::unique_ptr<DeviceCollectiveGroup> device_group_;
+  int64_t device_average_bytes_ = 0;
   std::vector<uint16_t> staged_bits_;  // 16-bit gradients on their way to float32
   bool staging_gradients_ = false;     // the step's run: its outputs go to the buckets
   // Replay: the feed signatures of node-by-node steps that ran (a repeat is

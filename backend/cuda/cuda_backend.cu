@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/nccl_collectives.h"
 
 namespace castor {
 namespace cuda {
@@ -196,6 +197,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   CASTOR_CUBLAS_CALL(
       cublasSetWorkspace(backend->cublas_, backend->cublas_workspace_, workspace));
   backend->step_kernels_ = MakeCudaStepKernels(*backend);
+  backend->collectives_ = MakeNcclCollectives(*backend);
   return backend;
 }
 

@@ -28,6 +28,7 @@
 #include "backend/backend.h"
 #include "backend/cuda_backend.h"
 #include "backend/cuda_probe.h"
+#include "backend/device_collectives.h"
 
 namespace castor::cuda {
 
@@ -96,6 +97,8 @@ class CudaBackend : public Backend {
   const KernelTable& kernels() const override;
   absl::Status Synchronize() override;
   StepKernels* step_kernels() override { return step_kernels_.get(); }
+  // NCCL (nccl_collectives.h), loaded when a data-parallel run first asks.
+  DeviceCollectives* device_collectives() override { return collectives_.get(); }
 
   // CUDA graphs: stream capture in relaxed mode on this backend's stream.
   // The graph replays on the same stream and must not outlive the backend.
@@ -141,6 +144,7 @@ class CudaBackend : public Backend {
   std::vector<void*> capture_staging_;
   std::map<std::vector<int64_t>, ConvAlgorithm> conv_algorithms_;
   std::unique_ptr<StepKernels> step_kernels_;  // holds pool memory: released first
+  std::unique_ptr<DeviceCollectives> collectives_;
 };
 
 // The module's entry points (backend/cuda/module.cc hands them to the

@@ -2,6 +2,7 @@
 // the table of entry points backend/cuda_loader.cc calls once it has opened
 // libcastor_cuda.so.
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/nccl_collectives.h"
 #include "backend/cuda_module.h"
 #include "graph/version.h"
 
@@ -14,6 +15,7 @@ extern "C" __attribute__((visibility("default"))) const castor::CudaModule* cast
       .create_backend = castor::cuda::CreateBackend,
       .kernel_table = castor::cuda::Kernels,
       .memory_stats = castor::cuda::MemoryStats,
+      .load_collectives_library = castor::cuda::LoadNcclLibrary,
   };
   return &module;
 }

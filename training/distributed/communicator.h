@@ -3,6 +3,10 @@
 // trainer calls between the backward pass and the optimizer, implemented
 // by an existing collective library only: Gloo over TCP for the CPU
 // backend (gloo_communicator.cc, built where CMake finds libgloo-dev).
+// A backend with collectives in its own memory (NCCL on CUDA,
+// backend/device_collectives.h) averages the gradients itself; the
+// communicator then only forms that group (device_group.h) and carries
+// the run's host-side collectives (agreement checks, evaluation sums).
 //
 // A run joins a group from torchrun-style environment variables: RANK,
 // WORLD_SIZE, MASTER_ADDR, MASTER_PORT (`castor train --nproc N` sets them
@@ -92,6 +96,8 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
+  // The library behind it, for summaries: "Gloo".
+  virtual std::string engine() const = 0;
 
   // data[i] = (sum over ranks of data[i]) / world_size, in place; every
   // rank ends with the same bits. inf and NaN propagate (an overflow on

@@ -189,6 +189,7 @@ class GlooCommunicator : public Communicator {
 
   int rank() const override { return config_.rank; }
   int world_size() const override { return config_.world_size; }
+  std::string engine() const override { return "Gloo"; }
 
   absl::Status AllreduceAverage(float* data, size_t count, const std::string& what) override {
     if (count == 0) return absl::OkStatus();
