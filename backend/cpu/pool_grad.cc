@@ -240,13 +240,38 @@ absl::Status PoolGradKernel(KernelContext& ctx) {
   CASTOR_ASSIGN_OR_RETURN(PoolGradSetUp setup, SetUpPoolGrad(ctx));
   const common::WindowGeometry& g = setup.g;
   const TensorView& x = ctx.input(1);
+  const int64_t in_size = g.input_size(), out_size = g.output_size();
+  if (kMax && IsDisjoint2x2(g) && (x.dtype == DType::kBFloat16 || x.dtype == DType::kFloat16) &&
+      ctx.input(0).dtype == x.dtype && setup.dx->dtype == x.dtype) {
+    // 16-bit disjoint 2x2 windows a plane at a time: X and dY widened into
+    // per-thread float32 planes, routed as float32, dX rounded back (exact:
+    // each value is a dY or 0). Whole-tensor float32 copies of dY and dX
+    // cost more than the routing.
+    const size_t bytes = DTypeSize(x.dtype);
+    const char* xp = static_cast<const char*>(x.data);
+    const char* dyp = static_cast<const char*>(ctx.input(0).data);
+    char* dxp = static_cast<char*>(setup.dx->data);
+    ParallelFor(0, setup.planes, 1, [&](int64_t lo, int64_t hi) {
+      thread_local std::vector<float> planes;
+      planes.resize(static_cast<size_t>(2 * in_size + out_size));
+      float* xs = planes.data();
+      float* dxs = xs + in_size;
+      float* dys = dxs + in_size;
+      for (int64_t plane = lo; plane < hi; ++plane) {
+        ToFloat32(x.dtype, xp + plane * in_size * bytes, xs, in_size);
+        ToFloat32(x.dtype, dyp + plane * out_size * bytes, dys, out_size);
+        MaxPoolGradPlane2x2(g, xs, dys, dxs);
+        FromFloat32(x.dtype, dxs, dxp + plane * in_size * bytes, in_size);
+      }
+    });
+    return absl::OkStatus();
+  }
   const Float32In dy(ctx.input(0));
   // MaxPoolGradPlane2x2 (float32 and widened 16-bit X) writes every dX
   // element; everything else adds into zeros.
   const bool disjoint_2x2 = kMax && IsDisjoint2x2(g) && x.dtype != DType::kFloat64;
   const Float32Out dx(setup.dx, /*overwritten=*/disjoint_2x2);
   const bool count_include_pad = ctx.GetInt("count_include_pad", 0) != 0;
-  const int64_t in_size = g.input_size(), out_size = g.output_size();
   DispatchFloat(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* xp = x.as<T>();
