@@ -109,6 +109,40 @@ class ConvOperands {
   std::vector<Acc> w_widened_;
 };
 
+// How a conv's (image, group) tasks share the threads: with at least as
+// many tasks as threads (or where the caller says so) the tasks run in
+// parallel, each one's loops on its own thread; otherwise one task after
+// another, each loop split across the threads.
+class ConvTasks {
+ public:
+  ConvTasks(int64_t tasks, bool parallel) : tasks_(tasks), parallel_(parallel) {}
+  explicit ConvTasks(int64_t tasks) : ConvTasks(tasks, tasks >= NumThreads()) {}
+  bool parallel() const { return parallel_; }
+  // fn(lo, hi) over [0, n) inside a task: on this thread when the tasks
+  // run in parallel, else split across the threads.
+  void Split(int64_t n, const std::function<void(int64_t, int64_t)>& fn) const {
+    if (parallel_) {
+      fn(0, n);
+    } else {
+      ParallelFor(0, n, 1, fn);
+    }
+  }
+  // task(t) for every task t.
+  void Run(const std::function<void(int64_t)>& task) const {
+    if (parallel_) {
+      ParallelFor(0, tasks_, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t t = lo; t < hi; ++t) task(t);
+      });
+    } else {
+      for (int64_t t = 0; t < tasks_; ++t) task(t);
+    }
+  }
+
+ private:
+  int64_t tasks_;
+  bool parallel_;
+};
+
 // ---- Conv ------------------------------------------------------------------
 
 // Column-scratch budget (elements) of one tile when tiles run one at a time
@@ -159,8 +193,8 @@ void RunConv(const KernelContext& ctx, const common::WindowGeometry& g, int64_t 
     grid_row_offsets.push_back(padded_grid->RowOffset(row));
   }
   const bool grid_products = grid && UseGridProducts();
-  const bool parallel_tasks = batch * group >= NumThreads();
-  const int64_t budget = parallel_tasks ? kTileColumnElements : kLargeTileColumnElements;
+  const ConvTasks tasks(batch * group);
+  const int64_t budget = tasks.parallel() ? kTileColumnElements : kLargeTileColumnElements;
   int64_t tile_lines =
       std::clamp<int64_t>(budget / std::max<int64_t>(1, kg * grid_cols), 1, lines);
   const int64_t tiles = (lines + tile_lines - 1) / tile_lines;
@@ -168,13 +202,6 @@ void RunConv(const KernelContext& ctx, const common::WindowGeometry& g, int64_t 
 
   // Runs fn(lo, hi) over [0, n): split across threads when the tasks run
   // one at a time, else on this thread.
-  auto maybe_parallel = [&](int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
-    if (parallel_tasks) {
-      fn(0, n);
-    } else {
-      ParallelFor(0, n, 1, fn);
-    }
-  };
   // 16-bit X is widened once per task and Y narrowed a row at a time, with
   // the vector conversions (float_io.h): the unrolling copies float32, not
   // a scalar conversion per unrolled copy.
@@ -191,7 +218,7 @@ void RunConv(const KernelContext& ctx, const common::WindowGeometry& g, int64_t 
       thread_local std::vector<float> widened_scratch;
       widened_scratch.resize(static_cast<size_t>(cg * in_size));
       float* widened = widened_scratch.data();
-      maybe_parallel(cg, [&](int64_t lo, int64_t hi) {
+      tasks.Split(cg, [&](int64_t lo, int64_t hi) {
         ToFloat32(xg + lo * in_size, widened + lo * in_size, (hi - lo) * in_size);
       });
       xs = widened;
@@ -203,7 +230,7 @@ void RunConv(const KernelContext& ctx, const common::WindowGeometry& g, int64_t 
       const int64_t padded_size = padded_grid->buffer_size(cg) + kGridReadSlack;
       padded_scratch.resize(static_cast<size_t>(padded_size));
       padded = padded_scratch.data();
-      maybe_parallel(cg, [&](int64_t lo, int64_t hi) {
+      tasks.Split(cg, [&](int64_t lo, int64_t hi) {
         FillGrid<Src, Acc>(xs, lo, hi, *padded_grid, padded);
       });
       std::fill(padded + cg * padded_grid->channel_size(), padded + padded_size, Acc(0));
@@ -219,13 +246,13 @@ void RunConv(const KernelContext& ctx, const common::WindowGeometry& g, int64_t 
           product_scratch.resize(static_cast<size_t>(mg * p));
           out = product_scratch.data();
         }
-        maybe_parallel(lines, [&](int64_t lo, int64_t hi) {
+        tasks.Split(lines, [&](int64_t lo, int64_t hi) {
           GridConvForward(mg, kg, ops.w + gi * mg * kg, kg, padded + lo * grid_cols,
                           grid_row_offsets.data(), GridLines{hi - lo, line, grid_cols, line},
                           ops.bias.data() + gi * mg, out + lo * line, p);
         });
         if constexpr (kIsFloat16Storage<T>) {
-          maybe_parallel(mg, [&](int64_t lo, int64_t hi) {
+          tasks.Split(mg, [&](int64_t lo, int64_t hi) {
             FromFloat32(out + lo * p, yg + lo * p, (hi - lo) * p);
           });
         }
@@ -248,14 +275,14 @@ void RunConv(const KernelContext& ctx, const common::WindowGeometry& g, int64_t 
         col_scratch.resize(static_cast<size_t>(kg * cols));
         Acc* col = col_scratch.data();
         if (grid) {
-          maybe_parallel(kg, [&](int64_t lo, int64_t hi) {
+          tasks.Split(kg, [&](int64_t lo, int64_t hi) {
             for (int64_t row = lo; row < hi; ++row) {
               const Acc* src = padded + padded_grid->RowOffset(row) + l0 * grid_cols;
               std::copy(src, src + cols, col + row * cols);
             }
           });
         } else {
-          maybe_parallel(kg, [&](int64_t lo, int64_t hi) {
+          tasks.Split(kg, [&](int64_t lo, int64_t hi) {
             Im2Col<Src, Acc>(xs, g, lo, hi, l0, l1, col, cols);
           });
         }
@@ -300,14 +327,7 @@ void RunConv(const KernelContext& ctx, const common::WindowGeometry& g, int64_t 
       }
     }
   };
-  const int64_t tasks = batch * group;
-  if (parallel_tasks) {
-    ParallelFor(0, tasks, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t t = lo; t < hi; ++t) run_image(t);
-    });
-  } else {
-    for (int64_t t = 0; t < tasks; ++t) run_image(t);
-  }
+  tasks.Run(run_image);
 }
 
 // Whether bfloat16 GEMMs run on a native kernel (AMX or AVX512-BF16;
@@ -351,18 +371,11 @@ void RunConvBFloat16Native(const KernelContext& ctx, const common::WindowGeometr
   const int64_t line = g.output[nd - 1];
   const int64_t lines = p / line;
   const bool pointwise = g.pointwise();
-  const bool parallel_tasks = batch * group >= NumThreads();
-  const int64_t budget = parallel_tasks ? kTileColumnElements : kLargeTileColumnElements;
+  const ConvTasks tasks(batch * group);
+  const int64_t budget = tasks.parallel() ? kTileColumnElements : kLargeTileColumnElements;
   int64_t tile_lines = std::clamp<int64_t>(budget / std::max<int64_t>(1, kg * line), 1, lines);
   const int64_t tiles = (lines + tile_lines - 1) / tile_lines;
   tile_lines = (lines + tiles - 1) / tiles;
-  auto maybe_parallel = [&](int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
-    if (parallel_tasks) {
-      fn(0, n);
-    } else {
-      ParallelFor(0, n, 1, fn);
-    }
-  };
   auto run_image = [&](int64_t task) {
     const int64_t n = task / group, gi = task % group;
     const BFloat16* xg = x + (n * channels + gi * cg) * in_size;
@@ -378,7 +391,7 @@ void RunConvBFloat16Native(const KernelContext& ctx, const common::WindowGeometr
       if (!pointwise) {
         col_scratch.resize(static_cast<size_t>(kg * cols));
         BFloat16* col = col_scratch.data();
-        maybe_parallel(kg, [&](int64_t lo, int64_t hi) {
+        tasks.Split(kg, [&](int64_t lo, int64_t hi) {
           Im2Col<BFloat16, BFloat16>(xg, g, lo, hi, l0, l1, col, cols);
         });
         b = col;
@@ -388,7 +401,7 @@ void RunConvBFloat16Native(const KernelContext& ctx, const common::WindowGeometr
       float* c = product_scratch.data();
       GemmFloat32Accumulate(DType::kBFloat16, false, false, mg, cols, kg, 1.0f, w + gi * mg * kg,
                             kg, b, ldb, 0.0f, c, cols);
-      maybe_parallel(mg, [&](int64_t lo, int64_t hi) {
+      tasks.Split(mg, [&](int64_t lo, int64_t hi) {
         for (int64_t m = lo; m < hi; ++m) {
           float* row = c + m * cols;
           const float add = bias[gi * mg + m];
@@ -398,14 +411,7 @@ void RunConvBFloat16Native(const KernelContext& ctx, const common::WindowGeometr
       });
     }
   };
-  const int64_t tasks = batch * group;
-  if (parallel_tasks) {
-    ParallelFor(0, tasks, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t t = lo; t < hi; ++t) run_image(t);
-    });
-  } else {
-    for (int64_t t = 0; t < tasks; ++t) run_image(t);
-  }
+  tasks.Run(run_image);
 }
 
 // W_g's entries of a 2-D bfloat16 Conv in channel pairs, for
@@ -457,14 +463,7 @@ void RunConvBFloat16OnGrid(const KernelContext& ctx, const common::WindowGeometr
   const int64_t in_size = g.input_size();
   const int64_t line = g.output[1];
   const int64_t lines = p / line;
-  const bool parallel_tasks = batch * group >= NumThreads();
-  auto maybe_parallel = [&](int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
-    if (parallel_tasks) {
-      fn(0, n);
-    } else {
-      ParallelFor(0, n, 1, fn);
-    }
-  };
+  const ConvTasks tasks(batch * group);
   auto run_image = [&](int64_t task) {
     const int64_t n = task / group, gi = task % group;
     const BFloat16* xg = x + (n * channels + gi * cg) * in_size;
@@ -474,30 +473,23 @@ void RunConvBFloat16OnGrid(const KernelContext& ctx, const common::WindowGeometr
     const int64_t grid_size = grid.buffer_size(pairs) + kGridReadSlack;
     pair_grid.resize(static_cast<size_t>(grid_size));
     uint32_t* padded = pair_grid.data();
-    maybe_parallel(pairs, [&](int64_t lo, int64_t hi) {
+    tasks.Split(pairs, [&](int64_t lo, int64_t hi) {
       FillPairGrid(xg, cg, lo, hi, grid, padded);
     });
     std::fill(padded + pairs * grid.channel_size(), padded + grid_size, 0u);
     product_scratch.resize(static_cast<size_t>(mg * p));
     float* sums = product_scratch.data();
-    maybe_parallel(lines, [&](int64_t lo, int64_t hi) {
+    tasks.Split(lines, [&](int64_t lo, int64_t hi) {
       GridConvForwardBFloat16Pairs(mg, pair_depth, w.data() + gi * mg * pair_depth, pair_depth,
                                    padded + lo * grid.cols, pair_rows.data(),
                                    GridLines{hi - lo, line, grid.cols, line},
                                    bias.data() + gi * mg, sums + lo * line, p);
     });
-    maybe_parallel(mg, [&](int64_t lo, int64_t hi) {
+    tasks.Split(mg, [&](int64_t lo, int64_t hi) {
       FromFloat32(sums + lo * p, yg + lo * p, (hi - lo) * p);
     });
   };
-  const int64_t tasks = batch * group;
-  if (parallel_tasks) {
-    ParallelFor(0, tasks, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t t = lo; t < hi; ++t) run_image(t);
-    });
-  } else {
-    for (int64_t t = 0; t < tasks; ++t) run_image(t);
-  }
+  tasks.Run(run_image);
 }
 
 absl::Status ConvKernel(KernelContext& ctx) {
@@ -659,7 +651,7 @@ void RunConvTranspose(const KernelContext& ctx, const common::WindowGeometry& g,
   const int64_t rows = mg * g.kernel_size();
   const int64_t in_size = g.input_size();
   const int64_t out_size = g.output_size();
-  const bool parallel_tasks = IsSmallGemm(rows, in_size, cg);
+  const ConvTasks tasks(batch * group, IsSmallGemm(rows, in_size, cg));
   auto task = [&](int64_t t) {
     const int64_t n = t / group, gi = t % group;
     thread_local std::vector<Acc> x_widened, col, acc;
@@ -686,7 +678,7 @@ void RunConvTranspose(const KernelContext& ctx, const common::WindowGeometry& g,
       Col2Im<Acc>(col.data(), g, acc.data(), lo, hi);
       for (int64_t i = lo * out_size; i < hi * out_size; ++i) StoreAcc(&yg[i], acc[i]);
     };
-    if (parallel_tasks) {
+    if (tasks.parallel()) {
       scatter(0, mg);
     } else {
       // thread_local buffers belong to this (calling) thread; workers only
@@ -699,13 +691,7 @@ void RunConvTranspose(const KernelContext& ctx, const common::WindowGeometry& g,
       });
     }
   };
-  if (parallel_tasks) {
-    ParallelFor(0, batch * group, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t t = lo; t < hi; ++t) task(t);
-    });
-  } else {
-    for (int64_t t = 0; t < batch * group; ++t) task(t);
-  }
+  tasks.Run(task);
 }
 
 absl::Status ConvTransposeKernel(KernelContext& ctx) {

@@ -178,53 +178,53 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
   } else if (training) {
     // Batch statistics per feature (two passes, float64).
     const double count = static_cast<double>(batch * inner);
-    if (x.dtype == DType::kFloat32) {
+    const bool sixteen_bit = x.dtype == DType::kBFloat16 || x.dtype == DType::kFloat16;
+    if (x.dtype == DType::kFloat32 || sixteen_bit) {
       // Each feature's Y is written right after its statistics, while its
-      // values are still in cache (the third pass over them).
-      const float* xp = x.as<float>();
-      float* yp = (*y)->as<float>();
-      const int64_t stride = features * inner;
-      ParallelFor(0, features, 1, [&](int64_t lo, int64_t hi) {
-        for (int64_t f = lo; f < hi; ++f) {
-          const float* first = xp + f * inner;
-          const double m = count > 0 ? ChannelSum(first, batch, stride, inner) / count : 0.0;
-          mean[f] = m;
-          var[f] = count > 0 ? ChannelSquaredDeviations(first, batch, stride, inner, m) / count
-                             : 0.0;
-          set_coefficients(f);
-          for (int64_t n = 0; n < batch; ++n) {
-            ScaleShift(first + n * stride, yp + f * inner + n * stride, inner,
-                       static_cast<float>(a[f]), static_cast<float>(b[f]));
-          }
-        }
-      });
-      y_written = true;
-    } else if (x.dtype == DType::kBFloat16 || x.dtype == DType::kFloat16) {
-      // Each feature's values widened into a float32 buffer (exact), then
-      // the float32 path's loops on it and Y rounded once: the same bits as
-      // a Cast to float32, this kernel in float32 and a Cast back, without
-      // the two float32 copies of the tensor (the training graph folds
-      // those Casts into the node: passes/training_graph.cc).
-      const int64_t stride = features * inner;
+      // values are still in cache (the third pass over them). A 16-bit
+      // feature is first widened into a float32 buffer (exact), the same
+      // loops run on it and Y is rounded once: the bits of a Cast to
+      // float32, this kernel in float32 and a Cast back, without the two
+      // float32 copies of the tensor (the training graph folds those Casts
+      // into the node: passes/training_graph.cc).
+      const size_t bytes = DTypeSize(x.dtype);
       const char* xp = static_cast<const char*>(x.data);
       char* yp = static_cast<char*>((*y)->data);
+      const int64_t stride = features * inner;
       ParallelFor(0, features, 1, [&](int64_t lo, int64_t hi) {
         thread_local std::vector<float> widened;
-        widened.resize(static_cast<size_t>(batch * inner));
-        float* buffer = widened.data();
+        if (sixteen_bit) widened.resize(static_cast<size_t>(batch * inner));
         for (int64_t f = lo; f < hi; ++f) {
-          for (int64_t n = 0; n < batch; ++n) {
-            ToFloat32(x.dtype, xp + (n * stride + f * inner) * 2, buffer + n * inner, inner);
+          // The feature's values: row n at first + n * row_stride.
+          const float* first = reinterpret_cast<const float*>(xp + f * inner * bytes);
+          int64_t row_stride = stride;
+          if (sixteen_bit) {
+            for (int64_t n = 0; n < batch; ++n) {
+              ToFloat32(x.dtype, xp + (n * stride + f * inner) * bytes,
+                        widened.data() + n * inner, inner);
+            }
+            first = widened.data();
+            row_stride = inner;
           }
-          const double m = count > 0 ? ChannelSum(buffer, batch, inner, inner) / count : 0.0;
+          const double m =
+              count > 0 ? ChannelSum(first, batch, row_stride, inner) / count : 0.0;
           mean[f] = m;
-          var[f] = count > 0 ? ChannelSquaredDeviations(buffer, batch, inner, inner, m) / count
-                             : 0.0;
+          var[f] = count > 0
+                       ? ChannelSquaredDeviations(first, batch, row_stride, inner, m) / count
+                       : 0.0;
           set_coefficients(f);
           for (int64_t n = 0; n < batch; ++n) {
-            float* row = buffer + n * inner;
-            ScaleShift(row, row, inner, static_cast<float>(a[f]), static_cast<float>(b[f]));
-            FromFloat32(x.dtype, row, yp + (n * stride + f * inner) * 2, inner);
+            const float* row = first + n * row_stride;
+            char* out = yp + (n * stride + f * inner) * bytes;
+            if (sixteen_bit) {
+              float* widened_row = widened.data() + n * inner;
+              ScaleShift(row, widened_row, inner, static_cast<float>(a[f]),
+                         static_cast<float>(b[f]));
+              FromFloat32(x.dtype, widened_row, out, inner);
+            } else {
+              ScaleShift(row, reinterpret_cast<float*>(out), inner, static_cast<float>(a[f]),
+                         static_cast<float>(b[f]));
+            }
           }
         }
       });
