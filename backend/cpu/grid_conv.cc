@@ -222,7 +222,8 @@ void FilterGradEntry(int64_t rows, int64_t depth, const float* dy, int64_t ld_dy
 // the pair grid and pair weights of GridConvForwardBFloat16Pairs), so its
 // blocks are the float32 ones with pairs for floats; the filter gradient
 // sums over positions, so it pairs neighbouring positions as stored: 32 per
-// register, over the lines packed end to end.
+// register, line by line, or over the lines packed end to end where that
+// saves vectors (FilterGradEntry).
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512bf16,fma")
 namespace avx512bf16_pairs {
@@ -291,8 +292,8 @@ constexpr int kGradRows = 4, kGradCols = 6;
 // lines laid end to end at the grid's line stride, so two 14-wide lines of
 // a 16-column grid share one 32-position vector instead of each taking
 // most of one. dY is copied into that layout (zeros between its lines and
-// past the last: PackedDy); the grid is read as it is, each vector under
-// its mask of positions that lie on a line (PackedMasks), so whatever the
+// past the last: FilterGradEntry); the grid is read as it is, each vector
+// under its mask of positions that lie on a line (PackedMasks), so whatever the
 // grid holds between lines (the next columns, Inf or NaN among them) reads
 // as zeros and nothing past the last line is touched.
 constexpr int kWidth = 32;
