@@ -354,9 +354,16 @@ absl::StatusOr<int> FoldBatchNormCasts(Graph& graph) {
   auto is_cast = [](const Node* node) {
     return node != nullptr && node->op_type() == "Cast" && node->domain().empty();
   };
+  // The BatchNormalizations first: the loop removes Casts, so a copy of the
+  // node list would hold freed nodes.
+  std::vector<Node*> batch_norms;
+  for (Node* node : graph.nodes()) {
+    if (node->op_type() == "BatchNormalizationTraining" && node->domain() == kCastorDomain) {
+      batch_norms.push_back(node);
+    }
+  }
   int folded = 0;
-  for (Node* bn : std::vector<Node*>(graph.nodes())) {
-    if (bn->op_type() != "BatchNormalizationTraining" || bn->domain() != kCastorDomain) continue;
+  for (Node* bn : batch_norms) {
     Value* x = bn->input(0);
     Value* y = bn->output(0);
     Node* widen = x != nullptr ? x->producer() : nullptr;
