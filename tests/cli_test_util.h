@@ -1,6 +1,7 @@
 // Test helpers for the `castor` subcommands: run one (in-process or as the
 // built binary) and capture its exit code, stdout and stderr; read a file
-// whole; a fixture with a fresh temp dir per test.
+// whole; a fixture with a fresh temp dir per test; random image data for
+// `castor train --data`.
 //
 //   class RunProgramTest : public CliTempDirTest {
 //    protected:
@@ -13,14 +14,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <ostream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "graph/tensor.h"
+#include "training/npy.h"
 
 namespace castor::tools {
 
@@ -84,5 +90,19 @@ class CliTempDirTest : public ::testing::Test {
  private:
   std::string prefix_;
 };
+
+// Writes dir/SPLIT_x.npy (uint8 [n, 28, 28], pixels drawn from `rng`) and
+// dir/SPLIT_y.npy (int64 [n], label i = (i * label_step) % 10): one split
+// as `castor train --data X,Y[,TEST_X,TEST_Y]` reads it.
+inline void WriteImageSplit(const std::filesystem::path& dir, const std::string& split,
+                            int64_t n, int64_t label_step, std::mt19937& rng) {
+  std::uniform_int_distribution<int> pixel(0, 255);
+  Tensor images(DType::kUInt8, {n, 28, 28});
+  for (int64_t i = 0; i < images.num_elements(); ++i) images.data<uint8_t>()[i] = pixel(rng);
+  Tensor labels(DType::kInt64, {n});
+  for (int64_t i = 0; i < n; ++i) labels.data<int64_t>()[i] = (i * label_step) % 10;
+  ASSERT_TRUE(training::WriteNpy((dir / (split + "_x.npy")).string(), images).ok());
+  ASSERT_TRUE(training::WriteNpy((dir / (split + "_y.npy")).string(), labels).ok());
+}
 
 }  // namespace castor::tools

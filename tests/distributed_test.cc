@@ -868,15 +868,8 @@ class DistributedTrainTest : public CliTempDirTest {
   void SetUp() override {
     CliTempDirTest::SetUp();
     std::mt19937 rng(5);
-    std::uniform_int_distribution<int> pixel(0, 255);
-    for (const auto& [split, n] : {std::pair<std::string, int64_t>{"train", 256}, {"test", 32}}) {
-      Tensor images(DType::kUInt8, {n, 28, 28});
-      for (int64_t i = 0; i < images.num_elements(); ++i) images.data<uint8_t>()[i] = pixel(rng);
-      Tensor labels(DType::kInt64, {n});
-      for (int64_t i = 0; i < n; ++i) labels.data<int64_t>()[i] = (i * 3) % 10;
-      ASSERT_TRUE(training::WriteNpy((dir_ / (split + "_x.npy")).string(), images).ok());
-      ASSERT_TRUE(training::WriteNpy((dir_ / (split + "_y.npy")).string(), labels).ok());
-    }
+    WriteImageSplit(dir_, "train", 256, 3, rng);
+    WriteImageSplit(dir_, "test", 32, 3, rng);
     const fs::path d = dir_;
     data_ = absl::StrCat((d / "train_x.npy").string(), ",", (d / "train_y.npy").string(), ",",
                          (d / "test_x.npy").string(), ",", (d / "test_y.npy").string());

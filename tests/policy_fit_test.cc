@@ -313,15 +313,8 @@ class PolicyFitCliTest : public tools::CliTempDirTest {
   void SetUp() override {
     CliTempDirTest::SetUp();
     std::mt19937 rng(5);
-    std::uniform_int_distribution<int> pixel(0, 255);
-    for (const auto& [split, n] : {std::pair<std::string, int64_t>{"train", 32}, {"test", 16}}) {
-      Tensor images(DType::kUInt8, {n, 28, 28});
-      for (int64_t i = 0; i < images.num_elements(); ++i) images.data<uint8_t>()[i] = pixel(rng);
-      Tensor labels(DType::kInt64, {n});
-      for (int64_t i = 0; i < n; ++i) labels.data<int64_t>()[i] = i % 10;
-      ASSERT_TRUE(training::WriteNpy((dir_ / (split + "_x.npy")).string(), images).ok());
-      ASSERT_TRUE(training::WriteNpy((dir_ / (split + "_y.npy")).string(), labels).ok());
-    }
+    tools::WriteImageSplit(dir_, "train", 32, 1, rng);
+    tools::WriteImageSplit(dir_, "test", 16, 1, rng);
   }
 
   // `castor train` on the sample MLP, 2 epochs of 2 steps (so evaluation

@@ -47,15 +47,8 @@ class TrainCommandTest : public ::testing::Test {
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     std::mt19937 rng(3);
-    std::uniform_int_distribution<int> pixel(0, 255);
-    for (const auto& [split, n] : {std::pair<std::string, int64_t>{"train", 48}, {"test", 16}}) {
-      Tensor images(DType::kUInt8, {n, 28, 28});
-      for (int64_t i = 0; i < images.num_elements(); ++i) images.data<uint8_t>()[i] = pixel(rng);
-      Tensor labels(DType::kInt64, {n});
-      for (int64_t i = 0; i < n; ++i) labels.data<int64_t>()[i] = i % 10;
-      ASSERT_TRUE(training::WriteNpy((dir_ / (split + "_x.npy")).string(), images).ok());
-      ASSERT_TRUE(training::WriteNpy((dir_ / (split + "_y.npy")).string(), labels).ok());
-    }
+    WriteImageSplit(dir_, "train", 48, 1, rng);
+    WriteImageSplit(dir_, "test", 16, 1, rng);
     data_ = absl::StrCat((dir_ / "train_x.npy").string(), ",", (dir_ / "train_y.npy").string(),
                          ",", (dir_ / "test_x.npy").string(), ",", (dir_ / "test_y.npy").string());
   }
