@@ -4,6 +4,7 @@
 #include "backend/executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -244,6 +245,9 @@ absl::Status Executor::Initialize() {
   CASTOR_RETURN_IF_ERROR(IndexValues());
   CASTOR_RETURN_IF_ERROR(BuildSteps());
   ComputeLiveness();
+  if (options_.time_kernels) {
+    for (const PlanStep& step : steps_) kernel_times_.push_back(KernelTime{step.node});
+  }
   return absl::OkStatus();
 }
 
@@ -637,7 +641,8 @@ absl::StatusOr<std::optional<NonFiniteOutput>> Executor::FindFirstNonFinite(
 }
 
 absl::Status Executor::RunSteps(RunState& state, PlanStats& stats, const StepObserver& observer) {
-  for (const PlanStep& step : steps_) {
+  for (size_t step_index = 0; step_index < steps_.size(); ++step_index) {
+    const PlanStep& step = steps_[step_index];
     const Node& node = *step.node;
     std::vector<const TensorView*> inputs(step.input_ids.size(), nullptr);
     std::vector<TensorView> views(step.input_ids.size());
@@ -657,7 +662,16 @@ absl::Status Executor::RunSteps(RunState& state, PlanStats& stats, const StepObs
       NodeAllocator allocator(*pool_, state, step, stats);
       KernelContext context(node, step.opset, backend_, inputs, allocator);
       context.SetKeptOutputs(step.kept_outputs);
+      const auto started = options_.time_kernels ? std::chrono::steady_clock::now()
+                                                 : std::chrono::steady_clock::time_point{};
       CASTOR_RETURN_IF_ERROR(step.kernel->run(context));
+      if (options_.time_kernels) {
+        CASTOR_RETURN_IF_ERROR(backend_.Synchronize());
+        KernelTime& time = kernel_times_[step_index];
+        time.runs += 1;
+        time.seconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      }
       for (size_t k = 0; k < step.output_ids.size(); ++k) {
         const int id = step.output_ids[k];
         if (id >= 0 && state.available(id) && context.host_copy(static_cast<int>(k)) != nullptr) {

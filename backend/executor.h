@@ -48,6 +48,18 @@ struct ExecutorOptions {
   // Values (by name) whose buffers stay on the backend after Run until the
   // next Run starts; read them with KeptValue / KeptValueToHost.
   std::vector<std::string> keep_values;
+  // Time every node's kernel, the backend synchronised after each (so an
+  // asynchronous backend's work counts where it ran, at the cost of its
+  // overlap); read the sums with KernelTimes. For profiling, not training.
+  bool time_kernels = false;
+};
+
+// One node's kernel time summed over the runs since the executor was
+// created (ExecutorOptions::time_kernels).
+struct KernelTime {
+  const Node* node = nullptr;
+  int64_t runs = 0;
+  double seconds = 0;
 };
 
 // Memory statistics of one run (bytes are exact tensor sizes, not rounded).
@@ -162,6 +174,8 @@ class Executor {
   // Statistics of the most recent run (zeros before the first).
   const PlanStats& last_stats() const { return last_stats_; }
   const std::vector<PlanStep>& steps() const { return steps_; }
+  // Per node in run order (empty unless ExecutorOptions::time_kernels).
+  const std::vector<KernelTime>& kernel_times() const { return kernel_times_; }
 
  private:
   struct Buffer {
@@ -225,6 +239,7 @@ class Executor {
   std::map<int, std::vector<int>> graph_output_indices_;  // value id -> its output indices
   bool outputs_kept_ = false;   // the last run was RunOnBackend: kept_ holds the outputs
   PlanStats last_stats_;
+  std::vector<KernelTime> kernel_times_;  // by step index, with time_kernels
 };
 
 }  // namespace castor

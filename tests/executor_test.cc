@@ -128,7 +128,11 @@ class FakeBackend : public Backend {
     return absl::OkStatus();
   }
   const KernelTable& kernels() const override { return table_; }
-  absl::Status Synchronize() override { return absl::OkStatus(); }
+  absl::Status Synchronize() override {
+    ++synchronizations_;
+    return absl::OkStatus();
+  }
+  int synchronizations_ = 0;
 
   size_t live_allocations() const { return live_.size(); }
 
@@ -197,6 +201,37 @@ TEST(ExecutorTest, ChainComputesAndReusesBuffers) {
   EXPECT_EQ(stats.buffer_reuses, 2);  // d takes a's buffer, y takes c's
   EXPECT_EQ(stats.in_place_reuses, 0);
   EXPECT_EQ(stats.backend_allocated_bytes, 3 * 1024);  // the feed plus two activations
+}
+
+// time_kernels: one KernelTime per node in run order, counting every run,
+// the backend synchronised after each kernel; off, nothing is timed.
+TEST(ExecutorTest, TimedKernelsCountEveryRunOfEachNode) {
+  FakeBackend backend(false);
+  ModelBuilder builder;
+  ExecutorOptions options;
+  options.time_kernels = true;
+  auto executor = Executor::Create(Chain(builder), backend, options);
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  ASSERT_TRUE((*executor)->Run({{"x", Input(64)}}).ok());
+  ASSERT_TRUE((*executor)->Run({{"x", Input(2)}}).ok());
+  const std::vector<KernelTime>& times = (*executor)->kernel_times();
+  ASSERT_EQ(times.size(), 4u);
+  const std::vector<std::string> names = {"a_node", "c_node", "d_node", "y_node"};
+  for (size_t i = 0; i < times.size(); ++i) {
+    ASSERT_NE(times[i].node, nullptr);
+    EXPECT_EQ(times[i].node->name(), names[i]);
+    EXPECT_EQ(times[i].runs, 2);
+    EXPECT_GE(times[i].seconds, 0.0);
+  }
+  EXPECT_GE(backend.synchronizations_, 8);
+
+  FakeBackend untimed_backend(false);
+  ModelBuilder untimed_builder;
+  auto untimed = Executor::Create(Chain(untimed_builder), untimed_backend);
+  ASSERT_TRUE(untimed.ok()) << untimed.status();
+  ASSERT_TRUE((*untimed)->Run({{"x", Input(64)}}).ok());
+  EXPECT_TRUE((*untimed)->kernel_times().empty());
+  EXPECT_LT(untimed_backend.synchronizations_, 4);
 }
 
 TEST(ExecutorTest, PlansAreCachedPerShapeSignature) {

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -144,6 +145,50 @@ TEST_F(TrainCommandTest, BFloat16TrainsWithoutLossScaling) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("2 steps, loss scaling off"));
   EXPECT_THAT(r.out, HasSubstr("loss scale      1 (final)"));
+}
+
+// --profile: after the summary, the kernels' milliseconds per step by op
+// and dtype (the MLP's three bfloat16 Gemms among them) and the slowest
+// nodes; the rows add up to the heading's total and their shares to 100%.
+TEST_F(TrainCommandTest, ProfileSaysWhereTheStepGoes) {
+  const Result r = Train({"--policy", "mixed_bfloat16", "--max-steps", "3", "--profile"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("graph replay    none: kernels are timed one by one"));
+  const size_t heading = r.out.find("kernel time per training step (--profile): ");
+  ASSERT_NE(heading, std::string::npos) << r.out;
+  std::istringstream text(r.out.substr(heading));
+  std::string line;
+  std::getline(text, line);
+  double total_ms = 0;
+  int total_nodes = 0;
+  ASSERT_EQ(std::sscanf(line.c_str(), "kernel time per training step (--profile): %lf ms in %d",
+                        &total_ms, &total_nodes),
+            2)
+      << line;
+  EXPECT_GT(total_ms, 0);
+  std::getline(text, line);  // column names
+  EXPECT_THAT(line, HasSubstr("ms/step"));
+  double row_ms = 0, row_share = 0;
+  int row_nodes = 0, bf16_gemm_nodes = 0;
+  while (std::getline(text, line) && line != "the slowest nodes:") {
+    std::istringstream row(line);
+    std::string op, dtype, share;
+    int nodes = 0;
+    double ms = 0;
+    ASSERT_TRUE(row >> op >> dtype >> nodes >> ms >> share) << line;
+    row_ms += ms;
+    row_nodes += nodes;
+    row_share += std::stod(share);
+    if (op == "Gemm" && dtype == "bfloat16") bf16_gemm_nodes += nodes;
+  }
+  EXPECT_EQ(line, "the slowest nodes:");
+  EXPECT_EQ(row_nodes, total_nodes);
+  EXPECT_NEAR(row_ms, total_ms, 0.001 * 40 + 0.01);
+  EXPECT_NEAR(row_share, 100.0, 0.1 * 40);
+  EXPECT_GE(bf16_gemm_nodes, 3);  // fc1..fc3 forward, at least
+  int slowest = 0;
+  while (std::getline(text, line) && !line.empty() && line[0] == ' ') ++slowest;
+  EXPECT_EQ(slowest, 1 + 15);  // the column names, then the 15 slowest nodes
 }
 
 TEST_F(TrainCommandTest, CudaGraphsCanBeTurnedOffAndTakeOnlyAutoOrOff) {

@@ -41,6 +41,7 @@
 #include "passes/pass_manager.h"
 #include "tools/args.h"
 #include "tools/cli.h"
+#include "tools/kernel_profile.h"
 #include "training/checkpoint.h"
 #include "training/dataset.h"
 #include "training/distributed/communicator.h"
@@ -220,6 +221,11 @@ ArgParser MakeParser(TrainOptions& o) {
                  "default: float32 means float32 (with --resume: as the checkpoint ran)",
                  &o.tf32)
       .AddInt("threads", "N", "CPU threads (0: all)", &o.threads)
+      .AddSwitch("profile",
+                 "time each kernel of the training step and print, after the summary, the "
+                 "milliseconds per step by op (and dtype) and the slowest nodes; the backend "
+                 "waits after each kernel and CUDA graphs are off, so steps run a little slower",
+                 &o.profile)
       .AddInt("nproc", "N",
               "data-parallel: train as N local processes (ranks), each on its share of every "
               "--batch, gradients averaged before the optimizer: on the CPU with Gloo over "
@@ -451,6 +457,7 @@ absl::StatusOr<Start> SetUpOrResume(TrainOptions& o, bool tf32_given,
     start->trainer_options = TrainerOptionsFromFlags(o);
   }
   start->trainer_options.replay_steps = o.cuda_graphs == "auto";
+  start->trainer_options.time_kernels = o.profile;
   start->trainer_options.scaler.enabled =
       o.loss_scaling == "on" ||
       (o.loss_scaling == "auto" && start->policy.compute_dtype() == DType::kFloat16);
@@ -1187,6 +1194,7 @@ absl::Status Report(const TrainOptions& o, const Start& start, Session& session,
   summary.test = totals.last_eval;
   summary.last_checkpoint = totals.last_checkpoint;
   out << RenderTrainSummary(summary);
+  if (o.profile) out << RenderKernelProfile(trainer.kernel_times(), summary.mean_step_ms);
   return absl::OkStatus();
 }
 

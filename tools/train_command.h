@@ -83,6 +83,7 @@ struct TrainOptions {
   // pass (0: one allreduce after it).
   double bucket_mb = 25;
   bool sync_batch_norm = false;  // --sync-batchnorm
+  bool profile = false;          // --profile: time each kernel, print where a step goes
 };
 
 // A fresh run: the optimizer and learning-rate schedule the flags ask for

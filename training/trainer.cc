@@ -20,8 +20,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(Model model, TrainingGr
       new Trainer(std::move(model), std::move(graph), backend, config, std::move(scaler)));
   trainer->name_first_non_finite_ = options.name_first_non_finite;
   trainer->rng_.seed = options.rng_seed;
+  trainer->time_kernels_ = options.time_kernels;
   trainer->replay_unavailable_ =
-      options.replay_steps ? backend.CaptureUnsupportedReason() : "turned off";
+      options.time_kernels  ? "kernels are timed one by one"
+      : options.replay_steps ? backend.CaptureUnsupportedReason()
+                             : "turned off";
   trainer->communicator_ = options.communicator;
   if (trainer->communicator_ != nullptr && trainer->replay_unavailable_.empty()) {
     trainer->replay_unavailable_ = "a data-parallel step averages its gradients on the host";
@@ -98,7 +101,9 @@ absl::Status Trainer::Initialize() {
       return absl::InternalError(absl::StrCat("training state '", name, "' is no initializer"));
     }
   }
-  CASTOR_ASSIGN_OR_RETURN(executor_, Executor::Create(model_, backend_));
+  ExecutorOptions executor_options;
+  executor_options.time_kernels = time_kernels_;
+  CASTOR_ASSIGN_OR_RETURN(executor_, Executor::Create(model_, backend_, executor_options));
   CASTOR_ASSIGN_OR_RETURN(eval_executor_, Executor::Create(*graph_.evaluation, backend_));
   CASTOR_ASSIGN_OR_RETURN(TensorView scale, executor_->ResidentTensor(kLossScaleInput));
   if (scale.dtype != DType::kFloat32 || scale.num_elements() != 1) {

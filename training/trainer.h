@@ -99,6 +99,10 @@ struct TrainerOptions {
   // (PyTorch's SyncBatchNorm), instead of each rank's own. Needs a backend
   // that supports_cross_rank_sum (the CPU).
   bool sync_batch_norm = false;
+  // Time each node's kernel in the training graph's runs (the executor's
+  // time_kernels: the backend waits after each, and steps are not
+  // replayed); read them with kernel_times(). For profiling.
+  bool time_kernels = false;
 };
 
 // Dropout's RNG state: the masks of a training-graph run are a function of
@@ -203,6 +207,9 @@ class Trainer {
   // What averages a data-parallel step: the device collectives' engine
   // ("NCCL 2.28.9") or the host communicator's ("Gloo"); "" on its own.
   std::string allreduce_engine() const;
+  // Each training-graph node's kernel time over the steps so far, in run
+  // order (empty unless TrainerOptions::time_kernels).
+  const std::vector<KernelTime>& kernel_times() const { return executor_->kernel_times(); }
 
  private:
   // Backend memory the trainer owns (optimizer slots, the StepState).
@@ -272,6 +279,7 @@ class Trainer {
   std::unique_ptr<Executor> eval_executor_;
   bool eval_stale_ = false;  // the evaluation graph's weights lag the training graph's
   bool name_first_non_finite_ = true;
+  bool time_kernels_ = false;
   std::vector<std::string> state_names_;
   // Per parameter (training-graph order): resident weight, slots; the
   // gradient view is filled in each step.
