@@ -555,10 +555,15 @@ struct ErfOp {
   }
 };
 
+// e^x (float32, so 16-bit inputs too: ExpFloat, which vectorizes).
 struct ExpOp {
   template <typename V>
   CASTOR_HOST_DEVICE V operator()(V x) const {
-    return std::exp(x);
+    if constexpr (std::is_same_v<V, float>) {
+      return ExpFloat(x);
+    } else {
+      return std::exp(x);
+    }
   }
 };
 
