@@ -48,6 +48,14 @@ std::optional<int64_t> Shape::NumElements() const {
   return n;
 }
 
+bool Shape::ProvablyEquals(const Shape& other) const {
+  if (!rank_known_ || !other.rank_known_ || dims_.size() != other.dims_.size()) return false;
+  for (size_t i = 0; i < dims_.size(); ++i) {
+    if (dims_[i].is_unknown() || dims_[i] != other.dims_[i]) return false;
+  }
+  return true;
+}
+
 std::string Shape::ToString() const {
   if (!rank_known_) return "?";
   return absl::StrCat("[", absl::StrJoin(dims_, ",", [](std::string* out, const Dim& d) {

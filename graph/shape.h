@@ -58,8 +58,14 @@ class Shape {
   // Product of the dims; nullopt unless is_static().
   std::optional<int64_t> NumElements() const;
 
+  // True when both ranks are known and each pair of dims is the same
+  // number or the same symbol: the shapes are equal whatever the inputs
+  // (an unknown dim proves nothing, though operator== calls two alike).
+  bool ProvablyEquals(const Shape& other) const;
+
   // "[N,1,28,28]", "[]" for a scalar, "?" for unknown rank.
   std::string ToString() const;
+  // Structural equality (unknown dims and ranks compare equal to each other).
   bool operator==(const Shape& other) const {
     return rank_known_ == other.rank_known_ && dims_ == other.dims_;
   }

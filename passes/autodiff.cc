@@ -51,7 +51,6 @@ class Autodiff {
       }
       result.gradients.emplace_back(parameter->name(), grad->name());
     }
-    result.backward_nodes = graph_.num_nodes() - forward_count;
     if (model_.OpsetVersion(kCastorDomain) == 0) {
       model_.opset_imports.push_back({kCastorDomain, 1});  // castor's gradient ops
     }
@@ -70,10 +69,47 @@ class Autodiff {
             " (a gradient rule bug)"));
       }
     }
+    grad_of_.clear();  // may name values RemoveIdentityReductions removes
+    CASTOR_RETURN_IF_ERROR(RemoveIdentityReductions(result));
+    result.backward_nodes = graph_.num_nodes() - forward_count;
     return result;
   }
 
  private:
+  // A ReduceToShapeOf whose input provably has its target's shape is the
+  // identity. The rules emit one wherever a node's output and input shapes
+  // differ before inference has shaped the gradient (MatMul's dA: the
+  // product dY @ B^T has A's shape when the batch dims agree), and its
+  // kernel would copy the whole gradient: its readers read the input
+  // instead, and a parameter whose gradient it was names the input.
+  absl::Status RemoveIdentityReductions(AutodiffResult& result) {
+    std::vector<Node*> identities;
+    for (Node* node : graph_.nodes()) {
+      if (node->op_type() != "ReduceToShapeOf" || node->domain() != kCastorDomain ||
+          node->num_inputs() != 2 || node->num_outputs() != 1) {
+        continue;
+      }
+      const Value* input = node->input(0);
+      const Value* target = node->input(1);
+      const Value* output = node->output(0);
+      if (input == nullptr || target == nullptr || output == nullptr ||
+          output->is_graph_output() || input->dtype() != output->dtype() ||
+          !input->shape().ProvablyEquals(target->shape())) {
+        continue;
+      }
+      identities.push_back(node);
+    }
+    for (Node* node : identities) {
+      Value* input = node->input(0);
+      for (auto& [parameter, grad] : result.gradients) {
+        if (grad == node->output(0)->name()) grad = input->name();
+      }
+      graph_.ReplaceAllUsesWith(node->output(0), input);
+      CASTOR_RETURN_IF_ERROR(graph_.RemoveNode(node));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Resolve() {
     loss_ = graph_.FindValue(request_.loss);
     if (loss_ == nullptr) {

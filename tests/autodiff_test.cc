@@ -205,6 +205,27 @@ int CountOps(const Graph& graph, const std::string& op_type) {
   return count;
 }
 
+// The rules ask for ReduceToShapeOf before inference has shaped the
+// gradients (MatMul's dA and dB differ from its output's shape); autodiff
+// drops the ones that turn out to be identities, and keeps the ones that
+// sum a broadcast batch.
+TEST(GradientRuleTest, MatMulReducesOnlyTheBatchesItBroadcast) {
+  {
+    GradCheck same_batches;
+    Value* a = same_batches.Parameter("a", {2, 3, 4});
+    Value* b = same_batches.Parameter("b", {2, 4, 2});
+    same_batches.Check(same_batches.Op("MatMul", {a, b}));
+    EXPECT_EQ(CountOps(same_batches.graph(), "ReduceToShapeOf"), 0);
+  }
+  {
+    GradCheck broadcast_b;
+    Value* a = broadcast_b.Parameter("a", {2, 3, 4});
+    Value* b = broadcast_b.Parameter("b", {1, 4, 2});
+    broadcast_b.Check(broadcast_b.Op("MatMul", {a, b}));
+    EXPECT_EQ(CountOps(broadcast_b.graph(), "ReduceToShapeOf"), 1);  // dB over the batch
+  }
+}
+
 // A matrix B shared by every batch of A (a linear layer on a sequence): dB
 // is one Gemm over the folded batch (transA), with no Transpose of A; the
 // general rule (a transposed copy of A, per-batch products, a sum over the

@@ -122,6 +122,19 @@ TEST(ShapeTest, Equality) {
   EXPECT_NE(Shape({Dim::Symbol("N")}), Shape({Dim::Unknown()}));
 }
 
+// Equal whatever the inputs: the same numbers and symbols; an unknown dim
+// or rank proves nothing (structural equality calls two unknowns equal).
+TEST(ShapeTest, ProvablyEquals) {
+  EXPECT_TRUE(Shape({Dim::Symbol("N"), 28, 64}).ProvablyEquals(Shape({Dim::Symbol("N"), 28, 64})));
+  EXPECT_TRUE(Shape::Scalar().ProvablyEquals(Shape::Scalar()));
+  EXPECT_FALSE(Shape({Dim::Symbol("N"), 28}).ProvablyEquals(Shape({Dim::Symbol("M"), 28})));
+  EXPECT_FALSE(Shape({Dim::Symbol("N"), 28}).ProvablyEquals(Shape({Dim::Symbol("N"), 64})));
+  EXPECT_FALSE(Shape({2, 3}).ProvablyEquals(Shape({2, 3, 1})));
+  EXPECT_EQ(Shape({Dim::Unknown(), 3}), Shape({Dim::Unknown(), 3}));
+  EXPECT_FALSE(Shape({Dim::Unknown(), 3}).ProvablyEquals(Shape({Dim::Unknown(), 3})));
+  EXPECT_FALSE(Shape::Unknown().ProvablyEquals(Shape::Unknown()));
+}
+
 // ------------------------------------------------------------------ Tensor
 
 TEST(TensorTest, FromVectorAndGetDouble) {

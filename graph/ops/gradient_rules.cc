@@ -29,10 +29,11 @@ namespace {
 using Rule = absl::Status (*)(GradientBuilder&);
 
 // `grad` (shaped like the node's output) summed down to `input`'s shape;
-// equal (possibly symbolic) shapes mean nothing was broadcast.
+// provably equal (static or symbolic) shapes mean nothing was broadcast.
+// (Autodiff drops the reductions that inference later shows to be
+// identities.)
 absl::StatusOr<Value*> Unbroadcast(GradientBuilder& g, Value* grad, Value* input) {
-  const Shape& out = g.output(0)->shape();
-  if (out.rank_known() && out == input->shape()) return grad;
+  if (g.output(0)->shape().ProvablyEquals(input->shape())) return grad;
   return g.Emit1("ReduceToShapeOf", {grad, input}, {}, kCastorDomain);
 }
 
