@@ -247,6 +247,7 @@ std::vector<Case> Cases() {
       {16, 16, 64}, {17, 15, 63},  {7, 65, 7},     // whole panels, and one past / short
       {5, 70, 3},   {31, 47, 300}, {33, 17, 513},  // K over many pairs
       {128, 512, 64},                              // enough multiply-adds to split
+      {45, 28, 16},  {300, 64, 64}, {1030, 64, 28}, // A read in place (even K), row tails
   };
   for (const auto& size : sizes) {
     for (int t = 0; t < 4; ++t) {

@@ -4,7 +4,8 @@
 //   A: [MB][P][16 rows]     (zeros past m and k)
 //   B: [NB][P][16 columns]  (zeros past n and k)
 // so one k pair of a B panel is one ZMM load and each A word one
-// broadcast. C is computed in blocks of 16 x 16 (16 accumulator registers,
+// broadcast. An A stored [m, k] with k even is not packed: its rows hold
+// the k pairs as words already, and each is broadcast from there (AWords). C is computed in blocks of 16 x 16 (16 accumulator registers,
 // enough to cover VDPBF16PS's latency; the 16 broadcasts per k pair are
 // loads, which have ports to spare beside one VDPBF16PS per cycle),
 // block b = column panel (b / MB), row panel (b % MB): consecutive blocks
@@ -21,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 
 #include "backend/cpu/cpu_features.h"
@@ -63,6 +65,9 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Below this many multiply-adds a GEMM runs on the calling thread: handing
 // work to another thread costs more than it saves.
 constexpr int64_t kParallelMultiplyAdds = int64_t{1} << 20;
+// Below this many packed words a B that is packed alone (A read in place)
+// is packed on the calling thread.
+constexpr int64_t kParallelPackWords = int64_t{1} << 16;
 
 // fn(0, count) on this thread, or split across threads when `split`.
 void Run(bool split, int64_t count, const std::function<void(int64_t, int64_t)>& fn) {
@@ -163,15 +168,39 @@ CASTOR_AVX512BF16_TARGET void PackAlongColumns(const uint16_t* src, int64_t ld, 
   _mm256_zeroupper();  // see PackAlongRows
 }
 
+// Where ProductBlocks reads op(A)'s k pairs: the packed row panels, or, for
+// an A stored [m, k] (not transposed) with k even in one panel, A itself:
+// row i's pair p is the 32-bit word at rows + i * lda + 2p, so A is not
+// copied at all (a transformer's [tokens, 64] activations were packed, one
+// 16 x 16 word transpose at a time, for more time than their product took).
+struct AWords {
+  const uint32_t* packed = nullptr;
+  const uint16_t* rows = nullptr;
+  int64_t lda = 0;
+};
+
 // C blocks [lo, hi) of the grid (block b: column panel b / mb, row panel
 // b % mb), each summed over the panel's `pairs` k pairs and written to `to`.
+// kAInPlace: A's words come from AWords::rows (the rows past m of the last
+// panel read row m - 1, and their sums are not stored).
+template <bool kAInPlace>
 CASTOR_AVX512BF16_TARGET void ProductBlocks(int64_t lo, int64_t hi, int64_t mb, int64_t pairs,
-                                            const uint32_t* a_pack, const uint32_t* b_pack,
+                                            const AWords& a_words, const uint32_t* b_pack,
                                             int64_t m, int64_t n, const COut& to) {
   const __m512 alpha = _mm512_set1_ps(to.alpha), beta = _mm512_set1_ps(to.beta);
   for (int64_t block = lo; block < hi; ++block) {
     const int64_t jb = block / mb, ib = block % mb;
-    const uint32_t* a = a_pack + ib * pairs * kRows;
+    const int64_t i0 = ib * kRows, j0 = jb * kCols;
+    const int64_t rows = std::min(kRows, m - i0), cols = std::min(kCols, n - j0);
+    const uint32_t* a = nullptr;
+    const uint16_t* a_row[kRows];
+    if constexpr (kAInPlace) {
+      for (int64_t r = 0; r < kRows; ++r) {
+        a_row[r] = a_words.rows + (i0 + std::min(r, rows - 1)) * a_words.lda;
+      }
+    } else {
+      a = a_words.packed + ib * pairs * kRows;
+    }
     const uint32_t* b = b_pack + jb * pairs * kCols;
     __m512 acc[kRows][kColVectors];
 #pragma GCC unroll 16
@@ -185,14 +214,18 @@ CASTOR_AVX512BF16_TARGET void ProductBlocks(int64_t lo, int64_t hi, int64_t mb, 
       }
 #pragma GCC unroll 16
       for (int r = 0; r < kRows; ++r) {
-        const __m512bh word = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[p * kRows + r]));
+        int32_t pair;
+        if constexpr (kAInPlace) {
+          std::memcpy(&pair, a_row[r] + 2 * p, sizeof(pair));
+        } else {
+          pair = static_cast<int32_t>(a[p * kRows + r]);
+        }
+        const __m512bh word = (__m512bh)_mm512_set1_epi32(pair);
         for (int h = 0; h < kColVectors; ++h) {
           acc[r][h] = _mm512_dpbf16_ps(acc[r][h], word, columns[h]);
         }
       }
     }
-    const int64_t i0 = ib * kRows, j0 = jb * kCols;
-    const int64_t rows = std::min(kRows, m - i0), cols = std::min(kCols, n - j0);
 #pragma GCC unroll 16
     for (int r = 0; r < kRows; ++r) {
       if (r >= rows) break;
@@ -273,20 +306,27 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const uin
   const int64_t blocks = mb * nb;
   const bool split = m * n * k >= kParallelMultiplyAdds;
   const int64_t panel_pairs = CeilDiv(panel, 2);
+  // An A stored [m, k] with k even, in one panel, is read in place (AWords).
+  const bool a_in_place = !trans_a && k % 2 == 0 && panel == k;
   // The calling thread's scratch, kept for the next call (named through
   // pointers: ParallelFor bodies on other threads see their own
   // thread_local buffers). 64-byte aligned: a B pair row is one cache line
   // per 16 columns.
   thread_local Scratch<uint32_t, 64> a_scratch, b_scratch;
-  uint32_t* a_pack = a_scratch.Get(mb * panel_pairs * kRows);
+  uint32_t* a_pack = a_in_place ? nullptr : a_scratch.Get(mb * panel_pairs * kRows);
   uint32_t* b_pack = b_scratch.Get(nb * panel_pairs * kCols);
   for (int64_t k0 = 0; k0 < k; k0 += panel) {
     const int64_t kc = std::min(panel, k - k0), pairs = CeilDiv(kc, 2);
-    // op(A)[:, k0:k0+kc] (row panels [0, mb)) and op(B)[k0:k0+kc, :]
-    // (column panels mb + [0, nb)) in one pass; later panels add to C.
-    Run(split, mb + nb, [&](int64_t lo, int64_t hi) {
+    // op(A)[:, k0:k0+kc] (row panels [0, mb), unless A is read in place)
+    // and op(B)[k0:k0+kc, :] (column panels first_b + [0, nb)) in one
+    // pass; later panels add to C. B alone is packed on this thread unless
+    // it is large: the threads would wait for each other longer.
+    const int64_t first_b = a_in_place ? 0 : mb;
+    const bool split_packing =
+        split && (!a_in_place || nb * pairs * kCols >= kParallelPackWords);
+    Run(split_packing, first_b + nb, [&](int64_t lo, int64_t hi) {
       for (int64_t panel_index = lo; panel_index < hi; ++panel_index) {
-        if (panel_index < mb) {
+        if (panel_index < first_b) {
           const int64_t i0 = panel_index * kRows, items = std::min(kRows, m - i0);
           uint32_t* dst = a_pack + panel_index * pairs * kRows;
           if (trans_a) {  // op(A)(i, kk) = a[kk * lda + i]
@@ -295,8 +335,8 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const uin
             PackAlongColumns(a + i0 * lda + k0, lda, items, kc, kRows, dst);
           }
         } else {
-          const int64_t j0 = (panel_index - mb) * kCols, items = std::min(kCols, n - j0);
-          uint32_t* dst = b_pack + (panel_index - mb) * pairs * kCols;
+          const int64_t j0 = (panel_index - first_b) * kCols, items = std::min(kCols, n - j0);
+          uint32_t* dst = b_pack + (panel_index - first_b) * pairs * kCols;
           if (trans_b) {  // op(B)(kk, j) = b[j * ldb + kk]
             PackAlongColumns(b + j0 * ldb + k0, ldb, items, kc, kCols, dst);
           } else {
@@ -307,8 +347,16 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const uin
     });
     COut panel_to = to;
     if (k0 > 0) panel_to.beta = 1.0f;
+    AWords a_words;
+    a_words.packed = a_pack;
+    a_words.rows = a;
+    a_words.lda = lda;
     Run(split, blocks, [&](int64_t lo, int64_t hi) {
-      ProductBlocks(lo, hi, mb, pairs, a_pack, b_pack, m, n, panel_to);
+      if (a_in_place) {
+        ProductBlocks<true>(lo, hi, mb, pairs, a_words, b_pack, m, n, panel_to);
+      } else {
+        ProductBlocks<false>(lo, hi, mb, pairs, a_words, b_pack, m, n, panel_to);
+      }
     });
   }
 }
