@@ -180,6 +180,68 @@ absl::Status SyncBatchNormGrad(KernelContext& ctx, const common::BatchNormGradGe
   return absl::OkStatus();
 }
 
+bool IsSixteenBitFloat(DType dtype) {
+  return dtype == DType::kBFloat16 || dtype == DType::kFloat16;
+}
+
+// BatchNormalizationGrad with 16-bit X and dY (the training graph folds
+// the Casts around a BatchNormalization that computes in float32:
+// passes/training_graph.cc): each channel's X and dY are widened into
+// float32 buffers of this thread (exact), the float32 loops below run on
+// them, and its dX is rounded once per run, so the bits are those of the
+// float32 kernel between Casts, without float32 copies of the tensors.
+absl::Status BatchNormGradSixteenBit(KernelContext& ctx,
+                                     const common::BatchNormGradGeometry& geometry,
+                                     double epsilon, std::vector<double>& d_scale,
+                                     std::vector<double>& d_bias) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& x = ctx.input(1);
+  const TensorView& scale_view = ctx.input(2);
+  const Float32In scale(scale_view);
+  const int64_t batch = geometry.batch, channels = geometry.channels, inner = geometry.inner;
+  const int64_t stride = channels * inner;
+  const double count = static_cast<double>(batch * inner);
+  char* dxp = nullptr;
+  if (WantsOutput(ctx, 0)) {
+    CASTOR_ASSIGN_OR_RETURN(TensorView * dx_view, ctx.Output(0, x.dtype, x.dims));
+    dxp = static_cast<char*>(dx_view->data);
+  }
+  const char* xp = static_cast<const char*>(x.data);
+  const char* dyp = static_cast<const char*>(dy.data);
+  const size_t x_bytes = DTypeSize(x.dtype), dy_bytes = DTypeSize(dy.dtype);
+  ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
+    thread_local std::vector<float> x_widened, dy_widened;
+    x_widened.resize(static_cast<size_t>(batch * inner));
+    dy_widened.resize(static_cast<size_t>(batch * inner));
+    for (int64_t c = lo; c < hi; ++c) {
+      for (int64_t n = 0; n < batch; ++n) {
+        const int64_t offset = n * stride + c * inner;
+        ToFloat32(x.dtype, xp + offset * x_bytes, x_widened.data() + n * inner, inner);
+        ToFloat32(dy.dtype, dyp + offset * dy_bytes, dy_widened.data() + n * inner, inner);
+      }
+      const float* xc = x_widened.data();
+      float* dyc = dy_widened.data();
+      const double mean = count > 0 ? ChannelSum(xc, batch, inner, inner) / count : 0.0;
+      const std::array<double, 3> sums = ChannelGradientSums(xc, dyc, batch, inner, inner, mean);
+      const double var = count > 0 ? sums[0] / count : 0.0;
+      const double inv_std = 1.0 / std::sqrt(var + epsilon);
+      d_bias[c] = sums[1];
+      d_scale[c] = sums[2] * inv_std;
+      if (dxp == nullptr) continue;
+      const float a = static_cast<float>(scale.data()[c] * inv_std);
+      const float mean_dy = static_cast<float>(d_bias[c] / count);
+      const float mean_dy_xhat = static_cast<float>(d_scale[c] / count);
+      for (int64_t n = 0; n < batch; ++n) {
+        float* row = dyc + n * inner;  // dX over dY, element by element
+        BatchNormInputGradient(xc + n * inner, row, row, inner, a, static_cast<float>(mean),
+                               static_cast<float>(inv_std), mean_dy, mean_dy_xhat);
+        FromFloat32(x.dtype, row, dxp + (n * stride + c * inner) * x_bytes, inner);
+      }
+    }
+  });
+  return WriteScaleBiasGrads(ctx, scale_view.dtype, scale_view.dims, d_scale, d_bias);
+}
+
 absl::Status BatchNormGradKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(1);
   const TensorView& scale_view = ctx.input(2);
@@ -187,12 +249,17 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
                           common::PlanBatchNormGrad(ctx));
   const int64_t batch = geometry.batch, channels = geometry.channels, inner = geometry.inner;
   const double epsilon = ctx.GetFloat("epsilon", 1e-5f);
-  const Float32In xf(x);
-  const Float32In dyf(ctx.input(0));
-  const Float32In scale(scale_view);
+  const TensorView& dy = ctx.input(0);
   const double count = static_cast<double>(batch * inner);
   std::vector<double> d_scale(channels), d_bias(channels);
   const int64_t stride = channels * inner;
+  if (IsSixteenBitFloat(x.dtype) && IsSixteenBitFloat(dy.dtype) &&
+      !ctx.backend().cross_rank_sum()) {
+    return BatchNormGradSixteenBit(ctx, geometry, epsilon, d_scale, d_bias);
+  }
+  const Float32In xf(x);
+  const Float32In dyf(dy);
+  const Float32In scale(scale_view);
   std::optional<Float32Out> dx;
   if (WantsOutput(ctx, 0)) {
     CASTOR_ASSIGN_OR_RETURN(TensorView * dx_view, ctx.Output(0, x.dtype, x.dims));
