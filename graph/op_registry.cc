@@ -104,7 +104,7 @@ void OpRegistry::Register(OpDef def) {
 
 void OpRegistry::SetAutocastCategory(const std::string& domain, const std::string& op_type,
                                      AutocastCategory category, std::string source,
-                                     bool exact) {
+                                     bool exact, bool output_in_input_dtype) {
   auto it = ops_.find({CanonicalDomain(domain), op_type});
   if (it == ops_.end()) {
     std::fprintf(stderr, "castor: autocast table names unregistered op %s\n", op_type.c_str());
@@ -113,6 +113,7 @@ void OpRegistry::SetAutocastCategory(const std::string& domain, const std::strin
   it->second.autocast = category;
   it->second.autocast_source = std::move(source);
   it->second.autocast_exact = exact;
+  it->second.autocast_output_in_input_dtype = output_in_input_dtype;
 }
 
 namespace {

@@ -144,6 +144,13 @@ struct OpDef {
   // kind in 16-bit when its readers do (passes/autocast.cc, step 3b); its
   // forward values are the same, its gradient sees the rounded values.
   bool autocast_exact = false;
+  // A deny op that computes in float32 but hands its first output on in
+  // the dtype its first input arrived in (BatchNormalization: PyTorch's
+  // batch_norm under autocast and Keras's BatchNormalization return their
+  // input's dtype, normalising with float32 statistics). The autocast pass
+  // counts that output as a vote in its input's dtype for the readers that
+  // follow (passes/autocast.cc, step 3): they read it through one Cast.
+  bool autocast_output_in_input_dtype = false;
   GradientFn gradient;
   std::string no_gradient_reason;  // set when the op deliberately has none
   // Inputs that are settings rather than values (Dropout's ratio): the
@@ -168,7 +175,8 @@ class OpRegistry {
   // Sets an op's default autocast category (graph/ops/autocast_table.cc).
   // An unknown op aborts: the table and the registry must agree.
   void SetAutocastCategory(const std::string& domain, const std::string& op_type,
-                           AutocastCategory category, std::string source, bool exact);
+                           AutocastCategory category, std::string source, bool exact,
+                           bool output_in_input_dtype);
   // Sets an op's gradient rule, or the reason it deliberately has none
   // (graph/ops/gradient_rules.cc). An unknown op aborts.
   void SetGradient(const std::string& domain, const std::string& op_type, GradientFn gradient);

@@ -349,10 +349,18 @@ class AutocastPass {
       case AutocastCategory::kNone:
       case AutocastCategory::kUnset:
         return Decision{};
-      case AutocastCategory::kDeny:
+      case AutocastCategory::kDeny: {
         if (!has_float_input_or_output) return Decision{};
-        return Decision{DType::kFloat32, absl::StrCat("rule 2 (deny): ", reason.rule, ": ",
-                                                      reason.entry)};
+        std::string why = absl::StrCat("rule 2 (deny): ", reason.rule, ": ", reason.entry);
+        const OpDef* def = OpRegistry::Global().Find(node.domain(), node.op_type());
+        if (policy_.is_mixed() && def != nullptr && def->autocast_output_in_input_dtype &&
+            node.input(0) != nullptr && node.input(0)->dtype() == lowp_) {
+          absl::StrAppend(&why, "; its input came in ", DTypeName(lowp_),
+                          ", so its output counts as ", DTypeName(lowp_),
+                          " for the nodes that follow it (they read it through one Cast)");
+        }
+        return Decision{DType::kFloat32, std::move(why)};
+      }
       case AutocastCategory::kAllow: {
         if (!has_float_input_or_output) return Decision{};
         std::string why = absl::StrCat("rule 1 (allow): ", reason.rule, ": ", reason.entry);
@@ -393,10 +401,31 @@ class AutocastPass {
     return false;
   }
 
+  // Whether `value` is the first output of a node painted float32 whose op
+  // hands it on in the dtype its first input arrived in (OpDef::
+  // autocast_output_in_input_dtype), that input being in the compute dtype:
+  // then it votes for the compute dtype in rule 3, and its readers that
+  // compute in it read it through one Cast.
+  bool HandedOnInComputeDType(const Value* value) const {
+    const Node* producer = value->producer();
+    if (!policy_.is_mixed() || producer == nullptr || value->producer_output() != 0) {
+      return false;
+    }
+    const OpDef* def = OpRegistry::Global().Find(producer->domain(), producer->op_type());
+    auto decided = decisions_.find(producer);
+    if (def == nullptr || !def->autocast_output_in_input_dtype || decided == decisions_.end() ||
+        decided->second != DType::kFloat32) {
+      return false;
+    }
+    const Value* data = producer->input(0);
+    return data != nullptr && data->dtype() == lowp_;
+  }
+
   absl::StatusOr<Decision> PaintFollow(Node& node, const CategoryReason& reason) {
     const std::string entry = absl::StrCat(reason.rule, ": ", reason.entry);
     int voters = 0;
     const Value* float32_voter = nullptr;
+    std::vector<std::string> handed_on;  // float32 inputs that vote for the compute dtype
     for (int i = 0; i < node.num_inputs(); ++i) {
       const Value* in = node.input(i);
       if (!in || !IsAutocastFloat(in->dtype()) || KindOf(in) != SourceKind::kActivation ||
@@ -404,7 +433,14 @@ class AutocastPass {
         continue;
       }
       ++voters;
-      if (in->dtype() != lowp_ && !float32_voter) float32_voter = in;
+      if (in->dtype() == lowp_) continue;
+      if (HandedOnInComputeDType(in)) {
+        handed_on.push_back(absl::StrCat(Quoted(in->name()), " (", in->producer()->op_type(),
+                                         " computes in float32 and hands its output on in ",
+                                         DTypeName(lowp_), ", the dtype its input came in)"));
+      } else if (!float32_voter) {
+        float32_voter = in;
+      }
     }
     if (voters == 0) {
       if (!HasFloatInputOrOutput(node)) return Decision{};
@@ -425,9 +461,12 @@ class AutocastPass {
                                    ", so the inputs do not all agree on ", DTypeName(lowp_),
                                    " and the node promotes to float32")};
     }
-    return LowpIfAccepted(node, absl::StrCat("rule 3 (follow): ", entry, "; all ", voters,
-                                             " computed float input(s) are ",
-                                             DTypeName(lowp_)));
+    std::string why = absl::StrCat("rule 3 (follow): ", entry, "; all ", voters,
+                                   " computed float input(s) are ", DTypeName(lowp_));
+    if (!handed_on.empty()) {
+      absl::StrAppend(&why, ", counting ", absl::StrJoin(handed_on, " and "));
+    }
+    return LowpIfAccepted(node, std::move(why));
   }
 
   // Step 3b for one node: a follow node painted float32 only because its

@@ -323,6 +323,54 @@ TEST(AutocastRulesTest, FollowOpWithDisagreeingInputsPromotesToFloat32) {
   EXPECT_THAT(InvariantViolations(model), IsEmpty());
 }
 
+// BatchNormalization (deny) computes in float32 but hands its output on in
+// the dtype its input came in (OpDef::autocast_output_in_input_dtype), as
+// PyTorch's batch_norm and Keras's BatchNormalization do: after a float16
+// Conv, the residual Add and Relu that read it compute in float16 and read
+// it through one Cast; after a float32 graph input it stays a float32 vote
+// (the Add promotes).
+TEST(AutocastRulesTest, BatchNormHandsItsOutputOnInTheDtypeItsInputCameIn) {
+  auto build = [](bool after_conv) {
+    ModelBuilder builder;
+    builder.Input("x", {2, 3, 4, 4})
+        .Weight("w", {3, 3, 1, 1})
+        .Weight("scale", {3})
+        .Weight("bias", {3})
+        .Weight("mean", {3})
+        .Weight("var", {3})
+        .Op("Conv", {"x", "w"}, "conv");
+    builder.Op("BatchNormalization", {after_conv ? "conv" : "x", "scale", "bias", "mean", "var"},
+               "bn")
+        .Op("Add", {"bn", "conv"}, "sum")
+        .Op("Relu", {"sum"}, "relu")
+        .Op("Conv", {"relu", "w"}, "out")
+        .Output("out");
+    return builder.Build();
+  };
+  Model model = build(/*after_conv=*/true);
+  Convert(model, "mixed_float16");
+  EXPECT_EQ(RecordedDType(model, "bn"), "float32");
+  EXPECT_THAT(ReadAutocastRecord(NodeNamed(model, "bn")).why,
+              HasSubstr("its input came in float16, so its output counts as float16"));
+  EXPECT_EQ(RecordedDType(model, "sum"), "float16");
+  EXPECT_THAT(ReadAutocastRecord(NodeNamed(model, "sum")).why,
+              HasSubstr("counting 'bn' (BatchNormalization computes in float32 and hands its "
+                        "output on in float16"));
+  EXPECT_EQ(RecordedDType(model, "relu"), "float16");
+  // (The last Conv makes the graph output: float32, rule 4.)
+  EXPECT_THAT(CastSummary(model), ElementsAre("x->float16", "w->float16", "conv->float32",
+                                              "bn->float16", "relu->float32"));
+  EXPECT_THAT(InvariantViolations(model), IsEmpty());
+
+  Model from_input = build(/*after_conv=*/false);
+  Convert(from_input, "mixed_float16");
+  EXPECT_EQ(RecordedDType(from_input, "bn"), "float32");
+  EXPECT_THAT(ReadAutocastRecord(NodeNamed(from_input, "bn")).why, Not(HasSubstr("came in")));
+  EXPECT_EQ(RecordedDType(from_input, "sum"), "float32");
+  EXPECT_THAT(ReadAutocastRecord(NodeNamed(from_input, "sum")).why,
+              HasSubstr("input 'bn' is float32, so the inputs do not all agree"));
+}
+
 // Exp (deny) -> Relu -> MaxPool -> Flatten -> MatMul (allow) -> Softmax.
 Model DenyThenExactChainThenMatMul() {
   return ModelBuilder()

@@ -90,10 +90,12 @@ TEST(TrainingGraphTest, InterfaceOfTheCnnTrainingGraph) {
 TEST(TrainingGraphTest, BackwardReadersOfWidenedValuesReadASecondCast) {
   // In the ResNet under mixed_float16 each BatchNormalization (float32)
   // reads a Cast of its float16 Conv's output, and its gradient reads that
-  // X again. The gradient reads a second Cast placed in the backward pass,
-  // so the float32 copy is not kept across the step. (Where a float16
-  // Relu reads the BatchNormalization, fold-batchnorm-casts has it read
-  // the float16 value itself: no Cast to repeat.)
+  // X again; so do the float32 final Gemm and its gradient with the
+  // Flatten before it. Each gradient reads a second Cast placed in the
+  // backward pass, so the float32 copy is not kept across the step.
+  // (fold-batchnorm-casts, on by default, has every BatchNormalization
+  // between float16 neighbours read the float16 value itself: then only
+  // the Gemm's input is cast again.)
   Model model = LoadSample("resnet_opset17", "mixed_float16");
   int batch_norms = 0;
   std::set<std::string> forward_casts;
@@ -101,15 +103,18 @@ TEST(TrainingGraphTest, BackwardReadersOfWidenedValuesReadASecondCast) {
     batch_norms += node->op_type() == "BatchNormalization";
     if (node->op_type() == "Cast") forward_casts.insert(node->name());
   }
-  TrainingGraph graph = *BuildTrainingGraph(model, TrainingGraphOptions{});
-  EXPECT_EQ(graph.folded_batchnorm_casts, 3);
-  const int widened_readers = batch_norms - graph.folded_batchnorm_casts;
+  ASSERT_EQ(batch_norms, 8);
+  TrainingGraphOptions unfolded;
+  unfolded.fold_batchnorm_casts = false;
+  TrainingGraph graph = *BuildTrainingGraph(model, unfolded);
+  EXPECT_EQ(graph.folded_batchnorm_casts, 0);
+  const int widened_readers = batch_norms + 1;  // and the Gemm
   EXPECT_EQ(graph.backward_recasts, widened_readers);
   EXPECT_TRUE(VerifyModel(model).ok());
   const std::vector<Node*>& order = model.graph->nodes();
   std::map<const Node*, int> position;
   for (int i = 0; i < static_cast<int>(order.size()); ++i) position[order[i]] = i;
-  int recasts = 0, grads_reading_recasts = 0;
+  int recasts = 0, batch_norm_grads_reading_recasts = 0;
   for (const Node* node : order) {
     if (node->op_type() != "Cast" || node->output(0)->dtype() != DType::kFloat32 ||
         node->input(0)->dtype() != DType::kFloat16) {
@@ -121,16 +126,24 @@ TEST(TrainingGraphTest, BackwardReadersOfWidenedValuesReadASecondCast) {
     recasts += recast;
     for (const Use& use : node->output(0)->uses()) {
       // A forward widening Cast is read by forward nodes only; a recast by
-      // the gradient, after the Cast.
-      EXPECT_EQ(use.node->op_type() == "BatchNormalizationGrad", recast) << node->name();
+      // gradients (named NODE/grad/...), after the Cast.
+      const bool backward_reader = use.node->name().find("/grad/") != std::string::npos;
+      EXPECT_EQ(backward_reader, recast) << node->name() << " read by " << use.node->name();
       if (recast) {
-        ++grads_reading_recasts;
+        batch_norm_grads_reading_recasts += use.node->op_type() == "BatchNormalizationGrad";
         EXPECT_LT(position[node], position[use.node]);
       }
     }
   }
   EXPECT_EQ(recasts, widened_readers);
-  EXPECT_EQ(grads_reading_recasts, widened_readers);
+  EXPECT_EQ(batch_norm_grads_reading_recasts, batch_norms);
+
+  // Folded (the default): every BatchNormalization reads float16; the
+  // Gemm's input is the one value cast again.
+  Model folded_model = LoadSample("resnet_opset17", "mixed_float16");
+  const TrainingGraph folded = *BuildTrainingGraph(folded_model, TrainingGraphOptions{});
+  EXPECT_EQ(folded.folded_batchnorm_casts, batch_norms);
+  EXPECT_EQ(folded.backward_recasts, 1);
 
   // float32 has no widening Cast to repeat.
   Model float32 = LoadSample("resnet_opset17", "float32");

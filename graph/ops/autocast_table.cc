@@ -23,7 +23,7 @@ struct Entry {
   const char* op_type;
   AutocastCategory category;
   const char* source;
-  bool exact = false;  // OpDef::autocast_exact
+  unsigned traits = 0;  // kExact | kOutputInInputDType
 };
 
 constexpr AutocastCategory kAllow = AutocastCategory::kAllow;
@@ -36,7 +36,10 @@ constexpr AutocastCategory kNone = AutocastCategory::kNone;
 // keeps). Selections that shrink their input (Slice, Gather, ReduceMax/Min,
 // GlobalMaxPool) are not marked: rule 3b would cast their whole input, and
 // their gradients would keep that 16-bit copy alive.
-constexpr bool kExact = true;
+constexpr unsigned kExact = 1;
+// Deny ops that compute in float32 and hand their output on in the dtype
+// their input arrived in (OpDef::autocast_output_in_input_dtype).
+constexpr unsigned kOutputInInputDType = 2;
 
 constexpr Entry kTable[] = {
     // --- allow: tensor-core work -------------------------------------------
@@ -88,9 +91,13 @@ constexpr Entry kTable[] = {
      "instance_norm is unlisted but its statistics are float32 (cudnn batch_norm), DESIGN.md "
      "rule 2"},
     {"", "BatchNormalization", kDeny,
-     "DESIGN.md rule 2: statistics and parameters float32 (Keras keeps BN float32)"},
+     "DESIGN.md rule 2: computes in float32 with float32 statistics and parameters; its "
+     "output goes on in its input's dtype, as PyTorch's batch_norm and Keras's "
+     "BatchNormalization return it",
+     kOutputInInputDType},
     {"com.castor", "BatchNormalizationTraining", kDeny,
-     "castor's training form of BatchNormalization (deny like it, DESIGN.md rule 2)"},
+     "castor's training form of BatchNormalization (deny like it, DESIGN.md rule 2)",
+     kOutputInInputDType},
     {"", "SoftmaxCrossEntropyLoss", kDeny, "PyTorch cross_entropy: fp32; TF "
      "SoftmaxCrossEntropyWithLogits: deny"},
     {"com.castor", "SoftmaxCrossEntropyLoss", kDeny,
@@ -228,7 +235,9 @@ constexpr Entry kTable[] = {
 
 void AssignAutocastCategories(OpRegistry& registry) {
   for (const Entry& e : kTable) {
-    registry.SetAutocastCategory(e.domain, e.op_type, e.category, e.source, e.exact);
+    registry.SetAutocastCategory(e.domain, e.op_type, e.category, e.source,
+                                 (e.traits & kExact) != 0,
+                                 (e.traits & kOutputInInputDType) != 0);
   }
 }
 
