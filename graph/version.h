@@ -2,7 +2,7 @@
 // Bazel build read it from here).
 #pragma once
 
-#define CASTOR_VERSION_STRING "0.3.0"
+#define CASTOR_VERSION_STRING "0.4.0"
 
 namespace castor {
 inline constexpr const char* kCastorVersion = CASTOR_VERSION_STRING;

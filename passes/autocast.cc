@@ -9,7 +9,9 @@
 //      is returned unchanged (converting twice adds nothing). A model
 //      converted under another policy is refused, naming both, unless
 //      restart_from_float32: then castor's Casts and records are stripped
-//      and the float32 graph is converted again.
+//      and the float32 graph is converted again. One converted under an
+//      earlier definition of the same policy (its name with another digest:
+//      an older castor's op lists) is converted again that way, noted.
 //   2. Category of every node: Policy::CategoryOf (node override, then op
 //      override, then the op lists), then the contextual rules, which only
 //      ever force float32:
@@ -931,6 +933,7 @@ absl::StatusOr<int> StripAutocast(Model& model) {
 absl::StatusOr<AutocastReport> RunAutocast(Model& model, const Policy& policy,
                                            const AutocastOptions& options) {
   int casts_removed = 0;
+  std::string redefined_note;
   if (const std::string* digest = model.FindMetadata(kPolicyDigestKey)) {
     const std::string* name = model.FindMetadata(kPolicyNameKey);
     const std::string old_name = name ? *name : "(unnamed)";
@@ -941,7 +944,18 @@ absl::StatusOr<AutocastReport> RunAutocast(Model& model, const Policy& policy,
                                           "' (", *digest, "); nothing to do"));
       return report;
     }
-    if (!options.restart_from_float32) {
+    // The same policy name under another digest: the file was converted
+    // under an earlier definition of this policy (another castor version's
+    // op lists, or an edited policy file of that name). Its float32 graph
+    // comes back exactly, so it is converted again from there, noted.
+    const bool redefined = name != nullptr && *name == policy.name();
+    if (redefined && !options.restart_from_float32) {
+      redefined_note = absl::StrCat(
+          "the model was converted under an earlier definition of policy '", policy.name(),
+          "' (", *digest, "; this castor's is ", policy.Digest(),
+          "): converted again from its float32 graph");
+    }
+    if (!options.restart_from_float32 && !redefined) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the model was already converted under policy '", old_name, "' (", *digest,
           "); refusing to convert it under policy '", policy.name(), "' (", policy.Digest(),
@@ -963,6 +977,7 @@ absl::StatusOr<AutocastReport> RunAutocast(Model& model, const Policy& policy,
   AutocastPass pass(model, policy, options);
   CASTOR_ASSIGN_OR_RETURN(AutocastReport report, pass.Run());
   report.casts_removed = casts_removed;
+  if (!redefined_note.empty()) report.notes.insert(report.notes.begin(), redefined_note);
   return report;
 }
 

@@ -921,6 +921,24 @@ TEST(AutocastRecordTest, ModelRecordsPolicyNameDigestAndJson) {
   EXPECT_THAT(casts[1]->doc_string(), HasSubstr("inserted by castor autocast: rule 5"));
 }
 
+// A file converted under an earlier definition of the same policy (its
+// name, another digest: an older castor's op lists) is converted again
+// from its float32 graph, with a note naming both digests.
+TEST(AutocastRecordTest, AnEarlierDefinitionOfThePolicyIsConvertedAgain) {
+  Model model = MlpWithSoftmax();
+  Convert(model, "mixed_float16");
+  model.SetMetadata(kPolicyDigestKey, "sha256:0123");
+  const AutocastReport report = Convert(model, "mixed_float16");
+  EXPECT_FALSE(report.unchanged);
+  EXPECT_EQ(report.casts_removed, 4);
+  ASSERT_FALSE(report.notes.empty());
+  EXPECT_THAT(report.notes[0], HasSubstr("earlier definition of policy 'mixed_float16' "
+                                         "(sha256:0123; this castor's is sha256:"));
+  Model fresh = MlpWithSoftmax();
+  Convert(fresh, "mixed_float16");
+  EXPECT_TRUE(Serialized(model) == Serialized(fresh));
+}
+
 TEST(AutocastRecordTest, AnotherPolicyIsRefusedNamingBothUnlessRestarted) {
   Model model = MlpWithSoftmax();
   Convert(model, "mixed_float16");
