@@ -7,6 +7,7 @@
 #include "passes/training_graph.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <regex>
@@ -391,6 +392,164 @@ absl::StatusOr<int> FoldBatchNormCasts(Graph& graph) {
     ++folded;
   }
   return folded;
+}
+
+// The scalar a value holds when it is a one-element initializer or Constant
+// (Constant's `value` tensor), seen through Casts (autocast casts a
+// constant to the dtype its reader computes in), with the dtype it is
+// stored in; nullopt otherwise.
+struct StoredScalar {
+  double value = 0;
+  DType dtype = DType::kUndefined;
+};
+std::optional<StoredScalar> ScalarOf(const Value* value) {
+  for (int depth = 0; value != nullptr && depth < 4; ++depth) {
+    if (const Tensor* init = value->initializer(); init != nullptr) {
+      if (init->num_elements() != 1) return std::nullopt;
+      return StoredScalar{init->GetDouble(0), init->dtype()};
+    }
+    const Node* producer = value->producer();
+    if (producer == nullptr || !producer->domain().empty()) return std::nullopt;
+    if (producer->op_type() == "Constant") {
+      const Attribute* tensor = producer->attribute("value");
+      if (tensor == nullptr || tensor->kind != AttrKind::kTensor ||
+          tensor->t.num_elements() != 1) {
+        return std::nullopt;
+      }
+      return StoredScalar{tensor->t.GetDouble(0), tensor->t.dtype()};
+    }
+    if (producer->op_type() != "Cast") return std::nullopt;
+    value = producer->input(0);
+  }
+  return std::nullopt;
+}
+
+// Whether `value` holds `expected` as its dtype stores it: to within half a
+// unit in the last place (1.4142135381698608, sqrt(2) in float32, as
+// exporters write it).
+bool IsScalar(const Value* value, double expected) {
+  const std::optional<StoredScalar> scalar = ScalarOf(value);
+  if (!scalar.has_value()) return false;
+  double half_ulp = 0;
+  switch (scalar->dtype) {
+    case DType::kFloat64: half_ulp = std::ldexp(1.0, -53); break;
+    case DType::kFloat32: half_ulp = std::ldexp(1.0, -24); break;
+    case DType::kFloat16: half_ulp = std::ldexp(1.0, -11); break;
+    case DType::kBFloat16: half_ulp = std::ldexp(1.0, -8); break;
+    default: return false;
+  }
+  return std::abs(scalar->value - expected) <= half_ulp * std::abs(expected);
+}
+
+// A default-domain node of `op_type` with two inputs, one of them `value`:
+// the other one, or nullptr.
+Value* OtherOperand(const Node* node, const char* op_type, const Value* value) {
+  if (node == nullptr || node->op_type() != op_type || !node->domain().empty() ||
+      node->num_inputs() != 2 || node->num_outputs() != 1) {
+    return nullptr;
+  }
+  if (node->input(0) == value) return node->input(1);
+  if (node->input(1) == value) return node->input(0);
+  return nullptr;
+}
+
+// The single reader of `value` (none when it has several, is a graph output,
+// or is read as a subgraph's implicit input).
+Node* OnlyReader(const Value* value) {
+  if (value == nullptr || value->is_graph_output() || value->uses().size() != 1 ||
+      value->uses()[0].index < 0) {
+    return nullptr;
+  }
+  return value->uses()[0].node;
+}
+
+// Exact GELU as exporters write it before ONNX's Gelu (opset 20), from
+// PyTorch's nn.GELU and HuggingFace's gelu alike:
+//   Erf(X / sqrt(2)) (or X * (1 / sqrt(2))), + 1, then * X and * 0.5 in
+//   either order (and either operand order)
+// becomes castor's Gelu (com.castor, graph/ops/elementwise.cc): one node
+// forward and one GeluGrad backward, computing in float32 and rounding
+// once, where the chain took five nodes forward and a dozen backward, each
+// a pass over the tensor rounding to its dtype. The chain's nodes must
+// share X's float dtype, and its intermediate values have no other reader
+// (and are no graph output). Returns the number of chains fused.
+absl::StatusOr<int> FuseGelu(Model& model) {
+  Graph& graph = *model.graph;
+  struct Chain {
+    Value* x = nullptr;
+    std::vector<Node*> nodes;  // in order; the last one's output is the GELU
+  };
+  std::vector<Chain> chains;
+  for (Node* erf : graph.nodes()) {
+    if (erf->op_type() != "Erf" || !erf->domain().empty() || erf->num_inputs() != 1) continue;
+    Node* scale = erf->input(0) != nullptr ? erf->input(0)->producer() : nullptr;
+    if (scale == nullptr || !scale->domain().empty() || scale->num_inputs() != 2 ||
+        OnlyReader(scale->output(0)) != erf) {
+      continue;
+    }
+    Value* x = nullptr;
+    if (scale->op_type() == "Div" && IsScalar(scale->input(1), std::sqrt(2.0))) {
+      x = scale->input(0);
+    } else if (scale->op_type() == "Mul") {
+      for (int i : {0, 1}) {
+        if (IsScalar(scale->input(1 - i), std::sqrt(0.5))) x = scale->input(i);
+      }
+    }
+    if (x == nullptr || !IsFloatingPoint(x->dtype())) continue;
+    Node* plus_one = OnlyReader(erf->output(0));
+    Value* one = OtherOperand(plus_one, "Add", erf->output(0));
+    if (one == nullptr || !IsScalar(one, 1.0)) continue;
+    // (X * (1 + erf)) * 0.5, or (X * 0.5) * (1 + erf).
+    Node* first = OnlyReader(plus_one->output(0));
+    Value* first_other = OtherOperand(first, "Mul", plus_one->output(0));
+    if (first_other == nullptr) continue;
+    Node* last = nullptr;
+    std::vector<Node*> nodes = {scale, erf, plus_one};
+    if (first_other == x) {
+      last = OnlyReader(first->output(0));
+      Value* half = OtherOperand(last, "Mul", first->output(0));
+      if (half == nullptr || !IsScalar(half, 0.5)) continue;
+      nodes.push_back(first);
+      nodes.push_back(last);
+    } else {
+      Node* halving = first_other->producer();
+      Value* half = OtherOperand(halving, "Mul", x);
+      if (half == nullptr || !IsScalar(half, 0.5) || OnlyReader(first_other) != first) continue;
+      last = first;
+      nodes.push_back(halving);
+      nodes.push_back(first);
+    }
+    const bool same_dtype = std::all_of(nodes.begin(), nodes.end(), [&](const Node* node) {
+      return node->output(0)->dtype() == x->dtype();
+    });
+    if (!same_dtype) continue;
+    chains.push_back(Chain{x, std::move(nodes)});
+  }
+  if (chains.empty()) return 0;
+  if (model.OpsetVersion(kCastorDomain) == 0) model.opset_imports.push_back({kCastorDomain, 1});
+  for (Chain& chain : chains) {
+    Value* gelu = chain.nodes.back()->output(0);
+    const std::string name = gelu->name();
+    const std::string& erf_name = chain.nodes[1]->name();
+    const size_t slash = erf_name.rfind('/');
+    const std::string node_name = graph.UniqueName(
+        slash == std::string::npos ? erf_name + "_gelu" : erf_name.substr(0, slash) + "/Gelu");
+    CASTOR_ASSIGN_OR_RETURN(
+        Node * fused, graph.AddNode("Gelu", {chain.x}, {graph.UniqueName(name + "/fused")},
+                                    node_name, kCastorDomain));
+    fused->SetAttribute(Attribute::String("approximate", "none"));
+    fused->output(0)->set_dtype(gelu->dtype());
+    fused->output(0)->set_shape(gelu->shape());
+    graph.ReplaceAllUsesWith(gelu, fused->output(0));
+    for (auto it = chain.nodes.rbegin(); it != chain.nodes.rend(); ++it) {
+      CASTOR_RETURN_IF_ERROR(graph.RemoveNode(*it));
+    }
+    if (graph.FindValue(name) == nullptr) {
+      CASTOR_RETURN_IF_ERROR(graph.RenameValue(fused->output(0), name));
+    }
+  }
+  CASTOR_RETURN_IF_ERROR(graph.TopologicalSort());
+  return static_cast<int>(chains.size());
 }
 
 // A widening Cast (float16/bfloat16 -> float32: exact) in the forward pass
@@ -803,6 +962,16 @@ void AddTrainingPasses(PassManager& manager, const TrainingGraphOptions& options
         [state](Model& model, PassContext&) -> absl::Status {
           CASTOR_ASSIGN_OR_RETURN(state->result->folded_batchnorm_casts,
                                   FoldBatchNormCasts(*model.graph));
+          return absl::OkStatus();
+        }));
+  }
+  if (options.fuse_gelu) {
+    manager.Add(std::make_unique<FunctionPass>(
+        "fuse-gelu",
+        "runs the erf form of GELU that exporters write before opset 20 (Div, Erf, Add, two "
+        "Muls) as castor's Gelu: one node forward and one GeluGrad backward, in float32",
+        [state](Model& model, PassContext&) -> absl::Status {
+          CASTOR_ASSIGN_OR_RETURN(state->result->fused_gelus, FuseGelu(model));
           return absl::OkStatus();
         }));
   }

@@ -94,6 +94,8 @@ struct TrainingGraphOptions {
   // Fold 16-bit -> float32 -> 16-bit Casts around a BatchNormalization
   // into it (off only to compare: the values are the same bits).
   bool fold_batchnorm_casts = true;
+  // Run the erf form of GELU as castor's Gelu (off only to compare).
+  bool fuse_gelu = true;
   // Fine-tuning (ECMAScript regular expressions, matched anywhere in the
   // name as std::regex_search does; anchor with ^...$ for a whole name):
   // parameters whose initializer name matches `freeze`, or does not match
@@ -127,6 +129,8 @@ struct TrainingGraph {
   // BatchNormalizations that read and write their 16-bit neighbours'
   // values directly (fold-batchnorm-casts).
   int folded_batchnorm_casts = 0;
+  // Erf-form GELU chains run as one castor Gelu (fuse-gelu).
+  int fused_gelus = 0;
   // Dropout nodes that read the RNG state (kRngStateInput; the input
   // exists only when there is one).
   int rng_dropouts = 0;

@@ -163,7 +163,7 @@ void ExpectLowPrecisionMatchesBoth(const std::string& op, const std::vector<Tens
 
 TEST(GradientOps, RegisteredWithCategoryAndNoSecondOrderGradient) {
   const char* follow[] = {"ConvGrad", "MaxPoolGrad",     "AveragePoolGrad", "GlobalAveragePoolGrad",
-                          "ReluGrad", "ReduceToShapeOf", "GatherGrad"};
+                          "ReluGrad", "GeluGrad", "ReduceToShapeOf", "GatherGrad"};
   const char* deny[] = {"BatchNormalizationGrad", "LayerNormalizationGrad", "SoftmaxGrad",
                         "LogSoftmaxGrad", "SoftmaxCrossEntropyLossGrad"};
   auto check = [](const char* op, AutocastCategory category) {
@@ -790,6 +790,31 @@ TEST(SoftmaxGrad, Float16AndBFloat16MatchFloat32) {
   ExpectLowPrecisionMatchesBoth("SoftmaxGrad", {dy, y}, {0, 1}, {});
   ExpectLowPrecisionMatchesBoth("LogSoftmaxGrad", {dy, RandomTensor({3, 5}, 193, -3.0, -0.1)},
                                 {0, 1}, {Attribute::Int("axis", 0)});
+}
+
+// ---- GeluGrad -------------------------------------------------------------------
+
+// dX against finite differences of ONNX's Gelu (opset 20, float64), both
+// forms, over [-6, 6] (erf saturates past about 4).
+TEST(GeluGrad, MatchesFiniteDifferences) {
+  for (const char* approximate : {"none", "tanh"}) {
+    SCOPED_TRACE(approximate);
+    const std::vector<Attribute> form = {Attribute::String("approximate", approximate)};
+    const Tensor x = RandomTensor({4, 9}, 201, -6.0, 6.0);
+    const Tensor dy = RandomTensor({4, 9}, 202);
+    const std::vector<Tensor> out = RunOp("GeluGrad", {dy, x}, form);
+    ASSERT_EQ(out.size(), 1u);
+    ExpectMatchesFiniteDifference(out[0], OnnxForward("Gelu", form, 20), {x}, 0, Values(dy),
+                                  "GeluGrad dX");
+  }
+}
+
+TEST(GeluGrad, Float16AndBFloat16MatchFloat32) {
+  const Tensor dy = RandomTensor({3, 37}, 203);
+  const Tensor x = RandomTensor({3, 37}, 204, -4.0, 4.0);
+  ExpectLowPrecisionMatchesBoth("GeluGrad", {dy, x}, {0, 1}, {});
+  ExpectLowPrecisionMatchesBoth("GeluGrad", {dy, x}, {0, 1},
+                                {Attribute::String("approximate", "tanh")});
 }
 
 // ---- SoftmaxCrossEntropyLossGrad ---------------------------------------------

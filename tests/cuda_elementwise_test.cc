@@ -10,7 +10,7 @@
 // Clip's attribute and input bounds), special values (NaN, infinities, -0),
 // Cast between every pair of the dtypes the kernel converts (exact: rounding,
 // truncation, saturation and wrap-around as the CPU defines them), com.castor
-// ReluGrad, and the clear refusals of dtypes the CUDA kernels lack.
+// ReluGrad, castor's Gelu and GeluGrad, and the clear refusals of dtypes the CUDA kernels lack.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -498,6 +498,29 @@ TEST(CudaElementwise, ReluGradPassesGradientWhereOutputPositive) {
       SingleNode node("ReluGrad", {Sample(dtype, dims, 71), (*y)[0]}, {}, 1, 1, kCastorDomain);
       ExpectCudaMatchesCpu(node, absl::StrCat("ReluGrad ", DTypeName(dtype), " ",
                                               DimsText(dims)));
+    }
+  }
+}
+
+// ---- Gelu's training form and GeluGrad ----------------------------------------------
+
+// castor's Gelu (com.castor, any opset) and its one-pass gradient, both
+// forms, against the CPU backend.
+TEST(CudaElementwise, CastorGeluAndGeluGradMatchTheCpu) {
+  CASTOR_REQUIRE_CUDA();
+  for (DType dtype : CudaFloatTypes()) {
+    for (const char* approximate : {"none", "tanh"}) {
+      for (const std::vector<int64_t>& dims :
+           std::vector<std::vector<int64_t>>{{}, {7, 3}, {1000, 103}}) {
+        const std::string what =
+            absl::StrCat(DTypeName(dtype), " ", approximate, " ", DimsText(dims));
+        const std::vector<Attribute> form = {Attribute::String("approximate", approximate)};
+        SingleNode gelu("Gelu", {Sample(dtype, dims, 72)}, form, 1, 1, kCastorDomain);
+        ExpectCudaMatchesCpu(gelu, "castor Gelu " + what);
+        SingleNode grad("GeluGrad", {Sample(dtype, dims, 73), Sample(dtype, dims, 74)}, form, 1,
+                        1, kCastorDomain);
+        ExpectCudaMatchesCpu(grad, "GeluGrad " + what);
+      }
     }
   }
 }

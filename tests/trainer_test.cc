@@ -16,6 +16,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "gmock/gmock.h"
+#include "graph/gradient_builder.h"
 #include "graph/onnx_io.h"
 #include "graph/shape_inference.h"
 #include "gtest/gtest.h"
@@ -236,6 +237,102 @@ TEST(TrainingGraphTest, ReluWithAnotherReaderStaysBeforeMaxPool) {
   ASSERT_TRUE(moved.ok()) << moved.status();
   EXPECT_EQ(moved->pooled_relus, 1);
   EXPECT_TRUE(VerifyModel(once).ok());
+}
+
+// logits = sum of four erf-form GELUs of h = input * p ([4, 8], p a
+// parameter): (a) Div by sqrt(2), (X * (1 + erf)) * 0.5; (b) Mul by
+// 1/sqrt(2) with the operands swapped, (0.5 * X) * (1 + erf); (c) a Div by
+// 1.5, not sqrt(2); (d) an Erf output that a second node reads.
+Model ErfGeluModel() {
+  Model model;
+  model.ir_version = 8;
+  model.opset_imports.push_back({"", 17});
+  Graph& g = *model.graph;
+  Value* x = *g.AddInput("input", DType::kFloat32, Shape{Dim(4), Dim(8)});
+  Tensor ones(DType::kFloat32, {8});
+  for (int64_t i = 0; i < 8; ++i) ones.data<float>()[i] = 1.0f;
+  Value* p = *g.AddInitializer("p", std::move(ones));
+  auto scalar = [&](const std::string& name, float value) {
+    return *g.AddInitializer(name, Tensor::Scalar(value));
+  };
+  Value* sqrt2 = scalar("sqrt2", 1.4142135381698608f);
+  Value* inv_sqrt2 = scalar("inv_sqrt2", 0.7071067811865476f);
+  Value* one = scalar("one", 1.0f);
+  Value* half = scalar("half", 0.5f);
+  Value* other = scalar("one_and_a_half", 1.5f);
+  auto op = [&](const std::string& type, std::vector<Value*> inputs, const std::string& name) {
+    return (*g.AddNode(type, inputs, {name}, name))->output(0);
+  };
+  Value* h = op("Mul", {x, p}, "h");
+  auto erf_gelu = [&](const std::string& tag, Value* divisor, bool swapped) {
+    Value* scaled = swapped ? op("Mul", {inv_sqrt2, h}, tag + "/scaled")
+                            : op("Div", {h, divisor}, tag + "/scaled");
+    Value* erf = op("Erf", {scaled}, tag + "/erf");
+    Value* plus = swapped ? op("Add", {one, erf}, tag + "/plus") : op("Add", {erf, one}, tag + "/plus");
+    if (swapped) return op("Mul", {op("Mul", {half, h}, tag + "/half"), plus}, tag + "/gelu");
+    return op("Mul", {op("Mul", {h, plus}, tag + "/times"), half}, tag + "/gelu");
+  };
+  Value* a = erf_gelu("a", sqrt2, false);
+  Value* b = erf_gelu("b", nullptr, true);
+  Value* c = erf_gelu("c", other, false);
+  Value* d = erf_gelu("d", sqrt2, false);
+  Value* d_erf_again = op("Neg", {g.FindValue("d/erf")}, "d/erf_again");
+  Value* sum = op("Sum", {a, b, c, d, d_erf_again}, "logits");
+  g.AddOutput(sum);
+  EXPECT_TRUE(InferTypes(model).ok());
+  return model;
+}
+
+TEST(TrainingGraphTest, ErfGeluChainsRunAsCastorGelu) {
+  Model model = ErfGeluModel();
+  const TrainingGraph graph = *BuildTrainingGraph(model, TrainingGraphOptions{});
+  EXPECT_EQ(graph.fused_gelus, 2);  // (a) and (b)
+  EXPECT_TRUE(VerifyModel(model).ok());
+  int gelus = 0, gelu_grads = 0, erfs = 0;
+  for (const Node* node : model.graph->nodes()) {
+    if (node->op_type() == "Gelu") {
+      ++gelus;
+      EXPECT_EQ(node->domain(), kCastorDomain);
+      EXPECT_EQ(node->input(0)->name(), "h");
+    }
+    gelu_grads += node->op_type() == "GeluGrad";
+    erfs += node->op_type() == "Erf";
+  }
+  EXPECT_EQ(gelus, 2);
+  EXPECT_EQ(gelu_grads, 2);
+  EXPECT_EQ(erfs, 2);  // (c)'s and (d)'s (an Erf's gradient has none)
+  // The fused chains keep their output names (the Sum reads "a/gelu").
+  EXPECT_NE(model.graph->FindValue("a/gelu"), nullptr);
+  EXPECT_EQ(model.graph->FindValue("a/erf"), nullptr);
+}
+
+TEST(TrainerTest, FusedGeluTrainsAsTheErfChain) {
+  // The transformer's two GELUs fused or not: the same losses to float32
+  // rounding (the fused node skips no math, it only rounds once), and to
+  // bfloat16's under mixed_bfloat16 (the chain rounds after each node).
+  Tensor tokens(DType::kFloat32, {16, 1, 28, 28});
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+  for (int64_t i = 0; i < tokens.num_elements(); ++i) tokens.data<float>()[i] = pixel(rng);
+  Tensor labels(DType::kInt64, {16});
+  for (int64_t i = 0; i < 16; ++i) labels.data<int64_t>()[i] = (i * 7) % 10;
+  for (const char* policy : {"float32", "mixed_bfloat16"}) {
+    SCOPED_TRACE(policy);
+    TrainingGraphOptions unfused_options;
+    unfused_options.fuse_gelu = false;
+    std::unique_ptr<training::Trainer> fused = MakeTrainer(LoadSample("transformer_opset17", policy));
+    std::unique_ptr<training::Trainer> unfused =
+        MakeTrainer(LoadSample("transformer_opset17", policy), {}, unfused_options);
+    EXPECT_EQ(fused->training_graph().fused_gelus, 2);
+    EXPECT_EQ(unfused->training_graph().fused_gelus, 0);
+    const double tolerance = std::string(policy) == "float32" ? 1e-5 : 2e-2;
+    for (int step = 0; step < 4; ++step) {
+      absl::StatusOr<training::StepResult> a = fused->Step({{"input", tokens}}, labels);
+      absl::StatusOr<training::StepResult> b = unfused->Step({{"input", tokens}}, labels);
+      ASSERT_TRUE(a.ok() && b.ok());
+      EXPECT_NEAR(a->loss, b->loss, tolerance * std::abs(b->loss)) << "step " << step;
+    }
+  }
 }
 
 TEST(TrainerTest, PoolingBeforeReluChangesNoValue) {

@@ -540,6 +540,35 @@ struct GeluOp {
   }
 };
 
+// GeluGrad (com.castor): dY * d/dX Gelu(X), the derivatives of GeluOp
+// (formulas: graph/ops/gradient_rules.cc GeluGradient), in float32 through
+// ErfFloat and ExpFloat (so a float32 loop over it vectorizes).
+struct GeluGradOp {
+  bool tanh_approximation = false;
+  template <typename V>
+  CASTOR_HOST_DEVICE V operator()(V dy, V x) const {
+    if (tanh_approximation) {
+      const V c = static_cast<V>(0.7978845608028654);  // sqrt(2 / pi)
+      const V k = static_cast<V>(0.044715);
+      const V t = std::tanh(c * (x + k * x * x * x));
+      const V slope = V(0.5) * (V(1) + t) +
+                      V(0.5) * x * (V(1) - t * t) * c * (V(1) + V(3) * k * x * x);
+      return dy * slope;
+    }
+    const V inv_sqrt2 = static_cast<V>(0.7071067811865476);
+    const V inv_sqrt_2pi = static_cast<V>(0.3989422804014327);
+    V cdf, gauss;
+    if constexpr (std::is_same_v<V, float>) {
+      cdf = 0.5f * (1.0f + ErfFloat(x * inv_sqrt2));
+      gauss = ExpFloat(-0.5f * x * x);
+    } else {
+      cdf = V(0.5) * (V(1) + std::erf(x * inv_sqrt2));
+      gauss = std::exp(V(-0.5) * x * x);
+    }
+    return dy * (cdf + x * gauss * inv_sqrt_2pi);
+  }
+};
+
 // erf (float32: ErfFloat); integer inputs compute in double and truncate (so 0 except for
 // |x| >= 6 or so, where erf rounds to +-1).
 struct ErfOp {

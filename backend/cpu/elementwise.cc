@@ -18,7 +18,9 @@
 // iteration is backend/cpu/broadcast.h, split across threads in chunks of
 // kElementwiseGrain elements; a run where an input is dense or a single
 // broadcast value gets its own tight loop. ReluGrad (com.castor,
-// graph/ops/gradient_ops.cc) passes dY where Y > 0.
+// graph/ops/gradient_ops.cc) passes dY where Y > 0; GeluGrad (com.castor)
+// is dY * Gelu'(X) in one float32 pass; castor's Gelu (com.castor, any
+// opset) runs as ONNX's.
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -197,13 +199,24 @@ absl::Status HardSigmoidKernel(KernelContext& ctx) {
       ctx, math::HardSigmoidOp{ctx.GetFloat("alpha", 0.2f), ctx.GetFloat("beta", 0.5f)});
 }
 
+// GeluOp with its form fixed at compile time, so the exact (erf) form's
+// float32 loop has no branch on it and vectorizes.
+template <bool kTanh>
+struct GeluForm {
+  template <typename V>
+  V operator()(V x) const {
+    return math::GeluOp{kTanh}(x);
+  }
+};
+
 absl::Status GeluKernel(KernelContext& ctx) {
   const std::string approximate = ctx.GetString("approximate", "none");
   if (approximate != "none" && approximate != "tanh") {
     return ctx.Error(absl::StrCat("attribute 'approximate' is \"", approximate,
                                   "\"; expected \"none\" or \"tanh\""));
   }
-  return RunUnary<false>(ctx, math::GeluOp{approximate == "tanh"});
+  return approximate == "tanh" ? RunUnary<false>(ctx, GeluForm<true>{})
+                               : RunUnary<false>(ctx, GeluForm<false>{});
 }
 
 // Clip: bounds from the float attributes min/max before opset 11, from the
@@ -591,13 +604,65 @@ absl::Status WhereKernel(KernelContext& ctx) {
 }
 
 void Add(KernelTable& table, const std::string& op, std::vector<DType> dtypes, KernelFn run,
-         bool in_place_ok = true, int checked_input = 0) {
+         bool in_place_ok = true, int checked_input = 0, const char* domain = "") {
   KernelDef def;
+  def.domain = domain;
   def.op_type = op;
   def.supports = InputDTypeIn(checked_input, std::move(dtypes));
   def.run = run;
   def.in_place_ok = in_place_ok;
   table.Register(std::move(def));
+}
+
+// ---- GeluGrad -------------------------------------------------------------------
+
+// dX[i] = GeluGradOp(dY[i], X[i]) in float32, built for AVX-512, AVX2 and the
+// baseline (vector_clones.h; ErfFloat and ExpFloat vectorize).
+template <bool kTanh>
+CASTOR_VECTOR_CLONES void GeluGradFloat32(const float* dy, const float* x, float* dx,
+                                          int64_t n) {
+  const math::GeluGradOp op{kTanh};
+  for (int64_t i = 0; i < n; ++i) dx[i] = op(dy[i], x[i]);
+}
+
+// GeluGrad (com.castor): one pass, 16-bit inputs widened a block at a time
+// and dX rounded once.
+absl::Status GeluGradKernel(KernelContext& ctx) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& x = ctx.input(1);
+  if (absl::Status st = common::RequireSameDType(ctx, 0, "dY", 1, "X"); !st.ok()) return st;
+  if (absl::Status st = common::RequireDims(ctx, 0, "dY", x.dims, "X's shape"); !st.ok()) return st;
+  const std::string approximate = ctx.GetString("approximate", "none");
+  if (approximate != "none" && approximate != "tanh") {
+    return ctx.Error(absl::StrCat("attribute 'approximate' is \"", approximate,
+                                  "\"; expected \"none\" or \"tanh\""));
+  }
+  const auto product = approximate == "tanh" ? GeluGradFloat32<true> : GeluGradFloat32<false>;
+  CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, x.dtype, x.dims));
+  const bool ok = DispatchFloat(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* dyp = dy.as<T>();
+    const T* xp = x.as<T>();
+    T* dxp = dx->as<T>();
+    ParallelFor(0, x.num_elements(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {
+      if constexpr (kIsFloat16Storage<T>) {
+        float dy_block[kFloatConvertBlock], x_block[kFloatConvertBlock];
+        for (int64_t i = lo; i < hi; i += kFloatConvertBlock) {
+          const int64_t m = std::min(kFloatConvertBlock, hi - i);
+          ToFloat32(dyp + i, dy_block, m);
+          ToFloat32(xp + i, x_block, m);
+          product(dy_block, x_block, dy_block, m);
+          FromFloat32(dy_block, dxp + i, m);
+        }
+      } else if constexpr (std::is_same_v<T, float>) {
+        product(dyp + lo, xp + lo, dxp + lo, hi - lo);
+      } else {
+        const math::GeluGradOp op{approximate == "tanh"};
+        for (int64_t i = lo; i < hi; ++i) Store(&dxp[i], op(Load(dyp[i]), Load(xp[i])));
+      }
+    });
+  });
+  return ok ? absl::OkStatus() : UnsupportedDType(ctx, 1, x.dtype);
 }
 
 // ---- ReluGrad ------------------------------------------------------------------
@@ -678,6 +743,8 @@ void RegisterElementwiseKernels(KernelTable& table) {
   Add(table, "Erf", numeric, &UnaryKernel<ErfOp, true>);
   Add(table, "LeakyRelu", floats, &LeakyReluKernel);
   Add(table, "Gelu", floats, &GeluKernel);
+  // castor's form of Gelu for the training graph (graph/ops/elementwise.cc).
+  Add(table, "Gelu", floats, &GeluKernel, /*in_place_ok=*/true, 0, kCastorDomain);
   Add(table, "HardSigmoid", floats, &HardSigmoidKernel);
   Add(table, "HardSwish", floats, &UnaryKernel<HardSwishOp, false>);
   Add(table, "Elu", floats, &EluKernel);
@@ -715,6 +782,7 @@ void RegisterElementwiseKernels(KernelTable& table) {
   Add(table, "Where", where_values, &WhereKernel, /*in_place_ok=*/false, /*checked_input=*/1);
 
   RegisterGradientKernel(table, "ReluGrad", ReluGradKernel);
+  RegisterGradientKernel(table, "GeluGrad", GeluGradKernel);
 }
 
 }  // namespace castor::cpu

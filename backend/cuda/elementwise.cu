@@ -546,6 +546,40 @@ absl::Status ReluGradOpKernel(KernelContext& ctx) {
   });
 }
 
+// ---- GeluGrad ----------------------------------------------------------------------
+
+// dX = dY * Gelu'(X) in float32 (math::GeluGradOp), rounded once.
+template <typename T>
+__global__ void GeluGradKernel(const T* dy, const T* x, T* dx, int64_t n,
+                               math::GeluGradOp op) {
+  CASTOR_GRID_STRIDE(i, n) { Store(&dx[i], op(Load(dy[i]), Load(x[i]))); }
+}
+
+absl::Status GeluGradOpKernel(KernelContext& ctx) {
+  const TensorView& dy = ctx.input(0);
+  const TensorView& x = ctx.input(1);
+  if (dy.dtype != x.dtype) {
+    return ctx.Error(absl::StrCat("input 0 (dY) is ", DTypeName(dy.dtype), " but input 1 (X) is ",
+                                  DTypeName(x.dtype), "; they must match"));
+  }
+  if (dy.dims != x.dims) {
+    return ctx.Error(absl::StrCat("input 0 (dY) is ", DimsToString(dy.dims), "; expected ",
+                                  DimsToString(x.dims), " (X's shape)"));
+  }
+  const std::string approximate = ctx.GetString("approximate", "none");
+  if (approximate != "none" && approximate != "tanh") {
+    return ctx.Error(absl::StrCat("attribute 'approximate' is \"", approximate,
+                                  "\"; expected \"none\" or \"tanh\""));
+  }
+  CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, x.dtype, x.dims));
+  const int64_t n = x.num_elements();
+  return DispatchFloat(ctx, x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return Launch(ctx, n, GeluGradKernel<T>, dy.as<const T>(), x.as<const T>(), dx->as<T>(), n,
+                  math::GeluGradOp{approximate == "tanh"});
+  });
+}
+
 // ---- Cast --------------------------------------------------------------------------
 // The CPU's semantics (backend/cpu/misc.cc): float targets round to nearest
 // even once (float64 -> 16-bit through a round-to-odd float32, int ->
@@ -828,6 +862,7 @@ void RegisterElementwiseKernels(KernelTable& table) {
   Add(table, "Atanh", InputDTypeIn(0, floats), &UnaryOpKernel<AtanhOp>, in_place);
   Add(table, "LeakyRelu", InputDTypeIn(0, floats), &LeakyReluKernel, in_place);
   Add(table, "Gelu", InputDTypeIn(0, floats), &GeluKernel, in_place);
+  Add(table, "Gelu", InputDTypeIn(0, floats), &GeluKernel, in_place, kCastorDomain);
   Add(table, "HardSigmoid", InputDTypeIn(0, floats), &HardSigmoidKernel, in_place);
   Add(table, "HardSwish", InputDTypeIn(0, floats), &UnaryOpKernel<HardSwishOp>, in_place);
   Add(table, "Elu", InputDTypeIn(0, floats), &EluKernel, in_place);
@@ -848,6 +883,8 @@ void RegisterElementwiseKernels(KernelTable& table) {
       /*in_place_ok=*/false);
   Add(table, "Cast", &CastSupports, &CastKernelRun, /*in_place_ok=*/false);
   Add(table, "ReluGrad", FloatDTypesIn(floats), &ReluGradOpKernel, /*in_place_ok=*/false,
+      kCastorDomain);
+  Add(table, "GeluGrad", FloatDTypesIn(floats), &GeluGradOpKernel, /*in_place_ok=*/false,
       kCastorDomain);
 }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "graph/gradient_builder.h"
 #include "graph/op_registry.h"
 #include "graph/ops/all_ops.h"
 #include "graph/ops/op_helpers.h"
@@ -330,9 +331,18 @@ void RegisterElementwiseOps(OpRegistry& registry) {
   }
   RegisterUnary(registry, "Sigmoid", kMinOnnxOpset, FloatHistory(13), "1 / (1 + exp(-X))");
   RegisterUnary(registry, "Tanh", kMinOnnxOpset, FloatHistory(13), "tanh(X)");
-  {
-    OpDef def =
-        MakeOp("Gelu", 20, 1, "0.5 * X * (1 + erf(X / sqrt(2))), or its tanh approximation");
+  // ONNX's Gelu (opset 20), and castor's form of it for the training graph
+  // at any model opset (the fuse-gelu pass writes it for the erf pattern
+  // exporters emit before opset 20: passes/training_graph.cc).
+  for (const std::string domain : {"", kCastorDomain}) {
+    const bool onnx = domain.empty();
+    OpDef def = MakeOp("Gelu", onnx ? 20 : 1, 1,
+                       onnx ? "0.5 * X * (1 + erf(X / sqrt(2))), or its tanh approximation"
+                            : "0.5 * X * (1 + erf(X / sqrt(2))), or its tanh approximation "
+                              "(castor's form for the training graph: ONNX opset 20's op at "
+                              "any model opset)");
+    def.domain = domain;
+    if (!onnx) def.max_opset = 1;
     def.attributes = {{"approximate", AttrKind::kString, false}};  // "none" | "tanh"
     def.infer = UnaryInfer({{1, Concat(kFloats, kBFloat16)}}, CheckGeluApproximate);
     registry.Register(std::move(def));

@@ -12,6 +12,7 @@
 //   SoftmaxGrad(dY, Y) -> dX, LogSoftmaxGrad(dY, Y) -> dX        one axis
 //   SoftmaxCrossEntropyLossGrad(dLoss, scores, labels[, weights]) -> dScores
 //   ReluGrad(dY, Y) -> dX
+//   GeluGrad(dY, X) -> dX
 //   ReduceToShapeOf(dY, X) -> dX       sums broadcast axes back to X's shape
 //   GatherGrad(dY, indices, data) -> dData               scatter-add on axis
 //   GatherNDGrad(dY, indices, data) -> dData     scatter-add of index tuples
@@ -221,11 +222,12 @@ absl::Status InferNormGrad(InferenceContext& ctx, NormKind kind) {
 // ---- softmax, relu -------------------------------------------------------------
 
 // (dY, Y) -> dX of Y's shape and dtype; `axis` checked when `with_axis`.
-absl::Status InferElementwiseGrad(InferenceContext& ctx, bool with_axis) {
-  CASTOR_RETURN_IF_ERROR(RequireInputs(ctx, {"dY", "Y"}));
-  CASTOR_RETURN_IF_ERROR(RequireFloatInput(ctx, 1, "Y"));
+absl::Status InferElementwiseGrad(InferenceContext& ctx, bool with_axis,
+                                  const char* forward = "Y") {
+  CASTOR_RETURN_IF_ERROR(RequireInputs(ctx, {"dY", forward}));
+  CASTOR_RETURN_IF_ERROR(RequireFloatInput(ctx, 1, forward));
   CASTOR_RETURN_IF_ERROR(RequireFloatInput(ctx, 0, "dY", 1));
-  CASTOR_RETURN_IF_ERROR(RequireSameShape(ctx, 0, "dY", 1, "Y"));
+  CASTOR_RETURN_IF_ERROR(RequireSameShape(ctx, 0, "dY", 1, forward));
   const Shape& y = ctx.input_shape(1);
   if (with_axis && y.rank_known()) {
     CASTOR_RETURN_IF_ERROR(ops::NormalizeAxis(ctx, ctx.GetInt("axis", -1), y.rank()).status());
@@ -455,6 +457,11 @@ void RegisterGradientOps(OpRegistry& registry) {
       "ReluGrad", 2, 2, 1, 1, {},
       [](InferenceContext& ctx) { return InferElementwiseGrad(ctx, false); },
       "(dY, Y) -> dX = dY where Y > 0, else 0"));
+  registry.Register(MakeGradDef(
+      "GeluGrad", 2, 2, 1, 1, {{"approximate", AttrKind::kString, false}},
+      [](InferenceContext& ctx) { return InferElementwiseGrad(ctx, false, "X"); },
+      "(dY, X) -> dX = dY * Gelu'(X), computed in float32 in one pass (the derivative's "
+      "formulas: graph/ops/gradient_rules.cc GeluGradient)"));
   registry.Register(MakeGradDef(
       "ReduceToShapeOf", 2, 2, 1, 1, {}, InferReduceToShapeOf,
       "(dY, X) -> dX: dY summed over the axes broadcasting expanded X along, in X's shape"));

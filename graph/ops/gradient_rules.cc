@@ -618,60 +618,25 @@ absl::Status MaxMinGradient(GradientBuilder& g) {
   return absl::OkStatus();
 }
 
-// Y = Gelu(X) (opset 20). approximate="none": Y = X * Phi(X), dX = dY *
-// (Phi(X) + X * phi(X)), Phi(x) = (1 + erf(x / sqrt 2)) / 2, phi(x) =
-// exp(-x^2 / 2) / sqrt(2 pi). approximate="tanh": Y = X (1 + tanh(u)) / 2,
-// u = c (X + k X^3), dX = dY * ((1 + t) / 2 + X (1 - t^2) c (1 + 3 k X^2) / 2),
-// t = tanh(u), c = sqrt(2 / pi), k = 0.044715.
+// Y = Gelu(X) (ONNX's, opset 20, or castor's form at any opset).
+// approximate="none": Y = X * Phi(X), dX = dY * (Phi(X) + X * phi(X)),
+// Phi(x) = (1 + erf(x / sqrt 2)) / 2, phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
+// approximate="tanh": Y = X (1 + tanh(u)) / 2, u = c (X + k X^3),
+// dX = dY * ((1 + t) / 2 + X (1 - t^2) c (1 + 3 k X^2) / 2), t = tanh(u),
+// c = sqrt(2 / pi), k = 0.044715. One GeluGrad node (com.castor) computes
+// it in float32 in one pass (math::GeluGradOp), where the formula as ONNX
+// ops took a dozen elementwise nodes, each rounding in a 16-bit dtype.
 absl::Status GeluGradient(GradientBuilder& g) {
-  Value* x = g.input(0);
-  const DType dtype = x->dtype();
   const std::string approximate = g.node().GetString("approximate", "none");
-  auto scalar = [&](double v) { return g.Scalar(v, dtype); };
-  CASTOR_ASSIGN_OR_RETURN(Value * half, scalar(0.5));
-  CASTOR_ASSIGN_OR_RETURN(Value * one, scalar(1.0));
-  CASTOR_ASSIGN_OR_RETURN(Value * square, g.Emit1("Mul", {x, x}));
-  Value* derivative = nullptr;
-  if (approximate == "none") {
-    CASTOR_ASSIGN_OR_RETURN(Value * inv_sqrt2, scalar(1.0 / std::sqrt(2.0)));
-    CASTOR_ASSIGN_OR_RETURN(Value * scaled, g.Emit1("Mul", {x, inv_sqrt2}));
-    CASTOR_ASSIGN_OR_RETURN(Value * erf, g.Emit1("Erf", {scaled}));
-    CASTOR_ASSIGN_OR_RETURN(Value * one_plus, g.Emit1("Add", {erf, one}));
-    CASTOR_ASSIGN_OR_RETURN(Value * cdf, g.Emit1("Mul", {one_plus, half}));
-    CASTOR_ASSIGN_OR_RETURN(Value * minus_half, scalar(-0.5));
-    CASTOR_ASSIGN_OR_RETURN(Value * exponent, g.Emit1("Mul", {square, minus_half}));
-    CASTOR_ASSIGN_OR_RETURN(Value * gauss, g.Emit1("Exp", {exponent}));
-    CASTOR_ASSIGN_OR_RETURN(Value * inv_sqrt_2pi, scalar(1.0 / std::sqrt(2.0 * M_PI)));
-    CASTOR_ASSIGN_OR_RETURN(Value * pdf, g.Emit1("Mul", {gauss, inv_sqrt_2pi}));
-    CASTOR_ASSIGN_OR_RETURN(Value * x_pdf, g.Emit1("Mul", {x, pdf}));
-    CASTOR_ASSIGN_OR_RETURN(derivative, g.Emit1("Add", {cdf, x_pdf}));
-  } else if (approximate == "tanh") {
-    const double c = std::sqrt(2.0 / M_PI);
-    const double k = 0.044715;
-    CASTOR_ASSIGN_OR_RETURN(Value * k_value, scalar(k));
-    CASTOR_ASSIGN_OR_RETURN(Value * c_value, scalar(c));
-    CASTOR_ASSIGN_OR_RETURN(Value * k_square, g.Emit1("Mul", {square, k_value}));
-    CASTOR_ASSIGN_OR_RETURN(Value * inner, g.Emit1("Add", {k_square, one}));      // 1 + k X^2
-    CASTOR_ASSIGN_OR_RETURN(Value * x_inner, g.Emit1("Mul", {x, inner}));
-    CASTOR_ASSIGN_OR_RETURN(Value * u, g.Emit1("Mul", {x_inner, c_value}));
-    CASTOR_ASSIGN_OR_RETURN(Value * t, g.Emit1("Tanh", {u}));
-    CASTOR_ASSIGN_OR_RETURN(Value * one_plus_t, g.Emit1("Add", {t, one}));
-    CASTOR_ASSIGN_OR_RETURN(Value * left, g.Emit1("Mul", {one_plus_t, half}));
-    CASTOR_ASSIGN_OR_RETURN(Value * t_square, g.Emit1("Mul", {t, t}));
-    CASTOR_ASSIGN_OR_RETURN(Value * sech2, g.Emit1("Sub", {one, t_square}));
-    CASTOR_ASSIGN_OR_RETURN(Value * three_k, scalar(3.0 * k));
-    CASTOR_ASSIGN_OR_RETURN(Value * k3_square, g.Emit1("Mul", {square, three_k}));
-    CASTOR_ASSIGN_OR_RETURN(Value * du, g.Emit1("Add", {k3_square, one}));      // 1 + 3k X^2
-    CASTOR_ASSIGN_OR_RETURN(Value * half_c, scalar(0.5 * c));
-    CASTOR_ASSIGN_OR_RETURN(Value * du_scaled, g.Emit1("Mul", {du, half_c}));
-    CASTOR_ASSIGN_OR_RETURN(Value * x_sech2, g.Emit1("Mul", {x, sech2}));
-    CASTOR_ASSIGN_OR_RETURN(Value * right, g.Emit1("Mul", {x_sech2, du_scaled}));
-    CASTOR_ASSIGN_OR_RETURN(derivative, g.Emit1("Add", {left, right}));
-  } else {
+  if (approximate != "none" && approximate != "tanh") {
     return absl::InvalidArgumentError(
         absl::StrCat("attribute 'approximate' is \"", approximate, "\"; expected none or tanh"));
   }
-  return TimesDerivative(g, derivative);
+  CASTOR_ASSIGN_OR_RETURN(
+      Value * grad, g.Emit1("GeluGrad", {g.output_grad(0), g.input(0)},
+                            {Attribute::String("approximate", approximate)}, kCastorDomain));
+  g.SetInputGrad(0, grad);
+  return absl::OkStatus();
 }
 
 // ---- matrix products -----------------------------------------------------------
@@ -2017,6 +1982,8 @@ void AssignGradientRules(OpRegistry& registry) {
   registry.SetGradient(kCastorDomain, "MaxPool", MaxPoolGradient);
   registry.SetGradient(kCastorDomain, "AveragePool", AveragePoolGradient);
   registry.SetGradient(kCastorDomain, "GlobalAveragePool", GlobalAveragePoolGradient);
+  // ... and Gelu (graph/ops/elementwise.cc; the fuse-gelu pass writes it).
+  registry.SetGradient(kCastorDomain, "Gelu", GeluGradient);
   // castor's copy of the loss, for models below opset 12.
   registry.SetGradient(kCastorDomain, "SoftmaxCrossEntropyLoss",
                        SoftmaxCrossEntropyLossGradient);
