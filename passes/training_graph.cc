@@ -503,10 +503,9 @@ absl::StatusOr<int> FuseGelu(Model& model) {
     Node* first = OnlyReader(plus_one->output(0));
     Value* first_other = OtherOperand(first, "Mul", plus_one->output(0));
     if (first_other == nullptr) continue;
-    Node* last = nullptr;
     std::vector<Node*> nodes = {scale, erf, plus_one};
     if (first_other == x) {
-      last = OnlyReader(first->output(0));
+      Node* last = OnlyReader(first->output(0));
       Value* half = OtherOperand(last, "Mul", first->output(0));
       if (half == nullptr || !IsScalar(half, 0.5)) continue;
       nodes.push_back(first);
@@ -515,7 +514,6 @@ absl::StatusOr<int> FuseGelu(Model& model) {
       Node* halving = first_other->producer();
       Value* half = OtherOperand(halving, "Mul", x);
       if (half == nullptr || !IsScalar(half, 0.5) || OnlyReader(first_other) != first) continue;
-      last = first;
       nodes.push_back(halving);
       nodes.push_back(first);
     }
@@ -527,7 +525,8 @@ absl::StatusOr<int> FuseGelu(Model& model) {
   }
   if (chains.empty()) return 0;
   if (model.OpsetVersion(kCastorDomain) == 0) model.opset_imports.push_back({kCastorDomain, 1});
-  for (Chain& chain : chains) {
+  for (size_t c = 0; c < chains.size(); ++c) {
+    Chain& chain = chains[c];
     Value* gelu = chain.nodes.back()->output(0);
     const std::string name = gelu->name();
     const std::string& erf_name = chain.nodes[1]->name();
@@ -541,6 +540,10 @@ absl::StatusOr<int> FuseGelu(Model& model) {
     fused->output(0)->set_dtype(gelu->dtype());
     fused->output(0)->set_shape(gelu->shape());
     graph.ReplaceAllUsesWith(gelu, fused->output(0));
+    // A later chain may be a GELU of this one (its X is this output).
+    for (size_t later = c + 1; later < chains.size(); ++later) {
+      if (chains[later].x == gelu) chains[later].x = fused->output(0);
+    }
     for (auto it = chain.nodes.rbegin(); it != chain.nodes.rend(); ++it) {
       CASTOR_RETURN_IF_ERROR(graph.RemoveNode(*it));
     }
