@@ -23,7 +23,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/float_io.h"
@@ -69,8 +68,10 @@ constexpr int64_t kParallelMultiplyAdds = int64_t{1} << 20;
 // is packed on the calling thread.
 constexpr int64_t kParallelPackWords = int64_t{1} << 16;
 
-// fn(0, count) on this thread, or split across threads when `split`.
-void Run(bool split, int64_t count, const std::function<void(int64_t, int64_t)>& fn) {
+// fn(0, count) on this thread, or split across threads when `split` (a
+// template, so the small GEMMs of a batched MatMul build no std::function).
+template <typename Fn>
+void Run(bool split, int64_t count, Fn&& fn) {
   if (split) {
     ParallelFor(0, count, 1, fn);
   } else {

@@ -1,6 +1,7 @@
 // BatchNormalization's float32 training loops (see batch_norm_loops.h).
 #include "backend/cpu/batch_norm_loops.h"
 
+#include "backend/cpu/float_io.h"
 #include "backend/cpu/lane_sums.h"
 #include "backend/cpu/vector_clones.h"
 
@@ -11,6 +12,18 @@ CASTOR_VECTOR_CLONES double ChannelSum(const float* x, int64_t batch, int64_t st
   LaneSums<1, kWideSumLanes> sum;
   for (int64_t n = 0; n < batch; ++n) {
     const float* run = x + n * stride;
+    sum.Add(inner, [&](int64_t i) { return std::array<double, 1>{run[i]}; });
+  }
+  return sum.Total(0);
+}
+
+CASTOR_VECTOR_CLONES double WidenChannelAndSum(DType dtype, const void* x, int64_t batch,
+                                               int64_t stride, int64_t inner, float* dst) {
+  const size_t bytes = DTypeSize(dtype);
+  LaneSums<1, kWideSumLanes> sum;
+  for (int64_t n = 0; n < batch; ++n) {
+    float* run = dst + n * inner;
+    ToFloat32(dtype, static_cast<const char*>(x) + n * stride * bytes, run, inner);
     sum.Add(inner, [&](int64_t i) { return std::array<double, 1>{run[i]}; });
   }
   return sum.Total(0);

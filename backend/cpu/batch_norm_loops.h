@@ -13,6 +13,8 @@
 #include <array>
 #include <cstdint>
 
+#include "graph/dtype.h"
+
 namespace castor::cpu {
 
 // Sum of the channel's values.
@@ -20,6 +22,14 @@ double ChannelSum(const float* x, int64_t batch, int64_t stride, int64_t inner);
 
 // Sum of x[0, n): one run.
 inline double RowSum(const float* x, int64_t n) { return ChannelSum(x, 1, n, n); }
+
+// A 16-bit channel (`batch` runs of `inner` values of `dtype`, float16 or
+// bfloat16, `stride` elements apart from `x`) widened into `dst` (the runs
+// packed: run n at dst + n * inner), returning the sum of its values: the
+// bits of ChannelSum(dst, batch, inner, inner), each run added right after
+// it is widened, while it is in cache.
+double WidenChannelAndSum(DType dtype, const void* x, int64_t batch, int64_t stride,
+                          int64_t inner, float* dst);
 
 // Sum of (x - mean)^2 over the channel.
 double ChannelSquaredDeviations(const float* x, int64_t batch, int64_t stride, int64_t inner,

@@ -182,8 +182,9 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
     if (x.dtype == DType::kFloat32 || sixteen_bit) {
       // Each feature's Y is written right after its statistics, while its
       // values are still in cache (the third pass over them). A 16-bit
-      // feature is first widened into a float32 buffer (exact), the same
-      // loops run on it and Y is rounded once: the bits of a Cast to
+      // feature is first widened into a float32 buffer (exact; its sum
+      // taken run by run as it is widened, the same bits), the same loops
+      // run on it and Y is rounded once: the bits of a Cast to
       // float32, this kernel in float32 and a Cast back, without the two
       // float32 copies of the tensor (the training graph folds those Casts
       // into the node: passes/training_graph.cc).
@@ -198,16 +199,16 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
           // The feature's values: row n at first + n * row_stride.
           const float* first = reinterpret_cast<const float*>(xp + f * inner * bytes);
           int64_t row_stride = stride;
+          double sum = 0;
           if (sixteen_bit) {
-            for (int64_t n = 0; n < batch; ++n) {
-              ToFloat32(x.dtype, xp + (n * stride + f * inner) * bytes,
-                        widened.data() + n * inner, inner);
-            }
+            sum = WidenChannelAndSum(x.dtype, xp + f * inner * bytes, batch, stride, inner,
+                                     widened.data());
             first = widened.data();
             row_stride = inner;
+          } else {
+            sum = ChannelSum(first, batch, row_stride, inner);
           }
-          const double m =
-              count > 0 ? ChannelSum(first, batch, row_stride, inner) / count : 0.0;
+          const double m = count > 0 ? sum / count : 0.0;
           mean[f] = m;
           var[f] = count > 0
                        ? ChannelSquaredDeviations(first, batch, row_stride, inner, m) / count

@@ -214,14 +214,15 @@ absl::Status BatchNormGradSixteenBit(KernelContext& ctx,
     x_widened.resize(static_cast<size_t>(batch * inner));
     dy_widened.resize(static_cast<size_t>(batch * inner));
     for (int64_t c = lo; c < hi; ++c) {
+      const double x_sum = WidenChannelAndSum(x.dtype, xp + c * inner * x_bytes, batch, stride,
+                                              inner, x_widened.data());
       for (int64_t n = 0; n < batch; ++n) {
-        const int64_t offset = n * stride + c * inner;
-        ToFloat32(x.dtype, xp + offset * x_bytes, x_widened.data() + n * inner, inner);
-        ToFloat32(dy.dtype, dyp + offset * dy_bytes, dy_widened.data() + n * inner, inner);
+        ToFloat32(dy.dtype, dyp + (n * stride + c * inner) * dy_bytes,
+                  dy_widened.data() + n * inner, inner);
       }
       const float* xc = x_widened.data();
       float* dyc = dy_widened.data();
-      const double mean = count > 0 ? ChannelSum(xc, batch, inner, inner) / count : 0.0;
+      const double mean = count > 0 ? x_sum / count : 0.0;
       const std::array<double, 3> sums = ChannelGradientSums(xc, dyc, batch, inner, inner, mean);
       const double var = count > 0 ? sums[0] / count : 0.0;
       const double inv_std = 1.0 / std::sqrt(var + epsilon);
