@@ -530,14 +530,8 @@ __global__ void ReluGradKernel(const T* dy, const T* y, T* dx, int64_t n) {
 absl::Status ReluGradOpKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& y = ctx.input(1);
-  if (dy.dtype != y.dtype) {
-    return ctx.Error(absl::StrCat("input 0 (dY) is ", DTypeName(dy.dtype), " but input 1 (Y) is ",
-                                  DTypeName(y.dtype), "; they must match"));
-  }
-  if (dy.dims != y.dims) {
-    return ctx.Error(absl::StrCat("input 0 (dY) is ", DimsToString(dy.dims), "; expected ",
-                                  DimsToString(y.dims), " (Y's shape)"));
-  }
+  CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 0, "dY", 1, "Y"));
+  CASTOR_RETURN_IF_ERROR(common::RequireDims(ctx, 0, "dY", y.dims, "Y's shape"));
   CASTOR_ASSIGN_OR_RETURN(TensorView * dx, ctx.Output(0, y.dtype, y.dims));
   const int64_t n = y.num_elements();
   return DispatchFloat(ctx, y.dtype, [&](auto tag) {
@@ -558,14 +552,8 @@ __global__ void GeluGradKernel(const T* dy, const T* x, T* dx, int64_t n,
 absl::Status GeluGradOpKernel(KernelContext& ctx) {
   const TensorView& dy = ctx.input(0);
   const TensorView& x = ctx.input(1);
-  if (dy.dtype != x.dtype) {
-    return ctx.Error(absl::StrCat("input 0 (dY) is ", DTypeName(dy.dtype), " but input 1 (X) is ",
-                                  DTypeName(x.dtype), "; they must match"));
-  }
-  if (dy.dims != x.dims) {
-    return ctx.Error(absl::StrCat("input 0 (dY) is ", DimsToString(dy.dims), "; expected ",
-                                  DimsToString(x.dims), " (X's shape)"));
-  }
+  CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 0, "dY", 1, "X"));
+  CASTOR_RETURN_IF_ERROR(common::RequireDims(ctx, 0, "dY", x.dims, "X's shape"));
   const std::string approximate = ctx.GetString("approximate", "none");
   if (approximate != "none" && approximate != "tanh") {
     return ctx.Error(absl::StrCat("attribute 'approximate' is \"", approximate,
