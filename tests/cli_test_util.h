@@ -1,7 +1,8 @@
 // Test helpers for the `castor` subcommands: run one (in-process or as the
 // built binary) and capture its exit code, stdout and stderr; read a file
 // whole; a fixture with a fresh temp dir per test; random image data for
-// `castor train --data`.
+// `castor train --data`; what a training run wrote (its metrics' losses, a
+// checkpoint's weights) and whether two runs trained alike.
 //
 //   class RunProgramTest : public CliTempDirTest {
 //    protected:
@@ -14,10 +15,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <ostream>
 #include <random>
 #include <sstream>
@@ -25,7 +28,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_split.h"
+#include "graph/json.h"
 #include "graph/tensor.h"
+#include "training/checkpoint.h"
 #include "training/npy.h"
 
 namespace castor::tools {
@@ -103,6 +109,59 @@ inline void WriteImageSplit(const std::filesystem::path& dir, const std::string&
   for (int64_t i = 0; i < n; ++i) labels.data<int64_t>()[i] = (i * label_step) % 10;
   ASSERT_TRUE(training::WriteNpy((dir / (split + "_x.npy")).string(), images).ok());
   ASSERT_TRUE(training::WriteNpy((dir / (split + "_y.npy")).string(), labels).ok());
+}
+
+// The "loss" of every step line of a `castor train --metrics` file, in order.
+inline std::vector<double> MetricsLosses(const std::filesystem::path& metrics) {
+  std::vector<double> losses;
+  for (absl::string_view line : absl::StrSplit(ReadFile(metrics), '\n')) {
+    absl::StatusOr<Json> json = Json::Parse(std::string(line));
+    if (!json.ok() || json->Find("loss") == nullptr) continue;
+    losses.push_back(json->Find("loss")->as_number());
+  }
+  return losses;
+}
+
+// The float32 weights of a checkpoint by name (a checkpoint that cannot be
+// read fails the test and gives none).
+inline std::map<std::string, Tensor> CheckpointWeights(const std::filesystem::path& path) {
+  std::map<std::string, Tensor> weights;
+  absl::StatusOr<training::Checkpoint> checkpoint = training::ReadCheckpoint(path.string());
+  EXPECT_TRUE(checkpoint.ok()) << path << ": " << checkpoint.status();
+  if (!checkpoint.ok()) return weights;
+  for (const std::string& name : checkpoint->state.parameters) {
+    const Value* value = checkpoint->model.graph->FindValue(name);
+    if (value != nullptr && value->initializer() != nullptr) {
+      weights[name] = *value->initializer();
+    }
+  }
+  return weights;
+}
+
+// Two runs that should train alike (one process and a data-parallel group
+// on the same global batches): `steps` losses each, step by step within
+// 1e-6 relative, and the weights of their checkpoints within 1e-5.
+inline void ExpectSameTraining(const std::filesystem::path& metrics,
+                               const std::filesystem::path& checkpoint,
+                               const std::filesystem::path& other_metrics,
+                               const std::filesystem::path& other_checkpoint, size_t steps) {
+  const std::vector<double> expected = MetricsLosses(metrics);
+  const std::vector<double> losses = MetricsLosses(other_metrics);
+  ASSERT_EQ(expected.size(), steps);
+  ASSERT_EQ(losses.size(), steps);
+  for (size_t k = 0; k < losses.size(); ++k) {
+    EXPECT_NEAR(losses[k], expected[k], 1e-6 * std::abs(expected[k])) << "step " << k + 1;
+  }
+  const std::map<std::string, Tensor> expected_weights = CheckpointWeights(checkpoint);
+  const std::map<std::string, Tensor> weights = CheckpointWeights(other_checkpoint);
+  ASSERT_FALSE(expected_weights.empty());
+  ASSERT_EQ(weights.size(), expected_weights.size());
+  for (const auto& [name, expected_weight] : expected_weights) {
+    const Tensor& weight = weights.at(name);
+    for (int64_t i = 0; i < weight.num_elements(); ++i) {
+      ASSERT_NEAR(weight.data<float>()[i], expected_weight.data<float>()[i], 1e-5) << name;
+    }
+  }
 }
 
 }  // namespace castor::tools

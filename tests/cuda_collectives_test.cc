@@ -362,29 +362,6 @@ class CudaDataParallelTrainTest : public CliTempDirTest {
                         extra);
   }
 
-  static std::vector<double> Losses(const std::filesystem::path& metrics) {
-    std::vector<double> losses;
-    for (absl::string_view line : absl::StrSplit(ReadFile(metrics), '\n')) {
-      absl::StatusOr<Json> json = Json::Parse(std::string(line));
-      if (!json.ok() || json->Find("loss") == nullptr) continue;
-      losses.push_back(json->Find("loss")->as_number());
-    }
-    return losses;
-  }
-
-  static std::map<std::string, Tensor> Weights(const std::filesystem::path& path) {
-    std::map<std::string, Tensor> weights;
-    absl::StatusOr<training::Checkpoint> checkpoint = training::ReadCheckpoint(path.string());
-    EXPECT_TRUE(checkpoint.ok()) << path << ": " << checkpoint.status();
-    if (!checkpoint.ok()) return weights;
-    for (const std::string& name : checkpoint->state.parameters) {
-      const Value* value = checkpoint->model.graph->FindValue(name);
-      if (value != nullptr && value->initializer() != nullptr) {
-        weights[name] = *value->initializer();
-      }
-    }
-    return weights;
-  }
 };
 
 TEST_F(CudaDataParallelTrainTest, TwoRanksOnTwoGpusMatchOneProcessOrAreRefusedOnOne) {
@@ -417,23 +394,8 @@ TEST_F(CudaDataParallelTrainTest, TwoRanksOnTwoGpusMatchOneProcessOrAreRefusedOn
   EXPECT_THAT(pair.out, HasSubstr(absl::StrCat("batch 64 (32 per rank on 2 ranks, ", *nccl, ")")));
   EXPECT_THAT(pair.out, HasSubstr(absl::StrCat("  allreduce       ", *nccl, ": ")));
   EXPECT_THAT(pair.out, HasSubstr(" in 1 bucket(s), "));
-  const std::vector<double> expected = Losses(dir_ / "one.jsonl");
-  const std::vector<double> losses = Losses(dir_ / "two.jsonl");
-  ASSERT_EQ(expected.size(), 20u);
-  ASSERT_EQ(losses.size(), 20u);
-  for (size_t k = 0; k < losses.size(); ++k) {
-    EXPECT_NEAR(losses[k], expected[k], 1e-6 * std::abs(expected[k])) << "step " << k + 1;
-  }
-  const std::map<std::string, Tensor> single_weights = Weights(one / "ckpt-00000020.onnx");
-  const std::map<std::string, Tensor> pair_weights = Weights(two / "ckpt-00000020.onnx");
-  ASSERT_FALSE(single_weights.empty());
-  ASSERT_EQ(pair_weights.size(), single_weights.size());
-  for (const auto& [name, expected_weight] : single_weights) {
-    const Tensor& weight = pair_weights.at(name);
-    for (int64_t i = 0; i < weight.num_elements(); ++i) {
-      ASSERT_NEAR(weight.data<float>()[i], expected_weight.data<float>()[i], 1e-5) << name;
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectSameTraining(dir_ / "one.jsonl", one / "ckpt-00000020.onnx",
+                                             dir_ / "two.jsonl", two / "ckpt-00000020.onnx", 20));
 }
 
 }  // namespace

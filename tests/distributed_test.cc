@@ -884,30 +884,6 @@ class DistributedTrainTest : public CliTempDirTest {
                         batch, " --epochs ", epochs, " --threads 1 ", extra);
   }
 
-  // The "loss" of every step line of a metrics file, in order.
-  static std::vector<double> Losses(const fs::path& metrics) {
-    std::vector<double> losses;
-    for (absl::string_view line : absl::StrSplit(ReadFile(metrics), '\n')) {
-      absl::StatusOr<Json> json = Json::Parse(std::string(line));
-      if (!json.ok() || json->Find("loss") == nullptr) continue;
-      losses.push_back(json->Find("loss")->as_number());
-    }
-    return losses;
-  }
-
-  // The float32 weights of a checkpoint by name.
-  static std::map<std::string, Tensor> Weights(const fs::path& path) {
-    std::map<std::string, Tensor> weights;
-    absl::StatusOr<training::Checkpoint> checkpoint = training::ReadCheckpoint(path.string());
-    EXPECT_TRUE(checkpoint.ok()) << path << ": " << checkpoint.status();
-    if (!checkpoint.ok()) return weights;
-    for (const std::string& name : checkpoint->state.parameters) {
-      const Value* value = checkpoint->model.graph->FindValue(name);
-      if (value != nullptr && value->initializer() != nullptr)
-        weights[name] = *value->initializer();
-    }
-    return weights;
-  }
 
   std::string data_;
 };
@@ -939,25 +915,10 @@ TEST_F(DistributedTrainTest, TwoProcessesMatchOneAndOnlyRankZeroPrints) {
     return err.substr(acc, err.find(' ', acc + 4) - acc);
   };
   EXPECT_EQ(accuracy(pair.err), accuracy(single.err));
-  const std::vector<double> expected = Losses(dir_ / "one.jsonl");
-  const std::vector<double> losses = Losses(dir_ / "two.jsonl");
-  ASSERT_EQ(expected.size(), 20u);
-  ASSERT_EQ(losses.size(), 20u);
-  for (size_t k = 0; k < losses.size(); ++k) {
-    EXPECT_NEAR(losses[k], expected[k], 1e-6 * std::abs(expected[k])) << "step " << k + 1;
-  }
-  // The checkpoints: rank 0's only, recording the world size; the weights
-  // within 1e-5 of the single process's.
-  const std::map<std::string, Tensor> single_weights = Weights(one / "ckpt-00000020.onnx");
-  const std::map<std::string, Tensor> pair_weights = Weights(two / "ckpt-00000020.onnx");
-  ASSERT_FALSE(single_weights.empty());
-  ASSERT_EQ(pair_weights.size(), single_weights.size());
-  for (const auto& [name, expected_weight] : single_weights) {
-    const Tensor& weight = pair_weights.at(name);
-    for (int64_t i = 0; i < weight.num_elements(); ++i) {
-      ASSERT_NEAR(weight.data<float>()[i], expected_weight.data<float>()[i], 1e-5) << name;
-    }
-  }
+  // The losses step by step, and the checkpoints (rank 0's only, recording
+  // the world size): the weights within 1e-5 of the single process's.
+  ASSERT_NO_FATAL_FAILURE(ExpectSameTraining(dir_ / "one.jsonl", one / "ckpt-00000020.onnx",
+                                             dir_ / "two.jsonl", two / "ckpt-00000020.onnx", 20));
   absl::StatusOr<training::Checkpoint> checkpoint =
       training::ReadCheckpoint((two / "ckpt-00000020.onnx").string());
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
@@ -967,7 +928,9 @@ TEST_F(DistributedTrainTest, TwoProcessesMatchOneAndOnlyRankZeroPrints) {
   // Every step all-reduced the loss and each gradient as float32, and says
   // so in its metrics line and the summary; the run alone has no allreduce.
   int64_t elements = 1;  // the loss
-  for (const auto& [name, weight] : pair_weights) elements += weight.num_elements();
+  for (const auto& [name, weight] : CheckpointWeights(two / "ckpt-00000020.onnx")) {
+    elements += weight.num_elements();
+  }
   int steps_with_allreduce = 0;
   for (absl::string_view line : absl::StrSplit(ReadFile(dir_ / "two.jsonl"), '\n')) {
     absl::StatusOr<Json> json = Json::Parse(std::string(line));
@@ -1008,13 +971,13 @@ TEST_F(DistributedTrainTest, ATwoRankResumeContinuesBitForBit) {
                                    (dir_ / "resumed.jsonl").string()));
   ASSERT_EQ(resume.exit_code, 0) << resume.err;
   EXPECT_THAT(resume.err, Not(HasSubstr("rank(s)")));  // same world size: no note
-  const std::vector<double> expected = Losses(dir_ / "whole.jsonl");
-  const std::vector<double> losses = Losses(dir_ / "resumed.jsonl");
+  const std::vector<double> expected = MetricsLosses(dir_ / "whole.jsonl");
+  const std::vector<double> losses = MetricsLosses(dir_ / "resumed.jsonl");
   ASSERT_EQ(expected.size(), 8u);
   ASSERT_EQ(losses.size(), 4u);
   for (size_t k = 0; k < 4; ++k) EXPECT_EQ(losses[k], expected[4 + k]) << "step " << k + 5;
-  const std::map<std::string, Tensor> a = Weights(whole / "ckpt-00000008.onnx");
-  const std::map<std::string, Tensor> b = Weights(resumed / "ckpt-00000008.onnx");
+  const std::map<std::string, Tensor> a = CheckpointWeights(whole / "ckpt-00000008.onnx");
+  const std::map<std::string, Tensor> b = CheckpointWeights(resumed / "ckpt-00000008.onnx");
   ASSERT_FALSE(a.empty());
   ASSERT_EQ(a.size(), b.size());
   for (const auto& [name, weight] : a) {
@@ -1090,8 +1053,8 @@ TEST_F(DistributedTrainTest, OverlappedBucketsMatchOneAllreduceAfterTheBackwardP
                                      " --metrics ", metrics.string(), " --checkpoint-dir ",
                                      checkpoints.string(), " --save-every 8")));
     ASSERT_EQ(p.exit_code, 0) << p.err;
-    losses[bucket_mb] = Losses(metrics);
-    weights[bucket_mb] = Weights(checkpoints / "ckpt-00000008.onnx");
+    losses[bucket_mb] = MetricsLosses(metrics);
+    weights[bucket_mb] = CheckpointWeights(checkpoints / "ckpt-00000008.onnx");
     int buckets = 0;
     for (absl::string_view line : absl::StrSplit(ReadFile(metrics), '\n')) {
       absl::StatusOr<Json> json = Json::Parse(std::string(line));
@@ -1132,8 +1095,8 @@ TEST_F(DistributedTrainTest, SyncBatchNormMatchesOneProcessOnTheWholeBatch) {
                            (dir_ / (name + ".jsonl")).string(), " --checkpoint-dir ",
                            checkpoints.string(), " ", extra));
     EXPECT_EQ(p.exit_code, 0) << name << ": " << p.err;
-    return std::make_pair(Losses(dir_ / (name + ".jsonl")),
-                          Weights(checkpoints / "ckpt-00000006.onnx"));
+    return std::make_pair(MetricsLosses(dir_ / (name + ".jsonl")),
+                          CheckpointWeights(checkpoints / "ckpt-00000006.onnx"));
   };
   const auto [one_losses, one_weights] = train("one", "");
   const auto [synced_losses, synced_weights] = train("synced", "--nproc 2 --sync-batchnorm");
@@ -1217,7 +1180,7 @@ TEST_F(DistributedTrainTest, RanksSharingNothingButThePortTrainTogether) {
     EXPECT_EQ(WEXITSTATUS(status), 0)
         << "rank " << rank << ": " << ReadFile(dir_ / absl::StrCat("err", rank));
   }
-  EXPECT_EQ(Losses(dir_ / "metrics0.jsonl").size(), 3u);
+  EXPECT_EQ(MetricsLosses(dir_ / "metrics0.jsonl").size(), 3u);
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_TRUE(fs::is_empty(dir_ / absl::StrCat("tmp", rank))) << "rank " << rank;
   }
@@ -1244,8 +1207,8 @@ TEST_F(DistributedTrainTest, MpirunStartsTheRanks) {
   ASSERT_EQ(mpi.exit_code, 0) << mpi.out << mpi.err;
   EXPECT_THAT(mpi.out, HasSubstr("batch 64 (32 per rank on 2 ranks, Gloo)"));
   EXPECT_EQ(mpi.out.find("summary:"), mpi.out.rfind("summary:")) << mpi.out;
-  EXPECT_EQ(Losses(dir_ / "mpi.jsonl"), Losses(dir_ / "nproc.jsonl"));
-  EXPECT_EQ(Losses(dir_ / "mpi.jsonl").size(), 6u);
+  EXPECT_EQ(MetricsLosses(dir_ / "mpi.jsonl"), MetricsLosses(dir_ / "nproc.jsonl"));
+  EXPECT_EQ(MetricsLosses(dir_ / "mpi.jsonl").size(), 6u);
 }
 
 TEST_F(DistributedTrainTest, RanksThatDisagreeOnTheDataAllStop) {
@@ -1280,10 +1243,10 @@ TEST_F(DistributedTrainTest, AKilledRankStopsTheOtherWithinTheTimeout) {
   const pid_t rank1 = StartRank(dir_, 1, port, arguments);
   // Let them train a few steps, then kill rank 1.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (Losses(dir_ / "metrics.jsonl").size() < 3 && std::chrono::steady_clock::now() < deadline) {
+  while (MetricsLosses(dir_ / "metrics.jsonl").size() < 3 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  if (Losses(dir_ / "metrics.jsonl").size() < 3u) {
+  if (MetricsLosses(dir_ / "metrics.jsonl").size() < 3u) {
     kill(rank0, SIGKILL);
     kill(rank1, SIGKILL);
     waitpid(rank0, nullptr, 0);
@@ -1328,7 +1291,7 @@ TEST_F(DistributedTrainTest, AHungRankStopsTheOtherWithinTheTimeout) {
   const pid_t rank0 = StartRank(dir_, 0, port, arguments);
   const pid_t rank1 = StartRank(dir_, 1, port, arguments);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (Losses(dir_ / "metrics.jsonl").size() < 3 && std::chrono::steady_clock::now() < deadline) {
+  while (MetricsLosses(dir_ / "metrics.jsonl").size() < 3 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   // Rank 1 stops answering (alive, its connections open).
