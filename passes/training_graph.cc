@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <optional>
 #include <regex>
@@ -933,6 +934,19 @@ void AddStep(PassManager& manager, const State& state, const char* name, const c
       [state, step](Model& model, PassContext&) { return step(model, *state); }));
 }
 
+// A rewrite that returns how many places it changed, as a pass that
+// records the count in the result's `count`.
+void AddCountedRewrite(PassManager& manager, const State& state, const char* name,
+                       const char* description, int TrainingGraph::*count,
+                       std::function<absl::StatusOr<int>(Model&)> rewrite) {
+  manager.Add(std::make_unique<FunctionPass>(
+      name, description,
+      [state, count, rewrite = std::move(rewrite)](Model& model, PassContext&) -> absl::Status {
+        CASTOR_ASSIGN_OR_RETURN(state->result->*count, rewrite(model));
+        return absl::OkStatus();
+      }));
+}
+
 }  // namespace
 
 void AddTrainingPasses(PassManager& manager, const TrainingGraphOptions& options,
@@ -950,33 +964,25 @@ void AddTrainingPasses(PassManager& manager, const TrainingGraphOptions& options
           "outputs updated with the node's momentum, the variance unbiased as PyTorch's",
           BatchNormTrainingStep);
   if (options.pool_before_relu) {
-    manager.Add(std::make_unique<FunctionPass>(
-        "pool-before-relu", "runs a Relu read only by a MaxPool after it, on the pooled tensor",
-        [state](Model& model, PassContext&) -> absl::Status {
-          CASTOR_ASSIGN_OR_RETURN(state->result->pooled_relus, PoolBeforeRelu(*model.graph));
-          return absl::OkStatus();
-        }));
+    AddCountedRewrite(manager, state, "pool-before-relu",
+                      "runs a Relu read only by a MaxPool after it, on the pooled tensor",
+                      &TrainingGraph::pooled_relus,
+                      [](Model& model) { return PoolBeforeRelu(*model.graph); });
   }
   if (options.fold_batchnorm_casts) {
-    manager.Add(std::make_unique<FunctionPass>(
-        "fold-batchnorm-casts",
+    AddCountedRewrite(
+        manager, state, "fold-batchnorm-casts",
         "folds the Casts from 16-bit to float32 and back around a BatchNormalization into it "
         "(it reads and writes the 16-bit values, computing in float32 as before)",
-        [state](Model& model, PassContext&) -> absl::Status {
-          CASTOR_ASSIGN_OR_RETURN(state->result->folded_batchnorm_casts,
-                                  FoldBatchNormCasts(*model.graph));
-          return absl::OkStatus();
-        }));
+        &TrainingGraph::folded_batchnorm_casts,
+        [](Model& model) { return FoldBatchNormCasts(*model.graph); });
   }
   if (options.fuse_gelu) {
-    manager.Add(std::make_unique<FunctionPass>(
-        "fuse-gelu",
+    AddCountedRewrite(
+        manager, state, "fuse-gelu",
         "runs the erf form of GELU that exporters write before opset 20 (Div, Erf, Add, two "
         "Muls) as castor's Gelu: one node forward and one GeluGrad backward, in float32",
-        [state](Model& model, PassContext&) -> absl::Status {
-          CASTOR_ASSIGN_OR_RETURN(state->result->fused_gelus, FuseGelu(model));
-          return absl::OkStatus();
-        }));
+        &TrainingGraph::fused_gelus, FuseGelu);
   }
   AddStep(manager, state, "attach-loss",
           "attaches the loss to the model output and adds the loss-scale input",
