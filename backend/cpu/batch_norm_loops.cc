@@ -1,75 +1,219 @@
-// BatchNormalization's float32 training loops (see batch_norm_loops.h).
+// BatchNormalization's training loops (see batch_norm_loops.h).
 #include "backend/cpu/batch_norm_loops.h"
+
+#include <algorithm>
 
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/lane_sums.h"
+#include "backend/cpu/scratch.h"
 #include "backend/cpu/vector_clones.h"
 
 namespace castor::cpu {
+namespace {
 
-CASTOR_VECTOR_CLONES double ChannelSum(const float* x, int64_t batch, int64_t stride,
-                                       int64_t inner) {
-  LaneSums<1, kWideSumLanes> sum;
-  for (int64_t n = 0; n < batch; ++n) {
-    const float* run = x + n * stride;
-    sum.Add(inner, [&](int64_t i) { return std::array<double, 1>{run[i]}; });
+// ---- one run (the vector clones) --------------------------------------------
+//
+// TX and TD, the run's storage, are float or BFloat16 (float16 reaches
+// them widened: RunReader); LoadF/StoreF (float_io.h) widen and round a
+// bfloat16 in the vector loop. An output run has X's storage.
+
+template <typename TX>
+CASTOR_VECTOR_CLONES void AddRunSum(const TX* x, int64_t n, RunLaneSums<1>& sums) {
+  sums.AddRun(n, [&](int64_t i) { return std::array<float, 1>{LoadF(x[i])}; });
+}
+
+template <typename TX>
+CASTOR_VECTOR_CLONES void AddRunSquaredDeviations(const TX* x, int64_t n, float mean,
+                                                  RunLaneSums<1>& sums) {
+  sums.AddRun(n, [&](int64_t i) {
+    const float d = LoadF(x[i]) - mean;
+    return std::array<float, 1>{d * d};
+  });
+}
+
+template <typename TX, typename TD>
+CASTOR_VECTOR_CLONES void AddRunGradientSums(const TX* x, const TD* dy, int64_t n, float mean,
+                                             RunLaneSums<3>& sums) {
+  sums.AddRun(n, [&](int64_t i) {
+    const float centred = LoadF(x[i]) - mean;
+    const float d = LoadF(dy[i]);
+    return std::array<float, 3>{centred * centred, d, d * centred};
+  });
+}
+
+// y = x * a + b; with kRelu max(y, 0), keeping a NaN (as castor's Relu).
+template <typename TX, bool kRelu>
+CASTOR_VECTOR_CLONES void ScaleShiftRun(const TX* x, TX* y, int64_t n, float a, float b) {
+  for (int64_t i = 0; i < n; ++i) {
+    float v = LoadF(x[i]) * a + b;
+    if constexpr (kRelu) v = v < 0.0f ? 0.0f : v;
+    StoreF(&y[i], v);
   }
+}
+
+template <typename TX, typename TD>
+CASTOR_VECTOR_CLONES void InputGradientRun(const TX* x, const TD* dy, TX* dx, int64_t n,
+                                           InputGradientTerms t) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x_hat = (LoadF(x[i]) - t.mean) * t.inv_std;
+    StoreF(&dx[i], t.a * (LoadF(dy[i]) - t.mean_dy - x_hat * t.mean_dy_xhat));
+  }
+}
+
+CASTOR_VECTOR_CLONES double RowSumClone(const float* x, int64_t n) {
+  LaneSums<1, kWideSumLanes> sum;
+  sum.Add(n, [&](int64_t i) { return std::array<double, 1>{x[i]}; });
   return sum.Total(0);
 }
 
-CASTOR_VECTOR_CLONES double WidenChannelAndSum(DType dtype, const void* x, int64_t batch,
-                                               int64_t stride, int64_t inner, float* dst) {
-  const size_t bytes = DTypeSize(dtype);
-  LaneSums<1, kWideSumLanes> sum;
-  for (int64_t n = 0; n < batch; ++n) {
-    float* run = dst + n * inner;
-    ToFloat32(dtype, static_cast<const char*>(x) + n * stride * bytes, run, inner);
-    sum.Add(inner, [&](int64_t i) { return std::array<double, 1>{run[i]}; });
+// ---- a channel, run by run ---------------------------------------------------
+
+// Calls fn(TypeTag<T>{}) for the storage the loops read a run in.
+template <typename Fn>
+void WithRunStorage(bool bfloat16, Fn&& fn) {
+  if (bfloat16) {
+    fn(TypeTag<BFloat16>{});
+  } else {
+    fn(TypeTag<float>{});
   }
-  return sum.Total(0);
 }
 
-CASTOR_VECTOR_CLONES double ChannelSquaredDeviations(const float* x, int64_t batch,
-                                                     int64_t stride, int64_t inner,
-                                                     double mean) {
-  LaneSums<1, kWideSumLanes> squares;
-  for (int64_t n = 0; n < batch; ++n) {
-    const float* run = x + n * stride;
-    squares.Add(inner, [&](int64_t i) {
-      const double d = run[i] - mean;
-      return std::array<double, 1>{d * d};
-    });
+// Run n of a channel as the loops read it: float32 and bfloat16 as stored,
+// float16 widened into `buffer` (this thread's, `inner` floats).
+class RunReader {
+ public:
+  RunReader(const ChannelRuns& channel, Scratch<float>& buffer)
+      : channel_(channel),
+        bytes_(DTypeSize(channel.dtype)),
+        buffer_(channel.dtype == DType::kFloat16 ? buffer.Get(channel.inner) : nullptr) {}
+
+  bool bfloat16() const { return channel_.dtype == DType::kBFloat16; }
+  const void* Run(int64_t n) const {
+    const char* src = static_cast<const char*>(channel_.first) + n * channel_.stride * bytes_;
+    if (buffer_ == nullptr) return src;
+    ToFloat32(channel_.dtype, src, buffer_, channel_.inner);
+    return buffer_;
   }
-  return squares.Total(0);
+
+ private:
+  const ChannelRuns& channel_;
+  size_t bytes_;
+  float* buffer_;
+};
+
+// Run n of an output channel in X's run storage: float32 and bfloat16
+// written in place; float16 computed in `buffer` and rounded once by Store.
+class RunWriter {
+ public:
+  RunWriter(const ChannelRuns& layout, ChannelOut out, Scratch<float>& buffer)
+      : layout_(layout),
+        out_(out),
+        bytes_(DTypeSize(out.dtype)),
+        buffer_(out.dtype == DType::kFloat16 ? buffer.Get(layout.inner) : nullptr) {}
+
+  void* Run(int64_t n) const { return buffer_ != nullptr ? buffer_ : Address(n); }
+  void Store(int64_t n) const {
+    if (buffer_ != nullptr) FromFloat32(out_.dtype, buffer_, Address(n), layout_.inner);
+  }
+
+ private:
+  void* Address(int64_t n) const {
+    return static_cast<char*>(out_.first) + n * layout_.stride * bytes_;
+  }
+  const ChannelRuns& layout_;
+  ChannelOut out_;
+  size_t bytes_;
+  float* buffer_;
+};
+
+// This thread's run buffers (float16 only): X's, dY's and the output's.
+struct RunBuffers {
+  Scratch<float> x, dy, out;
+};
+RunBuffers& ThreadRunBuffers() {
+  thread_local RunBuffers buffers;
+  return buffers;
 }
 
-CASTOR_VECTOR_CLONES std::array<double, 3> ChannelGradientSums(const float* x, const float* dy,
-                                                               int64_t batch, int64_t stride,
-                                                               int64_t inner, double mean) {
-  LaneSums<3, kWideSumLanes> sums;
-  for (int64_t n = 0; n < batch; ++n) {
-    const float* run = x + n * stride;
-    const float* d_run = dy + n * stride;
-    sums.Add(inner, [&](int64_t i) {
-      const double centred = run[i] - mean;
-      const double d = d_run[i];
-      return std::array<double, 3>{centred * centred, d, d * centred};
+}  // namespace
+
+double ChannelSum(const ChannelRuns& x) {
+  const RunReader reader(x, ThreadRunBuffers().x);
+  RunLaneSums<1> sums;
+  WithRunStorage(reader.bfloat16(), [&](auto tx) {
+    using TX = typename decltype(tx)::type;
+    for (int64_t n = 0; n < x.batch; ++n) {
+      AddRunSum(static_cast<const TX*>(reader.Run(n)), x.inner, sums);
+    }
+  });
+  return sums.Total(0);
+}
+
+double ChannelSquaredDeviations(const ChannelRuns& x, double mean) {
+  const RunReader reader(x, ThreadRunBuffers().x);
+  RunLaneSums<1> sums;
+  const float m = static_cast<float>(mean);
+  WithRunStorage(reader.bfloat16(), [&](auto tx) {
+    using TX = typename decltype(tx)::type;
+    for (int64_t n = 0; n < x.batch; ++n) {
+      AddRunSquaredDeviations(static_cast<const TX*>(reader.Run(n)), x.inner, m, sums);
+    }
+  });
+  return sums.Total(0);
+}
+
+std::array<double, 3> ChannelGradientSums(const ChannelRuns& x, const ChannelRuns& dy,
+                                          double mean) {
+  RunBuffers& buffers = ThreadRunBuffers();
+  const RunReader x_reader(x, buffers.x), dy_reader(dy, buffers.dy);
+  RunLaneSums<3> sums;
+  const float m = static_cast<float>(mean);
+  WithRunStorage(x_reader.bfloat16(), [&](auto tx) {
+    WithRunStorage(dy_reader.bfloat16(), [&](auto td) {
+      using TX = typename decltype(tx)::type;
+      using TD = typename decltype(td)::type;
+      for (int64_t n = 0; n < x.batch; ++n) {
+        AddRunGradientSums(static_cast<const TX*>(x_reader.Run(n)),
+                           static_cast<const TD*>(dy_reader.Run(n)), x.inner, m, sums);
+      }
     });
-  }
+  });
   return {sums.Total(0), sums.Total(1), sums.Total(2)};
 }
 
-CASTOR_VECTOR_CLONES void ScaleShift(const float* src, float* dst, int64_t n, float a, float b) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * a + b;
+void ChannelScaleShift(const ChannelRuns& x, float a, float b, bool relu, ChannelOut y) {
+  RunBuffers& buffers = ThreadRunBuffers();
+  const RunReader reader(x, buffers.x);
+  const RunWriter writer(x, y, buffers.out);
+  WithRunStorage(reader.bfloat16(), [&](auto tx) {
+    using TX = typename decltype(tx)::type;
+    const auto run = relu ? ScaleShiftRun<TX, true> : ScaleShiftRun<TX, false>;
+    for (int64_t n = 0; n < x.batch; ++n) {
+      run(static_cast<const TX*>(reader.Run(n)), static_cast<TX*>(writer.Run(n)), x.inner, a, b);
+      writer.Store(n);
+    }
+  });
 }
 
-CASTOR_VECTOR_CLONES void BatchNormInputGradient(const float* x, const float* dy, float* dx,
-                                                 int64_t n, float a, float mean, float inv_std,
-                                                 float mean_dy, float mean_dy_xhat) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float x_hat = (x[i] - mean) * inv_std;
-    dx[i] = a * (dy[i] - mean_dy - x_hat * mean_dy_xhat);
-  }
+void ChannelInputGradient(const ChannelRuns& x, const ChannelRuns& dy,
+                          const InputGradientTerms& terms, ChannelOut dx) {
+  RunBuffers& buffers = ThreadRunBuffers();
+  const RunReader x_reader(x, buffers.x), dy_reader(dy, buffers.dy);
+  const RunWriter writer(x, dx, buffers.out);
+  WithRunStorage(x_reader.bfloat16(), [&](auto tx) {
+    WithRunStorage(dy_reader.bfloat16(), [&](auto td) {
+      using TX = typename decltype(tx)::type;
+      using TD = typename decltype(td)::type;
+      for (int64_t n = 0; n < x.batch; ++n) {
+        InputGradientRun(static_cast<const TX*>(x_reader.Run(n)),
+                         static_cast<const TD*>(dy_reader.Run(n)),
+                         static_cast<TX*>(writer.Run(n)), x.inner, terms);
+        writer.Store(n);
+      }
+    });
+  });
 }
+
+double RowSum(const float* x, int64_t n) { return RowSumClone(x, n); }
 
 }  // namespace castor::cpu

@@ -1,13 +1,23 @@
-// The float32 loops of BatchNormalization in training mode, shared by its
-// forward kernel (backend/cpu/normalization.cc) and BatchNormalizationGrad
+// The loops of BatchNormalization in training mode, shared by its forward
+// kernel (backend/cpu/normalization.cc) and BatchNormalizationGrad
 // (backend/cpu/normalization_grad.cc; ConvGrad's dB, conv_grad.cc, sums
-// rows with RowSum),
-// built for AVX-512/AVX2/baseline (vector_clones.h).
+// rows with RowSum), built for AVX-512/AVX2/baseline (vector_clones.h).
 //
-// A channel's values in X [N, C, inner...] are `batch` runs of `inner`
-// contiguous floats, `stride` (= C * inner) apart. Sums run in float64
-// LaneSums (kWideSumLanes) over the runs in order, so every clone gives the same
-// bits.
+// A channel of X [N, C, inner...] is `batch` runs of `inner` contiguous
+// values, `stride` (= C * inner) apart (ChannelRuns), in float32, float16 or
+// bfloat16. The loops take it a run at a time, in float32 arithmetic: a
+// bfloat16 run is widened (exactly) and its results rounded once inside the
+// vector loop, a float16 run goes through float32 buffers of the calling
+// thread that stay in L1. So a 16-bit channel gives the bits of its float32
+// copy, without float32 copies of the tensor (the training graph folds the
+// Casts around a float32 BatchNormalization into the node:
+// passes/training_graph.cc).
+//
+// Channel sums: each run is summed in float32 in kRunSumLanes independent
+// lanes (RunLaneSums, lane_sums.h), whose sums are then added to float64
+// lanes, so float32 rounding spans at most inner / kRunSumLanes terms (49
+// for a 28x28 image) and the rest adds in float64. Every clone gives the
+// same bits.
 #pragma once
 
 #include <array>
@@ -17,35 +27,50 @@
 
 namespace castor::cpu {
 
+// One channel of a float tensor [N, C, inner...]: run n (n < batch) is the
+// `inner` values of `dtype` (float32, float16 or bfloat16) at element
+// n * stride from `first`.
+struct ChannelRuns {
+  DType dtype = DType::kFloat32;
+  const void* first = nullptr;
+  int64_t batch = 0;
+  int64_t stride = 0;
+  int64_t inner = 0;
+};
+
+// The same channel of an output of ChannelRuns' layout and dtype: `first`
+// is its first element.
+struct ChannelOut {
+  DType dtype = DType::kFloat32;
+  void* first = nullptr;
+};
+
 // Sum of the channel's values.
-double ChannelSum(const float* x, int64_t batch, int64_t stride, int64_t inner);
+double ChannelSum(const ChannelRuns& x);
 
-// Sum of x[0, n): one run.
-inline double RowSum(const float* x, int64_t n) { return ChannelSum(x, 1, n, n); }
+// Sum of (x - mean)^2 over the channel (x - mean in float32, with mean
+// rounded to float32).
+double ChannelSquaredDeviations(const ChannelRuns& x, double mean);
 
-// A 16-bit channel (`batch` runs of `inner` values of `dtype`, float16 or
-// bfloat16, `stride` elements apart from `x`) widened into `dst` (the runs
-// packed: run n at dst + n * inner), returning the sum of its values: the
-// bits of ChannelSum(dst, batch, inner, inner), each run added right after
-// it is widened, while it is in cache.
-double WidenChannelAndSum(DType dtype, const void* x, int64_t batch, int64_t stride,
-                          int64_t inner, float* dst);
+// {sum (x - mean)^2, sum dy, sum dy * (x - mean)} over the channel, dy of
+// x's layout (its own dtype).
+std::array<double, 3> ChannelGradientSums(const ChannelRuns& x, const ChannelRuns& dy,
+                                          double mean);
 
-// Sum of (x - mean)^2 over the channel.
-double ChannelSquaredDeviations(const float* x, int64_t batch, int64_t stride, int64_t inner,
-                                double mean);
+// y = x * a + b (float32, two roundings, then one to X's dtype) over the
+// channel; with `relu`, max(y, 0) (a NaN stays NaN).
+void ChannelScaleShift(const ChannelRuns& x, float a, float b, bool relu, ChannelOut y);
 
-// {sum (x - mean)^2, sum dy, sum dy * (x - mean)} over the channel; dy has
-// X's layout.
-std::array<double, 3> ChannelGradientSums(const float* x, const float* dy, int64_t batch,
-                                          int64_t stride, int64_t inner, double mean);
+// BatchNormalizationGrad's dX over the channel (float32, then one rounding
+// to X's dtype):
+//   dx = a * (dy - mean_dy - (x - mean) * inv_std * mean_dy_xhat).
+struct InputGradientTerms {
+  float a = 0, mean = 0, inv_std = 0, mean_dy = 0, mean_dy_xhat = 0;
+};
+void ChannelInputGradient(const ChannelRuns& x, const ChannelRuns& dy,
+                          const InputGradientTerms& terms, ChannelOut dx);
 
-// dst[i] = src[i] * a + b (float32, two roundings) for i in [0, n).
-void ScaleShift(const float* src, float* dst, int64_t n, float a, float b);
-
-// One run of BatchNormalizationGrad's dX:
-//   dx[i] = a * (dy[i] - mean_dy - (x[i] - mean) * inv_std * mean_dy_xhat).
-void BatchNormInputGradient(const float* x, const float* dy, float* dx, int64_t n, float a,
-                            float mean, float inv_std, float mean_dy, float mean_dy_xhat);
+// Sum of x[0, n) in float64 lanes (LaneSums, kWideSumLanes).
+double RowSum(const float* x, int64_t n);
 
 }  // namespace castor::cpu

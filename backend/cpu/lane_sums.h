@@ -71,4 +71,44 @@ class LaneSums {
   double lanes_[kCount][kLanes] = {};
 };
 
+// Sums over runs of float32 values (a BatchNormalization channel's image
+// rows): each run is summed in float32 in kRunSumLanes independent lanes
+// (lane l takes terms l, l + kRunSumLanes, ...; the tail's go to lanes
+// 0, 1, ...), then each lane's run sum is added to the lane's float64
+// total. float32 rounding then spans at most n / kRunSumLanes terms of a
+// run, and the vector loop does no conversions; Total() adds the float64
+// lanes pairwise. Same order for every ISA (vector_clones.h).
+inline constexpr int kRunSumLanes = 32;
+
+template <int kCount>
+class RunLaneSums {
+ public:
+  // Adds terms(i) for i in [0, n); terms returns std::array<float, kCount>.
+  // (Always inlined: the calling vector clone's ISA vectorises it.)
+  template <typename Terms>
+  [[gnu::always_inline]] inline void AddRun(int64_t n, Terms&& terms) {
+    float run[kCount][kRunSumLanes] = {};
+    int64_t i = 0;
+    for (; i + kRunSumLanes <= n; i += kRunSumLanes) {
+      for (int l = 0; l < kRunSumLanes; ++l) {
+        const std::array<float, kCount> t = terms(i + l);
+        for (int q = 0; q < kCount; ++q) run[q][l] += t[q];
+      }
+    }
+    for (int l = 0; i < n; ++i, ++l) {
+      const std::array<float, kCount> t = terms(i);
+      for (int q = 0; q < kCount; ++q) run[q][l] += t[q];
+    }
+    for (int q = 0; q < kCount; ++q) {
+      for (int l = 0; l < kRunSumLanes; ++l) totals_[q][l] += run[q][l];
+    }
+  }
+
+  // Quantity q summed over every run added so far.
+  double Total(int q) const { return AddLanesPairwise<kRunSumLanes>(totals_[q]); }
+
+ private:
+  double totals_[kCount][kRunSumLanes] = {};
+};
+
 }  // namespace castor::cpu

@@ -23,11 +23,14 @@
 // D1, ...] over D1, ...; Y = (x - mean) * (scale[c] * inv_std) + B[c] with
 // the centring and affine map in float64 too, so a mean far from zero
 // (|mean| >> std) costs no more than the input's own rounding.
-// Statistics accumulate in float64; elementwise math is float32 (float64 for
-// float64 inputs); 16-bit results round once on store. float32
-// BatchNormalization runs the vectorised loops of batch_norm_loops.h, and
-// writes each feature's Y right after its statistics; the generic path
-// (16-bit, float64) adds the same terms in the same order (kWideSumLanes).
+// Statistics accumulate in float64 (BatchNormalization on float32 and
+// 16-bit X: each image row's terms in float32 lanes first,
+// batch_norm_loops.h); elementwise math is float32 (float64 for float64
+// inputs); 16-bit results round once on store. float32 and 16-bit
+// BatchNormalization run the vectorised loops of batch_norm_loops.h, a
+// feature at a time, writing its Y right after its statistics (the
+// cross-rank statistics sum with the same loops); float64 takes the
+// generic float64 loops.
 #include <array>
 #include <cmath>
 #include <type_traits>
@@ -111,6 +114,21 @@ absl::Status GlobalBatchStatistics(KernelContext& ctx, const common::BatchNormGe
   // Per channel: the sum of x, or of (x - mean)^2 once `centre` is set.
   const std::vector<double>* centre = nullptr;
   auto channel_sums = [&] {
+    if (x.dtype == DType::kFloat32 || x.dtype == DType::kBFloat16 ||
+        x.dtype == DType::kFloat16) {
+      // The loops of the one-process statistics (BatchNormKernel): each
+      // image row's float32 lane sums are the same wherever the row is.
+      const size_t bytes = DTypeSize(x.dtype);
+      ParallelFor(0, features, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t f = lo; f < hi; ++f) {
+          const ChannelRuns channel{x.dtype, static_cast<const char*>(x.data) + f * inner * bytes,
+                                    batch, features * inner, inner};
+          sums[f] = centre == nullptr ? ChannelSum(channel)
+                                      : ChannelSquaredDeviations(channel, (*centre)[f]);
+        }
+      });
+      return true;
+    }
     return DispatchFloat(x.dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
       const T* xp = x.as<T>();
@@ -181,52 +199,21 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
     const bool sixteen_bit = x.dtype == DType::kBFloat16 || x.dtype == DType::kFloat16;
     if (x.dtype == DType::kFloat32 || sixteen_bit) {
       // Each feature's Y is written right after its statistics, while its
-      // values are still in cache (the third pass over them). A 16-bit
-      // feature is first widened into a float32 buffer (exact; its sum
-      // taken run by run as it is widened, the same bits), the same loops
-      // run on it and Y is rounded once: the bits of a Cast to
-      // float32, this kernel in float32 and a Cast back, without the two
-      // float32 copies of the tensor (the training graph folds those Casts
-      // into the node: passes/training_graph.cc).
+      // values are still in cache (the third pass over them); a 16-bit
+      // feature gives the bits of its float32 copy (batch_norm_loops.h).
       const size_t bytes = DTypeSize(x.dtype);
       const char* xp = static_cast<const char*>(x.data);
       char* yp = static_cast<char*>((*y)->data);
       const int64_t stride = features * inner;
       ParallelFor(0, features, 1, [&](int64_t lo, int64_t hi) {
-        thread_local std::vector<float> widened;
-        if (sixteen_bit) widened.resize(static_cast<size_t>(batch * inner));
         for (int64_t f = lo; f < hi; ++f) {
-          // The feature's values: row n at first + n * row_stride.
-          const float* first = reinterpret_cast<const float*>(xp + f * inner * bytes);
-          int64_t row_stride = stride;
-          double sum = 0;
-          if (sixteen_bit) {
-            sum = WidenChannelAndSum(x.dtype, xp + f * inner * bytes, batch, stride, inner,
-                                     widened.data());
-            first = widened.data();
-            row_stride = inner;
-          } else {
-            sum = ChannelSum(first, batch, row_stride, inner);
-          }
-          const double m = count > 0 ? sum / count : 0.0;
+          const ChannelRuns channel{x.dtype, xp + f * inner * bytes, batch, stride, inner};
+          const double m = count > 0 ? ChannelSum(channel) / count : 0.0;
           mean[f] = m;
-          var[f] = count > 0
-                       ? ChannelSquaredDeviations(first, batch, row_stride, inner, m) / count
-                       : 0.0;
+          var[f] = count > 0 ? ChannelSquaredDeviations(channel, m) / count : 0.0;
           set_coefficients(f);
-          for (int64_t n = 0; n < batch; ++n) {
-            const float* row = first + n * row_stride;
-            char* out = yp + (n * stride + f * inner) * bytes;
-            if (sixteen_bit) {
-              float* widened_row = widened.data() + n * inner;
-              ScaleShift(row, widened_row, inner, static_cast<float>(a[f]),
-                         static_cast<float>(b[f]));
-              FromFloat32(x.dtype, widened_row, out, inner);
-            } else {
-              ScaleShift(row, reinterpret_cast<float*>(out), inner, static_cast<float>(a[f]),
-                         static_cast<float>(b[f]));
-            }
-          }
+          ChannelScaleShift(channel, static_cast<float>(a[f]), static_cast<float>(b[f]),
+                            /*relu=*/false, ChannelOut{x.dtype, yp + f * inner * bytes});
         }
       });
       y_written = true;
@@ -257,16 +244,19 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
       });
     }
   }
-  if (!y_written) {  // inference, or a dtype other than float32
+  if (!y_written) {  // inference, or float64
     for (int64_t f = 0; f < features; ++f) set_coefficients(f);
-    if (x.dtype == DType::kFloat32) {
-      const float* xp = x.as<float>();
-      float* yp = (*y)->as<float>();
+    if (x.dtype == DType::kFloat32 || x.dtype == DType::kBFloat16 ||
+        x.dtype == DType::kFloat16) {
+      const size_t bytes = DTypeSize(x.dtype);
+      const char* xp = static_cast<const char*>(x.data);
+      char* yp = static_cast<char*>((*y)->data);
       ParallelFor(0, batch * features, 1, [&](int64_t lo, int64_t hi) {
         for (int64_t r = lo; r < hi; ++r) {
           const int64_t f = r % features;
-          ScaleShift(xp + r * inner, yp + r * inner, inner, static_cast<float>(a[f]),
-                     static_cast<float>(b[f]));
+          ChannelScaleShift(ChannelRuns{x.dtype, xp + r * inner * bytes, 1, inner, inner},
+                            static_cast<float>(a[f]), static_cast<float>(b[f]), /*relu=*/false,
+                            ChannelOut{x.dtype, yp + r * inner * bytes});
         }
       });
     } else {

@@ -3,13 +3,16 @@
 // LayerNormalizationGrad (statistics over the axes from `axis` on) and
 // InstanceNormalizationGrad (statistics per (n, c) row over D1, ...),
 // castor's gradient ops (graph/ops/gradient_ops.cc). All accumulate their
-// statistics and parameter gradients in float64, skip the outputs nothing
+// statistics and parameter gradients in float64 (BatchNormalizationGrad
+// sums each image row in float32 lanes first: batch_norm_loops.h; it reads
+// float32 and 16-bit X and dY as stored), skip the outputs nothing
 // reads (KernelContext::output_read), and run channels or rows in parallel
 // on backend/cpu/parallel.h; 16-bit inputs widen exactly and every output
 // rounds once on store.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -120,6 +123,73 @@ CASTOR_SIMD16_TARGET void LayerNormGradRowAvx512(
 
 // ---- BatchNormalizationGrad --------------------------------------------------
 
+// X or dY of BatchNormalizationGrad channel by channel (ChannelRuns): read
+// as stored when float32 or 16-bit, else (float64) through a float32 copy.
+class ChannelSource {
+ public:
+  ChannelSource(const TensorView& t, const common::BatchNormGradGeometry& geometry)
+      : geometry_(geometry) {
+    if (t.dtype == DType::kFloat32 || t.dtype == DType::kBFloat16 ||
+        t.dtype == DType::kFloat16) {
+      dtype_ = t.dtype;
+      data_ = t.data;
+    } else {
+      copy_.emplace(t);
+      data_ = copy_->data();
+    }
+  }
+  ChannelRuns Channel(int64_t c) const {
+    const int64_t inner = geometry_.inner;
+    return ChannelRuns{dtype_, static_cast<const char*>(data_) + c * inner * DTypeSize(dtype_),
+                       geometry_.batch, geometry_.channels * inner, inner};
+  }
+
+ private:
+  const common::BatchNormGradGeometry& geometry_;
+  DType dtype_ = DType::kFloat32;
+  const void* data_ = nullptr;
+  std::optional<Float32In> copy_;
+};
+
+// dX of BatchNormalizationGrad: written as stored when X is float32 or
+// 16-bit (its dtype), else (float64) through a float32 buffer (Finish).
+class InputGradientOut {
+ public:
+  InputGradientOut(TensorView* dx, const common::BatchNormGradGeometry& geometry)
+      : geometry_(geometry) {
+    if (dx->dtype == DType::kFloat32 || dx->dtype == DType::kBFloat16 ||
+        dx->dtype == DType::kFloat16) {
+      dtype_ = dx->dtype;
+      data_ = dx->data;
+    } else {
+      buffer_ = std::make_unique<Float32Out>(dx, /*overwritten=*/true);
+      data_ = buffer_->data();
+    }
+  }
+  ChannelOut Channel(int64_t c) const {
+    return ChannelOut{dtype_,
+                      static_cast<char*>(data_) + c * geometry_.inner * DTypeSize(dtype_)};
+  }
+  void Finish() const {
+    if (buffer_ != nullptr) buffer_->Finish();
+  }
+
+ private:
+  const common::BatchNormGradGeometry& geometry_;
+  DType dtype_ = DType::kFloat32;
+  void* data_ = nullptr;
+  std::unique_ptr<Float32Out> buffer_;
+};
+
+// dX's terms for a channel whose sums (ChannelGradientSums) used `mean`.
+InputGradientTerms InputTerms(double scale, double mean, double inv_std, double count,
+                              double sum_dy, double sum_dy_xhat) {
+  return InputGradientTerms{static_cast<float>(scale * inv_std), static_cast<float>(mean),
+                            static_cast<float>(inv_std),
+                            static_cast<float>(count > 0 ? sum_dy / count : 0.0),
+                            static_cast<float>(count > 0 ? sum_dy_xhat / count : 0.0)};
+}
+
 // Synchronised BatchNormalization's gradient (--sync-batchnorm): the mean,
 // variance and the sums of dY and dY * x_hat over the global batch, summed
 // across the ranks, give dX as one process would compute it for its share
@@ -127,19 +197,16 @@ CASTOR_SIMD16_TARGET void LayerNormGradRowAvx512(
 // data-parallel step averages them with the other gradients, which makes
 // them the global batch's.
 absl::Status SyncBatchNormGrad(KernelContext& ctx, const common::BatchNormGradGeometry& geometry,
-                               double epsilon, const Float32In& xf, const Float32In& dyf,
-                               const Float32In& scale, std::optional<Float32Out>& dx,
+                               double epsilon, const ChannelSource& x, const ChannelSource& dy,
+                               const Float32In& scale, const InputGradientOut* dx,
                                std::vector<double>& d_scale, std::vector<double>& d_bias) {
   const Backend::CrossRankSum& across_ranks = ctx.backend().cross_rank_sum();
   const int64_t batch = geometry.batch, channels = geometry.channels, inner = geometry.inner;
-  const int64_t stride = channels * inner;
   const std::string what = absl::StrCat("the gradient sums of BatchNormalizationGrad node '",
                                         ctx.node().name(), "'");
   std::vector<double> sums(static_cast<size_t>(channels) + 1);
   ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t c = lo; c < hi; ++c) {
-      sums[c] = ChannelSum(xf.data() + c * inner, batch, stride, inner);
-    }
+    for (int64_t c = lo; c < hi; ++c) sums[c] = ChannelSum(x.Channel(c));
   });
   sums[channels] = static_cast<double>(batch * inner);
   CASTOR_RETURN_IF_ERROR(across_ranks(sums.data(), sums.size(), what));
@@ -150,8 +217,7 @@ absl::Status SyncBatchNormGrad(KernelContext& ctx, const common::BatchNormGradGe
   std::vector<double> local(3 * static_cast<size_t>(channels));
   ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t c = lo; c < hi; ++c) {
-      const std::array<double, 3> s = ChannelGradientSums(
-          xf.data() + c * inner, dyf.data() + c * inner, batch, stride, inner, mean[c]);
+      const std::array<double, 3> s = ChannelGradientSums(x.Channel(c), dy.Channel(c), mean[c]);
       std::copy(s.begin(), s.end(), local.begin() + 3 * c);
     }
   });
@@ -163,141 +229,56 @@ absl::Status SyncBatchNormGrad(KernelContext& ctx, const common::BatchNormGradGe
       const double inv_std = 1.0 / std::sqrt(var + epsilon);
       d_bias[c] = local[3 * c + 1];
       d_scale[c] = local[3 * c + 2] * inv_std;
-      if (!dx.has_value()) continue;
-      const float a = static_cast<float>(scale.data()[c] * inv_std);
-      const float mean_dy = static_cast<float>(count > 0 ? global[3 * c + 1] / count : 0.0);
-      const float mean_dy_xhat =
-          static_cast<float>(count > 0 ? global[3 * c + 2] * inv_std / count : 0.0);
-      for (int64_t n = 0; n < batch; ++n) {
-        BatchNormInputGradient(xf.data() + c * inner + n * stride,
-                               dyf.data() + c * inner + n * stride,
-                               dx->data() + c * inner + n * stride, inner, a,
-                               static_cast<float>(mean[c]), static_cast<float>(inv_std),
-                               mean_dy, mean_dy_xhat);
-      }
+      if (dx == nullptr) continue;
+      ChannelInputGradient(x.Channel(c), dy.Channel(c),
+                           InputTerms(scale.data()[c], mean[c], inv_std, count, global[3 * c + 1],
+                                      global[3 * c + 2] * inv_std),
+                           dx->Channel(c));
     }
   });
   return absl::OkStatus();
 }
 
-bool IsSixteenBitFloat(DType dtype) {
-  return dtype == DType::kBFloat16 || dtype == DType::kFloat16;
-}
-
-// BatchNormalizationGrad with 16-bit X and dY (the training graph folds
-// the Casts around a BatchNormalization that computes in float32:
-// passes/training_graph.cc): each channel's X and dY are widened into
-// float32 buffers of this thread (exact), the float32 loops below run on
-// them, and its dX is rounded once per run, so the bits are those of the
-// float32 kernel between Casts, without float32 copies of the tensors.
-absl::Status BatchNormGradSixteenBit(KernelContext& ctx,
-                                     const common::BatchNormGradGeometry& geometry,
-                                     double epsilon, std::vector<double>& d_scale,
-                                     std::vector<double>& d_bias) {
-  const TensorView& dy = ctx.input(0);
-  const TensorView& x = ctx.input(1);
-  const TensorView& scale_view = ctx.input(2);
-  const Float32In scale(scale_view);
-  const int64_t batch = geometry.batch, channels = geometry.channels, inner = geometry.inner;
-  const int64_t stride = channels * inner;
-  const double count = static_cast<double>(batch * inner);
-  char* dxp = nullptr;
-  if (WantsOutput(ctx, 0)) {
-    CASTOR_ASSIGN_OR_RETURN(TensorView * dx_view, ctx.Output(0, x.dtype, x.dims));
-    dxp = static_cast<char*>(dx_view->data);
-  }
-  const char* xp = static_cast<const char*>(x.data);
-  const char* dyp = static_cast<const char*>(dy.data);
-  const size_t x_bytes = DTypeSize(x.dtype), dy_bytes = DTypeSize(dy.dtype);
-  ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
-    thread_local std::vector<float> x_widened, dy_widened;
-    x_widened.resize(static_cast<size_t>(batch * inner));
-    dy_widened.resize(static_cast<size_t>(batch * inner));
-    for (int64_t c = lo; c < hi; ++c) {
-      const double x_sum = WidenChannelAndSum(x.dtype, xp + c * inner * x_bytes, batch, stride,
-                                              inner, x_widened.data());
-      for (int64_t n = 0; n < batch; ++n) {
-        ToFloat32(dy.dtype, dyp + (n * stride + c * inner) * dy_bytes,
-                  dy_widened.data() + n * inner, inner);
-      }
-      const float* xc = x_widened.data();
-      float* dyc = dy_widened.data();
-      const double mean = count > 0 ? x_sum / count : 0.0;
-      const std::array<double, 3> sums = ChannelGradientSums(xc, dyc, batch, inner, inner, mean);
-      const double var = count > 0 ? sums[0] / count : 0.0;
-      const double inv_std = 1.0 / std::sqrt(var + epsilon);
-      d_bias[c] = sums[1];
-      d_scale[c] = sums[2] * inv_std;
-      if (dxp == nullptr) continue;
-      const float a = static_cast<float>(scale.data()[c] * inv_std);
-      const float mean_dy = static_cast<float>(d_bias[c] / count);
-      const float mean_dy_xhat = static_cast<float>(d_scale[c] / count);
-      for (int64_t n = 0; n < batch; ++n) {
-        float* row = dyc + n * inner;  // dX over dY, element by element
-        BatchNormInputGradient(xc + n * inner, row, row, inner, a, static_cast<float>(mean),
-                               static_cast<float>(inv_std), mean_dy, mean_dy_xhat);
-        FromFloat32(x.dtype, row, dxp + (n * stride + c * inner) * x_bytes, inner);
-      }
-    }
-  });
-  return WriteScaleBiasGrads(ctx, scale_view.dtype, scale_view.dims, d_scale, d_bias);
-}
-
 absl::Status BatchNormGradKernel(KernelContext& ctx) {
-  const TensorView& x = ctx.input(1);
+  const TensorView& x_view = ctx.input(1);
   const TensorView& scale_view = ctx.input(2);
   CASTOR_ASSIGN_OR_RETURN(const common::BatchNormGradGeometry geometry,
                           common::PlanBatchNormGrad(ctx));
-  const int64_t batch = geometry.batch, channels = geometry.channels, inner = geometry.inner;
+  const int64_t channels = geometry.channels;
   const double epsilon = ctx.GetFloat("epsilon", 1e-5f);
-  const TensorView& dy = ctx.input(0);
-  const double count = static_cast<double>(batch * inner);
+  const double count = static_cast<double>(geometry.batch * geometry.inner);
   std::vector<double> d_scale(channels), d_bias(channels);
-  const int64_t stride = channels * inner;
-  if (IsSixteenBitFloat(x.dtype) && IsSixteenBitFloat(dy.dtype) &&
-      !ctx.backend().cross_rank_sum()) {
-    return BatchNormGradSixteenBit(ctx, geometry, epsilon, d_scale, d_bias);
-  }
-  const Float32In xf(x);
-  const Float32In dyf(dy);
+  const ChannelSource x(x_view, geometry);
+  const ChannelSource dy(ctx.input(0), geometry);
   const Float32In scale(scale_view);
-  std::optional<Float32Out> dx;
+  std::optional<InputGradientOut> dx;
   if (WantsOutput(ctx, 0)) {
-    CASTOR_ASSIGN_OR_RETURN(TensorView * dx_view, ctx.Output(0, x.dtype, x.dims));
-    dx.emplace(dx_view, /*overwritten=*/true);
+    CASTOR_ASSIGN_OR_RETURN(TensorView * dx_view, ctx.Output(0, x_view.dtype, x_view.dims));
+    dx.emplace(dx_view, geometry);
   }
   if (ctx.backend().cross_rank_sum()) {
-    CASTOR_RETURN_IF_ERROR(
-        SyncBatchNormGrad(ctx, geometry, epsilon, xf, dyf, scale, dx, d_scale, d_bias));
-    if (dx.has_value()) dx->Finish();
-    return WriteScaleBiasGrads(ctx, scale_view.dtype, scale_view.dims, d_scale, d_bias);
-  }
-  // Per channel: the sums, then its dX while X and dY are still in cache.
-  ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t c = lo; c < hi; ++c) {
-      const float* x_first = xf.data() + c * inner;
-      const float* dy_first = dyf.data() + c * inner;
-      const double mean = count > 0 ? ChannelSum(x_first, batch, stride, inner) / count : 0.0;
-      // (x - mean)^2, dY, dY * (x - mean)
-      const std::array<double, 3> sums =
-          ChannelGradientSums(x_first, dy_first, batch, stride, inner, mean);
-      const double var = count > 0 ? sums[0] / count : 0.0;
-      const double inv_std = 1.0 / std::sqrt(var + epsilon);
-      d_bias[c] = sums[1];
-      d_scale[c] = sums[2] * inv_std;  // sum(dY * x_hat)
-      if (!dx.has_value()) continue;
-      // dX = scale * inv_std * (dY - dBias / M - x_hat * dScale / M)
-      const float a = static_cast<float>(scale.data()[c] * inv_std);
-      const float mean_dy = static_cast<float>(d_bias[c] / count);
-      const float mean_dy_xhat = static_cast<float>(d_scale[c] / count);
-      for (int64_t n = 0; n < batch; ++n) {
-        BatchNormInputGradient(x_first + n * stride, dy_first + n * stride,
-                               dx->data() + c * inner + n * stride, inner, a,
-                               static_cast<float>(mean), static_cast<float>(inv_std), mean_dy,
-                               mean_dy_xhat);
+    CASTOR_RETURN_IF_ERROR(SyncBatchNormGrad(ctx, geometry, epsilon, x, dy, scale,
+                                             dx ? &*dx : nullptr, d_scale, d_bias));
+  } else {
+    // Per channel: the sums, then its dX while X and dY are still in cache.
+    ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t c = lo; c < hi; ++c) {
+        const ChannelRuns xc = x.Channel(c), dyc = dy.Channel(c);
+        const double mean = count > 0 ? ChannelSum(xc) / count : 0.0;
+        // (x - mean)^2, dY, dY * (x - mean)
+        const std::array<double, 3> sums = ChannelGradientSums(xc, dyc, mean);
+        const double var = count > 0 ? sums[0] / count : 0.0;
+        const double inv_std = 1.0 / std::sqrt(var + epsilon);
+        d_bias[c] = sums[1];
+        d_scale[c] = sums[2] * inv_std;  // sum(dY * x_hat)
+        if (!dx.has_value()) continue;
+        // dX = scale * inv_std * (dY - dBias / M - x_hat * dScale / M)
+        ChannelInputGradient(
+            xc, dyc, InputTerms(scale.data()[c], mean, inv_std, count, d_bias[c], d_scale[c]),
+            dx->Channel(c));
       }
-    }
-  });
+    });
+  }
   if (dx.has_value()) dx->Finish();
   return WriteScaleBiasGrads(ctx, scale_view.dtype, scale_view.dims, d_scale, d_bias);
 }
