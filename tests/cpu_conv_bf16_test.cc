@@ -52,6 +52,9 @@ const std::vector<ConvCase>& Cases() {
       {{2, 3, 9, 7}, {5, 3, 3, 3}, 1, {}, {}, {1, 1, 1, 1}},
       // Grouped, strided, dilated, uneven pads.
       {{3, 6, 11, 10}, {9, 2, 3, 2}, 3, {2, 1}, {1, 2}, {1, 0, 2, 1}},
+      // Stride 2 on both axes, odd input width (ConvGrad's dX phases
+      // spread along the rows).
+      {{2, 6, 9, 11}, {5, 6, 3, 3}, 1, {2, 2}, {}, {1, 1, 1, 1}},
       // Depthwise.
       {{2, 5, 8, 9}, {5, 1, 3, 3}, 5, {}, {}, {1, 1, 1, 1}, false},
       // Pointwise (X itself is the column matrix), and strided 1x1.

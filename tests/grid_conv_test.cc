@@ -12,7 +12,7 @@
 // values: pair depths with an odd last row, and lines of 32-position
 // vectors, overlapped and masked tails, or (lines of at most 24 positions,
 // most shapes here) packed end to end. Also FillGrid's vector plane copy
-// (float32 and 16-bit) and SpreadRow (im2col.h) against the expected
+// (float32 and 16-bit) and SpreadRows (im2col.h) against the expected
 // values.
 #include "backend/cpu/grid_conv.h"
 
@@ -392,25 +392,34 @@ TEST(GridConvBFloat16, FilterGradAccumulatesFloat64Sums) {
   }
 }
 
-// SpreadRow (im2col.h) writes dst[j * step] = src[j] for j < n and nothing
-// else: every length up to two vectors' worth, steps 1-3, each instruction
-// set (AVX-512 runs step 2 in masked stores), sentinels around and between.
-TEST(GridConv, SpreadRowWritesOnlyItsPositionsOnEveryInstructionSet) {
+// SpreadRows (im2col.h) writes dst[l * dst_stride + j * step] = src[l * n + j]
+// for l < lines, j < n and nothing else: every length up to two vectors'
+// worth, steps 1-3, one to three rows with a gap between them, each
+// instruction set (AVX-512 runs step 2 in masked stores), sentinels
+// around and between.
+TEST(GridConv, SpreadRowsWritesOnlyItsPositionsOnEveryInstructionSet) {
   for (GridIsa isa : SupportedIsas()) {
     const ScopedGridIsa scoped(isa);
     for (int64_t step = 1; step <= 3; ++step) {
       for (int64_t n = 0; n <= 17; ++n) {
-        SCOPED_TRACE(std::string(GridIsaName(isa)) + " step " + std::to_string(step) + " n " +
-                     std::to_string(n));
-        std::vector<float> src(static_cast<size_t>(n));
-        for (int64_t j = 0; j < n; ++j) src[j] = static_cast<float>(j + 1);
-        const int64_t margin = 40;
-        std::vector<float> dst(static_cast<size_t>(n * step + 2 * margin), -5.0f);
-        SpreadRow(src.data(), n, step, dst.data() + margin);
-        for (int64_t q = 0; q < static_cast<int64_t>(dst.size()); ++q) {
-          const int64_t at = q - margin;
-          const bool written = at >= 0 && at < n * step && at % step == 0;
-          ASSERT_EQ(dst[q], written ? src[at / step] : -5.0f) << "position " << at;
+        for (int64_t lines = 1; lines <= 3; ++lines) {
+          SCOPED_TRACE(std::string(GridIsaName(isa)) + " step " + std::to_string(step) + " n " +
+                       std::to_string(n) + " lines " + std::to_string(lines));
+          std::vector<float> src(static_cast<size_t>(n * lines));
+          for (size_t j = 0; j < src.size(); ++j) src[j] = static_cast<float>(j + 1);
+          const int64_t margin = 40;
+          const int64_t dst_stride = n * step + 5;
+          std::vector<float> dst(static_cast<size_t>(lines * dst_stride + 2 * margin), -5.0f);
+          SpreadRows(src.data(), n, lines, step, dst.data() + margin, dst_stride);
+          for (int64_t q = 0; q < static_cast<int64_t>(dst.size()); ++q) {
+            const int64_t at = q - margin;
+            const int64_t line = at >= 0 ? at / dst_stride : -1;
+            const int64_t in_line = at - line * dst_stride;
+            const bool written = line >= 0 && line < lines && in_line < n * step &&
+                                 in_line % step == 0;
+            ASSERT_EQ(dst[q], written ? src[line * n + in_line / step] : -5.0f)
+                << "position " << at;
+          }
         }
       }
     }

@@ -301,11 +301,8 @@ class ConvGradOnGrid {
       });
       if (s1 == 1) continue;
       for (int64_t c = 0; c < cg_; ++c) {
-        for (int64_t l = 0; l < phase.lines; ++l) {
-          const float* src = scratch.data() + (c * phase.lines + l) * phase.width;
-          float* dst = dx_g + c * in_size + (phase.dx_row + l * s0) * in_w + phase.dx_col;
-          SpreadRow(src, phase.width, s1, dst);
-        }
+        SpreadRows(scratch.data() + c * phase.lines * phase.width, phase.width, phase.lines, s1,
+                   dx_g + c * in_size + phase.dx_row * in_w + phase.dx_col, s0 * in_w);
       }
     }
   }
@@ -334,10 +331,11 @@ class ConvGradOnGrid {
 
 // dX, dW, dB (float32) of X, dY and W in float32, or in bfloat16 where
 // ConvGradOnGrid's bfloat16 products run (UsesBFloat16Grid: the grid, no
-// column path).
+// column path); then dX is bfloat16, each image's summed in float32 in
+// this thread's scratch and rounded once right away, while in cache.
 template <typename T>
 void RunConvGrad(const common::WindowGeometry& g, const ConvGradShapes& s, const T* x,
-                 const T* dy, const T* w, float* dx, float* dw, float* db) {
+                 const T* dy, const T* w, T* dx, float* dw, float* db) {
   const int64_t cg = s.channels / s.group;
   const int64_t mg = s.out_channels / s.group;
   const int64_t kg = cg * g.kernel_size();
@@ -381,8 +379,17 @@ void RunConvGrad(const common::WindowGeometry& g, const ConvGradShapes& s, const
       for (int64_t gi = 0; gi < s.group; ++gi) {
         const T* x_g = x + (n * s.channels + gi * cg) * in_size;
         const T* dy_g = dy + (n * s.out_channels + gi * mg) * p;
-        float* dx_g = dx != nullptr ? dx + (n * s.channels + gi * cg) * in_size : nullptr;
-        if (dx_g != nullptr && grid.has_value()) grid->FillInputGrad(gi, dy_g, dx_g);
+        T* dx_g = dx != nullptr ? dx + (n * s.channels + gi * cg) * in_size : nullptr;
+        if (dx_g != nullptr && grid.has_value()) {
+          if constexpr (std::is_same_v<T, float>) {
+            grid->FillInputGrad(gi, dy_g, dx_g);
+          } else {
+            thread_local Scratch<float> sums;
+            float* dx_sums = sums.Get(cg * in_size);
+            grid->FillInputGrad(gi, dy_g, dx_sums);
+            FromFloat32(dx_sums, dx_g, cg * in_size);
+          }
+        }
         if constexpr (std::is_same_v<T, float>) {
           if (dw_acc != nullptr && !grid.has_value()) {
             col.resize(static_cast<size_t>(kg * p));
@@ -555,13 +562,14 @@ absl::Status ConvGradKernel(KernelContext& ctx) {
   const bool native = all_bfloat16 && !bfloat16_grid && NativeBFloat16Gemm() &&
                       (g->pointwise() || !UsesGrid(*g));
   std::optional<Float32Out> dx_out, dw_out, db_out;
-  // The grid's phases write every element of dX; col2im adds.
-  if (dx) dx_out.emplace(dx, runs && UsesGrid(*g) && !native);
+  // The grid's phases write every element of dX; col2im adds. The
+  // bfloat16 grid rounds dX itself, image by image.
+  if (dx && !(runs && bfloat16_grid)) dx_out.emplace(dx, runs && UsesGrid(*g) && !native);
   if (dw) dw_out.emplace(dw);
   if (db) db_out.emplace(db);
   if (runs && bfloat16_grid) {
     RunConvGrad(*g, s, x.as<BFloat16>(), dy.as<BFloat16>(), w.as<BFloat16>(),
-                dx ? dx_out->data() : nullptr, dw ? dw_out->data() : nullptr,
+                dx ? dx->as<BFloat16>() : nullptr, dw ? dw_out->data() : nullptr,
                 db ? db_out->data() : nullptr);
   } else if (runs && native) {
     RunConvGradBFloat16Native(*g, s, x.as<BFloat16>(), dy.as<BFloat16>(), w.as<BFloat16>(),

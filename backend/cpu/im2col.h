@@ -128,10 +128,12 @@ bool FillPaddedPlaneVector(const float* src, int64_t in_h, int64_t in_w, int64_t
 bool FillPaddedPlaneVector(const uint16_t* src, int64_t in_h, int64_t in_w, int64_t src_stride,
                            int64_t top, int64_t left, int64_t rows, int64_t cols, uint16_t* dst);
 
-// dst[j * step] = src[j] for j in [0, n); the positions between are not
-// written. Stride 2 runs in AVX-512 masked stores when grid_conv.h's
-// active instruction set is AVX-512.
-void SpreadRow(const float* src, int64_t n, int64_t step, float* dst);
+// For each of `lines` rows of n floats (row l at src + l * n):
+// dst[l * dst_stride + j * step] = src[l * n + j] for j in [0, n); the
+// positions between are not written. Stride 2 runs in AVX-512 masked
+// stores when grid_conv.h's active instruction set is AVX-512.
+void SpreadRows(const float* src, int64_t n, int64_t lines, int64_t step, float* dst,
+                int64_t dst_stride);
 
 // --- helpers shared with col2im (conv.cc) -----------------------------------
 
