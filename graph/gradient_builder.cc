@@ -12,11 +12,12 @@
 namespace castor {
 
 GradientBuilder::GradientBuilder(Graph& graph, const Node& node, int64_t opset,
-                                 std::vector<Value*> output_grads,
+                                 int64_t onnx_opset, std::vector<Value*> output_grads,
                                  std::vector<bool> wants_input_grad)
     : graph_(graph),
       node_(node),
       opset_(opset),
+      onnx_opset_(onnx_opset),
       output_grads_(std::move(output_grads)),
       wants_input_grad_(std::move(wants_input_grad)),
       input_grads_(node.num_inputs(), nullptr) {}

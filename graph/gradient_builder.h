@@ -30,12 +30,17 @@ inline constexpr const char* kCastorDomain = "com.castor";
 
 class GradientBuilder {
  public:
-  GradientBuilder(Graph& graph, const Node& node, int64_t opset,
+  // `opset`: the model's opset of the node's domain; `onnx_opset`: of the
+  // ONNX domain (the same for ONNX nodes).
+  GradientBuilder(Graph& graph, const Node& node, int64_t opset, int64_t onnx_opset,
                   std::vector<Value*> output_grads, std::vector<bool> wants_input_grad);
 
   const Node& node() const { return node_; }
   // The opset of the node's domain in the model.
   int64_t opset() const { return opset_; }
+  // The model's ONNX opset: the version of the ONNX ops a rule emits for a
+  // node of castor's domain (com.castor ConvTranspose's ReduceSum).
+  int64_t onnx_opset() const { return onnx_opset_; }
   Value* input(int i) const { return node_.input(i); }
   Value* output(int i) const { return node_.output(i); }
   // dLoss/d output(i), or nullptr when no gradient reaches that output.
@@ -68,6 +73,7 @@ class GradientBuilder {
   Graph& graph_;
   const Node& node_;
   int64_t opset_;
+  int64_t onnx_opset_;
   std::vector<Value*> output_grads_;
   std::vector<bool> wants_input_grad_;
   std::vector<Value*> input_grads_;

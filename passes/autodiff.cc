@@ -195,7 +195,7 @@ class Autodiff {
         return absl::InvalidArgumentError(
             absl::StrCat("loss ", Quoted(loss_->name()), " is not computed by any node"));
       }
-      GradientBuilder builder(graph_, *producer, 0, {}, {});
+      GradientBuilder builder(graph_, *producer, 0, model_.OpsetVersion(""), {}, {});
       CASTOR_ASSIGN_OR_RETURN(seed, builder.Scalar(1.0, loss_->dtype()));
       if (loss_->shape().rank() > 0) {
         CASTOR_ASSIGN_OR_RETURN(Value * shape, builder.ShapeOf(loss_));
@@ -250,7 +250,8 @@ class Autodiff {
           "): it lies between a parameter and the loss ", Quoted(loss_->name()),
           " but has no gradient: ", reason));
     }
-    GradientBuilder builder(graph_, node, model_.OpsetVersion(node.domain()), output_grads, wants);
+    GradientBuilder builder(graph_, node, model_.OpsetVersion(node.domain()),
+                            model_.OpsetVersion(""), output_grads, wants);
     absl::Status ruled = def->gradient(builder);
     if (!ruled.ok()) {
       return absl::Status(ruled.code(), absl::StrCat("gradient of node ", Quoted(node.name()),

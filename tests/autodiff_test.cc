@@ -430,6 +430,115 @@ TEST(GradientRuleTest, ConvWithBiasAndPooling) {
   check.Check(check.Op("GlobalAveragePool", {averaged}), /*rtol=*/5e-3, /*atol=*/5e-4);
 }
 
+// ConvTranspose in the forms exporters write: torch's (explicit pads,
+// output_padding, stride 2, a bias), grouped and dilated, 1-D, and the
+// auto_pad SAME_UPPER / SAME_LOWER and output_shape forms whose pads the
+// rule resolves from X's static dims. dX, dW and dB against central
+// differences.
+TEST(GradientRuleTest, ConvTransposeInEveryPaddingForm) {
+  struct Form {
+    const char* name;
+    std::vector<int64_t> x_dims, w_dims;
+    std::vector<Attribute> attributes;
+    bool bias;
+  };
+  const std::vector<Form> forms = {
+      {"torch: pads, output_padding, stride 2",
+       {2, 3, 4, 5},
+       {3, 2, 3, 3},
+       {Attribute::Ints("strides", {2, 2}), Attribute::Ints("pads", {1, 1, 1, 1}),
+        Attribute::Ints("output_padding", {1, 1})},
+       true},
+      {"grouped, dilated, uneven pads",
+       {2, 4, 5, 4},
+       {4, 3, 2, 3},
+       {Attribute::Int("group", 2), Attribute::Ints("dilations", {2, 1}),
+        Attribute::Ints("strides", {1, 2}), Attribute::Ints("pads", {1, 0, 0, 2})},
+       true},
+      {"1-D", {2, 3, 7}, {3, 2, 4}, {Attribute::Ints("strides", {3})}, false},
+      {"SAME_UPPER",
+       {1, 2, 3, 4},
+       {2, 3, 3, 2},
+       {Attribute::String("auto_pad", "SAME_UPPER"), Attribute::Ints("strides", {2, 2})},
+       true},
+      {"SAME_LOWER",
+       {1, 2, 3, 3},
+       {2, 2, 2, 3},
+       {Attribute::String("auto_pad", "SAME_LOWER"), Attribute::Ints("strides", {2, 1})},
+       false},
+      {"output_shape",
+       {1, 2, 3, 3},
+       {2, 2, 3, 3},
+       {Attribute::Ints("strides", {2, 2}), Attribute::Ints("output_shape", {6, 7})},
+       true},
+  };
+  for (const Form& form : forms) {
+    SCOPED_TRACE(form.name);
+    GradCheck check;
+    std::vector<Value*> inputs = {check.Parameter("x", form.x_dims),
+                                  check.Parameter("w", form.w_dims)};
+    const int64_t group = form.attributes.front().name == "group" ? 2 : 1;
+    if (form.bias) inputs.push_back(check.Parameter("b", {form.w_dims[1] * group}));
+    check.Check(check.Op("ConvTranspose", inputs, form.attributes), /*rtol=*/5e-3,
+                /*atol=*/5e-4);
+  }
+}
+
+// castor's ConvTranspose (the form mixed_bfloat16 gives the op at any
+// opset) on bfloat16 activations: its backward Conv (castor's form too) and
+// ConvGrad compute in bfloat16, and the gradients of the float32
+// parameters behind the Casts match central differences to bfloat16
+// tolerance.
+TEST(GradientRuleTest, CastorConvTransposeTrainsInBFloat16) {
+  GradCheck check(17);
+  check.model().opset_imports.push_back({kCastorDomain, 1});
+  const int64_t bf16 = DTypeToOnnx(DType::kBFloat16);
+  Value* x = check.Parameter("x", {1, 2, 3, 3});
+  Value* w = check.Parameter("w", {2, 2, 3, 3});
+  Value* b = check.Parameter("b", {2});
+  std::vector<Value*> narrowed;
+  for (Value* v : {x, w, b}) narrowed.push_back(check.Op("Cast", {v}, {Attribute::Int("to", bf16)}));
+  Node* node = ValueOrDie(check.graph().AddNode(
+      "ConvTranspose", narrowed, {"y16"}, "deconv", kCastorDomain));
+  node->SetAttribute(Attribute::Ints("strides", {2, 2}));
+  node->SetAttribute(Attribute::Ints("pads", {1, 1, 1, 1}));
+  node->SetAttribute(Attribute::Ints("output_padding", {1, 1}));
+  check.Check(check.Op("Cast", {node->output(0)}, {Attribute::Int("to", 1)}), /*rtol=*/6e-2,
+              /*atol=*/6e-2, /*step=*/5e-2);
+  int bfloat16_backward = 0;
+  for (const Node* n : check.model().graph->nodes()) {
+    if (n->name().rfind("deconv/grad/", 0) != 0) continue;
+    if (n->op_type() == "Conv") {
+      EXPECT_EQ(n->domain(), kCastorDomain);
+    }
+    for (const Value* out : n->outputs()) {
+      if (!IsFloatingPoint(out->dtype())) continue;  // ReduceSum's axes
+      EXPECT_EQ(out->dtype(), DType::kBFloat16) << n->name();
+      ++bfloat16_backward;
+    }
+  }
+  EXPECT_EQ(bfloat16_backward, 5);  // Conv's dX, ConvGrad's three, ReduceSum's dB
+}
+
+// ConvTranspose's gradient needs its pads: with auto_pad SAME_* and X's
+// spatial dims unknown, the rule says so instead of guessing.
+TEST(GradientRuleTest, ConvTransposeWithSamePadsNeedsStaticDims) {
+  GradCheck check;
+  Value* x = ValueOrDie(check.graph().AddInput(
+      "x", DType::kFloat32, Shape({Dim(1), Dim(2), Dim::Unknown(), Dim(3)})));
+  Value* w = check.Parameter("w", {2, 2, 3, 3});
+  Value* y = check.Op("ConvTranspose", {x, w},
+                      {Attribute::String("auto_pad", "SAME_UPPER"),
+                       Attribute::Ints("strides", {2, 2})});
+  Value* loss = check.Op("ReduceSum", {y}, {Attribute::Int("keepdims", 0)});
+  ASSERT_TRUE(InferTypes(check.model()).ok());
+  absl::StatusOr<AutodiffResult> result =
+      BuildGradients(check.model(), AutodiffRequest{loss->name(), {"w"}, ""});
+  ASSERT_FALSE(result.ok());
+  EXPECT_THAT(result.status().message(),
+              HasSubstr("its pads depend on X's spatial dims, which are not static here"));
+}
+
 // The pool forms torchvision and timm export: ceil_mode windows running
 // into the end padding (GoogLeNet, SqueezeNet, timm's avg_down
 // AvgPool2d(ceil_mode=True, count_include_pad=False)), padding counted or

@@ -9,7 +9,8 @@
 // groups, strides, pads, dilations, 1-D and 3-D, pointwise, and Inf/NaN
 // inputs; and both against float64 references of the same bfloat16
 // inputs. castor's com.castor Conv (the training graph's form) runs the
-// same kernel. Skips the native comparisons where the CPU has neither
+// same kernel. ConvTranspose's columns run on the native bfloat16 GEMM
+// too. Skips the native comparisons where the CPU has neither
 // AVX512-BF16 nor AMX.
 #include <cmath>
 #include <limits>
@@ -206,6 +207,60 @@ TEST(CpuConvBfloat16, GradientsPropagateInfAndNaNAsWidened) {
     for (double v : Values(native[i])) non_finite += !std::isfinite(v);
     EXPECT_GT(non_finite, 0) << names[i];
     ExpectCloseBfloat16(native[i], widened[i], 1, 1e-3, names[i]);
+  }
+}
+
+// ConvTranspose on the native bfloat16 GEMM (the columns W_g^T X_g from the
+// stored bits) against the widened path and float64: torch's stride-2
+// form with output_padding and a bias, grouped and dilated, 1-D, and
+// castor's form (the training graph's) with the same bits.
+TEST(CpuConvBfloat16, ConvTransposeNativeMatchesWidenedAndFloat64) {
+  if (!NativeAvailable()) GTEST_SKIP() << "no AVX512-BF16 or AMX on this CPU";
+  struct Case {
+    std::vector<int64_t> x_dims, w_dims;
+    std::vector<Attribute> attrs;
+    bool bias;
+  };
+  const std::vector<Case> cases = {
+      {{2, 5, 6, 7},
+       {5, 3, 3, 3},
+       {Attribute::Ints("strides", {2, 2}), Attribute::Ints("pads", {1, 1, 1, 1}),
+        Attribute::Ints("output_padding", {1, 1})},
+       true},
+      {{3, 6, 5, 4},
+       {6, 2, 2, 3},
+       {Attribute::Int("group", 3), Attribute::Ints("dilations", {2, 1}),
+        Attribute::Ints("strides", {1, 2})},
+       false},
+      {{2, 3, 19}, {3, 4, 5}, {Attribute::Ints("strides", {3}), Attribute::Ints("pads", {2, 1})},
+       true},
+  };
+  unsigned seed = 900;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "X rank " << c.x_dims.size() << " C " << c.x_dims[1]);
+    const int64_t group = c.attrs.front().name == "group" ? c.attrs.front().i : 1;
+    std::vector<Tensor> inputs = {Make(DType::kBFloat16, c.x_dims, Random(Count(c.x_dims), seed)),
+                                  Make(DType::kBFloat16, c.w_dims, Random(Count(c.w_dims), seed + 1))};
+    if (c.bias) {
+      const int64_t m = c.w_dims[1] * group;
+      inputs.push_back(Make(DType::kBFloat16, {m}, Random(m, seed + 2)));
+    }
+    seed += 3;
+    const Tensor native =
+        WithNative(true, [&] { return RunOk("ConvTranspose", inputs, c.attrs, 22)[0]; });
+    const Tensor widened =
+        WithNative(false, [&] { return RunOk("ConvTranspose", inputs, c.attrs, 22)[0]; });
+    std::vector<Tensor> wide;
+    for (const Tensor& t : inputs) wide.push_back(Make(DType::kFloat64, t.dims(), Values(t)));
+    const Tensor reference = RunOk("ConvTranspose", wide, c.attrs, 22)[0];
+    // The columns are float32 sums of bfloat16 products on both paths, the
+    // scatter adds them in the same order: a bfloat16 ulp apart at most.
+    ExpectCloseBfloat16(native, widened, 1, 1e-5, "native vs widened");
+    ExpectCloseBfloat16(native, Make(DType::kBFloat16, reference.dims(), Values(reference)), 1,
+                        1e-5, "native vs float64");
+    const Tensor castor_form = WithNative(
+        true, [&] { return RunOk("ConvTranspose", inputs, c.attrs, 1, 1, kCastorDomain)[0]; });
+    EXPECT_EQ(testing::Bits(castor_form), testing::Bits(native));
   }
 }
 

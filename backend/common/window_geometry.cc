@@ -1,9 +1,11 @@
-// Window geometry of Conv and the pools (see window_geometry.h).
+// Window geometry of Conv, ConvTranspose and the pools (see window_geometry.h).
 #include "backend/common/window_geometry.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "backend/common/op_geometry.h"
+#include "graph/ops/op_helpers.h"
 
 namespace castor::common {
 namespace {
@@ -90,6 +92,66 @@ absl::StatusOr<WindowGeometry> ForwardWindowGeometry(const KernelContext& ctx,
     int64_t out = (padded - window + (ceil_mode ? stride - 1 : 0)) / stride + 1;
     if (ceil_mode && (out - 1) * stride >= input[i] + g.pad_begin[i]) --out;
     g.output[i] = out;
+  }
+  return g;
+}
+
+absl::StatusOr<WindowGeometry> TransposeWindowGeometry(const KernelContext& ctx,
+                                                       const std::vector<int64_t>& input,
+                                                       const std::vector<int64_t>& kernel) {
+  const size_t n = input.size();
+  WindowGeometry g;
+  g.num_spatial = static_cast<int>(n);
+  g.input = input;
+  g.kernel = kernel;
+  auto strides = WindowInts(ctx, "strides", n, 1);
+  if (!strides.ok()) return strides.status();
+  auto dilations = WindowInts(ctx, "dilations", n, 1);
+  if (!dilations.ok()) return dilations.status();
+  auto pads = WindowInts(ctx, "pads", 2 * n, 0);
+  if (!pads.ok()) return pads.status();
+  auto output_padding = WindowInts(ctx, "output_padding", n, 0);
+  if (!output_padding.ok()) return output_padding.status();
+  g.strides = *strides;
+  g.dilations = *dilations;
+  g.pad_begin.assign(pads->begin(), pads->begin() + n);
+  g.pad_end.assign(pads->begin() + n, pads->end());
+  const std::string auto_pad = ctx.GetString("auto_pad", "NOTSET");
+  if (auto_pad != "NOTSET" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER" &&
+      auto_pad != "VALID") {
+    return ctx.Error(absl::StrCat("attribute 'auto_pad' is \"", auto_pad,
+                                  "\"; expected NOTSET, SAME_UPPER, SAME_LOWER or VALID"));
+  }
+  std::vector<int64_t> output_shape;
+  if (ctx.node().has_attribute("output_shape")) {
+    output_shape = ctx.GetInts("output_shape");
+    // A full [N, C, ...] form is accepted too (as the registry does).
+    if (output_shape.size() == n + 2) {
+      output_shape.erase(output_shape.begin(), output_shape.begin() + 2);
+    }
+    if (output_shape.size() != n) {
+      return ctx.Error(absl::StrCat("attribute 'output_shape' ",
+                                    DimsToString(ctx.GetInts("output_shape")),
+                                    " must have ", n, " entries (the spatial dims)"));
+    }
+  }
+  g.output.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (g.strides[i] < 1 || g.dilations[i] < 1) {
+      return ctx.Error(absl::StrCat("axis ", i, ": strides and dilations must be >= 1"));
+    }
+    const ops::ConvTransposeAxis axis = ops::ResolveConvTransposeAxis(
+        input[i], (kernel[i] - 1) * g.dilations[i] + 1, g.strides[i], (*output_padding)[i],
+        auto_pad,
+        output_shape.empty() ? std::nullopt : std::optional<int64_t>(output_shape[i]),
+        g.pad_begin[i], g.pad_end[i]);
+    g.pad_begin[i] = axis.pad_begin;
+    g.pad_end[i] = axis.pad_end;
+    g.output[i] = axis.output;
+    if (g.output[i] < 0) {
+      return ctx.Error(absl::StrCat("spatial axis ", i, ": the output size ", g.output[i],
+                                    " is negative (pads too large)"));
+    }
   }
   return g;
 }

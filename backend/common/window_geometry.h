@@ -39,6 +39,17 @@ absl::StatusOr<WindowGeometry> ForwardWindowGeometry(const KernelContext& ctx,
                                                      const std::vector<int64_t>& kernel,
                                                      bool ceil_mode);
 
+// Reads strides, dilations, pads, output_padding, output_shape and auto_pad
+// of `ctx`'s ConvTranspose node over `input` spatial dims (X's) with
+// `kernel`: `output` is the result's spatial dims, the pads those the
+// output is cropped by, resolved as ONNX specifies
+// (graph/ops/op_helpers.h's ResolveConvTransposeAxis). Read the other way,
+// it is the geometry of the Conv from the output's space to X's that
+// ConvTranspose is the adjoint of (with `input` and `output` swapped).
+absl::StatusOr<WindowGeometry> TransposeWindowGeometry(const KernelContext& ctx,
+                                                       const std::vector<int64_t>& input,
+                                                       const std::vector<int64_t>& kernel);
+
 // Attribute `name` as `count` ints (default `fill` when absent); an error
 // naming the attribute when its length differs.
 absl::StatusOr<std::vector<int64_t>> WindowInts(const KernelContext& ctx, const std::string& name,

@@ -8,7 +8,9 @@
 // reused per-thread scratch for a GEMM (pointwise convs skip the unrolling;
 // see RunConv).
 // ConvTranspose: GEMM W^T * X per (image, group), then col2im scatter-adds
-// the columns into the output (output_shape, output_padding, pads, auto_pad).
+// the columns into the output (output_shape, output_padding, pads, auto_pad:
+// common::TransposeWindowGeometry); bfloat16 X and W
+// multiply as stored on the native bfloat16 GEMM where there is one.
 // 16-bit inputs are widened to float32 for the GEMM (Conv: X once per
 // (image, group) into per-thread scratch, W and B once per call, with
 // float_io.h's vector conversions); each output is rounded once on store.
@@ -528,90 +530,6 @@ absl::Status ConvKernel(KernelContext& ctx) {
 
 // ---- ConvTranspose ---------------------------------------------------------
 
-// Python's floor division (ONNX's pad formulas use it for negative totals).
-int64_t FloorDiv(int64_t a, int64_t b) {
-  int64_t q = a / b;
-  if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
-  return q;
-}
-
-// ConvTranspose geometry: `input` are X's spatial dims, `output` the result's.
-absl::StatusOr<common::WindowGeometry> TransposeGeometry(const KernelContext& ctx,
-                                                         const std::vector<int64_t>& input,
-                                                         const std::vector<int64_t>& kernel) {
-  const size_t n = input.size();
-  common::WindowGeometry g;
-  g.num_spatial = static_cast<int>(n);
-  g.input = input;
-  g.kernel = kernel;
-  auto strides = common::WindowInts(ctx, "strides", n, 1);
-  if (!strides.ok()) return strides.status();
-  auto dilations = common::WindowInts(ctx, "dilations", n, 1);
-  if (!dilations.ok()) return dilations.status();
-  auto pads = common::WindowInts(ctx, "pads", 2 * n, 0);
-  if (!pads.ok()) return pads.status();
-  auto output_padding = common::WindowInts(ctx, "output_padding", n, 0);
-  if (!output_padding.ok()) return output_padding.status();
-  g.strides = *strides;
-  g.dilations = *dilations;
-  g.pad_begin.assign(pads->begin(), pads->begin() + n);
-  g.pad_end.assign(pads->begin() + n, pads->end());
-  const std::string auto_pad = ctx.GetString("auto_pad", "NOTSET");
-  if (auto_pad != "NOTSET" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER" &&
-      auto_pad != "VALID") {
-    return ctx.Error(absl::StrCat("attribute 'auto_pad' is \"", auto_pad,
-                                  "\"; expected NOTSET, SAME_UPPER, SAME_LOWER or VALID"));
-  }
-  std::vector<int64_t> output_shape;
-  if (ctx.node().has_attribute("output_shape")) {
-    output_shape = ctx.GetInts("output_shape");
-    // A full [N, C, ...] form is accepted too (as the registry does).
-    if (output_shape.size() == n + 2) output_shape.erase(output_shape.begin(), output_shape.begin() + 2);
-    if (output_shape.size() != n) {
-      return ctx.Error(absl::StrCat("attribute 'output_shape' ",
-                                    common::DimsToString(ctx.GetInts("output_shape")),
-                                    " must have ", n, " entries (the spatial dims)"));
-    }
-  }
-  const bool same = auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER";
-  g.output.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    if (g.strides[i] < 1 || g.dilations[i] < 1) {
-      return ctx.Error(absl::StrCat("axis ", i, ": strides and dilations must be >= 1"));
-    }
-    const int64_t window = (kernel[i] - 1) * g.dilations[i] + 1;
-    const int64_t full = g.strides[i] * (input[i] - 1) + (*output_padding)[i] + window;
-    if (!output_shape.empty() || same) {
-      // The spec's total padding for a requested output size; SAME_UPPER
-      // puts the odd unit at the end, otherwise at the beginning.
-      int64_t target;
-      int64_t total;
-      if (!output_shape.empty()) {
-        target = output_shape[i];
-        total = full - target;
-      } else {
-        total = std::max<int64_t>(0, full - input[i] * g.strides[i]);
-        target = full - total;
-      }
-      if (auto_pad == "SAME_UPPER") {
-        g.pad_begin[i] = FloorDiv(total, 2);
-        g.pad_end[i] = total - g.pad_begin[i];
-      } else {
-        g.pad_end[i] = FloorDiv(total, 2);
-        g.pad_begin[i] = total - g.pad_end[i];
-      }
-      g.output[i] = target;
-    } else {
-      if (auto_pad == "VALID") g.pad_begin[i] = g.pad_end[i] = 0;
-      g.output[i] = full - g.pad_begin[i] - g.pad_end[i];
-    }
-    if (g.output[i] < 0) {
-      return ctx.Error(absl::StrCat("spatial axis ", i, ": the output size ", g.output[i],
-                                    " is negative (pads too large)"));
-    }
-  }
-  return g;
-}
 
 // Scatter-adds col [mg * kernel_size, input_size] into out [mg, output_size]
 // for output channels [m_lo, m_hi): im2col's transpose, with the roles of
@@ -652,22 +570,39 @@ void RunConvTranspose(const KernelContext& ctx, const common::WindowGeometry& g,
   const int64_t in_size = g.input_size();
   const int64_t out_size = g.output_size();
   const ConvTasks tasks(batch * group, IsSmallGemm(rows, in_size, cg));
+  // bfloat16 X and W multiply as stored where gemm.h has a native bfloat16
+  // kernel (AMX, AVX512-BF16), summing in float32.
+  const BFloat16* w_stored = nullptr;
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    if (NativeBFloat16Gemm()) w_stored = ctx.input(1).as<BFloat16>();
+  }
   auto task = [&](int64_t t) {
     const int64_t n = t / group, gi = t % group;
     thread_local std::vector<Acc> x_widened, col, acc;
     const T* xg = ops.x + (n * channels + gi * cg) * in_size;
-    const Acc* xa;
-    if constexpr (std::is_same_v<T, Acc>) {
-      xa = xg;
-    } else {
-      x_widened.resize(static_cast<size_t>(cg * in_size));
-      for (int64_t i = 0; i < cg * in_size; ++i) x_widened[i] = WidenTo<Acc>(xg[i]);
-      xa = x_widened.data();
-    }
     col.resize(static_cast<size_t>(rows * in_size));
-    // col [mg*k, in] = W_g^T, W_g stored [cg, mg*k].
-    GemmAcc<Acc>(true, false, rows, in_size, cg, ops.w + gi * cg * rows, rows, xa, in_size,
-                 col.data(), in_size);
+    // col [mg*k, in] = W_g^T X_g, W_g stored [cg, mg*k].
+    bool multiplied = false;
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      if (w_stored != nullptr) {
+        GemmFloat32Accumulate(DType::kBFloat16, true, false, rows, in_size, cg, 1.0f,
+                              w_stored + gi * cg * rows, rows, xg, in_size, 0.0f, col.data(),
+                              in_size);
+        multiplied = true;
+      }
+    }
+    if (!multiplied) {
+      const Acc* xa;
+      if constexpr (std::is_same_v<T, Acc>) {
+        xa = xg;
+      } else {
+        x_widened.resize(static_cast<size_t>(cg * in_size));
+        for (int64_t i = 0; i < cg * in_size; ++i) x_widened[i] = WidenTo<Acc>(xg[i]);
+        xa = x_widened.data();
+      }
+      GemmAcc<Acc>(true, false, rows, in_size, cg, ops.w + gi * cg * rows, rows, xa, in_size,
+                   col.data(), in_size);
+    }
     acc.resize(static_cast<size_t>(mg * out_size));
     for (int64_t m = 0; m < mg; ++m) {
       std::fill(acc.begin() + m * out_size, acc.begin() + (m + 1) * out_size,
@@ -711,7 +646,8 @@ absl::Status ConvTransposeKernel(KernelContext& ctx) {
   }
   const std::vector<int64_t> spatial(x.dims.begin() + 2, x.dims.end());
   const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
-  absl::StatusOr<common::WindowGeometry> g = TransposeGeometry(ctx, spatial, kernel);
+  absl::StatusOr<common::WindowGeometry> g =
+      common::TransposeWindowGeometry(ctx, spatial, kernel);
   if (!g.ok()) return g.status();
   std::vector<int64_t> out_dims = {batch, out_channels};
   out_dims.insert(out_dims.end(), g->output.begin(), g->output.end());

@@ -21,6 +21,7 @@
 #include "graph/op_registry.h"
 #include "graph/ops/all_ops.h"
 #include "graph/ops/einsum_equation.h"
+#include "graph/ops/op_helpers.h"
 #include "graph/status.h"
 
 namespace castor {
@@ -952,13 +953,14 @@ absl::StatusOr<int64_t> NormalizedAxis(int64_t axis, int rank) {
   return normalized;
 }
 
-// ReduceSum(value, axes, keepdims) written for the model's opset (axes an
-// attribute before 13, an input from 13); empty `axes` reduces every axis.
+// ReduceSum(value, axes, keepdims) written for the model's ONNX opset (axes
+// an attribute before 13, an input from 13); empty `axes` reduces every
+// axis.
 absl::StatusOr<Value*> EmitReduceSum(GradientBuilder& g, Value* value,
                                      const std::vector<int64_t>& axes, bool keepdims) {
   std::vector<Attribute> attributes = {Attribute::Int("keepdims", keepdims ? 1 : 0)};
   if (axes.empty()) return g.Emit1("ReduceSum", {value}, attributes);
-  if (g.opset() < 13) {
+  if (g.onnx_opset() < 13) {
     attributes.push_back(Attribute::Ints("axes", axes));
     return g.Emit1("ReduceSum", {value}, attributes);
   }
@@ -1563,6 +1565,99 @@ absl::Status ConvGradient(GradientBuilder& g) {
   return absl::OkStatus();
 }
 
+// ConvTranspose's pads as the `pads` attribute of the Conv it is the
+// adjoint of, [begins..., ends...]: the node's own (VALID: none), or, with
+// auto_pad SAME_* or output_shape, resolved for X's static spatial dims as
+// the kernels resolve them (ops::ResolveConvTransposeAxis).
+absl::StatusOr<std::vector<int64_t>> ConvTransposeAsConvPads(const Node& node, const Value* x,
+                                                              const Value* w) {
+  int n = 0;
+  if (x->shape().rank_known()) {
+    n = x->shape().rank() - 2;
+  } else if (w->shape().rank_known()) {
+    n = w->shape().rank() - 2;
+  } else {
+    return absl::FailedPreconditionError("the rank of X and W is unknown");
+  }
+  const std::string auto_pad = node.GetString("auto_pad", "NOTSET");
+  const bool resolved = node.has_attribute("output_shape") || auto_pad == "SAME_UPPER" ||
+                        auto_pad == "SAME_LOWER";
+  if (!resolved) {
+    if (auto_pad == "VALID") return std::vector<int64_t>(2 * n, 0);
+    return node.GetInts("pads", std::vector<int64_t>(2 * n, 0));
+  }
+  std::vector<int64_t> output_shape = node.GetInts("output_shape", {});
+  if (static_cast<int>(output_shape.size()) == n + 2) {  // the full [N, C, ...] form
+    output_shape.erase(output_shape.begin(), output_shape.begin() + 2);
+  }
+  const std::vector<int64_t> strides = node.GetInts("strides", std::vector<int64_t>(n, 1));
+  const std::vector<int64_t> dilations = node.GetInts("dilations", std::vector<int64_t>(n, 1));
+  const std::vector<int64_t> output_padding =
+      node.GetInts("output_padding", std::vector<int64_t>(n, 0));
+  std::vector<int64_t> kernel = node.GetInts("kernel_shape", {});
+  const std::optional<std::vector<int64_t>> x_dims = x->shape().StaticDims();
+  std::optional<std::vector<int64_t>> w_dims = w->shape().StaticDims();
+  if (kernel.empty() && w_dims.has_value()) kernel.assign(w_dims->begin() + 2, w_dims->end());
+  if (!x_dims.has_value() || static_cast<int>(kernel.size()) != n) {
+    return absl::UnimplementedError(absl::StrCat(
+        "with auto_pad ", auto_pad, node.has_attribute("output_shape") ? " and output_shape" : "",
+        " its pads depend on X's spatial dims, which are not static here; export it with "
+        "explicit pads"));
+  }
+  std::vector<int64_t> pads(2 * n, 0);
+  for (int i = 0; i < n; ++i) {
+    const ops::ConvTransposeAxis axis = ops::ResolveConvTransposeAxis(
+        (*x_dims)[2 + i], (kernel[i] - 1) * dilations[i] + 1, strides[i], output_padding[i],
+        auto_pad,
+        output_shape.empty() ? std::nullopt : std::optional<int64_t>(output_shape[i]), 0, 0);
+    pads[i] = axis.pad_begin;
+    pads[n + i] = axis.pad_end;
+  }
+  return pads;
+}
+
+// Y = ConvTranspose(X, W, B) is the adjoint, with respect to its input, of
+// the Conv from Y's space to X's with the same W (as stored: [C, M/group,
+// k...] is that Conv's [out, in/group, k...]), strides, dilations, group and
+// pads. So
+//   dX = Conv(dY, W),
+//   dW = ConvGrad(X, dY, W)'s dW (that Conv's filter gradient: its input
+//        dY, the gradient of its output X),
+//   dB = dY summed over every axis but the channels,
+// all in the forward node's domain and dtype (castor's forms compute in
+// bfloat16 at any opset).
+absl::Status ConvTransposeGradient(GradientBuilder& g) {
+  const Node& node = g.node();
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> pads,
+                          ConvTransposeAsConvPads(node, g.input(0), g.input(1)));
+  std::vector<Attribute> conv_attributes =
+      SharedAttributes(node, {"dilations", "group", "kernel_shape", "strides"});
+  conv_attributes.push_back(Attribute::Ints("pads", pads));
+  Value* dy = g.output_grad(0);
+  if (g.wants_input_grad(0)) {
+    CASTOR_ASSIGN_OR_RETURN(Value * dx,
+                            g.Emit1("Conv", {dy, g.input(1)}, conv_attributes, node.domain()));
+    g.SetInputGrad(0, dx);
+  }
+  if (g.wants_input_grad(1)) {
+    CASTOR_ASSIGN_OR_RETURN(std::vector<Value*> conv_grads,
+                            g.Emit("ConvGrad", {g.input(0), dy, g.input(1)}, 3, conv_attributes,
+                                   kCastorDomain));
+    g.SetInputGrad(1, conv_grads[1]);
+  }
+  if (g.input(2) != nullptr && g.wants_input_grad(2)) {
+    const Shape& y_shape = g.output(0)->shape();
+    if (!y_shape.rank_known()) {
+      return absl::FailedPreconditionError("the rank of its output is unknown (needed for dB)");
+    }
+    std::vector<int64_t> axes = {0};
+    for (int axis = 2; axis < y_shape.rank(); ++axis) axes.push_back(axis);
+    CASTOR_ASSIGN_OR_RETURN(Value * db, EmitReduceSum(g, dy, axes, false));
+    g.SetInputGrad(2, db);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status MaxPoolGradient(GradientBuilder& g) {
   if (g.output_grad(1) != nullptr) {
     return absl::UnimplementedError("a gradient through MaxPool's Indices output");
@@ -1919,6 +2014,7 @@ constexpr RuleEntry kRules[] = {
     {"ReduceLogSumExp", ReduceLogSumExpGradient},
     {"CumSum", CumSumGradient},
     {"Conv", ConvGradient},
+    {"ConvTranspose", ConvTransposeGradient},
     {"MaxPool", MaxPoolGradient},
     {"AveragePool", AveragePoolGradient},
     {"GlobalAveragePool", GlobalAveragePoolGradient},
@@ -1978,6 +2074,7 @@ void AssignGradientRules(OpRegistry& registry) {
   // castor's own forward op: Conv as the training graph runs it in bfloat16
   // below opset 22 (graph/ops/conv.cc).
   registry.SetGradient(kCastorDomain, "Conv", ConvGradient);
+  registry.SetGradient(kCastorDomain, "ConvTranspose", ConvTransposeGradient);
   // ... and the pools (graph/ops/pool.cc).
   registry.SetGradient(kCastorDomain, "MaxPool", MaxPoolGradient);
   registry.SetGradient(kCastorDomain, "AveragePool", AveragePoolGradient);

@@ -276,6 +276,47 @@ absl::StatusOr<WindowAttrs> ReadWindowAttrs(
   return attrs;
 }
 
+namespace {
+// Python's floor division (ONNX's pad formulas use it for negative totals).
+int64_t FloorDiv(int64_t a, int64_t b) {
+  int64_t q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
+  return q;
+}
+}  // namespace
+
+ConvTransposeAxis ResolveConvTransposeAxis(int64_t input, int64_t kernel_extent, int64_t stride,
+                                           int64_t output_padding, const std::string& auto_pad,
+                                           std::optional<int64_t> output_size, int64_t pad_begin,
+                                           int64_t pad_end) {
+  const int64_t full = stride * (input - 1) + output_padding + kernel_extent;
+  ConvTransposeAxis axis;
+  if (output_size.has_value() || auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+    int64_t total;
+    if (output_size.has_value()) {
+      axis.output = *output_size;
+      total = full - axis.output;
+    } else {
+      total = std::max<int64_t>(0, full - input * stride);
+      axis.output = full - total;
+    }
+    if (auto_pad == "SAME_UPPER") {
+      axis.pad_begin = FloorDiv(total, 2);
+      axis.pad_end = total - axis.pad_begin;
+    } else {
+      axis.pad_end = FloorDiv(total, 2);
+      axis.pad_begin = total - axis.pad_end;
+    }
+    return axis;
+  }
+  if (auto_pad != "VALID") {
+    axis.pad_begin = pad_begin;
+    axis.pad_end = pad_end;
+  }
+  axis.output = full - axis.pad_begin - axis.pad_end;
+  return axis;
+}
+
 absl::StatusOr<Dim> WindowOutputDim(const InferenceContext& ctx, const Dim& input,
                                     const WindowAttrs& attrs, int axis, bool ceil_mode) {
   if (!input.is_static() || attrs.kernel_shape.empty()) return Dim::Unknown();

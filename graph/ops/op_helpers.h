@@ -117,4 +117,20 @@ absl::StatusOr<WindowAttrs> ReadWindowAttrs(
 absl::StatusOr<Dim> WindowOutputDim(const InferenceContext& ctx, const Dim& input,
                                     const WindowAttrs& attrs, int axis, bool ceil_mode);
 
+// ConvTranspose along one spatial axis: its begin and end pads and output
+// size, as ONNX specifies them. The full size is
+// stride * (input - 1) + output_padding + kernel_extent. With an
+// `output_size` (attribute output_shape), or auto_pad SAME_* (output
+// input * stride, the total pad at least 0), the total pad is the
+// difference, its odd unit at the end for SAME_UPPER and at the beginning
+// otherwise; VALID pads nothing; else `pad_begin` and `pad_end` (the pads
+// attribute) stay. The backends' kernels and the gradient rule share it.
+struct ConvTransposeAxis {
+  int64_t pad_begin = 0, pad_end = 0, output = 0;
+};
+ConvTransposeAxis ResolveConvTransposeAxis(int64_t input, int64_t kernel_extent, int64_t stride,
+                                           int64_t output_padding, const std::string& auto_pad,
+                                           std::optional<int64_t> output_size, int64_t pad_begin,
+                                           int64_t pad_end);
+
 }  // namespace castor::ops
