@@ -3,8 +3,10 @@
 // bfloat16: MatMul (2-D, 1-D operands, batched with each side broadcast, a
 // large case, empty cases), Gemm (every transA/transB, alpha/beta, each C
 // shape, no C, K = 0), Conv (1-D/2-D/3-D, pads incl. asymmetric, strides,
-// dilations, groups, depthwise, auto_pad, bias or not, a large case) and
-// com.castor ConvGrad (all outputs and fewer), plus errors.
+// dilations, groups, depthwise, auto_pad, bias or not, a large case),
+// ConvTranspose (pads, output_padding, output_shape, auto_pad, groups,
+// 1-D, castor's form) and com.castor ConvGrad (all outputs and fewer),
+// plus errors.
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -294,6 +296,61 @@ TEST(CudaConv, EmptyAndUnsupported) {
   EXPECT_NE(std::string(result.status().message()).find("1 to 3 spatial axes"),
             std::string::npos)
       << result.status();
+}
+
+// ---- ConvTranspose ----------------------------------------------------------------
+
+// ConvTranspose of random X, W (and B, M = W.dim(1) * group entries, when
+// `bias`) in every CUDA float dtype (opset 22: bfloat16), CUDA against CPU.
+void ExpectConvTranspose(const std::vector<int64_t>& x_dims, const std::vector<int64_t>& w_dims,
+                         const std::vector<Attribute>& attributes, int64_t group, bool bias,
+                         unsigned seed, const std::string& what) {
+  for (DType dtype : CudaFloatTypes()) {
+    std::vector<Tensor> inputs = {RandomTensor(dtype, x_dims, seed),
+                                  RandomTensor(dtype, w_dims, seed + 1)};
+    if (bias) inputs.push_back(RandomTensor(dtype, {w_dims[1] * group}, seed + 2));
+    SingleNode node("ConvTranspose", inputs, attributes, 22);
+    ExpectCudaMatchesCpu(
+        node, absl::StrCat("ConvTranspose ", what, " ", DTypeName(dtype), bias ? " bias" : ""),
+        ConvTolerance(dtype));
+  }
+}
+
+// torch's form (stride 2, pads, output_padding), asymmetric pads (a padded
+// cuDNN output cropped to Y), groups with dilation, auto_pad SAME_UPPER and
+// output_shape, 1-D, and castor's form (the training graph's).
+TEST(CudaConvTranspose, EveryPaddingFormGroupsAndRanks) {
+  CASTOR_REQUIRE_CUDA();
+  for (bool bias : {true, false}) {
+    ExpectConvTranspose({2, 5, 6, 7}, {5, 3, 3, 3},
+                        {Attribute::Ints("strides", {2, 2}), Attribute::Ints("pads", {1, 1, 1, 1}),
+                         Attribute::Ints("output_padding", {1, 1})},
+                        1, bias, 40, "torch stride 2");
+    ExpectConvTranspose({2, 4, 5, 6}, {4, 3, 3, 3}, {Attribute::Ints("pads", {0, 1, 2, 0})}, 1,
+                        bias, 43, "asymmetric pads");
+  }
+  ExpectConvTranspose({2, 6, 5, 4}, {6, 2, 2, 3},
+                      {Attribute::Int("group", 3), Attribute::Ints("dilations", {2, 1}),
+                       Attribute::Ints("strides", {1, 2})},
+                      3, true, 46, "grouped, dilated");
+  ExpectConvTranspose({1, 3, 4, 5}, {3, 2, 3, 3},
+                      {Attribute::String("auto_pad", "SAME_UPPER"),
+                       Attribute::Ints("strides", {2, 2})},
+                      1, true, 49, "SAME_UPPER");
+  ExpectConvTranspose({1, 3, 4, 4}, {3, 2, 3, 3},
+                      {Attribute::Ints("strides", {2, 2}), Attribute::Ints("output_shape", {8, 9})},
+                      1, false, 52, "output_shape");
+  ExpectConvTranspose({2, 3, 19}, {3, 4, 5},
+                      {Attribute::Ints("strides", {3}), Attribute::Ints("pads", {2, 1})}, 1, true,
+                      55, "1-D");
+  for (DType dtype : CudaFloatTypes()) {
+    SingleNode node("ConvTranspose",
+                    {RandomTensor(dtype, {2, 4, 5, 5}, 58), RandomTensor(dtype, {4, 3, 3, 3}, 59)},
+                    {Attribute::Ints("strides", {2, 2}), Attribute::Ints("pads", {1, 1, 1, 1})},
+                    1, 1, kCastorDomain);
+    ExpectCudaMatchesCpu(node, absl::StrCat("castor ConvTranspose ", DTypeName(dtype)),
+                         ConvTolerance(dtype));
+  }
 }
 
 // ---- ConvGrad ---------------------------------------------------------------------

@@ -664,6 +664,23 @@ absl::Status CheckConv(const KernelContext& ctx, int64_t group) {
   return absl::OkStatus();
 }
 
+absl::Status CheckConvTranspose(const KernelContext& ctx, int64_t group) {
+  const TensorView& x = ctx.input(0);
+  const TensorView& w = ctx.input(1);
+  const int64_t out_channels = w.dims.size() >= 2 ? w.dims[1] * group : 0;
+  CASTOR_RETURN_IF_ERROR(CheckConvInputs(ctx, group, out_channels));
+  const int64_t channels = x.dims[1];
+  if (w.dims[0] != channels) {
+    return ctx.Error(absl::StrCat("input channels ", channels, " (X ", DimsToString(x.dims),
+                                  ") must equal W.dim(0) = ", w.dims[0]));
+  }
+  if (channels % group != 0) {
+    return ctx.Error(
+        absl::StrCat("input channels ", channels, " are not divisible by group ", group));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 // The reduction attribute (default "mean") when it is "mean", "sum" or

@@ -358,6 +358,11 @@ absl::Status CheckConvInputs(const KernelContext& ctx, int64_t group, int64_t bi
 // divisible by group.
 absl::Status CheckConv(const KernelContext& ctx, int64_t group);
 
+// ConvTranspose's input checks: CheckConvInputs with a B of W.dim(1) *
+// group entries, then errors for X's channels other than W.dim(0) and not
+// divisible by group.
+absl::Status CheckConvTranspose(const KernelContext& ctx, int64_t group);
+
 // ---- gradients ---------------------------------------------------------------
 
 // ConvGrad(dY, X, W)'s input checks (dY's dims against Conv's output are the

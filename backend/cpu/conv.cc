@@ -45,6 +45,7 @@
 #include "backend/cpu/im2col.h"
 #include "backend/cpu/parallel.h"
 #include "graph/gradient_builder.h"
+#include "graph/status.h"
 
 namespace castor::cpu {
 namespace {
@@ -633,17 +634,9 @@ absl::Status ConvTransposeKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
   const TensorView& w = ctx.input(1);
   const int64_t group = ctx.GetInt("group", 1);
-  const int64_t out_channels = w.dims.size() >= 2 ? w.dims[1] * group : 0;
-  if (absl::Status s = common::CheckConvInputs(ctx, group, out_channels); !s.ok()) return s;
+  CASTOR_RETURN_IF_ERROR(common::CheckConvTranspose(ctx, group));
+  const int64_t out_channels = w.dims[1] * group;
   const int64_t batch = x.dims[0], channels = x.dims[1];
-  if (w.dims[0] != channels) {
-    return ctx.Error(absl::StrCat("input channels ", channels, " (X ", common::DimsToString(x.dims),
-                                  ") must equal W.dim(0) = ", w.dims[0]));
-  }
-  if (channels % group != 0) {
-    return ctx.Error(absl::StrCat("input channels ", channels, " are not divisible by group ",
-                                  group));
-  }
   const std::vector<int64_t> spatial(x.dims.begin() + 2, x.dims.end());
   const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
   absl::StatusOr<common::WindowGeometry> g =

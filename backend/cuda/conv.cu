@@ -1,7 +1,9 @@
-// CUDA kernels: Conv (ops of graph/ops/conv.cc) and com.castor ConvGrad
-// (graph/gradient_builder.h) through cuDNN 9's legacy convolution API, for
-// float32, float16 and bfloat16 (bfloat16 on compute capability 8.0+). The
-// CPU kernels (backend/cpu/conv.cc and conv_grad.cc) are the reference.
+// CUDA kernels: Conv and ConvTranspose (ops of graph/ops/conv.cc) and
+// com.castor ConvGrad (graph/gradient_builder.h) through cuDNN 9's legacy
+// convolution API (ConvTranspose as the backward data pass of the Conv it
+// transposes), for float32, float16 and bfloat16 (bfloat16 on compute
+// capability 8.0+). The CPU kernels (backend/cpu/conv.cc and conv_grad.cc)
+// are the reference.
 //
 // NCHW tensors with 1 to 3 spatial axes (1-D runs as 2-D with H = 1);
 // group, strides, dilations, pads and auto_pad resolve exactly as on the CPU
@@ -156,22 +158,21 @@ struct ConvPlan {
   std::vector<int64_t> cudnn_pads;  // per spatial axis
 };
 
-absl::StatusOr<ConvPlan> PlanConv(const KernelContext& ctx, const TensorView& x,
-                                  const TensorView& w, int64_t group) {
+// The plan of the convolution of X (dims x_dims) with W (w_dims) over the
+// resolved `geometry`.
+ConvPlan PlanConvOver(DType dtype, int64_t group, common::WindowGeometry geometry,
+                      const std::vector<int64_t>& x_dims, const std::vector<int64_t>& w_dims) {
   ConvPlan plan;
-  plan.dtype = x.dtype;
+  plan.dtype = dtype;
   plan.group = group;
-  plan.w_dims = w.dims;
-  const std::vector<int64_t> spatial(x.dims.begin() + 2, x.dims.end());
-  const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
-  CASTOR_ASSIGN_OR_RETURN(plan.geometry,
-                          common::ForwardWindowGeometry(ctx, spatial, kernel, false));
+  plan.w_dims = w_dims;
+  plan.geometry = std::move(geometry);
   const common::WindowGeometry& g = plan.geometry;
-  plan.y_dims = {x.dims[0], w.dims[0]};
+  plan.y_dims = {x_dims[0], w_dims[0]};
   plan.y_dims.insert(plan.y_dims.end(), g.output.begin(), g.output.end());
-  plan.padded_x_dims = x.dims;
-  plan.padding.rank = static_cast<int>(std::min<size_t>(x.dims.size(), kMaxPadRank));
-  for (int r = 0; r < plan.padding.rank; ++r) plan.padding.inner[r] = x.dims[r];
+  plan.padded_x_dims = x_dims;
+  plan.padding.rank = static_cast<int>(std::min<size_t>(x_dims.size(), kMaxPadRank));
+  for (int r = 0; r < plan.padding.rank; ++r) plan.padding.inner[r] = x_dims[r];
   for (int d = 0; d < g.num_spatial; ++d) {
     const int64_t common = std::min(g.pad_begin[d], g.pad_end[d]);
     plan.cudnn_pads.push_back(common);
@@ -183,6 +184,17 @@ absl::StatusOr<ConvPlan> PlanConv(const KernelContext& ctx, const TensorView& x,
   }
   for (int r = 0; r < plan.padding.rank; ++r) plan.padding.outer[r] = plan.padded_x_dims[r];
   return plan;
+}
+
+// The plan of a Conv or ConvGrad node's convolution (its attributes read as
+// the CPU reads them).
+absl::StatusOr<ConvPlan> PlanConv(const KernelContext& ctx, const TensorView& x,
+                                  const TensorView& w, int64_t group) {
+  const std::vector<int64_t> spatial(x.dims.begin() + 2, x.dims.end());
+  const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
+  CASTOR_ASSIGN_OR_RETURN(common::WindowGeometry geometry,
+                          common::ForwardWindowGeometry(ctx, spatial, kernel, false));
+  return PlanConvOver(x.dtype, group, std::move(geometry), x.dims, w.dims);
 }
 
 // `dims` ([N, C, D...] or [M, C/group, k...]) as cuDNN's int dims: 1-D gets
@@ -452,13 +464,14 @@ absl::Status RunForward(KernelContext& ctx, const ConvDescriptors& d, const void
       });
 }
 
-// dx = the gradient of conv(x, w) with respect to x (x's padded dims).
+// dx = the gradient of conv(x, w) with respect to x (x's padded dims) +
+// beta * dx; beta is 0 or 1.
 absl::Status RunBackwardData(KernelContext& ctx, const ConvDescriptors& d, const void* w,
-                             const void* dy, void* dx) {
+                             const void* dy, float beta, void* dx) {
   const cudnnHandle_t handle = Cuda(ctx).cudnn();
-  const float one = 1.0f, zero = 0.0f;
+  const float one = 1.0f;
   return RunConvolution<cudnnConvolutionBwdDataAlgoPerf_t>(
-      ctx, d, ConvDirection::kBackwardData, zero, "input gradient",
+      ctx, d, ConvDirection::kBackwardData, beta, "input gradient",
       [&](int* n) { return cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, n); },
       [&](int n, int* count, cudnnConvolutionBwdDataAlgoPerf_t* out) {
         return cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, d.w.get(), d.y.get(),
@@ -470,7 +483,7 @@ absl::Status RunBackwardData(KernelContext& ctx, const ConvDescriptors& d, const
       },
       [&](cudnnConvolutionBwdDataAlgo_t algo, void* workspace, size_t bytes) {
         return cudnnConvolutionBackwardData(handle, &one, d.w.get(), w, d.y.get(), dy,
-                                            d.conv.get(), algo, workspace, bytes, &zero,
+                                            d.conv.get(), algo, workspace, bytes, &beta,
                                             d.x.get(), dx);
       });
 }
@@ -626,16 +639,64 @@ absl::Status ConvGradKernel(KernelContext& ctx) {
   }
   if (dx != nullptr) {
     if (!plan.explicit_padding) {
-      return RunBackwardData(ctx, descriptors, w.data, dy.data, dx->data);
+      return RunBackwardData(ctx, descriptors, w.data, dy.data, 0.0f, dx->data);
     }
     // The gradient of the padded copy of X, cropped to X.
     const size_t bytes = static_cast<size_t>(Product(plan.padded_x_dims)) * DTypeSize(x.dtype);
     CASTOR_ASSIGN_OR_RETURN(void* padded_dx, ctx.Scratch(bytes));
-    CASTOR_RETURN_IF_ERROR(RunBackwardData(ctx, descriptors, w.data, dy.data, padded_dx));
+    CASTOR_RETURN_IF_ERROR(RunBackwardData(ctx, descriptors, w.data, dy.data, 0.0f, padded_dx));
     CASTOR_RETURN_IF_ERROR(
         LaunchPadOrCrop(ctx, x.dtype, plan.padding, false, padded_dx, dx->data));
   }
   return absl::OkStatus();
+}
+
+// ---- ConvTranspose --------------------------------------------------------------
+
+// Y = ConvTranspose(X, W) + B is the input gradient (cuDNN's backward data)
+// of the Conv from Y's space to X's that it is the adjoint of: that Conv's
+// input is Y (padded where its pads are asymmetric), its output X, its
+// filter W as stored ([C, M/group, k...]: C output channels), with the
+// geometry common::TransposeWindowGeometry resolves (input and output
+// swapped). The bias is broadcast into Y first and the products added onto
+// it (beta = 1), so a 16-bit Y rounds once, as Conv's.
+absl::Status ConvTransposeKernel(KernelContext& ctx) {
+  const TensorView& x = ctx.input(0);
+  const TensorView& w = ctx.input(1);
+  const int64_t group = ctx.GetInt("group", 1);
+  CASTOR_RETURN_IF_ERROR(common::CheckConvTranspose(ctx, group));
+  const std::vector<int64_t> spatial(x.dims.begin() + 2, x.dims.end());
+  const std::vector<int64_t> kernel(w.dims.begin() + 2, w.dims.end());
+  CASTOR_ASSIGN_OR_RETURN(common::WindowGeometry transpose,
+                          common::TransposeWindowGeometry(ctx, spatial, kernel));
+  std::vector<int64_t> y_dims = {x.dims[0], w.dims[1] * group};
+  y_dims.insert(y_dims.end(), transpose.output.begin(), transpose.output.end());
+  CASTOR_ASSIGN_OR_RETURN(TensorView * y, ctx.Output(0, x.dtype, y_dims));
+  if (y->num_elements() == 0) return absl::OkStatus();
+  const bool has_bias = ctx.has_input(2);
+  if (x.num_elements() == 0 || w.num_elements() == 0) {
+    return has_bias ? FillWithBias(ctx, ctx.input(2), *y) : ZeroFill(ctx, *y);
+  }
+  common::WindowGeometry conv = transpose;
+  std::swap(conv.input, conv.output);
+  const ConvPlan plan = PlanConvOver(x.dtype, group, std::move(conv), y_dims, w.dims);
+  if (plan.y_dims != x.dims) {
+    return ctx.Error(absl::StrCat("X ", DimsToString(x.dims), " is not the output ",
+                                  DimsToString(plan.y_dims), " of the Conv it transposes"));
+  }
+  ConvDescriptors descriptors;
+  CASTOR_RETURN_IF_ERROR(Describe(ctx, plan, descriptors));
+  // Y as cuDNN writes it: Y itself, or a padded scratch cropped to Y.
+  TensorView target = *y;
+  if (plan.explicit_padding) {
+    target.dims = plan.padded_x_dims;
+    CASTOR_ASSIGN_OR_RETURN(target.data, ctx.Scratch(target.byte_size()));
+  }
+  if (has_bias) CASTOR_RETURN_IF_ERROR(FillWithBias(ctx, ctx.input(2), target));
+  CASTOR_RETURN_IF_ERROR(
+      RunBackwardData(ctx, descriptors, w.data, x.data, has_bias ? 1.0f : 0.0f, target.data));
+  if (!plan.explicit_padding) return absl::OkStatus();
+  return LaunchPadOrCrop(ctx, x.dtype, plan.padding, false, target.data, y->data);
 }
 
 }  // namespace
@@ -646,6 +707,10 @@ void RegisterConvKernels(KernelTable& table) {
   // opset 22) runs the same kernel.
   table.Register({kCastorDomain, "Conv", InputDTypeIn(0, CudaFloatDTypes()), ConvKernel});
   table.Register({kCastorDomain, "ConvGrad", FloatDTypesIn(CudaFloatDTypes()), ConvGradKernel});
+  for (const char* domain : {"", kCastorDomain}) {
+    table.Register({domain, "ConvTranspose", InputDTypeIn(0, CudaFloatDTypes()),
+                    ConvTransposeKernel});
+  }
 }
 
 }  // namespace castor::cuda

@@ -281,6 +281,29 @@ class IndexingNet(nn.Module):
         return self.head(torch.cat([s.flatten(1), z], 1))
 
 
+class DeconvNet(nn.Module):
+    """An encoder-decoder with nn.ConvTranspose2d as torch.onnx.export
+    writes it (explicit pads, output_padding, a bias): stride-2 up-sampling
+    with BatchNorm and ReLU after it, a grouped one without bias, and a
+    skip connection, as in U-Nets and GAN generators."""
+
+    def __init__(self):
+        super().__init__()
+        self.down1 = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.down2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.up1 = nn.ConvTranspose2d(16, 8, 3, stride=2, padding=1, output_padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.up2 = nn.ConvTranspose2d(16, 8, 4, stride=2, padding=1, groups=2, bias=False)
+        self.head = nn.Linear(8, NUM_CLASSES)
+
+    def forward(self, x):
+        d1 = F.relu(self.down1(x))
+        d2 = F.relu(self.down2(d1))
+        u1 = F.relu(self.bn(self.up1(d2)))
+        u2 = F.relu(self.up2(torch.cat([u1, d1], 1)))
+        return self.head(u2.mean((2, 3)))
+
+
 class GroupInstanceNormNet(nn.Module):
     """nn.GroupNorm(4, 16) (torch.onnx writes Reshape [N, 4, -1] ->
     InstanceNormalization(ones, zeros) -> Reshape -> Mul -> Add) and
@@ -340,7 +363,8 @@ LM = ("lm", (SEQ,))
 # depthwise + Clip/HardSwish/HardSigmoid + Dropout (mobilenet_v3_small),
 # Concat/ceil-mode MaxPool (squeezenet1_1), channel shuffle (Transpose/Reshape/Split:
 # shufflenet_v2_x0_5), attention/LayerNorm/Gelu (vit_small), depthwise 7x7 +
-# LayerNorm over channels (convnext_mini, which trains today) and the token models.
+# LayerNorm over channels (convnext_mini, which trains today), ConvTranspose
+# (deconv_net) and the token models.
 MODELS = {
     "resnet18": (tv("resnet18"), IMG32, False),
     "resnet18_opset13": (tv("resnet18"), IMG32, False),  # exported at opset 13 (EXPORT_OPSET)
@@ -371,6 +395,7 @@ MODELS = {
     "einsum_attention": (EinsumAttention, TOKENS, True),
     "tiny_unet": (TinyUNet, IMG32, True),
     "indexing_net": (IndexingNet, IMG32, True),
+    "deconv_net": (DeconvNet, IMG32, True),
     "group_norm_net": (GroupInstanceNormNet, IMG32, False),
 }
 
