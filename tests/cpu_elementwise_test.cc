@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -25,6 +27,7 @@
 #include "graph/half.h"
 #include "graph/onnx_io.h"
 #include "graph/shape_inference.h"
+#include "graph/gradient_builder.h"
 #include "gtest/gtest.h"
 #include "tests/kernel_test_util.h"
 
@@ -1051,14 +1054,17 @@ TEST(CpuElementwiseTest, KernelReportsShapesThatDoNotBroadcast) {
 // ---------------- in place ----------------
 
 // Hands out input 0's buffer as output 0, as the executor does when it
-// reuses an input in place.
+// reuses an input in place; the other outputs get buffers of their own.
 class AliasingAllocator : public OutputAllocator {
  public:
   explicit AliasingAllocator(void* input0) : input0_(input0) {}
-  absl::StatusOr<void*> AllocateOutput(int index, DType, const std::vector<int64_t>&) override {
-    if (index != 0) return absl::InternalError("only output 0");
-    return input0_;
+  absl::StatusOr<void*> AllocateOutput(int index, DType dtype,
+                                       const std::vector<int64_t>& dims) override {
+    if (index == 0) return input0_;
+    others_.emplace_back(dtype, dims);
+    return others_.back().raw();
   }
+  std::vector<Tensor> others() const { return {others_.begin(), others_.end()}; }
   absl::StatusOr<void*> AllocateScratch(size_t bytes) override {
     scratch_.emplace_back(bytes);
     return scratch_.back().data();
@@ -1067,12 +1073,15 @@ class AliasingAllocator : public OutputAllocator {
  private:
   void* input0_;
   std::vector<std::vector<uint8_t>> scratch_;
+  std::deque<Tensor> others_;  // element addresses stay put as it grows
 };
 
 // Runs the node's kernel with output 0 sharing input 0's buffer; returns
-// input 0's tensor after the run.
-Tensor RunInPlace(const std::string& op, std::vector<Tensor> inputs, int64_t opset = 17) {
-  SingleNode node(op, inputs, {}, opset);
+// input 0's tensor after the run (`others`: the other outputs).
+Tensor RunInPlace(const std::string& op, std::vector<Tensor> inputs, int64_t opset = 17,
+                  int num_outputs = 1, const std::string& domain = "",
+                  std::vector<Tensor>* others = nullptr) {
+  SingleNode node(op, inputs, {}, opset, num_outputs, domain);
   EXPECT_TRUE(node.status().ok()) << node.status();
   absl::StatusOr<const KernelDef*> kernel = Cpu().kernels().Find(node.node());
   EXPECT_TRUE(kernel.ok()) << kernel.status();
@@ -1086,6 +1095,7 @@ Tensor RunInPlace(const std::string& op, std::vector<Tensor> inputs, int64_t ops
   KernelContext ctx(node.node(), opset, Cpu(), ptrs, allocator);
   absl::Status s = (*kernel)->run(ctx);
   EXPECT_TRUE(s.ok()) << s;
+  if (others != nullptr) *others = allocator.others();
   return inputs[0];
 }
 
@@ -1104,6 +1114,40 @@ TEST(CpuElementwiseTest, InPlaceKernelsReadBeforeWriting) {
   EXPECT_EQ(Values(y), (std::vector<double>{111, 122, 113, 124}));
   y = RunInPlace("Pow", {F32({3}, {2, 3, 4}), I64({}, {2})}, 15);
   EXPECT_EQ(Values(y), (std::vector<double>{4, 9, 16}));
+}
+
+// The gradient kernels that write dX over dY (ReluGrad, GeluGrad,
+// BatchNormalizationGrad) give the bits of their out-of-place runs, in
+// float32 and bfloat16, over more than one thread's share.
+TEST(CpuElementwiseTest, InPlaceGradientKernelsMatchTheirOutOfPlaceRuns) {
+  const std::vector<int64_t> dims = {6, 5, 33, 41};
+  const int64_t n = 6 * 5 * 33 * 41;
+  // x of both signs (ReluGrad's mask), around a mean away from zero.
+  const Tensor dy = F32(dims, Ramp(n, 1.5f, 0.1f)), x = F32(dims, Ramp(n, 3.0f, 0.7f));
+  const Tensor scale = F32({5}, {0.5f, 1.5f, -2.0f, 1.0f, 0.25f});
+  auto same_bytes = [](const Tensor& a, const Tensor& b) {
+    return a.dtype() == b.dtype() && a.dims() == b.dims() &&
+           std::memcmp(a.raw(), b.raw(), a.byte_size()) == 0;
+  };
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    // (Tensors copy their bytes: the in-place runs overwrite copies.)
+    const Tensor dy_t = Make(dtype, dims, Values(dy)), x_t = Make(dtype, dims, Values(x));
+    for (const char* op : {"ReluGrad", "GeluGrad"}) {
+      const std::vector<Tensor> expected = testing::RunOk(op, {dy_t, x_t}, {}, 1, 1, kCastorDomain);
+      const Tensor in_place = RunInPlace(op, {dy_t, x_t}, 1, 1, kCastorDomain);
+      EXPECT_TRUE(same_bytes(in_place, expected[0])) << op;
+    }
+    const std::vector<Tensor> expected =
+        testing::RunOk("BatchNormalizationGrad", {dy_t, x_t, scale}, {}, 1, 3, kCastorDomain);
+    std::vector<Tensor> others;
+    const Tensor in_place = RunInPlace("BatchNormalizationGrad", {dy_t, x_t, scale}, 1, 3,
+                                       kCastorDomain, &others);
+    EXPECT_TRUE(same_bytes(in_place, expected[0]));
+    ASSERT_EQ(others.size(), 2u);
+    EXPECT_TRUE(same_bytes(others[0], expected[1]));
+    EXPECT_TRUE(same_bytes(others[1], expected[2]));
+  }
 }
 
 // ---------------- conformance ----------------

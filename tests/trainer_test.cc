@@ -342,7 +342,9 @@ TEST(TrainerTest, FusedGeluTrainsAsTheErfChain) {
 TEST(TrainerTest, PoolingBeforeReluChangesNoValue) {
   // Same losses, weights and Adam moments, bit for bit, after 6 steps of
   // the CNN with and without the swap, in float32 and both mixed policies;
-  // the step holds less activation memory with it.
+  // the step holds no more activation memory with it (the Relu and its
+  // gradient run on the pooled tensor; since ReluGrad writes dX over dY in
+  // place, the CNN's peak is the same either way).
   auto [images, labels] = Batch(32);
   for (const char* policy : {"float32", "mixed_float16", "mixed_bfloat16"}) {
     SCOPED_TRACE(policy);
@@ -373,7 +375,7 @@ TEST(TrainerTest, PoolingBeforeReluChangesNoValue) {
       const Tensor& other = after_a->state.at(name);
       EXPECT_EQ(std::memcmp(tensor.raw(), other.raw(), tensor.byte_size()), 0) << name;
     }
-    EXPECT_LT(swapped->peak_activation_bytes(), plain->peak_activation_bytes());
+    EXPECT_LE(swapped->peak_activation_bytes(), plain->peak_activation_bytes());
   }
 }
 

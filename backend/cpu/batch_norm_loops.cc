@@ -41,14 +41,9 @@ CASTOR_VECTOR_CLONES void AddRunGradientSums(const TX* x, const TD* dy, int64_t 
   });
 }
 
-// y = x * a + b; with kRelu max(y, 0), keeping a NaN (as castor's Relu).
-template <typename TX, bool kRelu>
+template <typename TX>
 CASTOR_VECTOR_CLONES void ScaleShiftRun(const TX* x, TX* y, int64_t n, float a, float b) {
-  for (int64_t i = 0; i < n; ++i) {
-    float v = LoadF(x[i]) * a + b;
-    if constexpr (kRelu) v = v < 0.0f ? 0.0f : v;
-    StoreF(&y[i], v);
-  }
+  for (int64_t i = 0; i < n; ++i) StoreF(&y[i], LoadF(x[i]) * a + b);
 }
 
 template <typename TX, typename TD>
@@ -181,15 +176,15 @@ std::array<double, 3> ChannelGradientSums(const ChannelRuns& x, const ChannelRun
   return {sums.Total(0), sums.Total(1), sums.Total(2)};
 }
 
-void ChannelScaleShift(const ChannelRuns& x, float a, float b, bool relu, ChannelOut y) {
+void ChannelScaleShift(const ChannelRuns& x, float a, float b, ChannelOut y) {
   RunBuffers& buffers = ThreadRunBuffers();
   const RunReader reader(x, buffers.x);
   const RunWriter writer(x, y, buffers.out);
   WithRunStorage(reader.bfloat16(), [&](auto tx) {
     using TX = typename decltype(tx)::type;
-    const auto run = relu ? ScaleShiftRun<TX, true> : ScaleShiftRun<TX, false>;
     for (int64_t n = 0; n < x.batch; ++n) {
-      run(static_cast<const TX*>(reader.Run(n)), static_cast<TX*>(writer.Run(n)), x.inner, a, b);
+      ScaleShiftRun(static_cast<const TX*>(reader.Run(n)), static_cast<TX*>(writer.Run(n)),
+                    x.inner, a, b);
       writer.Store(n);
     }
   });

@@ -58,8 +58,8 @@ std::array<double, 3> ChannelGradientSums(const ChannelRuns& x, const ChannelRun
                                           double mean);
 
 // y = x * a + b (float32, two roundings, then one to X's dtype) over the
-// channel; with `relu`, max(y, 0) (a NaN stays NaN).
-void ChannelScaleShift(const ChannelRuns& x, float a, float b, bool relu, ChannelOut y);
+// channel.
+void ChannelScaleShift(const ChannelRuns& x, float a, float b, ChannelOut y);
 
 // BatchNormalizationGrad's dX over the channel (float32, then one rounding
 // to X's dtype):

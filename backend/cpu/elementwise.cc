@@ -781,8 +781,10 @@ void RegisterElementwiseKernels(KernelTable& table) {
   std::vector<DType> where_values = Join(numeric, {DType::kBool});
   Add(table, "Where", where_values, &WhereKernel, /*in_place_ok=*/false, /*checked_input=*/1);
 
-  RegisterGradientKernel(table, "ReluGrad", ReluGradKernel);
-  RegisterGradientKernel(table, "GeluGrad", GeluGradKernel);
+  // dX over dY: each element (GeluGrad's 16-bit blocks: each block) is read
+  // before its result is stored.
+  RegisterGradientKernel(table, "ReluGrad", ReluGradKernel, /*in_place_ok=*/true);
+  RegisterGradientKernel(table, "GeluGrad", GeluGradKernel, /*in_place_ok=*/true);
 }
 
 }  // namespace castor::cpu

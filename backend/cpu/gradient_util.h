@@ -23,10 +23,13 @@ namespace castor::cpu {
 inline constexpr int64_t kElementGrain = int64_t{1} << 14;
 
 // Registers gradient op `op` (domain com.castor) for float32, float16 and
-// bfloat16.
-inline void RegisterGradientKernel(KernelTable& table, const char* op, KernelFn fn) {
-  table.Register(
-      {kCastorDomain, op, FloatDTypesIn({DType::kFloat32, DType::kFloat16, DType::kBFloat16}), fn});
+// bfloat16. `in_place_ok`: the kernel may write output 0 over input 0 (dY:
+// each element of dX written after the element of dY it reads; executor.h).
+inline void RegisterGradientKernel(KernelTable& table, const char* op, KernelFn fn,
+                                   bool in_place_ok = false) {
+  table.Register({kCastorDomain, op,
+                  FloatDTypesIn({DType::kFloat32, DType::kFloat16, DType::kBFloat16}), fn,
+                  in_place_ok});
 }
 
 // A float tensor read as float32: the tensor itself when float32, else a

@@ -213,7 +213,7 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
           var[f] = count > 0 ? ChannelSquaredDeviations(channel, m) / count : 0.0;
           set_coefficients(f);
           ChannelScaleShift(channel, static_cast<float>(a[f]), static_cast<float>(b[f]),
-                            /*relu=*/false, ChannelOut{x.dtype, yp + f * inner * bytes});
+                            ChannelOut{x.dtype, yp + f * inner * bytes});
         }
       });
       y_written = true;
@@ -244,7 +244,7 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
       });
     }
   }
-  if (!y_written) {  // inference, or float64
+  if (!y_written) {  // inference, the cross-rank statistics, or float64
     for (int64_t f = 0; f < features; ++f) set_coefficients(f);
     if (x.dtype == DType::kFloat32 || x.dtype == DType::kBFloat16 ||
         x.dtype == DType::kFloat16) {
@@ -255,7 +255,7 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
         for (int64_t r = lo; r < hi; ++r) {
           const int64_t f = r % features;
           ChannelScaleShift(ChannelRuns{x.dtype, xp + r * inner * bytes, 1, inner, inner},
-                            static_cast<float>(a[f]), static_cast<float>(b[f]), /*relu=*/false,
+                            static_cast<float>(a[f]), static_cast<float>(b[f]),
                             ChannelOut{x.dtype, yp + r * inner * bytes});
         }
       });

@@ -460,7 +460,10 @@ absl::Status InstanceNormGradKernel(KernelContext& ctx) {
 }  // namespace
 
 void RegisterNormalizationGradKernels(KernelTable& table) {
-  RegisterGradientKernel(table, "BatchNormalizationGrad", BatchNormGradKernel);
+  // dX over dY: a channel's dX is written run by run after its sums, each
+  // run after reading it (a float64 dY is copied first).
+  RegisterGradientKernel(table, "BatchNormalizationGrad", BatchNormGradKernel,
+                         /*in_place_ok=*/true);
   RegisterGradientKernel(table, "LayerNormalizationGrad", LayerNormGradKernel);
   RegisterGradientKernel(table, "InstanceNormalizationGrad", InstanceNormGradKernel);
 }
