@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "backend/common/op_geometry.h"
 #include "graph/ops/op_helpers.h"
+#include "graph/status.h"
 
 namespace castor::common {
 namespace {
@@ -40,10 +41,13 @@ absl::StatusOr<std::vector<int64_t>> WindowInts(const KernelContext& ctx, const 
   return values;
 }
 
-absl::StatusOr<WindowGeometry> ForwardWindowGeometry(const KernelContext& ctx,
-                                                     const std::vector<int64_t>& input,
-                                                     const std::vector<int64_t>& kernel,
-                                                     bool ceil_mode) {
+namespace {
+
+// A geometry over `input` with `kernel` and the node's strides, dilations
+// and pads attributes (the output left for the caller).
+absl::StatusOr<WindowGeometry> WindowFromAttributes(const KernelContext& ctx,
+                                                    const std::vector<int64_t>& input,
+                                                    const std::vector<int64_t>& kernel) {
   const size_t n = input.size();
   WindowGeometry g;
   g.num_spatial = static_cast<int>(n);
@@ -53,18 +57,24 @@ absl::StatusOr<WindowGeometry> ForwardWindowGeometry(const KernelContext& ctx,
     return ctx.Error(absl::StrCat("kernel has ", kernel.size(), " axes; the input has ", n,
                                   " spatial axes"));
   }
-  auto strides = WindowInts(ctx, "strides", n, 1);
-  if (!strides.ok()) return strides.status();
-  auto dilations = WindowInts(ctx, "dilations", n, 1);
-  if (!dilations.ok()) return dilations.status();
-  auto pads = WindowInts(ctx, "pads", 2 * n, 0);
-  if (!pads.ok()) return pads.status();
-  g.strides = *strides;
-  g.dilations = *dilations;
-  const std::string auto_pad = ctx.GetString("auto_pad", "NOTSET");
-  g.pad_begin.assign(pads->begin(), pads->begin() + n);
-  g.pad_end.assign(pads->begin() + n, pads->end());
+  CASTOR_ASSIGN_OR_RETURN(g.strides, WindowInts(ctx, "strides", n, 1));
+  CASTOR_ASSIGN_OR_RETURN(g.dilations, WindowInts(ctx, "dilations", n, 1));
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> pads, WindowInts(ctx, "pads", 2 * n, 0));
+  g.pad_begin.assign(pads.begin(), pads.begin() + n);
+  g.pad_end.assign(pads.begin() + n, pads.end());
   g.output.resize(n);
+  return g;
+}
+
+}  // namespace
+
+absl::StatusOr<WindowGeometry> ForwardWindowGeometry(const KernelContext& ctx,
+                                                     const std::vector<int64_t>& input,
+                                                     const std::vector<int64_t>& kernel,
+                                                     bool ceil_mode) {
+  const size_t n = input.size();
+  CASTOR_ASSIGN_OR_RETURN(WindowGeometry g, WindowFromAttributes(ctx, input, kernel));
+  const std::string auto_pad = ctx.GetString("auto_pad", "NOTSET");
   for (size_t i = 0; i < n; ++i) {
     if (g.strides[i] < 1 || g.dilations[i] < 1 || g.kernel[i] < 1) {
       return ctx.Error(absl::StrCat("axis ", i, ": kernel ", g.kernel[i], ", stride ",
@@ -100,22 +110,9 @@ absl::StatusOr<WindowGeometry> TransposeWindowGeometry(const KernelContext& ctx,
                                                        const std::vector<int64_t>& input,
                                                        const std::vector<int64_t>& kernel) {
   const size_t n = input.size();
-  WindowGeometry g;
-  g.num_spatial = static_cast<int>(n);
-  g.input = input;
-  g.kernel = kernel;
-  auto strides = WindowInts(ctx, "strides", n, 1);
-  if (!strides.ok()) return strides.status();
-  auto dilations = WindowInts(ctx, "dilations", n, 1);
-  if (!dilations.ok()) return dilations.status();
-  auto pads = WindowInts(ctx, "pads", 2 * n, 0);
-  if (!pads.ok()) return pads.status();
-  auto output_padding = WindowInts(ctx, "output_padding", n, 0);
-  if (!output_padding.ok()) return output_padding.status();
-  g.strides = *strides;
-  g.dilations = *dilations;
-  g.pad_begin.assign(pads->begin(), pads->begin() + n);
-  g.pad_end.assign(pads->begin() + n, pads->end());
+  CASTOR_ASSIGN_OR_RETURN(WindowGeometry g, WindowFromAttributes(ctx, input, kernel));
+  CASTOR_ASSIGN_OR_RETURN(const std::vector<int64_t> output_padding,
+                          WindowInts(ctx, "output_padding", n, 0));
   const std::string auto_pad = ctx.GetString("auto_pad", "NOTSET");
   if (auto_pad != "NOTSET" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER" &&
       auto_pad != "VALID") {
@@ -135,13 +132,12 @@ absl::StatusOr<WindowGeometry> TransposeWindowGeometry(const KernelContext& ctx,
                                     " must have ", n, " entries (the spatial dims)"));
     }
   }
-  g.output.resize(n);
   for (size_t i = 0; i < n; ++i) {
     if (g.strides[i] < 1 || g.dilations[i] < 1) {
       return ctx.Error(absl::StrCat("axis ", i, ": strides and dilations must be >= 1"));
     }
     const ops::ConvTransposeAxis axis = ops::ResolveConvTransposeAxis(
-        input[i], (kernel[i] - 1) * g.dilations[i] + 1, g.strides[i], (*output_padding)[i],
+        input[i], (kernel[i] - 1) * g.dilations[i] + 1, g.strides[i], output_padding[i],
         auto_pad,
         output_shape.empty() ? std::nullopt : std::optional<int64_t>(output_shape[i]),
         g.pad_begin[i], g.pad_end[i]);
