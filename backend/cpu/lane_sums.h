@@ -22,7 +22,8 @@ namespace castor::cpu {
 inline constexpr int kSumLanes = 8;
 
 // Lanes for long sums of one to three quantities over memory-resident data
-// (BatchNorm's statistics, the unscale pass's sum of squares): four AVX-512
+// (float64 BatchNorm statistics, the unscale pass's sum of squares,
+// ConvGrad's dB; float32 and 16-bit BatchNorm use RunLaneSums): four AVX-512
 // registers of float64 per quantity, so four adds are in flight (with 8
 // lanes such a sum ran at a third of the speed the cache delivers values).
 inline constexpr int kWideSumLanes = 32;
