@@ -38,6 +38,12 @@ struct ChannelRuns {
   int64_t inner = 0;
 };
 
+// Whether ChannelRuns reads `dtype` as stored: float32, float16 and
+// bfloat16 (callers copy other dtypes to float32 first).
+inline bool ChannelDType(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16;
+}
+
 // The same channel of an output of ChannelRuns' layout and dtype: `first`
 // is its first element.
 struct ChannelOut {

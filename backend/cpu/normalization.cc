@@ -114,8 +114,7 @@ absl::Status GlobalBatchStatistics(KernelContext& ctx, const common::BatchNormGe
   // Per channel: the sum of x, or of (x - mean)^2 once `centre` is set.
   const std::vector<double>* centre = nullptr;
   auto channel_sums = [&] {
-    if (x.dtype == DType::kFloat32 || x.dtype == DType::kBFloat16 ||
-        x.dtype == DType::kFloat16) {
+    if (ChannelDType(x.dtype)) {
       // The loops of the one-process statistics (BatchNormKernel): each
       // image row's float32 lane sums are the same wherever the row is.
       const size_t bytes = DTypeSize(x.dtype);
@@ -196,8 +195,7 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
   } else if (training) {
     // Batch statistics per feature (two passes, float64).
     const double count = static_cast<double>(batch * inner);
-    const bool sixteen_bit = x.dtype == DType::kBFloat16 || x.dtype == DType::kFloat16;
-    if (x.dtype == DType::kFloat32 || sixteen_bit) {
+    if (ChannelDType(x.dtype)) {
       // Each feature's Y is written right after its statistics, while its
       // values are still in cache (the third pass over them); a 16-bit
       // feature gives the bits of its float32 copy (batch_norm_loops.h).
@@ -246,8 +244,7 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
   }
   if (!y_written) {  // inference, the cross-rank statistics, or float64
     for (int64_t f = 0; f < features; ++f) set_coefficients(f);
-    if (x.dtype == DType::kFloat32 || x.dtype == DType::kBFloat16 ||
-        x.dtype == DType::kFloat16) {
+    if (ChannelDType(x.dtype)) {
       const size_t bytes = DTypeSize(x.dtype);
       const char* xp = static_cast<const char*>(x.data);
       char* yp = static_cast<char*>((*y)->data);

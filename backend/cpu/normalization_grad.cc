@@ -129,8 +129,7 @@ class ChannelSource {
  public:
   ChannelSource(const TensorView& t, const common::BatchNormGradGeometry& geometry)
       : geometry_(geometry) {
-    if (t.dtype == DType::kFloat32 || t.dtype == DType::kBFloat16 ||
-        t.dtype == DType::kFloat16) {
+    if (ChannelDType(t.dtype)) {
       dtype_ = t.dtype;
       data_ = t.data;
     } else {
@@ -157,8 +156,7 @@ class InputGradientOut {
  public:
   InputGradientOut(TensorView* dx, const common::BatchNormGradGeometry& geometry)
       : geometry_(geometry) {
-    if (dx->dtype == DType::kFloat32 || dx->dtype == DType::kBFloat16 ||
-        dx->dtype == DType::kFloat16) {
+    if (ChannelDType(dx->dtype)) {
       dtype_ = dx->dtype;
       data_ = dx->data;
     } else {
