@@ -394,22 +394,25 @@ TEST(GridConvBFloat16, FilterGradAccumulatesFloat64Sums) {
 
 // SpreadRows (im2col.h) writes dst[l * dst_stride + j * step] = src[l * n + j]
 // for l < lines, j < n and nothing else: every length up to two vectors'
-// worth, steps 1-3, one to three rows with a gap between them, each
-// instruction set (AVX-512 runs step 2 in masked stores), sentinels
-// around and between.
-TEST(GridConv, SpreadRowsWritesOnlyItsPositionsOnEveryInstructionSet) {
+// worth (32 + 3 for 16-bit elements), steps 1-3, one to three rows with a
+// gap between them, each instruction set (AVX-512 runs step 2 in masked
+// stores), float32 and 16-bit elements, sentinels around and between.
+template <typename T>
+void CheckSpreadRows(int64_t max_n) {
   for (GridIsa isa : SupportedIsas()) {
     const ScopedGridIsa scoped(isa);
     for (int64_t step = 1; step <= 3; ++step) {
-      for (int64_t n = 0; n <= 17; ++n) {
+      for (int64_t n = 0; n <= max_n; ++n) {
         for (int64_t lines = 1; lines <= 3; ++lines) {
           SCOPED_TRACE(std::string(GridIsaName(isa)) + " step " + std::to_string(step) + " n " +
-                       std::to_string(n) + " lines " + std::to_string(lines));
-          std::vector<float> src(static_cast<size_t>(n * lines));
-          for (size_t j = 0; j < src.size(); ++j) src[j] = static_cast<float>(j + 1);
+                       std::to_string(n) + " lines " + std::to_string(lines) + " element bytes " +
+                       std::to_string(sizeof(T)));
+          std::vector<T> src(static_cast<size_t>(n * lines));
+          for (size_t j = 0; j < src.size(); ++j) src[j] = static_cast<T>(j + 1);
           const int64_t margin = 40;
           const int64_t dst_stride = n * step + 5;
-          std::vector<float> dst(static_cast<size_t>(lines * dst_stride + 2 * margin), -5.0f);
+          const T sentinel = static_cast<T>(999);
+          std::vector<T> dst(static_cast<size_t>(lines * dst_stride + 2 * margin), sentinel);
           SpreadRows(src.data(), n, lines, step, dst.data() + margin, dst_stride);
           for (int64_t q = 0; q < static_cast<int64_t>(dst.size()); ++q) {
             const int64_t at = q - margin;
@@ -417,13 +420,18 @@ TEST(GridConv, SpreadRowsWritesOnlyItsPositionsOnEveryInstructionSet) {
             const int64_t in_line = at - line * dst_stride;
             const bool written = line >= 0 && line < lines && in_line < n * step &&
                                  in_line % step == 0;
-            ASSERT_EQ(dst[q], written ? src[line * n + in_line / step] : -5.0f)
+            ASSERT_EQ(dst[q], written ? src[line * n + in_line / step] : sentinel)
                 << "position " << at;
           }
         }
       }
     }
   }
+}
+
+TEST(GridConv, SpreadRowsWritesOnlyItsPositionsOnEveryInstructionSet) {
+  CheckSpreadRows<float>(17);
+  CheckSpreadRows<uint16_t>(35);
 }
 
 // FillGrid of unit-stride geometries (AVX-512: one masked pass per plane
@@ -491,6 +499,61 @@ TEST(GridConv, FillGridWritesTheZeroPaddedPlanesOnEveryInstructionSet) {
       }
       for (int64_t i = planes; i < grid.buffer_size(kChannels); ++i) {
         ASSERT_EQ(padded[i], -7.0f) << "slack position " << i - planes << " was written";
+      }
+    }
+  }
+}
+
+// FillPaddedPairPlane (im2col.h) on every instruction set (AVX-512: masked
+// loads and two permutes per 32 columns; elsewhere the scalar loop):
+// position (i, j) holds both planes' bits at (i - top, j - left) inside
+// them, zeros around, a missing second plane as zero high halves, rows
+// read `src_stride` apart, nothing written past the plane: rows of 1 to 70
+// columns, pads on one side, pads wider than the planes, NaN and
+// subnormal bits copied as they are.
+TEST(GridConv, FillPaddedPairPlaneInterleavesTheZeroPaddedPlanesOnEveryInstructionSet) {
+  struct Case {
+    int64_t in_h, in_w, src_stride, top, left, rows, cols;
+  };
+  const Case cases[] = {{28, 28, 28, 1, 1, 30, 30}, {14, 14, 14, 2, 2, 18, 18},
+                        {5, 3, 4, 2, 0, 7, 5},      {4, 4, 4, 5, 6, 9, 13},
+                        {3, 37, 40, 1, 17, 6, 70},  {1, 1, 1, 0, 0, 1, 1},
+                        {6, 40, 40, 0, 0, 6, 33}};
+  for (GridIsa isa : SupportedIsas()) {
+    const ScopedGridIsa scoped(isa);
+    for (const Case& c : cases) {
+      for (bool with_second : {true, false}) {
+        SCOPED_TRACE(std::string(GridIsaName(isa)) + " planes " + std::to_string(c.in_h) + "x" +
+                     std::to_string(c.in_w) + " into " + std::to_string(c.rows) + "x" +
+                     std::to_string(c.cols) + (with_second ? "" : ", no second plane"));
+        const int64_t plane = c.in_h * c.src_stride;
+        std::vector<BFloat16> planes(static_cast<size_t>(2 * plane));
+        for (int64_t q = 0; q < 2 * plane; ++q) {
+          planes[q].bits = static_cast<uint16_t>(q * 2654435761u >> 7);
+        }
+        planes[0].bits = 0x7fc1;  // NaN
+        planes[plane].bits = 0x0001;  // subnormal
+        const BFloat16* first = planes.data();
+        const BFloat16* second = with_second ? planes.data() + plane : nullptr;
+        const int64_t size = c.rows * c.cols;
+        std::vector<uint32_t> out(static_cast<size_t>(size + 40), 0xdeadbeefu);
+        FillPaddedPairPlane(first, second, c.in_h, c.in_w, c.src_stride, c.top, c.left, c.rows,
+                            c.cols, out.data());
+        for (int64_t i = 0; i < c.rows; ++i) {
+          for (int64_t j = 0; j < c.cols; ++j) {
+            const int64_t ih = i - c.top, iw = j - c.left;
+            uint32_t want = 0;
+            if (ih >= 0 && ih < c.in_h && iw >= 0 && iw < c.in_w) {
+              const int64_t at = ih * c.src_stride + iw;
+              want = uint32_t{first[at].bits} |
+                     (second != nullptr ? uint32_t{second[at].bits} << 16 : 0u);
+            }
+            ASSERT_EQ(out[i * c.cols + j], want) << "row " << i << " column " << j;
+          }
+        }
+        for (int64_t q = size; q < size + 40; ++q) {
+          ASSERT_EQ(out[q], 0xdeadbeefu) << "position " << q << " past the plane was written";
+        }
       }
     }
   }

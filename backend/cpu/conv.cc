@@ -443,8 +443,8 @@ std::vector<uint32_t> PairedWeights(const BFloat16* w, int64_t out_channels, int
 // UseGridBFloat16Products): per (image, group) task, X_g is copied in
 // channel pairs onto the pair grid (im2col.h's FillPairGrid), W in pairs
 // once per call; W_g times the grid's column rows plus the bias is summed
-// in float32 into a scratch and rounded once to bfloat16. Tasks and their
-// split across threads as RunConv.
+// in float32 and rounded once to bfloat16 as the products store Y. Tasks
+// and their split across threads as RunConv.
 void RunConvBFloat16OnGrid(const KernelContext& ctx, const common::WindowGeometry& g,
                            int64_t batch, int64_t channels, int64_t out_channels, int64_t group,
                            TensorView* y) {
@@ -472,7 +472,6 @@ void RunConvBFloat16OnGrid(const KernelContext& ctx, const common::WindowGeometr
     const BFloat16* xg = x + (n * channels + gi * cg) * in_size;
     BFloat16* yg = out + (n * out_channels + gi * mg) * p;
     thread_local std::vector<uint32_t> pair_grid;
-    thread_local std::vector<float> product_scratch;
     const int64_t grid_size = grid.buffer_size(pairs) + kGridReadSlack;
     pair_grid.resize(static_cast<size_t>(grid_size));
     uint32_t* padded = pair_grid.data();
@@ -480,16 +479,11 @@ void RunConvBFloat16OnGrid(const KernelContext& ctx, const common::WindowGeometr
       FillPairGrid(xg, cg, lo, hi, grid, padded);
     });
     std::fill(padded + pairs * grid.channel_size(), padded + grid_size, 0u);
-    product_scratch.resize(static_cast<size_t>(mg * p));
-    float* sums = product_scratch.data();
     tasks.Split(lines, [&](int64_t lo, int64_t hi) {
       GridConvForwardBFloat16Pairs(mg, pair_depth, w.data() + gi * mg * pair_depth, pair_depth,
                                    padded + lo * grid.cols, pair_rows.data(),
                                    GridLines{hi - lo, line, grid.cols, line},
-                                   bias.data() + gi * mg, sums + lo * line, p);
-    });
-    tasks.Split(mg, [&](int64_t lo, int64_t hi) {
-      FromFloat32(sums + lo * p, yg + lo * p, (hi - lo) * p);
+                                   bias.data() + gi * mg, yg + lo * line, p);
     });
   };
   tasks.Run(run_image);

@@ -37,7 +37,6 @@
 #include "backend/cpu/grid_conv.h"
 #include "backend/cpu/im2col.h"
 #include "backend/cpu/parallel.h"
-#include "backend/cpu/scratch.h"
 #include "graph/status.h"
 
 namespace castor::cpu {
@@ -233,16 +232,17 @@ class ConvGradOnGrid {
 
   // Writes all of dX_g [cg, input] of group gi for one image (the lines of
   // each phase split across threads when the caller runs alone).
-  // dY float32, or bfloat16 for the bfloat16 products (then dY's buffer
-  // holds pairs of output channels); dX float32.
+  // dY and dX float32, or bfloat16 for the bfloat16 products (then dY's
+  // buffer holds pairs of output channels, and each dX element is summed
+  // in float32 and rounded once as the products store it).
   template <typename T>
-  void FillInputGrad(int64_t gi, const T* dy_g, float* dx_g) const {
+  void FillInputGrad(int64_t gi, const T* dy_g, T* dx_g) const {
     const int64_t out_h = g_.output[0], out_w = g_.output[1];
     const int64_t plane = dy_rows_ * dy_cols_;
     using Buffered = std::conditional_t<std::is_same_v<T, float>, float, uint32_t>;
     const int64_t buffered_rows = std::is_same_v<T, float> ? mg_ : (mg_ + 1) / 2;
     thread_local std::vector<Buffered> padded;
-    thread_local std::vector<float> scratch;
+    thread_local std::vector<T> scratch;
     padded.resize(static_cast<size_t>(buffered_rows * plane + kGridReadSlack));
     std::fill(padded.begin() + buffered_rows * plane, padded.end(), Buffered{0});
     // dY's lines and columns that fit in the buffer.
@@ -263,15 +263,8 @@ class ConvGradOnGrid {
         }
       } else {
         const T* first = dy_g + 2 * m * out_h * out_w;
-        const T* second = 2 * m + 1 < mg_ ? first + out_h * out_w : nullptr;
-        std::fill(dst, dst + plane, 0u);
-        for (int64_t oh = 0; oh < lines_in; ++oh) {
-          uint32_t* line = dst + (oh + dy_shift_[0]) * dy_cols_ + dy_shift_[1];
-          for (int64_t ow = 0; ow < width_in; ++ow) {
-            const int64_t q = oh * out_w + ow;
-            line[ow] = BFloat16Pair(first[q].bits, second != nullptr ? second[q].bits : uint16_t{0});
-          }
-        }
+        FillPaddedPairPlane(first, 2 * m + 1 < mg_ ? first + out_h * out_w : nullptr, lines_in,
+                            width_in, out_w, dy_shift_[0], dy_shift_[1], dy_rows_, dy_cols_, dst);
       }
     }
     const int64_t in_w = g_.input[1], in_size = g_.input_size();
@@ -279,7 +272,7 @@ class ConvGradOnGrid {
     for (const Phase& phase : phases_) {
       const int64_t depth = static_cast<int64_t>(phase.b_rows.size());
       const Buffered* b = padded.data() + phase.gathered;
-      float* out = dx_g + phase.dx_row * in_w + phase.dx_col;
+      T* out = dx_g + phase.dx_row * in_w + phase.dx_col;
       int64_t ld_out = in_size, dense_stride = s0 * in_w;
       if (s1 != 1) {  // gathered in [cg, lines, width], spread below
         scratch.resize(static_cast<size_t>(cg_ * phase.lines * phase.width));
@@ -301,8 +294,13 @@ class ConvGradOnGrid {
       });
       if (s1 == 1) continue;
       for (int64_t c = 0; c < cg_; ++c) {
-        SpreadRows(scratch.data() + c * phase.lines * phase.width, phase.width, phase.lines, s1,
-                   dx_g + c * in_size + phase.dx_row * in_w + phase.dx_col, s0 * in_w);
+        const T* from = scratch.data() + c * phase.lines * phase.width;
+        T* to = dx_g + c * in_size + phase.dx_row * in_w + phase.dx_col;
+        if constexpr (std::is_same_v<T, float>) {
+          SpreadRows(from, phase.width, phase.lines, s1, to, s0 * in_w);
+        } else {
+          SpreadRows(&from->bits, phase.width, phase.lines, s1, &to->bits, s0 * in_w);
+        }
       }
     }
   }
@@ -331,8 +329,8 @@ class ConvGradOnGrid {
 
 // dX, dW, dB (float32) of X, dY and W in float32, or in bfloat16 where
 // ConvGradOnGrid's bfloat16 products run (UsesBFloat16Grid: the grid, no
-// column path); then dX is bfloat16, each image's summed in float32 in
-// this thread's scratch and rounded once right away, while in cache.
+// column path); then dX is bfloat16, each element summed in float32 and
+// rounded once as the products store it.
 template <typename T>
 void RunConvGrad(const common::WindowGeometry& g, const ConvGradShapes& s, const T* x,
                  const T* dy, const T* w, T* dx, float* dw, float* db) {
@@ -380,16 +378,7 @@ void RunConvGrad(const common::WindowGeometry& g, const ConvGradShapes& s, const
         const T* x_g = x + (n * s.channels + gi * cg) * in_size;
         const T* dy_g = dy + (n * s.out_channels + gi * mg) * p;
         T* dx_g = dx != nullptr ? dx + (n * s.channels + gi * cg) * in_size : nullptr;
-        if (dx_g != nullptr && grid.has_value()) {
-          if constexpr (std::is_same_v<T, float>) {
-            grid->FillInputGrad(gi, dy_g, dx_g);
-          } else {
-            thread_local Scratch<float> sums;
-            float* dx_sums = sums.Get(cg * in_size);
-            grid->FillInputGrad(gi, dy_g, dx_sums);
-            FromFloat32(dx_sums, dx_g, cg * in_size);
-          }
-        }
+        if (dx_g != nullptr && grid.has_value()) grid->FillInputGrad(gi, dy_g, dx_g);
         if constexpr (std::is_same_v<T, float>) {
           if (dw_acc != nullptr && !grid.has_value()) {
             col.resize(static_cast<size_t>(kg * p));

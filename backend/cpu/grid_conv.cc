@@ -223,9 +223,10 @@ void FilterGradEntry(int64_t rows, int64_t depth, const float* dy, int64_t ld_dy
 // blocks are the float32 ones with pairs for floats; the filter gradient
 // sums over positions, so it pairs neighbouring positions as stored: 32 per
 // register, line by line, or over the lines packed end to end where that
-// saves vectors (FilterGradEntry).
+// saves vectors (FilterGradEntry). (AVX512-BF16 comes with AVX-512 VL
+// here: Avx512Bf16Available's condition.)
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512bf16,fma")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,fma")
 namespace avx512bf16_pairs {
 
 struct Vec {
@@ -243,14 +244,22 @@ struct Vec {
   static Data LoadFull(const uint32_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
   static Acc Fma(Data a, Data b, Acc c) { return _mm512_dpbf16_ps(c, a, b); }
   static void Store(float* p, Acc v, Mask m) { _mm512_mask_storeu_ps(p, m, v); }
+  // Rounded to bfloat16 by VCVTNEPS2BF16: nearest even, NaN made quiet,
+  // as FromFloat32 rounds, except that it flushes float32 subnormals to
+  // zero. The sums hold none: VDPBF16PS flushes its accumulator's and its
+  // result's (only a product of depth 0 stores init as it came).
+  static void Store(uint16_t* p, Acc v, Mask m) {
+    _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
+  }
 };
 constexpr int kForwardRows = 4, kForwardRuns = 6;
 
 #include "backend/cpu/grid_conv_forward.inc"
 
+template <typename Out>
 void ForwardEntry(int64_t rows, int64_t depth, const uint32_t* a, int64_t lda, const uint32_t* b,
                   const int64_t* b_rows, const Run* runs, int64_t num_runs, const float* init,
-                  float* out, int64_t ld_out) {
+                  Out* out, int64_t ld_out) {
   Forward(rows, depth, a, lda, b, b_rows, runs, num_runs, init, out, ld_out);
   _mm256_zeroupper();
 }
@@ -539,10 +548,12 @@ bool UseGridBFloat16Products() {
 #endif
 }
 
-void GridConvForwardBFloat16Pairs(int64_t rows, int64_t pair_depth, const uint32_t* a,
-                                  int64_t lda, const uint32_t* b, const int64_t* b_rows,
-                                  const GridLines& lines, const float* init, float* out,
-                                  int64_t ld_out) {
+namespace {
+
+template <typename Out>
+void ForwardBFloat16Pairs(int64_t rows, int64_t pair_depth, const uint32_t* a, int64_t lda,
+                          const uint32_t* b, const int64_t* b_rows, const GridLines& lines,
+                          const float* init, Out* out, int64_t ld_out) {
   if (rows <= 0 || lines.count <= 0 || lines.width <= 0) return;
 #if defined(CASTOR_GRID_CONV_X86)
   if (UseGridBFloat16Products()) {
@@ -553,6 +564,22 @@ void GridConvForwardBFloat16Pairs(int64_t rows, int64_t pair_depth, const uint32
   }
 #endif
   std::abort();  // callers check UseGridBFloat16Products() first
+}
+
+}  // namespace
+
+void GridConvForwardBFloat16Pairs(int64_t rows, int64_t pair_depth, const uint32_t* a,
+                                  int64_t lda, const uint32_t* b, const int64_t* b_rows,
+                                  const GridLines& lines, const float* init, float* out,
+                                  int64_t ld_out) {
+  ForwardBFloat16Pairs(rows, pair_depth, a, lda, b, b_rows, lines, init, out, ld_out);
+}
+
+void GridConvForwardBFloat16Pairs(int64_t rows, int64_t pair_depth, const uint32_t* a,
+                                  int64_t lda, const uint32_t* b, const int64_t* b_rows,
+                                  const GridLines& lines, const float* init, BFloat16* out,
+                                  int64_t ld_out) {
+  ForwardBFloat16Pairs(rows, pair_depth, a, lda, b, b_rows, lines, init, &out->bits, ld_out);
 }
 
 void GridConvFilterGradBFloat16(int64_t rows, int64_t depth, const uint16_t* dy, int64_t ld_dy,

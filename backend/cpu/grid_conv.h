@@ -25,6 +25,8 @@
 
 #include <cstdint>
 
+#include "backend/cpu/float_io.h"
+
 namespace castor::cpu {
 
 // The positions a product visits: line l (< count) covers positions
@@ -111,10 +113,17 @@ inline uint32_t BFloat16Pair(uint16_t first, uint16_t second) {
 // both sides). So for the conv's pair grid (two channels side by side per
 // position) b_rows[k] addresses channel pair k's slice as the float32 grid
 // addresses one channel's. Reads as GridConvForward (kGridReadSlack pairs
-// past the last visited position); out and init are float32.
+// past the last visited position); init is float32, out float32 or
+// bfloat16 (each float32 sum rounded once on store to nearest even: the
+// bits FromFloat32 gives the float32 out, since the sums are never
+// subnormal; with depth 0, init's subnormals store as zeros).
 void GridConvForwardBFloat16Pairs(int64_t rows, int64_t pair_depth, const uint32_t* a,
                                   int64_t lda, const uint32_t* b, const int64_t* b_rows,
                                   const GridLines& lines, const float* init, float* out,
+                                  int64_t ld_out);
+void GridConvForwardBFloat16Pairs(int64_t rows, int64_t pair_depth, const uint32_t* a,
+                                  int64_t lda, const uint32_t* b, const int64_t* b_rows,
+                                  const GridLines& lines, const float* init, BFloat16* out,
                                   int64_t ld_out);
 
 // GridConvFilterGrad on bfloat16 dY and grid (bit patterns), dW float32

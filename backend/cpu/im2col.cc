@@ -76,6 +76,54 @@ void FillPaddedPlane16Avx512(const uint16_t* src, int64_t in_h, int64_t in_w,
   }
   _mm256_zeroupper();
 }
+
+// FillPaddedPlane16Avx512 for a pair of planes at once, written
+// interleaved: dst position q holds first's element in its low half and
+// second's (zeros without `second`) in its high half. Each 32 columns of a
+// row are the two planes' padded vectors, interleaved by two permutes.
+void FillPaddedPairPlaneAvx512(const uint16_t* first, const uint16_t* second, int64_t in_h,
+                               int64_t in_w, int64_t src_stride, int64_t top, int64_t left,
+                               int64_t rows, int64_t cols, uint32_t* dst) {
+  auto run = [](int64_t lo, int64_t hi) {  // lanes [lo, hi) of 32, clamped
+    lo = std::clamp<int64_t>(lo, 0, 32);
+    hi = std::clamp<int64_t>(hi, lo, 32);
+    const uint64_t below_hi = hi == 32 ? ~uint64_t{0} : (uint64_t{1} << hi) - 1;
+    return static_cast<__mmask32>(below_hi & ~((uint64_t{1} << lo) - 1));
+  };
+  // Output lane 2i takes the first operand's lane i (of the half), lane
+  // 2i + 1 the second's (index bit 5 picks the second operand).
+  alignas(64) uint16_t low_index[32], high_index[32];
+  for (int i = 0; i < 16; ++i) {
+    low_index[2 * i] = static_cast<uint16_t>(i);
+    low_index[2 * i + 1] = static_cast<uint16_t>(32 + i);
+    high_index[2 * i] = static_cast<uint16_t>(16 + i);
+    high_index[2 * i + 1] = static_cast<uint16_t>(48 + i);
+  }
+  const __m512i low = _mm512_load_si512(low_index);
+  const __m512i high = _mm512_load_si512(high_index);
+  for (int64_t i = 0; i < rows; ++i, dst += cols) {
+    const int64_t ih = i - top;
+    const bool inside = ih >= 0 && ih < in_h;
+    const int64_t line_offset = inside ? ih * src_stride : 0;
+    const uintptr_t first_line = inside ? reinterpret_cast<uintptr_t>(first + line_offset) : 0;
+    const uintptr_t second_line =
+        inside && second != nullptr ? reinterpret_cast<uintptr_t>(second + line_offset) : 0;
+    for (int64_t j0 = 0; j0 < cols; j0 += 32) {
+      const __mmask32 store = run(0, cols - j0);
+      const __mmask32 load = inside ? run(left - j0, in_w + left - j0) & store : 0;
+      const uintptr_t shift = static_cast<uintptr_t>((j0 - left) * int64_t{sizeof(uint16_t)});
+      const __m512i a =
+          _mm512_maskz_loadu_epi16(load, reinterpret_cast<const uint16_t*>(first_line + shift));
+      const __m512i b = _mm512_maskz_loadu_epi16(
+          second_line != 0 ? load : 0, reinterpret_cast<const uint16_t*>(second_line + shift));
+      _mm512_mask_storeu_epi32(dst + j0, static_cast<__mmask16>(store),
+                               _mm512_permutex2var_epi16(a, low, b));
+      _mm512_mask_storeu_epi32(dst + j0 + 16, static_cast<__mmask16>(store >> 16),
+                               _mm512_permutex2var_epi16(a, high, b));
+    }
+  }
+  _mm256_zeroupper();
+}
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx512f")
@@ -102,6 +150,35 @@ void SpreadRowsStep2Avx512(const float* src, int64_t n, int64_t lines, float* ds
       const __m512 v = _mm512_maskz_loadu_ps(tail_load, src + j);
       _mm512_mask_storeu_ps(dst + 2 * j, tail_store,
                             _mm512_maskz_permutexvar_ps(tail_store, pairs, v));
+    }
+  }
+  _mm256_zeroupper();
+}
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw")
+
+// SpreadRowsStep2Avx512 for 16-bit elements: 16 at a time into the even
+// lanes of 32.
+void SpreadRows16Step2Avx512(const uint16_t* src, int64_t n, int64_t lines, uint16_t* dst,
+                             int64_t dst_stride) {
+  constexpr __mmask32 kEven = 0x55555555u;
+  const __m512i pairs =
+      _mm512_set_epi16(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8, 7, 7, 6, 6, 5,
+                       5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const int64_t tail = n % 16;
+  const __mmask32 tail_load = static_cast<__mmask32>((1u << tail) - 1u);
+  const __mmask32 tail_store =
+      tail == 0 ? 0 : static_cast<__mmask32>(kEven & ((1u << (2 * tail - 1)) - 1u));
+  for (int64_t l = 0; l < lines; ++l, src += n, dst += dst_stride) {
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+      const __m512i v = _mm512_maskz_loadu_epi16(0xffffu, src + j);
+      _mm512_mask_storeu_epi16(dst + 2 * j, kEven, _mm512_permutexvar_epi16(pairs, v));
+    }
+    if (tail != 0) {
+      const __m512i v = _mm512_maskz_loadu_epi16(tail_load, src + j);
+      _mm512_mask_storeu_epi16(dst + 2 * j, tail_store, _mm512_permutexvar_epi16(pairs, v));
     }
   }
   _mm256_zeroupper();
@@ -138,11 +215,41 @@ bool FillPaddedPlaneVector(const uint16_t* src, int64_t in_h, int64_t in_w, int6
   return false;
 }
 
+void FillPaddedPairPlane(const BFloat16* first, const BFloat16* second, int64_t in_h,
+                         int64_t in_w, int64_t src_stride, int64_t top, int64_t left,
+                         int64_t rows, int64_t cols, uint32_t* dst) {
+#if defined(CASTOR_IM2COL_X86)
+  if (ActiveGridIsa() == GridIsa::kAvx512 && HostCpuFeatures().avx512bw) {
+    FillPaddedPairPlaneAvx512(&first->bits, second != nullptr ? &second->bits : nullptr, in_h,
+                              in_w, src_stride, top, left, rows, cols, dst);
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < rows; ++i, dst += cols) {
+    const int64_t ih = i - top;
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t iw = j - left;
+      const bool inside = ih >= 0 && ih < in_h && iw >= 0 && iw < in_w;
+      const int64_t at = ih * src_stride + iw;
+      dst[j] = inside ? BFloat16Pair(first[at].bits, second != nullptr ? second[at].bits : 0) : 0;
+    }
+  }
+}
+
 void FillPairGrid(const BFloat16* x, int64_t channels, int64_t pair_lo, int64_t pair_hi,
                   const PaddedGrid& grid, uint32_t* pairs) {
   const common::WindowGeometry& g = *grid.geometry;
   const int64_t in_size = g.input[0] * g.input[1];
   const int64_t channel_size = grid.channel_size();
+  if (g.strides[0] == 1 && g.strides[1] == 1) {  // one plane per pair, filled in one pass
+    for (int64_t k = pair_lo; k < pair_hi; ++k) {
+      const BFloat16* first = x + 2 * k * in_size;
+      FillPaddedPairPlane(first, 2 * k + 1 < channels ? first + in_size : nullptr, g.input[0],
+                          g.input[1], g.input[1], g.pad_begin[0], g.pad_begin[1], grid.rows,
+                          grid.cols, pairs + k * channel_size);
+    }
+    return;
+  }
   // The pair's two channels on the bfloat16 grid, then side by side.
   thread_local std::vector<BFloat16> planes;
   planes.resize(static_cast<size_t>(2 * channel_size));
@@ -169,6 +276,19 @@ void SpreadRows(const float* src, int64_t n, int64_t lines, int64_t step, float*
 #if defined(CASTOR_IM2COL_X86)
   if (step == 2 && ActiveGridIsa() == GridIsa::kAvx512) {
     SpreadRowsStep2Avx512(src, n, lines, dst, dst_stride);
+    return;
+  }
+#endif
+  for (int64_t l = 0; l < lines; ++l, src += n, dst += dst_stride) {
+    for (int64_t j = 0; j < n; ++j) dst[j * step] = src[j];
+  }
+}
+
+void SpreadRows(const uint16_t* src, int64_t n, int64_t lines, int64_t step, uint16_t* dst,
+                int64_t dst_stride) {
+#if defined(CASTOR_IM2COL_X86)
+  if (step == 2 && ActiveGridIsa() == GridIsa::kAvx512 && HostCpuFeatures().avx512bw) {
+    SpreadRows16Step2Avx512(src, n, lines, dst, dst_stride);
     return;
   }
 #endif

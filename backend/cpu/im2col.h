@@ -128,11 +128,25 @@ bool FillPaddedPlaneVector(const float* src, int64_t in_h, int64_t in_w, int64_t
 bool FillPaddedPlaneVector(const uint16_t* src, int64_t in_h, int64_t in_w, int64_t src_stride,
                            int64_t top, int64_t left, int64_t rows, int64_t cols, uint16_t* dst);
 
-// For each of `lines` rows of n floats (row l at src + l * n):
+// A pair of bfloat16 planes (first, second; the same in_h, in_w and
+// src_stride) as one zero-padded plane of pairs [rows, cols]: position
+// (i, j) holds BFloat16Pair(first's, second's element at line i - top,
+// column j - left) where that lies inside the planes, zeros elsewhere;
+// without `second` its halves are zeros. AVX-512 masked loads, permutes
+// and stores (grid_conv.h's active instruction set, with AVX512-BW), each
+// row written once; elsewhere a scalar loop.
+void FillPaddedPairPlane(const BFloat16* first, const BFloat16* second, int64_t in_h,
+                         int64_t in_w, int64_t src_stride, int64_t top, int64_t left,
+                         int64_t rows, int64_t cols, uint32_t* dst);
+
+// For each of `lines` rows of n elements (row l at src + l * n):
 // dst[l * dst_stride + j * step] = src[l * n + j] for j in [0, n); the
 // positions between are not written. Stride 2 runs in AVX-512 masked
-// stores when grid_conv.h's active instruction set is AVX-512.
+// stores when grid_conv.h's active instruction set is AVX-512 (16-bit
+// elements: with AVX512-BW besides).
 void SpreadRows(const float* src, int64_t n, int64_t lines, int64_t step, float* dst,
+                int64_t dst_stride);
+void SpreadRows(const uint16_t* src, int64_t n, int64_t lines, int64_t step, uint16_t* dst,
                 int64_t dst_stride);
 
 // --- helpers shared with col2im (conv.cc) -----------------------------------
