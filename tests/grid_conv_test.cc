@@ -434,6 +434,96 @@ TEST(GridConv, SpreadRowsWritesOnlyItsPositionsOnEveryInstructionSet) {
   CheckSpreadRows<uint16_t>(35);
 }
 
+// GatherEveryOther (im2col.h) writes dst[l * dst_stride + j] =
+// src[l * src_stride + 2 j] for j < n on every instruction set, nothing
+// else: lengths up to two vectors and a tail, one to three rows, sentinels
+// around. Each row's source ends at its last element read (the vector
+// loads are masked there: the sanitizer build would catch a read past it).
+TEST(GridConv, GatherEveryOtherReadsEveryOtherElementOnEveryInstructionSet) {
+  for (GridIsa isa : SupportedIsas()) {
+    const ScopedGridIsa scoped(isa);
+    for (int64_t n = 0; n <= 35; ++n) {
+      for (int64_t lines = 1; lines <= 3; ++lines) {
+        SCOPED_TRACE(std::string(GridIsaName(isa)) + " n " + std::to_string(n) + " lines " +
+                     std::to_string(lines));
+        const int64_t src_stride = 2 * n + 3;
+        std::vector<uint16_t> src(static_cast<size_t>((lines - 1) * src_stride + 2 * n));
+        for (size_t q = 0; q < src.size(); ++q) src[q] = static_cast<uint16_t>(q + 1);
+        const int64_t margin = 20, dst_stride = n + 4;
+        std::vector<uint16_t> dst(static_cast<size_t>(lines * dst_stride + 2 * margin), 999);
+        GatherEveryOther(src.data(), src_stride, n, lines, dst.data() + margin, dst_stride);
+        for (int64_t q = 0; q < static_cast<int64_t>(dst.size()); ++q) {
+          const int64_t at = q - margin;
+          const int64_t line = at >= 0 ? at / dst_stride : -1;
+          const int64_t j = at - line * dst_stride;
+          const bool written = line >= 0 && line < lines && j < n;
+          ASSERT_EQ(dst[q], written ? src[line * src_stride + 2 * j] : 999) << "position " << at;
+        }
+      }
+    }
+  }
+}
+
+// FillGrid of strided geometries on the 16-bit grid (stride 2 along a row:
+// GatherEveryOther per phase plane; other strides: the scalar copy) gives
+// every used phase plane exactly: plane (a, b) row i column j holds input
+// (i * s0 + a - top, j * s1 + b - left), zeros outside the image. Both
+// pads odd and even, odd widths, a pointwise stride-2 projection, dilation.
+TEST(GridConv, FillGridWritesStridedPhasePlanesOnEveryInstructionSet) {
+  struct Case {
+    int64_t in_h, in_w, kernel, stride_h, stride_w, dilation, pad_top, pad_left;
+  };
+  const Case cases[] = {{28, 28, 3, 2, 2, 1, 1, 1}, {28, 28, 1, 2, 2, 1, 0, 0},
+                        {7, 9, 3, 2, 2, 1, 1, 0},   {9, 40, 3, 1, 2, 1, 0, 2},
+                        {11, 11, 3, 2, 2, 2, 2, 2}, {10, 13, 3, 3, 3, 1, 1, 1}};
+  for (GridIsa isa : SupportedIsas()) {
+    const ScopedGridIsa scoped(isa);
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(GridIsaName(isa)) + " input " + std::to_string(c.in_h) + "x" +
+                   std::to_string(c.in_w) + " kernel " + std::to_string(c.kernel) + " strides " +
+                   std::to_string(c.stride_h) + "," + std::to_string(c.stride_w));
+      common::WindowGeometry g;
+      g.num_spatial = 2;
+      g.input = {c.in_h, c.in_w};
+      g.kernel = {c.kernel, c.kernel};
+      g.strides = {c.stride_h, c.stride_w};
+      g.dilations = {c.dilation, c.dilation};
+      g.pad_begin = {c.pad_top, c.pad_left};
+      g.pad_end = {c.pad_top, c.pad_left};
+      const int64_t span = (c.kernel - 1) * c.dilation + 1;
+      g.output = {(c.in_h + 2 * c.pad_top - span) / c.stride_h + 1,
+                  (c.in_w + 2 * c.pad_left - span) / c.stride_w + 1};
+      const PaddedGrid grid(g);
+      constexpr int64_t kChannels = 3;
+      std::vector<BFloat16> x(static_cast<size_t>(kChannels * c.in_h * c.in_w));
+      for (size_t q = 0; q < x.size(); ++q) x[q].bits = static_cast<uint16_t>(q + 1);
+      std::vector<BFloat16> padded(static_cast<size_t>(grid.buffer_size(kChannels)),
+                                   BFloat16{0x7fc1});
+      FillGrid<BFloat16, BFloat16>(x.data(), 0, kChannels, grid, padded.data());
+      for (int64_t ch = 0; ch < kChannels; ++ch) {
+        for (int64_t a = 0; a < c.stride_h; ++a) {
+          for (int64_t b = 0; b < c.stride_w; ++b) {
+            if (!grid.PhaseUsed(a, b)) continue;
+            const BFloat16* plane = padded.data() + ch * grid.channel_size() +
+                                    (a * c.stride_w + b) * grid.plane();
+            for (int64_t i = 0; i < grid.rows; ++i) {
+              for (int64_t j = 0; j < grid.cols; ++j) {
+                const int64_t ih = i * c.stride_h + a - c.pad_top;
+                const int64_t iw = j * c.stride_w + b - c.pad_left;
+                const bool inside = ih >= 0 && ih < c.in_h && iw >= 0 && iw < c.in_w;
+                ASSERT_EQ(plane[i * grid.cols + j].bits,
+                          inside ? x[(ch * c.in_h + ih) * c.in_w + iw].bits : 0)
+                    << "channel " << ch << " phase " << a << "," << b << " row " << i
+                    << " column " << j;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // FillGrid of unit-stride geometries (AVX-512: one masked pass per plane
 // row; elsewhere the scalar copy) gives the zero-padded planes exactly, and
 // leaves the slack past the last plane alone: pads on one side only, pads

@@ -183,6 +183,22 @@ void SpreadRows16Step2Avx512(const uint16_t* src, int64_t n, int64_t lines, uint
   }
   _mm256_zeroupper();
 }
+
+// GatherEveryOther: 16 elements at a time, the even 16-bit halves of 16
+// 32-bit words narrowed out (VPMOVDW).
+void GatherEveryOtherAvx512(const uint16_t* src, int64_t src_stride, int64_t n, int64_t lines,
+                            uint16_t* dst, int64_t dst_stride) {
+  for (int64_t l = 0; l < lines; ++l, src += src_stride, dst += dst_stride) {
+    for (int64_t j = 0; j < n; j += 16) {
+      const int64_t count = std::min<int64_t>(16, n - j);
+      const __mmask32 load = static_cast<__mmask32>((uint64_t{1} << (2 * count - 1)) - 1);
+      const __m512i words = _mm512_maskz_loadu_epi16(load, src + 2 * j);
+      _mm512_mask_cvtepi32_storeu_epi16(dst + j, static_cast<__mmask16>((1u << count) - 1u),
+                                        words);
+    }
+  }
+  _mm256_zeroupper();
+}
 #pragma GCC pop_options
 #endif  // CASTOR_IM2COL_X86
 
@@ -281,6 +297,19 @@ void SpreadRows(const float* src, int64_t n, int64_t lines, int64_t step, float*
 #endif
   for (int64_t l = 0; l < lines; ++l, src += n, dst += dst_stride) {
     for (int64_t j = 0; j < n; ++j) dst[j * step] = src[j];
+  }
+}
+
+void GatherEveryOther(const uint16_t* src, int64_t src_stride, int64_t n, int64_t lines,
+                      uint16_t* dst, int64_t dst_stride) {
+#if defined(CASTOR_IM2COL_X86)
+  if (ActiveGridIsa() == GridIsa::kAvx512 && HostCpuFeatures().avx512bw) {
+    GatherEveryOtherAvx512(src, src_stride, n, lines, dst, dst_stride);
+    return;
+  }
+#endif
+  for (int64_t l = 0; l < lines; ++l, src += src_stride, dst += dst_stride) {
+    for (int64_t j = 0; j < n; ++j) dst[j] = src[2 * j];
   }
 }
 

@@ -149,6 +149,14 @@ void SpreadRows(const float* src, int64_t n, int64_t lines, int64_t step, float*
 void SpreadRows(const uint16_t* src, int64_t n, int64_t lines, int64_t step, uint16_t* dst,
                 int64_t dst_stride);
 
+// The inverse for 16-bit elements and step 2: for each of `lines` rows,
+// dst[l * dst_stride + j] = src[l * src_stride + 2 j] for j in [0, n).
+// AVX-512 masked loads and a narrowing store per 16 elements where the CPU
+// has AVX512-BW (grid_conv.h's active instruction set); reads nothing past
+// each row's last element.
+void GatherEveryOther(const uint16_t* src, int64_t src_stride, int64_t n, int64_t lines,
+                      uint16_t* dst, int64_t dst_stride);
+
 // --- helpers shared with col2im (conv.cc) -----------------------------------
 
 // The channel of unrolled row `row` (= channel * kernel_size() + kernel
@@ -237,11 +245,15 @@ void FillGrid(const T* x, int64_t channel_lo, int64_t channel_hi, const PaddedGr
   const int64_t in_h = g.input[0], in_w = g.input[1];
   const int64_t s0 = g.strides[0], s1 = g.strides[1];
   const int64_t rows = grid.rows, cols = grid.cols;
+  std::vector<char> phase_used(static_cast<size_t>(s0 * s1));
+  for (int64_t a = 0; a < s0; ++a) {
+    for (int64_t b = 0; b < s1; ++b) phase_used[a * s1 + b] = grid.PhaseUsed(a, b);
+  }
   for (int64_t c = channel_lo; c < channel_hi; ++c) {
     const T* src = x + c * in_h * in_w;
     for (int64_t a = 0; a < s0; ++a) {
       for (int64_t b = 0; b < s1; ++b) {
-        if (!grid.PhaseUsed(a, b)) continue;
+        if (!phase_used[a * s1 + b]) continue;
         Acc* dst = padded + c * grid.channel_size() + (a * s1 + b) * grid.plane();
         if constexpr (std::is_same_v<T, float> && std::is_same_v<Acc, float>) {
           if (s0 == 1 && s1 == 1 &&
@@ -264,6 +276,20 @@ void FillGrid(const T* x, int64_t channel_lo, int64_t channel_hi, const PaddedGr
         const int64_t left = g.pad_begin[1] - b;
         const int64_t j_lo = std::clamp<int64_t>((left + s1 - 1) / s1, 0, cols);
         const int64_t j_hi = std::clamp<int64_t>((in_w + left + s1 - 1) / s1, j_lo, cols);
+        if constexpr (std::is_same_v<T, Acc> && sizeof(T) == 2) {  // 16-bit bits
+          if (s1 == 2) {  // the plane's rows with an input line, in one call
+            const int64_t top = g.pad_begin[0] - a;  // row i reads line i * s0 - top
+            const int64_t i_lo = std::clamp<int64_t>((top + s0 - 1) / s0, 0, rows);
+            const int64_t i_hi = std::clamp<int64_t>((in_h + top + s0 - 1) / s0, i_lo, rows);
+            if (i_lo < i_hi && j_lo < j_hi) {
+              GatherEveryOther(
+                  reinterpret_cast<const uint16_t*>(src + (i_lo * s0 - top) * in_w + j_lo * s1 - left),
+                  s0 * in_w, j_hi - j_lo, i_hi - i_lo,
+                  reinterpret_cast<uint16_t*>(dst + i_lo * cols + j_lo), cols);
+            }
+            continue;
+          }
+        }
         for (int64_t i = 0; i < rows; ++i, dst += cols) {
           const int64_t ih = i * s0 + a - g.pad_begin[0];
           if (ih < 0 || ih >= in_h) continue;
