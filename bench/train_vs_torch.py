@@ -11,7 +11,9 @@ default betas/eps), the same initial weights and the same data:
     policies float32, mixed_bfloat16 and mixed_float16. It reads
     samples_per_s (batch / wall time of one Trainer::Step) from the per-step
     JSONL lines, drops the first W (--warmup) steps and any step skipped by
-    loss scaling, and takes the median.
+    loss scaling, and takes the median. Each castor run starts once this
+    script's own process has gone idle (PyTorch's BLAS and OpenMP threads
+    spin for a while after a PyTorch row, on the same vCPUs).
   * PyTorch: the nn.Module from models/generate.py, built with its
     build(name, cls) (the same seeded initial weights the ONNX file was
     exported from), in train() mode (BatchNorm with batch statistics, as
@@ -156,6 +158,23 @@ def load_generate_module(path):
 # castor
 # --------------------------------------------------------------------------
 
+def wait_until_this_process_idles(window_s=0.05, idle_cpu_s=0.005, limit_s=3.0):
+    """Waits until this process (PyTorch's threads) used under `idle_cpu_s`
+    of CPU in a `window_s` window, at most `limit_s`; returns the seconds
+    waited. After a PyTorch row its BLAS and OpenMP threads spin for up to
+    a few hundred milliseconds (measured: ~0.1 s of CPU in the 0.25 s after
+    the MLP's last step, with either OMP_WAIT_POLICY), long enough to share
+    the 2 vCPUs with the whole of a short castor run (the MLP's 53 steps
+    take ~0.1 s) and halve it."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < limit_s:
+        before = time.process_time()
+        time.sleep(window_s)
+        if time.process_time() - before < idle_cpu_s:
+            break
+    return time.perf_counter() - started
+
+
 def run_castor(binary, model_path, data_spec, policy, batch, warmup, steps, threads,
                work_dir, extra_env=None):
     """Runs castor train (with `extra_env` added to the environment, if
@@ -166,6 +185,7 @@ def run_castor(binary, model_path, data_spec, policy, batch, warmup, steps, thre
            "--optimizer", "adam", "--lr", "0.001", "--batch", str(batch),
            "--max-steps", str(warmup + steps), "--no-shuffle",
            "--threads", str(threads), "--metrics", metrics_path]
+    wait_until_this_process_idles()
     started = time.perf_counter()
     env = dict(os.environ, **extra_env) if extra_env else None
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
