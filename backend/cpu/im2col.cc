@@ -50,25 +50,27 @@ void FillPaddedPlaneAvx512(const float* src, int64_t in_h, int64_t in_w, int64_t
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw")
+// Lanes [lo, hi) of 32, both clamped to [0, 32].
+__mmask32 LaneRun(int64_t lo, int64_t hi) {
+  lo = std::clamp<int64_t>(lo, 0, 32);
+  hi = std::clamp<int64_t>(hi, lo, 32);
+  const uint64_t below_hi = hi == 32 ? ~uint64_t{0} : (uint64_t{1} << hi) - 1;
+  return static_cast<__mmask32>(below_hi & ~((uint64_t{1} << lo) - 1));
+}
+
 // FillPaddedPlaneAvx512 for 16-bit elements, 32 lanes at a time: the lanes
 // inside the line are one contiguous run [lo, hi) of each vector, so the
 // masks come from integer arithmetic.
 void FillPaddedPlane16Avx512(const uint16_t* src, int64_t in_h, int64_t in_w,
                              int64_t src_stride, int64_t top, int64_t left, int64_t rows,
                              int64_t cols, uint16_t* dst) {
-  auto run = [](int64_t lo, int64_t hi) {  // lanes [lo, hi) of 32, clamped
-    lo = std::clamp<int64_t>(lo, 0, 32);
-    hi = std::clamp<int64_t>(hi, lo, 32);
-    const uint64_t below_hi = hi == 32 ? ~uint64_t{0} : (uint64_t{1} << hi) - 1;
-    return static_cast<__mmask32>(below_hi & ~((uint64_t{1} << lo) - 1));
-  };
   for (int64_t i = 0; i < rows; ++i, dst += cols) {
     const int64_t ih = i - top;
     const bool inside = ih >= 0 && ih < in_h;
     const uintptr_t line = inside ? reinterpret_cast<uintptr_t>(src + ih * src_stride) : 0;
     for (int64_t j0 = 0; j0 < cols; j0 += 32) {
-      const __mmask32 store = run(0, cols - j0);
-      const __mmask32 load = inside ? run(left - j0, in_w + left - j0) & store : 0;
+      const __mmask32 store = LaneRun(0, cols - j0);
+      const __mmask32 load = inside ? LaneRun(left - j0, in_w + left - j0) & store : 0;
       const uint16_t* from = reinterpret_cast<const uint16_t*>(
           line + static_cast<uintptr_t>((j0 - left) * int64_t{sizeof(uint16_t)}));
       _mm512_mask_storeu_epi16(dst + j0, store, _mm512_maskz_loadu_epi16(load, from));
@@ -84,12 +86,6 @@ void FillPaddedPlane16Avx512(const uint16_t* src, int64_t in_h, int64_t in_w,
 void FillPaddedPairPlaneAvx512(const uint16_t* first, const uint16_t* second, int64_t in_h,
                                int64_t in_w, int64_t src_stride, int64_t top, int64_t left,
                                int64_t rows, int64_t cols, uint32_t* dst) {
-  auto run = [](int64_t lo, int64_t hi) {  // lanes [lo, hi) of 32, clamped
-    lo = std::clamp<int64_t>(lo, 0, 32);
-    hi = std::clamp<int64_t>(hi, lo, 32);
-    const uint64_t below_hi = hi == 32 ? ~uint64_t{0} : (uint64_t{1} << hi) - 1;
-    return static_cast<__mmask32>(below_hi & ~((uint64_t{1} << lo) - 1));
-  };
   // Output lane 2i takes the first operand's lane i (of the half), lane
   // 2i + 1 the second's (index bit 5 picks the second operand).
   alignas(64) uint16_t low_index[32], high_index[32];
@@ -109,8 +105,8 @@ void FillPaddedPairPlaneAvx512(const uint16_t* first, const uint16_t* second, in
     const uintptr_t second_line =
         inside && second != nullptr ? reinterpret_cast<uintptr_t>(second + line_offset) : 0;
     for (int64_t j0 = 0; j0 < cols; j0 += 32) {
-      const __mmask32 store = run(0, cols - j0);
-      const __mmask32 load = inside ? run(left - j0, in_w + left - j0) & store : 0;
+      const __mmask32 store = LaneRun(0, cols - j0);
+      const __mmask32 load = inside ? LaneRun(left - j0, in_w + left - j0) & store : 0;
       const uintptr_t shift = static_cast<uintptr_t>((j0 - left) * int64_t{sizeof(uint16_t)});
       const __m512i a =
           _mm512_maskz_loadu_epi16(load, reinterpret_cast<const uint16_t*>(first_line + shift));
