@@ -51,6 +51,10 @@ sometimes places far apart (a whole process then runs up to 1.8x slower,
 the same for castor and torch) the median of five rounds can land in
 either mode for either row; the best round is what each runtime does
 unhindered (Python's timeit takes the minimum for the same reason).
+A third table divides rows of the same round (castor mixed_bfloat16
+and torch bf16 autocast run one after the other) and takes the median of
+those ratios: both sides of each saw the same phase of the machine, where
+the best rounds of two rows may come from different phases.
 
 Ratios are castor samples/s divided by PyTorch samples/s: > 1 means castor
 is faster. The mixed_float16 ratio is against PyTorch's bfloat16 autocast
@@ -455,6 +459,21 @@ def main():
                 entry[key] = dict(runs[len(runs) // 2],
                                   rounds_samples_per_s=[r["samples_per_s"] for r in runs],
                                   best_samples_per_s=runs[-1]["samples_per_s"])
+            # Per round, the ratio of two rows measured minutes apart at most
+            # (a round runs its rows back to back), then the median of those:
+            # both sides of each ratio saw the same phase of the machine.
+            def paired_median(a_key, b_key):
+                a, b = rounds.get(a_key, []), rounds.get(b_key, [])
+                if not a or len(a) != len(b) or any("error" in r for r in a + b):
+                    return None
+                return statistics.median(
+                    x["samples_per_s"] / y["samples_per_s"] for x, y in zip(a, b))
+
+            entry["paired_ratio_float32"] = paired_median("castor_float32", "torch_float32")
+            entry["paired_ratio_mixed_bfloat16_vs_torch_bf16"] = paired_median(
+                "castor_mixed_bfloat16", "torch_bf16_autocast")
+            entry["paired_ratio_mixed_bfloat16_vs_castor_float32"] = paired_median(
+                "castor_mixed_bfloat16", "castor_float32")
             entry["load_after"] = load_average()
             entry["ratio_float32"] = ratio(entry["castor_float32"], entry["torch_float32"])
             entry["ratio_mixed_bfloat16_vs_torch_bf16"] = ratio(
@@ -535,6 +554,21 @@ def main():
                 fmt_ratio(e["best_ratio_mixed_bfloat16_vs_castor_float32"])))
         print()
 
+    if args.rounds > 1:
+        print("ratios of rows measured in the same round, median over the %d rounds"
+              % args.rounds)
+        print()
+        print("| model | castor f32 / torch f32 | mixed_bf16 / torch bf16 autocast "
+              "| mixed_bf16 / castor f32 |")
+        print("| --- | ---: | ---: | ---: |")
+        for name in models:
+            e = results[name]
+            print("| %s | %s | %s | %s |" % (
+                name, fmt_ratio(e["paired_ratio_float32"]),
+                fmt_ratio(e["paired_ratio_mixed_bfloat16_vs_torch_bf16"]),
+                fmt_ratio(e["paired_ratio_mixed_bfloat16_vs_castor_float32"])))
+        print()
+
     def goal_lines(prefix):
         lines = []
         for name in models:
@@ -561,6 +595,8 @@ def main():
     if args.rounds > 1:
         for line in goal_lines("best_"):
             print("  best rounds:   " + line)
+        for line in goal_lines("paired_"):
+            print("  paired rounds: " + line)
     print("total %.0f s, load average %.1f at the end" % (total_s, load_average()))
 
     if args.json:
