@@ -263,6 +263,9 @@ std::vector<uint16_t> BFloat16BitsOf(const std::vector<float>& v) {
 }
 float Rounded(float x) { return BFloat16BitsToFloat(FloatToBFloat16Bits(x)); }
 
+// GridConvForwardBFloat16Pairs against float64 sums of the rounded
+// operands (float32 output), and its bfloat16 output against the float32
+// one rounded to nearest even.
 TEST(GridConvBFloat16, ForwardPairsMatchFloat64Sums) {
   if (!UseGridBFloat16Products()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
   for (const Shape& s : kShapes) {
@@ -317,6 +320,18 @@ TEST(GridConvBFloat16, ForwardPairsMatchFloat64Sums) {
           magnitude += std::fabs(term);
         }
         ASSERT_NEAR(got, want, 4e-7 * magnitude + 1e-7) << "row " << m << " position " << q;
+      }
+    }
+    // The bfloat16 output: each float32 sum above rounded to nearest even
+    // (the bits FromFloat32 gives it), nothing else written.
+    std::vector<BFloat16> out16(static_cast<size_t>(s.rows * ld_out), BFloat16{0x1234});
+    GridConvForwardBFloat16Pairs(s.rows, pairs, a.data(), lda, b.data(), b_rows.data(), g.lines,
+                                 init.data(), out16.data(), ld_out);
+    for (int64_t m = 0; m < s.rows; ++m) {
+      for (int64_t q = 0; q < ld_out; ++q) {
+        const uint16_t want = q < s.count * s.width ? FloatToBFloat16Bits(out[m * ld_out + q])
+                                                    : uint16_t{0x1234};
+        ASSERT_EQ(out16[m * ld_out + q].bits, want) << "bfloat16 row " << m << " position " << q;
       }
     }
   }
