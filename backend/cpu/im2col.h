@@ -282,10 +282,10 @@ void FillGrid(const T* x, int64_t channel_lo, int64_t channel_hi, const PaddedGr
             const int64_t i_lo = std::clamp<int64_t>((top + s0 - 1) / s0, 0, rows);
             const int64_t i_hi = std::clamp<int64_t>((in_h + top + s0 - 1) / s0, i_lo, rows);
             if (i_lo < i_hi && j_lo < j_hi) {
-              GatherEveryOther(
-                  reinterpret_cast<const uint16_t*>(src + (i_lo * s0 - top) * in_w + j_lo * s1 - left),
-                  s0 * in_w, j_hi - j_lo, i_hi - i_lo,
-                  reinterpret_cast<uint16_t*>(dst + i_lo * cols + j_lo), cols);
+              const T* first = src + (i_lo * s0 - top) * in_w + j_lo * s1 - left;
+              GatherEveryOther(reinterpret_cast<const uint16_t*>(first), s0 * in_w, j_hi - j_lo,
+                               i_hi - i_lo, reinterpret_cast<uint16_t*>(dst + i_lo * cols + j_lo),
+                               cols);
             }
             continue;
           }
