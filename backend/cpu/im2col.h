@@ -65,7 +65,20 @@ struct PaddedGrid {
       : geometry(&g),
         rows(g.output[0] + (g.kernel[0] - 1) * g.dilations[0] / g.strides[0]),
         cols(g.output[1] + (g.kernel[1] - 1) * g.dilations[1] / g.strides[1]),
-        slack((g.kernel[1] - 1) * g.dilations[1] / g.strides[1]) {}
+        slack((g.kernel[1] - 1) * g.dilations[1] / g.strides[1]),
+        used_phases_(static_cast<size_t>(g.strides[0] * g.strides[1]), 0) {
+    // Phase (a, b) is read when some kernel row's offset is a mod s0 and
+    // some kernel column's is b mod s1.
+    std::vector<char> row_used(static_cast<size_t>(g.strides[0]), 0);
+    std::vector<char> col_used(static_cast<size_t>(g.strides[1]), 0);
+    for (int64_t k = 0; k < g.kernel[0]; ++k) row_used[k * g.dilations[0] % g.strides[0]] = 1;
+    for (int64_t k = 0; k < g.kernel[1]; ++k) col_used[k * g.dilations[1] % g.strides[1]] = 1;
+    for (int64_t a = 0; a < g.strides[0]; ++a) {
+      for (int64_t b = 0; b < g.strides[1]; ++b) {
+        used_phases_[a * g.strides[1] + b] = row_used[a] && col_used[b];
+      }
+    }
+  }
 
   int64_t plane() const { return rows * cols; }
   // Elements of one channel's planes.
@@ -82,17 +95,17 @@ struct PaddedGrid {
     const int64_t s0 = g.strides[0], s1 = g.strides[1];
     return c * channel_size() + (th % s0 * s1 + tw % s1) * plane() + th / s0 * cols + tw / s1;
   }
-  // True when some kernel tap reads phase plane (a, b).
+  // True when some kernel tap reads phase plane (a, b) (found once, by the
+  // constructor: FillGrid asks per channel and phase).
   bool PhaseUsed(int64_t a, int64_t b) const {
-    const common::WindowGeometry& g = *geometry;
-    bool row_used = false, col_used = false;
-    for (int64_t k = 0; k < g.kernel[0]; ++k) row_used |= k * g.dilations[0] % g.strides[0] == a;
-    for (int64_t k = 0; k < g.kernel[1]; ++k) col_used |= k * g.dilations[1] % g.strides[1] == b;
-    return row_used && col_used;
+    return used_phases_[a * geometry->strides[1] + b] != 0;
   }
 
   const common::WindowGeometry* geometry;
   int64_t rows, cols, slack;
+
+ private:
+  std::vector<char> used_phases_;  // [s0][s1]
 };
 
 // Copies channels [channel_lo, channel_hi) of one image x [channels, in_h,
@@ -245,15 +258,11 @@ void FillGrid(const T* x, int64_t channel_lo, int64_t channel_hi, const PaddedGr
   const int64_t in_h = g.input[0], in_w = g.input[1];
   const int64_t s0 = g.strides[0], s1 = g.strides[1];
   const int64_t rows = grid.rows, cols = grid.cols;
-  std::vector<char> phase_used(static_cast<size_t>(s0 * s1));
-  for (int64_t a = 0; a < s0; ++a) {
-    for (int64_t b = 0; b < s1; ++b) phase_used[a * s1 + b] = grid.PhaseUsed(a, b);
-  }
   for (int64_t c = channel_lo; c < channel_hi; ++c) {
     const T* src = x + c * in_h * in_w;
     for (int64_t a = 0; a < s0; ++a) {
       for (int64_t b = 0; b < s1; ++b) {
-        if (!phase_used[a * s1 + b]) continue;
+        if (!grid.PhaseUsed(a, b)) continue;
         Acc* dst = padded + c * grid.channel_size() + (a * s1 + b) * grid.plane();
         if constexpr (std::is_same_v<T, float> && std::is_same_v<Acc, float>) {
           if (s0 == 1 && s1 == 1 &&
