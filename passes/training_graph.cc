@@ -169,8 +169,9 @@ absl::StatusOr<Value*> AttachLoss(Model& model, Value* output, LossKind kind,
 // var, saved_mean, saved_var, no training_mode). castor's own op keeps the
 // graph valid at every opset (ONNX has no training_mode below 14, and no
 // unbiased update at all). The node is rebuilt with outputs of castor's
-// naming, so the trainer finds each statistic's update; readers of the old
-// outputs read the new ones. Returns (initializer, updated value) pairs:
+// naming, so the trainer finds each statistic's update, and where the
+// statistics are float32 the batch mean for the gradient; readers of the
+// old outputs read the new ones. Returns (initializer, updated value) pairs:
 // the running statistics are state updated by the step, never parameters.
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SwitchBatchNormToTraining(
     Model& model) {
@@ -214,6 +215,13 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SwitchBatchNorm
       outputs.push_back(graph.UniqueName(absl::StrCat(state->name(), "/updated")));
       stats.emplace_back(state->name(), outputs.back());
     }
+    // The batch mean, for the gradient (which would otherwise compute it
+    // from X again, a pass over X): float32 statistics of a float32 or
+    // 16-bit X only, whose kernels use the mean rounded to float32.
+    if (node->input(3)->dtype() == DType::kFloat32 &&
+        node->input(0)->dtype() != DType::kFloat64) {
+      outputs.push_back(graph.UniqueName(absl::StrCat(node->output(0)->name(), "/batch_mean")));
+    }
     // The same inputs, epsilon and momentum; Y and the two running statistics.
     CASTOR_ASSIGN_OR_RETURN(
         Node * training,
@@ -225,7 +233,7 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SwitchBatchNorm
       }
     }
     for (const auto& [key, value] : node->metadata()) training->SetMetadata(key, value);
-    for (int i = 0; i < std::min(node->num_outputs(), training->num_outputs()); ++i) {
+    for (int i = 0; i < std::min(node->num_outputs(), 3); ++i) {
       if (node->output(i) == nullptr) continue;
       graph.ReplaceAllUsesWith(node->output(i), training->output(i));
     }

@@ -208,7 +208,18 @@ TrainingRun Train(int64_t opset, Form form) {
     if (node->op_type() != "BatchNormalizationTraining") continue;
     ++training_nodes;
     EXPECT_EQ(node->domain(), kCastorDomain);
-    EXPECT_EQ(node->num_outputs(), 3);
+    // Y, the running statistics, and the batch mean, which the gradient
+    // reads instead of computing it again (and nothing else reads).
+    EXPECT_EQ(node->num_outputs(), 4);
+    if (node->num_outputs() == 4) {
+      const std::vector<Use>& mean_readers = node->output(3)->uses();
+      EXPECT_EQ(mean_readers.size(), 1u);
+      for (const Use& use : mean_readers) {
+        EXPECT_EQ(use.node->op_type(), "BatchNormalizationGrad");
+        EXPECT_EQ(use.index, 3);
+      }
+      EXPECT_EQ(node->output(3)->dtype(), DType::kFloat32);
+    }
     EXPECT_FALSE(node->has_attribute("training_mode"));
     EXPECT_EQ(node->GetFloat("momentum", 0.0f), kOnnxMomentum);
     EXPECT_EQ(node->GetFloat("epsilon", 0.0f), kEpsilon);

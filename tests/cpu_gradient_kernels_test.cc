@@ -686,6 +686,54 @@ TEST(BatchNormalizationGrad, Float16AndBFloat16ActivationsWithFloat32Parameters)
   ExpectLowPrecisionMatchesBoth("BatchNormalizationGrad", {dy, x, scale}, {0, 1}, {}, 3);
 }
 
+bool SameBits(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.dims() == b.dims() &&
+         std::memcmp(a.raw(), b.raw(), a.byte_size()) == 0;
+}
+
+// The training graph hands BatchNormalizationTraining's batch mean (its
+// output 3) to the gradient, which then skips its own pass over X for it:
+// the gradients are the bits of the recomputing form, for float32 and
+// 16-bit X and runs longer than the kernels' 32 float32 lanes, and the
+// mean given is the one used (a shifted one changes dX).
+TEST(BatchNormalizationGrad, ForwardBatchMeanGivesTheRecomputedBits) {
+  const std::vector<int64_t> dims = {5, 3, 7, 11};
+  const Tensor scale = RandomTensor({3}, 161, 0.5, 1.5);
+  const Tensor bias = RandomTensor({3}, 162);
+  const Tensor running_mean = RandomTensor({3}, 163);
+  const Tensor running_var = RandomTensor({3}, 164, 0.5, 1.5);
+  const std::vector<Attribute> attrs = {Attribute::Float("epsilon", 1e-3f)};
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const Tensor x = Convert(RandomTensor(dims, 165, -2.0, 3.0), dtype);
+    const Tensor dy = Convert(RandomTensor(dims, 166), dtype);
+    const std::vector<Tensor> forward =
+        RunOp("BatchNormalizationTraining", {x, scale, bias, running_mean, running_var}, attrs, 4);
+    ASSERT_EQ(forward.size(), 4u);
+    const Tensor& batch_mean = forward[3];
+    ASSERT_EQ(batch_mean.dtype(), DType::kFloat32);
+    for (int64_t c = 0; c < 3; ++c) {
+      double sum = 0;
+      for (int64_t n = 0; n < 5; ++n) {
+        for (int64_t i = 0; i < 77; ++i) sum += x.GetDouble((n * 3 + c) * 77 + i);
+      }
+      EXPECT_NEAR(batch_mean.GetDouble(c), sum / 385, 1e-6) << c;
+    }
+    const std::vector<Tensor> recomputed = RunOp("BatchNormalizationGrad", {dy, x, scale}, attrs, 3);
+    const std::vector<Tensor> given =
+        RunOp("BatchNormalizationGrad", {dy, x, scale, batch_mean}, attrs, 3);
+    ASSERT_EQ(recomputed.size(), 3u);
+    ASSERT_EQ(given.size(), 3u);
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(SameBits(given[i], recomputed[i])) << "output " << i;
+    std::vector<double> shifted = Values(batch_mean);
+    shifted[1] += 0.25;
+    const std::vector<Tensor> off = RunOp(
+        "BatchNormalizationGrad", {dy, x, scale, Make(DType::kFloat32, {3}, shifted)}, attrs, 1);
+    ASSERT_EQ(off.size(), 1u);
+    EXPECT_FALSE(SameBits(off[0], recomputed[0]));
+  }
+}
+
 
 TEST(LayerNormalizationGrad, MatchesFiniteDifferences) {
   const std::vector<int64_t> dims = {3, 4, 5};
@@ -1116,6 +1164,18 @@ TEST(GradientOpErrors, NameTheNodeAndInput) {
                                  RandomTensor({4}, 9)},
                                 {}),
                       {"BatchNormalizationGrad node 'node'", "input 2 (scale)"});
+  // The forward's batch mean, where given, must be float32 [C].
+  ExpectErrorMentions(RunStatus("BatchNormalizationGrad",
+                                {RandomTensor({2, 3, 2}, 7), RandomTensor({2, 3, 2}, 8),
+                                 RandomTensor({3}, 9), RandomTensor({2}, 10)},
+                                {}),
+                      {"BatchNormalizationGrad node 'node'", "input 3 (mean)", "[3]"});
+  ExpectErrorMentions(RunStatus("BatchNormalizationGrad",
+                                {RandomTensor({2, 3, 2}, 7), RandomTensor({2, 3, 2}, 8),
+                                 RandomTensor({3}, 9), Convert(RandomTensor({3}, 10),
+                                                               DType::kFloat16)},
+                                {}),
+                      {"BatchNormalizationGrad node 'node'", "input 3 (mean)", "float32"});
   ExpectErrorMentions(
       RunStatus("ReduceToShapeOf", {RandomTensor({2, 3}, 10), RandomTensor({4}, 11)}, {}),
       {"ReduceToShapeOf node 'node'", "input 1 (X)", "does not broadcast"});

@@ -416,6 +416,10 @@ TEST(CudaBatchNormGrad, TrainingGradients) {
                   SumTolerance(dtype));
         CheckGrad("BatchNormalizationGrad", {dy, x, scale}, {}, 1, "BN grad dX only, X " + what,
                   SumTolerance(dtype));
+        // The mean given (the forward's in a training graph) is the one used.
+        const Tensor mean = RandomTensor(DType::kFloat32, {dims[1]}, 84);
+        CheckGrad("BatchNormalizationGrad", {dy, x, scale, mean}, {}, 3,
+                  "BN grad with a mean input, X " + what, SumTolerance(dtype));
       }
     }
   }

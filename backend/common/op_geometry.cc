@@ -997,6 +997,14 @@ absl::StatusOr<BatchNormGradGeometry> PlanBatchNormGrad(const KernelContext& ctx
     return ctx.Error(absl::StrCat("input 2 (scale) is ", DimsToString(scale.dims), "; expected [",
                                   g.channels, "] (C of X ", DimsToString(x.dims), ")"));
   }
+  if (ctx.has_input(3)) {
+    const TensorView& mean = ctx.input(3);
+    if (mean.dtype != DType::kFloat32 || mean.dims.size() != 1 || mean.dims[0] != g.channels) {
+      return ctx.Error(absl::StrCat("input 3 (mean) is ", DTypeName(mean.dtype), " ",
+                                    DimsToString(mean.dims), "; expected float32 [", g.channels,
+                                    "]"));
+    }
+  }
   return g;
 }
 

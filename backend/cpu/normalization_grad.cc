@@ -258,11 +258,18 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
     CASTOR_RETURN_IF_ERROR(SyncBatchNormGrad(ctx, geometry, epsilon, x, dy, scale,
                                              dx ? &*dx : nullptr, d_scale, d_bias));
   } else {
+    // The forward's batch mean where the graph hands it over (input 3,
+    // float32: InferNormGrad): the kernels below use the mean rounded to
+    // float32, so it gives the bits of ChannelSum's and saves a pass over X.
+    const float* saved_mean =
+        ctx.has_input(3) ? ctx.input(3).as<float>() : nullptr;
     // Per channel: the sums, then its dX while X and dY are still in cache.
     ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t c = lo; c < hi; ++c) {
         const ChannelRuns xc = x.Channel(c), dyc = dy.Channel(c);
-        const double mean = count > 0 ? ChannelSum(xc) / count : 0.0;
+        const double mean = saved_mean != nullptr ? saved_mean[c]
+                            : count > 0           ? ChannelSum(xc) / count
+                                                  : 0.0;
         // (x - mean)^2, dY, dY * (x - mean)
         const std::array<double, 3> sums = ChannelGradientSums(xc, dyc, mean);
         const double var = count > 0 ? sums[0] / count : 0.0;

@@ -17,8 +17,10 @@
 // 0 (opsets 7-8) normalises each [C, D1, ...] entry. Per-channel
 // coefficients are formed in float64 from the float32 statistics, as the
 // CPU forms them.
-// BatchNormalizationGrad recomputes the batch statistics the same way and
-// also sums dY and dY * (x - mean) per channel; dX is one elementwise pass.
+// BatchNormalizationGrad recomputes the batch statistics the same way (the
+// mean read from input 3 instead where the graph passes the forward's: the
+// same values, from the same kernels) and also sums dY and dY * (x - mean)
+// per channel; dX is one elementwise pass.
 // LayerNormalization / LayerNormalizationGrad: one warp per row for rows of
 // up to kWarpRowLimit elements, else one block per row; two-pass float32
 // statistics. Scale and B broadcast to X as the CPU allows (any
@@ -402,7 +404,7 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
 // float per channel each): the batch statistics, the parameter gradients,
 // and the coefficients of dX = a * (dY - mean_dy - x_hat * mean_dy_xhat).
 struct BatchNormGradStats {
-  float* mean;
+  const float* mean;  // the forward's (input 3) or this node's own
   float* inv_std;
   float* d_scale;       // sum(dY * x_hat)
   float* d_bias;        // sum(dY)
@@ -490,7 +492,9 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
       float* partial,
       FloatScratch(ctx, Quantities(ChannelSums::kGradSums) * ChannelChunks(batch * inner) *
                             channels));
-  const BatchNormGradStats stats = {buffer,
+  // The forward's batch mean (float32 [C]: InferNormGrad) where given.
+  const float* saved_mean = ctx.has_input(3) ? ctx.input(3).as<float>() : nullptr;
+  const BatchNormGradStats stats = {saved_mean != nullptr ? saved_mean : buffer,
                                     buffer + channels,
                                     buffer + 2 * channels,
                                     buffer + 3 * channels,
@@ -501,8 +505,10 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
   CASTOR_RETURN_IF_ERROR(DispatchFloat(ctx, x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t count = batch * inner;
-    CASTOR_RETURN_IF_ERROR(
-        LaunchChannelMeans<T>(ctx, x.as<T>(), channels, inner, count, partial, stats.mean));
+    if (saved_mean == nullptr) {
+      CASTOR_RETURN_IF_ERROR(
+          LaunchChannelMeans<T>(ctx, x.as<T>(), channels, inner, count, partial, buffer));
+    }
     CASTOR_RETURN_IF_ERROR((LaunchChannelChunkSums<T, ChannelSums::kGradSums>(
         ctx, x.as<T>(), dy.as<T>(), stats.mean, channels, inner, count, partial)));
     const unsigned blocks = static_cast<unsigned>(std::min(channels, kMaxChannelBlocks));

@@ -6,7 +6,7 @@
 //   MaxPoolGrad(dY, X) -> dX                         first maximum per window
 //   AveragePoolGrad(dY, X) -> dX
 //   GlobalAveragePoolGrad(dY, X) -> dX
-//   BatchNormalizationGrad(dY, X, scale) -> (dX, dScale, dBias)   batch stats
+//   BatchNormalizationGrad(dY, X, scale[, mean]) -> (dX, dScale, dBias)
 //   LayerNormalizationGrad(dY, X, scale) -> (dX, dScale, dBias)
 //   InstanceNormalizationGrad(dY, X, scale) -> (dX, dScale, dBias)
 //   SoftmaxGrad(dY, Y) -> dX, LogSoftmaxGrad(dY, Y) -> dX        one axis
@@ -211,6 +211,23 @@ absl::Status InferNormGrad(InferenceContext& ctx, NormKind kind) {
       return ctx.Error(absl::StrCat("input 2 (scale) ", scale.ToString(),
                                     " has more axes than X ", x.ToString(),
                                     " has from axis ", axis, " on"));
+    }
+  }
+  if (kind == NormKind::kBatch && ctx.num_inputs() > 3 && ctx.has_input(3)) {
+    // The forward's batch mean: float32 [C], the value the kernels would
+    // compute (they round the float64 mean to float32 before using it).
+    if (ctx.input_dtype(3) != DType::kFloat32) {
+      return ctx.Error(absl::StrCat("input 3 (mean) has dtype ", DTypeName(ctx.input_dtype(3)),
+                                    "; expected float32"));
+    }
+    const Shape& mean = ctx.input_shape(3);
+    if (mean.rank_known() && x.rank_known() &&
+        (mean.rank() != 1 || (mean[0].is_static() && x[1].is_static() &&
+                              mean[0].value() != x[1].value()))) {
+      return ctx.Error(absl::StrCat(
+          "input 3 (mean) is ", mean.ToString(), "; expected [",
+          x[1].is_static() ? absl::StrCat(x[1].value()) : std::string("C"),
+          "], one entry per channel of X ", x.ToString()));
     }
   }
   ctx.SetOutput(0, ctx.input_dtype(1), x);
@@ -425,10 +442,11 @@ void RegisterGradientOps(OpRegistry& registry) {
       [](InferenceContext& ctx) { return InferPoolGrad(ctx, false); },
       "(dY, X) -> dX: GlobalAveragePool's gradient, dY / spatial size everywhere"));
   registry.Register(MakeGradDef(
-      "BatchNormalizationGrad", 3, 3, 1, 3, {{"epsilon", AttrKind::kFloat, false}},
+      "BatchNormalizationGrad", 3, 4, 1, 3, {{"epsilon", AttrKind::kFloat, false}},
       [](InferenceContext& ctx) { return InferNormGrad(ctx, NormKind::kBatch); },
-      "(dY, X, scale) -> (dX, dScale, dBias): training-mode BatchNormalization's gradients "
-      "(batch statistics recomputed from X)"));
+      "(dY, X, scale[, mean]) -> (dX, dScale, dBias): training-mode BatchNormalization's "
+      "gradients (batch statistics recomputed from X; the batch mean taken from `mean`, the "
+      "forward's, where given)"));
   registry.Register(MakeGradDef(
       "LayerNormalizationGrad", 3, 3, 1, 3,
       {{"axis", AttrKind::kInt, false}, {"epsilon", AttrKind::kFloat, false}},

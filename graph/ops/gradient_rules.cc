@@ -1692,7 +1692,10 @@ absl::Status GlobalAveragePoolGradient(GradientBuilder& g) {
 
 // Training-mode BatchNormalization (and castor's BatchNormalizationTraining,
 // the form the training graph gives it): gradients of X, scale and B; the
-// running statistics (inputs 3 and 4) are state, not parameters.
+// running statistics (inputs 3 and 4) are state, not parameters. A
+// BatchNormalizationTraining whose output 3 (the batch mean, float32) is
+// there hands it to the gradient, which then skips its own pass over X for
+// the mean (the same float32 values: both compute it from X alike).
 absl::Status BatchNormalizationGradient(GradientBuilder& g) {
   const Node& node = g.node();
   if (node.GetInt("training_mode", 0) == 0 && node.num_outputs() == 1) {
@@ -1704,10 +1707,14 @@ absl::Status BatchNormalizationGradient(GradientBuilder& g) {
     return absl::InvalidArgumentError(
         "its running mean/variance (inputs 3 and 4) are training state, not parameters");
   }
-  CASTOR_ASSIGN_OR_RETURN(
-      std::vector<Value*> grads,
-      g.Emit("BatchNormalizationGrad", {g.output_grad(0), g.input(0), g.input(1)}, 3,
-             SharedAttributes(node, {"epsilon"}), kCastorDomain));
+  std::vector<Value*> inputs = {g.output_grad(0), g.input(0), g.input(1)};
+  const bool saved_mean = node.domain() == kCastorDomain && node.num_outputs() > 3 &&
+                          node.output(3) != nullptr &&
+                          node.output(3)->dtype() == DType::kFloat32;
+  if (saved_mean) inputs.push_back(g.output(3));
+  CASTOR_ASSIGN_OR_RETURN(std::vector<Value*> grads,
+                          g.Emit("BatchNormalizationGrad", inputs, 3,
+                                 SharedAttributes(node, {"epsilon"}), kCastorDomain));
   for (int i = 0; i < 3; ++i) g.SetInputGrad(i, grads[i]);
   return absl::OkStatus();
 }

@@ -12,8 +12,11 @@
 // form castor's training graph gives every BatchNormalization, whatever its
 // opset: PyTorch's train() semantics. Inputs as opset 15's (X: T; scale, B:
 // T1; input_mean, input_var: T2), attributes epsilon and momentum (ONNX's
-// meaning: the weight of the old running value), always three outputs Y,
-// running_mean, running_var. Y uses the batch mean and biased batch
+// meaning: the weight of the old running value), outputs Y, running_mean,
+// running_var and optionally the batch mean and biased batch variance
+// (opset 7-13's saved_mean and saved_var, in the statistics' dtype; the
+// training graph keeps the mean for the gradient, which then need not
+// compute it again: gradient_rules.cc). Y uses the batch mean and biased batch
 // variance, as ONNX's training mode; running_var is updated with the
 // unbiased batch variance (times count / (count - 1)) as PyTorch does,
 // where the ONNX spec's text and reference use the biased one (what the
@@ -216,7 +219,7 @@ void RegisterNormalizationOps(OpRegistry& registry) {
     def.min_inputs = 5;
     def.max_inputs = 5;
     def.min_outputs = 3;
-    def.max_outputs = 3;
+    def.max_outputs = 5;  // + the batch mean and variance
     def.attributes = {{"epsilon", AttrKind::kFloat, false},    // default 1e-5
                       {"momentum", AttrKind::kFloat, false}};  // default 0.9
     def.infer = InferBatchNormalizationTraining;
