@@ -1,7 +1,8 @@
 // BuildTrainingGraph (see training_graph.h): the forward-only evaluation
 // graph, then BatchNormalization in training mode, Relu moved behind the
 // MaxPool that reads it, the Casts around a BatchNormalization between
-// 16-bit neighbours folded into it, the loss, parameters, autodiff seeded
+// 16-bit neighbours folded into it, the Relu after a BatchNormalization
+// applied by it, the loss, parameters, autodiff seeded
 // with the loss scale, and 16-bit values re-widened for the backward pass
 // instead of kept in float32.
 #include "passes/training_graph.h"
@@ -401,6 +402,40 @@ absl::StatusOr<int> FoldBatchNormCasts(Graph& graph) {
     ++folded;
   }
   return folded;
+}
+
+// BatchNormalizationTraining -> Relu: the node applies the Relu itself as
+// it writes Y (attribute relu = 1), one pass over the tensor less forward.
+// The values are the bits of the pair: Relu(round(v)) is round(Relu(v))
+// for every float32 v (rounding keeps signs, zeros and NaNs), and the
+// gradient is ReluGrad on the fused output, as the Relu's was, before
+// BatchNormalizationGrad (gradient_rules.cc). Applies where Y (not a graph
+// output) is read only by one Relu; runs after fold-batchnorm-casts, which
+// leaves the Relu reading Y itself between 16-bit neighbours. Returns the
+// number of Relus fused.
+absl::StatusOr<int> FuseBatchNormRelu(Graph& graph) {
+  std::vector<Node*> batch_norms;
+  for (Node* node : graph.nodes()) {
+    if (node->op_type() == "BatchNormalizationTraining" && node->domain() == kCastorDomain &&
+        node->GetInt("relu", 0) == 0) {
+      batch_norms.push_back(node);
+    }
+  }
+  int fused = 0;
+  for (Node* bn : batch_norms) {
+    Value* y = bn->output(0);
+    if (y->is_graph_output() || y->uses().size() != 1) continue;
+    const Use use = y->uses()[0];
+    Node* relu = use.node;
+    if (relu->op_type() != "Relu" || !relu->domain().empty() || use.index != 0) continue;
+    Value* activated = relu->output(0);
+    if (activated->is_graph_output()) continue;
+    bn->SetAttribute(Attribute::Int("relu", 1));
+    graph.ReplaceAllUsesWith(activated, y);
+    CASTOR_RETURN_IF_ERROR(graph.RemoveNode(relu));
+    ++fused;
+  }
+  return fused;
 }
 
 // The scalar a value holds when it is a one-element initializer or Constant
@@ -984,6 +1019,14 @@ void AddTrainingPasses(PassManager& manager, const TrainingGraphOptions& options
         "(it reads and writes the 16-bit values, computing in float32 as before)",
         &TrainingGraph::folded_batchnorm_casts,
         [](Model& model) { return FoldBatchNormCasts(*model.graph); });
+  }
+  if (options.fuse_batchnorm_relu) {
+    AddCountedRewrite(
+        manager, state, "fuse-batchnorm-relu",
+        "has a BatchNormalization apply the Relu that alone reads its output as it writes it "
+        "(the same values, one pass over the tensor less)",
+        &TrainingGraph::fused_batchnorm_relus,
+        [](Model& model) { return FuseBatchNormRelu(*model.graph); });
   }
   if (options.fuse_gelu) {
     AddCountedRewrite(

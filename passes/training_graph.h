@@ -94,6 +94,9 @@ struct TrainingGraphOptions {
   // Fold 16-bit -> float32 -> 16-bit Casts around a BatchNormalization
   // into it (off only to compare: the values are the same bits).
   bool fold_batchnorm_casts = true;
+  // Have a BatchNormalization apply the Relu after it (off only to
+  // compare: the values are the same bits).
+  bool fuse_batchnorm_relu = true;
   // Run the erf form of GELU as castor's Gelu (off only to compare).
   bool fuse_gelu = true;
   // Fine-tuning (ECMAScript regular expressions, matched anywhere in the
@@ -129,6 +132,9 @@ struct TrainingGraph {
   // BatchNormalizations that read and write their 16-bit neighbours'
   // values directly (fold-batchnorm-casts).
   int folded_batchnorm_casts = 0;
+  // Relus applied by the BatchNormalization before them
+  // (fuse-batchnorm-relu).
+  int fused_batchnorm_relus = 0;
   // Erf-form GELU chains run as one castor Gelu (fuse-gelu).
   int fused_gelus = 0;
   // Dropout nodes that read the RNG state (kRngStateInput; the input

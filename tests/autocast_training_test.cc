@@ -442,5 +442,51 @@ TEST(AutocastTrainingFormTest, FoldedBatchNormCastsTrainTheSameBits) {
   }
 }
 
+// fuse-batchnorm-relu (passes/training_graph.cc): the ResNet's four
+// BatchNormalization -> Relu pairs (the stem and each block's first; the
+// second BatchNormalization of a block feeds the residual Add) run as
+// BatchNormalizationTraining with relu = 1, and training gives the same
+// bits as with the Relus: losses, weights, Adam moments and running
+// statistics over 4 steps, in float32 and both 16-bit policies.
+TEST(AutocastTrainingFormTest, FusedBatchNormReluTrainsTheSameBits) {
+  std::mt19937 rng(6);
+  std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+  Tensor images(DType::kFloat32, {16, 1, 28, 28});
+  for (int64_t i = 0; i < images.num_elements(); ++i) images.data<float>()[i] = pixel(rng);
+  Tensor labels(DType::kInt64, {16});
+  for (int64_t i = 0; i < 16; ++i) labels.data<int64_t>()[i] = (i * 7) % 10;
+  for (const char* policy : {"float32", "mixed_bfloat16", "mixed_float16"}) {
+    SCOPED_TRACE(policy);
+    TrainingGraphOptions unfused_options;
+    unfused_options.fuse_batchnorm_relu = false;
+    std::unique_ptr<training::Trainer> fused = MakeTrainer(policy, "resnet_opset17");
+    std::unique_ptr<training::Trainer> unfused =
+        MakeTrainer(policy, "resnet_opset17", unfused_options);
+    EXPECT_EQ(fused->training_graph().fused_batchnorm_relus, 4);
+    EXPECT_EQ(unfused->training_graph().fused_batchnorm_relus, 0);
+    int relus = 0, fused_nodes = 0;
+    for (const Node* node : fused->model().graph->nodes()) {
+      relus += node->op_type() == "Relu";
+      fused_nodes += node->op_type() == "BatchNormalizationTraining" && node->GetInt("relu", 0);
+    }
+    EXPECT_EQ(relus, 3);  // after the residual Adds
+    EXPECT_EQ(fused_nodes, 4);
+    for (int step = 0; step < 4; ++step) {
+      const training::StepResult a = ValueOrDie(fused->Step({{"input", images}}, labels));
+      const training::StepResult b = ValueOrDie(unfused->Step({{"input", images}}, labels));
+      ASSERT_FALSE(a.skipped);
+      EXPECT_EQ(a.loss, b.loss) << "step " << step;
+    }
+    const training::Trainer::Snapshot after_fused = ValueOrDie(fused->TakeSnapshot());
+    const training::Trainer::Snapshot after_unfused = ValueOrDie(unfused->TakeSnapshot());
+    ASSERT_EQ(after_fused.state.size(), after_unfused.state.size());
+    for (const auto& [name, tensor] : after_fused.state) {
+      const Tensor& other = after_unfused.state.at(name);
+      ASSERT_EQ(tensor.byte_size(), other.byte_size()) << name;
+      EXPECT_EQ(std::memcmp(tensor.raw(), other.raw(), tensor.byte_size()), 0) << name;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace castor

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -475,6 +476,36 @@ TEST(CpuBatchNorm, TrainingModeOutputs) {
     ExpectNear(y, castor[0], tol, tol, what + " Y");
     ExpectNear(rmean, castor[1], tol, tol, what + " running_mean");
     ExpectNear(rvar_unbiased, castor[2], tol, tol, what + " running_var (unbiased)");
+  }
+  // relu = 1 (the fuse-batchnorm-relu pass's form): the bits of Relu on
+  // the plain node's Y, with negatives, zeros and a NaN among the inputs;
+  // output 3 is the batch mean, float32.
+  std::vector<double> with_nan = x;
+  with_nan[7] = std::nan("");
+  for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64}) {
+    SCOPED_TRACE(DTypeName(dt));
+    const std::vector<Tensor> inputs = {
+        Make(dt, xd, RoundTo(dt, with_nan)), Make(DType::kFloat32, {2}, scale),
+        Make(DType::kFloat32, {2}, bias), Make(DType::kFloat32, {2}, mean),
+        Make(DType::kFloat32, {2}, var)};
+    const std::vector<Attribute> attrs = {Attribute::Float("epsilon", static_cast<float>(eps))};
+    std::vector<Attribute> relu_attrs = attrs;
+    relu_attrs.push_back(Attribute::Int("relu", 1));
+    const auto plain = RunOk("BatchNormalizationTraining", inputs, attrs, 1, 4, kCastorDomain);
+    const auto fused = RunOk("BatchNormalizationTraining", inputs, relu_attrs, 1, 4, kCastorDomain);
+    const auto relu = RunOk("Relu", {plain[0]}, {}, 17);
+    ASSERT_EQ(fused[0].byte_size(), relu[0].byte_size());
+    EXPECT_EQ(std::memcmp(fused[0].raw(), relu[0].raw(), relu[0].byte_size()), 0);
+    int negatives = 0, nans = 0;
+    for (int64_t i = 0; i < plain[0].num_elements(); ++i) {
+      negatives += plain[0].GetDouble(i) < 0;
+      nans += std::isnan(plain[0].GetDouble(i));
+    }
+    EXPECT_GT(negatives, 0);  // the Relu had values to clamp
+    EXPECT_EQ(nans, 15);      // channel 1, whose statistics the NaN reaches
+    EXPECT_EQ(fused[3].dtype(), DType::kFloat32);
+    EXPECT_EQ(std::memcmp(fused[3].raw(), plain[3].raw(), plain[3].byte_size()), 0);
+    EXPECT_NEAR(plain[3].GetDouble(0), bmean[0], 1e-2);
   }
   // One value per channel has no unbiased variance: a clear error.
   absl::StatusOr<std::vector<Tensor>> single = testing::RunNodeOf(

@@ -393,6 +393,12 @@ TEST(CudaBatchNorm, CastorTrainingForm) {
                 "BatchNormalizationTraining f32 params, X " + what);
       CheckGrad("BatchNormalizationTraining", BatchNormInputs(dims, dtype, dtype, dtype, 82),
                 attrs, 3, "BatchNormalizationTraining X-typed params " + what);
+      // The batch mean (output 3) and the fused Relu (fuse-batchnorm-relu).
+      std::vector<Attribute> relu_attrs = attrs;
+      relu_attrs.push_back(Attribute::Int("relu", 1));
+      CheckGrad("BatchNormalizationTraining",
+                BatchNormInputs(dims, dtype, DType::kFloat32, DType::kFloat32, 83), relu_attrs, 4,
+                "BatchNormalizationTraining relu = 1, batch mean, X " + what);
     }
   }
   // One value per channel: both backends refuse it.

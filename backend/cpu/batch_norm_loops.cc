@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "backend/common/elementwise_math.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/lane_sums.h"
 #include "backend/cpu/scratch.h"
@@ -44,6 +45,14 @@ CASTOR_VECTOR_CLONES void AddRunGradientSums(const TX* x, const TD* dy, int64_t 
 template <typename TX>
 CASTOR_VECTOR_CLONES void ScaleShiftRun(const TX* x, TX* y, int64_t n, float a, float b) {
   for (int64_t i = 0; i < n; ++i) StoreF(&y[i], LoadF(x[i]) * a + b);
+}
+
+// The same with Relu applied before the rounding (math::ReluOp: NaN stays,
+// -0 becomes +0), which gives the bits of Relu on the rounded value.
+template <typename TX>
+CASTOR_VECTOR_CLONES void ScaleShiftReluRun(const TX* x, TX* y, int64_t n, float a, float b) {
+  const math::ReluOp relu;
+  for (int64_t i = 0; i < n; ++i) StoreF(&y[i], relu(LoadF(x[i]) * a + b));
 }
 
 template <typename TX, typename TD>
@@ -200,15 +209,15 @@ std::array<double, 3> ChannelGradientSums(const ChannelRuns& x, const ChannelRun
   return {sums.Total(0), sums.Total(1), sums.Total(2)};
 }
 
-void ChannelScaleShift(const ChannelRuns& x, float a, float b, ChannelOut y) {
+void ChannelScaleShift(const ChannelRuns& x, float a, float b, ChannelOut y, bool relu) {
   RunBuffers& buffers = ThreadRunBuffers();
   const RunReader reader(x, buffers.x);
   const RunWriter writer(x, y, buffers.out);
   WithRunStorage(reader.bfloat16(), [&](auto tx) {
     using TX = typename decltype(tx)::type;
+    const auto run = relu ? ScaleShiftReluRun<TX> : ScaleShiftRun<TX>;
     for (int64_t n = 0; n < x.batch; ++n) {
-      ScaleShiftRun(static_cast<const TX*>(reader.Run(n)), static_cast<TX*>(writer.Run(n)),
-                    x.inner, a, b);
+      run(static_cast<const TX*>(reader.Run(n)), static_cast<TX*>(writer.Run(n)), x.inner, a, b);
       writer.Store(n);
     }
   });

@@ -64,8 +64,9 @@ std::array<double, 3> ChannelGradientSums(const ChannelRuns& x, const ChannelRun
                                           double mean);
 
 // y = x * a + b (float32, two roundings, then one to X's dtype) over the
-// channel.
-void ChannelScaleShift(const ChannelRuns& x, float a, float b, ChannelOut y);
+// channel; with `relu`, Relu(x * a + b) (math::ReluOp, before the rounding
+// to X's dtype: the bits of Relu on the rounded value).
+void ChannelScaleShift(const ChannelRuns& x, float a, float b, ChannelOut y, bool relu);
 
 // BatchNormalizationGrad's dX over the channel (float32, then one rounding
 // to X's dtype):

@@ -30,7 +30,8 @@
 // BatchNormalization run the vectorised loops of batch_norm_loops.h, a
 // feature at a time, writing its Y right after its statistics (the
 // cross-rank statistics sum with the same loops); float64 takes the
-// generic float64 loops.
+// generic float64 loops. castor's BatchNormalizationTraining with relu = 1
+// applies Relu to Y before its rounding (the bits of a Relu after it).
 #include <array>
 #include <cmath>
 #include <type_traits>
@@ -38,6 +39,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "backend/backend.h"
+#include "backend/common/elementwise_math.h"
 #include "backend/common/op_geometry.h"
 #include "backend/cpu/batch_norm_loops.h"
 #include "backend/cpu/cpu_kernels.h"
@@ -168,6 +170,8 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
   const float epsilon = geometry.epsilon;
   const float momentum = geometry.momentum;
   const int64_t batch = geometry.batch, features = geometry.features, inner = geometry.inner;
+  // castor's fused BatchNormalization -> Relu (fuse-batchnorm-relu).
+  const bool relu = ctx.GetInt("relu", 0) != 0;
   const std::vector<double> scale = ReadDoubles(ctx.input(1));
   const std::vector<double> shift = ReadDoubles(ctx.input(2));
   const std::vector<double> input_mean = ReadDoubles(ctx.input(3));
@@ -211,7 +215,7 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
           var[f] = count > 0 ? ChannelSquaredDeviations(channel, m) / count : 0.0;
           set_coefficients(f);
           ChannelScaleShift(channel, static_cast<float>(a[f]), static_cast<float>(b[f]),
-                            ChannelOut{x.dtype, yp + f * inner * bytes});
+                            ChannelOut{x.dtype, yp + f * inner * bytes}, relu);
         }
       });
       y_written = true;
@@ -253,7 +257,7 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
           const int64_t f = r % features;
           ChannelScaleShift(ChannelRuns{x.dtype, xp + r * inner * bytes, 1, inner, inner},
                             static_cast<float>(a[f]), static_cast<float>(b[f]),
-                            ChannelOut{x.dtype, yp + r * inner * bytes});
+                            ChannelOut{x.dtype, yp + r * inner * bytes}, relu);
         }
       });
     } else {
@@ -269,7 +273,8 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
             const T* src = xp + r * inner;
             T* dst = yp + r * inner;
             for (int64_t i = 0; i < inner; ++i) {
-              StoreD(&dst[i], static_cast<V>(LoadD(src[i])) * av + bv);
+              const V v = static_cast<V>(LoadD(src[i])) * av + bv;
+              StoreD(&dst[i], relu ? math::ReluOp{}(v) : v);
             }
           }
         });

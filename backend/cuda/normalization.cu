@@ -14,7 +14,8 @@
 // same with PyTorch's unbiased var * count / (count - 1) in that update),
 // each pass summing a channel in chunks, one block per (chunk, channel),
 // and adding the chunk sums in a fixed pattern (deterministic). `spatial` =
-// 0 (opsets 7-8) normalises each [C, D1, ...] entry. Per-channel
+// 0 (opsets 7-8) normalises each [C, D1, ...] entry; relu = 1 (castor's
+// fused BatchNormalization -> Relu) applies Relu before Y's rounding. Per-channel
 // coefficients are formed in float64 from the float32 statistics, as the
 // CPU forms them.
 // BatchNormalizationGrad recomputes the batch statistics the same way (the
@@ -47,6 +48,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backend/common/elementwise_math.h"
 #include "backend/common/op_geometry.h"
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/convert.cuh"
@@ -324,10 +326,12 @@ __global__ void BatchNormTrainingStatsKernel(const float* __restrict__ partial, 
 template <typename T>
 __global__ void BatchNormApplyKernel(const T* __restrict__ x, int64_t total, int64_t features,
                                      int64_t inner, const float* __restrict__ a,
-                                     const float* __restrict__ b, T* __restrict__ y) {
+                                     const float* __restrict__ b, bool relu,
+                                     T* __restrict__ y) {
   CASTOR_GRID_STRIDE(e, total) {
     const int64_t f = (e / inner) % features;
-    y[e] = FromFloat<T>(ToFloat(x[e]) * a[f] + b[f]);
+    const float v = ToFloat(x[e]) * a[f] + b[f];
+    y[e] = FromFloat<T>(relu ? math::ReluOp{}(v) : v);
   }
 }
 
@@ -338,6 +342,8 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
   const float epsilon = geometry.epsilon;
   const float momentum = geometry.momentum;
   const int64_t batch = geometry.batch, features = geometry.features, inner = geometry.inner;
+  // castor's fused BatchNormalization -> Relu (fuse-batchnorm-relu).
+  const bool relu = ctx.GetInt("relu", 0) != 0;
   CASTOR_ASSIGN_OR_RETURN(TensorView * y, ctx.Output(0, x.dtype, x.dims));
   if (features == 0) {
     // Nothing to normalise; the statistics outputs are empty too.
@@ -383,7 +389,7 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
     CASTOR_RETURN_IF_ERROR(CheckLaunch(ctx));
     if (total == 0) return absl::OkStatus();
     BatchNormApplyKernel<T><<<Blocks(total), kThreads, 0, Stream(ctx)>>>(
-        x.as<T>(), total, features, inner, stats.a, stats.b, y->as<T>());
+        x.as<T>(), total, features, inner, stats.a, stats.b, relu, y->as<T>());
     return CheckLaunch(ctx);
   }));
   if (!training) return absl::OkStatus();

@@ -16,7 +16,9 @@
 // running_var and optionally the batch mean and biased batch variance
 // (opset 7-13's saved_mean and saved_var, in the statistics' dtype; the
 // training graph keeps the mean for the gradient, which then need not
-// compute it again: gradient_rules.cc). Y uses the batch mean and biased batch
+// compute it again: gradient_rules.cc), and attribute relu (default 0; 1:
+// Y is Relu of the normalised values, the fuse-batchnorm-relu pass's form
+// of a BatchNormalization -> Relu pair). Y uses the batch mean and biased batch
 // variance, as ONNX's training mode; running_var is updated with the
 // unbiased batch variance (times count / (count - 1)) as PyTorch does,
 // where the ONNX spec's text and reference use the biased one (what the
@@ -220,8 +222,9 @@ void RegisterNormalizationOps(OpRegistry& registry) {
     def.max_inputs = 5;
     def.min_outputs = 3;
     def.max_outputs = 5;  // + the batch mean and variance
-    def.attributes = {{"epsilon", AttrKind::kFloat, false},    // default 1e-5
-                      {"momentum", AttrKind::kFloat, false}};  // default 0.9
+    def.attributes = {{"epsilon", AttrKind::kFloat, false},   // default 1e-5
+                      {"momentum", AttrKind::kFloat, false},  // default 0.9
+                      {"relu", AttrKind::kInt, false}};       // default 0
     def.infer = InferBatchNormalizationTraining;
     def.summary =
         "castor's training BatchNormalization (PyTorch's train()): Y from batch statistics; "
