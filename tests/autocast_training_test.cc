@@ -393,6 +393,32 @@ TEST(AutocastTrainingFormTest, CnnLossCurveUnderBfloat16ConvsStaysCloseToFloat32
   EXPECT_LT(last_bf16, 0.8 * first);
 }
 
+// Four steps of `a` and `b` on the same 16 random images (`seed`): the same
+// losses and the same state after them (weights, optimizer moments,
+// running statistics), bit for bit.
+void ExpectTheSameTrainingBits(training::Trainer& a, training::Trainer& b, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+  Tensor images(DType::kFloat32, {16, 1, 28, 28});
+  for (int64_t i = 0; i < images.num_elements(); ++i) images.data<float>()[i] = pixel(rng);
+  Tensor labels(DType::kInt64, {16});
+  for (int64_t i = 0; i < 16; ++i) labels.data<int64_t>()[i] = (i * 3 + seed) % 10;
+  for (int step = 0; step < 4; ++step) {
+    const training::StepResult from_a = ValueOrDie(a.Step({{"input", images}}, labels));
+    const training::StepResult from_b = ValueOrDie(b.Step({{"input", images}}, labels));
+    ASSERT_FALSE(from_a.skipped);
+    EXPECT_EQ(from_a.loss, from_b.loss) << "step " << step;
+  }
+  const training::Trainer::Snapshot after_a = ValueOrDie(a.TakeSnapshot());
+  const training::Trainer::Snapshot after_b = ValueOrDie(b.TakeSnapshot());
+  ASSERT_EQ(after_a.state.size(), after_b.state.size());
+  for (const auto& [name, tensor] : after_a.state) {
+    const Tensor& other = after_b.state.at(name);
+    ASSERT_EQ(tensor.byte_size(), other.byte_size()) << name;
+    EXPECT_EQ(std::memcmp(tensor.raw(), other.raw(), tensor.byte_size()), 0) << name;
+  }
+}
+
 // fold-batchnorm-casts (passes/training_graph.cc): the ResNet's
 // BatchNormalizations between 16-bit neighbours (all eight: each reads a
 // Conv's 16-bit output and hands its own on in 16 bits) read and write
@@ -400,12 +426,6 @@ TEST(AutocastTrainingFormTest, CnnLossCurveUnderBfloat16ConvsStaysCloseToFloat32
 // with the Casts: losses, weights and running statistics over 4 steps, for
 // both 16-bit types.
 TEST(AutocastTrainingFormTest, FoldedBatchNormCastsTrainTheSameBits) {
-  std::mt19937 rng(5);
-  std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
-  Tensor images(DType::kFloat32, {16, 1, 28, 28});
-  for (int64_t i = 0; i < images.num_elements(); ++i) images.data<float>()[i] = pixel(rng);
-  Tensor labels(DType::kInt64, {16});
-  for (int64_t i = 0; i < 16; ++i) labels.data<int64_t>()[i] = (i * 3) % 10;
   for (const char* policy : {"mixed_bfloat16", "mixed_float16"}) {
     SCOPED_TRACE(policy);
     TrainingGraphOptions unfolded_options;
@@ -425,20 +445,7 @@ TEST(AutocastTrainingFormTest, FoldedBatchNormCastsTrainTheSameBits) {
       EXPECT_EQ(node->output(1)->dtype(), DType::kFloat32) << node->name();
     }
     EXPECT_EQ(low_precision_bns, 8);
-    for (int step = 0; step < 4; ++step) {
-      const training::StepResult a = ValueOrDie(folded->Step({{"input", images}}, labels));
-      const training::StepResult b = ValueOrDie(unfolded->Step({{"input", images}}, labels));
-      ASSERT_FALSE(a.skipped);
-      EXPECT_EQ(a.loss, b.loss) << "step " << step;
-    }
-    const training::Trainer::Snapshot after_folded = ValueOrDie(folded->TakeSnapshot());
-    const training::Trainer::Snapshot after_unfolded = ValueOrDie(unfolded->TakeSnapshot());
-    ASSERT_EQ(after_folded.state.size(), after_unfolded.state.size());
-    for (const auto& [name, tensor] : after_folded.state) {
-      const Tensor& other = after_unfolded.state.at(name);
-      ASSERT_EQ(tensor.byte_size(), other.byte_size()) << name;
-      EXPECT_EQ(std::memcmp(tensor.raw(), other.raw(), tensor.byte_size()), 0) << name;
-    }
+    ExpectTheSameTrainingBits(*folded, *unfolded, 5);
   }
 }
 
@@ -449,12 +456,6 @@ TEST(AutocastTrainingFormTest, FoldedBatchNormCastsTrainTheSameBits) {
 // bits as with the Relus: losses, weights, Adam moments and running
 // statistics over 4 steps, in float32 and both 16-bit policies.
 TEST(AutocastTrainingFormTest, FusedBatchNormReluTrainsTheSameBits) {
-  std::mt19937 rng(6);
-  std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
-  Tensor images(DType::kFloat32, {16, 1, 28, 28});
-  for (int64_t i = 0; i < images.num_elements(); ++i) images.data<float>()[i] = pixel(rng);
-  Tensor labels(DType::kInt64, {16});
-  for (int64_t i = 0; i < 16; ++i) labels.data<int64_t>()[i] = (i * 7) % 10;
   for (const char* policy : {"float32", "mixed_bfloat16", "mixed_float16"}) {
     SCOPED_TRACE(policy);
     TrainingGraphOptions unfused_options;
@@ -471,20 +472,7 @@ TEST(AutocastTrainingFormTest, FusedBatchNormReluTrainsTheSameBits) {
     }
     EXPECT_EQ(relus, 3);  // after the residual Adds
     EXPECT_EQ(fused_nodes, 4);
-    for (int step = 0; step < 4; ++step) {
-      const training::StepResult a = ValueOrDie(fused->Step({{"input", images}}, labels));
-      const training::StepResult b = ValueOrDie(unfused->Step({{"input", images}}, labels));
-      ASSERT_FALSE(a.skipped);
-      EXPECT_EQ(a.loss, b.loss) << "step " << step;
-    }
-    const training::Trainer::Snapshot after_fused = ValueOrDie(fused->TakeSnapshot());
-    const training::Trainer::Snapshot after_unfused = ValueOrDie(unfused->TakeSnapshot());
-    ASSERT_EQ(after_fused.state.size(), after_unfused.state.size());
-    for (const auto& [name, tensor] : after_fused.state) {
-      const Tensor& other = after_unfused.state.at(name);
-      ASSERT_EQ(tensor.byte_size(), other.byte_size()) << name;
-      EXPECT_EQ(std::memcmp(tensor.raw(), other.raw(), tensor.byte_size()), 0) << name;
-    }
+    ExpectTheSameTrainingBits(*fused, *unfused, 6);
   }
 }
 
