@@ -261,8 +261,7 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
     // The forward's batch mean where the graph hands it over (input 3,
     // float32: InferNormGrad): the kernels below use the mean rounded to
     // float32, so it gives the bits of ChannelSum's and saves a pass over X.
-    const float* saved_mean =
-        ctx.has_input(3) ? ctx.input(3).as<float>() : nullptr;
+    const float* saved_mean = ctx.has_input(3) ? ctx.input(3).as<float>() : nullptr;
     // Per channel: the sums, then its dX while X and dY are still in cache.
     ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t c = lo; c < hi; ++c) {
