@@ -519,6 +519,48 @@ TEST(CpuBatchNorm, TrainingModeOutputs) {
       << single.status();
 }
 
+// float32 rows with a dense scale run four at a time in float64 lanes on
+// AVX-512 (where the CPU has it): the same bits as the portable rows for
+// Y, Mean and InvStdDev, for widths with and without a partial block, with
+// and without a bias, and with a scale per outer index (rows then go four
+// at a time only where they share it).
+TEST(CpuLayerNorm, VectorRowsMatchPortableRowsBitForBit) {
+  if (!cpu::HasSimd16()) GTEST_SKIP() << "this CPU has no AVX-512 (F/BW/VL): no vector rows";
+  for (int64_t width : {1, 5, 8, 37, 64, 130}) {
+    for (const bool per_outer_scale : {false, true}) {
+      for (const bool bias : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << "width " << width << (bias ? ", bias" : "")
+                                          << (per_outer_scale ? ", scale [3, 1, D]" : ""));
+        const std::vector<int64_t> xd = {3, 6, width};
+        const std::vector<int64_t> sd =
+            per_outer_scale ? std::vector<int64_t>{3, 1, width} : std::vector<int64_t>{width};
+        std::vector<Tensor> inputs = {Make(DType::kFloat32, xd, Random(Count(xd), 71)),
+                                      Make(DType::kFloat32, sd, Random(Count(sd), 72))};
+        if (bias) inputs.push_back(Make(DType::kFloat32, {width}, Random(width, 73)));
+        const std::vector<Attribute> attrs = {Attribute::Int("axis", -1)};
+        std::vector<Tensor> vector_rows, portable_rows;
+        {
+          const cpu::ScopedFusedSimd16ForTesting fused(true);
+          vector_rows = RunOk("LayerNormalization", inputs, attrs, 17, 3);
+        }
+        {
+          const cpu::ScopedFusedSimd16ForTesting fused(false);
+          portable_rows = RunOk("LayerNormalization", inputs, attrs, 17, 3);
+        }
+        ASSERT_EQ(vector_rows.size(), 3u);
+        ASSERT_EQ(portable_rows.size(), 3u);
+        for (int k = 0; k < 3; ++k) {
+          ASSERT_EQ(vector_rows[k].byte_size(), portable_rows[k].byte_size());
+          EXPECT_EQ(std::memcmp(vector_rows[k].raw(), portable_rows[k].raw(),
+                                vector_rows[k].byte_size()),
+                    0)
+              << "output " << k;
+        }
+      }
+    }
+  }
+}
+
 TEST(CpuLayerNorm, AxesAndStatisticsOutputs) {
   const std::vector<int64_t> xd = {2, 3, 4};
   const auto x = Random(Count(xd), 31);

@@ -45,6 +45,7 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/lane_sums.h"
+#include "backend/cpu/layer_norm_rows.h"
 #include "backend/cpu/parallel.h"
 #include "graph/gradient_builder.h"
 #include "graph/status.h"
@@ -335,6 +336,33 @@ BroadcastOffsets BroadcastTo(const std::vector<int64_t>& dims, const std::vector
   return {offsets(0, axis), offsets(axis, xr)};
 }
 
+#if defined(CASTOR_SIMD16_X86)
+// kRows consecutive float32 rows of n with a dense scale (and bias, or
+// none): their statistics side by side (LayerNormRowStats,
+// layer_norm_rows.h) into mean and inv_std, then y = (x - mean) * inv_std *
+// scale + bias in float32, the portable loop's arithmetic in its order (no
+// FMA: -ffp-contract=off), so the same bits.
+template <int kRows>
+CASTOR_SIMD16_TARGET void LayerNormRowsAvx512(const float* x, const float* scale,
+                                              const float* bias, int64_t n, double epsilon,
+                                              double* mean, double* inv_std, float* y) {
+  LayerNormRowStats<kRows>(x, n, epsilon, mean, inv_std);
+  for (int r = 0; r < kRows; ++r) {
+    const __m512 mv = _mm512_set1_ps(static_cast<float>(mean[r]));
+    const __m512 iv = _mm512_set1_ps(static_cast<float>(inv_std[r]));
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 lanes = TailMask(n - i);
+      __m512 v = _mm512_mul_ps(
+          _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, x + r * n + i), mv), iv),
+          _mm512_maskz_loadu_ps(lanes, scale + i));
+      if (bias != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(lanes, bias + i));
+      _mm512_mask_storeu_ps(y + r * n + i, lanes, v);
+    }
+  }
+  _mm256_zeroupper();  // the callers are SSE code (see float_io.cc's kZeroUpperNote)
+}
+#endif
+
 absl::Status LayerNormKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(0);
   const int64_t rank = static_cast<int64_t>(x.dims.size());
@@ -367,6 +395,24 @@ absl::Status LayerNormKernel(KernelContext& ctx) {
     ParallelFor(0, outer, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t r = lo; r < hi; ++r) {
         const T* src = xp + r * inner;
+#if defined(CASTOR_SIMD16_X86)
+        if constexpr (std::is_same_v<T, float>) {
+          if (dense_affine && UseFusedSimd16()) {
+            // Four rows at a time where the range has four that share their
+            // scale and bias (a [D] pair: all rows do).
+            bool four = hi - r >= 4;
+            for (int64_t k = 1; four && k < 4; ++k) {
+              four = scale_at.outer[r + k] == scale_at.outer[r] &&
+                     (!has_bias || bias_at.outer[r + k] == bias_at.outer[r]);
+            }
+            (four ? LayerNormRowsAvx512<4> : LayerNormRowsAvx512<1>)(
+                src, sp + scale_at.outer[r], has_bias ? bp + bias_at.outer[r] : nullptr, inner,
+                static_cast<double>(epsilon), &row_mean[r], &row_inv_std[r], yp + r * inner);
+            if (four) r += 3;
+            continue;
+          }
+        }
+#endif
         LaneSums<1> sum;
         sum.Add(inner, [&](int64_t i) { return std::array<double, 1>{LoadD(src[i])}; });
         const double m = inner > 0 ? sum.Total(0) / static_cast<double>(inner) : 0.0;

@@ -24,6 +24,7 @@
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/gradient_util.h"
 #include "backend/cpu/lane_sums.h"
+#include "backend/cpu/layer_norm_rows.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/simd16.h"
 #include "graph/status.h"
@@ -52,69 +53,64 @@ absl::Status WriteScaleBiasGrads(KernelContext& ctx, DType dtype, const std::vec
 }
 
 #if defined(CASTOR_SIMD16_X86)
-// Floats [p, p + 8) (lanes outside `lanes` 0) as doubles.
-CASTOR_SIMD16_TARGET inline __m512d LoadAsDoubles(const float* p, __mmask8 lanes) {
-  return _mm512_maskz_cvtps_pd(lanes, _mm256_maskz_loadu_ps(lanes, p));
-}
-
-// LaneSums' total of 8 lanes held in a vector.
-CASTOR_SIMD16_TARGET inline double PairwiseTotal(__m512d lanes) {
-  alignas(64) double v[8];
-  _mm512_store_pd(v, lanes);
-  return AddLanesPairwise(v);
-}
-
-// One row of LayerNormGrad with a dense scale, 8 float64 lanes at a time:
-// the scalar loop's arithmetic in the same order (LaneSums puts element j
-// of the whole blocks of 8 in lane j mod 8 and the tail's in lanes 0..),
-// so the same bits (castor builds with -ffp-contract=off: no FMA in target
-// code either). Adds the row's dScale and dBias terms to ds and db;
-// writes dX when dx is set; x_hat and g are n doubles of scratch.
-CASTOR_SIMD16_TARGET void LayerNormGradRowAvx512(
-    const float* x, const float* dy, const float* scale, int64_t n, double epsilon, double* ds,
-    double* db, double* x_hat, double* g, float* dx) {
-  __m512d sum = _mm512_setzero_pd();
-  for (int64_t j = 0; j < n; j += 8) {
-    const __mmask8 lanes = TailMask8(n - j);
-    sum = _mm512_mask_add_pd(sum, lanes, sum, LoadAsDoubles(x + j, lanes));
+// kRows consecutive rows of LayerNormGrad with a dense scale (x, dy and dx
+// rows n apart; dx null: no dX), 8 float64 lanes at a time: the scalar
+// loop's arithmetic in the same order, so the same bits. The rows'
+// statistics (LayerNormRowStats, layer_norm_rows.h) and sums run side by
+// side, each row in its own lanes, so kRows chains of adds are in flight;
+// ds and db take the rows' dScale and dBias terms in row order, as the
+// scalar loop adds them. x_hat and g are kRows * n doubles of scratch.
+template <int kRows>
+CASTOR_SIMD16_TARGET void LayerNormGradRowsAvx512(const float* x, const float* dy,
+                                                  const float* scale, int64_t n, double epsilon,
+                                                  double* ds, double* db, double* x_hat,
+                                                  double* g, float* dx) {
+  double mean[kRows], inv_std[kRows];
+  LayerNormRowStats<kRows>(x, n, epsilon, mean, inv_std);
+  __m512d mv[kRows], iv[kRows], g_sum[kRows], g_xhat_sum[kRows];
+  for (int r = 0; r < kRows; ++r) {
+    mv[r] = _mm512_set1_pd(mean[r]);
+    iv[r] = _mm512_set1_pd(inv_std[r]);
+    g_sum[r] = g_xhat_sum[r] = _mm512_setzero_pd();
   }
-  const double m = n > 0 ? PairwiseTotal(sum) / static_cast<double>(n) : 0.0;
-  const __m512d mv = _mm512_set1_pd(m);
-  __m512d squares = _mm512_setzero_pd();
   for (int64_t j = 0; j < n; j += 8) {
     const __mmask8 lanes = TailMask8(n - j);
-    const __m512d centred = _mm512_sub_pd(LoadAsDoubles(x + j, lanes), mv);
-    squares = _mm512_mask_add_pd(squares, lanes, squares, _mm512_mul_pd(centred, centred));
-  }
-  const double inv_std =
-      1.0 / std::sqrt((n > 0 ? PairwiseTotal(squares) / static_cast<double>(n) : 0.0) + epsilon);
-  const __m512d iv = _mm512_set1_pd(inv_std);
-  __m512d g_sum = _mm512_setzero_pd(), g_xhat_sum = _mm512_setzero_pd();
-  for (int64_t j = 0; j < n; j += 8) {
-    const __mmask8 lanes = TailMask8(n - j);
-    const __m512d dyv = LoadAsDoubles(dy + j, lanes);
-    const __m512d xh = _mm512_mul_pd(_mm512_sub_pd(LoadAsDoubles(x + j, lanes), mv), iv);
-    const __m512d gv = _mm512_mul_pd(dyv, LoadAsDoubles(scale + j, lanes));
-    _mm512_mask_storeu_pd(x_hat + j, lanes, xh);
-    _mm512_mask_storeu_pd(g + j, lanes, gv);
-    const __m512d dsv = _mm512_maskz_loadu_pd(lanes, ds + j);
-    _mm512_mask_storeu_pd(ds + j, lanes, _mm512_add_pd(dsv, _mm512_mul_pd(dyv, xh)));
-    const __m512d dbv = _mm512_maskz_loadu_pd(lanes, db + j);
-    _mm512_mask_storeu_pd(db + j, lanes, _mm512_add_pd(dbv, dyv));
-    g_sum = _mm512_mask_add_pd(g_sum, lanes, g_sum, gv);
-    g_xhat_sum = _mm512_mask_add_pd(g_xhat_sum, lanes, g_xhat_sum, _mm512_mul_pd(gv, xh));
+    const __m512d sv = LoadAsDoubles(scale + j, lanes);
+    __m512d dsv = _mm512_maskz_loadu_pd(lanes, ds + j);
+    __m512d dbv = _mm512_maskz_loadu_pd(lanes, db + j);
+    for (int r = 0; r < kRows; ++r) {
+      const __m512d dyv = LoadAsDoubles(dy + r * n + j, lanes);
+      const __m512d xh =
+          _mm512_mul_pd(_mm512_sub_pd(LoadAsDoubles(x + r * n + j, lanes), mv[r]), iv[r]);
+      const __m512d gv = _mm512_mul_pd(dyv, sv);
+      _mm512_mask_storeu_pd(x_hat + r * n + j, lanes, xh);
+      _mm512_mask_storeu_pd(g + r * n + j, lanes, gv);
+      dsv = _mm512_add_pd(dsv, _mm512_mul_pd(dyv, xh));
+      dbv = _mm512_add_pd(dbv, dyv);
+      g_sum[r] = _mm512_mask_add_pd(g_sum[r], lanes, g_sum[r], gv);
+      g_xhat_sum[r] =
+          _mm512_mask_add_pd(g_xhat_sum[r], lanes, g_xhat_sum[r], _mm512_mul_pd(gv, xh));
+    }
+    _mm512_mask_storeu_pd(ds + j, lanes, dsv);
+    _mm512_mask_storeu_pd(db + j, lanes, dbv);
   }
   if (dx != nullptr) {
-    const __m512d g_mean = _mm512_set1_pd(PairwiseTotal(g_sum) / static_cast<double>(n));
-    const __m512d g_xhat_mean =
-        _mm512_set1_pd(PairwiseTotal(g_xhat_sum) / static_cast<double>(n));
-    for (int64_t j = 0; j < n; j += 8) {
-      const __mmask8 lanes = TailMask8(n - j);
-      const __m512d centred = _mm512_sub_pd(_mm512_maskz_loadu_pd(lanes, g + j), g_mean);
-      const __m512d v = _mm512_mul_pd(
-          iv, _mm512_sub_pd(centred,
-                            _mm512_mul_pd(_mm512_maskz_loadu_pd(lanes, x_hat + j), g_xhat_mean)));
-      _mm256_mask_storeu_ps(dx + j, lanes, _mm512_maskz_cvtpd_ps(lanes, v));
+    __m512d g_mean[kRows], g_xhat_mean[kRows];
+    for (int r = 0; r < kRows; ++r) {
+      g_mean[r] = _mm512_set1_pd(PairwiseTotal(g_sum[r]) / static_cast<double>(n));
+      g_xhat_mean[r] = _mm512_set1_pd(PairwiseTotal(g_xhat_sum[r]) / static_cast<double>(n));
+    }
+    for (int r = 0; r < kRows; ++r) {
+      for (int64_t j = 0; j < n; j += 8) {
+        const __mmask8 lanes = TailMask8(n - j);
+        const __m512d centred =
+            _mm512_sub_pd(_mm512_maskz_loadu_pd(lanes, g + r * n + j), g_mean[r]);
+        const __m512d v = _mm512_mul_pd(
+            iv[r], _mm512_sub_pd(centred, _mm512_mul_pd(_mm512_maskz_loadu_pd(
+                                                            lanes, x_hat + r * n + j),
+                                                        g_xhat_mean[r])));
+        _mm256_mask_storeu_ps(dx + r * n + j, lanes, _mm512_maskz_cvtpd_ps(lanes, v));
+      }
     }
   }
   _mm256_zeroupper();  // the callers are SSE code (see float_io.cc's kZeroUpperNote)
@@ -330,7 +326,8 @@ absl::Status LayerNormGradKernel(KernelContext& ctx) {
   std::vector<std::vector<double>> d_scale(static_cast<size_t>(slices)),
       d_bias(static_cast<size_t>(slices));
   ParallelFor(0, slices, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<double> x_hat(static_cast<size_t>(inner)), g(static_cast<size_t>(inner));
+    // Scratch for four rows (the vector rows' most; the scalar rows use one).
+    std::vector<double> x_hat(static_cast<size_t>(4 * inner)), g(static_cast<size_t>(4 * inner));
     for (int64_t slice = lo; slice < hi; ++slice) {
       std::vector<double>& ds = d_scale[slice];
       std::vector<double>& db = d_bias[slice];
@@ -342,8 +339,12 @@ absl::Status LayerNormGradKernel(KernelContext& ctx) {
         const float* dyr = dyf.data() + r * inner;
 #if defined(CASTOR_SIMD16_X86)
         if (dense_scale && UseFusedSimd16()) {
-          LayerNormGradRowAvx512(xr, dyr, scale.data(), inner, epsilon, ds.data(), db.data(),
-                                 x_hat.data(), g.data(), dx ? dx->data() + r * inner : nullptr);
+          // Four rows at a time while the slice has them.
+          const bool four = SliceBegin(slice + 1, slices, outer) - r >= 4;
+          (four ? LayerNormGradRowsAvx512<4> : LayerNormGradRowsAvx512<1>)(
+              xr, dyr, scale.data(), inner, epsilon, ds.data(), db.data(), x_hat.data(), g.data(),
+              dx ? dx->data() + r * inner : nullptr);
+          if (four) r += 3;
           continue;
         }
 #endif
