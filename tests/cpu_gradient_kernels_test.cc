@@ -719,7 +719,8 @@ TEST(BatchNormalizationGrad, ForwardBatchMeanGivesTheRecomputedBits) {
       }
       EXPECT_NEAR(batch_mean.GetDouble(c), sum / 385, 1e-6) << c;
     }
-    const std::vector<Tensor> recomputed = RunOp("BatchNormalizationGrad", {dy, x, scale}, attrs, 3);
+    const std::vector<Tensor> recomputed =
+        RunOp("BatchNormalizationGrad", {dy, x, scale}, attrs, 3);
     const std::vector<Tensor> given =
         RunOp("BatchNormalizationGrad", {dy, x, scale, batch_mean}, attrs, 3);
     ASSERT_EQ(recomputed.size(), 3u);

@@ -5,10 +5,12 @@
 // castor's gradient ops (graph/ops/gradient_ops.cc). All accumulate their
 // statistics and parameter gradients in float64 (BatchNormalizationGrad
 // sums each image row in float32 lanes first: batch_norm_loops.h; it reads
-// float32 and 16-bit X and dY as stored), skip the outputs nothing
-// reads (KernelContext::output_read), and run channels or rows in parallel
-// on backend/cpu/parallel.h; 16-bit inputs widen exactly and every output
-// rounds once on store.
+// float32 and 16-bit X and dY as stored, and takes the forward's batch
+// mean where the graph passes it), skip the outputs nothing reads
+// (KernelContext::output_read), and run channels or rows in parallel on
+// backend/cpu/parallel.h; 16-bit inputs widen exactly and every output
+// rounds once on store. LayerNormalizationGrad's rows with a dense scale
+// run four at a time on AVX-512 (layer_norm_rows.h, the same bits).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
