@@ -360,6 +360,32 @@ TEST(CpuPool, GlobalPools) {
   }
 }
 
+// GlobalAveragePool sums each plane in 16 float32 lanes: planes shorter
+// than, equal to and just past one block of lanes, a 14x14 plane and a
+// long one, in float32 and both 16-bit types (their inputs as stored),
+// against the float64 mean.
+TEST(CpuPool, GlobalAveragePoolPlaneSums) {
+  for (const int64_t size : {1, 15, 16, 17, 196, 4099}) {
+    const std::vector<int64_t> xd = {2, 3, size};
+    const auto x = Random(Count(xd), 91);
+    for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+      SCOPED_TRACE(::testing::Message() << "plane " << size << " " << DTypeName(dt));
+      const std::vector<double> stored = RoundTo(dt, x);
+      std::vector<double> mean(6, 0.0);
+      for (int64_t p = 0; p < 6; ++p) {
+        for (int64_t i = 0; i < size; ++i) mean[p] += stored[p * size + i];
+        mean[p] /= static_cast<double>(size);
+      }
+      auto out = RunOk("GlobalAveragePool", {Make(dt, xd, stored)}, {}, 22);
+      ASSERT_EQ(out[0].dims(), (std::vector<int64_t>{2, 3, 1}));
+      EXPECT_EQ(out[0].dtype(), dt);
+      // float32: a few ulps of the sum; 16-bit: the rounding of the mean.
+      const double tol = dt == DType::kFloat32 ? 2e-6 : dt == DType::kFloat16 ? 1e-3 : 8e-3;
+      ExpectNear(mean, out[0], tol, tol, "GlobalAveragePool");
+    }
+  }
+}
+
 // ---- Normalization ---------------------------------------------------------------
 
 TEST(CpuBatchNorm, InferenceMode) {

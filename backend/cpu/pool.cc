@@ -6,7 +6,8 @@
 // positions in the padding are skipped (max) or, for the average, excluded
 // from the divisor unless count_include_pad, which counts the window
 // positions inside the padded input (not the overhang of ceil_mode).
-// Arithmetic is in float32 (float64 for float64), rounded once on store.
+// Arithmetic is in float32 (float64 for float64), rounded once on store;
+// GlobalAveragePool sums a plane in 16 float32 lanes (PlaneSum).
 // 2-D MaxPool without the Indices output (the common inference case) takes
 // a direct separable path (MaxPool2D); everything else walks the windows
 // with the generic N-d visitor ForEachWindow.
@@ -23,6 +24,7 @@
 #include "backend/cpu/im2col.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/simd16.h"
+#include "backend/cpu/vector_clones.h"
 #include "graph/gradient_builder.h"
 
 namespace castor::cpu {
@@ -435,6 +437,28 @@ absl::Status AveragePoolKernel(KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// GlobalAveragePool's plane sum: float32 in kPlaneSumLanes independent
+// lanes (term i in lane i mod kPlaneSumLanes, the tail's in lanes 0, 1,
+// ...), then the lanes added pairwise; the same order in every clone. (One
+// running sum waited on its previous add at every element: 0.3 ms of the
+// sample ResNet's step for 4096 planes of 196.) Float32, bfloat16 and
+// float16 planes (LoadF widens exactly).
+constexpr int kPlaneSumLanes = 16;
+
+template <typename T>
+CASTOR_VECTOR_CLONES float PlaneSum(const T* x, int64_t n) {
+  float lanes[kPlaneSumLanes] = {};
+  int64_t i = 0;
+  for (; i + kPlaneSumLanes <= n; i += kPlaneSumLanes) {
+    for (int l = 0; l < kPlaneSumLanes; ++l) lanes[l] += LoadF(x[i + l]);
+  }
+  for (int l = 0; i < n; ++i, ++l) lanes[l] += LoadF(x[i]);
+  for (int width = kPlaneSumLanes / 2; width >= 1; width /= 2) {
+    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+  }
+  return lanes[0];
+}
+
 template <bool kMax>
 absl::Status GlobalPoolKernel(KernelContext& ctx) {
   if (absl::Status s = CheckPoolInput(ctx); !s.ok()) return s;
@@ -463,6 +487,8 @@ absl::Status GlobalPoolKernel(KernelContext& ctx) {
             if (std::isnan(best)) break;
           }
           Store(&yp[plane], best);
+        } else if constexpr (std::is_same_v<V, float>) {
+          Store(&yp[plane], PlaneSum(xs, size) / static_cast<V>(size));
         } else {
           V sum = 0;
           for (int64_t i = 0; i < size; ++i) sum += Load(xs[i]);
