@@ -36,6 +36,7 @@ using testing::Cpu;
 using testing::ExpectNear;
 using testing::Make;
 using testing::RunNodeOf;
+using testing::SameBits;
 using testing::Values;
 
 constexpr double kStep = 1e-3;
@@ -684,11 +685,6 @@ TEST(BatchNormalizationGrad, Float16AndBFloat16ActivationsWithFloat32Parameters)
     EXPECT_EQ(out[2].dtype(), DType::kFloat32);
   }
   ExpectLowPrecisionMatchesBoth("BatchNormalizationGrad", {dy, x, scale}, {0, 1}, {}, 3);
-}
-
-bool SameBits(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.dims() == b.dims() &&
-         std::memcmp(a.raw(), b.raw(), a.byte_size()) == 0;
 }
 
 // The training graph hands BatchNormalizationTraining's batch mean (its

@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -520,8 +519,7 @@ TEST(CpuBatchNorm, TrainingModeOutputs) {
     const auto plain = RunOk("BatchNormalizationTraining", inputs, attrs, 1, 4, kCastorDomain);
     const auto fused = RunOk("BatchNormalizationTraining", inputs, relu_attrs, 1, 4, kCastorDomain);
     const auto relu = RunOk("Relu", {plain[0]}, {}, 17);
-    ASSERT_EQ(fused[0].byte_size(), relu[0].byte_size());
-    EXPECT_EQ(std::memcmp(fused[0].raw(), relu[0].raw(), relu[0].byte_size()), 0);
+    EXPECT_TRUE(testing::SameBits(fused[0], relu[0]));
     int negatives = 0, nans = 0;
     for (int64_t i = 0; i < plain[0].num_elements(); ++i) {
       negatives += plain[0].GetDouble(i) < 0;
@@ -530,7 +528,7 @@ TEST(CpuBatchNorm, TrainingModeOutputs) {
     EXPECT_GT(negatives, 0);  // the Relu had values to clamp
     EXPECT_EQ(nans, 15);      // channel 1, whose statistics the NaN reaches
     EXPECT_EQ(fused[3].dtype(), DType::kFloat32);
-    EXPECT_EQ(std::memcmp(fused[3].raw(), plain[3].raw(), plain[3].byte_size()), 0);
+    EXPECT_TRUE(testing::SameBits(fused[3], plain[3]));
     EXPECT_NEAR(plain[3].GetDouble(0), bmean[0], 1e-2);
   }
   // One value per channel has no unbiased variance: a clear error.
@@ -576,11 +574,7 @@ TEST(CpuLayerNorm, VectorRowsMatchPortableRowsBitForBit) {
         ASSERT_EQ(vector_rows.size(), 3u);
         ASSERT_EQ(portable_rows.size(), 3u);
         for (int k = 0; k < 3; ++k) {
-          ASSERT_EQ(vector_rows[k].byte_size(), portable_rows[k].byte_size());
-          EXPECT_EQ(std::memcmp(vector_rows[k].raw(), portable_rows[k].raw(),
-                                vector_rows[k].byte_size()),
-                    0)
-              << "output " << k;
+          EXPECT_TRUE(testing::SameBits(vector_rows[k], portable_rows[k])) << "output " << k;
         }
       }
     }

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <ostream>
@@ -310,6 +311,12 @@ inline Tensor RunOp(const std::string& op, std::vector<Tensor> inputs,
 }
 
 // ---- Comparing -------------------------------------------------------------------
+
+// Byte-identical tensors (same dtype and dims).
+inline bool SameBits(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.dims() == b.dims() &&
+         std::memcmp(a.raw(), b.raw(), a.byte_size()) == 0;
+}
 
 // Expects every element of `actual` within atol + rtol * |expected| of
 // `expected` (reports the first five that are not); `what` names the check.
