@@ -553,8 +553,6 @@ def main():
                 fmt_ratio(e["best_ratio_mixed_bfloat16_vs_torch_bf16"]),
                 fmt_ratio(e["best_ratio_mixed_bfloat16_vs_castor_float32"])))
         print()
-
-    if args.rounds > 1:
         print("ratios of rows measured in the same round, median over the %d rounds"
               % args.rounds)
         print()
