@@ -408,8 +408,9 @@ absl::StatusOr<int> FoldBatchNormCasts(Graph& graph) {
 // it writes Y (attribute relu = 1), one pass over the tensor less forward.
 // The values are the bits of the pair: Relu(round(v)) is round(Relu(v))
 // for every float32 v (rounding keeps signs, zeros and NaNs), and the
-// gradient is ReluGrad on the fused output, as the Relu's was, before
-// BatchNormalizationGrad (gradient_rules.cc). Applies where Y (not a graph
+// gradient is ReluGrad's on the fused output, as the Relu's was, applied by
+// BatchNormalizationGrad as it reads dY (its relu_output input:
+// gradient_rules.cc), one pass less backward. Applies where Y (not a graph
 // output) is read only by one Relu; runs after fold-batchnorm-casts, which
 // leaves the Relu reading Y itself between 16-bit neighbours. Returns the
 // number of Relus fused.

@@ -465,13 +465,19 @@ TEST(AutocastTrainingFormTest, FusedBatchNormReluTrainsTheSameBits) {
         MakeTrainer(policy, "resnet_opset17", unfused_options);
     EXPECT_EQ(fused->training_graph().fused_batchnorm_relus, 4);
     EXPECT_EQ(unfused->training_graph().fused_batchnorm_relus, 0);
-    int relus = 0, fused_nodes = 0;
+    int relus = 0, fused_nodes = 0, relu_grads = 0, masked_grads = 0;
     for (const Node* node : fused->model().graph->nodes()) {
       relus += node->op_type() == "Relu";
       fused_nodes += node->op_type() == "BatchNormalizationTraining" && node->GetInt("relu", 0);
+      relu_grads += node->op_type() == "ReluGrad";
+      masked_grads += node->op_type() == "BatchNormalizationGrad" && node->num_inputs() > 4 &&
+                      node->input(4) != nullptr;
     }
     EXPECT_EQ(relus, 3);  // after the residual Adds
     EXPECT_EQ(fused_nodes, 4);
+    // Their gradients: the Relu's applied inside BatchNormalizationGrad.
+    EXPECT_EQ(relu_grads, 3);
+    EXPECT_EQ(masked_grads, 4);
     ExpectTheSameTrainingBits(*fused, *unfused, 6);
   }
 }

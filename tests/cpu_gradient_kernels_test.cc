@@ -731,6 +731,49 @@ TEST(BatchNormalizationGrad, ForwardBatchMeanGivesTheRecomputedBits) {
   }
 }
 
+// relu_output (input 4: the output of a Relu fused after the
+// BatchNormalization) applies ReluGrad's select to dY as the kernel reads
+// it: the bits of ReluGrad(dY, relu_output) fed to the plain gradient, with
+// and without the forward's mean, where relu_output holds zeros of both
+// signs, NaN, Inf and positives at the bottom of each dtype's range.
+TEST(BatchNormalizationGrad, FusedReluOutputGivesReluGradsBits) {
+  const std::vector<int64_t> dims = {4, 3, 5, 9};
+  const int64_t count = Count(dims);
+  const Tensor scale = RandomTensor({3}, 171, 0.5, 1.5);
+  const std::vector<Attribute> attrs = {Attribute::Float("epsilon", 1e-3f)};
+  std::vector<double> relu_values = Random(count, 172);
+  const double specials[] = {0.0, -0.0, std::nan(""), std::numeric_limits<double>::infinity(),
+                             -std::numeric_limits<double>::infinity(), 1e-40, 1e-7, -1e-40};
+  for (int64_t i = 0; i < count; i += 7) relu_values[i] = specials[(i / 7) % std::size(specials)];
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const Tensor x = Convert(RandomTensor(dims, 173, -2.0, 3.0), dtype);
+    const Tensor dy = Convert(RandomTensor(dims, 174), dtype);
+    const Tensor relu_output = Make(dtype, dims, relu_values);
+    const Tensor masked = RunOp("ReluGrad", {dy, relu_output}, {})[0];
+    ASSERT_EQ(masked.dtype(), dtype);
+    std::vector<double> mean(3, 0.0);
+    for (int64_t i = 0; i < count; ++i) mean[(i / 45) % 3] += x.GetDouble(i) / 180;
+    const Tensor mean_f = Make(DType::kFloat32, {3}, mean);
+    for (bool with_mean : {false, true}) {
+      SCOPED_TRACE(with_mean ? "mean given" : "mean recomputed");
+      const Tensor mean_in = with_mean ? mean_f : Tensor();
+      const std::vector<Tensor> unfused =
+          RunOp("BatchNormalizationGrad", {masked, x, scale, mean_in}, attrs, 3);
+      const std::vector<Tensor> fused =
+          RunOp("BatchNormalizationGrad", {dy, x, scale, mean_in, relu_output}, attrs, 3);
+      ASSERT_EQ(unfused.size(), 3u);
+      ASSERT_EQ(fused.size(), 3u);
+      for (int i = 0; i < 3; ++i) EXPECT_TRUE(SameBits(fused[i], unfused[i])) << "output " << i;
+      // The mask matters: the plain gradient of dY differs.
+      const std::vector<Tensor> plain =
+          RunOp("BatchNormalizationGrad", {dy, x, scale, mean_in}, attrs, 1);
+      ASSERT_EQ(plain.size(), 1u);
+      EXPECT_FALSE(SameBits(plain[0], unfused[0]));
+    }
+  }
+}
+
 
 TEST(LayerNormalizationGrad, MatchesFiniteDifferences) {
   const std::vector<int64_t> dims = {3, 4, 5};
@@ -1173,6 +1216,18 @@ TEST(GradientOpErrors, NameTheNodeAndInput) {
                                                                DType::kFloat16)},
                                 {}),
                       {"BatchNormalizationGrad node 'node'", "input 3 (mean)", "float32"});
+  // A fused Relu's output, where given, has X's dtype and shape.
+  ExpectErrorMentions(RunStatus("BatchNormalizationGrad",
+                                {RandomTensor({2, 3, 2}, 7), RandomTensor({2, 3, 2}, 8),
+                                 RandomTensor({3}, 9), Tensor(), RandomTensor({2, 3, 3}, 10)},
+                                {}),
+                      {"BatchNormalizationGrad node 'node'", "input 4 (relu_output)", "X"});
+  ExpectErrorMentions(RunStatus("BatchNormalizationGrad",
+                                {RandomTensor({2, 3, 2}, 7), RandomTensor({2, 3, 2}, 8),
+                                 RandomTensor({3}, 9), Tensor(),
+                                 Convert(RandomTensor({2, 3, 2}, 10), DType::kBFloat16)},
+                                {}),
+                      {"BatchNormalizationGrad node 'node'", "input 4 (relu_output)", "bfloat16"});
   ExpectErrorMentions(
       RunStatus("ReduceToShapeOf", {RandomTensor({2, 3}, 10), RandomTensor({4}, 11)}, {}),
       {"ReduceToShapeOf node 'node'", "input 1 (X)", "does not broadcast"});

@@ -426,6 +426,13 @@ TEST(CudaBatchNormGrad, TrainingGradients) {
         const Tensor mean = RandomTensor(DType::kFloat32, {dims[1]}, 84);
         CheckGrad("BatchNormalizationGrad", {dy, x, scale, mean}, {}, 3,
                   "BN grad with a mean input, X " + what, SumTolerance(dtype));
+        // A fused Relu's output (half of it not positive) masks dY.
+        const Tensor relu_output = RandomTensor(dtype, dims, 85);
+        CheckGrad("BatchNormalizationGrad", {dy, x, scale, Tensor(), relu_output}, {}, 3,
+                  "BN grad with a fused Relu's output, X " + what, SumTolerance(dtype));
+        CheckGrad("BatchNormalizationGrad", {dy, x, scale, mean, relu_output}, {}, 3,
+                  "BN grad with a mean and a fused Relu's output, X " + what,
+                  SumTolerance(dtype));
       }
     }
   }

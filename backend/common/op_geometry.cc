@@ -1005,6 +1005,10 @@ absl::StatusOr<BatchNormGradGeometry> PlanBatchNormGrad(const KernelContext& ctx
                                     "]"));
     }
   }
+  if (ctx.has_input(4)) {
+    CASTOR_RETURN_IF_ERROR(RequireSameDType(ctx, 4, "relu_output", 1, "X"));
+    CASTOR_RETURN_IF_ERROR(RequireDims(ctx, 4, "relu_output", x.dims, "X's shape"));
+  }
   return g;
 }
 

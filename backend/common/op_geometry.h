@@ -371,10 +371,10 @@ absl::Status CheckConvTranspose(const KernelContext& ctx, int64_t group);
 // that W does not fit, and a kernel_shape that is not W's spatial dims.
 absl::StatusOr<int64_t> CheckConvGrad(const KernelContext& ctx);
 
-// BatchNormalizationGrad(dY, X, scale[, mean])'s layout of X as [batch,
-// channels, inner]; errors for X of rank below 2, dY not of X's dtype and
-// dims, a scale that is not [channels] and a mean that is not float32
-// [channels].
+// BatchNormalizationGrad(dY, X, scale[, mean[, relu_output]])'s layout of
+// X as [batch, channels, inner]; errors for X of rank below 2, dY or
+// relu_output not of X's dtype and dims, a scale that is not [channels]
+// and a mean that is not float32 [channels].
 struct BatchNormGradGeometry {
   int64_t batch = 0, channels = 0, inner = 1;
 };

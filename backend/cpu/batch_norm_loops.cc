@@ -2,6 +2,7 @@
 #include "backend/cpu/batch_norm_loops.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/common/elementwise_math.h"
 #include "backend/cpu/float_io.h"
@@ -32,12 +33,26 @@ CASTOR_VECTOR_CLONES void AddRunSquaredDeviations(const TX* x, int64_t n, float 
   });
 }
 
-template <typename TX, typename TD>
-CASTOR_VECTOR_CLONES void AddRunGradientSums(const TX* x, const TD* dy, int64_t n, float mean,
-                                             RunLaneSums<3>& sums) {
+// dY[i] as the BatchNormalization's gradient takes it: with a Relu fused
+// after it (kRelu), ReluGrad's: dY where the Relu's output is positive,
+// else +0 (-0, +0, negatives and NaN pass nothing). A select on values
+// both loaded, so the loops stay vector loops.
+template <bool kRelu, typename TX, typename TD>
+inline float GradientAt(const TD* dy, const TX* relu_output, int64_t i) {
+  const float d = LoadF(dy[i]);
+  if constexpr (kRelu) {
+    return LoadF(relu_output[i]) > 0.0f ? d : 0.0f;
+  } else {
+    return d;
+  }
+}
+
+template <bool kRelu, typename TX, typename TD>
+CASTOR_VECTOR_CLONES void AddRunGradientSums(const TX* x, const TD* dy, const TX* relu_output,
+                                             int64_t n, float mean, RunLaneSums<3>& sums) {
   sums.AddRun(n, [&](int64_t i) {
     const float centred = LoadF(x[i]) - mean;
-    const float d = LoadF(dy[i]);
+    const float d = GradientAt<kRelu>(dy, relu_output, i);
     return std::array<float, 3>{centred * centred, d, d * centred};
   });
 }
@@ -55,12 +70,13 @@ CASTOR_VECTOR_CLONES void ScaleShiftReluRun(const TX* x, TX* y, int64_t n, float
   for (int64_t i = 0; i < n; ++i) StoreF(&y[i], relu(LoadF(x[i]) * a + b));
 }
 
-template <typename TX, typename TD>
-CASTOR_VECTOR_CLONES void InputGradientRun(const TX* x, const TD* dy, TX* dx, int64_t n,
-                                           InputGradientTerms t) {
+template <bool kRelu, typename TX, typename TD>
+CASTOR_VECTOR_CLONES void InputGradientRun(const TX* x, const TD* dy, const TX* relu_output,
+                                           TX* dx, int64_t n, InputGradientTerms t) {
   for (int64_t i = 0; i < n; ++i) {
     const float x_hat = (LoadF(x[i]) - t.mean) * t.inv_std;
-    StoreF(&dx[i], t.a * (LoadF(dy[i]) - t.mean_dy - x_hat * t.mean_dy_xhat));
+    const float d = GradientAt<kRelu>(dy, relu_output, i);
+    StoreF(&dx[i], t.a * (d - t.mean_dy - x_hat * t.mean_dy_xhat));
   }
 }
 
@@ -79,6 +95,16 @@ void WithRunStorage(bool bfloat16, Fn&& fn) {
     fn(TypeTag<BFloat16>{});
   } else {
     fn(TypeTag<float>{});
+  }
+}
+
+// Calls fn(std::bool_constant<relu>{}).
+template <typename Fn>
+void WithRelu(bool relu, Fn&& fn) {
+  if (relu) {
+    fn(std::true_type{});
+  } else {
+    fn(std::false_type{});
   }
 }
 
@@ -151,9 +177,10 @@ class RunWriter {
   float* buffer_;
 };
 
-// This thread's run buffers (float16 only): X's, dY's and the output's.
+// This thread's run buffers (float16 only): X's, dY's, the fused Relu's
+// output's and the output's.
 struct RunBuffers {
-  Scratch<float> x, dy, out;
+  Scratch<float> x, dy, relu_output, out;
 };
 RunBuffers& ThreadRunBuffers() {
   thread_local RunBuffers buffers;
@@ -189,21 +216,28 @@ double ChannelSquaredDeviations(const ChannelRuns& x, double mean) {
 }
 
 std::array<double, 3> ChannelGradientSums(const ChannelRuns& x, const ChannelRuns& dy,
-                                          double mean) {
+                                          const ChannelRuns& relu_output, double mean) {
   RunBuffers& buffers = ThreadRunBuffers();
   const RunReader x_reader(x, buffers.x), dy_reader(dy, buffers.dy);
+  const bool relu = relu_output.first != nullptr;
+  const RunReader relu_reader(relu ? relu_output : x, buffers.relu_output);
   RunLaneSums<3> sums;
   const float m = static_cast<float>(mean);
   WithRunStorage(x_reader.bfloat16(), [&](auto tx) {
     WithRunStorage(dy_reader.bfloat16(), [&](auto td) {
-      using TX = typename decltype(tx)::type;
-      using TD = typename decltype(td)::type;
-      for (int64_t n = 0; n < x.batch; ++n) {
-        x_reader.PrefetchAhead(n);
-        dy_reader.PrefetchAhead(n);
-        AddRunGradientSums(static_cast<const TX*>(x_reader.Run(n)),
-                           static_cast<const TD*>(dy_reader.Run(n)), x.inner, m, sums);
-      }
+      WithRelu(relu, [&](auto fused) {
+        using TX = typename decltype(tx)::type;
+        using TD = typename decltype(td)::type;
+        constexpr bool kRelu = decltype(fused)::value;
+        for (int64_t n = 0; n < x.batch; ++n) {
+          x_reader.PrefetchAhead(n);
+          dy_reader.PrefetchAhead(n);
+          if constexpr (kRelu) relu_reader.PrefetchAhead(n);
+          AddRunGradientSums<kRelu>(
+              static_cast<const TX*>(x_reader.Run(n)), static_cast<const TD*>(dy_reader.Run(n)),
+              kRelu ? static_cast<const TX*>(relu_reader.Run(n)) : nullptr, x.inner, m, sums);
+        }
+      });
     });
   });
   return {sums.Total(0), sums.Total(1), sums.Total(2)};
@@ -224,20 +258,27 @@ void ChannelScaleShift(const ChannelRuns& x, float a, float b, ChannelOut y, boo
 }
 
 void ChannelInputGradient(const ChannelRuns& x, const ChannelRuns& dy,
-                          const InputGradientTerms& terms, ChannelOut dx) {
+                          const ChannelRuns& relu_output, const InputGradientTerms& terms,
+                          ChannelOut dx) {
   RunBuffers& buffers = ThreadRunBuffers();
   const RunReader x_reader(x, buffers.x), dy_reader(dy, buffers.dy);
+  const bool relu = relu_output.first != nullptr;
+  const RunReader relu_reader(relu ? relu_output : x, buffers.relu_output);
   const RunWriter writer(x, dx, buffers.out);
   WithRunStorage(x_reader.bfloat16(), [&](auto tx) {
     WithRunStorage(dy_reader.bfloat16(), [&](auto td) {
-      using TX = typename decltype(tx)::type;
-      using TD = typename decltype(td)::type;
-      for (int64_t n = 0; n < x.batch; ++n) {
-        InputGradientRun(static_cast<const TX*>(x_reader.Run(n)),
-                         static_cast<const TD*>(dy_reader.Run(n)),
-                         static_cast<TX*>(writer.Run(n)), x.inner, terms);
-        writer.Store(n);
-      }
+      WithRelu(relu, [&](auto fused) {
+        using TX = typename decltype(tx)::type;
+        using TD = typename decltype(td)::type;
+        constexpr bool kRelu = decltype(fused)::value;
+        for (int64_t n = 0; n < x.batch; ++n) {
+          InputGradientRun<kRelu>(
+              static_cast<const TX*>(x_reader.Run(n)), static_cast<const TD*>(dy_reader.Run(n)),
+              kRelu ? static_cast<const TX*>(relu_reader.Run(n)) : nullptr,
+              static_cast<TX*>(writer.Run(n)), x.inner, terms);
+          writer.Store(n);
+        }
+      });
     });
   });
 }

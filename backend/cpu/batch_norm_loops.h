@@ -59,9 +59,12 @@ double ChannelSum(const ChannelRuns& x);
 double ChannelSquaredDeviations(const ChannelRuns& x, double mean);
 
 // {sum (x - mean)^2, sum dy, sum dy * (x - mean)} over the channel, dy of
-// x's layout (its own dtype).
+// x's layout (its own dtype). Where `relu_output` has runs (x's layout and
+// dtype: the output of a Relu fused after the BatchNormalization; `first`
+// null where there is none), dy is that Relu's output gradient and counts
+// where relu_output > 0 only (ReluGrad's select, without its pass).
 std::array<double, 3> ChannelGradientSums(const ChannelRuns& x, const ChannelRuns& dy,
-                                          double mean);
+                                          const ChannelRuns& relu_output, double mean);
 
 // y = x * a + b (float32, two roundings, then one to X's dtype) over the
 // channel; with `relu`, Relu(x * a + b) (math::ReluOp, before the rounding
@@ -70,12 +73,15 @@ void ChannelScaleShift(const ChannelRuns& x, float a, float b, ChannelOut y, boo
 
 // BatchNormalizationGrad's dX over the channel (float32, then one rounding
 // to X's dtype):
-//   dx = a * (dy - mean_dy - (x - mean) * inv_std * mean_dy_xhat).
+//   dx = a * (dy - mean_dy - (x - mean) * inv_std * mean_dy_xhat),
+// dy through the fused Relu's gradient where `relu_output` has runs (as
+// ChannelGradientSums).
 struct InputGradientTerms {
   float a = 0, mean = 0, inv_std = 0, mean_dy = 0, mean_dy_xhat = 0;
 };
 void ChannelInputGradient(const ChannelRuns& x, const ChannelRuns& dy,
-                          const InputGradientTerms& terms, ChannelOut dx);
+                          const ChannelRuns& relu_output, const InputGradientTerms& terms,
+                          ChannelOut dx);
 
 // Sum of x[0, n) in float64 lanes (LaneSums, kWideSumLanes).
 double RowSum(const float* x, int64_t n);

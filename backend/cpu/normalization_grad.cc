@@ -121,21 +121,25 @@ CASTOR_SIMD16_TARGET void LayerNormGradRowsAvx512(const float* x, const float* d
 
 // ---- BatchNormalizationGrad --------------------------------------------------
 
-// X or dY of BatchNormalizationGrad channel by channel (ChannelRuns): read
-// as stored when float32 or 16-bit, else (float64) through a float32 copy.
+// An input of BatchNormalizationGrad of X's layout (X, dY, relu_output)
+// channel by channel (ChannelRuns): read as stored when float32 or 16-bit,
+// else (float64) through a float32 copy. An absent input (null) gives
+// channels without runs (`first` null).
 class ChannelSource {
  public:
-  ChannelSource(const TensorView& t, const common::BatchNormGradGeometry& geometry)
+  ChannelSource(const TensorView* t, const common::BatchNormGradGeometry& geometry)
       : geometry_(geometry) {
-    if (ChannelDType(t.dtype)) {
-      dtype_ = t.dtype;
-      data_ = t.data;
+    if (t == nullptr) return;
+    if (ChannelDType(t->dtype)) {
+      dtype_ = t->dtype;
+      data_ = t->data;
     } else {
-      copy_.emplace(t);
+      copy_.emplace(*t);
       data_ = copy_->data();
     }
   }
   ChannelRuns Channel(int64_t c) const {
+    if (data_ == nullptr) return ChannelRuns{};
     const int64_t inner = geometry_.inner;
     return ChannelRuns{dtype_, static_cast<const char*>(data_) + c * inner * DTypeSize(dtype_),
                        geometry_.batch, geometry_.channels * inner, inner};
@@ -194,7 +198,8 @@ InputGradientTerms InputTerms(double scale, double mean, double inv_std, double 
 // them the global batch's.
 absl::Status SyncBatchNormGrad(KernelContext& ctx, const common::BatchNormGradGeometry& geometry,
                                double epsilon, const ChannelSource& x, const ChannelSource& dy,
-                               const Float32In& scale, const InputGradientOut* dx,
+                               const ChannelSource& relu_output, const Float32In& scale,
+                               const InputGradientOut* dx,
                                std::vector<double>& d_scale, std::vector<double>& d_bias) {
   const Backend::CrossRankSum& across_ranks = ctx.backend().cross_rank_sum();
   const int64_t batch = geometry.batch, channels = geometry.channels, inner = geometry.inner;
@@ -213,7 +218,8 @@ absl::Status SyncBatchNormGrad(KernelContext& ctx, const common::BatchNormGradGe
   std::vector<double> local(3 * static_cast<size_t>(channels));
   ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t c = lo; c < hi; ++c) {
-      const std::array<double, 3> s = ChannelGradientSums(x.Channel(c), dy.Channel(c), mean[c]);
+      const std::array<double, 3> s =
+          ChannelGradientSums(x.Channel(c), dy.Channel(c), relu_output.Channel(c), mean[c]);
       std::copy(s.begin(), s.end(), local.begin() + 3 * c);
     }
   });
@@ -226,7 +232,7 @@ absl::Status SyncBatchNormGrad(KernelContext& ctx, const common::BatchNormGradGe
       d_bias[c] = local[3 * c + 1];
       d_scale[c] = local[3 * c + 2] * inv_std;
       if (dx == nullptr) continue;
-      ChannelInputGradient(x.Channel(c), dy.Channel(c),
+      ChannelInputGradient(x.Channel(c), dy.Channel(c), relu_output.Channel(c),
                            InputTerms(scale.data()[c], mean[c], inv_std, count, global[3 * c + 1],
                                       global[3 * c + 2] * inv_std),
                            dx->Channel(c));
@@ -244,8 +250,11 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
   const double epsilon = ctx.GetFloat("epsilon", 1e-5f);
   const double count = static_cast<double>(geometry.batch * geometry.inner);
   std::vector<double> d_scale(channels), d_bias(channels);
-  const ChannelSource x(x_view, geometry);
-  const ChannelSource dy(ctx.input(0), geometry);
+  const ChannelSource x(&x_view, geometry);
+  const ChannelSource dy(&ctx.input(0), geometry);
+  // The output of a Relu fused after the BatchNormalization (input 4):
+  // dY is the Relu's output gradient.
+  const ChannelSource relu_output(ctx.has_input(4) ? &ctx.input(4) : nullptr, geometry);
   const Float32In scale(scale_view);
   std::optional<InputGradientOut> dx;
   if (WantsOutput(ctx, 0)) {
@@ -253,7 +262,7 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
     dx.emplace(dx_view, geometry);
   }
   if (ctx.backend().cross_rank_sum()) {
-    CASTOR_RETURN_IF_ERROR(SyncBatchNormGrad(ctx, geometry, epsilon, x, dy, scale,
+    CASTOR_RETURN_IF_ERROR(SyncBatchNormGrad(ctx, geometry, epsilon, x, dy, relu_output, scale,
                                              dx ? &*dx : nullptr, d_scale, d_bias));
   } else {
     // The forward's batch mean where the graph hands it over (input 3,
@@ -263,12 +272,12 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
     // Per channel: the sums, then its dX while X and dY are still in cache.
     ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t c = lo; c < hi; ++c) {
-        const ChannelRuns xc = x.Channel(c), dyc = dy.Channel(c);
+        const ChannelRuns xc = x.Channel(c), dyc = dy.Channel(c), rc = relu_output.Channel(c);
         const double mean = saved_mean != nullptr ? saved_mean[c]
                             : count > 0           ? ChannelSum(xc) / count
                                                   : 0.0;
         // (x - mean)^2, dY, dY * (x - mean)
-        const std::array<double, 3> sums = ChannelGradientSums(xc, dyc, mean);
+        const std::array<double, 3> sums = ChannelGradientSums(xc, dyc, rc, mean);
         const double var = count > 0 ? sums[0] / count : 0.0;
         const double inv_std = 1.0 / std::sqrt(var + epsilon);
         d_bias[c] = sums[1];
@@ -276,7 +285,8 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
         if (!dx.has_value()) continue;
         // dX = scale * inv_std * (dY - dBias / M - x_hat * dScale / M)
         ChannelInputGradient(
-            xc, dyc, InputTerms(scale.data()[c], mean, inv_std, count, d_bias[c], d_scale[c]),
+            xc, dyc, rc,
+            InputTerms(scale.data()[c], mean, inv_std, count, d_bias[c], d_scale[c]),
             dx->Channel(c));
       }
     });

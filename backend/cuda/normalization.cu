@@ -21,7 +21,9 @@
 // BatchNormalizationGrad recomputes the batch statistics the same way (the
 // mean read from input 3 instead where the graph passes the forward's: the
 // same values, from the same kernels) and also sums dY and dY * (x - mean)
-// per channel; dX is one elementwise pass.
+// per channel; dX is one elementwise pass. With input 4 (relu_output, the
+// output of a Relu fused after the BatchNormalization) both read dY through
+// ReluGrad's select: dY where relu_output > 0, else +0.
 // LayerNormalization / LayerNormalizationGrad: one warp per row for rows of
 // up to kWarpRowLimit elements, else one block per row; two-pass float32
 // statistics. Scale and B broadcast to X as the CPU allows (any
@@ -213,11 +215,22 @@ int64_t ChannelChunks(int64_t count) {
   return std::max<int64_t>(1, (count + kChannelChunk - 1) / kChannelChunk);
 }
 
+// dY[e] as BatchNormalizationGrad takes it: through the gradient of a
+// fused Relu (ReluGrad's select) where relu_output is not null.
+template <typename T>
+__device__ __forceinline__ float GradientAt(const T* __restrict__ dy,
+                                            const T* __restrict__ relu_output, int64_t e) {
+  const float g = ToFloat(dy[e]);
+  return relu_output == nullptr || ToFloat(relu_output[e]) > 0.0f ? g : 0.0f;
+}
+
 // partial[(q * features + f) * chunks + chunk] = sum q of chunk blockIdx.x
 // of channel f (the y index, looping beyond the grid). `mean` (per
-// channel) is read by kSquares and kGradSums; `dy` by kGradSums.
+// channel) is read by kSquares and kGradSums; `dy` (through a fused Relu's
+// gradient where relu_output is not null: GradientAt) by kGradSums.
 template <typename T, ChannelSums kWhat>
 __global__ void ChannelChunkSumsKernel(const T* __restrict__ x, const T* __restrict__ dy,
+                                       const T* __restrict__ relu_output,
                                        const float* __restrict__ mean, int64_t features,
                                        int64_t inner, int64_t count, int64_t chunks,
                                        float* __restrict__ partial) {
@@ -234,7 +247,7 @@ __global__ void ChannelChunkSumsKernel(const T* __restrict__ x, const T* __restr
         const float centred = ToFloat(x[e]) - m;
         sums[0] += centred * centred;
         if constexpr (kWhat == ChannelSums::kGradSums) {
-          const float g = ToFloat(dy[e]);
+          const float g = GradientAt(dy, relu_output, e);
           sums[1] += g;
           sums[2] += g * centred;
         }
@@ -269,13 +282,13 @@ __global__ void ChannelMeanKernel(const float* __restrict__ partial, int64_t fea
 // Queues the chunk pass `kWhat` over X [batch, features, inner] (and dY).
 template <typename T, ChannelSums kWhat>
 absl::Status LaunchChannelChunkSums(KernelContext& ctx, const T* x, const T* dy,
-                                    const float* mean, int64_t features, int64_t inner,
-                                    int64_t count, float* partial) {
+                                    const T* relu_output, const float* mean, int64_t features,
+                                    int64_t inner, int64_t count, float* partial) {
   const int64_t chunks = ChannelChunks(count);
   const dim3 grid(static_cast<unsigned>(chunks),
                   static_cast<unsigned>(std::min(features, kMaxChannelBlocks)));
   ChannelChunkSumsKernel<T, kWhat><<<grid, kThreads, 0, Stream(ctx)>>>(
-      x, dy, mean, features, inner, count, chunks, partial);
+      x, dy, relu_output, mean, features, inner, count, chunks, partial);
   return CheckLaunch(ctx);
 }
 
@@ -285,7 +298,7 @@ template <typename T>
 absl::Status LaunchChannelMeans(KernelContext& ctx, const T* x, int64_t features, int64_t inner,
                                 int64_t count, float* partial, float* mean) {
   CASTOR_RETURN_IF_ERROR((LaunchChannelChunkSums<T, ChannelSums::kX>(
-      ctx, x, nullptr, nullptr, features, inner, count, partial)));
+      ctx, x, nullptr, nullptr, nullptr, features, inner, count, partial)));
   const unsigned blocks = static_cast<unsigned>(std::min(features, kMaxChannelBlocks));
   ChannelMeanKernel<<<blocks, kThreads, 0, Stream(ctx)>>>(partial, features, count,
                                                            ChannelChunks(count), mean);
@@ -377,7 +390,7 @@ absl::Status BatchNormKernel(KernelContext& ctx) {
       CASTOR_RETURN_IF_ERROR(
           LaunchChannelMeans<T>(ctx, x.as<T>(), features, inner, count, partial, stats.mean));
       CASTOR_RETURN_IF_ERROR((LaunchChannelChunkSums<T, ChannelSums::kSquares>(
-          ctx, x.as<T>(), nullptr, stats.mean, features, inner, count, partial)));
+          ctx, x.as<T>(), nullptr, nullptr, stats.mean, features, inner, count, partial)));
       const unsigned blocks = static_cast<unsigned>(std::min(features, kMaxChannelBlocks));
       BatchNormTrainingStatsKernel<<<blocks, kThreads, 0, Stream(ctx)>>>(
           partial, features, count, ChannelChunks(count), scale, shift, input_mean, input_var,
@@ -444,14 +457,15 @@ __global__ void BatchNormGradStatsKernel(const float* __restrict__ partial, int6
 }
 
 template <typename T>
-__global__ void BatchNormGradInputKernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                         int64_t total, int64_t channels, int64_t inner,
-                                         BatchNormGradStats stats, T* __restrict__ dx) {
+__global__ void BatchNormGradInputKernel(const T* dy, const T* __restrict__ x,
+                                         const T* __restrict__ relu_output, int64_t total,
+                                         int64_t channels, int64_t inner,
+                                         BatchNormGradStats stats, T* dx) {
   CASTOR_GRID_STRIDE(e, total) {
     const int64_t c = (e / inner) % channels;
     const float x_hat = (ToFloat(x[e]) - stats.mean[c]) * stats.inv_std[c];
-    dx[e] = FromFloat<T>(stats.a[c] *
-                         (ToFloat(dy[e]) - stats.mean_dy[c] - x_hat * stats.mean_dy_xhat[c]));
+    dx[e] = FromFloat<T>(stats.a[c] * (GradientAt(dy, relu_output, e) - stats.mean_dy[c] -
+                                       x_hat * stats.mean_dy_xhat[c]));
   }
 }
 
@@ -500,6 +514,8 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
                             channels));
   // The forward's batch mean (float32 [C]: InferNormGrad) where given.
   const float* saved_mean = ctx.has_input(3) ? ctx.input(3).as<float>() : nullptr;
+  // The fused Relu's output (X's dtype and dims: PlanBatchNormGrad) where given.
+  const TensorView* relu_output = ctx.has_input(4) ? &ctx.input(4) : nullptr;
   const BatchNormGradStats stats = {saved_mean != nullptr ? saved_mean : buffer,
                                     buffer + channels,
                                     buffer + 2 * channels,
@@ -515,15 +531,16 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
       CASTOR_RETURN_IF_ERROR(
           LaunchChannelMeans<T>(ctx, x.as<T>(), channels, inner, count, partial, buffer));
     }
+    const T* relu = relu_output != nullptr ? relu_output->as<T>() : nullptr;
     CASTOR_RETURN_IF_ERROR((LaunchChannelChunkSums<T, ChannelSums::kGradSums>(
-        ctx, x.as<T>(), dy.as<T>(), stats.mean, channels, inner, count, partial)));
+        ctx, x.as<T>(), dy.as<T>(), relu, stats.mean, channels, inner, count, partial)));
     const unsigned blocks = static_cast<unsigned>(std::min(channels, kMaxChannelBlocks));
     BatchNormGradStatsKernel<<<blocks, kThreads, 0, Stream(ctx)>>>(
         partial, channels, count, ChannelChunks(count), scale, epsilon, stats);
     CASTOR_RETURN_IF_ERROR(CheckLaunch(ctx));
     if (dx == nullptr || total == 0) return absl::OkStatus();
     BatchNormGradInputKernel<T><<<Blocks(total), kThreads, 0, Stream(ctx)>>>(
-        dy.as<T>(), x.as<T>(), total, channels, inner, stats, dx->as<T>());
+        dy.as<T>(), x.as<T>(), relu, total, channels, inner, stats, dx->as<T>());
     return CheckLaunch(ctx);
   }));
   if (d_scale != nullptr) {

@@ -6,7 +6,7 @@
 //   MaxPoolGrad(dY, X) -> dX                         first maximum per window
 //   AveragePoolGrad(dY, X) -> dX
 //   GlobalAveragePoolGrad(dY, X) -> dX
-//   BatchNormalizationGrad(dY, X, scale[, mean]) -> (dX, dScale, dBias)
+//   BatchNormalizationGrad(dY, X, scale[, mean[, relu_output]]) -> (dX, dScale, dBias)
 //   LayerNormalizationGrad(dY, X, scale) -> (dX, dScale, dBias)
 //   InstanceNormalizationGrad(dY, X, scale) -> (dX, dScale, dBias)
 //   SoftmaxGrad(dY, Y) -> dX, LogSoftmaxGrad(dY, Y) -> dX        one axis
@@ -230,6 +230,12 @@ absl::Status InferNormGrad(InferenceContext& ctx, NormKind kind) {
           "], one entry per channel of X ", x.ToString()));
     }
   }
+  if (kind == NormKind::kBatch && ctx.num_inputs() > 4 && ctx.has_input(4)) {
+    // The output of a Relu fused after the BatchNormalization (castor's
+    // relu = 1): dY is that Relu's output gradient.
+    CASTOR_RETURN_IF_ERROR(RequireFloatInput(ctx, 4, "relu_output", 1));
+    CASTOR_RETURN_IF_ERROR(RequireSameShape(ctx, 4, "relu_output", 1, "X"));
+  }
   ctx.SetOutput(0, ctx.input_dtype(1), x);
   if (ctx.num_outputs() > 1) ctx.SetOutput(1, ctx.input_dtype(2), scale);
   if (ctx.num_outputs() > 2) ctx.SetOutput(2, ctx.input_dtype(2), scale);
@@ -442,11 +448,13 @@ void RegisterGradientOps(OpRegistry& registry) {
       [](InferenceContext& ctx) { return InferPoolGrad(ctx, false); },
       "(dY, X) -> dX: GlobalAveragePool's gradient, dY / spatial size everywhere"));
   registry.Register(MakeGradDef(
-      "BatchNormalizationGrad", 3, 4, 1, 3, {{"epsilon", AttrKind::kFloat, false}},
+      "BatchNormalizationGrad", 3, 5, 1, 3, {{"epsilon", AttrKind::kFloat, false}},
       [](InferenceContext& ctx) { return InferNormGrad(ctx, NormKind::kBatch); },
-      "(dY, X, scale[, mean]) -> (dX, dScale, dBias): training-mode BatchNormalization's "
-      "gradients (batch statistics recomputed from X; the batch mean taken from `mean`, the "
-      "forward's, where given)"));
+      "(dY, X, scale[, mean[, relu_output]]) -> (dX, dScale, dBias): training-mode "
+      "BatchNormalization's gradients (batch statistics recomputed from X; the batch mean taken "
+      "from `mean`, the forward's, where given; with `relu_output`, the output of a Relu fused "
+      "after the BatchNormalization, dY is the Relu's output gradient and passes where "
+      "relu_output > 0)"));
   registry.Register(MakeGradDef(
       "LayerNormalizationGrad", 3, 3, 1, 3,
       {{"axis", AttrKind::kInt, false}, {"epsilon", AttrKind::kFloat, false}},

@@ -1696,7 +1696,9 @@ absl::Status GlobalAveragePoolGradient(GradientBuilder& g) {
 // BatchNormalizationTraining whose output 3 (the batch mean, float32) is
 // there hands it to the gradient, which then skips its own pass over X for
 // the mean (the same float32 values: both compute it from X alike); one
-// with relu = 1 has its Relu's gradient in front.
+// with relu = 1 hands its output (the Relu's) over as relu_output, and the
+// gradient op applies the Relu's gradient to dY as it reads it (the bits of
+// ReluGrad in front, without its pass over the tensors).
 absl::Status BatchNormalizationGradient(GradientBuilder& g) {
   const Node& node = g.node();
   if (node.GetInt("training_mode", 0) == 0 && node.num_outputs() == 1) {
@@ -1708,17 +1710,13 @@ absl::Status BatchNormalizationGradient(GradientBuilder& g) {
     return absl::InvalidArgumentError(
         "its running mean/variance (inputs 3 and 4) are training state, not parameters");
   }
-  // relu = 1 (castor's fused BatchNormalization -> Relu): Y's gradient
-  // first goes through the Relu's, on the fused output as Relu's rule has it.
-  Value* dy = g.output_grad(0);
-  if (node.GetInt("relu", 0) != 0) {
-    CASTOR_ASSIGN_OR_RETURN(dy, g.Emit1("ReluGrad", {dy, g.output(0)}, {}, kCastorDomain));
-  }
-  std::vector<Value*> inputs = {dy, g.input(0), g.input(1)};
+  std::vector<Value*> inputs = {g.output_grad(0), g.input(0), g.input(1)};
   const bool saved_mean = node.domain() == kCastorDomain && node.num_outputs() > 3 &&
                           node.output(3) != nullptr &&
                           node.output(3)->dtype() == DType::kFloat32;
-  if (saved_mean) inputs.push_back(g.output(3));
+  const bool relu = node.GetInt("relu", 0) != 0;
+  if (saved_mean || relu) inputs.push_back(saved_mean ? g.output(3) : nullptr);
+  if (relu) inputs.push_back(g.output(0));
   CASTOR_ASSIGN_OR_RETURN(std::vector<Value*> grads,
                           g.Emit("BatchNormalizationGrad", inputs, 3,
                                  SharedAttributes(node, {"epsilon"}), kCastorDomain));
