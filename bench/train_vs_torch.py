@@ -95,10 +95,11 @@ CASTOR_POLICIES = ["float32", "mixed_bfloat16", "mixed_float16"]
 TORCH_ROWS = ["float32", "bf16_autocast"]
 
 # Timed steps per model when --steps is not given: enough for a stable
-# median, few enough for the slow models that the default run stays under
-# about 10 minutes on 2 vCPUs (resnet and the transformer take ~1 s per
-# step in some rows there).
-DEFAULT_STEPS = {"cnn": 30, "mlp": 50, "resnet": 10, "transformer": 20}
+# median on a noisy 2-vCPU VM (with 10 ResNet steps, a row's median moved
+# by 15% between rounds; the ResNet's and the transformer's rows now take
+# 25-120 ms per step there), few enough that the default run stays under
+# about 5 minutes.
+DEFAULT_STEPS = {"cnn": 30, "mlp": 50, "resnet": 40, "transformer": 40}
 DEFAULT_WARMUP = 3
 
 
