@@ -219,6 +219,7 @@ std::array<double, 3> ChannelGradientSums(const ChannelRuns& x, const ChannelRun
                                           const ChannelRuns& relu_output, double mean) {
   RunBuffers& buffers = ThreadRunBuffers();
   const RunReader x_reader(x, buffers.x), dy_reader(dy, buffers.dy);
+  // Without a fused Relu, X's runs stand in for its output's (never read).
   const bool relu = relu_output.first != nullptr;
   const RunReader relu_reader(relu ? relu_output : x, buffers.relu_output);
   RunLaneSums<3> sums;
@@ -262,7 +263,7 @@ void ChannelInputGradient(const ChannelRuns& x, const ChannelRuns& dy,
                           ChannelOut dx) {
   RunBuffers& buffers = ThreadRunBuffers();
   const RunReader x_reader(x, buffers.x), dy_reader(dy, buffers.dy);
-  const bool relu = relu_output.first != nullptr;
+  const bool relu = relu_output.first != nullptr;  // as ChannelGradientSums
   const RunReader relu_reader(relu ? relu_output : x, buffers.relu_output);
   const RunWriter writer(x, dx, buffers.out);
   WithRunStorage(x_reader.bfloat16(), [&](auto tx) {
