@@ -3,7 +3,8 @@
 // col2im(W_g^T * dY_g) with im2col.h's geometry and gemm.h's Sgemm; 2-D
 // convs use grid_conv.h's direct products instead where a vector kernel
 // runs (dW from X copied onto the padded grid, up to 8 images per product;
-// dX per stride phase from dY; see ConvGradOnGrid). The images run in
+// dX per stride phase from dY, those images' right after their dW product,
+// while their dY is in cache; see ConvGradOnGrid). The images run in
 // slices on the thread pool (a partial dW per slice), or one after another
 // with split GEMMs (and split grid products) when there is a single image.
 // 16-bit X, dY and W are widened to float32 up front with float_io.h's
@@ -363,49 +364,52 @@ void RunConvGrad(const common::WindowGeometry& g, const ConvGradShapes& s, const
     const int64_t first = SliceBegin(slice, slices, s.batch);
     const int64_t last = SliceBegin(slice + 1, slices, s.batch);
     std::vector<float> col, dcol, dy_row;
-    if (dw_acc != nullptr && grid.has_value()) {
-      const int64_t chunk = grid->ImagesPerFilterGrad();
-      for (int64_t n = first; n < last; n += chunk) {
+    // The grid's filter gradient takes a few images at a time; their dX and
+    // dB follow at once, while their dY is still in cache.
+    const int64_t chunk = grid.has_value() ? grid->ImagesPerFilterGrad() : 1;
+    for (int64_t n0 = first; n0 < last; n0 += chunk) {
+      const int64_t n1 = std::min(last, n0 + chunk);
+      if (dw_acc != nullptr && grid.has_value()) {
         for (int64_t gi = 0; gi < s.group; ++gi) {
-          grid->AddFilterGrad(x + (n * s.channels + gi * cg) * in_size, s.channels * in_size,
-                              dy + (n * s.out_channels + gi * mg) * p, s.out_channels * p,
-                              std::min(chunk, last - n), dw_acc + gi * mg * kg);
+          grid->AddFilterGrad(x + (n0 * s.channels + gi * cg) * in_size, s.channels * in_size,
+                              dy + (n0 * s.out_channels + gi * mg) * p, s.out_channels * p,
+                              n1 - n0, dw_acc + gi * mg * kg);
         }
       }
-    }
-    for (int64_t n = first; n < last; ++n) {
-      for (int64_t gi = 0; gi < s.group; ++gi) {
-        const T* x_g = x + (n * s.channels + gi * cg) * in_size;
-        const T* dy_g = dy + (n * s.out_channels + gi * mg) * p;
-        T* dx_g = dx != nullptr ? dx + (n * s.channels + gi * cg) * in_size : nullptr;
-        if (dx_g != nullptr && grid.has_value()) grid->FillInputGrad(gi, dy_g, dx_g);
-        if constexpr (std::is_same_v<T, float>) {
-          if (dw_acc != nullptr && !grid.has_value()) {
-            col.resize(static_cast<size_t>(kg * p));
-            Im2Col<float, float>(x_g, g, 0, kg, 0, lines, col.data(), p);
-            // dW_g [mg, kg] += dY_g [mg, p] * col^T [p, kg]
-            Sgemm(false, true, mg, kg, p, 1.0f, dy_g, p, col.data(), p, 1.0f,
-                  dw_acc + gi * mg * kg, kg);
-          }
-          if (dx_g != nullptr && !grid.has_value()) {
-            dcol.resize(static_cast<size_t>(kg * p));
-            // dcol [kg, p] = W_g^T [kg, mg] * dY_g [mg, p]
-            Sgemm(true, false, kg, p, mg, 1.0f, w + gi * mg * kg, kg, dy_g, p, 0.0f,
-                  dcol.data(), p);
-            Col2ImAdd(dcol.data(), g, kg, dx_g);
-          }
-        }
-        if (db_acc != nullptr) {  // dY's row sums
-          for (int64_t m = 0; m < mg; ++m) {
-            const float* row = nullptr;
-            if constexpr (std::is_same_v<T, float>) {
-              row = dy_g + m * p;
-            } else {
-              dy_row.resize(static_cast<size_t>(p));
-              ToFloat32(dy_g + m * p, dy_row.data(), p);
-              row = dy_row.data();
+      for (int64_t n = n0; n < n1; ++n) {
+        for (int64_t gi = 0; gi < s.group; ++gi) {
+          const T* x_g = x + (n * s.channels + gi * cg) * in_size;
+          const T* dy_g = dy + (n * s.out_channels + gi * mg) * p;
+          T* dx_g = dx != nullptr ? dx + (n * s.channels + gi * cg) * in_size : nullptr;
+          if (dx_g != nullptr && grid.has_value()) grid->FillInputGrad(gi, dy_g, dx_g);
+          if constexpr (std::is_same_v<T, float>) {
+            if (dw_acc != nullptr && !grid.has_value()) {
+              col.resize(static_cast<size_t>(kg * p));
+              Im2Col<float, float>(x_g, g, 0, kg, 0, lines, col.data(), p);
+              // dW_g [mg, kg] += dY_g [mg, p] * col^T [p, kg]
+              Sgemm(false, true, mg, kg, p, 1.0f, dy_g, p, col.data(), p, 1.0f,
+                    dw_acc + gi * mg * kg, kg);
             }
-            db_acc[gi * mg + m] += static_cast<float>(RowSum(row, p));
+            if (dx_g != nullptr && !grid.has_value()) {
+              dcol.resize(static_cast<size_t>(kg * p));
+              // dcol [kg, p] = W_g^T [kg, mg] * dY_g [mg, p]
+              Sgemm(true, false, kg, p, mg, 1.0f, w + gi * mg * kg, kg, dy_g, p, 0.0f,
+                    dcol.data(), p);
+              Col2ImAdd(dcol.data(), g, kg, dx_g);
+            }
+          }
+          if (db_acc != nullptr) {  // dY's row sums
+            for (int64_t m = 0; m < mg; ++m) {
+              const float* row = nullptr;
+              if constexpr (std::is_same_v<T, float>) {
+                row = dy_g + m * p;
+              } else {
+                dy_row.resize(static_cast<size_t>(p));
+                ToFloat32(dy_g + m * p, dy_row.data(), p);
+                row = dy_row.data();
+              }
+              db_acc[gi * mg + m] += static_cast<float>(RowSum(row, p));
+            }
           }
         }
       }
