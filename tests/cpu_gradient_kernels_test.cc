@@ -774,6 +774,59 @@ TEST(BatchNormalizationGrad, FusedReluOutputGivesReluGradsBits) {
   }
 }
 
+// --sync-batchnorm's gradient (a backend with a cross-rank sum), here on a
+// world of two ranks holding the same batch (the sum doubles every value):
+// the global statistics are this batch's, so every output keeps the bits
+// of the one-process gradient. Given the forward's mean (already the
+// global one), the kernel skips its own mean and that sum: one sum of 3C
+// + 1 values (the count with the gradient sums) instead of C + 1 and 3C.
+TEST(BatchNormalizationGrad, SyncedGradientTakesTheForwardsGlobalMean) {
+  const std::vector<int64_t> dims = {4, 3, 5, 7};
+  CpuBackend synced(CpuBackendOptions{2});
+  std::vector<size_t> sums;
+  synced.set_cross_rank_sum([&](double* values, size_t count, const std::string&) {
+    sums.push_back(count);
+    for (size_t i = 0; i < count; ++i) values[i] *= 2;
+    return absl::OkStatus();
+  });
+  const Tensor scale = RandomTensor({3}, 181, 0.5, 1.5);
+  const Tensor bias = RandomTensor({3}, 182);
+  const std::vector<Attribute> attrs = {Attribute::Float("epsilon", 1e-3f)};
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const Tensor x = Convert(RandomTensor(dims, 183, -2.0, 3.0), dtype);
+    const Tensor dy = Convert(RandomTensor(dims, 184), dtype);
+    const std::vector<Tensor> forward =
+        RunOp("BatchNormalizationTraining",
+              {x, scale, bias, RandomTensor({3}, 185), RandomTensor({3}, 186, 0.5, 1.5)},
+              {Attribute::Float("epsilon", 1e-3f), Attribute::Int("relu", 1)}, 4);
+    ASSERT_EQ(forward.size(), 4u);
+    const Tensor& relu_output = forward[0];
+    const Tensor& mean = forward[3];
+    for (bool relu : {false, true}) {
+      SCOPED_TRACE(relu ? "with a fused Relu's output" : "plain");
+      const Tensor relu_in = relu ? relu_output : Tensor();
+      const std::vector<Tensor> one =
+          RunOp("BatchNormalizationGrad", {dy, x, scale, Tensor(), relu_in}, attrs, 3);
+      ASSERT_EQ(one.size(), 3u);
+      for (bool given_mean : {false, true}) {
+        SCOPED_TRACE(given_mean ? "the forward's mean" : "the mean summed across ranks");
+        sums.clear();
+        testing::SingleNode node("BatchNormalizationGrad",
+                        {dy, x, scale, given_mean ? mean : Tensor(), relu_in}, attrs, 1, 3,
+                        kCastorDomain);
+        absl::StatusOr<std::vector<Tensor>> out = node.Run(synced);
+        ASSERT_TRUE(out.ok()) << out.status();
+        ASSERT_EQ(out->size(), 3u);
+        for (int i = 0; i < 3; ++i) EXPECT_TRUE(SameBits((*out)[i], one[i])) << "output " << i;
+        const std::vector<size_t> expected_sums =
+            given_mean ? std::vector<size_t>{10} : std::vector<size_t>{4, 9};
+        EXPECT_EQ(sums, expected_sums);
+      }
+    }
+  }
+}
+
 
 TEST(LayerNormalizationGrad, MatchesFiniteDifferences) {
   const std::vector<int64_t> dims = {3, 4, 5};

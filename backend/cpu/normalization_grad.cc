@@ -195,27 +195,38 @@ InputGradientTerms InputTerms(double scale, double mean, double inv_std, double 
 // across the ranks, give dX as one process would compute it for its share
 // of the whole batch. Scale's and B's gradients stay this rank's sums: the
 // data-parallel step averages them with the other gradients, which makes
-// them the global batch's.
+// them the global batch's. `saved_mean` (the forward's, input 3; null where
+// not given) is already the global batch's (GlobalBatchStatistics in
+// normalization.cc, the same sums): with it, the pass over X for the mean
+// and its sum across the ranks go, and the global count travels with the
+// gradient sums.
 absl::Status SyncBatchNormGrad(KernelContext& ctx, const common::BatchNormGradGeometry& geometry,
                                double epsilon, const ChannelSource& x, const ChannelSource& dy,
-                               const ChannelSource& relu_output, const Float32In& scale,
-                               const InputGradientOut* dx,
+                               const ChannelSource& relu_output, const float* saved_mean,
+                               const Float32In& scale, const InputGradientOut* dx,
                                std::vector<double>& d_scale, std::vector<double>& d_bias) {
   const Backend::CrossRankSum& across_ranks = ctx.backend().cross_rank_sum();
   const int64_t batch = geometry.batch, channels = geometry.channels, inner = geometry.inner;
   const std::string what = absl::StrCat("the gradient sums of BatchNormalizationGrad node '",
                                         ctx.node().name(), "'");
-  std::vector<double> sums(static_cast<size_t>(channels) + 1);
-  ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t c = lo; c < hi; ++c) sums[c] = ChannelSum(x.Channel(c));
-  });
-  sums[channels] = static_cast<double>(batch * inner);
-  CASTOR_RETURN_IF_ERROR(across_ranks(sums.data(), sums.size(), what));
-  const double count = sums[channels];
+  const double local_count = static_cast<double>(batch * inner);
+  double count = local_count;
   std::vector<double> mean(static_cast<size_t>(channels));
-  for (int64_t c = 0; c < channels; ++c) mean[c] = count > 0 ? sums[c] / count : 0.0;
-  // Per channel: sum (x - mean)^2, sum dY, sum dY * (x - mean).
-  std::vector<double> local(3 * static_cast<size_t>(channels));
+  if (saved_mean != nullptr) {
+    for (int64_t c = 0; c < channels; ++c) mean[c] = saved_mean[c];
+  } else {
+    std::vector<double> sums(static_cast<size_t>(channels) + 1);
+    ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t c = lo; c < hi; ++c) sums[c] = ChannelSum(x.Channel(c));
+    });
+    sums[channels] = local_count;
+    CASTOR_RETURN_IF_ERROR(across_ranks(sums.data(), sums.size(), what));
+    count = sums[channels];
+    for (int64_t c = 0; c < channels; ++c) mean[c] = count > 0 ? sums[c] / count : 0.0;
+  }
+  // Per channel: sum (x - mean)^2, sum dY, sum dY * (x - mean); then the
+  // count where the mean came from the forward.
+  std::vector<double> local(3 * static_cast<size_t>(channels) + (saved_mean != nullptr));
   ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t c = lo; c < hi; ++c) {
       const std::array<double, 3> s =
@@ -223,8 +234,10 @@ absl::Status SyncBatchNormGrad(KernelContext& ctx, const common::BatchNormGradGe
       std::copy(s.begin(), s.end(), local.begin() + 3 * c);
     }
   });
+  if (saved_mean != nullptr) local.back() = local_count;
   std::vector<double> global = local;
   CASTOR_RETURN_IF_ERROR(across_ranks(global.data(), global.size(), what));
+  if (saved_mean != nullptr) count = global.back();
   ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t c = lo; c < hi; ++c) {
       const double var = count > 0 ? global[3 * c] / count : 0.0;
@@ -261,14 +274,15 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
     CASTOR_ASSIGN_OR_RETURN(TensorView * dx_view, ctx.Output(0, x_view.dtype, x_view.dims));
     dx.emplace(dx_view, geometry);
   }
+  // The forward's batch mean where the graph hands it over (input 3,
+  // float32: InferNormGrad): the kernels use the mean rounded to float32, so
+  // it gives the bits of ChannelSum's and saves a pass over X.
+  const float* saved_mean = ctx.has_input(3) ? ctx.input(3).as<float>() : nullptr;
   if (ctx.backend().cross_rank_sum()) {
-    CASTOR_RETURN_IF_ERROR(SyncBatchNormGrad(ctx, geometry, epsilon, x, dy, relu_output, scale,
-                                             dx ? &*dx : nullptr, d_scale, d_bias));
+    CASTOR_RETURN_IF_ERROR(SyncBatchNormGrad(ctx, geometry, epsilon, x, dy, relu_output,
+                                             saved_mean, scale, dx ? &*dx : nullptr, d_scale,
+                                             d_bias));
   } else {
-    // The forward's batch mean where the graph hands it over (input 3,
-    // float32: InferNormGrad): the kernels below use the mean rounded to
-    // float32, so it gives the bits of ChannelSum's and saves a pass over X.
-    const float* saved_mean = ctx.has_input(3) ? ctx.input(3).as<float>() : nullptr;
     // Per channel: the sums, then its dX while X and dY are still in cache.
     ParallelFor(0, channels, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t c = lo; c < hi; ++c) {
