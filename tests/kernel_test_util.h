@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <ostream>
 #include <random>
@@ -308,6 +309,18 @@ inline std::vector<Tensor> RunOk(const std::string& op, std::vector<Tensor> inpu
 inline Tensor RunOp(const std::string& op, std::vector<Tensor> inputs,
                     std::vector<Attribute> attributes = {}, int64_t opset = 17) {
   return RunOk(op, std::move(inputs), std::move(attributes), opset)[0];
+}
+
+// Leaves a freed buffer of `dims` and `dtype` full of NaN, where the
+// allocator is likely to hand out the next buffer of that size: a kernel
+// run just after that fails to write some output element shows a NaN
+// there. (Make the kernel's inputs first, so that they do not take it.)
+inline void PoisonFreedMemory(DType dtype, const std::vector<int64_t>& dims) {
+  int64_t count = 1;
+  for (int64_t d : dims) count *= d;
+  const std::vector<double> nans(static_cast<size_t>(count),
+                                 std::numeric_limits<double>::quiet_NaN());
+  RunOp("Identity", {Make(dtype, dims, nans)});
 }
 
 // ---- Comparing -------------------------------------------------------------------

@@ -97,8 +97,10 @@ bool UsesGrid(const common::WindowGeometry& g) {
 // a forward product over dY copied once into a zero-bordered buffer with
 // `shift` = max(t / s) rows and columns before it (tap t reads at offset
 // shift - t / s). Phase positions are dX lines of stride s0 rows; they are
-// written in place when s1 == 1, else gathered in a scratch and spread. A
-// phase no tap reaches comes out as zeros, so every dX element is written.
+// written in place when s1 == 1, else gathered in a scratch and spread.
+// Where some phase has no tap (a 1x1 conv of stride 2: three phases of
+// four), the image's dX is zeroed first and those phases are skipped, so
+// every dX element is written.
 class ConvGradOnGrid {
  public:
   // W as stored: float32, or bfloat16 for the bfloat16 products (then
@@ -185,6 +187,7 @@ class ConvGradOnGrid {
             }
           }
         }
+        has_empty_phase_ |= phase.tap_offsets.empty();
         phases_.push_back(std::move(phase));
       }
     }
@@ -270,8 +273,10 @@ class ConvGradOnGrid {
     }
     const int64_t in_w = g_.input[1], in_size = g_.input_size();
     const int64_t s0 = g_.strides[0], s1 = g_.strides[1];
+    if (has_empty_phase_) std::fill(dx_g, dx_g + cg_ * in_size, T{});
     for (const Phase& phase : phases_) {
       const int64_t depth = static_cast<int64_t>(phase.b_rows.size());
+      if (phase.tap_offsets.empty()) continue;  // zeros, written above
       const Buffered* b = padded.data() + phase.gathered;
       T* out = dx_g + phase.dx_row * in_w + phase.dx_col;
       int64_t ld_out = in_size, dense_stride = s0 * in_w;
@@ -326,6 +331,7 @@ class ConvGradOnGrid {
   int64_t dy_shift_[2] = {0, 0};  // zeros before dY in its buffer, per axis
   int64_t dy_rows_ = 0, dy_cols_ = 0;
   std::vector<Phase> phases_;
+  bool has_empty_phase_ = false;  // some phase has no tap: its dX stays zero
 };
 
 // dX, dW, dB (float32) of X, dY and W in float32, or in bfloat16 where
