@@ -225,6 +225,33 @@ TEST(CpuTranspose, BlockTransposesAndTheirEdgesInEveryDType) {
   }
 }
 
+// Dense innermost rows of 16, 32 and 64 bytes (an attention head's 16
+// bfloat16 values when heads are split or merged) are copied with a fixed
+// size; rows of other sizes, element by element or by memcpy. Every dtype,
+// row lengths on both sides, and enough rows that the copy runs in
+// several chunks (each starting its odometer mid-tensor).
+TEST(CpuTranspose, ShortDenseRowsInEveryDType) {
+  for (DType dtype : AllDTypes()) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const int64_t size = static_cast<int64_t>(DTypeSize(dtype));
+    for (int64_t row_bytes : {16, 32, 64, 24, 48}) {
+      if (row_bytes % size != 0) continue;
+      const std::vector<int64_t> in_dims = {9, 40, 12, row_bytes / size};
+      SCOPED_TRACE(::testing::Message() << "rows of " << row_bytes << " bytes");
+      Tensor in = Pattern(dtype, in_dims);
+      const std::vector<int64_t> perm = {0, 2, 1, 3};
+      std::vector<int64_t> dims(4);
+      for (int k = 0; k < 4; ++k) dims[k] = in_dims[perm[k]];
+      Tensor expected = Mapped(in, dims, [&](const std::vector<int64_t>& o) {
+        std::vector<int64_t> i(4);
+        for (int k = 0; k < 4; ++k) i[perm[k]] = o[k];
+        return Ravel(i, in_dims);
+      });
+      EXPECT_EQ(RunOk("Transpose", {in}, {Attribute::Ints("perm", perm)}, 13)[0], expected);
+    }
+  }
+}
+
 TEST(CpuTranspose, LargeMatrixUsesThreadsAndStaysExact) {
   const std::vector<int64_t> in_dims = {300, 257};
   Tensor in = Pattern(DType::kFloat32, in_dims);

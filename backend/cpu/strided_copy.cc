@@ -34,6 +34,12 @@ void CopyRow(const char* src, int64_t src_stride, char* dst, int64_t dst_stride,
   for (int64_t i = 0; i < count; ++i) d[i * dst_stride] = s[i * src_stride];
 }
 
+// Copies one dense row of kBytes bytes.
+template <size_t kBytes>
+struct FixedRowCopy {
+  void operator()(const char* src, char* dst) const { std::memcpy(dst, src, kBytes); }
+};
+
 void CopyRowBytes(const char* src, int64_t src_stride, char* dst, int64_t dst_stride, int64_t count,
                   size_t element_size) {
   if (src_stride == 1 && dst_stride == 1) {
@@ -236,18 +242,32 @@ void StridedCopy(const std::vector<int64_t>& dims, size_t element_size, const vo
       src_offset += index[k] * outer[k].src_stride;
       dst_offset += index[k] * outer[k].dst_stride;
     }
-    for (int64_t row = lo; row < hi; ++row) {
-      CopyRowBytes(src_bytes + src_offset * element_bytes, inner.src_stride,
-                   dst_bytes + dst_offset * element_bytes, inner.dst_stride, inner.size,
-                   element_size);
-      for (int k = outer_rank - 1; k >= 0; --k) {
-        src_offset += outer[k].src_stride;
-        dst_offset += outer[k].dst_stride;
-        if (++index[k] < outer[k].size) break;
-        src_offset -= outer[k].size * outer[k].src_stride;
-        dst_offset -= outer[k].size * outer[k].dst_stride;
-        index[k] = 0;
+    auto each_row = [&](auto copy_row) {
+      for (int64_t row = lo; row < hi; ++row) {
+        copy_row(src_bytes + src_offset * element_bytes, dst_bytes + dst_offset * element_bytes);
+        for (int k = outer_rank - 1; k >= 0; --k) {
+          src_offset += outer[k].src_stride;
+          dst_offset += outer[k].dst_stride;
+          if (++index[k] < outer[k].size) break;
+          src_offset -= outer[k].size * outer[k].src_stride;
+          dst_offset -= outer[k].size * outer[k].dst_stride;
+          index[k] = 0;
+        }
       }
+    };
+    // Short dense rows (an attention head's 16 bfloat16 values, moved when
+    // heads are split or merged) are copied with a fixed size, a few vector
+    // moves, instead of a memcpy call each.
+    const bool dense = inner.src_stride == 1 && inner.dst_stride == 1;
+    switch (dense ? inner.size * element_bytes : 0) {
+      case 16: each_row(FixedRowCopy<16>{}); return;
+      case 32: each_row(FixedRowCopy<32>{}); return;
+      case 64: each_row(FixedRowCopy<64>{}); return;
+      default:
+        each_row([&](const char* src_row, char* dst_row) {
+          CopyRowBytes(src_row, inner.src_stride, dst_row, inner.dst_stride, inner.size,
+                       element_size);
+        });
     }
   });
 }
