@@ -199,6 +199,20 @@ TEST(CpuTranspose, PermutesInEveryDType) {
   }
 }
 
+// Expects Transpose of `in` by `perm` (4 axes) to move every element where
+// the permutation says.
+void ExpectTransposes(const Tensor& in, const std::vector<int64_t>& perm) {
+  const std::vector<int64_t>& in_dims = in.dims();
+  std::vector<int64_t> dims(4);
+  for (int k = 0; k < 4; ++k) dims[k] = in_dims[perm[k]];
+  Tensor expected = Mapped(in, dims, [&](const std::vector<int64_t>& o) {
+    std::vector<int64_t> i(4);
+    for (int k = 0; k < 4; ++k) i[perm[k]] = o[k];
+    return Ravel(i, in_dims);
+  });
+  EXPECT_EQ(RunOk("Transpose", {in}, {Attribute::Ints("perm", perm)}, 13)[0], expected);
+}
+
 // Transposes whose innermost output axis is strided in the input and whose
 // next axis is contiguous there run as register-transposed square blocks
 // (8 x 8 for 2-byte, 4 x 4 for 4-byte elements) plus element-wise edges:
@@ -213,14 +227,7 @@ TEST(CpuTranspose, BlockTransposesAndTheirEdgesInEveryDType) {
     Tensor in = Pattern(dtype, in_dims);
     for (const auto& perm : perms) {
       SCOPED_TRACE(::testing::Message() << "perm " << perm[0] << perm[1] << perm[2] << perm[3]);
-      std::vector<int64_t> dims(4);
-      for (int k = 0; k < 4; ++k) dims[k] = in_dims[perm[k]];
-      Tensor expected = Mapped(in, dims, [&](const std::vector<int64_t>& o) {
-        std::vector<int64_t> i(4);
-        for (int k = 0; k < 4; ++k) i[perm[k]] = o[k];
-        return Ravel(i, in_dims);
-      });
-      EXPECT_EQ(RunOk("Transpose", {in}, {Attribute::Ints("perm", perm)}, 13)[0], expected);
+      ExpectTransposes(in, perm);
     }
   }
 }
@@ -236,18 +243,8 @@ TEST(CpuTranspose, ShortDenseRowsInEveryDType) {
     const int64_t size = static_cast<int64_t>(DTypeSize(dtype));
     for (int64_t row_bytes : {16, 32, 64, 24, 48}) {
       if (row_bytes % size != 0) continue;
-      const std::vector<int64_t> in_dims = {9, 40, 12, row_bytes / size};
       SCOPED_TRACE(::testing::Message() << "rows of " << row_bytes << " bytes");
-      Tensor in = Pattern(dtype, in_dims);
-      const std::vector<int64_t> perm = {0, 2, 1, 3};
-      std::vector<int64_t> dims(4);
-      for (int k = 0; k < 4; ++k) dims[k] = in_dims[perm[k]];
-      Tensor expected = Mapped(in, dims, [&](const std::vector<int64_t>& o) {
-        std::vector<int64_t> i(4);
-        for (int k = 0; k < 4; ++k) i[perm[k]] = o[k];
-        return Ravel(i, in_dims);
-      });
-      EXPECT_EQ(RunOk("Transpose", {in}, {Attribute::Ints("perm", perm)}, 13)[0], expected);
+      ExpectTransposes(Pattern(dtype, {9, 40, 12, row_bytes / size}), {0, 2, 1, 3});
     }
   }
 }
