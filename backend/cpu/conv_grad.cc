@@ -3,8 +3,8 @@
 // col2im(W_g^T * dY_g) with im2col.h's geometry and gemm.h's Sgemm; 2-D
 // convs use grid_conv.h's direct products instead where a vector kernel
 // runs (dW from X copied onto the padded grid, up to 8 images per product;
-// dX per stride phase from dY, those images' right after their dW product,
-// while their dY is in cache; see ConvGradOnGrid). The images run in
+// dX per stride phase from dY, each group's images right after their dW
+// product, while their dY is in cache; see ConvGradOnGrid). The images run in
 // slices on the thread pool (a partial dW per slice), or one after another
 // with split GEMMs (and split grid products) when there is a single image.
 // 16-bit X, dY and W are widened to float32 up front with float_io.h's
