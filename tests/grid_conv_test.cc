@@ -337,6 +337,121 @@ TEST(GridConvBFloat16, ForwardPairsMatchFloat64Sums) {
   }
 }
 
+// A 2-D conv's geometry at unit strides (pads: top, left, bottom, right).
+common::WindowGeometry UnitStrideGeometry(int64_t in_h, int64_t in_w, int64_t k_h, int64_t k_w,
+                                          int64_t dilation_w, const int64_t (&pads)[4]) {
+  common::WindowGeometry g;
+  g.num_spatial = 2;
+  g.input = {in_h, in_w};
+  g.kernel = {k_h, k_w};
+  g.strides = {1, 1};
+  g.dilations = {1, dilation_w};
+  g.pad_begin = {pads[0], pads[1]};
+  g.pad_end = {pads[2], pads[3]};
+  g.output = {in_h + pads[0] + pads[2] - (k_h - 1),
+              in_w + pads[1] + pads[3] - (k_w - 1) * dilation_w};
+  return g;
+}
+
+// GridConvForwardBFloat16PairRows over im2col.h's PairRowGrid (laid out
+// as conv.cc's forward lays it) gives the padded grid's products to the
+// bit: narrow images, kernels of 1-5 columns, a dilated one, uneven pads
+// (all the left pad, none, more on the right), odd channel counts, X with
+// subnormals, Inf and NaN, and outputs of up to two vectors' rows; a part
+// of the positions writes only those.
+TEST(GridConvBFloat16, PairRowsGiveThePaddedGridsBits) {
+  if (!UseGridBFloat16Products()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  struct RowCase {
+    int64_t channels, out_channels, in_h, in_w, k_h, k_w, dilation_w;
+    int64_t pads[4];
+  };
+  const RowCase cases[] = {
+      {5, 6, 7, 7, 3, 3, 1, {1, 1, 1, 1}},   {16, 9, 4, 4, 5, 5, 1, {2, 2, 2, 2}},
+      {3, 4, 6, 5, 2, 3, 2, {0, 1, 1, 3}},   {4, 5, 9, 3, 3, 3, 1, {1, 2, 1, 0}},
+      {7, 33, 5, 11, 1, 3, 1, {0, 0, 0, 2}}, {2, 1, 3, 2, 3, 1, 1, {2, 0, 0, 0}},
+  };
+  for (const RowCase& c : cases) {
+    const common::WindowGeometry g =
+        UnitStrideGeometry(c.in_h, c.in_w, c.k_h, c.k_w, c.dilation_w, c.pads);
+    SCOPED_TRACE(::testing::Message() << c.channels << "x" << c.in_h << "x" << c.in_w << " kernel "
+                                      << c.k_h << "x" << c.k_w << " dilation " << c.dilation_w);
+    ASSERT_TRUE(RowProductsPay(g));
+    std::mt19937 rng(static_cast<unsigned>(c.channels * 131 + c.in_w));
+    std::vector<float> x = Random(c.channels * c.in_h * c.in_w, rng);
+    x[1] = 3e-39f;  // a bfloat16 subnormal
+    x[x.size() / 2] = std::numeric_limits<float>::infinity();
+    x[x.size() - 2] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<BFloat16> x16;
+    for (float v : x) x16.push_back(BFloat16{FloatToBFloat16Bits(v)});
+    const int64_t pairs = (c.channels + 1) / 2, kernel_size = c.k_h * c.k_w;
+    const int64_t depth = pairs * kernel_size;
+    std::vector<uint32_t> a(static_cast<size_t>(c.out_channels * depth));
+    for (uint32_t& v : a) {
+      const std::vector<float> two = Random(2, rng);
+      v = BFloat16Pair(FloatToBFloat16Bits(two[0]), FloatToBFloat16Bits(two[1]));
+    }
+    const std::vector<float> init = Random(c.out_channels, rng);
+    const int64_t p = g.output_size();
+    // The padded grid's products.
+    const PaddedGrid padded_grid(g);
+    std::vector<uint32_t> padded(
+        static_cast<size_t>(padded_grid.buffer_size(pairs) + kGridReadSlack), 0);
+    FillPairGrid(x16.data(), c.channels, 0, pairs, padded_grid, padded.data());
+    std::vector<int64_t> padded_rows;
+    for (int64_t k = 0; k < depth; ++k) padded_rows.push_back(padded_grid.RowOffset(k));
+    std::vector<BFloat16> want(static_cast<size_t>(c.out_channels * p));
+    GridConvForwardBFloat16Pairs(c.out_channels, depth, a.data(), depth, padded.data(),
+                                 padded_rows.data(), GridLines{g.output[0], g.output[1],
+                                                               padded_grid.cols, g.output[1]},
+                                 init.data(), want.data(), p);
+    // The same over unpadded rows.
+    std::vector<int64_t> line_offsets, column_shifts;
+    for (int64_t kh = 0; kh < c.k_h; ++kh) line_offsets.push_back(kh);
+    for (int64_t kw = 0; kw < c.k_w; ++kw) column_shifts.push_back(kw * c.dilation_w - c.pads[1]);
+    const PairRowGrid row_grid(pairs, c.in_h + c.pads[0] + c.pads[2], c.in_w, c.pads[0],
+                               line_offsets, column_shifts);
+    // NaN wherever the planes and slack are not written.
+    std::vector<uint32_t> buffer(static_cast<size_t>(row_grid.buffer_size()), 0x7fc07fc0u);
+    uint32_t* planes = row_grid.Planes(buffer.data());
+    row_grid.Fill(x16.data(), c.channels, c.in_h, c.in_h * c.in_w, 0, pairs, planes);
+    std::vector<BFloat16> got(static_cast<size_t>(c.out_channels * p), BFloat16{0x1234});
+    GridConvForwardBFloat16PairRows(c.out_channels, depth, a.data(), depth, planes,
+                                    row_grid.pair_rows(), row_grid.Positions(0, p), init.data(),
+                                    got.data(), p);
+    for (int64_t i = 0; i < c.out_channels * p; ++i) {
+      ASSERT_EQ(got[i].bits, want[i].bits) << "output " << i / p << " position " << i % p;
+    }
+    // Positions [begin, end) only, from an odd start.
+    const int64_t begin = std::min<int64_t>(3, p - 1), end = std::max(begin + 1, p - 5);
+    std::vector<BFloat16> part(static_cast<size_t>(c.out_channels * p), BFloat16{0x1234});
+    GridConvForwardBFloat16PairRows(c.out_channels, depth, a.data(), depth, planes,
+                                    row_grid.pair_rows(), row_grid.Positions(begin, end),
+                                    init.data(), part.data(), p);
+    for (int64_t i = 0; i < c.out_channels * p; ++i) {
+      const int64_t q = i % p;
+      const uint16_t expected = q >= begin && q < end ? want[i].bits : uint16_t{0x1234};
+      ASSERT_EQ(part[i].bits, expected) << "part: output " << i / p << " position " << q;
+    }
+  }
+}
+
+// Where the products over unpadded rows pay: narrow images that keep their
+// width at unit strides, not 14x14 or 28x28, nor strided or narrowing convs.
+TEST(GridConvBFloat16, PairRowsPayOnNarrowImagesOnly) {
+  const int64_t same[4] = {1, 1, 1, 1};
+  const int64_t none[4] = {0, 0, 0, 0};
+  EXPECT_TRUE(RowProductsPay(UnitStrideGeometry(7, 7, 3, 3, 1, same)));
+  EXPECT_TRUE(RowProductsPay(UnitStrideGeometry(10, 10, 3, 3, 1, same)));
+  EXPECT_FALSE(RowProductsPay(UnitStrideGeometry(14, 14, 3, 3, 1, same)));
+  EXPECT_FALSE(RowProductsPay(UnitStrideGeometry(28, 28, 3, 3, 1, same)));
+  EXPECT_FALSE(RowProductsPay(UnitStrideGeometry(7, 7, 3, 3, 1, none)));  // 5 wide
+  common::WindowGeometry strided = UnitStrideGeometry(7, 7, 3, 3, 1, same);
+  strided.strides = {2, 2};
+  strided.output = {4, 4};
+  EXPECT_FALSE(RowProductsPay(strided));
+  EXPECT_FALSE(RowProductsPay(UnitStrideGeometry(4, 20, 1, 17, 1, {0, 8, 0, 8})));
+}
+
 TEST(GridConvBFloat16, FilterGradAccumulatesFloat64Sums) {
   if (!UseGridBFloat16Products()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
   // kShapes, and lines around one 32-position vector: exactly one, one and

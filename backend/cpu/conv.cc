@@ -443,8 +443,12 @@ std::vector<uint32_t> PairedWeights(const BFloat16* w, int64_t out_channels, int
 // UseGridBFloat16Products): per (image, group) task, X_g is copied in
 // channel pairs onto the pair grid (im2col.h's FillPairGrid), W in pairs
 // once per call; W_g times the grid's column rows plus the bias is summed
-// in float32 and rounded once to bfloat16 as the products store Y. Tasks
-// and their split across threads as RunConv.
+// in float32 and rounded once to bfloat16 as the products store Y. A
+// narrow conv that keeps its width at unit strides (im2col.h's
+// RowProductsPay) leaves the grid's padding columns out and takes the
+// products over unpadded rows (im2col.h's PairRowGrid): the same sums in
+// fewer vectors.
+// Tasks and their split across threads as RunConv.
 void RunConvBFloat16OnGrid(const KernelContext& ctx, const common::WindowGeometry& g,
                            int64_t batch, int64_t channels, int64_t out_channels, int64_t group,
                            TensorView* y) {
@@ -459,14 +463,42 @@ void RunConvBFloat16OnGrid(const KernelContext& ctx, const common::WindowGeometr
   const int64_t pair_depth = pairs * kernel_size;
   const std::vector<uint32_t> w =
       PairedWeights(ctx.input(1).as<BFloat16>(), out_channels, cg, kernel_size);
+  const int64_t p = g.output_size();
+  const int64_t in_size = g.input_size();
+  const ConvTasks tasks(batch * group);
+  if (RowProductsPay(g)) {
+    std::vector<int64_t> line_offsets, column_shifts;
+    for (int64_t kh = 0; kh < g.kernel[0]; ++kh) line_offsets.push_back(kh * g.dilations[0]);
+    for (int64_t kw = 0; kw < g.kernel[1]; ++kw) {
+      column_shifts.push_back(kw * g.dilations[1] - g.pad_begin[1]);
+    }
+    const PairRowGrid grid(pairs, g.input[0] + g.pad_begin[0] + g.pad_end[0], g.input[1],
+                           g.pad_begin[0], line_offsets, column_shifts);
+    auto run_image = [&](int64_t task) {
+      const int64_t n = task / group, gi = task % group;
+      const BFloat16* xg = x + (n * channels + gi * cg) * in_size;
+      BFloat16* yg = out + (n * out_channels + gi * mg) * p;
+      thread_local std::vector<uint32_t> buffer;
+      buffer.resize(static_cast<size_t>(grid.buffer_size()));
+      uint32_t* planes = grid.Planes(buffer.data());
+      tasks.Split(pairs, [&](int64_t lo, int64_t hi) {
+        grid.Fill(xg, cg, g.input[0], in_size, lo, hi, planes);
+      });
+      tasks.Split((p + 15) / 16, [&](int64_t lo, int64_t hi) {
+        GridConvForwardBFloat16PairRows(mg, pair_depth, w.data() + gi * mg * pair_depth,
+                                        pair_depth, planes, grid.pair_rows(),
+                                        grid.Positions(lo * 16, std::min(p, hi * 16)),
+                                        bias.data() + gi * mg, yg, p);
+      });
+    };
+    tasks.Run(run_image);
+    return;
+  }
   const PaddedGrid grid(g);
   std::vector<int64_t> pair_rows;  // pair row k: the pair grid + pair_rows[k]
   for (int64_t row = 0; row < pair_depth; ++row) pair_rows.push_back(grid.RowOffset(row));
-  const int64_t p = g.output_size();
-  const int64_t in_size = g.input_size();
   const int64_t line = g.output[1];
   const int64_t lines = p / line;
-  const ConvTasks tasks(batch * group);
   auto run_image = [&](int64_t task) {
     const int64_t n = task / group, gi = task % group;
     const BFloat16* xg = x + (n * channels + gi * cg) * in_size;

@@ -191,6 +191,25 @@ class ConvGradOnGrid {
         phases_.push_back(std::move(phase));
       }
     }
+    // bfloat16 dX of a narrow conv that keeps its width: dY's pairs on
+    // unpadded rows (the single phase's taps, in its depth order), where
+    // dX line i reads dY line i + pad - kh * dilation and column shift
+    // pad - kw * dilation, below `top` zero lines.
+    if constexpr (!std::is_same_v<T, float>) {
+      if (RowProductsPay(g_)) {
+        const int64_t top = std::max<int64_t>(0, (g_.kernel[0] - 1) * g_.dilations[0] -
+                                                     g_.pad_begin[0]);
+        std::vector<int64_t> line_offsets, column_shifts;
+        for (int64_t kh = 0; kh < g_.kernel[0]; ++kh) {
+          line_offsets.push_back(g_.pad_begin[0] - kh * g_.dilations[0] + top);
+        }
+        for (int64_t kw = 0; kw < g_.kernel[1]; ++kw) {
+          column_shifts.push_back(g_.pad_begin[1] - kw * g_.dilations[1]);
+        }
+        const int64_t rows = std::max(top + g_.output[0], g_.input[0] + g_.pad_begin[0] + top);
+        dy_row_grid_.emplace((mg_ + 1) / 2, rows, g_.output[1], top, line_offsets, column_shifts);
+      }
+    }
   }
 
   // How many images one AddFilterGrad call should take: enough positions
@@ -242,6 +261,12 @@ class ConvGradOnGrid {
   template <typename T>
   void FillInputGrad(int64_t gi, const T* dy_g, T* dx_g) const {
     const int64_t out_h = g_.output[0], out_w = g_.output[1];
+    if constexpr (!std::is_same_v<T, float>) {
+      if (dy_row_grid_.has_value()) {
+        FillInputGradOnRows(gi, dy_g, dx_g);
+        return;
+      }
+    }
     const int64_t plane = dy_rows_ * dy_cols_;
     using Buffered = std::conditional_t<std::is_same_v<T, float>, float, uint32_t>;
     const int64_t buffered_rows = std::is_same_v<T, float> ? mg_ : (mg_ + 1) / 2;
@@ -314,6 +339,25 @@ class ConvGradOnGrid {
  private:
   static int64_t CeilDiv(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -(-a / b); }
 
+  // FillInputGrad's bfloat16 dX over unpadded rows (dy_row_grid_): the
+  // single phase's products over dX's dense positions.
+  void FillInputGradOnRows(int64_t gi, const BFloat16* dy_g, BFloat16* dx_g) const {
+    const PairRowGrid& grid = *dy_row_grid_;
+    const Phase& phase = phases_.front();
+    const int64_t depth = static_cast<int64_t>(phase.b_rows.size());
+    const int64_t out_size = g_.output_size(), in_size = g_.input_size();
+    thread_local std::vector<uint32_t> buffer;
+    buffer.resize(static_cast<size_t>(grid.buffer_size()));
+    uint32_t* planes = grid.Planes(buffer.data());
+    grid.Fill(dy_g, mg_, g_.output[0], out_size, 0, (mg_ + 1) / 2, planes);
+    ParallelFor(0, (in_size + 15) / 16, 1, [&](int64_t lo, int64_t hi) {
+      GridConvForwardBFloat16PairRows(cg_, depth, phase.pairs.data() + gi * cg_ * depth, depth,
+                                      planes, grid.pair_rows(),
+                                      grid.Positions(lo * 16, std::min(in_size, hi * 16)),
+                                      nullptr, dx_g, in_size);
+    });
+  }
+
   // One stride phase of dX: its positions (lines x width, the first at
   // dX (dx_row, dx_col) and dY-buffer offset `gathered`) and taps.
   struct Phase {
@@ -332,6 +376,7 @@ class ConvGradOnGrid {
   int64_t dy_rows_ = 0, dy_cols_ = 0;
   std::vector<Phase> phases_;
   bool has_empty_phase_ = false;  // some phase has no tap: its dX stays zero
+  std::optional<PairRowGrid> dy_row_grid_;  // bfloat16 dX over unpadded rows
 };
 
 // dX, dW, dB (float32) of X, dY and W in float32, or in bfloat16 where

@@ -256,6 +256,110 @@ constexpr int kForwardRows = 4, kForwardRuns = 6;
 
 #include "backend/cpu/grid_conv_forward.inc"
 
+// GridConvForwardBFloat16PairRows' block: output rows [m0, m0 + MR) at NR
+// vectors of positions from q0, vector j's lanes loaded under
+// masks[shift_index[k] * kForwardRuns + j] at depth step k and stored under
+// store_masks[j]. (Shift-major masks: a step's are at fixed offsets from
+// one address, which keeps the loop's scalar registers off the stack.)
+template <int MR, int NR>
+void RowBlock(int64_t m0, int64_t depth, const uint32_t* a, int64_t lda, const uint32_t* b,
+              const int64_t* b_rows, const uint8_t* shift_index, const __mmask16* masks,
+              const __mmask16* store_masks, int64_t q0, const float* init, uint16_t* out,
+              int64_t ld_out) {
+  __m512 acc[MR][NR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+    const __m512 start = init != nullptr ? _mm512_set1_ps(init[m0 + i]) : _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) acc[i][j] = start;
+  }
+  const uint32_t* a_block = a + m0 * lda;
+  for (int64_t k = 0; k < depth; ++k) {
+    const uint32_t* b_row = b + b_rows[k] + q0;
+    const __mmask16* step_masks = masks + shift_index[k] * kForwardRuns;
+    __m512bh bv[NR];
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) {
+      bv[j] = (__m512bh)_mm512_maskz_loadu_epi32(step_masks[j], b_row + 16 * j);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh av = Vec::BroadcastElem(a_block + i * lda + k);
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], av, bv[j]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int j = 0; j < NR; ++j) {
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      Vec::Store(out + (m0 + i) * ld_out + q0 + 16 * j, acc[i][j], store_masks[j]);
+    }
+  }
+}
+
+template <int NR>
+void RowRuns(int64_t rows, int64_t depth, const uint32_t* a, int64_t lda, const uint32_t* b,
+             const int64_t* b_rows, const uint8_t* shift_index, const __mmask16* masks,
+             const __mmask16* store_masks, int64_t q0, const float* init, uint16_t* out,
+             int64_t ld_out) {
+  int64_t m = 0;
+  for (; m + kForwardRows <= rows; m += kForwardRows) {
+    RowBlock<kForwardRows, NR>(m, depth, a, lda, b, b_rows, shift_index, masks, store_masks, q0,
+                               init, out, ld_out);
+  }
+  for (; m < rows; ++m) {
+    RowBlock<1, NR>(m, depth, a, lda, b, b_rows, shift_index, masks, store_masks, q0, init, out,
+                    ld_out);
+  }
+}
+
+// The positions in groups of up to kForwardRuns vectors; each group's
+// masks are made once for all its output rows.
+void ForwardRowsEntry(int64_t rows, int64_t depth, const uint32_t* a, int64_t lda,
+                      const uint32_t* b, const int64_t* b_rows, const RowPositions& p,
+                      const float* init, uint16_t* out, int64_t ld_out) {
+  __mmask16 masks[kForwardRuns * kMaxRowShifts];
+  __mmask16 store_masks[kForwardRuns];
+  for (int64_t q0 = p.begin; q0 < p.end; q0 += 16 * kForwardRuns) {
+    const int nr = static_cast<int>(std::min<int64_t>(kForwardRuns, (p.end - q0 + 15) / 16));
+    for (int j = 0; j < nr; ++j) {
+      __mmask16 in_range = 0;
+      int64_t column[16];
+      for (int lane = 0; lane < 16; ++lane) {
+        const int64_t q = q0 + 16 * j + lane;
+        if (q < p.end) in_range |= static_cast<__mmask16>(1u << lane);
+        column[lane] = q % p.width;
+      }
+      store_masks[j] = in_range;
+      for (int s = 0; s < p.num_shifts; ++s) {
+        __mmask16 mask = 0;
+        for (int lane = 0; lane < 16; ++lane) {
+          const int64_t c = column[lane] + p.shifts[s];
+          if (c >= 0 && c < p.width) mask |= static_cast<__mmask16>(1u << lane);
+        }
+        masks[s * kForwardRuns + j] = mask & in_range;
+      }
+    }
+    switch (nr) {
+#define CASTOR_ROW_RUNS(n)                                                                       \
+  case n:                                                                                        \
+    RowRuns<n>(rows, depth, a, lda, b, b_rows, p.shift_index, masks, store_masks, q0, init, out, \
+               ld_out);                                                                          \
+    break;
+      CASTOR_ROW_RUNS(1)
+      CASTOR_ROW_RUNS(2)
+      CASTOR_ROW_RUNS(3)
+      CASTOR_ROW_RUNS(4)
+      CASTOR_ROW_RUNS(5)
+      CASTOR_ROW_RUNS(6)
+#undef CASTOR_ROW_RUNS
+    }
+  }
+  _mm256_zeroupper();
+}
+static_assert(kForwardRuns == 6, "ForwardRowsEntry's switch covers 1..kForwardRuns vectors");
+
 template <typename Out>
 void ForwardEntry(int64_t rows, int64_t depth, const uint32_t* a, int64_t lda, const uint32_t* b,
                   const int64_t* b_rows, const Run* runs, int64_t num_runs, const float* init,
@@ -580,6 +684,21 @@ void GridConvForwardBFloat16Pairs(int64_t rows, int64_t pair_depth, const uint32
                                   const GridLines& lines, const float* init, BFloat16* out,
                                   int64_t ld_out) {
   ForwardBFloat16Pairs(rows, pair_depth, a, lda, b, b_rows, lines, init, &out->bits, ld_out);
+}
+
+void GridConvForwardBFloat16PairRows(int64_t rows, int64_t pair_depth, const uint32_t* a,
+                                     int64_t lda, const uint32_t* b, const int64_t* b_rows,
+                                     const RowPositions& positions, const float* init,
+                                     BFloat16* out, int64_t ld_out) {
+  if (rows <= 0 || positions.end <= positions.begin) return;
+#if defined(CASTOR_GRID_CONV_X86)
+  if (UseGridBFloat16Products()) {
+    avx512bf16_pairs::ForwardRowsEntry(rows, pair_depth, a, lda, b, b_rows, positions, init,
+                                       &out->bits, ld_out);
+    return;
+  }
+#endif
+  std::abort();  // callers check UseGridBFloat16Products() first
 }
 
 void GridConvFilterGradBFloat16(int64_t rows, int64_t depth, const uint16_t* dy, int64_t ld_dy,

@@ -126,6 +126,50 @@ void GridConvForwardBFloat16Pairs(int64_t rows, int64_t pair_depth, const uint32
                                   const GridLines& lines, const float* init, BFloat16* out,
                                   int64_t ld_out);
 
+// ---- bfloat16 pair products over unpadded rows ------------------------------
+//
+// The products above give every line its own vectors, so the lanes past a
+// line's end are spent on the grid's padding columns: a 28-wide line takes
+// 32 lanes, a 14-wide one 16, a 7-wide one 16. Where a product's output
+// lines are exactly as wide as the rows it reads (unit strides, and pads
+// left + right = (kernel width - 1) * dilation: a conv that keeps its
+// width), the grid leaves the horizontal padding out: its planes hold the
+// input's rows as they are (the zero rows above and below stay), and the
+// products visit the dense output positions q = line * width + column,
+// 16 at a time across line ends (a 28x28 image: 49 vectors; 14x14: 13;
+// 7x7: 4). Depth step k reads b + b_rows[k] + q where the tap's column
+// lands inside the row, column + shifts[shift_index[k]] in [0, width),
+// and zeros elsewhere, the values a padded grid holds there: each sum is
+// the padded grid's product's to the bit (the same depth order, the same
+// zeros). Masked loads read nothing outside those lanes (nor past the last
+// position), but the buffer must hold every address a step forms: b +
+// b_rows[k] + q for each visited q, and up to 15 past the last.
+// (im2col.h's RowProductsPay says where the products apply and pay.)
+
+// The positions such a product visits: q in [begin, end) of an output
+// whose lines are `width` positions, with the column shift of each depth
+// step (shift_index[k] < num_shifts, at most kMaxRowShifts: one shift per
+// kernel column).
+struct RowPositions {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t width = 0;
+  const uint8_t* shift_index = nullptr;
+  const int64_t* shifts = nullptr;
+  int num_shifts = 0;
+};
+inline constexpr int kMaxRowShifts = 16;
+
+// GridConvForwardBFloat16Pairs over unpadded rows: for m < rows and q in
+// [positions.begin, positions.end),
+//   out[m * ld_out + q] = init[m] + sum_k a[m * lda + k] . b[b_rows[k] + q]
+// (bfloat16 out, rounded once; `init` may be null), where the sum skips
+// the steps whose column shift takes q's column outside the row.
+void GridConvForwardBFloat16PairRows(int64_t rows, int64_t pair_depth, const uint32_t* a,
+                                     int64_t lda, const uint32_t* b, const int64_t* b_rows,
+                                     const RowPositions& positions, const float* init,
+                                     BFloat16* out, int64_t ld_out);
+
 // GridConvFilterGrad on bfloat16 dY and grid (bit patterns), dW float32
 // (accumulated into, as there). Reads only the visited positions.
 void GridConvFilterGradBFloat16(int64_t rows, int64_t depth, const uint16_t* dy, int64_t ld_dy,

@@ -248,6 +248,61 @@ void FillPaddedPairPlane(const BFloat16* first, const BFloat16* second, int64_t 
   }
 }
 
+bool RowProductsPay(const common::WindowGeometry& g) {
+  if (g.num_spatial != 2 || g.strides[0] != 1 || g.strides[1] != 1 ||
+      g.output[1] != g.input[1] || g.output[0] <= 0 || g.kernel[1] > kMaxRowShifts) {
+    return false;
+  }
+  const int64_t row_vectors = (g.output[0] * g.output[1] + 15) / 16;
+  const int64_t padded_vectors = g.output[0] * ((g.output[1] + 15) / 16);
+  return 5 * row_vectors <= 4 * padded_vectors;
+}
+
+PairRowGrid::PairRowGrid(int64_t planes, int64_t rows, int64_t width, int64_t top,
+                         const std::vector<int64_t>& line_offsets,
+                         const std::vector<int64_t>& column_shifts)
+    : planes_(planes), rows_(rows), width_(width), top_(top), plane_(rows * width),
+      shifts_(column_shifts) {
+  int64_t lowest = 0, highest = 0;  // offsets from a position's own address
+  for (int64_t k = 0; k < planes; ++k) {
+    for (const int64_t line : line_offsets) {
+      for (size_t s = 0; s < column_shifts.size(); ++s) {
+        const int64_t offset = line * width + column_shifts[s];
+        pair_rows_.push_back(k * plane_ + offset);
+        shift_index_.push_back(static_cast<uint8_t>(s));
+        lowest = std::min(lowest, offset);
+        highest = std::max(highest, offset);
+      }
+    }
+  }
+  // A product's positions are those of the planes' lines below the lowest
+  // line offset; its last vector reaches 15 past the last.
+  lead_ = -lowest;
+  trail_ = std::max<int64_t>(0, highest) + 16;
+}
+
+uint32_t* PairRowGrid::Planes(uint32_t* buffer) const {
+  uint32_t* planes = buffer + lead_;
+  std::fill(buffer, planes, 0u);
+  std::fill(planes + planes_ * plane_, planes + planes_ * plane_ + trail_, 0u);
+  return planes;
+}
+
+void PairRowGrid::Fill(const BFloat16* source, int64_t channels, int64_t lines,
+                       int64_t channel_stride, int64_t plane_lo, int64_t plane_hi,
+                       uint32_t* planes) const {
+  for (int64_t k = plane_lo; k < plane_hi; ++k) {
+    const BFloat16* first = source + 2 * k * channel_stride;
+    FillPaddedPairPlane(first, 2 * k + 1 < channels ? first + channel_stride : nullptr, lines,
+                        width_, width_, top_, 0, rows_, width_, planes + k * plane_);
+  }
+}
+
+RowPositions PairRowGrid::Positions(int64_t begin, int64_t end) const {
+  return RowPositions{begin, end, width_, shift_index_.data(), shifts_.data(),
+                      static_cast<int>(shifts_.size())};
+}
+
 void FillPairGrid(const BFloat16* x, int64_t channels, int64_t pair_lo, int64_t pair_hi,
                   const PaddedGrid& grid, uint32_t* pairs) {
   const common::WindowGeometry& g = *grid.geometry;

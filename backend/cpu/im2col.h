@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "backend/common/window_geometry.h"
 #include "backend/cpu/float_io.h"
+#include "backend/cpu/grid_conv.h"
 
 namespace castor::cpu {
 
@@ -106,6 +107,53 @@ struct PaddedGrid {
 
  private:
   std::vector<char> used_phases_;  // [s0][s1]
+};
+
+// Whether a 2-D window op's products run over unpadded rows (grid_conv.h's
+// GridConvForwardBFloat16PairRows) rather than on the padded grid: they
+// can (unit strides, an output as wide as the input: pads left + right =
+// (kernel width - 1) * dilation; at most kMaxRowShifts kernel columns),
+// and they pay: their masked loads make a vector cost about a quarter more
+// than the padded grid's (Zen 4: 76% of VDPBF16PS's peak per lane against
+// 96%), so they take at most 4/5 of its vectors. Narrow images gain (7x7:
+// 4 vectors against 7; 10x10: 7 against 10), 14x14 and 28x28 do not (13
+// against 14, 49 against 56).
+bool RowProductsPay(const common::WindowGeometry& g);
+
+// The operand of grid_conv.h's pair products over unpadded rows: `planes`
+// planes of `rows` lines of `width` bfloat16 pairs, plane k holding
+// channels 2k and 2k + 1 of a source image [channels, lines, width] side
+// by side, its lines at [top, top + lines) and zeros above and below. The
+// product's depth step (plane, kh, kw), in that order, reads plane
+// `plane` at line offset line_offsets[kh] from the output position's line
+// and column shift column_shifts[kw] (pair_rows, shift_index, shifts:
+// RowPositions'). Conv's forward reads X so (line offset kh * dilation,
+// shift kw * dilation - left pad); ConvGrad's dX reads dY (conv_grad.cc).
+class PairRowGrid {
+ public:
+  PairRowGrid(int64_t planes, int64_t rows, int64_t width, int64_t top,
+              const std::vector<int64_t>& line_offsets, const std::vector<int64_t>& column_shifts);
+
+  // Elements a buffer for Fill needs (the planes and the slack around them
+  // that keeps every address a product forms inside it).
+  int64_t buffer_size() const { return lead_ + planes_ * plane_ + trail_; }
+  // Where the planes start in a buffer of buffer_size() (the `b` of
+  // GridConvForwardBFloat16PairRows); zeros the slack around them.
+  uint32_t* Planes(uint32_t* buffer) const;
+  // Fills planes [plane_lo, plane_hi) from `source` (`channels` channels of
+  // `lines` lines, each channel `channel_stride` elements after the last).
+  void Fill(const BFloat16* source, int64_t channels, int64_t lines, int64_t channel_stride,
+            int64_t plane_lo, int64_t plane_hi, uint32_t* planes) const;
+  // Positions [begin, end) of the product.
+  RowPositions Positions(int64_t begin, int64_t end) const;
+  const int64_t* pair_rows() const { return pair_rows_.data(); }
+
+ private:
+  int64_t planes_, rows_, width_, top_, plane_;
+  int64_t lead_ = 0, trail_ = 0;
+  std::vector<int64_t> pair_rows_;
+  std::vector<uint8_t> shift_index_;
+  std::vector<int64_t> shifts_;
 };
 
 // Copies channels [channel_lo, channel_hi) of one image x [channels, in_h,
