@@ -69,6 +69,12 @@ const std::vector<ConvCase>& Cases() {
       {{1, 3, 17, 19}, {7, 3, 3, 3}, 1, {}, {}, {1, 1, 1, 1}},
       {{4, 1, 28, 28}, {32, 1, 3, 3}, 1, {}, {}, {}},
       {{2, 33, 14, 13}, {17, 33, 3, 3}, 1, {}, {}, {1, 1, 1, 1}},
+      // Few output positions per image (the images' columns side by side
+      // in one GEMM): 1x1 images under a padded 3x3 kernel, grouped and
+      // strided down to 2x2, and more images than one GEMM takes.
+      {{3, 6, 1, 1}, {5, 6, 3, 3}, 1, {}, {}, {1, 1, 1, 1}},
+      {{2, 4, 3, 4}, {6, 2, 3, 3}, 2, {2, 2}, {}, {1, 1, 1, 1}},
+      {{300, 5, 2, 2}, {3, 5, 3, 3}, 1, {}, {}, {1, 1, 1, 1}},
   };
   return cases;
 }

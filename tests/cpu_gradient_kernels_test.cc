@@ -217,6 +217,18 @@ TEST(ConvGrad, MatchesFiniteDifferences2DPadsWiderThanTheKernel) {
   CheckConvGrad({2, 2, 4, 4}, {3, 2, 1, 2}, {Attribute::Ints("pads", {1, 2, 0, 1})}, 25);
 }
 
+// Few output positions per image: the images' columns side by side in one
+// GEMM (1x1 images under a padded 3x3 kernel; grouped, strided down to 2x2),
+// batches large enough that a slice of the test backend's 4 threads puts
+// several images in one GEMM.
+TEST(ConvGrad, MatchesFiniteDifferencesFewPositionsPerImage) {
+  CheckConvGrad({9, 4, 1, 1}, {5, 4, 3, 3}, {Attribute::Ints("pads", {1, 1, 1, 1})}, 27);
+  CheckConvGrad({9, 4, 3, 4}, {6, 2, 3, 3},
+                {Attribute::Int("group", 2), Attribute::Ints("strides", {2, 2}),
+                 Attribute::Ints("pads", {1, 1, 1, 1})},
+                29);
+}
+
 TEST(ConvGrad, MatchesFiniteDifferences1D) {
   CheckConvGrad({3, 3, 7}, {4, 3, 3}, {Attribute::Ints("strides", {2}),
                                        Attribute::Ints("pads", {1, 1})},

@@ -325,6 +325,13 @@ const std::vector<ConvSpec>& ConvSpecs() {
       // 2-D stride 1 (one plane per channel on the padded grid): grouped,
       // dilated, uneven pads.
       {{2, 4, 9, 8}, {6, 2, 3, 2}, 2, {1, 1}, {1, 2}, {1, 0, 2, 1}, "NOTSET", true},
+      // Few output positions per image (the images' columns side by side in
+      // one GEMM): a 3x3 conv on 1x1 images, a grouped strided one down to
+      // 2x2, a pointwise one on 2x3, and more images than one GEMM takes.
+      {{3, 6, 1, 1}, {4, 6, 3, 3}, 1, {}, {}, {1, 1, 1, 1}, "NOTSET", true},
+      {{2, 4, 3, 4}, {6, 2, 3, 3}, 2, {2, 2}, {}, {1, 1, 1, 1}, "NOTSET", false},
+      {{3, 5, 2, 3}, {7, 5, 1, 1}, 1, {}, {}, {}, "NOTSET", true},
+      {{300, 3, 1, 2}, {2, 3, 3, 3}, 1, {}, {}, {1, 1, 1, 1}, "NOTSET", true},
       // One image, one group: tasks run one at a time, the work split across
       // threads (unit and strided grids).
       {{1, 3, 12, 11}, {5, 3, 3, 3}, 1, {}, {}, {1, 1, 1, 1}, "NOTSET", true},

@@ -417,6 +417,58 @@ void RunConvBFloat16Native(const KernelContext& ctx, const common::WindowGeometr
   tasks.Run(run_image);
 }
 
+// Y = Conv(X, W) + B where the images have few output positions
+// (im2col.h's FewOutputPositions), X, W and B stored as T (float32 or
+// bfloat16): per group of images and conv group, the images' columns side
+// by side [kg, images * p] (Im2Col, in T), W_g [mg, kg] times them summed
+// in float32 by one GemmFloat32Accumulate (bfloat16 on the native kernels
+// where the CPU has them), the bias added before the one rounding on store.
+// The groups of images run in parallel.
+template <typename T>
+void RunConvOnImageColumns(const KernelContext& ctx, const common::WindowGeometry& g,
+                           int64_t batch, int64_t channels, int64_t out_channels, int64_t group,
+                           TensorView* y) {
+  constexpr DType kDType = std::is_same_v<T, float> ? DType::kFloat32 : DType::kBFloat16;
+  const T* x = ctx.input(0).as<T>();
+  const T* w = ctx.input(1).as<T>();
+  T* out = y->as<T>();
+  std::vector<float> bias(static_cast<size_t>(out_channels), 0.0f);
+  if (ctx.has_input(2)) ToFloat32(kDType, ctx.input(2).as<T>(), bias.data(), out_channels);
+  const int64_t cg = channels / group;
+  const int64_t mg = out_channels / group;
+  const int64_t kg = cg * g.kernel_size();
+  const int64_t p = g.output_size();
+  const int64_t in_size = g.input_size();
+  const int64_t lines = p / g.output[g.num_spatial - 1];
+  const int64_t images = ImagesPerColumnGemm(g, kg, batch, NumThreads());
+  const int64_t chunks = (batch + images - 1) / images;
+  ParallelFor(0, chunks * group, 1, [&](int64_t lo, int64_t hi) {
+    thread_local std::vector<T> col;
+    thread_local std::vector<float> product;
+    for (int64_t task = lo; task < hi; ++task) {
+      const int64_t n0 = task / group * images, gi = task % group;
+      const int64_t count = std::min(images, batch - n0);
+      const int64_t cols = count * p;
+      col.resize(static_cast<size_t>(kg * cols));
+      for (int64_t i = 0; i < count; ++i) {
+        Im2Col<T, T>(x + ((n0 + i) * channels + gi * cg) * in_size, g, 0, kg, 0, lines,
+                     col.data() + i * p, cols);
+      }
+      product.resize(static_cast<size_t>(mg * cols));
+      GemmFloat32Accumulate(kDType, false, false, mg, cols, kg, 1.0f, w + gi * mg * kg, kg,
+                            col.data(), cols, 0.0f, product.data(), cols);
+      for (int64_t m = 0; m < mg; ++m) {
+        float* row = product.data() + m * cols;
+        const float add = bias[gi * mg + m];
+        for (int64_t i = 0; i < cols; ++i) row[i] += add;
+        for (int64_t i = 0; i < count; ++i) {
+          FromFloat32(kDType, row + i * p, out + ((n0 + i) * out_channels + gi * mg + m) * p, p);
+        }
+      }
+    }
+  });
+}
+
 // W_g's entries of a 2-D bfloat16 Conv in channel pairs, for
 // GridConvForwardBFloat16Pairs: pairs[((gi * mg + m) * channel pairs + k) *
 // kernel_size + tap] holds W[gi * mg + m][2k][tap] and W[..][2k + 1][tap]
@@ -537,6 +589,15 @@ absl::Status ConvKernel(KernelContext& ctx) {
   absl::StatusOr<TensorView*> y = ctx.Output(0, x.dtype, out_dims);
   if (!y.ok()) return y.status();
   if ((*y)->num_elements() == 0) return absl::OkStatus();
+  if (FewOutputPositions(*g) &&
+      (x.dtype == DType::kFloat32 || x.dtype == DType::kBFloat16)) {
+    if (x.dtype == DType::kFloat32) {
+      RunConvOnImageColumns<float>(ctx, *g, batch, channels, out_channels, group, *y);
+    } else {
+      RunConvOnImageColumns<BFloat16>(ctx, *g, batch, channels, out_channels, group, *y);
+    }
+    return absl::OkStatus();
+  }
   if (x.dtype == DType::kBFloat16 && PaddedGrid::Applies(*g) && UseGridBFloat16Products() &&
       !g->pointwise()) {
     RunConvBFloat16OnGrid(ctx, *g, batch, channels, out_channels, group, *y);

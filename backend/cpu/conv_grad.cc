@@ -45,9 +45,11 @@ namespace {
 
 // ---- ConvGrad ----------------------------------------------------------------
 
-// Scatter-adds col [channels * kernel_size, output_size] (Im2Col's layout)
-// into the image x [channels, input...]: Im2Col's transpose.
-void Col2ImAdd(const float* col, const common::WindowGeometry& g, int64_t rows, float* x) {
+// Scatter-adds col [channels * kernel_size, output_size] (Im2Col's layout,
+// rows col_ld apart) into the image x [channels, input...]: Im2Col's
+// transpose.
+void Col2ImAdd(const float* col, int64_t col_ld, const common::WindowGeometry& g, int64_t rows,
+               float* x) {
   const int nd = g.num_spatial;
   const int64_t in_size = g.input_size();
   const int64_t out_size = g.output_size();
@@ -65,7 +67,7 @@ void Col2ImAdd(const float* col, const common::WindowGeometry& g, int64_t rows, 
       const int64_t offset = OuterOffset(g, oidx.data(), kidx.data(), g.input);
       NextOuter(g.output, oidx.data());
       if (offset < 0) continue;
-      const float* src = col + row * out_size + outer * out_last;
+      const float* src = col + row * col_ld + outer * out_last;
       float* dst = plane + offset + span.shift;
       for (int64_t o = span.lo; o < span.hi; ++o) dst[o * s] += src[o];
     }
@@ -446,7 +448,7 @@ void RunConvGrad(const common::WindowGeometry& g, const ConvGradShapes& s, const
               // dcol [kg, p] = W_g^T [kg, mg] * dY_g [mg, p]
               Sgemm(true, false, kg, p, mg, 1.0f, w + gi * mg * kg, kg, dy_g, p, 0.0f,
                     dcol.data(), p);
-              Col2ImAdd(dcol.data(), g, kg, dx_g);
+              Col2ImAdd(dcol.data(), p, g, kg, dx_g);
             }
           }
           if (db_acc != nullptr) {  // dY's row sums
@@ -537,13 +539,112 @@ void RunConvGradBFloat16Native(const common::WindowGeometry& g, const ConvGradSh
           // dcol [kg, p] = W_g^T [kg, mg] * dY_g [mg, p]
           GemmFloat32Accumulate(DType::kBFloat16, true, false, kg, p, mg, 1.0f,
                                 w + gi * mg * kg, kg, dy_g, p, 0.0f, dcol.data(), p);
-          Col2ImAdd(dcol.data(), g, kg, dx + (n * s.channels + gi * cg) * in_size);
+          Col2ImAdd(dcol.data(), p, g, kg, dx + (n * s.channels + gi * cg) * in_size);
         }
         if (db_acc != nullptr) {  // dY's row sums
           dy_row.resize(static_cast<size_t>(p));
           for (int64_t m = 0; m < mg; ++m) {
             ToFloat32(dy_g + m * p, dy_row.data(), p);
             db_acc[gi * mg + m] += static_cast<float>(RowSum(dy_row.data(), p));
+          }
+        }
+      }
+    }
+  };
+  if (slices > 1) {
+    ParallelFor(0, slices, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t slice = lo; slice < hi; ++slice) run_slice(slice);
+    });
+  } else {
+    run_slice(0);
+  }
+  for (int64_t slice = 1; slice < slices; ++slice) {
+    if (dw != nullptr) {
+      for (int64_t i = 0; i < w_size; ++i) dw[i] += dw_parts[slice][i];
+    }
+    if (db != nullptr) {
+      for (int64_t m = 0; m < s.out_channels; ++m) db[m] += db_parts[slice][m];
+    }
+  }
+}
+
+// RunConvGrad where the images have few output positions (im2col.h's
+// FewOutputPositions), X, dY and W stored as T (float32 or bfloat16), into
+// float32 dX (added to: zeros first), dW, dB: per group of images and conv
+// group, the images' columns side by side [kg, images * p] (Im2Col, in T)
+// and their dY rows likewise [mg, images * p], then dW_g += dY * columns^T
+// and dcol = W_g^T * dY in one GemmFloat32Accumulate each (bfloat16 on the
+// native kernels where the CPU has them), dX by col2im image by image, dB
+// dY's row sums. Slices of images as RunConvGrad, each a partial dW.
+template <typename T>
+void RunConvGradOnImageColumns(const common::WindowGeometry& g, const ConvGradShapes& s,
+                               const T* x, const T* dy, const T* w, float* dx, float* dw,
+                               float* db) {
+  constexpr DType kDType = std::is_same_v<T, float> ? DType::kFloat32 : DType::kBFloat16;
+  const int64_t cg = s.channels / s.group;
+  const int64_t mg = s.out_channels / s.group;
+  const int64_t kg = cg * g.kernel_size();
+  const int64_t p = g.output_size();
+  const int64_t in_size = g.input_size();
+  const int64_t lines = p / g.output[g.num_spatial - 1];
+  const int64_t w_size = s.out_channels * kg;
+  const int64_t slices = SliceCount(s.batch);
+  const int64_t images = ImagesPerColumnGemm(g, kg, s.batch, slices);
+  std::vector<std::vector<float>> dw_parts(static_cast<size_t>(slices)),
+      db_parts(static_cast<size_t>(slices));
+  auto run_slice = [&](int64_t slice) {
+    float* dw_acc = dw;
+    float* db_acc = db;
+    if (slice > 0) {
+      if (dw != nullptr) {
+        dw_parts[slice].assign(static_cast<size_t>(w_size), 0.0f);
+        dw_acc = dw_parts[slice].data();
+      }
+      if (db != nullptr) {
+        db_parts[slice].assign(static_cast<size_t>(s.out_channels), 0.0f);
+        db_acc = db_parts[slice].data();
+      }
+    }
+    std::vector<T> col, dy_cols;
+    std::vector<float> dcol, dy_row;
+    const int64_t last = SliceBegin(slice + 1, slices, s.batch);
+    for (int64_t n0 = SliceBegin(slice, slices, s.batch); n0 < last; n0 += images) {
+      const int64_t count = std::min(images, last - n0);
+      const int64_t cols = count * p;
+      for (int64_t gi = 0; gi < s.group; ++gi) {
+        // dY_g of the images side by side: [mg, count * p].
+        dy_cols.resize(static_cast<size_t>(mg * cols));
+        for (int64_t m = 0; m < mg; ++m) {
+          for (int64_t i = 0; i < count; ++i) {
+            const T* from = dy + ((n0 + i) * s.out_channels + gi * mg + m) * p;
+            std::copy(from, from + p, dy_cols.data() + m * cols + i * p);
+          }
+        }
+        if (dw_acc != nullptr) {
+          col.resize(static_cast<size_t>(kg * cols));
+          for (int64_t i = 0; i < count; ++i) {
+            Im2Col<T, T>(x + ((n0 + i) * s.channels + gi * cg) * in_size, g, 0, kg, 0, lines,
+                         col.data() + i * p, cols);
+          }
+          // dW_g [mg, kg] += dY [mg, cols] * col^T [cols, kg]
+          GemmFloat32Accumulate(kDType, false, true, mg, kg, cols, 1.0f, dy_cols.data(), cols,
+                                col.data(), cols, 1.0f, dw_acc + gi * mg * kg, kg);
+        }
+        if (dx != nullptr) {
+          dcol.resize(static_cast<size_t>(kg * cols));
+          // dcol [kg, cols] = W_g^T [kg, mg] * dY [mg, cols]
+          GemmFloat32Accumulate(kDType, true, false, kg, cols, mg, 1.0f, w + gi * mg * kg, kg,
+                                dy_cols.data(), cols, 0.0f, dcol.data(), cols);
+          for (int64_t i = 0; i < count; ++i) {
+            Col2ImAdd(dcol.data() + i * p, cols, g, kg,
+                      dx + ((n0 + i) * s.channels + gi * cg) * in_size);
+          }
+        }
+        if (db_acc != nullptr) {  // dY's row sums
+          dy_row.resize(static_cast<size_t>(cols));
+          for (int64_t m = 0; m < mg; ++m) {
+            ToFloat32(kDType, dy_cols.data() + m * cols, dy_row.data(), cols);
+            db_acc[gi * mg + m] += static_cast<float>(RowSum(dy_row.data(), cols));
           }
         }
       }
@@ -602,19 +703,36 @@ absl::Status ConvGradKernel(KernelContext& ctx) {
   const bool all_bfloat16 = x.dtype == DType::kBFloat16 && dy.dtype == DType::kBFloat16 &&
                             w.dtype == DType::kBFloat16;
   // bfloat16 on the grid's bfloat16 products (VDPBF16PS), as stored.
-  const bool bfloat16_grid = all_bfloat16 && UsesGrid(*g) && UseGridBFloat16Products();
-  const bool native = all_bfloat16 && !bfloat16_grid && NativeBFloat16Gemm() &&
+  // Few output positions per image: the images' columns side by side in
+  // one GEMM, bfloat16 as stored, other dtypes widened to float32.
+  const bool few_positions = FewOutputPositions(*g);
+  const bool bfloat16_grid =
+      all_bfloat16 && !few_positions && UsesGrid(*g) && UseGridBFloat16Products();
+  const bool native = all_bfloat16 && !few_positions && !bfloat16_grid && NativeBFloat16Gemm() &&
                       (g->pointwise() || !UsesGrid(*g));
   std::optional<Float32Out> dx_out, dw_out, db_out;
   // The grid's phases write every element of dX; col2im adds. The
   // bfloat16 grid rounds dX itself, image by image.
-  if (dx && !(runs && bfloat16_grid)) dx_out.emplace(dx, runs && UsesGrid(*g) && !native);
+  if (dx && !(runs && bfloat16_grid)) {
+    dx_out.emplace(dx, runs && UsesGrid(*g) && !native && !few_positions);
+  }
   if (dw) dw_out.emplace(dw);
   if (db) db_out.emplace(db);
   if (runs && bfloat16_grid) {
     RunConvGrad(*g, s, x.as<BFloat16>(), dy.as<BFloat16>(), w.as<BFloat16>(),
                 dx ? dx->as<BFloat16>() : nullptr, dw ? dw_out->data() : nullptr,
                 db ? db_out->data() : nullptr);
+  } else if (runs && few_positions && all_bfloat16) {
+    RunConvGradOnImageColumns(*g, s, x.as<BFloat16>(), dy.as<BFloat16>(), w.as<BFloat16>(),
+                              dx ? dx_out->data() : nullptr, dw ? dw_out->data() : nullptr,
+                              db ? db_out->data() : nullptr);
+  } else if (runs && few_positions) {
+    const Float32In x_f(x);
+    const Float32In dy_f(dy);
+    const Float32In w_f(w);
+    RunConvGradOnImageColumns(*g, s, x_f.data(), dy_f.data(), w_f.data(),
+                              dx ? dx_out->data() : nullptr, dw ? dw_out->data() : nullptr,
+                              db ? db_out->data() : nullptr);
   } else if (runs && native) {
     RunConvGradBFloat16Native(*g, s, x.as<BFloat16>(), dy.as<BFloat16>(), w.as<BFloat16>(),
                               dx ? dx_out->data() : nullptr, dw ? dw_out->data() : nullptr,

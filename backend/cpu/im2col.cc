@@ -248,6 +248,17 @@ void FillPaddedPairPlane(const BFloat16* first, const BFloat16* second, int64_t 
   }
 }
 
+int64_t ImagesPerColumnGemm(const common::WindowGeometry& g, int64_t rows, int64_t batch,
+                            int64_t threads) {
+  const int64_t p = std::max<int64_t>(1, g.output_size());
+  int64_t images = std::min<int64_t>(
+      (256 + p - 1) / p, 2 * kTileColumnElements / std::max<int64_t>(1, rows * p));
+  images = std::clamp<int64_t>(images, 1, std::max<int64_t>(1, batch));
+  threads = std::max<int64_t>(1, threads);
+  const int64_t groups = ((batch + images - 1) / images + threads - 1) / threads * threads;
+  return std::max<int64_t>(1, (batch + groups - 1) / groups);
+}
+
 bool RowProductsPay(const common::WindowGeometry& g) {
   if (g.num_spatial != 2 || g.strides[0] != 1 || g.strides[1] != 1 ||
       g.output[1] != g.input[1] || g.output[0] <= 0 || g.kernel[1] > kMaxRowShifts) {

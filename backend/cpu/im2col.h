@@ -45,6 +45,21 @@ void Im2Col(const T* x, const common::WindowGeometry& g, int64_t first_row, int6
 // run in parallel: about the size of a core's L2 cache.
 inline constexpr int64_t kTileColumnElements = int64_t{1} << 17;
 
+// Convs whose images have few output positions (the 1x1 and 2x2 maps a
+// 32x32 input leaves in a ResNet's last stages): a product per image
+// spends most of a vector's lanes, or of a GEMM's columns, on nothing, so
+// conv.cc and conv_grad.cc lay the columns of several images side by side,
+// [C * kernel, images * positions], and run one GEMM for all of them.
+inline constexpr int64_t kFewOutputPositions = 16;
+inline bool FewOutputPositions(const common::WindowGeometry& g) {
+  return g.output_size() < kFewOutputPositions;
+}
+// Images per such GEMM for `rows` column rows: about 256 columns, the
+// column matrix within 2 * kTileColumnElements, and as many groups of
+// images as `threads` can share evenly.
+int64_t ImagesPerColumnGemm(const common::WindowGeometry& g, int64_t rows, int64_t batch,
+                            int64_t threads);
+
 // The "padded grid" of a 2-D window op (Conv; ConvGrad's dW): one image
 // copied into zero-padded phase planes, strides[0] * strides[1] per channel
 // ([channels, s0, s1, rows, cols]; one plane per channel at unit strides),
