@@ -16,13 +16,19 @@
 // float_io.h's vector conversions); each output is rounded once on store.
 // A 2-D bfloat16 Conv on a CPU with AVX512-BF16 reads the grid in
 // bfloat16, two channels side by side per position, with grid_conv.h's
-// bfloat16 products (VDPBF16PS, float32 sums: RunConvBFloat16OnGrid). Other
+// bfloat16 products (VDPBF16PS, float32 sums: RunConvBFloat16OnGrid;
+// narrow images that keep their width over unpadded rows instead). Other
 // bfloat16 Convs where gemm.h has a native bfloat16 kernel (AMX,
 // AVX512-BF16) unroll their columns in bfloat16 and multiply them as
 // stored, summing in float32 (RunConvBFloat16Native), where that pays
 // (NativeConvPays: pointwise convs, and shapes without the padded grid's
 // direct products); the widened path is the fallback (CASTOR_AVX512BF16=off,
 // CASTOR_AMX=off).
+// Images with few output positions (im2col.h's FewOutputPositions: the 1x1
+// and 2x2 maps of a ResNet's last stages at 32x32) put several images'
+// columns side by side in one GEMM, float32 and bfloat16
+// (RunConvOnImageColumns), where a product per image would spend most of
+// its lanes or columns on nothing.
 // float64 runs in float64 (dgemm).
 #include <cblas.h>
 

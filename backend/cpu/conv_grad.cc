@@ -16,7 +16,11 @@
 // sums); elsewhere, where gemm.h has a native bfloat16 kernel (AMX,
 // AVX512-BF16), they are multiplied as stored on it, summing in float32
 // (RunConvGradBFloat16Native); the widened path is the fallback
-// (CASTOR_AVX512BF16=off, CASTOR_AMX=off).
+// (CASTOR_AVX512BF16=off, CASTOR_AMX=off). Narrow bfloat16 images that keep
+// their width take dX over unpadded rows (ConvGradOnGrid), and images with
+// few output positions (im2col.h's FewOutputPositions) put several images'
+// columns side by side in one GEMM, bfloat16 as stored, other dtypes
+// widened (RunConvGradOnImageColumns).
 #include <cblas.h>
 
 #include <algorithm>
@@ -102,7 +106,9 @@ bool UsesGrid(const common::WindowGeometry& g) {
 // written in place when s1 == 1, else gathered in a scratch and spread.
 // Where some phase has no tap (a 1x1 conv of stride 2: three phases of
 // four), the image's dX is zeroed first and those phases are skipped, so
-// every dX element is written.
+// every dX element is written. A narrow bfloat16 conv that keeps its width
+// at unit strides (im2col.h's RowProductsPay) reads dY from unpadded rows
+// instead (im2col.h's PairRowGrid): the same sums in fewer vectors.
 class ConvGradOnGrid {
  public:
   // W as stored: float32, or bfloat16 for the bfloat16 products (then

@@ -1,7 +1,9 @@
 // im2col for the CPU Conv, ConvTranspose and pooling kernels: unrolling the
 // windows of one image into the columns of a [C * prod(kernel),
-// prod(output)] matrix so a convolution is one GEMM, the padded grid of the
-// 2-D window ops, the pools' per-axis window tables and col2im's helpers.
+// prod(output)] matrix so a convolution is one GEMM (several images side by
+// side where each has few output positions), the padded grid of the 2-D
+// window ops and the unpadded rows of narrow bfloat16 products, the pools'
+// per-axis window tables and col2im's helpers.
 // The window geometry itself is common/window_geometry.h (CUDA uses it too).
 #pragma once
 
