@@ -229,6 +229,38 @@ TEST(ConvGrad, MatchesFiniteDifferencesFewPositionsPerImage) {
                 29);
 }
 
+// The few-position columns drop the taps that read only padding while dY
+// is finite (their dW is then exactly zero) and keep them when dY holds a
+// NaN, whose products with the padding's zeros make those dW entries NaN.
+TEST(ConvGrad, FewPositionsDeadTapsGiveZeroOrNaNAsTheirSums) {
+  const std::vector<Attribute> attrs = {Attribute::Ints("pads", {1, 1, 1, 1})};
+  const Tensor x = RandomTensor({6, 2, 1, 1}, 71);
+  const Tensor w = RandomTensor({3, 2, 3, 3}, 72);
+  for (bool nan_in_dy : {false, true}) {
+    SCOPED_TRACE(nan_in_dy ? "NaN in dY" : "finite dY");
+    std::vector<double> dyv = Values(RandomTensor({6, 3, 1, 1}, 73));
+    if (nan_in_dy) dyv[4] = std::numeric_limits<double>::quiet_NaN();  // image 1, channel 1
+    const Tensor dy = Make(DType::kFloat32, {6, 3, 1, 1}, dyv);
+    const std::vector<Tensor> out = RunOp("ConvGrad", {dy, x, w}, attrs, 3);
+    ASSERT_EQ(out.size(), 3u);
+    const std::vector<double> dw = Values(out[1]);
+    for (int64_t m = 0; m < 3; ++m) {
+      for (int64_t c = 0; c < 2; ++c) {
+        for (int64_t tap = 0; tap < 9; ++tap) {
+          const double v = dw[(m * 2 + c) * 9 + tap];
+          if (nan_in_dy && m == 1) {
+            EXPECT_TRUE(std::isnan(v)) << m << "," << c << "," << tap;
+          } else if (tap != 4) {
+            EXPECT_EQ(v, 0.0) << m << "," << c << "," << tap;
+          } else {
+            EXPECT_TRUE(std::isfinite(v) && v != 0.0) << m << "," << c;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(ConvGrad, MatchesFiniteDifferences1D) {
   CheckConvGrad({3, 3, 7}, {4, 3, 3}, {Attribute::Ints("strides", {2}),
                                        Attribute::Ints("pads", {1, 1})},

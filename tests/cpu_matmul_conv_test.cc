@@ -6,6 +6,7 @@
 // conformance cases of MatMul, Gemm, Conv and ConvTranspose.
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -359,6 +360,37 @@ TEST(CpuConv, MatchesDirectConvolution) {
       seed += 3;
     }
     cpu::SetGridIsaForTesting(isa_before);
+  }
+}
+
+// A padded 3x3 kernel on 1x1 images reads X only at its centre: the other
+// taps are dropped from the few-position columns while W is finite there,
+// and kept when an Inf sits at one (Inf times the padding's zero is NaN, as
+// float64's per-image GEMM gives).
+TEST(CpuConv, FewPositionsKeepTheDeadTapsOfNonFiniteWeights) {
+  const std::vector<Attribute> attrs = {Attribute::Ints("pads", {1, 1, 1, 1})};
+  std::vector<double> x = Random(5 * 3, 61), w = Random(2 * 3 * 9, 62);
+  for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(dt));
+    for (bool inf_at_dead_tap : {false, true}) {
+      std::vector<double> wv = w;
+      if (inf_at_dead_tap) wv[9 + 0] = std::numeric_limits<double>::infinity();  // (0, 1, tap 0)
+      const Tensor xt = Make(dt, {5, 3, 1, 1}, x), wt = Make(dt, {2, 3, 3, 3}, wv);
+      const std::vector<double> got = Values(RunOk("Conv", {xt, wt}, attrs, 22)[0]);
+      const std::vector<double> xs = Values(xt), ws = Values(wt);
+      ASSERT_EQ(got.size(), 10u);
+      for (int64_t n = 0; n < 5; ++n) {
+        for (int64_t m = 0; m < 2; ++m) {
+          double want = 0;  // the centre taps alone
+          for (int64_t c = 0; c < 3; ++c) want += xs[n * 3 + c] * ws[(m * 3 + c) * 9 + 4];
+          if (inf_at_dead_tap && m == 0) {
+            EXPECT_TRUE(std::isnan(got[n * 2 + m])) << n << "," << m;
+          } else {
+            EXPECT_NEAR(got[n * 2 + m], want, 0.02 * (1 + std::fabs(want))) << n << "," << m;
+          }
+        }
+      }
+    }
   }
 }
 

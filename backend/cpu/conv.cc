@@ -426,10 +426,11 @@ void RunConvBFloat16Native(const KernelContext& ctx, const common::WindowGeometr
 // Y = Conv(X, W) + B where the images have few output positions
 // (im2col.h's FewOutputPositions), X, W and B stored as T (float32 or
 // bfloat16): per group of images and conv group, the images' columns side
-// by side [kg, images * p] (Im2Col, in T), W_g [mg, kg] times them summed
-// in float32 by one GemmFloat32Accumulate (bfloat16 on the native kernels
-// where the CPU has them), the bias added before the one rounding on store.
-// The groups of images run in parallel.
+// by side [cg * taps, images * p] (FewPositionColumns, in T; the taps that
+// read only padding left out while W is finite there), W_g's entries at
+// those taps times them summed in float32 by one GemmFloat32Accumulate
+// (bfloat16 on the native kernels where the CPU has them), the bias added
+// before the one rounding on store. The groups of images run in parallel.
 template <typename T>
 void RunConvOnImageColumns(const KernelContext& ctx, const common::WindowGeometry& g,
                            int64_t batch, int64_t channels, int64_t out_channels, int64_t group,
@@ -442,10 +443,14 @@ void RunConvOnImageColumns(const KernelContext& ctx, const common::WindowGeometr
   if (ctx.has_input(2)) ToFloat32(kDType, ctx.input(2).as<T>(), bias.data(), out_channels);
   const int64_t cg = channels / group;
   const int64_t mg = out_channels / group;
-  const int64_t kg = cg * g.kernel_size();
+  std::optional<FewPositionColumns> columns;
+  columns.emplace(g, true);
+  if (!columns->DroppedTapsFinite(w, out_channels * cg)) columns.emplace(g, false);
+  const int64_t kg = cg * static_cast<int64_t>(columns->taps().size());
+  std::vector<T> w_kept(static_cast<size_t>(out_channels * kg));
+  columns->KeptTaps(w, out_channels * cg, w_kept.data());
   const int64_t p = g.output_size();
   const int64_t in_size = g.input_size();
-  const int64_t lines = p / g.output[g.num_spatial - 1];
   const int64_t images = ImagesPerColumnGemm(g, kg, batch, NumThreads());
   const int64_t chunks = (batch + images - 1) / images;
   ParallelFor(0, chunks * group, 1, [&](int64_t lo, int64_t hi) {
@@ -457,12 +462,13 @@ void RunConvOnImageColumns(const KernelContext& ctx, const common::WindowGeometr
       const int64_t cols = count * p;
       col.resize(static_cast<size_t>(kg * cols));
       for (int64_t i = 0; i < count; ++i) {
-        Im2Col<T, T>(x + ((n0 + i) * channels + gi * cg) * in_size, g, 0, kg, 0, lines,
-                     col.data() + i * p, cols);
+        columns->Gather(x + ((n0 + i) * channels + gi * cg) * in_size, cg, col.data() + i * p,
+                        cols);
       }
       product.resize(static_cast<size_t>(mg * cols));
-      GemmFloat32Accumulate(kDType, false, false, mg, cols, kg, 1.0f, w + gi * mg * kg, kg,
-                            col.data(), cols, 0.0f, product.data(), cols);
+      GemmFloat32Accumulate(kDType, false, false, mg, cols, kg, 1.0f,
+                            w_kept.data() + gi * mg * kg, kg, col.data(), cols, 0.0f,
+                            product.data(), cols);
       for (int64_t m = 0; m < mg; ++m) {
         float* row = product.data() + m * cols;
         const float add = bias[gi * mg + m];

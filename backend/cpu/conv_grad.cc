@@ -24,6 +24,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <type_traits>
@@ -49,11 +50,9 @@ namespace {
 
 // ---- ConvGrad ----------------------------------------------------------------
 
-// Scatter-adds col [channels * kernel_size, output_size] (Im2Col's layout,
-// rows col_ld apart) into the image x [channels, input...]: Im2Col's
-// transpose.
-void Col2ImAdd(const float* col, int64_t col_ld, const common::WindowGeometry& g, int64_t rows,
-               float* x) {
+// Scatter-adds col [channels * kernel_size, output_size] (Im2Col's layout)
+// into the image x [channels, input...]: Im2Col's transpose.
+void Col2ImAdd(const float* col, const common::WindowGeometry& g, int64_t rows, float* x) {
   const int nd = g.num_spatial;
   const int64_t in_size = g.input_size();
   const int64_t out_size = g.output_size();
@@ -71,7 +70,7 @@ void Col2ImAdd(const float* col, int64_t col_ld, const common::WindowGeometry& g
       const int64_t offset = OuterOffset(g, oidx.data(), kidx.data(), g.input);
       NextOuter(g.output, oidx.data());
       if (offset < 0) continue;
-      const float* src = col + row * col_ld + outer * out_last;
+      const float* src = col + row * out_size + outer * out_last;
       float* dst = plane + offset + span.shift;
       for (int64_t o = span.lo; o < span.hi; ++o) dst[o * s] += src[o];
     }
@@ -454,7 +453,7 @@ void RunConvGrad(const common::WindowGeometry& g, const ConvGradShapes& s, const
               // dcol [kg, p] = W_g^T [kg, mg] * dY_g [mg, p]
               Sgemm(true, false, kg, p, mg, 1.0f, w + gi * mg * kg, kg, dy_g, p, 0.0f,
                     dcol.data(), p);
-              Col2ImAdd(dcol.data(), p, g, kg, dx_g);
+              Col2ImAdd(dcol.data(), g, kg, dx_g);
             }
           }
           if (db_acc != nullptr) {  // dY's row sums
@@ -545,7 +544,7 @@ void RunConvGradBFloat16Native(const common::WindowGeometry& g, const ConvGradSh
           // dcol [kg, p] = W_g^T [kg, mg] * dY_g [mg, p]
           GemmFloat32Accumulate(DType::kBFloat16, true, false, kg, p, mg, 1.0f,
                                 w + gi * mg * kg, kg, dy_g, p, 0.0f, dcol.data(), p);
-          Col2ImAdd(dcol.data(), p, g, kg, dx + (n * s.channels + gi * cg) * in_size);
+          Col2ImAdd(dcol.data(), g, kg, dx + (n * s.channels + gi * cg) * in_size);
         }
         if (db_acc != nullptr) {  // dY's row sums
           dy_row.resize(static_cast<size_t>(p));
@@ -577,11 +576,13 @@ void RunConvGradBFloat16Native(const common::WindowGeometry& g, const ConvGradSh
 // RunConvGrad where the images have few output positions (im2col.h's
 // FewOutputPositions), X, dY and W stored as T (float32 or bfloat16), into
 // float32 dX (added to: zeros first), dW, dB: per group of images and conv
-// group, the images' columns side by side [kg, images * p] (Im2Col, in T)
-// and their dY rows likewise [mg, images * p], then dW_g += dY * columns^T
-// and dcol = W_g^T * dY in one GemmFloat32Accumulate each (bfloat16 on the
-// native kernels where the CPU has them), dX by col2im image by image, dB
-// dY's row sums. Slices of images as RunConvGrad, each a partial dW.
+// group, the images' columns side by side [cg * taps, images * p]
+// (FewPositionColumns, in T; the taps that read only padding left out
+// while dY is finite: their dW stays zero) and their dY rows likewise [mg,
+// images * p], then dW_g += dY * columns^T and dcol = W_g^T * dY in one
+// GemmFloat32Accumulate each (bfloat16 on the native kernels where the CPU
+// has them), dX by Gather's adjoint image by image, dB dY's row sums.
+// Slices of images as RunConvGrad, each a partial dW.
 template <typename T>
 void RunConvGradOnImageColumns(const common::WindowGeometry& g, const ConvGradShapes& s,
                                const T* x, const T* dy, const T* w, float* dx, float* dw,
@@ -589,27 +590,36 @@ void RunConvGradOnImageColumns(const common::WindowGeometry& g, const ConvGradSh
   constexpr DType kDType = std::is_same_v<T, float> ? DType::kFloat32 : DType::kBFloat16;
   const int64_t cg = s.channels / s.group;
   const int64_t mg = s.out_channels / s.group;
-  const int64_t kg = cg * g.kernel_size();
   const int64_t p = g.output_size();
   const int64_t in_size = g.input_size();
-  const int64_t lines = p / g.output[g.num_spatial - 1];
-  const int64_t w_size = s.out_channels * kg;
+  bool dy_finite = true;
+  for (int64_t i = 0; i < s.batch * s.out_channels * p && dy_finite; ++i) {
+    dy_finite = std::isfinite(WidenTo<float>(dy[i]));
+  }
+  const FewPositionColumns columns(g, dy_finite);
+  const int64_t kernel_size = g.kernel_size();
+  const int64_t taps = static_cast<int64_t>(columns.taps().size());
+  const int64_t kg = cg * taps;
+  const bool all_taps = taps == kernel_size;
+  std::vector<T> w_kept(static_cast<size_t>(s.out_channels * kg));
+  columns.KeptTaps(w, s.out_channels * cg, w_kept.data());
+  const int64_t w_size = s.out_channels * kg;  // dW at the kept taps
   const int64_t slices = SliceCount(s.batch);
   const int64_t images = ImagesPerColumnGemm(g, kg, s.batch, slices);
+  // Per slice: dW at the kept taps and dB (slice 0 writes dW directly when
+  // every tap is kept, and dB).
   std::vector<std::vector<float>> dw_parts(static_cast<size_t>(slices)),
       db_parts(static_cast<size_t>(slices));
   auto run_slice = [&](int64_t slice) {
     float* dw_acc = dw;
     float* db_acc = db;
-    if (slice > 0) {
-      if (dw != nullptr) {
-        dw_parts[slice].assign(static_cast<size_t>(w_size), 0.0f);
-        dw_acc = dw_parts[slice].data();
-      }
-      if (db != nullptr) {
-        db_parts[slice].assign(static_cast<size_t>(s.out_channels), 0.0f);
-        db_acc = db_parts[slice].data();
-      }
+    if (dw != nullptr && (slice > 0 || !all_taps)) {
+      dw_parts[slice].assign(static_cast<size_t>(w_size), 0.0f);
+      dw_acc = dw_parts[slice].data();
+    }
+    if (db != nullptr && slice > 0) {
+      db_parts[slice].assign(static_cast<size_t>(s.out_channels), 0.0f);
+      db_acc = db_parts[slice].data();
     }
     std::vector<T> col, dy_cols;
     std::vector<float> dcol, dy_row;
@@ -629,8 +639,8 @@ void RunConvGradOnImageColumns(const common::WindowGeometry& g, const ConvGradSh
         if (dw_acc != nullptr) {
           col.resize(static_cast<size_t>(kg * cols));
           for (int64_t i = 0; i < count; ++i) {
-            Im2Col<T, T>(x + ((n0 + i) * s.channels + gi * cg) * in_size, g, 0, kg, 0, lines,
-                         col.data() + i * p, cols);
+            columns.Gather(x + ((n0 + i) * s.channels + gi * cg) * in_size, cg,
+                           col.data() + i * p, cols);
           }
           // dW_g [mg, kg] += dY [mg, cols] * col^T [cols, kg]
           GemmFloat32Accumulate(kDType, false, true, mg, kg, cols, 1.0f, dy_cols.data(), cols,
@@ -639,11 +649,12 @@ void RunConvGradOnImageColumns(const common::WindowGeometry& g, const ConvGradSh
         if (dx != nullptr) {
           dcol.resize(static_cast<size_t>(kg * cols));
           // dcol [kg, cols] = W_g^T [kg, mg] * dY [mg, cols]
-          GemmFloat32Accumulate(kDType, true, false, kg, cols, mg, 1.0f, w + gi * mg * kg, kg,
-                                dy_cols.data(), cols, 0.0f, dcol.data(), cols);
+          GemmFloat32Accumulate(kDType, true, false, kg, cols, mg, 1.0f,
+                                w_kept.data() + gi * mg * kg, kg, dy_cols.data(), cols, 0.0f,
+                                dcol.data(), cols);
           for (int64_t i = 0; i < count; ++i) {
-            Col2ImAdd(dcol.data() + i * p, cols, g, kg,
-                      dx + ((n0 + i) * s.channels + gi * cg) * in_size);
+            columns.ScatterAdd(dcol.data() + i * p, cols, cg,
+                               dx + ((n0 + i) * s.channels + gi * cg) * in_size);
           }
         }
         if (db_acc != nullptr) {  // dY's row sums
@@ -663,11 +674,15 @@ void RunConvGradOnImageColumns(const common::WindowGeometry& g, const ConvGradSh
   } else {
     run_slice(0);
   }
-  for (int64_t slice = 1; slice < slices; ++slice) {
-    if (dw != nullptr) {
-      for (int64_t i = 0; i < w_size; ++i) dw[i] += dw_parts[slice][i];
+  for (int64_t slice = 0; slice < slices; ++slice) {
+    if (dw != nullptr && !dw_parts[slice].empty()) {
+      if (all_taps) {
+        for (int64_t i = 0; i < w_size; ++i) dw[i] += dw_parts[slice][i];
+      } else {
+        columns.AddKeptTaps(dw_parts[slice].data(), s.out_channels * cg, dw);
+      }
     }
-    if (db != nullptr) {
+    if (db != nullptr && slice > 0) {
       for (int64_t m = 0; m < s.out_channels; ++m) db[m] += db_parts[slice][m];
     }
   }

@@ -259,6 +259,58 @@ int64_t ImagesPerColumnGemm(const common::WindowGeometry& g, int64_t rows, int64
   return std::max<int64_t>(1, (batch + groups - 1) / groups);
 }
 
+FewPositionColumns::FewPositionColumns(const common::WindowGeometry& g, bool drop_dead_taps)
+    : positions_(g.output_size()), in_size_(g.input_size()), kernel_size_(g.kernel_size()) {
+  const int nd = g.num_spatial;
+  std::vector<int64_t> kidx(nd), oidx(nd);
+  for (int64_t tap = 0; tap < g.kernel_size(); ++tap) {
+    for (int64_t rest = tap, d = nd - 1; d >= 0; --d) {
+      kidx[d] = rest % g.kernel[d];
+      rest /= g.kernel[d];
+    }
+    std::vector<int64_t> reads(static_cast<size_t>(positions_), -1);
+    bool live = false;
+    for (int64_t q = 0; q < positions_; ++q) {
+      int64_t offset = 0;
+      for (int64_t rest = q, d = nd - 1; d >= 0; --d) {
+        oidx[d] = rest % g.output[d];
+        rest /= g.output[d];
+      }
+      for (int d = 0; d < nd && offset >= 0; ++d) {
+        const int64_t i = oidx[d] * g.strides[d] - g.pad_begin[d] + kidx[d] * g.dilations[d];
+        offset = i >= 0 && i < g.input[d] ? offset * g.input[d] + i : -1;
+      }
+      reads[q] = offset;
+      live |= offset >= 0;
+    }
+    if (!live && drop_dead_taps) continue;
+    taps_.push_back(tap);
+    reads_.insert(reads_.end(), reads.begin(), reads.end());
+  }
+}
+
+void FewPositionColumns::ScatterAdd(const float* col, int64_t col_ld, int64_t channels,
+                                    float* x) const {
+  const int64_t taps = static_cast<int64_t>(taps_.size());
+  for (int64_t c = 0; c < channels; ++c) {
+    float* plane = x + c * in_size_;
+    for (int64_t t = 0; t < taps; ++t) {
+      const int64_t* at = reads_.data() + t * positions_;
+      const float* src = col + (c * taps + t) * col_ld;
+      for (int64_t q = 0; q < positions_; ++q) {
+        if (at[q] >= 0) plane[at[q]] += src[q];
+      }
+    }
+  }
+}
+
+void FewPositionColumns::AddKeptTaps(const float* kept, int64_t rows, float* dw) const {
+  const int64_t taps = static_cast<int64_t>(taps_.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t t = 0; t < taps; ++t) dw[r * kernel_size_ + taps_[t]] += kept[r * taps + t];
+  }
+}
+
 bool RowProductsPay(const common::WindowGeometry& g) {
   if (g.num_spatial != 2 || g.strides[0] != 1 || g.strides[1] != 1 ||
       g.output[1] != g.input[1] || g.output[0] <= 0 || g.kernel[1] > kMaxRowShifts) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -61,6 +62,71 @@ inline bool FewOutputPositions(const common::WindowGeometry& g) {
 // images as `threads` can share evenly.
 int64_t ImagesPerColumnGemm(const common::WindowGeometry& g, int64_t rows, int64_t batch,
                             int64_t threads);
+
+// A stored element as Acc (float or double); defined below.
+template <typename Acc, typename T>
+Acc WidenTo(T v);
+
+// The columns of such an image, by a table of where each (tap, output
+// position) reads. With `drop_dead_taps`, the kernel taps whose every read
+// falls in the padding (all but the centre of a padded 3x3 kernel on a 1x1
+// map) are left out: they add W * 0 to Y and dY * 0 to dW, and nothing to
+// dX, so dropping them changes no value as long as those W and dY are
+// finite (an Inf or NaN there would make the zeros NaN: callers keep the
+// dead taps then). Column row c * taps().size() + t holds channel c at
+// live tap taps()[t].
+class FewPositionColumns {
+ public:
+  FewPositionColumns(const common::WindowGeometry& g, bool drop_dead_taps);
+  // Kernel indices (row-major over the kernel dims) of the taps kept.
+  const std::vector<int64_t>& taps() const { return taps_; }
+  // Rows [0, channels * taps().size()) of the columns of one image x
+  // [channels, input...], its positions at columns [0, output_size()) of
+  // rows col_ld apart; zeros where a tap reads the padding.
+  template <typename T>
+  void Gather(const T* x, int64_t channels, T* col, int64_t col_ld) const {
+    const int64_t taps = static_cast<int64_t>(taps_.size());
+    for (int64_t c = 0; c < channels; ++c) {
+      const T* plane = x + c * in_size_;
+      for (int64_t t = 0; t < taps; ++t) {
+        const int64_t* at = reads_.data() + t * positions_;
+        T* dst = col + (c * taps + t) * col_ld;
+        for (int64_t q = 0; q < positions_; ++q) dst[q] = at[q] >= 0 ? plane[at[q]] : T{};
+      }
+    }
+  }
+  // Gather's adjoint: adds each column entry to the element it was read
+  // from (entries in the padding go nowhere).
+  void ScatterAdd(const float* col, int64_t col_ld, int64_t channels, float* x) const;
+
+  // For W [rows, kernel_size] (rows = M * C): whether every entry at a
+  // dropped tap is finite; W's kept taps, [rows, taps().size()]; and a
+  // gradient of those added into dW [rows, kernel_size].
+  template <typename T>
+  bool DroppedTapsFinite(const T* w, int64_t rows) const {
+    std::vector<char> kept(static_cast<size_t>(kernel_size_), 0);
+    for (const int64_t tap : taps_) kept[tap] = 1;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t tap = 0; tap < kernel_size_; ++tap) {
+        if (!kept[tap] && !std::isfinite(WidenTo<float>(w[r * kernel_size_ + tap]))) return false;
+      }
+    }
+    return true;
+  }
+  template <typename T>
+  void KeptTaps(const T* w, int64_t rows, T* out) const {
+    const int64_t taps = static_cast<int64_t>(taps_.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t t = 0; t < taps; ++t) out[r * taps + t] = w[r * kernel_size_ + taps_[t]];
+    }
+  }
+  void AddKeptTaps(const float* kept, int64_t rows, float* dw) const;
+
+ private:
+  int64_t positions_ = 0, in_size_ = 0, kernel_size_ = 0;
+  std::vector<int64_t> taps_;
+  std::vector<int64_t> reads_;  // [tap][position]: the element of a channel plane, or -1
+};
 
 // The "padded grid" of a 2-D window op (Conv; ConvGrad's dW): one image
 // copied into zero-padded phase planes, strides[0] * strides[1] per channel
