@@ -4,7 +4,8 @@
 // grid_conv_forward.inc and grid_conv_filter_grad.inc are compiled once per
 // instruction set (AVX-512, AVX2+FMA, portable scalar; bfloat16 on
 // AVX512-BF16) with `#pragma GCC target`; the best one the CPU supports is
-// picked once.
+// picked once. The bfloat16 products over unpadded rows (ForwardRowsEntry)
+// cut the positions into vectors across line ends and mask their loads.
 #include "backend/cpu/grid_conv.h"
 
 #include <algorithm>
