@@ -473,13 +473,7 @@ void RunConvGrad(const common::WindowGeometry& g, const ConvGradShapes& s, const
       }
     }
   };
-  if (slices > 1) {
-    ParallelFor(0, slices, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t slice = lo; slice < hi; ++slice) run_slice(slice);
-    });
-  } else {
-    run_slice(0);
-  }
+  ForEachSlice(slices, run_slice);
   for (int64_t slice = 1; slice < slices; ++slice) {
     if (dw != nullptr) {
       for (int64_t i = 0; i < w_size; ++i) dw[i] += dw_parts[slice][i];
@@ -556,13 +550,7 @@ void RunConvGradBFloat16Native(const common::WindowGeometry& g, const ConvGradSh
       }
     }
   };
-  if (slices > 1) {
-    ParallelFor(0, slices, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t slice = lo; slice < hi; ++slice) run_slice(slice);
-    });
-  } else {
-    run_slice(0);
-  }
+  ForEachSlice(slices, run_slice);
   for (int64_t slice = 1; slice < slices; ++slice) {
     if (dw != nullptr) {
       for (int64_t i = 0; i < w_size; ++i) dw[i] += dw_parts[slice][i];
@@ -667,13 +655,7 @@ void RunConvGradOnImageColumns(const common::WindowGeometry& g, const ConvGradSh
       }
     }
   };
-  if (slices > 1) {
-    ParallelFor(0, slices, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t slice = lo; slice < hi; ++slice) run_slice(slice);
-    });
-  } else {
-    run_slice(0);
-  }
+  ForEachSlice(slices, run_slice);
   for (int64_t slice = 0; slice < slices; ++slice) {
     if (dw != nullptr && !dw_parts[slice].empty()) {
       if (all_taps) {

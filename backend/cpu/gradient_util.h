@@ -99,6 +99,14 @@ inline int64_t SliceCount(int64_t count) { return std::clamp<int64_t>(NumThreads
 inline int64_t SliceBegin(int64_t slice, int64_t slices, int64_t count) {
   return slice * count / slices;
 }
+// run_slice(slice) for each of `slices` slices on the thread pool (one
+// slice runs on the calling thread, its loops free to split further).
+template <typename Fn>
+void ForEachSlice(int64_t slices, const Fn& run_slice) {
+  ParallelFor(0, slices, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t slice = lo; slice < hi; ++slice) run_slice(slice);
+  });
+}
 
 // Element i of an int32 or int64 tensor (labels, indices) as int64.
 inline int64_t IntAt(const TensorView& t, int64_t i) {
