@@ -42,9 +42,12 @@ using ::testing::Not;
 class TrainCommandTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    // A parameterized test's name holds a '/': one directory, not a parent
+    // that TearDown would leave behind.
+    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(name.begin(), name.end(), '/', '_');
     dir_ = fs::temp_directory_path() /
-           ("castor_train_test_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+           ("castor_train_test_" + std::to_string(getpid()) + "_" + name);
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     std::mt19937 rng(3);
