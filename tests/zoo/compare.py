@@ -8,8 +8,9 @@ For each model (OUT/<name>.ref.json; see generate.py for what it holds):
            --metrics M --checkpoint-dir D --save-every 1 --keep 0` (S = the
            reference's steps_f32, 4). Then:
              * step-1 loss within loss_tol[0] of PyTorch float64's: 1e-5
-               relative, or twice PyTorch float32's own error where that
-               is larger (a deep network's float32 forward pass);
+               relative, or twice float32's reach where that is larger (a
+               deep network's forward pass: PyTorch float32's own error, or
+               the loss's move when the weights are nudged by one ulp);
              * later losses within the reference's loss_tol[k] (ten times
                PyTorch float32's own spread: float32 vs float64, and a run
                from weights nudged by one ulp);

@@ -57,10 +57,18 @@ Bands written to the JSON (compare.py applies them):
   loss_tol[k]  = max(1e-5 * |l64[k]|, 10 * max(|l32[k] - l64[k]|,
                  |lnudged[k] - l32[k]|, max_s |lnudged16_s[k] - l32[k]|));
                  step 1 (a pure forward pass: nothing is updated yet) is
-                 held to 1e-5 relative of float64, or to twice PyTorch
-                 float32's own error where float32 cannot resolve 1e-5 on a
-                 deep network (loss_tol[0] = max(1e-5 * |l64[0]|,
-                 2 * |l32[0] - l64[0]|); inception_v3: 1.06e-5).
+                 held to 1e-5 relative of float64, or, where float32
+                 cannot resolve 1e-5 on a deep network, to twice the larger
+                 of PyTorch float32's own error and the step-1 move of the
+                 1-ulp nudged run (loss_tol[0] = max(1e-5 * |l64[0]|,
+                 2 * max(|l32[0] - l64[0]|, |lnudged[0] - l32[0]|))). One
+                 draw of PyTorch's error alone is not float32's reach: on
+                 inception_v3 at 80x80 (batch-16 BatchNorm after each of 94
+                 convs amplifies rounding about 1.15x a layer) PyTorch
+                 float32 lands 1.1e-5 from float64, rounding the weights by
+                 one ulp moves the loss 5.2e-5, and castor, whose
+                 activations stay within 1.3x of PyTorch float32's distance
+                 from float64 at every layer, lands 5.0e-5 away.
   update_tol_abs[p] = max(1e-3 * |u64|, 10 * max(|u32 - u64|,
                  |unudged - u64|, max_s |unudged16_s - u64|))  (L2 norms
                  over the tensor; u = weight after step 1 minus before, u32 rounded through float32
@@ -656,7 +664,8 @@ def generate_one(name, out_dir, steps_f32, mixed_steps, data_cache, max_params=0
     loss_tol = []
     for k in range(steps_f32):
         if k == 0:
-            loss_tol.append(max(1e-5 * abs(l64[0]), 2 * abs(l32[0] - l64[0])))
+            loss_tol.append(max(1e-5 * abs(l64[0]),
+                                2 * max(abs(l32[0] - l64[0]), abs(lnu[0] - l32[0]))))
         else:
             loss_tol.append(max(1e-5 * abs(l64[k]),
                                 10 * max([abs(l32[k] - l64[k]), abs(lnu[k] - l32[k])] +

@@ -8,8 +8,8 @@ of the reference, --no-shuffle, TF32 off), and the losses compared step by
 step; then mixed_float16 and mixed_bfloat16 on cuda, every loss finite.
 
 Tolerances: step 1 (a forward pass of the same weights) within the
-reference's loss_tol[0] (1e-5 relative, or twice PyTorch float32's own error
-on that model); later steps within loss_tol[k] (ten times PyTorch float32's
+reference's loss_tol[0] (1e-5 relative, or twice float32's reach on that
+model: PyTorch float32's own error, or the loss's move under a one-ulp nudge); later steps within loss_tol[k] (ten times PyTorch float32's
 own spread at step k: float32 against float64, and runs from weights nudged
 by one ulp), since the two backends sum in different orders and BatchNorm
 networks at batch 16 amplify that as they amplify a one-ulp nudge.
