@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "backend/cpu/batch_norm_loops.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/grid_conv.h"
 #include "backend/cpu/simd16.h"
@@ -817,6 +819,87 @@ TEST(BatchNormalizationGrad, FusedReluOutputGivesReluGradsBits) {
           RunOp("BatchNormalizationGrad", {dy, x, scale, mean_in}, attrs, 1);
       ASSERT_EQ(plain.size(), 1u);
       EXPECT_FALSE(SameBits(plain[0], unfused[0]));
+    }
+  }
+}
+
+// BatchNormalization's training loops (batch_norm_loops.h) in AVX-512
+// registers give the bits of their portable loops (GCC's vector clones) on
+// bfloat16 channels (float32 and float16 ones take the clones either way):
+// every loop, runs that end anywhere in or past the 32 sum lanes and the
+// 32-value steps (one to 100 values), the fused Relu's mask, and values
+// that are NaN, infinite, subnormal, signed zeros or overflow in a * x + b.
+// A vector loop that multiplied and added in one FMA fails it, as does a
+// Relu mask that passes zeros.
+TEST(BatchNormLoops, VectorRunsGiveThePortableBits) {
+  if (!cpu::HasSimd16()) GTEST_SKIP() << "this CPU has no AVX-512 (F/BW/VL): no vector runs";
+  const float specials[] = {0.0f, -0.0f, std::nanf(""), std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), 1e-40f, -3e-39f, 3e38f,
+                            1e-45f, 1.1754944e-38f};
+  const int64_t batch = 3, channels = 2;
+  const DType dtype = DType::kBFloat16;
+  const size_t bytes = DTypeSize(dtype);
+  for (int64_t inner : {1, 5, 16, 31, 32, 33, 47, 48, 51, 64, 100}) {
+    for (bool with_specials : {false, true}) {
+      SCOPED_TRACE(absl::StrCat("inner ", inner, with_specials ? " with specials" : ""));
+      const int64_t count = batch * channels * inner;
+      auto tensor = [&](unsigned seed, int64_t every) {
+        std::vector<double> v = Random(count, seed, -2.0, 3.0);
+        for (int64_t i = 0; with_specials && i < count; i += every) {
+          v[i] = specials[(i / every + seed) % std::size(specials)];
+        }
+        return Make(dtype, {batch, channels, inner}, v);
+      };
+      const Tensor x = tensor(301, 7), dy = tensor(302, 5), relu_output = tensor(303, 3);
+      // Channel 1 of [batch, channels, inner].
+      auto runs = [&](const Tensor& t) {
+        return cpu::ChannelRuns{dtype, reinterpret_cast<const char*>(t.raw()) + inner * bytes,
+                                batch, channels * inner, inner};
+      };
+      const cpu::ChannelRuns no_relu{dtype, nullptr, batch, channels * inner, inner};
+      struct Results {
+        std::vector<double> sums;
+        std::vector<Tensor> outputs;
+      };
+      auto run_loops = [&](bool vector) {
+        const cpu::ScopedFusedSimd16ForTesting fused(vector);
+        Results r;
+        r.sums.push_back(cpu::ChannelSum(runs(x)));
+        r.sums.push_back(cpu::ChannelSquaredDeviations(runs(x), 0.375));
+        for (const cpu::ChannelRuns& relu : {no_relu, runs(relu_output)}) {
+          for (double s : cpu::ChannelGradientSums(runs(x), runs(dy), relu, 0.375)) {
+            r.sums.push_back(s);
+          }
+          Tensor dx = Make(dtype, {batch, channels, inner}, std::vector<double>(count, 0.0));
+          cpu::ChannelInputGradient(
+              runs(x), runs(dy), relu, {1.25f, 0.375f, 0.75f, -0.125f, 0.5f},
+              cpu::ChannelOut{dtype, reinterpret_cast<char*>(dx.raw()) + inner * bytes});
+          r.outputs.push_back(std::move(dx));
+        }
+        for (bool relu : {false, true}) {
+          // The second pair makes subnormal products of the values near 1.
+          for (auto [a, b] : {std::pair{1.5f, -0.25f}, std::pair{1e-38f, 0.0f}}) {
+            Tensor y = Make(dtype, {batch, channels, inner}, std::vector<double>(count, 0.0));
+            cpu::ChannelScaleShift(
+                runs(x), a, b,
+                cpu::ChannelOut{dtype, reinterpret_cast<char*>(y.raw()) + inner * bytes}, relu);
+            r.outputs.push_back(std::move(y));
+          }
+        }
+        return r;
+      };
+      const Results vector = run_loops(true), portable = run_loops(false);
+      ASSERT_EQ(vector.sums.size(), portable.sums.size());
+      for (size_t i = 0; i < vector.sums.size(); ++i) {
+        uint64_t a, b;
+        std::memcpy(&a, &vector.sums[i], 8);
+        std::memcpy(&b, &portable.sums[i], 8);
+        EXPECT_EQ(a, b) << "sum " << i << ": " << vector.sums[i] << " vs " << portable.sums[i];
+      }
+      ASSERT_EQ(vector.outputs.size(), portable.outputs.size());
+      for (size_t i = 0; i < vector.outputs.size(); ++i) {
+        EXPECT_TRUE(SameBits(vector.outputs[i], portable.outputs[i])) << "output " << i;
+      }
     }
   }
 }

@@ -100,6 +100,14 @@ class RunLaneSums {
       const std::array<float, kCount> t = terms(i);
       for (int q = 0; q < kCount; ++q) run[q][l] += t[q];
     }
+    AddRunLanes(run);
+  }
+
+  // Adds one run already summed into kRunSumLanes float32 lanes per
+  // quantity, in AddRun's order (for vector loops that keep the lanes in
+  // registers: lane l has taken terms l, l + kRunSumLanes, ..., then the
+  // tail's term l).
+  [[gnu::always_inline]] inline void AddRunLanes(const float (&run)[kCount][kRunSumLanes]) {
     for (int q = 0; q < kCount; ++q) {
       for (int l = 0; l < kRunSumLanes; ++l) totals_[q][l] += run[q][l];
     }

@@ -135,18 +135,37 @@ CASTOR_SIMD16_TARGET inline __m512 LoadWidened(const Half* p, __mmask16 lanes) {
 // adding 0x7fff + lsb and keeping the top half (finite values may carry
 // into inf). VCVTNEPS2BF16 (AVX512_BF16) is not used: it flushes subnormal
 // inputs to zero.
-CASTOR_SIMD16_TARGET inline void StoreRounded(BFloat16* p, __mmask16 lanes, __m512 v) {
+// The bits in each 32-bit lane's low half (the high half zero).
+CASTOR_SIMD16_TARGET inline __m512i RoundedBFloat16Bits(__m512 v) {
+  const __mmask16 all = 0xffff;  // maskz_ shifts: see above
   const __m512i bits = _mm512_castps_si512(v);
-  const __m512i top = _mm512_maskz_srli_epi32(lanes, bits, 16);
+  const __m512i top = _mm512_maskz_srli_epi32(all, bits, 16);
   const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(
       _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
   const __m512i rounding_bias =
       _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(top, _mm512_set1_epi32(1)));
-  const __m512i rounded = _mm512_maskz_srli_epi32(lanes, _mm512_add_epi32(bits, rounding_bias), 16);
-  const __m512i result =
-      _mm512_mask_blend_epi32(is_nan, rounded, _mm512_or_si512(top, _mm512_set1_epi32(0x0040)));
+  const __m512i rounded = _mm512_maskz_srli_epi32(all, _mm512_add_epi32(bits, rounding_bias), 16);
+  return _mm512_mask_blend_epi32(is_nan, rounded, _mm512_or_si512(top, _mm512_set1_epi32(0x0040)));
+}
+CASTOR_SIMD16_TARGET inline void StoreRounded(BFloat16* p, __mmask16 lanes, __m512 v) {
   // Every lane is <= 0xffff, so the truncating narrow is exact.
-  _mm512_mask_cvtepi32_storeu_epi16(p, lanes, result);
+  _mm512_mask_cvtepi32_storeu_epi16(p, lanes, RoundedBFloat16Bits(v));
+}
+
+// 32 bfloat16 values widened into two registers, in the order of the
+// 16-bit unpack (a 128-bit lane's first four values in `lo`, its last four
+// in `hi`): for loops whose lanes are independent, which write them back
+// with StoreRounded32. Two instructions for 32 values, where LoadWidened
+// takes three for 16.
+CASTOR_SIMD16_TARGET inline void LoadWidened32(const BFloat16* p, __m512& lo, __m512& hi) {
+  const __m512i bits = _mm512_loadu_si512(p);
+  lo = _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), bits));
+  hi = _mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), bits));
+}
+CASTOR_SIMD16_TARGET inline void StoreRounded32(BFloat16* p, __m512 lo, __m512 hi) {
+  // The 32-bit pack undoes the unpack lane by lane; values <= 0xffff pack
+  // exactly.
+  _mm512_storeu_si512(p, _mm512_packus_epi32(RoundedBFloat16Bits(lo), RoundedBFloat16Bits(hi)));
 }
 
 // float32 -> float16: F16C's round-to-nearest-even narrowing matches
