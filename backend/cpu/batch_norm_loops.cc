@@ -318,35 +318,49 @@ CASTOR_SIMD16_TARGET void InputGradientRun16(const TX* x, const TD* dy, const TX
 template <typename TX>
 inline constexpr bool kVectorRuns = std::is_same_v<TX, BFloat16>;
 
-template <typename TX>
-void SumRun(const TX* x, int64_t n, RunLaneSums<1>& sums) {
+// Whether this CPU takes them (asked once per channel: a run of a 14x14
+// image is 196 values, and the check costs as much as a few).
+bool VectorRuns() {
 #if defined(CASTOR_SIMD16_X86)
-  if (kVectorRuns<TX> && UseFusedSimd16()) return AddRunSum16(x, n, sums);
+  return UseFusedSimd16();
+#else
+  return false;
+#endif
+}
+
+template <typename TX>
+void SumRun([[maybe_unused]] bool vector_runs, const TX* x, int64_t n, RunLaneSums<1>& sums) {
+#if defined(CASTOR_SIMD16_X86)
+  if (kVectorRuns<TX> && vector_runs) return AddRunSum16(x, n, sums);
 #endif
   AddRunSum(x, n, sums);
 }
 
 template <typename TX>
-void SquaredDeviationsRun(const TX* x, int64_t n, float mean, RunLaneSums<1>& sums) {
+void SquaredDeviationsRun([[maybe_unused]] bool vector_runs, const TX* x, int64_t n,
+                          float mean, RunLaneSums<1>& sums) {
 #if defined(CASTOR_SIMD16_X86)
-  if (kVectorRuns<TX> && UseFusedSimd16()) return AddRunSquaredDeviations16(x, n, mean, sums);
+  if (kVectorRuns<TX> && vector_runs) return AddRunSquaredDeviations16(x, n, mean, sums);
 #endif
   AddRunSquaredDeviations(x, n, mean, sums);
 }
 
 template <bool kRelu, typename TX, typename TD>
-void GradientSumsRun(const TX* x, const TD* dy, const TX* relu_output, int64_t n, float mean,
-                     RunLaneSums<3>& sums) {
+void GradientSumsRun([[maybe_unused]] bool vector_runs, const TX* x, const TD* dy,
+                     const TX* relu_output, int64_t n, float mean, RunLaneSums<3>& sums) {
 #if defined(CASTOR_SIMD16_X86)
-  if (kVectorRuns<TX> && UseFusedSimd16()) return AddRunGradientSums16<kRelu>(x, dy, relu_output, n, mean, sums);
+  if (kVectorRuns<TX> && vector_runs) {
+    return AddRunGradientSums16<kRelu>(x, dy, relu_output, n, mean, sums);
+  }
 #endif
   AddRunGradientSums<kRelu>(x, dy, relu_output, n, mean, sums);
 }
 
 template <bool kRelu, typename TX>
-void ScaleShiftAnyRun(const TX* x, TX* y, int64_t n, float a, float b) {
+void ScaleShiftAnyRun([[maybe_unused]] bool vector_runs, const TX* x, TX* y, int64_t n, float a,
+                      float b) {
 #if defined(CASTOR_SIMD16_X86)
-  if (kVectorRuns<TX> && UseFusedSimd16()) return ScaleShiftRun16<kRelu>(x, y, n, a, b);
+  if (kVectorRuns<TX> && vector_runs) return ScaleShiftRun16<kRelu>(x, y, n, a, b);
 #endif
   if constexpr (kRelu) {
     ScaleShiftReluRun(x, y, n, a, b);
@@ -356,10 +370,12 @@ void ScaleShiftAnyRun(const TX* x, TX* y, int64_t n, float a, float b) {
 }
 
 template <bool kRelu, typename TX, typename TD>
-void InputGradientAnyRun(const TX* x, const TD* dy, const TX* relu_output, TX* dx, int64_t n,
-                         InputGradientTerms t) {
+void InputGradientAnyRun([[maybe_unused]] bool vector_runs, const TX* x, const TD* dy,
+                         const TX* relu_output, TX* dx, int64_t n, InputGradientTerms t) {
 #if defined(CASTOR_SIMD16_X86)
-  if (kVectorRuns<TX> && UseFusedSimd16()) return InputGradientRun16<kRelu>(x, dy, relu_output, dx, n, t);
+  if (kVectorRuns<TX> && vector_runs) {
+    return InputGradientRun16<kRelu>(x, dy, relu_output, dx, n, t);
+  }
 #endif
   InputGradientRun<kRelu>(x, dy, relu_output, dx, n, t);
 }
@@ -474,26 +490,28 @@ RunBuffers& ThreadRunBuffers() {
 }  // namespace
 
 double ChannelSum(const ChannelRuns& x) {
+  const bool vector_runs = VectorRuns();
   const RunReader reader(x, ThreadRunBuffers().x);
   RunLaneSums<1> sums;
   WithRunStorage(reader.bfloat16(), [&](auto tx) {
     using TX = typename decltype(tx)::type;
     for (int64_t n = 0; n < x.batch; ++n) {
       reader.PrefetchAhead(n);
-      SumRun(static_cast<const TX*>(reader.Run(n)), x.inner, sums);
+      SumRun(vector_runs, static_cast<const TX*>(reader.Run(n)), x.inner, sums);
     }
   });
   return sums.Total(0);
 }
 
 double ChannelSquaredDeviations(const ChannelRuns& x, double mean) {
+  const bool vector_runs = VectorRuns();
   const RunReader reader(x, ThreadRunBuffers().x);
   RunLaneSums<1> sums;
   const float m = static_cast<float>(mean);
   WithRunStorage(reader.bfloat16(), [&](auto tx) {
     using TX = typename decltype(tx)::type;
     for (int64_t n = 0; n < x.batch; ++n) {
-      SquaredDeviationsRun(static_cast<const TX*>(reader.Run(n)), x.inner, m, sums);
+      SquaredDeviationsRun(vector_runs, static_cast<const TX*>(reader.Run(n)), x.inner, m, sums);
     }
   });
   return sums.Total(0);
@@ -501,6 +519,7 @@ double ChannelSquaredDeviations(const ChannelRuns& x, double mean) {
 
 std::array<double, 3> ChannelGradientSums(const ChannelRuns& x, const ChannelRuns& dy,
                                           const ChannelRuns& relu_output, double mean) {
+  const bool vector_runs = VectorRuns();
   RunBuffers& buffers = ThreadRunBuffers();
   const RunReader x_reader(x, buffers.x), dy_reader(dy, buffers.dy);
   // Without a fused Relu, X's runs stand in for its output's (never read).
@@ -519,7 +538,8 @@ std::array<double, 3> ChannelGradientSums(const ChannelRuns& x, const ChannelRun
           dy_reader.PrefetchAhead(n);
           if constexpr (kRelu) relu_reader.PrefetchAhead(n);
           GradientSumsRun<kRelu>(
-              static_cast<const TX*>(x_reader.Run(n)), static_cast<const TD*>(dy_reader.Run(n)),
+              vector_runs, static_cast<const TX*>(x_reader.Run(n)),
+              static_cast<const TD*>(dy_reader.Run(n)),
               kRelu ? static_cast<const TX*>(relu_reader.Run(n)) : nullptr, x.inner, m, sums);
         }
       });
@@ -529,6 +549,7 @@ std::array<double, 3> ChannelGradientSums(const ChannelRuns& x, const ChannelRun
 }
 
 void ChannelScaleShift(const ChannelRuns& x, float a, float b, ChannelOut y, bool relu) {
+  const bool vector_runs = VectorRuns();
   RunBuffers& buffers = ThreadRunBuffers();
   const RunReader reader(x, buffers.x);
   const RunWriter writer(x, y, buffers.out);
@@ -536,7 +557,8 @@ void ChannelScaleShift(const ChannelRuns& x, float a, float b, ChannelOut y, boo
     using TX = typename decltype(tx)::type;
     const auto run = relu ? ScaleShiftAnyRun<true, TX> : ScaleShiftAnyRun<false, TX>;
     for (int64_t n = 0; n < x.batch; ++n) {
-      run(static_cast<const TX*>(reader.Run(n)), static_cast<TX*>(writer.Run(n)), x.inner, a, b);
+      run(vector_runs, static_cast<const TX*>(reader.Run(n)), static_cast<TX*>(writer.Run(n)),
+          x.inner, a, b);
       writer.Store(n);
     }
   });
@@ -545,6 +567,7 @@ void ChannelScaleShift(const ChannelRuns& x, float a, float b, ChannelOut y, boo
 void ChannelInputGradient(const ChannelRuns& x, const ChannelRuns& dy,
                           const ChannelRuns& relu_output, const InputGradientTerms& terms,
                           ChannelOut dx) {
+  const bool vector_runs = VectorRuns();
   RunBuffers& buffers = ThreadRunBuffers();
   const RunReader x_reader(x, buffers.x), dy_reader(dy, buffers.dy);
   const bool relu = relu_output.first != nullptr;  // as ChannelGradientSums
@@ -558,7 +581,8 @@ void ChannelInputGradient(const ChannelRuns& x, const ChannelRuns& dy,
         constexpr bool kRelu = decltype(fused)::value;
         for (int64_t n = 0; n < x.batch; ++n) {
           InputGradientAnyRun<kRelu>(
-              static_cast<const TX*>(x_reader.Run(n)), static_cast<const TD*>(dy_reader.Run(n)),
+              vector_runs, static_cast<const TX*>(x_reader.Run(n)),
+              static_cast<const TD*>(dy_reader.Run(n)),
               kRelu ? static_cast<const TX*>(relu_reader.Run(n)) : nullptr,
               static_cast<TX*>(writer.Run(n)), x.inner, terms);
           writer.Store(n);

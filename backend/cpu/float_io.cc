@@ -178,9 +178,13 @@ std::vector<ConversionLoops> AvailableConversionLoops() {
 
 bool HasSimd16() {
 #if defined(CASTOR_SIMD16_X86)
-  const CpuFeatures& cpu = HostCpuFeatures();
-  return float_io_internal::HasVectorConversions() && cpu.avx512f && cpu.avx512bw &&
-         cpu.avx512vl;
+  // Decided once: kernels ask per row or per run.
+  static const bool has = [] {
+    const CpuFeatures& cpu = HostCpuFeatures();
+    return float_io_internal::HasVectorConversions() && cpu.avx512f && cpu.avx512bw &&
+           cpu.avx512vl;
+  }();
+  return has;
 #else
   return false;
 #endif
