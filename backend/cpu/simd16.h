@@ -134,8 +134,8 @@ CASTOR_SIMD16_TARGET inline __m512 LoadWidened(const Half* p, __mmask16 lanes) {
 // (quiet, sign and payload kept); everything else rounds to nearest even by
 // adding 0x7fff + lsb and keeping the top half (finite values may carry
 // into inf). VCVTNEPS2BF16 (AVX512_BF16) is not used: it flushes subnormal
-// inputs to zero.
-// The bits in each 32-bit lane's low half (the high half zero).
+// inputs to zero. RoundedBFloat16Bits gives each lane's bits in its low
+// half (the high half zero); StoreRounded stores the lanes on `lanes`.
 CASTOR_SIMD16_TARGET inline __m512i RoundedBFloat16Bits(__m512 v) {
   const __mmask16 all = 0xffff;  // maskz_ shifts: see above
   const __m512i bits = _mm512_castps_si512(v);
@@ -155,8 +155,8 @@ CASTOR_SIMD16_TARGET inline void StoreRounded(BFloat16* p, __mmask16 lanes, __m5
 // 32 bfloat16 values widened into two registers, in the order of the
 // 16-bit unpack (a 128-bit lane's first four values in `lo`, its last four
 // in `hi`): for loops whose lanes are independent, which write them back
-// with StoreRounded32. Two instructions for 32 values, where LoadWidened
-// takes three for 16.
+// with StoreRounded32. Three instructions (a load, two unpacks) for 32
+// values, where LoadWidened takes three for 16.
 CASTOR_SIMD16_TARGET inline void LoadWidened32(const BFloat16* p, __m512& lo, __m512& hi) {
   const __m512i bits = _mm512_loadu_si512(p);
   lo = _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), bits));
