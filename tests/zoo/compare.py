@@ -439,7 +439,7 @@ def main(argv=None):
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for r in rows:
         print("| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |")
-    print("\nloss1 rel: |castor - torch f64| / torch f64 at step 1 (tol 1e-5, or 2x float32's reach: torch f32's own error or its 1-ulp nudge's move); loss2+ /tol: "
+    print("\nloss1 rel: |castor - torch f64| / torch f64 at step 1 (tol 1e-5, or 2x float32's reach: torch f32's own error or its 1-ulp nudges' moves); loss2+ /tol: "
           "worst later-step diff over its tolerance (<= 1 passes); upd rel: worst relative L2 "
           "update diff over tensors with a nonzero gradient; upd /tol: worst diff over its "
           "tolerance over all tensors; gap: max |castor mixed - torch f32| loss over the steps / "
