@@ -91,8 +91,8 @@ CASTOR_VECTOR_CLONES void InputGradientRun(const TX* x, const TD* dy, const TX* 
 // operations in the same order (a multiply, then an add: no FMA, as the
 // clones; a sum's 32 lanes in two registers, lane l taking the terms
 // RunLaneSums gives it), widened and rounded by simd16.h: the same bits.
-// The elementwise loops take 32 values a step (LoadWidened32's two-
-// instruction widening), the sums 16 (their lanes keep the run's order).
+// The elementwise loops take 32 values a step (LoadWidened32: a load and
+// two unpacks), the sums 16 (their lanes keep the run's order).
 // One thread, a bfloat16 [128, 16, 28, 28] from L3: the forward's three
 // passes 0.83 -> 0.41 ms, the gradient's two (fused Relu) 1.17 -> 0.73 ms.
 #if defined(CASTOR_SIMD16_X86)

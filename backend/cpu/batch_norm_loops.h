@@ -1,7 +1,9 @@
 // The loops of BatchNormalization in training mode, shared by its forward
 // kernel (backend/cpu/normalization.cc) and BatchNormalizationGrad
 // (backend/cpu/normalization_grad.cc; ConvGrad's dB, conv_grad.cc, sums
-// rows with RowSum), built for AVX-512/AVX2/baseline (vector_clones.h).
+// rows with RowSum), built for AVX-512/AVX2/baseline (vector_clones.h);
+// bfloat16 runs take AVX-512 intrinsics where the CPU has them (simd16.h),
+// with the same bits.
 //
 // A channel of X [N, C, inner...] is `batch` runs of `inner` contiguous
 // values, `stride` (= C * inner) apart (ChannelRuns), in float32, float16 or
