@@ -825,12 +825,12 @@ TEST(BatchNormalizationGrad, FusedReluOutputGivesReluGradsBits) {
 
 // BatchNormalization's training loops (batch_norm_loops.h) in AVX-512
 // registers give the bits of their portable loops (GCC's vector clones) on
-// bfloat16 channels (float32 and float16 ones take the clones either way):
-// every loop, runs that end anywhere in or past the 32 sum lanes and the
-// 32-value steps (one to 100 values), the fused Relu's mask, and values
-// that are NaN, infinite, subnormal, signed zeros or overflow in a * x + b.
-// A vector loop that multiplied and added in one FMA fails it, as does a
-// Relu mask that passes zeros.
+// bfloat16 channels (float32 and float16 ones take the clones either way),
+// dY bfloat16 or float32: every loop, runs that end anywhere in or past the
+// 32 sum lanes and the 32-value steps (one to 100 values), the fused Relu's
+// mask, and values that are NaN, infinite, subnormal, signed zeros or
+// overflow in a * x + b. A vector loop that multiplied and added in one FMA
+// fails it, as does a Relu mask that passes zeros.
 TEST(BatchNormLoops, VectorRunsGiveThePortableBits) {
   if (!cpu::HasSimd16()) GTEST_SKIP() << "this CPU has no AVX-512 (F/BW/VL): no vector runs";
   const float specials[] = {0.0f, -0.0f, std::nanf(""), std::numeric_limits<float>::infinity(),
@@ -851,10 +851,13 @@ TEST(BatchNormLoops, VectorRunsGiveThePortableBits) {
         return Make(dtype, {batch, channels, inner}, v);
       };
       const Tensor x = tensor(301, 7), dy = tensor(302, 5), relu_output = tensor(303, 3);
+      // A float32 dY beside bfloat16 X: the loops read each in its own dtype.
+      const Tensor dy_float32 = Make(DType::kFloat32, dy.dims(), Values(dy));
       // Channel 1 of [batch, channels, inner].
       auto runs = [&](const Tensor& t) {
-        return cpu::ChannelRuns{dtype, reinterpret_cast<const char*>(t.raw()) + inner * bytes,
-                                batch, channels * inner, inner};
+        return cpu::ChannelRuns{
+            t.dtype(), reinterpret_cast<const char*>(t.raw()) + inner * DTypeSize(t.dtype()),
+            batch, channels * inner, inner};
       };
       const cpu::ChannelRuns no_relu{dtype, nullptr, batch, channels * inner, inner};
       struct Results {
@@ -867,14 +870,16 @@ TEST(BatchNormLoops, VectorRunsGiveThePortableBits) {
         r.sums.push_back(cpu::ChannelSum(runs(x)));
         r.sums.push_back(cpu::ChannelSquaredDeviations(runs(x), 0.375));
         for (const cpu::ChannelRuns& relu : {no_relu, runs(relu_output)}) {
-          for (double s : cpu::ChannelGradientSums(runs(x), runs(dy), relu, 0.375)) {
-            r.sums.push_back(s);
+          for (const Tensor* gradient : {&dy, &dy_float32}) {
+            for (double s : cpu::ChannelGradientSums(runs(x), runs(*gradient), relu, 0.375)) {
+              r.sums.push_back(s);
+            }
+            Tensor dx = Make(dtype, {batch, channels, inner}, std::vector<double>(count, 0.0));
+            cpu::ChannelInputGradient(
+                runs(x), runs(*gradient), relu, {1.25f, 0.375f, 0.75f, -0.125f, 0.5f},
+                cpu::ChannelOut{dtype, reinterpret_cast<char*>(dx.raw()) + inner * bytes});
+            r.outputs.push_back(std::move(dx));
           }
-          Tensor dx = Make(dtype, {batch, channels, inner}, std::vector<double>(count, 0.0));
-          cpu::ChannelInputGradient(
-              runs(x), runs(dy), relu, {1.25f, 0.375f, 0.75f, -0.125f, 0.5f},
-              cpu::ChannelOut{dtype, reinterpret_cast<char*>(dx.raw()) + inner * bytes});
-          r.outputs.push_back(std::move(dx));
         }
         for (bool relu : {false, true}) {
           // The second pair makes subnormal products of the values near 1.
