@@ -97,34 +97,13 @@ CASTOR_VECTOR_CLONES void InputGradientRun(const TX* x, const TD* dy, const TX* 
 // passes 0.83 -> 0.41 ms, the gradient's two (fused Relu) 1.17 -> 0.73 ms.
 #if defined(CASTOR_SIMD16_X86)
 
+// X, its outputs and the fused Relu's output are bfloat16 here; dY is
+// bfloat16 or float32 (TD), read by Load16.
 CASTOR_SIMD16_TARGET inline __m512 Load16(const float* p, __mmask16 lanes) {
   return _mm512_maskz_loadu_ps(lanes, p);
 }
 CASTOR_SIMD16_TARGET inline __m512 Load16(const BFloat16* p, __mmask16 lanes) {
   return LoadWidened(p, lanes);
-}
-CASTOR_SIMD16_TARGET inline void Store16(float* p, __mmask16 lanes, __m512 v) {
-  _mm512_mask_storeu_ps(p, lanes, v);
-}
-CASTOR_SIMD16_TARGET inline void Store16(BFloat16* p, __mmask16 lanes, __m512 v) {
-  StoreRounded(p, lanes, v);
-}
-
-// 32 values in two registers, in an order Store32 undoes (the elementwise
-// loops' whole steps; simd16.h's LoadWidened32 for bfloat16).
-CASTOR_SIMD16_TARGET inline void Load32(const float* p, __m512& lo, __m512& hi) {
-  lo = _mm512_loadu_ps(p);
-  hi = _mm512_loadu_ps(p + 16);
-}
-CASTOR_SIMD16_TARGET inline void Load32(const BFloat16* p, __m512& lo, __m512& hi) {
-  LoadWidened32(p, lo, hi);
-}
-CASTOR_SIMD16_TARGET inline void Store32(float* p, __m512 lo, __m512 hi) {
-  _mm512_storeu_ps(p, lo);
-  _mm512_storeu_ps(p + 16, hi);
-}
-CASTOR_SIMD16_TARGET inline void Store32(BFloat16* p, __m512 lo, __m512 hi) {
-  StoreRounded32(p, lo, hi);
 }
 
 // ReluGrad's select on 16 values of dY and of the fused Relu's output.
@@ -135,9 +114,9 @@ CASTOR_SIMD16_TARGET inline __m512 WhereOutputPositive(__m512 d, __m512 relu_out
 
 // GradientAt for the 16 terms from i: masked (> 0 is false for zeros,
 // negatives and NaN) to +0.
-template <bool kRelu, typename TX, typename TD>
-CASTOR_SIMD16_TARGET inline __m512 GradientAt16(const TD* dy, const TX* relu_output, int64_t i,
-                                                __mmask16 lanes) {
+template <bool kRelu, typename TD>
+CASTOR_SIMD16_TARGET inline __m512 GradientAt16(const TD* dy, const BFloat16* relu_output,
+                                                int64_t i, __mmask16 lanes) {
   const __m512 d = Load16(dy + i, lanes);
   if constexpr (kRelu) {
     return WhereOutputPositive(d, Load16(relu_output + i, lanes));
@@ -191,17 +170,15 @@ CASTOR_SIMD16_TARGET inline void AddRun16(int64_t n, const Terms& terms,
 }
 
 // The terms of AddRunSum, AddRunSquaredDeviations and AddRunGradientSums.
-template <typename TX>
 struct SumTerms16 {
-  const TX* x;
+  const BFloat16* x;
   CASTOR_SIMD16_TARGET Terms16<1> operator()(int64_t i, __mmask16 lanes) const {
     return {{Load16(x + i, lanes)}};
   }
 };
 
-template <typename TX>
 struct SquaredDeviationTerms16 {
-  const TX* x;
+  const BFloat16* x;
   __m512 mean;
   CASTOR_SIMD16_TARGET Terms16<1> operator()(int64_t i, __mmask16 lanes) const {
     const __m512 d = _mm512_sub_ps(Load16(x + i, lanes), mean);
@@ -209,11 +186,11 @@ struct SquaredDeviationTerms16 {
   }
 };
 
-template <bool kRelu, typename TX, typename TD>
+template <bool kRelu, typename TD>
 struct GradientTerms16 {
-  const TX* x;
+  const BFloat16* x;
   const TD* dy;
-  const TX* relu_output;
+  const BFloat16* relu_output;
   __m512 mean;
   CASTOR_SIMD16_TARGET Terms16<3> operator()(int64_t i, __mmask16 lanes) const {
     const __m512 centred = _mm512_sub_ps(Load16(x + i, lanes), mean);
@@ -222,21 +199,20 @@ struct GradientTerms16 {
   }
 };
 
-template <typename TX>
-CASTOR_SIMD16_TARGET void AddRunSum16(const TX* x, int64_t n, RunLaneSums<1>& sums) {
-  AddRun16(n, SumTerms16<TX>{x}, sums);
+CASTOR_SIMD16_TARGET void AddRunSum16(const BFloat16* x, int64_t n, RunLaneSums<1>& sums) {
+  AddRun16(n, SumTerms16{x}, sums);
 }
 
-template <typename TX>
-CASTOR_SIMD16_TARGET void AddRunSquaredDeviations16(const TX* x, int64_t n, float mean,
+CASTOR_SIMD16_TARGET void AddRunSquaredDeviations16(const BFloat16* x, int64_t n, float mean,
                                                     RunLaneSums<1>& sums) {
-  AddRun16(n, SquaredDeviationTerms16<TX>{x, _mm512_set1_ps(mean)}, sums);
+  AddRun16(n, SquaredDeviationTerms16{x, _mm512_set1_ps(mean)}, sums);
 }
 
-template <bool kRelu, typename TX, typename TD>
-CASTOR_SIMD16_TARGET void AddRunGradientSums16(const TX* x, const TD* dy, const TX* relu_output,
-                                               int64_t n, float mean, RunLaneSums<3>& sums) {
-  AddRun16(n, GradientTerms16<kRelu, TX, TD>{x, dy, relu_output, _mm512_set1_ps(mean)}, sums);
+template <bool kRelu, typename TD>
+CASTOR_SIMD16_TARGET void AddRunGradientSums16(const BFloat16* x, const TD* dy,
+                                               const BFloat16* relu_output, int64_t n, float mean,
+                                               RunLaneSums<3>& sums) {
+  AddRun16(n, GradientTerms16<kRelu, TD>{x, dy, relu_output, _mm512_set1_ps(mean)}, sums);
 }
 
 // ScaleShiftRun (kRelu false) and ScaleShiftReluRun (math::ReluOp: x <= 0
@@ -252,18 +228,19 @@ struct ScaleShift16 {
   }
 };
 
-template <bool kRelu, typename TX>
-CASTOR_SIMD16_TARGET void ScaleShiftRun16(const TX* x, TX* y, int64_t n, float a, float b) {
+template <bool kRelu>
+CASTOR_SIMD16_TARGET void ScaleShiftRun16(const BFloat16* x, BFloat16* y, int64_t n, float a,
+                                          float b) {
   const ScaleShift16<kRelu> scale_shift{_mm512_set1_ps(a), _mm512_set1_ps(b)};
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
     __m512 lo, hi;
-    Load32(x + i, lo, hi);
-    Store32(y + i, scale_shift(lo), scale_shift(hi));
+    LoadWidened32(x + i, lo, hi);
+    StoreRounded32(y + i, scale_shift(lo), scale_shift(hi));
   }
   for (; i < n; i += 16) {
     const __mmask16 lanes = TailMask(n - i);
-    Store16(y + i, lanes, scale_shift(Load16(x + i, lanes)));
+    StoreRounded(y + i, lanes, scale_shift(LoadWidened(x + i, lanes)));
   }
   _mm256_zeroupper();  // the callers are SSE code (see float_io.cc's kZeroUpperNote)
 }
@@ -279,31 +256,32 @@ struct InputGradient16 {
   }
 };
 
-template <bool kRelu, typename TX, typename TD>
-CASTOR_SIMD16_TARGET void InputGradientRun16(const TX* x, const TD* dy, const TX* relu_output,
-                                             TX* dx, int64_t n, InputGradientTerms t) {
+template <bool kRelu, typename TD>
+CASTOR_SIMD16_TARGET void InputGradientRun16(const BFloat16* x, const TD* dy,
+                                             const BFloat16* relu_output, BFloat16* dx, int64_t n,
+                                             InputGradientTerms t) {
   const InputGradient16 gradient{_mm512_set1_ps(t.a), _mm512_set1_ps(t.mean),
                                  _mm512_set1_ps(t.inv_std), _mm512_set1_ps(t.mean_dy),
                                  _mm512_set1_ps(t.mean_dy_xhat)};
   int64_t i = 0;
-  if constexpr (std::is_same_v<TX, TD>) {  // dY in X's order too
+  if constexpr (std::is_same_v<TD, BFloat16>) {  // dY in X's unpacked order too
     for (; i + 32 <= n; i += 32) {
       __m512 x_lo, x_hi, d_lo, d_hi;
-      Load32(x + i, x_lo, x_hi);
-      Load32(dy + i, d_lo, d_hi);
+      LoadWidened32(x + i, x_lo, x_hi);
+      LoadWidened32(dy + i, d_lo, d_hi);
       if constexpr (kRelu) {
         __m512 r_lo, r_hi;
-        Load32(relu_output + i, r_lo, r_hi);
+        LoadWidened32(relu_output + i, r_lo, r_hi);
         d_lo = WhereOutputPositive(d_lo, r_lo);
         d_hi = WhereOutputPositive(d_hi, r_hi);
       }
-      Store32(dx + i, gradient(x_lo, d_lo), gradient(x_hi, d_hi));
+      StoreRounded32(dx + i, gradient(x_lo, d_lo), gradient(x_hi, d_hi));
     }
   }
   for (; i < n; i += 16) {
     const __mmask16 lanes = TailMask(n - i);
-    Store16(dx + i, lanes,
-            gradient(Load16(x + i, lanes), GradientAt16<kRelu>(dy, relu_output, i, lanes)));
+    const __m512 d = GradientAt16<kRelu>(dy, relu_output, i, lanes);
+    StoreRounded(dx + i, lanes, gradient(LoadWidened(x + i, lanes), d));
   }
   _mm256_zeroupper();
 }
@@ -331,7 +309,9 @@ bool VectorRuns() {
 template <typename TX>
 void SumRun([[maybe_unused]] bool vector_runs, const TX* x, int64_t n, RunLaneSums<1>& sums) {
 #if defined(CASTOR_SIMD16_X86)
-  if (kVectorRuns<TX> && vector_runs) return AddRunSum16(x, n, sums);
+  if constexpr (kVectorRuns<TX>) {
+    if (vector_runs) return AddRunSum16(x, n, sums);
+  }
 #endif
   AddRunSum(x, n, sums);
 }
@@ -340,7 +320,9 @@ template <typename TX>
 void SquaredDeviationsRun([[maybe_unused]] bool vector_runs, const TX* x, int64_t n,
                           float mean, RunLaneSums<1>& sums) {
 #if defined(CASTOR_SIMD16_X86)
-  if (kVectorRuns<TX> && vector_runs) return AddRunSquaredDeviations16(x, n, mean, sums);
+  if constexpr (kVectorRuns<TX>) {
+    if (vector_runs) return AddRunSquaredDeviations16(x, n, mean, sums);
+  }
 #endif
   AddRunSquaredDeviations(x, n, mean, sums);
 }
@@ -349,8 +331,8 @@ template <bool kRelu, typename TX, typename TD>
 void GradientSumsRun([[maybe_unused]] bool vector_runs, const TX* x, const TD* dy,
                      const TX* relu_output, int64_t n, float mean, RunLaneSums<3>& sums) {
 #if defined(CASTOR_SIMD16_X86)
-  if (kVectorRuns<TX> && vector_runs) {
-    return AddRunGradientSums16<kRelu>(x, dy, relu_output, n, mean, sums);
+  if constexpr (kVectorRuns<TX>) {
+    if (vector_runs) return AddRunGradientSums16<kRelu>(x, dy, relu_output, n, mean, sums);
   }
 #endif
   AddRunGradientSums<kRelu>(x, dy, relu_output, n, mean, sums);
@@ -360,7 +342,9 @@ template <bool kRelu, typename TX>
 void ScaleShiftAnyRun([[maybe_unused]] bool vector_runs, const TX* x, TX* y, int64_t n, float a,
                       float b) {
 #if defined(CASTOR_SIMD16_X86)
-  if (kVectorRuns<TX> && vector_runs) return ScaleShiftRun16<kRelu>(x, y, n, a, b);
+  if constexpr (kVectorRuns<TX>) {
+    if (vector_runs) return ScaleShiftRun16<kRelu>(x, y, n, a, b);
+  }
 #endif
   if constexpr (kRelu) {
     ScaleShiftReluRun(x, y, n, a, b);
@@ -373,8 +357,8 @@ template <bool kRelu, typename TX, typename TD>
 void InputGradientAnyRun([[maybe_unused]] bool vector_runs, const TX* x, const TD* dy,
                          const TX* relu_output, TX* dx, int64_t n, InputGradientTerms t) {
 #if defined(CASTOR_SIMD16_X86)
-  if (kVectorRuns<TX> && vector_runs) {
-    return InputGradientRun16<kRelu>(x, dy, relu_output, dx, n, t);
+  if constexpr (kVectorRuns<TX>) {
+    if (vector_runs) return InputGradientRun16<kRelu>(x, dy, relu_output, dx, n, t);
   }
 #endif
   InputGradientRun<kRelu>(x, dy, relu_output, dx, n, t);
