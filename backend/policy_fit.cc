@@ -2,6 +2,7 @@
 #include "backend/policy_fit.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "backend/cpu/amx_gemm.h"
 #include "backend/cpu/avx512bf16_gemm.h"
 #include "backend/cpu/cpu_features.h"
@@ -17,19 +18,33 @@ std::string EmulatedEffect(const char* dtype) {
                       "slower than float32, activation memory is still saved");
 }
 
-// True when castor's bfloat16 GEMM kernels run on this CPU.
-bool CpuBf16Native(const CpuPrecisionFeatures& cpu) {
-  return (cpu.amx_bf16 && !cpu.amx_switched_off) ||
-         (cpu.avx512_bf16 && !cpu.avx512_bf16_switched_off);
+bool Avx512Bf16Used(const CpuPrecisionFeatures& cpu) {
+  return cpu.avx512_bf16 && !cpu.avx512_bf16_switched_off;
 }
 
-// Why bfloat16 cannot pay on this CPU: no such instructions, or castor's
-// kernels for them switched off. (The switched-off case names the
-// variables, not the instructions: `castor --version` under
+bool AmxUsed(const CpuPrecisionFeatures& cpu) { return cpu.amx_bf16 && !cpu.amx_switched_off; }
+
+// True when castor's bfloat16 GEMM kernels run on this CPU and outrun its
+// float32 ones.
+bool CpuBf16Native(const CpuPrecisionFeatures& cpu) {
+  return AmxUsed(cpu) || (Avx512Bf16Used(cpu) && cpu::Avx512Bf16RatePays(cpu.avx512_bf16_rate));
+}
+
+// Why bfloat16 cannot pay on this CPU: no such instructions, VDPBF16PS too
+// slow, or castor's kernels for them switched off. (The switched-off case
+// names the variables, not the instructions: `castor --version` under
 // CASTOR_AVX512BF16=off names AVX512-BF16 nowhere, as
 // avx512bf16_gemm_test checks.)
 std::string CpuBf16Fact(const CpuPrecisionFeatures& cpu) {
   if (!cpu.amx_bf16 && !cpu.avx512_bf16) return "this CPU has neither AVX512-BF16 nor AMX";
+  if (Avx512Bf16Used(cpu)) {
+    return absl::StrFormat(
+        "this CPU's AVX512-BF16 dot products run at %.2fx the rate of its float32 FMAs "
+        "(measured)%s",
+        cpu.avx512_bf16_rate,
+        !cpu.amx_bf16 ? " and it has no AMX" : ", and castor's AMX kernels are switched off "
+                                               "(CASTOR_AMX=off in the environment)");
+  }
   std::string off;
   if (cpu.amx_bf16) off = "CASTOR_AMX=off";
   if (cpu.avx512_bf16) absl::StrAppend(&off, off.empty() ? "" : " and ", "CASTOR_AVX512BF16=off");
@@ -37,6 +52,11 @@ std::string CpuBf16Fact(const CpuPrecisionFeatures& cpu) {
                       "switched off (",
                       off, " in the environment)");
 }
+
+// What bfloat16 costs where VDPBF16PS runs but float32 outruns it.
+constexpr char kSlowBf16Effect[] =
+    "castor computes bfloat16 GEMMs and convolutions in float32 on widened operands (faster "
+    "here than VDPBF16PS): steps run no faster than float32, activation memory is still saved";
 
 std::optional<PolicyFitWarning> CheckCpu(DType compute_dtype, const CpuPrecisionFeatures& cpu) {
   PolicyFitWarning w;
@@ -51,7 +71,7 @@ std::optional<PolicyFitWarning> CheckCpu(DType compute_dtype, const CpuPrecision
   }
   if (CpuBf16Native(cpu)) return std::nullopt;
   w.hardware_fact = CpuBf16Fact(cpu);
-  w.effect = EmulatedEffect("bfloat16");
+  w.effect = Avx512Bf16Used(cpu) ? kSlowBf16Effect : EmulatedEffect("bfloat16");
   w.better_policy = "float32";
   return w;
 }
@@ -81,15 +101,17 @@ std::string BetterBecause(const PolicyFitWarning& w, const std::string& policy_n
                           PolicyFitBackend backend, const CpuPrecisionFeatures& cpu) {
   if (w.better_policy == "mixed_bfloat16") {
     return absl::StrCat("castor's bfloat16 GEMMs run on this CPU's ",
-                        cpu.amx_bf16 && !cpu.amx_switched_off ? "AMX" : "AVX512-BF16",
-                        ", and it saves the same memory");
+                        AmxUsed(cpu) ? "AMX" : "AVX512-BF16", ", and it saves the same memory");
   }
   if (w.better_policy == "mixed_float16") {
     return "this GPU has float16 tensor cores, and it saves the same memory";
   }
-  return absl::StrCat("no 16-bit float is native on this ",
-                      backend == PolicyFitBackend::kCpu ? "CPU" : "GPU", "; keep ", policy_name,
-                      " only for the memory it saves");
+  const bool faster_float32 = backend == PolicyFitBackend::kCpu && Avx512Bf16Used(cpu);
+  return absl::StrCat(faster_float32 ? "this CPU multiplies float32 faster than bfloat16"
+                                     : absl::StrCat("no 16-bit float is native on this ",
+                                                    backend == PolicyFitBackend::kCpu ? "CPU"
+                                                                                      : "GPU"),
+                      "; keep ", policy_name, " only for the memory it saves");
 }
 
 }  // namespace
@@ -116,7 +138,11 @@ CpuPrecisionFeatures DetectCpuPrecisionFeatures() {
   cpu.avx512_fp16 = cpu::HostCpuFeatures().avx512_fp16;
   cpu.avx512_bf16 = cpu::Avx512Bf16Supported();
   cpu.amx_bf16 = cpu::AmxBf16Supported();
-  cpu.avx512_bf16_switched_off = cpu.avx512_bf16 && !cpu::Avx512Bf16Available();
+  cpu.avx512_bf16_switched_off =
+      cpu.avx512_bf16 && cpu::Avx512Bf16Switch() == cpu::KernelSwitch::kOff;
+  if (cpu.avx512_bf16 && !cpu.avx512_bf16_switched_off) {
+    cpu.avx512_bf16_rate = cpu::Avx512Bf16RateOverFloat32();
+  }
   cpu.amx_switched_off = cpu.amx_bf16 && !cpu::AmxBf16Available();
   return cpu;
 }
@@ -136,8 +162,7 @@ std::string PaysBecause(DType compute_dtype, PolicyFitBackend backend,
                         const CpuPrecisionFeatures& cpu) {
   const char* dtype = compute_dtype == DType::kFloat16 ? "float16" : "bfloat16";
   if (backend == PolicyFitBackend::kCuda) return absl::StrCat(dtype, " tensor cores");
-  return absl::StrCat("castor's bfloat16 GEMMs run on its ",
-                      cpu.amx_bf16 && !cpu.amx_switched_off ? "AMX" : "AVX512-BF16");
+  return absl::StrCat("castor's bfloat16 GEMMs run on its ", AmxUsed(cpu) ? "AMX" : "AVX512-BF16");
 }
 
 }  // namespace

@@ -17,8 +17,11 @@
 //   float16, CPU:  never pays. castor's CPU backend has no native float16
 //                  arithmetic: without AVX512-FP16 the CPU has none, and
 //                  with it castor has no kernels that use it yet.
-//   bfloat16, CPU: pays where castor's bfloat16 GEMM kernels run: AMX
-//                  (AMX-BF16 tiles) or AVX512-BF16 (VDPBF16PS), unless the
+//   bfloat16, CPU: pays where castor's bfloat16 GEMM kernels run and
+//                  outrun float32: AMX (AMX-BF16 tiles), or AVX512-BF16
+//                  (VDPBF16PS) where its measured multiply-add rate is at
+//                  least 1.25x the float32 FMA's (avx512bf16_gemm.h; 0.5x
+//                  on some Intel Xeons, whose float32 then wins), unless the
 //                  environment switched them off (CASTOR_AMX=off,
 //                  CASTOR_AVX512BF16=off).
 //   float16, CUDA: pays from compute capability 7.0 (float16 tensor cores).
@@ -46,6 +49,9 @@ struct CpuPrecisionFeatures {
   bool avx512_fp16 = false;  // AVX512-FP16: native float16 arithmetic (Sapphire Rapids+)
   bool avx512_bf16 = false;  // AVX512-BF16: VDPBF16PS bfloat16 dot products
   bool amx_bf16 = false;     // AMX-TILE + AMX-BF16 tiles, granted by the OS
+  // VDPBF16PS's multiply-adds per second over the float32 FMA's, as
+  // measured on this core (avx512bf16_gemm.h); read where avx512_bf16.
+  double avx512_bf16_rate = 0.0;
   bool avx512_bf16_switched_off = false;  // CASTOR_AVX512BF16=off (or a test) turned it off
   bool amx_switched_off = false;          // CASTOR_AMX=off (or a test) turned it off
 };
@@ -76,8 +82,9 @@ std::optional<PolicyFitWarning> CheckPolicyFit(const std::string& policy_name,
                                                const CpuPrecisionFeatures& cpu,
                                                const GpuPrecisionFeatures& gpu);
 
-// This CPU's features (CPUID and XCR0, checked once; the switches as the
-// CPU backend's GEMM kernels read them now).
+// This CPU's features (CPUID and XCR0, checked once; VDPBF16PS's rate,
+// measured once; the switches as the CPU backend's GEMM kernels read them
+// now).
 CpuPrecisionFeatures DetectCpuPrecisionFeatures();
 
 // CheckPolicyFit's message for this machine: the CPU's features for kCpu,

@@ -121,11 +121,12 @@ int Main(int argc, char** argv) {
     // bfloat16 with only the chosen native kernel (or none) allowed.
     auto bf16 = [&](bool use_amx, bool use_avx512bf16) {
       cpu::SetAmxForTesting(use_amx);
-      cpu::SetAvx512Bf16ForTesting(use_avx512bf16);
+      cpu::SetAvx512Bf16ForTesting(use_avx512bf16 ? cpu::KernelSwitch::kOn
+                                                  : cpu::KernelSwitch::kOff);
       const double t =
           MedianSeconds(seconds, [&] { run(DType::kBFloat16, a16.data(), b16.data()); });
       cpu::SetAmxForTesting(true);
-      cpu::SetAvx512Bf16ForTesting(true);
+      cpu::SetAvx512Bf16ForTesting(cpu::KernelSwitch::kAuto);
       return t;
     };
     const double f32 =

@@ -41,14 +41,16 @@ namespace {
 class ScopedAmx {
  public:
   explicit ScopedAmx(bool enabled)
-      : before_(SetAmxForTesting(enabled)), avx512bf16_before_(SetAvx512Bf16ForTesting(false)) {}
+      : before_(SetAmxForTesting(enabled)),
+        avx512bf16_before_(SetAvx512Bf16ForTesting(KernelSwitch::kOff)) {}
   ~ScopedAmx() {
     SetAmxForTesting(before_);
     SetAvx512Bf16ForTesting(avx512bf16_before_);
   }
 
  private:
-  bool before_, avx512bf16_before_;
+  bool before_;
+  KernelSwitch avx512bf16_before_;
 };
 
 // Random bfloat16 bit patterns in [-1, 1] (normal numbers or zero).

@@ -46,14 +46,16 @@ namespace {
 class ScopedKernels {
  public:
   explicit ScopedKernels(bool avx512bf16)
-      : avx512bf16_(SetAvx512Bf16ForTesting(avx512bf16)), amx_(SetAmxForTesting(false)) {}
+      : avx512bf16_(SetAvx512Bf16ForTesting(avx512bf16 ? KernelSwitch::kOn : KernelSwitch::kOff)),
+        amx_(SetAmxForTesting(false)) {}
   ~ScopedKernels() {
     SetAvx512Bf16ForTesting(avx512bf16_);
     SetAmxForTesting(amx_);
   }
 
  private:
-  bool avx512bf16_, amx_;
+  KernelSwitch avx512bf16_;
+  bool amx_;
 };
 
 // Restores the thread count a test changed.
@@ -524,7 +526,7 @@ TEST_F(Avx512Bf16VersionTest, VersionNamesTheKernelAndTheSwitchTurnsItOff) {
   if (AmxBf16Available()) return;  // DescribeGemm does not ask about AVX512-BF16 then
   const tools::Program bad =
       tools::RunCastor(dir_, "--version", "env CASTOR_AVX512BF16=maybe " CASTOR_BINARY);
-  EXPECT_NE(bad.err.find("CASTOR_AVX512BF16=maybe is not on or off; ignored"), std::string::npos)
+  EXPECT_NE(bad.err.find("CASTOR_AVX512BF16=maybe is not on, off or auto; ignored"), std::string::npos)
       << bad.err;
   {
     const ScopedKernels kernels(false);
@@ -533,6 +535,59 @@ TEST_F(Avx512Bf16VersionTest, VersionNamesTheKernelAndTheSwitchTurnsItOff) {
   std::cout << "AVX512-BF16 bfloat16 GEMM: "
             << (Avx512Bf16Supported() ? "supported" : "not supported") << "; " << DescribeGemm()
             << "\n";
+}
+
+// The kernel runs where VDPBF16PS outruns float32: its measured rate
+// decides unless the switch does. The rate is a real measurement on this
+// core (2 on Zen 4, 0.5 on the Xeon of bench/README.md; far from the
+// 1.25 threshold either way); CASTOR_AVX512BF16=on runs the kernel
+// anyway, and `castor --version` names a slow one.
+TEST_F(Avx512Bf16VersionTest, TheMeasuredRateDecidesUnlessTheSwitchDoes) {
+  const double rate = Avx512Bf16RateOverFloat32();
+  EXPECT_EQ(Avx512Bf16RateOverFloat32(), rate);  // measured once
+  if (!Avx512Bf16Supported()) {
+    EXPECT_EQ(rate, 0.0);
+    EXPECT_FALSE(Avx512Bf16Pays());
+    EXPECT_FALSE(Avx512Bf16Available());
+    return;
+  }
+  std::cout << "VDPBF16PS multiply-adds per second over the float32 FMA's: " << rate << "\n";
+  EXPECT_GT(rate, 0.1);
+  EXPECT_LT(rate, 8.0);
+  EXPECT_EQ(Avx512Bf16Pays(), rate >= 1.25);
+  const KernelSwitch before = SetAvx512Bf16ForTesting(KernelSwitch::kAuto);
+  if (Avx512Bf16Switch() == KernelSwitch::kAuto) {  // CASTOR_AVX512BF16 unset here
+    EXPECT_EQ(Avx512Bf16Available(), Avx512Bf16Pays());
+  }
+  SetAvx512Bf16ForTesting(KernelSwitch::kOn);
+  EXPECT_TRUE(Avx512Bf16Available());
+  SetAvx512Bf16ForTesting(KernelSwitch::kOff);
+  EXPECT_FALSE(Avx512Bf16Available());
+  SetAvx512Bf16ForTesting(before);
+  if (AmxBf16Available()) return;  // DescribeGemm names AMX's GEMMs then
+
+  const tools::Program on =
+      tools::RunCastor(dir_, "--version", "env CASTOR_AVX512BF16=on " CASTOR_BINARY);
+  ASSERT_EQ(on.exit_code, 0) << on.err;
+  EXPECT_NE(on.out.find("; AVX512-BF16 for bfloat16 GEMMs"), std::string::npos) << on.out;
+  const tools::Program automatic =
+      tools::RunCastor(dir_, "--version", "env CASTOR_AVX512BF16=auto " CASTOR_BINARY);
+  ASSERT_EQ(automatic.exit_code, 0) << automatic.err;
+  EXPECT_TRUE(automatic.err.empty()) << automatic.err;
+  EXPECT_EQ(automatic.out.find("; AVX512-BF16 for bfloat16 GEMMs") != std::string::npos,
+            Avx512Bf16Pays())
+      << automatic.out;
+  if (Avx512Bf16Pays()) return;
+  EXPECT_NE(automatic.out.find("; AVX512-BF16 not used: its dot products run at "),
+            std::string::npos)
+      << automatic.out;
+  EXPECT_NE(on.out.find("; AVX512-BF16 used (CASTOR_AVX512BF16=on): its dot products run at "),
+            std::string::npos)
+      << on.out;
+  EXPECT_NE(automatic.out.find("policy mixed_bfloat16 cannot pay on this CPU: this CPU's "
+                               "AVX512-BF16 dot products run at "),
+            std::string::npos)
+      << automatic.out;
 }
 
 }  // namespace

@@ -85,7 +85,8 @@ bool NativeAvailable() { return cpu::Avx512Bf16Supported() || cpu::AmxBf16Availa
 // or off (the widened sgemm path), restoring the switches after.
 template <typename Fn>
 auto WithNative(bool native, Fn&& fn) {
-  const bool avx_before = cpu::SetAvx512Bf16ForTesting(native);
+  const cpu::KernelSwitch avx_before =
+      cpu::SetAvx512Bf16ForTesting(native ? cpu::KernelSwitch::kOn : cpu::KernelSwitch::kOff);
   const bool amx_before = cpu::SetAmxForTesting(native);
   auto result = fn();
   cpu::SetAvx512Bf16ForTesting(avx_before);

@@ -303,7 +303,7 @@ bool AmxBf16Supported() {
 
 bool AmxBf16Available() {
   // Checked before asking Linux for tiles.
-  static const bool off = GemmKernelOffInEnvironment("CASTOR_AMX");
+  static const bool off = GemmKernelSwitchInEnvironment("CASTOR_AMX") == KernelSwitch::kOff;
   return !off && amx_allowed.load(std::memory_order_relaxed) && AmxBf16Supported();
 }
 

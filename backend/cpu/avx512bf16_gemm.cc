@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -47,7 +48,8 @@ namespace {
 constexpr int64_t kPackElements = int64_t{1} << 24;
 std::atomic<int64_t> pack_elements{kPackElements};
 
-std::atomic<bool> avx512bf16_allowed{true};  // SetAvx512Bf16ForTesting
+// SetAvx512Bf16ForTesting's override (kAuto: none, the environment's switch).
+std::atomic<KernelSwitch> avx512bf16_override{KernelSwitch::kAuto};
 
 #if defined(CASTOR_AVX512BF16_BUILD)
 
@@ -82,6 +84,68 @@ void Run(bool split, int64_t count, Fn&& fn) {
 // AVX512-BF16 with AVX-512 F/BW/VL, AVX2 and F16C (HasSimd16: simd16.h's
 // write-back and masks), each with its registers saved by the OS.
 bool DetectAvx512Bf16() { return HasSimd16() && HostCpuFeatures().avx512_bf16; }
+
+// Avx512Bf16RateOverFloat32's probe: seconds for `rounds` rounds of one
+// VDPBF16PS (or one 512-bit FMA) into each of kProbeChains independent
+// accumulators, enough chains to hide either instruction's latency. The
+// sums go to `sink` so the compiler keeps the work.
+constexpr int kProbeChains = 16;
+volatile float probe_sink = 0.0f;
+
+CASTOR_AVX512BF16_TARGET __attribute__((noinline)) double TimeDotProducts(int64_t rounds) {
+  __m512 acc[kProbeChains];
+  for (int i = 0; i < kProbeChains; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  const __m512bh one = (__m512bh)_mm512_set1_epi16(0x3f80);  // bfloat16 1.0
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t r = 0; r < rounds; ++r) {
+#pragma GCC unroll 16
+    for (int i = 0; i < kProbeChains; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], one, one);
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  __m512 sum = acc[0];
+  for (int i = 1; i < kProbeChains; ++i) sum = _mm512_add_ps(sum, acc[i]);
+  probe_sink = _mm512_cvtss_f32(sum);  // every lane holds the same sum
+  _mm256_zeroupper();
+  return seconds;
+}
+
+CASTOR_AVX512BF16_TARGET __attribute__((target("fma"), noinline)) double TimeFmas(int64_t rounds) {
+  __m512 acc[kProbeChains];
+  for (int i = 0; i < kProbeChains; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  const __m512 one = _mm512_set1_ps(1.0f), tiny = _mm512_set1_ps(1e-9f);
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t r = 0; r < rounds; ++r) {
+#pragma GCC unroll 16
+    for (int i = 0; i < kProbeChains; ++i) acc[i] = _mm512_fmadd_ps(one, tiny, acc[i]);
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  __m512 sum = acc[0];
+  for (int i = 1; i < kProbeChains; ++i) sum = _mm512_add_ps(sum, acc[i]);
+  probe_sink = _mm512_cvtss_f32(sum);  // every lane holds the same sum
+  _mm256_zeroupper();
+  return seconds;
+}
+
+// Multiply-adds per second of VDPBF16PS (32 per instruction) over those of
+// the FMA (16): 2 * fma time / dot time for the same instruction count.
+// Each is the fastest of kProbeRuns runs, interleaved, after one warm-up
+// each (the vector unit's wake-up, and a preempted run, only slow a run
+// down); 8192 rounds take ~25 us of FMAs and ~100 us of VDPBF16PS at the
+// slowest rate measured.
+double MeasureRateOverFloat32() {
+  constexpr int64_t kRounds = 8192;
+  constexpr int kProbeRuns = 7;
+  TimeFmas(kRounds);
+  TimeDotProducts(kRounds);
+  double fma = 1e30, dot = 1e30;
+  for (int run = 0; run < kProbeRuns; ++run) {
+    fma = std::min(fma, TimeFmas(kRounds));
+    dot = std::min(dot, TimeDotProducts(kRounds));
+  }
+  return dot > 0.0 ? 2.0 * fma / dot : 0.0;
+}
 
 // Where a block of C goes: float32 (alpha * product + beta * C) or, when
 // c16 is set, bfloat16 (alpha * product rounded once; beta is 0).
@@ -264,13 +328,37 @@ bool Avx512Bf16Supported() {
 #endif
 }
 
-bool Avx512Bf16Available() {
-  static const bool off = GemmKernelOffInEnvironment("CASTOR_AVX512BF16");
-  return !off && avx512bf16_allowed.load(std::memory_order_relaxed) && Avx512Bf16Supported();
+double Avx512Bf16RateOverFloat32() {
+#if defined(CASTOR_AVX512BF16_BUILD)
+  static const double rate = Avx512Bf16Supported() ? MeasureRateOverFloat32() : 0.0;
+  return rate;
+#else
+  return 0.0;
+#endif
 }
 
-bool SetAvx512Bf16ForTesting(bool enabled) {
-  return avx512bf16_allowed.exchange(enabled, std::memory_order_relaxed);
+bool Avx512Bf16Pays() { return Avx512Bf16RatePays(Avx512Bf16RateOverFloat32()); }
+
+KernelSwitch Avx512Bf16Switch() {
+  static const KernelSwitch environment = GemmKernelSwitchInEnvironment("CASTOR_AVX512BF16");
+  const KernelSwitch override = avx512bf16_override.load(std::memory_order_relaxed);
+  return override != KernelSwitch::kAuto ? override : environment;
+}
+
+bool Avx512Bf16Available() {
+  switch (Avx512Bf16Switch()) {
+    case KernelSwitch::kOff:
+      return false;
+    case KernelSwitch::kOn:
+      return Avx512Bf16Supported();
+    case KernelSwitch::kAuto:
+      break;
+  }
+  return Avx512Bf16Supported() && Avx512Bf16Pays();
+}
+
+KernelSwitch SetAvx512Bf16ForTesting(KernelSwitch override) {
+  return avx512bf16_override.exchange(override, std::memory_order_relaxed);
 }
 
 int64_t SetAvx512Bf16PanelElementsForTesting(int64_t elements) {

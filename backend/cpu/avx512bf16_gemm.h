@@ -30,26 +30,54 @@
 // (and F16C: simd16.h's HasSimd16) and the OS saves the ZMM state (XCR0),
 // in builds with GCC 10+ or clang on x86-64; the code carries
 // function-level target attributes, so the binary still runs on AVX2-only
-// CPUs. Elsewhere, or with CASTOR_AVX512BF16=off in the environment,
-// Avx512Bf16Available() is false and callers keep the sgemm path.
+// CPUs. Elsewhere, where the instruction runs too slowly to pay
+// (Avx512Bf16Pays) or with CASTOR_AVX512BF16=off in the environment,
+// Avx512Bf16Available() is false and callers keep the sgemm path;
+// CASTOR_AVX512BF16=on takes the kernel wherever it is supported.
 #pragma once
 
 #include <cstdint>
 
+#include "backend/cpu/gemm.h"
+
 namespace castor::cpu {
 
 // True when castor uses VDPBF16PS for bfloat16 GEMMs (where AMX does not
-// take them first): Avx512Bf16Supported(), the environment does not say
-// CASTOR_AVX512BF16=off (or 0, no, false) and no test turned it off.
+// take them first) and for grid_conv.h's bfloat16 products:
+// Avx512Bf16Supported() and Avx512Bf16Switch() is kOn, or kAuto and
+// Avx512Bf16Pays().
 bool Avx512Bf16Available();
 
 // True when the hardware, OS and build allow it (checked once), whatever
 // the environment or a test chose.
 bool Avx512Bf16Supported();
 
-// For tests: use it from now on only when `enabled` (and supported);
-// returns the previous setting.
-bool SetAvx512Bf16ForTesting(bool enabled);
+// VDPBF16PS's multiply-adds per second over those of a 512-bit float32 FMA
+// (VFMADD231PS) on this core, measured once on first use (the fastest of
+// several runs of each, 16 independent accumulators: under a millisecond
+// in all); 0 where AVX512-BF16 is not supported. CPUID says whether the
+// instruction exists, not how fast it runs: about 2 on AMD Zen 4 (one
+// 32-product VDPBF16PS per cycle, one 16-lane FMA), 0.5 on the Intel Xeon
+// of bench/README.md (family 6 model 207: one VDPBF16PS every other cycle
+// beside two FMAs a cycle), where OpenBLAS's float32 sgemm on widened
+// operands outruns any VDPBF16PS kernel.
+double Avx512Bf16RateOverFloat32();
+
+// The rate from which the VDPBF16PS kernels beat widening to float32 with
+// margin: at a rate of 1 they match sgemm's peak and lose the packing.
+inline constexpr double kAvx512Bf16MinRate = 1.25;
+inline bool Avx512Bf16RatePays(double rate) { return rate >= kAvx512Bf16MinRate; }
+
+// Avx512Bf16RatePays(Avx512Bf16RateOverFloat32()).
+bool Avx512Bf16Pays();
+
+// CASTOR_AVX512BF16 (gemm.h's GemmKernelSwitchInEnvironment, read once),
+// unless a test overrode it.
+KernelSwitch Avx512Bf16Switch();
+
+// For tests: from now on, Avx512Bf16Switch() answers `override` (kOn,
+// kOff), or the environment again (kAuto). Returns the previous override.
+KernelSwitch SetAvx512Bf16ForTesting(KernelSwitch override);
 
 // For tests: pack at most `elements` bfloat16 of A and B per K panel (K is
 // cut into panels of whole k pairs, at least one each); <= 0 restores the

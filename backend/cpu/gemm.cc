@@ -11,6 +11,7 @@
 #include <mutex>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "backend/cpu/amx_gemm.h"
 #include "backend/cpu/avx512bf16_gemm.h"
 #include "backend/cpu/blas_core.h"
@@ -236,19 +237,27 @@ std::string DescribeGemm() {
     line += "; AVX512-BF16 for bfloat16 GEMMs";
     if (convolutions) line += " and convolutions";
   }
+  if (Avx512Bf16Supported() && Avx512Bf16Switch() != KernelSwitch::kOff && !Avx512Bf16Pays()) {
+    // Named whether the kernels run (CASTOR_AVX512BF16=on) or not.
+    line += absl::StrFormat(
+        "; AVX512-BF16 %s: its dot products run at %.2fx the float32 FMA rate here",
+        Avx512Bf16Available() ? "used (CASTOR_AVX512BF16=on)" : "not used",
+        Avx512Bf16RateOverFloat32());
+  }
   return line;
 }
 
-bool GemmKernelOffInEnvironment(const char* name) {
+KernelSwitch GemmKernelSwitchInEnvironment(const char* name) {
   const char* value = std::getenv(name);
-  if (value == nullptr) return false;
+  if (value == nullptr) return KernelSwitch::kAuto;
   std::string v = value;
   for (char& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  if (v == "off" || v == "0" || v == "no" || v == "false") return true;
-  if (!(v.empty() || v == "on" || v == "1" || v == "yes" || v == "true")) {
-    std::fprintf(stderr, "castor: warning: %s=%s is not on or off; ignored\n", name, value);
+  if (v == "off" || v == "0" || v == "no" || v == "false") return KernelSwitch::kOff;
+  if (v == "on" || v == "1" || v == "yes" || v == "true") return KernelSwitch::kOn;
+  if (!(v.empty() || v == "auto")) {
+    std::fprintf(stderr, "castor: warning: %s=%s is not on, off or auto; ignored\n", name, value);
   }
-  return false;
+  return KernelSwitch::kAuto;
 }
 
 }  // namespace castor::cpu

@@ -58,7 +58,11 @@ void GemmRoundedToDType(DType dtype, bool trans_a, bool trans_b, int64_t m, int6
 // plus "; AMX for bfloat16 GEMMs" where amx_gemm.h runs, or
 // "; AVX512-BF16 for bfloat16 GEMMs" where avx512bf16_gemm.h does, and
 // where grid_conv.h's bfloat16 products run, " and convolutions" after it
-// (with AMX: "; AVX512-BF16 for bfloat16 convolutions").
+// (with AMX: "; AVX512-BF16 for bfloat16 convolutions"). Where the CPU
+// has AVX512-BF16 too slow to pay (avx512bf16_gemm.h's Avx512Bf16Pays) and
+// the environment did not switch it off: "; AVX512-BF16 not used: its dot
+// products run at 0.49x the float32 FMA rate here" ("used
+// (CASTOR_AVX512BF16=on)" where the environment forced it).
 std::string DescribeGemm();
 
 // C = beta * C, the GEMM of an empty K (C is not read when beta == 0, so
@@ -72,11 +76,13 @@ void ScaleC(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
   }
 }
 
-// The switch of a native GEMM kernel (CASTOR_AMX, CASTOR_AVX512BF16):
-// true when environment variable `name` says off (or 0, no, false; any
-// case). on/1/yes/true or unset: false; anything else is reported once on
-// stderr and ignored.
-bool GemmKernelOffInEnvironment(const char* name);
+// The switch of a native GEMM kernel (CASTOR_AMX, CASTOR_AVX512BF16), as
+// environment variable `name` sets it (any case): off, 0, no or false:
+// kOff; on, 1, yes or true: kOn (use the kernel even where castor would
+// not choose it); unset, empty or auto: kAuto (castor chooses). Anything
+// else is reported on stderr and read as kAuto.
+enum class KernelSwitch { kAuto, kOn, kOff };
+KernelSwitch GemmKernelSwitchInEnvironment(const char* name);
 
 // True when Sgemm runs a GEMM of this size on the calling thread alone
 // (OpenBLAS's own multithreading threshold), so a caller with many
