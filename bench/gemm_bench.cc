@@ -98,9 +98,13 @@ int Main(int argc, char** argv) {
     }
   }
   const bool amx = cpu::AmxBf16Supported(), avx512bf16 = cpu::Avx512Bf16Supported();
-  std::printf("GEMM: %s; %d threads; AMX bfloat16: %s; AVX512-BF16: %s; %s time per call\n\n",
-              cpu::DescribeGemm().c_str(), cpu::NumThreads(), amx ? "yes" : "no",
-              avx512bf16 ? "yes" : "no", report_fastest ? "fastest" : "median");
+  std::printf("GEMM: %s; %d threads; AMX bfloat16: %s; AVX512-BF16: %s", cpu::DescribeGemm().c_str(),
+              cpu::NumThreads(), amx ? "yes" : "no", avx512bf16 ? "yes" : "no");
+  if (avx512bf16) {
+    std::printf(" (VDPBF16PS at %.2fx the float32 FMA's multiply-add rate)",
+                cpu::Avx512Bf16RateOverFloat32());
+  }
+  std::printf("; %s time per call\n\n", report_fastest ? "fastest" : "median");
   std::printf("| shape | m x n x k | float32 us (GFLOP/s) | bf16 widened us (GFLOP/s) | "
               "bf16 AMX us (GFLOP/s) | bf16 AVX512-BF16 us (GFLOP/s) | widened / native | "
               "float32 / native |\n");
