@@ -147,6 +147,29 @@ TEST(CpuMatMul, SixteenBitEqualsFloat32RoundedOnce) {
   }
 }
 
+// Attention's batched per-head products ([2, 4, 28, 16] x [2, 4, 16, 28],
+// and a broadcast B), which small_gemm.h takes on AVX-512: the same
+// checks, integers exact and reals against float64.
+TEST(CpuMatMul, BatchedSixteenBitProductsEqualFloat32RoundedOnce) {
+  for (DType dt : {DType::kFloat16, DType::kBFloat16}) {
+    for (const auto& [ad, bd] : std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{
+             {{2, 4, 28, 16}, {2, 4, 16, 28}}, {{2, 4, 28, 28}, {2, 4, 28, 16}},
+             {{3, 5, 33}, {1, 33, 47}}}) {
+      const auto a = Random(Count(ad), 21, true), b = Random(Count(bd), 22, true);
+      std::vector<int64_t> dims;
+      const auto expected = RoundTo(dt, RefMatMul(a, ad, b, bd, &dims));
+      auto out = RunOk("MatMul", {Make(dt, ad, a), Make(dt, bd, b)}, {});
+      ASSERT_EQ(out[0].dtype(), dt);
+      ExpectNear(expected, out[0], 0, 0, "batched MatMul 16-bit integers");
+      const auto ra = RoundTo(dt, Random(Count(ad), 23)), rb = RoundTo(dt, Random(Count(bd), 24));
+      const auto ref = RefMatMul(ra, ad, rb, bd, &dims);
+      auto out2 = RunOk("MatMul", {Make(dt, ad, ra), Make(dt, bd, rb)}, {});
+      ExpectNear(ref, out2[0], dt == DType::kFloat16 ? 1e-3 : 8e-3, 1e-3,
+                 "batched MatMul 16-bit reals");
+    }
+  }
+}
+
 // K = 4096 ones: float16 accumulation would stop at 2048; float32 gives 4096.
 TEST(CpuMatMul, Float16AccumulatesInFloat32) {
   const int64_t k = 4096;

@@ -2,7 +2,9 @@
 // matmul: 1-D operands, broadcast batch dims) and Gemm (transA/transB,
 // alpha/beta, C unidirectionally broadcast to [M, N], optional C).
 // Float GEMMs go through gemm.h (OpenBLAS; 16-bit operands widened to float32
-// and the float32 result rounded once on store); the 32/64-bit integer types
+// and the float32 result rounded once on store), except a batched 16-bit
+// MatMul's small products, which small_gemm.h sums in registers (the same
+// float32 sums in another order, rounded once); the 32/64-bit integer types
 // use a plain loop with wrap-around arithmetic.
 #include <algorithm>
 #include <cstring>
@@ -18,6 +20,7 @@
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/parallel.h"
+#include "backend/cpu/small_gemm.h"
 #include "graph/status.h"
 
 namespace castor::cpu {
@@ -63,6 +66,8 @@ void FloatMatMul(DType dtype, const T* a, const T* b, T* c, int64_t m, int64_t n
     Dgemm(false, false, m, n, k, 1.0, a, k, b, n, 0.0, c, n);
   } else if constexpr (std::is_same_v<T, float>) {
     Sgemm(false, false, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
+  } else if (SmallGemmApplies(dtype, m, n, k)) {  // attention's per-head products
+    SmallGemmRounded(dtype, m, n, k, 1.0f, a, k, b, n, c, n);
   } else {
     GemmRoundedToDType(dtype, false, false, m, n, k, 1.0f, a, k, b, n, c, n);
   }
