@@ -11,6 +11,7 @@
 // says so and skips.
 #include "backend/cpu/small_gemm.h"
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -19,6 +20,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backend/cpu/amx_gemm.h"
+#include "backend/cpu/avx512bf16_gemm.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/simd16.h"
@@ -27,6 +30,22 @@
 
 namespace castor::cpu {
 namespace {
+
+// The AVX512-BF16 kernel forced on or off, and AMX off, for the scope.
+class ScopedKernels {
+ public:
+  explicit ScopedKernels(bool avx512bf16)
+      : avx512bf16_(SetAvx512Bf16ForTesting(avx512bf16 ? KernelSwitch::kOn : KernelSwitch::kOff)),
+        amx_(SetAmxForTesting(false)) {}
+  ~ScopedKernels() {
+    SetAvx512Bf16ForTesting(avx512bf16_);
+    SetAmxForTesting(amx_);
+  }
+
+ private:
+  KernelSwitch avx512bf16_;
+  bool amx_;
+};
 
 #define SKIP_WITHOUT_SIMD16()                                                      \
   if (!HasSimd16()) {                                                              \
@@ -82,6 +101,7 @@ std::vector<uint16_t> Model(const Problem& p) {
 }
 
 std::vector<uint16_t> RunSmall(const Problem& p) {
+  const ScopedKernels widened(false);  // where SmallGemmApplies to bfloat16
   std::vector<uint16_t> c = p.c;
   SmallGemmRounded(p.dtype, p.m, p.n, p.k, p.alpha, p.a.data(), p.lda, p.b.data(), p.ldb,
                    c.data(), p.ldc);
@@ -104,6 +124,8 @@ void ExpectModelBits(const Problem& p, const std::string& what) {
 
 TEST(SmallGemm, AppliesOnlyWithinItsLimits) {
   SKIP_WITHOUT_SIMD16();
+  // bfloat16 only where gemm.h would widen it.
+  const ScopedKernels widened(false);
   for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
     EXPECT_TRUE(SmallGemmApplies(dtype, 28, 28, 16));
     EXPECT_TRUE(SmallGemmApplies(dtype, 1, kSmallGemmMaxN, kSmallGemmMaxK));
@@ -114,6 +136,11 @@ TEST(SmallGemm, AppliesOnlyWithinItsLimits) {
     EXPECT_FALSE(SmallGemmApplies(dtype, 4096, 64, 64));  // past the single-thread size
   }
   EXPECT_FALSE(SmallGemmApplies(DType::kFloat32, 28, 28, 16));
+  if (Avx512Bf16Supported()) {
+    const ScopedKernels native(true);
+    EXPECT_FALSE(SmallGemmApplies(DType::kBFloat16, 28, 28, 16));
+    EXPECT_TRUE(SmallGemmApplies(DType::kFloat16, 28, 28, 16));
+  }
 }
 
 // Every width to 64 and row counts that leave each partial row block, with

@@ -3,8 +3,9 @@
 // alpha/beta, C unidirectionally broadcast to [M, N], optional C).
 // Float GEMMs go through gemm.h (OpenBLAS; 16-bit operands widened to float32
 // and the float32 result rounded once on store), except a batched 16-bit
-// MatMul's small products, which small_gemm.h sums in registers (the same
-// float32 sums in another order, rounded once); the 32/64-bit integer types
+// MatMul's small products that gemm.h would widen, which small_gemm.h sums
+// in registers (the same float32 sums in another order, rounded once); the
+// 32/64-bit integer types
 // use a plain loop with wrap-around arithmetic.
 #include <algorithm>
 #include <cstring>

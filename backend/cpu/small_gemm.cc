@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "backend/cpu/amx_gemm.h"
+#include "backend/cpu/avx512bf16_gemm.h"
 #include "backend/cpu/float_io.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/scratch.h"
@@ -108,8 +110,10 @@ CASTOR_SIMD16_TARGET void Run(int64_t m, int64_t n, int64_t k, float alpha, cons
 
 bool SmallGemmApplies(DType dtype, int64_t m, int64_t n, int64_t k) {
 #if defined(CASTOR_SIMD16_X86)
-  return (dtype == DType::kBFloat16 || dtype == DType::kFloat16) && m > 0 && n > 0 && k > 0 &&
-         n <= kSmallGemmMaxN && k <= kSmallGemmMaxK && IsSmallGemm(m, n, k) && HasSimd16();
+  const bool widened = dtype == DType::kFloat16 ||
+                       (dtype == DType::kBFloat16 && !AmxBf16Available() && !Avx512Bf16Available());
+  return widened && m > 0 && n > 0 && k > 0 && n <= kSmallGemmMaxN && k <= kSmallGemmMaxK &&
+         IsSmallGemm(m, n, k) && HasSimd16();
 #else
   (void)dtype, (void)m, (void)n, (void)k;
   return false;

@@ -33,8 +33,10 @@ namespace castor::cpu {
 inline constexpr int64_t kSmallGemmMaxN = 64;
 inline constexpr int64_t kSmallGemmMaxK = 256;
 
-// True when SmallGemmRounded runs this GEMM: float16 or bfloat16, n and k
-// within the limits above (and positive), m * n * k at most gemm.h's
+// True when SmallGemmRounded runs this GEMM: where gemm.h would widen the
+// operands (float16; bfloat16 where neither AMX nor AVX512-BF16 kernels
+// run: their own small products were not measured against this one), n
+// and k within the limits above (and positive), m * n * k at most gemm.h's
 // single-thread size, on a CPU with HasSimd16().
 bool SmallGemmApplies(DType dtype, int64_t m, int64_t n, int64_t k);
 
