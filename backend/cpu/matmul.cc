@@ -5,8 +5,7 @@
 // and the float32 result rounded once on store), except a batched 16-bit
 // MatMul's small products that gemm.h would widen, which small_gemm.h sums
 // in registers (the same float32 sums in another order, rounded once); the
-// 32/64-bit integer types
-// use a plain loop with wrap-around arithmetic.
+// 32/64-bit integer types use a plain loop with wrap-around arithmetic.
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
