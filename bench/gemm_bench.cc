@@ -15,7 +15,9 @@
 // --fastest reports the fastest call instead of the median: on a machine
 // shared with other busy processes, the time of a call that ran alone.)
 // Without a native kernel its columns say "-" and the table still compares
-// float32 and widened bfloat16.
+// float32 and widened bfloat16. The "bf16 registers" column is
+// small_gemm.h's kernel (with C in bfloat16, which the others leave in
+// float32) on the shapes it takes: no transposes, n <= 64, k <= 256.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -29,6 +31,7 @@
 #include "backend/cpu/avx512bf16_gemm.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/parallel.h"
+#include "backend/cpu/small_gemm.h"
 #include "graph/dtype.h"
 #include "graph/half.h"
 
@@ -55,6 +58,8 @@ const Shape kShapes[] = {
     {"transformer ffn forward", 3584, 128, 64, false, true},
     {"transformer ffn dW", 128, 64, 3584, true, false},
     {"transformer attention", 28, 28, 16, false, true},
+    {"attention Q K^T (MatMul)", 28, 28, 16, false, false},
+    {"attention softmax V (MatMul)", 28, 16, 28, false, false},
     {"square 512", 512, 512, 512, false, false},
     {"bert-base ffn-like", 2048, 768, 768, false, true},
     {"bert-base ffn-like dW", 768, 768, 2048, true, false},
@@ -106,9 +111,9 @@ int Main(int argc, char** argv) {
   }
   std::printf("; %s time per call\n\n", report_fastest ? "fastest" : "median");
   std::printf("| shape | m x n x k | float32 us (GFLOP/s) | bf16 widened us (GFLOP/s) | "
-              "bf16 AMX us (GFLOP/s) | bf16 AVX512-BF16 us (GFLOP/s) | widened / native | "
-              "float32 / native |\n");
-  std::printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+              "bf16 AMX us (GFLOP/s) | bf16 AVX512-BF16 us (GFLOP/s) | bf16 registers us "
+              "(GFLOP/s) | widened / native | float32 / native |\n");
+  std::printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   for (const Shape& s : kShapes) {
@@ -139,6 +144,19 @@ int Main(int argc, char** argv) {
     const double tiles = amx ? bf16(true, false) : 0.0;
     const double dots = avx512bf16 ? bf16(false, true) : 0.0;
     const double native = amx ? tiles : dots;
+    // small_gemm.h's kernel takes bfloat16 only where gemm.h would widen it.
+    double registers = 0.0;
+    cpu::SetAmxForTesting(false);
+    cpu::SetAvx512Bf16ForTesting(cpu::KernelSwitch::kOff);
+    if (!s.trans_a && !s.trans_b && cpu::SmallGemmApplies(DType::kBFloat16, s.m, s.n, s.k)) {
+      std::vector<uint16_t> c16(static_cast<size_t>(s.m * s.n));
+      registers = MedianSeconds(seconds, [&] {
+        cpu::SmallGemmRounded(DType::kBFloat16, s.m, s.n, s.k, 1.0f, a16.data(), lda, b16.data(),
+                              ldb, c16.data(), s.n);
+      });
+    }
+    cpu::SetAmxForTesting(true);
+    cpu::SetAvx512Bf16ForTesting(cpu::KernelSwitch::kAuto);
     const double flop = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) *
                         static_cast<double>(s.k);
     auto cell = [&](double t) {
@@ -156,9 +174,10 @@ int Main(int argc, char** argv) {
     const std::string dims = std::to_string(s.m) + " x " + std::to_string(s.n) + " x " +
                              std::to_string(s.k) + (s.trans_a ? " (A^T)" : "") +
                              (s.trans_b ? " (B^T)" : "");
-    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", s.name, dims.c_str(),
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", s.name, dims.c_str(),
                 cell(f32).c_str(), cell(widened).c_str(), cell(tiles).c_str(),
-                cell(dots).c_str(), ratio(widened).c_str(), ratio(f32).c_str());
+                cell(dots).c_str(), cell(registers).c_str(), ratio(widened).c_str(),
+                ratio(f32).c_str());
   }
   std::printf("\nratios are times divided by the native bfloat16 kernel's time (AMX where "
               "present, else AVX512-BF16): > 1 where it is faster\n");
