@@ -41,22 +41,8 @@ namespace {
                     "bfloat16 GEMM stays on the widened sgemm path (or AMX)";             \
   }
 
-// Sets the AVX512-BF16 kernel on or off (and AMX off, so that gemm.h's
-// dispatch reaches it) for the scope.
-class ScopedKernels {
- public:
-  explicit ScopedKernels(bool avx512bf16)
-      : avx512bf16_(SetAvx512Bf16ForTesting(avx512bf16 ? KernelSwitch::kOn : KernelSwitch::kOff)),
-        amx_(SetAmxForTesting(false)) {}
-  ~ScopedKernels() {
-    SetAvx512Bf16ForTesting(avx512bf16_);
-    SetAmxForTesting(amx_);
-  }
-
- private:
-  KernelSwitch avx512bf16_;
-  bool amx_;
-};
+// AMX off and VDPBF16PS forced on or off for the scope.
+using ScopedKernels = ScopedAvx512Bf16OnlyForTesting;
 
 // Restores the thread count a test changed.
 class ScopedThreads {

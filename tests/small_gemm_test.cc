@@ -31,21 +31,8 @@
 namespace castor::cpu {
 namespace {
 
-// The AVX512-BF16 kernel forced on or off, and AMX off, for the scope.
-class ScopedKernels {
- public:
-  explicit ScopedKernels(bool avx512bf16)
-      : avx512bf16_(SetAvx512Bf16ForTesting(avx512bf16 ? KernelSwitch::kOn : KernelSwitch::kOff)),
-        amx_(SetAmxForTesting(false)) {}
-  ~ScopedKernels() {
-    SetAvx512Bf16ForTesting(avx512bf16_);
-    SetAmxForTesting(amx_);
-  }
-
- private:
-  KernelSwitch avx512bf16_;
-  bool amx_;
-};
+// AMX off and VDPBF16PS forced on or off for the scope.
+using ScopedKernels = ScopedAvx512Bf16OnlyForTesting;
 
 #define SKIP_WITHOUT_SIMD16()                                                      \
   if (!HasSimd16()) {                                                              \

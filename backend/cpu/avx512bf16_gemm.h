@@ -38,6 +38,7 @@
 
 #include <cstdint>
 
+#include "backend/cpu/amx_gemm.h"
 #include "backend/cpu/gemm.h"
 
 namespace castor::cpu {
@@ -78,6 +79,26 @@ KernelSwitch Avx512Bf16Switch();
 // For tests: from now on, Avx512Bf16Switch() answers `override` (kOn,
 // kOff), or the environment again (kAuto). Returns the previous override.
 KernelSwitch SetAvx512Bf16ForTesting(KernelSwitch override);
+
+// For tests: for the scope, AMX off and this kernel forced on or off, so
+// that gemm.h's bfloat16 GEMMs take VDPBF16PS (where supported) or the
+// widened sgemm path.
+class ScopedAvx512Bf16OnlyForTesting {
+ public:
+  explicit ScopedAvx512Bf16OnlyForTesting(bool avx512bf16)
+      : avx512bf16_(SetAvx512Bf16ForTesting(avx512bf16 ? KernelSwitch::kOn : KernelSwitch::kOff)),
+        amx_(SetAmxForTesting(false)) {}
+  ~ScopedAvx512Bf16OnlyForTesting() {
+    SetAvx512Bf16ForTesting(avx512bf16_);
+    SetAmxForTesting(amx_);
+  }
+  ScopedAvx512Bf16OnlyForTesting(const ScopedAvx512Bf16OnlyForTesting&) = delete;
+  ScopedAvx512Bf16OnlyForTesting& operator=(const ScopedAvx512Bf16OnlyForTesting&) = delete;
+
+ private:
+  KernelSwitch avx512bf16_;
+  bool amx_;
+};
 
 // For tests: pack at most `elements` bfloat16 of A and B per K panel (K is
 // cut into panels of whole k pairs, at least one each); <= 0 restores the
