@@ -55,8 +55,9 @@ std::string CpuBf16Fact(const CpuPrecisionFeatures& cpu) {
 
 // What bfloat16 costs where VDPBF16PS runs but float32 outruns it.
 constexpr char kSlowBf16Effect[] =
-    "castor computes bfloat16 GEMMs and convolutions in float32 on widened operands (faster "
-    "here than VDPBF16PS): steps run no faster than float32, activation memory is still saved";
+    "castor widens bfloat16 GEMMs and convolutions to float32, which this CPU multiplies faster "
+    "(CASTOR_AVX512BF16=on takes VDPBF16PS anyway): steps run no faster than float32, "
+    "activation memory is still saved";
 
 std::optional<PolicyFitWarning> CheckCpu(DType compute_dtype, const CpuPrecisionFeatures& cpu) {
   PolicyFitWarning w;

@@ -194,10 +194,11 @@ TEST(PolicyFit, XeonWithSlowBFloat16DotProducts) {
   EXPECT_EQ(w->message,
             "policy mixed_bfloat16 cannot pay on this CPU: this CPU's AVX512-BF16 dot products "
             "run at 0.49x the rate of its float32 FMAs (measured) and it has no AMX, so castor "
-            "computes bfloat16 GEMMs and convolutions in float32 on widened operands (faster "
-            "here than VDPBF16PS): steps run no faster than float32, activation memory is "
-            "still saved. Better here: float32 (this CPU multiplies float32 faster than "
-            "bfloat16; keep mixed_bfloat16 only for the memory it saves)");
+            "widens bfloat16 GEMMs and convolutions to float32, which this CPU multiplies "
+            "faster (CASTOR_AVX512BF16=on takes VDPBF16PS anyway): steps run no faster than "
+            "float32, activation memory is still saved. Better here: float32 (this CPU "
+            "multiplies float32 faster than bfloat16; keep mixed_bfloat16 only for the memory "
+            "it saves)");
   w = OnCpu(DType::kFloat16, xeon);
   ASSERT_TRUE(w.has_value());
   EXPECT_EQ(w->better_policy, "float32");

@@ -88,7 +88,7 @@ bool DetectAvx512Bf16() { return HasSimd16() && HostCpuFeatures().avx512_bf16; }
 // Avx512Bf16RateOverFloat32's probe: seconds for `rounds` rounds of one
 // VDPBF16PS (or one 512-bit FMA) into each of kProbeChains independent
 // accumulators, enough chains to hide either instruction's latency. The
-// sums go to `sink` so the compiler keeps the work.
+// sums go to `probe_sink` so that the compiler keeps the work.
 constexpr int kProbeChains = 16;
 volatile float probe_sink = 0.0f;
 
