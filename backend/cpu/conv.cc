@@ -23,7 +23,7 @@
 // stored, summing in float32 (RunConvBFloat16Native), where that pays
 // (NativeConvPays: pointwise convs, and shapes without the padded grid's
 // direct products); the widened path is the fallback (CASTOR_AVX512BF16=off,
-// CASTOR_AMX=off).
+// CASTOR_AMX=off, or VDPBF16PS slower than float32: avx512bf16_gemm.h).
 // Images with few output positions (im2col.h's FewOutputPositions: the 1x1
 // and 2x2 maps of a ResNet's last stages at 32x32) put several images'
 // columns side by side in one GEMM, float32 and bfloat16
@@ -342,8 +342,8 @@ void RunConv(const KernelContext& ctx, const common::WindowGeometry& g, int64_t 
 // Whether bfloat16 GEMMs run on a native kernel (AMX or AVX512-BF16;
 // gemm.h), so a bfloat16 Conv unrolls its columns in bfloat16 and
 // multiplies them as stored instead of widening them to float32. Off
-// (CASTOR_AVX512BF16=off, CASTOR_AMX=off, or no such CPU): the widened
-// paths above.
+// (CASTOR_AVX512BF16=off, CASTOR_AMX=off, no such CPU, or VDPBF16PS slower
+// than float32): the widened paths above.
 bool NativeBFloat16Gemm() { return AmxBf16Available() || Avx512Bf16Available(); }
 
 // Whether the native path beats the widened one for this shape: a 2-D conv

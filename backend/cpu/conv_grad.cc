@@ -16,11 +16,12 @@
 // sums); elsewhere, where gemm.h has a native bfloat16 kernel (AMX,
 // AVX512-BF16), they are multiplied as stored on it, summing in float32
 // (RunConvGradBFloat16Native); the widened path is the fallback
-// (CASTOR_AVX512BF16=off, CASTOR_AMX=off). Narrow bfloat16 images that keep
-// their width take dX over unpadded rows (ConvGradOnGrid), and images with
-// few output positions (im2col.h's FewOutputPositions) put several images'
-// columns side by side in one GEMM, bfloat16 as stored, other dtypes
-// widened (RunConvGradOnImageColumns).
+// (CASTOR_AVX512BF16=off, CASTOR_AMX=off, or VDPBF16PS slower than
+// float32). Narrow bfloat16 images that keep their width take dX over
+// unpadded rows (ConvGradOnGrid), and images with few output positions
+// (im2col.h's FewOutputPositions) put several images' columns side by side
+// in one GEMM, bfloat16 as stored, other dtypes widened
+// (RunConvGradOnImageColumns).
 #include <cblas.h>
 
 #include <algorithm>

@@ -90,8 +90,8 @@ GridIsa SetGridIsaForTesting(GridIsa isa);
 // The same products on bfloat16 operands, summed in float32, where the CPU
 // has AVX512-BF16 and the AVX-512 kernels run (UseGridBFloat16Products:
 // grid_conv.h's AVX-512 set is active and avx512bf16_gemm.h's
-// Avx512Bf16Available(), so CASTOR_AVX512BF16=off turns them off with the
-// bfloat16 GEMM). Callers check it first; elsewhere they widen to float32
+// Avx512Bf16Available(), so CASTOR_AVX512BF16=off, or VDPBF16PS slower
+// than float32, turns them off with the bfloat16 GEMM). Callers check it first; elsewhere they widen to float32
 // and take the products above, which stay the reference.
 //
 // Numerics are VDPBF16PS's (avx512bf16_gemm.h): the products are exact,
