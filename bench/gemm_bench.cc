@@ -11,6 +11,10 @@
 //
 //   gemm_bench [--threads N] [--seconds S] [--fastest]
 //
+// Like castor, it restarts itself with OPENBLAS_CORETYPE set where
+// OpenBLAS fell back to its generic kernels (blas_core.h), so the float32
+// column is the sgemm castor runs.
+//
 // (S: the minimum time each variant of each shape runs; default 0.3.
 // --fastest reports the fastest call instead of the median: on a machine
 // shared with other busy processes, the time of a call that ran alone.)
@@ -29,6 +33,7 @@
 
 #include "backend/cpu/amx_gemm.h"
 #include "backend/cpu/avx512bf16_gemm.h"
+#include "backend/cpu/blas_core.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/small_gemm.h"
@@ -187,4 +192,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace castor::bench
 
-int main(int argc, char** argv) { return castor::bench::Main(argc, argv); }
+int main(int argc, char** argv) {
+  castor::cpu::RestartWithBestBlasCore(argv);  // OpenBLAS's kernels as castor runs them
+  return castor::bench::Main(argc, argv);
+}
