@@ -108,8 +108,9 @@ int Main(int argc, char** argv) {
     }
   }
   const bool amx = cpu::AmxBf16Supported(), avx512bf16 = cpu::Avx512Bf16Supported();
-  std::printf("GEMM: %s; %d threads; AMX bfloat16: %s; AVX512-BF16: %s", cpu::DescribeGemm().c_str(),
-              cpu::NumThreads(), amx ? "yes" : "no", avx512bf16 ? "yes" : "no");
+  std::printf("GEMM: %s; %d threads; AMX bfloat16: %s; AVX512-BF16: %s",
+              cpu::DescribeGemm().c_str(), cpu::NumThreads(), amx ? "yes" : "no",
+              avx512bf16 ? "yes" : "no");
   if (avx512bf16) {
     std::printf(" (VDPBF16PS at %.2fx the float32 FMA's multiply-add rate)",
                 cpu::Avx512Bf16RateOverFloat32());

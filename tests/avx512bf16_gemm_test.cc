@@ -512,7 +512,8 @@ TEST_F(Avx512Bf16VersionTest, VersionNamesTheKernelAndTheSwitchTurnsItOff) {
   if (AmxBf16Available()) return;  // DescribeGemm does not ask about AVX512-BF16 then
   const tools::Program bad =
       tools::RunCastor(dir_, "--version", "env CASTOR_AVX512BF16=maybe " CASTOR_BINARY);
-  EXPECT_NE(bad.err.find("CASTOR_AVX512BF16=maybe is not on, off or auto; ignored"), std::string::npos)
+  EXPECT_NE(bad.err.find("CASTOR_AVX512BF16=maybe is not on, off or auto; ignored"),
+            std::string::npos)
       << bad.err;
   {
     const ScopedKernels kernels(false);

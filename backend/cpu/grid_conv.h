@@ -91,8 +91,9 @@ GridIsa SetGridIsaForTesting(GridIsa isa);
 // has AVX512-BF16 and the AVX-512 kernels run (UseGridBFloat16Products:
 // grid_conv.h's AVX-512 set is active and avx512bf16_gemm.h's
 // Avx512Bf16Available(), so CASTOR_AVX512BF16=off, or VDPBF16PS slower
-// than float32, turns them off with the bfloat16 GEMM). Callers check it first; elsewhere they widen to float32
-// and take the products above, which stay the reference.
+// than float32, turns them off with the bfloat16 GEMM). Callers check it
+// first; elsewhere they widen to float32 and take the products above,
+// which stay the reference.
 //
 // Numerics are VDPBF16PS's (avx512bf16_gemm.h): the products are exact,
 // each lane adds a pair's two products to its float32 sum in turn, rounded

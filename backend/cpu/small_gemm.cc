@@ -1,7 +1,6 @@
 // Small 16-bit GEMMs in AVX-512 registers (see small_gemm.h).
 #include "backend/cpu/small_gemm.h"
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -67,7 +66,9 @@ CASTOR_SIMD16_TARGET void RowBlocks(int64_t m, int64_t n, int64_t k, float alpha
                                     int64_t lda, const float* bw, T* c, int64_t ldc) {
   constexpr int kRows = RowsPerBlock(kVectors);
   int64_t i = 0;
-  for (; i + kRows <= m; i += kRows) RowBlock<T, kRows, kVectors>(i, n, k, alpha, a, lda, bw, c, ldc);
+  for (; i + kRows <= m; i += kRows) {
+    RowBlock<T, kRows, kVectors>(i, n, k, alpha, a, lda, bw, c, ldc);
+  }
   // The last rows in halving blocks (a lone row waits on its chains' latency).
   if constexpr (kRows > 4) {
     if (i + 4 <= m) {
