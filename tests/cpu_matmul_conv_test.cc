@@ -127,46 +127,39 @@ TEST(CpuMatMul, Integers) {
   ExpectNear(ge, gout[0], 0, 0, "Gemm int32");
 }
 
-// 16-bit MatMul == float32 product of the widened inputs, rounded once.
+// 16-bit MatMul of A [ad] and B [bd] == float32 product of the widened
+// inputs, rounded once: integers (exact float32 sums) bit for bit, reals
+// (seeds from `seed`) against the float64 product of the 16-bit inputs
+// rounded once (float32 accumulation error is far below a 16-bit ulp).
+void ExpectSixteenBitMatMul(DType dt, const std::vector<int64_t>& ad,
+                            const std::vector<int64_t>& bd, unsigned seed,
+                            const std::string& what) {
+  const auto a = Random(Count(ad), seed, true), b = Random(Count(bd), seed + 1, true);
+  std::vector<int64_t> dims;
+  const auto expected = RoundTo(dt, RefMatMul(a, ad, b, bd, &dims));
+  auto out = RunOk("MatMul", {Make(dt, ad, a), Make(dt, bd, b)}, {});
+  ASSERT_EQ(out[0].dtype(), dt);
+  ExpectNear(expected, out[0], 0, 0, what + " 16-bit integers");
+  const auto ra = RoundTo(dt, Random(Count(ad), seed + 2));
+  const auto rb = RoundTo(dt, Random(Count(bd), seed + 3));
+  const auto ref = RefMatMul(ra, ad, rb, bd, &dims);
+  auto out2 = RunOk("MatMul", {Make(dt, ad, ra), Make(dt, bd, rb)}, {});
+  ExpectNear(ref, out2[0], dt == DType::kFloat16 ? 1e-3 : 8e-3, 1e-3, what + " 16-bit reals");
+}
+
 TEST(CpuMatMul, SixteenBitEqualsFloat32RoundedOnce) {
   for (DType dt : {DType::kFloat16, DType::kBFloat16}) {
-    const std::vector<int64_t> ad = {3, 7, 20}, bd = {20, 9};
-    // Integers: the float32 sums are exact, so the result is bit-exact.
-    const auto a = Random(Count(ad), 11, true), b = Random(Count(bd), 12, true);
-    std::vector<int64_t> dims;
-    const auto expected = RoundTo(dt, RefMatMul(a, ad, b, bd, &dims));
-    auto out = RunOk("MatMul", {Make(dt, ad, a), Make(dt, bd, b)}, {});
-    ASSERT_EQ(out[0].dtype(), dt);
-    ExpectNear(expected, out[0], 0, 0, "MatMul 16-bit integers");
-    // Real values: compare with the float64 product of the 16-bit inputs
-    // rounded once (float32 accumulation error is far below a 16-bit ulp).
-    const auto ra = RoundTo(dt, Random(Count(ad), 13)), rb = RoundTo(dt, Random(Count(bd), 14));
-    const auto ref = RefMatMul(ra, ad, rb, bd, &dims);
-    auto out2 = RunOk("MatMul", {Make(dt, ad, ra), Make(dt, bd, rb)}, {});
-    ExpectNear(ref, out2[0], dt == DType::kFloat16 ? 1e-3 : 8e-3, 1e-3, "MatMul 16-bit reals");
+    ExpectSixteenBitMatMul(dt, {3, 7, 20}, {20, 9}, 11, "MatMul");
   }
 }
 
 // Attention's batched per-head products ([2, 4, 28, 16] x [2, 4, 16, 28],
-// and a broadcast B), which small_gemm.h takes on AVX-512: the same
-// checks, integers exact and reals against float64.
+// and a broadcast B), which small_gemm.h takes on AVX-512: the same checks.
 TEST(CpuMatMul, BatchedSixteenBitProductsEqualFloat32RoundedOnce) {
   for (DType dt : {DType::kFloat16, DType::kBFloat16}) {
-    for (const auto& [ad, bd] : std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{
-             {{2, 4, 28, 16}, {2, 4, 16, 28}}, {{2, 4, 28, 28}, {2, 4, 28, 16}},
-             {{3, 5, 33}, {1, 33, 47}}}) {
-      const auto a = Random(Count(ad), 21, true), b = Random(Count(bd), 22, true);
-      std::vector<int64_t> dims;
-      const auto expected = RoundTo(dt, RefMatMul(a, ad, b, bd, &dims));
-      auto out = RunOk("MatMul", {Make(dt, ad, a), Make(dt, bd, b)}, {});
-      ASSERT_EQ(out[0].dtype(), dt);
-      ExpectNear(expected, out[0], 0, 0, "batched MatMul 16-bit integers");
-      const auto ra = RoundTo(dt, Random(Count(ad), 23)), rb = RoundTo(dt, Random(Count(bd), 24));
-      const auto ref = RefMatMul(ra, ad, rb, bd, &dims);
-      auto out2 = RunOk("MatMul", {Make(dt, ad, ra), Make(dt, bd, rb)}, {});
-      ExpectNear(ref, out2[0], dt == DType::kFloat16 ? 1e-3 : 8e-3, 1e-3,
-                 "batched MatMul 16-bit reals");
-    }
+    ExpectSixteenBitMatMul(dt, {2, 4, 28, 16}, {2, 4, 16, 28}, 21, "batched MatMul");
+    ExpectSixteenBitMatMul(dt, {2, 4, 28, 28}, {2, 4, 28, 16}, 21, "batched MatMul");
+    ExpectSixteenBitMatMul(dt, {3, 5, 33}, {1, 33, 47}, 21, "batched MatMul");
   }
 }
 

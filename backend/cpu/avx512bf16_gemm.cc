@@ -86,38 +86,29 @@ void Run(bool split, int64_t count, Fn&& fn) {
 bool DetectAvx512Bf16() { return HasSimd16() && HostCpuFeatures().avx512_bf16; }
 
 // Avx512Bf16RateOverFloat32's probe: seconds for `rounds` rounds of one
-// VDPBF16PS (or one 512-bit FMA) into each of kProbeChains independent
-// accumulators, enough chains to hide either instruction's latency. The
-// sums go to `probe_sink` so that the compiler keeps the work.
+// VDPBF16PS (`dot_products`) or one 512-bit FMA into each of kProbeChains
+// independent accumulators, enough chains to hide either instruction's
+// latency. The sums go to `probe_sink` so that the compiler keeps the work.
 constexpr int kProbeChains = 16;
 volatile float probe_sink = 0.0f;
 
-CASTOR_AVX512BF16_TARGET __attribute__((noinline)) double TimeDotProducts(int64_t rounds) {
+CASTOR_AVX512BF16_TARGET __attribute__((target("fma"), noinline)) double TimeChains(
+    bool dot_products, int64_t rounds) {
   __m512 acc[kProbeChains];
   for (int i = 0; i < kProbeChains; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
-  const __m512bh one = (__m512bh)_mm512_set1_epi16(0x3f80);  // bfloat16 1.0
-  const auto start = std::chrono::steady_clock::now();
-  for (int64_t r = 0; r < rounds; ++r) {
-#pragma GCC unroll 16
-    for (int i = 0; i < kProbeChains; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], one, one);
-  }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  __m512 sum = acc[0];
-  for (int i = 1; i < kProbeChains; ++i) sum = _mm512_add_ps(sum, acc[i]);
-  probe_sink = _mm512_cvtss_f32(sum);  // every lane holds the same sum
-  _mm256_zeroupper();
-  return seconds;
-}
-
-CASTOR_AVX512BF16_TARGET __attribute__((target("fma"), noinline)) double TimeFmas(int64_t rounds) {
-  __m512 acc[kProbeChains];
-  for (int i = 0; i < kProbeChains; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  const __m512bh one16 = (__m512bh)_mm512_set1_epi16(0x3f80);  // bfloat16 1.0
   const __m512 one = _mm512_set1_ps(1.0f), tiny = _mm512_set1_ps(1e-9f);
   const auto start = std::chrono::steady_clock::now();
-  for (int64_t r = 0; r < rounds; ++r) {
+  if (dot_products) {
+    for (int64_t r = 0; r < rounds; ++r) {
 #pragma GCC unroll 16
-    for (int i = 0; i < kProbeChains; ++i) acc[i] = _mm512_fmadd_ps(one, tiny, acc[i]);
+      for (int i = 0; i < kProbeChains; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], one16, one16);
+    }
+  } else {
+    for (int64_t r = 0; r < rounds; ++r) {
+#pragma GCC unroll 16
+      for (int i = 0; i < kProbeChains; ++i) acc[i] = _mm512_fmadd_ps(one, tiny, acc[i]);
+    }
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -137,12 +128,12 @@ CASTOR_AVX512BF16_TARGET __attribute__((target("fma"), noinline)) double TimeFma
 double MeasureRateOverFloat32() {
   constexpr int64_t kRounds = 8192;
   constexpr int kProbeRuns = 7;
-  TimeFmas(kRounds);
-  TimeDotProducts(kRounds);
+  TimeChains(false, kRounds);
+  TimeChains(true, kRounds);
   double fma = 1e30, dot = 1e30;
   for (int run = 0; run < kProbeRuns; ++run) {
-    fma = std::min(fma, TimeFmas(kRounds));
-    dot = std::min(dot, TimeDotProducts(kRounds));
+    fma = std::min(fma, TimeChains(false, kRounds));
+    dot = std::min(dot, TimeChains(true, kRounds));
   }
   return dot > 0.0 ? 2.0 * fma / dot : 0.0;
 }
