@@ -91,6 +91,9 @@ class Node {
   const std::string& domain() const { return domain_; }
   const std::string& doc_string() const { return doc_string_; }
   void set_name(std::string name);  // also updates the graph's node-name index
+  // Moves the op to another domain (castor's training forms of ONNX ops
+  // live in com.castor); the node keeps its inputs, outputs and attributes.
+  void set_domain(std::string domain) { domain_ = std::move(domain); }
   void set_doc_string(std::string doc) { doc_string_ = std::move(doc); }
 
   const std::vector<Value*>& inputs() const { return inputs_; }

@@ -135,40 +135,6 @@ bool IsTrainingFormOp(const std::string& op_type) {
          op_type == "AveragePool" || op_type == "GlobalAveragePool";
 }
 
-// The same node (name, inputs, attributes, records, output names and
-// types) with its op in `domain`; `node` is destroyed.
-absl::StatusOr<Node*> MoveToDomain(Graph& graph, Node* node, const std::string& domain) {
-  std::vector<std::string> fresh_names;
-  for (const Value* out : node->outputs()) {
-    fresh_names.push_back(graph.UniqueName(absl::StrCat(out->name(), "/", domain)));
-  }
-  CASTOR_ASSIGN_OR_RETURN(
-      Node * moved, graph.AddNode(node->op_type(), node->inputs(), fresh_names,
-                                  graph.UniqueName(absl::StrCat(node->name(), "/", domain)),
-                                  domain));
-  for (const Attribute& attribute : node->attributes()) moved->SetAttribute(attribute);
-  for (const auto& [key, value] : node->metadata()) moved->SetMetadata(key, value);
-  moved->set_doc_string(node->doc_string());
-  std::vector<std::string> names;
-  for (int i = 0; i < node->num_outputs(); ++i) {
-    Value* old_out = node->output(i);
-    Value* new_out = moved->output(i);
-    new_out->set_dtype(old_out->dtype());
-    new_out->set_shape(old_out->shape());
-    new_out->set_doc_string(old_out->doc_string());
-    new_out->set_has_value_info(old_out->has_value_info());
-    names.push_back(old_out->name());
-    graph.ReplaceAllUsesWith(old_out, new_out);
-  }
-  const std::string name = node->name();
-  CASTOR_RETURN_IF_ERROR(graph.RemoveNode(node));
-  for (int i = 0; i < moved->num_outputs(); ++i) {
-    CASTOR_RETURN_IF_ERROR(graph.RenameValue(moved->output(i), names[i]));
-  }
-  moved->set_name(name);
-  return moved;
-}
-
 // A node's decision: its dtype (kUndefined: untouched) and why; and
 // whether it computes as castor's training form of its op
 // (AutocastOptions::training_graph_ops).
@@ -198,19 +164,19 @@ class AutocastPass {
   absl::StatusOr<AutocastReport> Run() {
     CASTOR_RETURN_IF_ERROR(DecideForcedFloat32());
     if (!policy_.keep_io_types() && policy_.is_mixed()) LowerGraphInputs();
-    std::vector<Node*> original_order = graph_.nodes();  // training forms replace entries
+    const std::vector<Node*> original_order = graph_.nodes();
     // Steps 3 and 3b for every node first: a decision depends on its
     // producers' decisions (3) or its readers' (3b), never on Casts, and
     // step 4 then knows what every reader of a value needs.
     absl::flat_hash_map<const Node*, Decision> painted;
-    for (Node*& node : original_order) {
+    for (Node* node : original_order) {
       CASTOR_ASSIGN_OR_RETURN(Decision decision, Paint(*node));
       if (decision.dtype == DType::kUndefined) {
         ++report_.nodes_per_dtype["none"];
         continue;
       }
       if (decision.training_form) {
-        CASTOR_ASSIGN_OR_RETURN(node, MoveToDomain(graph_, node, kCastorDomain));
+        node->set_domain(kCastorDomain);
         if (model_.OpsetVersion(kCastorDomain) == 0) {
           model_.opset_imports.push_back({kCastorDomain, 1});
         }
@@ -894,12 +860,10 @@ absl::StatusOr<int> StripAutocast(Model& model) {
     CASTOR_RETURN_IF_ERROR(graph.RemoveNode(node));
     ++removed;
   }
-  bool moved = false;
-  for (Node* node : std::vector<Node*>(graph.nodes())) {
+  for (Node* node : graph.nodes()) {
     // castor's training form of an op (training_graph_ops) is the ONNX op again.
     if (node->domain() == kCastorDomain && IsTrainingFormOp(node->op_type())) {
-      CASTOR_ASSIGN_OR_RETURN(node, MoveToDomain(graph, node, ""));
-      moved = true;
+      node->set_domain("");
     }
     if (const std::string* original = node->FindMetadata(kLoweredConstantKey)) {
       CASTOR_RETURN_IF_ERROR(RestoreLoweredConstant(*node, *original));
@@ -912,7 +876,6 @@ absl::StatusOr<int> StripAutocast(Model& model) {
       if (IsLowPrecisionFloat(out->dtype())) out->set_dtype(DType::kUndefined);
     }
   }
-  if (moved) CASTOR_RETURN_IF_ERROR(graph.TopologicalSort());
   if (const std::string* lowered = model.FindMetadata(kLoweredInputsKey)) {
     for (absl::string_view name : absl::StrSplit(*lowered, ',')) {
       if (Value* in = graph.FindValue(std::string(name)); in && in->is_graph_input()) {

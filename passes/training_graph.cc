@@ -1,10 +1,10 @@
 // BuildTrainingGraph (see training_graph.h): the forward-only evaluation
 // graph, then BatchNormalization in training mode, Relu moved behind the
-// MaxPool that reads it, the Casts around a BatchNormalization between
-// 16-bit neighbours folded into it, the Relu after a BatchNormalization
-// applied by it, the loss, parameters, autodiff seeded
-// with the loss scale, and 16-bit values re-widened for the backward pass
-// instead of kept in float32.
+// MaxPool that reads it, the Casts around a BatchNormalization or a
+// LayerNormalization between 16-bit neighbours folded into it, the Relu
+// after a BatchNormalization applied by it, the erf GELU as one node, the
+// loss, parameters, autodiff seeded with the loss scale, and 16-bit values
+// re-widened for the backward pass instead of kept in float32.
 #include "passes/training_graph.h"
 
 #include <algorithm>
@@ -400,6 +400,83 @@ absl::StatusOr<int> FoldBatchNormCasts(Graph& graph) {
       CASTOR_RETURN_IF_ERROR(graph.RemoveNode(widen));
     }
     ++folded;
+  }
+  return folded;
+}
+
+// Cast(x16 -> float32) -> LayerNormalization (float32 Scale, B) -> Cast(->
+// the same 16-bit type), the form autocast gives a LayerNormalization
+// (kept float32, DESIGN.md rule 2) between 16-bit neighbours (a
+// transformer's residual Add before it, the attention's or MLP's MatMuls
+// after it): the node becomes castor's LayerNormalization (com.castor,
+// graph/ops/normalization.cc), which reads x16 and writes Y in that type
+// with the float32 Scale and B, and the Casts go. The kernels compute in
+// float32 all the same and round Y once, and the gradient
+// (LayerNormalizationGrad) reads X, never Y, widened exactly as the Cast
+// did, writing dX rounded once as the Cast's gradient did: the values are
+// the bits of the Casts. What goes are two float32 copies of the tensor
+// forward (and the widened X again for the backward pass) and the Casts
+// of their gradients. Applies where X comes from a widening Cast of a
+// 16-bit value, Y (not a graph output) is read only by Casts to that type,
+// Scale and B are float32 and the statistics outputs are not read. Returns
+// the number of nodes folded.
+absl::StatusOr<int> FoldLayerNormCasts(Model& model) {
+  Graph& graph = *model.graph;
+  auto is_cast = [](const Node* node) {
+    return node != nullptr && node->op_type() == "Cast" && node->domain().empty();
+  };
+  std::vector<Node*> layer_norms;
+  for (Node* node : graph.nodes()) {
+    if (node->op_type() == "LayerNormalization" && node->domain().empty()) {
+      layer_norms.push_back(node);
+    }
+  }
+  int folded = 0;
+  for (Node* ln : layer_norms) {
+    Value* x = ln->input(0);
+    Value* y = ln->output(0);
+    Node* widen = x != nullptr ? x->producer() : nullptr;
+    if (!is_cast(widen) || x->dtype() != DType::kFloat32 || y->is_graph_output()) continue;
+    Value* x16 = widen->input(0);
+    const DType low = x16->dtype();
+    if (low != DType::kBFloat16 && low != DType::kFloat16) continue;
+    bool float32_parameters = true;
+    for (int i = 1; i < ln->num_inputs(); ++i) {
+      const Value* parameter = ln->input(i);
+      if (parameter != nullptr && parameter->dtype() != DType::kFloat32) {
+        float32_parameters = false;
+      }
+    }
+    bool statistics_read = false;
+    for (int i = 1; i < ln->num_outputs(); ++i) {
+      const Value* statistic = ln->output(i);
+      if (statistic != nullptr && (!statistic->uses().empty() || statistic->is_graph_output())) {
+        statistics_read = true;
+      }
+    }
+    if (!float32_parameters || statistics_read) continue;
+    const std::vector<Use> readers = y->uses();
+    const bool narrowed_only =
+        !readers.empty() && std::all_of(readers.begin(), readers.end(), [&](const Use& use) {
+          return use.index >= 0 && is_cast(use.node) && use.node->output(0)->dtype() == low &&
+                 !use.node->output(0)->is_graph_output();
+        });
+    if (!narrowed_only) continue;
+    ln->set_domain(kCastorDomain);
+    ln->SetInput(0, x16);
+    y->set_dtype(low);
+    for (const Use& use : readers) {
+      Node* narrow = use.node;
+      graph.ReplaceAllUsesWith(narrow->output(0), y);
+      CASTOR_RETURN_IF_ERROR(graph.RemoveNode(narrow));
+    }
+    if (x->uses().empty() && !x->is_graph_output()) {
+      CASTOR_RETURN_IF_ERROR(graph.RemoveNode(widen));
+    }
+    ++folded;
+  }
+  if (folded > 0 && model.OpsetVersion(kCastorDomain) == 0) {
+    model.opset_imports.push_back({kCastorDomain, 1});
   }
   return folded;
 }
@@ -1020,6 +1097,14 @@ void AddTrainingPasses(PassManager& manager, const TrainingGraphOptions& options
         "(it reads and writes the 16-bit values, computing in float32 as before)",
         &TrainingGraph::folded_batchnorm_casts,
         [](Model& model) { return FoldBatchNormCasts(*model.graph); });
+  }
+  if (options.fold_layernorm_casts) {
+    AddCountedRewrite(
+        manager, state, "fold-layernorm-casts",
+        "folds the Casts from 16-bit to float32 and back around a LayerNormalization into it "
+        "(castor's LayerNormalization reads and writes the 16-bit values with float32 Scale and "
+        "B, computing in float32 as before)",
+        &TrainingGraph::folded_layernorm_casts, FoldLayerNormCasts);
   }
   if (options.fuse_batchnorm_relu) {
     AddCountedRewrite(

@@ -94,6 +94,9 @@ struct TrainingGraphOptions {
   // Fold 16-bit -> float32 -> 16-bit Casts around a BatchNormalization
   // into it (off only to compare: the values are the same bits).
   bool fold_batchnorm_casts = true;
+  // The same around a LayerNormalization (off only to compare: the
+  // values are the same bits).
+  bool fold_layernorm_casts = true;
   // Have a BatchNormalization apply the Relu after it (off only to
   // compare: the values are the same bits).
   bool fuse_batchnorm_relu = true;
@@ -132,6 +135,9 @@ struct TrainingGraph {
   // BatchNormalizations that read and write their 16-bit neighbours'
   // values directly (fold-batchnorm-casts).
   int folded_batchnorm_casts = 0;
+  // LayerNormalizations that read and write their 16-bit neighbours'
+  // values directly, as castor's LayerNormalization (fold-layernorm-casts).
+  int folded_layernorm_casts = 0;
   // Relus applied by the BatchNormalization before them
   // (fuse-batchnorm-relu).
   int fused_batchnorm_relus = 0;
@@ -147,9 +153,10 @@ struct TrainingGraph {
 };
 
 // The training rewrites as passes, in order (pass_manager.h): evaluation-
-// graph, batchnorm-training, pool-before-relu (when asked), attach-loss
-// (with Dropout's RNG state), autodiff, step-outputs. Running them fills `*result`, which must outlive
-// the manager's run.
+// graph, batchnorm-training, then as asked pool-before-relu,
+// fold-batchnorm-casts, fold-layernorm-casts, fuse-batchnorm-relu and
+// fuse-gelu, attach-loss (with Dropout's RNG state), autodiff, step-outputs.
+// Running them fills `*result`, which must outlive the manager's run.
 void AddTrainingPasses(PassManager& manager, const TrainingGraphOptions& options,
                        TrainingGraph* result);
 

@@ -449,6 +449,55 @@ TEST(AutocastTrainingFormTest, FoldedBatchNormCastsTrainTheSameBits) {
   }
 }
 
+// fold-layernorm-casts (passes/training_graph.cc): the transformer's
+// LayerNormalizations between 16-bit neighbours (four of five: each
+// encoder layer's two read the residual stream's 16-bit sum and feed
+// 16-bit MatMuls; the last one feeds the float32 mean over tokens) run as
+// castor's LayerNormalization on the 16-bit values with float32 Scale and
+// B, and training gives the same bits as with the Casts: losses, weights
+// and Adam moments over 4 steps, for both 16-bit types.
+TEST(AutocastTrainingFormTest, FoldedLayerNormCastsTrainTheSameBits) {
+  for (const char* policy : {"mixed_bfloat16", "mixed_float16"}) {
+    SCOPED_TRACE(policy);
+    TrainingGraphOptions unfolded_options;
+    unfolded_options.fold_layernorm_casts = false;
+    std::unique_ptr<training::Trainer> folded = MakeTrainer(policy, "transformer_opset17");
+    std::unique_ptr<training::Trainer> unfolded =
+        MakeTrainer(policy, "transformer_opset17", unfolded_options);
+    EXPECT_EQ(folded->training_graph().folded_layernorm_casts, 4);
+    EXPECT_EQ(unfolded->training_graph().folded_layernorm_casts, 0);
+    int castor_forms = 0, onnx_forms = 0, low_precision_grads = 0;
+    for (const Node* node : folded->model().graph->nodes()) {
+      if (node->op_type() == "LayerNormalizationGrad") {
+        low_precision_grads += node->input(1)->dtype() != DType::kFloat32;
+        continue;
+      }
+      if (node->op_type() != "LayerNormalization") continue;
+      if (node->domain().empty()) {
+        ++onnx_forms;
+        EXPECT_EQ(node->input(0)->dtype(), DType::kFloat32) << node->name();
+        continue;
+      }
+      ++castor_forms;
+      EXPECT_EQ(node->domain(), kCastorDomain) << node->name();
+      EXPECT_NE(node->input(0)->dtype(), DType::kFloat32) << node->name();
+      EXPECT_EQ(node->output(0)->dtype(), node->input(0)->dtype()) << node->name();
+      EXPECT_EQ(node->input(1)->dtype(), DType::kFloat32) << node->name();
+      EXPECT_EQ(node->input(2)->dtype(), DType::kFloat32) << node->name();
+      const Node* producer = node->input(0)->producer();
+      ASSERT_NE(producer, nullptr) << node->name();
+      EXPECT_NE(producer->op_type(), "Cast") << node->name();
+      for (const Use& use : node->output(0)->uses()) {
+        EXPECT_NE(use.node->op_type(), "Cast") << node->name() << " read by " << use.node->name();
+      }
+    }
+    EXPECT_EQ(castor_forms, 4);
+    EXPECT_EQ(onnx_forms, 1);
+    EXPECT_EQ(low_precision_grads, 4);
+    ExpectTheSameTrainingBits(*folded, *unfolded, 5);
+  }
+}
+
 // fuse-batchnorm-relu (passes/training_graph.cc): the ResNet's four
 // BatchNormalization -> Relu pairs (the stem and each block's first; the
 // second BatchNormalization of a block feeds the residual Add) run as

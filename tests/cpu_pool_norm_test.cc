@@ -581,6 +581,69 @@ TEST(CpuLayerNorm, VectorRowsMatchPortableRowsBitForBit) {
   }
 }
 
+// castor's LayerNormalization (com.castor, the fold-layernorm-casts form):
+// a 16-bit X with float32 Scale and B gives the bits of the ONNX op on X
+// widened to float32 with Y rounded once by a Cast, Mean and InvStdDev
+// included, on the vector rows and the portable ones, for widths with and
+// without a partial block, row counts that leave rows after the fours,
+// with and without a bias, and rows holding a subnormal, an Inf and a NaN.
+// The ONNX op itself refuses the mixed dtypes.
+TEST(CpuLayerNorm, CastorFormIsTheWidenedOpRoundedOnce) {
+  for (const DType dt : {DType::kBFloat16, DType::kFloat16}) {
+    for (int64_t width : {1, 5, 37, 64, 130}) {
+      for (const bool bias : {true, false}) {
+        for (const bool vector_rows : {true, false}) {
+          if (vector_rows && !cpu::HasSimd16()) continue;  // said below
+          SCOPED_TRACE(::testing::Message() << DTypeName(dt) << ", width " << width
+                                            << (bias ? ", bias" : "")
+                                            << (vector_rows ? ", vector rows" : ""));
+          const std::vector<int64_t> xd = {3, 6, width};
+          std::vector<double> values = Random(Count(xd), 81);
+          values[0] = 1e-40;  // a subnormal float32: 16-bit rounding flushes or keeps it
+          values[width] = std::numeric_limits<double>::infinity();  // row 1
+          values[2 * width] = std::nan("");                          // row 2
+          const Tensor x16 = Make(dt, xd, values);
+          std::vector<double> widened(static_cast<size_t>(Count(xd)));
+          for (int64_t i = 0; i < Count(xd); ++i) widened[i] = x16.GetDouble(i);
+          std::vector<Tensor> parameters = {
+              Make(DType::kFloat32, {width}, Random(width, 82))};
+          if (bias) parameters.push_back(Make(DType::kFloat32, {width}, Random(width, 83)));
+          std::vector<Tensor> castor_inputs = {x16};
+          std::vector<Tensor> onnx_inputs = {Make(DType::kFloat32, xd, widened)};
+          for (const Tensor& p : parameters) {
+            castor_inputs.push_back(p);
+            onnx_inputs.push_back(p);
+          }
+          const std::vector<Attribute> attrs = {Attribute::Int("axis", -1)};
+          const cpu::ScopedFusedSimd16ForTesting fused(vector_rows);
+          const std::vector<Tensor> castor_form =
+              RunOk("LayerNormalization", castor_inputs, attrs, 1, 3, kCastorDomain);
+          const std::vector<Tensor> onnx = RunOk("LayerNormalization", onnx_inputs, attrs, 17, 3);
+          ASSERT_EQ(castor_form[0].dtype(), dt);
+          const Tensor rounded =
+              testing::RunOp("Cast", {onnx[0]}, {Attribute::Int("to", DTypeToOnnx(dt))}, 17);
+          EXPECT_TRUE(testing::SameBits(castor_form[0], rounded)) << "Y";
+          EXPECT_TRUE(testing::SameBits(castor_form[1], onnx[1])) << "Mean";
+          EXPECT_TRUE(testing::SameBits(castor_form[2], onnx[2])) << "InvStdDev";
+          EXPECT_TRUE(std::isnan(castor_form[0].GetDouble(2 * width)));
+          EXPECT_FALSE(std::isnan(castor_form[0].GetDouble(3 * width)));
+        }
+      }
+    }
+  }
+  if (!cpu::HasSimd16()) {
+    std::cout << "[  NOTE    ] no AVX-512 (F/BW/VL) here: the castor form's vector rows were "
+                 "not run\n";
+  }
+  absl::StatusOr<std::vector<Tensor>> onnx_mixed = testing::RunNodeOf(
+      "LayerNormalization",
+      {Make(DType::kBFloat16, {2, 4}, Random(8, 84)), Make(DType::kFloat32, {4}, Random(4, 85))},
+      {}, 17, 1);
+  ASSERT_FALSE(onnx_mixed.ok());
+  EXPECT_NE(onnx_mixed.status().message().find("dtype"), std::string::npos)
+      << onnx_mixed.status();
+}
+
 TEST(CpuLayerNorm, AxesAndStatisticsOutputs) {
   const std::vector<int64_t> xd = {2, 3, 4};
   const auto x = Random(Count(xd), 31);

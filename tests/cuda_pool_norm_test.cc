@@ -489,6 +489,26 @@ TEST(CudaLayerNorm, AxesBiasAndOptionalOutputs) {
         "LayerNorm stash_type bfloat16");
 }
 
+// castor's LayerNormalization (com.castor, the fold-layernorm-casts form):
+// a 16-bit X with float32 Scale and B, every case and output count.
+TEST(CudaLayerNorm, CastorFormFloat32Parameters) {
+  CASTOR_REQUIRE_CUDA();
+  for (const LayerNormCase& c : LayerNormCases()) {
+    for (DType dtype : CudaFloatTypes()) {
+      if (dtype == DType::kFloat32) continue;
+      std::vector<Tensor> inputs = LayerNormInputs(c, DType::kFloat32, 93);
+      inputs[0] = RandomTensor(dtype, c.x_dims, 93, -2.0, 3.0);
+      const std::vector<Attribute> attrs = {Attribute::Int("axis", c.axis)};
+      for (int outputs : {1, 3}) {
+        SingleNode node("LayerNormalization", inputs, attrs, 1, outputs, kCastorDomain);
+        ExpectCudaMatchesCpu(node, "castor LayerNorm " + c.name + " " + DTypeName(dtype) +
+                                       " with float32 parameters, " + std::to_string(outputs) +
+                                       " outputs");
+      }
+    }
+  }
+}
+
 TEST(CudaLayerNormGrad, Gradients) {
   CASTOR_REQUIRE_CUDA();
   for (const LayerNormCase& c : LayerNormCases()) {

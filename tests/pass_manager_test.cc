@@ -328,8 +328,9 @@ TEST(PipelineGoldenTest, DumpsOfTheSampleMlpUnderMixedFloat16) {
   EXPECT_THAT(files, ElementsAre("00-input.txt", "01-canonicalize.txt", "02-autocast.txt",
                                  "03-evaluation-graph.txt", "04-batchnorm-training.txt",
                                  "05-pool-before-relu.txt", "06-fold-batchnorm-casts.txt",
-                                 "07-fuse-batchnorm-relu.txt", "08-fuse-gelu.txt",
-                                 "09-attach-loss.txt", "10-autodiff.txt", "11-step-outputs.txt"));
+                                 "07-fold-layernorm-casts.txt", "08-fuse-batchnorm-relu.txt",
+                                 "09-fuse-gelu.txt", "10-attach-loss.txt", "11-autodiff.txt",
+                                 "12-step-outputs.txt"));
   const fs::path golden = fs::path(CASTOR_SOURCE_DIR) / "tests/golden/passes/mlp_mixed_float16";
   for (const std::string& file : files) ExpectGolden(golden / file, ReadFile(dumps / file));
 }

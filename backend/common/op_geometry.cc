@@ -566,11 +566,18 @@ absl::StatusOr<LayerNormGeometry> PlanLayerNorm(const KernelContext& ctx) {
   g.outer = DimsProduct(x.dims, 0, g.axis);
   g.inner = DimsProduct(x.dims, g.axis, x.dims.size());
   const char* const names[] = {"X", "Scale", "B"};
+  // Scale and B: X's dtype, or float32 beside a 16-bit X (castor's form;
+  // ONNX's op is refused that by type inference).
+  const DType parameters = ctx.input(1).dtype;
+  const bool float32_parameters = parameters == DType::kFloat32 &&
+                                  (x.dtype == DType::kFloat16 || x.dtype == DType::kBFloat16);
   for (int i = 1; i <= 2; ++i) {
     if (!ctx.has_input(i)) continue;
-    if (ctx.input(i).dtype != x.dtype) {
+    if (ctx.input(i).dtype != x.dtype && !(float32_parameters && ctx.input(i).dtype == parameters)) {
       return ctx.Error(absl::StrCat("input ", i, " (", names[i], ") is ",
-                                    DTypeName(ctx.input(i).dtype), "; X is ", DTypeName(x.dtype)));
+                                    DTypeName(ctx.input(i).dtype), "; X is ", DTypeName(x.dtype),
+                                    " (expected ", DTypeName(x.dtype),
+                                    ", or float32 for both Scale and B beside a 16-bit X)"));
     }
     if (!BroadcastsTo(ctx.input(i).dims, x.dims)) {
       return ctx.Error(absl::StrCat("input ", i, " (", names[i], ") ",

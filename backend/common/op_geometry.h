@@ -314,8 +314,8 @@ struct LayerNormGeometry {
 };
 
 // LayerNormalization's `axis` (default -1) and X's layout; errors for an
-// axis out of range, and a Scale or B of another dtype than X or that does
-// not broadcast to X.
+// axis out of range, and a Scale or B of another dtype than X (float32
+// beside a 16-bit X is castor's form) or that does not broadcast to X.
 absl::StatusOr<LayerNormGeometry> PlanLayerNorm(const KernelContext& ctx);
 
 // ---- InstanceNormalization ---------------------------------------------------

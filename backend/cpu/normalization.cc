@@ -18,9 +18,11 @@
 // X (T), scale/B (T1) and mean/var (T2) may have different float dtypes
 // (opset 15). `spatial` = 0 (opsets 7-8) normalises per [C, D1, ...] entry.
 // LayerNormalization: statistics over the axes from `axis` on; Scale and B
-// broadcast to X; optional Mean and InvStdDev outputs in stash_type's dtype;
-// float32 rows with a dense scale run four at a time on AVX-512
-// (layer_norm_rows.h, the same bits).
+// broadcast to X, of X's dtype or (castor's form, com.castor) float32 with
+// a 16-bit X; optional Mean and InvStdDev outputs in stash_type's dtype;
+// rows with a dense float32 scale run four at a time on AVX-512
+// (layer_norm_rows.h, the same bits; 16-bit rows widened first, rounded
+// once after).
 // InstanceNormalization: the statistics of each (n, c) row of X [N, C,
 // D1, ...] over D1, ...; Y = (x - mean) * (scale[c] * inv_std) + B[c] with
 // the centring and affine map in float64 too, so a mean far from zero
@@ -387,68 +389,101 @@ absl::Status LayerNormKernel(KernelContext& ctx) {
   absl::StatusOr<TensorView*> y = ctx.Output(0, x.dtype, x.dims);
   if (!y.ok()) return y.status();
   std::vector<double> row_mean(static_cast<size_t>(outer)), row_inv_std(static_cast<size_t>(outer));
+  const DType parameter_dtype = ctx.input(1).dtype;
   const bool ok = DispatchFloat(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     using V = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    constexpr bool kSixteenBit = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
     const T* xp = x.as<T>();
-    const T* sp = ctx.input(1).as<T>();
-    const T* bp = has_bias ? ctx.input(2).as<T>() : nullptr;
     T* yp = (*y)->as<T>();
-    ParallelFor(0, outer, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t r = lo; r < hi; ++r) {
-        const T* src = xp + r * inner;
+    // The rows with Scale and B of type P: X's, or float32 beside a 16-bit
+    // X (castor's form).
+    auto normalize_rows = [&](const auto* sp, const auto* bp) {
+      using P = std::remove_cv_t<std::remove_pointer_t<decltype(sp)>>;
+      ParallelFor(0, outer, 1, [&](int64_t lo, int64_t hi) {
 #if defined(CASTOR_SIMD16_X86)
-        if constexpr (std::is_same_v<T, float>) {
-          if (dense_affine && UseFusedSimd16()) {
-            // Four rows at a time where the range has four that share their
-            // scale and bias (a [D] pair: all rows do).
-            bool four = hi - r >= 4;
-            for (int64_t k = 1; four && k < 4; ++k) {
-              four = scale_at.outer[r + k] == scale_at.outer[r] &&
-                     (!has_bias || bias_at.outer[r + k] == bias_at.outer[r]);
-            }
-            (four ? LayerNormRowsAvx512<4> : LayerNormRowsAvx512<1>)(
-                src, sp + scale_at.outer[r], has_bias ? bp + bias_at.outer[r] : nullptr, inner,
-                static_cast<double>(epsilon), &row_mean[r], &row_inv_std[r], yp + r * inner);
-            if (four) r += 3;
-            continue;
-          }
-        }
+        // 16-bit rows on the float32 rows' vector path: four rows widened
+        // into `wide`, normalised into `normalised`, rounded once.
+        std::vector<float> wide, normalised;
 #endif
-        LaneSums<1> sum;
-        sum.Add(inner, [&](int64_t i) { return std::array<double, 1>{LoadD(src[i])}; });
-        const double m = inner > 0 ? sum.Total(0) / static_cast<double>(inner) : 0.0;
-        LaneSums<1> squares;
-        squares.Add(inner, [&](int64_t i) {
-          const double dv = LoadD(src[i]) - m;
-          return std::array<double, 1>{dv * dv};
-        });
-        const double var = inner > 0 ? squares.Total(0) / static_cast<double>(inner) : 0.0;
-        const double inv_std = 1.0 / std::sqrt(var + static_cast<double>(epsilon));
-        row_mean[r] = m;
-        row_inv_std[r] = inv_std;
-        const V mv = static_cast<V>(m), iv = static_cast<V>(inv_std);
-        const T* s_row = sp + scale_at.outer[r];
-        const T* b_row = has_bias ? bp + bias_at.outer[r] : nullptr;
-        T* dst = yp + r * inner;
-        if constexpr (std::is_same_v<T, float>) {
-          if (dense_affine) {  // the same arithmetic without the index tables: it vectorizes
-            if (b_row != nullptr) {
-              for (int64_t i = 0; i < inner; ++i) dst[i] = (src[i] - mv) * iv * s_row[i] + b_row[i];
-            } else {
-              for (int64_t i = 0; i < inner; ++i) dst[i] = (src[i] - mv) * iv * s_row[i];
+        for (int64_t r = lo; r < hi; ++r) {
+          const T* src = xp + r * inner;
+#if defined(CASTOR_SIMD16_X86)
+          if constexpr (std::is_same_v<P, float> && (std::is_same_v<T, float> || kSixteenBit)) {
+            if (dense_affine && UseFusedSimd16()) {
+              // Four rows at a time where the range has four that share
+              // their scale and bias (a [D] pair: all rows do).
+              bool four = hi - r >= 4;
+              for (int64_t k = 1; four && k < 4; ++k) {
+                four = scale_at.outer[r + k] == scale_at.outer[r] &&
+                       (!has_bias || bias_at.outer[r + k] == bias_at.outer[r]);
+              }
+              const int64_t rows = four ? 4 : 1;
+              const float* rows_in = nullptr;
+              float* rows_out = nullptr;
+              if constexpr (kSixteenBit) {
+                wide.resize(static_cast<size_t>(4 * inner));
+                normalised.resize(static_cast<size_t>(4 * inner));
+                ToFloat32(src, wide.data(), rows * inner);
+                rows_in = wide.data();
+                rows_out = normalised.data();
+              } else {
+                rows_in = src;
+                rows_out = yp + r * inner;
+              }
+              (four ? LayerNormRowsAvx512<4> : LayerNormRowsAvx512<1>)(
+                  rows_in, sp + scale_at.outer[r], has_bias ? bp + bias_at.outer[r] : nullptr,
+                  inner, static_cast<double>(epsilon), &row_mean[r], &row_inv_std[r], rows_out);
+              if constexpr (kSixteenBit) FromFloat32(rows_out, yp + r * inner, rows * inner);
+              r += rows - 1;
+              continue;
             }
-            continue;
+          }
+#endif
+          LaneSums<1> sum;
+          sum.Add(inner, [&](int64_t i) { return std::array<double, 1>{LoadD(src[i])}; });
+          const double m = inner > 0 ? sum.Total(0) / static_cast<double>(inner) : 0.0;
+          LaneSums<1> squares;
+          squares.Add(inner, [&](int64_t i) {
+            const double dv = LoadD(src[i]) - m;
+            return std::array<double, 1>{dv * dv};
+          });
+          const double var = inner > 0 ? squares.Total(0) / static_cast<double>(inner) : 0.0;
+          const double inv_std = 1.0 / std::sqrt(var + static_cast<double>(epsilon));
+          row_mean[r] = m;
+          row_inv_std[r] = inv_std;
+          const V mv = static_cast<V>(m), iv = static_cast<V>(inv_std);
+          const P* s_row = sp + scale_at.outer[r];
+          const P* b_row = has_bias ? bp + bias_at.outer[r] : nullptr;
+          T* dst = yp + r * inner;
+          if constexpr (std::is_same_v<T, float>) {
+            if (dense_affine) {  // the same arithmetic without the index tables: it vectorizes
+              if (b_row != nullptr) {
+                for (int64_t i = 0; i < inner; ++i) {
+                  dst[i] = (src[i] - mv) * iv * s_row[i] + b_row[i];
+                }
+              } else {
+                for (int64_t i = 0; i < inner; ++i) dst[i] = (src[i] - mv) * iv * s_row[i];
+              }
+              continue;
+            }
+          }
+          for (int64_t i = 0; i < inner; ++i) {
+            V v = (static_cast<V>(LoadD(src[i])) - mv) * iv *
+                  static_cast<V>(LoadD(s_row[scale_at.inner[i]]));
+            if (b_row != nullptr) v += static_cast<V>(LoadD(b_row[bias_at.inner[i]]));
+            StoreD(&dst[i], v);
           }
         }
-        for (int64_t i = 0; i < inner; ++i) {
-          V v = (static_cast<V>(LoadD(src[i])) - mv) * iv *
-                static_cast<V>(LoadD(s_row[scale_at.inner[i]]));
-          if (b_row != nullptr) v += static_cast<V>(LoadD(b_row[bias_at.inner[i]]));
-          StoreD(&dst[i], v);
-        }
+      });
+    };
+    if constexpr (kSixteenBit) {
+      if (parameter_dtype == DType::kFloat32) {
+        normalize_rows(ctx.input(1).as<float>(), has_bias ? ctx.input(2).as<float>() : nullptr);
+        return;
       }
-    });
+    }
+    normalize_rows(ctx.input(1).as<T>(), has_bias ? ctx.input(2).as<T>() : nullptr);
   });
   if (!ok) return ctx.Unimplemented(absl::StrCat("dtype ", DTypeName(x.dtype)));
   std::vector<int64_t> stats_dims = x.dims;
@@ -506,7 +541,9 @@ void RegisterNormalizationKernels(KernelTable& table) {
   table.Register({"", "BatchNormalization", InputDTypeIn(0, kNormDTypes), BatchNormKernel});
   table.Register({kCastorDomain, "BatchNormalizationTraining", InputDTypeIn(0, kNormDTypes),
                   BatchNormKernel});
-  table.Register({"", "LayerNormalization", InputDTypeIn(0, kNormDTypes), LayerNormKernel});
+  for (const char* domain : {"", kCastorDomain}) {
+    table.Register({domain, "LayerNormalization", InputDTypeIn(0, kNormDTypes), LayerNormKernel});
+  }
   table.Register(
       {"", "InstanceNormalization", InputDTypeIn(0, kNormDTypes), InstanceNormKernel});
 }

@@ -9,8 +9,9 @@
 // mean where the graph passes it), skip the outputs nothing reads
 // (KernelContext::output_read), and run channels or rows in parallel on
 // backend/cpu/parallel.h; 16-bit inputs widen exactly and every output
-// rounds once on store. LayerNormalizationGrad's rows with a dense scale
-// run four at a time on AVX-512 (layer_norm_rows.h, the same bits).
+// rounds once on store. LayerNormalizationGrad widens and rounds 16-bit
+// rows a few at a time as it goes (Float32Rows); its rows with a dense
+// scale run four at a time on AVX-512 (layer_norm_rows.h, the same bits).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -311,6 +312,53 @@ absl::Status BatchNormGradKernel(KernelContext& ctx) {
 
 // ---- LayerNormalizationGrad ----------------------------------------------------
 
+// Rows of `row_length` elements of a tensor read as float32: in place when
+// float32, else a few rows at a time widened into scratch (exact for 16-bit
+// floats), so a 16-bit tensor is never copied whole.
+class Float32Rows {
+ public:
+  Float32Rows(const TensorView& t, int64_t row_length) : t_(t), row_length_(row_length) {}
+  // Rows [r, r + count) as float32, valid until the next call.
+  const float* Read(int64_t r, int64_t count) {
+    if (t_.dtype == DType::kFloat32) return t_.as<float>() + r * row_length_;
+    scratch_.resize(static_cast<size_t>(count * row_length_));
+    ToFloat32(t_.dtype,
+              static_cast<const char*>(t_.data) + r * row_length_ * DTypeSize(t_.dtype),
+              scratch_.data(), count * row_length_);
+    return scratch_.data();
+  }
+
+ private:
+  const TensorView& t_;
+  const int64_t row_length_;
+  std::vector<float> scratch_;
+};
+
+// Rows of an output computed in float32: Rows(r, count) is where to write
+// them (the output itself when float32, else scratch; null without an
+// output), Write(r, count) then rounds scratch into the output once.
+class Float32RowsOut {
+ public:
+  Float32RowsOut(TensorView* t, int64_t row_length) : t_(t), row_length_(row_length) {}
+  float* Rows(int64_t r, int64_t count) {
+    if (t_ == nullptr) return nullptr;
+    if (t_->dtype == DType::kFloat32) return t_->as<float>() + r * row_length_;
+    scratch_.resize(static_cast<size_t>(count * row_length_));
+    return scratch_.data();
+  }
+  void Write(int64_t r, int64_t count) {
+    if (t_ == nullptr || t_->dtype == DType::kFloat32) return;
+    FromFloat32(t_->dtype, scratch_.data(),
+                static_cast<char*>(t_->data) + r * row_length_ * DTypeSize(t_->dtype),
+                count * row_length_);
+  }
+
+ private:
+  TensorView* t_;
+  const int64_t row_length_;
+  std::vector<float> scratch_;
+};
+
 absl::Status LayerNormGradKernel(KernelContext& ctx) {
   const TensorView& x = ctx.input(1);
   const TensorView& scale_view = ctx.input(2);
@@ -339,41 +387,41 @@ absl::Status LayerNormGradKernel(KernelContext& ctx) {
   bool dense_scale = scale_size == inner;
   for (int64_t j = 0; dense_scale && j < inner; ++j) dense_scale = scale_index[j] == j;
   const double epsilon = ctx.GetFloat("epsilon", 1e-5f);
-  const Float32In xf(x);
-  const Float32In dyf(ctx.input(0));
   const Float32In scale(scale_view);
   TensorView* dx_view = nullptr;
   if (WantsOutput(ctx, 0)) {
     CASTOR_ASSIGN_OR_RETURN(dx_view, ctx.Output(0, x.dtype, x.dims));
   }
-  std::optional<Float32Out> dx;
-  if (dx_view) dx.emplace(dx_view);
   const int64_t slices = SliceCount(std::max<int64_t>(outer, 1));
   std::vector<std::vector<double>> d_scale(static_cast<size_t>(slices)),
       d_bias(static_cast<size_t>(slices));
   ParallelFor(0, slices, 1, [&](int64_t lo, int64_t hi) {
     // Scratch for four rows (the vector rows' most; the scalar rows use one).
     std::vector<double> x_hat(static_cast<size_t>(4 * inner)), g(static_cast<size_t>(4 * inner));
+    Float32Rows x_rows(x, inner), dy_rows(ctx.input(0), inner);
+    Float32RowsOut dx_rows(dx_view, inner);
     for (int64_t slice = lo; slice < hi; ++slice) {
       std::vector<double>& ds = d_scale[slice];
       std::vector<double>& db = d_bias[slice];
       ds.assign(static_cast<size_t>(scale_size), 0.0);
       db.assign(static_cast<size_t>(scale_size), 0.0);
-      for (int64_t r = SliceBegin(slice, slices, outer); r < SliceBegin(slice + 1, slices, outer);
-           ++r) {
-        const float* xr = xf.data() + r * inner;
-        const float* dyr = dyf.data() + r * inner;
+      const int64_t slice_end = SliceBegin(slice + 1, slices, outer);
+      for (int64_t r = SliceBegin(slice, slices, outer); r < slice_end; ++r) {
 #if defined(CASTOR_SIMD16_X86)
         if (dense_scale && UseFusedSimd16()) {
           // Four rows at a time while the slice has them.
-          const bool four = SliceBegin(slice + 1, slices, outer) - r >= 4;
+          const bool four = slice_end - r >= 4;
+          const int64_t rows = four ? 4 : 1;
           (four ? LayerNormGradRowsAvx512<4> : LayerNormGradRowsAvx512<1>)(
-              xr, dyr, scale.data(), inner, epsilon, ds.data(), db.data(), x_hat.data(), g.data(),
-              dx ? dx->data() + r * inner : nullptr);
-          if (four) r += 3;
+              x_rows.Read(r, rows), dy_rows.Read(r, rows), scale.data(), inner, epsilon,
+              ds.data(), db.data(), x_hat.data(), g.data(), dx_rows.Rows(r, rows));
+          dx_rows.Write(r, rows);
+          r += rows - 1;
           continue;
         }
 #endif
+        const float* xr = x_rows.Read(r, 1);
+        const float* dyr = dy_rows.Read(r, 1);
         LaneSums<1> sum;
         sum.Add(inner, [&](int64_t j) { return std::array<double, 1>{xr[j]}; });
         const double m = inner > 0 ? sum.Total(0) / inner : 0.0;
@@ -402,19 +450,19 @@ absl::Status LayerNormGradKernel(KernelContext& ctx) {
             db[scale_index[j]] += dyr[j];
           }
         }
-        if (!dx) continue;
+        float* dxr = dx_rows.Rows(r, 1);
+        if (dxr == nullptr) continue;
         LaneSums<2> g_sums;  // g, g * x_hat
         g_sums.Add(inner, [&](int64_t j) { return std::array<double, 2>{g[j], g[j] * x_hat[j]}; });
         const double g_mean = g_sums.Total(0) / static_cast<double>(inner);
         const double g_xhat_mean = g_sums.Total(1) / static_cast<double>(inner);
-        float* dxr = dx->data() + r * inner;
         for (int64_t j = 0; j < inner; ++j) {
           dxr[j] = static_cast<float>(inv_std * (g[j] - g_mean - x_hat[j] * g_xhat_mean));
         }
+        dx_rows.Write(r, 1);
       }
     }
   });
-  if (dx) dx->Finish();
   for (int64_t slice = 1; slice < slices; ++slice) {
     for (int64_t i = 0; i < scale_size; ++i) {
       d_scale[0][i] += d_scale[slice][i];

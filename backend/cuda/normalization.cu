@@ -27,7 +27,8 @@
 // LayerNormalization / LayerNormalizationGrad: one warp per row for rows of
 // up to kWarpRowLimit elements, else one block per row; two-pass float32
 // statistics. Scale and B broadcast to X as the CPU allows (any
-// unidirectional broadcast; the usual full-row case indexes directly).
+// unidirectional broadcast; the usual full-row case indexes directly), in
+// X's dtype or float32 (castor's form: a 16-bit X with float32 Scale, B).
 // LayerNormalizationGrad's dScale/dBias sum dY * x_hat and dY down the rows
 // in float32: one thread per column over a chunk of rows writes the chunk's
 // sums, then one thread per scale element adds its columns' chunk sums in
@@ -642,12 +643,13 @@ __device__ __forceinline__ void RowStatistics(const T* row_data, int64_t inner, 
   *inv_std = 1.0f / sqrtf(var + epsilon);
 }
 
-// Y = (X - mean) * inv_std * Scale (+ B) over rows of `inner` elements; the
-// row statistics also go to row_mean / row_inv_std when not null.
+// Y = (X - mean) * inv_std * Scale (+ B) over rows of `inner` elements
+// (Scale and B widened to float32); the row statistics also go to
+// row_mean / row_inv_std when not null.
 template <typename T, int kRowThreads>
 __global__ void __launch_bounds__(kThreads)
-    LayerNormKernel(const T* __restrict__ x, const T* __restrict__ scale,
-                    const T* __restrict__ bias, ParamIndex scale_at, ParamIndex bias_at,
+    LayerNormKernel(const T* __restrict__ x, const float* __restrict__ scale,
+                    const float* __restrict__ bias, ParamIndex scale_at, ParamIndex bias_at,
                     int64_t outer, int64_t inner, float epsilon, T* __restrict__ y,
                     float* __restrict__ row_mean, float* __restrict__ row_inv_std) {
   using Group = RowGroup<kRowThreads>;
@@ -661,8 +663,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     for (int64_t j = Group::Lane(); j < inner; j += kRowThreads) {
       const int64_t e = r * inner + j;
-      float v = (ToFloat(xr[j]) - mean) * inv_std * ToFloat(scale[scale_at.Offset(e, j)]);
-      if (bias != nullptr) v += ToFloat(bias[bias_at.Offset(e, j)]);
+      float v = (ToFloat(xr[j]) - mean) * inv_std * scale[scale_at.Offset(e, j)];
+      if (bias != nullptr) v += bias[bias_at.Offset(e, j)];
       y[e] = FromFloat<T>(v);
     }
   }
@@ -707,12 +709,18 @@ absl::Status LayerNormKernelFor(KernelContext& ctx) {
     }
   }
   if (outer == 0) return absl::OkStatus();
+  // Scale and B: X's dtype, or float32 beside a 16-bit X (castor's form).
+  CASTOR_ASSIGN_OR_RETURN(const float* scale, Float32Of(ctx, ctx.input(1)));
+  const float* bias = nullptr;
+  if (has_bias) {
+    CASTOR_ASSIGN_OR_RETURN(bias, Float32Of(ctx, ctx.input(2)));
+  }
   CASTOR_RETURN_IF_ERROR(DispatchFloat(ctx, x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return LaunchRows(outer, inner, [&](auto row_threads, unsigned blocks) {
       LayerNormKernel<T, decltype(row_threads)::value><<<blocks, kThreads, 0, Stream(ctx)>>>(
-          x.as<T>(), ctx.input(1).as<T>(), has_bias ? ctx.input(2).as<T>() : nullptr, scale_at,
-          bias_at, outer, inner, epsilon, y->as<T>(), stats_data[0], stats_data[1]);
+          x.as<T>(), scale, bias, scale_at, bias_at, outer, inner, epsilon, y->as<T>(),
+          stats_data[0], stats_data[1]);
       return CheckLaunch(ctx);
     });
   }));
@@ -1061,8 +1069,10 @@ void RegisterNormalizationKernels(KernelTable& table) {
   table.Register({"", "BatchNormalization", FloatDTypesIn(CudaFloatDTypes()), BatchNormKernel});
   table.Register({kCastorDomain, "BatchNormalizationTraining", FloatDTypesIn(CudaFloatDTypes()),
                   BatchNormKernel});
-  table.Register(
-      {"", "LayerNormalization", FloatDTypesIn(CudaFloatDTypes()), LayerNormKernelFor});
+  for (const char* domain : {"", kCastorDomain}) {  // castor's: float32 Scale, B with 16-bit X
+    table.Register(
+        {domain, "LayerNormalization", FloatDTypesIn(CudaFloatDTypes()), LayerNormKernelFor});
+  }
   table.Register({kCastorDomain, "BatchNormalizationGrad", FloatDTypesIn(CudaFloatDTypes()),
                   BatchNormGradKernel});
   table.Register({kCastorDomain, "LayerNormalizationGrad", FloatDTypesIn(CudaFloatDTypes()),

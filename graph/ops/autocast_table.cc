@@ -86,6 +86,9 @@ constexpr Entry kTable[] = {
     {"", "ReduceProd", kDeny, "PyTorch prod: fp32"},
     {"", "CumSum", kDeny, "PyTorch cumsum: fp32 (long sum)"},
     {"", "LayerNormalization", kDeny, "PyTorch layer_norm: fp32"},
+    {"com.castor", "LayerNormalization", kDeny,
+     "castor's training form of LayerNormalization with float32 Scale and B around a 16-bit X "
+     "(deny like it: it computes in float32)"},
     {"", "InstanceNormalization", kDeny,
      "PyTorch group_norm: fp32 (torch.onnx exports nn.GroupNorm as InstanceNormalization); "
      "instance_norm is unlisted but its statistics are float32 (cudnn batch_norm), DESIGN.md "

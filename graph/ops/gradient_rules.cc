@@ -2093,6 +2093,9 @@ void AssignGradientRules(OpRegistry& registry) {
   registry.SetGradient(kCastorDomain, "GlobalAveragePool", GlobalAveragePoolGradient);
   // ... and Gelu (graph/ops/elementwise.cc; the fuse-gelu pass writes it).
   registry.SetGradient(kCastorDomain, "Gelu", GeluGradient);
+  // ... and LayerNormalization with float32 parameters around a 16-bit X
+  // (graph/ops/normalization.cc; the fold-layernorm-casts pass writes it).
+  registry.SetGradient(kCastorDomain, "LayerNormalization", LayerNormalizationGradient);
   // castor's copy of the loss, for models below opset 12.
   registry.SetGradient(kCastorDomain, "SoftmaxCrossEntropyLoss",
                        SoftmaxCrossEntropyLossGradient);

@@ -26,6 +26,10 @@
 // LayerNormalization (opset 17): normalizes over the axes from `axis` on;
 // the optional Mean and InvStdDev outputs have dtype `stash_type` (float32
 // by default) and X's shape with the normalized axes set to 1.
+// com.castor LayerNormalization (castor's own op, version 1): the same op
+// whose Scale and B may be float32 while X and Y are 16-bit, the form the
+// fold-layernorm-casts pass gives a LayerNormalization kept float32
+// between 16-bit neighbours (passes/training_graph.cc).
 // InstanceNormalization (opset 6+; opset 1's consumed_inputs form is not
 // taken): normalizes each (n, c) slice of X [N, C, D1, ...] over D1, ...
 // with its own mean and biased variance, then Y = norm * scale[c] + B[c].
@@ -131,9 +135,19 @@ absl::Status InferBatchNormalizationTraining(InferenceContext& ctx) {
   return InferBatchNormShapes(ctx);
 }
 
-absl::Status InferLayerNormalization(InferenceContext& ctx) {
+// ONNX's LayerNormalization (`castor_form` false: X, Scale and B of one
+// dtype) or castor's (Scale and B also float32 with a 16-bit X).
+absl::Status InferLayerNormalizationOf(InferenceContext& ctx, bool castor_form) {
   CASTOR_RETURN_IF_ERROR(ops::RequireDType(ctx, 0, kFloatsAndBFloat16));
-  CASTOR_RETURN_IF_ERROR(ops::RequireSameDType(ctx, 0, 2));
+  const DType x_dtype = ctx.input_dtype(0);
+  const bool float32_parameters =
+      castor_form && (x_dtype == DType::kFloat16 || x_dtype == DType::kBFloat16) &&
+      ctx.input_dtype(1) == DType::kFloat32;
+  if (float32_parameters) {
+    CASTOR_RETURN_IF_ERROR(ops::RequireSameDType(ctx, 1, 2));
+  } else {
+    CASTOR_RETURN_IF_ERROR(ops::RequireSameDType(ctx, 0, 2));
+  }
   const int64_t stash_code = ctx.GetInt("stash_type", 1);
   absl::StatusOr<DType> stash = DTypeFromOnnx(static_cast<int32_t>(stash_code));
   if (!stash.ok() || (*stash != DType::kFloat32 && *stash != DType::kBFloat16)) {
@@ -161,6 +175,14 @@ absl::Status InferLayerNormalization(InferenceContext& ctx) {
   ctx.SetOutput(1, *stash, Shape(stats_dims));
   ctx.SetOutput(2, *stash, Shape(stats_dims));
   return absl::OkStatus();
+}
+
+absl::Status InferLayerNormalization(InferenceContext& ctx) {
+  return InferLayerNormalizationOf(ctx, /*castor_form=*/false);
+}
+
+absl::Status InferCastorLayerNormalization(InferenceContext& ctx) {
+  return InferLayerNormalizationOf(ctx, /*castor_form=*/true);
 }
 
 absl::Status InferInstanceNormalization(InferenceContext& ctx) {
@@ -231,11 +253,13 @@ void RegisterNormalizationOps(OpRegistry& registry) {
         "running_var updated with the unbiased batch variance";
     registry.Register(std::move(def));
   }
-  {
+  for (const std::string domain : {"", kCastorDomain}) {
+    const bool onnx = domain.empty();
     OpDef def;
     def.op_type = "LayerNormalization";
-    def.min_opset = 17;
-    def.max_opset = kMaxOnnxOpset;
+    def.domain = domain;
+    def.min_opset = onnx ? 17 : 1;
+    def.max_opset = onnx ? kMaxOnnxOpset : 1;
     def.min_inputs = 2;
     def.max_inputs = 3;
     def.min_outputs = 1;
@@ -243,8 +267,12 @@ void RegisterNormalizationOps(OpRegistry& registry) {
     def.attributes = {{"axis", AttrKind::kInt, false},         // default -1
                       {"epsilon", AttrKind::kFloat, false},    // default 1e-5
                       {"stash_type", AttrKind::kInt, false}};  // default 1 (float32)
-    def.infer = InferLayerNormalization;
+    def.infer = onnx ? InferLayerNormalization : InferCastorLayerNormalization;
     def.summary = "normalizes X over the axes from `axis` on, then Y = norm * Scale + B";
+    if (!onnx) {
+      def.summary +=
+          " (castor's form for the training graph: Scale and B may be float32 with a 16-bit X)";
+    }
     registry.Register(std::move(def));
   }
   {
