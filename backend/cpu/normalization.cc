@@ -400,20 +400,59 @@ absl::Status LayerNormKernel(KernelContext& ctx) {
     // X (castor's form).
     auto normalize_rows = [&](const auto* sp, const auto* bp) {
       using P = std::remove_cv_t<std::remove_pointer_t<decltype(sp)>>;
+      // Row r from `in` to `out` (T, or float32 for a widened 16-bit row):
+      // float64 statistics, then the affine map in V, rounded on store.
+      auto portable_row = [&](int64_t r, const auto* in, auto* out) {
+        using In = std::remove_cv_t<std::remove_pointer_t<decltype(in)>>;
+        using Out = std::remove_pointer_t<decltype(out)>;
+        LaneSums<1> sum;
+        sum.Add(inner, [&](int64_t i) { return std::array<double, 1>{LoadD(in[i])}; });
+        const double m = inner > 0 ? sum.Total(0) / static_cast<double>(inner) : 0.0;
+        LaneSums<1> squares;
+        squares.Add(inner, [&](int64_t i) {
+          const double dv = LoadD(in[i]) - m;
+          return std::array<double, 1>{dv * dv};
+        });
+        const double var = inner > 0 ? squares.Total(0) / static_cast<double>(inner) : 0.0;
+        const double inv_std = 1.0 / std::sqrt(var + static_cast<double>(epsilon));
+        row_mean[r] = m;
+        row_inv_std[r] = inv_std;
+        const V mv = static_cast<V>(m), iv = static_cast<V>(inv_std);
+        const P* s_row = sp + scale_at.outer[r];
+        const P* b_row = has_bias ? bp + bias_at.outer[r] : nullptr;
+        if constexpr (std::is_same_v<In, float> && std::is_same_v<Out, float> &&
+                      std::is_same_v<P, float>) {
+          if (dense_affine) {  // the same arithmetic without the index tables: it vectorizes
+            if (b_row != nullptr) {
+              for (int64_t i = 0; i < inner; ++i) out[i] = (in[i] - mv) * iv * s_row[i] + b_row[i];
+            } else {
+              for (int64_t i = 0; i < inner; ++i) out[i] = (in[i] - mv) * iv * s_row[i];
+            }
+            return;
+          }
+        }
+        for (int64_t i = 0; i < inner; ++i) {
+          V v = (static_cast<V>(LoadD(in[i])) - mv) * iv *
+                static_cast<V>(LoadD(s_row[scale_at.inner[i]]));
+          if (b_row != nullptr) v += static_cast<V>(LoadD(b_row[bias_at.inner[i]]));
+          StoreD(&out[i], v);
+        }
+      };
       ParallelFor(0, outer, 1, [&](int64_t lo, int64_t hi) {
-#if defined(CASTOR_SIMD16_X86)
-        // 16-bit rows on the float32 rows' vector path: four rows widened
-        // into `wide`, normalised into `normalised`, rounded once.
+        // 16-bit rows on the float32 rows' path: widened into `wide`,
+        // normalised into `normalised`, rounded once.
         std::vector<float> wide, normalised;
-#endif
         for (int64_t r = lo; r < hi; ++r) {
           const T* src = xp + r * inner;
-#if defined(CASTOR_SIMD16_X86)
           if constexpr (std::is_same_v<P, float> && (std::is_same_v<T, float> || kSixteenBit)) {
-            if (dense_affine && UseFusedSimd16()) {
-              // Four rows at a time where the range has four that share
-              // their scale and bias (a [D] pair: all rows do).
-              bool four = hi - r >= 4;
+            if (dense_affine) {
+              bool vector_rows = false;
+#if defined(CASTOR_SIMD16_X86)
+              vector_rows = UseFusedSimd16();
+#endif
+              // On AVX-512 four rows at a time where the range has four that
+              // share their scale and bias (a [D] pair: all rows do).
+              bool four = vector_rows && hi - r >= 4;
               for (int64_t k = 1; four && k < 4; ++k) {
                 four = scale_at.outer[r + k] == scale_at.outer[r] &&
                        (!has_bias || bias_at.outer[r + k] == bias_at.outer[r]);
@@ -431,49 +470,21 @@ absl::Status LayerNormKernel(KernelContext& ctx) {
                 rows_in = src;
                 rows_out = yp + r * inner;
               }
-              (four ? LayerNormRowsAvx512<4> : LayerNormRowsAvx512<1>)(
-                  rows_in, sp + scale_at.outer[r], has_bias ? bp + bias_at.outer[r] : nullptr,
-                  inner, static_cast<double>(epsilon), &row_mean[r], &row_inv_std[r], rows_out);
+#if defined(CASTOR_SIMD16_X86)
+              if (vector_rows) {
+                (four ? LayerNormRowsAvx512<4> : LayerNormRowsAvx512<1>)(
+                    rows_in, sp + scale_at.outer[r], has_bias ? bp + bias_at.outer[r] : nullptr,
+                    inner, static_cast<double>(epsilon), &row_mean[r], &row_inv_std[r],
+                    rows_out);
+              }
+#endif
+              if (!vector_rows) portable_row(r, rows_in, rows_out);
               if constexpr (kSixteenBit) FromFloat32(rows_out, yp + r * inner, rows * inner);
               r += rows - 1;
               continue;
             }
           }
-#endif
-          LaneSums<1> sum;
-          sum.Add(inner, [&](int64_t i) { return std::array<double, 1>{LoadD(src[i])}; });
-          const double m = inner > 0 ? sum.Total(0) / static_cast<double>(inner) : 0.0;
-          LaneSums<1> squares;
-          squares.Add(inner, [&](int64_t i) {
-            const double dv = LoadD(src[i]) - m;
-            return std::array<double, 1>{dv * dv};
-          });
-          const double var = inner > 0 ? squares.Total(0) / static_cast<double>(inner) : 0.0;
-          const double inv_std = 1.0 / std::sqrt(var + static_cast<double>(epsilon));
-          row_mean[r] = m;
-          row_inv_std[r] = inv_std;
-          const V mv = static_cast<V>(m), iv = static_cast<V>(inv_std);
-          const P* s_row = sp + scale_at.outer[r];
-          const P* b_row = has_bias ? bp + bias_at.outer[r] : nullptr;
-          T* dst = yp + r * inner;
-          if constexpr (std::is_same_v<T, float>) {
-            if (dense_affine) {  // the same arithmetic without the index tables: it vectorizes
-              if (b_row != nullptr) {
-                for (int64_t i = 0; i < inner; ++i) {
-                  dst[i] = (src[i] - mv) * iv * s_row[i] + b_row[i];
-                }
-              } else {
-                for (int64_t i = 0; i < inner; ++i) dst[i] = (src[i] - mv) * iv * s_row[i];
-              }
-              continue;
-            }
-          }
-          for (int64_t i = 0; i < inner; ++i) {
-            V v = (static_cast<V>(LoadD(src[i])) - mv) * iv *
-                  static_cast<V>(LoadD(s_row[scale_at.inner[i]]));
-            if (b_row != nullptr) v += static_cast<V>(LoadD(b_row[bias_at.inner[i]]));
-            StoreD(&dst[i], v);
-          }
+          portable_row(r, src, yp + r * inner);
         }
       });
     };
