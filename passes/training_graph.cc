@@ -350,6 +350,51 @@ absl::StatusOr<int> PoolBeforeRelu(Graph& graph) {
   return swapped;
 }
 
+bool IsOnnxCast(const Node* node) {
+  return node != nullptr && node->op_type() == "Cast" && node->domain().empty();
+}
+
+// The 16-bit value `node` computes on in float32 between 16-bit
+// neighbours: its X (input 0) is a Cast of that value to float32, and its
+// Y (output 0, not a graph output) is read only by Casts back to that type
+// (none a graph output). nullptr where the node is not so placed.
+Value* SixteenBitNeighbourOf(const Node* node) {
+  const Value* x = node->input(0);
+  const Value* y = node->output(0);
+  const Node* widen = x != nullptr ? x->producer() : nullptr;
+  if (!IsOnnxCast(widen) || x->dtype() != DType::kFloat32 || y->is_graph_output()) return nullptr;
+  Value* x16 = widen->input(0);
+  const DType low = x16->dtype();
+  if (low != DType::kBFloat16 && low != DType::kFloat16) return nullptr;
+  const std::vector<Use>& readers = y->uses();
+  const bool narrowed_only =
+      !readers.empty() && std::all_of(readers.begin(), readers.end(), [&](const Use& use) {
+        return use.index >= 0 && IsOnnxCast(use.node) && use.node->output(0)->dtype() == low &&
+               !use.node->output(0)->is_graph_output();
+      });
+  return narrowed_only ? x16 : nullptr;
+}
+
+// Has `node` read `x16` (SixteenBitNeighbourOf) and write Y in its type:
+// the narrowing Casts after it go, and the widening one before it where
+// nothing else reads it.
+absl::Status FoldNeighbourCasts(Graph& graph, Node* node, Value* x16) {
+  Value* x = node->input(0);
+  Value* y = node->output(0);
+  Node* widen = x->producer();
+  node->SetInput(0, x16);
+  y->set_dtype(x16->dtype());
+  for (const Use& use : std::vector<Use>(y->uses())) {
+    Node* narrow = use.node;
+    graph.ReplaceAllUsesWith(narrow->output(0), y);
+    CASTOR_RETURN_IF_ERROR(graph.RemoveNode(narrow));
+  }
+  if (x->uses().empty() && !x->is_graph_output()) {
+    CASTOR_RETURN_IF_ERROR(graph.RemoveNode(widen));
+  }
+  return absl::OkStatus();
+}
+
 // Cast(x16 -> float32) -> BatchNormalizationTraining -> Cast(-> the same
 // 16-bit type), the form autocast gives a BatchNormalization kept float32
 // between 16-bit neighbours (a Conv before it, a Relu after): the node
@@ -362,9 +407,6 @@ absl::StatusOr<int> PoolBeforeRelu(Graph& graph) {
 // and Y (not a graph output) is read only by Casts to that type; the
 // running statistics stay float32. Returns the number of nodes folded.
 absl::StatusOr<int> FoldBatchNormCasts(Graph& graph) {
-  auto is_cast = [](const Node* node) {
-    return node != nullptr && node->op_type() == "Cast" && node->domain().empty();
-  };
   // The BatchNormalizations first: the loop removes Casts, so a copy of the
   // node list would hold freed nodes.
   std::vector<Node*> batch_norms;
@@ -375,30 +417,9 @@ absl::StatusOr<int> FoldBatchNormCasts(Graph& graph) {
   }
   int folded = 0;
   for (Node* bn : batch_norms) {
-    Value* x = bn->input(0);
-    Value* y = bn->output(0);
-    Node* widen = x != nullptr ? x->producer() : nullptr;
-    if (!is_cast(widen) || x->dtype() != DType::kFloat32 || y->is_graph_output()) continue;
-    Value* x16 = widen->input(0);
-    const DType low = x16->dtype();
-    if (low != DType::kBFloat16 && low != DType::kFloat16) continue;
-    const std::vector<Use> readers = y->uses();
-    const bool narrowed_only =
-        !readers.empty() && std::all_of(readers.begin(), readers.end(), [&](const Use& use) {
-          return use.index >= 0 && is_cast(use.node) && use.node->output(0)->dtype() == low &&
-                 !use.node->output(0)->is_graph_output();
-        });
-    if (!narrowed_only) continue;
-    bn->SetInput(0, x16);
-    y->set_dtype(low);
-    for (const Use& use : readers) {
-      Node* narrow = use.node;
-      graph.ReplaceAllUsesWith(narrow->output(0), y);
-      CASTOR_RETURN_IF_ERROR(graph.RemoveNode(narrow));
-    }
-    if (x->uses().empty() && !x->is_graph_output()) {
-      CASTOR_RETURN_IF_ERROR(graph.RemoveNode(widen));
-    }
+    Value* x16 = SixteenBitNeighbourOf(bn);
+    if (x16 == nullptr) continue;
+    CASTOR_RETURN_IF_ERROR(FoldNeighbourCasts(graph, bn, x16));
     ++folded;
   }
   return folded;
@@ -422,9 +443,6 @@ absl::StatusOr<int> FoldBatchNormCasts(Graph& graph) {
 // the number of nodes folded.
 absl::StatusOr<int> FoldLayerNormCasts(Model& model) {
   Graph& graph = *model.graph;
-  auto is_cast = [](const Node* node) {
-    return node != nullptr && node->op_type() == "Cast" && node->domain().empty();
-  };
   std::vector<Node*> layer_norms;
   for (Node* node : graph.nodes()) {
     if (node->op_type() == "LayerNormalization" && node->domain().empty()) {
@@ -433,13 +451,6 @@ absl::StatusOr<int> FoldLayerNormCasts(Model& model) {
   }
   int folded = 0;
   for (Node* ln : layer_norms) {
-    Value* x = ln->input(0);
-    Value* y = ln->output(0);
-    Node* widen = x != nullptr ? x->producer() : nullptr;
-    if (!is_cast(widen) || x->dtype() != DType::kFloat32 || y->is_graph_output()) continue;
-    Value* x16 = widen->input(0);
-    const DType low = x16->dtype();
-    if (low != DType::kBFloat16 && low != DType::kFloat16) continue;
     bool float32_parameters = true;
     for (int i = 1; i < ln->num_inputs(); ++i) {
       const Value* parameter = ln->input(i);
@@ -454,25 +465,10 @@ absl::StatusOr<int> FoldLayerNormCasts(Model& model) {
         statistics_read = true;
       }
     }
-    if (!float32_parameters || statistics_read) continue;
-    const std::vector<Use> readers = y->uses();
-    const bool narrowed_only =
-        !readers.empty() && std::all_of(readers.begin(), readers.end(), [&](const Use& use) {
-          return use.index >= 0 && is_cast(use.node) && use.node->output(0)->dtype() == low &&
-                 !use.node->output(0)->is_graph_output();
-        });
-    if (!narrowed_only) continue;
+    Value* x16 = SixteenBitNeighbourOf(ln);
+    if (!float32_parameters || statistics_read || x16 == nullptr) continue;
     ln->set_domain(kCastorDomain);
-    ln->SetInput(0, x16);
-    y->set_dtype(low);
-    for (const Use& use : readers) {
-      Node* narrow = use.node;
-      graph.ReplaceAllUsesWith(narrow->output(0), y);
-      CASTOR_RETURN_IF_ERROR(graph.RemoveNode(narrow));
-    }
-    if (x->uses().empty() && !x->is_graph_output()) {
-      CASTOR_RETURN_IF_ERROR(graph.RemoveNode(widen));
-    }
+    CASTOR_RETURN_IF_ERROR(FoldNeighbourCasts(graph, ln, x16));
     ++folded;
   }
   if (folded > 0 && model.OpsetVersion(kCastorDomain) == 0) {
