@@ -103,14 +103,21 @@ int64_t Kept(const Tensor& mask) {
 }
 
 // The kernel keeps exactly the elements philox.h says (key from the seed
-// and the node's name, the counter from the state input).
+// and the node's name, the counter from the state input), for a size that
+// ends inside a group of four and one that spans several threads' ranges
+// and blocks of drawn groups.
 TEST(DropoutRng, CpuKernelDrawsThePhiloxMask) {
-  const int64_t n = 1003;
-  const Tensor mask = CpuMask(n, 0.3f, 12345, 7);
   const uint64_t key = DropoutKey(12345, DropoutNodeStream("node"));
-  for (int64_t i = 0; i < n; ++i) {
-    EXPECT_EQ(mask.data<uint8_t>()[i] != 0, DropoutKeeps(key, 7, i, DropoutThreshold(0.3f))) << i;
+  for (const int64_t size : {int64_t{1003}, int64_t{40001}}) {
+    const Tensor mask = CpuMask(size, 0.3f, 12345, 7);
+    int64_t mismatches = 0;
+    for (int64_t i = 0; i < size; ++i) {
+      const bool keep = DropoutKeeps(key, 7, i, DropoutThreshold(0.3f));
+      mismatches += (mask.data<uint8_t>()[i] != 0) != keep;
+    }
+    EXPECT_EQ(mismatches, 0) << size << " elements";
   }
+  const int64_t n = 1003;
   // Without the state input (outside training graphs) the mask is numpy's
   // (tests/cpu_misc_loss_training_test.cc), not this one.
   Tensor x = F32({n}, std::vector<float>(n, 2.0f));

@@ -573,7 +573,9 @@ absl::StatusOr<LayerNormGeometry> PlanLayerNorm(const KernelContext& ctx) {
                                   (x.dtype == DType::kFloat16 || x.dtype == DType::kBFloat16);
   for (int i = 1; i <= 2; ++i) {
     if (!ctx.has_input(i)) continue;
-    if (ctx.input(i).dtype != x.dtype && !(float32_parameters && ctx.input(i).dtype == parameters)) {
+    const bool dtype_ok =
+        ctx.input(i).dtype == x.dtype || (float32_parameters && ctx.input(i).dtype == parameters);
+    if (!dtype_ok) {
       return ctx.Error(absl::StrCat("input ", i, " (", names[i], ") is ",
                                     DTypeName(ctx.input(i).dtype), "; X is ", DTypeName(x.dtype),
                                     " (expected ", DTypeName(x.dtype),

@@ -83,14 +83,18 @@ CASTOR_HOST_DEVICE inline uint32_t DropoutThreshold(float ratio) {
   return static_cast<uint32_t>(scaled);
 }
 
-// The random word of element `index` of the draw (`key`, `call`).
-CASTOR_HOST_DEVICE inline uint32_t DropoutWord(uint64_t key, uint64_t call, uint64_t index) {
-  const uint64_t group = index >> 2;
+// The random words of elements 4 * group to 4 * group + 3 of the draw
+// (`key`, `call`), in order.
+CASTOR_HOST_DEVICE inline PhiloxWords DropoutGroupWords(uint64_t key, uint64_t call,
+                                                        uint64_t group) {
   const PhiloxWords counter{{static_cast<uint32_t>(group), static_cast<uint32_t>(group >> 32),
                              static_cast<uint32_t>(call), static_cast<uint32_t>(call >> 32)}};
-  const PhiloxWords words =
-      Philox4x32_10(counter, static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32));
-  return words.v[index & 3];
+  return Philox4x32_10(counter, static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32));
+}
+
+// The random word of element `index` of the draw (`key`, `call`).
+CASTOR_HOST_DEVICE inline uint32_t DropoutWord(uint64_t key, uint64_t call, uint64_t index) {
+  return DropoutGroupWords(key, call, index >> 2).v[index & 3];
 }
 
 // Whether Dropout keeps element `index`.
