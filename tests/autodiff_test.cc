@@ -65,6 +65,15 @@ class GradCheck {
     parameters_.push_back(name);
     return input;
   }
+  // A parameter fed random values of `dims` but declared with `declared`
+  // (symbolic dims, as an exporter's computed shapes leave them).
+  Value* Parameter(const std::string& name, std::vector<int64_t> dims, Shape declared) {
+    Tensor value = RandomTensor(dims, rng_, -1.0f, 1.0f);
+    Value* input = ValueOrDie(graph().AddInput(name, DType::kFloat32, std::move(declared)));
+    feeds_.emplace_back(name, std::move(value));
+    parameters_.push_back(name);
+    return input;
+  }
   // A parameter with the given float32 values (to keep clear of kinks).
   Value* Parameter(const std::string& name, Tensor value) {
     Value* input = ValueOrDie(graph().AddInput(name, DType::kFloat32, value.shape()));
@@ -227,9 +236,10 @@ TEST(GradientRuleTest, MatMulReducesOnlyTheBatchesItBroadcast) {
 }
 
 // A matrix B shared by every batch of A (a linear layer on a sequence): dB
-// is one Gemm over the folded batch (transA), with no Transpose of A; the
-// general rule (a transposed copy of A, per-batch products, a sum over the
-// batch) remains before opset 11, where Gemm needs C.
+// is one Gemm over the folded batch (transA), with no Transpose of A, also
+// where only B's shape gives K; the general rule (a transposed copy of A,
+// per-batch products, a sum over the batch) remains before opset 11, where
+// Gemm needs C.
 TEST(GradientRuleTest, MatMulWithASharedMatrixIsOneGemm) {
   for (const std::vector<int64_t>& a_dims :
        {std::vector<int64_t>{2, 3, 4}, std::vector<int64_t>{2, 2, 3, 4}}) {
@@ -246,6 +256,22 @@ TEST(GradientRuleTest, MatMulWithASharedMatrixIsOneGemm) {
     EXPECT_EQ(gemms_with_trans_a, 1);
     // One Transpose remains: B's, for dA = dY @ B^T.
     EXPECT_EQ(CountOps(check.graph(), "Transpose"), 1);
+  }
+  {
+    // A's K unknown (declared [2, 3, k], as a computed Reshape leaves it):
+    // B's first dim gives K, and dB is still one Gemm.
+    GradCheck symbolic_k;
+    Value* a = symbolic_k.Parameter("a", {2, 3, 4},
+                                    Shape({Dim(2), Dim(3), Dim::Symbol("k")}));
+    Value* b = symbolic_k.Parameter("b", {4, 2});
+    symbolic_k.Check(symbolic_k.Op("MatMul", {a, b}));
+    if (HasFatalFailure()) return;
+    int gemms_with_trans_a = 0;
+    for (const Node* node : symbolic_k.graph().nodes()) {
+      if (node->op_type() == "Gemm" && node->GetInt("transA", 0) == 1) ++gemms_with_trans_a;
+    }
+    EXPECT_EQ(gemms_with_trans_a, 1);
+    EXPECT_EQ(CountOps(symbolic_k.graph(), "ReduceToShapeOf"), 0);
   }
   GradCheck opset10(10);
   Value* a = opset10.Parameter("a", {2, 3, 4});

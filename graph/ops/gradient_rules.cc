@@ -651,6 +651,16 @@ absl::StatusOr<Value*> SwapLastAxes(GradientBuilder& g, Value* value) {
   return g.Emit1("Transpose", {value}, {Attribute::Ints("perm", perm)});
 }
 
+// MatMul's K (A [..., M, K] @ B [K, N]): A's last dim, or B's first where
+// only B's is static (an exporter's computed Reshape leaves A's unknown;
+// MatMul requires the two equal). 0 when neither is known.
+int64_t SharedK(const GradientBuilder& g) {
+  const Shape& a = g.input(0)->shape();
+  const Shape& b = g.input(1)->shape();
+  if (a[a.rank() - 1].is_static()) return a[a.rank() - 1].value();
+  return b[0].is_static() ? b[0].value() : 0;
+}
+
 // True when MatMul's B is one matrix [K, N] shared by every batch of a
 // rank > 2 A [..., M, K] (a linear layer applied to a sequence), with K and
 // N static and non-zero and Gemm's C optional (opset 11+): then dB is one
@@ -660,8 +670,8 @@ bool SharedMatrixGradientAsOneGemm(const GradientBuilder& g) {
   const Shape& b = g.input(1)->shape();
   // (K and N must also be non-zero: Reshape reads a 0 in its shape as "copy
   // this dim", not as a size.)
-  return g.opset() >= 11 && a.rank() > 2 && b.rank() == 2 && a[a.rank() - 1].is_static() &&
-         b[1].is_static() && a[a.rank() - 1].value() > 0 && b[1].value() > 0;
+  return g.opset() >= 11 && a.rank() > 2 && b.rank() == 2 && SharedK(g) > 0 &&
+         b[1].is_static() && b[1].value() > 0;
 }
 
 // dB = sum over the batches of A_i^T dY_i = A'^T dY' with A' = A viewed as
@@ -670,8 +680,7 @@ bool SharedMatrixGradientAsOneGemm(const GradientBuilder& g) {
 // per batch and sums the products over the batch (rounding each to a
 // 16-bit dtype on the way). Here every sum accumulates in float32 once.
 absl::StatusOr<Value*> SharedMatrixGradient(GradientBuilder& g) {
-  const Shape& a = g.input(0)->shape();
-  const int64_t k = a[a.rank() - 1].value();
+  const int64_t k = SharedK(g);
   const int64_t n = g.input(1)->shape()[1].value();
   CASTOR_ASSIGN_OR_RETURN(Value * a_rows_shape, g.Int64s({-1, k}));
   CASTOR_ASSIGN_OR_RETURN(Value * dy_rows_shape, g.Int64s({-1, n}));
@@ -694,7 +703,11 @@ absl::Status MatMulGradient(GradientBuilder& g) {
   if (g.wants_input_grad(0)) {
     CASTOR_ASSIGN_OR_RETURN(Value * b_t, SwapLastAxes(g, b));
     CASTOR_ASSIGN_OR_RETURN(Value * grad, g.Emit1("MatMul", {g.output_grad(0), b_t}));
-    CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, 0, grad));
+    if (b->shape().rank() == 2) {
+      g.SetInputGrad(0, grad);  // B has no batch axes to broadcast A's: dY @ B^T is A's shape
+    } else {
+      CASTOR_RETURN_IF_ERROR(SetUnbroadcast(g, 0, grad));
+    }
   }
   if (g.wants_input_grad(1)) {
     if (SharedMatrixGradientAsOneGemm(g)) {
