@@ -235,6 +235,14 @@ TEST(GradientRuleTest, MatMulReducesOnlyTheBatchesItBroadcast) {
   }
 }
 
+int GemmsWithTransA(const Graph& graph) {
+  int count = 0;
+  for (const Node* node : graph.nodes()) {
+    count += node->op_type() == "Gemm" && node->GetInt("transA", 0) == 1;
+  }
+  return count;
+}
+
 // A matrix B shared by every batch of A (a linear layer on a sequence): dB
 // is one Gemm over the folded batch (transA), with no Transpose of A, also
 // where only B's shape gives K; the general rule (a transposed copy of A,
@@ -249,11 +257,7 @@ TEST(GradientRuleTest, MatMulWithASharedMatrixIsOneGemm) {
     Value* b = check.Parameter("b", {4, 2});
     check.Check(check.Op("MatMul", {a, b}));
     if (HasFatalFailure()) return;
-    int gemms_with_trans_a = 0;
-    for (const Node* node : check.graph().nodes()) {
-      if (node->op_type() == "Gemm" && node->GetInt("transA", 0) == 1) ++gemms_with_trans_a;
-    }
-    EXPECT_EQ(gemms_with_trans_a, 1);
+    EXPECT_EQ(GemmsWithTransA(check.graph()), 1);
     // One Transpose remains: B's, for dA = dY @ B^T.
     EXPECT_EQ(CountOps(check.graph(), "Transpose"), 1);
   }
@@ -266,11 +270,7 @@ TEST(GradientRuleTest, MatMulWithASharedMatrixIsOneGemm) {
     Value* b = symbolic_k.Parameter("b", {4, 2});
     symbolic_k.Check(symbolic_k.Op("MatMul", {a, b}));
     if (HasFatalFailure()) return;
-    int gemms_with_trans_a = 0;
-    for (const Node* node : symbolic_k.graph().nodes()) {
-      if (node->op_type() == "Gemm" && node->GetInt("transA", 0) == 1) ++gemms_with_trans_a;
-    }
-    EXPECT_EQ(gemms_with_trans_a, 1);
+    EXPECT_EQ(GemmsWithTransA(symbolic_k.graph()), 1);
     EXPECT_EQ(CountOps(symbolic_k.graph(), "ReduceToShapeOf"), 0);
   }
   GradCheck opset10(10);
